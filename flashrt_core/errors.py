@@ -1,14 +1,18 @@
 """Exceptions raised by the inference core.
 
-``InputError`` is a ``ValueError``: bad observations, prompts or states handed to ``predict``.
+``InputError`` is a ``ValueError``: bad observations, prompts, states or noise handed to ``predict``.
 ``CheckpointError`` covers missing, malformed or inconsistent checkpoint files (weights, norm stats,
 tokenizer). Messages always name the offending input, file or key.
 """
 
 
-class InputError(ValueError):
-    """An input to the policy (image, prompt, state, noise) is invalid; the message says which and why."""
+class FlashRTError(Exception):
+    """Base class of every error raised on purpose by flashrt_core."""
 
 
-class CheckpointError(Exception):
-    """A checkpoint file is missing, malformed or does not match the model; the message names file and key."""
+class InputError(FlashRTError, ValueError):
+    """An observation, prompt, state or noise array handed to a policy is unusable."""
+
+
+class CheckpointError(FlashRTError, RuntimeError):
+    """A checkpoint directory is missing files, or its tensors do not match the model's weight spec."""
