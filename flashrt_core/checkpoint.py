@@ -1,0 +1,232 @@
+"""Checkpoint layout and loading: ONE explicit table maps checkpoint tensor names to model parameters.
+
+The layout is the openpi PyTorch conversion / lerobot one (REFERENCE.md section 1):
+  paligemma_with_expert.paligemma.model.vision_tower.vision_model.*    SigLIP
+  paligemma_with_expert.paligemma.model.multi_modal_projector.linear.*  projector
+  paligemma_with_expert.paligemma.model.language_model.*                Gemma 2B backbone
+  paligemma_with_expert.gemma_expert.model.*                            Gemma 300M action expert
+  action_in_proj, action_out_proj, + state_proj, action_time_mlp_{in,out} (pi0) | time_mlp_{in,out} (pi0.5)
+Names may carry a leading "model." (lerobot policy checkpoints). `language_model.embed_tokens.weight` may be
+absent, then the tied `paligemma.lm_head.weight` is used. `gemma_expert.lm_head.weight` is known and unused.
+Anything else missing, unexpected or mis-shaped is a CheckpointError listing the names: never a warning.
+
+Loading is memory-mapped (safetensors safe_open, no pickle) straight into a model built on the meta device,
+so the weights exist once in memory (plus one tensor in flight while it is converted).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from flashrt_core.config import ModelConfig, ModelType
+from flashrt_core.errors import CheckpointError
+from flashrt_core.model import PiModel
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_FILE = "model.safetensors"
+OPTIONAL_PREFIX = "model."
+PALIGEMMA = "paligemma_with_expert.paligemma."
+VISION = PALIGEMMA + "model.vision_tower.vision_model."
+LANGUAGE = PALIGEMMA + "model.language_model."
+EXPERT = "paligemma_with_expert.gemma_expert.model."
+EMBED_TOKENS = LANGUAGE + "embed_tokens.weight"
+TIED_LM_HEAD = PALIGEMMA + "lm_head.weight"
+KNOWN_UNUSED = ("paligemma_with_expert.gemma_expert.lm_head.weight",)
+
+Shape = Callable[[ModelConfig], tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class WeightRow:
+    """One checkpoint tensor. "{i}" in both names is the layer index over `layers_of` (None: not per layer)."""
+
+    checkpoint: str
+    param: str
+    shape: Shape
+    layers_of: str | None = None  # "vision" | "paligemma" | "expert"
+    only: ModelType | None = None  # row exists for this model type only
+    keep_fp32: bool = False  # openpi keeps these in fp32 when the rest runs in bf16
+
+
+def _linear(ckpt: str, param: str, out_dim: Shape, in_dim: Shape, bias: bool = True, **kw) -> list[WeightRow]:
+    rows = [WeightRow(ckpt + ".weight", param + ".weight", lambda c: (out_dim(c)[0], in_dim(c)[0]), **kw)]
+    if bias:
+        rows.append(WeightRow(ckpt + ".bias", param + ".bias", out_dim, **kw))
+    return rows
+
+
+def _layer_norm(ckpt: str, param: str, width: Shape, **kw) -> list[WeightRow]:
+    return [WeightRow(ckpt + ".weight", param + ".weight", width, **kw),
+            WeightRow(ckpt + ".bias", param + ".bias", width, **kw)]
+
+
+def _dim(fn: Callable[[ModelConfig], int]) -> Shape:
+    return lambda c: (fn(c),)
+
+
+VW = _dim(lambda c: c.vision.width)
+VMLP = _dim(lambda c: c.vision.mlp_dim)
+PW = _dim(lambda c: c.paligemma.width)
+EW = _dim(lambda c: c.expert.width)
+ACT = _dim(lambda c: c.max_action_dim)
+
+
+def _gemma_rows(ckpt: str, param: str, layers_of: str, width: Shape, adaptive_only: ModelType | None) -> list[WeightRow]:
+    """Rows of one Gemma stack. Norms: plain `weight`, or pi0.5 expert adaRMS `dense.{weight,bias}`."""
+    cfg_of = (lambda c: c.paligemma) if layers_of == "paligemma" else (lambda c: c.expert)
+    q_dim = _dim(lambda c: cfg_of(c).num_heads * cfg_of(c).head_dim)
+    kv_dim = _dim(lambda c: cfg_of(c).num_kv_heads * cfg_of(c).head_dim)
+    mlp = _dim(lambda c: cfg_of(c).mlp_dim)
+    per_layer = dict(layers_of=layers_of)
+    rows = []
+    for name, out_dim, in_dim in (("self_attn.q_proj", q_dim, width), ("self_attn.k_proj", kv_dim, width),
+                                  ("self_attn.v_proj", kv_dim, width), ("self_attn.o_proj", width, q_dim),
+                                  ("mlp.gate_proj", mlp, width), ("mlp.up_proj", mlp, width),
+                                  ("mlp.down_proj", width, mlp)):
+        param_name = name.split(".")[1]
+        rows += _linear(f"{ckpt}layers.{{i}}.{name}", f"{param}.layers.{{i}}.{param_name}", out_dim, in_dim,
+                        bias=False, **per_layer)
+    plain_only = None if adaptive_only is None else ModelType.PI0
+    three_w = _dim(lambda c: 3 * cfg_of(c).width)
+    for ckpt_norm, param_norm, layers in (
+            (f"{ckpt}layers.{{i}}.input_layernorm", f"{param}.layers.{{i}}.input_layernorm", layers_of),
+            (f"{ckpt}layers.{{i}}.post_attention_layernorm", f"{param}.layers.{{i}}.post_attention_layernorm",
+             layers_of),
+            (f"{ckpt}norm", f"{param}.norm", None)):
+        rows.append(WeightRow(ckpt_norm + ".weight", param_norm + ".weight", width, layers, plain_only, True))
+        if adaptive_only is not None:
+            rows += _linear(ckpt_norm + ".dense", param_norm + ".dense", three_w, width, layers_of=layers,
+                            only=adaptive_only, keep_fp32=True)
+    return rows
+
+
+WEIGHT_TABLE: tuple[WeightRow, ...] = tuple(
+    [
+        WeightRow(VISION + "embeddings.patch_embedding.weight", "vision.patch_embedding.weight",
+                  lambda c: (c.vision.width, 3, c.vision.patch_size, c.vision.patch_size), keep_fp32=True),
+        WeightRow(VISION + "embeddings.patch_embedding.bias", "vision.patch_embedding.bias", VW, keep_fp32=True),
+        WeightRow(VISION + "embeddings.position_embedding.weight", "vision.position_embedding",
+                  lambda c: (c.vision.num_patches, c.vision.width), keep_fp32=True),
+    ]
+    + _layer_norm(VISION + "encoder.layers.{i}.layer_norm1", "vision.layers.{i}.layer_norm1", VW, layers_of="vision")
+    + [row for proj in ("q_proj", "k_proj", "v_proj", "out_proj")
+       for row in _linear(f"{VISION}encoder.layers.{{i}}.self_attn.{proj}", f"vision.layers.{{i}}.self_attn.{proj}",
+                          VW, VW, layers_of="vision")]
+    + _layer_norm(VISION + "encoder.layers.{i}.layer_norm2", "vision.layers.{i}.layer_norm2", VW, layers_of="vision")
+    + _linear(VISION + "encoder.layers.{i}.mlp.fc1", "vision.layers.{i}.mlp.fc1", VMLP, VW, layers_of="vision")
+    + _linear(VISION + "encoder.layers.{i}.mlp.fc2", "vision.layers.{i}.mlp.fc2", VW, VMLP, layers_of="vision")
+    + _layer_norm(VISION + "post_layernorm", "vision.post_layernorm", VW)
+    + _linear(PALIGEMMA + "model.multi_modal_projector.linear", "vision.projector", PW, VW)
+    + [WeightRow(EMBED_TOKENS, "embed_tokens.weight", lambda c: (c.paligemma.vocab_size, c.paligemma.width))]
+    + _gemma_rows(LANGUAGE, "paligemma", "paligemma", PW, adaptive_only=None)
+    + _gemma_rows(EXPERT, "expert", "expert", EW, adaptive_only=ModelType.PI05)
+    + _linear("action_in_proj", "action_in_proj", EW, ACT)
+    + _linear("action_out_proj", "action_out_proj", ACT, EW)
+    + _linear("state_proj", "state_proj", EW, ACT, only=ModelType.PI0)
+    + _linear("action_time_mlp_in", "action_time_mlp_in", EW, _dim(lambda c: 2 * c.expert.width), only=ModelType.PI0)
+    + _linear("action_time_mlp_out", "action_time_mlp_out", EW, EW, only=ModelType.PI0)
+    + _linear("time_mlp_in", "time_mlp_in", EW, EW, only=ModelType.PI05)
+    + _linear("time_mlp_out", "time_mlp_out", EW, EW, only=ModelType.PI05)
+)
+
+
+@dataclass(frozen=True)
+class WeightEntry:
+    param: str
+    shape: tuple[int, ...]
+    keep_fp32: bool
+
+
+def weight_entries(config: ModelConfig) -> dict[str, WeightEntry]:
+    """Checkpoint name (without "model.") -> parameter name, shape, fp32 flag, expanded over layers."""
+    depth = {"vision": config.vision.depth, "paligemma": config.paligemma.depth, "expert": config.expert.depth}
+    entries = {}
+    for row in WEIGHT_TABLE:
+        if row.only is not None and row.only != config.model_type:
+            continue
+        shape = tuple(row.shape(config))
+        for i in range(depth[row.layers_of]) if row.layers_of else [None]:
+            ckpt = row.checkpoint.format(i=i) if i is not None else row.checkpoint
+            param = row.param.format(i=i) if i is not None else row.param
+            entries[ckpt] = WeightEntry(param, shape, row.keep_fp32)
+    return entries
+
+
+def weight_spec(config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Checkpoint name -> (shape, dtype the tensor is held in when the model runs in `dtype`)."""
+    return {name: (e.shape, torch.float32 if e.keep_fp32 else dtype) for name, e in weight_entries(config).items()}
+
+
+def _names_listing(names: list[str], limit: int = 20) -> str:
+    shown = ", ".join(sorted(names)[:limit])
+    return shown + (f" ... (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _resolve_names(file_keys: set[str], entries: dict[str, WeightEntry]) -> tuple[dict[str, str], list[str]]:
+    """Map each spec name to the name in the file; report names that appear both with and without "model."."""
+    stripped: dict[str, str] = {}
+    duplicates = []
+    for key in file_keys:
+        bare = key[len(OPTIONAL_PREFIX):] if key.startswith(OPTIONAL_PREFIX) and key[len(OPTIONAL_PREFIX):] in \
+            (entries.keys() | {TIED_LM_HEAD, *KNOWN_UNUSED}) else key
+        if bare in stripped:
+            duplicates.append(bare)
+        stripped[bare] = key
+    return stripped, duplicates
+
+
+def load_model_weights(checkpoint_dir: str | Path, config: ModelConfig, device: torch.device | str = "cpu",
+                       dtype: torch.dtype = torch.float32) -> PiModel:
+    """Build PiModel(config) on the meta device and fill it from checkpoint_dir/model.safetensors.
+
+    Every tensor is cast to `dtype`, except the rows marked keep_fp32 when `dtype` is a 16-bit type.
+    Raises CheckpointError naming the file or every missing / unexpected / mis-shaped tensor.
+    """
+    path = Path(checkpoint_dir) / WEIGHTS_FILE
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file missing: {path}")
+    entries = weight_entries(config)
+    device = torch.device(device)
+    try:
+        handle = safe_open(str(path), framework="pt", device="cpu")
+    except Exception as exc:  # safetensors raises its own error types for corrupt headers
+        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+    with handle as f:
+        file_names, duplicates = _resolve_names(set(f.keys()), entries)
+        if EMBED_TOKENS not in file_names and TIED_LM_HEAD in file_names:
+            log.info("%s has no %s; using the tied %s", path, EMBED_TOKENS, TIED_LM_HEAD)
+            file_names[EMBED_TOKENS] = file_names[TIED_LM_HEAD]
+        missing = [name for name in entries if name not in file_names]
+        unexpected = [name for name in file_names if name not in entries and name not in KNOWN_UNUSED
+                      and name != TIED_LM_HEAD]
+        misshaped = []
+        for name, entry in entries.items():
+            if name in file_names:
+                found = tuple(f.get_slice(file_names[name]).get_shape())
+                if found != entry.shape:
+                    misshaped.append(f"{file_names[name]} {found} (expected {entry.shape})")
+        problems = []
+        for label, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped),
+                             ("present with and without 'model.' prefix", duplicates)):
+            if names:
+                problems.append(f"{len(names)} {label}: {_names_listing(names)}")
+        if problems:
+            raise CheckpointError(f"{path} does not match config {config.name!r}: " + "; ".join(problems))
+
+        with torch.device("meta"):
+            model = PiModel(config)
+        keep_fp32_ok = dtype in (torch.bfloat16, torch.float16)
+        state = {}
+        for name, entry in entries.items():
+            target = torch.float32 if (entry.keep_fp32 and keep_fp32_ok) else dtype
+            state[entry.param] = f.get_tensor(file_names[name]).to(device=device, dtype=target)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.requires_grad_(False)
+    return model.eval()
