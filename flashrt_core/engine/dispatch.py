@@ -1,0 +1,227 @@
+"""The dispatch table: ONE place that picks, per op, the implementation the engine runs.
+
+Every op has a list of candidates in order of preference. A candidate runs only where its predicate holds for the
+detected hardware and the switches leave it on; the first such candidate wins. Each choice can be pinned for A/B
+tests and bug reports:
+
+    FLASHRT_IMPL_<OP>=<impl>        pin one op (e.g. FLASHRT_IMPL_ATTENTION=math); unknown or unavailable -> error
+    FLASHRT_DISABLE_<SWITCH>=1      turn one optimization off (switches: see `Switch`)
+    FLASHRT_DISABLE_FAST_PATHS=1    everything off: the eager reference path runs
+    FLASHRT_FP8=1                   ask for FP8 E4M3 prefix GEMMs (same as EngineOptions(fp8=True))
+
+The same switches exist as `EngineOptions` fields; environment variables win over the fields.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping
+
+from .hardware import Hardware, Vendor
+
+log = logging.getLogger(__name__)
+
+
+class Op(str, enum.Enum):
+    EXECUTOR = "executor"            # how predict runs: captured graph, eager engine, or the reference path
+    ATTENTION = "attention"          # masked attention of prefix and denoise steps
+    GEMM_PREFIX = "gemm_prefix"      # the wide GEMMs (vision, prefix: hundreds of rows)
+    GEMM_DECODER = "gemm_decoder"    # the 10-50-row GEMMs of the action expert
+    FP8_FORMAT = "fp8_format"        # E4M3 flavour when FP8 GEMMs run
+    NORM = "norm"                    # residual add + RMSNorm (Gemma, folded weight)
+    ADA_NORM = "ada_norm"            # gated residual + adaRMSNorm (pi0.5 expert)
+    GEGLU = "geglu"                  # gelu_tanh(gate) * up on the merged gate/up output
+    QKV_ROPE = "qkv_rope"            # QKV split + RoPE + KV-cache write
+    EULER = "euler"                  # x <- x + dt * (v + b)
+
+
+class Switch(str, enum.Enum):
+    CUDA_GRAPH = "CUDA_GRAPH"            # capture predict as one graph
+    TRITON = "TRITON"                    # fused Triton kernels
+    FUSED_WEIGHTS = "FUSED_WEIGHTS"      # fold norm scales into GEMMs, merge QKV and gate/up
+    FLASH_ATTENTION = "FLASH_ATTENTION"  # fused SDPA kernels (else the math attention)
+    FP8 = "FP8"                          # FP8 prefix GEMMs (also needs fp8=True / FLASHRT_FP8=1)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Engine settings. Every fast path can be turned off here or by its environment variable."""
+
+    cuda_graph: bool = True
+    triton: bool = True
+    fused_weights: bool = True
+    flash_attention: bool = True
+    fp8: bool = False                        # opt-in: FP8 E4M3 for the wide prefix/vision GEMMs
+    fast_paths: bool = True                  # False: the reference path, whatever else is set
+    text_buckets: tuple[int, ...] = ()       # token-buffer lengths with a graph each; () = one, the full length
+    overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
+
+    def __post_init__(self) -> None:
+        if any((not isinstance(b, int)) or b <= 0 for b in self.text_buckets):
+            raise ValueError(f"text_buckets must be positive ints, got {self.text_buckets!r}")
+        for op, impl in self.overrides.items():
+            if op not in {o.value for o in Op}:
+                raise ValueError(f"override for unknown op {op!r}; ops: {[o.value for o in Op]}")
+            if impl not in {c.name for c in TABLE[Op(op)]}:
+                raise ValueError(f"unknown implementation {impl!r} for op {op!r}; "
+                                 f"choices: {[c.name for c in TABLE[Op(op)]]}")
+
+    def switch_on(self, switch: Switch) -> bool:
+        return self.fast_paths and {
+            Switch.CUDA_GRAPH: self.cuda_graph,
+            Switch.TRITON: self.triton,
+            Switch.FUSED_WEIGHTS: self.fused_weights,
+            Switch.FLASH_ATTENTION: self.flash_attention,
+            Switch.FP8: self.fp8,
+        }[switch]
+
+    @classmethod
+    def from_env(cls, base: "EngineOptions | None" = None, env: Mapping[str, str] | None = None) -> "EngineOptions":
+        """`base` with the FLASHRT_* environment variables applied on top."""
+        base = base or cls()
+        env = os.environ if env is None else env
+
+        def flag(name: str) -> bool | None:
+            raw = env.get(name)
+            if raw is None or raw == "":
+                return None
+            if raw not in ("0", "1"):
+                raise ValueError(f"{name} must be 0 or 1, got {raw!r}")
+            return raw == "1"
+
+        changes: dict = {}
+        for sw, attr in ((Switch.CUDA_GRAPH, "cuda_graph"), (Switch.TRITON, "triton"),
+                         (Switch.FUSED_WEIGHTS, "fused_weights"), (Switch.FLASH_ATTENTION, "flash_attention"),
+                         (Switch.FP8, "fp8")):
+            if flag(f"FLASHRT_DISABLE_{sw.value}"):
+                changes[attr] = False
+        if flag("FLASHRT_FP8") is not None and "fp8" not in changes:
+            changes["fp8"] = flag("FLASHRT_FP8")
+        if flag("FLASHRT_DISABLE_FAST_PATHS"):
+            changes["fast_paths"] = False
+        overrides = dict(base.overrides)
+        for op in Op:
+            impl = env.get(f"FLASHRT_IMPL_{op.value.upper()}")
+            if impl:
+                overrides[op.value] = impl
+        changes["overrides"] = overrides
+        return replace(base, **changes)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One implementation of an op: `usable(hw, options)` says whether it can run and is switched on."""
+
+    name: str
+    usable: Callable[[Hardware, EngineOptions], bool]
+    why: str  # shown in logs / docs: where this implementation applies
+
+
+def _gpu(hw: Hardware, o: EngineOptions) -> bool:
+    return hw.is_gpu and not hw.reference_only and o.fast_paths
+
+
+def _triton(hw: Hardware, o: EngineOptions) -> bool:
+    from .kernel_import import triton_available
+    return _gpu(hw, o) and o.switch_on(Switch.TRITON) and triton_available()
+
+
+def _fp8_capable(hw: Hardware) -> bool:
+    if hw.vendor is Vendor.NVIDIA:
+        return hw.sm is not None and hw.sm >= 89
+    if hw.vendor is Vendor.AMD:
+        return hw.gfx_arch in ("gfx942", "gfx950")
+    return False
+
+
+_ALWAYS = lambda hw, o: True  # noqa: E731
+
+TABLE: dict[Op, tuple[Candidate, ...]] = {
+    Op.EXECUTOR: (
+        Candidate("graph", lambda hw, o: _gpu(hw, o) and o.switch_on(Switch.CUDA_GRAPH),
+                  "GPU: whole predict captured as one CUDA/HIP graph"),
+        Candidate("eager_engine", _gpu, "GPU with graphs off: same engine ops, launched one by one"),
+        Candidate("reference", _ALWAYS, "CPU, hardware='reference' or fast paths off: the fp32/bf16 reference"),
+    ),
+    Op.ATTENTION: (
+        Candidate("sdpa", lambda hw, o: _gpu(hw, o) and o.switch_on(Switch.FLASH_ATTENTION),
+                  "torch SDPA fused kernels (memory-efficient attention with the mask)"),
+        Candidate("math", _ALWAYS, "matmul + fp32 softmax + matmul"),
+    ),
+    Op.GEMM_PREFIX: (
+        Candidate("fp8", lambda hw, o: _gpu(hw, o) and o.switch_on(Switch.FP8) and _fp8_capable(hw),
+                  "torch._scaled_mm, E4M3 per-tensor static scales (sm89+, gfx942, gfx950)"),
+        Candidate("bf16", _ALWAYS, "cuBLAS / hipBLASLt through torch.matmul"),
+    ),
+    Op.GEMM_DECODER: (
+        Candidate("bf16", _ALWAYS, "cuBLAS / hipBLASLt: FP8 is slower at 10-50 rows (seed project finding)"),
+        Candidate("fp8", lambda hw, o: _gpu(hw, o) and _fp8_capable(hw), "only when pinned, for A/B tests"),
+    ),
+    Op.FP8_FORMAT: (
+        Candidate("e4m3fnuz", lambda hw, o: hw.vendor is Vendor.AMD and hw.gfx_arch == "gfx942",
+                  "MI300X: FNUZ E4M3"),
+        Candidate("e4m3fn", _ALWAYS, "OCP E4M3 (NVIDIA sm89+, MI350X gfx950)"),
+    ),
+    Op.NORM: (
+        Candidate("triton", _triton, "kernels/residual_norm.py"),
+        Candidate("torch", _ALWAYS, "plain torch ops"),
+    ),
+    Op.ADA_NORM: (
+        Candidate("triton", _triton, "kernels/ada_rms_norm.py"),
+        Candidate("torch", _ALWAYS, "plain torch ops"),
+    ),
+    Op.GEGLU: (
+        Candidate("triton", _triton, "kernels/geglu.py"),
+        Candidate("torch", _ALWAYS, "plain torch ops"),
+    ),
+    Op.QKV_ROPE: (
+        Candidate("triton", _triton, "kernels/qkv_rope.py"),
+        Candidate("torch", _ALWAYS, "plain torch ops"),
+    ),
+    Op.EULER: (
+        Candidate("triton", _triton, "kernels/euler.py"),
+        Candidate("torch", _ALWAYS, "plain torch ops"),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """The resolved table: op -> implementation name, for one hardware and one set of options."""
+
+    hardware: Hardware
+    options: EngineOptions
+    choice: Mapping[Op, str]
+
+    def __getitem__(self, op: Op) -> str:
+        return self.choice[op]
+
+    def summary(self) -> str:
+        return ", ".join(f"{op.value}={impl}" for op, impl in self.choice.items())
+
+
+def resolve(hardware: Hardware, options: EngineOptions | None = None) -> Dispatch:
+    """Pick one implementation per op. A pinned implementation that cannot run raises ValueError."""
+    options = options or EngineOptions()
+    choice: dict[Op, str] = {}
+    for op, candidates in TABLE.items():
+        pinned = options.overrides.get(op.value)
+        if pinned is not None:
+            cand = next(c for c in candidates if c.name == pinned)
+            if not cand.usable(hardware, replace(options, **_pin_relaxed(op))):
+                raise ValueError(f"{op.value}={pinned} was requested but cannot run on {hardware.describe()} "
+                                 f"with these switches ({cand.why})")
+            choice[op] = pinned
+            continue
+        choice[op] = next(c.name for c in candidates if c.usable(hardware, options))
+    dispatch = Dispatch(hardware, options, choice)
+    log.info("dispatch on %s: %s", hardware.describe(), dispatch.summary())
+    return dispatch
+
+
+def _pin_relaxed(op: Op) -> dict:
+    """Pinning an FP8 GEMM implies asking for FP8."""
+    return {"fp8": True} if op in (Op.GEMM_PREFIX, Op.GEMM_DECODER) else {}

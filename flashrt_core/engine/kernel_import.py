@@ -1,0 +1,51 @@
+"""Import the kernels package `flashrt_kernels`: the installed one, else the source checkout's kernels/ directory.
+
+In a colcon/pip install `flashrt_kernels` is a package of its own. In a source checkout it is the top-level
+kernels/ directory, loaded here under that name (registered in sys.modules so its relative imports work).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+from types import ModuleType
+
+log = logging.getLogger(__name__)
+
+PACKAGE = "flashrt_kernels"
+SOURCE_DIR = Path(__file__).resolve().parents[2] / "kernels"
+
+
+@functools.lru_cache(maxsize=None)
+def load_kernels() -> ModuleType:
+    """The flashrt_kernels module. Raises ImportError naming both places looked at when neither exists."""
+    if PACKAGE in sys.modules:
+        return sys.modules[PACKAGE]
+    installed = importlib.util.find_spec(PACKAGE)
+    if installed is not None and installed.origin is not None:  # an empty install dir is a namespace: skip it
+        return importlib.import_module(PACKAGE)
+    init = SOURCE_DIR / "__init__.py"
+    if not init.is_file():
+        raise ImportError(f"{PACKAGE} is not installed and the source checkout has no {init}")
+    spec = importlib.util.spec_from_file_location(PACKAGE, init, submodule_search_locations=[str(SOURCE_DIR)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[PACKAGE] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[PACKAGE]
+        raise
+    log.debug("loaded %s from %s", PACKAGE, SOURCE_DIR)
+    return module
+
+
+def triton_available() -> bool:
+    """True where the kernels package imports and Triton is installed."""
+    try:
+        return bool(load_kernels().HAVE_TRITON)
+    except ImportError:
+        return False

@@ -1,0 +1,22 @@
+"""flashrt_kernels: fused Triton kernels of the flashrt engine, each beside its plain-PyTorch reference.
+
+Every module opens with the formula it computes. `<name>(...)` launches the Triton kernel (GPU, Triton installed);
+`<name>_reference(...)` is the PyTorch definition that the GPU tests compare against. Without Triton the
+references still import; `HAVE_TRITON` says which case this is.
+"""
+
+from ._triton import HAVE_TRITON
+from .ada_rms_norm import ada_rms_norm, ada_rms_norm_reference
+from .euler import euler, euler_reference
+from .geglu import geglu, geglu_reference
+from .qkv_rope import qkv_rope, qkv_rope_reference, rope_tables
+from .residual_norm import residual_norm, residual_norm_reference
+
+__all__ = [
+    "HAVE_TRITON",
+    "ada_rms_norm", "ada_rms_norm_reference",
+    "euler", "euler_reference",
+    "geglu", "geglu_reference",
+    "qkv_rope", "qkv_rope_reference", "rope_tables",
+    "residual_norm", "residual_norm_reference",
+]

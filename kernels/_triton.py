@@ -1,0 +1,35 @@
+"""Triton, or a stand-in that keeps the plain-PyTorch references importable where Triton is not installed.
+
+Without Triton, `triton.jit` returns a function that raises when launched, and `tl.constexpr` is a plain type so
+that kernel signatures still evaluate. `HAVE_TRITON` tells which one was loaded.
+"""
+
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except ImportError:  # CPU-only installs: the references run, the kernels raise when launched
+    import types
+
+    HAVE_TRITON = False
+
+    def _jit(fn=None, **_kwargs):
+        def wrap(f):
+            return _Unlaunchable(f.__name__)
+        return wrap(fn) if fn is not None else wrap
+
+    class _Unlaunchable:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __getitem__(self, _grid):
+            raise RuntimeError(f"Triton is not installed: kernel {self.name} cannot run")
+
+    triton = types.SimpleNamespace(jit=_jit, cdiv=lambda a, b: (a + b - 1) // b,
+                                   next_power_of_2=lambda n: 1 << max(0, (int(n) - 1).bit_length()))
+    tl = types.SimpleNamespace(constexpr=int)
+
+__all__ = ["HAVE_TRITON", "triton", "tl"]

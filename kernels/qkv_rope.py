@@ -1,0 +1,106 @@
+"""QKV split + rotary position embedding + KV-cache write, one launch for all heads of all rows.
+
+    qkv: (M, (H + 2*KVH) * Dh)   fused projection output, heads ordered [q_0..q_{H-1}, k_0.., v_0..]
+    rope(x)[i]        = x[i] * cos(p f_i) - x[i + Dh/2] * sin(p f_i)        i < Dh/2  (split-half form)
+    rope(x)[i + Dh/2] = x[i + Dh/2] * cos(p f_i) + x[i] * sin(p f_i),       f_i = 10000^(-2i/Dh)
+    q_out[m, h]               = rope(q_h[m]) * q_scale                      (M, H, Dh)
+    k_cache[g, offset + m]    = rope(k_g[m])                                (KVH, L, Dh)
+    v_cache[g, offset + m]    = v_g[m]
+
+p = pos[m] is read from a device tensor, so positions that depend on the input (valid prefix length) need no host
+sync. cos/sin come from (max_pos, Dh/2) fp32 tables built once. Provenance: Gemma RoPE (rotate_half form);
+FlashRT fuses split + RoPE + cache write the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._triton import tl, triton
+
+
+def rope_tables(max_pos: int, head_dim: int, base: float = 10000.0, device: torch.device | str = "cpu"
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: (max_pos, head_dim // 2) fp32, computed in float64."""
+    i = torch.arange(head_dim // 2, dtype=torch.float64)
+    freq = base ** (-2.0 * i / head_dim)                                      # (Dh/2,)
+    angle = torch.arange(max_pos, dtype=torch.float64)[:, None] * freq[None]  # (P, Dh/2)
+    return angle.cos().float().to(device), angle.sin().float().to(device)
+
+
+def _rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (M, n, Dh) fp32; cos, sin: (M, 1, Dh/2)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def qkv_rope_reference(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       q_out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_offset: int,
+                       num_heads: int, num_kv_heads: int, q_scale: float = 1.0) -> None:
+    """Plain PyTorch, writes q_out (M, H, Dh) and rows [offset, offset+M) of k_cache/v_cache (KVH, L, Dh)."""
+    M = qkv.shape[0]
+    Dh = q_out.shape[-1]
+    x = qkv.float().view(M, num_heads + 2 * num_kv_heads, Dh)                 # (M, H+2G, Dh)
+    c, s = cos[pos][:, None], sin[pos][:, None]                               # (M, 1, Dh/2)
+    q = _rope_ref(x[:, :num_heads], c, s) * q_scale                           # (M, H, Dh)
+    k = _rope_ref(x[:, num_heads:num_heads + num_kv_heads], c, s)             # (M, G, Dh)
+    v = x[:, num_heads + num_kv_heads:]                                       # (M, G, Dh)
+    q_out.copy_(q.to(q_out.dtype))
+    k_cache[:, cache_offset:cache_offset + M].copy_(k.transpose(0, 1).to(k_cache.dtype))
+    v_cache[:, cache_offset:cache_offset + M].copy_(v.transpose(0, 1).to(v_cache.dtype))
+
+
+@triton.jit
+def _qkv_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, cache_offset, q_scale,
+                     stride_qkv, stride_q_m, stride_q_h, stride_cache_g, stride_cache_l,
+                     H: tl.constexpr, G: tl.constexpr, HALF: tl.constexpr):
+    m = tl.program_id(0)
+    head = tl.program_id(1)                  # 0..H-1: q, H..H+G-1: k, H+G..H+2G-1: v
+    i = tl.arange(0, HALF)
+    src = qkv_ptr + m * stride_qkv + head * (2 * HALF)
+    x1 = tl.load(src + i).to(tl.float32)
+    x2 = tl.load(src + HALF + i).to(tl.float32)
+    if head < H + G:
+        p = tl.load(pos_ptr + m)
+        c = tl.load(cos_ptr + p * HALF + i)
+        s = tl.load(sin_ptr + p * HALF + i)
+        y1 = x1 * c - x2 * s
+        y2 = x2 * c + x1 * s
+        if head < H:
+            dst = q_ptr + m * stride_q_m + head * stride_q_h
+            tl.store(dst + i, (y1 * q_scale).to(q_ptr.dtype.element_ty))
+            tl.store(dst + HALF + i, (y2 * q_scale).to(q_ptr.dtype.element_ty))
+        else:
+            dst = k_ptr + (head - H) * stride_cache_g + (cache_offset + m) * stride_cache_l
+            tl.store(dst + i, y1.to(k_ptr.dtype.element_ty))
+            tl.store(dst + HALF + i, y2.to(k_ptr.dtype.element_ty))
+    else:
+        dst = v_ptr + (head - H - G) * stride_cache_g + (cache_offset + m) * stride_cache_l
+        tl.store(dst + i, x1.to(v_ptr.dtype.element_ty))
+        tl.store(dst + HALF + i, x2.to(v_ptr.dtype.element_ty))
+
+
+def qkv_rope(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_out: torch.Tensor,
+             k_cache: torch.Tensor, v_cache: torch.Tensor, cache_offset: int, num_heads: int, num_kv_heads: int,
+             q_scale: float = 1.0) -> None:
+    """Triton launcher; same contract as qkv_rope_reference. Head dim must be a power of two (Gemma: 256)."""
+    M = qkv.shape[0]
+    G, L, Dh = k_cache.shape
+    if G != num_kv_heads or v_cache.shape != k_cache.shape or k_cache.stride() != v_cache.stride():
+        raise ValueError(f"qkv_rope: caches must both be ({num_kv_heads}, L, Dh), got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * Dh or qkv.stride(1) != 1:
+        raise ValueError(f"qkv_rope: qkv must be ({M}, {(num_heads + 2 * num_kv_heads) * Dh}), got "
+                         f"{tuple(qkv.shape)}")
+    if q_out.shape != (M, num_heads, Dh) or q_out.stride(2) != 1 or k_cache.stride(2) != 1:
+        raise ValueError(f"qkv_rope: q_out must be ({M}, {num_heads}, {Dh}), got {tuple(q_out.shape)}")
+    if Dh & (Dh - 1) or cos.shape[1] != Dh // 2 or pos.shape != (M,):
+        raise ValueError(f"qkv_rope: head dim {Dh} must be a power of two with ({Dh // 2})-wide tables and "
+                         f"pos ({M},); got tables {tuple(cos.shape)}, pos {tuple(pos.shape)}")
+    if cache_offset + M > L:
+        raise ValueError(f"qkv_rope: rows [{cache_offset}, {cache_offset + M}) exceed cache length {L}")
+    _qkv_rope_kernel[(M, num_heads + 2 * num_kv_heads)](
+        qkv, pos, cos, sin, q_out, k_cache, v_cache, cache_offset, q_scale,
+        qkv.stride(0), q_out.stride(0), q_out.stride(1), k_cache.stride(0), k_cache.stride(1),
+        H=num_heads, G=num_kv_heads, HALF=Dh // 2, num_warps=1)

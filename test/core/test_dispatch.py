@@ -1,0 +1,102 @@
+"""The dispatch table: reference on CPU, per-hardware picks, environment overrides and switches."""
+
+from __future__ import annotations
+
+import pytest
+
+from flashrt_core.engine.dispatch import TABLE, EngineOptions, Op, resolve
+from flashrt_core.engine.hardware import CPU, Vendor, detect_hardware
+
+
+def _env(**kv):
+    return EngineOptions.from_env(env={k: str(v) for k, v in kv.items()})
+
+
+def test_cpu_picks_the_reference_everywhere():
+    d = resolve(CPU, EngineOptions())
+    assert d[Op.EXECUTOR] == "reference"
+    assert d[Op.ATTENTION] == "math"
+    for op in (Op.NORM, Op.ADA_NORM, Op.GEGLU, Op.QKV_ROPE, Op.EULER):
+        assert d[op] == "torch"
+    assert d[Op.GEMM_PREFIX] == "bf16"
+
+
+def test_auto_on_this_machine_is_cpu_without_cuda():
+    import torch
+    hw = detect_hardware("auto", "cpu")
+    assert hw.vendor is Vendor.CPU
+    if not torch.cuda.is_available():
+        assert detect_hardware("auto", "cuda").vendor is Vendor.CPU
+
+
+def test_pinned_hopper_uses_graph_sdpa_and_fp8_only_when_asked():
+    hw = detect_hardware("sm90")
+    assert hw.sm == 90
+    plain = resolve(hw, EngineOptions())
+    assert plain[Op.EXECUTOR] == "graph" and plain[Op.ATTENTION] == "sdpa"
+    assert plain[Op.GEMM_PREFIX] == "bf16"
+    fp8 = resolve(hw, EngineOptions(fp8=True))
+    assert fp8[Op.GEMM_PREFIX] == "fp8" and fp8[Op.GEMM_DECODER] == "bf16"
+    assert fp8[Op.FP8_FORMAT] == "e4m3fn"
+
+
+def test_fp8_format_per_amd_arch_and_no_fp8_before_ada():
+    assert resolve(detect_hardware("gfx942"), EngineOptions(fp8=True))[Op.FP8_FORMAT] == "e4m3fnuz"
+    assert resolve(detect_hardware("gfx950"), EngineOptions(fp8=True))[Op.FP8_FORMAT] == "e4m3fn"
+    assert resolve(detect_hardware("sm80"), EngineOptions(fp8=True))[Op.GEMM_PREFIX] == "bf16"  # A100: no FP8
+
+
+def test_reference_hardware_forces_reference_executor():
+    d = resolve(detect_hardware("reference", "cpu"), EngineOptions())
+    assert d[Op.EXECUTOR] == "reference"
+
+
+def test_switches_from_environment():
+    hw = detect_hardware("sm90")
+    assert resolve(hw, _env(FLASHRT_DISABLE_CUDA_GRAPH=1))[Op.EXECUTOR] == "eager_engine"
+    assert resolve(hw, _env(FLASHRT_DISABLE_FLASH_ATTENTION=1))[Op.ATTENTION] == "math"
+    assert resolve(hw, _env(FLASHRT_FP8=1))[Op.GEMM_PREFIX] == "fp8"
+    assert resolve(hw, _env(FLASHRT_FP8=1, FLASHRT_DISABLE_FP8=1))[Op.GEMM_PREFIX] == "bf16"
+    off = resolve(hw, _env(FLASHRT_DISABLE_FAST_PATHS=1, FLASHRT_FP8=1))
+    assert off[Op.EXECUTOR] == "reference" and off[Op.ATTENTION] == "math" and off[Op.GEMM_PREFIX] == "bf16"
+    assert not _env(FLASHRT_DISABLE_FUSED_WEIGHTS=1).fused_weights
+
+
+def test_override_pins_an_implementation():
+    hw = detect_hardware("sm90")
+    assert resolve(hw, _env(FLASHRT_IMPL_ATTENTION="math"))[Op.ATTENTION] == "math"
+    assert resolve(hw, _env(FLASHRT_IMPL_GEMM_DECODER="fp8"))[Op.GEMM_DECODER] == "fp8"
+
+
+def test_override_that_cannot_run_is_an_error():
+    with pytest.raises(ValueError, match="executor=graph"):
+        resolve(CPU, _env(FLASHRT_IMPL_EXECUTOR="graph"))
+    with pytest.raises(ValueError, match="gemm_prefix=fp8"):
+        resolve(detect_hardware("sm80"), _env(FLASHRT_IMPL_GEMM_PREFIX="fp8"))
+
+
+def test_bad_values_name_the_problem():
+    with pytest.raises(ValueError, match="unknown implementation 'flash3'"):
+        _env(FLASHRT_IMPL_ATTENTION="flash3")
+    with pytest.raises(ValueError, match="FLASHRT_DISABLE_TRITON must be 0 or 1"):
+        _env(FLASHRT_DISABLE_TRITON="yes")
+    with pytest.raises(ValueError, match="unknown hardware 'tpu'"):
+        detect_hardware("tpu")
+    with pytest.raises(ValueError, match="unknown op"):
+        EngineOptions(overrides={"matmul": "bf16"})
+
+
+def test_every_op_has_a_fallback_that_always_runs():
+    for op, candidates in TABLE.items():
+        assert any(c.usable(CPU, EngineOptions(fast_paths=False)) for c in candidates), op
+
+
+def test_triton_ops_fall_back_without_triton(monkeypatch):
+    import flashrt_core.engine.kernel_import as ki
+    monkeypatch.setattr(ki, "triton_available", lambda: False)
+    d = resolve(detect_hardware("sm90"), EngineOptions())
+    assert d[Op.NORM] == "torch" and d[Op.GEGLU] == "torch"
+    monkeypatch.setattr(ki, "triton_available", lambda: True)
+    d = resolve(detect_hardware("sm90"), EngineOptions())
+    assert d[Op.NORM] == "triton" and d[Op.QKV_ROPE] == "triton"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_TRITON=1))[Op.NORM] == "torch"

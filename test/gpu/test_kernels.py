@@ -1,0 +1,149 @@
+"""Every Triton kernel against its plain-PyTorch reference, at the real pi0 / pi0.5 shapes, on random inputs.
+
+Runs on a CUDA GPU. Without one, it can also run on the CPU through Triton's interpreter
+(TRITON_INTERPRET=1 with Triton installed; slow, so rows are subsampled); otherwise every test skips.
+Outputs are poisoned with NaN before each launch so an unwritten element fails the comparison.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from flashrt_core.engine.kernel_import import load_kernels
+
+K = load_kernels()
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and K.HAVE_TRITON and not torch.cuda.is_available()
+if not INTERPRET:
+    pytestmark = pytest.mark.gpu
+DEVICE = "cpu" if INTERPRET else "cuda"
+
+# bf16 outputs: one rounding of a value computed in fp32 by both sides; rel error of bf16 is 2^-8.
+BF16_ATOL, BF16_RTOL = 2e-2, 1.6e-2
+FP32_ATOL, FP32_RTOL = 1e-5, 1e-5
+FP8_REL_L2 = 4e-2  # E4M3 round-to-nearest: ~2.7e-2 relative L2 error on normal data (torch's own cast)
+
+# Real shapes: prefix rows (2 views x 256 patches + 48 tokens), vision rows (2 x 256), decoder rows (pi0.5 10,
+# pi0 51); odd row counts catch masking bugs.
+PREFIX_ROWS = 560 if not INTERPRET else 7
+VISION_ROWS = 512 if not INTERPRET else 5
+DECODER_ROWS = (10, 51) if not INTERPRET else (3,)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> None:
+    assert not torch.isnan(got).any(), "kernel left NaN-poisoned elements unwritten"
+    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)
+
+
+def _poison(t: torch.Tensor) -> torch.Tensor:
+    return t.fill_(float("nan")) if t.dtype.is_floating_point and t.element_size() > 1 else t
+
+
+@pytest.mark.parametrize("rows,width,layer_norm,has_x,has_w", [
+    (PREFIX_ROWS, 2048, False, True, False),      # Gemma 2B boundary, folded weight
+    (PREFIX_ROWS, 2048, False, False, False),     # first norm of the stack
+    (PREFIX_ROWS, 2048, False, True, True),       # unfolded weight
+    (VISION_ROWS, 1152, True, True, True),        # SigLIP LayerNorm with affine
+    (DECODER_ROWS[-1], 1024, False, True, False),
+])
+def test_residual_norm(rows, width, layer_norm, has_x, has_w):
+    g = torch.Generator(device=DEVICE).manual_seed(rows + width)
+    x = torch.randn(rows, width, device=DEVICE, generator=g).to(torch.bfloat16) if has_x else None
+    residual = torch.randn(rows, width, device=DEVICE, generator=g) * 3
+    w = torch.randn(width, device=DEVICE, generator=g) if has_w else None
+    b = torch.randn(width, device=DEVICE, generator=g) if (has_w and layer_norm) else None
+    want, want_res = K.residual_norm_reference(x, residual, w, b, 1e-6, layer_norm)
+    out = _poison(torch.empty(rows, width, device=DEVICE, dtype=torch.bfloat16))
+    res = residual.clone()
+    K.residual_norm(x, res, out, w, b, 1e-6, layer_norm)
+    _close(out, want, BF16_ATOL, BF16_RTOL)
+    _close(res, want_res, FP32_ATOL, FP32_RTOL)
+
+
+@pytest.mark.skipif(INTERPRET, reason="Triton's interpreter casts to FP8 without round-to-nearest")
+def test_residual_norm_fp8_out():
+    g = torch.Generator(device=DEVICE).manual_seed(7)
+    x = torch.randn(PREFIX_ROWS, 2048, device=DEVICE, generator=g).to(torch.bfloat16)
+    residual = torch.randn(PREFIX_ROWS, 2048, device=DEVICE, generator=g)
+    inv_scale = torch.tensor([448.0 / 6.0], device=DEVICE)
+    want, _ = K.residual_norm_reference(x, residual, inv_scale=inv_scale, out_dtype=torch.float32)  # unrounded
+    out = torch.empty(PREFIX_ROWS, 2048, device=DEVICE, dtype=torch.float8_e4m3fn)
+    K.residual_norm(x, residual.clone(), out, inv_scale=inv_scale)
+    err = (out.float() - want.float()).norm() / want.float().norm()
+    assert err < FP8_REL_L2, f"fp8 output rel L2 error {err:.3e}"
+
+
+@pytest.mark.parametrize("rows", DECODER_ROWS)
+@pytest.mark.parametrize("has_x", [True, False])
+def test_ada_rms_norm(rows, has_x):
+    g = torch.Generator(device=DEVICE).manual_seed(rows)
+    width = 1024
+    x = torch.randn(rows, width, device=DEVICE, generator=g).to(torch.bfloat16) if has_x else None
+    residual = torch.randn(rows, width, device=DEVICE, generator=g) * 2
+    gate, scale1p, shift = (torch.randn(width, device=DEVICE, generator=g) for _ in range(3))
+    want, want_res = K.ada_rms_norm_reference(x, residual, gate, scale1p, shift)
+    out = _poison(torch.empty(rows, width, device=DEVICE, dtype=torch.bfloat16))
+    res = residual.clone()
+    K.ada_rms_norm(x, res, gate if has_x else None, scale1p, shift, out)
+    _close(out, want, BF16_ATOL, BF16_RTOL)
+    _close(res, want_res, FP32_ATOL, FP32_RTOL)
+
+
+@pytest.mark.parametrize("rows,mlp", [(PREFIX_ROWS, 16384), (DECODER_ROWS[0], 4096), (DECODER_ROWS[-1], 4096)])
+def test_geglu(rows, mlp):
+    g = torch.Generator(device=DEVICE).manual_seed(mlp + rows)
+    gu = (torch.randn(rows, 2 * mlp, device=DEVICE, generator=g) * 2).to(torch.bfloat16)
+    out = _poison(torch.empty(rows, mlp, device=DEVICE, dtype=torch.bfloat16))
+    K.geglu(gu, out)
+    _close(out, K.geglu_reference(gu), BF16_ATOL, BF16_RTOL)
+
+
+@pytest.mark.parametrize("rows,offset", [(PREFIX_ROWS, 0), (DECODER_ROWS[0], PREFIX_ROWS), (DECODER_ROWS[-1], 48)])
+def test_qkv_rope(rows, offset):
+    heads, kv_heads, head_dim = 8, 1, 256
+    g = torch.Generator(device=DEVICE).manual_seed(rows + offset)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim, device=DEVICE, generator=g).to(torch.bfloat16)
+    pos = torch.randperm(900, device=DEVICE, generator=g)[:rows].to(torch.int32)  # any positions, not arange
+    cos, sin = K.rope_tables(1024, head_dim, device=DEVICE)
+    length = offset + rows + 5
+    outs = []
+    for fn in (K.qkv_rope_reference, K.qkv_rope):
+        q = _poison(torch.empty(rows, heads, head_dim, device=DEVICE, dtype=torch.bfloat16))
+        kc = _poison(torch.empty(kv_heads, length, head_dim, device=DEVICE, dtype=torch.bfloat16))
+        vc = _poison(torch.empty(kv_heads, length, head_dim, device=DEVICE, dtype=torch.bfloat16))
+        fn(qkv, pos, cos, sin, q, kc, vc, offset, heads, kv_heads, q_scale=head_dim ** -0.5)
+        outs.append((q, kc[:, offset:offset + rows], vc[:, offset:offset + rows]))
+    for got, want in zip(outs[1], outs[0]):
+        _close(got, want, BF16_ATOL, BF16_RTOL)
+    # the rows before `offset` were not touched
+    assert torch.isnan(kc[:, :offset].float()).all()
+
+
+def test_qkv_rope_matches_model_rope():
+    """The cos/sin tables + kernel equal the model's own rope() (gemma.py) on random q/k."""
+    from flashrt_core.model.gemma import rope
+    heads, head_dim, rows = 8, 256, DECODER_ROWS[-1]
+    g = torch.Generator(device=DEVICE).manual_seed(3)
+    qkv = torch.randn(rows, (heads + 2) * head_dim, device=DEVICE, generator=g)
+    pos = torch.arange(100, 100 + rows, device=DEVICE)
+    cos, sin = K.rope_tables(512, head_dim, device=DEVICE)
+    q = torch.empty(rows, heads, head_dim, device=DEVICE)
+    kc = torch.empty(1, rows, head_dim, device=DEVICE)
+    vc = torch.empty_like(kc)
+    K.qkv_rope(qkv, pos, cos, sin, q, kc, vc, 0, heads, 1)
+    want_q = rope(qkv[:, :heads * head_dim].view(1, rows, heads, head_dim), pos[None], 10_000.0)[0]
+    _close(q, want_q, 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("rows", DECODER_ROWS)
+def test_euler(rows):
+    g = torch.Generator(device=DEVICE).manual_seed(rows)
+    x = torch.randn(rows, 32, device=DEVICE, generator=g)
+    v = torch.randn(rows, 32, device=DEVICE, generator=g).to(torch.bfloat16)
+    b = torch.randn(32, device=DEVICE, generator=g)
+    want = K.euler_reference(x.clone(), v, b, -0.1)
+    got = K.euler(x.clone(), v, b, -0.1)
+    _close(got, want, FP32_ATOL, FP32_RTOL)
