@@ -1,0 +1,140 @@
+"""The inference thread of the policy node: newest observation in, action chunk out, never a backlog.
+
+ROS callbacks only ``notify()`` the worker (a new complete observation, or a rate tick); they never
+wait on the model. The thread wakes, asks ``prepare()`` for a job built from the NEWEST observation
+(older ones were already replaced in the observation buffer), runs ``predict(job)`` and hands the result
+to ``deliver``. Notifications that arrive while a forward pass runs collapse into one wake-up.
+
+``disable()`` (deactivation) bumps a generation counter under the same lock that ``deliver`` runs under:
+once it returns, nothing computed before it is ever delivered, even after a later ``enable()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Callable, Generic, TypeVar
+
+import numpy as np
+
+Job = TypeVar("Job")
+
+_LOG = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceResult(Generic[Job]):
+    job: Job
+    actions: np.ndarray          # (horizon, action_dim) float32
+    inference_time_s: float      # wall time of predict() on the steady clock
+
+
+class InferenceWorker(Generic[Job]):
+    """One thread running ``predict`` on the newest job; see the module docstring."""
+
+    def __init__(self, prepare: Callable[[], Job | None], predict: Callable[[Job], np.ndarray],
+                 deliver: Callable[[InferenceResult[Job]], None], on_error: Callable[[str, BaseException], None],
+                 on_discard: Callable[[InferenceResult[Job]], None] | None = None,
+                 name: str = "flashrt_inference"):
+        self._prepare = prepare
+        self._predict = predict
+        self._deliver = deliver
+        self._on_error = on_error
+        self._on_discard = on_discard
+        self._wake = threading.Condition()
+        self._notified = False
+        self._stopping = False
+        self._enabled = False
+        self._generation = 0
+        self._deliver_lock = threading.Lock()
+        self._busy = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    # -- control (any thread) -----------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Stop the thread after its current forward pass; True when it ended within the timeout."""
+        self.disable()
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def enable(self) -> None:
+        with self._deliver_lock:
+            self._enabled = True
+        self.notify()
+
+    def disable(self) -> None:
+        """Stop delivering; results of forward passes started before this call are discarded."""
+        with self._deliver_lock:
+            self._enabled = False
+            self._generation += 1
+
+    def notify(self) -> None:
+        """Wake the thread (cheap, never blocks on inference)."""
+        with self._wake:
+            self._notified = True
+            self._wake.notify()
+
+    @property
+    def busy(self) -> bool:
+        """True while a forward pass runs."""
+        return self._busy
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- thread ---------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._notified and not self._stopping:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                self._notified = False
+            with self._deliver_lock:
+                enabled, generation = self._enabled, self._generation
+            if enabled:
+                self._run_once(generation)
+
+    def _run_once(self, generation: int) -> None:
+        try:
+            job = self._prepare()
+        except Exception as error:   # a bad input must never kill the thread
+            self._on_error("preparing the observation failed", error)
+            return
+        if job is None:
+            return
+        self._busy = True
+        try:
+            start = time.perf_counter()
+            actions = self._predict(job)
+            result = InferenceResult(job, actions, time.perf_counter() - start)
+        except Exception as error:
+            self._on_error("inference failed", error)
+            return
+        finally:
+            self._busy = False
+        with self._deliver_lock:
+            if self._enabled and self._generation == generation:
+                try:
+                    self._deliver(result)
+                except Exception as error:
+                    self._on_error("publishing the result failed", error)
+                return
+        if self._on_discard is not None:
+            self._on_discard(result)
+        _LOG.debug("discarded a result computed before deactivation")
+        # A notification may have arrived while this pass ran; the loop picks it up.
+
+
+__all__ = ["InferenceResult", "InferenceWorker"]

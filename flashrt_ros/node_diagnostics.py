@@ -1,0 +1,266 @@
+"""Statistics of the policy node and their two outputs: /diagnostics and ~/status.
+
+``NodeStatistics`` is thread-safe (callbacks, the inference thread and the diagnostics timer all touch it)
+and pure Python; ``diagnostic_array`` / ``policy_status`` turn a ``StatisticsSnapshot`` into messages.
+Windowed figures (median / p99 / max, input rates) cover the last ``window_s`` seconds of the node clock's
+steady counterpart (time.monotonic), so they stay meaningful while sim time is paused.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from typing import Deque, Mapping
+
+import numpy as np
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+
+from flashrt_ros.observation_buffer import BufferCounters
+
+HARDWARE_ID = "flashrt_policy"
+
+
+class WindowedSamples:
+    """Values with their arrival time (monotonic seconds); statistics over the last ``window_s``."""
+
+    def __init__(self, window_s: float):
+        self.window_s = float(window_s)
+        self._samples: Deque[tuple[float, float]] = collections.deque()
+
+    def add(self, value: float, now_s: float) -> None:
+        self._samples.append((now_s, float(value)))
+        self._trim(now_s)
+
+    def values(self, now_s: float) -> np.ndarray:
+        self._trim(now_s)
+        return np.fromiter((v for _, v in self._samples), dtype=np.float64, count=len(self._samples))
+
+    def count(self, now_s: float) -> int:
+        self._trim(now_s)
+        return len(self._samples)
+
+    def clear(self) -> None:
+        self._samples.clear()
+
+    def _trim(self, now_s: float) -> None:
+        while self._samples and self._samples[0][0] < now_s - self.window_s:
+            self._samples.popleft()
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """median / p99 / max of a window (NaN when empty)."""
+
+    median: float = float("nan")
+    p99: float = float("nan")
+    max: float = float("nan")
+    count: int = 0
+
+    @staticmethod
+    def of(values: np.ndarray) -> "Summary":
+        if values.size == 0:
+            return Summary()
+        return Summary(float(np.median(values)), float(np.percentile(values, 99)), float(values.max()),
+                       int(values.size))
+
+
+@dataclasses.dataclass(frozen=True)
+class StatisticsSnapshot:
+    inference_time: Summary
+    staleness: Summary
+    overhead: Summary                       # staleness - inference_time
+    input_rates_hz: dict[str, float]        # camera topic -> frames/s over the window
+    chunks_published: int
+    chunks_discarded: int                   # computed but dropped by a deactivation
+    inference_errors: int
+    rejected: dict[str, int]                # reason -> count (bad frames, NaN state, ...)
+    last_error: str
+    window_s: float
+
+    @property
+    def inputs_rejected(self) -> int:
+        return sum(self.rejected.values())
+
+
+class NodeStatistics:
+    """Counters and windows of one activation (``reset`` at activation)."""
+
+    def __init__(self, camera_topics: tuple[str, ...], window_s: float):
+        self.camera_topics = camera_topics
+        self.window_s = float(window_s)
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self._inference = WindowedSamples(self.window_s)
+            self._staleness = WindowedSamples(self.window_s)
+            self._overhead = WindowedSamples(self.window_s)
+            self._frames = {topic: WindowedSamples(self.window_s) for topic in self.camera_topics}
+            self._counts: collections.Counter = collections.Counter()
+            self._rejected: collections.Counter = collections.Counter()
+            self._last_error = ""
+            self._since = time.monotonic()
+
+    def record_frame(self, topic: str) -> None:
+        with self._lock:
+            self._frames[topic].add(1.0, time.monotonic())
+
+    def record_chunk(self, inference_time_s: float, staleness_s: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._counts["chunks_published"] += 1
+            self._inference.add(inference_time_s, now)
+            self._staleness.add(staleness_s, now)
+            self._overhead.add(staleness_s - inference_time_s, now)
+
+    def record_discarded(self) -> None:
+        with self._lock:
+            self._counts["chunks_discarded"] += 1
+
+    def record_rejection(self, reason: str, message: str) -> None:
+        """An input was rejected; ``reason`` is a short key (e.g. 'bad_image'), ``message`` the detail."""
+        with self._lock:
+            self._rejected[reason] += 1
+            self._last_error = message
+
+    def record_inference_error(self, message: str) -> None:
+        with self._lock:
+            self._counts["inference_errors"] += 1
+            self._last_error = message
+
+    def snapshot(self) -> StatisticsSnapshot:
+        now = time.monotonic()
+        with self._lock:
+            span = min(self.window_s, max(now - self._since, 1e-3))
+            rates = {topic: samples.count(now) / span for topic, samples in self._frames.items()}
+            return StatisticsSnapshot(
+                inference_time=Summary.of(self._inference.values(now)),
+                staleness=Summary.of(self._staleness.values(now)),
+                overhead=Summary.of(self._overhead.values(now)),
+                input_rates_hz=rates,
+                chunks_published=self._counts["chunks_published"],
+                chunks_discarded=self._counts["chunks_discarded"],
+                inference_errors=self._counts["inference_errors"],
+                rejected=dict(self._rejected),
+                last_error=self._last_error,
+                window_s=self.window_s,
+            )
+
+
+def gpu_memory_text(device: str | None) -> str:
+    """'allocated X MiB / reserved Y MiB' for a CUDA device, else 'n/a'."""
+    if not device or not str(device).startswith("cuda"):
+        return "n/a"
+    import torch   # only reached when a CUDA model is loaded
+    if not torch.cuda.is_available():
+        return "n/a"
+    mib = 1024 * 1024
+    return (f"allocated {torch.cuda.memory_allocated(device) / mib:.0f} MiB / "
+            f"reserved {torch.cuda.memory_reserved(device) / mib:.0f} MiB")
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagnosticsContext:
+    """Everything besides the statistics that the diagnostics entry shows."""
+
+    node_name: str
+    lifecycle_state: str
+    model_id: str
+    config_id: str
+    device: str | None
+    staleness_warn_threshold: float
+    buffer: BufferCounters
+    has_instruction: bool
+
+
+def diagnostic_status(snapshot: StatisticsSnapshot, context: DiagnosticsContext) -> DiagnosticStatus:
+    """One DiagnosticStatus: level from lifecycle state, errors and the staleness threshold."""
+    level, message = _level(snapshot, context)
+    values = {
+        "lifecycle_state": context.lifecycle_state,
+        "model_id": context.model_id,
+        "config_id": context.config_id,
+        "inference_time_median_s": _fmt(snapshot.inference_time.median),
+        "inference_time_p99_s": _fmt(snapshot.inference_time.p99),
+        "inference_time_max_s": _fmt(snapshot.inference_time.max),
+        "staleness_median_s": _fmt(snapshot.staleness.median),
+        "staleness_p99_s": _fmt(snapshot.staleness.p99),
+        "staleness_max_s": _fmt(snapshot.staleness.max),
+        "overhead_median_s": _fmt(snapshot.overhead.median),
+        "overhead_p99_s": _fmt(snapshot.overhead.p99),
+        "staleness_warn_threshold_s": _fmt(context.staleness_warn_threshold),
+        "chunks_published": str(snapshot.chunks_published),
+        "chunks_discarded": str(snapshot.chunks_discarded),
+        "inference_errors": str(snapshot.inference_errors),
+        "observations_completed": str(context.buffer.completed),
+        "observations_replaced": str(context.buffer.replaced),
+        "frames_stale": str(context.buffer.stale),
+        "frames_out_of_order": str(context.buffer.out_of_order),
+        "time_resets": str(context.buffer.time_resets),
+        "inputs_rejected": str(rejected_total(snapshot, context.buffer)),
+        "has_instruction": str(context.has_instruction).lower(),
+        "gpu_memory": gpu_memory_text(context.device),
+        "last_error": snapshot.last_error,
+    }
+    for reason, count in sorted(snapshot.rejected.items()):
+        values[f"rejected_{reason}"] = str(count)
+    for topic, rate in snapshot.input_rates_hz.items():
+        values[f"input_rate_hz[{topic}]"] = f"{rate:.2f}"
+    return DiagnosticStatus(level=level, name=f"{context.node_name}: policy", message=message,
+                            hardware_id=HARDWARE_ID,
+                            values=[KeyValue(key=key, value=value) for key, value in values.items()])
+
+
+def diagnostic_array(snapshot: StatisticsSnapshot, context: DiagnosticsContext, stamp) -> DiagnosticArray:
+    array = DiagnosticArray()
+    array.header.stamp = stamp
+    array.status = [diagnostic_status(snapshot, context)]
+    return array
+
+
+def _level(snapshot: StatisticsSnapshot, context: DiagnosticsContext) -> tuple[bytes, str]:
+    if context.lifecycle_state != "active":
+        return DiagnosticStatus.OK, f"{context.lifecycle_state}: not publishing"
+    if snapshot.staleness.count and snapshot.staleness.p99 > context.staleness_warn_threshold:
+        return DiagnosticStatus.WARN, (f"staleness p99 {snapshot.staleness.p99 * 1e3:.1f} ms > threshold "
+                                       f"{context.staleness_warn_threshold * 1e3:.1f} ms")
+    if not context.has_instruction:
+        return DiagnosticStatus.WARN, "no instruction yet"
+    dead = [topic for topic, rate in snapshot.input_rates_hz.items() if rate == 0.0]
+    if dead:
+        return DiagnosticStatus.WARN, f"no frames in the last {snapshot.window_s:.0f} s from {dead}"
+    if snapshot.inference_errors:
+        return DiagnosticStatus.WARN, f"{snapshot.inference_errors} inference errors: {snapshot.last_error}"
+    return DiagnosticStatus.OK, f"active: {snapshot.chunks_published} chunks"
+
+
+def _fmt(value: float) -> str:
+    return "nan" if value != value else f"{value:.6f}"
+
+
+def rejected_total(snapshot: StatisticsSnapshot, buffer: BufferCounters) -> int:
+    return snapshot.inputs_rejected + buffer.stale + buffer.out_of_order
+
+
+def status_fields(snapshot: StatisticsSnapshot, context: DiagnosticsContext) -> Mapping[str, object]:
+    """Field values of flashrt_ros/PolicyStatus (the caller builds the message, it owns the type)."""
+    return {
+        "lifecycle_state": context.lifecycle_state,
+        "chunks_published": snapshot.chunks_published,
+        "observations_replaced": context.buffer.replaced,
+        "inputs_rejected": rejected_total(snapshot, context.buffer),
+        "inference_errors": snapshot.inference_errors,
+        "inference_time_median": snapshot.inference_time.median,
+        "inference_time_p99": snapshot.inference_time.p99,
+        "staleness_median": snapshot.staleness.median,
+        "staleness_p99": snapshot.staleness.p99,
+        "staleness_max": snapshot.staleness.max,
+        "last_error": snapshot.last_error,
+    }
+
+
+__all__ = ["DiagnosticsContext", "NodeStatistics", "StatisticsSnapshot", "Summary", "WindowedSamples",
+           "diagnostic_array", "diagnostic_status", "gpu_memory_text", "rejected_total", "status_fields"]

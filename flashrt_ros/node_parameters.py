@@ -1,0 +1,275 @@
+"""Every parameter of the policy node, declared in one place, validated, converted once to NodeSettings.
+
+- ``PARAMETERS``: one ``ParamSpec`` per parameter (default, description, range or choices, read_only).
+  read_only parameters need a new configure with new values: set them at start-up (YAML / overrides).
+- ``declare_parameters(node)``: declares them with descriptors.
+- ``validate(name, value)``: the reason a value is invalid, or None. ``on_set_parameters`` wraps it as
+  the node's on-set callback, so ``ros2 param set`` with a bad value is rejected with that reason.
+- ``read_settings(node)``: reads and cross-checks all values into a frozen ``NodeSettings``; raises
+  ``SettingsError`` naming every problem (the node turns it into a configure FAILURE).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import math
+from typing import Any, Sequence
+
+from rcl_interfaces.msg import (FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType,
+                                SetParametersResult)
+from rclpy.parameter import Parameter
+
+
+class SettingsError(ValueError):
+    """One or more parameter values are invalid; the message lists each problem."""
+
+
+class TriggerMode(enum.Enum):
+    ON_OBSERVATION = "on_observation"   # infer on each new complete observation (when the worker is free)
+    RATE = "rate"                       # infer at inference_rate_hz on the newest observation
+
+
+class StateInput(enum.Enum):
+    JOINT_STATE = "joint_state"         # sensor_msgs/JointState, picked by state_joint_names
+    FLOAT_ARRAY = "float_array"         # std_msgs/Float64MultiArray, used as is
+
+
+MODEL_CONFIGS = ("pi05", "pi0", "pi05_tiny", "pi0_tiny")
+PRECISIONS = ("auto", "float32", "bfloat16", "float16")
+HARDWARE = ("auto", "reference")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    default: Any
+    description: str
+    read_only: bool = True
+    type: int = ParameterType.PARAMETER_NOT_SET      # inferred from default when NOT_SET
+    float_range: tuple[float, float] | None = None
+    int_range: tuple[int, int] | None = None
+    choices: tuple[str, ...] = ()
+
+    def descriptor(self) -> ParameterDescriptor:
+        descriptor = ParameterDescriptor(name=self.name, type=self.param_type(), read_only=self.read_only)
+        text = self.description
+        if self.choices:
+            text += f" One of: {', '.join(self.choices)}."
+        descriptor.description = text
+        if self.float_range is not None:
+            descriptor.floating_point_range = [FloatingPointRange(
+                from_value=float(self.float_range[0]), to_value=float(self.float_range[1]), step=0.0)]
+        if self.int_range is not None:
+            descriptor.integer_range = [IntegerRange(
+                from_value=int(self.int_range[0]), to_value=int(self.int_range[1]), step=1)]
+        return descriptor
+
+    def param_type(self) -> int:
+        if self.type != ParameterType.PARAMETER_NOT_SET:
+            return self.type
+        if isinstance(self.default, bool):
+            return ParameterType.PARAMETER_BOOL
+        if isinstance(self.default, int):
+            return ParameterType.PARAMETER_INTEGER
+        if isinstance(self.default, float):
+            return ParameterType.PARAMETER_DOUBLE
+        if isinstance(self.default, str):
+            return ParameterType.PARAMETER_STRING
+        raise TypeError(f"{self.name}: give an explicit type for default {self.default!r}")
+
+
+STRING_ARRAY = ParameterType.PARAMETER_STRING_ARRAY
+
+PARAMETERS: tuple[ParamSpec, ...] = (
+    # model
+    ParamSpec("checkpoint", "", "Checkpoint directory; empty = the embedded demo checkpoint of flashrt_core."),
+    ParamSpec("model_config", "pi05_tiny", "flashrt_core config preset of the checkpoint.", choices=MODEL_CONFIGS),
+    ParamSpec("device", "auto", "Inference device: auto, cpu, cuda or cuda:N."),
+    ParamSpec("precision", "auto", "Weights/activations dtype; auto = bf16 on GPU, fp32 on CPU.",
+              choices=PRECISIONS),
+    ParamSpec("hardware", "auto", "Engine dispatch; reference forces the eager reference path.", choices=HARDWARE),
+    ParamSpec("warmup_iterations", 2, "Forward passes run at configure (warm-up and graph capture).",
+              int_range=(0, 100)),
+    # inputs
+    ParamSpec("camera_topics", ["camera_0/image_raw", "camera_1/image_raw"],
+              "Camera topics, one per view. A topic ending in /compressed is read as sensor_msgs/CompressedImage "
+              "(jpeg/png), any other as sensor_msgs/Image.", type=STRING_ARRAY),
+    ParamSpec("camera_views", [], "Model view name for each camera topic; empty = the model's first views in "
+              "order.", type=STRING_ARRAY),
+    ParamSpec("instruction_topic", "instruction", "std_msgs/String task instruction (reliable, transient local)."),
+    ParamSpec("default_instruction", "", "Instruction used until one arrives on instruction_topic; empty = wait.",
+              read_only=False),
+    ParamSpec("state_topic", "", "Robot state topic; empty = the model gets no state."),
+    ParamSpec("state_type", StateInput.JOINT_STATE.value, "Message type of state_topic.",
+              choices=tuple(m.value for m in StateInput)),
+    ParamSpec("state_joint_names", [], "joint_state: joint names picked in this order (empty = all, as sent).",
+              type=STRING_ARRAY),
+    ParamSpec("sync_slop", 0.02, "Largest stamp difference [s] between the frames of one observation.",
+              read_only=False, float_range=(0.0, 1.0)),
+    ParamSpec("max_observation_age", 0.5, "Observations older than this [s] (node clock) are not used.",
+              read_only=False, float_range=(0.001, 60.0)),
+    # triggering
+    ParamSpec("trigger", TriggerMode.ON_OBSERVATION.value, "When to run inference.",
+              choices=tuple(m.value for m in TriggerMode)),
+    ParamSpec("inference_rate_hz", 10.0, "Inference rate when trigger is rate.", float_range=(0.1, 1000.0)),
+    # outputs
+    ParamSpec("output_topic", "action_chunk", "flashrt_ros/ActionChunk output topic."),
+    ParamSpec("trajectory_topic", "", "Also publish trajectory_msgs/JointTrajectory here; empty = off."),
+    ParamSpec("frame_id", "", "header.frame_id of the outputs: the frame the actions are expressed in."),
+    ParamSpec("action_dt", 0.02, "Time between consecutive actions of a chunk [s].", float_range=(1e-4, 10.0)),
+    ParamSpec("action_names", [], "Name of each action dimension (length action_dim), or empty.",
+              type=STRING_ARRAY),
+    # diagnostics
+    ParamSpec("staleness_warn_threshold", 0.2, "Diagnostics turn WARN when the staleness p99 passes this [s].",
+              read_only=False, float_range=(0.0, 60.0)),
+    ParamSpec("diagnostics_window", 10.0, "Window [s] of the latency / staleness / rate statistics.",
+              float_range=(1.0, 600.0)),
+    ParamSpec("diagnostics_period", 1.0, "Period [s] of /diagnostics and ~/status.", float_range=(0.05, 60.0)),
+)
+
+SPECS: dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
+RUNTIME_PARAMETERS = tuple(spec.name for spec in PARAMETERS if not spec.read_only)
+
+
+def declare_parameters(node) -> None:
+    """Declare every parameter of PARAMETERS on ``node`` with its descriptor.
+
+    rclpy infers an empty list default as a byte array, so empty-list parameters are declared by type only
+    (unset until given a value); ``parameter_value`` then reads them as their default.
+    """
+    for spec in PARAMETERS:
+        default = spec.default
+        if isinstance(default, list) and not default:
+            default = Parameter.Type(spec.param_type())
+        node.declare_parameter(spec.name, default, spec.descriptor())
+
+
+def parameter_value(node, name: str) -> Any:
+    """Value of parameter ``name`` of ``node``; the spec's default where the parameter is unset."""
+    parameter = node.get_parameter_or(name, None)
+    if parameter is None or parameter.type_ == Parameter.Type.NOT_SET:
+        return SPECS[name].default
+    return parameter.value
+
+
+def validate(name: str, value: Any) -> str | None:
+    """Reason why ``value`` is invalid for parameter ``name``, or None (ranges are checked by rclpy too)."""
+    spec = SPECS.get(name)
+    if spec is None:
+        return None    # not ours (use_sim_time, qos overrides...)
+    if spec.choices and value not in spec.choices:
+        return f"{name}={value!r} is not one of {list(spec.choices)}"
+    if spec.float_range is not None:
+        low, high = spec.float_range
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and low <= value <= high):
+            return f"{name}={value!r} is outside [{low}, {high}]"
+    if spec.int_range is not None:
+        low, high = spec.int_range
+        if not low <= value <= high:
+            return f"{name}={value!r} is outside [{low}, {high}]"
+    if name == "device" and not _valid_device(value):
+        return f"device={value!r}: expected auto, cpu, cuda or cuda:N"
+    if name in ("camera_topics", "instruction_topic", "output_topic") and not value:
+        return f"{name} must not be empty"
+    if spec.type == STRING_ARRAY and any(not item for item in value):
+        return f"{name} has an empty entry: {list(value)}"
+    if name in ("camera_topics", "camera_views", "state_joint_names", "action_names") and \
+            len(set(value)) != len(value):
+        return f"{name} has duplicate entries: {list(value)}"
+    return None
+
+
+def on_set_parameters(parameters: Sequence) -> SetParametersResult:
+    """rclpy on-set callback: reject the whole set if any value is invalid, with the reason."""
+    reasons = [reason for parameter in parameters if (reason := validate(parameter.name, parameter.value))]
+    return SetParametersResult(successful=not reasons, reason="; ".join(reasons))
+
+
+def _valid_device(value: str) -> bool:
+    if value in ("auto", "cpu", "cuda"):
+        return True
+    return value.startswith("cuda:") and value[5:].isdigit()
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSettings:
+    """Parameter values as the node uses them (seconds as floats, enums instead of strings)."""
+
+    checkpoint: str
+    model_config: str
+    device: str
+    precision: str
+    hardware: str
+    warmup_iterations: int
+    camera_topics: tuple[str, ...]
+    camera_views: tuple[str, ...]
+    instruction_topic: str
+    default_instruction: str
+    state_topic: str
+    state_type: StateInput
+    state_joint_names: tuple[str, ...]
+    sync_slop: float
+    max_observation_age: float
+    trigger: TriggerMode
+    inference_rate_hz: float
+    output_topic: str
+    trajectory_topic: str
+    frame_id: str
+    action_dt: float
+    action_names: tuple[str, ...]
+    staleness_warn_threshold: float
+    diagnostics_window: float
+    diagnostics_period: float
+
+    @property
+    def dtype(self) -> str | None:
+        """The ``dtype`` argument of flashrt_core.load_model."""
+        return None if self.precision == "auto" else self.precision
+
+    def config_id(self) -> str:
+        """Short hash of the settings that change what the model computes."""
+        fields = {name: getattr(self, name) for name in (
+            "checkpoint", "model_config", "device", "precision", "hardware", "camera_views", "state_joint_names",
+            "action_dt")}
+        fields["camera_count"] = len(self.camera_topics)
+        digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+        return digest[:12]
+
+    def with_runtime_values(self, values: dict[str, Any]) -> "NodeSettings":
+        """Copy with runtime-changeable parameters replaced (names from RUNTIME_PARAMETERS)."""
+        unknown = set(values) - set(RUNTIME_PARAMETERS)
+        if unknown:
+            raise SettingsError(f"not changeable at runtime: {sorted(unknown)}")
+        return dataclasses.replace(self, **values)
+
+
+def settings_from_values(values: dict[str, Any]) -> NodeSettings:
+    """Validate raw parameter values (name -> value) and build NodeSettings; SettingsError lists problems."""
+    problems = [reason for name in SPECS if (reason := validate(name, values[name]))]
+    views, topics = list(values["camera_views"]), list(values["camera_topics"])
+    if views and len(views) != len(topics):
+        problems.append(f"camera_views has {len(views)} entries but camera_topics has {len(topics)}")
+    if problems:
+        raise SettingsError("invalid parameters: " + "; ".join(problems))
+    kwargs = {name: values[name] for name in SPECS}
+    for name in ("camera_topics", "camera_views", "state_joint_names", "action_names"):
+        kwargs[name] = tuple(kwargs[name])
+    kwargs["state_type"] = StateInput(kwargs["state_type"])
+    kwargs["trigger"] = TriggerMode(kwargs["trigger"])
+    for name in ("sync_slop", "max_observation_age", "inference_rate_hz", "action_dt",
+                 "staleness_warn_threshold", "diagnostics_window", "diagnostics_period"):
+        kwargs[name] = float(kwargs[name])
+    return NodeSettings(**kwargs)
+
+
+def read_settings(node) -> NodeSettings:
+    """Read all parameters of ``node`` into NodeSettings (raises SettingsError)."""
+    return settings_from_values({name: parameter_value(node, name) for name in SPECS})
+
+
+__all__ = ["PARAMETERS", "RUNTIME_PARAMETERS", "SPECS", "NodeSettings", "ParamSpec", "SettingsError",
+           "StateInput", "TriggerMode", "declare_parameters", "on_set_parameters", "read_settings",
+           "parameter_value", "settings_from_values", "validate"]

@@ -1,0 +1,498 @@
+"""The flashrt_ros policy node: a LifecycleNode, cameras + instruction (+ state) in, stamped ActionChunks out.
+
+Lifecycle (REP-2003 style, as in ros2/demos lifecycle_py):
+
+- ``on_configure``: read parameters (NodeSettings), load the model through flashrt_core, warm it up (and
+  capture, on GPU), start the inference thread, create the (inactive) output publishers.
+  Any failure -> FAILURE with a log naming the problem; everything half-built is released and the node stays
+  unconfigured, ready to be configured again.
+- ``on_activate``: counters and sequence reset, subscriptions created, outputs live, inference enabled.
+- ``on_deactivate``: inference disabled first (nothing computed before is published later), subscriptions
+  destroyed, outputs inactive.
+- ``on_cleanup``: inference thread stopped, model closed (weights and GPU memory released), publishers destroyed.
+- ``on_shutdown`` / ``on_error``: release whatever exists, from any state.
+
+Data path: subscription callbacks do O(1) checks and hand the message to the ObservationBuffer (pairing by
+stamp, newest complete observation only); the InferenceWorker thread converts the images of that one
+observation, runs ``policy.predict`` and publishes. /diagnostics and ~/status are published every
+``diagnostics_period`` in every lifecycle state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+import rclpy
+from builtin_interfaces.msg import Duration as DurationMsg
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.time import Time
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_msgs.msg import Float64MultiArray, String
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from flashrt_ros import qos_profiles
+from flashrt_ros.image_conversion import ImageConversionError, check_image, to_rgb
+from flashrt_ros.inference_worker import InferenceResult, InferenceWorker
+from flashrt_ros.msg import ActionChunk, PolicyStatus
+from flashrt_ros.node_diagnostics import (DiagnosticsContext, NodeStatistics, diagnostic_array, status_fields)
+from flashrt_ros.node_parameters import (NodeSettings, SettingsError, StateInput, TriggerMode,
+                                         declare_parameters, on_set_parameters, read_settings)
+from flashrt_ros.observation_buffer import (AddResult, BufferCounters, Observation, ObservationBuffer,
+                                           seconds_to_ns)
+
+NODE_NAME = "policy_node"
+WARMUP_PROMPT = "warm up"
+WARMUP_IMAGE_SHAPE = (224, 224, 3)
+LOG_THROTTLE_S = 2.0
+WORKER_STOP_TIMEOUT_S = 60.0
+
+
+def load_policy(settings: NodeSettings):
+    """Default policy factory: flashrt_core.load_model with the node's settings."""
+    import flashrt_core   # imported here: the node module stays importable without torch for tooling
+    return flashrt_core.load_model(checkpoint=settings.checkpoint or None, config=settings.model_config,
+                                   device=settings.device, dtype=settings.dtype, hardware=settings.hardware)
+
+
+@dataclasses.dataclass(frozen=True)
+class StateSample:
+    stamp_ns: int
+    values: np.ndarray          # (state_dim,) float32
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceJob:
+    observation: Observation
+    images: dict[str, np.ndarray]       # view name -> HxWx3 uint8 RGB
+    prompt: str
+    state: StateSample | None
+
+
+class PolicyNode(LifecycleNode):
+    """Lifecycle policy node; ``policy_factory(settings)`` returns an object with the flashrt_core policy API."""
+
+    def __init__(self, node_name: str = NODE_NAME, *, policy_factory: Callable[[NodeSettings], Any] = load_policy,
+                 **kwargs):
+        super().__init__(node_name, **kwargs)
+        declare_parameters(self)
+        self.add_on_set_parameters_callback(on_set_parameters)
+        self.add_post_set_parameters_callback(self._on_parameters_set)
+        self._policy_factory = policy_factory
+        self._input_group = ReentrantCallbackGroup()
+        self._timer_group = MutuallyExclusiveCallbackGroup()
+        # Built by on_configure, released by on_cleanup.
+        self._settings: NodeSettings | None = None
+        self._policy = None
+        self._view_names: tuple[str, ...] = ()
+        self._buffer: ObservationBuffer | None = None
+        self._worker: InferenceWorker[InferenceJob] | None = None
+        self._chunk_publisher = None
+        self._trajectory_publisher = None
+        self._config_id = ""
+        # Built by on_activate, released by on_deactivate.
+        self._subscriptions: list = []
+        self._trigger_timer = None
+        # Inputs shared between callbacks and the inference thread (single attribute writes).
+        self._instruction: str | None = None
+        self._state: StateSample | None = None
+        self._sequence = 0
+        self._statistics = NodeStatistics((), window_s=10.0)
+        # Diagnostics and status: every state.
+        period = self.get_parameter("diagnostics_period").value
+        self._diagnostics_publisher = self.create_publisher(DiagnosticArray, "/diagnostics",
+                                                            qos_profiles.diagnostics_qos())
+        self._status_publisher = self.create_publisher(PolicyStatus, "~/status", qos_profiles.output_qos())
+        self._diagnostics_timer = self.create_timer(period, self._publish_diagnostics,
+                                                    callback_group=self._timer_group)
+        self._release_lock = threading.Lock()
+        self._last_logged: dict[str, float] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Load and warm up the model. SUCCESS -> inactive; FAILURE -> stays unconfigured (all released)."""
+        try:
+            settings = read_settings(self)
+        except SettingsError as error:
+            self.get_logger().error(f"configure failed: {error}")
+            return TransitionCallbackReturn.FAILURE
+        self.get_logger().info(
+            f"configuring: checkpoint={settings.checkpoint or '<embedded demo>'} config={settings.model_config} "
+            f"device={settings.device} precision={settings.precision} cameras={list(settings.camera_topics)}")
+        try:
+            self._policy = self._policy_factory(settings)
+            self._view_names = self._check_model_fits(settings, self._policy)
+            self._warm_up(settings)
+        except Exception as error:   # missing checkpoint, out of memory, mismatch...: FAILURE, never a crash
+            self.get_logger().error(f"configure failed: {type(error).__name__}: {error}")
+            self._release()
+            return TransitionCallbackReturn.FAILURE
+        self._settings = settings
+        self._config_id = settings.config_id()
+        self._buffer = ObservationBuffer(self._view_names, seconds_to_ns(settings.sync_slop),
+                                         seconds_to_ns(settings.max_observation_age))
+        self._statistics = NodeStatistics(settings.camera_topics, settings.diagnostics_window)
+        self._worker = InferenceWorker(self._prepare_job, self._predict, self._publish_result,
+                                       self._on_inference_error, on_discard=lambda _: self._statistics.record_discarded())
+        self._worker.start()
+        self._chunk_publisher = self.create_lifecycle_publisher(ActionChunk, settings.output_topic,
+                                                                qos_profiles.output_qos())
+        if settings.trajectory_topic:
+            self._trajectory_publisher = self.create_lifecycle_publisher(
+                JointTrajectory, settings.trajectory_topic, qos_profiles.output_qos())
+        self.get_logger().info(
+            f"configured: model {self._policy.model_id} on {self._policy.device}, views {list(self._view_names)}, "
+            f"horizon {self._policy.horizon} x {self._policy.action_dim}, config_id {self._config_id}")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Subscriptions and outputs live. SUCCESS -> active."""
+        settings = self._settings
+        self._sequence = 0
+        self._statistics.reset()
+        self._buffer.clear()
+        self._buffer.reset_counters()
+        self._create_subscriptions(settings)
+        if settings.trigger is TriggerMode.RATE:
+            self._trigger_timer = self.create_timer(1.0 / settings.inference_rate_hz, self._worker.notify,
+                                                    callback_group=self._timer_group)
+        result = super().on_activate(state)      # activates the lifecycle publishers
+        self._worker.enable()
+        self.get_logger().info(f"active: publishing on {self._chunk_publisher.topic_name}")
+        return result
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Output stops at once: results of forward passes in flight are discarded. SUCCESS -> inactive."""
+        self._worker.disable()
+        self._destroy_subscriptions()
+        self.get_logger().info("inactive: output stopped")
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Model and GPU memory released. SUCCESS -> unconfigured."""
+        self._release()
+        self.get_logger().info("cleaned up: model released")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """From any state: release everything. SUCCESS -> finalized."""
+        self._release()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """After an exception in a transition: release everything. SUCCESS -> unconfigured."""
+        self.get_logger().error(f"error in a transition from {state.label}: releasing everything")
+        self._release()
+        return TransitionCallbackReturn.SUCCESS
+
+    def lifecycle_state(self) -> str:
+        """Label of the current lifecycle state ('unconfigured', 'inactive', 'active', 'finalized')."""
+        return self._state_machine.current_state[1]
+
+    @property
+    def policy(self):
+        """The loaded policy (flashrt_core API) while configured, else None."""
+        return self._policy
+
+    def release(self) -> None:
+        """Stop inference and free the model, whatever the state (used by main() on SIGINT)."""
+        self._release()
+
+    # -- configure helpers ------------------------------------------------------------------------------
+    def _check_model_fits(self, settings: NodeSettings, policy) -> tuple[str, ...]:
+        model_views = tuple(policy.view_names)
+        cameras = len(settings.camera_topics)
+        if cameras > len(model_views):
+            raise SettingsError(f"{cameras} camera topics but the model has {len(model_views)} views {model_views}")
+        views = settings.camera_views or model_views[:cameras]
+        unknown = [view for view in views if view not in model_views]
+        if unknown:
+            raise SettingsError(f"camera_views {unknown} are not views of the model {list(model_views)}")
+        if settings.action_names and len(settings.action_names) != policy.action_dim:
+            raise SettingsError(f"action_names has {len(settings.action_names)} names, the model's action_dim "
+                                f"is {policy.action_dim}")
+        if settings.state_topic and settings.state_joint_names and policy.state_dim and \
+                len(settings.state_joint_names) != policy.state_dim:
+            raise SettingsError(f"state_joint_names has {len(settings.state_joint_names)} names, the model's "
+                                f"state_dim is {policy.state_dim}")
+        return tuple(views)
+
+    def _warm_up(self, settings: NodeSettings) -> None:
+        images = {view: np.full(WARMUP_IMAGE_SHAPE, 128, np.uint8) for view in self._view_names}
+        state = np.zeros(self._policy.state_dim, np.float32) if settings.state_topic else None
+        for _ in range(settings.warmup_iterations):
+            self._policy.predict(images, WARMUP_PROMPT, state=state)
+
+    # -- activation helpers -----------------------------------------------------------------------------
+    def _create_subscriptions(self, settings: NodeSettings) -> None:
+        for index, topic in enumerate(settings.camera_topics):
+            msg_type = CompressedImage if topic.rstrip("/").endswith("/compressed") else Image
+            self._subscriptions.append(self.create_subscription(
+                msg_type, topic, lambda msg, i=index, t=topic: self._on_image(msg, i, t),
+                qos_profiles.camera_qos(), callback_group=self._input_group))
+        self._subscriptions.append(self.create_subscription(
+            String, settings.instruction_topic, self._on_instruction, qos_profiles.instruction_qos(),
+            callback_group=self._input_group))
+        if settings.state_topic:
+            msg_type = JointState if settings.state_type is StateInput.JOINT_STATE else Float64MultiArray
+            self._subscriptions.append(self.create_subscription(
+                msg_type, settings.state_topic, self._on_state, qos_profiles.state_qos(),
+                callback_group=self._input_group))
+
+    def _destroy_subscriptions(self) -> None:
+        for subscription in self._subscriptions:
+            self.destroy_subscription(subscription)
+        self._subscriptions = []
+        if self._trigger_timer is not None:
+            self.destroy_timer(self._trigger_timer)
+            self._trigger_timer = None
+
+    def _release(self) -> None:
+        with self._release_lock:
+            if self._worker is not None:
+                if not self._worker.stop(WORKER_STOP_TIMEOUT_S):
+                    self.get_logger().warning("inference thread still running after stop timeout")
+                self._worker = None
+            self._destroy_subscriptions()
+            for publisher in (self._chunk_publisher, self._trajectory_publisher):
+                if publisher is not None:
+                    self.destroy_lifecycle_publisher(publisher)
+            self._chunk_publisher = self._trajectory_publisher = None
+            if self._policy is not None:
+                try:
+                    self._policy.close()
+                except Exception as error:
+                    self.get_logger().warning(f"closing the model failed: {error}")
+                self._policy = None
+            self._settings = None
+            self._buffer = None
+            self._instruction = None
+            self._state = None
+
+    # -- input callbacks (never block on inference) ------------------------------------------------------
+    def _on_image(self, msg, index: int, topic: str) -> None:
+        buffer, worker, settings = self._buffer, self._worker, self._settings
+        if buffer is None or worker is None or settings is None:
+            return
+        self._statistics.record_frame(topic)
+        try:
+            check_image(msg)
+        except ImageConversionError as error:
+            self._reject("bad_image", f"{topic}: {error}")
+            return
+        now_ns = self.get_clock().now().nanoseconds
+        result = buffer.add_frame(index, Time.from_msg(msg.header.stamp).nanoseconds, msg, now_ns)
+        if result is AddResult.STALE:
+            self._log_throttled(f"stale:{topic}", f"{topic}: frame older than max_observation_age "
+                                f"({settings.max_observation_age} s) skipped")
+        elif result is AddResult.OUT_OF_ORDER:
+            self._log_throttled(f"order:{topic}", f"{topic}: frame not newer than the previous one, skipped")
+        elif result is AddResult.RESET:
+            self._log_throttled(f"reset:{topic}", f"{topic}: time jumped backwards; observation buffer reset")
+        if settings.trigger is TriggerMode.ON_OBSERVATION and result in (AddResult.COMPLETED, AddResult.RESET):
+            worker.notify()
+
+    def _on_instruction(self, msg: String) -> None:
+        text = msg.data.strip()
+        if not text:
+            self._reject("empty_instruction", "empty instruction ignored")
+            return
+        if text != self._instruction:
+            self.get_logger().info(f"instruction: {text!r}")
+        self._instruction = text
+
+    def _on_state(self, msg) -> None:
+        settings = self._settings
+        if settings is None:
+            return
+        try:
+            sample = self._state_sample(msg, settings)
+        except ValueError as error:
+            self._reject("bad_state", f"{settings.state_topic}: {error}")
+            return
+        self._state = sample
+
+    def _state_sample(self, msg, settings: NodeSettings) -> StateSample:
+        if settings.state_type is StateInput.JOINT_STATE:
+            stamp_ns = Time.from_msg(msg.header.stamp).nanoseconds
+            if len(msg.position) != len(msg.name):
+                raise ValueError(f"JointState has {len(msg.name)} names but {len(msg.position)} positions")
+            if settings.state_joint_names:
+                by_name = dict(zip(msg.name, msg.position))
+                missing = [name for name in settings.state_joint_names if name not in by_name]
+                if missing:
+                    raise ValueError(f"JointState lacks joints {missing}")
+                values = [by_name[name] for name in settings.state_joint_names]
+            else:
+                values = list(msg.position)
+        else:
+            stamp_ns = self.get_clock().now().nanoseconds     # Float64MultiArray has no header
+            values = list(msg.data)
+        array = np.asarray(values, dtype=np.float32)         # (state_dim,)
+        if array.size == 0:
+            raise ValueError("empty state")
+        if not np.all(np.isfinite(array)):
+            raise ValueError("state has NaN or infinite values")
+        policy = self._policy
+        if policy is not None and policy.state_dim and array.size != policy.state_dim:
+            raise ValueError(f"state has {array.size} values, the model expects {policy.state_dim}")
+        return StateSample(stamp_ns, array)
+
+    # -- inference thread --------------------------------------------------------------------------------
+    def _prepare_job(self) -> InferenceJob | None:
+        buffer, settings = self._buffer, self._settings
+        if buffer is None or settings is None:
+            return None
+        now_ns = self.get_clock().now().nanoseconds
+        buffer.note_time(now_ns)
+        observation = buffer.take(now_ns)
+        if observation is None:
+            return None
+        prompt = self._instruction or settings.default_instruction
+        if not prompt:
+            self._log_throttled("no_instruction", "no instruction yet: waiting for one on "
+                                f"{settings.instruction_topic} (or set default_instruction)")
+            return None
+        state = self._state if settings.state_topic else None
+        if settings.state_topic and state is None:
+            self._log_throttled("no_state", f"no valid state yet on {settings.state_topic}")
+            return None
+        images = {}
+        for view, frame, topic in zip(self._view_names, observation.frames, settings.camera_topics):
+            try:
+                images[view] = to_rgb(frame.payload)
+            except ImageConversionError as error:
+                self._reject("bad_image", f"{topic}: {error}")
+                return None
+        return InferenceJob(observation, images, prompt, state)
+
+    def _predict(self, job: InferenceJob) -> np.ndarray:
+        state = job.state.values if job.state is not None else None
+        return self._policy.predict(job.images, job.prompt, state=state)     # (horizon, action_dim)
+
+    def _publish_result(self, result: InferenceResult[InferenceJob]) -> None:
+        """Runs on the inference thread under the worker's delivery lock (see InferenceWorker.disable)."""
+        settings, job = self._settings, result.job
+        actions = np.ascontiguousarray(result.actions, dtype=np.float32)    # (horizon, action_dim)
+        horizon, action_dim = actions.shape
+        observation_stamp = Time(nanoseconds=job.observation.stamp_ns).to_msg()
+        msg = ActionChunk()
+        msg.header.stamp = observation_stamp
+        msg.header.frame_id = settings.frame_id
+        msg.view_names = list(self._view_names)
+        msg.view_stamps = [Time(nanoseconds=ns).to_msg() for ns in job.observation.view_stamps_ns]
+        if job.state is not None:
+            msg.state_stamp = Time(nanoseconds=job.state.stamp_ns).to_msg()
+        msg.sequence = self._sequence
+        msg.horizon, msg.action_dim = horizon, action_dim
+        msg.dt = settings.action_dt
+        msg.action_names = list(settings.action_names)
+        msg.actions = actions.reshape(-1)
+        msg.inference_time = result.inference_time_s
+        msg.model_id = str(self._policy.model_id)
+        msg.config_id = self._config_id
+        if self._trajectory_publisher is not None:
+            self._trajectory_publisher.publish(self._trajectory(msg.header, actions, settings))
+        staleness_ns = self.get_clock().now().nanoseconds - job.observation.stamp_ns
+        msg.staleness = staleness_ns * 1e-9
+        self._chunk_publisher.publish(msg)
+        self._sequence += 1
+        self._statistics.record_chunk(msg.inference_time, msg.staleness)
+        self._publish_status()
+
+    @staticmethod
+    def _trajectory(header, actions: np.ndarray, settings: NodeSettings) -> JointTrajectory:
+        trajectory = JointTrajectory()
+        trajectory.header = header
+        trajectory.joint_names = list(settings.action_names)
+        for step, row in enumerate(actions.astype(np.float64)):
+            seconds = step * settings.action_dt
+            point = JointTrajectoryPoint(positions=row.tolist())
+            point.time_from_start = DurationMsg(sec=int(seconds), nanosec=int(round((seconds % 1.0) * 1e9)))
+            trajectory.points.append(point)
+        return trajectory
+
+    def _on_inference_error(self, what: str, error: BaseException) -> None:
+        message = f"{what}: {type(error).__name__}: {error}"
+        self._statistics.record_inference_error(message)
+        self._log_throttled(f"error:{what}", message, error=True)
+
+    # -- diagnostics -------------------------------------------------------------------------------------
+    def _diagnostics_context(self) -> DiagnosticsContext:
+        settings, buffer, policy = self._settings, self._buffer, self._policy
+        threshold = settings.staleness_warn_threshold if settings else self.get_parameter(
+            "staleness_warn_threshold").value
+        return DiagnosticsContext(
+            node_name=self.get_fully_qualified_name(), lifecycle_state=self.lifecycle_state(),
+            model_id=str(policy.model_id) if policy is not None else "", config_id=self._config_id,
+            device=str(policy.device) if policy is not None else None, staleness_warn_threshold=threshold,
+            buffer=buffer.counters() if buffer is not None else BufferCounters(),
+            has_instruction=bool(self._instruction or (settings and settings.default_instruction)))
+
+    def _publish_diagnostics(self) -> None:
+        snapshot, context = self._statistics.snapshot(), self._diagnostics_context()
+        self._diagnostics_publisher.publish(diagnostic_array(snapshot, context, self.get_clock().now().to_msg()))
+        self._publish_status(snapshot, context)
+
+    def _publish_status(self, snapshot=None, context=None) -> None:
+        snapshot = snapshot or self._statistics.snapshot()
+        context = context or self._diagnostics_context()
+        msg = PolicyStatus(**status_fields(snapshot, context))
+        msg.header.stamp = self.get_clock().now().to_msg()
+        self._status_publisher.publish(msg)
+
+    # -- parameters and helpers --------------------------------------------------------------------------
+    def _on_parameters_set(self, parameters) -> None:
+        """Apply runtime-changeable parameters (already validated by on_set_parameters)."""
+        settings = self._settings
+        if settings is None:
+            return
+        values = {p.name: p.value for p in parameters if hasattr(settings, p.name) and p.name in (
+            "default_instruction", "sync_slop", "max_observation_age", "staleness_warn_threshold")}
+        if not values:
+            return
+        self._settings = settings = settings.with_runtime_values(values)
+        if self._buffer is not None:
+            self._buffer.set_limits(seconds_to_ns(settings.sync_slop), seconds_to_ns(settings.max_observation_age))
+        self.get_logger().info(f"parameters changed: {values}")
+
+    def _reject(self, reason: str, message: str) -> None:
+        self._statistics.record_rejection(reason, message)
+        self._log_throttled(f"reject:{reason}", message)
+
+    def _log_throttled(self, key: str, message: str, error: bool = False) -> None:
+        """Log at most once per LOG_THROTTLE_S per key (a bad stream must not flood the log)."""
+        now = time.monotonic()
+        if now - self._last_logged.get(key, -math.inf) < LOG_THROTTLE_S:
+            return
+        self._last_logged[key] = now
+        (self.get_logger().error if error else self.get_logger().warning)(message)
+
+
+def main(args: list[str] | None = None) -> int:
+    """Run the node with a multi-threaded executor until SIGINT / shutdown; returns the exit code."""
+    try:
+        with rclpy.init(args=args):
+            node = PolicyNode()
+            executor = MultiThreadedExecutor(num_threads=4)
+            executor.add_node(node)
+            try:
+                executor.spin()
+            finally:
+                node.release()
+                executor.shutdown(timeout_sec=1.0)
+                node.destroy_node()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
