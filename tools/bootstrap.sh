@@ -70,11 +70,12 @@ done
 #    into the venv prefix, exactly as colcon would into install/.
 export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV"
 build_dir="$REPO/build/venv"
+mkdir -p "$REPO/build"
 if [ ! -f "$build_dir/CMakeCache.txt" ]; then
   log "configuring the message build"
   cmake -S "$REPO" -B "$build_dir" -DCMAKE_PREFIX_PATH="$VENV" -DCMAKE_INSTALL_PREFIX="$VENV" \
     -DBUILD_TESTING=OFF -DPython3_EXECUTABLE="$PY" -DCMAKE_BUILD_TYPE=Release >"$build_dir.configure.log" 2>&1 \
-    || { mkdir -p "$build_dir"; cat "$build_dir.configure.log" >&2; exit 1; }
+    || { cat "$build_dir.configure.log" >&2; exit 1; }
 fi
 cmake --build "$build_dir" -j "$(nproc)" >"$build_dir.build.log" 2>&1 || { cat "$build_dir.build.log" >&2; exit 1; }
 cmake --install "$build_dir" >"$build_dir.install.log" 2>&1 || { cat "$build_dir.install.log" >&2; exit 1; }
