@@ -59,7 +59,7 @@ fi
 #    point them at this venv's own (otherwise rosidl fails with "includes non-existent path").
 py_include="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
 np_include="$("$PY" -c 'import numpy; print(numpy.get_include())')"
-grep -rlE '/opt/python/cp3[0-9]+-cp3[0-9]+/' "$VENV/share" --include='*.cmake' 2>/dev/null | while read -r f; do
+{ grep -rlE '/opt/python/cp3[0-9]+-cp3[0-9]+/' "$VENV/share" --include='*.cmake' 2>/dev/null || true; } | while read -r f; do
   sed -i -E \
     -e "s#/opt/python/cp3[0-9]+-cp3[0-9]+/lib/python3\.[0-9]+/site-packages/numpy/_core/include#${np_include}#g" \
     -e "s#/opt/python/cp3[0-9]+-cp3[0-9]+/lib/python3\.[0-9]+/site-packages/numpy/core/include#${np_include}#g" \
