@@ -37,7 +37,7 @@ class StateInput(enum.Enum):
     FLOAT_ARRAY = "float_array"         # std_msgs/Float64MultiArray, used as is
 
 
-MODEL_CONFIGS = ("pi05", "pi0", "pi05_tiny", "pi0_tiny")
+MODEL_CONFIGS = ("auto", "pi05", "pi0", "pi05_tiny", "pi0_tiny")
 PRECISIONS = ("auto", "float32", "bfloat16", "float16")
 HARDWARE = ("auto", "reference")
 
@@ -86,7 +86,8 @@ STRING_ARRAY = ParameterType.PARAMETER_STRING_ARRAY
 PARAMETERS: tuple[ParamSpec, ...] = (
     # model
     ParamSpec("checkpoint", "", "Checkpoint directory; empty = the embedded demo checkpoint of flashrt_core."),
-    ParamSpec("model_config", "pi05_tiny", "flashrt_core config preset of the checkpoint.", choices=MODEL_CONFIGS),
+    ParamSpec("model_config", "auto", "flashrt_core config preset; auto = the one recorded in the checkpoint "
+              "(flashrt_config.json), else pi05.", choices=MODEL_CONFIGS),
     ParamSpec("device", "auto", "Inference device: auto, cpu, cuda or cuda:N."),
     ParamSpec("precision", "auto", "Weights/activations dtype; auto = bf16 on GPU, fp32 on CPU.",
               choices=PRECISIONS),
@@ -223,6 +224,11 @@ class NodeSettings:
     staleness_warn_threshold: float
     diagnostics_window: float
     diagnostics_period: float
+
+    @property
+    def config(self) -> str | None:
+        """The ``config`` argument of flashrt_core.load_model."""
+        return None if self.model_config == "auto" else self.model_config
 
     @property
     def dtype(self) -> str | None:

@@ -1,0 +1,107 @@
+"""Image / CompressedImage messages -> HxWx3 uint8 RGB, with clear errors on bad input."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+from sensor_msgs.msg import CompressedImage, Image
+
+from flashrt_ros.image_conversion import (ImageConversionError, check_image, rgb_to_image_fields, to_rgb)
+
+# JPEG is lossy: mean absolute error allowed on a smooth test image.
+JPEG_MEAN_ABS_TOLERANCE = 3.0
+
+
+def smooth_rgb(height: int = 48, width: int = 64) -> np.ndarray:
+    ys, xs = np.mgrid[0:height, 0:width]
+    return np.stack([xs * 255 // width, ys * 255 // height, (xs + ys) * 255 // (width + height)],
+                    axis=-1).astype(np.uint8)   # (H, W, 3)
+
+
+def raw_message(pixels: np.ndarray, encoding: str, step: int | None = None, bigendian: int = 0) -> Image:
+    height, width = pixels.shape[:2]
+    row = pixels.reshape(height, -1).view(np.uint8)
+    step = step or row.shape[1]
+    padded = np.zeros((height, step), np.uint8)
+    padded[:, :row.shape[1]] = row
+    return Image(height=height, width=width, encoding=encoding, step=step, is_bigendian=bigendian,
+                 data=padded.tobytes())
+
+
+@pytest.mark.parametrize("encoding, make", [
+    ("rgb8", lambda rgb: rgb),
+    ("bgr8", lambda rgb: rgb[..., ::-1].copy()),
+    ("rgba8", lambda rgb: np.concatenate([rgb, np.full(rgb.shape[:2] + (1,), 7, np.uint8)], axis=-1)),
+    ("bgra8", lambda rgb: np.concatenate([rgb[..., ::-1], np.full(rgb.shape[:2] + (1,), 7, np.uint8)], axis=-1)),
+])
+def test_color_encodings_give_the_same_rgb(encoding, make):
+    rgb = smooth_rgb()
+    out = to_rgb(raw_message(np.ascontiguousarray(make(rgb)), encoding))
+    assert out.dtype == np.uint8 and out.shape == rgb.shape
+    np.testing.assert_array_equal(out, rgb)
+
+
+def test_row_padding_is_skipped():
+    rgb = smooth_rgb()
+    out = to_rgb(raw_message(rgb, "rgb8", step=rgb.shape[1] * 3 + 16))
+    np.testing.assert_array_equal(out, rgb)
+
+
+def test_mono8_and_mono16_become_grey_rgb():
+    grey = smooth_rgb()[..., 0]
+    out = to_rgb(raw_message(grey[..., None].copy(), "mono8"))
+    np.testing.assert_array_equal(out, np.repeat(grey[..., None], 3, axis=-1))
+    grey16 = grey.astype(np.uint16) * 256 + 17                 # the high byte carries the value
+    for byteorder, flag in (("<", 0), (">", 1)):
+        message = raw_message(grey16.astype(np.dtype(np.uint16).newbyteorder(byteorder))[..., None].copy(),
+                              "mono16", bigendian=flag)
+        np.testing.assert_array_equal(to_rgb(message), np.repeat(grey[..., None], 3, axis=-1))
+
+
+@pytest.mark.parametrize("fmt", ["jpeg", "png", "rgb8; jpeg compressed bgr8"])
+def test_compressed_images_decode_to_rgb(fmt):
+    rgb = smooth_rgb()
+    extension = ".png" if fmt == "png" else ".jpg"
+    ok, encoded = cv2.imencode(extension, cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    assert ok
+    out = to_rgb(CompressedImage(format=fmt, data=encoded.tobytes()))
+    assert out.shape == rgb.shape and out.dtype == np.uint8
+    error = np.abs(out.astype(np.int16) - rgb.astype(np.int16)).mean()
+    if fmt == "png":
+        assert error == 0
+    else:
+        assert error < JPEG_MEAN_ABS_TOLERANCE
+
+
+@pytest.mark.parametrize("message, match", [
+    (Image(height=2, width=2, encoding="yuv422", step=4, data=bytes(8)), "unsupported image encoding 'yuv422'"),
+    (Image(height=0, width=2, encoding="rgb8", step=6, data=b""), "out of range"),
+    (Image(height=2, width=2, encoding="rgb8", step=4, data=bytes(8)), "step 4 < width"),
+    (Image(height=2, width=2, encoding="rgb8", step=6, data=bytes(11)), "11 bytes, expected step\\*height = 12"),
+    (CompressedImage(format="tiff", data=bytes(4)), "unsupported compressed format 'tiff'"),
+    (CompressedImage(format="jpeg", data=b""), "no data"),
+])
+def test_cheap_checks_name_the_problem(message, match):
+    with pytest.raises(ImageConversionError, match=match):
+        check_image(message)
+    with pytest.raises(ValueError, match=match):      # ImageConversionError is a ValueError
+        to_rgb(message)
+
+
+def test_corrupt_jpeg_passes_cheap_check_but_fails_decoding():
+    ok, encoded = cv2.imencode(".jpg", smooth_rgb())
+    corrupt = CompressedImage(format="jpeg", data=encoded.tobytes()[:40] + bytes(200))
+    check_image(corrupt)
+    with pytest.raises(ImageConversionError, match="cannot decode jpeg"):
+        to_rgb(corrupt)
+
+
+def test_rgb_to_image_fields_round_trips():
+    rgb = smooth_rgb()
+    for encoding in ("rgb8", "bgr8"):
+        np.testing.assert_array_equal(to_rgb(Image(**rgb_to_image_fields(rgb, encoding))), rgb)
+    with pytest.raises(ValueError, match="rgb8 and bgr8"):
+        rgb_to_image_fields(rgb, "mono8")
+    with pytest.raises(ValueError, match="HxWx3 uint8"):
+        rgb_to_image_fields(rgb[..., 0])
