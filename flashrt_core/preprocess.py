@@ -9,8 +9,8 @@ Image resizing follows openpi, whose inference clients call ``openpi_client.imag
 - padding is 0 in uint8, which maps to -1.0 after ``x / 255 * 2 - 1``.
 
 ``resize_with_pad`` re-implements PIL's two-pass fixed-point algorithm (horizontal pass, uint8 rounding,
-vertical pass; 22-bit coefficients) in numpy and equals PIL bit for bit (Pillow <= 12; openpi pins 11.2.1). ``resize_with_pad_torch`` runs the same
-resampling on a GPU with ``F.interpolate(bilinear, antialias=True)`` in float (one rounding instead of two) and
+vertical pass; 22-bit coefficients) in numpy and equals PIL bit for bit (Pillow <= 12; openpi pins 11.2.1).
+``resize_with_pad_torch`` runs the same resampling on a GPU with ``F.interpolate(bilinear, antialias=True)`` in float (one rounding instead of two) and
 agrees with the numpy path within ``TORCH_RESIZE_TOLERANCE_LEVELS`` uint8 level.
 Note: openpi's and lerobot's PyTorch models call ``F.interpolate`` without antialiasing when an image of the
 wrong size reaches the model; that only matters for images not resized by the client, and differs from PIL
