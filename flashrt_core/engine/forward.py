@@ -1,0 +1,196 @@
+"""The engine forward: preprocessing, vision, prefix, unrolled denoising, over one Workspace's static buffers.
+
+Straight-line code with fixed shapes and no host sync, so it can be captured as one CUDA graph. Every op goes
+through `Ops` (dispatch-chosen implementation). Layouts (batch 1, V present views, N patches per view, T text
+slots, P = V*N + T prefix tokens, S suffix tokens, H query heads, one KV head, Dh head dim):
+    residual streams fp32 (rows, width); GEMM inputs/outputs in the engine dtype (bf16)
+    q (rows, H, Dh) viewed as (1, 1, rows*H, Dh): with one KV head every query head attends the same keys,
+    so the heads are stacked along the query axis and one attention call serves them all
+    k_cache / v_cache (layers, 1, P + S, Dh): prefix K/V written once, suffix rows rewritten every step
+    additive masks (rows*H, keys), row j = token j // H
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from flashrt_core.preprocess import resize_with_pad_torch
+
+from .ops import MASKED, Ops
+from .weights import EngineWeights
+
+
+@dataclass
+class Workspace:
+    """Static device buffers of one graph signature (present views, image sizes, text length)."""
+
+    views: tuple[int, ...]                       # indices of the present views
+    images: list[torch.Tensor] | None            # uint8 (H_i, W_i, 3) per present view, or None: pixel input
+    pixels: torch.Tensor | None                  # (V, 3, S, S) fp32 in [-1, 1] when the input is pixels
+    tokens: torch.Tensor                         # (T,) int64
+    token_mask: torch.Tensor                     # (T,) bool
+    state: torch.Tensor                          # (A,) fp32, normalized + padded (pi0)
+    noise: torch.Tensor                          # (horizon, A) fp32
+    actions: torch.Tensor                        # (horizon, A) fp32: normalized actions out
+    k_cache: torch.Tensor                        # (layers, 1, P + S, Dh)
+    v_cache: torch.Tensor
+    rope_cos: torch.Tensor                       # (P + S, Dh / 2) fp32
+    rope_sin: torch.Tensor
+    suffix_block: torch.Tensor                   # (S, S) additive mask among suffix tokens
+    extras: dict = field(default_factory=dict)
+
+
+class PhaseTimer:
+    """CUDA events at phase boundaries (eager runs only): vision, prefix, denoise."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, torch.cuda.Event]] = []
+
+    def mark(self, name: str) -> None:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        self.events.append((name, ev))
+
+    def durations_ms(self) -> dict[str, float]:
+        torch.cuda.synchronize()
+        return {name: start.elapsed_time(end) for (_, start), (name, end) in zip(self.events, self.events[1:])}
+
+
+def _mark(timer: PhaseTimer | None, name: str) -> None:
+    if timer is not None:
+        timer.mark(name)
+
+
+def vision(ws: Workspace, w: EngineWeights, ops: Ops) -> torch.Tensor:
+    """Present views -> image tokens (V*N, Wg) in the engine dtype."""
+    vc = w.config.vision
+    size, p = vc.image_size, vc.patch_size
+    if ws.pixels is not None:
+        pixels = ws.pixels                                                             # (V, 3, S, S)
+    else:
+        pixels = torch.cat([resize_with_pad_torch(img[None], size) for img in ws.images])
+    views, grid = pixels.shape[0], size // p
+    patches = (pixels.view(views, 3, grid, p, grid, p).permute(0, 2, 4, 1, 3, 5)
+               .reshape(views * grid * grid, 3 * p * p))                               # (V*N, 3*p*p) fp32
+    residual = torch.addmm(w.patch_b, patches, w.patch_w.t())                          # (V*N, Wv) fp32
+    residual = (residual.view(views, grid * grid, -1) + w.pos_emb).view(views * grid * grid, -1)
+    heads, dh = vc.num_heads, vc.head_dim
+    y = torch.empty(residual.shape, device=residual.device, dtype=w.dtype)
+    x = None
+    for layer in w.vision:
+        ln = layer.ln1 or (None, None)
+        ops.norm(x, residual, y, ln[0], ln[1], vc.eps, layer_norm=True)
+        qkv = ops.linear(y, layer.qkv).view(views, grid * grid, 3, heads, dh)          # (V, N, 3, Hv, dh)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))                     # (V, Hv, N, dh)
+        attn = ops.attention(q, k, v, None, dh ** -0.5)                                # (V, Hv, N, dh)
+        attn = attn.transpose(1, 2).reshape(views * grid * grid, heads * dh)
+        o = ops.linear(attn, layer.out)
+        ln = layer.ln2 or (None, None)
+        ops.norm(o, residual, y, ln[0], ln[1], vc.eps, layer_norm=True)
+        h = ops.linear(y, layer.fc1)
+        x = ops.linear(torch.nn.functional.gelu(h, approximate="tanh"), layer.fc2)
+    ln = w.post_ln or (None, None)
+    ops.norm(x, residual, y, ln[0], ln[1], vc.eps, layer_norm=True)
+    return ops.linear(y, w.projector)                                                  # (V*N, Wg)
+
+
+def _rows_mask(key_mask: torch.Tensor, rows: int, out: torch.Tensor) -> torch.Tensor:
+    """key_mask (L,) additive -> out[:, :L] = the same row for every query, (rows, L) view of a padded buffer."""
+    view = out[:rows, :key_mask.shape[0]]
+    view.copy_(key_mask[None].expand(rows, -1))
+    return view
+
+
+def prefix(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backbone over [image tokens; text] -> fills the K/V caches. Returns (key mask (P,), n_valid (1,))."""
+    g = w.config.paligemma
+    heads, dh = g.num_heads, g.head_dim
+    text = w.embed_tokens[ws.tokens].float() * math.sqrt(g.width)                      # (T, Wg) fp32
+    residual = torch.cat([image_tokens.float(), text])                                 # (P, Wg) fp32
+    P = residual.shape[0]
+    valid = torch.cat([torch.ones(image_tokens.shape[0], dtype=torch.bool, device=text.device), ws.token_mask])
+    pos = torch.cumsum(valid, 0) - 1                                                   # (P,) int64
+    key_mask = torch.where(valid, 0.0, MASKED).to(w.dtype)                            # (P,)
+    mask = _rows_mask(key_mask, P * heads, ws.extras["prefix_mask_buf"])               # (P*H, P)
+    y = torch.empty(P, g.width, device=text.device, dtype=w.dtype)
+    q = torch.empty(P, heads, dh, device=text.device, dtype=w.dtype)
+    x = None
+    for i, layer in enumerate(w.backbone):
+        ops.norm(x, residual, y, layer.norm1, None, g.eps)
+        qkv = ops.linear(y, layer.qkv)                                                 # (P, (H+2)*Dh)
+        ops.qkv_rope(qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i], 0, heads, 1, dh ** -0.5)
+        if layer.o is None:     # last layer: its K/V are all the denoiser needs
+            break
+        k, v = ws.k_cache[i, None, :, :P], ws.v_cache[i, None, :, :P]                  # (1, 1, P, Dh)
+        attn = ops.attention(q.view(1, 1, P * heads, dh), k, v, mask, 1.0)             # (1, 1, P*H, Dh)
+        o = ops.linear(attn.view(P, heads * dh), layer.o)
+        ops.norm(o, residual, y, layer.norm2, None, g.eps)
+        x = ops.linear(ops.geglu(ops.linear(y, layer.gate_up)), layer.down)
+    return key_mask, valid.sum().view(1)
+
+
+def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_mask: torch.Tensor, n_valid: torch.Tensor) -> None:
+    """`num_steps` Euler steps of the action expert, unrolled; ws.actions goes from noise to actions."""
+    cfg = w.config
+    e = cfg.expert
+    heads, dh, horizon = e.num_heads, e.head_dim, cfg.action_horizon
+    pi05 = w.tables is not None
+    S = ws.suffix_block.shape[0]
+    P = key_mask.shape[0]
+    dev = key_mask.device
+    pos = n_valid + torch.arange(S, device=dev)                                        # (S,)
+    smask = ws.extras["suffix_mask_buf"][:S * heads, :P + S]                           # (S*H, P+S)
+    smask[:, :P].copy_(key_mask[None].expand(S * heads, -1))
+    smask[:, P:].copy_(ws.suffix_block.repeat_interleave(heads, dim=0))
+    residual = torch.empty(S, e.width, device=dev)                                     # (S, We) fp32
+    y = torch.empty(S, e.width, device=dev, dtype=w.dtype)
+    q = torch.empty(S, heads, dh, device=dev, dtype=w.dtype)
+    x_t = ws.actions.copy_(ws.noise)                                                   # (horizon, A) fp32
+    out_w, out_b = w.action_out
+    state_token = None if pi05 else ops.linear(ws.state[None].to(w.dtype), w.state_proj).float()   # (1, We)
+    for step, dt in enumerate(w.dts):
+        a = ops.linear(x_t.to(w.dtype), w.action_in)                                   # (horizon, We)
+        if pi05:
+            residual.copy_(a)
+        else:
+            h = torch.nn.functional.silu(ops.linear(a, w.time_in_action).float() + w.time_in_bias[step])
+            residual[1:].copy_(ops.linear(h.to(w.dtype), w.time_out))
+            residual[:1].copy_(state_token)
+        x = gate = None
+        for i, layer in enumerate(w.expert):
+            if pi05:
+                mod = w.tables.norm[step, i]                                           # (2, 3, We)
+                ops.ada_norm(x, residual, gate, mod[0, 0], mod[0, 1], y, e.eps)
+            else:
+                ops.norm(x, residual, y, layer.norm1, None, e.eps)
+            qkv = ops.linear(y, layer.qkv)
+            ops.qkv_rope(qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i], P, heads, 1, dh ** -0.5)
+            k, v = ws.k_cache[i, None, :, :P + S], ws.v_cache[i, None, :, :P + S]      # (1, 1, P+S, Dh)
+            attn = ops.attention(q.view(1, 1, S * heads, dh), k, v, smask, 1.0)
+            o = ops.linear(attn.view(S, heads * dh), layer.o)
+            if pi05:
+                ops.ada_norm(o, residual, mod[0, 2], mod[1, 0], mod[1, 1], y, e.eps)
+                gate = mod[1, 2]
+            else:
+                ops.norm(o, residual, y, layer.norm2, None, e.eps)
+            x = ops.linear(ops.geglu(ops.linear(y, layer.gate_up)), layer.down)
+        if pi05:
+            ops.ada_norm(x, residual, gate, w.tables.final[step, 0], w.tables.final[step, 1], y, e.eps)
+        else:
+            ops.norm(x, residual, y, w.expert_final_norm, None, e.eps)
+        velocity = torch.nn.functional.linear(y[S - horizon:], out_w)                 # (horizon, A)
+        ops.euler(x_t, velocity, out_b, dt)
+
+
+def forward(ws: Workspace, w: EngineWeights, ops: Ops, timer: PhaseTimer | None = None) -> None:
+    """The whole predict over ws: inputs already in ws, normalized actions left in ws.actions."""
+    _mark(timer, "start")
+    image_tokens = vision(ws, w, ops)
+    _mark(timer, "vision")
+    key_mask, n_valid = prefix(ws, w, ops, image_tokens)
+    _mark(timer, "prefix")
+    denoise(ws, w, ops, key_mask, n_valid)
+    _mark(timer, "denoise")

@@ -1,0 +1,239 @@
+"""The graph-replay executor: static buffers per input signature, the whole predict captured once, replayed.
+
+Per call on the host: the observation is written into a pinned staging blob, ONE host-to-device copy moves it,
+ONE graph replay runs preprocessing, vision, prefix and the unrolled denoising, ONE device-to-host copy brings
+the actions back. Nothing is allocated and nothing syncs inside the replay.
+
+A graph is captured per signature: which views are present, their image sizes, and the text bucket (the smallest
+of `EngineOptions.text_buckets` that holds the prompt; padding tokens are masked), so a new instruction reuses a
+graph and never forces a recapture. All graphs share one memory pool (they never run at the same time).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from flashrt_core.config import ModelConfig
+from flashrt_core.errors import InputError
+from flashrt_core.model import PiModel
+
+from .dispatch import Dispatch, Op, Switch
+from .forward import PhaseTimer, Workspace, forward
+from .kernel_import import load_kernels
+from .ops import MASKED, Ops
+from .weights import prepare_weights
+
+log = logging.getLogger(__name__)
+
+_ALIGN = 256  # bytes between fields of the staging blob
+
+
+class StagingBlob:
+    """Typed fields over one pinned host buffer and one device buffer of the same layout: one copy moves all."""
+
+    def __init__(self, fields: list[tuple[str, tuple[int, ...], torch.dtype]], device: torch.device):
+        offsets, size = {}, 0
+        for name, shape, dtype in fields:
+            nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            offsets[name] = (size, nbytes, shape, dtype)
+            size += -(-nbytes // _ALIGN) * _ALIGN
+        self.host = torch.empty(size, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        self.device = torch.empty(size, dtype=torch.uint8, device=device)
+        self.host_views = {n: self._view(self.host, *o) for n, o in offsets.items()}
+        self.device_views = {n: self._view(self.device, *o) for n, o in offsets.items()}
+
+    @staticmethod
+    def _view(buf, offset, nbytes, shape, dtype):
+        return buf[offset:offset + nbytes].view(dtype).view(shape)
+
+    def upload(self) -> None:
+        self.device.copy_(self.host, non_blocking=True)
+
+
+@dataclass
+class _Entry:
+    ws: Workspace
+    staging: StagingBlob | None
+    out_host: torch.Tensor          # pinned (horizon, A)
+    graph: torch.cuda.CUDAGraph | None
+
+
+class EngineExecutor:
+    """sample_actions (the executor contract of flashrt_core.executor) and the fast host path predict_observation."""
+
+    def __init__(self, model: PiModel, config: ModelConfig, device: torch.device, dispatch: Dispatch,
+                 dtype: torch.dtype = torch.bfloat16):
+        device = torch.device(device)
+        if dispatch[Op.EXECUTOR] == "graph" and device.type != "cuda":
+            raise ValueError(f"graph replay needs a CUDA/ROCm device, got {device}")
+        if config.paligemma.num_kv_heads != 1 or config.expert.num_kv_heads != 1:
+            raise ValueError("the engine implements multi-query attention with one KV head (pi0 / pi0.5); got "
+                             f"{config.paligemma.num_kv_heads} / {config.expert.num_kv_heads} KV heads")
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self.dispatch = dispatch
+        self.use_graph = dispatch[Op.EXECUTOR] == "graph"
+        self.name = "engine-" + ("graph" if self.use_graph else "eager") + ("-fp8" if dispatch[Op.GEMM_PREFIX] == "fp8" else "-bf16")
+        self.ops = Ops(dispatch)
+        self.weights = prepare_weights(model, dtype, fold=dispatch.options.switch_on(Switch.FUSED_WEIGHTS))
+        buckets = sorted({b for b in dispatch.options.text_buckets if b < config.max_token_len} | {config.max_token_len})
+        self.text_buckets = tuple(buckets)
+        self.suffix_len = config.action_horizon + (0 if self.weights.tables is not None else 1)
+        max_pos = len(config.view_names) * config.vision.num_patches + config.max_token_len + self.suffix_len
+        cos, sin = load_kernels().rope_tables(max_pos, config.paligemma.head_dim, config.paligemma.rope_max_wavelength,
+                                              device)
+        self._rope = (cos, sin)
+        self._suffix_block = self._suffix_block_mask(model)
+        self._entries: dict[tuple, _Entry] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.use_graph else None
+        self.capture_seconds: dict[tuple, float] = {}
+        log.info("engine ready: %s, text buckets %s, dispatch %s", self.name, self.text_buckets, dispatch.summary())
+
+    # ---------------------------------------------------------------------------------------------- set-up
+    def _suffix_block_mask(self, model: PiModel) -> torch.Tensor:
+        ar = model.suffix_ar_mask(torch.device("cpu"))                                  # (S,) bool
+        blocks = torch.cumsum(ar.long(), 0)
+        allowed = blocks[None, :] <= blocks[:, None]                                     # (S query, S key)
+        return torch.where(allowed, 0.0, MASKED).to(self.dtype).to(self.device)
+
+    def _bucket(self, last_valid: int) -> int:
+        for b in self.text_buckets:
+            if b >= last_valid + 1:
+                return b
+        raise InputError(f"prompt needs {last_valid + 1} token slots, more than max_token_len "
+                         f"{self.config.max_token_len}")
+
+    def _make_entry(self, views: tuple[int, ...], image_shapes: tuple | None, text_len: int) -> _Entry:
+        cfg, dev = self.config, self.device
+        n = cfg.vision.num_patches
+        size = cfg.vision.image_size
+        fields = [("tokens", (text_len,), torch.int64), ("token_mask", (text_len,), torch.bool),
+                  ("state", (cfg.max_action_dim,), torch.float32),
+                  ("noise", (cfg.action_horizon, cfg.max_action_dim), torch.float32)]
+        if image_shapes is not None:
+            fields += [(f"image{i}", (h, w, 3), torch.uint8) for i, (h, w) in enumerate(image_shapes)]
+        else:
+            fields += [("pixels", (len(views), 3, size, size), torch.float32)]
+        staging = StagingBlob(fields, dev)
+        dv = staging.device_views
+        P = len(views) * n + text_len
+        S = self.suffix_len
+        g = cfg.paligemma
+        cache_shape = (g.depth, 1, P + S, g.head_dim)
+        pad = lambda k: -(-k // 16) * 16  # noqa: E731  (mask rows 16-element aligned for the fused kernels)
+        ws = Workspace(
+            views=views,
+            images=None if image_shapes is None else [dv[f"image{i}"] for i in range(len(views))],
+            pixels=None if image_shapes is not None else dv["pixels"],
+            tokens=dv["tokens"], token_mask=dv["token_mask"], state=dv["state"], noise=dv["noise"],
+            actions=torch.empty(cfg.action_horizon, cfg.max_action_dim, device=dev),
+            k_cache=torch.zeros(cache_shape, device=dev, dtype=self.dtype),
+            v_cache=torch.zeros(cache_shape, device=dev, dtype=self.dtype),
+            rope_cos=self._rope[0], rope_sin=self._rope[1], suffix_block=self._suffix_block,
+            extras={"prefix_mask_buf": torch.empty(P * g.num_heads, pad(P), device=dev, dtype=self.dtype),
+                    "suffix_mask_buf": torch.empty(S * g.num_heads, pad(P + S), device=dev, dtype=self.dtype)})
+        out_host = torch.empty(cfg.action_horizon, cfg.max_action_dim, pin_memory=dev.type == "cuda")
+        return _Entry(ws, staging, out_host, None)
+
+    @torch.inference_mode()
+    def _capture(self, key: tuple, entry: _Entry) -> None:
+        """Warm up (compiles kernels, creates handles) then capture forward() into one graph."""
+        start = time.perf_counter()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                forward(entry.ws, self.weights, self.ops)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            forward(entry.ws, self.weights, self.ops)
+        torch.cuda.synchronize(self.device)
+        entry.graph = graph
+        self.capture_seconds[key] = time.perf_counter() - start
+        log.info("captured graph %s in %.2f s", key, self.capture_seconds[key])
+
+    def _entry(self, key: tuple, views, image_shapes, text_len) -> tuple[_Entry, bool]:
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = self._make_entry(views, image_shapes, text_len)
+            return entry, True
+        return entry, False
+
+    def _run(self, key: tuple, entry: _Entry, fresh: bool, timer: PhaseTimer | None = None) -> None:
+        if self.use_graph and timer is None:
+            if entry.graph is None:
+                self._capture(key, entry)   # the capture's own warm-up already ran forward() on these inputs
+            entry.graph.replay()
+        else:
+            with torch.inference_mode():
+                forward(entry.ws, self.weights, self.ops, timer)
+
+    # ---------------------------------------------------------------------------------------------- host path
+    def _stage_text(self, sv: dict, tokens: np.ndarray, token_mask: np.ndarray, text_len: int) -> None:
+        sv["tokens"].numpy()[:] = tokens[:text_len]
+        sv["token_mask"].numpy()[:] = token_mask[:text_len]
+
+    def predict_observation(self, images: list[np.ndarray | None], tokens: np.ndarray, token_mask: np.ndarray,
+                            state: np.ndarray | None, noise: np.ndarray, timer: PhaseTimer | None = None
+                            ) -> np.ndarray:
+        """uint8 HxWx3 images per view (None = missing), tokens/mask (L,), normalized padded state (A,) or None,
+        noise (horizon, A) -> normalized actions (horizon, A) float32. Preprocessing runs on the GPU."""
+        present = tuple(i for i, img in enumerate(images) if img is not None)
+        if not present:
+            raise InputError("no images given: at least one view is required")
+        valid_idx = np.flatnonzero(token_mask)
+        text_len = self._bucket(int(valid_idx[-1]) if valid_idx.size else 0)
+        shapes = tuple(images[i].shape[:2] for i in present)
+        key = ("uint8", present, shapes, text_len)
+        entry, _ = self._entry(key, present, shapes, text_len)
+        sv = entry.staging.host_views
+        for j, i in enumerate(present):
+            sv[f"image{j}"].numpy()[:] = images[i]
+        self._stage_text(sv, tokens, token_mask, text_len)
+        sv["state"].numpy()[:] = 0.0 if state is None else state
+        sv["noise"].numpy()[:] = noise
+        entry.staging.upload()
+        self._run(key, entry, False, timer)
+        entry.out_host.copy_(entry.ws.actions, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        return entry.out_host.numpy().copy()
+
+    # ---------------------------------------------------------------------------------------------- executor contract
+    def sample_actions(self, pixels: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
+                       token_masks: torch.Tensor, state: torch.Tensor | None, noise: torch.Tensor) -> torch.Tensor:
+        """Same contract as ReferenceExecutor.sample_actions (batch 1): preprocessed tensors -> (1, horizon, A)."""
+        if pixels.shape[0] != 1:
+            raise InputError(f"the engine runs batch 1, got a batch of {pixels.shape[0]}")
+        masks = image_masks[0].cpu().numpy()
+        present = tuple(int(i) for i in np.flatnonzero(masks))
+        if not present:
+            raise InputError("no images given: at least one view is required")
+        tmask = token_masks[0].cpu().numpy()
+        valid_idx = np.flatnonzero(tmask)
+        text_len = self._bucket(int(valid_idx[-1]) if valid_idx.size else 0)
+        key = ("pixels", present, None, text_len)
+        entry, _ = self._entry(key, present, None, text_len)
+        ws = entry.ws
+        ws.pixels.copy_(pixels[0, list(present)])
+        ws.tokens.copy_(tokens[0, :text_len])
+        ws.token_mask.copy_(token_masks[0, :text_len])
+        if state is not None:
+            ws.state.copy_(state[0])
+        else:
+            ws.state.zero_()
+        ws.noise.copy_(noise[0])
+        self._run(key, entry, False)
+        return ws.actions.clone()[None]
+
+    def close(self) -> None:
+        self._entries.clear()
+        self.weights = None

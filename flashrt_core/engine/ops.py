@@ -1,0 +1,90 @@
+"""The engine's ops, each bound once to the implementation the dispatch table picked.
+
+Every op has the same contract whichever implementation runs (the Triton kernel or its plain-PyTorch reference
+from flashrt_kernels), so the forward in forward.py never branches on hardware.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .dispatch import Dispatch, Op
+from .kernel_import import load_kernels
+from .weights import Linear
+
+# Additive mask value for keys a query may not see: finite, so a row never becomes NaN.
+MASKED = -1e30
+
+
+class Ops:
+    def __init__(self, dispatch: Dispatch):
+        self.dispatch = dispatch
+        k = load_kernels()
+        self.k = k
+        triton = lambda op: dispatch[op] == "triton"  # noqa: E731
+        self._norm_triton = triton(Op.NORM)
+        self._ada_triton = triton(Op.ADA_NORM)
+        self._geglu_triton = triton(Op.GEGLU)
+        self._rope_triton = triton(Op.QKV_ROPE)
+        self._euler_triton = triton(Op.EULER)
+        self._sdpa = dispatch[Op.ATTENTION] == "sdpa"
+        self.fp8_prefix = dispatch[Op.GEMM_PREFIX] == "fp8"
+
+    # ---------------------------------------------------------------------------------------------- norms
+    def norm(self, x: torch.Tensor | None, residual: torch.Tensor, out: torch.Tensor,
+             weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, eps: float = 1e-6,
+             layer_norm: bool = False) -> torch.Tensor:
+        """residual += x (in place); out = norm(residual) [* weight + bias].  All (M, D)."""
+        if self._norm_triton:
+            return self.k.residual_norm(x, residual, out, weight, bias, eps, layer_norm)
+        y, h = self.k.residual_norm_reference(x, residual, weight, bias, eps, layer_norm, out_dtype=out.dtype)
+        residual.copy_(h)
+        return out.copy_(y)
+
+    def ada_norm(self, x: torch.Tensor | None, residual: torch.Tensor, gate: torch.Tensor | None,
+                 scale1p: torch.Tensor, shift: torch.Tensor, out: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+        """residual += x * gate (in place); out = rms(residual) * scale1p + shift."""
+        if self._ada_triton:
+            return self.k.ada_rms_norm(x, residual, gate, scale1p, shift, out, eps)
+        y, h = self.k.ada_rms_norm_reference(x, residual, gate, scale1p, shift, eps, out_dtype=out.dtype)
+        residual.copy_(h)
+        return out.copy_(y)
+
+    # ---------------------------------------------------------------------------------------------- MLP pieces
+    def geglu(self, gu: torch.Tensor) -> torch.Tensor:
+        """gu (M, 2F) -> gelu_tanh(gate) * up (M, F)."""
+        if self._geglu_triton:
+            return self.k.geglu(gu, torch.empty(gu.shape[0], gu.shape[1] // 2, device=gu.device, dtype=gu.dtype))
+        return self.k.geglu_reference(gu)
+
+    @staticmethod
+    def linear(x: torch.Tensor, lin: Linear) -> torch.Tensor:
+        """x (M, K) -> (M, N): one GEMM per block of W (one when merged); FP8 when the layer was quantized."""
+        if lin.fp8 is not None:
+            return lin.fp8(x)
+        outs = [F.linear(x, w, b) for w, b in lin.parts]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+    # ---------------------------------------------------------------------------------------------- attention
+    def qkv_rope(self, qkv, pos, cos, sin, q_out, k_cache, v_cache, offset: int, heads: int, kv_heads: int,
+                 q_scale: float) -> None:
+        fn = self.k.qkv_rope if self._rope_triton else self.k.qkv_rope_reference
+        fn(qkv, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale)
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                  scale: float) -> torch.Tensor:
+        """Attention of one KV head set. q: (B, H, Mq, Dh), k/v: (B, H or 1, L, Dh), mask: (Mq, L) additive
+        or None -> (B, H, Mq, Dh)."""
+        if self._sdpa:
+            m = None if mask is None else mask[None, None]
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scale)
+        logits = (q.float() @ k.float().transpose(-1, -2)) * scale        # (B, H, Mq, L) fp32
+        if mask is not None:
+            logits = logits + mask.float()
+        return (torch.softmax(logits, dim=-1).to(v.dtype) @ v)
+
+    # ---------------------------------------------------------------------------------------------- flow
+    def euler(self, x: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, dt: float) -> None:
+        """x <- x + dt * (v + bias), in place."""
+        (self.k.euler if self._euler_triton else self.k.euler_reference)(x, v, bias, dt)

@@ -1,0 +1,226 @@
+"""Load-time weight preparation: everything that does not depend on the observation is computed once here.
+
+- RMSNorm (1 + w) of Gemma and the LayerNorm affine of SigLIP are folded into the GEMM that follows:
+      rms(x) * (1 + w) @ W^T          = rms(x) @ (W * (1 + w)[None, :])^T
+      (ln(x) * g + b) @ W^T + c       = ln(x) @ (W * g[None, :])^T + (W @ b + c)
+  so the norm kernels run without weights (`fused_weights=False` keeps the weights in the norm instead).
+- Q/K/V are merged into one GEMM, gate/up into one GEMM (rows [gate; up]).
+- pi0.5: the time conditioning takes `num_steps` known values of t, so every adaRMSNorm's (1 + scale), shift and
+  gate of every layer and step is computed once: `ExpertTables` (steps x layers x 2 norms x 3 x width, fp32).
+- pi0: the time half of action_time_mlp_in is precomputed per step as a bias.
+- The last backbone layer only needs its K/V (the prefix output is unused), so its o/MLP weights are not kept.
+Folds are computed in fp32 and rounded once to the engine dtype.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from flashrt_core.config import ModelConfig
+from flashrt_core.flow import time_schedule
+from flashrt_core.model import PiModel, sincos_time_embedding
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Linear:
+    """y = x @ W^T + b over one or more row blocks of W (several blocks = unmerged GEMMs, concatenated)."""
+
+    parts: list[tuple[torch.Tensor, torch.Tensor | None]]  # [(W (N_i, K), b (N_i,) or None)]
+    fp8: object | None = None                               # Fp8Linear, set by fp8.quantize_prefix when asked
+
+    @property
+    def out_features(self) -> int:
+        return sum(w.shape[0] for w, _ in self.parts)
+
+
+@dataclass
+class VisionLayer:
+    ln1: tuple[torch.Tensor, torch.Tensor] | None   # (gamma, beta) when not folded
+    qkv: Linear
+    out: Linear
+    ln2: tuple[torch.Tensor, torch.Tensor] | None
+    fc1: Linear
+    fc2: Linear
+
+
+@dataclass
+class GemmaLayer:
+    norm1: torch.Tensor | None   # (1 + w) when not folded (RMSNorm experts only)
+    qkv: Linear
+    o: Linear | None             # None: the backbone's last layer (only its K/V are needed)
+    norm2: torch.Tensor | None
+    gate_up: Linear | None
+    down: Linear | None
+
+
+@dataclass
+class ExpertTables:
+    """pi0.5 adaRMSNorm modulation for every step: norm[s, l, j] = (scale1p, shift, gate) of norm j of layer l."""
+
+    norm: torch.Tensor         # (steps, layers, 2, 3, W) fp32
+    final: torch.Tensor        # (steps, 2, W) fp32: (scale1p, shift) of the final norm
+
+
+@dataclass
+class EngineWeights:
+    config: ModelConfig
+    dtype: torch.dtype
+    folded: bool
+    patch_w: torch.Tensor               # (Wv, 3 * p * p) fp32, rows of the patch conv
+    patch_b: torch.Tensor               # (Wv,) fp32
+    pos_emb: torch.Tensor               # (N, Wv) fp32
+    vision: list[VisionLayer]
+    post_ln: tuple[torch.Tensor, torch.Tensor] | None
+    projector: Linear
+    embed_tokens: torch.Tensor          # (vocab, Wg), shared with the model
+    backbone: list[GemmaLayer]
+    expert: list[GemmaLayer]
+    expert_final_norm: torch.Tensor | None    # (1 + w) of pi0's final norm when not folded; pi0.5: None
+    action_in: Linear
+    action_out: tuple[torch.Tensor, torch.Tensor]   # (W (A, We) engine dtype, b (A,) fp32) for GEMM + Euler
+    tables: ExpertTables | None               # pi0.5
+    state_proj: Linear | None                 # pi0
+    time_in_action: Linear | None             # pi0: action half of action_time_mlp_in
+    time_in_bias: torch.Tensor | None         # pi0: (steps, We) fp32 = W_time @ emb(t_s) + b
+    time_out: Linear | None                   # pi0: action_time_mlp_out
+    dts: list[float]                          # Euler step sizes (all -1/steps)
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().float()
+
+
+def _fold(weights: list[torch.Tensor], biases: list[torch.Tensor | None], scale: torch.Tensor | None,
+          shift: torch.Tensor | None, dtype: torch.dtype, merge: bool) -> Linear:
+    """W_i * scale[None, :] (and b_i + W_i @ shift); merged into one block when `merge`."""
+    parts = []
+    for w, b in zip(weights, biases):
+        w32 = _f32(w)
+        b32 = None if b is None else _f32(b)
+        if shift is not None:
+            b32 = (torch.zeros(w32.shape[0], device=w32.device) if b32 is None else b32) + w32 @ _f32(shift)
+        if scale is not None:
+            w32 = w32 * _f32(scale)[None, :]
+        parts.append((w32, b32))
+    if merge and len(parts) > 1:
+        w_cat = torch.cat([w for w, _ in parts])
+        b_cat = None if all(b is None for _, b in parts) else torch.cat(
+            [b if b is not None else torch.zeros(w.shape[0], device=w.device) for w, b in parts])
+        parts = [(w_cat, b_cat)]
+    return Linear([(w.to(dtype).contiguous(), None if b is None else b.to(dtype)) for w, b in parts])
+
+
+def _linear(module: torch.nn.Linear, dtype: torch.dtype) -> Linear:
+    return _fold([module.weight], [module.bias], None, None, dtype, merge=True)
+
+
+def _vision(model: PiModel, dtype: torch.dtype, fold: bool) -> tuple[list[VisionLayer], tuple | None, Linear]:
+    layers = []
+    for layer in model.vision.layers:
+        att, mlp = layer.self_attn, layer.mlp
+        ln1 = (layer.layer_norm1.weight, layer.layer_norm1.bias)
+        ln2 = (layer.layer_norm2.weight, layer.layer_norm2.bias)
+        qkv_w = [att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]
+        qkv_b = [att.q_proj.bias, att.k_proj.bias, att.v_proj.bias]
+        layers.append(VisionLayer(
+            ln1=None if fold else tuple(_f32(t) for t in ln1),
+            qkv=_fold(qkv_w, qkv_b, *(ln1 if fold else (None, None)), dtype, merge=fold),
+            out=_linear(att.out_proj, dtype),
+            ln2=None if fold else tuple(_f32(t) for t in ln2),
+            fc1=_fold([mlp.fc1.weight], [mlp.fc1.bias], *(ln2 if fold else (None, None)), dtype, merge=True),
+            fc2=_linear(mlp.fc2, dtype)))
+    post = (model.vision.post_layernorm.weight, model.vision.post_layernorm.bias)
+    proj = model.vision.projector
+    projector = _fold([proj.weight], [proj.bias], *(post if fold else (None, None)), dtype, merge=True)
+    return layers, (None if fold else tuple(_f32(t) for t in post)), projector
+
+
+def _gemma(stack, dtype: torch.dtype, fold: bool, adaptive: bool, kv_only_last: bool) -> list[GemmaLayer]:
+    out = []
+    for i, layer in enumerate(stack.layers):
+        fold_here = fold and not adaptive           # adaRMSNorm has no weight to fold
+        one_plus = (lambda norm: None if adaptive else 1.0 + _f32(norm.weight))
+        n1, n2 = one_plus(layer.input_layernorm), one_plus(layer.post_attention_layernorm)
+        qkv = _fold([layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight], [None] * 3,
+                    n1 if fold_here else None, None, dtype, merge=fold)
+        last = kv_only_last and i == len(stack.layers) - 1
+        out.append(GemmaLayer(
+            norm1=None if (fold_here or adaptive) else n1,
+            qkv=qkv,
+            o=None if last else _linear(layer.o_proj, dtype),
+            norm2=None if (fold_here or adaptive or last) else n2,
+            gate_up=None if last else _fold([layer.gate_proj.weight, layer.up_proj.weight], [None, None],
+                                            n2 if fold_here else None, None, dtype, merge=fold),
+            down=None if last else _linear(layer.down_proj, dtype)))
+    return out
+
+
+@torch.no_grad()
+def _pi05_tables(model: PiModel, times: list[float]) -> ExpertTables:
+    """Every adaRMSNorm modulation of every step, from the model's own time MLP and dense layers, in fp32."""
+    device = model.time_mlp_in.weight.device
+    t = torch.tensor(times, dtype=torch.float32, device=device)                      # (S,)
+    cfg = model.config
+    emb = sincos_time_embedding(t, cfg.expert.width, cfg.time_min_period, cfg.time_max_period)   # (S, We)
+    lin = lambda m, x: F.linear(x, _f32(m.weight), _f32(m.bias))  # noqa: E731
+    cond = F.silu(lin(model.time_mlp_out, F.silu(lin(model.time_mlp_in, emb))))    # (S, We) fp32
+
+    def modulation(norm) -> torch.Tensor:
+        scale, shift, gate = lin(norm.dense, cond).chunk(3, dim=-1)                 # each (S, We)
+        return torch.stack([1.0 + scale, shift, gate], dim=1)                       # (S, 3, We)
+
+    per_layer = [torch.stack([modulation(layer.input_layernorm), modulation(layer.post_attention_layernorm)], 1)
+                 for layer in model.expert.layers]                                  # L x (S, 2, 3, We)
+    final = modulation(model.expert.norm)[:, :2]                                    # (S, 2, We)
+    return ExpertTables(norm=torch.stack(per_layer, dim=1).contiguous(), final=final.contiguous())
+
+
+@torch.no_grad()
+def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: bool = True) -> EngineWeights:
+    """Engine weights from a loaded PiModel (any dtype): folded, merged, precomputed, cast to `dtype`."""
+    cfg = model.config
+    times = time_schedule(cfg.num_steps)
+    vis = model.vision
+    vision_layers, post_ln, projector = _vision(model, dtype, fold)
+    is_pi05 = model.is_pi05
+    ex_w = cfg.expert.width
+    tables = time_in_bias = None
+    state_proj = time_in_action = time_out = None
+    if is_pi05:
+        tables = _pi05_tables(model, times)
+    else:
+        mlp_in = model.action_time_mlp_in
+        t = torch.tensor(times, dtype=torch.float32, device=mlp_in.weight.device)
+        emb = sincos_time_embedding(t, ex_w, cfg.time_min_period, cfg.time_max_period)   # (S, We)
+        time_in_bias = emb @ _f32(mlp_in.weight[:, ex_w:]).T + _f32(mlp_in.bias)          # (S, We)
+        time_in_action = _fold([mlp_in.weight[:, :ex_w]], [None], None, None, dtype, merge=True)
+        state_proj = _linear(model.state_proj, dtype)
+        time_out = _linear(model.action_time_mlp_out, dtype)
+    expert_final = None
+    if not is_pi05 and not fold:
+        expert_final = 1.0 + _f32(model.expert.norm.weight)
+    out_w, out_b = _f32(model.action_out_proj.weight), _f32(model.action_out_proj.bias)
+    if not is_pi05 and fold:   # pi0's final RMSNorm (1 + w) folds into action_out_proj
+        out_w = out_w * (1.0 + _f32(model.expert.norm.weight))[None, :]
+    weights = EngineWeights(
+        config=cfg, dtype=dtype, folded=fold,
+        patch_w=_f32(vis.patch_embedding.weight).flatten(1).contiguous(),
+        patch_b=_f32(vis.patch_embedding.bias),
+        pos_emb=_f32(vis.position_embedding).contiguous(),
+        vision=vision_layers, post_ln=post_ln, projector=projector,
+        embed_tokens=model.embed_tokens.weight,
+        backbone=_gemma(model.paligemma, dtype, fold, adaptive=False, kv_only_last=True),
+        expert=_gemma(model.expert, dtype, fold, adaptive=is_pi05, kv_only_last=False),
+        expert_final_norm=expert_final,
+        action_in=_linear(model.action_in_proj, dtype),
+        action_out=(out_w.to(dtype).contiguous(), out_b),
+        tables=tables, state_proj=state_proj, time_in_action=time_in_action, time_in_bias=time_in_bias,
+        time_out=time_out, dts=[-1.0 / cfg.num_steps] * cfg.num_steps)
+    log.info("engine weights prepared (%s, folded=%s)", dtype, fold)
+    return weights

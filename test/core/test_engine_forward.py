@@ -1,0 +1,103 @@
+"""The engine's forward (folded/merged weights, precomputed time tables, static KV caches, masks, text buckets)
+against the eager reference executor, on the CPU with the plain-PyTorch op implementations, tiny configs, fp32.
+
+The graph capture itself needs a GPU (test/gpu/test_engine_gpu.py); everything it captures is checked here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flashrt_core.checkpoint import load_model_weights
+from flashrt_core.config import get_config
+from flashrt_core.engine.dispatch import TABLE, Dispatch, EngineOptions, Op
+from flashrt_core.engine.graph_executor import EngineExecutor
+from flashrt_core.engine.hardware import CPU
+from flashrt_core.executor import ReferenceExecutor
+from flashrt_core.fixtures import write_random_checkpoint
+
+FP32_ATOL = 2e-5  # same math in fp32, different op order (folded norms, merged GEMMs)
+
+
+def _dispatch(fused: bool) -> Dispatch:
+    choice = {op: cands[-1].name for op, cands in TABLE.items()}
+    choice.update({Op.EXECUTOR: "eager_engine", Op.GEMM_DECODER: "bf16", Op.ATTENTION: "math"})
+    return Dispatch(CPU, EngineOptions(fused_weights=fused, text_buckets=(16, 32)), choice)
+
+
+@pytest.fixture(scope="module", params=["pi05_tiny", "pi0_tiny"])
+def model(request, tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp(request.param)
+    write_random_checkpoint(ckpt, request.param, seed=3)
+    return load_model_weights(ckpt, get_config(request.param), "cpu", torch.float32)
+
+
+def _inputs(cfg, rng: np.random.Generator, n_text: int, views: tuple[int, ...]):
+    size = cfg.vision.image_size
+    images = [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) if v in views else None
+              for v in range(len(cfg.view_names))]
+    tokens = np.zeros(cfg.max_token_len, dtype=np.int64)
+    tokens[:n_text] = rng.integers(1, cfg.paligemma.vocab_size, n_text)
+    mask = np.zeros(cfg.max_token_len, dtype=bool)
+    mask[:n_text] = True
+    state = rng.standard_normal(cfg.max_action_dim).astype(np.float32)
+    noise = rng.standard_normal((cfg.action_horizon, cfg.max_action_dim)).astype(np.float32)
+    return images, tokens, mask, state, noise
+
+
+def _reference(model, images, tokens, mask, state, noise):
+    cfg = model.config
+    size = cfg.vision.image_size
+    pixels = torch.stack([torch.from_numpy(img).permute(2, 0, 1).float() / 255 * 2 - 1 if img is not None
+                          else torch.full((3, size, size), -1.0) for img in images])
+    masks = torch.tensor([img is not None for img in images])
+    ref = ReferenceExecutor(model, cfg, torch.device("cpu"))
+    return ref.sample_actions(pixels[None], masks[None], torch.from_numpy(tokens)[None],
+                              torch.from_numpy(mask)[None], torch.from_numpy(state)[None],
+                              torch.from_numpy(noise)[None])[0]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("n_text,views", [(5, (0, 1)), (23, (0,)), (48, (0, 1, 2))])
+def test_engine_forward_matches_reference(model, fused, n_text, views):
+    rng = np.random.default_rng(n_text)
+    images, tokens, mask, state, noise = _inputs(model.config, rng, n_text, views)
+    want = _reference(model, images, tokens, mask, state, noise)
+    engine = EngineExecutor(model, model.config, torch.device("cpu"), _dispatch(fused), dtype=torch.float32)
+    got = engine.predict_observation(images, tokens, mask, state, noise)
+    assert got.shape == (model.config.action_horizon, model.config.max_action_dim)
+    np.testing.assert_allclose(got, want.numpy(), atol=FP32_ATOL, rtol=0)
+
+
+def test_new_prompt_reuses_the_bucket(model):
+    """Two prompts of different lengths in one bucket share one workspace (no new graph), results differ."""
+    engine = EngineExecutor(model, model.config, torch.device("cpu"), _dispatch(True), dtype=torch.float32)
+    rng = np.random.default_rng(0)
+    outs = []
+    for n_text in (4, 11):
+        images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(1), n_text, (0, 1))
+        tokens[:n_text] = rng.integers(1, 1000, n_text)
+        outs.append(engine.predict_observation(images, tokens, mask, state, noise))
+        np.testing.assert_allclose(outs[-1], _reference(model, images, tokens, mask, state, noise).numpy(),
+                                   atol=FP32_ATOL, rtol=0)
+    assert len(engine._entries) == 1
+    assert not np.allclose(outs[0], outs[1])
+
+
+def test_sample_actions_contract(model):
+    """The executor contract used by Policy: preprocessed tensors in, (1, horizon, A) out."""
+    cfg = model.config
+    rng = np.random.default_rng(5)
+    images, tokens, mask, state, noise = _inputs(cfg, rng, 9, (0, 2))
+    want = _reference(model, images, tokens, mask, state, noise)
+    size = cfg.vision.image_size
+    pixels = torch.stack([torch.from_numpy(img).permute(2, 0, 1).float() / 255 * 2 - 1 if img is not None
+                          else torch.full((3, size, size), -1.0) for img in images])[None]
+    engine = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(True), dtype=torch.float32)
+    got = engine.sample_actions(pixels, torch.tensor([[True, False, True]]), torch.from_numpy(tokens)[None],
+                                torch.from_numpy(mask)[None], torch.from_numpy(state)[None],
+                                torch.from_numpy(noise)[None])
+    assert got.shape == (1, cfg.action_horizon, cfg.max_action_dim)
+    torch.testing.assert_close(got[0], want, atol=FP32_ATOL, rtol=0)
