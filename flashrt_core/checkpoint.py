@@ -226,7 +226,10 @@ def load_model_weights(checkpoint_dir: str | Path, config: ModelConfig, device: 
         state = {}
         for name, entry in entries.items():
             target = torch.float32 if (entry.keep_fp32 and keep_fp32_ok) else dtype
-            state[entry.param] = f.get_tensor(file_names[name]).to(device=device, dtype=target)
+            source = f.get_tensor(file_names[name])  # may be an unaligned view of the file mapping
+            # Fresh (aligned) memory: numerics must not depend on where a tensor sat in the file.
+            state[entry.param] = torch.empty(entry.shape, dtype=target, device=device).copy_(source)
+            del source
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
     return model.eval()

@@ -1,0 +1,19 @@
+"""flashrt_core: real-time pi0 / pi0.5 inference (reference model, checkpoint loading, public API).
+
+Never imports rclpy or any ROS module.
+"""
+
+from flashrt_core.config import ModelConfig, get_config
+from flashrt_core.errors import CheckpointError, FlashRTError, InputError
+
+
+def __getattr__(name: str):
+    # The API pulls in torch, the model and the I/O layer; import it on first use only.
+    if name in ("load_model", "Policy"):
+        from flashrt_core import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'flashrt_core' has no attribute {name!r}")
+
+
+__all__ = ["CheckpointError", "FlashRTError", "InputError", "ModelConfig", "Policy", "get_config", "load_model"]

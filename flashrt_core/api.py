@@ -1,0 +1,236 @@
+"""Public API: load_model(...) -> Policy; Policy.predict(images, prompt, state, noise) -> actions.
+
+Policy.predict validates its inputs (InputError naming the problem), preprocesses them (images resized with
+padding to [-1, 1], prompt tokenized with the state bins for pi0.5, state normalized for pi0), runs an
+executor (the eager ReferenceExecutor, or the graph engine on CUDA), unnormalizes the actions and returns
+float32 (horizon, action_dim) in robot units.
+
+checkpoint=None loads the embedded demo: a random-weight pi05_tiny checkpoint (seed 0) generated once into
+$FLASHRT_CACHE_DIR/demo_pi05_tiny (default ~/.cache/flashrt/demo_pi05_tiny) and reused.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flashrt_core import normalization, preprocess
+from flashrt_core.checkpoint import load_model_weights
+from flashrt_core.config import ModelConfig, ModelType, PromptMode, get_config
+from flashrt_core.errors import CheckpointError, InputError
+from flashrt_core.executor import ReferenceExecutor
+from flashrt_core.fixtures import CONFIG_FILE, TOKENIZER_FILE, write_random_checkpoint
+from flashrt_core.tokenizer import PromptTokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = "pi05"
+DEMO_CONFIG = "pi05_tiny"
+DEMO_SEED = 0
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def demo_checkpoint_dir() -> Path:
+    root = Path(os.environ.get("FLASHRT_CACHE_DIR") or Path.home() / ".cache" / "flashrt")
+    return root / f"demo_{DEMO_CONFIG}"
+
+
+def ensure_demo_checkpoint() -> Path:
+    """The demo checkpoint directory, generated on first use (atomically: a temp dir renamed into place)."""
+    target = demo_checkpoint_dir()
+    if (target / CONFIG_FILE).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log.info("generating the demo checkpoint (%s, seed %d) in %s", DEMO_CONFIG, DEMO_SEED, target)
+    tmp = Path(tempfile.mkdtemp(prefix=".demo_tmp_", dir=target.parent))
+    try:
+        write_random_checkpoint(tmp, DEMO_CONFIG, seed=DEMO_SEED)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished first
+            if not (target / CONFIG_FILE).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"invalid device {device!r}: {exc}") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_DTYPES)} or a torch dtype")
+
+
+def resolve_config(config: str | ModelConfig | None, checkpoint_dir: Path) -> ModelConfig:
+    """Explicit config wins; else the checkpoint's flashrt_config.json; else the "pi05" preset."""
+    if config is not None:
+        return get_config(config)
+    record_path = checkpoint_dir / CONFIG_FILE
+    if not record_path.is_file():
+        log.info("%s has no %s; using config %r", checkpoint_dir, CONFIG_FILE, DEFAULT_CONFIG)
+        return get_config(DEFAULT_CONFIG)
+    try:
+        record = json.loads(record_path.read_text())
+        return get_config(record["config"], **record.get("overrides", {}))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"invalid {record_path}: {exc}") from exc
+
+
+def build_executor(model, config: ModelConfig, device: torch.device, hardware: str):
+    """The graph engine on CUDA when available (hardware != "reference"), else the eager reference path."""
+    if hardware == "reference":
+        return ReferenceExecutor(model, config, device)
+    engine_available = importlib.util.find_spec("flashrt_core.engine") is not None
+    if device.type == "cuda" and engine_available:
+        engine = importlib.import_module("flashrt_core.engine")
+        if hasattr(engine, "build_executor"):
+            return engine.build_executor(model, config, device, hardware)
+    if hardware != "auto":
+        raise ValueError(f"hardware={hardware!r} needs a CUDA device and flashrt_core.engine.build_executor "
+                         f"(device {device}, engine available: {engine_available})")
+    return ReferenceExecutor(model, config, device)
+
+
+class Policy:
+    """A loaded pi0 / pi0.5 policy. Not thread-safe: call predict from one thread at a time."""
+
+    def __init__(self, model, config: ModelConfig, executor, tokenizer: PromptTokenizer,
+                 normalizer: normalization.Normalizer, device: torch.device, model_id: str):
+        self.model = model
+        self.config = config
+        self.executor = executor
+        self.tokenizer = tokenizer
+        self.normalizer = normalizer
+        self.device = device
+        self.model_id = model_id
+
+    horizon = property(lambda self: self.config.action_horizon)
+    action_dim = property(lambda self: self.config.action_dim)
+    state_dim = property(lambda self: self.config.state_dim)
+    view_names = property(lambda self: list(self.config.view_names))
+
+    def predict(self, images, prompt: str, state=None, noise=None) -> np.ndarray:
+        """Images (list in view order or dict by view name), prompt, optional state and pinned noise
+        -> actions float32 (horizon, action_dim) in robot units."""
+        if self.executor is None:
+            raise RuntimeError("Policy.predict called after close()")
+        inputs = self.prepare_inputs(images, prompt, state, noise)
+        actions = self.executor.sample_actions(*inputs)  # [1, horizon, 32] normalized
+        return self.postprocess(actions[0])
+
+    def prepare_inputs(self, images, prompt: str, state=None, noise=None):
+        """Validated, preprocessed tensors on the policy's device, batch 1, in sample_actions' argument order."""
+        cfg = self.config
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise InputError(f"prompt must be a non-empty str, got {prompt!r}")
+        pixels, image_masks = preprocess.prepare_images(images, cfg.view_names, cfg.vision.image_size)
+        state_norm = None
+        if state is not None:
+            state_arr = preprocess.validate_state(state, cfg.state_dim)  # [state_dim]
+            state_norm = self.normalizer.normalize_state(state_arr)  # [state_dim] float32
+        elif cfg.model_type == ModelType.PI0:
+            raise InputError("pi0 needs the robot state (state=None given)")
+        bins = None
+        if cfg.model_type == ModelType.PI05 and cfg.prompt_mode == PromptMode.DISCRETE_STATE and state_norm is not None:
+            bins = preprocess.discretize_state(state_norm)
+        tokens, token_masks = self.tokenizer.tokenize_prompt(prompt, cfg.max_token_len, bins,
+                                                             cfg.prompt_mode.value, cfg.model_type.value)
+        state_padded = None
+        if cfg.model_type == ModelType.PI0:
+            state_padded = torch.zeros(1, cfg.max_action_dim)  # [1, 32]
+            state_padded[0, :cfg.state_dim] = torch.from_numpy(state_norm)
+            state_padded = state_padded.to(self.device)
+        noise_t = self._noise(noise)
+        dev = self.device
+        return (torch.from_numpy(pixels)[None].to(dev), torch.from_numpy(image_masks)[None].to(dev),
+                torch.from_numpy(tokens)[None].to(dev), torch.from_numpy(token_masks)[None].to(dev),
+                state_padded, noise_t)
+
+    def _noise(self, noise) -> torch.Tensor:
+        shape = (self.config.action_horizon, self.config.max_action_dim)
+        if noise is None:
+            return torch.randn(1, *shape).to(self.device)
+        try:
+            arr = torch.as_tensor(np.asarray(noise.detach().cpu() if torch.is_tensor(noise) else noise,
+                                             dtype=np.float32))
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"noise must be a numeric array of shape {shape}: {exc}") from exc
+        if tuple(arr.shape) != shape:
+            raise InputError(f"noise must have shape {shape} (horizon, max_action_dim), got {tuple(arr.shape)}")
+        if not torch.isfinite(arr).all():
+            raise InputError("noise has non-finite values (NaN/inf)")
+        return arr[None].to(self.device)
+
+    def postprocess(self, actions: torch.Tensor) -> np.ndarray:
+        """Normalized [horizon, 32] -> robot units float32 (horizon, action_dim)."""
+        out = self.normalizer.unnormalize_actions(actions.float().cpu().numpy(), self.config.action_dim)
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    def close(self) -> None:
+        """Release the weights (and GPU memory). predict raises afterwards."""
+        if self.executor is not None and hasattr(self.executor, "close"):
+            self.executor.close()
+        self.executor = None
+        self.model = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> Policy:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig | None = None,
+               device: str | torch.device = "auto", dtype: str | torch.dtype | None = None,
+               hardware: str = "auto", tokenizer: str | Path | PromptTokenizer | None = None) -> Policy:
+    """Load a checkpoint directory (None: the demo checkpoint) into a ready Policy."""
+    ckpt_dir = ensure_demo_checkpoint() if checkpoint is None else Path(checkpoint)
+    if not ckpt_dir.is_dir():
+        raise CheckpointError(f"checkpoint directory not found: {ckpt_dir}")
+    cfg = resolve_config(config, ckpt_dir)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    if not isinstance(tokenizer, PromptTokenizer):
+        tokenizer = PromptTokenizer(tokenizer if tokenizer is not None else ckpt_dir / TOKENIZER_FILE)
+    if tokenizer.vocab_size > cfg.paligemma.vocab_size:
+        raise CheckpointError(f"tokenizer {tokenizer.model_path} has {tokenizer.vocab_size} pieces, more than the "
+                              f"model's vocab_size {cfg.paligemma.vocab_size}")
+    model = load_model_weights(ckpt_dir, cfg, dev, torch_dtype)
+    stats = normalization.load_norm_stats(ckpt_dir)
+    if stats is None:
+        log.warning("%s has no normalization stats: states and actions are used unnormalized", ckpt_dir)
+    normalizer = normalization.Normalizer(stats, cfg.norm_mode.value)  # identity when stats is None
+    executor = build_executor(model, cfg, dev, hardware)
+    model_id = f"{cfg.name}:{ckpt_dir.resolve().name}"
+    log.info("loaded %s on %s (%s, executor %s)", model_id, dev, torch_dtype, getattr(executor, "name", executor))
+    return Policy(model, cfg, executor, tokenizer, normalizer, dev, model_id)
