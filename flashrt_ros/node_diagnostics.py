@@ -126,6 +126,11 @@ class NodeStatistics:
             self._rejected[reason] += 1
             self._last_error = message
 
+    def set_last_error(self, message: str) -> None:
+        """An error outside inference (e.g. a failed configure), shown as last_error."""
+        with self._lock:
+            self._last_error = message
+
     def record_inference_error(self, message: str) -> None:
         with self._lock:
             self._counts["inference_errors"] += 1

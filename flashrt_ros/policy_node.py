@@ -121,8 +121,7 @@ class PolicyNode(LifecycleNode):
         try:
             settings = read_settings(self)
         except SettingsError as error:
-            self.get_logger().error(f"configure failed: {error}")
-            return TransitionCallbackReturn.FAILURE
+            return self._configure_failed(str(error))
         self.get_logger().info(
             f"configuring: checkpoint={settings.checkpoint or '<embedded demo>'} config={settings.model_config} "
             f"device={settings.device} precision={settings.precision} cameras={list(settings.camera_topics)}")
@@ -131,9 +130,8 @@ class PolicyNode(LifecycleNode):
             self._view_names = self._check_model_fits(settings, self._policy)
             self._warm_up(settings)
         except Exception as error:   # missing checkpoint, out of memory, mismatch...: FAILURE, never a crash
-            self.get_logger().error(f"configure failed: {type(error).__name__}: {error}")
             self._release()
-            return TransitionCallbackReturn.FAILURE
+            return self._configure_failed(f"{type(error).__name__}: {error}")
         self._settings = settings
         self._config_id = settings.config_id()
         self._buffer = ObservationBuffer(self._view_names, seconds_to_ns(settings.sync_slop),
@@ -206,6 +204,12 @@ class PolicyNode(LifecycleNode):
         self._release()
 
     # -- configure helpers ------------------------------------------------------------------------------
+    def _configure_failed(self, reason: str) -> TransitionCallbackReturn:
+        message = f"configure failed: {reason}"
+        self.get_logger().error(message)
+        self._statistics.set_last_error(message)
+        return TransitionCallbackReturn.FAILURE
+
     def _check_model_fits(self, settings: NodeSettings, policy) -> tuple[str, ...]:
         model_views = tuple(policy.view_names)
         cameras = len(settings.camera_topics)
@@ -306,7 +310,10 @@ class PolicyNode(LifecycleNode):
             return
         if text != self._instruction:
             self.get_logger().info(f"instruction: {text!r}")
+        first = self._instruction is None
         self._instruction = text
+        if first:
+            self._wake_on_new_input()
 
     def _on_state(self, msg) -> None:
         settings = self._settings
@@ -317,7 +324,16 @@ class PolicyNode(LifecycleNode):
         except ValueError as error:
             self._reject("bad_state", f"{settings.state_topic}: {error}")
             return
+        first = self._state is None
         self._state = sample
+        if first:
+            self._wake_on_new_input()
+
+    def _wake_on_new_input(self) -> None:
+        """The first instruction / state may unblock an observation already pending."""
+        worker, settings = self._worker, self._settings
+        if worker is not None and settings is not None and settings.trigger is TriggerMode.ON_OBSERVATION:
+            worker.notify()
 
     def _state_sample(self, msg, settings: NodeSettings) -> StateSample:
         if settings.state_type is StateInput.JOINT_STATE:
@@ -350,19 +366,22 @@ class PolicyNode(LifecycleNode):
         buffer, settings = self._buffer, self._settings
         if buffer is None or settings is None:
             return None
+        # Instruction and state first: without them the observation stays pending for a later wake-up.
+        prompt = self._instruction or settings.default_instruction
+        if not prompt:
+            if buffer.has_pending():
+                self._log_throttled("no_instruction", "no instruction yet: waiting for one on "
+                                    f"{settings.instruction_topic} (or set default_instruction)")
+            return None
+        state = self._state if settings.state_topic else None
+        if settings.state_topic and state is None:
+            if buffer.has_pending():
+                self._log_throttled("no_state", f"no valid state yet on {settings.state_topic}")
+            return None
         now_ns = self.get_clock().now().nanoseconds
         buffer.note_time(now_ns)
         observation = buffer.take(now_ns)
         if observation is None:
-            return None
-        prompt = self._instruction or settings.default_instruction
-        if not prompt:
-            self._log_throttled("no_instruction", "no instruction yet: waiting for one on "
-                                f"{settings.instruction_topic} (or set default_instruction)")
-            return None
-        state = self._state if settings.state_topic else None
-        if settings.state_topic and state is None:
-            self._log_throttled("no_state", f"no valid state yet on {settings.state_topic}")
             return None
         images = {}
         for view, frame, topic in zip(self._view_names, observation.frames, settings.camera_topics):

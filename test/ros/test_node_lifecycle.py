@@ -1,0 +1,127 @@
+"""Lifecycle of the policy node over its services: every transition, failed configure, deactivate, SIGINT."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from flashrt_core.fixtures import write_random_checkpoint
+from test.ros.node_harness import BorrowedPolicy, NodeHarness, shared_policy, wait_until
+from test.ros.ros_processes import start_python
+
+pytestmark = pytest.mark.ros
+
+PROCESS_EXIT_TIMEOUT_S = 30.0
+
+
+@pytest.fixture
+def harnesses():
+    created = []
+    yield lambda *args, **kwargs: created.append(NodeHarness(*args, **kwargs)) or created[-1]
+    for harness in created:
+        harness.close()
+
+
+def test_every_transition_with_the_real_loader(harnesses):
+    h = harnesses({"warmup_iterations": 1})        # default factory: flashrt_core.load_model, embedded demo
+    assert h.lifecycle.state() == "unconfigured"
+    assert wait_until(lambda: h.diagnostics and h.latest_diagnostics()["lifecycle_state"] == "unconfigured")
+    assert h.lifecycle.change("configure")
+    assert h.lifecycle.state() == "inactive"
+    policy = h.node.policy
+    assert policy is not None and policy.model_id.startswith("pi05_tiny")
+    assert h.lifecycle.change("activate") and h.lifecycle.state() == "active"
+    assert h.lifecycle.change("deactivate") and h.lifecycle.state() == "inactive"
+    assert h.lifecycle.change("cleanup") and h.lifecycle.state() == "unconfigured"
+    assert h.node.policy is None
+    with pytest.raises(RuntimeError, match="after close"):     # the weights were really released
+        policy.predict([], "x")
+    assert h.lifecycle.change("configure") and h.lifecycle.change("activate")
+    worker = h.node._worker
+    assert h.lifecycle.change("shutdown") and h.lifecycle.state() == "finalized"
+    assert h.node.policy is None and not worker.alive
+
+
+def test_failed_configure_leaves_the_node_up_and_configurable_again(harnesses, tmp_path):
+    checkpoint = tmp_path / "checkpoint_arrives_later"
+    h = harnesses({"checkpoint": str(checkpoint)})
+    assert not h.lifecycle.change("configure")
+    assert h.lifecycle.state() == "unconfigured"
+    assert wait_until(lambda: h.diagnostics and "checkpoint directory not found" in h.latest_diagnostics()[
+        "last_error"] and h.latest_diagnostics()["lifecycle_state"] == "unconfigured")
+    write_random_checkpoint(checkpoint, "pi05_tiny", seed=1)    # the missing checkpoint is provided
+    assert h.lifecycle.change("configure")
+    assert h.lifecycle.state() == "inactive"
+    assert h.node.policy.model_id.endswith("checkpoint_arrives_later")
+
+
+@pytest.mark.parametrize("parameters, reason", [
+    ({"camera_views": ["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"]}, "camera_views has 3 entries"),
+    ({"camera_views": ["base_0_rgb", "top_rgb"]}, "not views of the model"),
+    ({"action_names": ["a", "b"]}, "action_names has 2 names"),
+    ({"state_topic": ""}, "state is required"),       # the demo pi0.5 puts the state in its prompt
+])
+def test_configure_fails_with_a_reason_on_inconsistent_settings(harnesses, parameters, reason):
+    h = harnesses(dict(parameters, warmup_iterations=1),
+                  policy_factory=lambda settings: BorrowedPolicy(shared_policy()))
+    assert not h.lifecycle.change("configure")
+    assert h.lifecycle.state() == "unconfigured"
+    assert h.node.policy is None
+    assert wait_until(lambda: h.diagnostics and reason in h.latest_diagnostics()["last_error"]), \
+        h.latest_diagnostics()["last_error"]
+
+
+def test_deactivate_discards_results_in_flight_and_reactivation_restarts_sequence(harnesses):
+    delay_s = 1.0
+    borrowed = BorrowedPolicy(shared_policy(), delay_s=delay_s)
+    h = harnesses(policy_factory=lambda settings: borrowed)
+    assert h.lifecycle.change("configure") and h.lifecycle.change("activate")
+    h.wait_for_subscribers()
+    h.send_instruction()
+    h.send_observation(h.now_ns())
+    assert wait_until(lambda: h.node._worker.busy, timeout_s=10.0), "inference did not start"
+    assert h.lifecycle.change("deactivate")
+    deactivated_at = time.monotonic()
+    time.sleep(delay_s + 1.5)               # the forward pass in flight finishes meanwhile
+    assert all(t < deactivated_at for t in h.chunk_arrival), "a chunk computed before deactivate was published"
+    assert h.node._statistics.snapshot().chunks_discarded == 1
+    # activate again: new chunks start at sequence 0
+    assert h.lifecycle.change("activate")
+    h.wait_for_subscribers()
+    count = len(h.chunks)
+    h.send_observation(h.now_ns())
+    assert wait_until(lambda: len(h.chunks) > count, timeout_s=30.0)
+    assert h.chunks[count].sequence == 0
+
+
+NODE_PROCESS = r"""
+import sys
+from flashrt_ros.policy_node import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("target_state", ["unconfigured", "inactive", "active"])
+def test_sigint_exits_cleanly_from_every_state(harnesses, target_state):
+    namespace = f"/sigint_{target_state}_{int(time.time() * 1000) % 100000}"
+    process = start_python(NODE_PROCESS, "--ros-args", "-r", f"__ns:={namespace}", "-p", "warmup_iterations:=0",
+                           "-p", "state_topic:=joint_states")
+    try:
+        h = harnesses()           # reuse the harness's driver node only for its lifecycle client
+        from flashrt_ros.demo_main import LifecycleClient
+        client = LifecycleClient(h.driver, f"{namespace}/policy_node")
+        assert client.wait_for_services(60.0), "node process did not come up"
+        for transition in {"unconfigured": [], "inactive": ["configure"],
+                           "active": ["configure", "activate"]}[target_state]:
+            assert client.change(transition)
+        assert client.state() == target_state
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=PROCESS_EXIT_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, f"exit code {process.returncode}\n{out}\n{err}"
+    assert "Traceback" not in err, err
