@@ -1,0 +1,165 @@
+"""Public API: load_model / Policy.predict over the demo checkpoint and fixture checkpoints (CPU, tiny)."""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import flashrt_core
+from flashrt_core.api import demo_checkpoint_dir
+from flashrt_core.errors import InputError
+from flashrt_core.executor import ReferenceExecutor
+from flashrt_core.fixtures import write_random_checkpoint
+
+# Manual unnormalization in float64 vs the policy's own path: same formula, float32 output.
+UNNORMALIZE_TOL = 1e-5
+# A change that matters moves actions by far more than this.
+MIN_EFFECT = 1e-3
+
+RNG = np.random.default_rng(0)
+IMAGES = [RNG.integers(0, 256, (120, 160, 3), dtype=np.uint8) for _ in range(3)]
+NOISE = RNG.standard_normal((10, 32)).astype(np.float32)
+NOISE_PI0 = RNG.standard_normal((50, 32)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    policy = flashrt_core.load_model(device="cpu")
+    yield policy
+    policy.close()
+
+
+@pytest.fixture(scope="module")
+def ckpt_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("api")
+
+
+def load_variant(ckpt_dir, config, **overrides):
+    name = f"{config}_" + "_".join(f"{k}{v}" for k, v in overrides.items())
+    path = write_random_checkpoint(ckpt_dir / name, config, seed=1, overrides=overrides)
+    return flashrt_core.load_model(path, device="cpu")
+
+
+def test_demo_checkpoint_is_generated_once_and_described(demo):
+    target = demo_checkpoint_dir()
+    assert target.parent == Path(os.environ["FLASHRT_CACHE_DIR"])
+    stamp = (target / "model.safetensors").stat().st_mtime_ns
+    again = flashrt_core.load_model(device="cpu")
+    assert (target / "model.safetensors").stat().st_mtime_ns == stamp
+    again.close()
+    assert demo.model_id == "pi05_tiny:demo_pi05_tiny"
+    assert (demo.horizon, demo.action_dim, demo.state_dim) == (10, 32, 32)
+    assert demo.view_names == ["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"]
+    assert demo.device == torch.device("cpu")
+    assert isinstance(demo.executor, ReferenceExecutor)
+
+
+def test_pinned_noise_is_deterministic_and_noise_matters(demo):
+    state = np.linspace(-0.5, 0.5, 32)
+    a = demo.predict(IMAGES, "pick up the red block", state=state, noise=NOISE)
+    assert a.shape == (10, 32) and a.dtype == np.float32 and np.isfinite(a).all()
+    np.testing.assert_array_equal(demo.predict(IMAGES, "pick up the red block", state=state, noise=NOISE), a)
+    np.testing.assert_array_equal(demo.predict(IMAGES, "pick up the red block", state=state,
+                                               noise=torch.from_numpy(NOISE)), a)
+    assert np.abs(demo.predict(IMAGES, "pick up the red block", state=state, noise=NOISE + 0.5) - a).max() > MIN_EFFECT
+    drawn = [demo.predict(IMAGES, "pick up the red block", state=state) for _ in range(2)]
+    assert np.abs(drawn[0] - drawn[1]).max() > MIN_EFFECT
+    # the prompt and the images matter
+    assert np.abs(demo.predict(IMAGES, "open the drawer", state=state, noise=NOISE) - a).max() > MIN_EFFECT
+    assert np.abs(demo.predict(IMAGES[::-1], "pick up the red block", state=state, noise=NOISE) - a).max() > MIN_EFFECT
+
+
+def test_missing_views_list_and_dict_forms_agree(demo):
+    two = demo.predict(IMAGES[:2], "wipe", state=np.zeros(32), noise=NOISE)
+    as_dict = demo.predict({"base_0_rgb": IMAGES[0], "left_wrist_0_rgb": IMAGES[1]}, "wipe", state=np.zeros(32),
+                           noise=NOISE)
+    with_none = demo.predict(IMAGES[:2] + [None], "wipe", state=np.zeros(32), noise=NOISE)
+    np.testing.assert_array_equal(as_dict, two)
+    np.testing.assert_array_equal(with_none, two)
+    three = demo.predict(IMAGES, "wipe", state=np.zeros(32), noise=NOISE)
+    assert np.abs(three - two).max() > MIN_EFFECT
+
+
+def test_pi05_prompt_modes_use_state_as_configured(ckpt_dir):
+    s0, s1 = np.full(32, -0.9), np.full(32, 0.9)  # robot units; bins differ after normalization
+    discrete = load_variant(ckpt_dir, "pi05_tiny", prompt_mode="discrete_state")
+    a0 = discrete.predict(IMAGES, "fold", state=s0, noise=NOISE)
+    assert np.abs(discrete.predict(IMAGES, "fold", state=s1 * 10, noise=NOISE) - a0).max() > MIN_EFFECT
+    with pytest.raises(InputError, match="state"):
+        discrete.predict(IMAGES, "fold", noise=NOISE)
+    results = {}
+    for mode in ("no_state", "lerobot_no_state"):
+        policy = load_variant(ckpt_dir, "pi05_tiny", prompt_mode=mode)
+        results[mode] = policy.predict(IMAGES, "fold", state=s0, noise=NOISE)
+        np.testing.assert_array_equal(policy.predict(IMAGES, "fold", state=s1, noise=NOISE), results[mode])
+        np.testing.assert_array_equal(policy.predict(IMAGES, "fold", noise=NOISE), results[mode])
+    assert np.abs(results["no_state"] - results["lerobot_no_state"]).max() > MIN_EFFECT  # different prompts
+
+
+def test_pi0_uses_state_token_and_robot_dims(ckpt_dir):
+    policy = load_variant(ckpt_dir, "pi0_tiny", state_dim=8, action_dim=7)
+    assert policy.model_id.startswith("pi0_tiny:")
+    a = policy.predict(IMAGES[:1], "push", state=np.zeros(8), noise=NOISE_PI0)
+    assert a.shape == (50, 7) and a.dtype == np.float32
+    assert np.abs(policy.predict(IMAGES[:1], "push", state=np.ones(8), noise=NOISE_PI0) - a).max() > MIN_EFFECT
+    with pytest.raises(InputError, match="pi0 needs the robot state"):
+        policy.predict(IMAGES[:1], "push", noise=NOISE_PI0)
+    with pytest.raises(InputError, match="state has 32 values, the model expects 8"):
+        policy.predict(IMAGES[:1], "push", state=np.zeros(32), noise=NOISE_PI0)
+
+
+def test_actions_are_unnormalized_with_checkpoint_stats(ckpt_dir):
+    policy = load_variant(ckpt_dir, "pi05_tiny", state_dim=8, action_dim=7)
+    state = np.linspace(-1, 1, 8)
+    raw = policy.executor.sample_actions(*policy.prepare_inputs(IMAGES[:2], "stack", state, NOISE))[0].numpy()
+    actions = policy.predict(IMAGES[:2], "stack", state=state, noise=NOISE)
+    stats = json.loads((ckpt_dir / "pi05_tiny_state_dim8_action_dim7" / "norm_stats.json").read_text())
+    q01, q99 = (np.asarray(stats["norm_stats"]["actions"][k], np.float64) for k in ("q01", "q99"))
+    manual = (raw[:, :7].astype(np.float64) + 1.0) / 2.0 * (q99 - q01 + 1e-6) + q01
+    np.testing.assert_allclose(actions, manual, atol=UNNORMALIZE_TOL, rtol=UNNORMALIZE_TOL)
+    assert np.abs(actions - raw[:, :7]).max() > MIN_EFFECT  # the stats really changed something
+
+
+BAD_INPUTS = [
+    (dict(images=IMAGES + IMAGES[:1]), "got 4 images but the model has 3 views"),
+    (dict(images=[IMAGES[0].astype(np.float32)]), "dtype must be uint8"),
+    (dict(images=[IMAGES[0][:, :, 0]]), "shape must be HxWx3"),
+    (dict(images={"top_cam": IMAGES[0]}), "unknown view name"),
+    (dict(images=[]), "no images given"),
+    (dict(prompt=""), "prompt must be a non-empty str"),
+    (dict(prompt="   "), "prompt must be a non-empty str"),
+    (dict(prompt=None), "prompt must be a non-empty str"),
+    (dict(state=np.zeros(31)), "state has 31 values, the model expects 32"),
+    (dict(state=np.zeros((2, 16))), "state must be 1-D"),
+    (dict(state=np.r_[np.zeros(31), np.nan]), r"non-finite values \(NaN/inf\) at indices \[31\]"),
+    (dict(noise=np.zeros((50, 32))), r"noise must have shape \(10, 32\)"),
+    (dict(noise=np.full((10, 32), np.inf)), "noise has non-finite values"),
+    (dict(noise="abc"), "noise must be a numeric array"),
+]
+
+
+@pytest.mark.parametrize("bad,message", BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])
+def test_bad_inputs_are_named(demo, bad, message):
+    args = dict(images=IMAGES, prompt="pick", state=np.zeros(32), noise=NOISE) | bad
+    with pytest.raises(InputError, match=message):
+        demo.predict(args["images"], args["prompt"], state=args["state"], noise=args["noise"])
+
+
+def test_load_options_are_validated_and_close_releases(ckpt_dir):
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        flashrt_core.load_model(device="cpu", dtype="int8")
+    with pytest.raises(ValueError, match="unknown model config"):
+        flashrt_core.load_model(config="pi7", device="cpu")
+    with pytest.raises(ValueError, match="hardware='h200' needs a CUDA device"):
+        flashrt_core.load_model(device="cpu", hardware="h200")
+    policy = flashrt_core.load_model(device="cpu", dtype="bf16", hardware="reference")
+    assert policy.model.paligemma.layers[0].q_proj.weight.dtype == torch.bfloat16
+    assert policy.predict(IMAGES, "pick", state=np.zeros(32), noise=NOISE).dtype == np.float32
+    with policy:
+        pass
+    assert policy.model is None and policy.executor is None
+    with pytest.raises(RuntimeError, match="after close"):
+        policy.predict(IMAGES, "pick", state=np.zeros(32))
