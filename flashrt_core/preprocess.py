@@ -45,6 +45,8 @@ def resized_shape(height: int, width: int, size: int) -> tuple[int, int, int, in
     """(resized_h, resized_w, pad_top, pad_left) of openpi's resize-with-pad into a ``size x size`` square."""
     ratio = max(width / size, height / size)
     resized_h, resized_w = int(height / ratio), int(width / ratio)
+    if resized_h == 0 or resized_w == 0:
+        raise InputError(f"image {height}x{width} is too elongated to resize into {size}x{size} (a side would be 0)")
     return resized_h, resized_w, (size - resized_h) // 2, (size - resized_w) // 2
 
 

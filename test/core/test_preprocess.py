@@ -92,6 +92,12 @@ def test_torch_path_matches_numpy_path(shape):
         assert (out[:, :, :, :left] == -1.0).all()
 
 
+def test_strided_views_resize_like_contiguous_copies():
+    img = np.random.default_rng(4).integers(0, 256, (120, 160, 3), dtype=np.uint8)
+    bgr_flipped = img[:, ::-1, ::-1]  # e.g. a BGR -> RGB view of a camera buffer
+    np.testing.assert_array_equal(resize_with_pad(bgr_flipped), resize_with_pad(np.ascontiguousarray(bgr_flipped)))
+
+
 def test_torch_path_rejects_wrong_layout():
     with pytest.raises(InputError, match="uint8 tensor"):
         resize_with_pad_torch(torch.zeros(1, 3, 224, 224, dtype=torch.uint8), 224)
@@ -129,6 +135,7 @@ def test_prepare_images_by_name_and_none_views():
         ([np.zeros((8, 8, 3), np.uint8), np.zeros((8, 8), np.uint8)], "view 'left_wrist_0_rgb': shape must be HxWx3"),
         ([np.zeros((8, 8, 4), np.uint8)], "shape must be HxWx3"),
         ([np.zeros((0, 8, 3), np.uint8)], "view 'base_0_rgb': image is empty"),
+        ([np.zeros((1, 5000, 3), np.uint8)], "image 1x5000 is too elongated"),
         ([[[1, 2, 3]]], "expected a numpy array, got list"),
         ([], "no images given"),
         ({"base_0_rgb": None}, "no images given"),
