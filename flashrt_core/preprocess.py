@@ -26,6 +26,7 @@ import functools
 import logging
 from collections.abc import Mapping, Sequence
 
+import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -84,29 +85,35 @@ def _resample_rows(src: np.ndarray, index: np.ndarray, coeff: np.ndarray) -> np.
     Gathers whole rows (contiguous copies), one tap at a time. int32 cannot overflow: coefficients of a row sum
     to ~2^22, so the accumulator stays below 255 * 2^22 + 2^21 < 2^31.
     """
-    acc = np.full((index.shape[0], src.shape[1]), 1 << (_PRECISION_BITS - 1), dtype=np.int32)  # [out, M]
-    for k in range(index.shape[1]):
+    acc = src[index[:, 0]] * coeff[:, 0, None]  # [out, M]
+    acc += 1 << (_PRECISION_BITS - 1)
+    for k in range(1, index.shape[1]):
         acc += src[index[:, k]] * coeff[:, k, None]
     np.right_shift(acc, _PRECISION_BITS, out=acc)
     return np.clip(acc, 0, 255).astype(np.uint8)
 
 
+def _transpose_hw(img: np.ndarray) -> np.ndarray:
+    """[A, B, C] -> contiguous [B, A, C] (cv2's blocked transpose is ~40x faster than numpy's copy)."""
+    return cv2.transpose(np.ascontiguousarray(img))
+
+
 def _pil_resize_bilinear(img: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
-    """PIL ``Image.resize((out_w, out_h), BILINEAR)`` of a uint8 [H, W, C] image, bit-exact with Pillow <= 12.
+    """PIL ``Image.resize((out_w, out_h), BILINEAR)`` of a uint8 [H, W, 3] image, bit-exact with Pillow <= 12.
 
     Horizontal pass first, rounded to uint8, then the vertical pass (Pillow 13 may run the vertical pass first
-    for some shapes; openpi pins Pillow 11.2.1).
+    for some shapes; openpi pins Pillow 11.2.1). Both passes resample rows: the horizontal one on the transpose.
     """
     height, width, channels = img.shape
-    out = img
+    out = np.ascontiguousarray(img)
     if out_w != width:
         index, coeff = _pil_bilinear_coeffs(width, out_w)
-        src = np.ascontiguousarray(out.transpose(1, 0, 2)).reshape(width, height * channels)  # [W, H*C]
+        src = _transpose_hw(out).reshape(width, height * channels)  # [W, H*C]
         out = _resample_rows(src.astype(np.int32), index, coeff.astype(np.int32))  # [out_w, H*C]
-        out = out.reshape(out_w, height, channels).transpose(1, 0, 2)  # [H, out_w, C]
+        out = _transpose_hw(out.reshape(out_w, height, channels))  # [H, out_w, C]
     if out_h != height:
         index, coeff = _pil_bilinear_coeffs(height, out_h)
-        src = np.ascontiguousarray(out).reshape(height, -1)  # [H, W'*C]
+        src = out.reshape(height, -1)  # [H, W'*C]
         out = _resample_rows(src.astype(np.int32), index, coeff.astype(np.int32))  # [out_h, W'*C]
         out = out.reshape(out_h, -1, channels)
     return out
