@@ -34,7 +34,8 @@ from typing import Any
 
 import cv2
 import numpy as np
-from rosbags.rosbag2 import Reader, StoragePlugin, Writer
+import yaml
+from rosbags.rosbag2 import StoragePlugin, Writer
 
 from flashrt_ros.bag_common import BagError, bag_qos, bag_typestore
 
@@ -292,8 +293,11 @@ def write_demo_bag(out_dir: str | Path, cfg: DemoBagConfig = DemoBagConfig(), st
 
 def read_manifest(bag_dir: str | Path) -> Manifest:
     """The manifest a demo bag carries in its custom_data; raises :class:`BagError` if it has none."""
-    with Reader(bag_dir) as reader:
-        custom = reader.metadata.get("custom_data") or {}
+    metadata_file = Path(bag_dir) / "metadata.yaml"
+    if not metadata_file.is_file():
+        raise BagError(f"{bag_dir} is not a rosbag2 directory (no metadata.yaml)")
+    info = yaml.safe_load(metadata_file.read_text()).get("rosbag2_bagfile_information", {})
+    custom = info.get("custom_data") or {}
     if MANIFEST_KEY not in custom:
         raise BagError(f"{bag_dir} is not a flashrt_ros demo bag (no {MANIFEST_KEY!r} in custom_data)")
     return Manifest(**json.loads(custom[MANIFEST_KEY]))

@@ -1,0 +1,78 @@
+"""Helpers shared by the bag tests: an in-process rclpy context with a spinning executor, bag readers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rosbags.rosbag2 import Reader
+
+SPIN_TIMEOUT_S = 0.05
+
+
+class RosHarness:
+    """An isolated rclpy context whose nodes are spun by a multi-threaded executor on a background thread."""
+
+    def __init__(self) -> None:
+        import rclpy
+        from rclpy.executors import MultiThreadedExecutor
+
+        self._rclpy = rclpy
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context)
+        self.executor = MultiThreadedExecutor(num_threads=4, context=self.context)
+        self._nodes: list = []
+        self._thread = threading.Thread(target=self._spin, name="bag-test-executor", daemon=True)
+        self._thread.start()
+
+    def _spin(self) -> None:
+        while self.context.ok():
+            try:
+                self.executor.spin_once(timeout_sec=SPIN_TIMEOUT_S)
+            except Exception:  # noqa: BLE001  (context shut down under us at the end of a test)
+                if self.context.ok():
+                    raise
+
+    def node(self, name: str, spin: bool = True, **kwargs):
+        """Create a node in this context; ``spin`` adds it to the background executor."""
+        node = self._rclpy.create_node(name, context=self.context, **kwargs)
+        self._nodes.append(node)
+        if spin:
+            self.executor.add_node(node)
+        return node
+
+    def add(self, node) -> None:
+        """Spin a node created elsewhere (e.g. the policy node) and destroy it on close."""
+        self._nodes.append(node)
+        self.executor.add_node(node)
+
+    def close(self) -> None:
+        self.executor.shutdown(timeout_sec=2.0)
+        self._rclpy.shutdown(context=self.context)
+        self._thread.join(timeout=5.0)
+        for node in self._nodes:
+            node.destroy_node()
+
+    def __enter__(self) -> RosHarness:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, period_s: float = 0.02) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout_s`` passes; returns its last value."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(period_s)
+    return bool(predicate())
+
+
+def bag_messages(bag: Path) -> list[tuple[str, int, bytes]]:
+    """Every message of a bag as (topic, receive timestamp ns, raw CDR bytes), in timestamp order."""
+    with Reader(bag) as reader:
+        return [(conn.topic, timestamp, bytes(raw)) for conn, timestamp, raw in reader.messages()]
