@@ -35,6 +35,8 @@ class Workspace:
     state: torch.Tensor                          # (A,) fp32, normalized + padded (pi0)
     noise: torch.Tensor                          # (horizon, A) fp32
     actions: torch.Tensor                        # (horizon, A) fp32: normalized actions out
+    robot_actions: torch.Tensor                  # (horizon, A) fp32: actions * scale + offset (unnormalized)
+    action_affine: tuple[torch.Tensor, torch.Tensor] | None   # (scale (A,), offset (A,)) or None: identity
     k_cache: torch.Tensor                        # (layers, 1, P + S, Dh)
     v_cache: torch.Tensor
     rope_cos: torch.Tensor                       # (P + S, Dh / 2) fp32
@@ -136,7 +138,7 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_mask: torch.Tensor, n
     """`num_steps` Euler steps of the action expert, unrolled; ws.actions goes from noise to actions."""
     cfg = w.config
     e = cfg.expert
-    heads, dh, horizon = e.num_heads, e.head_dim, cfg.action_horizon
+    heads, dh, horizon = e.num_heads, e.head_dim, ws.actions.shape[0]   # horizon: the executor's, not w.config's
     pi05 = w.tables is not None
     S = ws.suffix_block.shape[0]
     P = key_mask.shape[0]
@@ -193,4 +195,7 @@ def forward(ws: Workspace, w: EngineWeights, ops: Ops, timer: PhaseTimer | None 
     key_mask, n_valid = prefix(ws, w, ops, image_tokens)
     _mark(timer, "prefix")
     denoise(ws, w, ops, key_mask, n_valid)
+    if ws.action_affine is not None:
+        scale, offset = ws.action_affine
+        torch.addcmul(offset, ws.actions, scale, out=ws.robot_actions)                # unnormalize
     _mark(timer, "denoise")

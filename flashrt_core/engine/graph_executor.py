@@ -27,7 +27,7 @@ from .dispatch import Dispatch, Op, Switch
 from .forward import PhaseTimer, Workspace, forward
 from .kernel_import import load_kernels
 from .ops import MASKED, Ops
-from .weights import prepare_weights
+from .weights import EngineWeights, prepare_weights
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,11 @@ class EngineExecutor:
     """sample_actions (the executor contract of flashrt_core.executor) and the fast host path predict_observation."""
 
     def __init__(self, model: PiModel, config: ModelConfig, device: torch.device, dispatch: Dispatch,
-                 dtype: torch.dtype = torch.bfloat16):
+                 dtype: torch.dtype = torch.bfloat16, action_affine: tuple[np.ndarray, np.ndarray] | None = None,
+                 weights: EngineWeights | None = None):
+        """action_affine: (scale, offset) of the action unnormalization (Normalizer.action_affine), applied
+        inside the graph for predict_observation(unnormalize=True); None = identity. weights: prepared weights
+        to share with another executor of the same model (e.g. another horizon); None = prepare them here."""
         device = torch.device(device)
         if dispatch[Op.EXECUTOR] == "graph" and device.type != "cuda":
             raise ValueError(f"graph replay needs a CUDA/ROCm device, got {device}")
@@ -82,7 +86,11 @@ class EngineExecutor:
         self.use_graph = dispatch[Op.EXECUTOR] == "graph"
         self.name = "engine-" + ("graph" if self.use_graph else "eager") + ("-fp8" if dispatch[Op.GEMM_PREFIX] == "fp8" else "-bf16")
         self.ops = Ops(dispatch)
-        self.weights = prepare_weights(model, dtype, fold=dispatch.options.switch_on(Switch.FUSED_WEIGHTS))
+        fold = dispatch.options.switch_on(Switch.FUSED_WEIGHTS)
+        if weights is not None and (weights.dtype != dtype or weights.folded != fold):
+            raise ValueError(f"shared weights are {weights.dtype} folded={weights.folded}, this executor needs "
+                             f"{dtype} folded={fold}")
+        self.weights = weights if weights is not None else prepare_weights(model, dtype, fold=fold)
         buckets = sorted({b for b in dispatch.options.text_buckets if b < config.max_token_len} | {config.max_token_len})
         self.text_buckets = tuple(buckets)
         self.suffix_len = config.action_horizon + (0 if self.weights.tables is not None else 1)
@@ -90,15 +98,19 @@ class EngineExecutor:
         cos, sin = load_kernels().rope_tables(max_pos, config.paligemma.head_dim, config.paligemma.rope_max_wavelength,
                                               device)
         self._rope = (cos, sin)
-        self._suffix_block = self._suffix_block_mask(model)
+        self._suffix_block = self._suffix_block_mask()
+        self._affine = None if action_affine is None else tuple(
+            torch.as_tensor(np.asarray(a, dtype=np.float32), device=device) for a in action_affine)
         self._entries: dict[tuple, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graph else None
         self.capture_seconds: dict[tuple, float] = {}
         log.info("engine ready: %s, text buckets %s, dispatch %s", self.name, self.text_buckets, dispatch.summary())
 
     # ---------------------------------------------------------------------------------------------- set-up
-    def _suffix_block_mask(self, model: PiModel) -> torch.Tensor:
-        ar = model.suffix_ar_mask(torch.device("cpu"))                                  # (S,) bool
+    def _suffix_block_mask(self) -> torch.Tensor:
+        """Among suffix tokens (openpi ar flags): pi0.5 [a0..] = [1, 0..]; pi0 [state, a0, a1..] = [1, 1, 0..]."""
+        ar = torch.zeros(self.suffix_len, dtype=torch.bool)                             # (S,)
+        ar[: self.suffix_len - self.config.action_horizon + 1] = True
         blocks = torch.cumsum(ar.long(), 0)
         allowed = blocks[None, :] <= blocks[:, None]                                     # (S query, S key)
         return torch.where(allowed, 0.0, MASKED).to(self.dtype).to(self.device)
@@ -134,6 +146,8 @@ class EngineExecutor:
             pixels=None if image_shapes is not None else dv["pixels"],
             tokens=dv["tokens"], token_mask=dv["token_mask"], state=dv["state"], noise=dv["noise"],
             actions=torch.empty(cfg.action_horizon, cfg.max_action_dim, device=dev),
+            robot_actions=torch.empty(cfg.action_horizon, cfg.max_action_dim, device=dev),
+            action_affine=self._affine,
             k_cache=torch.zeros(cache_shape, device=dev, dtype=self.dtype),
             v_cache=torch.zeros(cache_shape, device=dev, dtype=self.dtype),
             rope_cos=self._rope[0], rope_sin=self._rope[1], suffix_block=self._suffix_block,
@@ -182,10 +196,13 @@ class EngineExecutor:
         sv["token_mask"].numpy()[:] = token_mask[:text_len]
 
     def predict_observation(self, images: list[np.ndarray | None], tokens: np.ndarray, token_mask: np.ndarray,
-                            state: np.ndarray | None, noise: np.ndarray, timer: PhaseTimer | None = None
-                            ) -> np.ndarray:
+                            state: np.ndarray | None, noise: np.ndarray, timer: PhaseTimer | None = None,
+                            unnormalize: bool = False) -> np.ndarray:
         """uint8 HxWx3 images per view (None = missing), tokens/mask (L,), normalized padded state (A,) or None,
-        noise (horizon, A) -> normalized actions (horizon, A) float32. Preprocessing runs on the GPU."""
+        noise (horizon, A) -> actions (horizon, A) float32, normalized or (unnormalize=True, with the
+        action_affine given at construction) in robot units. Preprocessing runs on the GPU."""
+        if unnormalize and self._affine is None:
+            raise ValueError("unnormalize=True needs action_affine at construction")
         present = tuple(i for i, img in enumerate(images) if img is not None)
         if not present:
             raise InputError("no images given: at least one view is required")
@@ -202,7 +219,7 @@ class EngineExecutor:
         sv["noise"].numpy()[:] = noise
         entry.staging.upload()
         self._run(key, entry, False, timer)
-        entry.out_host.copy_(entry.ws.actions, non_blocking=True)
+        entry.out_host.copy_(entry.ws.robot_actions if unnormalize else entry.ws.actions, non_blocking=True)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         return entry.out_host.numpy().copy()

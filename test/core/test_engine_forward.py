@@ -101,3 +101,36 @@ def test_sample_actions_contract(model):
                                 torch.from_numpy(noise)[None])
     assert got.shape == (1, cfg.action_horizon, cfg.max_action_dim)
     torch.testing.assert_close(got[0], want, atol=FP32_ATOL, rtol=0)
+
+
+def test_unnormalization_inside_the_forward(model):
+    cfg = model.config
+    rng = np.random.default_rng(8)
+    scale = rng.uniform(0.5, 2.0, cfg.max_action_dim)
+    offset = rng.standard_normal(cfg.max_action_dim)
+    engine = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(True), dtype=torch.float32,
+                            action_affine=(scale, offset))
+    images, tokens, mask, state, noise = _inputs(cfg, rng, 6, (1,))
+    normalized = engine.predict_observation(images, tokens, mask, state, noise)
+    robot = engine.predict_observation(images, tokens, mask, state, noise, unnormalize=True)
+    np.testing.assert_allclose(robot, normalized * scale + offset, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="action_affine"):
+        EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(True), dtype=torch.float32).predict_observation(
+            images, tokens, mask, state, noise, unnormalize=True)
+
+
+def test_shared_weights_serve_another_horizon(model):
+    """One prepared weight set, a second executor at horizon 50: equals the reference at that horizon."""
+    cfg = model.config
+    first = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(True), dtype=torch.float32)
+    cfg50 = cfg.replace(action_horizon=50 if cfg.action_horizon != 50 else 10)
+    second = EngineExecutor(model, cfg50, torch.device("cpu"), _dispatch(True), dtype=torch.float32,
+                            weights=first.weights)
+    images, tokens, mask, state, noise = _inputs(cfg50, np.random.default_rng(4), 6, (0, 1))
+    got = second.predict_observation(images, tokens, mask, state, noise)
+    model.config = cfg50        # the reference model reads its horizon from its config
+    try:
+        want = _reference(model, images, tokens, mask, state, noise)
+    finally:
+        model.config = cfg
+    np.testing.assert_allclose(got, want.numpy(), atol=FP32_ATOL, rtol=0)

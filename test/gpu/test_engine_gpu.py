@@ -1,0 +1,94 @@
+"""The graph engine on a GPU: accuracy gate vs the fp32 reference (full-size random weights), graph replay vs
+eager, no recapture for a new prompt. Skips without CUDA.
+
+Full-size checkpoints are generated once (flashrt_core.fixtures) into $FLASHRT_FULL_CKPT_ROOT/<config>
+(default: $FLASHRT_CACHE_DIR/full), which takes about a minute per config.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flashrt_core.checkpoint import load_model_weights
+from flashrt_core.config import get_config
+from flashrt_core.engine import EngineOptions, build_executor
+from flashrt_core.engine.gate import GATE_BF16, cosine, random_observation, reference_actions
+from flashrt_core.engine.graph_executor import EngineExecutor
+from flashrt_core.executor import ReferenceExecutor
+from flashrt_core.fixtures import CONFIG_FILE, write_random_checkpoint
+
+pytestmark = pytest.mark.gpu
+
+GATE_OBSERVATIONS = 3
+REPLAY_ATOL = 0.0  # the same kernels on the same inputs: bitwise equal
+
+
+def _checkpoint(name: str) -> Path:
+    root = Path(os.environ.get("FLASHRT_FULL_CKPT_ROOT")
+                or Path(os.environ.get("FLASHRT_CACHE_DIR", Path.home() / ".cache" / "flashrt")) / "full")
+    path = root / name
+    if not (path / CONFIG_FILE).is_file():
+        write_random_checkpoint(path, name, seed=0)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pi05_tiny")
+    write_random_checkpoint(path, "pi05_tiny", seed=1)
+    return load_model_weights(path, get_config("pi05_tiny"), "cuda", torch.float32)
+
+
+def test_build_executor_picks_the_graph_engine(tiny):
+    ex = build_executor(tiny, tiny.config, torch.device("cuda"), "auto")
+    assert isinstance(ex, EngineExecutor) and ex.use_graph
+    off = build_executor(tiny, tiny.config, torch.device("cuda"), "auto", EngineOptions(fast_paths=False))
+    assert isinstance(off, ReferenceExecutor)
+
+
+def test_graph_replay_equals_eager_engine(tiny):
+    cfg = tiny.config
+    graph = build_executor(tiny, cfg, torch.device("cuda"), "auto")
+    eager = build_executor(tiny, cfg, torch.device("cuda"), "auto", EngineOptions(cuda_graph=False))
+    assert not eager.use_graph
+    for seed in range(3):
+        obs = random_observation(cfg, np.random.default_rng(seed), views=2, n_text=7 + seed)
+        args = (obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
+        got, want = graph.predict_observation(*args), eager.predict_observation(*args)
+        np.testing.assert_allclose(got, want, atol=REPLAY_ATOL, rtol=0)
+
+
+def test_new_prompt_does_not_recapture(tiny):
+    cfg = tiny.config
+    engine = build_executor(tiny, cfg, torch.device("cuda"), "auto")
+    obs = random_observation(cfg, np.random.default_rng(0), views=2, n_text=9)
+    engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
+    graphs = {k: e.graph for k, e in engine._entries.items()}
+    obs2 = random_observation(cfg, np.random.default_rng(1), views=2, n_text=15)
+    out = engine.predict_observation(obs2.images, obs2.tokens, obs2.token_mask, obs2.state, obs2.noise)
+    assert {k: e.graph for k, e in engine._entries.items()} == graphs
+    ref = reference_actions(ReferenceExecutor(tiny, cfg, torch.device("cuda")), obs2)
+    assert cosine(out, ref) >= GATE_BF16
+
+
+@pytest.mark.parametrize("name", ["pi05", "pi0"])
+def test_accuracy_gate_full_size(name):
+    cfg = get_config(name)
+    model = load_model_weights(_checkpoint(name), cfg, "cuda", torch.float32)
+    reference = ReferenceExecutor(model, cfg, torch.device("cuda"))
+    engine = build_executor(model, cfg, torch.device("cuda"), "auto")
+    assert isinstance(engine, EngineExecutor) and engine.use_graph
+    cosines = []
+    for seed in range(GATE_OBSERVATIONS):
+        obs = random_observation(cfg, np.random.default_rng(seed), views=2 + seed % 2, n_text=20 + 13 * seed,
+                                 vocab=1024)
+        got = engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
+        cosines.append(cosine(got[:, :cfg.action_dim], reference_actions(reference, obs)[:, :cfg.action_dim]))
+    del engine, reference, model
+    torch.cuda.empty_cache()
+    assert min(cosines) >= GATE_BF16, f"{name}: cosine per observation {cosines}"

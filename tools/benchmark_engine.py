@@ -1,0 +1,353 @@
+#!/usr/bin/env python3
+"""Engine benchmark: reference eager, reference under torch.compile (time-limited), graph engine, in ONE run.
+
+For each config (pi05, pi0), number of views (1/2/3) and horizon (10/50) on full-size random weights:
+  predict()  wall time, uint8 images + tokens in host memory -> unnormalized actions in host memory
+  replay     the graph replay alone (CUDA events)
+  kernels    CUDA kernels launched by one predict (torch.profiler)
+  phases     vision / prefix / denoise of one eager (non-graph) engine run, CUDA events
+plus the accuracy gate (cosine vs the fp32 reference, same weights and noise) per config.
+Writes <out-dir>/engine_<gpu>_<date>.json (updated after every measurement) and .md.
+
+  python tools/benchmark_engine.py --ckpt-root /tmp/ckpt --out-dir docs/benchmarks
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flashrt_core.checkpoint import load_model_weights  # noqa: E402
+from flashrt_core.config import get_config  # noqa: E402
+from flashrt_core.engine import EngineOptions, detect_hardware, resolve  # noqa: E402
+from flashrt_core.engine.forward import PhaseTimer  # noqa: E402
+from flashrt_core.engine.gate import GATE_BF16, GATE_FP8, cosine, random_observation, reference_actions  # noqa: E402
+from flashrt_core.engine.graph_executor import EngineExecutor  # noqa: E402
+from flashrt_core.executor import ReferenceExecutor  # noqa: E402
+from flashrt_core.fixtures import CONFIG_FILE, write_random_checkpoint  # noqa: E402
+
+log = logging.getLogger("benchmark_engine")
+PROMPT_TOKENS = 48          # valid prompt tokens (REFERENCE.md floor assumes ~48)
+TARGET_MEDIAN_MS = {"bf16": 8.0, "fp8": 6.0}
+
+
+def stats_ms(samples: list[float]) -> dict:
+    a = np.asarray(samples)
+    return {"n": len(a), "median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
+            "p99": float(np.percentile(a, 99)), "max": float(a.max()), "mean": float(a.mean())}
+
+
+def wall_times(fn, warmup: int, calls: int) -> dict:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()                                   # returns host data: includes the sync
+        out.append((time.perf_counter() - t0) * 1e3)
+    return stats_ms(out)
+
+
+def replay_times(graph: torch.cuda.CUDAGraph, calls: int) -> dict:
+    out = []
+    for _ in range(calls):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return stats_ms(out)
+
+
+def kernel_profile(fn, top: int = 12) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"
+               and not e.name.startswith(("Memcpy", "Memset"))]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name[:90], []).append(e.device_time_total / 1e3)   # device_time_total is in us
+    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {"kernels": len(kernels), "kernel_ms_total": float(sum(sum(v) for v in by_name.values())),
+            "top": [{"name": n, "count": len(v), "ms": float(sum(v))} for n, v in ranked]}
+
+
+class Results:
+    def __init__(self, path: Path):
+        self.path = path
+        self.data = {"env": env_info(), "rows": [], "gates": [], "errors": [], "notes": []}
+
+    def add(self, kind: str, item: dict) -> None:
+        self.data[kind].append(item)
+        self.path.write_text(json.dumps(self.data, indent=1))
+
+
+def env_info() -> dict:
+    import triton
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        driver = "unknown"
+    return {"gpu": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "triton": triton.__version__, "date": datetime.date.today().isoformat(),
+            "time_utc": datetime.datetime.utcnow().isoformat(timespec="seconds")}
+
+
+def ensure_checkpoint(root: Path, name: str) -> Path:
+    path = root / name
+    if not (path / CONFIG_FILE).is_file():
+        t0 = time.perf_counter()
+        write_random_checkpoint(path, name, seed=0)
+        log.info("generated %s in %.0f s", path, time.perf_counter() - t0)
+    return path
+
+
+def reference_predict(ref: ReferenceExecutor, obs, compiled=None):
+    """The reference path as Policy runs it: host preprocessing to float pixels, H2D, sample, copy out."""
+    fn = compiled or ref.sample_actions
+    cfg, dev = ref.config, ref.device
+    from flashrt_core.preprocess import prepare_images
+    pixels, masks = prepare_images(obs.images, cfg.view_names, cfg.vision.image_size)
+    state = torch.from_numpy(obs.state)[None].to(dev) if cfg.model_type == "pi0" else None
+    out = fn(torch.from_numpy(pixels)[None].to(dev), torch.from_numpy(masks)[None].to(dev),
+             torch.from_numpy(obs.tokens)[None].to(dev), torch.from_numpy(obs.token_mask)[None].to(dev), state,
+             torch.from_numpy(obs.noise)[None].to(dev))
+    return out.float().cpu().numpy()
+
+
+def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
+    run = lambda: engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise,  # noqa
+                                             unnormalize=True)
+    row = dict(meta)
+    row["predict_ms"] = wall_times(run, args.warmup, args.calls)
+    entry = next(e for k, e in engine._entries.items() if k[0] == "uint8" and len(k[1]) == meta["views"])
+    row["replay_ms"] = replay_times(entry.graph, args.calls)
+    row["profile"] = kernel_profile(run)
+    phases = []
+    for _ in range(5):
+        timer = PhaseTimer()
+        engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise, timer=timer)
+        phases.append(timer.durations_ms())
+    row["phases_eager_ms"] = {k: float(np.median([p[k] for p in phases])) for k in phases[0]}
+    row["capture_s"] = {str(k): v for k, v in engine.capture_seconds.items()}
+    return row
+
+
+def compile_child(args) -> None:
+    """Runs in a subprocess (killed by the parent at its time limit): reference under torch.compile."""
+    cfg = get_config(args.config_name).replace(action_horizon=args.horizon)
+    model = load_model_weights(Path(args.ckpt_root) / args.config_name, get_config(args.config_name), "cuda",
+                               torch.bfloat16)
+    model.config = cfg
+    ref = ReferenceExecutor(model, cfg, torch.device("cuda"))
+    compiled = torch.compile(ref.sample_actions, mode=args.compile_mode)
+    obs = random_observation(cfg, np.random.default_rng(0), views=args.views, n_text=PROMPT_TOKENS, vocab=1024)
+    t0 = time.perf_counter()
+    reference_predict(ref, obs, compiled)
+    first = time.perf_counter() - t0
+    result = {"first_call_s": first}
+    Path(args.child_out).write_text(json.dumps(result))
+    result["predict_ms"] = wall_times(lambda: reference_predict(ref, obs, compiled), 3, args.compile_calls)
+    Path(args.child_out).write_text(json.dumps(result))
+
+
+def run_compile(args, res: Results, name: str, views: int, horizon: int) -> None:
+    out = Path(args.out_dir) / f".compile_{name}.json"
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, __file__, "--compile-child", "--config-name", name, "--views", str(views), "--horizon",
+           str(horizon), "--ckpt-root", args.ckpt_root, "--child-out", str(out), "--compile-mode", args.compile_mode,
+           "--compile-calls", str(args.compile_calls)]
+    meta = {"config": name, "variant": f"reference_compile_{args.compile_mode}", "views": views, "horizon": horizon}
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, timeout=args.compile_timeout, capture_output=True, text=True)
+        if proc.returncode != 0:
+            meta["error"] = proc.stderr[-2000:]
+    except subprocess.TimeoutExpired:
+        meta["did_not_finish_s"] = args.compile_timeout
+    meta["wall_s"] = time.perf_counter() - t0
+    if out.is_file():
+        meta.update(json.loads(out.read_text()))
+        out.unlink()
+    res.add("rows", meta)
+
+
+def bench_config(args, res: Results, name: str) -> None:
+    ckpt = ensure_checkpoint(Path(args.ckpt_root), name)
+    base = get_config(name)
+    dev = torch.device("cuda")
+    hw = detect_hardware("auto", dev)
+    precisions = ["bf16"] + (["fp8"] if args.fp8 else [])
+    # accuracy gate: the fp32 reference vs the engine built from the same fp32 weights
+    if args.gate:
+        model32 = load_model_weights(ckpt, base, dev, torch.float32)
+        ref32 = ReferenceExecutor(model32, base, dev)
+        for prec in precisions:
+            try:
+                opts = EngineOptions.from_env(EngineOptions(fp8=prec == "fp8", text_buckets=tuple(args.text_buckets)))
+                eng = EngineExecutor(model32, base, dev, resolve(hw, opts))
+                cos = []
+                for seed in range(args.gate_observations):
+                    obs = random_observation(base, np.random.default_rng(100 + seed), views=1 + seed % 3,
+                                             n_text=12 + 17 * seed, vocab=1024)
+                    got = eng.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
+                    cos.append(cosine(got, reference_actions(ref32, obs)))
+                thr = GATE_FP8 if prec == "fp8" else GATE_BF16
+                res.add("gates", {"config": name, "precision": prec, "cosines": cos, "min": min(cos),
+                                  "threshold": thr, "pass": min(cos) >= thr})
+                del eng
+            except Exception:  # noqa: BLE001  keep the other numbers
+                res.add("errors", {"where": f"gate {name} {prec}", "trace": traceback.format_exc()})
+        del ref32, model32
+        gc.collect()
+        torch.cuda.empty_cache()
+    model = load_model_weights(ckpt, base, dev, torch.bfloat16)
+    from flashrt_core.normalization import Normalizer, load_norm_stats
+    affine = Normalizer(load_norm_stats(ckpt), base.norm_mode.value).action_affine(base.max_action_dim)
+    for prec in precisions:
+        shared = None
+        for horizon in args.horizons:
+            cfg = base.replace(action_horizon=horizon)
+            try:
+                opts = EngineOptions.from_env(EngineOptions(fp8=prec == "fp8", text_buckets=tuple(args.text_buckets)))
+                eng = EngineExecutor(model, cfg, dev, resolve(hw, opts), action_affine=affine, weights=shared)
+                shared = eng.weights
+            except Exception:  # noqa: BLE001
+                res.add("errors", {"where": f"engine {name} {prec} h{horizon}", "trace": traceback.format_exc()})
+                continue
+            for views in args.views:
+                meta = {"config": name, "variant": f"engine_{prec}", "views": views, "horizon": horizon,
+                        "executor": eng.name, "dispatch": eng.dispatch.summary()}
+                try:
+                    obs = random_observation(cfg, np.random.default_rng(views), views=views, n_text=PROMPT_TOKENS,
+                                             image_hw=tuple(args.image_hw), vocab=1024)
+                    res.add("rows", engine_row(eng, obs, args, meta))
+                except Exception:  # noqa: BLE001
+                    res.add("errors", {"where": str(meta), "trace": traceback.format_exc()})
+            del eng
+            torch.cuda.empty_cache()
+        del shared
+    for horizon in args.horizons:
+        cfg = base.replace(action_horizon=horizon)
+        model.config = cfg
+        ref = ReferenceExecutor(model, cfg, dev)
+        for views in args.views:
+            meta = {"config": name, "variant": "reference_eager_bf16", "views": views, "horizon": horizon}
+            try:
+                obs = random_observation(cfg, np.random.default_rng(views), views=views, n_text=PROMPT_TOKENS,
+                                         image_hw=tuple(args.image_hw), vocab=1024)
+                meta["predict_ms"] = wall_times(lambda: reference_predict(ref, obs), 2, args.reference_calls)
+                meta["profile"] = kernel_profile(lambda: reference_predict(ref, obs), top=5)
+                res.add("rows", meta)
+            except Exception:  # noqa: BLE001
+                res.add("errors", {"where": str(meta), "trace": traceback.format_exc()})
+    model.config = base
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def write_markdown(res: Results, path: Path) -> None:
+    d = res.data
+    env = d["env"]
+    lines = [f"# Engine benchmark: {env['gpu']}", "",
+             f"GPU {env['gpu']}, driver {env['driver']}, torch {env['torch']} (CUDA {env['cuda']}), triton "
+             f"{env['triton']}, {env['time_utc']} UTC. Full-size random weights; prompt {PROMPT_TOKENS} tokens; "
+             "predict() = uint8 images in host memory -> unnormalized actions in host memory.", "",
+             "## Accuracy gate (cosine vs fp32 reference, same weights and noise)", "",
+             "| config | precision | min cosine | threshold | pass | per observation |", "|---|---|---|---|---|---|"]
+    for g in d["gates"]:
+        lines.append(f"| {g['config']} | {g['precision']} | {g['min']:.5f} | {g['threshold']} | {g['pass']} | "
+                     f"{', '.join(f'{c:.5f}' for c in g['cosines'])} |")
+    lines += ["", "## Latency (ms)", "",
+              "| config | variant | views | horizon | predict median | p90 | p99 | max | replay median | replay p99 |"
+              " kernels/call | vision / prefix / denoise (eager) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        p = r.get("predict_ms")
+        if p is None:
+            why = f"did not finish in {r['did_not_finish_s']} s" if "did_not_finish_s" in r else r.get("error", "?")[:80]
+            lines.append(f"| {r['config']} | {r['variant']} | {r['views']} | {r['horizon']} | {why} | | | | | | | |")
+            continue
+        rp = r.get("replay_ms", {})
+        ph = r.get("phases_eager_ms")
+        phs = " / ".join(f"{ph[k]:.2f}" for k in ("vision", "prefix", "denoise")) if ph else ""
+        lines.append(f"| {r['config']} | {r['variant']} | {r['views']} | {r['horizon']} | {p['median']:.2f} | "
+                     f"{p['p90']:.2f} | {p['p99']:.2f} | {p['max']:.2f} | {rp.get('median', float('nan')):.2f} | "
+                     f"{rp.get('p99', float('nan')):.2f} | {r.get('profile', {}).get('kernels', '')} | {phs} |")
+    if d["errors"]:
+        lines += ["", "## Errors", ""] + [f"- {e['where']}: `{e['trace'].strip().splitlines()[-1]}`" for e in d["errors"]]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", nargs="+", default=["pi05", "pi0"])
+    ap.add_argument("--views", nargs="+", type=int, default=[1, 2, 3])
+    ap.add_argument("--horizons", nargs="+", type=int, default=[10, 50])
+    ap.add_argument("--calls", type=int, default=200, help="timed engine calls (after --warmup)")
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--reference-calls", type=int, default=20)
+    ap.add_argument("--image-hw", nargs=2, type=int, default=[224, 224])
+    ap.add_argument("--text-buckets", nargs="*", type=int, default=[64, 128])
+    ap.add_argument("--fp8", action="store_true", help="also the FP8 engine")
+    ap.add_argument("--no-gate", dest="gate", action="store_false")
+    ap.add_argument("--gate-observations", type=int, default=3)
+    ap.add_argument("--compile", action="store_true", help="also torch.compile of the reference (pi05, 2 views)")
+    ap.add_argument("--compile-mode", default="max-autotune")
+    ap.add_argument("--compile-timeout", type=int, default=240)
+    ap.add_argument("--compile-calls", type=int, default=20)
+    ap.add_argument("--ckpt-root", default="/tmp/flashrt_ckpt")
+    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parents[1] / "docs" / "benchmarks"))
+    ap.add_argument("--tag", default=None, help="file name tag (default: gpu short name)")
+    ap.add_argument("--compile-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--config-name", help=argparse.SUPPRESS)
+    ap.add_argument("--horizon", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.compile_child:
+        args.views = args.views[0]
+        compile_child(args)
+        return
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmark_engine needs a CUDA GPU")
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gpu = torch.cuda.get_device_name()
+    tag = args.tag or ("h200" if "H200" in gpu else gpu.lower().replace(" ", "_").replace("nvidia_", ""))
+    stem = f"engine_{tag}_{datetime.date.today().isoformat()}"
+    res = Results(out_dir / f"{stem}.json")
+    for name in args.configs:
+        try:
+            bench_config(args, res, name)
+        except Exception:  # noqa: BLE001
+            res.add("errors", {"where": f"config {name}", "trace": traceback.format_exc()})
+        write_markdown(res, out_dir / f"{stem}.md")
+    if args.compile:
+        run_compile(args, res, "pi05", 2, 10)
+    write_markdown(res, out_dir / f"{stem}.md")
+    print((out_dir / f"{stem}.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
