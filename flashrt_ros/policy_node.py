@@ -98,7 +98,7 @@ class PolicyNode(LifecycleNode):
         self._trajectory_publisher = None
         self._config_id = ""
         # Built by on_activate, released by on_deactivate.
-        self._subscriptions: list = []
+        self._input_subscriptions: list = []
         self._trigger_timer = None
         # Inputs shared between callbacks and the inference thread (single attribute writes).
         self._instruction: str | None = None
@@ -238,22 +238,22 @@ class PolicyNode(LifecycleNode):
     def _create_subscriptions(self, settings: NodeSettings) -> None:
         for index, topic in enumerate(settings.camera_topics):
             msg_type = CompressedImage if topic.rstrip("/").endswith("/compressed") else Image
-            self._subscriptions.append(self.create_subscription(
+            self._input_subscriptions.append(self.create_subscription(
                 msg_type, topic, lambda msg, i=index, t=topic: self._on_image(msg, i, t),
                 qos_profiles.camera_qos(), callback_group=self._input_group))
-        self._subscriptions.append(self.create_subscription(
+        self._input_subscriptions.append(self.create_subscription(
             String, settings.instruction_topic, self._on_instruction, qos_profiles.instruction_qos(),
             callback_group=self._input_group))
         if settings.state_topic:
             msg_type = JointState if settings.state_type is StateInput.JOINT_STATE else Float64MultiArray
-            self._subscriptions.append(self.create_subscription(
+            self._input_subscriptions.append(self.create_subscription(
                 msg_type, settings.state_topic, self._on_state, qos_profiles.state_qos(),
                 callback_group=self._input_group))
 
     def _destroy_subscriptions(self) -> None:
-        for subscription in self._subscriptions:
+        for subscription in self._input_subscriptions:
             self.destroy_subscription(subscription)
-        self._subscriptions = []
+        self._input_subscriptions = []
         if self._trigger_timer is not None:
             self.destroy_timer(self._trigger_timer)
             self._trigger_timer = None
