@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import queue
 import threading
 import time
 from collections import Counter
@@ -62,20 +63,22 @@ class RecorderConfig:
 class BagRecorder:
     """Records ``config.topics`` seen by ``node`` into a new bag; spin the node's executor while recording.
 
-    Call :meth:`close` (or use as a context manager) to finish the bag: only a closed bag has its metadata.
+    Callbacks only queue the received bytes; one writer thread owns the bag (SQLite connections are bound to
+    the thread that opened them, and disk writes never stall the executor). Call :meth:`close` (or use as a
+    context manager) to finish the bag: only a closed bag has its metadata.
     """
 
     def __init__(self, node, config: RecorderConfig) -> None:
         self._node = node
         self._config = config
         self._store = bag_typestore()
-        self._lock = threading.Lock()
-        self._writer = Writer(config.out, version=Writer.VERSION_LATEST,
-                              storage_plugin=STORAGE_PLUGINS[config.storage])
-        self._writer.open()
-        self._connections: dict[str, object] = {}
+        self._queue: queue.Queue = queue.Queue()
         self._subscriptions: dict[str, object] = {}
+        self._writer_error: BaseException | None = None
+        self._closed = False
         self.recorded: Counter = Counter()
+        self._writer_thread = threading.Thread(target=self._write_loop, name="bag-recorder-writer", daemon=True)
+        self._writer_thread.start()
         self._discover()
         self._timer = node.create_timer(DISCOVERY_PERIOD_S, self._discover)
 
@@ -86,7 +89,7 @@ class BagRecorder:
     def _discover(self) -> None:
         """Subscribe to every requested topic that now has a publisher with a known type."""
         wanted = [t for t in self._config.topics if t not in self._subscriptions]
-        if not wanted:
+        if not wanted or self._closed:
             return
         types = dict(self._node.get_topic_names_and_types())
         for topic in wanted:
@@ -103,37 +106,53 @@ class BagRecorder:
         if msgtype not in self._store.fielddefs:
             raise BagError(f"cannot record {topic}: type {msgtype} is unknown to the bag typestore")
         offers = [info.qos_profile for info in self._node.get_publishers_info_by_topic(topic)]
-        with self._lock:
-            self._connections[topic] = self._writer.add_connection(
-                topic, msgtype, typestore=self._store, offered_qos_profiles=[qos_to_bag(q) for q in offers])
+        # The connection is queued before the subscription exists, so it reaches the writer before any message.
+        self._queue.put(("connection", topic, msgtype, [qos_to_bag(q) for q in offers]))
         self._subscriptions[topic] = self._node.create_subscription(
             msg_cls, topic, lambda data, topic=topic: self._on_message(topic, data), recording_qos(offers), raw=True)
         LOGGER.info("recording %s (%s)", topic, msgtype)
 
     def _on_message(self, topic: str, data: bytes) -> None:
-        stamp_ns = self._node.get_clock().now().nanoseconds
-        with self._lock:
-            if self._writer is None:
-                return
-            self._writer.write(self._connections[topic], stamp_ns, data)
-        self.recorded[topic] += 1
+        self._queue.put(("message", topic, self._node.get_clock().now().nanoseconds, data))
+
+    def _write_loop(self) -> None:
+        """Writer thread: owns the bag from open to close."""
+        connections: dict[str, object] = {}
+        try:
+            with Writer(self._config.out, version=Writer.VERSION_LATEST,
+                        storage_plugin=STORAGE_PLUGINS[self._config.storage]) as writer:
+                while (item := self._queue.get()) is not None:
+                    if item[0] == "connection":
+                        _, topic, msgtype, offers = item
+                        connections[topic] = writer.add_connection(topic, msgtype, typestore=self._store,
+                                                                   offered_qos_profiles=offers)
+                    else:
+                        _, topic, stamp_ns, data = item
+                        writer.write(connections[topic], stamp_ns, data)
+                        self.recorded[topic] += 1
+        except BaseException as exc:  # noqa: BLE001  (reported by close())
+            self._writer_error = exc
+            LOGGER.error("recording into %s failed: %s", self._config.out, exc)
 
     def close(self) -> None:
-        """Stop recording and finish the bag (writes metadata.yaml). Safe to call twice."""
-        if self._timer is not None:
-            self._node.destroy_timer(self._timer)
-            self._timer = None
+        """Stop recording and finish the bag (writes metadata.yaml). Safe to call twice.
+
+        Raises the writer's error, if writing failed.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._node.destroy_timer(self._timer)
         for subscription in self._subscriptions.values():
             self._node.destroy_subscription(subscription)
-        self._subscriptions.clear()
-        with self._lock:
-            writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
-            LOGGER.info("closed %s: %s", self._config.out, dict(self.recorded))
-            missing = [t for t in self._config.topics if t not in self._connections]
-            if missing:
-                LOGGER.warning("never saw a publisher on %s", missing)
+        self._queue.put(None)
+        self._writer_thread.join()
+        if self._writer_error is not None:
+            raise BagError(f"recording into {self._config.out} failed: {self._writer_error}") from self._writer_error
+        LOGGER.info("closed %s: %s", self._config.out, dict(self.recorded))
+        missing = [t for t in self._config.topics if t not in self._subscriptions]
+        if missing:
+            LOGGER.warning("never saw a publisher on %s", missing)
 
     def __enter__(self) -> BagRecorder:
         return self
