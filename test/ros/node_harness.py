@@ -75,7 +75,7 @@ class BorrowedPolicy:
         self.closed = True
 
 
-def test_frame(value: int) -> np.ndarray:
+def pattern_frame(value: int) -> np.ndarray:
     frame = np.zeros(TEST_IMAGE_SHAPE, np.uint8)
     frame[..., 0] = value % 256
     frame[10:40, 20:60] = 255
@@ -149,7 +149,7 @@ class NodeHarness:
 
     def send_frame(self, camera: int, stamp_ns: int, image=None) -> None:
         if image is None:
-            image = Image(**rgb_to_image_fields(test_frame(stamp_ns // 1_000_000)))
+            image = Image(**rgb_to_image_fields(pattern_frame(stamp_ns // 1_000_000)))
         image.header.stamp = Time(nanoseconds=stamp_ns).to_msg()
         self.camera_publishers[camera].publish(image)
 
