@@ -78,7 +78,8 @@ EW = _dim(lambda c: c.expert.width)
 ACT = _dim(lambda c: c.max_action_dim)
 
 
-def _gemma_rows(ckpt: str, param: str, layers_of: str, width: Shape, adaptive_only: ModelType | None) -> list[WeightRow]:
+def _gemma_rows(ckpt: str, param: str, layers_of: str, width: Shape,
+                adaptive_only: ModelType | None) -> list[WeightRow]:
     """Rows of one Gemma stack. Norms: plain `weight`, or pi0.5 expert adaRMS `dense.{weight,bias}`."""
     cfg_of = (lambda c: c.paligemma) if layers_of == "paligemma" else (lambda c: c.expert)
     q_dim = _dim(lambda c: cfg_of(c).num_heads * cfg_of(c).head_dim)
@@ -159,7 +160,8 @@ def weight_entries(config: ModelConfig) -> dict[str, WeightEntry]:
     return entries
 
 
-def weight_spec(config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+def weight_spec(config: ModelConfig,
+                dtype: torch.dtype = torch.bfloat16) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Checkpoint name -> (shape, dtype the tensor is held in when the model runs in `dtype`)."""
     return {name: (e.shape, torch.float32 if e.keep_fp32 else dtype) for name, e in weight_entries(config).items()}
 

@@ -85,7 +85,8 @@ def write_safetensors_streaming(path: Path, plan: dict[str, tuple[tuple[int, ...
     offset = 0
     for name, (shape, dtype, _) in plan.items():
         size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(shape),
+                        "data_offsets": [offset, offset + size]}
         offset += size
     header_bytes = json.dumps(header, separators=(",", ":")).encode()
     header_bytes += b" " * (-len(header_bytes) % 8)  # data section 8-byte aligned

@@ -118,7 +118,8 @@ def test_bad_tensors_are_refused_by_name(ckpts, tmp_path, case):
         edit, expect = (lambda d: {**d, name: torch.zeros(3, 4)}), ["mis-shaped", name, "(3, 4)", "(64, 32)"]
     elif case == "no_embedding":
         drop = ("embed_tokens", "paligemma.lm_head")
-        edit, expect = (lambda d: {k: v for k, v in d.items() if not any(s in k for s in drop)}), ["embed_tokens.weight"]
+        edit = lambda d: {k: v for k, v in d.items() if not any(s in k for s in drop)}  # noqa: E731
+        expect = ["embed_tokens.weight"]
     else:
         edit, expect, config = (lambda d: d), ["state_proj.weight", "time_mlp_in.weight"], "pi0_tiny"
     path = rewrite(ckpts["prefixed"], tmp_path / case, edit)

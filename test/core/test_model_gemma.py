@@ -39,7 +39,8 @@ def test_rope_is_split_half_and_relative():
     rotated = rope(q, torch.tensor([[p]]), 10_000.0)[0, 0, 0]
     inv = 10_000.0 ** (-torch.arange(0, head_dim, 2).float() / head_dim)
     a, b = q[0, 0, 0, :4], q[0, 0, 0, 4:]
-    expected = torch.cat([a * torch.cos(p * inv) - b * torch.sin(p * inv), b * torch.cos(p * inv) + a * torch.sin(p * inv)])
+    cos, sin = torch.cos(p * inv), torch.sin(p * inv)
+    expected = torch.cat([a * cos - b * sin, b * cos + a * sin])
     torch.testing.assert_close(rotated, expected, atol=FP32_TOL, rtol=FP32_TOL)
 
     def score(pq, pk):
@@ -60,7 +61,8 @@ def test_attention_ignores_masked_keys_and_is_mqa():
     torch.testing.assert_close(out[0, 1].view(4, 8), v[0, 0, 0].expand(4, 8))
     # plain softmax reference for row 0, head 3
     logits = (q[0, 0, 3] @ k[0, [0, 1, 3], 0].T) / math.sqrt(8)
-    torch.testing.assert_close(out[0, 0, 24:], torch.softmax(logits, -1) @ v[0, [0, 1, 3], 0], atol=FP32_TOL, rtol=FP32_TOL)
+    expected = torch.softmax(logits, -1) @ v[0, [0, 1, 3], 0]
+    torch.testing.assert_close(out[0, 0, 24:], expected, atol=FP32_TOL, rtol=FP32_TOL)
 
 
 def test_pi0_style_mask_rules():

@@ -7,7 +7,6 @@ weights map by stripping that prefix. HF's own image/text merging is bypassed: w
 tokens) as a 4D additive mask, and positions cumsum(valid) - 1.
 """
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -93,7 +92,8 @@ def test_prefix_hidden_states_and_kv_cache_match(models):
         cache, hidden = ours.fill_prefix_cache(embs, valid)
 
         lm = hf.model.language_model
-        images = hf.model.multi_modal_projector(hf.model.vision_tower(pixel_values=pixels.flatten(0, 1)).last_hidden_state)
+        features = hf.model.vision_tower(pixel_values=pixels.flatten(0, 1)).last_hidden_state
+        images = hf.model.multi_modal_projector(features)
         hf_embs = torch.cat([images.reshape(2, -1, cfg.paligemma.width), lm.embed_tokens(tokens)], dim=1)
         allowed = make_attention_mask(valid, torch.zeros_like(valid))  # [B, P, P]
         additive = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)[:, None]  # [B, 1, P, P]
