@@ -10,8 +10,9 @@ Image resizing follows openpi, whose inference clients call ``openpi_client.imag
 
 ``resize_with_pad`` re-implements PIL's two-pass fixed-point algorithm (horizontal pass, uint8 rounding,
 vertical pass; 22-bit coefficients) in numpy and equals PIL bit for bit (Pillow <= 12; openpi pins 11.2.1).
-``resize_with_pad_torch`` runs the same resampling on a GPU with ``F.interpolate(bilinear, antialias=True)`` in float (one rounding instead of two) and
-agrees with the numpy path within ``TORCH_RESIZE_TOLERANCE_LEVELS`` uint8 level.
+``resize_with_pad_torch`` runs the same resampling on a GPU with ``F.interpolate(bilinear, antialias=True)`` in
+float (one rounding instead of two) and agrees with the numpy path within ``TORCH_RESIZE_TOLERANCE_LEVELS``
+uint8 level.
 Note: openpi's and lerobot's PyTorch models call ``F.interpolate`` without antialiasing when an image of the
 wrong size reaches the model; that only matters for images not resized by the client, and differs from PIL
 when shrinking.
@@ -70,8 +71,9 @@ def _pil_bilinear_coeffs(in_size: int, out_size: int) -> tuple[np.ndarray, np.nd
         xmax = min(int(center + support + 0.5), in_size)
         taps = np.arange(xmin, xmax)
         w = np.maximum(0.0, 1.0 - np.abs((taps - center + 0.5) * (1.0 / filter_scale)))  # PIL multiplies by 1/scale
-        if w.sum() != 0.0:
-            w = w / w.sum()
+        total = w.cumsum()[-1] if len(w) else 0.0  # sequential sum, as PIL's loop (np.sum is pairwise)
+        if total != 0.0:
+            w = w / total
         fixed = np.where(w < 0, -0.5 + w * (1 << _PRECISION_BITS), 0.5 + w * (1 << _PRECISION_BITS))
         index[o, : len(taps)] = taps
         index[o, len(taps) :] = xmax - 1
