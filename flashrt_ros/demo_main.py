@@ -29,7 +29,8 @@ from flashrt_ros.loopback_dds import apply_loopback_dds
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PARAMS = REPO_ROOT / "config" / "demo_two_cameras.yaml"
 DEMO_INSTRUCTION = "pick up the red cube and place it in the bowl"
-SERVICE_TIMEOUT_S = 120.0        # configure loads (and on first use generates) the demo checkpoint
+SERVICE_TIMEOUT_S = 120.0
+PRINTED_ACTIONS = 6               # values of the first action row printed per chunk        # configure loads (and on first use generates) the demo checkpoint
 
 _LOG = logging.getLogger("flashrt_demo")
 
@@ -164,9 +165,10 @@ class ChunkPrinter:
         self.sequences.append(msg.sequence)
         if self._quiet:
             return
-        first = np.asarray(msg.actions[:msg.action_dim], dtype=np.float32)
+        first = np.asarray(msg.actions[:min(msg.action_dim, PRINTED_ACTIONS)], dtype=np.float32)
+        more = " ..." if msg.action_dim > PRINTED_ACTIONS else ""
         print(f"chunk {msg.sequence:4d}  stamp {msg.header.stamp.sec}.{msg.header.stamp.nanosec:09d}  "
-              f"shape ({msg.horizon}, {msg.action_dim})  first row {np.array2string(first, precision=3)}  "
+              f"shape ({msg.horizon}, {msg.action_dim})  first row {np.array2string(first, precision=3)}{more}  "
               f"inference {msg.inference_time * 1e3:7.1f} ms  staleness {msg.staleness * 1e3:7.1f} ms", flush=True)
 
     def summary(self) -> str:

@@ -71,6 +71,8 @@ class StatisticsSnapshot:
     inference_time: Summary
     staleness: Summary
     overhead: Summary                       # staleness - inference_time
+    queue_wait: Summary                     # observation complete -> inference thread took it
+    handling: Summary                       # overhead - queue_wait: transport, conversion, copies, publishing
     input_rates_hz: dict[str, float]        # camera topic -> frames/s over the window
     chunks_published: int
     chunks_discarded: int                   # computed but dropped by a deactivation
@@ -98,6 +100,8 @@ class NodeStatistics:
             self._inference = WindowedSamples(self.window_s)
             self._staleness = WindowedSamples(self.window_s)
             self._overhead = WindowedSamples(self.window_s)
+            self._queue_wait = WindowedSamples(self.window_s)
+            self._handling = WindowedSamples(self.window_s)
             self._frames = {topic: WindowedSamples(self.window_s) for topic in self.camera_topics}
             self._counts: collections.Counter = collections.Counter()
             self._rejected: collections.Counter = collections.Counter()
@@ -108,13 +112,16 @@ class NodeStatistics:
         with self._lock:
             self._frames[topic].add(1.0, time.monotonic())
 
-    def record_chunk(self, inference_time_s: float, staleness_s: float) -> None:
+    def record_chunk(self, inference_time_s: float, staleness_s: float, queue_wait_s: float) -> None:
+        """A chunk was published; ``queue_wait_s``: from observation complete to the start of its inference."""
         now = time.monotonic()
         with self._lock:
             self._counts["chunks_published"] += 1
             self._inference.add(inference_time_s, now)
             self._staleness.add(staleness_s, now)
             self._overhead.add(staleness_s - inference_time_s, now)
+            self._queue_wait.add(queue_wait_s, now)
+            self._handling.add(staleness_s - inference_time_s - queue_wait_s, now)
 
     def record_discarded(self) -> None:
         with self._lock:
@@ -145,6 +152,8 @@ class NodeStatistics:
                 inference_time=Summary.of(self._inference.values(now)),
                 staleness=Summary.of(self._staleness.values(now)),
                 overhead=Summary.of(self._overhead.values(now)),
+                queue_wait=Summary.of(self._queue_wait.values(now)),
+                handling=Summary.of(self._handling.values(now)),
                 input_rates_hz=rates,
                 chunks_published=self._counts["chunks_published"],
                 chunks_discarded=self._counts["chunks_discarded"],
@@ -196,6 +205,10 @@ def diagnostic_status(snapshot: StatisticsSnapshot, context: DiagnosticsContext)
         "staleness_max_s": _fmt(snapshot.staleness.max),
         "overhead_median_s": _fmt(snapshot.overhead.median),
         "overhead_p99_s": _fmt(snapshot.overhead.p99),
+        "queue_wait_median_s": _fmt(snapshot.queue_wait.median),
+        "queue_wait_p99_s": _fmt(snapshot.queue_wait.p99),
+        "handling_median_s": _fmt(snapshot.handling.median),
+        "handling_p99_s": _fmt(snapshot.handling.p99),
         "staleness_warn_threshold_s": _fmt(context.staleness_warn_threshold),
         "chunks_published": str(snapshot.chunks_published),
         "chunks_discarded": str(snapshot.chunks_discarded),

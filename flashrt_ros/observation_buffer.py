@@ -49,6 +49,7 @@ class Observation(Generic[Payload]):
     """A complete set of frames, one per view, in the buffer's view order."""
 
     frames: tuple[Frame[Payload], ...]
+    completed_ns: int = 0        # ``now_ns`` of the add_frame call that completed it
 
     @property
     def stamp_ns(self) -> int:
@@ -155,7 +156,7 @@ class ObservationBuffer(Generic[Payload]):
                 return AddResult.STALE
             frame = Frame(stamp_ns, payload)
             self._queues[index].append(frame)
-            observation = self._complete_around(index, frame)
+            observation = self._complete_around(index, frame, now_ns)
             if observation is None:
                 return result
             if self._newest_stamp_ns is not None and observation.stamp_ns <= self._newest_stamp_ns:
@@ -235,7 +236,7 @@ class ObservationBuffer(Generic[Payload]):
         self._pending = None
         self._newest_stamp_ns = None
 
-    def _complete_around(self, index: int, anchor: Frame[Payload]) -> Observation[Payload] | None:
+    def _complete_around(self, index: int, anchor: Frame[Payload], now_ns: int) -> Observation[Payload] | None:
         frames: list[Frame[Payload]] = []
         for i, queue in enumerate(self._queues):
             if i == index:
@@ -244,7 +245,7 @@ class ObservationBuffer(Generic[Payload]):
             if not queue:
                 return None
             frames.append(min(queue, key=lambda f: abs(f.stamp_ns - anchor.stamp_ns)))
-        observation = Observation(tuple(frames))
+        observation = Observation(tuple(frames), completed_ns=now_ns)
         return observation if observation.spread_ns <= self._slop_ns else None
 
     def _consume(self, observation: Observation[Payload]) -> None:

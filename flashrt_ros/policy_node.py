@@ -74,6 +74,7 @@ class InferenceJob:
     images: dict[str, np.ndarray]       # view name -> HxWx3 uint8 RGB
     prompt: str
     state: StateSample | None
+    taken_ns: int                       # node clock when the inference thread took the observation
 
 
 class PolicyNode(LifecycleNode):
@@ -390,7 +391,7 @@ class PolicyNode(LifecycleNode):
             except ImageConversionError as error:
                 self._reject("bad_image", f"{topic}: {error}")
                 return None
-        return InferenceJob(observation, images, prompt, state)
+        return InferenceJob(observation, images, prompt, state, taken_ns=now_ns)
 
     def _predict(self, job: InferenceJob) -> np.ndarray:
         state = job.state.values if job.state is not None else None
@@ -423,7 +424,8 @@ class PolicyNode(LifecycleNode):
         msg.staleness = staleness_ns * 1e-9
         self._chunk_publisher.publish(msg)
         self._sequence += 1
-        self._statistics.record_chunk(msg.inference_time, msg.staleness)
+        self._statistics.record_chunk(msg.inference_time, msg.staleness,
+                                      (job.taken_ns - job.observation.completed_ns) * 1e-9)
         self._publish_status()
 
     @staticmethod

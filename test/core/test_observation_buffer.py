@@ -30,6 +30,7 @@ def test_pairs_frames_within_slop_and_stamps_with_oldest():
     assert [f.payload for f in observation.frames] == ["b0", "w0"]
     assert observation.view_stamps_ns == (T0, T0 + 4 * MS)
     assert observation.stamp_ns == T0            # oldest camera stamp
+    assert observation.completed_ns == T0 + 6 * MS
     assert buffer.take(now_ns=T0 + 8 * MS) is None   # taken once only
 
 

@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""Benchmark: policy node overhead = staleness - inference time, two 640x480 cameras at 30 Hz.
+
+    .venv/bin/python tools/benchmark_node_overhead.py [--duration 30] [--device auto] [--encoding rgb8]
+        [--output docs/benchmarks/node_overhead_<date>.md]
+
+Two processes over loopback DDS, as on a robot: this one runs the policy node (embedded demo checkpoint,
+parameters from config/demo_two_cameras.yaml); a child process (``--feeder``) is the camera driver: it
+publishes two generated 640x480 streams, an instruction and joint states, and records every ActionChunk
+(staleness and inference time as the node measured them).
+
+Reported per chunk (median / p99 / max):
+- staleness: node clock at publish minus the observation's capture stamp;
+- inference time: the policy's forward pass;
+- overhead = staleness - inference (what the node adds: transport, pairing, conversion, copies, publishing,
+  and the wait for the inference thread when inference is slower than the camera);
+- queue wait: observation complete -> taken by the inference thread (0 when inference keeps up);
+- handling = overhead - queue wait (transport, conversion, copies and publishing only).
+The first ``--skip`` chunks (cold start) are left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from flashrt_ros.loopback_dds import apply_loopback_dds  # noqa: E402
+
+PARAMS_FILE = REPO_ROOT / "config" / "demo_two_cameras.yaml"
+FEEDER_SETTLE_S = 2.0           # after discovery, before recording starts
+_LOG = logging.getLogger("benchmark_node_overhead")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of streaming measured")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--rate", type=float, default=30.0, help="camera rate [Hz]")
+    parser.add_argument("--width", type=int, default=640)
+    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--encoding", choices=("rgb8", "bgr8"), default="rgb8")
+    parser.add_argument("--skip", type=int, default=5, help="first chunks left out (cold start)")
+    parser.add_argument("--output", type=Path, default=None, help="write a markdown report here")
+    parser.add_argument("--feeder", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--state-dim", type=int, default=0, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+# -- child process: camera driver + chunk recorder ---------------------------------------------------------
+def run_feeder(args: argparse.Namespace) -> int:
+    import rclpy
+    from rclpy.executors import SingleThreadedExecutor
+    from sensor_msgs.msg import Image, JointState
+    from std_msgs.msg import String
+
+    from flashrt_ros import qos_profiles
+    from flashrt_ros.demo_main import StreamSpec, generated_frames
+    from flashrt_ros.image_conversion import rgb_to_image_fields
+    from flashrt_ros.msg import ActionChunk
+
+    spec = StreamSpec(camera_topics=("camera_0/image_raw", "camera_1/image_raw"), width=args.width,
+                      height=args.height, rate_hz=args.rate)
+    rclpy.init()
+    node = rclpy.create_node("benchmark_feeder")
+    images = [[Image(**rgb_to_image_fields(f, args.encoding)) for f in generated_frames(spec, c)] for c in range(2)]
+    cameras = [node.create_publisher(Image, t, qos_profiles.camera_qos()) for t in spec.camera_topics]
+    instruction = node.create_publisher(String, "instruction", qos_profiles.instruction_qos())
+    instruction.publish(String(data=spec.instruction))
+    state = node.create_publisher(JointState, "joint_states", qos_profiles.state_qos())
+    records = []
+    node.create_subscription(ActionChunk, "action_chunk",
+                             lambda m: records.append((m.sequence, m.staleness, m.inference_time)),
+                             qos_profiles.output_qos())
+    deadline = time.monotonic() + 60.0
+    while any(p.get_subscription_count() == 0 for p in cameras) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tick = [0]
+
+    def publish():
+        stamp = node.get_clock().now().to_msg()
+        for publisher, frames in zip(cameras, images):
+            msg = frames[tick[0] % len(frames)]
+            msg.header.stamp = stamp
+            publisher.publish(msg)
+        joints = JointState(name=[f"joint_{i}" for i in range(args.state_dim)],
+                            position=[0.1 * np.sin(tick[0] / 30 + i) for i in range(args.state_dim)])
+        joints.header.stamp = stamp
+        state.publish(joints)
+        tick[0] += 1
+
+    node.create_timer(1.0 / args.rate, publish)
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    end = time.monotonic() + FEEDER_SETTLE_S + args.duration
+    while time.monotonic() < end:
+        executor.spin_once(timeout_sec=0.01)
+    print(json.dumps({"frames": tick[0] * 2, "chunks": records}), flush=True)
+    node.destroy_node()
+    rclpy.try_shutdown()
+    return 0
+
+
+# -- parent process: the policy node -----------------------------------------------------------------------
+def summarize(values: np.ndarray) -> dict[str, float]:
+    return {"median": float(np.median(values)), "p99": float(np.percentile(values, 99)),
+            "max": float(values.max())}
+
+
+def run_benchmark(args: argparse.Namespace) -> int:
+    apply_loopback_dds(REPO_ROOT / "test_output" / "benchmark_node_overhead")
+    import rclpy
+    import torch
+    from rclpy.executors import MultiThreadedExecutor
+    from rclpy.lifecycle import TransitionCallbackReturn
+    from rclpy.parameter import Parameter
+
+    from flashrt_ros.policy_node import PolicyNode
+
+    rclpy.init(args=["--ros-args", "--params-file", str(PARAMS_FILE)])
+    node = PolicyNode(parameter_overrides=[
+        Parameter("device", value=args.device),
+        Parameter("diagnostics_window", value=min(600.0, args.duration + FEEDER_SETTLE_S + 30.0))])
+    executor = MultiThreadedExecutor(num_threads=4)
+    executor.add_node(node)
+    threading.Thread(target=executor.spin, daemon=True).start()
+    feeder = None
+    try:
+        if node.trigger_configure() != TransitionCallbackReturn.SUCCESS:
+            _LOG.error("configure failed")
+            return 1
+        policy = node.policy
+        state_dim = policy.state_dim
+        node.trigger_activate()
+        feeder = subprocess.Popen(
+            [sys.executable, __file__, "--feeder", "--duration", str(args.duration), "--rate", str(args.rate),
+             "--width", str(args.width), "--height", str(args.height), "--encoding", args.encoding,
+             "--state-dim", str(state_dim)], stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+        out, _ = feeder.communicate(timeout=args.duration + 120)
+        result = json.loads(out.strip().splitlines()[-1])
+        snapshot = node._statistics.snapshot()
+        buffer = node._buffer.counters()
+        device, model_id = str(policy.device), policy.model_id
+        node.trigger_deactivate()
+        node.trigger_cleanup()
+    finally:
+        if feeder is not None and feeder.poll() is None:
+            feeder.kill()
+        executor.shutdown(timeout_sec=5.0)
+        node.release()
+        node.destroy_node()
+        rclpy.try_shutdown()
+
+    chunks = np.asarray(result["chunks"], dtype=np.float64)[args.skip:]     # (n, 3): sequence, staleness, inference
+    if len(chunks) < 3:
+        _LOG.error(f"only {len(chunks)} chunks after skipping {args.skip}")
+        return 1
+    staleness, inference = chunks[:, 1], chunks[:, 2]
+    rows = {"staleness": summarize(staleness), "inference time": summarize(inference),
+            "overhead = staleness - inference": summarize(staleness - inference)}
+    node_rows = {"queue wait (node statistics)": snapshot.queue_wait,
+                 "handling = overhead - queue wait (node statistics)": snapshot.handling}
+    report = format_report(args, rows, node_rows, len(chunks), result["frames"], buffer, device, model_id,
+                           torch.__version__)
+    print(report)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(report)
+        print(f"written to {args.output}")
+    return 0
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def format_report(args, rows, node_rows, chunk_count, frames, buffer, device, model_id, torch_version) -> str:
+    ms = lambda v: f"{v * 1e3:.2f}"  # noqa: E731
+    lines = [
+        f"# Policy node overhead ({datetime.date.today().isoformat()})",
+        "",
+        f"Command: `.venv/bin/python tools/benchmark_node_overhead.py --duration {args.duration:g} "
+        f"--device {args.device} --encoding {args.encoding}`",
+        "",
+        f"- Machine: {cpu_name()}, {os.cpu_count()} cores; device `{device}`; torch {torch_version}; "
+        f"Python {platform.python_version()}; ROS 2 Kilted wheels, Fast DDS over loopback (shared memory).",
+        f"- Model: `{model_id}` (embedded demo checkpoint), config/demo_two_cameras.yaml.",
+        f"- Input: 2 cameras {args.width}x{args.height} {args.encoding} at {args.rate:g} Hz from a separate "
+        f"process, plus joint states; {frames} frames published, {chunk_count} chunks measured "
+        f"(first {args.skip} skipped).",
+        f"- Observation buffer: {buffer.completed} observations completed, {buffer.replaced} replaced while "
+        f"inference was busy, {buffer.stale} stale.",
+        "",
+        "| per chunk [ms] | median | p99 | max |",
+        "|---|---|---|---|",
+    ]
+    for name, row in rows.items():
+        lines.append(f"| {name} | {ms(row['median'])} | {ms(row['p99'])} | {ms(row['max'])} |")
+    for name, summary in node_rows.items():
+        lines.append(f"| {name} | {ms(summary.median)} | {ms(summary.p99)} | {ms(summary.max)} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.feeder:
+        return run_feeder(args)
+    return run_benchmark(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
