@@ -91,7 +91,7 @@ class PromptTokenizer:
                 f"tokenizer model {path} has bos id {self._sp.bos_id()}, pi0/pi0.5 need PaliGemma's bos id {BOS_ID}"
             )
         self.model_path = path
-        # One cache entry per (full prompt, add_bos, with_newline, max_len): repeated frames skip sentencepiece.
+        # One entry per (full prompt, pi0 layout, max_len): frames repeating an instruction skip sentencepiece.
         self._cached_tokens = functools.lru_cache(maxsize=PROMPT_CACHE_SIZE)(self._tokens_uncached)
         logger.info("loaded tokenizer %s (vocab %d)", path, self.vocab_size)
 
