@@ -136,6 +136,12 @@ class Policy:
     state_dim = property(lambda self: self.config.state_dim)
     view_names = property(lambda self: list(self.config.view_names))
 
+    @property
+    def requires_state(self) -> bool:
+        """True when predict needs `state` (pi0's state token, or pi0.5's discrete-state prompt)."""
+        cfg = self.config
+        return cfg.model_type == ModelType.PI0 or cfg.prompt_mode == PromptMode.DISCRETE_STATE
+
     def predict(self, images, prompt: str, state=None, noise=None) -> np.ndarray:
         """Images (list in view order or dict by view name), prompt, optional state and pinned noise
         -> actions float32 (horizon, action_dim) in robot units."""

@@ -55,6 +55,7 @@ def test_demo_checkpoint_is_generated_once_and_described(demo):
     assert demo.view_names == ["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"]
     assert demo.device == torch.device("cpu")
     assert isinstance(demo.executor, ReferenceExecutor)
+    assert demo.requires_state  # pi05 with the discrete-state prompt
 
 
 def test_pinned_noise_is_deterministic_and_noise_matters(demo):
@@ -93,6 +94,7 @@ def test_pi05_prompt_modes_use_state_as_configured(ckpt_dir):
     results = {}
     for mode in ("no_state", "lerobot_no_state"):
         policy = load_variant(ckpt_dir, "pi05_tiny", prompt_mode=mode)
+        assert not policy.requires_state
         results[mode] = policy.predict(IMAGES, "fold", state=s0, noise=NOISE)
         np.testing.assert_array_equal(policy.predict(IMAGES, "fold", state=s1, noise=NOISE), results[mode])
         np.testing.assert_array_equal(policy.predict(IMAGES, "fold", noise=NOISE), results[mode])
@@ -101,7 +103,7 @@ def test_pi05_prompt_modes_use_state_as_configured(ckpt_dir):
 
 def test_pi0_uses_state_token_and_robot_dims(ckpt_dir):
     policy = load_variant(ckpt_dir, "pi0_tiny", state_dim=8, action_dim=7)
-    assert policy.model_id.startswith("pi0_tiny:")
+    assert policy.model_id.startswith("pi0_tiny:") and policy.requires_state
     a = policy.predict(IMAGES[:1], "push", state=np.zeros(8), noise=NOISE_PI0)
     assert a.shape == (50, 7) and a.dtype == np.float32
     assert np.abs(policy.predict(IMAGES[:1], "push", state=np.ones(8), noise=NOISE_PI0) - a).max() > MIN_EFFECT
