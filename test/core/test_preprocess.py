@@ -170,3 +170,27 @@ def test_validate_state():
         validate_state(["a", "b", "c"], 3)
     with pytest.raises(InputError, match="must be numeric"):
         validate_state(np.array([True, False, True]), 3)
+
+
+@pytest.mark.gpu
+def test_cuda_path_matches_numpy_and_replays_in_a_cuda_graph():
+    rng = np.random.default_rng(8)
+    first, second = (rng.integers(0, 256, (2, 480, 640, 3), dtype=np.uint8) for _ in range(2))
+    static_in = torch.from_numpy(first).cuda()  # [V, H, W, 3] uint8
+    eager = resize_with_pad_torch(static_in, 224)
+    expected, _ = prepare_images(list(first), VIEWS[:2], 224)
+    assert np.abs(eager.cpu().numpy() - expected).max() <= TORCH_RESIZE_TOLERANCE_LEVELS * LEVEL + 1e-6
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        resize_with_pad_torch(static_in, 224)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = resize_with_pad_torch(static_in, 224)
+    static_in.copy_(torch.from_numpy(second))
+    graph.replay()
+    torch.testing.assert_close(static_out, resize_with_pad_torch(static_in, 224), rtol=0, atol=0)
+    expected_second, _ = prepare_images(list(second), VIEWS[:2], 224)
+    assert np.abs(static_out.cpu().numpy() - expected_second).max() <= TORCH_RESIZE_TOLERANCE_LEVELS * LEVEL + 1e-6
