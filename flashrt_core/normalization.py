@@ -78,6 +78,10 @@ class FeatureStats:
             object.__setattr__(self, name, arr)
         if (self.q01 is None) != (self.q99 is None):
             raise ValueError("q01 and q99 must be given together")
+        if (self.std < 0).any():
+            raise ValueError(f"std has negative values at indices {np.flatnonzero(self.std < 0).tolist()}")
+        if self.q01 is not None and (self.q01 > self.q99).any():
+            raise ValueError(f"q01 > q99 at indices {np.flatnonzero(self.q01 > self.q99).tolist()}")
 
     @property
     def dim(self) -> int:
