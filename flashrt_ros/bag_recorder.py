@@ -13,7 +13,8 @@ The semantics of ``ros2 bag record TOPIC...`` for machines without the ros2 CLI,
 
 Stops on SIGINT or after ``--duration`` seconds.
 
-    python -m flashrt_ros.bag_recorder OUT_BAG [--topics /action_chunk /policy_node/status] [--storage mcap]
+    python -m flashrt_ros.bag_recorder OUT_BAG [--topics /action_chunk /policy_node/status /diagnostics] \\
+        [--storage mcap] [--use-sim-time] [--duration S]
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from flashrt_ros.bag_common import BagError, bag_typestore, qos_to_bag, rclpy_me
 LOGGER = logging.getLogger(__name__)
 
 # The policy node's outputs under its default name and parameters (output_topic, ~/status).
-DEFAULT_TOPICS = ("/action_chunk", "/flashrt_policy/status")
+DEFAULT_TOPICS = ("/action_chunk", "/policy_node/status")
 DISCOVERY_PERIOD_S = 0.1
 SPIN_PERIOD_S = 0.1
 STORAGE_PLUGINS = {"sqlite3": StoragePlugin.SQLITE3, "mcap": StoragePlugin.MCAP}

@@ -7,7 +7,7 @@ What the bag holds (topic names are those the policy node subscribes to by defau
 - ``/camera/wrist/image_raw/compressed``: sensor_msgs/CompressedImage jpeg 640x480 at ~30 Hz, a zoomed view
   that follows the gripper; its frames are captured a few ms after the base camera's and jitter independently.
 - ``/instruction``: std_msgs/String, published once at the start (transient-local, like a latched topic).
-- ``/joint_states``: sensor_msgs/JointState at ~100 Hz, 7 arm joints and a gripper.
+- ``/joint_states``: sensor_msgs/JointState at ~100 Hz, 7 arm joints and a gripper (``joint_count``).
 
 Header stamps are capture times (with jitter); the bag's receive timestamps are capture + transport latency,
 as a recorder on the robot would see them. Faults (``--faults``) that a policy node must survive:
@@ -19,7 +19,7 @@ as a recorder on the robot would see them. Faults (``--faults``) that a policy n
 What was generated, including the exact faults, is written as JSON into the bag's ``custom_data`` under
 :data:`MANIFEST_KEY`, so tests know the expected counts without re-deriving them.
 
-    python -m flashrt_ros.demo_bag OUT_DIR [--storage mcap] [--faults] [--duration 4]
+    python -m flashrt_ros.demo_bag OUT_DIR [--storage mcap] [--faults] [--duration 4] [--joints 8]
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ WRIST_CAMERA_TOPIC = "/camera/wrist/image_raw/compressed"
 INSTRUCTION_TOPIC = "/instruction"
 JOINT_STATE_TOPIC = "/joint_states"
 MANIFEST_KEY = "flashrt_ros.demo_bag"
-JOINT_NAMES = tuple(f"joint_{i}" for i in range(1, 8)) + ("gripper",)
 # compressed_image_transport's format string for a JPEG made from an rgb8 image.
 JPEG_FORMAT = "rgb8; jpeg compressed bgr8"
 CORRUPT_JPEG_BYTES = 300  # a JPEG truncated inside its header: undecodable
@@ -61,6 +60,7 @@ class DemoBagConfig:
     height: int = 480
     camera_hz: float = 30.0
     joint_state_hz: float = 100.0
+    joint_count: int = 8  # 7 arm joints + a gripper; a model's state_dim may need more
     wrist_phase_s: float = 0.007  # wrist camera captures this long after the base camera
     stamp_jitter_s: float = 0.002  # std of the capture-time jitter of each camera frame
     raw_latency_s: tuple[float, float] = (0.002, 0.005)  # uniform transport latency, raw images / joint states
@@ -82,8 +82,14 @@ class DemoBagConfig:
             raise ValueError(f"image size must be at least 16x16, got {self.width}x{self.height}")
         if self.camera_hz <= 0 or self.joint_state_hz <= 0:
             raise ValueError(f"rates must be > 0, got camera {self.camera_hz}, joints {self.joint_state_hz}")
+        if self.joint_count < 1:
+            raise ValueError(f"joint_count must be >= 1, got {self.joint_count}")
         if not self.instruction.strip():
             raise ValueError("instruction must be a non-empty string")
+
+    @property
+    def joint_names(self) -> tuple[str, ...]:
+        return tuple(f"joint_{i}" for i in range(1, self.joint_count)) + ("gripper",)
 
     @property
     def frames_per_camera(self) -> int:
@@ -234,15 +240,15 @@ def build_messages(cfg: DemoBagConfig) -> tuple[list[_Message], Manifest]:
     # Joint states at ~100 Hz: smooth sinusoids.
     joint_type = store.types["sensor_msgs/msg/JointState"]
     n_joints = int(math.floor(cfg.duration_s * cfg.joint_state_hz))
-    phases = np.linspace(0.0, math.pi, len(JOINT_NAMES))
+    phases = np.linspace(0.0, math.pi, cfg.joint_count)
     for k in range(n_joints):
         capture = k / cfg.joint_state_hz + rng.normal(0.0, 0.0005)
         capture = max(capture, 0.0)
-        position = 0.4 * np.sin(0.8 * capture + phases)  # (8,)
+        position = 0.4 * np.sin(0.8 * capture + phases)  # (joint_count,)
         position[-1] = 0.04 * (1.0 + math.sin(0.5 * capture))  # gripper opening [m]
         velocity = 0.32 * np.cos(0.8 * capture + phases)
         msg = joint_type(header=_header(store, t0 + int(round(capture * 1e9)), "base_link"),
-                         name=list(JOINT_NAMES), position=position.astype(np.float64),
+                         name=list(cfg.joint_names), position=position.astype(np.float64),
                          velocity=velocity.astype(np.float64), effort=np.zeros(0, dtype=np.float64))
         msgs.append(_Message(JOINT_STATE_TOPIC, log_time(capture, cfg.raw_latency_s),
                              bytes(store.serialize_cdr(msg, joint_type.__msgtype__))))
@@ -310,12 +316,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", action="store_true",
                         help="inject a wrist-camera dropout, out-of-order base stamps and a corrupt JPEG")
     parser.add_argument("--duration", type=float, default=DemoBagConfig.duration_s, help="seconds of scene")
+    parser.add_argument("--joints", type=int, default=DemoBagConfig.joint_count,
+                        help="joints in /joint_states (the embedded demo model's state has 32)")
     parser.add_argument("--seed", type=int, default=DemoBagConfig.seed)
     parser.add_argument("--instruction", default=DemoBagConfig.instruction)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = replace(PRESETS["faults" if args.faults else "default"], duration_s=args.duration, seed=args.seed,
-                  instruction=args.instruction)
+                  joint_count=args.joints, instruction=args.instruction)
     manifest = write_demo_bag(args.out_dir, cfg, storage=args.storage)
     print(json.dumps({"bag": str(args.out_dir), "counts": manifest.counts, "faults": manifest.faults}, indent=2))
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import defaultdict
 from pathlib import Path
 

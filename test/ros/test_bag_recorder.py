@@ -27,7 +27,8 @@ def _chunk(i: int):
     msg.header.frame_id = "base_link"
     msg.header.stamp = Time(sec=1_767_225_600 + i, nanosec=123_456_789)
     msg.view_names = ["base_0_rgb", "left_wrist_0_rgb"]
-    msg.view_stamps = [Time(sec=1_767_225_600 + i, nanosec=123_456_789), Time(sec=1_767_225_600 + i, nanosec=130_000_001)]
+    msg.view_stamps = [Time(sec=1_767_225_600 + i, nanosec=123_456_789),
+                       Time(sec=1_767_225_600 + i, nanosec=130_000_001)]
     msg.state_stamp = Time(sec=1_767_225_600 + i, nanosec=120_000_000)
     msg.sequence = 2**33 + i
     msg.horizon, msg.action_dim = 10, 7
@@ -83,7 +84,7 @@ def test_recorded_chunks_read_back_intact(tmp_path, storage):
         source = ros.node("policy_stand_in")
         chunk_pub = source.create_publisher(ActionChunk, "/action_chunk", QoSProfile(
             depth=10, reliability=ReliabilityPolicy.RELIABLE))
-        status_pub = source.create_publisher(PolicyStatus, "/flashrt_policy/status", 10)
+        status_pub = source.create_publisher(PolicyStatus, "/policy_node/status", 10)
         clock_pub = source.create_publisher(Clock, "/clock", 10)
         recorder_node = ros.node("recorder", parameter_overrides=[
             Parameter("use_sim_time", Parameter.Type.BOOL, True)])
@@ -110,11 +111,11 @@ def test_recorded_chunks_read_back_intact(tmp_path, storage):
         for conn, timestamp, raw in reader.messages():
             assert timestamp == SIM_TIME_NS, "receive stamps come from the recorder's (sim) clock"
             read.setdefault(conn.topic, []).append(store.deserialize_cdr(raw, conn.msgtype))
-    assert types == {"/action_chunk": ACTION_CHUNK_TYPE, "/flashrt_policy/status": POLICY_STATUS_TYPE}
+    assert types == {"/action_chunk": ACTION_CHUNK_TYPE, "/policy_node/status": POLICY_STATUS_TYPE}
     assert reliabilities["/action_chunk"] == ["RELIABLE"]
     for sent, got in zip(chunks, read["/action_chunk"], strict=True):
         _assert_same(sent, got)
-    for sent, got in zip(statuses, read["/flashrt_policy/status"], strict=True):
+    for sent, got in zip(statuses, read["/policy_node/status"], strict=True):
         _assert_same(sent, got)
 
 
