@@ -49,17 +49,17 @@ class StreamSpec:
 
 
 def generated_frames(spec: StreamSpec, camera: int) -> list[np.ndarray]:
-    """``pattern_frames`` HxWx3 uint8 RGB frames: a moving colour gradient with a bright square per camera."""
+    """``pattern_frames`` HxWx3 uint8 RGB frames: a colour gradient scrolling sideways with a bright square."""
     ys, xs = np.mgrid[0:spec.height, 0:spec.width]                    # (H, W)
+    base = np.empty((spec.height, spec.width, 3), np.uint8)
+    base[..., 0] = (127 + 120 * np.sin(xs / 40.0)).astype(np.uint8)
+    base[..., 1] = (127 + 120 * np.cos(ys / 30.0 + camera)).astype(np.uint8)
+    base[..., 2] = 64 * camera
     frames = []
     for k in range(spec.pattern_frames):
-        phase = 2 * np.pi * k / spec.pattern_frames
-        frame = np.empty((spec.height, spec.width, 3), np.uint8)
-        frame[..., 0] = (127 + 120 * np.sin(xs / 40.0 + phase)).astype(np.uint8)
-        frame[..., 1] = (127 + 120 * np.cos(ys / 30.0 + phase + camera)).astype(np.uint8)
-        frame[..., 2] = 64 * camera
-        x0 = int((spec.width - 80) * (0.5 + 0.4 * np.sin(phase)))
-        frame[200:280, x0:x0 + 80] = 255
+        shift = k * spec.width // spec.pattern_frames
+        frame = np.roll(base, shift, axis=1)                           # (H, W, 3) copy
+        frame[spec.height // 2 - 40:spec.height // 2 + 40, shift // 2:shift // 2 + 80] = 255
         frames.append(frame)
     return frames
 

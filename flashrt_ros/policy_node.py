@@ -30,7 +30,7 @@ import numpy as np
 import rclpy
 from builtin_interfaces.msg import Duration as DurationMsg
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.time import Time
@@ -87,7 +87,7 @@ class PolicyNode(LifecycleNode):
         self.add_on_set_parameters_callback(on_set_parameters)
         self.add_post_set_parameters_callback(self._on_parameters_set)
         self._policy_factory = policy_factory
-        self._input_group = ReentrantCallbackGroup()
+        self._input_group = MutuallyExclusiveCallbackGroup()      # instruction and state
         self._timer_group = MutuallyExclusiveCallbackGroup()
         # Built by on_configure, released by on_cleanup.
         self._settings: NodeSettings | None = None
@@ -237,11 +237,12 @@ class PolicyNode(LifecycleNode):
 
     # -- activation helpers -----------------------------------------------------------------------------
     def _create_subscriptions(self, settings: NodeSettings) -> None:
+        # One mutually exclusive group per camera: frames of one camera are handled in order, cameras in parallel.
         for index, topic in enumerate(settings.camera_topics):
             msg_type = CompressedImage if topic.rstrip("/").endswith("/compressed") else Image
             self._input_subscriptions.append(self.create_subscription(
                 msg_type, topic, lambda msg, i=index, t=topic: self._on_image(msg, i, t),
-                qos_profiles.camera_qos(), callback_group=self._input_group))
+                qos_profiles.camera_qos(), callback_group=MutuallyExclusiveCallbackGroup()))
         self._input_subscriptions.append(self.create_subscription(
             String, settings.instruction_topic, self._on_instruction, qos_profiles.instruction_qos(),
             callback_group=self._input_group))

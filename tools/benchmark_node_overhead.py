@@ -17,6 +17,10 @@ Reported per chunk (median / p99 / max):
 - queue wait: observation complete -> taken by the inference thread (0 when inference keeps up);
 - handling = overhead - queue wait (transport, conversion, copies and publishing only).
 The first ``--skip`` chunks (cold start) are left out.
+
+Before the node starts, a plain rclpy subscriber measures the transport floor on the same machine: capture
+stamp -> callback of the later frame of each camera pair (what pairing has to wait for at least), so
+handling minus that floor is what the node's own code costs.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--encoding", choices=("rgb8", "bgr8"), default="rgb8")
     parser.add_argument("--skip", type=int, default=5, help="first chunks left out (cold start)")
+    parser.add_argument("--baseline", type=float, default=5.0, help="seconds of transport-floor measurement")
     parser.add_argument("--output", type=Path, default=None, help="write a markdown report here")
     parser.add_argument("--feeder", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--state-dim", type=int, default=0, help=argparse.SUPPRESS)
@@ -115,6 +120,41 @@ def run_feeder(args: argparse.Namespace) -> int:
 
 
 # -- parent process: the policy node -----------------------------------------------------------------------
+def start_feeder(args: argparse.Namespace, duration_s: float, state_dim: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, __file__, "--feeder", "--duration", str(duration_s), "--rate", str(args.rate),
+         "--width", str(args.width), "--height", str(args.height), "--encoding", args.encoding,
+         "--state-dim", str(state_dim)], stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+
+
+def measure_transport_floor(args: argparse.Namespace) -> np.ndarray:
+    """Capture stamp -> arrival of the later camera of each pair [s], plain rclpy subscriber, no policy node."""
+    import rclpy
+    from rclpy.executors import SingleThreadedExecutor
+    from sensor_msgs.msg import Image
+
+    from flashrt_ros import qos_profiles
+
+    node = rclpy.create_node("benchmark_transport_floor")
+    latest: dict[int, list[float]] = {}
+
+    def on_image(msg):
+        stamp = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
+        latest.setdefault(stamp, []).append((node.get_clock().now().nanoseconds - stamp) * 1e-9)
+
+    for topic in ("camera_0/image_raw", "camera_1/image_raw"):
+        node.create_subscription(Image, topic, on_image, qos_profiles.camera_qos())
+    feeder = start_feeder(args, args.baseline, 0)
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    while feeder.poll() is None:
+        executor.spin_once(timeout_sec=0.05)
+    executor.shutdown()
+    node.destroy_node()
+    pairs = [max(v) for _, v in sorted(latest.items()) if len(v) == 2]
+    return np.asarray(pairs[int(args.rate):] or pairs, dtype=np.float64)   # first second left out
+
+
 def summarize(values: np.ndarray) -> dict[str, float]:
     return {"median": float(np.median(values)), "p99": float(np.percentile(values, 99)),
             "max": float(values.max())}
@@ -128,9 +168,11 @@ def run_benchmark(args: argparse.Namespace) -> int:
     from rclpy.lifecycle import TransitionCallbackReturn
     from rclpy.parameter import Parameter
 
+    from flashrt_ros.node_diagnostics import Summary
     from flashrt_ros.policy_node import PolicyNode
 
     rclpy.init(args=["--ros-args", "--params-file", str(PARAMS_FILE)])
+    floor = measure_transport_floor(args)
     node = PolicyNode(parameter_overrides=[
         Parameter("device", value=args.device),
         Parameter("diagnostics_window", value=min(600.0, args.duration + FEEDER_SETTLE_S + 30.0))])
@@ -145,10 +187,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
         policy = node.policy
         state_dim = policy.state_dim
         node.trigger_activate()
-        feeder = subprocess.Popen(
-            [sys.executable, __file__, "--feeder", "--duration", str(args.duration), "--rate", str(args.rate),
-             "--width", str(args.width), "--height", str(args.height), "--encoding", args.encoding,
-             "--state-dim", str(state_dim)], stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+        feeder = start_feeder(args, args.duration, state_dim)
         out, _ = feeder.communicate(timeout=args.duration + 120)
         result = json.loads(out.strip().splitlines()[-1])
         snapshot = node._statistics.snapshot()
@@ -173,6 +212,9 @@ def run_benchmark(args: argparse.Namespace) -> int:
             "overhead = staleness - inference": summarize(staleness - inference)}
     node_rows = {"queue wait (node statistics)": snapshot.queue_wait,
                  "handling = overhead - queue wait (node statistics)": snapshot.handling}
+    if floor.size:
+        node_rows["transport floor: capture -> later frame of a pair, plain subscriber, no node"] = \
+            Summary.of(floor)
     report = format_report(args, rows, node_rows, len(chunks), result["frames"], buffer, device, model_id,
                            torch.__version__)
     print(report)
