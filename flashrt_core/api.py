@@ -88,19 +88,49 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_DTYPES)} or a torch dtype")
 
 
-def resolve_config(config: str | ModelConfig | None, checkpoint_dir: Path) -> ModelConfig:
-    """Explicit config wins; else the checkpoint's flashrt_config.json; else the "pi05" preset."""
+def resolve_config(config: str | ModelConfig | None, checkpoint_dir: Path) -> tuple[ModelConfig, set[str]]:
+    """Explicit config wins; else the checkpoint's flashrt_config.json; else the "pi05" preset.
+
+    Also returns the robot-dimension fields ("state_dim", "action_dim") that were set explicitly (a ModelConfig
+    object, or overrides in flashrt_config.json); the others are taken from the norm stats by load_model.
+    """
+    dims = {"state_dim", "action_dim"}
+    if isinstance(config, ModelConfig):
+        return config.validate(), dims
     if config is not None:
-        return get_config(config)
+        return get_config(config), set()
     record_path = checkpoint_dir / CONFIG_FILE
     if not record_path.is_file():
         log.info("%s has no %s; using config %r", checkpoint_dir, CONFIG_FILE, DEFAULT_CONFIG)
-        return get_config(DEFAULT_CONFIG)
+        return get_config(DEFAULT_CONFIG), set()
     try:
         record = json.loads(record_path.read_text())
-        return get_config(record["config"], **record.get("overrides", {}))
+        overrides = record.get("overrides", {})
+        return get_config(record["config"], **overrides), dims & set(overrides)
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"invalid {record_path}: {exc}") from exc
+
+
+def fit_robot_dims(config: ModelConfig, stats: normalization.NormStats | None, explicit: set[str],
+                   stats_origin: Path) -> ModelConfig:
+    """Take state_dim / action_dim from the norm stats unless set explicitly; refuse stats narrower than them."""
+    changes = {}
+    features = (("state_dim", getattr(stats, "state", None)), ("action_dim", getattr(stats, "actions", None)))
+    for field, feature in features:
+        if feature is None:
+            continue
+        if field not in explicit:
+            if feature.dim > config.max_action_dim:
+                raise CheckpointError(f"norm stats in {stats_origin} cover {feature.dim} {field} values, more than "
+                                      f"max_action_dim {config.max_action_dim}")
+            changes[field] = feature.dim
+        elif feature.dim < getattr(config, field):
+            raise CheckpointError(f"config {field}={getattr(config, field)} but the norm stats in {stats_origin} "
+                                  f"cover only {feature.dim} values")
+    changes = {k: v for k, v in changes.items() if getattr(config, k) != v}
+    if changes:
+        log.info("robot dimensions from the norm stats of %s: %s", stats_origin, changes)
+    return config.replace(**changes) if changes else config
 
 
 def build_executor(model, config: ModelConfig, device: torch.device, hardware: str):
@@ -218,12 +248,26 @@ class Policy:
 
 def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig | None = None,
                device: str | torch.device = "auto", dtype: str | torch.dtype | None = None,
-               hardware: str = "auto", tokenizer: str | Path | PromptTokenizer | None = None) -> Policy:
-    """Load a checkpoint directory (None: the demo checkpoint) into a ready Policy."""
+               hardware: str = "auto", tokenizer: str | Path | PromptTokenizer | None = None,
+               require_norm_stats: bool = True) -> Policy:
+    """Load a checkpoint directory (None: the demo checkpoint) into a ready Policy.
+
+    The robot's state_dim / action_dim come from the config when it sets them (a ModelConfig, or overrides in
+    flashrt_config.json), else from the checkpoint's norm stats. A checkpoint without norm stats is refused
+    unless require_norm_stats=False (then states and actions pass through unnormalized).
+    """
     ckpt_dir = ensure_demo_checkpoint() if checkpoint is None else Path(checkpoint)
     if not ckpt_dir.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {ckpt_dir}")
-    cfg = resolve_config(config, ckpt_dir)
+    cfg, explicit_dims = resolve_config(config, ckpt_dir)
+    stats = normalization.load_norm_stats(ckpt_dir)
+    if stats is None:
+        if require_norm_stats:
+            raise CheckpointError(f"{ckpt_dir} has no normalization stats ({normalization.OPENPI_FILE}, "
+                                  f"assets/*/{normalization.OPENPI_FILE} or lerobot normalizer safetensors); "
+                                  "pass require_norm_stats=False to run unnormalized")
+        log.warning("%s has no normalization stats: states and actions are used unnormalized", ckpt_dir)
+    cfg = fit_robot_dims(cfg, stats, explicit_dims, ckpt_dir)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     if not isinstance(tokenizer, PromptTokenizer):
@@ -232,9 +276,6 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
         raise CheckpointError(f"tokenizer {tokenizer.model_path} has {tokenizer.vocab_size} pieces, more than the "
                               f"model's vocab_size {cfg.paligemma.vocab_size}")
     model = load_model_weights(ckpt_dir, cfg, dev, torch_dtype)
-    stats = normalization.load_norm_stats(ckpt_dir)
-    if stats is None:
-        log.warning("%s has no normalization stats: states and actions are used unnormalized", ckpt_dir)
     normalizer = normalization.Normalizer(stats, cfg.norm_mode.value)  # identity when stats is None
     executor = build_executor(model, cfg, dev, hardware)
     model_id = f"{cfg.name}:{ckpt_dir.resolve().name}"

@@ -10,7 +10,8 @@ import torch
 
 import flashrt_core
 from flashrt_core.api import demo_checkpoint_dir
-from flashrt_core.errors import InputError
+from flashrt_core.config import get_config
+from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.executor import ReferenceExecutor
 from flashrt_core.fixtures import write_random_checkpoint
 
@@ -157,6 +158,23 @@ def test_bad_inputs_are_named(demo, bad, message):
     args = dict(images=IMAGES, prompt="pick", state=np.zeros(32), noise=NOISE) | bad
     with pytest.raises(InputError, match=message):
         demo.predict(args["images"], args["prompt"], state=args["state"], noise=args["noise"])
+
+
+def test_robot_dims_come_from_norm_stats_unless_explicit(ckpt_dir, tmp_path):
+    path = write_random_checkpoint(tmp_path / "libero", "pi05_tiny", seed=2,
+                                   overrides={"state_dim": 8, "action_dim": 7})
+    (path / "flashrt_config.json").unlink()  # a real checkpoint has no flashrt config: dims from the stats
+    policy = flashrt_core.load_model(path, config="pi05_tiny", device="cpu")
+    assert (policy.state_dim, policy.action_dim) == (8, 7)
+    assert policy.predict(IMAGES[:2], "open", state=np.zeros(8), noise=NOISE).shape == (10, 7)
+    with pytest.raises(CheckpointError, match="config state_dim=9 but the norm stats .* cover only 8"):
+        flashrt_core.load_model(path, config=get_config("pi05_tiny", state_dim=9), device="cpu")
+    (path / "norm_stats.json").unlink()
+    with pytest.raises(CheckpointError, match="has no normalization stats .*norm_stats.json"):
+        flashrt_core.load_model(path, config="pi05_tiny", device="cpu")
+    policy = flashrt_core.load_model(path, config="pi05_tiny", device="cpu", require_norm_stats=False)
+    raw = policy.executor.sample_actions(*policy.prepare_inputs(IMAGES[:2], "open", np.zeros(32), NOISE))[0]
+    np.testing.assert_array_equal(policy.predict(IMAGES[:2], "open", state=np.zeros(32), noise=NOISE), raw.numpy())
 
 
 def test_load_options_are_validated_and_close_releases(ckpt_dir):
