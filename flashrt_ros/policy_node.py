@@ -43,8 +43,8 @@ from flashrt_ros.image_conversion import ImageConversionError, check_image, to_r
 from flashrt_ros.inference_worker import InferenceResult, InferenceWorker
 from flashrt_ros.msg import ActionChunk, PolicyStatus
 from flashrt_ros.node_diagnostics import (DiagnosticsContext, NodeStatistics, diagnostic_array, status_fields)
-from flashrt_ros.node_parameters import (NodeSettings, SettingsError, StateInput, TriggerMode,
-                                         declare_parameters, on_set_parameters, read_settings)
+from flashrt_ros.node_parameters import (RUNTIME_PARAMETERS, NodeSettings, SettingsError, StateInput,
+                                         TriggerMode, declare_parameters, on_set_parameters, read_settings)
 from flashrt_ros.observation_buffer import (AddResult, BufferCounters, Observation, ObservationBuffer,
                                            seconds_to_ns)
 
@@ -445,6 +445,7 @@ class PolicyNode(LifecycleNode):
         message = f"{what}: {type(error).__name__}: {error}"
         self._statistics.record_inference_error(message)
         self._log_throttled(f"error:{what}", message, error=True)
+        self._publish_status()
 
     # -- diagnostics -------------------------------------------------------------------------------------
     def _diagnostics_context(self) -> DiagnosticsContext:
@@ -464,8 +465,8 @@ class PolicyNode(LifecycleNode):
         self._publish_status(snapshot, context)
 
     def _publish_status(self, snapshot=None, context=None) -> None:
-        snapshot = snapshot or self._statistics.snapshot()
-        context = context or self._diagnostics_context()
+        snapshot = self._statistics.snapshot() if snapshot is None else snapshot
+        context = self._diagnostics_context() if context is None else context
         msg = PolicyStatus(**status_fields(snapshot, context))
         msg.header.stamp = self.get_clock().now().to_msg()
         self._status_publisher.publish(msg)
@@ -476,8 +477,7 @@ class PolicyNode(LifecycleNode):
         settings = self._settings
         if settings is None:
             return
-        values = {p.name: p.value for p in parameters if hasattr(settings, p.name) and p.name in (
-            "default_instruction", "sync_slop", "max_observation_age", "staleness_warn_threshold")}
+        values = {p.name: p.value for p in parameters if p.name in RUNTIME_PARAMETERS}
         if not values:
             return
         self._settings = settings = settings.with_runtime_values(values)

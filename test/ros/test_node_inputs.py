@@ -6,6 +6,7 @@ import math
 import time
 
 import cv2
+import numpy as np
 import pytest
 from diagnostic_msgs.msg import DiagnosticStatus
 from rcl_interfaces.msg import ParameterType
@@ -13,6 +14,7 @@ from rcl_interfaces.srv import DescribeParameters, SetParameters
 from rclpy.parameter import Parameter
 from sensor_msgs.msg import CompressedImage, Image
 
+from flashrt_ros.image_conversion import rgb_to_image_fields
 from flashrt_ros.node_parameters import PARAMETERS
 from test.ros.node_harness import BorrowedPolicy, NodeHarness, shared_policy, pattern_frame, wait_until
 
@@ -84,6 +86,21 @@ def test_bad_and_stale_inputs_are_skipped_counted_and_the_node_keeps_working(act
                       and h.latest_diagnostics().get("rejected_bad_state") == "2"
                       and h.latest_diagnostics().get("rejected_empty_instruction") == "1"
                       and int(h.latest_diagnostics()["frames_stale"]) >= 1)
+
+
+def test_an_input_the_model_refuses_counts_as_inference_error_and_is_skipped(active_harness):
+    h = active_harness()
+    h.send_instruction()
+    now = h.now_ns()
+    h.send_state(now)
+    sliver = np.zeros((1, 1000, 3), np.uint8)         # valid rgb8, but too elongated to resize for the model
+    h.send_frame(0, now, Image(**rgb_to_image_fields(sliver)))
+    h.send_frame(1, now)
+    assert wait_until(lambda: h.statuses and h.statuses[-1].inference_errors == 1, timeout_s=CHUNK_TIMEOUT_S)
+    assert "too elongated" in h.statuses[-1].last_error
+    h.send_observation(h.now_ns())
+    assert wait_until(lambda: len(h.chunks) == 1, timeout_s=CHUNK_TIMEOUT_S)
+    assert h.chunks[0].sequence == 0 and h.lifecycle.state() == "active"
 
 
 def test_a_camera_that_stops_shows_in_diagnostics(active_harness):
