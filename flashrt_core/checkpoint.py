@@ -6,7 +6,9 @@ The layout is the openpi PyTorch conversion / lerobot one (REFERENCE.md section 
   paligemma_with_expert.paligemma.model.language_model.*                Gemma 2B backbone
   paligemma_with_expert.gemma_expert.model.*                            Gemma 300M action expert
   action_in_proj, action_out_proj, + state_proj, action_time_mlp_{in,out} (pi0) | time_mlp_{in,out} (pi0.5)
-Names may carry a leading "model." (lerobot policy checkpoints). `language_model.embed_tokens.weight` may be
+Names may carry a leading "model." (lerobot policy checkpoints) and may use the PaliGemma nesting of
+transformers < 4.52 (`paligemma.language_model.model.*`, `paligemma.vision_tower.*`: LEGACY_PREFIXES).
+`language_model.embed_tokens.weight` may be
 absent, then the tied `paligemma.lm_head.weight` is used. `gemma_expert.lm_head.weight` is known and unused.
 Anything else missing, unexpected or mis-shaped is a CheckpointError listing the names: never a warning.
 
@@ -39,6 +41,13 @@ EXPERT = "paligemma_with_expert.gemma_expert.model."
 EMBED_TOKENS = LANGUAGE + "embed_tokens.weight"
 TIED_LM_HEAD = PALIGEMMA + "lm_head.weight"
 KNOWN_UNUSED = ("paligemma_with_expert.gemma_expert.lm_head.weight",)
+# transformers < 4.52 nested PaliGemma differently (older lerobot pi0 checkpoints): old prefix -> current prefix.
+LEGACY_PREFIXES = (
+    (PALIGEMMA + "language_model.model.", LANGUAGE),
+    (PALIGEMMA + "language_model.lm_head.", PALIGEMMA + "lm_head."),
+    (PALIGEMMA + "vision_tower.", PALIGEMMA + "model.vision_tower."),
+    (PALIGEMMA + "multi_modal_projector.", PALIGEMMA + "model.multi_modal_projector."),
+)
 
 Shape = Callable[[ModelConfig], tuple[int, ...]]
 
@@ -171,17 +180,27 @@ def _names_listing(names: list[str], limit: int = 20) -> str:
     return shown + (f" ... (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
+def canonical_name(key: str, known: set[str]) -> str:
+    """The spec name a file key stands for ("model." dropped, legacy PaliGemma layout renamed), if it is known."""
+    bare = key[len(OPTIONAL_PREFIX):] if key.startswith(OPTIONAL_PREFIX) else key
+    for old, new in LEGACY_PREFIXES:
+        if bare.startswith(old):
+            bare = new + bare[len(old):]
+            break
+    return bare if bare in known else key
+
+
 def _resolve_names(file_keys: set[str], entries: dict[str, WeightEntry]) -> tuple[dict[str, str], list[str]]:
-    """Map each spec name to the name in the file; report names that appear both with and without "model."."""
-    stripped: dict[str, str] = {}
+    """Map each spec name to the name in the file; report spec names that two file keys claim."""
+    known = set(entries) | {TIED_LM_HEAD, *KNOWN_UNUSED}
+    resolved: dict[str, str] = {}
     duplicates = []
-    for key in file_keys:
-        bare = key[len(OPTIONAL_PREFIX):] if key.startswith(OPTIONAL_PREFIX) and key[len(OPTIONAL_PREFIX):] in \
-            (entries.keys() | {TIED_LM_HEAD, *KNOWN_UNUSED}) else key
-        if bare in stripped:
-            duplicates.append(bare)
-        stripped[bare] = key
-    return stripped, duplicates
+    for key in sorted(file_keys):
+        name = canonical_name(key, known)
+        if name in resolved:
+            duplicates.append(f"{resolved[name]} / {key}")
+        resolved[name] = key
+    return resolved, duplicates
 
 
 def load_model_weights(checkpoint_dir: str | Path, config: ModelConfig, device: torch.device | str = "cpu",
@@ -216,7 +235,7 @@ def load_model_weights(checkpoint_dir: str | Path, config: ModelConfig, device: 
                     misshaped.append(f"{file_names[name]} {found} (expected {entry.shape})")
         problems = []
         for label, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped),
-                             ("present with and without 'model.' prefix", duplicates)):
+                             ("given twice (with and without 'model.' or in two layouts)", duplicates)):
             if names:
                 problems.append(f"{len(names)} {label}: {_names_listing(names)}")
         if problems:

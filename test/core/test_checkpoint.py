@@ -97,6 +97,27 @@ def test_prefix_and_tied_embedding_variants_give_identical_actions(ckpts):
     np.testing.assert_array_equal(predict(ckpts["tied"]), reference)
 
 
+def test_legacy_paligemma_layout_and_duplicates(ckpts, tmp_path):
+    def legacy(d):
+        out = {}
+        for key, t in d.items():
+            for new, old in (("paligemma.model.language_model.", "paligemma.language_model.model."),
+                             ("paligemma.lm_head.", "paligemma.language_model.lm_head."),
+                             ("paligemma.model.vision_tower.", "paligemma.vision_tower."),
+                             ("paligemma.model.multi_modal_projector.", "paligemma.multi_modal_projector.")):
+                key = key.replace(new, old)
+            out[key] = t
+        return out
+
+    path = rewrite(ckpts["prefixed"], tmp_path / "legacy", legacy)
+    assert not any("model.language_model" in k for k in load_file(path / WEIGHTS_FILE))
+    np.testing.assert_array_equal(predict(path), predict(ckpts["prefixed"]))
+    name = "paligemma_with_expert.gemma_expert.model.layers.0.mlp.up_proj.weight"
+    twice = rewrite(ckpts["prefixed"], tmp_path / "twice", lambda d: {**d, name: d["model." + name].clone()})
+    with pytest.raises(CheckpointError, match=f"given twice .*{name}"):
+        load_model(twice, device="cpu")
+
+
 def test_model_is_fully_materialized_with_fp32_parts(ckpts):
     model = load_model_weights(ckpts["prefixed"], get_config("pi05_tiny"), "cpu", torch.bfloat16)
     assert not any(p.is_meta for p in model.parameters())
