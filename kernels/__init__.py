@@ -7,6 +7,7 @@ references still import; `HAVE_TRITON` says which case this is.
 
 from ._triton import HAVE_TRITON
 from .ada_rms_norm import ada_rms_norm, ada_rms_norm_reference
+from .attention import attention, attention_reference
 from .euler import euler, euler_reference
 from .geglu import geglu, geglu_reference
 from .qkv_rope import qkv_rope, qkv_rope_reference, rope_tables
@@ -15,6 +16,7 @@ from .residual_norm import residual_norm, residual_norm_reference
 __all__ = [
     "HAVE_TRITON",
     "ada_rms_norm", "ada_rms_norm_reference",
+    "attention", "attention_reference",
     "euler", "euler_reference",
     "geglu", "geglu_reference",
     "qkv_rope", "qkv_rope_reference", "rope_tables",

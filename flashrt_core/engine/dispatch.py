@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 class Op(str, enum.Enum):
     EXECUTOR = "executor"            # how predict runs: captured graph, eager engine, or the reference path
-    ATTENTION = "attention"          # masked attention of prefix and denoise steps
+    ATTENTION = "attention"          # vision attention (no mask)
+    MQA = "mqa"                      # masked one-KV-head attention of the prefix and the denoise steps
     GEMM_PREFIX = "gemm_prefix"      # the wide GEMMs (vision, prefix: hundreds of rows)
     GEMM_DECODER = "gemm_decoder"    # the 10-50-row GEMMs of the action expert
     FP8_FORMAT = "fp8_format"        # E4M3 flavour when FP8 GEMMs run
@@ -148,8 +149,14 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     ),
     Op.ATTENTION: (
         Candidate("sdpa", lambda hw, o: _gpu(hw, o) and o.switch_on(Switch.FLASH_ATTENTION),
-                  "torch SDPA fused kernels (memory-efficient attention with the mask)"),
+                  "torch SDPA fused kernels (flash attention, no mask)"),
         Candidate("math", _ALWAYS, "matmul + fp32 softmax + matmul"),
+    ),
+    Op.MQA: (
+        Candidate("triton", _triton, "kernels/attention.py: flash-style, key mask as a vector, split over keys"),
+        Candidate("sdpa", lambda hw, o: _gpu(hw, o) and o.switch_on(Switch.FLASH_ATTENTION),
+                  "torch SDPA with a dense additive mask (cuDNN / memory-efficient)"),
+        Candidate("math", _ALWAYS, "matmul + fp32 softmax + matmul, dense mask"),
     ),
     Op.GEMM_PREFIX: (
         Candidate("fp8", lambda hw, o: _gpu(hw, o) and o.switch_on(Switch.FP8) and _fp8_capable(hw),

@@ -7,7 +7,7 @@ slots, P = V*N + T prefix tokens, S suffix tokens, H query heads, one KV head, D
     q (rows, H, Dh) viewed as (1, 1, rows*H, Dh): with one KV head every query head attends the same keys,
     so the heads are stacked along the query axis and one attention call serves them all
     k_cache / v_cache (layers, 1, P + S, Dh): prefix K/V written once, suffix rows rewritten every step
-    additive masks (rows*H, keys), row j = token j // H
+    key masks: a (P,) 0/-inf vector for prefix keys + per-token visible suffix counts (ops.KeyMask)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from flashrt_core.preprocess import resize_with_pad_torch
 
-from .ops import MASKED, Ops
+from .ops import KeyMask, Ops
 from .weights import EngineWeights
 
 
@@ -41,7 +41,7 @@ class Workspace:
     v_cache: torch.Tensor
     rope_cos: torch.Tensor                       # (P + S, Dh / 2) fp32
     rope_sin: torch.Tensor
-    suffix_block: torch.Tensor                   # (S, S) additive mask among suffix tokens
+    suffix_visible: torch.Tensor                 # (S,) int32: suffix keys each suffix token may see
     extras: dict = field(default_factory=dict)
 
 
@@ -87,7 +87,7 @@ def vision(ws: Workspace, w: EngineWeights, ops: Ops) -> torch.Tensor:
         ops.norm(x, residual, y, ln[0], ln[1], vc.eps, layer_norm=True)
         qkv = ops.linear(y, layer.qkv).view(views, grid * grid, 3, heads, dh)          # (V, N, 3, Hv, dh)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))                     # (V, Hv, N, dh)
-        attn = ops.attention(q, k, v, None, dh ** -0.5)                                # (V, Hv, N, dh)
+        attn = ops.attention(q, k, v, dh ** -0.5)                                      # (V, Hv, N, dh)
         attn = attn.transpose(1, 2).reshape(views * grid * grid, heads * dh)
         o = ops.linear(attn, layer.out)
         ln = layer.ln2 or (None, None)
@@ -99,15 +99,8 @@ def vision(ws: Workspace, w: EngineWeights, ops: Ops) -> torch.Tensor:
     return ops.linear(y, w.projector)                                                  # (V*N, Wg)
 
 
-def _rows_mask(key_mask: torch.Tensor, rows: int, out: torch.Tensor) -> torch.Tensor:
-    """key_mask (L,) additive -> out[:, :L] = the same row for every query, (rows, L) view of a padded buffer."""
-    view = out[:rows, :key_mask.shape[0]]
-    view.copy_(key_mask[None].expand(rows, -1))
-    return view
-
-
 def prefix(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Backbone over [image tokens; text] -> fills the K/V caches. Returns (key mask (P,), n_valid (1,))."""
+    """Backbone over [image tokens; text] -> fills the K/V caches. Returns (key bias (P,), n_valid (1,))."""
     g = w.config.paligemma
     heads, dh = g.num_heads, g.head_dim
     text = w.embed_tokens[ws.tokens].float() * math.sqrt(g.width)                      # (T, Wg) fp32
@@ -115,8 +108,8 @@ def prefix(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor
     P = residual.shape[0]
     valid = torch.cat([torch.ones(image_tokens.shape[0], dtype=torch.bool, device=text.device), ws.token_mask])
     pos = torch.cumsum(valid, 0) - 1                                                   # (P,) int64
-    key_mask = torch.where(valid, 0.0, MASKED).to(w.dtype)                            # (P,)
-    mask = _rows_mask(key_mask, P * heads, ws.extras["prefix_mask_buf"])               # (P*H, P)
+    key_bias = torch.where(valid, 0.0, float("-inf"))                                 # (P,) fp32
+    mask = KeyMask(key_bias, P, None, heads)
     y = torch.empty(P, g.width, device=text.device, dtype=w.dtype)
     q = torch.empty(P, heads, dh, device=text.device, dtype=w.dtype)
     x = None
@@ -126,27 +119,24 @@ def prefix(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor
         ops.qkv_rope(qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i], 0, heads, 1, dh ** -0.5)
         if layer.o is None:     # last layer: its K/V are all the denoiser needs
             break
-        k, v = ws.k_cache[i, None, :, :P], ws.v_cache[i, None, :, :P]                  # (1, 1, P, Dh)
-        attn = ops.attention(q.view(1, 1, P * heads, dh), k, v, mask, 1.0)             # (1, 1, P*H, Dh)
+        attn = ops.mqa(q.view(P * heads, dh), ws.k_cache[i, 0, :P], ws.v_cache[i, 0, :P], mask, 1.0)  # (P*H, Dh)
         o = ops.linear(attn.view(P, heads * dh), layer.o)
         ops.norm(o, residual, y, layer.norm2, None, g.eps)
         x = ops.linear(ops.geglu(ops.linear(y, layer.gate_up)), layer.down)
-    return key_mask, valid.sum().view(1)
+    return key_bias, valid.sum().view(1)
 
 
-def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_mask: torch.Tensor, n_valid: torch.Tensor) -> None:
+def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n_valid: torch.Tensor) -> None:
     """`num_steps` Euler steps of the action expert, unrolled; ws.actions goes from noise to actions."""
     cfg = w.config
     e = cfg.expert
     heads, dh, horizon = e.num_heads, e.head_dim, ws.actions.shape[0]   # horizon: the executor's, not w.config's
     pi05 = w.tables is not None
-    S = ws.suffix_block.shape[0]
-    P = key_mask.shape[0]
-    dev = key_mask.device
+    S = ws.suffix_visible.shape[0]
+    P = key_bias.shape[0]
+    dev = key_bias.device
     pos = n_valid + torch.arange(S, device=dev)                                        # (S,)
-    smask = ws.extras["suffix_mask_buf"][:S * heads, :P + S]                           # (S*H, P+S)
-    smask[:, :P].copy_(key_mask[None].expand(S * heads, -1))
-    smask[:, P:].copy_(ws.suffix_block.repeat_interleave(heads, dim=0))
+    smask = KeyMask(key_bias, P, ws.suffix_visible, heads)
     residual = torch.empty(S, e.width, device=dev)                                     # (S, We) fp32
     y = torch.empty(S, e.width, device=dev, dtype=w.dtype)
     q = torch.empty(S, heads, dh, device=dev, dtype=w.dtype)
@@ -170,8 +160,7 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_mask: torch.Tensor, n
                 ops.norm(x, residual, y, layer.norm1, None, e.eps)
             qkv = ops.linear(y, layer.qkv)
             ops.qkv_rope(qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i], P, heads, 1, dh ** -0.5)
-            k, v = ws.k_cache[i, None, :, :P + S], ws.v_cache[i, None, :, :P + S]      # (1, 1, P+S, Dh)
-            attn = ops.attention(q.view(1, 1, S * heads, dh), k, v, smask, 1.0)
+            attn = ops.mqa(q.view(S * heads, dh), ws.k_cache[i, 0], ws.v_cache[i, 0], smask, 1.0)  # (S*H, Dh)
             o = ops.linear(attn.view(S, heads * dh), layer.o)
             if pi05:
                 ops.ada_norm(o, residual, mod[0, 2], mod[1, 0], mod[1, 1], y, e.eps)
@@ -192,9 +181,9 @@ def forward(ws: Workspace, w: EngineWeights, ops: Ops, timer: PhaseTimer | None 
     _mark(timer, "start")
     image_tokens = vision(ws, w, ops)
     _mark(timer, "vision")
-    key_mask, n_valid = prefix(ws, w, ops, image_tokens)
+    key_bias, n_valid = prefix(ws, w, ops, image_tokens)
     _mark(timer, "prefix")
-    denoise(ws, w, ops, key_mask, n_valid)
+    denoise(ws, w, ops, key_bias, n_valid)
     if ws.action_affine is not None:
         scale, offset = ws.action_affine
         torch.addcmul(offset, ws.actions, scale, out=ws.robot_actions)                # unnormalize

@@ -26,7 +26,7 @@ from flashrt_core.model import PiModel
 from .dispatch import Dispatch, Op, Switch
 from .forward import PhaseTimer, Workspace, forward
 from .kernel_import import load_kernels
-from .ops import MASKED, Ops
+from .ops import Ops
 from .weights import EngineWeights, prepare_weights
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class EngineExecutor:
         cos, sin = load_kernels().rope_tables(max_pos, config.paligemma.head_dim, config.paligemma.rope_max_wavelength,
                                               device)
         self._rope = (cos, sin)
-        self._suffix_block = self._suffix_block_mask()
+        self._suffix_visible = self._suffix_visibility()
         self._affine = None if action_affine is None else tuple(
             torch.as_tensor(np.asarray(a, dtype=np.float32), device=device) for a in action_affine)
         self._entries: dict[tuple, _Entry] = {}
@@ -107,13 +107,16 @@ class EngineExecutor:
         log.info("engine ready: %s, text buckets %s, dispatch %s", self.name, self.text_buckets, dispatch.summary())
 
     # ---------------------------------------------------------------------------------------------- set-up
-    def _suffix_block_mask(self) -> torch.Tensor:
-        """Among suffix tokens (openpi ar flags): pi0.5 [a0..] = [1, 0..]; pi0 [state, a0, a1..] = [1, 1, 0..]."""
+    def _suffix_visibility(self) -> torch.Tensor:
+        """Suffix keys each suffix token sees (openpi ar flags; blocks are contiguous, so a count suffices):
+        pi0.5 [a0..] = [1, 0..] -> all S; pi0 [state, a0, a1..] = [1, 1, 0..] -> state 1, actions S."""
         ar = torch.zeros(self.suffix_len, dtype=torch.bool)                             # (S,)
         ar[: self.suffix_len - self.config.action_horizon + 1] = True
         blocks = torch.cumsum(ar.long(), 0)
         allowed = blocks[None, :] <= blocks[:, None]                                     # (S query, S key)
-        return torch.where(allowed, 0.0, MASKED).to(self.dtype).to(self.device)
+        visible = allowed.sum(1)
+        assert bool((allowed == (torch.arange(self.suffix_len)[None] < visible[:, None])).all())
+        return visible.to(torch.int32).to(self.device)
 
     def _bucket(self, last_valid: int) -> int:
         for b in self.text_buckets:
@@ -139,7 +142,6 @@ class EngineExecutor:
         S = self.suffix_len
         g = cfg.paligemma
         cache_shape = (g.depth, 1, P + S, g.head_dim)
-        pad = lambda k: -(-k // 16) * 16  # noqa: E731  (mask rows 16-element aligned for the fused kernels)
         ws = Workspace(
             views=views,
             images=None if image_shapes is None else [dv[f"image{i}"] for i in range(len(views))],
@@ -150,9 +152,7 @@ class EngineExecutor:
             action_affine=self._affine,
             k_cache=torch.zeros(cache_shape, device=dev, dtype=self.dtype),
             v_cache=torch.zeros(cache_shape, device=dev, dtype=self.dtype),
-            rope_cos=self._rope[0], rope_sin=self._rope[1], suffix_block=self._suffix_block,
-            extras={"prefix_mask_buf": torch.empty(P * g.num_heads, pad(P), device=dev, dtype=self.dtype),
-                    "suffix_mask_buf": torch.empty(S * g.num_heads, pad(P + S), device=dev, dtype=self.dtype)})
+            rope_cos=self._rope[0], rope_sin=self._rope[1], suffix_visible=self._suffix_visible)
         out_host = torch.empty(cfg.action_horizon, cfg.max_action_dim, pin_memory=dev.type == "cuda")
         return _Entry(ws, staging, out_host, None)
 

@@ -9,12 +9,41 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dataclasses import dataclass, field
+
 from .dispatch import Dispatch, Op
 from .kernel_import import load_kernels
 from .weights import Linear
 
 # Additive mask value for keys a query may not see: finite, so a row never becomes NaN.
 MASKED = -1e30
+
+
+@dataclass
+class KeyMask:
+    """Which keys each query row may see, built once per predict and shared by every layer and step.
+
+    Keys j < prefix_len: allowed where bias[j] == 0 (bias is 0 / -inf). Keys j >= prefix_len (suffix): allowed
+    where j - prefix_len < visible[row // heads]. `dense()` materializes it for the SDPA / math implementations.
+    """
+
+    bias: torch.Tensor                   # (P,) fp32
+    prefix_len: int
+    visible: torch.Tensor | None         # (S,) int32 suffix keys visible to each suffix token, None: prefix only
+    heads: int
+    _dense: dict = field(default_factory=dict)
+
+    def dense(self, rows: int, keys: int, dtype: torch.dtype) -> torch.Tensor:
+        """(rows, keys) additive mask, finite (MASKED) so no row can become NaN."""
+        if (rows, keys) not in self._dense:
+            m = torch.empty(rows, keys, device=self.bias.device, dtype=torch.float32)
+            m[:, :self.prefix_len] = torch.where(self.bias[None, :self.prefix_len] == 0, 0.0, MASKED)
+            if keys > self.prefix_len:
+                j = torch.arange(keys - self.prefix_len, device=m.device)
+                vis = self.visible.repeat_interleave(self.heads)[:, None]             # (rows, 1)
+                m[:, self.prefix_len:] = torch.where(j[None] < vis, 0.0, MASKED)
+            self._dense[(rows, keys)] = m.to(dtype)
+        return self._dense[(rows, keys)]
 
 
 class Ops:
@@ -29,6 +58,7 @@ class Ops:
         self._rope_triton = triton(Op.QKV_ROPE)
         self._euler_triton = triton(Op.EULER)
         self._sdpa = dispatch[Op.ATTENTION] == "sdpa"
+        self._mqa = dispatch[Op.MQA]
         self.fp8_prefix = dispatch[Op.GEMM_PREFIX] == "fp8"
 
     # ---------------------------------------------------------------------------------------------- norms
@@ -72,17 +102,24 @@ class Ops:
         fn = self.k.qkv_rope if self._rope_triton else self.k.qkv_rope_reference
         fn(qkv, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale)
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                  scale: float) -> torch.Tensor:
-        """Attention of one KV head set. q: (B, H, Mq, Dh), k/v: (B, H or 1, L, Dh), mask: (Mq, L) additive
-        or None -> (B, H, Mq, Dh)."""
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """Unmasked attention (vision). q, k, v: (B, H, N, Dh) -> (B, H, N, Dh)."""
         if self._sdpa:
-            m = None if mask is None else mask[None, None]
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scale)
-        logits = (q.float() @ k.float().transpose(-1, -2)) * scale        # (B, H, Mq, L) fp32
-        if mask is not None:
-            logits = logits + mask.float()
-        return (torch.softmax(logits, dim=-1).to(v.dtype) @ v)
+            return F.scaled_dot_product_attention(q, k, v, scale=scale)
+        logits = (q.float() @ k.float().transpose(-1, -2)) * scale        # (B, H, N, N) fp32
+        return torch.softmax(logits, dim=-1).to(v.dtype) @ v
+
+    def mqa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: KeyMask, scale: float) -> torch.Tensor:
+        """One-KV-head attention, heads stacked on the query axis. q: (Mq, Dh), k/v: (L, Dh) -> (Mq, Dh)."""
+        if self._mqa == "triton":
+            out = torch.empty_like(q)
+            return self.k.attention(q, k, v, mask.bias, mask.prefix_len, mask.visible, mask.heads, scale, out)
+        dense = mask.dense(q.shape[0], k.shape[0], q.dtype)                 # (Mq, L)
+        if self._mqa == "sdpa":
+            return F.scaled_dot_product_attention(q[None, None], k[None, None], v[None, None],
+                                                  attn_mask=dense[None, None], scale=scale)[0, 0]
+        logits = (q.float() @ k.float().T) * scale + dense.float()          # (Mq, L) fp32
+        return torch.softmax(logits, dim=-1).to(v.dtype) @ v
 
     # ---------------------------------------------------------------------------------------------- flow
     def euler(self, x: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, dt: float) -> None:

@@ -147,3 +147,37 @@ def test_euler(rows):
     want = K.euler_reference(x.clone(), v, b, -0.1)
     got = K.euler(x.clone(), v, b, -0.1)
     _close(got, want, FP32_ATOL, FP32_RTOL)
+
+
+ATTN_BF16_ATOL = 2e-2  # bf16 probabilities in the P @ V product (as every flash kernel)
+# Triton's interpreter computes bf16 tl.dot wrongly (numpy has no bf16): check the logic in fp32 there.
+ATTN_DTYPE = torch.float32 if INTERPRET else torch.bfloat16
+
+
+@pytest.mark.parametrize("tokens,prefix,suffix_visible,splits", [
+    (PREFIX_ROWS, PREFIX_ROWS, None, None),              # prefix: bidirectional over valid prefix keys
+    (DECODER_ROWS[0], PREFIX_ROWS, "all", None),         # pi0.5 denoise step: prefix + all suffix keys
+    (DECODER_ROWS[-1], PREFIX_ROWS, "pi0", None),        # pi0: the state token sees only itself in the suffix
+    (DECODER_ROWS[0], 150, "all", 3),                    # several splits merged by the combine kernel
+    (DECODER_ROWS[0], PREFIX_ROWS, "all", 1),            # one split: the direct-output path
+])
+def test_attention(tokens, prefix, suffix_visible, splits):
+    heads, dh = 8, 256
+    g = torch.Generator(device=DEVICE).manual_seed(tokens + prefix)
+    L = prefix + (tokens if suffix_visible else 0)
+    q = torch.randn(tokens * heads, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
+    k = torch.randn(L, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
+    v = torch.randn(L, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
+    valid = torch.rand(prefix, device=DEVICE, generator=g) > 0.2                    # holes, not only a tail
+    valid[0] = True
+    bias = torch.where(valid, 0.0, float("-inf"))
+    visible = None
+    if suffix_visible == "all":
+        visible = torch.full((tokens,), tokens, device=DEVICE, dtype=torch.int32)
+    elif suffix_visible == "pi0":
+        visible = torch.full((tokens,), tokens, device=DEVICE, dtype=torch.int32)
+        visible[0] = 1
+    want = K.attention_reference(q, k, v, bias, prefix, visible, heads, dh ** -0.5)
+    out = _poison(torch.empty_like(q))
+    K.attention(q, k, v, bias, prefix, visible, heads, dh ** -0.5, out, splits=splits)
+    _close(out, want, ATTN_BF16_ATOL, BF16_RTOL)
