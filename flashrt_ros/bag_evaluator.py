@@ -84,9 +84,10 @@ class Evaluation:
 
 
 # ------------------------------------------------------------------------------------------- settings
-def load_node_settings(params_file: Path | None = None, overrides: dict[str, Any] | None = None,
-                       node_name: str | None = None) -> NodeSettings:
-    """NodeSettings from the node's defaults, a ROS 2 parameters YAML (``node: ros__parameters: ...``), overrides."""
+def load_node_values(params_file: Path | None = None, overrides: dict[str, Any] | None = None,
+                     node_name: str | None = None) -> dict[str, Any]:
+    """Every node parameter's value: the node's defaults, then a ROS 2 parameters YAML
+    (``node: ros__parameters: ...``), then ``overrides``. Unknown names are an error."""
     values = {name: spec.default for name, spec in SPECS.items()}
     if params_file is not None:
         document = yaml.safe_load(Path(params_file).read_text()) or {}
@@ -102,10 +103,21 @@ def load_node_settings(params_file: Path | None = None, overrides: dict[str, Any
             raise BagError(f"{params_file} has no section {node_name!r} (it has {sorted(sections)})")
         values.update(sections[node_name])
     values.update(overrides or {})
-    unknown = sorted(set(values) - set(SPECS) - {"use_sim_time", "noise_seed"})
+    unknown = sorted(set(values) - set(SPECS) - {"use_sim_time"})
     if unknown:
         raise BagError(f"unknown node parameters {unknown}")
+    return {name: values[name] for name in SPECS}
+
+
+def settings_for_values(values: dict[str, Any]) -> NodeSettings:
+    """NodeSettings (validated by the node's own rules) from :func:`load_node_values`' result."""
     return settings_from_values({name: values[name] for name in SPECS})
+
+
+def load_node_settings(params_file: Path | None = None, overrides: dict[str, Any] | None = None,
+                       node_name: str | None = None) -> NodeSettings:
+    """NodeSettings from the node's defaults, a ROS 2 parameters YAML and overrides."""
+    return settings_for_values(load_node_values(params_file, overrides, node_name))
 
 
 def absolute_topic(name: str, namespace: str = "/") -> str:

@@ -13,13 +13,15 @@ import dataclasses
 
 import numpy as np
 import pytest
+import yaml
 
-from flashrt_ros.bag_evaluator import (compare_chunks, evaluate_bag, load_node_settings, main,
+from flashrt_ros.bag_evaluator import (compare_chunks, evaluate_bag, load_node_settings, load_node_values, main,
                                        read_chunk_bag, write_chunk_bag)
+from flashrt_ros.bag_regression import main as regression_main
+from flashrt_ros.bag_regression import replay_through_node
 from flashrt_ros.demo_bag import (BASE_CAMERA_TOPIC, INSTRUCTION_TOPIC, JOINT_STATE_TOPIC, WRIST_CAMERA_TOPIC,
                                   DemoBagConfig, write_demo_bag)
 from flashrt_ros.pinned_noise import observation_noise
-from test.ros.bag_testing import RosHarness, wait_until
 from test.ros.node_harness import BorrowedPolicy, shared_policy
 
 pytestmark = pytest.mark.ros
@@ -33,8 +35,6 @@ NODE_PARAMETERS = {
     "trigger": "on_observation", "output_topic": "/action_chunk", "warmup_iterations": 0, "frame_id": "base_link",
     "diagnostics_period": 0.05,  # node clock = the bag's: every 0.25 s of wall time at REPLAY_RATE
 }
-INPUT_TOPICS = (*CAMERAS, INSTRUCTION_TOPIC, JOINT_STATE_TOPIC)
-RECORDED_TOPICS = ("/action_chunk", "/policy_node/status", "/diagnostics")
 # Short bags with 10 Hz cameras keep the CPU cost low (a dozen observations); faults placed inside them.
 # 32 joints: the embedded demo model's state_dim.
 CLEAN_BAG = DemoBagConfig(duration_s=1.2, width=320, height=240, camera_hz=10.0, joint_count=32)
@@ -45,7 +45,6 @@ FAULT_BAG = dataclasses.replace(CLEAN_BAG, faults=True, dropout_s=(0.45, 0.75), 
 REPLAY_RATE = 0.1
 MIN_LIVE_COVERAGE = 0.5  # of the reference observations the live node must have produced
 LIVE_ATOL = 1e-4  # same weights, noise and frames: only float reordering may differ
-SETTLE_TIMEOUT_S = 20.0
 MAX_SIM_STALENESS_S = 0.5  # on the bag's clock; on the wall clock it would be months off
 
 
@@ -132,69 +131,21 @@ def test_chunk_bag_round_trip_and_comparison(fault_evaluation, settings, tmp_pat
     assert bad.max_abs_error == pytest.approx(1e-2, rel=1e-3)
 
 
-def pinned_noise_node(**kwargs):
-    """The policy node with its noise pinned per observation: observation_noise(seed, observation stamp).
-
-    Stands in for a ``noise_seed`` node parameter (proposed to the node's owner; see docs/bag_replay.md): it
-    overrides only where the node calls the model; pairing, decoding, stamping, publishing and sim time are
-    the real node's.
-    """
-    from flashrt_ros.policy_node import PolicyNode
-
-    class PinnedNoisePolicyNode(PolicyNode):
-        def _predict(self, job):
-            state = job.state.values if job.state is not None else None
-            noise = observation_noise(NOISE_SEED, job.observation.stamp_ns, self._policy.horizon)
-            return self._policy.predict(job.images, job.prompt, state=state, noise=noise)
-
-    return PinnedNoisePolicyNode(**kwargs)
-
-
-def _replay_through_node(ros: RosHarness, bag, out):
-    """Configure + activate the node on sim time, record its chunks on sim time, replay ``bag`` with /clock."""
-    from rclpy.parameter import Parameter
-
-    from flashrt_ros.bag_player import BagPlayer, PlayerConfig
-    from flashrt_ros.bag_recorder import BagRecorder, RecorderConfig
-
-    overrides = [Parameter(k, value=v) for k, v in NODE_PARAMETERS.items()]
-    node = pinned_noise_node(context=ros.context, parameter_overrides=[
-        *overrides, Parameter("use_sim_time", value=True)], policy_factory=lambda s: BorrowedPolicy(shared_policy()))
-    ros.add(node)
-    node.trigger_configure()
-    assert node.lifecycle_state() == "inactive", "configure failed"
-    node.trigger_activate()
-    assert node.lifecycle_state() == "active", "activate failed"
-    recorder = BagRecorder(ros.node("recorder", parameter_overrides=[Parameter("use_sim_time", value=True)]),
-                           RecorderConfig(out=out, topics=RECORDED_TOPICS))
-    assert wait_until(lambda: len(recorder.subscribed_topics) == len(RECORDED_TOPICS), SETTLE_TIMEOUT_S)
-    player = BagPlayer(ros.node("player", spin=False), PlayerConfig(
-        bag=bag, rate=REPLAY_RATE, topics=INPUT_TOPICS, wait_for=INPUT_TOPICS))
-    stats = player.play()
-    # The last observation may still be in inference: wait until the node is idle (no new chunk for a while).
-    count = [-1]
-
-    def settled():
-        current = recorder.recorded["/action_chunk"]
-        done, count[0] = current == count[0], current
-        return done
-    wait_until(settled, SETTLE_TIMEOUT_S, period_s=2.0)
-    assert node.lifecycle_state() == "active", "the node must survive the bag"
-    recorder.close()
-    return node, stats
-
-
-def test_live_replay_matches_offline_evaluation(bags, settings, tmp_path):
-    reference = evaluate_bag(bags["clean"], shared_policy(), settings, NOISE_SEED).chunks
-    with RosHarness() as ros:
-        _, stats = _replay_through_node(ros, bags["clean"], tmp_path / "live")
-    assert stats.published[BASE_CAMERA_TOPIC] == CLEAN_BAG.frames_per_camera
+def test_live_replay_matches_offline_evaluation(bags, tmp_path, capsys):
+    """The one-command regression (README): offline reference, live node replay with /clock, comparison."""
+    params = [f"{name}:={yaml.safe_dump(value, default_flow_style=True).strip()}"
+              for name, value in NODE_PARAMETERS.items()]
+    code = regression_main([str(bags["clean"]), "--out-dir", str(tmp_path), "--rate", str(REPLAY_RATE),
+                            "--noise-seed", str(NOISE_SEED), "--min-coverage", str(MIN_LIVE_COVERAGE),
+                            "--atol", str(LIVE_ATOL), "--rtol", "0", *[a for p in params for a in ("-p", p)]])
+    out = capsys.readouterr().out
+    assert code == 0 and "PASS" in out, out
+    reference = read_chunk_bag(tmp_path / "reference")
     live = read_chunk_bag(tmp_path / "live", "/action_chunk")
     comparison = compare_chunks(reference, live, atol=LIVE_ATOL, rtol=0.0)
-    print(comparison.summary())
     assert not comparison.unmatched_live, "every live chunk comes from an observation the evaluator also formed"
     assert not comparison.mismatched, f"actions differ from the offline reference (max {comparison.max_abs_error})"
-    assert comparison.coverage >= MIN_LIVE_COVERAGE, f"{comparison.matched} of {len(reference)} observations"
+    assert comparison.coverage >= MIN_LIVE_COVERAGE, comparison.summary()
     bag_start, bag_end = CLEAN_BAG.start_time_ns, CLEAN_BAG.start_time_ns + int(CLEAN_BAG.duration_s * 1e9)
     for chunk in live:
         assert chunk.stamp_ns == min(chunk.view_stamps_ns)
@@ -203,10 +154,11 @@ def test_live_replay_matches_offline_evaluation(bags, settings, tmp_path):
     assert [c.sequence for c in live] == list(range(len(live)))
 
 
-def test_faulty_bag_gives_counted_rejections_and_no_crash(bags, fault_evaluation, tmp_path):
-    with RosHarness() as ros:
-        _replay_through_node(ros, bags["faults"], tmp_path / "live")
-    live = read_chunk_bag(tmp_path / "live", "/action_chunk")
+def test_faulty_bag_gives_counted_rejections_and_no_crash(bags, settings, fault_evaluation, tmp_path):
+    values = load_node_values(overrides=NODE_PARAMETERS)
+    run = replay_through_node(bags["faults"], values, settings, NOISE_SEED, REPLAY_RATE, tmp_path / "live",
+                              policy_factory=lambda s: BorrowedPolicy(shared_policy()))
+    assert run.lifecycle_state == "active", "the node must survive the bag"
     status = _read(tmp_path / "live", "/policy_node/status")[-1]
     diagnostics = [d for array in _read(tmp_path / "live", "/diagnostics") for d in array.status
                    if d.name.startswith("/policy_node:")]
@@ -214,10 +166,10 @@ def test_faulty_bag_gives_counted_rejections_and_no_crash(bags, fault_evaluation
     assert status.inputs_rejected == fault_evaluation.inputs_rejected == 3
     assert values["frames_out_of_order"] == str(fault_evaluation.buffer["out_of_order"]) == "2"
     assert values["rejected_bad_image"] == "1" and values["inputs_rejected"] == "3"
-    after_dropout = [c for c in live if (c.stamp_ns - CLEAN_BAG.start_time_ns) / 1e9 > FAULT_BAG.dropout_s[1]]
+    after_dropout = [c for c in run.chunks if (c.stamp_ns - CLEAN_BAG.start_time_ns) / 1e9 > FAULT_BAG.dropout_s[1]]
     assert len(after_dropout) >= 2, "chunks resume after the camera comes back"
-    comparison = compare_chunks(fault_evaluation.chunks, live, atol=LIVE_ATOL, rtol=0.0)
-    assert not comparison.unmatched_live and not comparison.mismatched
+    comparison = compare_chunks(fault_evaluation.chunks, run.chunks, atol=LIVE_ATOL, rtol=0.0)
+    assert not comparison.unmatched_live and not comparison.mismatched, comparison.summary()
 
 
 def _read(bag, topic: str) -> list:
