@@ -127,3 +127,29 @@ def test_recorder_rejects_bad_config(tmp_path):
     (tmp_path / "exists").mkdir()
     with pytest.raises(BagError, match="exists already"):
         RecorderConfig(out=tmp_path / "exists")
+
+
+def test_cli_records_for_a_duration(tmp_path):
+    """``python -m flashrt_ros.bag_recorder OUT --topics ... --duration S`` (the README command)."""
+    from flashrt_ros.msg import ActionChunk
+    from test.ros.ros_processes import start_python
+
+    out = tmp_path / "cli"
+    recorder = start_python("from flashrt_ros.bag_recorder import main; raise SystemExit(main())", str(out),
+                            "--topics", "/cli/action_chunk", "--storage", "mcap", "--duration", "6")
+    try:
+        with RosHarness() as ros:
+            publisher = ros.node("chunk_source").create_publisher(ActionChunk, "/cli/action_chunk", 10)
+            assert wait_until(lambda: publisher.get_subscription_count() > 0, RECEIVE_TIMEOUT_S)
+            for i in range(CHUNKS):
+                publisher.publish(_chunk(i))
+            stdout, stderr = recorder.communicate(timeout=60)
+    finally:
+        if recorder.poll() is None:
+            recorder.kill()
+    assert recorder.returncode == 0, stderr
+    assert f"'/cli/action_chunk': {CHUNKS}" in stdout, stdout + stderr
+    store = bag_typestore()
+    with Reader(out) as reader:
+        read = [store.deserialize_cdr(raw, c.msgtype) for c, _, raw in reader.messages()]
+    assert [m.sequence for m in read] == [2**33 + i for i in range(CHUNKS)]
