@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -43,18 +44,23 @@ class BagError(ValueError):
 
 
 def package_msg_dir() -> Path:
-    """Directory holding this package's ``.msg`` files: the source tree beside this module, else the share dir."""
-    if any(SOURCE_MSG_DIR.glob("*.msg")):
-        return SOURCE_MSG_DIR
+    """Directory holding this package's ``.msg`` files.
+
+    Looked up in order: the source tree beside this module, the ament index (AMENT_PREFIX_PATH), and the
+    ``share/`` of the running Python prefix (a venv the package was installed into without sourcing a setup file).
+    """
+    candidates = [SOURCE_MSG_DIR]
     try:
         from ament_index_python.packages import get_package_share_directory
 
-        installed = Path(get_package_share_directory(PACKAGE_NAME)) / "msg"
-    except (ImportError, LookupError, OSError) as exc:  # not installed, or AMENT_PREFIX_PATH unset
-        raise BagError(f"no {PACKAGE_NAME} .msg files in {SOURCE_MSG_DIR} and none installed ({exc})") from exc
-    if not any(installed.glob("*.msg")):
-        raise BagError(f"no {PACKAGE_NAME} .msg files in {SOURCE_MSG_DIR} nor in {installed}")
-    return installed
+        candidates.append(Path(get_package_share_directory(PACKAGE_NAME)) / "msg")
+    except (ImportError, LookupError, OSError):  # not installed, or AMENT_PREFIX_PATH unset
+        pass
+    candidates.append(Path(sys.prefix) / "share" / PACKAGE_NAME / "msg")
+    for candidate in candidates:
+        if any(candidate.glob("*.msg")):
+            return candidate
+    raise BagError(f"no {PACKAGE_NAME} .msg files found; looked in {[str(c) for c in candidates]}")
 
 
 @lru_cache(maxsize=1)
