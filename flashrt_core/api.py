@@ -5,6 +5,9 @@ padding to [-1, 1], prompt tokenized with the state bins for pi0.5, state normal
 executor (the eager ReferenceExecutor, or the graph engine on CUDA), unnormalizes the actions and returns
 float32 (horizon, action_dim) in robot units.
 
+The tokenizer is the checkpoint's tokenizer.model (or paligemma_tokenizer.model), else $FLASHRT_TOKENIZER, else
+openpi's download cache; `tokenizer=` overrides.
+
 checkpoint=None loads the embedded demo: a random-weight pi05_tiny checkpoint (seed 0) generated once into
 $FLASHRT_CACHE_DIR/demo_pi05_tiny (default ~/.cache/flashrt/demo_pi05_tiny) and reused.
 """
@@ -148,6 +151,24 @@ def build_executor(model, config: ModelConfig, device: torch.device, hardware: s
     return ReferenceExecutor(model, config, device)
 
 
+def tokenizer_candidates(checkpoint_dir: Path) -> list[Path]:
+    """Where the PaliGemma sentencepiece model is looked for, in order (released checkpoints do not ship it)."""
+    candidates = [checkpoint_dir / TOKENIZER_FILE, checkpoint_dir / "paligemma_tokenizer.model"]
+    if os.environ.get("FLASHRT_TOKENIZER"):
+        candidates.append(Path(os.environ["FLASHRT_TOKENIZER"]))
+    candidates.append(Path.home() / ".cache" / "openpi" / "big_vision" / "paligemma_tokenizer.model")  # openpi's
+    return candidates
+
+
+def find_tokenizer(checkpoint_dir: Path) -> Path:
+    candidates = tokenizer_candidates(checkpoint_dir)
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise CheckpointError("PaliGemma tokenizer model not found; tried " + ", ".join(map(str, candidates))
+                          + " (pass tokenizer=PATH or set FLASHRT_TOKENIZER)")
+
+
 class Policy:
     """A loaded pi0 / pi0.5 policy. Not thread-safe: call predict from one thread at a time."""
 
@@ -271,7 +292,7 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     if not isinstance(tokenizer, PromptTokenizer):
-        tokenizer = PromptTokenizer(tokenizer if tokenizer is not None else ckpt_dir / TOKENIZER_FILE)
+        tokenizer = PromptTokenizer(tokenizer if tokenizer is not None else find_tokenizer(ckpt_dir))
     if tokenizer.vocab_size > cfg.paligemma.vocab_size:
         raise CheckpointError(f"tokenizer {tokenizer.model_path} has {tokenizer.vocab_size} pieces, more than the "
                               f"model's vocab_size {cfg.paligemma.vocab_size}")

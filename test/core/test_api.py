@@ -177,6 +177,19 @@ def test_robot_dims_come_from_norm_stats_unless_explicit(ckpt_dir, tmp_path):
     np.testing.assert_array_equal(policy.predict(IMAGES[:2], "open", state=np.zeros(32), noise=NOISE), raw.numpy())
 
 
+def test_tokenizer_is_searched_and_a_missing_one_is_named(tmp_path, monkeypatch):
+    path = write_random_checkpoint(tmp_path / "ckpt", "pi05_tiny", seed=2)
+    moved = tmp_path / "elsewhere.model"
+    (path / "tokenizer.model").rename(moved)
+    monkeypatch.delenv("FLASHRT_TOKENIZER", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no openpi download cache
+    with pytest.raises(CheckpointError, match="tokenizer model not found; tried .*ckpt/tokenizer.model"):
+        flashrt_core.load_model(path, device="cpu")
+    monkeypatch.setenv("FLASHRT_TOKENIZER", str(moved))
+    assert flashrt_core.load_model(path, device="cpu").tokenizer.model_path == moved
+    assert flashrt_core.load_model(path, device="cpu", tokenizer=moved).tokenizer.model_path == moved
+
+
 def test_load_options_are_validated_and_close_releases(ckpt_dir):
     with pytest.raises(ValueError, match="unsupported dtype"):
         flashrt_core.load_model(device="cpu", dtype="int8")
