@@ -7,6 +7,9 @@ to ``deliver``. Notifications that arrive while a forward pass runs collapse int
 
 ``disable()`` (deactivation) bumps a generation counter under the same lock that ``deliver`` runs under:
 once it returns, nothing computed before it is ever delivered, even after a later ``enable()``.
+
+``run_on_thread(fn)`` runs other model work (warm-up, graph capture) on the same thread, so every call into
+the model, GPU work included, happens on one thread.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class InferenceWorker(Generic[Job]):
         self._generation = 0
         self._deliver_lock = threading.Lock()
         self._busy = False
+        self._calls: list[tuple[Callable[[], object], threading.Event, dict]] = []
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # -- control (any thread) -----------------------------------------------------------------
@@ -77,6 +81,20 @@ class InferenceWorker(Generic[Job]):
             self._enabled = False
             self._generation += 1
 
+    def run_on_thread(self, fn: Callable[[], object], timeout_s: float | None = None) -> object:
+        """Run ``fn()`` on the inference thread, wait for it, return its result or raise its exception."""
+        if not self._thread.is_alive():
+            raise RuntimeError("the inference thread is not running")
+        done, box = threading.Event(), {}
+        with self._wake:
+            self._calls.append((fn, done, box))
+            self._wake.notify()
+        if not done.wait(timeout_s):
+            raise TimeoutError(f"the inference thread did not finish the call within {timeout_s} s")
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
     def notify(self) -> None:
         """Wake the thread (cheap, never blocks on inference)."""
         with self._wake:
@@ -96,15 +114,31 @@ class InferenceWorker(Generic[Job]):
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not self._notified and not self._stopping:
+                while not self._notified and not self._stopping and not self._calls:
                     self._wake.wait()
                 if self._stopping:
+                    self._fail_pending_calls()
                     return
-                self._notified = False
+                calls, self._calls = self._calls, []
+                notified, self._notified = self._notified, False
+            for fn, done, box in calls:
+                try:
+                    box["result"] = fn()
+                except BaseException as error:     # handed to the caller of run_on_thread
+                    box["error"] = error
+                done.set()
+            if not notified:
+                continue
             with self._deliver_lock:
                 enabled, generation = self._enabled, self._generation
             if enabled:
                 self._run_once(generation)
+
+    def _fail_pending_calls(self) -> None:
+        for _, done, box in self._calls:
+            box["error"] = RuntimeError("the inference thread stopped")
+            done.set()
+        self._calls = []
 
     def _run_once(self, generation: int) -> None:
         try:

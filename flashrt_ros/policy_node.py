@@ -129,18 +129,20 @@ class PolicyNode(LifecycleNode):
         try:
             self._policy = self._policy_factory(settings)
             self._view_names = self._check_model_fits(settings, self._policy)
-            self._warm_up(settings)
+            self._settings = settings
+            self._buffer = ObservationBuffer(self._view_names, seconds_to_ns(settings.sync_slop),
+                                             seconds_to_ns(settings.max_observation_age))
+            self._statistics = NodeStatistics(settings.camera_topics, settings.diagnostics_window)
+            self._worker = InferenceWorker(self._prepare_job, self._predict, self._publish_result,
+                                           self._on_inference_error,
+                                           on_discard=lambda _: self._statistics.record_discarded())
+            self._worker.start()
+            # Warm-up (and graph capture on GPU) on the inference thread: all model calls on one thread.
+            self._worker.run_on_thread(lambda: self._warm_up(settings))
         except Exception as error:   # missing checkpoint, out of memory, mismatch...: FAILURE, never a crash
             self._release()
             return self._configure_failed(f"{type(error).__name__}: {error}")
-        self._settings = settings
         self._config_id = settings.config_id()
-        self._buffer = ObservationBuffer(self._view_names, seconds_to_ns(settings.sync_slop),
-                                         seconds_to_ns(settings.max_observation_age))
-        self._statistics = NodeStatistics(settings.camera_topics, settings.diagnostics_window)
-        self._worker = InferenceWorker(self._prepare_job, self._predict, self._publish_result,
-                                       self._on_inference_error, on_discard=lambda _: self._statistics.record_discarded())
-        self._worker.start()
         self._chunk_publisher = self.create_lifecycle_publisher(ActionChunk, settings.output_topic,
                                                                 qos_profiles.output_qos())
         if settings.trajectory_topic:

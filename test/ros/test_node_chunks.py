@@ -16,6 +16,8 @@ CHUNK_TIMEOUT_S = 60.0
 ACTION_DT = 0.05
 # Staleness is measured on the node clock at publish; the subscriber sees it a little later.
 STALENESS_RECEIVE_SLACK_S = 0.5
+# A frame published while a forward pass starts may be delivered a little later on a loaded machine.
+NEWEST_FRAME_SLACK_S = 0.15
 
 
 @pytest.fixture
@@ -96,7 +98,11 @@ def test_no_backlog_with_a_60hz_two_camera_stream_and_slow_inference(harness_fac
     assert len(chunks) <= (time.monotonic() - start) / delay_s + 1
     # the age of each chunk stays within two forward passes (the one it waited for + its own): no growth
     assert np.all(staleness - inference <= inference.max() + 0.2), (staleness, inference)
-    assert staleness[-1] <= staleness[: len(staleness) // 2 + 1].max() + 0.2
+    # each chunk comes from a frame captured around the time the previous forward pass started or later
+    # (the newest observation), never from one queued before it: stamp[i] >= start[i-1] - slack
+    stamps = np.array([c.header.stamp.sec + c.header.stamp.nanosec * 1e-9 for c in chunks])
+    starts = stamps + staleness - inference            # node clock when each forward pass started (approx.)
+    assert np.all(stamps[1:] >= starts[:-1] - NEWEST_FRAME_SLACK_S), (stamps, starts)
     # the last chunk is computed from a frame of the last forward pass, not an old queued one
     last_arrival = max(h.chunk_arrival)
     assert last_arrival - stream_end < 2 * inference.max() + 1.0

@@ -1,0 +1,124 @@
+"""InferenceWorker (pure Python): newest job only, notifications collapse, deactivation discards, errors survive."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from flashrt_ros.inference_worker import InferenceWorker
+
+WAIT_S = 10.0
+
+
+class Recorder:
+    """prepare/predict/deliver callbacks around a counter of 'observations' and a gate to hold predict."""
+
+    def __init__(self, predict_s: float = 0.0):
+        self.pending = None                 # newest job, like the observation buffer
+        self.lock = threading.Lock()
+        self.predict_s = predict_s
+        self.started = threading.Event()
+        self.predicted, self.delivered, self.discarded, self.errors = [], [], [], []
+        self.threads = set()
+
+    def put(self, job):
+        with self.lock:
+            self.pending = job
+
+    def prepare(self):
+        with self.lock:
+            job, self.pending = self.pending, None
+        return job
+
+    def predict(self, job):
+        self.threads.add(threading.get_ident())
+        self.started.set()
+        if job == "boom":
+            raise ValueError("bad job")
+        time.sleep(self.predict_s)
+        self.predicted.append(job)
+        return np.zeros((2, 3), np.float32)
+
+    def worker(self) -> InferenceWorker:
+        worker = InferenceWorker(self.prepare, self.predict, lambda r: self.delivered.append(r.job),
+                                 lambda what, error: self.errors.append((what, str(error))),
+                                 on_discard=lambda r: self.discarded.append(r.job))
+        worker.start()
+        return worker
+
+
+def wait_for(predicate) -> bool:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_while_busy_newer_jobs_replace_older_ones_and_notifications_collapse():
+    recorder = Recorder(predict_s=0.2)
+    worker = recorder.worker()
+    worker.enable()
+    recorder.put(0)
+    worker.notify()
+    assert recorder.started.wait(WAIT_S)
+    for job in range(1, 20):               # 19 jobs and notifications while the first forward pass runs
+        recorder.put(job)
+        worker.notify()
+    assert wait_for(lambda: len(recorder.delivered) == 2)
+    time.sleep(0.3)
+    assert recorder.delivered == [0, 19]    # the newest one only, once
+    assert worker.stop()
+
+
+def test_disable_discards_a_result_in_flight_and_enable_does_not_resurrect_it():
+    recorder = Recorder(predict_s=0.3)
+    worker = recorder.worker()
+    worker.enable()
+    recorder.put("old")
+    worker.notify()
+    assert recorder.started.wait(WAIT_S) and worker.busy
+    worker.disable()
+    worker.enable()                         # reactivated before the old pass finished
+    assert wait_for(lambda: recorder.discarded == ["old"])
+    assert recorder.delivered == []
+    recorder.put("new")
+    worker.notify()
+    assert wait_for(lambda: recorder.delivered == ["new"])
+    assert worker.stop()
+
+
+def test_disabled_worker_does_not_run_and_errors_do_not_kill_the_thread():
+    recorder = Recorder()
+    worker = recorder.worker()
+    recorder.put("ignored")
+    worker.notify()
+    time.sleep(0.1)
+    assert recorder.predicted == [] and recorder.pending == "ignored"      # disabled: nothing taken
+    worker.enable()
+    recorder.put("boom")
+    worker.notify()
+    assert wait_for(lambda: recorder.errors == [("inference failed", "bad job")])
+    recorder.put("fine")
+    worker.notify()
+    assert wait_for(lambda: recorder.delivered == ["fine"]) and worker.alive
+    assert worker.stop() and not worker.alive
+
+
+def test_run_on_thread_uses_the_inference_thread_and_passes_errors_back():
+    recorder = Recorder()
+    worker = recorder.worker()
+    worker.enable()
+    recorder.put("job")
+    worker.notify()
+    assert wait_for(lambda: recorder.delivered == ["job"])
+    assert worker.run_on_thread(threading.get_ident) in recorder.threads
+    with pytest.raises(ZeroDivisionError):
+        worker.run_on_thread(lambda: 1 / 0)
+    assert worker.stop()
+    with pytest.raises(RuntimeError, match="not running"):
+        worker.run_on_thread(lambda: None)
