@@ -17,7 +17,6 @@ from __future__ import annotations
 import gc
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import shutil
@@ -29,7 +28,8 @@ import torch
 
 from flashrt_core import normalization, preprocess
 from flashrt_core.checkpoint import load_model_weights
-from flashrt_core.config import ModelConfig, ModelType, PromptMode, get_config
+from flashrt_core.checkpoint_config import fit_robot_dims, resolve_config
+from flashrt_core.config import ModelConfig, ModelType, PromptMode
 from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.executor import ReferenceExecutor
 from flashrt_core.fixtures import CONFIG_FILE, TOKENIZER_FILE, write_random_checkpoint
@@ -37,7 +37,6 @@ from flashrt_core.tokenizer import PromptTokenizer
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONFIG = "pi05"
 DEMO_CONFIG = "pi05_tiny"
 DEMO_SEED = 0
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -89,51 +88,6 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if isinstance(dtype, str) and dtype in _DTYPES:
         return _DTYPES[dtype]
     raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_DTYPES)} or a torch dtype")
-
-
-def resolve_config(config: str | ModelConfig | None, checkpoint_dir: Path) -> tuple[ModelConfig, set[str]]:
-    """Explicit config wins; else the checkpoint's flashrt_config.json; else the "pi05" preset.
-
-    Also returns the robot-dimension fields ("state_dim", "action_dim") that were set explicitly (a ModelConfig
-    object, or overrides in flashrt_config.json); the others are taken from the norm stats by load_model.
-    """
-    dims = {"state_dim", "action_dim"}
-    if isinstance(config, ModelConfig):
-        return config.validate(), dims
-    if config is not None:
-        return get_config(config), set()
-    record_path = checkpoint_dir / CONFIG_FILE
-    if not record_path.is_file():
-        log.info("%s has no %s; using config %r", checkpoint_dir, CONFIG_FILE, DEFAULT_CONFIG)
-        return get_config(DEFAULT_CONFIG), set()
-    try:
-        record = json.loads(record_path.read_text())
-        overrides = record.get("overrides", {})
-        return get_config(record["config"], **overrides), dims & set(overrides)
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"invalid {record_path}: {exc}") from exc
-
-
-def fit_robot_dims(config: ModelConfig, stats: normalization.NormStats | None, explicit: set[str],
-                   stats_origin: Path) -> ModelConfig:
-    """Take state_dim / action_dim from the norm stats unless set explicitly; refuse stats narrower than them."""
-    changes = {}
-    features = (("state_dim", getattr(stats, "state", None)), ("action_dim", getattr(stats, "actions", None)))
-    for field, feature in features:
-        if feature is None:
-            continue
-        if field not in explicit:
-            if feature.dim > config.max_action_dim:
-                raise CheckpointError(f"norm stats in {stats_origin} cover {feature.dim} {field} values, more than "
-                                      f"max_action_dim {config.max_action_dim}")
-            changes[field] = feature.dim
-        elif feature.dim < getattr(config, field):
-            raise CheckpointError(f"config {field}={getattr(config, field)} but the norm stats in {stats_origin} "
-                                  f"cover only {feature.dim} values")
-    changes = {k: v for k, v in changes.items() if getattr(config, k) != v}
-    if changes:
-        log.info("robot dimensions from the norm stats of %s: %s", stats_origin, changes)
-    return config.replace(**changes) if changes else config
 
 
 def build_executor(model, config: ModelConfig, device: torch.device, hardware: str):

@@ -29,11 +29,12 @@ import torch
 from flashrt_core import normalization, tokenizer
 from flashrt_core.checkpoint import (EMBED_TOKENS, KNOWN_UNUSED, OPTIONAL_PREFIX, TIED_LM_HEAD, WEIGHTS_FILE,
                                      weight_spec)
+from flashrt_core.checkpoint_config import FLASHRT_CONFIG_FILE
 from flashrt_core.config import ModelConfig, get_config
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "flashrt_config.json"
+CONFIG_FILE = FLASHRT_CONFIG_FILE
 NORM_STATS_FILE = "norm_stats.json"
 TOKENIZER_FILE = "tokenizer.model"
 TEST_TOKENIZER_VOCAB = 1024
