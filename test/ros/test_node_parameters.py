@@ -1,0 +1,72 @@
+"""node_parameters: every parameter described, defaults valid, reasons for invalid values, config_id."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from rclpy.parameter import Parameter
+
+from flashrt_ros.node_parameters import (PARAMETERS, RUNTIME_PARAMETERS, SPECS, SettingsError, StateInput,
+                                         TriggerMode, on_set_parameters, settings_from_values, validate)
+
+DEFAULTS = {spec.name: spec.default for spec in PARAMETERS}
+
+
+def test_every_parameter_is_described_and_its_default_is_valid():
+    for spec in PARAMETERS:
+        assert len(spec.description) > 20, spec.name
+        assert validate(spec.name, spec.default) is None, spec.name
+        descriptor = spec.descriptor()
+        assert descriptor.read_only == spec.read_only and descriptor.type == spec.param_type()
+    assert set(RUNTIME_PARAMETERS) == {"default_instruction", "sync_slop", "max_observation_age",
+                                       "staleness_warn_threshold"}
+    settings = settings_from_values(DEFAULTS)
+    assert settings.trigger is TriggerMode.ON_OBSERVATION and settings.state_type is StateInput.JOINT_STATE
+    assert settings.config is None and settings.dtype is None      # auto -> flashrt_core picks
+
+
+@pytest.mark.parametrize("name, value, reason", [
+    ("trigger", "sometimes", "not one of"),
+    ("precision", "int8", "not one of"),
+    ("device", "gpu", "expected auto, cpu, cuda or cuda:N"),
+    ("device", "cuda:x", "expected auto, cpu, cuda or cuda:N"),
+    ("sync_slop", 2.0, "outside [0.0, 1.0]"),
+    ("max_observation_age", float("inf"), "outside"),
+    ("warmup_iterations", -1, "outside [0, 100]"),
+    ("camera_topics", [], "must not be empty"),
+    ("camera_topics", ["a", ""], "empty entry"),
+    ("action_names", ["x", "x"], "duplicate entries"),
+    ("output_topic", "", "must not be empty"),
+])
+def test_invalid_values_have_a_reason_naming_them(name, value, reason):
+    message = validate(name, value)
+    assert message is not None and reason in message and name in message
+
+
+def test_on_set_callback_rejects_the_whole_set_with_all_reasons():
+    result = on_set_parameters([Parameter("sync_slop", value=0.01), Parameter("trigger", value="never"),
+                                Parameter("device", value="tpu")])
+    assert not result.successful
+    assert "trigger='never'" in result.reason and "device='tpu'" in result.reason
+    assert on_set_parameters([Parameter("sync_slop", value=0.01), Parameter("use_sim_time", value=True)]).successful
+
+
+def test_settings_error_lists_every_problem_and_cross_checks():
+    values = dict(DEFAULTS, trigger="x", camera_views=["base_0_rgb"], sync_slop=-1.0)
+    with pytest.raises(SettingsError) as raised:
+        settings_from_values(values)
+    text = str(raised.value)
+    assert "trigger='x'" in text and "sync_slop=-1.0" in text
+    assert "camera_views has 1 entries but camera_topics has 2" in text
+
+
+def test_config_id_follows_model_settings_not_runtime_thresholds():
+    base = settings_from_values(DEFAULTS)
+    assert base.config_id() == settings_from_values(DEFAULTS).config_id() and len(base.config_id()) == 12
+    assert base.with_runtime_values({"staleness_warn_threshold": 1.0}).config_id() == base.config_id()
+    assert dataclasses.replace(base, checkpoint="/other").config_id() != base.config_id()
+    assert dataclasses.replace(base, precision="bfloat16").config_id() != base.config_id()
+    with pytest.raises(SettingsError, match="not changeable at runtime"):
+        base.with_runtime_values({"checkpoint": "/x"})
+    assert set(SPECS) == {spec.name for spec in PARAMETERS}
