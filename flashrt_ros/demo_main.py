@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import logging
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -27,10 +28,10 @@ import numpy as np
 from flashrt_ros.loopback_dds import apply_loopback_dds
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_PARAMS = REPO_ROOT / "config" / "demo_two_cameras.yaml"
+PARAMS_FILE_NAME = "demo_two_cameras.yaml"
 DEMO_INSTRUCTION = "pick up the red cube and place it in the bowl"
-SERVICE_TIMEOUT_S = 120.0
-PRINTED_ACTIONS = 6               # values of the first action row printed per chunk        # configure loads (and on first use generates) the demo checkpoint
+SERVICE_TIMEOUT_S = 120.0        # configure loads (and on first use generates) the demo checkpoint
+PRINTED_ACTIONS = 6               # values of the first action row printed per chunk
 
 _LOG = logging.getLogger("flashrt_demo")
 
@@ -181,7 +182,27 @@ class ChunkPrinter:
                 f"  staleness  median {ms(staleness, 50):7.1f} ms  p99 {ms(staleness, 99):7.1f} ms  "
                 f"max {staleness.max() * 1e3:7.1f} ms\n"
                 f"  inference  median {ms(inference, 50):7.1f} ms  p99 {ms(inference, 99):7.1f} ms\n"
-                f"  overhead (staleness - inference)  median {ms(overhead, 50):6.2f} ms  p99 {ms(overhead, 99):6.2f} ms")
+                f"  overhead (staleness - inference)  median {ms(overhead, 50):6.2f} ms  "
+                f"p99 {ms(overhead, 99):6.2f} ms")
+
+
+def default_params_file() -> Path:
+    """config/demo_two_cameras.yaml of the source checkout, else of the installed package (share/flashrt_ros)."""
+    in_checkout = REPO_ROOT / "config" / PARAMS_FILE_NAME
+    if in_checkout.is_file():
+        return in_checkout
+    try:
+        from ament_index_python.packages import get_package_share_directory
+        return Path(get_package_share_directory("flashrt_ros")) / "config" / PARAMS_FILE_NAME
+    except (ImportError, LookupError):
+        return in_checkout
+
+
+def default_workdir() -> Path:
+    """test_output/demo in a source checkout (git-ignored), else a folder in the system temp directory."""
+    if (REPO_ROOT / "config").is_dir():
+        return REPO_ROOT / "test_output" / "demo"
+    return Path(tempfile.gettempdir()) / "flashrt_demo"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -190,10 +211,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of streaming after activation")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--checkpoint", default="", help="checkpoint directory; empty = embedded demo checkpoint")
-    parser.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="node parameter file (YAML)")
+    parser.add_argument("--params", type=Path, default=default_params_file(), help="node parameter file (YAML)")
     parser.add_argument("--rate", type=float, default=30.0, help="camera rate [Hz]")
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
-    parser.add_argument("--workdir", type=Path, default=REPO_ROOT / "test_output" / "demo",
+    parser.add_argument("--workdir", type=Path, default=default_workdir(),
                         help="where DDS profile and ROS logs go")
     args = parser.parse_args(argv)
     if args.duration <= 0:
