@@ -12,6 +12,7 @@ from .euler import euler, euler_reference
 from .geglu import geglu, geglu_reference
 from .qkv_rope import qkv_rope, qkv_rope_reference, rope_tables
 from .residual_norm import residual_norm, residual_norm_reference
+from .skinny_gemm import skinny_gemm, skinny_gemm_reference
 
 __all__ = [
     "HAVE_TRITON",
@@ -21,4 +22,5 @@ __all__ = [
     "geglu", "geglu_reference",
     "qkv_rope", "qkv_rope_reference", "rope_tables",
     "residual_norm", "residual_norm_reference",
+    "skinny_gemm", "skinny_gemm_reference",
 ]

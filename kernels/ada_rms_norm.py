@@ -1,6 +1,7 @@
 """Gated residual + adaptive RMSNorm (pi0.5 action expert), one pass over the row.
 
-    h = residual + x * gate         (skipped when x is None: the first norm of the expert stack)
+    h = residual + x * gate         (skipped when x is None: the first norm of the expert stack;
+                                     x may be split-K partials (S, M, D) fp32, summed here)
     residual <- h                   (fp32 residual stream, in place)
     out <- rms(h) * scale1p + shift,   rms(h) = h * rsqrt(mean(h^2) + eps)
 
@@ -20,6 +21,8 @@ def ada_rms_norm_reference(x: torch.Tensor | None, residual: torch.Tensor, gate:
                            scale1p: torch.Tensor, shift: torch.Tensor, eps: float = 1e-6,
                            out_dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain PyTorch. x, residual: (M, D); gate, scale1p, shift: (D,). Returns (out, new residual)."""
+    if x is not None and x.dim() == 3:                                                    # split-K partials
+        x = x.float().sum(0)
     h = residual.float() if x is None else residual.float() + x.float() * gate.float()   # (M, D) fp32
     y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * scale1p.float() + shift.float()
     return y.to(out_dtype), h.to(residual.dtype)
@@ -27,14 +30,16 @@ def ada_rms_norm_reference(x: torch.Tensor | None, residual: torch.Tensor, gate:
 
 @triton.jit
 def _ada_rms_norm_kernel(x_ptr, res_ptr, gate_ptr, scale_ptr, shift_ptr, out_ptr, D, eps,
-                         stride_x, stride_res, stride_out,
-                         HAS_X: tl.constexpr, BLOCK: tl.constexpr):
+                         stride_x, stride_res, stride_out, split_stride,
+                         HAS_X: tl.constexpr, X_SPLITS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < D
     h = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_X:
-        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.zeros([BLOCK], tl.float32)
+        for sp in tl.static_range(X_SPLITS):
+            x += tl.load(x_ptr + sp * split_stride + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         g = tl.load(gate_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         h += x * g
         tl.store(res_ptr + row * stride_res + cols, h.to(res_ptr.dtype.element_ty), mask=mask)
@@ -46,16 +51,19 @@ def _ada_rms_norm_kernel(x_ptr, res_ptr, gate_ptr, scale_ptr, shift_ptr, out_ptr
 
 def ada_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, gate: torch.Tensor | None, scale1p: torch.Tensor,
                  shift: torch.Tensor, out: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Triton launcher. x (M, D) or None, residual (M, D) updated in place, vectors (D,) contiguous. Returns out."""
+    """Triton launcher. x (M, D), (S, M, D) split-K partials or None; residual (M, D) updated in place;
+    vectors (D,) contiguous. Returns out."""
     M, D = residual.shape
-    if x is not None and (x.shape != residual.shape or gate is None):
-        raise ValueError(f"ada_rms_norm: x must be ({M}, {D}) with a gate, got {tuple(x.shape)}")
+    splits, split_stride = (x.shape[0], x.stride(0)) if x is not None and x.dim() == 3 else (1, 0)
+    x2 = x[0] if splits > 1 else x
+    if x is not None and (x2.shape != residual.shape or x2.stride(1) != 1 or gate is None):
+        raise ValueError(f"ada_rms_norm: x must be ({M}, {D}) or (S, {M}, {D}) with a gate, got {tuple(x.shape)}")
     for name, v in (("scale1p", scale1p), ("shift", shift), ("gate", gate)):
         if v is not None and (v.shape != (D,) or not v.is_contiguous()):
             raise ValueError(f"ada_rms_norm: {name} must be a contiguous ({D},) vector, got {tuple(v.shape)}")
     block = triton.next_power_of_2(D)
     _ada_rms_norm_kernel[(M,)](
         x if x is not None else residual, residual, gate if gate is not None else scale1p, scale1p, shift, out,
-        D, eps, x.stride(0) if x is not None else 0, residual.stride(0), out.stride(0),
-        HAS_X=x is not None, BLOCK=block, num_warps=4 if block <= 1024 else 8)
+        D, eps, x2.stride(0) if x is not None else 0, residual.stride(0), out.stride(0), split_stride,
+        HAS_X=x is not None, X_SPLITS=splits, BLOCK=block, num_warps=4 if block <= 1024 else 8)
     return out

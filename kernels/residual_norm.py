@@ -1,6 +1,7 @@
 """Residual add + RMSNorm / LayerNorm, one pass over the row.
 
-    h = residual + x                (skipped when x is None: the first norm of a stack)
+    h = residual + x                (skipped when x is None: the first norm of a stack;
+                                     x may be split-K partials (S, M, D) fp32, summed here)
     residual <- h                   (the fp32 residual stream is updated in place)
     RMSNorm:   y = h * rsqrt(mean(h^2) + eps)                  [* w]
     LayerNorm: y = (h - mean(h)) * rsqrt(var(h) + eps)         [* w + b]
@@ -25,6 +26,8 @@ def residual_norm_reference(x: torch.Tensor | None, residual: torch.Tensor, weig
                             inv_scale: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16
                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain PyTorch. x, residual: (M, D). Returns (out (M, D) out_dtype, new residual (M, D) residual.dtype)."""
+    if x is not None and x.dim() == 3:                                                # split-K partials
+        x = x.float().sum(0)
     h = residual.float() if x is None else residual.float() + x.float()              # (M, D) fp32
     if layer_norm:
         mean = h.mean(-1, keepdim=True)
@@ -43,8 +46,8 @@ def residual_norm_reference(x: torch.Tensor | None, residual: torch.Tensor, weig
 
 @triton.jit
 def _residual_norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, inv_scale_ptr, D, eps,
-                          stride_x, stride_res, stride_out,
-                          HAS_X: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                          stride_x, stride_res, stride_out, split_stride,
+                          HAS_X: tl.constexpr, X_SPLITS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
                           LAYER_NORM: tl.constexpr, OUT_FP8: tl.constexpr, FP8_MAX: tl.constexpr,
                           BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -52,7 +55,8 @@ def _residual_norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, inv_scale_ptr, 
     mask = cols < D
     h = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_X:
-        h += tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        for sp in tl.static_range(X_SPLITS):
+            h += tl.load(x_ptr + sp * split_stride + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(res_ptr + row * stride_res + cols, h.to(res_ptr.dtype.element_ty), mask=mask)
     if LAYER_NORM:
         mean = tl.sum(h, axis=0) / D
@@ -72,9 +76,11 @@ def _residual_norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, inv_scale_ptr, 
 def residual_norm(x: torch.Tensor | None, residual: torch.Tensor, out: torch.Tensor,
                   weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, eps: float = 1e-6,
                   layer_norm: bool = False, inv_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton launcher. x (M, D) or None, residual (M, D) updated in place, out (M, D) written. Returns out."""
+    """Triton launcher. x (M, D), (S, M, D) partials or None; residual (M, D) updated in place; out (M, D)."""
     M, D = residual.shape
-    for name, t in (("x", x), ("out", out)):
+    splits, split_stride = (x.shape[0], x.stride(0)) if x is not None and x.dim() == 3 else (1, 0)
+    x2 = x[0] if splits > 1 else x
+    for name, t in (("x", x2), ("out", out)):
         if t is not None and (t.shape != residual.shape or t.stride(1) != 1):
             raise ValueError(f"residual_norm: {name} must be ({M}, {D}) with unit column stride, got "
                              f"{tuple(t.shape)} stride {t.stride()}")
@@ -85,8 +91,8 @@ def residual_norm(x: torch.Tensor | None, residual: torch.Tensor, out: torch.Ten
     _residual_norm_kernel[(M,)](
         x if x is not None else residual, residual, weight if weight is not None else residual,
         bias if bias is not None else residual, out, inv_scale if inv_scale is not None else residual,
-        D, eps, x.stride(0) if x is not None else 0, residual.stride(0), out.stride(0),
-        HAS_X=x is not None, HAS_W=weight is not None, HAS_B=bias is not None, LAYER_NORM=layer_norm,
+        D, eps, x2.stride(0) if x is not None else 0, residual.stride(0), out.stride(0), split_stride,
+        HAS_X=x is not None, X_SPLITS=splits, HAS_W=weight is not None, HAS_B=bias is not None, LAYER_NORM=layer_norm,
         OUT_FP8=out_fp8, FP8_MAX=float(torch.finfo(out.dtype).max) if out_fp8 else 0.0,
         BLOCK=block, num_warps=4 if block <= 1024 else 8)
     return out

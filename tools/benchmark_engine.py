@@ -5,7 +5,7 @@ For each config (pi05, pi0), number of views (1/2/3) and horizon (10/50) on full
   predict()  wall time, uint8 images + tokens in host memory -> unnormalized actions in host memory
   replay     the graph replay alone (CUDA events)
   kernels    CUDA kernels launched by one predict (torch.profiler)
-  phases     vision / prefix / denoise of one eager (non-graph) engine run, CUDA events
+  phases     vision / prefix / denoise, each captured as its own graph and replayed (CUDA events)
 plus the accuracy gate (cosine vs the fp32 reference, same weights and noise) per config.
 Writes <out-dir>/engine_<gpu>_<date>.json (updated after every measurement) and .md.
 
@@ -34,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashrt_core.checkpoint import load_model_weights  # noqa: E402
 from flashrt_core.config import get_config  # noqa: E402
 from flashrt_core.engine import EngineOptions, detect_hardware, resolve  # noqa: E402
-from flashrt_core.engine.forward import PhaseTimer  # noqa: E402
 from flashrt_core.engine.gate import GATE_BF16, GATE_FP8, cosine, random_observation, reference_actions  # noqa: E402
 from flashrt_core.engine.graph_executor import EngineExecutor  # noqa: E402
 from flashrt_core.executor import ReferenceExecutor  # noqa: E402
@@ -110,7 +109,7 @@ def env_info() -> dict:
         driver = "unknown"
     return {"gpu": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
             "cuda": torch.version.cuda, "triton": triton.__version__, "date": datetime.date.today().isoformat(),
-            "time_utc": datetime.datetime.utcnow().isoformat(timespec="seconds")}
+            "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def ensure_checkpoint(root: Path, name: str) -> Path:
@@ -143,13 +142,10 @@ def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
     entry = next(e for k, e in engine._entries.items() if k[0] == "uint8" and len(k[1]) == meta["views"])
     row["replay_ms"] = replay_times(entry.graph, args.calls)
     row["profile"] = kernel_profile(run)
-    phases = []
-    for _ in range(5):
-        timer = PhaseTimer()
-        engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise, timer=timer)
-        phases.append(timer.durations_ms())
-    row["phases_eager_ms"] = {k: float(np.median([p[k] for p in phases])) for k in phases[0]}
+    key = next(k for k in engine._entries if k[0] == "uint8" and len(k[1]) == meta["views"])
+    row["phases_ms"] = engine.phase_times(key)
     row["capture_s"] = {str(k): v for k, v in engine.capture_seconds.items()}
+    row["decoder_gemm"] = {"choice": dict(engine.ops.decoder_impl), "timings_us": engine.ops.decoder_timings}
     return row
 
 
@@ -281,7 +277,7 @@ def write_markdown(res: Results, path: Path) -> None:
                      f"{', '.join(f'{c:.5f}' for c in g['cosines'])} |")
     lines += ["", "## Latency (ms)", "",
               "| config | variant | views | horizon | predict median | p90 | p99 | max | replay median | replay p99 |"
-              " kernels/call | vision / prefix / denoise (eager) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              " kernels/call | vision / prefix / denoise (phase graphs) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["rows"]:
         p = r.get("predict_ms")
         if p is None:
@@ -289,7 +285,7 @@ def write_markdown(res: Results, path: Path) -> None:
             lines.append(f"| {r['config']} | {r['variant']} | {r['views']} | {r['horizon']} | {why} | | | | | | | |")
             continue
         rp = r.get("replay_ms", {})
-        ph = r.get("phases_eager_ms")
+        ph = r.get("phases_ms")
         phs = " / ".join(f"{ph[k]:.2f}" for k in ("vision", "prefix", "denoise")) if ph else ""
         lines.append(f"| {r['config']} | {r['variant']} | {r['views']} | {r['horizon']} | {p['median']:.2f} | "
                      f"{p['p90']:.2f} | {p['p99']:.2f} | {p['max']:.2f} | {rp.get('median', float('nan')):.2f} | "

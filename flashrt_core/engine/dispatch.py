@@ -164,6 +164,8 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
         Candidate("bf16", _ALWAYS, "cuBLAS / hipBLASLt through torch.matmul"),
     ),
     Op.GEMM_DECODER: (
+        Candidate("triton", _triton, "kernels/skinny_gemm.py (GeGLU epilogue, split-K into the norms); per GEMM "
+                  "shape only where it measures faster than cuBLAS at load"),
         Candidate("bf16", _ALWAYS, "cuBLAS / hipBLASLt: FP8 is slower at 10-50 rows (seed project finding)"),
         Candidate("fp8", lambda hw, o: _gpu(hw, o) and _fp8_capable(hw), "only when pinned, for A/B tests"),
     ),

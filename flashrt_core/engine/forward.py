@@ -158,16 +158,16 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
                 ops.ada_norm(x, residual, gate, mod[0, 0], mod[0, 1], y, e.eps)
             else:
                 ops.norm(x, residual, y, layer.norm1, None, e.eps)
-            qkv = ops.linear(y, layer.qkv)
+            qkv = ops.decoder(y, layer.qkv, "qkv")
             ops.qkv_rope(qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i], P, heads, 1, dh ** -0.5)
             attn = ops.mqa(q.view(S * heads, dh), ws.k_cache[i, 0], ws.v_cache[i, 0], smask, 1.0)  # (S*H, Dh)
-            o = ops.linear(attn.view(S, heads * dh), layer.o)
+            o = ops.decoder(attn.view(S, heads * dh), layer.o, "o")                       # (M, N) or partials
             if pi05:
                 ops.ada_norm(o, residual, mod[0, 2], mod[1, 0], mod[1, 1], y, e.eps)
                 gate = mod[1, 2]
             else:
                 ops.norm(o, residual, y, layer.norm2, None, e.eps)
-            x = ops.linear(ops.geglu(ops.linear(y, layer.gate_up)), layer.down)
+            x = ops.decoder(ops.decoder(y, layer.gate_up, "gate_up"), layer.down, "down")
         if pi05:
             ops.ada_norm(x, residual, gate, w.tables.final[step, 0], w.tables.final[step, 1], y, e.eps)
         else:

@@ -24,7 +24,7 @@ from flashrt_core.errors import InputError
 from flashrt_core.model import PiModel
 
 from .dispatch import Dispatch, Op, Switch
-from .forward import PhaseTimer, Workspace, forward
+from .forward import PhaseTimer, Workspace, denoise, forward, prefix, vision
 from .kernel_import import load_kernels
 from .ops import Ops
 from .weights import EngineWeights, prepare_weights
@@ -101,6 +101,10 @@ class EngineExecutor:
         self._suffix_visible = self._suffix_visibility()
         self._affine = None if action_affine is None else tuple(
             torch.as_tensor(np.asarray(a, dtype=np.float32), device=device) for a in action_affine)
+        if device.type == "cuda" and dispatch[Op.GEMM_DECODER] == "triton" and \
+                dispatch.options.overrides.get(Op.GEMM_DECODER.value) != "triton":   # pinned: no measuring
+            timings = self.ops.tune_decoder(self.suffix_len, self.weights.expert[0])
+            log.info("decoder GEMMs: %s (us: %s)", self.ops.decoder_impl, timings)
         self._entries: dict[tuple, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graph else None
         self.capture_seconds: dict[tuple, float] = {}
@@ -250,6 +254,35 @@ class EngineExecutor:
         ws.noise.copy_(noise[0])
         self._run(key, entry, False)
         return ws.actions.clone()[None]
+
+    @torch.inference_mode()
+    def phase_times(self, key: tuple, reps: int = 20) -> dict[str, float]:
+        """Median GPU ms of vision / prefix / denoise for a captured signature, each captured as its own graph
+        (no launch gaps from Python, unlike an eager run), replayed `reps` times with CUDA events."""
+        entry = self._entries[key]
+        ws, w, ops = entry.ws, self.weights, self.ops
+        pool = torch.cuda.graph_pool_handle()
+        graphs, held = {}, {}
+        steps = (("vision", lambda: {"tokens": vision(ws, w, ops)}),
+                 ("prefix", lambda: dict(zip(("bias", "n_valid"), prefix(ws, w, ops, held["tokens"])))),
+                 ("denoise", lambda: denoise(ws, w, ops, held["bias"], held["n_valid"]) or {}))
+        for name, fn in steps:
+            held.update(fn())                         # eager warm-up, and the inputs of the next phase
+            graphs[name] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graphs[name], pool=pool):
+                held.update(fn())
+        out = {}
+        for name, graph in graphs.items():
+            samples = []
+            for _ in range(reps):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                graph.replay()
+                b.record()
+                b.synchronize()
+                samples.append(a.elapsed_time(b))
+            out[name] = float(np.median(samples))
+        return out
 
     def close(self) -> None:
         self._entries.clear()

@@ -1,7 +1,9 @@
-"""Import the kernels package `flashrt_kernels`: the installed one, else the source checkout's kernels/ directory.
+"""Import the kernels package `flashrt_kernels` that belongs to this flashrt_core.
 
-In a colcon/pip install `flashrt_kernels` is a package of its own. In a source checkout it is the top-level
-kernels/ directory, loaded here under that name (registered in sys.modules so its relative imports work).
+In a source checkout it is the top-level kernels/ directory beside flashrt_core/, loaded here under that name
+(registered in sys.modules so its relative imports work). In a colcon/pip install there is no such directory
+beside the installed flashrt_core, and the installed `flashrt_kernels` package is imported. The checkout wins
+when both exist, so a stale install (colcon copies kernels/ at build time) never shadows the source being run.
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ def load_kernels() -> ModuleType:
     """The flashrt_kernels module. Raises ImportError naming both places looked at when neither exists."""
     if PACKAGE in sys.modules:
         return sys.modules[PACKAGE]
-    installed = importlib.util.find_spec(PACKAGE)
-    if installed is not None and installed.origin is not None:  # an empty install dir is a namespace: skip it
-        return importlib.import_module(PACKAGE)
     init = SOURCE_DIR / "__init__.py"
     if not init.is_file():
-        raise ImportError(f"{PACKAGE} is not installed and the source checkout has no {init}")
+        installed = importlib.util.find_spec(PACKAGE)
+        if installed is not None and installed.origin is not None:  # an empty install dir is a namespace: skip
+            return importlib.import_module(PACKAGE)
+        raise ImportError(f"{PACKAGE} is not installed and there is no source checkout at {init}")
     spec = importlib.util.spec_from_file_location(PACKAGE, init, submodule_search_locations=[str(SOURCE_DIR)])
     module = importlib.util.module_from_spec(spec)
     sys.modules[PACKAGE] = module

@@ -17,6 +17,9 @@ from .weights import Linear
 
 # Additive mask value for keys a query may not see: finite, so a row never becomes NaN.
 MASKED = -1e30
+# Decoder GEMM kinds and their split-K factor in the Triton skinny GEMM (partials are summed by the next norm).
+DECODER_SPLITS = {"qkv": 1, "o": 2, "gate_up": 1, "down": 4}
+SKINNY_BLOCK_K = 256
 
 
 @dataclass
@@ -60,6 +63,10 @@ class Ops:
         self._sdpa = dispatch[Op.ATTENTION] == "sdpa"
         self._mqa = dispatch[Op.MQA]
         self.fp8_prefix = dispatch[Op.GEMM_PREFIX] == "fp8"
+        triton_decoder = dispatch[Op.GEMM_DECODER] == "triton"
+        # decoder GEMM kind -> "triton" | "library"; tune_decoder() keeps Triton only where it measures faster
+        self.decoder_impl = {kind: "triton" if triton_decoder else "library" for kind in DECODER_SPLITS}
+        self.decoder_timings: dict[str, dict[str, float]] = {}
 
     # ---------------------------------------------------------------------------------------------- norms
     def norm(self, x: torch.Tensor | None, residual: torch.Tensor, out: torch.Tensor,
@@ -95,6 +102,48 @@ class Ops:
             return lin.fp8(x)
         outs = [F.linear(x, w, b) for w, b in lin.parts]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+    def _skinny_ok(self, x: torch.Tensor, lin: Linear, kind: str) -> bool:
+        (w, b), = lin.parts if len(lin.parts) == 1 else ((None, True),)
+        return (w is not None and b is None and lin.fp8 is None and x.shape[0] <= 64 and x.is_cuda
+                and x.shape[1] % (DECODER_SPLITS[kind] * SKINNY_BLOCK_K) == 0)
+
+    def decoder(self, x: torch.Tensor, lin: Linear, kind: str, impl: str | None = None) -> torch.Tensor:
+        """Decoder GEMM (few rows). kind "gate_up" returns the GeGLU activation (M, F); "o"/"down" may return
+        split-K partials (S, M, N) fp32 that the next norm sums; "qkv" returns (M, N)."""
+        impl = impl or self.decoder_impl[kind]
+        if impl == "triton" and self._skinny_ok(x, lin, kind):
+            w = lin.parts[0][0]
+            return self.k.skinny_gemm(x, w, geglu=kind == "gate_up", split_k=DECODER_SPLITS[kind],
+                                      block_k=SKINNY_BLOCK_K)
+        y = self.linear(x, lin)
+        return self.geglu(y) if kind == "gate_up" else y
+
+    def tune_decoder(self, rows: int, layer, reps: int = 50) -> dict[str, dict[str, float]]:
+        """Time Triton vs the library GEMM for each decoder kind at `rows` rows on `layer`'s weights; keep the
+        faster per kind (issue 4: fused kernels only where measured faster). Returns the timings (us)."""
+        for kind, lin in (("qkv", layer.qkv), ("o", layer.o), ("gate_up", layer.gate_up), ("down", layer.down)):
+            if self.decoder_impl[kind] != "triton":
+                continue
+            x = torch.randn(rows, lin.parts[0][0].shape[1], device=lin.parts[0][0].device,
+                            dtype=lin.parts[0][0].dtype)
+            if not self._skinny_ok(x, lin, kind):
+                self.decoder_impl[kind] = "library"
+                continue
+            times = {}
+            for impl in ("triton", "library"):
+                for _ in range(3):
+                    self.decoder(x, lin, kind, impl)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(reps):
+                    self.decoder(x, lin, kind, impl)
+                end.record()
+                end.synchronize()
+                times[impl] = start.elapsed_time(end) * 1e3 / reps
+            self.decoder_impl[kind] = min(times, key=times.get)
+            self.decoder_timings[kind] = times
+        return self.decoder_timings
 
     # ---------------------------------------------------------------------------------------------- attention
     def qkv_rope(self, qkv, pos, cos, sin, q_out, k_cache, v_cache, offset: int, heads: int, kv_heads: int,

@@ -29,7 +29,13 @@ def test_auto_on_this_machine_is_cpu_without_cuda():
         assert detect_hardware("auto", "cuda").vendor is Vendor.CPU
 
 
-def test_pinned_hopper_uses_graph_sdpa_and_fp8_only_when_asked():
+@pytest.fixture
+def no_triton(monkeypatch):
+    import flashrt_core.engine.kernel_import as ki
+    monkeypatch.setattr(ki, "triton_available", lambda: False)
+
+
+def test_pinned_hopper_uses_graph_sdpa_and_fp8_only_when_asked(no_triton):
     hw = detect_hardware("sm90")
     assert hw.sm == 90
     plain = resolve(hw, EngineOptions())
@@ -51,7 +57,7 @@ def test_reference_hardware_forces_reference_executor():
     assert d[Op.EXECUTOR] == "reference"
 
 
-def test_switches_from_environment():
+def test_switches_from_environment(no_triton):
     hw = detect_hardware("sm90")
     assert resolve(hw, _env(FLASHRT_DISABLE_CUDA_GRAPH=1))[Op.EXECUTOR] == "eager_engine"
     assert resolve(hw, _env(FLASHRT_DISABLE_FLASH_ATTENTION=1))[Op.ATTENTION] == "math"
@@ -96,7 +102,9 @@ def test_triton_ops_fall_back_without_triton(monkeypatch):
     monkeypatch.setattr(ki, "triton_available", lambda: False)
     d = resolve(detect_hardware("sm90"), EngineOptions())
     assert d[Op.NORM] == "torch" and d[Op.GEGLU] == "torch"
+    assert d[Op.MQA] == "sdpa" and d[Op.GEMM_DECODER] == "bf16"
     monkeypatch.setattr(ki, "triton_available", lambda: True)
     d = resolve(detect_hardware("sm90"), EngineOptions())
     assert d[Op.NORM] == "triton" and d[Op.QKV_ROPE] == "triton"
+    assert d[Op.MQA] == "triton" and d[Op.GEMM_DECODER] == "triton"
     assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_TRITON=1))[Op.NORM] == "torch"

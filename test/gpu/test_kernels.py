@@ -181,3 +181,46 @@ def test_attention(tokens, prefix, suffix_visible, splits):
     out = _poison(torch.empty_like(q))
     K.attention(q, k, v, bias, prefix, visible, heads, dh ** -0.5, out, splits=splits)
     _close(out, want, ATTN_BF16_ATOL, BF16_RTOL)
+
+
+SKINNY_DTYPE = torch.float32 if INTERPRET else torch.bfloat16   # interpreter: no bf16 tl.dot
+SKINNY_REL_L2 = 1e-2  # bf16 output rounding + fp32 accumulation order
+
+
+@pytest.mark.parametrize("rows", DECODER_ROWS)
+@pytest.mark.parametrize("n,k,geglu,split", [
+    (2560, 1024, False, 1),      # expert QKV
+    (1024, 2048, False, 2),      # expert o_proj, split-K partials
+    (8192, 1024, True, 1),       # expert merged gate/up with the GeGLU epilogue
+    (1024, 4096, False, 4),      # expert down_proj, split-K partials
+])
+def test_skinny_gemm(rows, n, k, geglu, split):
+    if INTERPRET:
+        n, k = n // 16, k // 4
+    g = torch.Generator(device=DEVICE).manual_seed(n + k + rows)
+    x = torch.randn(rows, k, device=DEVICE, generator=g).to(SKINNY_DTYPE)
+    w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(SKINNY_DTYPE)
+    want = K.skinny_gemm_reference(x, w, geglu, split).float()
+    got = K.skinny_gemm(x, w, geglu, split, block_k=64 if INTERPRET else 256).float()
+    assert got.shape == want.shape and not torch.isnan(got).any()
+    err = (got - want).norm() / want.norm()
+    assert err < SKINNY_REL_L2, f"rel L2 error {err:.2e}"
+
+
+@pytest.mark.parametrize("splits", [2, 4])
+def test_norms_sum_split_k_partials(splits):
+    rows, width = DECODER_ROWS[-1], 1024
+    g = torch.Generator(device=DEVICE).manual_seed(splits)
+    parts = torch.randn(splits, rows, width, device=DEVICE, generator=g)
+    residual = torch.randn(rows, width, device=DEVICE, generator=g)
+    gate, scale1p, shift = (torch.randn(width, device=DEVICE, generator=g) for _ in range(3))
+    want, want_res = K.ada_rms_norm_reference(parts.sum(0), residual, gate, scale1p, shift)
+    out, res = _poison(torch.empty(rows, width, device=DEVICE, dtype=torch.bfloat16)), residual.clone()
+    K.ada_rms_norm(parts, res, gate, scale1p, shift, out)
+    _close(out, want, BF16_ATOL, BF16_RTOL)
+    _close(res, want_res, 1e-4, 1e-5)
+    want, want_res = K.residual_norm_reference(parts.sum(0), residual)
+    out, res = _poison(torch.empty(rows, width, device=DEVICE, dtype=torch.bfloat16)), residual.clone()
+    K.residual_norm(parts, res, out)
+    _close(out, want, BF16_ATOL, BF16_RTOL)
+    _close(res, want_res, 1e-4, 1e-5)

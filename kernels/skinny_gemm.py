@@ -1,0 +1,90 @@
+"""GEMM for few rows (the 10-51-token denoising steps): weight streaming, optional GeGLU epilogue, split-K.
+
+    y = x @ W^T                          x (M, K), W (N, K), M <= 64: memory-bound on reading W once
+    GeGLU epilogue (W = [W_gate; W_up], N = 2F):  y = gelu_tanh(x @ W_gate^T) * (x @ W_up^T)     (M, F)
+    split-K: program k of SPLIT_K writes the fp32 partial x[:, Kk] @ W[:, Kk]^T into part[k] (SPLIT_K, M, N);
+             the consumer (the residual norm kernels) sums the partials, so no reduction kernel runs.
+
+Each program owns BLOCK_N output columns (both gate and up columns with the epilogue) for all M rows, so every
+weight byte is read once. Provenance: FlashRT AMD's packed small-M BF16 kernel for QKV, O and merged gate/up.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._triton import tl, triton
+
+_K_GELU = 2.0 * math.sqrt(2.0 / math.pi)
+
+
+def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1) -> torch.Tensor:
+    """Plain PyTorch. (M, N) in x.dtype; (M, N/2) with geglu; (split_k, M, N) fp32 partials with split_k > 1."""
+    if split_k > 1:
+        K = x.shape[1]
+        xs = x.float().view(x.shape[0], split_k, K // split_k).transpose(0, 1)        # (S, M, K/S)
+        ws = w.float().view(w.shape[0], split_k, K // split_k).transpose(0, 1)        # (S, N, K/S)
+        return xs @ ws.transpose(1, 2)                                                # (S, M, N)
+    y = x.float() @ w.float().T
+    if geglu:
+        gate, up = y.chunk(2, dim=-1)
+        y = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    return y.to(x.dtype)
+
+
+@triton.jit
+def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, split_stride,
+                   K_PER_SPLIT: tl.constexpr, GEGLU: tl.constexpr, SPLIT_K: tl.constexpr, KGELU: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_out = F if GEGLU else N
+    n_ok = rn < n_out
+    k0 = pid_k * K_PER_SPLIT
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if GEGLU:
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for kk in range(0, K_PER_SPLIT, BLOCK_K):
+        k = k0 + kk
+        x = tl.load(x_ptr + rm[:, None] * stride_x + (k + rk)[None, :], mask=m_ok[:, None], other=0.0)
+        w = tl.load(w_ptr + rn[:, None] * stride_w + (k + rk)[None, :], mask=n_ok[:, None], other=0.0)
+        acc += tl.dot(x, tl.trans(w))
+        if GEGLU:
+            wu = tl.load(w_ptr + (rn + F)[:, None] * stride_w + (k + rk)[None, :], mask=n_ok[:, None], other=0.0)
+            acc_up += tl.dot(x, tl.trans(wu))
+    mask = m_ok[:, None] & n_ok[None, :]
+    if GEGLU:
+        acc = acc * tl.sigmoid(KGELU * (acc + 0.044715 * acc * acc * acc)) * acc_up
+    if SPLIT_K > 1:
+        tl.store(y_ptr + pid_k * split_stride + rm[:, None] * N + rn[None, :], acc, mask=mask)
+    else:
+        tl.store(y_ptr + rm[:, None] * stride_y + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1, block_n: int = 16,
+                block_k: int = 256, num_stages: int = 4) -> torch.Tensor:
+    """Triton launcher; contract of skinny_gemm_reference. x (M, K) with M <= 64 and unit column stride."""
+    M, K = x.shape
+    N = w.shape[0]
+    if M > 64 or w.shape[1] != K or x.stride(1) != 1 or not w.is_contiguous():
+        raise ValueError(f"skinny_gemm: x (M<=64, K) and contiguous W (N, K); got {tuple(x.shape)}, {tuple(w.shape)}")
+    if K % (split_k * block_k) or (geglu and (N % 2 or split_k > 1)):
+        raise ValueError(f"skinny_gemm: K={K} must divide into split_k={split_k} x block_k={block_k}; GeGLU needs "
+                         "an even N and no split")
+    F = N // 2 if geglu else N
+    if split_k > 1:
+        y = torch.empty(split_k, M, N, device=x.device, dtype=torch.float32)
+    else:
+        y = torch.empty(M, F, device=x.device, dtype=x.dtype)
+    block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
+    grid = (triton.cdiv(F, block_n), split_k)
+    _skinny_kernel[grid](x, w, y, M, N, F, x.stride(0), w.stride(0), y.stride(-2), M * N,
+                         K_PER_SPLIT=K // split_k, GEGLU=geglu, SPLIT_K=split_k, KGELU=_K_GELU, BLOCK_M=block_m, BLOCK_N=block_n,
+                         BLOCK_K=block_k, num_warps=4, num_stages=num_stages)
+    return y
