@@ -176,3 +176,12 @@ def parse_remaps(remaps: Sequence[str]) -> dict[str, str]:
             raise BagError(f"remapping {item!r} is not of the form 'old_topic:=new_topic'")
         mapping[old.strip()] = new.strip()
     return mapping
+
+
+def split_ros_args(argv: Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """Split a command line at ``--ros-args``: (this tool's arguments, the ROS arguments for rclpy.init)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--ros-args" in argv:
+        index = argv.index("--ros-args")
+        return argv[:index], argv[index:]
+    return argv, []

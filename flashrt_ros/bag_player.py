@@ -30,7 +30,7 @@ from pathlib import Path
 
 from rosbags.rosbag2 import Reader
 
-from flashrt_ros.bag_common import BagError, parse_remaps, playback_qos, rclpy_message_class
+from flashrt_ros.bag_common import BagError, parse_remaps, playback_qos, rclpy_message_class, split_ros_args
 
 LOGGER = logging.getLogger(__name__)
 
@@ -101,7 +101,11 @@ class BagPlayer:
             publishers = self._create_publishers(reader, stats)
             if not publishers:
                 raise BagError(f"nothing to play in {cfg.bag}: no topic selected has an installed message type")
-            if cfg.clock_hz > 0:
+            start_ns = reader.start_time + int(round(cfg.start_offset_s * 1e9))
+            if start_ns > reader.end_time:
+                raise BagError(f"start offset {cfg.start_offset_s} s is past the end of the bag "
+                               f"({reader.duration / 1e9:.3f} s)")
+            if cfg.clock_hz > 0 and self._clock_pub is None:
                 from rclpy.qos import QoSProfile, ReliabilityPolicy
                 from rosgraph_msgs.msg import Clock
 
@@ -111,10 +115,6 @@ class BagPlayer:
             self._wait_for_subscribers({p.topic_name: p for p in publishers.values()})
             if cfg.delay_s:
                 self._stop.wait(cfg.delay_s)
-            start_ns = reader.start_time + int(round(cfg.start_offset_s * 1e9))
-            if start_ns > reader.end_time:
-                raise BagError(f"start offset {cfg.start_offset_s} s is past the end of the bag "
-                               f"({reader.duration / 1e9:.3f} s)")
             connections = [c for c in reader.connections if c.id in publishers]
             wall_start = time.perf_counter()
             while not self._stop.is_set():
@@ -226,7 +226,8 @@ def _parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[st
     parser.add_argument("--wait-timeout", type=float, default=30.0)
     parser.add_argument("-d", "--delay", type=float, default=0.0, help="wall seconds to wait before playing")
     parser.add_argument("--log-level", default="INFO")
-    return parser.parse_known_args(argv)
+    own, ros_args = split_ros_args(argv)
+    return parser.parse_args(own), ros_args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from rosbags.rosbag2 import StoragePlugin, Writer
 
-from flashrt_ros.bag_common import BagError, bag_typestore, qos_to_bag, rclpy_message_class, recording_qos
+from flashrt_ros.bag_common import (BagError, bag_typestore, qos_to_bag, rclpy_message_class, recording_qos,
+                                    split_ros_args)
 
 LOGGER = logging.getLogger(__name__)
 
@@ -171,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=0.0, help="stop after this many wall seconds (0: SIGINT)")
     parser.add_argument("--use-sim-time", action="store_true", help="timestamp messages with /clock time")
     parser.add_argument("--log-level", default="INFO")
-    args, ros_args = parser.parse_known_args(argv)
+    own, ros_args = split_ros_args(argv)
+    args = parser.parse_args(own)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if args.duration < 0:
         parser.error(f"--duration must be >= 0, got {args.duration}")

@@ -112,7 +112,7 @@ def replay_through_node(bag: Path, values: dict[str, Any], settings: NodeSetting
     # Only values that differ from the node's defaults (an empty list has no ROS parameter type to infer).
     overrides = [Parameter(name, value=value) for name, value in values.items() if value != SPECS[name].default]
     context = rclpy.Context()
-    rclpy.init(context=context)
+    rclpy.init(args=["flashrt_bag_regression"], context=context)  # not sys.argv: it holds this tool's -p options
     executor = MultiThreadedExecutor(num_threads=4, context=context)
     kwargs = {} if policy_factory is None else {"policy_factory": policy_factory}
     node = pinned_noise_policy_node(noise_seed, node_name=NODE_NAME, context=context, parameter_overrides=[
