@@ -27,6 +27,7 @@ is written at the bag time its observation completed; ``inference_time`` is the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -255,6 +256,50 @@ def evaluate_bag(bag: Path, policy, settings: NodeSettings, noise_seed: int = 0,
     return evaluator.result
 
 
+def recompute_chunks(bag: Path, policy, settings: NodeSettings, chunks: Sequence[Chunk], noise_seed: int = 0,
+                     namespace: str = "/") -> list[Chunk]:
+    """Reference chunks for exactly the inputs of ``chunks`` (their frames by view stamps, state by state stamp).
+
+    For live chunks whose inputs the evaluation did not pair the same way (typically a later state sample):
+    the prompt is the instruction in effect at the chunk's receive time (else ``default_instruction``).
+    """
+    evaluator = _Evaluator(policy, settings, noise_seed, namespace)
+    cameras = {topic: i for topic, i in evaluator.camera_index.items()}
+    wanted_frames = [{c.view_stamps_ns[i] for c in chunks} for i in range(len(cameras))]
+    wanted_states = {c.state_stamp_ns for c in chunks}
+    frames: list[dict[int, Any]] = [{} for _ in cameras]
+    states: dict[int, np.ndarray] = {}
+    instructions: list[tuple[int, str]] = []
+    store = bag_typestore()
+    with Reader(bag) as reader:
+        connections = [c for c in reader.connections if c.topic in evaluator.topics]
+        for conn, receive_ns, raw in reader.messages(connections=connections):
+            msg = store.deserialize_cdr(raw, conn.msgtype)
+            if conn.topic in cameras:
+                index = cameras[conn.topic]
+                if _stamp_ns(msg.header.stamp) in wanted_frames[index]:
+                    frames[index][_stamp_ns(msg.header.stamp)] = msg
+            elif conn.topic == evaluator.instruction_topic and msg.data.strip():
+                instructions.append((receive_ns, msg.data.strip()))
+            elif conn.topic == evaluator.state_topic and _stamp_ns(msg.header.stamp) in wanted_states:
+                states[_stamp_ns(msg.header.stamp)] = _state_values(msg, settings, policy.state_dim)
+    result = []
+    for chunk in chunks:
+        missing = [i for i, stamp in enumerate(chunk.view_stamps_ns) if stamp not in frames[i]]
+        if missing or (evaluator.state_topic and chunk.state_stamp_ns not in states):
+            raise BagError(f"{bag} has no frames/state for the chunk stamped {chunk.stamp_ns} "
+                           f"(views {missing}, state {chunk.state_stamp_ns})")
+        prompt = next((text for t, text in reversed(instructions) if t <= chunk.receive_ns),
+                      settings.default_instruction)
+        images = {view: to_rgb(frames[i][stamp])
+                  for i, (view, stamp) in enumerate(zip(evaluator.view_names, chunk.view_stamps_ns))}
+        state = states.get(chunk.state_stamp_ns) if evaluator.state_topic else None
+        noise = observation_noise(noise_seed, chunk.stamp_ns, policy.horizon)  # (horizon, 32)
+        actions = policy.predict(images, prompt, state=state, noise=noise)  # (horizon, action_dim)
+        result.append(dataclasses.replace(chunk, actions=np.asarray(actions, dtype=np.float32)))
+    return result
+
+
 # ------------------------------------------------------------------------------------------- chunk bags
 def write_chunk_bag(out: Path, chunks: Iterable[Chunk], settings: NodeSettings, view_names: Sequence[str],
                     model_id: str, storage: str = "sqlite3") -> None:
@@ -303,24 +348,24 @@ def read_chunk_bag(bag: Path, topic: str | None = None) -> list[Chunk]:
 
 @dataclass
 class Comparison:
-    """Live chunks matched with reference chunks by observation (the view stamps of the frames used).
+    """Live chunks matched with reference chunks by their inputs (the frames' view stamps and the state stamp).
 
     The state is the newest sample received before inference starts, in the node as in the evaluator; live,
     a state sample can arrive between the frame and the start of inference (or the node can still be busy with
     the previous observation), so a live chunk may use a later state than the reference: those are counted in
-    ``state_differs`` and their actions are not compared (a different state is a different model input).
+    ``state_differs`` and not compared here; :func:`check_live_chunks` recomputes references for them.
     """
 
     matched: int  # same frames and same state: actions compared
     state_differs: int  # same frames, another state sample
     unmatched_live: list[Chunk]  # live chunks from an observation the evaluator never formed
     mismatched: list[tuple[Chunk, Chunk]]  # (reference, live): same inputs, actions outside tolerance
-    reference_total: int
+    reference_total: int  # observations (distinct frame sets) in the reference
     max_abs_error: float
 
     @property
     def coverage(self) -> float:
-        """Fraction of the reference chunks reproduced live with the same inputs (and compared)."""
+        """Compared live chunks per reference observation (1.0: every observation reproduced and checked)."""
         return self.matched / self.reference_total if self.reference_total else 0.0
 
     @property
@@ -337,16 +382,17 @@ class Comparison:
 
 def compare_chunks(reference: Sequence[Chunk], live: Sequence[Chunk], atol: float = COMPARE_ATOL,
                    rtol: float = COMPARE_RTOL) -> Comparison:
-    """Match every live chunk with the reference chunk of the same observation and compare the actions."""
-    by_views = {c.view_stamps_ns: c for c in reference}
+    """Match every live chunk with the reference chunk of the same inputs (frames, state) and compare actions."""
+    by_inputs = {(c.view_stamps_ns, c.state_stamp_ns): c for c in reference}
+    views = {c.view_stamps_ns for c in reference}
     matched, state_differs, unmatched, mismatched, max_error = 0, 0, [], [], 0.0
     for chunk in live:
-        ref = by_views.get(chunk.view_stamps_ns)
+        ref = by_inputs.get((chunk.view_stamps_ns, chunk.state_stamp_ns))
         if ref is None:
-            unmatched.append(chunk)
-            continue
-        if ref.state_stamp_ns != chunk.state_stamp_ns:
-            state_differs += 1
+            if chunk.view_stamps_ns in views:
+                state_differs += 1
+            else:
+                unmatched.append(chunk)
             continue
         matched += 1
         if ref.actions.shape != chunk.actions.shape:
@@ -355,7 +401,23 @@ def compare_chunks(reference: Sequence[Chunk], live: Sequence[Chunk], atol: floa
         max_error = max(max_error, float(np.abs(ref.actions - chunk.actions).max()))
         if not np.allclose(chunk.actions, ref.actions, atol=atol, rtol=rtol):
             mismatched.append((ref, chunk))
-    return Comparison(matched, state_differs, unmatched, mismatched, len(reference), max_error)
+    observations = len(views)
+    return Comparison(matched, state_differs, unmatched, mismatched, observations, max_error)
+
+
+def check_live_chunks(bag: Path, policy, settings: NodeSettings, reference: Sequence[Chunk], live: Sequence[Chunk],
+                      noise_seed: int = 0, namespace: str = "/", atol: float = COMPARE_ATOL,
+                      rtol: float = COMPARE_RTOL) -> tuple[Comparison, int]:
+    """Compare ``live`` with ``reference``; live chunks that used another state sample than the reference are
+    checked against references recomputed for their exact inputs. Returns (comparison, chunks recomputed)."""
+    comparison = compare_chunks(reference, live, atol, rtol)
+    if not comparison.state_differs:
+        return comparison, 0
+    known = {(c.view_stamps_ns, c.state_stamp_ns) for c in reference}
+    views = {c.view_stamps_ns for c in reference}
+    differing = [c for c in live if c.view_stamps_ns in views and (c.view_stamps_ns, c.state_stamp_ns) not in known]
+    extra = recompute_chunks(bag, policy, settings, differing, noise_seed, namespace)
+    return compare_chunks([*reference, *extra], live, atol, rtol), len(extra)
 
 
 # ------------------------------------------------------------------------------------------- CLI
@@ -396,15 +458,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         view_names = settings.camera_views or tuple(policy.view_names)[:len(settings.camera_topics)]
         if args.out is not None:
             write_chunk_bag(args.out, evaluation.chunks, settings, view_names, str(policy.model_id), args.storage)
+        print(f"{len(evaluation.chunks)} chunks from {sum(evaluation.frames.values())} frames; "
+              f"rejected {dict(evaluation.rejected)}; buffer {evaluation.buffer}")
+        if args.compare is None:
+            return 0
+        comparison, recomputed = check_live_chunks(
+            args.bag, policy, settings, evaluation.chunks, read_chunk_bag(args.compare, args.compare_topic),
+            args.noise_seed, args.namespace, args.atol, args.rtol)
     finally:
         policy.close()
-    print(f"{len(evaluation.chunks)} chunks from {sum(evaluation.frames.values())} frames; "
-          f"rejected {dict(evaluation.rejected)}; buffer {evaluation.buffer}")
-    if args.compare is None:
-        return 0
-    comparison = compare_chunks(evaluation.chunks, read_chunk_bag(args.compare, args.compare_topic),
-                                args.atol, args.rtol)
-    print(f"compared with {args.compare}: {comparison.summary()}")
+    print(f"compared with {args.compare}: {comparison.summary()}; {recomputed} references recomputed for "
+          "chunks that used another state sample")
     return 0 if comparison.ok else 1
 
 

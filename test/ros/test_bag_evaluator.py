@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import yaml
 
-from flashrt_ros.bag_evaluator import (compare_chunks, evaluate_bag, load_node_settings, load_node_values, main,
-                                       read_chunk_bag, write_chunk_bag)
+from flashrt_ros.bag_evaluator import (check_live_chunks, compare_chunks, evaluate_bag, load_node_settings,
+                                       load_node_values, main, read_chunk_bag, write_chunk_bag)
 from flashrt_ros.bag_regression import main as regression_main
 from flashrt_ros.bag_regression import replay_through_node
 from flashrt_ros.demo_bag import (BASE_CAMERA_TOPIC, INSTRUCTION_TOPIC, JOINT_STATE_TOPIC, WRIST_CAMERA_TOPIC,
@@ -86,15 +86,19 @@ def test_evaluator_applies_the_node_rules_to_a_faulty_bag(fault_evaluation, bags
     assert len(after_dropout) >= 3, "pairing resumes after the dropout"
 
 
-def test_chunks_are_pinned_by_seed_and_stamp(fault_evaluation, bags):
-    """Recomputing a chunk from its observation with the pinned noise gives it exactly; another seed does not."""
+def test_chunks_are_pinned_by_seed_and_stamp(fault_evaluation, bags, settings):
+    """Recomputing a chunk from its observation with the pinned noise gives it exactly; another seed does not.
+
+    A live chunk computed with a later state sample than the reference's is checked against a reference
+    recomputed for its exact inputs.
+    """
     from flashrt_ros.bag_common import bag_typestore
     from flashrt_ros.image_conversion import to_rgb
     from rosbags.rosbag2 import Reader
 
     policy, store = shared_policy(), bag_typestore()
     chunk = fault_evaluation.chunks[len(fault_evaluation.chunks) // 2]
-    frames, state = {}, None
+    frames, state, later_state = {}, None, None
     with Reader(bags["faults"]) as reader:
         topics = (*CAMERAS, JOINT_STATE_TOPIC)
         for conn, _, raw in reader.messages(connections=[c for c in reader.connections if c.topic in topics]):
@@ -103,6 +107,8 @@ def test_chunks_are_pinned_by_seed_and_stamp(fault_evaluation, bags):
             if conn.topic == JOINT_STATE_TOPIC:
                 if stamp == chunk.state_stamp_ns:
                     state = np.asarray(msg.position, dtype=np.float32)
+                elif state is not None and later_state is None:
+                    later_state = (stamp, np.asarray(msg.position, dtype=np.float32))
             elif stamp == chunk.view_stamps_ns[CAMERAS.index(conn.topic)]:
                 frames[conn.topic] = to_rgb(msg)
     assert state is not None and chunk.state_stamp_ns <= chunk.stamp_ns + int(0.05e9)
@@ -113,6 +119,17 @@ def test_chunks_are_pinned_by_seed_and_stamp(fault_evaluation, bags):
     other_seed = policy.predict(images, FAULT_BAG.instruction, state=state,
                                 noise=observation_noise(NOISE_SEED + 1, chunk.stamp_ns, policy.horizon))
     assert np.abs(other_seed - chunk.actions).max() > 1e-3
+
+    later = policy.predict(images, FAULT_BAG.instruction, state=later_state[1],
+                           noise=observation_noise(NOISE_SEED, chunk.stamp_ns, policy.horizon))
+    live = dataclasses.replace(chunk, state_stamp_ns=later_state[0], actions=later)
+    assert compare_chunks(fault_evaluation.chunks, [live]).state_differs == 1
+    comparison, recomputed = check_live_chunks(bags["faults"], policy, settings, fault_evaluation.chunks, [live],
+                                               NOISE_SEED, atol=0.0, rtol=0.0)
+    assert recomputed == 1 and comparison.ok and comparison.matched == 1
+    wrong = dataclasses.replace(live, actions=chunk.actions)
+    comparison, _ = check_live_chunks(bags["faults"], policy, settings, fault_evaluation.chunks, [wrong], NOISE_SEED)
+    assert not comparison.ok and len(comparison.mismatched) == 1
 
 
 def test_chunk_bag_round_trip_and_comparison(fault_evaluation, settings, tmp_path):
