@@ -22,7 +22,6 @@ Files:
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import logging
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from flashrt_core.config import NormMode
 from flashrt_core.errors import CheckpointError, InputError
 
 logger = logging.getLogger(__name__)
@@ -45,9 +45,6 @@ LEROBOT_KEYS = {"state": "observation.state", "actions": "action"}  # our key ->
 STAT_NAMES = ("mean", "std", "q01", "q99")
 
 
-class NormMode(str, enum.Enum):
-    QUANTILE = "quantile"  # pi0.5
-    ZSCORE = "zscore"  # pi0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from flashrt_core.config import ModelType, PromptMode
 from flashrt_core.errors import CheckpointError, InputError
 
 logger = logging.getLogger(__name__)
@@ -43,17 +44,8 @@ MAX_TEST_VOCAB = 2048  # the built-in corpus supports ~2700 BPE pieces
 PROMPT_CACHE_SIZE = 256  # distinct full prompts kept; the node repeats one instruction every frame
 
 
-class PromptMode(str, enum.Enum):
-    """How the pi0.5 prompt is laid out (pi0 always uses the pi0 layout)."""
-
-    DISCRETE_STATE = "discrete_state"  # openpi pi0.5: "Task: ..., State: ...;\nAction: "
-    NO_STATE = "no_state"  # openpi pi05 with discrete_state_input=False: pi0 layout
-    LEROBOT_NO_STATE = "lerobot_no_state"  # lerobot pi0.5 without state: "Task: ...;\nAction: "
 
 
-class ModelType(str, enum.Enum):
-    PI0 = "pi0"
-    PI05 = "pi05"
 
 
 def clean_text(text: str) -> str:

@@ -23,6 +23,9 @@ if str(REPO_ROOT) not in sys.path:
 from flashrt_ros.loopback_dds import apply_loopback_dds  # noqa: E402  (needs REPO_ROOT on sys.path)
 
 DDS_ENVIRONMENT = apply_loopback_dds(TEST_OUTPUT / f"dds_{os.getpid()}")
+# Two cores are shared by the test process and the DDS processes it starts: one math thread each keeps
+# them from oversubscribing (2-3x faster under load). Set before anything imports torch.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The embedded demo checkpoint is generated once per test run into the tree, not into ~/.cache.
 os.environ.setdefault("FLASHRT_CACHE_DIR", str(TEST_OUTPUT / "flashrt_cache"))
 
