@@ -134,6 +134,12 @@ class InferenceWorker(Generic[Job]):
             if enabled:
                 self._run_once(generation)
 
+    def _report(self, what: str, error: BaseException) -> None:
+        try:
+            self._on_error(what, error)
+        except Exception:            # the error callback itself failed: log it, keep the thread alive
+            _LOG.exception("error callback failed while reporting %s: %s", what, error)
+
     def _fail_pending_calls(self) -> None:
         for _, done, box in self._calls:
             box["error"] = RuntimeError("the inference thread stopped")
@@ -144,7 +150,7 @@ class InferenceWorker(Generic[Job]):
         try:
             job = self._prepare()
         except Exception as error:   # a bad input must never kill the thread
-            self._on_error("preparing the observation failed", error)
+            self._report("preparing the observation failed", error)
             return
         if job is None:
             return
@@ -154,7 +160,7 @@ class InferenceWorker(Generic[Job]):
             actions = self._predict(job)
             result = InferenceResult(job, actions, time.perf_counter() - start)
         except Exception as error:
-            self._on_error("inference failed", error)
+            self._report("inference failed", error)
             return
         finally:
             self._busy = False
@@ -163,7 +169,7 @@ class InferenceWorker(Generic[Job]):
                 try:
                     self._deliver(result)
                 except Exception as error:
-                    self._on_error("publishing the result failed", error)
+                    self._report("publishing the result failed", error)
                 return
         if self._on_discard is not None:
             self._on_discard(result)

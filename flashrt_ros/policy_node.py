@@ -154,13 +154,20 @@ class PolicyNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """Subscriptions and outputs live. SUCCESS -> active."""
+        """Subscriptions and outputs live. SUCCESS -> active; FAILURE -> stays inactive."""
         settings = self._settings
         self._sequence = 0
         self._statistics.reset()
         self._buffer.clear()
         self._buffer.reset_counters()
-        self._create_subscriptions(settings)
+        try:
+            self._create_subscriptions(settings)
+        except Exception as error:      # e.g. a topic already used with another type in this process
+            self._destroy_subscriptions()
+            message = f"activate failed: {type(error).__name__}: {error}"
+            self.get_logger().error(message)
+            self._statistics.set_last_error(message)
+            return TransitionCallbackReturn.FAILURE
         if settings.trigger is TriggerMode.RATE:
             self._trigger_timer = self.create_timer(1.0 / settings.inference_rate_hz, self._worker.notify,
                                                     callback_group=self._timer_group)
@@ -497,7 +504,11 @@ class PolicyNode(LifecycleNode):
         if now - self._last_logged.get(key, -math.inf) < LOG_THROTTLE_S:
             return
         self._last_logged[key] = now
-        (self.get_logger().error if error else self.get_logger().warning)(message)
+        # rclpy fixes the severity per call site: one call site per severity
+        if error:
+            self.get_logger().error(message)
+        else:
+            self.get_logger().warning(message)
 
 
 def main(args: list[str] | None = None) -> int:

@@ -28,7 +28,7 @@ from rclpy.signals import SignalHandlerOptions
 from rclpy.time import Time
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import String
+from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros import qos_profiles
@@ -118,7 +118,8 @@ class NodeHarness:
                                          qos_profiles.camera_qos()) for t in self.camera_topics]
         self.instruction_publisher = self.driver.create_publisher(
             String, values.get("instruction_topic", "instruction"), qos_profiles.instruction_qos())
-        self.state_publisher = self.driver.create_publisher(JointState, values["state_topic"] or "joint_states",
+        self.state_type = Float64MultiArray if values.get("state_type") == "float_array" else JointState
+        self.state_publisher = self.driver.create_publisher(self.state_type, values["state_topic"] or "joint_states",
                                                             qos_profiles.state_qos())
         self.clock_publisher = self.driver.create_publisher(Clock, "/clock", 10)
         self.executor = MultiThreadedExecutor(num_threads=4, context=self.context)
@@ -143,6 +144,9 @@ class NodeHarness:
     def send_state(self, stamp_ns: int, values=None) -> None:
         dim = self.node.policy.state_dim
         values = np.linspace(-0.5, 0.5, dim) if values is None else values
+        if self.state_type is Float64MultiArray:       # no header: the node stamps it on arrival
+            self.state_publisher.publish(Float64MultiArray(data=[float(v) for v in values]))
+            return
         msg = JointState(name=[f"joint_{i}" for i in range(len(values))], position=[float(v) for v in values])
         msg.header.stamp = Time(nanoseconds=stamp_ns).to_msg()
         self.state_publisher.publish(msg)

@@ -122,3 +122,18 @@ def test_run_on_thread_uses_the_inference_thread_and_passes_errors_back():
     assert worker.stop()
     with pytest.raises(RuntimeError, match="not running"):
         worker.run_on_thread(lambda: None)
+
+
+def test_a_failing_error_callback_does_not_kill_the_thread():
+    recorder = Recorder()
+    worker = InferenceWorker(recorder.prepare, recorder.predict, lambda r: recorder.delivered.append(r.job),
+                             lambda what, error: 1 / 0)
+    worker.start()
+    worker.enable()
+    recorder.put("boom")
+    worker.notify()
+    time.sleep(0.1)
+    recorder.put("fine")
+    worker.notify()
+    assert wait_for(lambda: recorder.delivered == ["fine"]) and worker.alive
+    assert worker.stop()

@@ -215,3 +215,41 @@ def test_runtime_parameters_apply_to_the_observation_buffer(active_harness):
     assert wait_until(lambda: len(h.chunks) == 1, timeout_s=CHUNK_TIMEOUT_S)
     stamps = [t.sec * 1_000_000_000 + t.nanosec for t in h.chunks[0].view_stamps]
     assert stamps == [now, now + 20 * MS]
+
+
+def test_joint_state_is_picked_by_name_in_the_configured_order(active_harness):
+    dim = shared_policy().state_dim
+    names = [f"joint_{i}" for i in reversed(range(dim))]
+    h = active_harness({"state_joint_names": names})
+    msg_names = [f"joint_{i}" for i in range(dim)] + ["gripper_extra"]
+    from sensor_msgs.msg import JointState
+    from rclpy.time import Time
+    msg = JointState(name=msg_names, position=[float(i) for i in range(dim)] + [99.0])
+    msg.header.stamp = Time(nanoseconds=h.now_ns()).to_msg()
+    h.state_publisher.publish(msg)
+    assert wait_until(lambda: h.node._state is not None)
+    np.testing.assert_array_equal(h.node._state.values, np.arange(dim, dtype=np.float32)[::-1])
+    missing = JointState(name=msg_names[1:], position=[0.0] * dim)
+    h.state_publisher.publish(missing)
+    assert wait_until(lambda: h.node._statistics.snapshot().rejected.get("bad_state") == 1)
+    assert "lacks joints ['joint_0']" in h.node._statistics.snapshot().last_error
+
+
+def test_float_array_state_and_three_cameras_in_a_configured_view_order(active_harness):
+    views = ["right_wrist_0_rgb", "base_0_rgb", "left_wrist_0_rgb"]
+    h = active_harness({"state_type": "float_array", "camera_views": views},
+                       cameras=("cam_right/image_raw", "cam_high/image_raw", "cam_left/image_raw"))
+    h.send_instruction()
+    before = h.now_ns()
+    h.send_state(before)
+    assert wait_until(lambda: h.node._state is not None)
+    stamp = h.now_ns()
+    for camera, offset in enumerate((5 * MS, 0, 9 * MS)):
+        h.send_frame(camera, stamp + offset)
+    assert wait_until(lambda: len(h.chunks) == 1, timeout_s=CHUNK_TIMEOUT_S)
+    chunk = h.chunks[0]
+    assert list(chunk.view_names) == views
+    assert [t.sec * 1_000_000_000 + t.nanosec for t in chunk.view_stamps] == [stamp + 5 * MS, stamp, stamp + 9 * MS]
+    assert chunk.header.stamp == chunk.view_stamps[1]                          # the oldest of the three
+    state_stamp = chunk.state_stamp.sec * 1_000_000_000 + chunk.state_stamp.nanosec
+    assert before <= state_stamp <= stamp                                       # no header: receive time

@@ -125,3 +125,4 @@ def test_sigint_exits_cleanly_from_every_state(harnesses, target_state):
             process.communicate()
     assert process.returncode == 0, f"exit code {process.returncode}\n{out}\n{err}"
     assert "Traceback" not in err, err
+
