@@ -108,6 +108,7 @@ class EngineExecutor:
         self._entries: dict[tuple, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graph else None
         self.capture_seconds: dict[tuple, float] = {}
+        self.fp8_calibrated = False
         log.info("engine ready: %s, text buckets %s, dispatch %s", self.name, self.text_buckets, dispatch.summary())
 
     # ---------------------------------------------------------------------------------------------- set-up
@@ -185,7 +186,21 @@ class EngineExecutor:
             return entry, True
         return entry, False
 
+    @torch.inference_mode()
+    def _calibrate_fp8(self, entry: _Entry) -> None:
+        """Run the bf16 forward once on this (real) observation, record GEMM input amax, quantize the wide GEMMs."""
+        from .fp8 import quantize_wide
+        self.ops.calibration = {}
+        try:
+            forward(entry.ws, self.weights, self.ops)
+        finally:
+            amax, self.ops.calibration = self.ops.calibration, None
+        quantize_wide(self.weights, amax, self.dispatch[Op.FP8_FORMAT])
+        self.fp8_calibrated = True
+
     def _run(self, key: tuple, entry: _Entry, fresh: bool, timer: PhaseTimer | None = None) -> None:
+        if self.dispatch[Op.GEMM_PREFIX] == "fp8" and not self.fp8_calibrated:
+            self._calibrate_fp8(entry)
         if self.use_graph and timer is None:
             if entry.graph is None:
                 self._capture(key, entry)   # the capture's own warm-up already ran forward() on these inputs

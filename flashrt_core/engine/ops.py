@@ -67,6 +67,7 @@ class Ops:
         # decoder GEMM kind -> "triton" | "library"; tune_decoder() keeps Triton only where it measures faster
         self.decoder_impl = {kind: "triton" if triton_decoder else "library" for kind in DECODER_SPLITS}
         self.decoder_timings: dict[str, dict[str, float]] = {}
+        self.calibration: dict[int, float] | None = None   # set by the FP8 calibration run
 
     # ---------------------------------------------------------------------------------------------- norms
     def norm(self, x: torch.Tensor | None, residual: torch.Tensor, out: torch.Tensor,
@@ -95,9 +96,10 @@ class Ops:
             return self.k.geglu(gu, torch.empty(gu.shape[0], gu.shape[1] // 2, device=gu.device, dtype=gu.dtype))
         return self.k.geglu_reference(gu)
 
-    @staticmethod
-    def linear(x: torch.Tensor, lin: Linear) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, lin: Linear) -> torch.Tensor:
         """x (M, K) -> (M, N): one GEMM per block of W (one when merged); FP8 when the layer was quantized."""
+        if self.calibration is not None:        # FP8 calibration run: record the input's absolute maximum
+            self.calibration[id(lin)] = max(self.calibration.get(id(lin), 0.0), float(x.abs().max()))
         if lin.fp8 is not None:
             return lin.fp8(x)
         outs = [F.linear(x, w, b) for w, b in lin.parts]
@@ -121,7 +123,8 @@ class Ops:
 
     def tune_decoder(self, rows: int, layer, reps: int = 50) -> dict[str, dict[str, float]]:
         """Time Triton vs the library GEMM for each decoder kind at `rows` rows on `layer`'s weights; keep the
-        faster per kind (issue 4: fused kernels only where measured faster). Returns the timings (us)."""
+        faster per kind (issue 4: fused kernels only where measured faster). The library time includes the
+        separate GeGLU kernel for gate_up. Returns the timings (us per call)."""
         for kind, lin in (("qkv", layer.qkv), ("o", layer.o), ("gate_up", layer.gate_up), ("down", layer.down)):
             if self.decoder_impl[kind] != "triton":
                 continue
@@ -131,16 +134,25 @@ class Ops:
                 self.decoder_impl[kind] = "library"
                 continue
             times = {}
-            for impl in ("triton", "library"):
-                for _ in range(3):
-                    self.decoder(x, lin, kind, impl)
+            for impl in ("triton", "library"):   # GPU time of `reps` calls captured in a graph: no launch cost
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(3):
+                        self.decoder(x, lin, kind, impl)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for _ in range(reps):
+                        self.decoder(x, lin, kind, impl)
+                graph.replay()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-                for _ in range(reps):
-                    self.decoder(x, lin, kind, impl)
+                graph.replay()
                 end.record()
                 end.synchronize()
                 times[impl] = start.elapsed_time(end) * 1e3 / reps
+                del graph
             self.decoder_impl[kind] = min(times, key=times.get)
             self.decoder_timings[kind] = times
         return self.decoder_timings

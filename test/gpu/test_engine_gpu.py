@@ -17,7 +17,7 @@ import torch
 from flashrt_core.checkpoint import load_model_weights
 from flashrt_core.config import get_config
 from flashrt_core.engine import EngineOptions, build_executor
-from flashrt_core.engine.gate import GATE_BF16, cosine, random_observation, reference_actions
+from flashrt_core.engine.gate import GATE_BF16, GATE_FP8, cosine, random_observation, reference_actions
 from flashrt_core.engine.graph_executor import EngineExecutor
 from flashrt_core.executor import ReferenceExecutor
 from flashrt_core.fixtures import CONFIG_FILE, write_random_checkpoint
@@ -76,13 +76,14 @@ def test_new_prompt_does_not_recapture(tiny):
     assert cosine(out, ref) >= GATE_BF16
 
 
-@pytest.mark.parametrize("name", ["pi05", "pi0"])
-def test_accuracy_gate_full_size(name):
+@pytest.mark.parametrize("name,precision", [("pi05", "bf16"), ("pi0", "bf16"), ("pi05", "fp8")])
+def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
     model = load_model_weights(_checkpoint(name), cfg, "cuda", torch.float32)
     reference = ReferenceExecutor(model, cfg, torch.device("cuda"))
-    engine = build_executor(model, cfg, torch.device("cuda"), "auto")
+    engine = build_executor(model, cfg, torch.device("cuda"), "auto", EngineOptions(fp8=precision == "fp8"))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
+    assert engine.name.endswith(precision)
     cosines = []
     for seed in range(GATE_OBSERVATIONS):
         obs = random_observation(cfg, np.random.default_rng(seed), views=2 + seed % 2, n_text=20 + 13 * seed,
@@ -91,4 +92,5 @@ def test_accuracy_gate_full_size(name):
         cosines.append(cosine(got[:, :cfg.action_dim], reference_actions(reference, obs)[:, :cfg.action_dim]))
     del engine, reference, model
     torch.cuda.empty_cache()
-    assert min(cosines) >= GATE_BF16, f"{name}: cosine per observation {cosines}"
+    gate = GATE_FP8 if precision == "fp8" else GATE_BF16
+    assert min(cosines) >= gate, f"{name} {precision}: cosine per observation {cosines}"

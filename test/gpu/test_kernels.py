@@ -224,3 +224,19 @@ def test_norms_sum_split_k_partials(splits):
     K.residual_norm(parts, res, out)
     _close(out, want, BF16_ATOL, BF16_RTOL)
     _close(res, want_res, 1e-4, 1e-5)
+
+
+@pytest.mark.skipif(INTERPRET, reason="Triton's interpreter casts to FP8 without round-to-nearest")
+@pytest.mark.parametrize("dtype_name", ["float8_e4m3fn", "float8_e4m3fnuz"])
+def test_fp8_quant(dtype_name):
+    if dtype_name.endswith("fnuz") and torch.version.hip is None:
+        pytest.skip("FNUZ E4M3 is the MI300X (gfx942) format; not run on NVIDIA")
+    dtype = getattr(torch, dtype_name)
+    g = torch.Generator(device=DEVICE).manual_seed(11)
+    x = (torch.randn(PREFIX_ROWS, 16384, device=DEVICE, generator=g) * 3).to(torch.bfloat16)
+    x[0, :4] = torch.tensor([1e4, -1e4, 0.5, -0.5])                       # saturates, not NaN
+    inv = torch.tensor([torch.finfo(dtype).max / 12.0], device=DEVICE)
+    got = K.fp8_quant(x, inv, dtype)
+    want = K.fp8_quant_reference(x, inv, dtype)
+    assert got.dtype == dtype and not torch.isnan(got.float()).any()
+    assert torch.equal(got.float(), want.float())
