@@ -12,7 +12,7 @@ The semantics of ``ros2 bag play --clock`` for machines without the ros2 CLI:
   recorded publisher was best-effort (a reliable publisher also serves best-effort subscribers such as camera
   subscriptions with sensor-data QoS), transient-local when every recorded publisher was (latched topics);
 - ``--remap old:=new`` renames topics; ``--topics`` plays a subset; ``--wait-for TOPIC`` holds playback until
-  that topic has a subscriber (so a just-started node misses nothing).
+  that topic (or /clock) has a subscriber (so a just-started node misses nothing).
 
     python -m flashrt_ros.bag_player BAG [--rate 0.5] [--loop] [--start-offset 1.0] [--remap /a:=/b] [--clock-hz 100]
 """
@@ -50,7 +50,7 @@ class PlayerConfig:
     remaps: dict[str, str] = field(default_factory=dict)
     topics: tuple[str, ...] = ()  # recorded topic names to play; empty = all
     clock_hz: float = DEFAULT_CLOCK_HZ  # 0 = do not publish /clock
-    wait_for: tuple[str, ...] = ()  # output topic names that must have a subscriber before playback starts
+    wait_for: tuple[str, ...] = ()  # output topics (or /clock) that must have a subscriber before playback starts
     wait_timeout_s: float = 30.0
     delay_s: float = 0.0  # wall seconds to sleep after publishers are created, before playback
 
@@ -112,7 +112,10 @@ class BagPlayer:
                 self._clock_cls = Clock
                 self._clock_pub = self._node.create_publisher(
                     Clock, CLOCK_TOPIC, QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE))
-            self._wait_for_subscribers({p.topic_name: p for p in publishers.values()})
+            waitable = {p.topic_name: p for p in publishers.values()}
+            if self._clock_pub is not None:
+                waitable[CLOCK_TOPIC] = self._clock_pub
+            self._wait_for_subscribers(waitable)
             if cfg.delay_s:
                 self._stop.wait(cfg.delay_s)
             connections = [c for c in reader.connections if c.id in publishers]
@@ -222,7 +225,7 @@ def _parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[st
     parser.add_argument("--clock-hz", type=float, default=DEFAULT_CLOCK_HZ,
                         help="publish /clock at this wall rate from the bag's time (0: no /clock)")
     parser.add_argument("--wait-for", action="append", default=[], metavar="TOPIC",
-                        help="hold playback until this (output) topic has a subscriber")
+                        help="hold playback until this (output) topic, or /clock, has a subscriber")
     parser.add_argument("--wait-timeout", type=float, default=30.0)
     parser.add_argument("-d", "--delay", type=float, default=0.0, help="wall seconds to wait before playing")
     parser.add_argument("--log-level", default="INFO")

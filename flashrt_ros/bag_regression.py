@@ -133,8 +133,8 @@ def replay_through_node(bag: Path, values: dict[str, Any], settings: NodeSetting
         recorder = BagRecorder(helper, RecorderConfig(out=recording, topics=outputs))
         if not _wait(lambda: len(recorder.subscribed_topics) == len(outputs), DISCOVERY_TIMEOUT_S):
             raise TimeoutError(f"the recorder did not discover {outputs}")
-        player = BagPlayer(player_node, PlayerConfig(bag=bag, rate=rate, topics=tuple(inputs), wait_for=tuple(inputs),
-                                                     wait_timeout_s=DISCOVERY_TIMEOUT_S))
+        player = BagPlayer(player_node, PlayerConfig(bag=bag, rate=rate, topics=tuple(inputs),
+                                                     wait_for=(*inputs, "/clock"), wait_timeout_s=DISCOVERY_TIMEOUT_S))
         stats = player.play()
         _wait_until_idle(recorder, outputs[0])
         state = node.lifecycle_state()
