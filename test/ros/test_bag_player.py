@@ -164,7 +164,7 @@ def test_remap_and_qos_compatibility(small_bag):
             topics=(BASE_CAMERA_TOPIC, INSTRUCTION_TOPIC), wait_for=(remapped,)))
         stats = player.play()
         # Best effort may drop a frame on a loaded machine; what matters is that the QoS matched at all.
-    assert wait_until(lambda: len(best_effort) >= 0.5 * stats.published[remapped], DELIVERY_TIMEOUT_S)
+        assert wait_until(lambda: len(best_effort) >= 0.5 * stats.published[remapped], DELIVERY_TIMEOUT_S)
         # A subscriber that joins after playback still gets the latched (transient-local) instruction.
         late_qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
                               durability=DurabilityPolicy.TRANSIENT_LOCAL)
