@@ -32,6 +32,8 @@ class InferenceResult(Generic[Job]):
     job: Job
     actions: np.ndarray          # (horizon, action_dim) float32
     inference_time_s: float      # wall time of predict() on the steady clock
+    prepare_time_s: float = 0.0  # wall time of prepare() that built the job (input conversion)
+    finished_at: float = 0.0     # time.perf_counter() when predict() returned
 
 
 class InferenceWorker(Generic[Job]):
@@ -147,6 +149,7 @@ class InferenceWorker(Generic[Job]):
         self._calls = []
 
     def _run_once(self, generation: int) -> None:
+        prepare_start = time.perf_counter()
         try:
             job = self._prepare()
         except Exception as error:   # a bad input must never kill the thread
@@ -158,7 +161,8 @@ class InferenceWorker(Generic[Job]):
         try:
             start = time.perf_counter()
             actions = self._predict(job)
-            result = InferenceResult(job, actions, time.perf_counter() - start)
+            end = time.perf_counter()
+            result = InferenceResult(job, actions, end - start, start - prepare_start, end)
         except Exception as error:
             self._report("inference failed", error)
             return

@@ -73,6 +73,7 @@ class StatisticsSnapshot:
     overhead: Summary                       # staleness - inference_time
     queue_wait: Summary                     # observation complete -> inference thread took it
     handling: Summary                       # overhead - queue_wait: transport, conversion, copies, publishing
+    node_code: Summary                      # inference thread outside predict: conversion + message build
     input_rates_hz: dict[str, float]        # camera topic -> frames/s over the window
     chunks_published: int
     chunks_discarded: int                   # computed but dropped by a deactivation
@@ -102,6 +103,7 @@ class NodeStatistics:
             self._overhead = WindowedSamples(self.window_s)
             self._queue_wait = WindowedSamples(self.window_s)
             self._handling = WindowedSamples(self.window_s)
+            self._node_code = WindowedSamples(self.window_s)
             self._frames = {topic: WindowedSamples(self.window_s) for topic in self.camera_topics}
             self._counts: collections.Counter = collections.Counter()
             self._rejected: collections.Counter = collections.Counter()
@@ -112,8 +114,10 @@ class NodeStatistics:
         with self._lock:
             self._frames[topic].add(1.0, time.monotonic())
 
-    def record_chunk(self, inference_time_s: float, staleness_s: float, queue_wait_s: float) -> None:
-        """A chunk was published; ``queue_wait_s``: from observation complete to the start of its inference."""
+    def record_chunk(self, inference_time_s: float, staleness_s: float, queue_wait_s: float,
+                     node_code_s: float) -> None:
+        """A chunk was published. ``queue_wait_s``: observation complete -> its inference thread pass started;
+        ``node_code_s``: that pass outside predict (input conversion before, message build after)."""
         now = time.monotonic()
         with self._lock:
             self._counts["chunks_published"] += 1
@@ -122,6 +126,7 @@ class NodeStatistics:
             self._overhead.add(staleness_s - inference_time_s, now)
             self._queue_wait.add(queue_wait_s, now)
             self._handling.add(staleness_s - inference_time_s - queue_wait_s, now)
+            self._node_code.add(node_code_s, now)
 
     def record_discarded(self) -> None:
         with self._lock:
@@ -154,6 +159,7 @@ class NodeStatistics:
                 overhead=Summary.of(self._overhead.values(now)),
                 queue_wait=Summary.of(self._queue_wait.values(now)),
                 handling=Summary.of(self._handling.values(now)),
+                node_code=Summary.of(self._node_code.values(now)),
                 input_rates_hz=rates,
                 chunks_published=self._counts["chunks_published"],
                 chunks_discarded=self._counts["chunks_discarded"],
@@ -209,6 +215,8 @@ def diagnostic_status(snapshot: StatisticsSnapshot, context: DiagnosticsContext)
         "queue_wait_p99_s": _fmt(snapshot.queue_wait.p99),
         "handling_median_s": _fmt(snapshot.handling.median),
         "handling_p99_s": _fmt(snapshot.handling.p99),
+        "node_code_median_s": _fmt(snapshot.node_code.median),
+        "node_code_p99_s": _fmt(snapshot.node_code.p99),
         "staleness_warn_threshold_s": _fmt(context.staleness_warn_threshold),
         "chunks_published": str(snapshot.chunks_published),
         "chunks_discarded": str(snapshot.chunks_discarded),

@@ -432,10 +432,12 @@ class PolicyNode(LifecycleNode):
             self._trajectory_publisher.publish(self._trajectory(msg.header, actions, settings))
         staleness_ns = self.get_clock().now().nanoseconds - job.observation.stamp_ns
         msg.staleness = staleness_ns * 1e-9
+        build_time_s = time.perf_counter() - result.finished_at
         self._chunk_publisher.publish(msg)
         self._sequence += 1
         self._statistics.record_chunk(msg.inference_time, msg.staleness,
-                                      (job.taken_ns - job.observation.completed_ns) * 1e-9)
+                                      (job.taken_ns - job.observation.completed_ns) * 1e-9,
+                                      result.prepare_time_s + build_time_s)
         self._publish_status()
 
     @staticmethod

@@ -15,7 +15,9 @@ Reported per chunk (median / p99 / max):
 - overhead = staleness - inference (what the node adds: transport, pairing, conversion, copies, publishing,
   and the wait for the inference thread when inference is slower than the camera);
 - queue wait: observation complete -> taken by the inference thread (0 when inference keeps up);
-- handling = overhead - queue wait (transport, conversion, copies and publishing only).
+- handling = overhead - queue wait (transport, conversion, copies and publishing only);
+- node code: the inference thread's work outside predict (image conversion before, ActionChunk build and
+  stamping after), i.e. the part of handling that is the node's own code rather than the middleware.
 The first ``--skip`` chunks (cold start) are left out.
 
 Before the node starts, a plain rclpy subscriber measures the transport floor on the same machine: capture
@@ -211,7 +213,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
     rows = {"staleness": summarize(staleness), "inference time": summarize(inference),
             "overhead = staleness - inference": summarize(staleness - inference)}
     node_rows = {"queue wait (node statistics)": snapshot.queue_wait,
-                 "handling = overhead - queue wait (node statistics)": snapshot.handling}
+                 "handling = overhead - queue wait (node statistics)": snapshot.handling,
+                 "node code: conversion + message build (node statistics)": snapshot.node_code}
     if floor.size:
         node_rows["transport floor: capture -> later frame of a pair, plain subscriber, no node"] = \
             Summary.of(floor)
