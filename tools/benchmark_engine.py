@@ -145,7 +145,8 @@ def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
     key = next(k for k in engine._entries if k[0] == "uint8" and len(k[1]) == meta["views"])
     row["phases_ms"] = engine.phase_times(key)
     row["capture_s"] = {str(k): v for k, v in engine.capture_seconds.items()}
-    row["decoder_gemm"] = {"choice": dict(engine.ops.decoder_impl), "timings_us": engine.ops.decoder_timings}
+    row["decoder_gemm"] = {"choice": {k: str(v) for k, v in engine.ops.decoder_impl.items()},
+                           "timings_us": engine.ops.decoder_timings}
     return row
 
 

@@ -104,7 +104,7 @@ class EngineExecutor:
         if device.type == "cuda" and dispatch[Op.GEMM_DECODER] == "triton" and \
                 dispatch.options.overrides.get(Op.GEMM_DECODER.value) != "triton":   # pinned: no measuring
             timings = self.ops.tune_decoder(self.suffix_len, self.weights.expert[0])
-            log.info("decoder GEMMs: %s (us: %s)", self.ops.decoder_impl, timings)
+            log.info("decoder GEMMs: %s (us: %s)", {k: str(v) for k, v in self.ops.decoder_impl.items()}, timings)
         self._entries: dict[tuple, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graph else None
         self.capture_seconds: dict[tuple, float] = {}

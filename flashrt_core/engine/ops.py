@@ -6,10 +6,10 @@ from flashrt_kernels), so the forward in forward.py never branches on hardware.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
-
-from dataclasses import dataclass, field
 
 from .dispatch import Dispatch, Op
 from .kernel_import import load_kernels
@@ -17,9 +17,30 @@ from .weights import Linear
 
 # Additive mask value for keys a query may not see: finite, so a row never becomes NaN.
 MASKED = -1e30
-# Decoder GEMM kinds and their split-K factor in the Triton skinny GEMM (partials are summed by the next norm).
-DECODER_SPLITS = {"qkv": 1, "o": 2, "gate_up": 1, "down": 4}
-SKINNY_BLOCK_K = 256
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """Launch configuration of kernels/skinny_gemm.py (split_k > 1 only where the consumer sums partials)."""
+
+    block_n: int
+    block_k: int
+    split_k: int
+    stages: int
+
+    def __str__(self) -> str:
+        return f"triton(n{self.block_n},k{self.block_k},s{self.split_k},st{self.stages})"
+
+
+# Candidates measured at load for each decoder GEMM kind (qkv feeds RoPE and gate_up has the GeGLU epilogue:
+# no split-K there; o and down feed the residual norms, which sum split-K partials).
+SKINNY_CANDIDATES = {
+    "qkv": [SkinnyConfig(16, 256, 1, 4), SkinnyConfig(16, 128, 1, 6), SkinnyConfig(32, 128, 1, 4)],
+    "gate_up": [SkinnyConfig(16, 256, 1, 4), SkinnyConfig(16, 128, 1, 6), SkinnyConfig(32, 128, 1, 4)],
+    "o": [SkinnyConfig(16, 256, 2, 4), SkinnyConfig(16, 128, 4, 4), SkinnyConfig(32, 128, 4, 4)],
+    "down": [SkinnyConfig(16, 256, 4, 4), SkinnyConfig(16, 128, 8, 4), SkinnyConfig(32, 128, 8, 4)],
+}
+SKINNY_DEFAULT = {kind: cands[0] for kind, cands in SKINNY_CANDIDATES.items()}
 
 
 @dataclass
@@ -65,7 +86,8 @@ class Ops:
         self.fp8_prefix = dispatch[Op.GEMM_PREFIX] == "fp8"
         triton_decoder = dispatch[Op.GEMM_DECODER] == "triton"
         # decoder GEMM kind -> "triton" | "library"; tune_decoder() keeps Triton only where it measures faster
-        self.decoder_impl = {kind: "triton" if triton_decoder else "library" for kind in DECODER_SPLITS}
+        self.decoder_impl: dict[str, str | SkinnyConfig] = {
+            kind: "triton" if triton_decoder else "library" for kind in SKINNY_CANDIDATES}
         self.decoder_timings: dict[str, dict[str, float]] = {}
         self.calibration: dict[int, float] | None = None   # set by the FP8 calibration run
 
@@ -105,56 +127,63 @@ class Ops:
         outs = [F.linear(x, w, b) for w, b in lin.parts]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
-    def _skinny_ok(self, x: torch.Tensor, lin: Linear, kind: str) -> bool:
+    @staticmethod
+    def _skinny_ok(x: torch.Tensor, lin: Linear, cfg: SkinnyConfig) -> bool:
         (w, b), = lin.parts if len(lin.parts) == 1 else ((None, True),)
         return (w is not None and b is None and lin.fp8 is None and x.shape[0] <= 64 and x.is_cuda
-                and x.shape[1] % (DECODER_SPLITS[kind] * SKINNY_BLOCK_K) == 0)
+                and x.shape[1] % (cfg.split_k * cfg.block_k) == 0)
 
-    def decoder(self, x: torch.Tensor, lin: Linear, kind: str, impl: str | None = None) -> torch.Tensor:
+    def decoder(self, x: torch.Tensor, lin: Linear, kind: str, impl: str | SkinnyConfig | None = None
+                ) -> torch.Tensor:
         """Decoder GEMM (few rows). kind "gate_up" returns the GeGLU activation (M, F); "o"/"down" may return
-        split-K partials (S, M, N) fp32 that the next norm sums; "qkv" returns (M, N)."""
+        split-K partials (S, M, N) fp32 that the next norm sums; "qkv" returns (M, N).
+        impl: "library" (cuBLAS/hipBLASLt), a SkinnyConfig (Triton), None = the tuned choice for this kind."""
         impl = impl or self.decoder_impl[kind]
-        if impl == "triton" and self._skinny_ok(x, lin, kind):
-            w = lin.parts[0][0]
-            return self.k.skinny_gemm(x, w, geglu=kind == "gate_up", split_k=DECODER_SPLITS[kind],
-                                      block_k=SKINNY_BLOCK_K)
+        if impl == "triton":
+            impl = SKINNY_DEFAULT[kind]
+        if isinstance(impl, SkinnyConfig) and self._skinny_ok(x, lin, impl):
+            return self.k.skinny_gemm(x, lin.parts[0][0], geglu=kind == "gate_up", split_k=impl.split_k,
+                                      block_n=impl.block_n, block_k=impl.block_k, num_stages=impl.stages)
         y = self.linear(x, lin)
         return self.geglu(y) if kind == "gate_up" else y
 
-    def tune_decoder(self, rows: int, layer, reps: int = 50) -> dict[str, dict[str, float]]:
-        """Time Triton vs the library GEMM for each decoder kind at `rows` rows on `layer`'s weights; keep the
-        faster per kind (issue 4: fused kernels only where measured faster). The library time includes the
-        separate GeGLU kernel for gate_up. Returns the timings (us per call)."""
+    @staticmethod
+    def _graph_time_us(fn, reps: int) -> float:
+        """GPU time of one call of fn, from `reps` calls captured in a CUDA graph (no launch overhead)."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn()
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / reps
+
+    def tune_decoder(self, rows: int, layer, reps: int = 30) -> dict[str, dict[str, float]]:
+        """For each decoder GEMM kind, time the library GEMM and every Triton SkinnyConfig candidate at `rows` rows
+        on `layer`'s weights (graph-captured, GPU time only) and keep the fastest (issue 4: fused kernels only
+        where measured faster). The library time of gate_up includes its separate GeGLU kernel.
+        Returns {kind: {candidate: us per call}}."""
         for kind, lin in (("qkv", layer.qkv), ("o", layer.o), ("gate_up", layer.gate_up), ("down", layer.down)):
-            if self.decoder_impl[kind] != "triton":
+            if self.decoder_impl[kind] == "library" or lin is None:
                 continue
-            x = torch.randn(rows, lin.parts[0][0].shape[1], device=lin.parts[0][0].device,
-                            dtype=lin.parts[0][0].dtype)
-            if not self._skinny_ok(x, lin, kind):
-                self.decoder_impl[kind] = "library"
-                continue
-            times = {}
-            for impl in ("triton", "library"):   # GPU time of `reps` calls captured in a graph: no launch cost
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    for _ in range(3):
-                        self.decoder(x, lin, kind, impl)
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for _ in range(reps):
-                        self.decoder(x, lin, kind, impl)
-                graph.replay()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                times[impl] = start.elapsed_time(end) * 1e3 / reps
-                del graph
+            w = lin.parts[0][0]
+            x = torch.randn(rows, w.shape[1], device=w.device, dtype=w.dtype)
+            times: dict = {"library": self._graph_time_us(lambda: self.decoder(x, lin, kind, "library"), reps)}
+            for cfg in SKINNY_CANDIDATES[kind]:
+                if self._skinny_ok(x, lin, cfg):
+                    times[cfg] = self._graph_time_us(lambda: self.decoder(x, lin, kind, cfg), reps)
             self.decoder_impl[kind] = min(times, key=times.get)
-            self.decoder_timings[kind] = times
+            self.decoder_timings[kind] = {str(k): v for k, v in times.items()}
         return self.decoder_timings
 
     # ---------------------------------------------------------------------------------------------- attention

@@ -240,3 +240,20 @@ def test_fp8_quant(dtype_name):
     want = K.fp8_quant_reference(x, inv, dtype)
     assert got.dtype == dtype and not torch.isnan(got.float()).any()
     assert torch.equal(got.float(), want.float())
+
+
+@pytest.mark.skipif(INTERPRET, reason="real shapes only (the interpreter test above covers the logic)")
+@pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("o", 1024, 2048), ("gate_up", 8192, 1024),
+                                      ("down", 1024, 4096)])
+def test_skinny_gemm_every_engine_config(kind, n, k):
+    """Every launch configuration the engine may pick at load (ops.SKINNY_CANDIDATES), at the expert's shapes."""
+    from flashrt_core.engine.ops import SKINNY_CANDIDATES
+    g = torch.Generator(device=DEVICE).manual_seed(n + k)
+    for rows in DECODER_ROWS:
+        x = torch.randn(rows, k, device=DEVICE, generator=g).to(torch.bfloat16)
+        w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(torch.bfloat16)
+        for cfg in SKINNY_CANDIDATES[kind]:
+            want = K.skinny_gemm_reference(x, w, kind == "gate_up", cfg.split_k).float()
+            got = K.skinny_gemm(x, w, kind == "gate_up", cfg.split_k, cfg.block_n, cfg.block_k, cfg.stages).float()
+            err = (got - want).norm() / want.norm()
+            assert got.shape == want.shape and err < SKINNY_REL_L2, f"{cfg} rows {rows}: rel L2 error {err:.2e}"
