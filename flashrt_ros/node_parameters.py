@@ -94,6 +94,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("hardware", "auto", "Engine dispatch; reference forces the eager reference path.", choices=HARDWARE),
     ParamSpec("warmup_iterations", 2, "Forward passes run at configure (warm-up and graph capture).",
               int_range=(0, 100)),
+    ParamSpec("noise_seed", -1, "Pins the flow noise to (seed, observation stamp) so replays repeat "
+              "(flashrt_ros.pinned_noise); -1 = fresh random noise for every chunk.", int_range=(-1, 2**31 - 1)),
     # inputs
     ParamSpec("camera_topics", ["camera_0/image_raw", "camera_1/image_raw"],
               "Camera topics, one per view. A topic ending in /compressed is read as sensor_msgs/CompressedImage "
@@ -205,6 +207,7 @@ class NodeSettings:
     precision: str
     hardware: str
     warmup_iterations: int
+    noise_seed: int
     camera_topics: tuple[str, ...]
     camera_views: tuple[str, ...]
     instruction_topic: str
@@ -239,7 +242,7 @@ class NodeSettings:
         """Short hash of the settings that change what the model computes."""
         fields = {name: getattr(self, name) for name in (
             "checkpoint", "model_config", "device", "precision", "hardware", "camera_views", "state_joint_names",
-            "action_dt")}
+            "action_dt", "noise_seed")}
         fields["camera_count"] = len(self.camera_topics)
         digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
         return digest[:12]

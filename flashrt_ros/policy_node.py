@@ -47,6 +47,7 @@ from flashrt_ros.node_parameters import (RUNTIME_PARAMETERS, NodeSettings, Setti
                                          TriggerMode, declare_parameters, on_set_parameters, read_settings)
 from flashrt_ros.observation_buffer import (AddResult, BufferCounters, Observation, ObservationBuffer,
                                            seconds_to_ns)
+from flashrt_ros.pinned_noise import NO_SEED, observation_noise
 
 NODE_NAME = "policy_node"
 WARMUP_PROMPT = "warm up"
@@ -405,7 +406,10 @@ class PolicyNode(LifecycleNode):
 
     def _predict(self, job: InferenceJob) -> np.ndarray:
         state = job.state.values if job.state is not None else None
-        return self._policy.predict(job.images, job.prompt, state=state)     # (horizon, action_dim)
+        noise = None
+        if self._settings.noise_seed != NO_SEED:       # (horizon, 32) pinned to the observation stamp
+            noise = observation_noise(self._settings.noise_seed, job.observation.stamp_ns, self._policy.horizon)
+        return self._policy.predict(job.images, job.prompt, state=state, noise=noise)   # (horizon, action_dim)
 
     def _publish_result(self, result: InferenceResult[InferenceJob]) -> None:
         """Runs on the inference thread under the worker's delivery lock (see InferenceWorker.disable)."""

@@ -18,6 +18,9 @@ ACTION_DT = 0.05
 STALENESS_RECEIVE_SLACK_S = 0.5
 # A frame published while a forward pass starts may be delivered a little later on a loaded machine.
 NEWEST_FRAME_SLACK_S = 0.15
+# Same model, inputs and noise in the node and in the test: only float reassociation may differ.
+PINNED_RTOL = 1e-5
+PINNED_ATOL = 1e-5
 
 
 @pytest.fixture
@@ -140,3 +143,19 @@ def test_staleness_follows_sim_time_and_survives_time_going_backwards(harness_fa
     assert h.chunks[1].staleness == pytest.approx(0.05, abs=1e-9)
     assert h.chunks[1].sequence == 1
     assert h.node._buffer.counters().time_resets >= 1
+
+
+def test_pinned_noise_chunk_equals_a_direct_policy_call_on_the_same_inputs(harness_factory):
+    from flashrt_ros.pinned_noise import observation_noise
+    from test.ros.node_harness import pattern_frame
+    policy = shared_policy()
+    h = harness_factory({"noise_seed": 7})
+    stamp = h.now_ns()
+    h.send_observation(stamp, offsets_ns=(0, 0))
+    assert wait_until(lambda: len(h.chunks) == 1, timeout_s=CHUNK_TIMEOUT_S)
+    image = pattern_frame(stamp // 1_000_000)
+    state = np.linspace(-0.5, 0.5, policy.state_dim).astype(np.float32)
+    expected = policy.predict({"base_0_rgb": image, "left_wrist_0_rgb": image}, "pick up the cube", state=state,
+                              noise=observation_noise(7, stamp, policy.horizon))      # (horizon, action_dim)
+    actions = np.asarray(h.chunks[0].actions, np.float32).reshape(policy.horizon, policy.action_dim)
+    np.testing.assert_allclose(actions, expected, rtol=PINNED_RTOL, atol=PINNED_ATOL)
