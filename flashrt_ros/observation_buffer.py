@@ -23,6 +23,12 @@ Rules (all stamps are int nanoseconds on one clock, the node clock / the bag's h
    tolerance (callbacks reading the clock on different threads) is ignored.
 
 The buffer is thread-safe: ROS callbacks add frames while the inference thread takes.
+
+    buffer = ObservationBuffer(["base_0_rgb", "left_wrist_0_rgb"], slop_ns=20_000_000, max_age_ns=500_000_000)
+    buffer.add_frame("base_0_rgb", stamp_ns, msg, now_ns)         # -> AddResult
+    observation = buffer.take(now_ns)                             # newest complete one, or None
+    observation.stamp_ns, observation.view_stamps_ns, [f.payload for f in observation.frames]
+    buffer.counters()                                             # completed / taken / replaced / stale / ...
 """
 
 from __future__ import annotations
