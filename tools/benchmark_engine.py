@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flashrt_core.checkpoint import load_model_weights  # noqa: E402
 from flashrt_core.config import get_config  # noqa: E402
-from flashrt_core.engine import EngineOptions, detect_hardware, resolve  # noqa: E402
+from flashrt_core.engine import EngineOptions, build_executor, detect_hardware, resolve  # noqa: E402
 from flashrt_core.engine.gate import GATE_BF16, GATE_FP8, cosine, random_observation, reference_actions  # noqa: E402
 from flashrt_core.engine.graph_executor import EngineExecutor  # noqa: E402
 from flashrt_core.executor import ReferenceExecutor  # noqa: E402
@@ -194,7 +194,7 @@ def bench_config(args, res: Results, name: str) -> None:
     base = get_config(name)
     dev = torch.device("cuda")
     hw = detect_hardware("auto", dev)
-    precisions = ["bf16"] + (["fp8"] if args.fp8 else [])
+    precisions = ["bf16"] + (["fp8"] if name in args.fp8_configs else [])
     # accuracy gate: the fp32 reference vs the engine built from the same fp32 weights
     if args.gate:
         model32 = load_model_weights(ckpt, base, dev, torch.float32)
@@ -202,7 +202,9 @@ def bench_config(args, res: Results, name: str) -> None:
         for prec in precisions:
             try:
                 opts = EngineOptions.from_env(EngineOptions(fp8=prec == "fp8", text_buckets=tuple(args.text_buckets)))
-                eng = EngineExecutor(model32, base, dev, resolve(hw, opts))
+                eng = build_executor(model32, base, dev, "auto", opts)     # the public path
+                if not isinstance(eng, EngineExecutor) or not eng.name.endswith(prec):
+                    raise RuntimeError(f"build_executor gave {getattr(eng, 'name', eng)} for {prec}")
                 cos = []
                 for seed in range(args.gate_observations):
                     obs = random_observation(base, np.random.default_rng(100 + seed), views=1 + seed % 3,
@@ -264,6 +266,36 @@ def bench_config(args, res: Results, name: str) -> None:
     torch.cuda.empty_cache()
 
 
+def targets(rows: list[dict]) -> list[str]:
+    """One line per issue-4 target, from the measured rows (missing measurements are said so)."""
+    pick = lambda variant: next((r for r in rows if r["config"] == "pi05" and r["views"] == 2  # noqa: E731
+                                 and r["horizon"] == 10 and r["variant"].startswith(variant)
+                                 and "predict_ms" in r), None)
+    out = []
+    eager, comp = pick("reference_eager"), pick("reference_compile")
+    for prec in ("bf16", "fp8"):
+        eng = pick(f"engine_{prec}")
+        if eng is None:
+            out.append(f"- engine {prec}: not measured in this run")
+            continue
+        med, p99 = eng["predict_ms"]["median"], eng["predict_ms"]["p99"]
+        goal = TARGET_MEDIAN_MS[prec]
+        out.append(f"- engine {prec} median predict {med:.2f} ms vs target <= {goal} ms: "
+                   f"{'met' if med <= goal else 'MISSED'}; p99 {p99:.2f} ms = {p99 / med:.3f} x median "
+                   f"(target <= 1.1: {'met' if p99 <= 1.1 * med else 'MISSED'})")
+        if eager:
+            x = eager["predict_ms"]["median"] / med
+            out.append(f"  - vs eager reference {eager['predict_ms']['median']:.1f} ms: {x:.1f}x "
+                       f"(target >= 10x: {'met' if x >= 10 else 'MISSED'})")
+        if comp:
+            x = comp["predict_ms"]["median"] / med
+            out.append(f"  - vs torch.compile reference {comp['predict_ms']['median']:.1f} ms: {x:.1f}x "
+                       f"(target >= 3x: {'met' if x >= 3 else 'MISSED'})")
+        else:
+            out.append("  - vs torch.compile: no compiled timing in this run (see its row)")
+    return out
+
+
 def write_markdown(res: Results, path: Path) -> None:
     d = res.data
     env = d["env"]
@@ -291,6 +323,7 @@ def write_markdown(res: Results, path: Path) -> None:
         lines.append(f"| {r['config']} | {r['variant']} | {r['views']} | {r['horizon']} | {p['median']:.2f} | "
                      f"{p['p90']:.2f} | {p['p99']:.2f} | {p['max']:.2f} | {rp.get('median', float('nan')):.2f} | "
                      f"{rp.get('p99', float('nan')):.2f} | {r.get('profile', {}).get('kernels', '')} | {phs} |")
+    lines += ["", "## Targets (issue 4: pi0.5, 2 views, 10 steps, horizon 10)", ""] + targets(d["rows"])
     if d["errors"]:
         lines += ["", "## Errors", ""] + [f"- {e['where']}: `{e['trace'].strip().splitlines()[-1]}`" for e in d["errors"]]
     path.write_text("\n".join(lines) + "\n")
@@ -306,7 +339,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reference-calls", type=int, default=20)
     ap.add_argument("--image-hw", nargs=2, type=int, default=[224, 224])
     ap.add_argument("--text-buckets", nargs="*", type=int, default=[64, 128])
-    ap.add_argument("--fp8", action="store_true", help="also the FP8 engine")
+    ap.add_argument("--fp8-configs", nargs="*", default=[], help="configs also run with the FP8 engine")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="wall-clock budget of the whole run; the compile variant gets what is left")
     ap.add_argument("--no-gate", dest="gate", action="store_false")
     ap.add_argument("--gate-observations", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="also torch.compile of the reference (pi05, 2 views)")
@@ -333,7 +368,9 @@ def main(argv: list[str] | None = None) -> None:
     gpu = torch.cuda.get_device_name()
     tag = args.tag or ("h200" if "H200" in gpu else gpu.lower().replace(" ", "_").replace("nvidia_", ""))
     stem = f"engine_{tag}_{datetime.date.today().isoformat()}"
+    t_start = time.perf_counter()
     res = Results(out_dir / f"{stem}.json")
+    res.data["args"] = {k: v for k, v in vars(args).items() if not k.startswith(("compile_child", "child"))}
     for name in args.configs:
         try:
             bench_config(args, res, name)
@@ -341,7 +378,15 @@ def main(argv: list[str] | None = None) -> None:
             res.add("errors", {"where": f"config {name}", "trace": traceback.format_exc()})
         write_markdown(res, out_dir / f"{stem}.md")
     if args.compile:
-        run_compile(args, res, "pi05", 2, 10)
+        timeout = args.compile_timeout
+        if args.deadline_s is not None:
+            timeout = int(min(timeout, args.deadline_s - (time.perf_counter() - t_start) - 15))
+        if timeout < 60:
+            res.add("rows", {"config": "pi05", "variant": f"reference_compile_{args.compile_mode}", "views": 2,
+                             "horizon": 10, "error": f"not run: {timeout} s left of the run's deadline"})
+        else:
+            args.compile_timeout = timeout
+            run_compile(args, res, "pi05", 2, 10)
     write_markdown(res, out_dir / f"{stem}.md")
     print((out_dir / f"{stem}.md").read_text())
 
