@@ -145,3 +145,21 @@ def test_demo_config_has_two_cameras_and_aloha_three():
     aloha = load("aloha_pi0.yaml")
     assert len(aloha["camera_topics"]) == 3 and aloha["model_config"] == "pi0"
     assert load("libero_pi05.yaml")["model_config"] == "pi05"
+
+
+def test_readme_launch_commands_name_existing_launch_and_config_files(launch_tree):
+    readme = (REPO_ROOT / "README.md").read_text()
+    commands = re.findall(r"ros2 launch flashrt_ros (\S+)(.*)", readme)
+    assert commands, "README.md shows no `ros2 launch flashrt_ros ...` command"
+    for launch_name, rest in commands:
+        assert (REPO_ROOT / "launch" / launch_name).is_file(), launch_name
+        declared = {resolve(c.args[0], {}) for c in calls_named(launch_tree, "DeclareLaunchArgument")}
+        for argument, value in re.findall(r"(\w+):=(\S+)", rest):
+            assert argument in declared, f"README passes undeclared launch argument {argument}"
+            config = re.search(r"/config/([\w.]+\.yaml)$", value)
+            if config:
+                assert (REPO_ROOT / "config" / config.group(1)).is_file(), value
+    node_names = {resolve(keyword(c, "default_value"), {}) for c in calls_named(launch_tree, "DeclareLaunchArgument")
+                  if resolve(c.args[0], {}) == "node_name"}
+    for node in re.findall(r"ros2 lifecycle set /(\w+)", readme):
+        assert node in node_names, f"README drives /{node}, the launch file names the node {node_names}"
