@@ -9,7 +9,8 @@ No DDS and no timing noise: the bag is read in receive-time order and fed throug
   node's clock reads when the bag is replayed with /clock;
 - frames are checked and decoded by ``flashrt_ros.image_conversion`` (a corrupt frame is a counted rejection);
 - the state is the newest valid sample received before the observation is taken (the node's rule);
-- the flow noise is pinned per observation: ``flashrt_ros.pinned_noise.observation_noise(seed, stamp)``.
+- the flow noise is pinned per observation: ``flashrt_ros.pinned_noise.observation_noise(seed, stamp)``, the
+  node's own rule when its ``noise_seed`` parameter is >= 0.
 
 It behaves like an infinitely fast node in ``trigger: on_observation`` mode: every complete observation is
 evaluated. A live node skips observations that arrive while it is busy (counted as replaced), so live chunks
@@ -22,6 +23,9 @@ is written at the bag time its observation completed; ``inference_time`` is the 
 
     python -m flashrt_ros.bag_evaluator BAG --params-file config/demo_two_cameras.yaml --out REF_BAG \\
         [--noise-seed 0] [--compare RECORDED_BAG]
+
+The noise seed is the node's ``noise_seed`` parameter (from the YAML) unless ``--noise-seed`` is given; a live
+recording is comparable when the node ran with the same seed.
 """
 
 from __future__ import annotations
@@ -234,9 +238,22 @@ class _Evaluator:
             staleness_s=(now_ns - observation.stamp_ns) * 1e-9, sequence=len(self.result.chunks)))
 
 
-def evaluate_bag(bag: Path, policy, settings: NodeSettings, noise_seed: int = 0, namespace: str = "/") -> Evaluation:
-    """Run ``policy`` on every complete observation of ``bag`` under the node's ``settings`` rules."""
-    evaluator = _Evaluator(policy, settings, noise_seed, namespace)
+def pinned_seed(settings: NodeSettings, noise_seed: int | None = None) -> int:
+    """Seed of the pinned noise: ``noise_seed`` if given, else the node's ``noise_seed`` parameter (must be >= 0)."""
+    seed = settings.noise_seed if noise_seed is None else noise_seed
+    if seed < 0:
+        raise BagError("the offline reference needs pinned noise: set the node parameter noise_seed >= 0 (and run "
+                       "the node with the same value) or give a seed (--noise-seed)")
+    return seed
+
+
+def evaluate_bag(bag: Path, policy, settings: NodeSettings, noise_seed: int | None = None,
+                 namespace: str = "/") -> Evaluation:
+    """Run ``policy`` on every complete observation of ``bag`` under the node's ``settings`` rules.
+
+    ``noise_seed`` None uses the node's ``noise_seed`` parameter from ``settings``.
+    """
+    evaluator = _Evaluator(policy, settings, pinned_seed(settings, noise_seed), namespace)
     store = bag_typestore()
     with Reader(bag) as reader:
         present = {c.topic for c in reader.connections}
@@ -256,13 +273,14 @@ def evaluate_bag(bag: Path, policy, settings: NodeSettings, noise_seed: int = 0,
     return evaluator.result
 
 
-def recompute_chunks(bag: Path, policy, settings: NodeSettings, chunks: Sequence[Chunk], noise_seed: int = 0,
-                     namespace: str = "/") -> list[Chunk]:
+def recompute_chunks(bag: Path, policy, settings: NodeSettings, chunks: Sequence[Chunk],
+                     noise_seed: int | None = None, namespace: str = "/") -> list[Chunk]:
     """Reference chunks for exactly the inputs of ``chunks`` (their frames by view stamps, state by state stamp).
 
     For live chunks whose inputs the evaluation did not pair the same way (typically a later state sample):
     the prompt is the instruction in effect at the chunk's receive time (else ``default_instruction``).
     """
+    noise_seed = pinned_seed(settings, noise_seed)
     evaluator = _Evaluator(policy, settings, noise_seed, namespace)
     cameras = {topic: i for topic, i in evaluator.camera_index.items()}
     wanted_frames = [{c.view_stamps_ns[i] for c in chunks} for i in range(len(cameras))]
@@ -406,7 +424,7 @@ def compare_chunks(reference: Sequence[Chunk], live: Sequence[Chunk], atol: floa
 
 
 def check_live_chunks(bag: Path, policy, settings: NodeSettings, reference: Sequence[Chunk], live: Sequence[Chunk],
-                      noise_seed: int = 0, namespace: str = "/", atol: float = COMPARE_ATOL,
+                      noise_seed: int | None = None, namespace: str = "/", atol: float = COMPARE_ATOL,
                       rtol: float = COMPARE_RTOL) -> tuple[Comparison, int]:
     """Compare ``live`` with ``reference``; live chunks that used another state sample than the reference are
     checked against references recomputed for their exact inputs. Returns (comparison, chunks recomputed)."""
@@ -430,7 +448,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME:=VALUE",
                         help="override a node parameter (YAML value syntax), e.g. -p sync_slop:=0.03")
     parser.add_argument("--namespace", default="/", help="namespace the node runs in (resolves relative topics)")
-    parser.add_argument("--noise-seed", type=int, default=0, help="seed of the pinned per-observation noise")
+    parser.add_argument("--noise-seed", type=int, default=None,
+                        help="seed of the pinned per-observation noise (default: the node's noise_seed parameter)")
     parser.add_argument("--out", type=Path, help="write the chunks into this new bag (ActionChunk on /action_chunk)")
     parser.add_argument("--storage", choices=("sqlite3", "mcap"), default="sqlite3")
     parser.add_argument("--compare", type=Path, help="a recording of the live node's chunks to check against")

@@ -4,8 +4,8 @@
         [--rate 0.2] [--noise-seed 0] [-p camera_topics:=[/cam0/image_raw,/cam1/image_raw/compressed]]
 
 1. Offline reference: :func:`flashrt_ros.bag_evaluator.evaluate_bag` on the bag -> ``OUT_DIR/reference``.
-2. Live run, in this process over real DDS: the policy node (the same parameters, ``use_sim_time``, pinned noise)
-   is configured and activated, a recorder (sim time) records its ActionChunk / PolicyStatus / diagnostics
+2. Live run, in this process over real DDS: the policy node (the same parameters, ``use_sim_time``, the same
+   ``noise_seed``) is configured and activated, a recorder (sim time) records its ActionChunk / PolicyStatus / diagnostics
    into ``OUT_DIR/live``, and the bag player replays the bag's input topics with /clock at ``--rate``.
 3. Comparison by observation (:func:`flashrt_ros.bag_evaluator.compare_chunks`); exit status 0 when every live
    chunk comes from an observation of the reference, the compared actions are within tolerance and at least
@@ -15,9 +15,9 @@ Use a replay rate at which the node keeps up (every observation processed): the 
 times the camera rate times ``--rate`` below 1. DDS stays on this machine (loopback only, a random domain id)
 unless ``--network`` is given.
 
-Pinned noise: the node draws its flow noise per observation as ``observation_noise(seed, observation stamp)``
-(flashrt_ros.pinned_noise). Until the node has a ``noise_seed`` parameter, :func:`pinned_noise_policy_node`
-builds the node with its model call pinned that way; everything else is the node's own code.
+Pinned noise: with its ``noise_seed`` parameter >= 0 the node draws the flow noise per observation as
+``observation_noise(seed, observation stamp)`` (flashrt_ros.pinned_noise), as the evaluator does. The seed is
+``--noise-seed``, else the parameters' ``noise_seed``, else 0.
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ from flashrt_ros.bag_common import BagError
 from flashrt_ros.bag_evaluator import (COMPARE_ATOL, COMPARE_RTOL, Chunk, Comparison, Evaluation, absolute_topic,
                                        check_live_chunks, compare_chunks, evaluate_bag, load_node_values,
                                        read_chunk_bag, settings_for_values, write_chunk_bag)
-from flashrt_ros.node_parameters import SPECS, NodeSettings
-from flashrt_ros.pinned_noise import observation_noise
+from flashrt_ros.node_parameters import SPECS
 
 LOGGER = logging.getLogger(__name__)
 
@@ -48,23 +47,6 @@ SETTLE_TIMEOUT_S = 60.0
 DISCOVERY_TIMEOUT_S = 30.0
 DEFAULT_MIN_COVERAGE = 0.8
 NODE_NAME = "policy_node"
-
-
-def pinned_noise_policy_node(noise_seed: int, **kwargs):
-    """The policy node whose model call uses ``observation_noise(noise_seed, observation stamp)``.
-
-    Stand-in for a ``noise_seed`` parameter of the node: only the model call differs; pairing, decoding,
-    stamping, publishing and sim time are the node's own code.
-    """
-    from flashrt_ros.policy_node import PolicyNode
-
-    class PinnedNoisePolicyNode(PolicyNode):
-        def _predict(self, job):
-            state = job.state.values if job.state is not None else None
-            noise = observation_noise(noise_seed, job.observation.stamp_ns, self._policy.horizon)  # (horizon, 32)
-            return self._policy.predict(job.images, job.prompt, state=state, noise=noise)
-
-    return PinnedNoisePolicyNode(**kwargs)
 
 
 @dataclass
@@ -95,16 +77,19 @@ def _wait(predicate: Callable[[], bool], timeout_s: float, period_s: float = 0.0
     return predicate()
 
 
-def replay_through_node(bag: Path, values: dict[str, Any], settings: NodeSettings, noise_seed: int, rate: float,
-                        recording: Path, policy_factory: Callable | None = None) -> LiveRun:
-    """Run the node on ``bag`` replayed at ``rate`` with /clock; record its outputs (sim time) into ``recording``."""
+def replay_through_node(bag: Path, values: dict[str, Any], rate: float, recording: Path,
+                        policy_factory: Callable | None = None) -> LiveRun:
+    """Run the node (parameters ``values``) on ``bag`` replayed at ``rate`` with /clock; record its outputs
+    (on the bag's clock) into ``recording``."""
     import rclpy
     from rclpy.executors import MultiThreadedExecutor
     from rclpy.parameter import Parameter
 
     from flashrt_ros.bag_player import BagPlayer, PlayerConfig
     from flashrt_ros.bag_recorder import BagRecorder, RecorderConfig
+    from flashrt_ros.policy_node import PolicyNode
 
+    settings = settings_for_values(values)
     inputs = [absolute_topic(t) for t in (*settings.camera_topics, settings.instruction_topic)]
     if settings.state_topic:
         inputs.append(absolute_topic(settings.state_topic))
@@ -115,7 +100,7 @@ def replay_through_node(bag: Path, values: dict[str, Any], settings: NodeSetting
     rclpy.init(args=["flashrt_bag_regression"], context=context)  # not sys.argv: it holds this tool's -p options
     executor = MultiThreadedExecutor(num_threads=4, context=context)
     kwargs = {} if policy_factory is None else {"policy_factory": policy_factory}
-    node = pinned_noise_policy_node(noise_seed, node_name=NODE_NAME, context=context, parameter_overrides=[
+    node = PolicyNode(NODE_NAME, context=context, parameter_overrides=[
         *overrides, Parameter("use_sim_time", value=True)], **kwargs)
     helper = rclpy.create_node("flashrt_bag_regression", context=context,
                                parameter_overrides=[Parameter("use_sim_time", value=True)])
@@ -171,11 +156,16 @@ class RegressionResult:
     recomputed: int  # references recomputed for live chunks that used another state sample
 
 
-def run_regression(bag: Path, out_dir: Path, values: dict[str, Any], noise_seed: int = 0, rate: float = 0.2,
+def run_regression(bag: Path, out_dir: Path, values: dict[str, Any], rate: float = 0.2,
                    policy_factory: Callable | None = None, atol: float = COMPARE_ATOL,
                    rtol: float = COMPARE_RTOL) -> RegressionResult:
-    """Offline reference, live replay through the node, comparison (see the module docstring)."""
+    """Offline reference, live replay through the node, comparison (see the module docstring).
+
+    ``values``: the node's parameters (:func:`flashrt_ros.bag_evaluator.load_node_values`); noise_seed >= 0.
+    """
     settings = settings_for_values(values)
+    if settings.noise_seed < 0:
+        raise BagError("a regression needs pinned noise: noise_seed must be >= 0")
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in ("reference", "live"):
         if (out_dir / name).exists():
@@ -184,18 +174,18 @@ def run_regression(bag: Path, out_dir: Path, values: dict[str, Any], noise_seed:
         from flashrt_ros.policy_node import load_policy as policy_factory
     policy = policy_factory(settings)
     try:
-        reference = evaluate_bag(bag, policy, settings, noise_seed)
+        reference = evaluate_bag(bag, policy, settings)
         views = settings.camera_views or tuple(policy.view_names)[:len(settings.camera_topics)]
         write_chunk_bag(out_dir / "reference", reference.chunks, settings, views, str(policy.model_id))
     finally:
         policy.close()
-    live = replay_through_node(bag, values, settings, noise_seed, rate, out_dir / "live", policy_factory)
+    live = replay_through_node(bag, values, rate, out_dir / "live", policy_factory)
     comparison, recomputed = compare_chunks(reference.chunks, live.chunks, atol, rtol), 0
     if comparison.state_differs:
         policy = policy_factory(settings)  # the node closed its model; load it again for the recomputation
         try:
             comparison, recomputed = check_live_chunks(bag, policy, settings, reference.chunks, live.chunks,
-                                                       noise_seed, atol=atol, rtol=rtol)
+                                                       atol=atol, rtol=rtol)
         finally:
             policy.close()
     return RegressionResult(reference, live, comparison, recomputed)
@@ -210,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="override a node parameter (YAML value syntax)")
     parser.add_argument("--out-dir", type=Path, help="where reference/ and live/ bags go (default: a temp dir)")
     parser.add_argument("--rate", type=float, default=0.2, help="replay rate (slow enough for the node)")
-    parser.add_argument("--noise-seed", type=int, default=0)
+    parser.add_argument("--noise-seed", type=int, default=None,
+                        help="seed of the pinned noise (default: the parameters' noise_seed if >= 0, else 0)")
     parser.add_argument("--min-coverage", type=float, default=DEFAULT_MIN_COVERAGE,
                         help="fraction of reference observations the live node must reproduce")
     parser.add_argument("--atol", type=float, default=COMPARE_ATOL)
@@ -231,7 +222,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--param {item!r} is not NAME:=VALUE")
         overrides[name] = yaml.safe_load(value)
     values = load_node_values(args.params_file, overrides, args.node_name)
-    result = run_regression(args.bag, out_dir, values, args.noise_seed, args.rate, atol=args.atol, rtol=args.rtol)
+    if args.noise_seed is not None:
+        values["noise_seed"] = args.noise_seed
+    elif values["noise_seed"] < 0:
+        values["noise_seed"] = 0
+    print(f"noise_seed: {values['noise_seed']}")
+    result = run_regression(args.bag, out_dir, values, args.rate, atol=args.atol, rtol=args.rtol)
     comparison = result.comparison
     print(f"reference: {len(result.reference.chunks)} chunks, rejected {dict(result.reference.rejected)}, "
           f"buffer {result.reference.buffer}")

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+from flashrt_ros.bag_common import BagError
 from flashrt_ros.bag_evaluator import (check_live_chunks, compare_chunks, evaluate_bag, load_node_settings,
                                        load_node_values, main, read_chunk_bag, write_chunk_bag)
 from flashrt_ros.bag_regression import main as regression_main
@@ -127,6 +128,8 @@ def test_chunks_are_pinned_by_seed_and_stamp(fault_evaluation, bags, settings):
     comparison, recomputed = check_live_chunks(bags["faults"], policy, settings, fault_evaluation.chunks, [live],
                                                NOISE_SEED, atol=0.0, rtol=0.0)
     assert recomputed == 1 and comparison.ok and comparison.matched == 1
+    with pytest.raises(BagError, match="pinned noise"):
+        evaluate_bag(bags["faults"], policy, settings)  # the node's default noise_seed -1: fresh noise
     wrong = dataclasses.replace(live, actions=chunk.actions)
     comparison, _ = check_live_chunks(bags["faults"], policy, settings, fault_evaluation.chunks, [wrong], NOISE_SEED)
     assert not comparison.ok and len(comparison.mismatched) == 1
@@ -171,9 +174,9 @@ def test_live_replay_matches_offline_evaluation(bags, tmp_path, capsys):
     assert [c.sequence for c in live] == list(range(len(live)))
 
 
-def test_faulty_bag_gives_counted_rejections_and_no_crash(bags, settings, fault_evaluation, tmp_path):
-    values = load_node_values(overrides=NODE_PARAMETERS)
-    run = replay_through_node(bags["faults"], values, settings, NOISE_SEED, REPLAY_RATE, tmp_path / "live",
+def test_faulty_bag_gives_counted_rejections_and_no_crash(bags, fault_evaluation, tmp_path):
+    values = load_node_values(overrides={**NODE_PARAMETERS, "noise_seed": NOISE_SEED})
+    run = replay_through_node(bags["faults"], values, REPLAY_RATE, tmp_path / "live",
                               policy_factory=lambda s: BorrowedPolicy(shared_policy()))
     assert run.lifecycle_state == "active", "the node must survive the bag"
     status = _read(tmp_path / "live", "/policy_node/status")[-1]
