@@ -82,6 +82,7 @@ class ParamSpec:
 
 
 STRING_ARRAY = ParameterType.PARAMETER_STRING_ARRAY
+INTEGER_ARRAY = ParameterType.PARAMETER_INTEGER_ARRAY
 
 PARAMETERS: tuple[ParamSpec, ...] = (
     # model
@@ -94,6 +95,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("hardware", "auto", "Engine dispatch; reference forces the eager reference path.", choices=HARDWARE),
     ParamSpec("warmup_iterations", 2, "Forward passes run at configure (warm-up and graph capture).",
               int_range=(0, 100)),
+    ParamSpec("warmup_image_size", [640, 480], "[width, height] of the images used to warm up: set it to the "
+              "cameras' resolution, the GPU engine captures one graph per image size.", type=INTEGER_ARRAY),
     ParamSpec("noise_seed", -1, "Pins the flow noise to (seed, observation stamp) so replays repeat "
               "(flashrt_ros.pinned_noise); -1 = fresh random noise for every chunk.", int_range=(-1, 2**31 - 1)),
     # inputs
@@ -173,6 +176,8 @@ def validate(name: str, value: Any) -> str | None:
         low, high = spec.int_range
         if not low <= value <= high:
             return f"{name}={value!r} is outside [{low}, {high}]"
+    if name == "warmup_image_size" and not (len(value) == 2 and all(1 <= int(v) <= 16384 for v in value)):
+        return f"warmup_image_size={list(value)}: expected [width, height], each in 1..16384"
     if name == "device" and not _valid_device(value):
         return f"device={value!r}: expected auto, cpu, cuda or cuda:N"
     if name in ("camera_topics", "instruction_topic", "output_topic") and not value:
@@ -207,6 +212,7 @@ class NodeSettings:
     precision: str
     hardware: str
     warmup_iterations: int
+    warmup_image_size: tuple[int, int]
     noise_seed: int
     camera_topics: tuple[str, ...]
     camera_views: tuple[str, ...]
@@ -266,6 +272,7 @@ def settings_from_values(values: dict[str, Any]) -> NodeSettings:
     kwargs = {name: values[name] for name in SPECS}
     for name in ("camera_topics", "camera_views", "state_joint_names", "action_names"):
         kwargs[name] = tuple(kwargs[name])
+    kwargs["warmup_image_size"] = tuple(int(v) for v in kwargs["warmup_image_size"])
     kwargs["state_type"] = StateInput(kwargs["state_type"])
     kwargs["trigger"] = TriggerMode(kwargs["trigger"])
     for name in ("sync_slop", "max_observation_age", "inference_rate_hz", "action_dt",

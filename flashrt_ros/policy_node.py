@@ -50,8 +50,7 @@ from flashrt_ros.observation_buffer import (AddResult, BufferCounters, Observati
 from flashrt_ros.pinned_noise import NO_SEED, observation_noise
 
 NODE_NAME = "policy_node"
-WARMUP_PROMPT = "warm up"
-WARMUP_IMAGE_SHAPE = (224, 224, 3)
+WARMUP_PROMPT = "pick up the object and place it in the bin"
 LOG_THROTTLE_S = 2.0
 WORKER_STOP_TIMEOUT_S = 60.0
 
@@ -240,10 +239,14 @@ class PolicyNode(LifecycleNode):
         return tuple(views)
 
     def _warm_up(self, settings: NodeSettings) -> None:
-        images = {view: np.full(WARMUP_IMAGE_SHAPE, 128, np.uint8) for view in self._view_names}
+        """Forward passes with inputs shaped like the real ones (image size, views, state, prompt), so the
+        engine captures the graph the cameras will use at configure and not on the first frame."""
+        width, height = settings.warmup_image_size
+        images = {view: np.full((height, width, 3), 128, np.uint8) for view in self._view_names}   # (H, W, 3)
         state = np.zeros(self._policy.state_dim, np.float32) if settings.state_topic else None
+        prompt = settings.default_instruction or WARMUP_PROMPT
         for _ in range(settings.warmup_iterations):
-            self._policy.predict(images, WARMUP_PROMPT, state=state)
+            self._policy.predict(images, prompt, state=state)
 
     # -- activation helpers -----------------------------------------------------------------------------
     def _create_subscriptions(self, settings: NodeSettings) -> None:

@@ -38,6 +38,8 @@ def test_every_parameter_is_described_and_its_default_is_valid():
     ("camera_topics", ["a", ""], "empty entry"),
     ("action_names", ["x", "x"], "duplicate entries"),
     ("output_topic", "", "must not be empty"),
+    ("warmup_image_size", [640], "expected [width, height]"),
+    ("warmup_image_size", [640, 0], "each in 1..16384"),
 ])
 def test_invalid_values_have_a_reason_naming_them(name, value, reason):
     message = validate(name, value)
