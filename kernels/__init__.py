@@ -9,7 +9,7 @@ from ._triton import HAVE_TRITON
 from .ada_rms_norm import ada_rms_norm, ada_rms_norm_reference
 from .attention import attention, attention_reference
 from .euler import euler, euler_reference
-from .fp8_quant import fp8_quant, fp8_quant_reference
+from .fp8_quant import fp8_quant, fp8_quant_reference, fp8_quant_rows, fp8_quant_rows_reference
 from .geglu import geglu, geglu_reference
 from .qkv_rope import qkv_rope, qkv_rope_reference, rope_tables
 from .residual_norm import residual_norm, residual_norm_reference
@@ -20,7 +20,7 @@ __all__ = [
     "ada_rms_norm", "ada_rms_norm_reference",
     "attention", "attention_reference",
     "euler", "euler_reference",
-    "fp8_quant", "fp8_quant_reference",
+    "fp8_quant", "fp8_quant_reference", "fp8_quant_rows", "fp8_quant_rows_reference",
     "geglu", "geglu_reference",
     "qkv_rope", "qkv_rope_reference", "rope_tables",
     "residual_norm", "residual_norm_reference",

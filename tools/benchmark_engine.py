@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gc
 import json
 import logging
@@ -157,7 +158,10 @@ def compile_child(args) -> None:
                                torch.bfloat16)
     model.config = cfg
     ref = ReferenceExecutor(model, cfg, torch.device("cuda"))
-    compiled = torch.compile(ref.sample_actions, mode=args.compile_mode)
+    # compile the undecorated method under no_grad: inference_mode inside a compiled region fails in AOT autograd
+    compiled = torch.compile(functools.partial(ReferenceExecutor.sample_actions.__wrapped__, ref),
+                             mode=args.compile_mode)
+    torch.set_grad_enabled(False)
     obs = random_observation(cfg, np.random.default_rng(0), views=args.views, n_text=PROMPT_TOKENS, vocab=1024)
     t0 = time.perf_counter()
     reference_predict(ref, obs, compiled)
@@ -194,14 +198,15 @@ def bench_config(args, res: Results, name: str) -> None:
     base = get_config(name)
     dev = torch.device("cuda")
     hw = detect_hardware("auto", dev)
-    precisions = ["bf16"] + (["fp8"] if name in args.fp8_configs else [])
+    precisions = ["bf16"] + ([f"fp8{s}" for s in args.fp8_scalings] if name in args.fp8_configs else [])
     # accuracy gate: the fp32 reference vs the engine built from the same fp32 weights
     if args.gate:
         model32 = load_model_weights(ckpt, base, dev, torch.float32)
         ref32 = ReferenceExecutor(model32, base, dev)
         for prec in precisions:
             try:
-                opts = EngineOptions.from_env(EngineOptions(fp8=prec == "fp8", text_buckets=tuple(args.text_buckets)))
+                opts = EngineOptions.from_env(EngineOptions(fp8=prec.startswith("fp8"), fp8_scaling="row" if prec == "fp8row" else "tensor",
+                                                           text_buckets=tuple(args.text_buckets)))
                 eng = build_executor(model32, base, dev, "auto", opts)     # the public path
                 if not isinstance(eng, EngineExecutor) or not eng.name.endswith(prec):
                     raise RuntimeError(f"build_executor gave {getattr(eng, 'name', eng)} for {prec}")
@@ -211,7 +216,7 @@ def bench_config(args, res: Results, name: str) -> None:
                                              n_text=12 + 17 * seed, vocab=1024)
                     got = eng.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
                     cos.append(cosine(got, reference_actions(ref32, obs)))
-                thr = GATE_FP8 if prec == "fp8" else GATE_BF16
+                thr = GATE_FP8 if prec.startswith("fp8") else GATE_BF16
                 res.add("gates", {"config": name, "precision": prec, "cosines": cos, "min": min(cos),
                                   "threshold": thr, "pass": min(cos) >= thr})
                 del eng
@@ -228,7 +233,8 @@ def bench_config(args, res: Results, name: str) -> None:
         for horizon in args.horizons:
             cfg = base.replace(action_horizon=horizon)
             try:
-                opts = EngineOptions.from_env(EngineOptions(fp8=prec == "fp8", text_buckets=tuple(args.text_buckets)))
+                opts = EngineOptions.from_env(EngineOptions(fp8=prec.startswith("fp8"), fp8_scaling="row" if prec == "fp8row" else "tensor",
+                                                           text_buckets=tuple(args.text_buckets)))
                 eng = EngineExecutor(model, cfg, dev, resolve(hw, opts), action_affine=affine, weights=shared)
                 shared = eng.weights
             except Exception:  # noqa: BLE001
@@ -269,17 +275,18 @@ def bench_config(args, res: Results, name: str) -> None:
 def targets(rows: list[dict]) -> list[str]:
     """One line per issue-4 target, from the measured rows (missing measurements are said so)."""
     pick = lambda variant: next((r for r in rows if r["config"] == "pi05" and r["views"] == 2  # noqa: E731
-                                 and r["horizon"] == 10 and r["variant"].startswith(variant)
-                                 and "predict_ms" in r), None)
+                                 and r["horizon"] == 10 and "predict_ms" in r
+                                 and (r["variant"] == variant or (variant.startswith("reference")
+                                                                  and r["variant"].startswith(variant)))), None)
     out = []
     eager, comp = pick("reference_eager"), pick("reference_compile")
-    for prec in ("bf16", "fp8"):
+    for prec in ("bf16", "fp8", "fp8row"):
         eng = pick(f"engine_{prec}")
         if eng is None:
             out.append(f"- engine {prec}: not measured in this run")
             continue
         med, p99 = eng["predict_ms"]["median"], eng["predict_ms"]["p99"]
-        goal = TARGET_MEDIAN_MS[prec]
+        goal = TARGET_MEDIAN_MS[prec[:4]]
         out.append(f"- engine {prec} median predict {med:.2f} ms vs target <= {goal} ms: "
                    f"{'met' if med <= goal else 'MISSED'}; p99 {p99:.2f} ms = {p99 / med:.3f} x median "
                    f"(target <= 1.1: {'met' if p99 <= 1.1 * med else 'MISSED'})")
@@ -340,6 +347,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--image-hw", nargs=2, type=int, default=[224, 224])
     ap.add_argument("--text-buckets", nargs="*", type=int, default=[64, 128])
     ap.add_argument("--fp8-configs", nargs="*", default=[], help="configs also run with the FP8 engine")
+    ap.add_argument("--fp8-scalings", nargs="*", default=[""], help="'' (per-tensor, static) and/or 'row'")
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="wall-clock budget of the whole run; the compile variant gets what is left")
     ap.add_argument("--no-gate", dest="gate", action="store_false")

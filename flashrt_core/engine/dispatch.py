@@ -8,6 +8,7 @@ tests and bug reports:
     FLASHRT_DISABLE_<SWITCH>=1      turn one optimization off (switches: see `Switch`)
     FLASHRT_DISABLE_FAST_PATHS=1    everything off: the eager reference path runs
     FLASHRT_FP8=1                   ask for FP8 E4M3 prefix GEMMs (same as EngineOptions(fp8=True))
+    FLASHRT_FP8_SCALING=tensor|row  FP8 scale granularity (EngineOptions.fp8_scaling)
 
 The same switches exist as `EngineOptions` fields; environment variables win over the fields.
 """
@@ -56,11 +57,14 @@ class EngineOptions:
     fused_weights: bool = True
     flash_attention: bool = True
     fp8: bool = False                        # opt-in: FP8 E4M3 for the wide prefix/vision GEMMs
+    fp8_scaling: str = "tensor"              # "tensor": static per-tensor scales; "row": per-token/per-channel
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = ()       # token-buffer lengths with a graph each; () = one, the full length
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
 
     def __post_init__(self) -> None:
+        if self.fp8_scaling not in ("tensor", "row"):
+            raise ValueError(f"fp8_scaling must be 'tensor' or 'row', got {self.fp8_scaling!r}")
         if any((not isinstance(b, int)) or b <= 0 for b in self.text_buckets):
             raise ValueError(f"text_buckets must be positive ints, got {self.text_buckets!r}")
         for op, impl in self.overrides.items():
@@ -101,6 +105,8 @@ class EngineOptions:
                 changes[attr] = False
         if flag("FLASHRT_FP8") is not None and "fp8" not in changes:
             changes["fp8"] = flag("FLASHRT_FP8")
+        if env.get("FLASHRT_FP8_SCALING"):
+            changes["fp8_scaling"] = env["FLASHRT_FP8_SCALING"]
         if flag("FLASHRT_DISABLE_FAST_PATHS"):
             changes["fast_paths"] = False
         overrides = dict(base.overrides)

@@ -1,8 +1,11 @@
-"""FP8 E4M3 for the wide GEMMs (vision tower and prefix backbone), per-tensor static scales.
+"""FP8 E4M3 for the wide GEMMs (vision tower and prefix backbone).
 
+Scaling "tensor" (the issue's per-tensor static scales):
     W_q = W / s_w,  s_w = amax(W) / fmax                    (weights, once at load)
     x_q = clamp(x / s_x),  s_x = amax(x on a real observation) * CALIB_MARGIN / fmax     (activations, calibrated)
     y   = (x_q @ W_q^T) * s_x * s_w + b                     (torch._scaled_mm, bf16 out)
+Scaling "row": per-output-channel weight scales s_w[n] and per-token activation scales s_x[m] computed in the
+graph by kernels/fp8_quant.py (rowwise torch._scaled_mm): y[m, n] = (x_q @ W_q^T)[m, n] * s_x[m] * s_w[n] + b[n].
 
 The 10-51-row decoder GEMMs stay bf16: they are bound by reading the weights and FP8 adds a quantization pass
 (the seed project measured FP8 slower there). fmax: 448 for OCP e4m3fn (NVIDIA sm89+, gfx950), 240 for e4m3fnuz
@@ -22,26 +25,39 @@ log = logging.getLogger(__name__)
 
 CALIB_MARGIN = 1.25   # head-room over the calibration amax for other observations (values beyond saturate)
 FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
+SCALINGS = ("tensor", "row")
 
 
 class Fp8Linear:
     """y = x @ W^T + b through torch._scaled_mm with static scales; x is quantized by kernels/fp8_quant.py."""
 
-    def __init__(self, lin: Linear, x_amax: float, dtype: torch.dtype):
+    def __init__(self, lin: Linear, x_amax: float, dtype: torch.dtype, scaling: str = "tensor"):
+        if scaling not in SCALINGS:
+            raise ValueError(f"FP8 scaling must be one of {SCALINGS}, got {scaling!r}")
         (w, b), = lin.parts
         fmax = torch.finfo(dtype).max
         w32 = w.float()
-        w_scale = w32.abs().max().clamp(min=1e-12) / fmax
+        self.rowwise = scaling == "row"
+        if self.rowwise:
+            w_scale = w32.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / fmax   # (N, 1)
+            self.w_scale = w_scale.T.contiguous()                                  # (1, N)
+        else:
+            w_scale = w32.abs().max().clamp(min=1e-12) / fmax
+            self.w_scale = w_scale.reshape(()).float()
         self.w_q = (w32 / w_scale).clamp(-fmax, fmax).to(dtype)           # (N, K) row-major = (K, N) col-major
-        self.w_scale = w_scale.reshape(()).float()
         x_scale = max(x_amax, 1e-6) * CALIB_MARGIN / fmax
         self.x_scale = torch.tensor(x_scale, device=w.device, dtype=torch.float32)
         self.x_inv = torch.tensor([1.0 / x_scale], device=w.device, dtype=torch.float32)
         self.bias = None if b is None else b.to(torch.bfloat16)
         self.dtype = dtype
-        self._quant = load_kernels().fp8_quant
+        k = load_kernels()
+        self._quant, self._quant_rows = k.fp8_quant, k.fp8_quant_rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rowwise:
+            xq, x_scale = self._quant_rows(x, self.dtype)                  # (M, K) fp8, (M, 1) fp32
+            y = torch._scaled_mm(xq, self.w_q.t(), scale_a=x_scale, scale_b=self.w_scale, out_dtype=torch.bfloat16)
+            return y if self.bias is None else y.add_(self.bias)
         xq = self._quant(x.contiguous(), self.x_inv, self.dtype)           # (M, K) fp8
         return torch._scaled_mm(xq, self.w_q.t(), scale_a=self.x_scale, scale_b=self.w_scale, bias=self.bias,
                                 out_dtype=torch.bfloat16)
@@ -58,7 +74,7 @@ def wide_linears(w: EngineWeights) -> list[Linear]:
     return out
 
 
-def quantize_wide(w: EngineWeights, amax: dict[int, float], fmt: str) -> int:
+def quantize_wide(w: EngineWeights, amax: dict[int, float], fmt: str, scaling: str = "tensor") -> int:
     """Attach Fp8Linear to every wide GEMM whose input amax was calibrated. Returns how many."""
     dtype = FP8_DTYPES[fmt]
     count = 0
@@ -70,7 +86,7 @@ def quantize_wide(w: EngineWeights, amax: dict[int, float], fmt: str) -> int:
             raise ValueError("FP8 calibration did not see every wide GEMM; run it on a full observation")
         if len(lin.parts) != 1:
             raise ValueError("FP8 needs merged weights (fused_weights on)")
-        lin.fp8 = Fp8Linear(lin, amax[id(lin)], dtype)
+        lin.fp8 = Fp8Linear(lin, amax[id(lin)], dtype, scaling)
         count += 1
-    log.info("FP8 %s on %d wide GEMMs (activation margin %.2f)", fmt, count, CALIB_MARGIN)
+    log.info("FP8 %s (%s scales) on %d wide GEMMs (activation margin %.2f)", fmt, scaling, count, CALIB_MARGIN)
     return count

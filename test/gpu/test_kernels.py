@@ -257,3 +257,16 @@ def test_skinny_gemm_every_engine_config(kind, n, k):
             got = K.skinny_gemm(x, w, kind == "gate_up", cfg.split_k, cfg.block_n, cfg.block_k, cfg.stages).float()
             err = (got - want).norm() / want.norm()
             assert got.shape == want.shape and err < SKINNY_REL_L2, f"{cfg} rows {rows}: rel L2 error {err:.2e}"
+
+
+@pytest.mark.skipif(INTERPRET, reason="Triton's interpreter casts to FP8 without round-to-nearest")
+def test_fp8_quant_rows():
+    g = torch.Generator(device=DEVICE).manual_seed(12)
+    x = (torch.randn(PREFIX_ROWS, 16384, device=DEVICE, generator=g) * 3).to(torch.bfloat16)
+    x[3] *= 100                                                              # an outlier token
+    q, scale = K.fp8_quant_rows(x, torch.float8_e4m3fn)
+    want_q, want_scale = K.fp8_quant_rows_reference(x, torch.float8_e4m3fn)
+    torch.testing.assert_close(scale, want_scale, rtol=1e-6, atol=0)
+    assert torch.equal(q.float(), want_q.float())
+    err = (q.float() * scale - x.float()).norm() / x.float().norm()
+    assert err < FP8_REL_L2, f"dequantized rel L2 error {err:.3e}"
