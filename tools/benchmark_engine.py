@@ -286,7 +286,7 @@ def targets(rows: list[dict]) -> list[str]:
             out.append(f"- engine {prec}: not measured in this run")
             continue
         med, p99 = eng["predict_ms"]["median"], eng["predict_ms"]["p99"]
-        goal = TARGET_MEDIAN_MS[prec[:4]]
+        goal = TARGET_MEDIAN_MS["fp8" if prec.startswith("fp8") else prec]
         out.append(f"- engine {prec} median predict {med:.2f} ms vs target <= {goal} ms: "
                    f"{'met' if med <= goal else 'MISSED'}; p99 {p99:.2f} ms = {p99 / med:.3f} x median "
                    f"(target <= 1.1: {'met' if p99 <= 1.1 * med else 'MISSED'})")

@@ -59,7 +59,7 @@ class EngineOptions:
     fp8: bool = False                        # opt-in: FP8 E4M3 for the wide prefix/vision GEMMs
     fp8_scaling: str = "tensor"              # "tensor": static per-tensor scales; "row": per-token/per-channel
     fast_paths: bool = True                  # False: the reference path, whatever else is set
-    text_buckets: tuple[int, ...] = ()       # token-buffer lengths with a graph each; () = one, the full length
+    text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
 
     def __post_init__(self) -> None:

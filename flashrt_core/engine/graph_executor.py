@@ -181,12 +181,10 @@ class EngineExecutor:
         self.capture_seconds[key] = time.perf_counter() - start
         log.info("captured graph %s in %.2f s", key, self.capture_seconds[key])
 
-    def _entry(self, key: tuple, views, image_shapes, text_len) -> tuple[_Entry, bool]:
-        entry = self._entries.get(key)
-        if entry is None:
-            entry = self._entries[key] = self._make_entry(views, image_shapes, text_len)
-            return entry, True
-        return entry, False
+    def _entry(self, key: tuple, views, image_shapes, text_len) -> _Entry:
+        if key not in self._entries:
+            self._entries[key] = self._make_entry(views, image_shapes, text_len)
+        return self._entries[key]
 
     @torch.inference_mode()
     def _calibrate_fp8(self, entry: _Entry) -> None:
@@ -200,7 +198,7 @@ class EngineExecutor:
         quantize_wide(self.weights, amax, self.dispatch[Op.FP8_FORMAT], self.dispatch.options.fp8_scaling)
         self.fp8_calibrated = True
 
-    def _run(self, key: tuple, entry: _Entry, fresh: bool, timer: PhaseTimer | None = None) -> None:
+    def _run(self, key: tuple, entry: _Entry, timer: PhaseTimer | None = None) -> None:
         if self.dispatch[Op.GEMM_PREFIX] == "fp8" and not self.fp8_calibrated:
             self._calibrate_fp8(entry)
         if self.use_graph and timer is None:
@@ -231,7 +229,7 @@ class EngineExecutor:
         text_len = self._bucket(int(valid_idx[-1]) if valid_idx.size else 0)
         shapes = tuple(images[i].shape[:2] for i in present)
         key = ("uint8", present, shapes, text_len)
-        entry, _ = self._entry(key, present, shapes, text_len)
+        entry = self._entry(key, present, shapes, text_len)
         sv = entry.staging.host_views
         for j, i in enumerate(present):
             sv[f"image{j}"].numpy()[:] = images[i]
@@ -239,7 +237,7 @@ class EngineExecutor:
         sv["state"].numpy()[:] = 0.0 if state is None else state
         sv["noise"].numpy()[:] = noise
         entry.staging.upload()
-        self._run(key, entry, False, timer)
+        self._run(key, entry, timer)
         entry.out_host.copy_(entry.ws.robot_actions if unnormalize else entry.ws.actions, non_blocking=True)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
@@ -259,7 +257,7 @@ class EngineExecutor:
         valid_idx = np.flatnonzero(tmask)
         text_len = self._bucket(int(valid_idx[-1]) if valid_idx.size else 0)
         key = ("pixels", present, None, text_len)
-        entry, _ = self._entry(key, present, None, text_len)
+        entry = self._entry(key, present, None, text_len)
         ws = entry.ws
         ws.pixels.copy_(pixels[0, list(present)])
         ws.tokens.copy_(tokens[0, :text_len])
@@ -269,7 +267,7 @@ class EngineExecutor:
         else:
             ws.state.zero_()
         ws.noise.copy_(noise[0])
-        self._run(key, entry, False)
+        self._run(key, entry)
         return ws.actions.clone()[None]
 
     @torch.inference_mode()
