@@ -132,7 +132,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     _attn_split_kernel[grid](q, k, v, bias, visible if visible is not None else bias, out, acc, ml,
                              Mq, L, prefix_len, heads, scale,
                              q.stride(0), k.stride(0), v.stride(0), out.stride(0),
-                             HAS_SUFFIX=visible is not None, SPLIT=splits, KEYS_PER_SPLIT=keys_per_split, D=D, BLOCK_M=block_m, BLOCK_N=block_n,
+                             HAS_SUFFIX=visible is not None, SPLIT=splits, KEYS_PER_SPLIT=keys_per_split, D=D,
+                             BLOCK_M=block_m, BLOCK_N=block_n,
                              num_warps=8 if block_m >= 64 else 4, num_stages=2)
     if splits > 1:
         _attn_combine_kernel[(Mq,)](acc, ml, out, Mq, out.stride(0), SPLIT=splits,

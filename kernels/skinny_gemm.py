@@ -85,6 +85,7 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: 
     block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
     grid = (triton.cdiv(F, block_n), split_k)
     _skinny_kernel[grid](x, w, y, M, N, F, x.stride(0), w.stride(0), y.stride(-2), M * N,
-                         K_PER_SPLIT=K // split_k, GEGLU=geglu, SPLIT_K=split_k, KGELU=_K_GELU, BLOCK_M=block_m, BLOCK_N=block_n,
+                         K_PER_SPLIT=K // split_k, GEGLU=geglu, SPLIT_K=split_k, KGELU=_K_GELU,
+                         BLOCK_M=block_m, BLOCK_N=block_n,
                          BLOCK_K=block_k, num_warps=4, num_stages=num_stages)
     return y

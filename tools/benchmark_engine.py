@@ -135,6 +135,13 @@ def reference_predict(ref: ReferenceExecutor, obs, compiled=None):
     return out.float().cpu().numpy()
 
 
+def engine_options(prec: str, args) -> EngineOptions:
+    """bf16 | fp8 (per-tensor static scales) | fp8row (per-token / per-channel), env switches applied."""
+    return EngineOptions.from_env(EngineOptions(fp8=prec.startswith("fp8"),
+                                                fp8_scaling="row" if prec == "fp8row" else "tensor",
+                                                text_buckets=tuple(args.text_buckets)))
+
+
 def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
     run = lambda: engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise,  # noqa
                                              unnormalize=True)
@@ -205,8 +212,7 @@ def bench_config(args, res: Results, name: str) -> None:
         ref32 = ReferenceExecutor(model32, base, dev)
         for prec in precisions:
             try:
-                opts = EngineOptions.from_env(EngineOptions(fp8=prec.startswith("fp8"), fp8_scaling="row" if prec == "fp8row" else "tensor",
-                                                           text_buckets=tuple(args.text_buckets)))
+                opts = engine_options(prec, args)
                 eng = build_executor(model32, base, dev, "auto", opts)     # the public path
                 if not isinstance(eng, EngineExecutor) or not eng.name.endswith(prec):
                     raise RuntimeError(f"build_executor gave {getattr(eng, 'name', eng)} for {prec}")
@@ -233,8 +239,7 @@ def bench_config(args, res: Results, name: str) -> None:
         for horizon in args.horizons:
             cfg = base.replace(action_horizon=horizon)
             try:
-                opts = EngineOptions.from_env(EngineOptions(fp8=prec.startswith("fp8"), fp8_scaling="row" if prec == "fp8row" else "tensor",
-                                                           text_buckets=tuple(args.text_buckets)))
+                opts = engine_options(prec, args)
                 eng = EngineExecutor(model, cfg, dev, resolve(hw, opts), action_affine=affine, weights=shared)
                 shared = eng.weights
             except Exception:  # noqa: BLE001
@@ -303,6 +308,13 @@ def targets(rows: list[dict]) -> list[str]:
     return out
 
 
+def error_line(text: str) -> str:
+    """The line of a traceback that names the exception (else its last line), shortened for a table cell."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    named = [ln for ln in lines if "Error" in ln.split(":")[0] or "Exception" in ln.split(":")[0]]
+    return ((named or lines or ["?"])[-1])[:110].replace("|", "/")
+
+
 def write_markdown(res: Results, path: Path) -> None:
     d = res.data
     env = d["env"]
@@ -317,11 +329,12 @@ def write_markdown(res: Results, path: Path) -> None:
                      f"{', '.join(f'{c:.5f}' for c in g['cosines'])} |")
     lines += ["", "## Latency (ms)", "",
               "| config | variant | views | horizon | predict median | p90 | p99 | max | replay median | replay p99 |"
-              " kernels/call | vision / prefix / denoise (phase graphs) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              " kernels/call | vision / prefix / denoise (phase graphs) |", "|---" * 12 + "|"]
     for r in d["rows"]:
         p = r.get("predict_ms")
         if p is None:
-            why = f"did not finish in {r['did_not_finish_s']} s" if "did_not_finish_s" in r else r.get("error", "?")[:80]
+            why = (f"did not finish in {r['did_not_finish_s']} s" if "did_not_finish_s" in r
+                   else error_line(r.get("error", "?")))
             lines.append(f"| {r['config']} | {r['variant']} | {r['views']} | {r['horizon']} | {why} | | | | | | | |")
             continue
         rp = r.get("replay_ms", {})
@@ -332,7 +345,8 @@ def write_markdown(res: Results, path: Path) -> None:
                      f"{rp.get('p99', float('nan')):.2f} | {r.get('profile', {}).get('kernels', '')} | {phs} |")
     lines += ["", "## Targets (issue 4: pi0.5, 2 views, 10 steps, horizon 10)", ""] + targets(d["rows"])
     if d["errors"]:
-        lines += ["", "## Errors", ""] + [f"- {e['where']}: `{e['trace'].strip().splitlines()[-1]}`" for e in d["errors"]]
+        lines += ["", "## Errors", ""]
+        lines += [f"- {e['where']}: `{e['trace'].strip().splitlines()[-1]}`" for e in d["errors"]]
     path.write_text("\n".join(lines) + "\n")
 
 

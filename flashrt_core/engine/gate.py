@@ -53,7 +53,8 @@ def reference_actions(reference: ReferenceExecutor, obs: Observation) -> np.ndar
                           else torch.full((3, size, size), -1.0) for img in obs.images])       # (V, 3, S, S)
     masks = torch.tensor([img is not None for img in obs.images])
     state = torch.from_numpy(obs.state)[None].to(dev) if cfg.model_type == "pi0" else None
-    out = reference.sample_actions(pixels[None].to(dev), masks[None].to(dev), torch.from_numpy(obs.tokens)[None].to(dev),
+    out = reference.sample_actions(pixels[None].to(dev), masks[None].to(dev),
+                                   torch.from_numpy(obs.tokens)[None].to(dev),
                                    torch.from_numpy(obs.token_mask)[None].to(dev), state,
                                    torch.from_numpy(obs.noise)[None].to(dev))
     return out[0].float().cpu().numpy()

@@ -93,7 +93,8 @@ class EngineExecutor:
             raise ValueError(f"shared weights are {weights.dtype} folded={weights.folded}, this executor needs "
                              f"{dtype} folded={fold}")
         self.weights = weights if weights is not None else prepare_weights(model, dtype, fold=fold)
-        buckets = sorted({b for b in dispatch.options.text_buckets if b < config.max_token_len} | {config.max_token_len})
+        buckets = {b for b in dispatch.options.text_buckets if b < config.max_token_len} | {config.max_token_len}
+        buckets = sorted(buckets)
         self.text_buckets = tuple(buckets)
         self.suffix_len = config.action_horizon + (0 if self.weights.tables is not None else 1)
         max_pos = len(config.view_names) * config.vision.num_patches + config.max_token_len + self.suffix_len
