@@ -286,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         executor.shutdown(timeout_sec=5.0)
+        if spinner.is_alive():
+            spinner.join(timeout=5.0)         # spin() returns after shutdown; then the context can go
         for node in nodes:
             if isinstance(node, PolicyNode):
                 node.release()

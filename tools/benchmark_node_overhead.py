@@ -180,7 +180,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
         Parameter("diagnostics_window", value=min(600.0, args.duration + FEEDER_SETTLE_S + 30.0))])
     executor = MultiThreadedExecutor(num_threads=4)
     executor.add_node(node)
-    threading.Thread(target=executor.spin, daemon=True).start()
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
     feeder = None
     try:
         if node.trigger_configure() != TransitionCallbackReturn.SUCCESS:
@@ -201,6 +202,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
         if feeder is not None and feeder.poll() is None:
             feeder.kill()
         executor.shutdown(timeout_sec=5.0)
+        spinner.join(timeout=5.0)
         node.release()
         node.destroy_node()
         rclpy.try_shutdown()

@@ -183,6 +183,7 @@ class NodeHarness:
 
     def close(self) -> None:
         self.executor.shutdown(timeout_sec=5.0)
+        self._spinner.join(timeout=5.0)          # spin() returns after shutdown; then the context can go
         self.node.release()
         self.node.destroy_node()
         self.driver.destroy_node()
