@@ -36,6 +36,7 @@ LOGGER = logging.getLogger(__name__)
 
 CLOCK_TOPIC = "/clock"
 DEFAULT_CLOCK_HZ = 40.0  # ros2 bag play --clock's default
+CLOCK_DEPTH = 10
 SUBSCRIBER_POLL_S = 0.02
 
 
@@ -110,8 +111,10 @@ class BagPlayer:
                 from rosgraph_msgs.msg import Clock
 
                 self._clock_cls = Clock
+                # Reliable (serves best-effort and reliable time sources), a small history so that a tick is not
+                # overwritten before a slow subscriber acknowledged it.
                 self._clock_pub = self._node.create_publisher(
-                    Clock, CLOCK_TOPIC, QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE))
+                    Clock, CLOCK_TOPIC, QoSProfile(depth=CLOCK_DEPTH, reliability=ReliabilityPolicy.RELIABLE))
             waitable = {p.topic_name: p for p in publishers.values()}
             if self._clock_pub is not None:
                 waitable[CLOCK_TOPIC] = self._clock_pub

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.ros
 CHUNKS = 5
 RECEIVE_TIMEOUT_S = 15.0
 SIM_TIME_NS = 1_767_225_601_250_000_000
+SIGINT_GRACE_S = 2.0  # after publishing, before interrupting the recorder
 
 
 def _chunk(i: int):
@@ -129,20 +130,25 @@ def test_recorder_rejects_bad_config(tmp_path):
         RecorderConfig(out=tmp_path / "exists")
 
 
-def test_cli_records_for_a_duration(tmp_path):
-    """``python -m flashrt_ros.bag_recorder OUT --topics ... --duration S`` (the README command)."""
+def test_cli_records_until_sigint(tmp_path):
+    """``python -m flashrt_ros.bag_recorder OUT --topics ...`` (the README command) stops cleanly on SIGINT."""
+    import signal
+    import time
+
     from flashrt_ros.msg import ActionChunk
     from test.ros.ros_processes import start_python
 
     out = tmp_path / "cli"
     recorder = start_python("from flashrt_ros.bag_recorder import main; raise SystemExit(main())", str(out),
-                            "--topics", "/cli/action_chunk", "--storage", "mcap", "--duration", "6")
+                            "--topics", "/cli/action_chunk", "--storage", "mcap", "--duration", "120")
     try:
         with RosHarness() as ros:
             publisher = ros.node("chunk_source").create_publisher(ActionChunk, "/cli/action_chunk", 10)
             assert wait_until(lambda: publisher.get_subscription_count() > 0, RECEIVE_TIMEOUT_S)
             for i in range(CHUNKS):
                 publisher.publish(_chunk(i))
+            time.sleep(SIGINT_GRACE_S)  # reliable delivery to the recorder's subscription
+            recorder.send_signal(signal.SIGINT)
             stdout, stderr = recorder.communicate(timeout=60)
     finally:
         if recorder.poll() is None:
