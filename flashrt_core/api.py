@@ -90,15 +90,16 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_DTYPES)} or a torch dtype")
 
 
-def build_executor(model, config: ModelConfig, device: torch.device, hardware: str):
-    """The graph engine on CUDA when available (hardware != "reference"), else the eager reference path."""
+def build_executor(model, config: ModelConfig, device: torch.device, hardware: str, engine_options=None):
+    """The graph engine on CUDA when available (hardware != "reference"), else the eager reference path.
+    engine_options: a flashrt_core.engine.EngineOptions (FP8, switches, text buckets); None = defaults + env."""
     if hardware == "reference":
         return ReferenceExecutor(model, config, device)
     engine_available = importlib.util.find_spec("flashrt_core.engine") is not None
     if device.type == "cuda" and engine_available:
         engine = importlib.import_module("flashrt_core.engine")
         if hasattr(engine, "build_executor"):
-            return engine.build_executor(model, config, device, hardware)
+            return engine.build_executor(model, config, device, hardware, engine_options)
     if hardware != "auto":
         raise ValueError(f"hardware={hardware!r} needs a CUDA device and flashrt_core.engine.build_executor "
                          f"(device {device}, engine available: {engine_available})")
@@ -127,7 +128,11 @@ class Policy:
     """A loaded pi0 / pi0.5 policy. Not thread-safe: call predict from one thread at a time."""
 
     def __init__(self, model, config: ModelConfig, executor, tokenizer: PromptTokenizer,
-                 normalizer: normalization.Normalizer, device: torch.device, model_id: str):
+                 normalizer: normalization.Normalizer, device: torch.device, model_id: str,
+                 gpu_preprocess: bool = True):
+        """gpu_preprocess: when the executor offers predict_observation (the graph engine), hand it the raw
+        uint8 images so resize-with-pad runs inside its graph; False resizes on the host (A/B switch)."""
+        self.gpu_preprocess = gpu_preprocess and hasattr(executor, "predict_observation")
         self.model = model
         self.config = config
         self.executor = executor
@@ -152,6 +157,13 @@ class Policy:
         -> actions float32 (horizon, action_dim) in robot units."""
         if self.executor is None:
             raise RuntimeError("Policy.predict called after close()")
+        if self.gpu_preprocess:
+            views = preprocess.validate_images(images, self.config.view_names)
+            tokens, token_masks, state_padded = self._encode_prompt_and_state(prompt, state)
+            noise_np = self._noise(noise)[0].cpu().numpy()  # [horizon, 32]
+            actions = self.executor.predict_observation(  # [horizon, 32] normalized, numpy
+                views, tokens, token_masks, None if state_padded is None else state_padded.numpy(), noise_np)
+            return self.postprocess(torch.from_numpy(actions))
         inputs = self.prepare_inputs(images, prompt, state, noise)
         actions = self.executor.sample_actions(*inputs)  # [1, horizon, 32] normalized
         return self.postprocess(actions[0])
@@ -159,9 +171,19 @@ class Policy:
     def prepare_inputs(self, images, prompt: str, state=None, noise=None):
         """Validated, preprocessed tensors on the policy's device, batch 1, in sample_actions' argument order."""
         cfg = self.config
+        pixels, image_masks = preprocess.prepare_images(images, cfg.view_names, cfg.vision.image_size)
+        tokens, token_masks, state_padded = self._encode_prompt_and_state(prompt, state)
+        noise_t = self._noise(noise)
+        dev = self.device
+        return (torch.from_numpy(pixels)[None].to(dev), torch.from_numpy(image_masks)[None].to(dev),
+                torch.from_numpy(tokens)[None].to(dev), torch.from_numpy(token_masks)[None].to(dev),
+                None if state_padded is None else state_padded[None].to(dev), noise_t)
+
+    def _encode_prompt_and_state(self, prompt: str, state):
+        """-> (tokens int64 [L], token mask bool [L], normalized state zero-padded to 32 (pi0) or None)."""
+        cfg = self.config
         if not isinstance(prompt, str) or not prompt.strip():
             raise InputError(f"prompt must be a non-empty str, got {prompt!r}")
-        pixels, image_masks = preprocess.prepare_images(images, cfg.view_names, cfg.vision.image_size)
         state_norm = None
         if state is not None:
             state_arr = preprocess.validate_state(state, cfg.state_dim)  # [state_dim]
@@ -175,14 +197,9 @@ class Policy:
                                                              cfg.prompt_mode.value, cfg.model_type.value)
         state_padded = None
         if cfg.model_type == ModelType.PI0:
-            state_padded = torch.zeros(1, cfg.max_action_dim)  # [1, 32]
-            state_padded[0, :cfg.state_dim] = torch.from_numpy(state_norm)
-            state_padded = state_padded.to(self.device)
-        noise_t = self._noise(noise)
-        dev = self.device
-        return (torch.from_numpy(pixels)[None].to(dev), torch.from_numpy(image_masks)[None].to(dev),
-                torch.from_numpy(tokens)[None].to(dev), torch.from_numpy(token_masks)[None].to(dev),
-                state_padded, noise_t)
+            state_padded = torch.zeros(cfg.max_action_dim)  # [32]
+            state_padded[:cfg.state_dim] = torch.from_numpy(state_norm)
+        return tokens, token_masks, state_padded
 
     def _noise(self, noise) -> torch.Tensor:
         shape = (self.config.action_horizon, self.config.max_action_dim)
@@ -224,12 +241,15 @@ class Policy:
 def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig | None = None,
                device: str | torch.device = "auto", dtype: str | torch.dtype | None = None,
                hardware: str = "auto", tokenizer: str | Path | PromptTokenizer | None = None,
-               require_norm_stats: bool = True) -> Policy:
+               require_norm_stats: bool = True, engine_options=None, gpu_preprocess: bool | None = None) -> Policy:
     """Load a checkpoint directory (None: the demo checkpoint) into a ready Policy.
 
     The robot's state_dim / action_dim come from the config when it sets them (a ModelConfig, or overrides in
     flashrt_config.json), else from the checkpoint's norm stats. A checkpoint without norm stats is refused
     unless require_norm_stats=False (then states and actions pass through unnormalized).
+
+    engine_options (flashrt_core.engine.EngineOptions) tunes the graph engine (FP8, switches); gpu_preprocess
+    None reads FLASHRT_GPU_PREPROCESS (default 1): with the graph engine, images are resized inside its graph.
     """
     ckpt_dir = ensure_demo_checkpoint() if checkpoint is None else Path(checkpoint)
     if not ckpt_dir.is_dir():
@@ -252,7 +272,12 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
                               f"model's vocab_size {cfg.paligemma.vocab_size}")
     model = load_model_weights(ckpt_dir, cfg, dev, torch_dtype)
     normalizer = normalization.Normalizer(stats, cfg.norm_mode.value)  # identity when stats is None
-    executor = build_executor(model, cfg, dev, hardware)
+    executor = build_executor(model, cfg, dev, hardware, engine_options)
+    if gpu_preprocess is None:
+        raw = os.environ.get("FLASHRT_GPU_PREPROCESS", "1")
+        if raw not in ("0", "1"):
+            raise ValueError(f"FLASHRT_GPU_PREPROCESS must be 0 or 1, got {raw!r}")
+        gpu_preprocess = raw == "1"
     model_id = f"{cfg.name}:{ckpt_dir.resolve().name}"
     log.info("loaded %s on %s (%s, executor %s)", model_id, dev, torch_dtype, getattr(executor, "name", executor))
-    return Policy(model, cfg, executor, tokenizer, normalizer, dev, model_id)
+    return Policy(model, cfg, executor, tokenizer, normalizer, dev, model_id, gpu_preprocess)

@@ -161,20 +161,34 @@ def prepare_images(
     A view with no image (list shorter than ``view_names``, a name absent from the dict, or ``None``) becomes a
     -1 image with mask False. Raises InputError for extra or unknown views and malformed images.
     """
-    by_view = _images_by_view(images, view_names)
-    if all(img is None for img in by_view.values()):
-        raise InputError(f"no images given: at least one of the views {list(view_names)} is required")
+    by_view = dict(zip(view_names, validate_images(images, view_names), strict=True))
     pixels = np.full((len(view_names), 3, size, size), -1.0, dtype=np.float32)  # [V, 3, size, size]
     masks = np.zeros(len(view_names), dtype=np.bool_)  # [V]
     for v, name in enumerate(view_names):
         img = by_view[name]
         if img is None:
             continue
-        _check_image(img, f"view {name!r}")
         square = resize_with_pad(img, size)  # [size, size, 3] uint8
         pixels[v] = square.transpose(2, 0, 1).astype(np.float32) / 255.0 * 2.0 - 1.0  # openpi's uint8 -> [-1, 1]
         masks[v] = True
     return pixels, masks
+
+
+def validate_images(
+    images: Sequence[np.ndarray | None] | Mapping[str, np.ndarray | None], view_names: Sequence[str]
+) -> list[np.ndarray | None]:
+    """Images (list in view order or dict by view name) -> one validated uint8 HxWx3 array or None per view.
+
+    Raises InputError for extra or unknown views, malformed images, or no image at all. Used by prepare_images
+    and by executors that resize on the GPU (so both paths refuse the same inputs with the same messages).
+    """
+    by_view = _images_by_view(images, view_names)
+    if all(img is None for img in by_view.values()):
+        raise InputError(f"no images given: at least one of the views {list(view_names)} is required")
+    for name, img in by_view.items():
+        if img is not None:
+            _check_image(img, f"view {name!r}")
+    return [by_view[name] for name in view_names]
 
 
 def _images_by_view(images, view_names: Sequence[str]) -> dict[str, np.ndarray | None]:

@@ -1,0 +1,60 @@
+"""The public API on a GPU: load_model(device="cuda") picks the graph engine, predict() hands it the raw uint8
+camera images (resize inside the graph), and its actions match the fp32 CPU reference path on the same
+checkpoint and pinned noise. Skips without CUDA."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flashrt_core
+from flashrt_core.engine.gate import GATE_BF16, cosine
+from flashrt_core.fixtures import write_random_checkpoint
+
+pytestmark = pytest.mark.gpu
+
+OBSERVATIONS = 3
+# Host resize (PIL-exact) and GPU resize (antialiased interpolate) differ by <= 1 uint8 level per pixel.
+HOST_VS_GPU_RESIZE_COSINE = 0.999
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pi05_tiny_gpu")
+    write_random_checkpoint(path, "pi05_tiny", seed=3)
+    return path
+
+
+def _observation(rng, policy):
+    # camera-sized frames of different shapes: resize-with-pad is part of what is compared
+    images = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8), rng.integers(0, 256, (240, 320, 3), np.uint8)]
+    state = rng.uniform(-1, 1, policy.state_dim).astype(np.float32)
+    noise = rng.standard_normal((policy.horizon, 32)).astype(np.float32)
+    return images, state, noise
+
+
+def test_gpu_policy_uses_the_engine_and_matches_the_cpu_reference(checkpoint):
+    gpu = flashrt_core.load_model(checkpoint, device="cuda")
+    cpu = flashrt_core.load_model(checkpoint, device="cpu", hardware="reference")
+    assert gpu.gpu_preprocess and hasattr(gpu.executor, "predict_observation"), gpu.executor
+    rng = np.random.default_rng(0)
+    for _ in range(OBSERVATIONS):
+        images, state, noise = _observation(rng, gpu)
+        got = gpu.predict(images, "pick up the red cube", state, noise)
+        want = cpu.predict(images, "pick up the red cube", state, noise)
+        assert got.shape == want.shape == (gpu.horizon, gpu.action_dim)
+        assert cosine(got, want) >= GATE_BF16, cosine(got, want)
+    gpu.close()
+    cpu.close()
+
+
+def test_gpu_preprocess_switch_gives_the_same_actions(checkpoint):
+    on = flashrt_core.load_model(checkpoint, device="cuda", gpu_preprocess=True)
+    off = flashrt_core.load_model(checkpoint, device="cuda", gpu_preprocess=False)
+    assert on.gpu_preprocess and not off.gpu_preprocess
+    images, state, noise = _observation(np.random.default_rng(1), on)
+    a = on.predict(images, "open the drawer", state, noise)
+    b = off.predict(images, "open the drawer", state, noise)
+    assert cosine(a, b) >= HOST_VS_GPU_RESIZE_COSINE
+    with pytest.raises(flashrt_core.InputError, match="dtype"):
+        on.predict([images[0].astype(np.float32)], "open the drawer", state, noise)

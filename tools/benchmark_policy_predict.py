@@ -1,0 +1,98 @@
+"""Benchmark the public API: flashrt_core.load_model(...).predict(images, prompt, state) end to end.
+
+What a ROS node pays per call: input validation, prompt tokenization (cached), state normalization and
+discretization, noise drawing, the executor (the graph engine on CUDA: staging, one graph replay with the
+resize inside, one copy out) and unnormalization. Camera-sized uint8 frames (480x640) in host memory ->
+actions in host memory. tools/benchmark_engine.py measures the engine alone; this is the number a user sees.
+
+    python tools/benchmark_policy_predict.py --checkpoint DIR [--views 2] [--calls 200] [--out docs/benchmarks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import flashrt_core  # noqa: E402
+
+WARMUP_CALLS = 20
+
+
+def percentiles(samples_s: list[float]) -> dict[str, float]:
+    ms = np.asarray(samples_s) * 1e3
+    return {"median_ms": float(np.median(ms)), "p90_ms": float(np.percentile(ms, 90)),
+            "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (e.g. from flashrt_core.fixtures)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--views", type=int, default=2)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--out", default="", help="folder for JSON + markdown results; empty = print only")
+    args = parser.parse_args(argv)
+
+    rows = []
+    for gpu_preprocess in (True, False):
+        t0 = time.perf_counter()
+        policy = flashrt_core.load_model(args.checkpoint, device=args.device, gpu_preprocess=gpu_preprocess)
+        load_s = time.perf_counter() - t0
+        rng = np.random.default_rng(0)
+        images = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(args.views)]
+        state = rng.uniform(-1, 1, policy.state_dim).astype(np.float32)
+        prompt = "pick up the red cube and put it in the bowl"
+        t0 = time.perf_counter()
+        policy.predict(images, prompt, state)
+        first_s = time.perf_counter() - t0
+        for _ in range(WARMUP_CALLS):
+            policy.predict(images, prompt, state)
+        samples = []
+        for _ in range(args.calls):
+            t0 = time.perf_counter()
+            policy.predict(images, prompt, state)
+            samples.append(time.perf_counter() - t0)
+        rows.append({"config": policy.config.name, "executor": getattr(policy.executor, "name", "?"),
+                     "gpu_preprocess": policy.gpu_preprocess, "views": args.views, "horizon": policy.horizon,
+                     "calls": args.calls, "load_s": load_s, "first_call_s": first_s, **percentiles(samples)})
+        policy.close()
+
+    meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
+            "python": platform.python_version(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none (CPU)",
+            "cpu": platform.processor() or platform.machine()}
+    if torch.cuda.is_available():
+        meta["cuda"] = torch.version.cuda
+    lines = [f"# Policy.predict benchmark ({meta['gpu']})", "",
+             f"{meta['date']}, torch {meta['torch']}, Python {meta['python']}. Public API, 480x640 uint8 frames "
+             "in host memory -> actions in host memory, prompt tokenization cached after the first call.", "",
+             "| config | executor | GPU resize | views | horizon | load s | first call s | median ms | p90 ms | "
+             "p99 ms | max ms |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['executor']} | {r['gpu_preprocess']} | {r['views']} | {r['horizon']} | "
+                     f"{r['load_s']:.1f} | {r['first_call_s']:.2f} | {r['median_ms']:.2f} | {r['p90_ms']:.2f} | "
+                     f"{r['p99_ms']:.2f} | {r['max_ms']:.2f} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        tag = "h200" if "H200" in meta["gpu"] else ("cpu" if meta["gpu"].startswith("none") else "gpu")
+        stem = out / f"policy_predict_{tag}_{meta['date'][:10]}"
+        stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        stem.with_suffix(".md").write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
