@@ -25,6 +25,8 @@ setup(
     packages=core_packages + ros_packages + kernel_packages,
     package_dir={"flashrt_kernels": "kernels"},
     package_data={"flashrt_core": ["data/*"]},
+    # the .msg files travel with the Python package so the bag tools can register the types without a ROS build
+    data_files=[("share/flashrt_ros/msg", ["msg/ActionChunk.msg", "msg/PolicyStatus.msg"])],
     install_requires=[
         "numpy>=1.26",
         "safetensors>=0.4",
@@ -44,6 +46,7 @@ setup(
             "flashrt-bag-player=flashrt_ros.bag_player:main",
             "flashrt-bag-recorder=flashrt_ros.bag_recorder:main",
             "flashrt-bag-evaluator=flashrt_ros.bag_evaluator:main",
+            "flashrt-bag-regression=flashrt_ros.bag_regression:main",
             "flashrt-demo-bag=flashrt_ros.demo_bag:main",
             "flashrt-fixture=flashrt_core.fixtures:main",
         ]

@@ -1,4 +1,4 @@
-"""docs/bag_replay.md names only commands and options that exist.
+"""docs/bag_replay.md and the README name only bag commands and options that exist.
 
 Every ``python -m flashrt_ros.<tool> ...`` and ``ros2 run flashrt_ros <tool> ...`` line of the document must name a
 flashrt_ros tool, and every ``--option`` on it must be one the tool's ``--help`` lists. The commands themselves
@@ -14,14 +14,23 @@ from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "bag_replay.md"
-RUN_EXECUTABLES = {"bag_player": "bag_player", "bag_recorder": "bag_recorder", "bag_evaluator": "bag_evaluator",
-                   "demo_bag": "demo_bag"}  # `ros2 run flashrt_ros <name>` -> module (CMakeLists.txt)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DOC = REPO_ROOT / "docs" / "bag_replay.md"
+README = REPO_ROOT / "README.md"
 
 
-def documented_commands() -> list[tuple[str, list[str]]]:
+def cmake_executables() -> dict[str, str]:
+    """`ros2 run flashrt_ros <name>` -> module, as CMakeLists.txt installs them ("name:module:function")."""
+    text = (REPO_ROOT / "CMakeLists.txt").read_text()
+    return {name: module.split(".", 1)[1] for name, module, _ in re.findall(r'"(\w+):(flashrt_ros\.\w+):(\w+)"', text)}
+
+
+RUN_EXECUTABLES = cmake_executables()
+
+
+def documented_commands(doc: Path = DOC) -> list[tuple[str, list[str]]]:
     """(module, argv) of every flashrt_ros command line in the doc's code blocks (continuations joined)."""
-    lines, joined = DOC.read_text().splitlines(), []
+    lines, joined = doc.read_text().splitlines(), []
     buffer = ""
     for line in lines:
         if not line.startswith("    "):
@@ -50,7 +59,18 @@ def test_doc_has_the_commands():
     assert modules == {"demo_bag", "bag_player", "bag_recorder", "bag_evaluator", "bag_regression"}
 
 
-@pytest.mark.parametrize("module,argv", documented_commands(), ids=lambda v: v if isinstance(v, str) else None)
+def test_cmake_installs_every_bag_tool():
+    assert {"bag_player", "bag_recorder", "bag_evaluator", "bag_regression", "demo_bag"} <= set(RUN_EXECUTABLES)
+    for module in RUN_EXECUTABLES.values():
+        assert callable(importlib.import_module(f"flashrt_ros.{module}").main)
+
+
+def test_readme_has_the_bag_regression_command():
+    assert "bag_regression" in {module for module, _ in documented_commands(README)}
+
+
+@pytest.mark.parametrize("module,argv", documented_commands() + documented_commands(README),
+                         ids=lambda v: v if isinstance(v, str) else None)
 def test_documented_options_exist(module, argv, capsys):
     main = importlib.import_module(f"flashrt_ros.{module}").main
     with pytest.raises(SystemExit) as exit_info:
