@@ -20,6 +20,8 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from flashrt_ros.observation_buffer import BufferCounters
 
 HARDWARE_ID = "flashrt_policy"
+# last_error prefixes of failed transitions: shown as ERROR while the node is not active
+TRANSITION_FAILURE_PREFIXES = ("configure failed", "activate failed")
 
 
 class WindowedSamples:
@@ -249,6 +251,8 @@ def diagnostic_array(snapshot: StatisticsSnapshot, context: DiagnosticsContext, 
 
 def _level(snapshot: StatisticsSnapshot, context: DiagnosticsContext) -> tuple[bytes, str]:
     if context.lifecycle_state != "active":
+        if snapshot.last_error.startswith(TRANSITION_FAILURE_PREFIXES):
+            return DiagnosticStatus.ERROR, f"{context.lifecycle_state}: {snapshot.last_error}"
         return DiagnosticStatus.OK, f"{context.lifecycle_state}: not publishing"
     if snapshot.staleness.count and snapshot.staleness.p99 > context.staleness_warn_threshold:
         return DiagnosticStatus.WARN, (f"staleness p99 {snapshot.staleness.p99 * 1e3:.1f} ms > threshold "

@@ -6,6 +6,7 @@ import signal
 import time
 
 import pytest
+from diagnostic_msgs.msg import DiagnosticStatus
 
 from flashrt_core.fixtures import write_random_checkpoint
 from test.ros.node_harness import BorrowedPolicy, NodeHarness, shared_policy, wait_until
@@ -51,6 +52,7 @@ def test_failed_configure_leaves_the_node_up_and_configurable_again(harnesses, t
     assert h.lifecycle.state() == "unconfigured"
     assert wait_until(lambda: h.diagnostics and "checkpoint directory not found" in h.latest_diagnostics()[
         "last_error"] and h.latest_diagnostics()["lifecycle_state"] == "unconfigured")
+    assert h.diagnostics[-1].level == DiagnosticStatus.ERROR
     write_random_checkpoint(checkpoint, "pi05_tiny", seed=1)    # the missing checkpoint is provided
     assert h.lifecycle.change("configure")
     assert h.lifecycle.state() == "inactive"
