@@ -1,9 +1,10 @@
 """Statistics of the policy node and their two outputs: /diagnostics and ~/status.
 
-``NodeStatistics`` is thread-safe (callbacks, the inference thread and the diagnostics timer all touch it)
-and pure Python; ``diagnostic_array`` / ``policy_status`` turn a ``StatisticsSnapshot`` into messages.
-Windowed figures (median / p99 / max, input rates) cover the last ``window_s`` seconds of the node clock's
-steady counterpart (time.monotonic), so they stay meaningful while sim time is paused.
+``NodeStatistics`` is thread-safe (callbacks, the inference thread and the diagnostics timer all touch it);
+``diagnostic_array`` turns a ``StatisticsSnapshot`` into the /diagnostics message and ``status_fields`` into
+the fields of flashrt_ros/PolicyStatus. Windowed figures (median / p99 / max, input rates) cover the last
+``window_s`` seconds of time.monotonic (wall time), so they stay meaningful while sim time is paused; the
+values themselves (staleness) are in the node clock.
 """
 
 from __future__ import annotations
