@@ -1,7 +1,8 @@
 """Every parameter of the policy node, declared in one place, validated, converted once to NodeSettings.
 
 - ``PARAMETERS``: one ``ParamSpec`` per parameter (default, description, range or choices, read_only).
-  read_only parameters need a new configure with new values: set them at start-up (YAML / overrides).
+  read_only marks what a change would need a new configure for; ROS fixes those for the life of the process,
+  so they are set at start-up (params file / overrides). The others can change at runtime.
 - ``declare_parameters(node)``: declares them with descriptors.
 - ``validate(name, value)``: the reason a value is invalid, or None. ``on_set_parameters`` wraps it as
   the node's on-set callback, so ``ros2 param set`` with a bad value is rejected with that reason.
