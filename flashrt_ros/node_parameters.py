@@ -17,6 +17,7 @@ import enum
 import hashlib
 import json
 import math
+import re
 from typing import Any, Sequence
 
 from rcl_interfaces.msg import (FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType,
@@ -40,7 +41,7 @@ class StateInput(enum.Enum):
 
 MODEL_CONFIGS = ("auto", "pi05", "pi0", "pi05_tiny", "pi0_tiny")
 PRECISIONS = ("auto", "float32", "bfloat16", "float16")
-HARDWARE = ("auto", "reference")
+HARDWARE_PATTERN = re.compile(r"^(auto|reference|cpu|sm\d{2,3}|gfx[0-9a-f]{3,4})$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +94,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("device", "auto", "Inference device: auto, cpu, cuda or cuda:N."),
     ParamSpec("precision", "auto", "Weights/activations dtype; auto = bf16 on GPU, fp32 on CPU.",
               choices=PRECISIONS),
-    ParamSpec("hardware", "auto", "Engine dispatch; reference forces the eager reference path.", choices=HARDWARE),
+    ParamSpec("hardware", "auto", "Engine dispatch target: auto (detected), reference (the eager reference path), "
+              "cpu, smXY (e.g. sm90) or gfxNNN (e.g. gfx942)."),
     ParamSpec("warmup_iterations", 2, "Forward passes run at configure (warm-up and graph capture).",
               int_range=(0, 100)),
     ParamSpec("warmup_image_size", [640, 480], "[width, height] of the images used to warm up: set it to the "
@@ -179,6 +181,8 @@ def validate(name: str, value: Any) -> str | None:
             return f"{name}={value!r} is outside [{low}, {high}]"
     if name == "warmup_image_size" and not (len(value) == 2 and all(1 <= int(v) <= 16384 for v in value)):
         return f"warmup_image_size={list(value)}: expected [width, height], each in 1..16384"
+    if name == "hardware" and not HARDWARE_PATTERN.match(value):
+        return f"hardware={value!r}: expected auto, reference, cpu, smXY or gfxNNN"
     if name == "device" and not _valid_device(value):
         return f"device={value!r}: expected auto, cpu, cuda or cuda:N"
     if name in ("camera_topics", "instruction_topic", "output_topic") and not value:

@@ -30,6 +30,7 @@ def test_every_parameter_is_described_and_its_default_is_valid():
     ("trigger", "sometimes", "not one of"),
     ("precision", "int8", "not one of"),
     ("device", "gpu", "expected auto, cpu, cuda or cuda:N"),
+    ("hardware", "h100", "expected auto, reference, cpu, smXY or gfxNNN"),
     ("device", "cuda:x", "expected auto, cpu, cuda or cuda:N"),
     ("sync_slop", 2.0, "outside [0.0, 1.0]"),
     ("max_observation_age", float("inf"), "outside"),
@@ -44,6 +45,11 @@ def test_every_parameter_is_described_and_its_default_is_valid():
 def test_invalid_values_have_a_reason_naming_them(name, value, reason):
     message = validate(name, value)
     assert message is not None and reason in message and name in message
+
+
+@pytest.mark.parametrize("hardware", ["auto", "reference", "cpu", "sm90", "sm120", "gfx942"])
+def test_engine_hardware_targets_are_accepted(hardware):
+    assert validate("hardware", hardware) is None
 
 
 def test_on_set_callback_rejects_the_whole_set_with_all_reasons():
