@@ -20,7 +20,6 @@ import functools
 import gc
 import json
 import logging
-import os
 import subprocess
 import sys
 import time

@@ -25,15 +25,6 @@ IMAGES = [RNG.integers(0, 256, (120, 160, 3), dtype=np.uint8) for _ in range(3)]
 NOISE = RNG.standard_normal((10, 32)).astype(np.float32)
 NOISE_PI0 = RNG.standard_normal((50, 32)).astype(np.float32)
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The CPU suite shares 2 cores with other test processes; a second intra-op thread only adds contention."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 
 @pytest.fixture(scope="module")
 def demo():

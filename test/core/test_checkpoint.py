@@ -25,15 +25,6 @@ IMAGES = [np.full((48, 64, 3), 90, np.uint8), np.full((30, 30, 3), 200, np.uint8
 NOISE = np.random.default_rng(5).standard_normal((10, 32)).astype(np.float32)
 STATE = np.linspace(-1, 1, 32)
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The CPU suite shares 2 cores with other test processes; a second intra-op thread only adds contention."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):

@@ -3,7 +3,6 @@
 import json
 
 import numpy as np
-import pytest
 import torch
 from safetensors import safe_open
 
@@ -11,15 +10,6 @@ from flashrt_core import fixtures, normalization
 from flashrt_core.checkpoint import EMBED_TOKENS, KNOWN_UNUSED, TIED_LM_HEAD, weight_spec
 from flashrt_core.config import get_config
 from flashrt_core.tokenizer import PromptTokenizer
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The CPU suite shares 2 cores with other test processes; a second intra-op thread only adds contention."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 
 def read_all(path):

@@ -15,15 +15,6 @@ MASK_EQUIVALENCE_TOL = 1e-5
 # "Does affect" threshold: a real dependence moves the velocity by far more than fp32 noise.
 MIN_EFFECT = 1e-3
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The CPU suite shares 2 cores with other test processes; a second intra-op thread only adds contention."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 
 def random_model(name: str, seed: int = 0) -> PiModel:
     torch.manual_seed(seed)

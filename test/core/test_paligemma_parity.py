@@ -22,15 +22,6 @@ transformers = pytest.importorskip("transformers")
 PARITY_REL_TOL = 1e-4
 HF_PREFIX = "paligemma_with_expert.paligemma."
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The CPU suite shares 2 cores with other test processes; a second intra-op thread only adds contention."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 
 def rel_err(ours: torch.Tensor, theirs: torch.Tensor) -> float:
     return float((ours - theirs).abs().max() / theirs.abs().max())
