@@ -291,6 +291,22 @@ def read_settings(node) -> NodeSettings:
     return settings_from_values({name: parameter_value(node, name) for name in SPECS})
 
 
+def markdown_table() -> str:
+    """The parameter reference of docs/node.md, generated from PARAMETERS (a test keeps the doc equal to it)."""
+    rows = ["| name | default | range / choices | changeable at runtime | description |", "|---|---|---|---|---|"]
+    for spec in PARAMETERS:
+        bounds = spec.float_range or spec.int_range
+        limits = f"{bounds[0]} .. {bounds[1]}" if bounds else ", ".join(spec.choices)
+        default = json.dumps(spec.default)
+        rows.append(f"| `{spec.name}` | `{default}` | {limits} | {'no' if spec.read_only else 'yes'} | "
+                    f"{spec.description} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())
+
+
 __all__ = ["PARAMETERS", "RUNTIME_PARAMETERS", "SPECS", "NodeSettings", "ParamSpec", "SettingsError",
            "StateInput", "TriggerMode", "declare_parameters", "on_set_parameters", "read_settings",
-           "parameter_value", "settings_from_values", "validate"]
+           "parameter_value", "settings_from_values", "validate", "markdown_table"]
