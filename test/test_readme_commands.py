@@ -43,6 +43,19 @@ def test_readme_demo_command_runs_the_node(tmp_path):
     assert "staleness" in result.stdout and "node state: finalized" in result.stdout
 
 
+def test_readme_core_snippet_predicts_a_chunk(tmp_path):
+    """The "Without ROS" snippet runs as written (against the source tree) and prints the chunk's shape."""
+    section = README.split("## Without ROS: the core alone", 1)[1].split("\n## ", 1)[0]
+    snippets = [line.strip() for line in section.splitlines() if line.strip().startswith("python -c ")]
+    assert len(snippets) == 1, snippets
+    code = snippets[0][len("python -c "):].strip('"')
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=COMMAND_TIMEOUT_S)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert re.fullmatch(r"\(\d+, \d+\)", out.stdout.strip()), out.stdout
+
+
 def test_pip_route_installs_core_kernels_and_node_code(tmp_path):
     """`pip install .` (here without dependencies, into a folder) gives importable flashrt_core,
     flashrt_kernels (from kernels/) and flashrt_ros, with no ROS on the path."""
