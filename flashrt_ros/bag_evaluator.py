@@ -114,6 +114,17 @@ def load_node_values(params_file: Path | None = None, overrides: dict[str, Any] 
     return {name: values[name] for name in SPECS}
 
 
+def parse_param_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``NAME:=VALUE`` command-line overrides (as ``ros2 run ... -p``) -> {name: YAML-parsed value}."""
+    overrides = {}
+    for item in items:
+        name, sep, value = item.partition(":=")
+        if not sep:
+            raise ValueError(f"--param {item!r} is not NAME:=VALUE")
+        overrides[name] = yaml.safe_load(value)
+    return overrides
+
+
 def settings_for_values(values: dict[str, Any]) -> NodeSettings:
     """NodeSettings (validated by the node's own rules) from :func:`load_node_values`' result."""
     return settings_from_values({name: values[name] for name in SPECS})
@@ -459,12 +470,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    overrides = {}
-    for item in args.param:
-        name, sep, value = item.partition(":=")
-        if not sep:
-            parser.error(f"--param {item!r} is not NAME:=VALUE")
-        overrides[name] = yaml.safe_load(value)
+    try:
+        overrides = parse_param_overrides(args.param)
+    except ValueError as error:
+        parser.error(str(error))
     if args.out is not None and args.out.exists():
         parser.error(f"--out {args.out} exists already")
     settings = load_node_settings(args.params_file, overrides, args.node_name)

@@ -32,11 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from flashrt_ros.bag_common import BagError
 from flashrt_ros.bag_evaluator import (COMPARE_ATOL, COMPARE_RTOL, Chunk, Comparison, Evaluation, absolute_topic,
                                        check_live_chunks, compare_chunks, evaluate_bag, load_node_values,
+                                       parse_param_overrides,
                                        read_chunk_bag, settings_for_values, write_chunk_bag)
 from flashrt_ros.node_parameters import SPECS
 
@@ -215,12 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flashrt_ros.loopback_dds import apply_loopback_dds
 
         apply_loopback_dds(out_dir / "dds")
-    overrides = {}
-    for item in args.param:
-        name, sep, value = item.partition(":=")
-        if not sep:
-            parser.error(f"--param {item!r} is not NAME:=VALUE")
-        overrides[name] = yaml.safe_load(value)
+    try:
+        overrides = parse_param_overrides(args.param)
+    except ValueError as error:
+        parser.error(str(error))
     values = load_node_values(args.params_file, overrides, args.node_name)
     if args.noise_seed is not None:
         values["noise_seed"] = args.noise_seed
