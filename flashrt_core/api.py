@@ -160,9 +160,9 @@ class Policy:
         if self.gpu_preprocess:
             views = preprocess.validate_images(images, self.config.view_names)
             tokens, token_masks, state_padded = self._encode_prompt_and_state(prompt, state)
-            noise_np = self._noise(noise)[0].cpu().numpy()  # [horizon, 32]
             actions = self.executor.predict_observation(  # [horizon, 32] normalized, numpy
-                views, tokens, token_masks, None if state_padded is None else state_padded.numpy(), noise_np)
+                views, tokens, token_masks, None if state_padded is None else state_padded.numpy(),
+                self._host_noise(noise))  # stays on the host: the executor stages it into its pinned blob
             return self.postprocess(torch.from_numpy(actions))
         inputs = self.prepare_inputs(images, prompt, state, noise)
         actions = self.executor.sample_actions(*inputs)  # [1, horizon, 32] normalized
@@ -173,7 +173,7 @@ class Policy:
         cfg = self.config
         pixels, image_masks = preprocess.prepare_images(images, cfg.view_names, cfg.vision.image_size)
         tokens, token_masks, state_padded = self._encode_prompt_and_state(prompt, state)
-        noise_t = self._noise(noise)
+        noise_t = torch.from_numpy(self._host_noise(noise))[None].to(self.device)  # [1, horizon, 32]
         dev = self.device
         return (torch.from_numpy(pixels)[None].to(dev), torch.from_numpy(image_masks)[None].to(dev),
                 torch.from_numpy(tokens)[None].to(dev), torch.from_numpy(token_masks)[None].to(dev),
@@ -201,20 +201,21 @@ class Policy:
             state_padded[:cfg.state_dim] = torch.from_numpy(state_norm)
         return tokens, token_masks, state_padded
 
-    def _noise(self, noise) -> torch.Tensor:
+    def _host_noise(self, noise) -> np.ndarray:
+        """The flow noise as a host float32 array (horizon, 32): the validated `noise` argument, or None ->
+        N(0, 1) from torch's CPU generator (so torch.manual_seed pins it, whatever the device)."""
         shape = (self.config.action_horizon, self.config.max_action_dim)
         if noise is None:
-            return torch.randn(1, *shape).to(self.device)
+            return torch.randn(1, *shape)[0].numpy()
         try:
-            arr = torch.as_tensor(np.asarray(noise.detach().cpu() if torch.is_tensor(noise) else noise,
-                                             dtype=np.float32))
+            arr = np.asarray(noise.detach().cpu() if torch.is_tensor(noise) else noise, dtype=np.float32)
         except (TypeError, ValueError) as exc:
             raise InputError(f"noise must be a numeric array of shape {shape}: {exc}") from exc
-        if tuple(arr.shape) != shape:
-            raise InputError(f"noise must have shape {shape} (horizon, max_action_dim), got {tuple(arr.shape)}")
-        if not torch.isfinite(arr).all():
+        if arr.shape != shape:
+            raise InputError(f"noise must have shape {shape} (horizon, max_action_dim), got {arr.shape}")
+        if not np.isfinite(arr).all():
             raise InputError("noise has non-finite values (NaN/inf)")
-        return arr[None].to(self.device)
+        return arr
 
     def postprocess(self, actions: torch.Tensor) -> np.ndarray:
         """Normalized [horizon, 32] -> robot units float32 (horizon, action_dim)."""

@@ -19,6 +19,8 @@ from flashrt_core.fixtures import write_random_checkpoint
 UNNORMALIZE_TOL = 1e-5
 # A change that matters moves actions by far more than this.
 MIN_EFFECT = 1e-3
+# The engine forward vs the reference in fp32 (test_engine_forward: 2e-5 normalized), times the demo stats' scale.
+ENGINE_TOL = 1e-4
 
 RNG = np.random.default_rng(0)
 IMAGES = [RNG.integers(0, 256, (120, 160, 3), dtype=np.uint8) for _ in range(3)]
@@ -196,3 +198,48 @@ def test_load_options_are_validated_and_close_releases(ckpt_dir):
     assert policy.model is None and policy.executor is None
     with pytest.raises(RuntimeError, match="after close"):
         policy.predict(IMAGES, "pick", state=np.zeros(32))
+
+
+def test_engine_branch_keeps_the_noise_on_the_host(demo):
+    """With an executor that has predict_observation (the engine, eager on the CPU here), Policy.predict hands it
+    the noise as a host float32 array: the pinned noise as given, or for noise=None the same torch CPU draw the
+    reference path gets under the same seed; and the actions agree with the reference path."""
+    from flashrt_core.api import Policy
+    from flashrt_core.engine.dispatch import TABLE, Dispatch, EngineOptions, Op
+    from flashrt_core.engine.graph_executor import EngineExecutor
+    from flashrt_core.engine.hardware import CPU
+
+    choice = {op: cands[-1].name for op, cands in TABLE.items()}  # the plain-PyTorch implementations
+    choice.update({Op.EXECUTOR: "eager_engine", Op.GEMM_DECODER: "bf16", Op.ATTENTION: "math"})
+    engine = EngineExecutor(demo.model, demo.config, torch.device("cpu"), Dispatch(CPU, EngineOptions(), choice),
+                            dtype=torch.float32)
+    handed = []
+    real_predict_observation = engine.predict_observation
+
+    def recording(*args, **kwargs):
+        handed.append(args[4] if len(args) > 4 else kwargs["noise"])
+        return real_predict_observation(*args, **kwargs)
+
+    engine.predict_observation = recording
+    policy = Policy(demo.model, demo.config, engine, demo.tokenizer, demo.normalizer, demo.device, demo.model_id)
+    assert policy.gpu_preprocess
+    size = demo.config.vision.image_size
+    images = [np.random.default_rng(v).integers(0, 256, (size, size, 3), dtype=np.uint8) for v in range(3)]
+    # ^ the model's image size: no resize, so the GPU-preprocess and host paths see equal pixels
+    state = np.linspace(-0.5, 0.5, 32)
+    for noise in (NOISE, torch.from_numpy(NOISE), NOISE.tolist()):
+        got = policy.predict(images, "pick up the red block", state=state, noise=noise)
+        assert isinstance(handed[-1], np.ndarray) and handed[-1].dtype == np.float32
+        np.testing.assert_array_equal(handed[-1], NOISE)
+        if noise is NOISE:  # a host float32 array goes through as it is: no copy, no device round trip
+            assert np.shares_memory(handed[-1], NOISE)
+        np.testing.assert_allclose(got, demo.predict(images, "pick up the red block", state=state, noise=NOISE),
+                                   atol=ENGINE_TOL, rtol=0)
+    torch.manual_seed(7)
+    drawn = policy.predict(images, "pick up the red block", state=state)
+    assert isinstance(handed[-1], np.ndarray) and handed[-1].shape == (10, 32)
+    torch.manual_seed(7)
+    np.testing.assert_array_equal(handed[-1], torch.randn(1, 10, 32)[0].numpy())
+    torch.manual_seed(7)
+    np.testing.assert_allclose(drawn, demo.predict(images, "pick up the red block", state=state),
+                               atol=ENGINE_TOL, rtol=0)
