@@ -32,4 +32,22 @@ except ImportError:  # CPU-only installs: the references run, the kernels raise 
                                    next_power_of_2=lambda n: 1 << max(0, (int(n) - 1).bit_length()))
     tl = types.SimpleNamespace(constexpr=int)
 
-__all__ = ["HAVE_TRITON", "triton", "tl"]
+
+
+@triton.jit
+def wait_for_inputs(PDL: tl.constexpr):
+    """Programmatic dependent launch (sm90+): with PDL the kernel may start before the kernel ahead of it in the
+    stream has finished. Everything before this call may only read data no earlier kernel of the predict writes
+    (weights); after it, every earlier kernel's writes are visible. Then the kernel after this one may start.
+    Without PDL (the launcher's `pdl=False`) this compiles to nothing."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+def launch_options(pdl: bool) -> dict:
+    """Extra launch keywords of a kernel launched with programmatic dependent launch (none without)."""
+    return {"launch_pdl": True} if pdl else {}
+
+
+__all__ = ["HAVE_TRITON", "triton", "tl", "wait_for_inputs", "launch_options"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import tl, triton
+from ._triton import launch_options, tl, triton, wait_for_inputs
 
 
 def ada_rms_norm_reference(x: torch.Tensor | None, residual: torch.Tensor, gate: torch.Tensor | None,
@@ -31,28 +31,31 @@ def ada_rms_norm_reference(x: torch.Tensor | None, residual: torch.Tensor, gate:
 @triton.jit
 def _ada_rms_norm_kernel(x_ptr, res_ptr, gate_ptr, scale_ptr, shift_ptr, out_ptr, D, eps,
                          stride_x, stride_res, stride_out, split_stride,
-                         HAS_X: tl.constexpr, X_SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_X: tl.constexpr, X_SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < D
+    scale1p = tl.load(scale_ptr + cols, mask=mask, other=0.0).to(tl.float32)   # load-time tables: before the wait
+    shift = tl.load(shift_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_X:
+        g = tl.load(gate_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    wait_for_inputs(PDL)
     h = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_X:
         x = tl.zeros([BLOCK], tl.float32)
         for sp in tl.static_range(X_SPLITS):
             x += tl.load(x_ptr + sp * split_stride + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(gate_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         h += x * g
         tl.store(res_ptr + row * stride_res + cols, h.to(res_ptr.dtype.element_ty), mask=mask)
     y = h * tl.rsqrt(tl.sum(h * h, axis=0) / D + eps)
-    y = y * tl.load(scale_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = y + tl.load(shift_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = y * scale1p + shift
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def ada_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, gate: torch.Tensor | None, scale1p: torch.Tensor,
-                 shift: torch.Tensor, out: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+                 shift: torch.Tensor, out: torch.Tensor, eps: float = 1e-6, pdl: bool = False) -> torch.Tensor:
     """Triton launcher. x (M, D), (S, M, D) split-K partials or None; residual (M, D) updated in place;
-    vectors (D,) contiguous. Returns out."""
+    vectors (D,) contiguous (tables fixed at load: read before the PDL wait). Returns out."""
     M, D = residual.shape
     splits, split_stride = (x.shape[0], x.stride(0)) if x is not None and x.dim() == 3 else (1, 0)
     x2 = x[0] if splits > 1 else x
@@ -65,5 +68,6 @@ def ada_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, gate: torch.Ten
     _ada_rms_norm_kernel[(M,)](
         x if x is not None else residual, residual, gate if gate is not None else scale1p, scale1p, shift, out,
         D, eps, x2.stride(0) if x is not None else 0, residual.stride(0), out.stride(0), split_stride,
-        HAS_X=x is not None, X_SPLITS=splits, BLOCK=block, num_warps=4 if block <= 1024 else 8)
+        HAS_X=x is not None, X_SPLITS=splits, BLOCK=block, PDL=pdl, num_warps=4 if block <= 1024 else 8,
+        **launch_options(pdl))
     return out

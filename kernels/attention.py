@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import tl, triton
+from ._triton import launch_options, tl, triton, wait_for_inputs
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, prefix_len: int,
@@ -38,7 +38,8 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, vis_ptr, o_ptr, acc_ptr, m
                        Mq, L, P, heads, scale,
                        stride_q, stride_k, stride_v, stride_o,
                        HAS_SUFFIX: tl.constexpr, SPLIT: tl.constexpr, KEYS_PER_SPLIT: tl.constexpr, D: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -83,7 +84,8 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, vis_ptr, o_ptr, acc_ptr, m
 
 @triton.jit
 def _attn_combine_kernel(acc_ptr, ml_ptr, o_ptr, Mq, stride_o, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
-                         D: tl.constexpr):
+                         D: tl.constexpr, PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     row = tl.program_id(0)
     sp = tl.arange(0, SPLIT_P2)
     sp_ok = sp < SPLIT
@@ -108,7 +110,7 @@ def plan(Mq: int, L: int, sms: int = 132) -> tuple[int, int, int]:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, prefix_len: int,
               visible: torch.Tensor | None, heads: int, scale: float, out: torch.Tensor,
-              splits: int | None = None) -> torch.Tensor:
+              splits: int | None = None, pdl: bool = False) -> torch.Tensor:
     """Triton launcher; contract of attention_reference, written into out (Mq, D). D must be a power of two."""
     Mq, D = q.shape
     L = k.shape[0]
@@ -134,8 +136,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
                              q.stride(0), k.stride(0), v.stride(0), out.stride(0),
                              HAS_SUFFIX=visible is not None, SPLIT=splits, KEYS_PER_SPLIT=keys_per_split, D=D,
                              BLOCK_M=block_m, BLOCK_N=block_n,
-                             num_warps=8 if block_m >= 64 else 4, num_stages=2)
+                             PDL=pdl, num_warps=8 if block_m >= 64 else 4, num_stages=2, **launch_options(pdl))
     if splits > 1:
         _attn_combine_kernel[(Mq,)](acc, ml, out, Mq, out.stride(0), SPLIT=splits,
-                                    SPLIT_P2=triton.next_power_of_2(splits), D=D, num_warps=4)
+                                    SPLIT_P2=triton.next_power_of_2(splits), D=D, PDL=pdl, num_warps=4,
+                                    **launch_options(pdl))
     return out

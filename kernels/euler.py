@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import tl, triton
+from ._triton import launch_options, tl, triton, wait_for_inputs
 
 
 def euler_reference(x: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, dt: float) -> torch.Tensor:
@@ -21,7 +21,8 @@ def euler_reference(x: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
 
 
 @triton.jit
-def _euler_kernel(x_ptr, v_ptr, b_ptr, N, A, dt, HAS_B: tl.constexpr, BLOCK: tl.constexpr):
+def _euler_kernel(x_ptr, v_ptr, b_ptr, N, A, dt, HAS_B: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -31,11 +32,13 @@ def _euler_kernel(x_ptr, v_ptr, b_ptr, N, A, dt, HAS_B: tl.constexpr, BLOCK: tl.
     tl.store(x_ptr + offs, (x + dt * v).to(x_ptr.dtype.element_ty), mask=mask)
 
 
-def euler(x: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, dt: float, block: int = 1024) -> torch.Tensor:
+def euler(x: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, dt: float, block: int = 1024,
+          pdl: bool = False) -> torch.Tensor:
     """Triton launcher, in place on x. x and v contiguous (M, A), bias (A,). Returns x."""
     if x.shape != v.shape or x.dim() != 2 or not (x.is_contiguous() and v.is_contiguous()):
         raise ValueError(f"euler: x and v must be contiguous (M, A), got {tuple(x.shape)} and {tuple(v.shape)}")
     n, a = x.numel(), x.shape[1]
     _euler_kernel[(triton.cdiv(n, block),)](x, v, bias if bias is not None else v, n, a, float(dt),
-                                           HAS_B=bias is not None, BLOCK=block, num_warps=4)
+                                           HAS_B=bias is not None, BLOCK=block, PDL=pdl, num_warps=4,
+                                           **launch_options(pdl))
     return x

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ._triton import tl, triton
+from ._triton import launch_options, tl, triton, wait_for_inputs
 
 _K = 2.0 * math.sqrt(2.0 / math.pi)
 
@@ -26,7 +26,9 @@ def geglu_reference(gu: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _geglu_kernel(gu_ptr, out_ptr, F, stride_gu, stride_out, K: tl.constexpr, BLOCK: tl.constexpr):
+def _geglu_kernel(gu_ptr, out_ptr, F, stride_gu, stride_out, K: tl.constexpr, BLOCK: tl.constexpr,
+                  PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < F
@@ -36,12 +38,12 @@ def _geglu_kernel(gu_ptr, out_ptr, F, stride_gu, stride_out, K: tl.constexpr, BL
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def geglu(gu: torch.Tensor, out: torch.Tensor, block: int = 1024) -> torch.Tensor:
+def geglu(gu: torch.Tensor, out: torch.Tensor, block: int = 1024, pdl: bool = False) -> torch.Tensor:
     """Triton launcher. gu (M, 2F) with unit column stride, out (M, F). Returns out."""
     M, two_f = gu.shape
     if two_f % 2 or out.shape != (M, two_f // 2) or gu.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError(f"geglu: expected gu (M, 2F) and out (M, F), got {tuple(gu.shape)} and {tuple(out.shape)}")
     F = two_f // 2
     _geglu_kernel[(M, triton.cdiv(F, block))](gu, out, F, gu.stride(0), out.stride(0), K=_K, BLOCK=block,
-                                             num_warps=4)
+                                             PDL=pdl, num_warps=4, **launch_options(pdl))
     return out

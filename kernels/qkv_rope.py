@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import tl, triton
+from ._triton import launch_options, tl, triton, wait_for_inputs
 
 
 def rope_tables(max_pos: int, head_dim: int, base: float = 10000.0, device: torch.device | str = "cpu"
@@ -54,7 +54,8 @@ def qkv_rope_reference(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, 
 @triton.jit
 def _qkv_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, cache_offset, q_scale,
                      stride_qkv, stride_q_m, stride_q_h, stride_cache_g, stride_cache_l,
-                     H: tl.constexpr, G: tl.constexpr, HALF: tl.constexpr):
+                     H: tl.constexpr, G: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     m = tl.program_id(0)
     head = tl.program_id(1)                  # 0..H-1: q, H..H+G-1: k, H+G..H+2G-1: v
     i = tl.arange(0, HALF)
@@ -83,7 +84,7 @@ def _qkv_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, ca
 
 def qkv_rope(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_out: torch.Tensor,
              k_cache: torch.Tensor, v_cache: torch.Tensor, cache_offset: int, num_heads: int, num_kv_heads: int,
-             q_scale: float = 1.0) -> None:
+             q_scale: float = 1.0, pdl: bool = False) -> None:
     """Triton launcher; same contract as qkv_rope_reference. Head dim must be a power of two (Gemma: 256)."""
     M = qkv.shape[0]
     G, L, Dh = k_cache.shape
@@ -103,4 +104,4 @@ def qkv_rope(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch
     _qkv_rope_kernel[(M, num_heads + 2 * num_kv_heads)](
         qkv, pos, cos, sin, q_out, k_cache, v_cache, cache_offset, q_scale,
         qkv.stride(0), q_out.stride(0), q_out.stride(1), k_cache.stride(0), k_cache.stride(1),
-        H=num_heads, G=num_kv_heads, HALF=Dh // 2, num_warps=1)
+        H=num_heads, G=num_kv_heads, HALF=Dh // 2, PDL=pdl, num_warps=1, **launch_options(pdl))

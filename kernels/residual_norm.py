@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import tl, triton
+from ._triton import launch_options, tl, triton, wait_for_inputs
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
@@ -49,10 +49,11 @@ def _residual_norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, inv_scale_ptr, 
                           stride_x, stride_res, stride_out, split_stride,
                           HAS_X: tl.constexpr, X_SPLITS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
                           LAYER_NORM: tl.constexpr, OUT_FP8: tl.constexpr, FP8_MAX: tl.constexpr,
-                          BLOCK: tl.constexpr):
+                          BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < D
+    wait_for_inputs(PDL)
     h = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_X:
         for sp in tl.static_range(X_SPLITS):
@@ -75,7 +76,7 @@ def _residual_norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, inv_scale_ptr, 
 
 def residual_norm(x: torch.Tensor | None, residual: torch.Tensor, out: torch.Tensor,
                   weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, eps: float = 1e-6,
-                  layer_norm: bool = False, inv_scale: torch.Tensor | None = None) -> torch.Tensor:
+                  layer_norm: bool = False, inv_scale: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """Triton launcher. x (M, D), (S, M, D) partials or None; residual (M, D) updated in place; out (M, D)."""
     M, D = residual.shape
     splits, split_stride = (x.shape[0], x.stride(0)) if x is not None and x.dim() == 3 else (1, 0)
@@ -94,5 +95,5 @@ def residual_norm(x: torch.Tensor | None, residual: torch.Tensor, out: torch.Ten
         D, eps, x2.stride(0) if x is not None else 0, residual.stride(0), out.stride(0), split_stride,
         HAS_X=x is not None, X_SPLITS=splits, HAS_W=weight is not None, HAS_B=bias is not None, LAYER_NORM=layer_norm,
         OUT_FP8=out_fp8, FP8_MAX=float(torch.finfo(out.dtype).max) if out_fp8 else 0.0,
-        BLOCK=block, num_warps=4 if block <= 1024 else 8)
+        BLOCK=block, PDL=pdl, num_warps=4 if block <= 1024 else 8, **launch_options(pdl))
     return out

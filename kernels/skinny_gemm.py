@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from ._triton import tl, triton
+from ._triton import launch_options, tl, triton, wait_for_inputs
 
 _K_GELU = 2.0 * math.sqrt(2.0 / math.pi)
 
@@ -37,7 +37,7 @@ def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, geglu: bool = False,
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, split_stride,
                    K_PER_SPLIT: tl.constexpr, GEGLU: tl.constexpr, SPLIT_K: tl.constexpr, KGELU: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
@@ -47,17 +47,31 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, s
     n_out = F if GEGLU else N
     n_ok = rn < n_out
     k0 = pid_k * K_PER_SPLIT
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    if GEGLU:
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for kk in range(0, K_PER_SPLIT, BLOCK_K):
-        k = k0 + kk
-        x = tl.load(x_ptr + rm[:, None] * stride_x + (k + rk)[None, :], mask=m_ok[:, None], other=0.0)
-        w = tl.load(w_ptr + rn[:, None] * stride_w + (k + rk)[None, :], mask=n_ok[:, None], other=0.0)
-        acc += tl.dot(x, tl.trans(w))
+    if BLOCK_K == K_PER_SPLIT:
+        # One shot: the program's whole weight slice is loaded before waiting for x, so with PDL the weight stream
+        # overlaps the end of the kernel ahead (the weights are the only bytes that matter at this size).
+        w = tl.load(w_ptr + rn[:, None] * stride_w + (k0 + rk)[None, :], mask=n_ok[:, None], other=0.0)
         if GEGLU:
-            wu = tl.load(w_ptr + (rn + F)[:, None] * stride_w + (k + rk)[None, :], mask=n_ok[:, None], other=0.0)
-            acc_up += tl.dot(x, tl.trans(wu))
+            wu = tl.load(w_ptr + (rn + F)[:, None] * stride_w + (k0 + rk)[None, :], mask=n_ok[:, None], other=0.0)
+        wait_for_inputs(PDL)
+        x = tl.load(x_ptr + rm[:, None] * stride_x + (k0 + rk)[None, :], mask=m_ok[:, None], other=0.0)
+        acc = tl.dot(x, tl.trans(w))
+        if GEGLU:
+            acc_up = tl.dot(x, tl.trans(wu))
+    else:
+        wait_for_inputs(PDL)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if GEGLU:
+            acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for kk in range(0, K_PER_SPLIT, BLOCK_K):
+            k = k0 + kk
+            x = tl.load(x_ptr + rm[:, None] * stride_x + (k + rk)[None, :], mask=m_ok[:, None], other=0.0)
+            w = tl.load(w_ptr + rn[:, None] * stride_w + (k + rk)[None, :], mask=n_ok[:, None], other=0.0)
+            acc += tl.dot(x, tl.trans(w))
+            if GEGLU:
+                wu = tl.load(w_ptr + (rn + F)[:, None] * stride_w + (k + rk)[None, :], mask=n_ok[:, None],
+                             other=0.0)
+                acc_up += tl.dot(x, tl.trans(wu))
     mask = m_ok[:, None] & n_ok[None, :]
     if GEGLU:
         acc = acc * tl.sigmoid(KGELU * (acc + 0.044715 * acc * acc * acc)) * acc_up
@@ -68,8 +82,12 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, s
 
 
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1, block_n: int = 16,
-                block_k: int = 256, num_stages: int = 4) -> torch.Tensor:
-    """Triton launcher; contract of skinny_gemm_reference. x (M, K) with M <= 64 and unit column stride."""
+                block_k: int = 256, num_stages: int = 4, num_warps: int = 4, pdl: bool = False,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton launcher; contract of skinny_gemm_reference. x (M, K) with M <= 64 and unit column stride.
+    block_k == K / split_k: one-shot programs (the weight slice is loaded at once, before the wait for x).
+    pdl: launch with programmatic dependent launch (sm90+; see _triton.wait_for_inputs).
+    out: optional preallocated result of the shape and dtype described above."""
     M, K = x.shape
     N = w.shape[0]
     if M > 64 or w.shape[1] != K or x.stride(1) != 1 or not w.is_contiguous():
@@ -78,14 +96,16 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: 
         raise ValueError(f"skinny_gemm: K={K} must divide into split_k={split_k} x block_k={block_k}; GeGLU needs "
                          "an even N and no split")
     F = N // 2 if geglu else N
-    if split_k > 1:
-        y = torch.empty(split_k, M, N, device=x.device, dtype=torch.float32)
-    else:
-        y = torch.empty(M, F, device=x.device, dtype=x.dtype)
+    shape, dtype = ((split_k, M, N), torch.float32) if split_k > 1 else ((M, F), x.dtype)
+    if out is None:
+        out = torch.empty(shape, device=x.device, dtype=dtype)
+    elif out.shape != shape or out.dtype != dtype or not out.is_contiguous():
+        raise ValueError(f"skinny_gemm: out must be a contiguous {shape} {dtype} tensor, got {tuple(out.shape)} "
+                         f"{out.dtype}")
     block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
     grid = (triton.cdiv(F, block_n), split_k)
-    _skinny_kernel[grid](x, w, y, M, N, F, x.stride(0), w.stride(0), y.stride(-2), M * N,
+    _skinny_kernel[grid](x, w, out, M, N, F, x.stride(0), w.stride(0), out.stride(-2), M * N,
                          K_PER_SPLIT=K // split_k, GEGLU=geglu, SPLIT_K=split_k, KGELU=_K_GELU,
-                         BLOCK_M=block_m, BLOCK_N=block_n,
-                         BLOCK_K=block_k, num_warps=4, num_stages=num_stages)
-    return y
+                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl,
+                         num_warps=num_warps, num_stages=num_stages, **launch_options(pdl))
+    return out

@@ -35,7 +35,7 @@ from flashrt_core.checkpoint import load_model_weights  # noqa: E402
 from flashrt_core.config import get_config  # noqa: E402
 from flashrt_core.engine import EngineOptions, build_executor, detect_hardware, resolve  # noqa: E402
 from flashrt_core.engine.gate import GATE_BF16, GATE_FP8, cosine, random_observation, reference_actions  # noqa: E402
-from flashrt_core.engine.graph_executor import EngineExecutor  # noqa: E402
+from flashrt_core.engine.graph_executor import EngineExecutor, graph_replay_ms  # noqa: E402
 from flashrt_core.executor import ReferenceExecutor  # noqa: E402
 from flashrt_core.fixtures import CONFIG_FILE, write_random_checkpoint  # noqa: E402
 
@@ -62,15 +62,7 @@ def wall_times(fn, warmup: int, calls: int) -> dict:
 
 
 def replay_times(graph: torch.cuda.CUDAGraph, calls: int) -> dict:
-    out = []
-    for _ in range(calls):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return stats_ms(out)
+    return stats_ms(graph_replay_ms(graph, calls))
 
 
 def kernel_profile(fn, top: int = 12) -> dict:
@@ -135,10 +127,13 @@ def reference_predict(ref: ReferenceExecutor, obs, compiled=None):
 
 
 def engine_options(prec: str, args) -> EngineOptions:
-    """bf16 | fp8 (per-tensor static scales) | fp8row (per-token / per-channel), env switches applied."""
+    """bf16 | fp8 (per-tensor static scales) | fp8row (per-token / per-channel), env switches applied;
+    a suffix "-no_<switch>" turns that EngineOptions switch off (A/B rows: "bf16-no_pdl")."""
+    prec, *off = prec.split("-no_")
     return EngineOptions.from_env(EngineOptions(fp8=prec.startswith("fp8"),
                                                 fp8_scaling="row" if prec == "fp8row" else "tensor",
-                                                text_buckets=tuple(args.text_buckets)))
+                                                text_buckets=tuple(args.text_buckets),
+                                                **{switch: False for switch in off}))
 
 
 def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
@@ -205,6 +200,7 @@ def bench_config(args, res: Results, name: str) -> None:
     dev = torch.device("cuda")
     hw = detect_hardware("auto", dev)
     precisions = ["bf16"] + ([f"fp8{s}" for s in args.fp8_scalings] if name in args.fp8_configs else [])
+    ab_variants = [f"bf16-no_{switch}" for switch in args.ab_switches_off]
     # accuracy gate: the fp32 reference vs the engine built from the same fp32 weights
     if args.gate:
         model32 = load_model_weights(ckpt, base, dev, torch.float32)
@@ -233,7 +229,7 @@ def bench_config(args, res: Results, name: str) -> None:
     model = load_model_weights(ckpt, base, dev, torch.bfloat16)
     from flashrt_core.normalization import Normalizer, load_norm_stats
     affine = Normalizer(load_norm_stats(ckpt), base.norm_mode.value).action_affine(base.max_action_dim)
-    for prec in precisions:
+    for prec in precisions + ab_variants:
         shared = None
         for horizon in args.horizons:
             cfg = base.replace(action_horizon=horizon)
@@ -361,6 +357,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--text-buckets", nargs="*", type=int, default=[64, 128])
     ap.add_argument("--fp8-configs", nargs="*", default=[], help="configs also run with the FP8 engine")
     ap.add_argument("--fp8-scalings", nargs="*", default=[""], help="'' (per-tensor, static) and/or 'row'")
+    ap.add_argument("--ab-switches-off", nargs="*", default=[],
+                    help="EngineOptions switches (e.g. pdl) each measured off too, bf16, as 'engine_bf16-no_<name>'")
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="wall-clock budget of the whole run; the compile variant gets what is left")
     ap.add_argument("--no-gate", dest="gate", action="store_false")

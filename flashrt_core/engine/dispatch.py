@@ -38,6 +38,7 @@ class Op(str, enum.Enum):
     GEGLU = "geglu"                  # gelu_tanh(gate) * up on the merged gate/up output
     QKV_ROPE = "qkv_rope"            # QKV split + RoPE + KV-cache write
     EULER = "euler"                  # x <- x + dt * (v + b)
+    KERNEL_LAUNCH = "kernel_launch"  # how the Triton kernels of one predict follow each other
 
 
 class Switch(str, enum.Enum):
@@ -46,6 +47,7 @@ class Switch(str, enum.Enum):
     FUSED_WEIGHTS = "FUSED_WEIGHTS"      # fold norm scales into GEMMs, merge QKV and gate/up
     FLASH_ATTENTION = "FLASH_ATTENTION"  # fused SDPA kernels (else the math attention)
     FP8 = "FP8"                          # FP8 prefix GEMMs (also needs fp8=True / FLASHRT_FP8=1)
+    PDL = "PDL"                          # programmatic dependent launch between Triton kernels (sm90+)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class EngineOptions:
     flash_attention: bool = True
     fp8: bool = False                        # opt-in: FP8 E4M3 for the wide prefix/vision GEMMs
     fp8_scaling: str = "tensor"              # "tensor": static per-tensor scales; "row": per-token/per-channel
+    pdl: bool = True                         # programmatic dependent launch (NVIDIA sm90+)
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -81,6 +84,7 @@ class EngineOptions:
             Switch.FUSED_WEIGHTS: self.fused_weights,
             Switch.FLASH_ATTENTION: self.flash_attention,
             Switch.FP8: self.fp8,
+            Switch.PDL: self.pdl,
         }[switch]
 
     @classmethod
@@ -100,7 +104,7 @@ class EngineOptions:
         changes: dict = {}
         for sw, attr in ((Switch.CUDA_GRAPH, "cuda_graph"), (Switch.TRITON, "triton"),
                          (Switch.FUSED_WEIGHTS, "fused_weights"), (Switch.FLASH_ATTENTION, "flash_attention"),
-                         (Switch.FP8, "fp8")):
+                         (Switch.FP8, "fp8"), (Switch.PDL, "pdl")):
             if flag(f"FLASHRT_DISABLE_{sw.value}"):
                 changes[attr] = False
         if flag("FLASHRT_FP8") is not None and "fp8" not in changes:
@@ -199,6 +203,13 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     Op.EULER: (
         Candidate("triton", _triton, "kernels/euler.py"),
         Candidate("torch", _ALWAYS, "plain torch ops"),
+    ),
+    Op.KERNEL_LAUNCH: (
+        Candidate("pdl", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.PDL) and hw.vendor is Vendor.NVIDIA
+                  and hw.sm is not None and hw.sm >= 90,
+                  "programmatic dependent launch: a Triton kernel starts while the one before it finishes, "
+                  "streams its weights, then waits for its inputs (griddepcontrol, NVIDIA sm90+)"),
+        Candidate("stream", _ALWAYS, "plain stream order: each kernel starts when the one before it has ended"),
     ),
 }
 

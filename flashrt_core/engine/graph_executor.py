@@ -106,7 +106,7 @@ class EngineExecutor:
             torch.as_tensor(np.asarray(a, dtype=np.float32), device=device) for a in action_affine)
         if device.type == "cuda" and dispatch[Op.GEMM_DECODER] == "triton" and \
                 dispatch.options.overrides.get(Op.GEMM_DECODER.value) != "triton":   # pinned: no measuring
-            timings = self.ops.tune_decoder(self.suffix_len, self.weights.expert[0])
+            timings = self.ops.tune_decoder(self.suffix_len, self.weights.expert)
             log.info("decoder GEMMs: %s (us: %s)", {k: str(v) for k, v in self.ops.decoder_impl.items()}, timings)
         self._entries: dict[tuple, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graph else None
@@ -287,19 +287,21 @@ class EngineExecutor:
             graphs[name] = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graphs[name], pool=pool):
                 held.update(fn())
-        out = {}
-        for name, graph in graphs.items():
-            samples = []
-            for _ in range(reps):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                graph.replay()
-                b.record()
-                b.synchronize()
-                samples.append(a.elapsed_time(b))
-            out[name] = float(np.median(samples))
-        return out
+        return {name: float(np.median(graph_replay_ms(graph, reps))) for name, graph in graphs.items()}
 
     def close(self) -> None:
         self._entries.clear()
         self.weights = None
+
+
+def graph_replay_ms(graph: torch.cuda.CUDAGraph, reps: int) -> list[float]:
+    """GPU time of `reps` single replays of a captured graph (CUDA events around each), in ms."""
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return samples

@@ -55,7 +55,7 @@ class Hardware:
 CPU = Hardware(Vendor.CPU, "cpu")
 
 # Targets that can be named without the hardware being present.
-_PINNED_NVIDIA = re.compile(r"^sm(\d)(\d+)$")
+_PINNED_NVIDIA = re.compile(r"^sm(\d{2,3})$")          # sm90 -> (9, 0), sm120 -> (12, 0)
 _PINNED_AMD = re.compile(r"^(gfx9\d\d|gfx1\d\d\d)$")
 
 
@@ -97,7 +97,8 @@ def detect_hardware(hardware: str | Hardware = "auto", device: str | torch.devic
         return CPU
     m = _PINNED_NVIDIA.match(key)
     if m:
-        return Hardware(Vendor.NVIDIA, key, capability=(int(m.group(1)), int(m.group(2))))
+        sm = int(m.group(1))
+        return Hardware(Vendor.NVIDIA, key, capability=(sm // 10, sm % 10))
     if _PINNED_AMD.match(key):
         return Hardware(Vendor.AMD, key, gfx_arch=key)
     raise ValueError(

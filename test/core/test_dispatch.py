@@ -108,3 +108,23 @@ def test_triton_ops_fall_back_without_triton(monkeypatch):
     assert d[Op.NORM] == "triton" and d[Op.QKV_ROPE] == "triton"
     assert d[Op.MQA] == "triton" and d[Op.GEMM_DECODER] == "triton"
     assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_TRITON=1))[Op.NORM] == "torch"
+
+
+def test_programmatic_dependent_launch_only_on_hopper_and_newer_with_triton(monkeypatch):
+    import flashrt_core.engine.kernel_import as ki
+    monkeypatch.setattr(ki, "triton_available", lambda: True)
+    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.KERNEL_LAUNCH] == "pdl"
+    assert resolve(detect_hardware("sm120"), EngineOptions())[Op.KERNEL_LAUNCH] == "pdl"
+    assert resolve(detect_hardware("sm89"), EngineOptions())[Op.KERNEL_LAUNCH] == "stream"
+    assert resolve(detect_hardware("gfx942"), EngineOptions())[Op.KERNEL_LAUNCH] == "stream"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_PDL=1))[Op.KERNEL_LAUNCH] == "stream"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_TRITON=1))[Op.KERNEL_LAUNCH] == "stream"
+    with pytest.raises(ValueError, match="kernel_launch=pdl"):
+        resolve(detect_hardware("sm89"), _env(FLASHRT_IMPL_KERNEL_LAUNCH="pdl"))
+
+
+def test_pinned_nvidia_names_give_the_compute_capability():
+    assert detect_hardware("sm90").capability == (9, 0)
+    assert detect_hardware("sm89").capability == (8, 9)
+    assert detect_hardware("sm120").capability == (12, 0)
+    assert detect_hardware("sm100").sm == 100

@@ -255,9 +255,75 @@ def test_skinny_gemm_every_engine_config(kind, n, k):
         w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(torch.bfloat16)
         for cfg in SKINNY_CANDIDATES[kind]:
             want = K.skinny_gemm_reference(x, w, kind == "gate_up", cfg.split_k).float()
-            got = K.skinny_gemm(x, w, kind == "gate_up", cfg.split_k, cfg.block_n, cfg.block_k, cfg.stages).float()
-            err = (got - want).norm() / want.norm()
-            assert got.shape == want.shape and err < SKINNY_REL_L2, f"{cfg} rows {rows}: rel L2 error {err:.2e}"
+            for pdl in (False, True):
+                got = K.skinny_gemm(x, w, kind == "gate_up", cfg.split_k, cfg.block_n, cfg.block_k, cfg.stages,
+                                    cfg.warps, pdl=pdl).float()
+                err = (got - want).norm() / want.norm()
+                assert got.shape == want.shape and err < SKINNY_REL_L2, \
+                    f"{cfg} pdl={pdl} rows {rows}: rel L2 error {err:.2e}"
+
+
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch needs an sm90+ GPU")
+def test_dependent_launch_chain_in_a_cuda_graph_matches_stream_order():
+    """One pi0.5 expert layer (norm -> QKV -> RoPE/KV write -> attention -> o -> norm -> gate/up -> down -> norm)
+    of PDL-launched kernels captured in a CUDA graph and replayed on fresh inputs: every result equals the same
+    kernels launched in plain stream order (a kernel reading its input before the kernel ahead finished writing
+    it would differ). Real expert shapes, 10 rows, 600 cached keys."""
+    from flashrt_core.engine.ops import SKINNY_CANDIDATES
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    rows, width, heads, dh, prefix, mlp = 10, 1024, 8, 256, 590, 4096
+    bf = torch.bfloat16
+
+    def rnd(*shape, scale=1.0, dtype=torch.float32):
+        return (torch.randn(*shape, device=DEVICE, generator=g) * scale).to(dtype)
+    w_qkv, w_o = rnd((heads + 2) * dh, width, scale=width ** -0.5, dtype=bf), rnd(width, heads * dh, scale=0.02, dtype=bf)
+    w_gu, w_down = rnd(2 * mlp, width, scale=width ** -0.5, dtype=bf), rnd(width, mlp, scale=0.02, dtype=bf)
+    vec = [rnd(width) for _ in range(6)]
+    cos, sin = K.rope_tables(prefix + rows, dh, 10000.0, torch.device(DEVICE))
+    pos = torch.arange(prefix, prefix + rows, device=DEVICE)
+    bias = torch.zeros(prefix, device=DEVICE)
+    visible = torch.full((rows,), rows, device=DEVICE, dtype=torch.int32)
+    cfg = {kind: next(c for c in SKINNY_CANDIDATES[kind] if c.block_k * c.split_k == k)
+           for kind, k in (("qkv", width), ("o", heads * dh), ("gate_up", width), ("down", mlp))}
+
+    def state():
+        return {"residual": rnd(rows, width), "partials": rnd(4, rows, width, scale=0.1),
+                "k": rnd(1, prefix + rows, dh, dtype=bf), "v": rnd(1, prefix + rows, dh, dtype=bf),
+                "y": torch.empty(rows, width, device=DEVICE, dtype=bf),
+                "q": torch.empty(rows, heads, dh, device=DEVICE, dtype=bf),
+                "attn": torch.empty(rows * heads, dh, device=DEVICE, dtype=bf)}
+
+    def layer(st, pdl):
+        def gemm(x, w, kind):
+            c = cfg[kind]
+            return K.skinny_gemm(x, w, kind == "gate_up", c.split_k, c.block_n, c.block_k, c.stages, c.warps, pdl=pdl)
+        K.ada_rms_norm(st["partials"], st["residual"], vec[0], vec[1], vec[2], st["y"], pdl=pdl)
+        K.qkv_rope(gemm(st["y"], w_qkv, "qkv"), pos, cos, sin, st["q"], st["k"], st["v"], prefix, heads, 1,
+                   dh ** -0.5, pdl=pdl)
+        K.attention(st["q"].view(rows * heads, dh), st["k"][0], st["v"][0], bias, prefix, visible, heads, 1.0,
+                    st["attn"], pdl=pdl)
+        K.ada_rms_norm(gemm(st["attn"].view(rows, heads * dh), w_o, "o"), st["residual"], vec[3], vec[4], vec[5],
+                       st["y"], pdl=pdl)
+        st["partials"].copy_(gemm(gemm(st["y"], w_gu, "gate_up"), w_down, "down"))
+
+    graph_state = state()
+    layer(graph_state, pdl=True)                      # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(3):
+            layer(graph_state, pdl=True)
+    for _ in range(3):
+        fresh = state()
+        for name, t in fresh.items():
+            graph_state[name].copy_(t)
+        graph.replay()
+        for _ in range(3):
+            layer(fresh, pdl=False)
+        torch.cuda.synchronize()
+        for name in ("residual", "partials", "k", "v", "y", "attn"):
+            assert torch.equal(graph_state[name], fresh[name]), f"{name} differs between PDL graph and stream order"
 
 
 @pytest.mark.skipif(INTERPRET, reason="Triton's interpreter casts to FP8 without round-to-nearest")
