@@ -152,35 +152,59 @@ class Policy:
         cfg = self.config
         return cfg.model_type == ModelType.PI0 or cfg.prompt_mode == PromptMode.DISCRETE_STATE
 
+    @property
+    def text_buckets(self) -> tuple[int, ...]:
+        """Token-buffer lengths the executor keeps one graph each for (the graph engine runs a prompt in the
+        smallest that holds it); () when it has none (the reference path)."""
+        return tuple(getattr(self.executor, "text_buckets", None) or ())
+
     def predict(self, images, prompt: str, state=None, noise=None) -> np.ndarray:
         """Images (list in view order or dict by view name), prompt, optional state and pinned noise
         -> actions float32 (horizon, action_dim) in robot units."""
+        return self._predict(images, prompt, state, noise)
+
+    def warm_up_text_buckets(self, images, prompt: str, state=None) -> list[int]:
+        """One forward pass per text bucket (`text_buckets`) with these images, prompt and state, the prompt's
+        token mask stretched over the whole bucket, so that the graph engine captures the graph of every bucket
+        now and no later instruction, whatever its length, costs a capture. A graph depends on the bucket, not
+        on the token values; the actions are discarded. Returns the buckets run ([] when there are none)."""
+        buckets = list(self.text_buckets)
+        for slots in buckets:
+            self._predict(images, prompt, state, None, text_slots=slots)
+        return buckets
+
+    def _predict(self, images, prompt: str, state, noise, text_slots: int | None = None) -> np.ndarray:
+        """predict; text_slots marks the first text_slots token positions valid (warm-up of one text bucket)."""
         if self.executor is None:
             raise RuntimeError("Policy.predict called after close()")
         if self.gpu_preprocess:
             views = preprocess.validate_images(images, self.config.view_names)
-            tokens, token_masks, state_padded = self._encode_prompt_and_state(prompt, state)
+            tokens, token_masks, state_padded = self._encode_prompt_and_state(prompt, state, text_slots)
             actions = self.executor.predict_observation(  # [horizon, 32] normalized, numpy
                 views, tokens, token_masks, None if state_padded is None else state_padded.numpy(),
                 self._host_noise(noise))  # stays on the host: the executor stages it into its pinned blob
             return self.postprocess(torch.from_numpy(actions))
-        inputs = self.prepare_inputs(images, prompt, state, noise)
+        inputs = self._prepare_inputs(images, prompt, state, noise, text_slots)
         actions = self.executor.sample_actions(*inputs)  # [1, horizon, 32] normalized
         return self.postprocess(actions[0])
 
     def prepare_inputs(self, images, prompt: str, state=None, noise=None):
         """Validated, preprocessed tensors on the policy's device, batch 1, in sample_actions' argument order."""
+        return self._prepare_inputs(images, prompt, state, noise)
+
+    def _prepare_inputs(self, images, prompt: str, state, noise, text_slots: int | None = None):
         cfg = self.config
         pixels, image_masks = preprocess.prepare_images(images, cfg.view_names, cfg.vision.image_size)
-        tokens, token_masks, state_padded = self._encode_prompt_and_state(prompt, state)
+        tokens, token_masks, state_padded = self._encode_prompt_and_state(prompt, state, text_slots)
         noise_t = torch.from_numpy(self._host_noise(noise))[None].to(self.device)  # [1, horizon, 32]
         dev = self.device
         return (torch.from_numpy(pixels)[None].to(dev), torch.from_numpy(image_masks)[None].to(dev),
                 torch.from_numpy(tokens)[None].to(dev), torch.from_numpy(token_masks)[None].to(dev),
                 None if state_padded is None else state_padded[None].to(dev), noise_t)
 
-    def _encode_prompt_and_state(self, prompt: str, state):
-        """-> (tokens int64 [L], token mask bool [L], normalized state zero-padded to 32 (pi0) or None)."""
+    def _encode_prompt_and_state(self, prompt: str, state, text_slots: int | None = None):
+        """-> (tokens int64 [L], token mask bool [L], normalized state zero-padded to 32 (pi0) or None).
+        text_slots: the mask marks exactly the first text_slots positions valid (warm-up of a text bucket)."""
         cfg = self.config
         if not isinstance(prompt, str) or not prompt.strip():
             raise InputError(f"prompt must be a non-empty str, got {prompt!r}")
@@ -195,6 +219,8 @@ class Policy:
             bins = preprocess.discretize_state(state_norm)
         tokens, token_masks = self.tokenizer.tokenize_prompt(prompt, cfg.max_token_len, bins,
                                                              cfg.prompt_mode.value, cfg.model_type.value)
+        if text_slots is not None:
+            token_masks = np.arange(token_masks.shape[0]) < text_slots
         state_padded = None
         if cfg.model_type == ModelType.PI0:
             state_padded = torch.zeros(cfg.max_action_dim)  # [32]

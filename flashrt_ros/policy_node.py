@@ -240,13 +240,19 @@ class PolicyNode(LifecycleNode):
 
     def _warm_up(self, settings: NodeSettings) -> None:
         """Forward passes with inputs shaped like the real ones (image size, views, state, prompt), so the
-        engine captures the graph the cameras will use at configure and not on the first frame."""
+        engine captures the graphs the cameras will use at configure and not on the first frame: the warm-up
+        prompt's, then (warmup_all_text_buckets) one per text bucket, so any instruction length finds its graph."""
         width, height = settings.warmup_image_size
         images = {view: np.full((height, width, 3), 128, np.uint8) for view in self._view_names}   # (H, W, 3)
         state = np.zeros(self._policy.state_dim, np.float32) if settings.state_topic else None
         prompt = settings.default_instruction or WARMUP_PROMPT
         for _ in range(settings.warmup_iterations):
             self._policy.predict(images, prompt, state=state)
+        warm_up_buckets = getattr(self._policy, "warm_up_text_buckets", None)   # flashrt_core.Policy has it
+        if settings.warmup_iterations and settings.warmup_all_text_buckets and warm_up_buckets is not None:
+            buckets = warm_up_buckets(images, prompt, state=state)
+            if buckets:
+                self.get_logger().info(f"warmed up text buckets {buckets} (token slots)")
 
     # -- activation helpers -----------------------------------------------------------------------------
     def _create_subscriptions(self, settings: NodeSettings) -> None:

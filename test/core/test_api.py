@@ -200,19 +200,34 @@ def test_load_options_are_validated_and_close_releases(ckpt_dir):
         policy.predict(IMAGES, "pick", state=np.zeros(32))
 
 
-def test_engine_branch_keeps_the_noise_on_the_host(demo):
-    """With an executor that has predict_observation (the engine, eager on the CPU here), Policy.predict hands it
-    the noise as a host float32 array: the pinned noise as given, or for noise=None the same torch CPU draw the
-    reference path gets under the same seed; and the actions agree with the reference path."""
-    from flashrt_core.api import Policy
+def _cpu_engine(policy, text_buckets=(64, 128)):
+    """The graph engine's executor over the policy's model, eager on the CPU with the plain-PyTorch ops."""
     from flashrt_core.engine.dispatch import TABLE, Dispatch, EngineOptions, Op
     from flashrt_core.engine.graph_executor import EngineExecutor
     from flashrt_core.engine.hardware import CPU
 
-    choice = {op: cands[-1].name for op, cands in TABLE.items()}  # the plain-PyTorch implementations
+    choice = {op: cands[-1].name for op, cands in TABLE.items()}
     choice.update({Op.EXECUTOR: "eager_engine", Op.GEMM_DECODER: "bf16", Op.ATTENTION: "math"})
-    engine = EngineExecutor(demo.model, demo.config, torch.device("cpu"), Dispatch(CPU, EngineOptions(), choice),
-                            dtype=torch.float32)
+    return EngineExecutor(policy.model, policy.config, torch.device("cpu"),
+                          Dispatch(CPU, EngineOptions(text_buckets=text_buckets), choice), dtype=torch.float32)
+
+
+def _with_executor(policy, executor):
+    """The same model, tokenizer and normalization as `policy`, run by `executor`."""
+    return flashrt_core.api.Policy(policy.model, policy.config, executor, policy.tokenizer, policy.normalizer,
+                                   policy.device, policy.model_id)
+
+
+def _model_sized_images(policy):
+    size = policy.config.vision.image_size
+    return [np.random.default_rng(v).integers(0, 256, (size, size, 3), dtype=np.uint8) for v in range(3)]
+
+
+def test_engine_branch_keeps_the_noise_on_the_host(demo):
+    """With an executor that has predict_observation (the engine, eager on the CPU here), Policy.predict hands it
+    the noise as a host float32 array: the pinned noise as given, or for noise=None the same torch CPU draw the
+    reference path gets under the same seed; and the actions agree with the reference path."""
+    engine = _cpu_engine(demo)
     handed = []
     real_predict_observation = engine.predict_observation
 
@@ -221,11 +236,9 @@ def test_engine_branch_keeps_the_noise_on_the_host(demo):
         return real_predict_observation(*args, **kwargs)
 
     engine.predict_observation = recording
-    policy = Policy(demo.model, demo.config, engine, demo.tokenizer, demo.normalizer, demo.device, demo.model_id)
+    policy = _with_executor(demo, engine)
     assert policy.gpu_preprocess
-    size = demo.config.vision.image_size
-    images = [np.random.default_rng(v).integers(0, 256, (size, size, 3), dtype=np.uint8) for v in range(3)]
-    # ^ the model's image size: no resize, so the GPU-preprocess and host paths see equal pixels
+    images = _model_sized_images(demo)  # no resize: the GPU-preprocess and host paths see equal pixels
     state = np.linspace(-0.5, 0.5, 32)
     for noise in (NOISE, torch.from_numpy(NOISE), NOISE.tolist()):
         got = policy.predict(images, "pick up the red block", state=state, noise=noise)
@@ -243,3 +256,30 @@ def test_engine_branch_keeps_the_noise_on_the_host(demo):
     torch.manual_seed(7)
     np.testing.assert_allclose(drawn, demo.predict(images, "pick up the red block", state=state),
                                atol=ENGINE_TOL, rtol=0)
+
+
+def test_warm_up_text_buckets_prepares_every_bucket_once(demo, ckpt_dir, monkeypatch):
+    """The engine keeps one workspace (on a GPU: one captured graph) per text bucket; warm_up_text_buckets makes
+    all of them, so prompts of any length afterwards make none. The reference path has no buckets: no pass."""
+    plain = load_variant(ckpt_dir, "pi05_tiny", prompt_mode="no_state")  # short prompts: every bucket reachable
+    images, slots = _model_sized_images(plain), [16, 64, plain.config.max_token_len]
+    prompts = ("go", "pick up the red block and put it in the bin " * 4, "x " * 150)  # one prompt per bucket
+    cold = _with_executor(plain, _cpu_engine(plain, text_buckets=(16, 64)))
+    for prompt in prompts:
+        cold.predict(images, prompt, noise=NOISE)
+    assert sorted(key[3] for key in cold.executor._entries) == slots
+    engine = _cpu_engine(plain, text_buckets=(16, 64))
+    policy = _with_executor(plain, engine)
+    assert policy.text_buckets == tuple(slots)
+    assert policy.warm_up_text_buckets(images, "pick") == slots
+    assert sorted(key[3] for key in engine._entries) == slots
+    for prompt in prompts:
+        np.testing.assert_allclose(policy.predict(images, prompt, noise=NOISE),
+                                   cold.predict(images, prompt, noise=NOISE), atol=ENGINE_TOL, rtol=0)
+    assert len(engine._entries) == 3
+
+    passes = []
+    real_sample_actions = demo.executor.sample_actions
+    monkeypatch.setattr(demo.executor, "sample_actions", lambda *a: passes.append(1) or real_sample_actions(*a))
+    assert demo.text_buckets == () and demo.warm_up_text_buckets(IMAGES, "pick", state=np.zeros(32)) == []
+    assert passes == []

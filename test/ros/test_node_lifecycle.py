@@ -98,6 +98,59 @@ def test_deactivate_discards_results_in_flight_and_reactivation_restarts_sequenc
     assert h.chunks[count].sequence == 0
 
 
+def _policy_run_by(executor_factory):
+    """The shared demo model, tokenizer and normalization in a Policy of its own, run by a fresh executor
+    (closing it closes only that executor)."""
+    from flashrt_core.api import Policy
+    shared = shared_policy()
+    return Policy(shared.model, shared.config, executor_factory(shared), shared.tokenizer, shared.normalizer,
+                  shared.device, shared.model_id)
+
+
+def _cpu_engine(policy):
+    """The graph engine's executor (default text buckets), eager on the CPU with the plain-PyTorch ops."""
+    import torch
+    from flashrt_core.engine.dispatch import TABLE, Dispatch, EngineOptions, Op
+    from flashrt_core.engine.graph_executor import EngineExecutor
+    from flashrt_core.engine.hardware import CPU
+    choice = {op: cands[-1].name for op, cands in TABLE.items()}
+    choice.update({Op.EXECUTOR: "eager_engine", Op.GEMM_DECODER: "bf16", Op.ATTENTION: "math"})
+    return EngineExecutor(policy.model, policy.config, torch.device("cpu"), Dispatch(CPU, EngineOptions(), choice),
+                          dtype=torch.float32)
+
+
+@pytest.mark.parametrize("all_buckets", [True, False])
+def test_configure_warms_up_every_text_bucket(harnesses, all_buckets):
+    """The engine keeps one workspace (on a GPU: one captured graph) per text bucket, keyed by its token slots:
+    configure makes all of them (warmup_all_text_buckets), or only the warm-up prompt's (the demo's pi0.5
+    prompt with its state bins needs the last, max_token_len bucket)."""
+    policy = _policy_run_by(_cpu_engine)
+    engine = policy.executor
+    h = harnesses({"warmup_iterations": 1, "warmup_all_text_buckets": all_buckets},
+                  policy_factory=lambda settings: policy)
+    assert h.lifecycle.change("configure")
+    built = sorted(key[3] for key in engine._entries)
+    assert built == (list(engine.text_buckets) if all_buckets else [policy.config.max_token_len])
+    assert len(engine.text_buckets) == 3
+
+
+def test_configure_on_the_reference_path_runs_only_the_warm_up_passes(harnesses):
+    """The reference executor has no text buckets: configure runs exactly warmup_iterations forward passes."""
+    from flashrt_core.executor import ReferenceExecutor
+    passes = []
+
+    def counted_reference(shared):
+        executor = ReferenceExecutor(shared.model, shared.config, shared.device)
+        real_sample_actions = executor.sample_actions
+        executor.sample_actions = lambda *args: passes.append(1) or real_sample_actions(*args)
+        return executor
+
+    h = harnesses({"warmup_iterations": 2, "warmup_all_text_buckets": True},
+                  policy_factory=lambda settings: _policy_run_by(counted_reference))
+    assert h.lifecycle.change("configure")
+    assert h.node.policy.text_buckets == () and len(passes) == 2
+
+
 NODE_PROCESS = r"""
 import sys
 from flashrt_ros.policy_node import main
