@@ -128,10 +128,13 @@ def reference_predict(ref: ReferenceExecutor, obs, compiled=None):
 
 def engine_options(prec: str, args) -> EngineOptions:
     """bf16 | fp8 (per-tensor static scales) | fp8row (per-token / per-channel), env switches applied;
+    "fp8row@backbone_mlp": FP8 on that scope only (dispatch.FP8_SCOPES);
     a suffix "-no_<switch>" turns that EngineOptions switch off (A/B rows: "bf16-no_pdl")."""
     prec, *off = prec.split("-no_")
+    prec, _, scope = prec.partition("@")
     return EngineOptions.from_env(EngineOptions(fp8=prec.startswith("fp8"),
                                                 fp8_scaling="row" if prec == "fp8row" else "tensor",
+                                                fp8_scope=scope or "all",
                                                 text_buckets=tuple(args.text_buckets),
                                                 **{switch: False for switch in off}))
 
@@ -272,23 +275,28 @@ def bench_config(args, res: Results, name: str) -> None:
     torch.cuda.empty_cache()
 
 
-def targets(rows: list[dict]) -> list[str]:
-    """One line per issue-4 target, from the measured rows (missing measurements are said so)."""
+def targets(rows: list[dict], gates: list[dict] | None = None) -> list[str]:
+    """One line per issue-4 target, from the measured rows (missing measurements are said so). An FP8 variant
+    counts only with its accuracy gate passed."""
     pick = lambda variant: next((r for r in rows if r["config"] == "pi05" and r["views"] == 2  # noqa: E731
                                  and r["horizon"] == 10 and "predict_ms" in r
                                  and (r["variant"] == variant or (variant.startswith("reference")
                                                                   and r["variant"].startswith(variant)))), None)
     out = []
     eager, comp = pick("reference_eager"), pick("reference_compile")
-    for prec in ("bf16", "fp8", "fp8row"):
+    measured = [r["variant"][len("engine_"):] for r in rows if r["variant"].startswith("engine_")
+                and "-no_" not in r["variant"]]
+    for prec in ["bf16"] + [p for p in dict.fromkeys(measured) if p != "bf16"]:
         eng = pick(f"engine_{prec}")
         if eng is None:
             out.append(f"- engine {prec}: not measured in this run")
             continue
         med, p99 = eng["predict_ms"]["median"], eng["predict_ms"]["p99"]
         goal = TARGET_MEDIAN_MS["fp8" if prec.startswith("fp8") else prec]
-        out.append(f"- engine {prec} median predict {med:.2f} ms vs target <= {goal} ms: "
-                   f"{'met' if med <= goal else 'MISSED'}; p99 {p99:.2f} ms = {p99 / med:.3f} x median "
+        gate = next((g for g in gates or [] if g["config"] == "pi05" and g["precision"] == prec), None)
+        gated = "" if gate is None else f" (accuracy gate {'passed' if gate['pass'] else 'FAILED'}, {gate['min']:.5f})"
+        out.append(f"- engine {prec}{gated} median predict {med:.2f} ms vs target <= {goal} ms: "
+                   f"{'met' if med <= goal and (gate is None or gate['pass']) else 'MISSED'}; p99 {p99:.2f} ms = {p99 / med:.3f} x median "
                    f"(target <= 1.1: {'met' if p99 <= 1.1 * med else 'MISSED'})")
         if eager:
             x = eager["predict_ms"]["median"] / med
@@ -338,7 +346,7 @@ def write_markdown(res: Results, path: Path) -> None:
         lines.append(f"| {r['config']} | {r['variant']} | {r['views']} | {r['horizon']} | {p['median']:.2f} | "
                      f"{p['p90']:.2f} | {p['p99']:.2f} | {p['max']:.2f} | {rp.get('median', float('nan')):.2f} | "
                      f"{rp.get('p99', float('nan')):.2f} | {r.get('profile', {}).get('kernels', '')} | {phs} |")
-    lines += ["", "## Targets (issue 4: pi0.5, 2 views, 10 steps, horizon 10)", ""] + targets(d["rows"])
+    lines += ["", "## Targets (issue 4: pi0.5, 2 views, 10 steps, horizon 10)", ""] + targets(d["rows"], d["gates"])
     if d["errors"]:
         lines += ["", "## Errors", ""]
         lines += [f"- {e['where']}: `{e['trace'].strip().splitlines()[-1]}`" for e in d["errors"]]
@@ -356,7 +364,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--image-hw", nargs=2, type=int, default=[224, 224])
     ap.add_argument("--text-buckets", nargs="*", type=int, default=[64, 128])
     ap.add_argument("--fp8-configs", nargs="*", default=[], help="configs also run with the FP8 engine")
-    ap.add_argument("--fp8-scalings", nargs="*", default=[""], help="'' (per-tensor, static) and/or 'row'")
+    ap.add_argument("--fp8-scalings", nargs="*", default=[""],
+                    help="'' (per-tensor, static) and/or 'row', each optionally '@<scope>' (e.g. row@backbone_mlp)")
     ap.add_argument("--ab-switches-off", nargs="*", default=[],
                     help="EngineOptions switches (e.g. pdl) each measured off too, bf16, as 'engine_bf16-no_<name>'")
     ap.add_argument("--deadline-s", type=float, default=None,

@@ -9,6 +9,7 @@ tests and bug reports:
     FLASHRT_DISABLE_FAST_PATHS=1    everything off: the eager reference path runs
     FLASHRT_FP8=1                   ask for FP8 E4M3 prefix GEMMs (same as EngineOptions(fp8=True))
     FLASHRT_FP8_SCALING=tensor|row  FP8 scale granularity (EngineOptions.fp8_scaling)
+    FLASHRT_FP8_SCOPE=all|backbone|backbone_mlp   which wide GEMMs FP8 serves (EngineOptions.fp8_scope)
 
 The same switches exist as `EngineOptions` fields; environment variables win over the fields.
 """
@@ -50,6 +51,11 @@ class Switch(str, enum.Enum):
     PDL = "PDL"                          # programmatic dependent launch between Triton kernels (sm90+)
 
 
+# Which wide GEMMs FP8 serves: every vision and backbone GEMM, the backbone only, or only the backbone's MLP
+# (gate/up and down: ~85% of the backbone's FLOPs; attention projections and the vision tower stay bf16).
+FP8_SCOPES = ("all", "backbone", "backbone_mlp")
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """Engine settings. Every fast path can be turned off here or by its environment variable."""
@@ -60,6 +66,7 @@ class EngineOptions:
     flash_attention: bool = True
     fp8: bool = False                        # opt-in: FP8 E4M3 for the wide prefix/vision GEMMs
     fp8_scaling: str = "tensor"              # "tensor": static per-tensor scales; "row": per-token/per-channel
+    fp8_scope: str = "all"                   # FP8 GEMMs: "all" wide ones, "backbone" (vision bf16), "backbone_mlp"
     pdl: bool = True                         # programmatic dependent launch (NVIDIA sm90+)
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
@@ -68,6 +75,8 @@ class EngineOptions:
     def __post_init__(self) -> None:
         if self.fp8_scaling not in ("tensor", "row"):
             raise ValueError(f"fp8_scaling must be 'tensor' or 'row', got {self.fp8_scaling!r}")
+        if self.fp8_scope not in FP8_SCOPES:
+            raise ValueError(f"fp8_scope must be one of {FP8_SCOPES}, got {self.fp8_scope!r}")
         if any((not isinstance(b, int)) or b <= 0 for b in self.text_buckets):
             raise ValueError(f"text_buckets must be positive ints, got {self.text_buckets!r}")
         for op, impl in self.overrides.items():
@@ -111,6 +120,8 @@ class EngineOptions:
             changes["fp8"] = flag("FLASHRT_FP8")
         if env.get("FLASHRT_FP8_SCALING"):
             changes["fp8_scaling"] = env["FLASHRT_FP8_SCALING"]
+        if env.get("FLASHRT_FP8_SCOPE"):
+            changes["fp8_scope"] = env["FLASHRT_FP8_SCOPE"]
         if flag("FLASHRT_DISABLE_FAST_PATHS"):
             changes["fast_paths"] = False
         overrides = dict(base.overrides)

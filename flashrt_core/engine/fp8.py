@@ -63,22 +63,28 @@ class Fp8Linear:
                                 out_dtype=torch.bfloat16)
 
 
-def wide_linears(w: EngineWeights) -> list[Linear]:
-    """The GEMMs that FP8 serves: every vision layer GEMM, the projector, every backbone GEMM."""
+def wide_linears(w: EngineWeights, scope: str = "all") -> list[Linear]:
+    """The GEMMs that FP8 serves (dispatch.FP8_SCOPES): "all" = every vision layer GEMM, the projector and every
+    backbone GEMM; "backbone" = the backbone's only; "backbone_mlp" = the backbone's gate/up and down only."""
+    if scope not in ("all", "backbone", "backbone_mlp"):
+        raise ValueError(f"unknown FP8 scope {scope!r}")
     out: list[Linear] = []
-    for layer in w.vision:
-        out += [layer.qkv, layer.out, layer.fc1, layer.fc2]
-    out.append(w.projector)
+    if scope == "all":
+        for layer in w.vision:
+            out += [layer.qkv, layer.out, layer.fc1, layer.fc2]
+        out.append(w.projector)
+    kinds = ("gate_up", "down") if scope == "backbone_mlp" else ("qkv", "o", "gate_up", "down")
     for layer in w.backbone:
-        out += [lin for lin in (layer.qkv, layer.o, layer.gate_up, layer.down) if lin is not None]
+        out += [lin for lin in (getattr(layer, kind) for kind in kinds) if lin is not None]
     return out
 
 
-def quantize_wide(w: EngineWeights, amax: dict[int, float], fmt: str, scaling: str = "tensor") -> int:
-    """Attach Fp8Linear to every wide GEMM whose input amax was calibrated. Returns how many."""
+def quantize_wide(w: EngineWeights, amax: dict[int, float], fmt: str, scaling: str = "tensor",
+                  scope: str = "all") -> int:
+    """Attach Fp8Linear to every wide GEMM of `scope` whose input amax was calibrated. Returns how many."""
     dtype = FP8_DTYPES[fmt]
     count = 0
-    for lin in wide_linears(w):
+    for lin in wide_linears(w, scope):
         if lin.fp8 is not None:          # weights shared with an executor that calibrated them already
             count += 1
             continue
@@ -88,5 +94,6 @@ def quantize_wide(w: EngineWeights, amax: dict[int, float], fmt: str, scaling: s
             raise ValueError("FP8 needs merged weights (fused_weights on)")
         lin.fp8 = Fp8Linear(lin, amax[id(lin)], dtype, scaling)
         count += 1
-    log.info("FP8 %s (%s scales) on %d wide GEMMs (activation margin %.2f)", fmt, scaling, count, CALIB_MARGIN)
+    log.info("FP8 %s (%s scales, scope %s) on %d wide GEMMs (activation margin %.2f)", fmt, scaling, scope, count,
+             CALIB_MARGIN)
     return count

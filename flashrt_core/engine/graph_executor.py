@@ -84,9 +84,11 @@ class EngineExecutor:
         self.dtype = dtype
         self.dispatch = dispatch
         self.use_graph = dispatch[Op.EXECUTOR] == "graph"
+        opts = dispatch.options
         self.name = "engine-" + ("graph" if self.use_graph else "eager") + (
-            ("-fp8" + ("row" if dispatch.options.fp8_scaling == "row" else "")) if dispatch[Op.GEMM_PREFIX] == "fp8"
-            else "-bf16")
+            ("-fp8" + ("row" if opts.fp8_scaling == "row" else "")
+             + ("" if opts.fp8_scope == "all" else f"@{opts.fp8_scope}"))
+            if dispatch[Op.GEMM_PREFIX] == "fp8" else "-bf16")
         self.ops = Ops(dispatch)
         fold = dispatch.options.switch_on(Switch.FUSED_WEIGHTS)
         if weights is not None and (weights.dtype != dtype or weights.folded != fold):
@@ -196,7 +198,8 @@ class EngineExecutor:
             forward(entry.ws, self.weights, self.ops)
         finally:
             amax, self.ops.calibration = self.ops.calibration, None
-        quantize_wide(self.weights, amax, self.dispatch[Op.FP8_FORMAT], self.dispatch.options.fp8_scaling)
+        quantize_wide(self.weights, amax, self.dispatch[Op.FP8_FORMAT], self.dispatch.options.fp8_scaling,
+                      self.dispatch.options.fp8_scope)
         self.fp8_calibrated = True
 
     def _run(self, key: tuple, entry: _Entry, timer: PhaseTimer | None = None) -> None:

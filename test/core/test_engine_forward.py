@@ -134,3 +134,19 @@ def test_shared_weights_serve_another_horizon(model):
     finally:
         model.config = cfg
     np.testing.assert_allclose(got, want.numpy(), atol=FP32_ATOL, rtol=0)
+
+
+def test_fp8_scope_selects_the_wide_gemms(model):
+    """FP8 scopes (dispatch.FP8_SCOPES): all = vision + projector + backbone; backbone; backbone_mlp = gate/up, down."""
+    from flashrt_core.engine.fp8 import wide_linears
+    from flashrt_core.engine.weights import prepare_weights
+    w = prepare_weights(model, torch.float32, fold=True)
+    backbone = [lin for layer in w.backbone for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
+                if lin is not None]
+    mlp = [lin for layer in w.backbone for lin in (layer.gate_up, layer.down) if lin is not None]   # last: K/V only
+    assert [id(x) for x in wide_linears(w, "backbone")] == [id(x) for x in backbone]
+    assert [id(x) for x in wide_linears(w, "backbone_mlp")] == [id(x) for x in mlp]
+    assert len(wide_linears(w, "all")) == len(backbone) + 4 * len(w.vision) + 1
+    with pytest.raises(ValueError, match="fp8_scope must be one of"):
+        EngineOptions(fp8_scope="vision")
+    assert EngineOptions.from_env(env={"FLASHRT_FP8_SCOPE": "backbone_mlp"}).fp8_scope == "backbone_mlp"
