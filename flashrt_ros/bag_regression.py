@@ -38,6 +38,7 @@ from flashrt_ros.bag_evaluator import (COMPARE_ATOL, COMPARE_RTOL, Chunk, Compar
                                        parse_param_overrides,
                                        read_chunk_bag, settings_for_values, write_chunk_bag)
 from flashrt_ros.node_parameters import SPECS
+from flashrt_ros.waiting import wait_until
 
 LOGGER = logging.getLogger(__name__)
 
@@ -65,15 +66,6 @@ def _spin(executor, context) -> None:
         except Exception:  # noqa: BLE001  (context shut down while spinning)
             if context.ok():
                 raise
-
-
-def _wait(predicate: Callable[[], bool], timeout_s: float, period_s: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(period_s)
-    return predicate()
 
 
 def replay_through_node(bag: Path, values: dict[str, Any], rate: float, recording: Path,
@@ -115,7 +107,7 @@ def replay_through_node(bag: Path, values: dict[str, Any], rate: float, recordin
             raise BagError("the policy node failed to configure (see its log)")
         node.trigger_activate()
         recorder = BagRecorder(helper, RecorderConfig(out=recording, topics=outputs))
-        if not _wait(lambda: len(recorder.subscribed_topics) == len(outputs), DISCOVERY_TIMEOUT_S):
+        if not wait_until(lambda: len(recorder.subscribed_topics) == len(outputs), DISCOVERY_TIMEOUT_S):
             raise TimeoutError(f"the recorder did not discover {outputs}")
         player = BagPlayer(player_node, PlayerConfig(bag=bag, rate=rate, topics=tuple(inputs),
                                                      wait_for=(*inputs, "/clock"), wait_timeout_s=DISCOVERY_TIMEOUT_S))

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from rosbags.rosbag2 import Reader
@@ -60,16 +58,6 @@ class RosHarness:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, period_s: float = 0.02) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout_s`` passes; returns its last value."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(period_s)
-    return bool(predicate())
 
 
 def bag_messages(bag: Path) -> list[tuple[str, int, bytes]]:

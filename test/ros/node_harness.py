@@ -31,7 +31,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 
-from flashrt_ros import qos_profiles
+from flashrt_ros import qos_profiles, waiting
 from flashrt_ros.demo_main import LifecycleClient
 from flashrt_ros.image_conversion import rgb_to_image_fields
 from flashrt_ros.msg import ActionChunk, PolicyStatus
@@ -190,10 +190,7 @@ class NodeHarness:
         rclpy.try_shutdown(context=self.context)
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float = DISCOVERY_TIMEOUT_S, period_s: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(period_s)
-    return predicate()
+def wait_until(predicate: Callable[[], object], timeout_s: float = DISCOVERY_TIMEOUT_S,
+               period_s: float = waiting.DEFAULT_PERIOD_S) -> bool:
+    """flashrt_ros.waiting.wait_until with the discovery timeout as the default."""
+    return waiting.wait_until(predicate, timeout_s, period_s)

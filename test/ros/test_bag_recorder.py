@@ -9,7 +9,8 @@ from rosbags.rosbag2 import Reader
 
 from flashrt_ros.bag_common import ACTION_CHUNK_TYPE, POLICY_STATUS_TYPE, BagError, bag_typestore
 from flashrt_ros.bag_recorder import BagRecorder, RecorderConfig
-from test.ros.bag_testing import RosHarness, wait_until
+from flashrt_ros.waiting import wait_until
+from test.ros.bag_testing import RosHarness
 
 pytestmark = pytest.mark.ros
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from flashrt_ros.inference_worker import InferenceWorker
+from flashrt_ros.waiting import wait_until
 
 WAIT_S = 10.0
 
@@ -51,12 +52,7 @@ class Recorder:
 
 
 def wait_for(predicate) -> bool:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return False
+    return wait_until(predicate, WAIT_S, period_s=0.005)
 
 
 def test_while_busy_newer_jobs_replace_older_ones_and_notifications_collapse():
