@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# The node-overhead benchmark and the GPU node tests on a machine with a CUDA GPU and Python, but no ROS 2 and no
+# network (the lent GPU machine: Python 3.12 + torch, cmake, a C/C++ compiler). ROS 2 comes from wheels carried
+# in .whl/, the messages are built there; DDS stays on loopback throughout.
+#
+#   bash tools/device_node_benchmark.sh [--setup-only]
+#
+# Run from anywhere; it works in the repository root. Steps:
+#  1. checks: Python 3.11/3.12 matching the wheels' cpXY tag, Python headers, numpy, cmake, a C and a C++ compiler;
+#  2. installs .whl/*.whl (no index, no dependencies) with `pip install --prefix $PREFIX`. Not --target: pip's
+#     --target drops a wheel's data/lib directory, which is where the ROS wheels keep their shared libraries;
+#  3. rewrites the build-machine include paths in the wheels' CMake files (/opt/python/cpXY-cpXY/...) to this
+#     Python's and numpy's own, as tools/bootstrap.sh does for the venv;
+#  4. builds msg/ (ActionChunk, PolicyStatus) with the repository's CMakeLists.txt into $MSG_PREFIX;
+#  5. sets PYTHONPATH (repository first), LD_LIBRARY_PATH, AMENT_PREFIX_PATH, and the loopback DDS settings of
+#     flashrt_ros.loopback_dds (LOCALHOST discovery, loopback-only Fast DDS profile, a random domain id); the
+#     benchmark and the tests apply them again themselves before rclpy starts;
+#  6. runs `tools/benchmark_node_overhead.py --device $BENCH_DEVICE --duration $BENCH_DURATION --output
+#     $OUT/node_overhead_h200.md` and `pytest -q test/ros/test_node_gpu.py`, logs under $OUT;
+#  7. prints a summary table last (also $OUT/summary.txt).
+#
+# $OUT defaults to test_output/device_node_benchmark. Files there: env.txt (GPU, driver, versions), setup.log,
+# benchmark.log, node_overhead_h200.md, pytest.log, summary.txt.
+#
+# The wheel set (.whl/, git-ignored, 107 wheels, ~45 MB) is made on a machine with PyPI access, for the
+# device's Python:
+#   pip wheel --no-deps empy==4.2.1 -w /tmp/empy        # empy is published as an sdist only
+#   pip download -d .whl --find-links /tmp/empy --python-version 3.12 --platform manylinux_2_28_x86_64 \
+#     --only-binary=:all: ros-kilted-rclpy ros-kilted-rcl-lifecycle ros-kilted-rmw-fastrtps-cpp \
+#     ros-kilted-builtin-interfaces ros-kilted-std-msgs ros-kilted-sensor-msgs ros-kilted-lifecycle-msgs \
+#     ros-kilted-diagnostic-msgs ros-kilted-trajectory-msgs ros-kilted-rosgraph-msgs \
+#     ros-kilted-rosidl-default-generators ros-kilted-rosidl-core-generators ros-kilted-ament-cmake \
+#     ros-kilted-ament-cmake-python ros-kilted-ament-package ros-kilted-ament-cmake-include-directories \
+#     ros-kilted-ament-cmake-ros-core catkin-pkg          # catkin-pkg: ament_cmake reads package.xml with it
+#   rm .whl/numpy-* .whl/pyyaml-* .whl/setuptools-* .whl/typing_extensions-* .whl/packaging-* \
+#     .whl/pyparsing-* .whl/python_dateutil-* .whl/tzdata-*      # the device's own are used
+# and carried with the run: run(command="bash tools/device_node_benchmark.sh", carry=[".whl"]).
+#
+# Environment (defaults): FLASHRT_PYTHON (python3), FLASHRT_WHEELS (.whl), FLASHRT_ROS_PREFIX (/tmp/site),
+# FLASHRT_MSG_PREFIX (/tmp/flashrt_msgs), BENCH_DEVICE (cuda), BENCH_DURATION (30), BENCH_TIMEOUT (210),
+# TEST_TIMEOUT (150), OUT.
+set -uo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+SETUP_ONLY=0
+[ "${1:-}" = "--setup-only" ] && SETUP_ONLY=1
+PY="$(command -v "${FLASHRT_PYTHON:-python3}")"
+WHEELS="${FLASHRT_WHEELS:-$REPO/.whl}"
+PREFIX="${FLASHRT_ROS_PREFIX:-/tmp/site}"
+MSG_PREFIX="${FLASHRT_MSG_PREFIX:-/tmp/flashrt_msgs}"
+BENCH_DEVICE="${BENCH_DEVICE:-cuda}"
+BENCH_DURATION="${BENCH_DURATION:-30}"
+BENCH_TIMEOUT="${BENCH_TIMEOUT:-210}"
+TEST_TIMEOUT="${TEST_TIMEOUT:-150}"
+OUT="${OUT:-$REPO/test_output/device_node_benchmark}"
+mkdir -p "$OUT"
+SETUP_LOG="$OUT/setup.log"
+REPORT="$OUT/node_overhead_h200.md"
+: >"$SETUP_LOG"
+T0=$SECONDS
+declare -a SUMMARY=()
+log() { printf '[device_node_benchmark %3ds] %s\n' "$((SECONDS - T0))" "$*" | tee -a "$SETUP_LOG" >&2; }
+row() { SUMMARY+=("$(printf '| %-34s | %-7s | %s |' "$1" "$2" "$3")"); }
+print_summary() {
+  {
+    echo
+    echo "| step | status | detail |"
+    echo "|---|---|---|"
+    printf '%s\n' "${SUMMARY[@]}"
+  } | tee "$OUT/summary.txt"
+}
+fail() { log "FAILED: $2"; row "$1" FAIL "$2"; print_summary; exit 1; }
+
+# 1. What this machine has.
+{
+  echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  echo "host: $(uname -srm); $(nproc) cores"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  "$PY" -c 'import sys, platform; print("python", platform.python_version(), sys.executable)'
+  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>&1
+  "$PY" -c 'import triton; print("triton", triton.__version__)' 2>&1
+  "$PY" -c 'import numpy; print("numpy", numpy.__version__)' 2>&1
+  echo "cmake: $(cmake --version 2>/dev/null | head -1)"
+  echo "cc: $( (cc --version || gcc --version) 2>/dev/null | head -1)"
+  echo "c++: $( (c++ --version || g++ --version) 2>/dev/null | head -1)"
+} >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt" >&2
+
+pytag="$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+case "$pytag" in cp311|cp312) ;; *) fail "python" "$pytag: the ROS 2 Kilted wheels exist for cp311 and cp312 only";; esac
+ls "$WHEELS"/*.whl >/dev/null 2>&1 || fail "wheels" "no wheels in $WHEELS (carry .whl)"
+ls "$WHEELS"/ros_rclpy-*-"$pytag"-*.whl >/dev/null 2>&1 || fail "wheels" "no $pytag rclpy wheel in $WHEELS"
+missing=""
+command -v cmake >/dev/null || missing+=" cmake"
+command -v cc >/dev/null || command -v gcc >/dev/null || missing+=" cc/gcc"
+command -v c++ >/dev/null || command -v g++ >/dev/null || missing+=" c++/g++"
+[ -z "$missing" ] || fail "build tools" "missing:$missing"
+py_include="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+[ -f "$py_include/Python.h" ] || fail "build tools" "no Python.h in $py_include"
+np_include="$("$PY" -c 'import numpy; print(numpy.get_include())')" || fail "build tools" "numpy does not import"
+if command -v ninja >/dev/null; then GENERATOR=Ninja; else GENERATOR="Unix Makefiles"; fi
+row "machine" ok "$(grep -m1 -iE 'H200|H100|NVIDIA' "$OUT/env.txt" || echo "no nvidia-smi"); $pytag"
+
+# 2. The ROS 2 wheels.
+log "installing $(ls "$WHEELS"/*.whl | wc -l) wheels into $PREFIX"
+rm -rf "$PREFIX"
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check \
+  --prefix "$PREFIX" "$WHEELS"/*.whl >>"$SETUP_LOG" 2>&1 || fail "wheels" "pip install failed (setup.log)"
+ROS_SITE="$(dirname "$(find "$PREFIX" -path '*-packages/rclpy/__init__.py' | head -1)")"
+ROS_SITE="${ROS_SITE%/rclpy}"
+[ -d "$ROS_SITE" ] && [ -f "$PREFIX/lib/librcl.so" ] || fail "wheels" "rclpy or lib/librcl.so missing under $PREFIX"
+row "wheels" ok "$(ls "$WHEELS"/*.whl | wc -l) wheels, $(du -sh "$WHEELS" | cut -f1) -> $PREFIX"
+
+# 3. Build-machine include paths in the wheels' CMake files -> this Python's and numpy's.
+{ grep -rlE '/opt/python/cp3[0-9]+-cp3[0-9]+/' "$PREFIX/share" --include='*.cmake' 2>/dev/null || true; } | while read -r f; do
+  sed -i -E \
+    -e "s#/opt/python/cp3[0-9]+-cp3[0-9]+/lib/python3\.[0-9]+/site-packages/numpy/_core/include#${np_include}#g" \
+    -e "s#/opt/python/cp3[0-9]+-cp3[0-9]+/lib/python3\.[0-9]+/site-packages/numpy/core/include#${np_include}#g" \
+    -e "s#/opt/python/cp3[0-9]+-cp3[0-9]+/include/python3\.[0-9]+#${py_include}#g" "$f"
+done
+
+ros_libs="$PREFIX/lib"
+for d in "$ROS_SITE"/ros_*.libs; do [ -d "$d" ] && ros_libs+=":$d"; done
+export PYTHONPATH="$ROS_SITE${PYTHONPATH:+:$PYTHONPATH}"
+export LD_LIBRARY_PATH="$ros_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export AMENT_PREFIX_PATH="$PREFIX" CMAKE_PREFIX_PATH="$PREFIX"
+export _ROS_WHEELS_BOOTSTRAP_COMPLETE=1      # the wheels' .pth re-exec hook is not on this path; set here instead
+
+# 4. The messages.
+BUILD_DIR="$MSG_PREFIX.build"
+rm -rf "$BUILD_DIR" "$MSG_PREFIX"
+log "building msg/ ($GENERATOR) into $MSG_PREFIX"
+cmake -S "$REPO" -B "$BUILD_DIR" -G "$GENERATOR" -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_INSTALL_PREFIX="$MSG_PREFIX" \
+  -DBUILD_TESTING=OFF -DPython3_EXECUTABLE="$PY" -DCMAKE_BUILD_TYPE=Release >>"$SETUP_LOG" 2>&1 \
+  || fail "messages" "cmake configure failed (setup.log)"
+cmake --build "$BUILD_DIR" -j "$(nproc)" >>"$SETUP_LOG" 2>&1 || fail "messages" "build failed (setup.log)"
+cmake --install "$BUILD_DIR" >>"$SETUP_LOG" 2>&1 || fail "messages" "install failed (setup.log)"
+MSG_SITE="$(find "$MSG_PREFIX" -path '*-packages/flashrt_ros/msg/__init__.py' | head -1)"
+MSG_SITE="${MSG_SITE%/flashrt_ros/msg/__init__.py}"
+[ -d "$MSG_SITE" ] || fail "messages" "no flashrt_ros/msg installed under $MSG_PREFIX"
+export PYTHONPATH="$REPO:$MSG_SITE:$PYTHONPATH"
+export LD_LIBRARY_PATH="$MSG_PREFIX/lib:$LD_LIBRARY_PATH"
+export AMENT_PREFIX_PATH="$MSG_PREFIX:$AMENT_PREFIX_PATH"
+row "messages" ok "ActionChunk, PolicyStatus built in $((SECONDS - T0)) s since start"
+
+# 5. Loopback DDS for everything started from here on (the benchmark and conftest.py apply it again).
+eval "$("$PY" -c '
+import shlex, sys
+from flashrt_ros.loopback_dds import loopback_dds_environment
+for k, v in loopback_dds_environment(sys.argv[1]).items():
+    print(f"export {k}={shlex.quote(v)}")' /tmp/flashrt_dds)" || fail "loopback DDS" "could not write the loopback settings"
+[ "${ROS_AUTOMATIC_DISCOVERY_RANGE:-}" = LOCALHOST ] && [ -f "${FASTDDS_DEFAULT_PROFILES_FILE:-}" ] \
+  || fail "loopback DDS" "loopback settings not in effect"
+export FLASHRT_CACHE_DIR="${FLASHRT_CACHE_DIR:-/tmp/flashrt_cache}"
+env | grep -E '^(ROS_|FASTDDS_|RMW_|AMENT_PREFIX_PATH|PYTHONPATH|LD_LIBRARY_PATH)' | sort >>"$SETUP_LOG"
+
+"$PY" - >>"$SETUP_LOG" 2>&1 <<'EOF' || fail "import check" "rclpy / flashrt_ros.msg / a loopback node failed (setup.log)"
+import os
+assert os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] == "LOCALHOST"
+import rclpy
+from rclpy.lifecycle import LifecycleNode
+from flashrt_ros.msg import ActionChunk, PolicyStatus
+import flashrt_core, flashrt_ros.policy_node
+rclpy.init()
+node = LifecycleNode("device_import_check")
+pub = node.create_publisher(ActionChunk, "device_import_check", 1)
+pub.publish(ActionChunk(sequence=1))
+node.destroy_node()
+rclpy.shutdown()
+print("import check ok:", rclpy.__file__, ActionChunk.__module__)
+EOF
+row "import check" ok "rclpy, flashrt_ros.msg, LifecycleNode on domain $ROS_DOMAIN_ID (LOCALHOST)"
+log "setup done"
+
+if [ "$SETUP_ONLY" = 1 ]; then print_summary; exit 0; fi
+
+# 6. The benchmark, then the GPU node tests.
+status=0
+log "benchmark: --device $BENCH_DEVICE --duration $BENCH_DURATION"
+timeout -k 10 "$BENCH_TIMEOUT" "$PY" tools/benchmark_node_overhead.py --device "$BENCH_DEVICE" \
+  --duration "$BENCH_DURATION" --output "$REPORT" >"$OUT/benchmark.log" 2>&1
+rc=$?
+if [ $rc = 0 ] && [ -f "$REPORT" ]; then
+  pick() { grep -F "| $1 |" "$REPORT" | head -1 | awk -F'|' '{gsub(/ /,"",$3); gsub(/ /,"",$4); print "median " $3 ", p99 " $4 " ms"}'; }
+  row "benchmark" ok "$(grep -m1 -o '[0-9]* chunks measured' "$REPORT"), $(grep -m1 -o 'device `[^`]*`' "$REPORT")"
+  row "  overhead = staleness - inference" "" "$(pick 'overhead = staleness - inference')"
+  row "  staleness" "" "$(pick staleness)"
+  row "  inference time" "" "$(pick 'inference time')"
+  row "  queue wait" "" "$(pick 'queue wait (node statistics)')"
+  row "  node code (conversion + build)" "" "$(pick 'node code: conversion + message build (node statistics)')"
+  row "  transport floor (no node)" "" "$(pick 'transport floor: capture -> later frame of a pair, plain subscriber, no node')"
+else
+  status=1
+  row "benchmark" FAIL "exit $rc$([ $rc = 124 ] && echo ' (timeout)'); benchmark.log: $(tail -1 "$OUT/benchmark.log" | cut -c1-120)"
+fi
+
+log "pytest test/ros/test_node_gpu.py"
+timeout -k 10 "$TEST_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider test/ros/test_node_gpu.py >"$OUT/pytest.log" 2>&1
+rc=$?
+result="$(grep -E '(passed|failed|skipped|error)' "$OUT/pytest.log" | tail -1)"
+if [ $rc = 0 ] && ! grep -q skipped <<<"$result"; then
+  row "test/ros/test_node_gpu.py" ok "$result"
+else
+  status=1
+  row "test/ros/test_node_gpu.py" FAIL "exit $rc: ${result:-see pytest.log}"
+fi
+row "total" "" "$((SECONDS - T0)) s"
+print_summary
+exit $status
