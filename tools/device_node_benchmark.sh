@@ -37,8 +37,8 @@
 # and carried with the run: run(command="bash tools/device_node_benchmark.sh", carry=[".whl"]).
 #
 # Environment (defaults): FLASHRT_PYTHON (python3), FLASHRT_WHEELS (.whl), FLASHRT_ROS_PREFIX (/tmp/site),
-# FLASHRT_MSG_PREFIX (/tmp/flashrt_msgs), BENCH_DEVICE (cuda), BENCH_DURATION (30), BENCH_TIMEOUT (210),
-# TEST_TIMEOUT (150), OUT.
+# FLASHRT_MSG_PREFIX (/tmp/flashrt_msgs), BENCH_DEVICE (cuda), BENCH_DURATION (30), BENCH_TIMEOUT (240),
+# TEST_TIMEOUT (130), OUT.
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -51,8 +51,8 @@ PREFIX="${FLASHRT_ROS_PREFIX:-/tmp/site}"
 MSG_PREFIX="${FLASHRT_MSG_PREFIX:-/tmp/flashrt_msgs}"
 BENCH_DEVICE="${BENCH_DEVICE:-cuda}"
 BENCH_DURATION="${BENCH_DURATION:-30}"
-BENCH_TIMEOUT="${BENCH_TIMEOUT:-210}"
-TEST_TIMEOUT="${TEST_TIMEOUT:-150}"
+BENCH_TIMEOUT="${BENCH_TIMEOUT:-240}"
+TEST_TIMEOUT="${TEST_TIMEOUT:-130}"
 OUT="${OUT:-$REPO/test_output/device_node_benchmark}"
 mkdir -p "$OUT"
 SETUP_LOG="$OUT/setup.log"
