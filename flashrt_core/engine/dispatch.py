@@ -38,6 +38,7 @@ class Op(str, enum.Enum):
     ADA_NORM = "ada_norm"            # gated residual + adaRMSNorm (pi0.5 expert)
     GEGLU = "geglu"                  # gelu_tanh(gate) * up on the merged gate/up output
     QKV_ROPE = "qkv_rope"            # QKV split + RoPE + KV-cache write
+    DECODER_QKV = "decoder_qkv"      # the action expert's QKV GEMM and its RoPE / KV write: one kernel or two
     EULER = "euler"                  # x <- x + dt * (v + b)
     KERNEL_LAUNCH = "kernel_launch"  # how the Triton kernels of one predict follow each other
 
@@ -214,6 +215,11 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     Op.EULER: (
         Candidate("triton", _triton, "kernels/euler.py"),
         Candidate("torch", _ALWAYS, "plain torch ops"),
+    ),
+    Op.DECODER_QKV: (
+        Candidate("fused_rope", _triton, "kernels/qkv_gemm_rope.py: RoPE, q scale and KV write in the QKV GEMM's "
+                  "epilogue; kept at load only where it measures faster than the GEMM + qkv_rope pair"),
+        Candidate("separate", _ALWAYS, "the decoder GEMM, then the qkv_rope op"),
     ),
     Op.KERNEL_LAUNCH: (
         Candidate("pdl", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.PDL) and hw.vendor is Vendor.NVIDIA

@@ -158,8 +158,8 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
                 ops.ada_norm(x, residual, gate, mod[0, 0], mod[0, 1], y, e.eps)
             else:
                 ops.norm(x, residual, y, layer.norm1, None, e.eps)
-            qkv = ops.decoder(y, layer.qkv, "qkv")
-            ops.qkv_rope(qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i], P, heads, 1, dh ** -0.5)
+            ops.decoder_qkv_rope(y, layer.qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i], P,
+                                 heads, 1, dh ** -0.5)
             attn = ops.mqa(q.view(S * heads, dh), ws.k_cache[i, 0], ws.v_cache[i, 0], smask, 1.0)  # (S*H, Dh)
             o = ops.decoder(attn.view(S, heads * dh), layer.o, "o")                       # (M, N) or partials
             if pi05:

@@ -108,7 +108,8 @@ class EngineExecutor:
             torch.as_tensor(np.asarray(a, dtype=np.float32), device=device) for a in action_affine)
         if device.type == "cuda" and dispatch[Op.GEMM_DECODER] == "triton" and \
                 dispatch.options.overrides.get(Op.GEMM_DECODER.value) != "triton":   # pinned: no measuring
-            timings = self.ops.tune_decoder(self.suffix_len, self.weights.expert)
+            timings = self.ops.tune_decoder(self.suffix_len, self.weights.expert, config.expert.num_heads,
+                                            config.expert.head_dim)
             log.info("decoder GEMMs: %s (us: %s)", {k: str(v) for k, v in self.ops.decoder_impl.items()}, timings)
         self._entries: dict[tuple, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graph else None

@@ -50,6 +50,24 @@ SKINNY_CANDIDATES = {
 SKINNY_DEFAULT = {kind: cands[0] for kind, cands in SKINNY_CANDIDATES.items()}
 
 
+@dataclass(frozen=True)
+class RopeGemmConfig:
+    """Launch configuration of kernels/qkv_gemm_rope.py (the decoder QKV GEMM with the RoPE epilogue)."""
+
+    block_p: int
+    block_k: int
+    stages: int
+    warps: int = 4
+
+    def __str__(self) -> str:
+        return f"triton_rope(p{self.block_p},k{self.block_k},st{self.stages},w{self.warps})"
+
+
+# Measured at load against the SKINNY_CANDIDATES["qkv"] GEMMs followed by the qkv_rope kernel.
+ROPE_GEMM_CANDIDATES = [RopeGemmConfig(16, 128, 4), RopeGemmConfig(16, 128, 6), RopeGemmConfig(16, 256, 3),
+                        RopeGemmConfig(32, 128, 4)]
+
+
 @dataclass
 class KeyMask:
     """Which keys each query row may see, built once per predict and shared by every layer and step.
@@ -89,12 +107,13 @@ class Ops:
         self._rope_triton = triton(Op.QKV_ROPE)
         self._euler_triton = triton(Op.EULER)
         self.pdl = dispatch[Op.KERNEL_LAUNCH] == "pdl"     # every Triton launch below passes it
+        self._qkv_fused = dispatch[Op.DECODER_QKV] == "fused_rope"
         self._sdpa = dispatch[Op.ATTENTION] == "sdpa"
         self._mqa = dispatch[Op.MQA]
         self.fp8_prefix = dispatch[Op.GEMM_PREFIX] == "fp8"
         triton_decoder = dispatch[Op.GEMM_DECODER] == "triton"
         # decoder GEMM kind -> "triton" | "library"; tune_decoder() keeps Triton only where it measures faster
-        self.decoder_impl: dict[str, str | SkinnyConfig] = {
+        self.decoder_impl: dict[str, str | SkinnyConfig | RopeGemmConfig] = {
             kind: "triton" if triton_decoder else "library" for kind in SKINNY_CANDIDATES}
         self.decoder_timings: dict[str, dict[str, float]] = {}
         self.calibration: dict[int, float] | None = None   # set by the FP8 calibration run
@@ -148,7 +167,7 @@ class Ops:
         split-K partials (S, M, N) fp32 that the next norm sums; "qkv" returns (M, N).
         impl: "library" (cuBLAS/hipBLASLt), a SkinnyConfig (Triton), None = the tuned choice for this kind."""
         impl = impl or self.decoder_impl[kind]
-        if impl == "triton":
+        if impl == "triton" or isinstance(impl, RopeGemmConfig):
             impl = SKINNY_DEFAULT[kind]
         if isinstance(impl, SkinnyConfig) and self._skinny_ok(x, lin, impl):
             return self.k.skinny_gemm(x, lin.parts[0][0], geglu=kind == "gate_up", split_k=impl.split_k,
@@ -156,6 +175,25 @@ class Ops:
                                       num_warps=impl.warps, pdl=self.pdl)
         y = self.linear(x, lin)
         return self.geglu(y) if kind == "gate_up" else y
+
+    def decoder_qkv_rope(self, x: torch.Tensor, lin: Linear, pos, cos, sin, q_out, k_cache, v_cache, offset: int,
+                         heads: int, kv_heads: int, q_scale: float,
+                         impl: str | SkinnyConfig | RopeGemmConfig | None = None) -> None:
+        """Decoder QKV projection, RoPE, q scale and KV-cache write (contract of qkv_rope on x @ W^T): one kernel
+        with a RopeGemmConfig (decoder_qkv=fused_rope), else the decoder GEMM then qkv_rope."""
+        impl = impl or self.decoder_impl["qkv"]
+        if isinstance(impl, RopeGemmConfig):
+            (w, _), = lin.parts
+            self.k.qkv_gemm_rope(x, w, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale,
+                                 block_p=impl.block_p, block_k=impl.block_k, num_stages=impl.stages,
+                                 num_warps=impl.warps, pdl=self.pdl)
+            return
+        self.qkv_rope(self.decoder(x, lin, "qkv", impl), pos, cos, sin, q_out, k_cache, v_cache, offset, heads,
+                      kv_heads, q_scale)
+
+    def _rope_gemm_ok(self, x: torch.Tensor, lin: Linear, cfg: RopeGemmConfig, head_dim: int) -> bool:
+        return (self._qkv_fused and self._skinny_ok(x, lin, SkinnyConfig(16, cfg.block_k, 1, 1))
+                and (head_dim // 2) % cfg.block_p == 0)
 
     @staticmethod
     def _graph_time_us(fn, reps: int) -> float:
@@ -178,26 +216,39 @@ class Ops:
         end.synchronize()
         return start.elapsed_time(end) * 1e3 / reps
 
-    def tune_decoder(self, rows: int, layers, reps: int = 2) -> dict[str, dict[str, float]]:
-        """For each decoder GEMM kind, time the library GEMM and every Triton SkinnyConfig candidate at `rows` rows
+    def tune_decoder(self, rows: int, layers, heads: int, head_dim: int, reps: int = 2
+                     ) -> dict[str, dict[str, float]]:
+        """For each decoder GEMM kind, time the library GEMM and every Triton candidate at `rows` rows
         (graph-captured, GPU time only) and keep the fastest (issue 4: fused kernels only where measured faster).
         Each timed pass runs the GEMM over every layer of `layers` in turn, `reps` times, as the denoiser does:
         the weights stream from memory rather than from a warm L2. The library time of gate_up includes its
-        separate GeGLU kernel. Returns {kind: {candidate: us per call}}."""
+        separate GeGLU kernel; every qkv time includes RoPE and the KV write (separate kernel or epilogue).
+        Returns {kind: {candidate: us per call}}."""
+        dev = layers[0].qkv.parts[0][0].device
+        g = torch.Generator(device=dev).manual_seed(0)
+        half = head_dim // 2
+        rope = (torch.arange(rows, device=dev), torch.rand(rows, half, device=dev, generator=g),
+                torch.rand(rows, half, device=dev, generator=g),
+                torch.empty(rows, heads, head_dim, device=dev, dtype=layers[0].qkv.parts[0][0].dtype))
+        cache = torch.zeros(2, 1, rows, head_dim, device=dev, dtype=rope[3].dtype)
         for kind in ("qkv", "o", "gate_up", "down"):
             lins = [getattr(layer, kind) for layer in layers]
             if self.decoder_impl[kind] == "library" or lins[0] is None:
                 continue
             w = lins[0].parts[0][0]
-            x = torch.randn(rows, w.shape[1], device=w.device, dtype=w.dtype)
+            x = torch.randn(rows, w.shape[1], device=w.device, dtype=w.dtype, generator=g)
 
             def run_all(impl):
                 for lin in lins:
-                    self.decoder(x, lin, kind, impl)
-            times: dict = {"library": self._graph_time_us(lambda: run_all("library"), reps) / len(lins)}
-            for cfg in SKINNY_CANDIDATES[kind]:
-                if self._skinny_ok(x, lins[0], cfg):
-                    times[cfg] = self._graph_time_us(lambda: run_all(cfg), reps) / len(lins)
+                    if kind == "qkv":
+                        self.decoder_qkv_rope(x, lin, *rope[:3], rope[3], cache[0], cache[1], 0, heads, 1, 1.0,
+                                              impl=impl)
+                    else:
+                        self.decoder(x, lin, kind, impl)
+            candidates = ["library"] + [c for c in SKINNY_CANDIDATES[kind] if self._skinny_ok(x, lins[0], c)]
+            if kind == "qkv":
+                candidates += [c for c in ROPE_GEMM_CANDIDATES if self._rope_gemm_ok(x, lins[0], c, head_dim)]
+            times = {impl: self._graph_time_us(lambda: run_all(impl), reps) / len(lins) for impl in candidates}
             self.decoder_impl[kind] = min(times, key=times.get)
             self.decoder_timings[kind] = {str(k): v for k, v in times.items()}
         return self.decoder_timings

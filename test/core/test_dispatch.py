@@ -128,3 +128,12 @@ def test_pinned_nvidia_names_give_the_compute_capability():
     assert detect_hardware("sm89").capability == (8, 9)
     assert detect_hardware("sm120").capability == (12, 0)
     assert detect_hardware("sm100").sm == 100
+
+
+def test_decoder_qkv_fusion_needs_triton_and_can_be_pinned_off(monkeypatch):
+    import flashrt_core.engine.kernel_import as ki
+    monkeypatch.setattr(ki, "triton_available", lambda: True)
+    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.DECODER_QKV] == "fused_rope"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_TRITON=1))[Op.DECODER_QKV] == "separate"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_IMPL_DECODER_QKV="separate"))[Op.DECODER_QKV] == "separate"
+    assert resolve(CPU, EngineOptions())[Op.DECODER_QKV] == "separate"

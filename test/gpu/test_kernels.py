@@ -263,9 +263,37 @@ def test_skinny_gemm_every_engine_config(kind, n, k):
                     f"{cfg} pdl={pdl} rows {rows}: rel L2 error {err:.2e}"
 
 
+@pytest.mark.skipif(INTERPRET, reason="real shapes only")
+@pytest.mark.parametrize("rows", DECODER_ROWS)
+def test_qkv_gemm_rope_every_engine_config(rows):
+    """The decoder QKV GEMM with the RoPE / KV-write epilogue against the fp32 product + qkv_rope reference, pi0.5
+    expert shapes (8 q heads, 1 KV head, Dh 256, K 1024), suffix rows written after 590 cached prefix rows."""
+    from flashrt_core.engine.ops import ROPE_GEMM_CANDIDATES
+    heads, dh, width, offset = 8, 256, 1024, 590
+    g = torch.Generator(device=DEVICE).manual_seed(rows)
+    x = torch.randn(rows, width, device=DEVICE, generator=g).to(torch.bfloat16)
+    w = (torch.randn((heads + 2) * dh, width, device=DEVICE, generator=g) * width ** -0.5).to(torch.bfloat16)
+    cos, sin = K.rope_tables(offset + rows, dh, 10000.0, DEVICE)
+    pos = torch.arange(offset, offset + rows, device=DEVICE)
+    cache = torch.randn(2, 1, offset + rows, dh, device=DEVICE, generator=g).to(torch.bfloat16)
+    want_q = torch.empty(rows, heads, dh, device=DEVICE, dtype=torch.bfloat16)
+    want_cache = cache.clone()
+    K.qkv_gemm_rope_reference(x, w, pos, cos, sin, want_q, want_cache[0], want_cache[1], offset, heads, 1, dh ** -0.5)
+    for cfg in ROPE_GEMM_CANDIDATES:
+        for pdl in (False, True):
+            q, got_cache = _poison(torch.empty_like(want_q)), cache.clone()
+            got_cache[:, :, offset:] = float("nan")
+            K.qkv_gemm_rope(x, w, pos, cos, sin, q, got_cache[0], got_cache[1], offset, heads, 1, dh ** -0.5,
+                            block_p=cfg.block_p, block_k=cfg.block_k, num_stages=cfg.stages, num_warps=cfg.warps,
+                            pdl=pdl)
+            _close(q, want_q, BF16_ATOL, BF16_RTOL)
+            _close(got_cache, want_cache, BF16_ATOL, BF16_RTOL)     # prefix rows untouched, suffix rows written
+
+
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch needs an sm90+ GPU")
-def test_dependent_launch_chain_in_a_cuda_graph_matches_stream_order():
+@pytest.mark.parametrize("fused_qkv", [False, True])
+def test_dependent_launch_chain_in_a_cuda_graph_matches_stream_order(fused_qkv):
     """One pi0.5 expert layer (norm -> QKV -> RoPE/KV write -> attention -> o -> norm -> gate/up -> down -> norm)
     of PDL-launched kernels captured in a CUDA graph and replayed on fresh inputs: every result equals the same
     kernels launched in plain stream order (a kernel reading its input before the kernel ahead finished writing
@@ -299,8 +327,12 @@ def test_dependent_launch_chain_in_a_cuda_graph_matches_stream_order():
             c = cfg[kind]
             return K.skinny_gemm(x, w, kind == "gate_up", c.split_k, c.block_n, c.block_k, c.stages, c.warps, pdl=pdl)
         K.ada_rms_norm(st["partials"], st["residual"], vec[0], vec[1], vec[2], st["y"], pdl=pdl)
-        K.qkv_rope(gemm(st["y"], w_qkv, "qkv"), pos, cos, sin, st["q"], st["k"], st["v"], prefix, heads, 1,
-                   dh ** -0.5, pdl=pdl)
+        if fused_qkv:
+            K.qkv_gemm_rope(st["y"], w_qkv, pos, cos, sin, st["q"], st["k"], st["v"], prefix, heads, 1, dh ** -0.5,
+                            pdl=pdl)
+        else:
+            K.qkv_rope(gemm(st["y"], w_qkv, "qkv"), pos, cos, sin, st["q"], st["k"], st["v"], prefix, heads, 1,
+                       dh ** -0.5, pdl=pdl)
         K.attention(st["q"].view(rows * heads, dh), st["k"][0], st["v"][0], bias, prefix, visible, heads, 1.0,
                     st["attn"], pdl=pdl)
         K.ada_rms_norm(gemm(st["attn"].view(rows, heads * dh), w_o, "o"), st["residual"], vec[3], vec[4], vec[5],
