@@ -62,6 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--skip", type=int, default=5, help="first chunks left out (cold start)")
     parser.add_argument("--baseline", type=float, default=5.0, help="seconds of transport-floor measurement")
     parser.add_argument("--output", type=Path, default=None, help="write a markdown report here")
+    parser.add_argument("--raw-output", type=Path, default=None,
+                        help="write every chunk (sequence, staleness, inference, capture stamp, arrival at the "
+                             "feeder) and the transport-floor samples as JSON here")
     parser.add_argument("--feeder", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--state-dim", type=int, default=0, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -89,9 +92,12 @@ def run_feeder(args: argparse.Namespace) -> int:
     instruction.publish(String(data=spec.instruction))
     state = node.create_publisher(JointState, "joint_states", qos_profiles.state_qos())
     records = []
-    node.create_subscription(ActionChunk, "action_chunk",
-                             lambda m: records.append((m.sequence, m.staleness, m.inference_time)),
-                             qos_profiles.output_qos())
+    node.create_subscription(
+        ActionChunk, "action_chunk",
+        lambda m: records.append((m.sequence, m.staleness, m.inference_time,
+                                  m.header.stamp.sec * 1_000_000_000 + m.header.stamp.nanosec,
+                                  node.get_clock().now().nanoseconds)),
+        qos_profiles.output_qos())
     deadline = time.monotonic() + 60.0
     while any(p.get_subscription_count() == 0 for p in cameras) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -207,7 +213,14 @@ def run_benchmark(args: argparse.Namespace) -> int:
         node.destroy_node()
         rclpy.try_shutdown()
 
-    chunks = np.asarray(result["chunks"], dtype=np.float64)[args.skip:]     # (n, 3): sequence, staleness, inference
+    if args.raw_output:
+        args.raw_output.parent.mkdir(parents=True, exist_ok=True)
+        args.raw_output.write_text(json.dumps({
+            "columns": ["sequence", "staleness_s", "inference_s", "capture_stamp_ns", "feeder_arrival_ns"],
+            "chunks": result["chunks"], "skip": args.skip, "frames": result["frames"],
+            "transport_floor_s": floor.tolist(), "device": str(device), "duration_s": args.duration}))
+    # (n, 5): sequence, staleness, inference, capture stamp, arrival at the feeder
+    chunks = np.asarray(result["chunks"], dtype=np.float64)[args.skip:]
     if len(chunks) < 3:
         _LOG.error(f"only {len(chunks)} chunks after skipping {args.skip}")
         return 1

@@ -16,11 +16,14 @@
 #     flashrt_ros.loopback_dds (LOCALHOST discovery, loopback-only Fast DDS profile, a random domain id); the
 #     benchmark and the tests apply them again themselves before rclpy starts;
 #  6. runs `tools/benchmark_node_overhead.py --device $BENCH_DEVICE --duration $BENCH_DURATION --output
-#     $OUT/node_overhead_h200.md` and `pytest -q test/ros/test_node_gpu.py`, logs under $OUT;
+#     $OUT/node_overhead_h200.md --raw-output $OUT/node_overhead_h200_raw.json`, with CPU_CONTROL=1 the same
+#     with --device cpu (same machine and transport, inference on the CPU) into node_overhead_h200_cpu.md,
+#     and (unless RUN_TESTS=0) `pytest -q test/ros/test_node_gpu.py`, logs under $OUT;
 #  7. prints a summary table last (also $OUT/summary.txt).
 #
-# $OUT defaults to test_output/device_node_benchmark. Files there: env.txt (GPU, driver, versions), setup.log,
-# benchmark.log, node_overhead_h200.md, pytest.log, summary.txt.
+# $OUT defaults to test_output/device_node_benchmark. Files there: env.txt (GPU, driver, versions, memory),
+# setup.log, benchmark.log, node_overhead_h200.md, node_overhead_h200_raw.json, pytest.log, summary.txt
+# (+ node_overhead_h200_cpu.md, node_overhead_h200_cpu_raw.json with CPU_CONTROL=1): at most 8 files.
 #
 # The wheel set (.whl/, git-ignored, 107 wheels, ~45 MB) is made on a machine with PyPI access, for the
 # device's Python:
@@ -38,7 +41,7 @@
 #
 # Environment (defaults): FLASHRT_PYTHON (python3), FLASHRT_WHEELS (.whl), FLASHRT_ROS_PREFIX (/tmp/site),
 # FLASHRT_MSG_PREFIX (/tmp/flashrt_msgs), BENCH_DEVICE (cuda), BENCH_DURATION (30), BENCH_TIMEOUT (240),
-# TEST_TIMEOUT (130), OUT.
+# TEST_TIMEOUT (130), CPU_CONTROL (0), CPU_DURATION (20), RUN_TESTS (1), OUT.
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -84,6 +87,8 @@ fail() { log "FAILED: $2"; row "$1" FAIL "$2"; print_summary; exit 1; }
   echo "cmake: $(cmake --version 2>/dev/null | head -1)"
   echo "cc: $( (cc --version || gcc --version) 2>/dev/null | head -1)"
   echo "c++: $( (c++ --version || g++ --version) 2>/dev/null | head -1)"
+  echo "memory: $(free -m 2>/dev/null | awk '/Mem:/{print $2 " MiB total, " $7 " MiB available"}'); /dev/shm: $(df -h /dev/shm 2>/dev/null | awk 'NR==2{print $2 " size, " $4 " free"}')"
+  echo "net.core.rmem_max: $(cat /proc/sys/net/core/rmem_max 2>/dev/null); loadavg: $(cat /proc/loadavg)"
 } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt" >&2
 
@@ -175,35 +180,44 @@ log "setup done"
 
 if [ "$SETUP_ONLY" = 1 ]; then print_summary; exit 0; fi
 
-# 6. The benchmark, then the GPU node tests.
+# 6. The benchmark (+ the CPU control), then the GPU node tests.
 status=0
-log "benchmark: --device $BENCH_DEVICE --duration $BENCH_DURATION"
-timeout -k 10 "$BENCH_TIMEOUT" "$PY" tools/benchmark_node_overhead.py --device "$BENCH_DEVICE" \
-  --duration "$BENCH_DURATION" --output "$REPORT" >"$OUT/benchmark.log" 2>&1
-rc=$?
-if [ $rc = 0 ] && [ -f "$REPORT" ]; then
-  pick() { grep -F "| $1 |" "$REPORT" | head -1 | awk -F'|' '{gsub(/ /,"",$3); gsub(/ /,"",$4); print "median " $3 ", p99 " $4 " ms"}'; }
-  row "benchmark" ok "$(grep -m1 -o '[0-9]* chunks measured' "$REPORT"), $(grep -m1 -o 'device `[^`]*`' "$REPORT")"
-  row "  overhead = staleness - inference" "" "$(pick 'overhead = staleness - inference')"
-  row "  staleness" "" "$(pick staleness)"
-  row "  inference time" "" "$(pick 'inference time')"
-  row "  queue wait" "" "$(pick 'queue wait (node statistics)')"
-  row "  node code (conversion + build)" "" "$(pick 'node code: conversion + message build (node statistics)')"
-  row "  transport floor (no node)" "" "$(pick 'transport floor: capture -> later frame of a pair, plain subscriber, no node')"
-else
-  status=1
-  row "benchmark" FAIL "exit $rc$([ $rc = 124 ] && echo ' (timeout)'); benchmark.log: $(tail -1 "$OUT/benchmark.log" | cut -c1-120)"
+pick() { grep -F "| $2 |" "$1" | head -1 | awk -F'|' '{gsub(/ /,"",$3); gsub(/ /,"",$4); print "median " $3 ", p99 " $4 " ms"}'; }
+bench() {   # device duration report raw
+  log "benchmark: --device $1 --duration $2"
+  timeout -k 10 "$BENCH_TIMEOUT" "$PY" tools/benchmark_node_overhead.py --device "$1" --duration "$2" \
+    --output "$3" --raw-output "$4" >>"$OUT/benchmark.log" 2>&1
+  local rc=$?
+  if [ $rc = 0 ] && [ -f "$3" ]; then
+    row "benchmark --device $1" ok "$(grep -m1 -o '[0-9]* chunks measured' "$3"), $(grep -m1 -o '[0-9]* observations completed' "$3"), $(grep -m1 -o 'device `[^`]*`' "$3")"
+    row "  overhead = staleness - inference" "" "$(pick "$3" 'overhead = staleness - inference')"
+    row "  staleness" "" "$(pick "$3" staleness)"
+    row "  inference time" "" "$(pick "$3" 'inference time')"
+    row "  queue wait" "" "$(pick "$3" 'queue wait (node statistics)')"
+    row "  node code (conversion + build)" "" "$(pick "$3" 'node code: conversion + message build (node statistics)')"
+    row "  transport floor (no node)" "" "$(pick "$3" 'transport floor: capture -> later frame of a pair, plain subscriber, no node')"
+  else
+    status=1
+    row "benchmark --device $1" FAIL "exit $rc$([ $rc = 124 ] && echo ' (timeout)'); benchmark.log: $(tail -1 "$OUT/benchmark.log" | cut -c1-120)"
+  fi
+}
+: >"$OUT/benchmark.log"
+bench "$BENCH_DEVICE" "$BENCH_DURATION" "$REPORT" "$OUT/node_overhead_h200_raw.json"
+if [ "${CPU_CONTROL:-0}" = 1 ]; then
+  bench cpu "${CPU_DURATION:-20}" "$OUT/node_overhead_h200_cpu.md" "$OUT/node_overhead_h200_cpu_raw.json"
 fi
 
-log "pytest test/ros/test_node_gpu.py"
-timeout -k 10 "$TEST_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider test/ros/test_node_gpu.py >"$OUT/pytest.log" 2>&1
-rc=$?
-result="$(grep -E '(passed|failed|skipped|error)' "$OUT/pytest.log" | tail -1)"
-if [ $rc = 0 ] && ! grep -q skipped <<<"$result"; then
-  row "test/ros/test_node_gpu.py" ok "$result"
-else
-  status=1
-  row "test/ros/test_node_gpu.py" FAIL "exit $rc: ${result:-see pytest.log}"
+if [ "${RUN_TESTS:-1}" = 1 ]; then
+  log "pytest test/ros/test_node_gpu.py"
+  timeout -k 10 "$TEST_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider test/ros/test_node_gpu.py >"$OUT/pytest.log" 2>&1
+  rc=$?
+  result="$(grep -E '(passed|failed|skipped|error)' "$OUT/pytest.log" | tail -1)"
+  if [ $rc = 0 ] && ! grep -q skipped <<<"$result"; then
+    row "test/ros/test_node_gpu.py" ok "$result"
+  else
+    status=1
+    row "test/ros/test_node_gpu.py" FAIL "exit $rc: ${result:-see pytest.log}"
+  fi
 fi
 row "total" "" "$((SECONDS - T0)) s"
 print_summary
