@@ -5,11 +5,9 @@ One KV head: every query head attends the same keys, so heads are stacked on the
     s[r, j] = scale * q[r] . k[j] + bias[j]                    j <  P  (bias: 0 or -inf, the prefix key mask)
     s[r, j] = scale * q[r] . k[j]  if j - P < visible[r // heads] else -inf      j >= P  (suffix keys)
     out[r]  = softmax_j(s[r]) @ v
-The key range is cut into `splits` pieces; each program keeps (max, sum, unnormalized acc) of its piece and they are
-merged: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. With few query rows (the 10-51 token denoising
-steps) the split keeps the GPU busy; the prefix uses one split. The merge runs either in a second kernel, or (given
-a `counters` buffer) in the last program of each query block to finish: every program publishes its piece and
-increments the block's counter (acq_rel); the one that sees splits - 1 merges and resets the counter to 0.
+The key range is cut into `splits` pieces; each program keeps (max, sum, unnormalized acc) of its piece and a
+second kernel merges them: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. With few query rows (the 10-51
+token denoising steps) the split keeps the GPU busy; the prefix uses one split.
 Provenance: FlashAttention-2 / flash-decoding; replaces SDPA with an additive mask (cuDNN, ~50 us a call here).
 """
 
@@ -39,9 +37,8 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias:
 def _attn_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, vis_ptr, o_ptr, acc_ptr, ml_ptr,
                        Mq, L, P, heads, scale,
                        stride_q, stride_k, stride_v, stride_o,
-                       cnt_ptr,
                        HAS_SUFFIX: tl.constexpr, SPLIT: tl.constexpr, KEYS_PER_SPLIT: tl.constexpr, D: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, MERGE_IN_LAST: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     wait_for_inputs(PDL)
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -83,29 +80,6 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, vis_ptr, o_ptr, acc_ptr, m
         tl.store(acc_ptr + base[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
         tl.store(ml_ptr + base * 2, m_i, mask=row_ok)
         tl.store(ml_ptr + base * 2 + 1, l_i, mask=row_ok)
-        if MERGE_IN_LAST:
-            tl.debug_barrier()                                 # every thread's piece is written ...
-            done = tl.atomic_add(cnt_ptr + pid_m, 1, sem="acq_rel", scope="gpu")   # ... before it is published
-            if done == SPLIT - 1:                              # the last piece of this query block: merge
-                tl.debug_barrier()
-                m_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-                for sp in tl.static_range(SPLIT):
-                    m_max = tl.maximum(m_max, tl.load(ml_ptr + (sp * Mq + rows) * 2, mask=row_ok,
-                                                      other=float("-inf"), cache_modifier=".cg"))
-                m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)
-                num = tl.zeros([BLOCK_M, D], tl.float32)
-                den = tl.zeros([BLOCK_M], tl.float32)
-                for sp in tl.static_range(SPLIT):
-                    b2 = sp * Mq + rows
-                    m_s = tl.load(ml_ptr + b2 * 2, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-                    w_s = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - m_ref))
-                    den += w_s * tl.load(ml_ptr + b2 * 2 + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
-                    num += w_s[:, None] * tl.load(acc_ptr + b2[:, None] * D + d[None, :], mask=row_ok[:, None],
-                                                  other=0.0, cache_modifier=".cg")
-                out = num / tl.maximum(den, 1e-30)[:, None]
-                tl.store(o_ptr + rows[:, None] * stride_o + d[None, :], out.to(o_ptr.dtype.element_ty),
-                         mask=row_ok[:, None])
-                tl.atomic_xchg(cnt_ptr + pid_m, 0)             # ready for the next call (graph replays)
 
 
 @triton.jit
@@ -136,10 +110,8 @@ def plan(Mq: int, L: int, sms: int = 132) -> tuple[int, int, int]:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, prefix_len: int,
               visible: torch.Tensor | None, heads: int, scale: float, out: torch.Tensor,
-              splits: int | None = None, pdl: bool = False, counters: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton launcher; contract of attention_reference, written into out (Mq, D). D must be a power of two.
-    counters: int32 zeros, at least one per block of query rows (left zero after the call): the last program of
-    each block merges the key splits instead of a second kernel."""
+              splits: int | None = None, pdl: bool = False) -> torch.Tensor:
+    """Triton launcher; contract of attention_reference, written into out (Mq, D). D must be a power of two."""
     Mq, D = q.shape
     L = k.shape[0]
     if D & (D - 1) or k.shape != (L, D) or v.shape != (L, D) or out.shape != (Mq, D):
@@ -159,17 +131,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
         acc = torch.empty(splits, Mq, D, device=q.device, dtype=torch.float32)
         ml = torch.empty(splits, Mq, 2, device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(Mq, block_m), splits)
-    merge_in_last = splits > 1 and counters is not None
-    if merge_in_last and (counters.dtype != torch.int32 or counters.numel() < grid[0] or not counters.is_cuda):
-        raise ValueError(f"attention: counters must be a CUDA int32 tensor of >= {grid[0]} zeros")
     _attn_split_kernel[grid](q, k, v, bias, visible if visible is not None else bias, out, acc, ml,
                              Mq, L, prefix_len, heads, scale,
                              q.stride(0), k.stride(0), v.stride(0), out.stride(0),
-                             counters if merge_in_last else bias,
                              HAS_SUFFIX=visible is not None, SPLIT=splits, KEYS_PER_SPLIT=keys_per_split, D=D,
-                             BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl, MERGE_IN_LAST=merge_in_last,
-                             num_warps=8 if block_m >= 64 else 4, num_stages=2, **launch_options(pdl))
-    if splits > 1 and not merge_in_last:
+                             BLOCK_M=block_m, BLOCK_N=block_n,
+                             PDL=pdl, num_warps=8 if block_m >= 64 else 4, num_stages=2, **launch_options(pdl))
+    if splits > 1:
         _attn_combine_kernel[(Mq,)](acc, ml, out, Mq, out.stride(0), SPLIT=splits,
                                     SPLIT_P2=triton.next_power_of_2(splits), D=D, PDL=pdl, num_warps=4,
                                     **launch_options(pdl))

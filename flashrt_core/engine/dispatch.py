@@ -175,9 +175,7 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
         Candidate("math", _ALWAYS, "matmul + fp32 softmax + matmul"),
     ),
     Op.MQA: (
-        Candidate("triton", _triton, "kernels/attention.py: flash-style, key mask as a vector, split over keys; "
-                  "the last program of each query block merges the splits (atomic counter)"),
-        Candidate("triton_two_pass", _triton, "the same split kernel, then a second kernel merges the splits"),
+        Candidate("triton", _triton, "kernels/attention.py: flash-style, key mask as a vector, split over keys"),
         Candidate("sdpa", lambda hw, o: _gpu(hw, o) and o.switch_on(Switch.FLASH_ATTENTION),
                   "torch SDPA with a dense additive mask (cuDNN / memory-efficient)"),
         Candidate("math", _ALWAYS, "matmul + fp32 softmax + matmul, dense mask"),

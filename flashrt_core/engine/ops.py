@@ -17,8 +17,6 @@ from .weights import Linear
 
 # Additive mask value for keys a query may not see: finite, so a row never becomes NaN.
 MASKED = -1e30
-# Split-merge counters of kernels/attention.py (one per block of 16+ query rows; 1024 covers 16k query rows).
-ATTN_COUNTERS = 1024
 
 
 @dataclass(frozen=True)
@@ -112,7 +110,6 @@ class Ops:
         self._qkv_fused = dispatch[Op.DECODER_QKV] == "fused_rope"
         self._sdpa = dispatch[Op.ATTENTION] == "sdpa"
         self._mqa = dispatch[Op.MQA]
-        self._attn_counters: torch.Tensor | None = None
         self.fp8_prefix = dispatch[Op.GEMM_PREFIX] == "fp8"
         triton_decoder = dispatch[Op.GEMM_DECODER] == "triton"
         # decoder GEMM kind -> "triton" | "library"; tune_decoder() keeps Triton only where it measures faster
@@ -274,15 +271,10 @@ class Ops:
 
     def mqa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: KeyMask, scale: float) -> torch.Tensor:
         """One-KV-head attention, heads stacked on the query axis. q: (Mq, Dh), k/v: (L, Dh) -> (Mq, Dh)."""
-        if self._mqa in ("triton", "triton_two_pass"):
+        if self._mqa == "triton":
             out = torch.empty_like(q)
-            counters = None
-            if self._mqa == "triton":
-                if self._attn_counters is None:     # zeros, and left at zero by every call: allocated once
-                    self._attn_counters = torch.zeros(ATTN_COUNTERS, device=q.device, dtype=torch.int32)
-                counters = self._attn_counters
             return self.k.attention(q, k, v, mask.bias, mask.prefix_len, mask.visible, mask.heads, scale, out,
-                                    pdl=self.pdl, counters=counters)
+                                    pdl=self.pdl)
         dense = mask.dense(q.shape[0], k.shape[0], q.dtype)                 # (Mq, L)
         if self._mqa == "sdpa":
             return F.scaled_dot_product_attention(q[None, None], k[None, None], v[None, None],
