@@ -34,44 +34,71 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias:
 
 
 @triton.jit
+def _online_softmax_step(q, k, v, cols, col_ok, bias_ptr, P, vis, m_i, l_i, acc, scale, HAS_SUFFIX: tl.constexpr):
+    """One block of keys into the running (max, sum, unnormalized output) of the query rows."""
+    s = tl.dot(q, tl.trans(k)) * scale                                             # (BLOCK_M, BLOCK_N) fp32
+    s += tl.load(bias_ptr + cols, mask=cols < P, other=0.0)[None, :]
+    ok = col_ok[None, :]
+    if HAS_SUFFIX:
+        ok = ok & ((cols[None, :] < P) | ((cols[None, :] - P) < vis[:, None]))
+    s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attn_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, vis_ptr, o_ptr, acc_ptr, ml_ptr,
                        Mq, L, P, heads, scale,
                        stride_q, stride_k, stride_v, stride_o,
                        HAS_SUFFIX: tl.constexpr, SPLIT: tl.constexpr, KEYS_PER_SPLIT: tl.constexpr, D: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
-    wait_for_inputs(PDL)
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, EARLY_KV: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < Mq
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + rows[:, None] * stride_q + d[None, :], mask=row_ok[:, None], other=0.0)
-    if HAS_SUFFIX:
-        vis = tl.load(vis_ptr + rows // heads, mask=row_ok, other=0)
     start = pid_s * KEYS_PER_SPLIT
     end = tl.minimum(start + KEYS_PER_SPLIT, L)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    for n in range(0, KEYS_PER_SPLIT, BLOCK_N):           # the last split may run past L: masked
-        cols = start + n + tl.arange(0, BLOCK_N)
+    if EARLY_KV:
+        # Denoising step, one key block per program: a block of prefix keys holds K/V that the prefix phase wrote,
+        # so it is read before the wait for the kernel ahead (which writes q and the suffix rows); a block with
+        # suffix keys is read after it. Exactly one of the two masked loads moves data.
+        cols = start + tl.arange(0, BLOCK_N)
         col_ok = cols < end
-        k = tl.load(k_ptr + cols[:, None] * stride_k + d[None, :], mask=col_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale                                         # (BLOCK_M, BLOCK_N) fp32
-        b = tl.load(bias_ptr + cols, mask=cols < P, other=0.0)
-        s += b[None, :]
-        ok = col_ok[None, :]
+        before = col_ok[:, None] & (start + BLOCK_N <= P)
+        after = col_ok[:, None] & (start + BLOCK_N > P)
+        k_ptrs = k_ptr + cols[:, None] * stride_k + d[None, :]
+        v_ptrs = v_ptr + cols[:, None] * stride_v + d[None, :]
+        k = tl.load(k_ptrs, mask=before, other=0.0)
+        v = tl.load(v_ptrs, mask=before, other=0.0)
+        wait_for_inputs(PDL)
+        k += tl.load(k_ptrs, mask=after, other=0.0)
+        v += tl.load(v_ptrs, mask=after, other=0.0)
+        q = tl.load(q_ptr + rows[:, None] * stride_q + d[None, :], mask=row_ok[:, None], other=0.0)
+        vis = tl.load(vis_ptr + rows // heads, mask=row_ok, other=0)
+        m_i, l_i, acc = _online_softmax_step(q, k, v, cols, col_ok, bias_ptr, P, vis, m_i, l_i, acc, scale,
+                                             HAS_SUFFIX)
+    else:
+        wait_for_inputs(PDL)
+        q = tl.load(q_ptr + rows[:, None] * stride_q + d[None, :], mask=row_ok[:, None], other=0.0)
+        vis = rows                                             # unused without suffix keys
         if HAS_SUFFIX:
-            ok = ok & ((cols[None, :] < P) | ((cols[None, :] - P) < vis[:, None]))
-        s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=col_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+            vis = tl.load(vis_ptr + rows // heads, mask=row_ok, other=0)
+        for n in range(0, KEYS_PER_SPLIT, BLOCK_N):           # the last split may run past L: masked
+            cols = start + n + tl.arange(0, BLOCK_N)
+            col_ok = cols < end
+            k = tl.load(k_ptr + cols[:, None] * stride_k + d[None, :], mask=col_ok[:, None], other=0.0)
+            v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=col_ok[:, None], other=0.0)
+            m_i, l_i, acc = _online_softmax_step(q, k, v, cols, col_ok, bias_ptr, P, vis, m_i, l_i, acc, scale,
+                                                 HAS_SUFFIX)
     if SPLIT == 1:
         out = acc / tl.maximum(l_i, 1e-30)[:, None]
         tl.store(o_ptr + rows[:, None] * stride_o + d[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -135,8 +162,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
                              Mq, L, prefix_len, heads, scale,
                              q.stride(0), k.stride(0), v.stride(0), out.stride(0),
                              HAS_SUFFIX=visible is not None, SPLIT=splits, KEYS_PER_SPLIT=keys_per_split, D=D,
-                             BLOCK_M=block_m, BLOCK_N=block_n,
-                             PDL=pdl, num_warps=8 if block_m >= 64 else 4, num_stages=2, **launch_options(pdl))
+                             BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
+                             EARLY_KV=pdl and visible is not None and keys_per_split == block_n, num_warps=8 if block_m >= 64 else 4, num_stages=2, **launch_options(pdl))
     if splits > 1:
         _attn_combine_kernel[(Mq,)](acc, ml, out, Mq, out.stride(0), SPLIT=splits,
                                     SPLIT_P2=triton.next_power_of_2(splits), D=D, PDL=pdl, num_warps=4,

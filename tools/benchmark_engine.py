@@ -134,7 +134,7 @@ def engine_options(prec: str, args) -> EngineOptions:
     prec, _, scope = prec.partition("@")
     return EngineOptions.from_env(EngineOptions(fp8=prec.startswith("fp8"),
                                                 fp8_scaling="row" if prec == "fp8row" else "tensor",
-                                                fp8_scope=scope or "all",
+                                                fp8_scope=scope or EngineOptions.fp8_scope,
                                                 text_buckets=tuple(args.text_buckets),
                                                 **{switch: False for switch in off}))
 

@@ -67,7 +67,8 @@ class EngineOptions:
     flash_attention: bool = True
     fp8: bool = False                        # opt-in: FP8 E4M3 for the wide prefix/vision GEMMs
     fp8_scaling: str = "tensor"              # "tensor": static per-tensor scales; "row": per-token/per-channel
-    fp8_scope: str = "all"                   # FP8 GEMMs: "all" wide ones, "backbone" (vision bf16), "backbone_mlp"
+    fp8_scope: str = "backbone_mlp"          # FP8 GEMMs: "backbone_mlp" (passes the accuracy gate), "backbone"
+                                             # (+ attention projections), "all" (+ the vision tower)
     pdl: bool = True                         # programmatic dependent launch (NVIDIA sm90+)
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)

@@ -87,7 +87,7 @@ class EngineExecutor:
         opts = dispatch.options
         self.name = "engine-" + ("graph" if self.use_graph else "eager") + (
             ("-fp8" + ("row" if opts.fp8_scaling == "row" else "")
-             + ("" if opts.fp8_scope == "all" else f"@{opts.fp8_scope}"))
+             + ("" if opts.fp8_scope == "backbone_mlp" else f"@{opts.fp8_scope}"))
             if dispatch[Op.GEMM_PREFIX] == "fp8" else "-bf16")
         self.ops = Ops(dispatch)
         fold = dispatch.options.switch_on(Switch.FUSED_WEIGHTS)

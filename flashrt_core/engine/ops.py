@@ -216,7 +216,7 @@ class Ops:
         end.synchronize()
         return start.elapsed_time(end) * 1e3 / reps
 
-    def tune_decoder(self, rows: int, layers, heads: int, head_dim: int, reps: int = 2
+    def tune_decoder(self, rows: int, layers, heads: int, head_dim: int, reps: int = 4
                      ) -> dict[str, dict[str, float]]:
         """For each decoder GEMM kind, time the library GEMM and every Triton candidate at `rows` rows
         (graph-captured, GPU time only) and keep the fastest (issue 4: fused kernels only where measured faster).

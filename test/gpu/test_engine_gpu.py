@@ -56,6 +56,7 @@ def test_graph_replay_equals_eager_engine(tiny):
     graph = build_executor(tiny, cfg, torch.device("cuda"), "auto")
     eager = build_executor(tiny, cfg, torch.device("cuda"), "auto", EngineOptions(cuda_graph=False))
     assert not eager.use_graph
+    eager.ops.decoder_impl = dict(graph.ops.decoder_impl)   # the load-time tuning may pick differently per build
     for seed in range(3):
         obs = random_observation(cfg, np.random.default_rng(seed), views=2, n_text=7 + seed)
         args = (obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
@@ -78,9 +79,7 @@ def test_new_prompt_does_not_recapture(tiny):
 
 @pytest.mark.parametrize("name,precision", [
     ("pi05", "bf16"), ("pi0", "bf16"),
-    pytest.param("pi05", "fp8", marks=pytest.mark.xfail(
-        reason="measured on H200 2026-11-29: min cosine 0.9914 (per-tensor) / 0.9938 (row scales) < 0.998 on random "
-               "weights; see docs/benchmarks/engine_h200_2026-11-29_notes.md", strict=False)),
+    ("pi05", "fp8"), ("pi0", "fp8"),        # FP8 on the default scope (backbone MLP), per-tensor static scales
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)

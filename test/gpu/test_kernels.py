@@ -179,9 +179,11 @@ def test_attention(tokens, prefix, suffix_visible, splits):
         visible = torch.full((tokens,), tokens, device=DEVICE, dtype=torch.int32)
         visible[0] = 1
     want = K.attention_reference(q, k, v, bias, prefix, visible, heads, dh ** -0.5)
-    out = _poison(torch.empty_like(q))
-    K.attention(q, k, v, bias, prefix, visible, heads, dh ** -0.5, out, splits=splits)
-    _close(out, want, ATTN_BF16_ATOL, BF16_RTOL)
+    # pdl=True with suffix keys and one 64-key block per split: prefix-only blocks are read before the PDL wait
+    for pdl in (False, True) if not INTERPRET else (False,):
+        out = _poison(torch.empty_like(q))
+        K.attention(q, k, v, bias, prefix, visible, heads, dh ** -0.5, out, splits=splits, pdl=pdl)
+        _close(out, want, ATTN_BF16_ATOL, BF16_RTOL)
 
 
 SKINNY_DTYPE = torch.float32 if INTERPRET else torch.bfloat16   # interpreter: no bf16 tl.dot
