@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import threading
@@ -67,7 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "feeder) and the transport-floor samples as JSON here")
     parser.add_argument("--feeder", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--state-dim", type=int, default=0, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)     # the report names the command as run
+    return args
 
 
 # -- child process: camera driver + chunk recorder ---------------------------------------------------------
@@ -258,8 +261,8 @@ def format_report(args, rows, node_rows, chunk_count, frames, buffer, device, mo
     lines = [
         f"# Policy node overhead ({datetime.date.today().isoformat()})",
         "",
-        f"Command: `.venv/bin/python tools/benchmark_node_overhead.py --duration {args.duration:g} "
-        f"--device {args.device} --encoding {args.encoding}`",
+        f"Command: `python tools/benchmark_node_overhead.py {' '.join(shlex.quote(a) for a in args.argv)}` "
+        f"(duration {args.duration:g} s, device {args.device}, encoding {args.encoding})",
         "",
         f"- Machine: {cpu_name()}, {os.cpu_count()} cores; device `{device}`; torch {torch_version}; "
         f"Python {platform.python_version()}; ROS 2 Kilted wheels, Fast DDS over loopback (shared memory).",
