@@ -11,6 +11,7 @@ graph and never forces a recapture. All graphs share one memory pool (they never
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -171,7 +172,7 @@ class EngineExecutor:
     def _capture(self, key: tuple, entry: _Entry) -> None:
         """Warm up (compiles kernels, creates handles) then capture forward() into one graph."""
         start = time.perf_counter()
-        stream = torch.cuda.Stream(self.device)
+        stream = side_stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
@@ -309,3 +310,15 @@ def graph_replay_ms(graph: torch.cuda.CUDAGraph, reps: int) -> list[float]:
         end.synchronize()
         samples.append(start.elapsed_time(end))
     return samples
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one stream per device that warm-ups before a capture and load-time timings run on. cuBLAS keeps a
+    workspace per (handle, stream) for the life of the process, so a new stream per capture would grow the memory
+    that a closed engine cannot give back."""
+    return _side_stream(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _side_stream(index: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(torch.device("cuda", index))

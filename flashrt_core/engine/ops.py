@@ -198,7 +198,8 @@ class Ops:
     @staticmethod
     def _graph_time_us(fn, reps: int) -> float:
         """GPU time of one call of fn, from `reps` calls captured in a CUDA graph (no launch overhead)."""
-        stream = torch.cuda.Stream()
+        from .graph_executor import side_stream
+        stream = side_stream(torch.device("cuda", torch.cuda.current_device()))
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(3):
