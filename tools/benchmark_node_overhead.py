@@ -73,6 +73,47 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+class StallWatch(threading.Thread):
+    """Finds process-wide stalls: a thread that sleeps SLEEP_S in a loop and records every wake-up later than
+    LATE_S. Per stall: when, how late, the process's CPU time during it (busy: a thread held the GIL or computed;
+    ~0: the process was not running at all), and the innermost frame of every other thread right after it."""
+
+    SLEEP_S, LATE_S = 0.005, 0.05
+
+    def __init__(self) -> None:
+        super().__init__(name="stall_watch", daemon=True)
+        self.events: list[dict] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        start = time.monotonic()
+        while not self._halt.is_set():
+            t0, cpu0 = time.monotonic(), time.process_time()
+            time.sleep(self.SLEEP_S)
+            late = time.monotonic() - t0 - self.SLEEP_S
+            if late > self.LATE_S:
+                frames = {th.name: f"{Path(f.f_code.co_filename).name}:{f.f_lineno} {f.f_code.co_name}"
+                          for th in threading.enumerate() if (f := sys._current_frames().get(th.ident)) is not None
+                          and th is not self}
+                self.events.append({"at_s": round(t0 - start, 3), "late_s": round(late, 4),
+                                    "cpu_s": round(time.process_time() - cpu0, 4), "threads": frames})
+
+    def stop(self) -> list[dict]:
+        self._halt.set()
+        self.join(timeout=1.0)
+        return self.events
+
+
+def stall_line(who: str, events: list[dict]) -> str:
+    if not events:
+        return f"- {who} process: no stall (a {StallWatch.SLEEP_S * 1e3:g} ms sleeper never woke " \
+               f"{StallWatch.LATE_S * 1e3:g} ms late)."
+    late = [e["late_s"] for e in events]
+    return (f"- {who} process: {len(events)} stalls (a {StallWatch.SLEEP_S * 1e3:g} ms sleeper woke > "
+            f"{StallWatch.LATE_S * 1e3:g} ms late), {sum(late):.2f} s in all, longest {max(late) * 1e3:.0f} ms; "
+            f"process CPU time during them {sum(e['cpu_s'] for e in events):.2f} s.")
+
+
 # -- child process: camera driver + chunk recorder ---------------------------------------------------------
 def run_feeder(args: argparse.Namespace) -> int:
     import rclpy
@@ -121,10 +162,12 @@ def run_feeder(args: argparse.Namespace) -> int:
     node.create_timer(1.0 / args.rate, publish)
     executor = SingleThreadedExecutor()
     executor.add_node(node)
+    watch = StallWatch()
+    watch.start()
     end = time.monotonic() + FEEDER_SETTLE_S + args.duration
     while time.monotonic() < end:
         executor.spin_once(timeout_sec=0.01)
-    print(json.dumps({"frames": tick[0] * 2, "chunks": records}), flush=True)
+    print(json.dumps({"frames": tick[0] * 2, "chunks": records, "stalls": watch.stop()}), flush=True)
     node.destroy_node()
     rclpy.try_shutdown()
     return 0
@@ -199,8 +242,11 @@ def run_benchmark(args: argparse.Namespace) -> int:
         policy = node.policy
         state_dim = policy.state_dim
         node.trigger_activate()
+        watch = StallWatch()
+        watch.start()
         feeder = start_feeder(args, args.duration, state_dim)
         out, _ = feeder.communicate(timeout=args.duration + 120)
+        node_stalls = watch.stop()
         result = json.loads(out.strip().splitlines()[-1])
         snapshot = node._statistics.snapshot()
         buffer = node._buffer.counters()
@@ -221,7 +267,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
         args.raw_output.write_text(json.dumps({
             "columns": ["sequence", "staleness_s", "inference_s", "capture_stamp_ns", "feeder_arrival_ns"],
             "chunks": result["chunks"], "skip": args.skip, "frames": result["frames"],
-            "transport_floor_s": floor.tolist(), "device": str(device), "duration_s": args.duration}))
+            "transport_floor_s": floor.tolist(), "device": str(device), "duration_s": args.duration,
+            "stalls": {"node": node_stalls, "feeder": result.get("stalls", [])}}))
     # (n, 5): sequence, staleness, inference, capture stamp, arrival at the feeder
     chunks = np.asarray(result["chunks"], dtype=np.float64)[args.skip:]
     if len(chunks) < 3:
@@ -238,6 +285,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
             Summary.of(floor)
     report = format_report(args, rows, node_rows, len(chunks), result["frames"], buffer, device, model_id,
                            torch.__version__)
+    report += "\n".join([stall_line("Node", node_stalls), stall_line("Feeder", result.get("stalls", []))]) + "\n"
     print(report)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
