@@ -31,6 +31,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PARAMS_FILE_NAME = "demo_two_cameras.yaml"
 DEMO_INSTRUCTION = "pick up the red cube and place it in the bowl"
 SERVICE_TIMEOUT_S = 120.0        # configure loads (and on first use generates) the demo checkpoint
+FIRST_ANSWER_RETRY_S = 2.0       # get_state is asked again this often until the node first answers
 PRINTED_ACTIONS = 6               # values of the first action row printed per chunk
 
 _LOG = logging.getLogger("flashrt_demo")
@@ -119,7 +120,25 @@ class LifecycleClient:
         self._get = node.create_client(GetState, f"{target}/get_state")
 
     def wait_for_services(self, timeout_s: float = 30.0) -> bool:
-        return self._change.wait_for_service(timeout_s) and self._get.wait_for_service(timeout_s)
+        """True once both services are discovered and the node has answered a get_state, within timeout_s.
+
+        Discovery is not enough: a server that has not yet matched this client's response reader drops its
+        reply ("failed to send response (timeout): client will not receive response", rmw_fastrtps waits only
+        100 ms), so a first request sent right after discovery can stay unanswered forever (seen on a loaded
+        2-core machine). get_state is idempotent, so it is asked again until an answer arrives; by then the node
+        has matched this client's endpoints, change_state's included (announced before get_state's), and
+        change(), which must not be repeated, is safe."""
+        from lifecycle_msgs.srv import GetState
+        deadline = time.monotonic() + timeout_s
+        if not (self._change.wait_for_service(timeout_s)
+                and self._get.wait_for_service(max(deadline - time.monotonic(), 0.0))):
+            return False
+        answered = threading.Event()
+        while (remaining := deadline - time.monotonic()) > 0:
+            self._get.call_async(GetState.Request()).add_done_callback(lambda _: answered.set())
+            if answered.wait(min(FIRST_ANSWER_RETRY_S, remaining)):
+                return True
+        return answered.is_set()
 
     def change(self, label: str, timeout_s: float = SERVICE_TIMEOUT_S) -> bool:
         """Request transition ``label`` (configure, activate, deactivate, cleanup, shutdown); True on success."""

@@ -484,9 +484,14 @@ class PolicyNode(LifecycleNode):
             has_instruction=bool(self._instruction or (settings and settings.default_instruction)))
 
     def _publish_diagnostics(self) -> None:
-        snapshot, context = self._statistics.snapshot(), self._diagnostics_context()
-        self._diagnostics_publisher.publish(diagnostic_array(snapshot, context, self.get_clock().now().to_msg()))
-        self._publish_status(snapshot, context)
+        try:
+            snapshot, context = self._statistics.snapshot(), self._diagnostics_context()
+            self._diagnostics_publisher.publish(diagnostic_array(snapshot, context, self.get_clock().now().to_msg()))
+            self._publish_status(snapshot, context)
+        except Exception:
+            if self.context.ok():
+                raise
+            # SIGINT shut the context down during this tick: the publishers are invalid and nobody listens.
 
     def _publish_status(self, snapshot=None, context=None) -> None:
         snapshot = self._statistics.snapshot() if snapshot is None else snapshot

@@ -9,7 +9,7 @@ import pytest
 from diagnostic_msgs.msg import DiagnosticStatus
 
 from flashrt_core.fixtures import write_random_checkpoint
-from test.ros.node_harness import BorrowedPolicy, NodeHarness, shared_policy, wait_until
+from test.ros.node_harness import DISCOVERY_TIMEOUT_S, BorrowedPolicy, NodeHarness, shared_policy, wait_until
 from test.ros.ros_processes import start_python
 
 pytestmark = pytest.mark.ros
@@ -149,6 +149,37 @@ def test_configure_on_the_reference_path_runs_only_the_warm_up_passes(harnesses)
                   policy_factory=lambda settings: _policy_run_by(counted_reference))
     assert h.lifecycle.change("configure")
     assert h.node.policy.text_buckets == () and len(passes) == 2
+
+
+def test_lifecycle_client_asks_again_until_the_node_first_answers():
+    """A node that has not matched a new client yet drops its reply (rmw_fastrtps: "client will not receive
+    response"); a node that never answers its first get_state stands in for it here. wait_for_services asks
+    again and returns once an answer arrives; change() comes after, never repeated."""
+    from lifecycle_msgs.srv import ChangeState, GetState
+    from rclpy.callback_groups import ReentrantCallbackGroup
+    from rclpy.task import Future
+
+    from flashrt_ros.demo_main import FIRST_ANSWER_RETRY_S, LifecycleClient
+    from test.ros.bag_testing import RosHarness
+
+    never = Future()
+    asked = []
+
+    async def get_state(request, response):
+        asked.append(time.monotonic())
+        if len(asked) == 1:
+            await never                     # the first reply is lost
+        response.current_state.label = "unconfigured"
+        return response
+
+    with RosHarness() as ros:
+        server = ros.node("silent_first", namespace="/first_answer")
+        server.create_service(GetState, "silent_first/get_state", get_state, callback_group=ReentrantCallbackGroup())
+        server.create_service(ChangeState, "silent_first/change_state", lambda request, response: response)
+        client = LifecycleClient(ros.node("asker"), "/first_answer/silent_first")
+        assert client.wait_for_services(DISCOVERY_TIMEOUT_S)
+        assert len(asked) >= 2 and asked[1] - asked[0] >= FIRST_ANSWER_RETRY_S * 0.9
+        assert client.state() == "unconfigured"
 
 
 NODE_PROCESS = r"""
