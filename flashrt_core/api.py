@@ -163,12 +163,25 @@ class Policy:
         -> actions float32 (horizon, action_dim) in robot units."""
         return self._predict(images, prompt, state, noise)
 
+    def reachable_text_buckets(self, state=None) -> tuple[int, ...]:
+        """The text buckets some instruction can land in. The shortest prompt is a one-token instruction inside
+        the prompt template (with pi0.5's discrete-state prompt also the state bins, whose count is fixed), and
+        a bucket smaller than that never serves a prompt. The bound is the length with the one-character
+        instruction "a", less one token in case "a" takes two: at worst one bucket too many is kept."""
+        buckets = self.text_buckets
+        if not buckets:
+            return ()
+        _, mask, _ = self._encode_prompt_and_state("a", state)
+        shortest = int(mask.sum()) - 1
+        return tuple(b for b in buckets if b >= shortest)
+
     def warm_up_text_buckets(self, images, prompt: str, state=None) -> list[int]:
-        """One forward pass per text bucket (`text_buckets`) with these images, prompt and state, the prompt's
-        token mask stretched over the whole bucket, so that the graph engine captures the graph of every bucket
-        now and no later instruction, whatever its length, costs a capture. A graph depends on the bucket, not
-        on the token values; the actions are discarded. Returns the buckets run ([] when there are none)."""
-        buckets = list(self.text_buckets)
+        """One forward pass per reachable text bucket (`reachable_text_buckets`) with these images, prompt and
+        state, the prompt's token mask stretched over the whole bucket, so that the graph engine captures the
+        graph of every bucket an instruction can land in now and no later instruction, whatever its length,
+        costs a capture. A graph depends on the bucket, not on the token values; the actions are discarded.
+        Returns the buckets run ([] when there are none)."""
+        buckets = list(self.reachable_text_buckets(state))
         for slots in buckets:
             self._predict(images, prompt, state, None, text_slots=slots)
         return buckets

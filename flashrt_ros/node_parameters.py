@@ -101,8 +101,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("warmup_image_size", [640, 480], "[width, height] of the images used to warm up: set it to the "
               "cameras' resolution, the GPU engine captures one graph per image size.", type=INTEGER_ARRAY),
     ParamSpec("warmup_all_text_buckets", True, "With warmup_iterations > 0, also run one forward pass per text "
-              "bucket of the engine (the GPU engine captures one graph per prompt-length bucket), so no instruction "
-              "length costs a graph capture at runtime; false = only the warm-up prompt's bucket."),
+              "bucket of the engine that an instruction can land in (the GPU engine captures one graph per "
+              "prompt-length bucket), so no instruction length costs a graph capture at runtime; false = only the "
+              "warm-up prompt's bucket."),
     ParamSpec("noise_seed", -1, "Pins the flow noise to (seed, observation stamp) so replays repeat "
               "(flashrt_ros.pinned_noise); -1 = fresh random noise for every chunk.", int_range=(-1, 2**31 - 1)),
     # inputs

@@ -278,6 +278,15 @@ def test_warm_up_text_buckets_prepares_every_bucket_once(demo, ckpt_dir, monkeyp
                                    cold.predict(images, prompt, noise=NOISE), atol=ENGINE_TOL, rtol=0)
     assert len(engine._entries) == 3
 
+    # pi0.5's discrete-state prompt carries the state bins: short buckets can never serve an instruction
+    stated = _with_executor(demo, _cpu_engine(demo, text_buckets=(16, 64)))
+    state = np.zeros(demo.config.state_dim or 8, dtype=np.float32)
+    _, mask, _ = stated._encode_prompt_and_state("a", state)
+    assert stated.text_buckets == (16, 64, demo.config.max_token_len) and int(mask.sum()) > 64
+    assert stated.reachable_text_buckets(state) == (demo.config.max_token_len,)
+    assert stated.warm_up_text_buckets(_model_sized_images(demo), "pick", state) == [demo.config.max_token_len]
+    assert policy.reachable_text_buckets() == tuple(slots)
+
     passes = []
     real_sample_actions = demo.executor.sample_actions
     monkeypatch.setattr(demo.executor, "sample_actions", lambda *a: passes.append(1) or real_sample_actions(*a))

@@ -93,6 +93,9 @@ def test_an_input_the_model_refuses_counts_as_inference_error_and_is_skipped(act
     h.send_instruction()
     now = h.now_ns()
     h.send_state(now)
+    # the subject is the refused frame: instruction and state are in before it (topics arrive in any order)
+    assert wait_until(lambda: h.node._instruction is not None and h.node._state is not None)
+    now = h.now_ns()
     sliver = np.zeros((1, 1000, 3), np.uint8)         # valid rgb8, but too elongated to resize for the model
     h.send_frame(0, now, Image(**rgb_to_image_fields(sliver)))
     h.send_frame(1, now)

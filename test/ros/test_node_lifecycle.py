@@ -107,7 +107,7 @@ def _policy_run_by(executor_factory):
                   shared.device, shared.model_id)
 
 
-def _cpu_engine(policy):
+def _cpu_engine(policy, text_buckets=None):
     """The graph engine's executor (default text buckets), eager on the CPU with the plain-PyTorch ops."""
     import torch
     from flashrt_core.engine.dispatch import TABLE, Dispatch, EngineOptions, Op
@@ -115,23 +115,27 @@ def _cpu_engine(policy):
     from flashrt_core.engine.hardware import CPU
     choice = {op: cands[-1].name for op, cands in TABLE.items()}
     choice.update({Op.EXECUTOR: "eager_engine", Op.GEMM_DECODER: "bf16", Op.ATTENTION: "math"})
-    return EngineExecutor(policy.model, policy.config, torch.device("cpu"), Dispatch(CPU, EngineOptions(), choice),
+    options = EngineOptions() if text_buckets is None else EngineOptions(text_buckets=text_buckets)
+    return EngineExecutor(policy.model, policy.config, torch.device("cpu"), Dispatch(CPU, options, choice),
                           dtype=torch.float32)
 
 
 @pytest.mark.parametrize("all_buckets", [True, False])
 def test_configure_warms_up_every_text_bucket(harnesses, all_buckets):
     """The engine keeps one workspace (on a GPU: one captured graph) per text bucket, keyed by its token slots:
-    configure makes all of them (warmup_all_text_buckets), or only the warm-up prompt's (the demo's pi0.5
-    prompt with its state bins needs the last, max_token_len bucket)."""
-    policy = _policy_run_by(_cpu_engine)
+    configure makes every one an instruction can land in (warmup_all_text_buckets), or only the warm-up
+    prompt's. The buckets here sit above the demo's pi0.5 state bins, so every one is reachable."""
+    policy = _policy_run_by(lambda shared: _cpu_engine(shared, text_buckets=(150, 180)))
     engine = policy.executor
     h = harnesses({"warmup_iterations": 1, "warmup_all_text_buckets": all_buckets},
                   policy_factory=lambda settings: policy)
     assert h.lifecycle.change("configure")
     built = sorted(key[3] for key in engine._entries)
-    assert built == (list(engine.text_buckets) if all_buckets else [policy.config.max_token_len])
-    assert len(engine.text_buckets) == 3
+    assert engine.text_buckets == (150, 180, policy.config.max_token_len)
+    if all_buckets:
+        assert built == list(engine.text_buckets)
+    else:                                       # only the bucket of the warm-up prompt (150: its state bins)
+        assert len(built) == 1 and built[0] in engine.text_buckets
 
 
 def test_configure_on_the_reference_path_runs_only_the_warm_up_passes(harnesses):
