@@ -130,8 +130,10 @@ class Policy:
     def __init__(self, model, config: ModelConfig, executor, tokenizer: PromptTokenizer,
                  normalizer: normalization.Normalizer, device: torch.device, model_id: str,
                  gpu_preprocess: bool = True):
-        """gpu_preprocess: when the executor offers predict_observation (the graph engine), hand it the raw
-        uint8 images so resize-with-pad runs inside its graph; False resizes on the host (A/B switch)."""
+        """model: the PiModel, or None where the executor does not use it (the graph engine has its own weights;
+        load_model drops it then). gpu_preprocess: when the executor offers predict_observation (the graph
+        engine), hand it the raw uint8 images so resize-with-pad runs inside its graph; False resizes on the host
+        (A/B switch)."""
         self.gpu_preprocess = gpu_preprocess and hasattr(executor, "predict_observation")
         self.model = model
         self.config = config
@@ -320,4 +322,9 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
         gpu_preprocess = raw == "1"
     model_id = f"{cfg.name}:{ckpt_dir.resolve().name}"
     log.info("loaded %s on %s (%s, executor %s)", model_id, dev, torch_dtype, getattr(executor, "name", executor))
-    return Policy(model, cfg, executor, tokenizer, normalizer, dev, model_id, gpu_preprocess)
+    # The graph engine keeps its own merged / folded / cast weights and never reads the model again: without
+    # this reference the model's tensors that the engine does not share (Q/K/V and gate/up before merging,
+    # folded layers) are freed, instead of doubling the weight memory.
+    keep = model if getattr(executor, "uses_model", True) else None
+    del model
+    return Policy(keep, cfg, executor, tokenizer, normalizer, dev, model_id, gpu_preprocess)

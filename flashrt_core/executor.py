@@ -19,6 +19,7 @@ class ReferenceExecutor:
     """Prefix once into a KV cache, then `num_steps` Euler steps of the action expert (eager PyTorch)."""
 
     name = "reference"
+    uses_model = True            # runs the PiModel's modules on every call
 
     def __init__(self, model: PiModel, config: ModelConfig, device: torch.device):
         self.model = model

@@ -68,6 +68,8 @@ class _Entry:
 class EngineExecutor:
     """sample_actions (the executor contract of flashrt_core.executor) and the fast host path predict_observation."""
 
+    uses_model = False           # reads the PiModel once, at load, into its own prepared weights
+
     def __init__(self, model: PiModel, config: ModelConfig, device: torch.device, dispatch: Dispatch,
                  dtype: torch.dtype = torch.bfloat16, action_affine: tuple[np.ndarray, np.ndarray] | None = None,
                  weights: EngineWeights | None = None):

@@ -218,6 +218,27 @@ def _with_executor(policy, executor):
                                    policy.device, policy.model_id)
 
 
+def test_the_engine_needs_no_model_after_load(ckpt_dir):
+    """The graph engine reads the model once, into its own prepared weights: with the last reference to the model
+    gone its tensors are freed (load_model keeps none for the engine), and the engine predicts the same."""
+    import gc
+    import weakref
+    policy = load_variant(ckpt_dir, "pi05_tiny", prompt_mode="no_state")
+    assert policy.model is not None and policy.executor.uses_model           # the reference path keeps it
+    engine = _cpu_engine(policy)
+    assert not engine.uses_model
+    images = _model_sized_images(policy)
+    before = _with_executor(policy, engine).predict(images, "pick up the block", noise=NOISE)
+    merged_away = weakref.ref(policy.model.paligemma.layers[0].q_proj.weight)    # merged into the engine's QKV
+    model = weakref.ref(policy.model)
+    alone = flashrt_core.api.Policy(None, policy.config, engine, policy.tokenizer, policy.normalizer,
+                                    policy.device, policy.model_id)
+    policy.close()
+    gc.collect()
+    assert model() is None and merged_away() is None
+    np.testing.assert_array_equal(alone.predict(images, "pick up the block", noise=NOISE), before)
+
+
 def _model_sized_images(policy):
     size = policy.config.vision.image_size
     return [np.random.default_rng(v).integers(0, 256, (size, size, 3), dtype=np.uint8) for v in range(3)]
