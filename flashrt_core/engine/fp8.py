@@ -23,6 +23,7 @@ import logging
 
 import torch
 
+from .dispatch import FP8_SCOPES
 from .kernel_import import load_kernels
 from .weights import EngineWeights, Linear
 
@@ -71,8 +72,8 @@ class Fp8Linear:
 def wide_linears(w: EngineWeights, scope: str = "backbone_mlp") -> list[Linear]:
     """The GEMMs that FP8 serves (dispatch.FP8_SCOPES): "all" = every vision layer GEMM, the projector and every
     backbone GEMM; "backbone" = the backbone's only; "backbone_mlp" = the backbone's gate/up and down only."""
-    if scope not in ("all", "backbone", "backbone_mlp"):
-        raise ValueError(f"unknown FP8 scope {scope!r}")
+    if scope not in FP8_SCOPES:
+        raise ValueError(f"unknown FP8 scope {scope!r}; scopes: {FP8_SCOPES}")
     out: list[Linear] = []
     if scope == "all":
         for layer in w.vision:

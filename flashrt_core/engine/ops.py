@@ -167,7 +167,7 @@ class Ops:
         split-K partials (S, M, N) fp32 that the next norm sums; "qkv" returns (M, N).
         impl: "library" (cuBLAS/hipBLASLt), a SkinnyConfig (Triton), None = the tuned choice for this kind."""
         impl = impl or self.decoder_impl[kind]
-        if impl == "triton" or isinstance(impl, RopeGemmConfig):
+        if impl == "triton":
             impl = SKINNY_DEFAULT[kind]
         if isinstance(impl, SkinnyConfig) and self._skinny_ok(x, lin, impl):
             return self.k.skinny_gemm(x, lin.parts[0][0], geglu=kind == "gate_up", split_k=impl.split_k,
@@ -198,7 +198,7 @@ class Ops:
     @staticmethod
     def _graph_time_us(fn, reps: int) -> float:
         """GPU time of one call of fn, from `reps` calls captured in a CUDA graph (no launch overhead)."""
-        from .graph_executor import side_stream
+        from .graph_executor import graph_replay_ms, side_stream
         stream = side_stream(torch.device("cuda", torch.cuda.current_device()))
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -210,12 +210,7 @@ class Ops:
             for _ in range(reps):
                 fn()
         graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e3 / reps
+        return graph_replay_ms(graph, 1)[0] * 1e3 / reps
 
     def tune_decoder(self, rows: int, layers, heads: int, head_dim: int, reps: int = 4
                      ) -> dict[str, dict[str, float]]:
