@@ -18,6 +18,7 @@ from typing import Deque, Mapping
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
+from flashrt_ros.gc_pauses import GcPauses
 from flashrt_ros.observation_buffer import BufferCounters
 
 HARDWARE_ID = "flashrt_policy"
@@ -77,6 +78,7 @@ class StatisticsSnapshot:
     queue_wait: Summary                     # observation complete -> inference thread took it
     handling: Summary                       # overhead - queue_wait: transport, conversion, copies, publishing
     node_code: Summary                      # inference thread outside predict: conversion + message build
+    gc_full_pauses: Summary                 # full Python garbage collections (GIL held throughout)
     input_rates_hz: dict[str, float]        # camera topic -> frames/s over the window
     chunks_published: int
     chunks_discarded: int                   # computed but dropped by a deactivation
@@ -93,9 +95,10 @@ class StatisticsSnapshot:
 class NodeStatistics:
     """Counters and windows of one activation (``reset`` at activation)."""
 
-    def __init__(self, camera_topics: tuple[str, ...], window_s: float):
+    def __init__(self, camera_topics: tuple[str, ...], window_s: float, gc_pauses: GcPauses | None = None):
         self.camera_topics = camera_topics
         self.window_s = float(window_s)
+        self.gc_pauses = gc_pauses
         self._lock = threading.Lock()
         self.reset()
 
@@ -163,6 +166,7 @@ class NodeStatistics:
                 queue_wait=Summary.of(self._queue_wait.values(now)),
                 handling=Summary.of(self._handling.values(now)),
                 node_code=Summary.of(self._node_code.values(now)),
+                gc_full_pauses=Summary.of(self.gc_pauses.full_pauses()) if self.gc_pauses else Summary(),
                 input_rates_hz=rates,
                 chunks_published=self._counts["chunks_published"],
                 chunks_discarded=self._counts["chunks_discarded"],
@@ -220,6 +224,8 @@ def diagnostic_status(snapshot: StatisticsSnapshot, context: DiagnosticsContext)
         "handling_p99_s": _fmt(snapshot.handling.p99),
         "node_code_median_s": _fmt(snapshot.node_code.median),
         "node_code_p99_s": _fmt(snapshot.node_code.p99),
+        "gc_full_collections": str(snapshot.gc_full_pauses.count),
+        "gc_full_pause_max_s": _fmt(snapshot.gc_full_pauses.max),
         "staleness_warn_threshold_s": _fmt(context.staleness_warn_threshold),
         "chunks_published": str(snapshot.chunks_published),
         "chunks_discarded": str(snapshot.chunks_discarded),

@@ -104,6 +104,11 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "bucket of the engine that an instruction can land in (the GPU engine captures one graph per "
               "prompt-length bucket), so no instruction length costs a graph capture at runtime; false = only the "
               "warm-up prompt's bucket."),
+    ParamSpec("freeze_gc_after_configure", True, "After the model is loaded and warmed up, move every Python "
+              "object alive into the garbage collector's permanent generation (gc.freeze, flashrt_ros.gc_pauses), "
+              "so full collections at runtime skip torch, the engine and rclpy: without it they held the GIL for "
+              "up to 2.6 s on the GPU benchmark machine and stopped every callback. Process-wide; false = leave "
+              "the collector alone (A/B)."),
     ParamSpec("noise_seed", -1, "Pins the flow noise to (seed, observation stamp) so replays repeat "
               "(flashrt_ros.pinned_noise); -1 = fresh random noise for every chunk.", int_range=(-1, 2**31 - 1)),
     # inputs
@@ -223,6 +228,7 @@ class NodeSettings:
     warmup_iterations: int
     warmup_image_size: tuple[int, int]
     warmup_all_text_buckets: bool
+    freeze_gc_after_configure: bool
     noise_seed: int
     camera_topics: tuple[str, ...]
     camera_views: tuple[str, ...]

@@ -39,6 +39,7 @@ from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from flashrt_ros import qos_profiles
+from flashrt_ros.gc_pauses import GcPauses, freeze_objects, unfreeze_objects
 from flashrt_ros.image_conversion import ImageConversionError, check_image, to_rgb
 from flashrt_ros.inference_worker import InferenceResult, InferenceWorker
 from flashrt_ros.msg import ActionChunk, PolicyStatus
@@ -92,6 +93,8 @@ class PolicyNode(LifecycleNode):
         # Built by on_configure, released by on_cleanup.
         self._settings: NodeSettings | None = None
         self._policy = None
+        self._gc_pauses: GcPauses | None = None
+        self._gc_frozen = False
         self._view_names: tuple[str, ...] = ()
         self._buffer: ObservationBuffer | None = None
         self._worker: InferenceWorker[InferenceJob] | None = None
@@ -132,13 +135,19 @@ class PolicyNode(LifecycleNode):
             self._settings = settings
             self._buffer = ObservationBuffer(self._view_names, seconds_to_ns(settings.sync_slop),
                                              seconds_to_ns(settings.max_observation_age))
-            self._statistics = NodeStatistics(settings.camera_topics, settings.diagnostics_window)
+            self._gc_pauses = GcPauses(settings.diagnostics_window)
+            self._gc_pauses.install()
+            self._statistics = NodeStatistics(settings.camera_topics, settings.diagnostics_window, self._gc_pauses)
             self._worker = InferenceWorker(self._prepare_job, self._predict, self._publish_result,
                                            self._on_inference_error,
                                            on_discard=lambda _: self._statistics.record_discarded())
             self._worker.start()
             # Warm-up (and graph capture on GPU) on the inference thread: all model calls on one thread.
             self._worker.run_on_thread(lambda: self._warm_up(settings))
+            if settings.freeze_gc_after_configure:
+                self._gc_frozen = True
+                frozen = freeze_objects()
+                self.get_logger().info(f"{frozen} Python objects frozen out of garbage collection (gc.freeze)")
         except Exception as error:   # missing checkpoint, out of memory, mismatch...: FAILURE, never a crash
             self._release()
             return self._configure_failed(f"{type(error).__name__}: {error}")
@@ -290,6 +299,12 @@ class PolicyNode(LifecycleNode):
                 if publisher is not None:
                     self.destroy_lifecycle_publisher(publisher)
             self._chunk_publisher = self._trajectory_publisher = None
+            if self._gc_frozen:
+                unfreeze_objects()      # before the last reference goes, so the collector can free the model
+                self._gc_frozen = False
+            if self._gc_pauses is not None:
+                self._gc_pauses.uninstall()
+                self._gc_pauses = None
             if self._policy is not None:
                 try:
                     self._policy.close()

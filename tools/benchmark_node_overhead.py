@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import platform
+import resource
 import shlex
 import subprocess
 import sys
@@ -66,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--raw-output", type=Path, default=None,
                         help="write every chunk (sequence, staleness, inference, capture stamp, arrival at the "
                              "feeder) and the transport-floor samples as JSON here")
+    parser.add_argument("--no-gc-freeze", action="store_true",
+                        help="run the node with freeze_gc_after_configure=false (A/B of the gc.freeze step)")
     parser.add_argument("--feeder", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--state-dim", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -88,20 +91,36 @@ class StallWatch(threading.Thread):
     def run(self) -> None:
         start = time.monotonic()
         while not self._halt.is_set():
-            t0, cpu0 = time.monotonic(), time.process_time()
+            t0, use0, steal0 = time.monotonic(), resource.getrusage(resource.RUSAGE_SELF), _machine_steal_s()
             time.sleep(self.SLEEP_S)
             late = time.monotonic() - t0 - self.SLEEP_S
             if late > self.LATE_S:
+                use1, steal1 = resource.getrusage(resource.RUSAGE_SELF), _machine_steal_s()
                 frames = {th.name: f"{Path(f.f_code.co_filename).name}:{f.f_lineno} {f.f_code.co_name}"
                           for th in threading.enumerate() if (f := sys._current_frames().get(th.ident)) is not None
                           and th is not self}
-                self.events.append({"at_s": round(t0 - start, 3), "late_s": round(late, 4),
-                                    "cpu_s": round(time.process_time() - cpu0, 4), "threads": frames})
+                self.events.append({
+                    "at_s": round(t0 - start, 3), "late_s": round(late, 4),
+                    "cpu_s": round(use1.ru_utime + use1.ru_stime - use0.ru_utime - use0.ru_stime, 4),
+                    "system_cpu_s": round(use1.ru_stime - use0.ru_stime, 4),
+                    "minor_faults": use1.ru_minflt - use0.ru_minflt, "major_faults": use1.ru_majflt - use0.ru_majflt,
+                    "involuntary_switches": use1.ru_nivcsw - use0.ru_nivcsw,
+                    "machine_steal_s": round(steal1 - steal0, 3), "threads": frames})
 
     def stop(self) -> list[dict]:
         self._halt.set()
         self.join(timeout=1.0)
         return self.events
+
+
+def _machine_steal_s() -> float:
+    """CPU time the hypervisor gave to others while our virtual CPUs wanted to run, all CPUs (/proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / 100.0 if len(fields) > 8 else 0.0
+    except OSError:
+        return 0.0
 
 
 def stall_line(who: str, events: list[dict]) -> str:
@@ -111,7 +130,10 @@ def stall_line(who: str, events: list[dict]) -> str:
     late = [e["late_s"] for e in events]
     return (f"- {who} process: {len(events)} stalls (a {StallWatch.SLEEP_S * 1e3:g} ms sleeper woke > "
             f"{StallWatch.LATE_S * 1e3:g} ms late), {sum(late):.2f} s in all, longest {max(late) * 1e3:.0f} ms; "
-            f"process CPU time during them {sum(e['cpu_s'] for e in events):.2f} s.")
+            f"process CPU time during them {sum(e['cpu_s'] for e in events):.2f} s "
+            f"({sum(e.get('system_cpu_s', 0.0) for e in events):.2f} s in the kernel), "
+            f"{sum(e.get('minor_faults', 0) for e in events)} minor / {sum(e.get('major_faults', 0) for e in events)} "
+            f"major page faults, machine-wide steal {sum(e.get('machine_steal_s', 0.0) for e in events):.2f} s.")
 
 
 # -- child process: camera driver + chunk recorder ---------------------------------------------------------
@@ -229,6 +251,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
     floor = measure_transport_floor(args)
     node = PolicyNode(parameter_overrides=[
         Parameter("device", value=args.device),
+        Parameter("freeze_gc_after_configure", value=not args.no_gc_freeze),
         Parameter("diagnostics_window", value=min(600.0, args.duration + FEEDER_SETTLE_S + 30.0))])
     executor = MultiThreadedExecutor(num_threads=4)
     executor.add_node(node)
@@ -279,7 +302,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
             "overhead = staleness - inference": summarize(staleness - inference)}
     node_rows = {"queue wait (node statistics)": snapshot.queue_wait,
                  "handling = overhead - queue wait (node statistics)": snapshot.handling,
-                 "node code: conversion + message build (node statistics)": snapshot.node_code}
+                 "node code: conversion + message build (node statistics)": snapshot.node_code,
+                 "full Python garbage collections, pause (node statistics)": snapshot.gc_full_pauses}
     if floor.size:
         node_rows["transport floor: capture -> later frame of a pair, plain subscriber, no node"] = \
             Summary.of(floor)

@@ -15,7 +15,8 @@
 #  5. sets PYTHONPATH (repository first), LD_LIBRARY_PATH, AMENT_PREFIX_PATH, and the loopback DDS settings of
 #     flashrt_ros.loopback_dds (LOCALHOST discovery, loopback-only Fast DDS profile, a random domain id); the
 #     benchmark and the tests apply them again themselves before rclpy starts;
-#  6. runs `tools/benchmark_node_overhead.py --device $BENCH_DEVICE --duration $BENCH_DURATION --output
+#  6. records a machine trace (tools/machine_trace.py: CPU steal, page faults, memory) and a memory probe, runs
+#     `tools/benchmark_node_overhead.py --device $BENCH_DEVICE --duration $BENCH_DURATION --output
 #     $OUT/node_overhead_h200.md --raw-output $OUT/node_overhead_h200_raw.json`, with CPU_CONTROL=1 the same
 #     with --device cpu (same machine and transport, inference on the CPU) into node_overhead_h200_cpu.md,
 #     and (unless RUN_TESTS=0) `pytest -q test/ros/test_node_gpu.py`, logs under $OUT;
@@ -41,7 +42,7 @@
 #
 # Environment (defaults): FLASHRT_PYTHON (python3), FLASHRT_WHEELS (.whl), FLASHRT_ROS_PREFIX (/tmp/site),
 # FLASHRT_MSG_PREFIX (/tmp/flashrt_msgs), BENCH_DEVICE (cuda), BENCH_DURATION (30), BENCH_TIMEOUT (240),
-# TEST_TIMEOUT (130), CPU_CONTROL (0), CPU_DURATION (20), RUN_TESTS (1), OUT.
+# TEST_TIMEOUT (130), CPU_CONTROL (0), CPU_DURATION (20), RUN_TESTS (1), GC_AB (0: 1 adds a run with --no-gc-freeze), OUT.
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -183,26 +184,42 @@ if [ "$SETUP_ONLY" = 1 ]; then print_summary; exit 0; fi
 # 6. The benchmark (+ the CPU control), then the GPU node tests.
 status=0
 pick() { grep -F "| $2 |" "$1" | head -1 | awk -F'|' '{gsub(/ /,"",$3); gsub(/ /,"",$4); print "median " $3 ", p99 " $4 " ms"}'; }
-bench() {   # device duration report raw
-  log "benchmark: --device $1 --duration $2"
+bench() {   # device duration report raw [extra benchmark arguments]
+  log "benchmark: --device $1 --duration $2 ${*:5}"
   timeout -k 10 "$BENCH_TIMEOUT" "$PY" tools/benchmark_node_overhead.py --device "$1" --duration "$2" \
-    --output "$3" --raw-output "$4" >>"$OUT/benchmark.log" 2>&1
+    --output "$3" --raw-output "$4" "${@:5}" >>"$OUT/benchmark.log" 2>&1
   local rc=$?
   if [ $rc = 0 ] && [ -f "$3" ]; then
-    row "benchmark --device $1" ok "$(grep -m1 -o '[0-9]* chunks measured' "$3"), $(grep -m1 -o '[0-9]* observations completed' "$3"), $(grep -m1 -o 'device `[^`]*`' "$3")"
+    row "benchmark --device $1 ${*:5}" ok "$(grep -m1 -o '[0-9]* chunks measured' "$3"), $(grep -m1 -o '[0-9]* observations completed' "$3"), $(grep -m1 -o 'device `[^`]*`' "$3")"
     row "  overhead = staleness - inference" "" "$(pick "$3" 'overhead = staleness - inference')"
     row "  staleness" "" "$(pick "$3" staleness)"
     row "  inference time" "" "$(pick "$3" 'inference time')"
     row "  queue wait" "" "$(pick "$3" 'queue wait (node statistics)')"
     row "  node code (conversion + build)" "" "$(pick "$3" 'node code: conversion + message build (node statistics)')"
     row "  transport floor (no node)" "" "$(pick "$3" 'transport floor: capture -> later frame of a pair, plain subscriber, no node')"
+    row "  full GC pauses" "" "$(pick "$3" 'full Python garbage collections, pause (node statistics)')"
   else
     status=1
-    row "benchmark --device $1" FAIL "exit $rc$([ $rc = 124 ] && echo ' (timeout)'); benchmark.log: $(tail -1 "$OUT/benchmark.log" | cut -c1-120)"
+    row "benchmark --device $1 ${*:5}" FAIL "exit $rc$([ $rc = 124 ] && echo ' (timeout)'); benchmark.log: $(tail -1 "$OUT/benchmark.log" | cut -c1-120)"
   fi
 }
 : >"$OUT/benchmark.log"
+# The machine's side of the story: CPU steal, page faults and memory size while the benchmark runs, and how fast
+# fresh and reused memory can be written (a VM that hands freed memory back to its host makes fresh pages slow).
+"$PY" tools/machine_trace.py --memory-probe 1024 >"$OUT/memory_probe.txt" 2>&1
+row "memory probe" "" "$(sed -n '1p;4p;5p;9p' "$OUT/memory_probe.txt" | tr '\n' ';' | cut -c1-200)"
+"$PY" tools/machine_trace.py --output "$OUT/machine_trace.tsv" --interval 0.25 &
+TRACE_PID=$!
 bench "$BENCH_DEVICE" "$BENCH_DURATION" "$REPORT" "$OUT/node_overhead_h200_raw.json"
+if [ "${GC_AB:-0}" = 1 ]; then
+  # The same run with the node's gc.freeze step off (freeze_gc_after_configure=false).
+  bench "$BENCH_DEVICE" "$BENCH_DURATION" "$OUT/node_overhead_h200_no_gc_freeze.md" \
+    "$OUT/node_overhead_h200_no_gc_freeze_raw.json" --no-gc-freeze
+fi
+kill "$TRACE_PID" 2>/dev/null; wait "$TRACE_PID" 2>/dev/null
+"$PY" tools/machine_trace.py --summary "$OUT/machine_trace.tsv" >"$OUT/machine_trace_summary.md" 2>&1
+row "machine trace" "" "$(head -1 "$OUT/machine_trace_summary.md" | cut -c1-200)"
+for f in "$OUT"/node_overhead_h200*.md; do grep -E '^- (Node|Feeder) process' "$f" | sed "s#^#$(basename "$f"): #" ; done >"$OUT/stalls.txt"
 if [ "${CPU_CONTROL:-0}" = 1 ]; then
   bench cpu "${CPU_DURATION:-20}" "$OUT/node_overhead_h200_cpu.md" "$OUT/node_overhead_h200_cpu_raw.json"
 fi

@@ -58,3 +58,37 @@ def test_gpu_preprocess_switch_gives_the_same_actions(checkpoint):
     assert cosine(a, b) >= HOST_VS_GPU_RESIZE_COSINE
     with pytest.raises(flashrt_core.InputError, match="dtype"):
         on.predict([images[0].astype(np.float32)], "open the drawer", state, noise)
+
+
+# What a load/predict/close cycle may leave for the life of the process (cuBLAS workspaces per handle and stream);
+# an engine that is not freed leaves its weights, static buffers and graph pools.
+CYCLE_LEAK_TOLERANCE_B = 4 * 1024 * 1024
+
+
+def test_close_releases_the_engine_and_its_gpu_memory(checkpoint):
+    import gc
+    import weakref
+
+    import torch
+
+    rng = np.random.default_rng(5)
+
+    def cycle() -> tuple[int, int, weakref.ref]:
+        policy = flashrt_core.load_model(checkpoint, device="cuda")
+        images, state, noise = _observation(rng, policy)
+        actions = policy.predict(images, "pick up the cube", state=state, noise=noise)
+        assert np.isfinite(actions).all()
+        loaded = torch.cuda.memory_allocated()
+        engine = weakref.ref(policy.executor)
+        policy.close()
+        del policy
+        gc.collect()
+        return loaded, torch.cuda.memory_allocated(), engine
+
+    torch.cuda.synchronize()
+    start = torch.cuda.memory_allocated()
+    loaded, first, engine = cycle()
+    assert engine() is None, "the engine is still referenced after close"
+    assert loaded > start and first < loaded
+    _, second, _ = cycle()
+    assert second <= first + CYCLE_LEAK_TOLERANCE_B, (start, loaded, first, second)
