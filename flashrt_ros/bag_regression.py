@@ -73,11 +73,11 @@ def replay_through_node(bag: Path, values: dict[str, Any], rate: float, recordin
     """Run the node (parameters ``values``) on ``bag`` replayed at ``rate`` with /clock; record its outputs
     (on the bag's clock) into ``recording``."""
     import rclpy
-    from rclpy.executors import MultiThreadedExecutor
-    from rclpy.parameter import Parameter
+        from rclpy.parameter import Parameter
 
     from flashrt_ros.bag_player import BagPlayer, PlayerConfig
     from flashrt_ros.bag_recorder import BagRecorder, RecorderConfig
+    from flashrt_ros.node_executor import make_executor
     from flashrt_ros.policy_node import PolicyNode
 
     settings = settings_for_values(values)
@@ -89,10 +89,10 @@ def replay_through_node(bag: Path, values: dict[str, Any], rate: float, recordin
     overrides = [Parameter(name, value=value) for name, value in values.items() if value != SPECS[name].default]
     context = rclpy.Context()
     rclpy.init(args=["flashrt_bag_regression"], context=context)  # not sys.argv: it holds this tool's -p options
-    executor = MultiThreadedExecutor(num_threads=4, context=context)
     kwargs = {} if policy_factory is None else {"policy_factory": policy_factory}
     node = PolicyNode(NODE_NAME, context=context, parameter_overrides=[
         *overrides, Parameter("use_sim_time", value=True)], **kwargs)
+    executor = make_executor(settings.executor, context=context)
     helper = rclpy.create_node("flashrt_bag_regression", context=context,
                                parameter_overrides=[Parameter("use_sim_time", value=True)])
     player_node = rclpy.create_node("flashrt_bag_player", context=context)

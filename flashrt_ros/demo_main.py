@@ -250,21 +250,21 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     apply_loopback_dds(args.workdir)        # before rclpy is imported or initialised
     import rclpy
-    from rclpy.executors import MultiThreadedExecutor
     from rclpy.parameter import Parameter
 
+    from flashrt_ros.node_executor import make_executor
     from flashrt_ros.policy_node import PolicyNode
 
     context = rclpy.Context()
     rclpy.init(args=["--ros-args", "--params-file", str(args.params)], context=context,
                signal_handler_options=rclpy.signals.SignalHandlerOptions.NO)
-    executor = MultiThreadedExecutor(num_threads=4, context=context)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    nodes = []
+    nodes, executor, spinner = [], None, None
     try:
         policy_node = PolicyNode(context=context, parameter_overrides=[
             Parameter("device", value=args.device), Parameter("checkpoint", value=args.checkpoint)])
         nodes.append(policy_node)
+        executor = make_executor(policy_node.get_parameter("executor").value, context=context)
+        spinner = threading.Thread(target=executor.spin, daemon=True)
         settings = {name: policy_node.get_parameter(name).value
                     for name in ("camera_topics", "instruction_topic", "state_topic", "output_topic")}
         driver = rclpy.create_node("demo_driver", context=context)
@@ -304,8 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        executor.shutdown(timeout_sec=5.0)
-        if spinner.is_alive():
+        if executor is not None:
+            executor.shutdown(timeout_sec=5.0)
+        if spinner is not None and spinner.is_alive():
             spinner.join(timeout=5.0)         # spin() returns after shutdown; then the context can go
         for node in nodes:
             if isinstance(node, PolicyNode):

@@ -24,6 +24,8 @@ from rcl_interfaces.msg import (FloatingPointRange, IntegerRange, ParameterDescr
                                 SetParametersResult)
 from rclpy.parameter import Parameter
 
+from flashrt_ros.node_executor import DEFAULT_EXECUTOR, EXECUTORS
+
 
 class SettingsError(ValueError):
     """One or more parameter values are invalid; the message lists each problem."""
@@ -104,6 +106,10 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "bucket of the engine that an instruction can land in (the GPU engine captures one graph per "
               "prompt-length bucket), so no instruction length costs a graph capture at runtime; false = only the "
               "warm-up prompt's bucket."),
+    ParamSpec("executor", DEFAULT_EXECUTOR, "rclpy executor that spins the node in its executables "
+              "(flashrt_ros.node_executor): single_threaded; multi_threaded (4 threads: its spin loop "
+              "busy-waits while a camera callback runs, which starved the process on the GPU benchmark "
+              "machine; A/B only).", choices=EXECUTORS),
     ParamSpec("freeze_gc_after_configure", True, "After the model is loaded and warmed up, move every Python "
               "object alive into the garbage collector's permanent generation (gc.freeze, flashrt_ros.gc_pauses), "
               "so full collections at runtime skip torch, the engine and rclpy: without it they held the GIL for "
@@ -228,6 +234,7 @@ class NodeSettings:
     warmup_iterations: int
     warmup_image_size: tuple[int, int]
     warmup_all_text_buckets: bool
+    executor: str
     freeze_gc_after_configure: bool
     noise_seed: int
     camera_topics: tuple[str, ...]

@@ -31,7 +31,7 @@ import rclpy
 from builtin_interfaces.msg import Duration as DurationMsg
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.time import Time
 from sensor_msgs.msg import CompressedImage, Image, JointState
@@ -44,6 +44,7 @@ from flashrt_ros.image_conversion import ImageConversionError, check_image, to_r
 from flashrt_ros.inference_worker import InferenceResult, InferenceWorker
 from flashrt_ros.msg import ActionChunk, PolicyStatus
 from flashrt_ros.node_diagnostics import (DiagnosticsContext, NodeStatistics, diagnostic_array, status_fields)
+from flashrt_ros.node_executor import make_executor
 from flashrt_ros.node_parameters import (RUNTIME_PARAMETERS, NodeSettings, SettingsError, StateInput,
                                          TriggerMode, declare_parameters, on_set_parameters, read_settings)
 from flashrt_ros.observation_buffer import (AddResult, BufferCounters, Observation, ObservationBuffer,
@@ -136,7 +137,6 @@ class PolicyNode(LifecycleNode):
             self._buffer = ObservationBuffer(self._view_names, seconds_to_ns(settings.sync_slop),
                                              seconds_to_ns(settings.max_observation_age))
             self._gc_pauses = GcPauses(settings.diagnostics_window)
-            self._gc_pauses.install()
             self._statistics = NodeStatistics(settings.camera_topics, settings.diagnostics_window, self._gc_pauses)
             self._worker = InferenceWorker(self._prepare_job, self._predict, self._publish_result,
                                            self._on_inference_error,
@@ -148,6 +148,7 @@ class PolicyNode(LifecycleNode):
                 self._gc_frozen = True
                 frozen = freeze_objects()
                 self.get_logger().info(f"{frozen} Python objects frozen out of garbage collection (gc.freeze)")
+            self._gc_pauses.install()         # from here: the collections that run while the node serves
         except Exception as error:   # missing checkpoint, out of memory, mismatch...: FAILURE, never a crash
             self._release()
             return self._configure_failed(f"{type(error).__name__}: {error}")
@@ -547,11 +548,12 @@ class PolicyNode(LifecycleNode):
 
 
 def main(args: list[str] | None = None) -> int:
-    """Run the node with a multi-threaded executor until SIGINT / shutdown; returns the exit code."""
+    """Run the node with the executor its ``executor`` parameter names until SIGINT / shutdown; returns the
+    exit code."""
     try:
         with rclpy.init(args=args):
             node = PolicyNode()
-            executor = MultiThreadedExecutor(num_threads=4)
+            executor = make_executor(node.get_parameter("executor").value)
             executor.add_node(node)
             try:
                 executor.spin()

@@ -47,6 +47,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from flashrt_ros.loopback_dds import apply_loopback_dds  # noqa: E402
+from flashrt_ros.node_executor import DEFAULT_EXECUTOR, EXECUTORS  # noqa: E402
 
 PARAMS_FILE = REPO_ROOT / "config" / "demo_two_cameras.yaml"
 FEEDER_SETTLE_S = 2.0           # after discovery, before recording starts
@@ -67,6 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--raw-output", type=Path, default=None,
                         help="write every chunk (sequence, staleness, inference, capture stamp, arrival at the "
                              "feeder) and the transport-floor samples as JSON here")
+    parser.add_argument("--executor", choices=EXECUTORS, default=DEFAULT_EXECUTOR,
+                        help="the node's executor parameter (flashrt_ros.node_executor)")
     parser.add_argument("--no-gc-freeze", action="store_true",
                         help="run the node with freeze_gc_after_configure=false (A/B of the gc.freeze step)")
     parser.add_argument("--feeder", action="store_true", help=argparse.SUPPRESS)
@@ -96,7 +99,8 @@ class StallWatch(threading.Thread):
             late = time.monotonic() - t0 - self.SLEEP_S
             if late > self.LATE_S:
                 use1, steal1 = resource.getrusage(resource.RUSAGE_SELF), _machine_steal_s()
-                frames = {th.name: f"{Path(f.f_code.co_filename).name}:{f.f_lineno} {f.f_code.co_name}"
+                frames = {f"{th.name} [{th.native_id}]":
+                          f"{Path(f.f_code.co_filename).name}:{f.f_lineno} {f.f_code.co_name}"
                           for th in threading.enumerate() if (f := sys._current_frames().get(th.ident)) is not None
                           and th is not self}
                 self.events.append({
@@ -240,11 +244,11 @@ def run_benchmark(args: argparse.Namespace) -> int:
     apply_loopback_dds(REPO_ROOT / "test_output" / "benchmark_node_overhead")
     import rclpy
     import torch
-    from rclpy.executors import MultiThreadedExecutor
     from rclpy.lifecycle import TransitionCallbackReturn
     from rclpy.parameter import Parameter
 
     from flashrt_ros.node_diagnostics import Summary
+    from flashrt_ros.node_executor import make_executor
     from flashrt_ros.policy_node import PolicyNode
 
     rclpy.init(args=["--ros-args", "--params-file", str(PARAMS_FILE)])
@@ -252,8 +256,9 @@ def run_benchmark(args: argparse.Namespace) -> int:
     node = PolicyNode(parameter_overrides=[
         Parameter("device", value=args.device),
         Parameter("freeze_gc_after_configure", value=not args.no_gc_freeze),
+        Parameter("executor", value=args.executor),
         Parameter("diagnostics_window", value=min(600.0, args.duration + FEEDER_SETTLE_S + 30.0))])
-    executor = MultiThreadedExecutor(num_threads=4)
+    executor = make_executor(args.executor)          # as policy_node.main() makes it
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, daemon=True)
     spinner.start()

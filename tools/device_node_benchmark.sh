@@ -42,7 +42,9 @@
 #
 # Environment (defaults): FLASHRT_PYTHON (python3), FLASHRT_WHEELS (.whl), FLASHRT_ROS_PREFIX (/tmp/site),
 # FLASHRT_MSG_PREFIX (/tmp/flashrt_msgs), BENCH_DEVICE (cuda), BENCH_DURATION (30), BENCH_TIMEOUT (240),
-# TEST_TIMEOUT (130), CPU_CONTROL (0), CPU_DURATION (20), RUN_TESTS (1), GC_AB (0: 1 adds a run with --no-gc-freeze), OUT.
+# TEST_TIMEOUT (130), CPU_CONTROL (0), CPU_DURATION (20), RUN_TESTS (1), GC_AB (0: 1 adds a run with --no-gc-freeze),
+# EXECUTOR_AB (empty; "multi_threaded": one more run per executor named),
+# WATCH_THREADS (0: 1 logs the node's busy threads, with WATCH_BACKTRACES (2) native stack dumps), OUT.
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -187,8 +189,22 @@ pick() { grep -F "| $2 |" "$1" | head -1 | awk -F'|' '{gsub(/ /,"",$3); gsub(/ /
 bench() {   # device duration report raw [extra benchmark arguments]
   log "benchmark: --device $1 --duration $2 ${*:5}"
   timeout -k 10 "$BENCH_TIMEOUT" "$PY" tools/benchmark_node_overhead.py --device "$1" --duration "$2" \
-    --output "$3" --raw-output "$4" "${@:5}" >>"$OUT/benchmark.log" 2>&1
+    --output "$3" --raw-output "$4" "${@:5}" >>"$OUT/benchmark.log" 2>&1 &
+  local bench_pid=$! watcher=""
+  if [ "${WATCH_THREADS:-0}" = 1 ]; then
+    # Once the measured feeder runs (the node is active), log the node's busy threads with native stacks.
+    (
+      for _ in $(seq 600); do pgrep -f -- "--feeder --duration $2" >/dev/null && break; sleep 0.2; done
+      sleep 3
+      node_pid="$(pgrep -P "$bench_pid" | head -1)"      # the benchmark under `timeout`: the node's process
+      [ -n "$node_pid" ] && exec "$PY" tools/machine_trace.py --watch-pid "$node_pid" --interval 0.5 --busy 0.9 \
+        --backtraces "${WATCH_BACKTRACES:-2}" --output "${3%.md}_threads.txt"
+    ) &
+    watcher=$!
+  fi
+  wait "$bench_pid"
   local rc=$?
+  [ -n "$watcher" ] && { kill "$watcher" 2>/dev/null; pkill -f -- "--watch-pid" 2>/dev/null; wait "$watcher" 2>/dev/null; }
   if [ $rc = 0 ] && [ -f "$3" ]; then
     row "benchmark --device $1 ${*:5}" ok "$(grep -m1 -o '[0-9]* chunks measured' "$3"), $(grep -m1 -o '[0-9]* observations completed' "$3"), $(grep -m1 -o 'device `[^`]*`' "$3")"
     row "  overhead = staleness - inference" "" "$(pick "$3" 'overhead = staleness - inference')"
@@ -211,6 +227,11 @@ row "memory probe" "" "$(sed -n '1p;4p;5p;9p' "$OUT/memory_probe.txt" | tr '\n' 
 "$PY" tools/machine_trace.py --output "$OUT/machine_trace.tsv" --interval 0.25 &
 TRACE_PID=$!
 bench "$BENCH_DEVICE" "$BENCH_DURATION" "$REPORT" "$OUT/node_overhead_h200_raw.json"
+for kind in ${EXECUTOR_AB:-}; do
+  # The same run with another executor for the node (multi_threaded).
+  bench "$BENCH_DEVICE" "$BENCH_DURATION" "$OUT/node_overhead_h200_$kind.md" "$OUT/node_overhead_h200_${kind}_raw.json" \
+    --executor "$kind"
+done
 if [ "${GC_AB:-0}" = 1 ]; then
   # The same run with the node's gc.freeze step off (freeze_gc_after_configure=false).
   bench "$BENCH_DEVICE" "$BENCH_DURATION" "$OUT/node_overhead_h200_no_gc_freeze.md" \

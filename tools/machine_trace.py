@@ -10,6 +10,7 @@ steal, faults or CPU pressure were high, so a benchmark's stalls can be matched 
     python3 tools/machine_trace.py --output trace.tsv --interval 0.25 &   # until SIGTERM/SIGINT
     python3 tools/machine_trace.py --summary trace.tsv
     python3 tools/machine_trace.py --memory-probe 1024      # fresh-page and reused-page write rates, GiB/s
+    python3 tools/machine_trace.py --watch-pid PID --output threads.txt   # busy threads + native stacks
 """
 from __future__ import annotations
 
@@ -63,6 +64,68 @@ def sample(t0: float) -> list[str]:
     return [f"{time.monotonic() - t0:.3f}", f"{cpu['user']:.2f}", f"{cpu['system']:.2f}", f"{cpu['idle']:.2f}",
             f"{cpu['iowait']:.2f}", f"{cpu['steal']:.2f}", str(vm.get("pgfault", 0)), str(vm.get("pgmajfault", 0)),
             str(mem.get("MemTotal", 0)), str(mem.get("MemAvailable", 0)), _pressure("cpu"), _pressure("memory")]
+
+
+def _thread_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
+    """tid -> (name, user + system CPU seconds) of every thread of a process."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / 100.0)   # utime, stime
+    return out
+
+
+def watch_threads(pid: int, output: Path, interval: float, busy: float, backtraces: int) -> int:
+    """Per-thread CPU of PID every INTERVAL; when one thread burns more than BUSY of a CPU over an interval, logs
+    it, and when the same thread does so for two intervals in a row, (up to BACKTRACES times) attaches a debugger for the native stacks of all threads (cuda-gdb or gdb,
+    whichever exists; the process stops while it is attached)."""
+    import shutil
+    import subprocess
+
+    debugger = shutil.which("gdb") or shutil.which("cuda-gdb")
+    stop = [False]
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
+    signal.signal(signal.SIGINT, lambda *_: stop.__setitem__(0, True))
+    t0, last, streak, hot_tid = time.monotonic(), {}, 0, None
+    with output.open("w") as f:
+        f.write(f"watching pid {pid}; debugger {debugger}\n")
+        while not stop[0] and Path(f"/proc/{pid}").exists():
+            now = time.monotonic()
+            try:
+                threads = _thread_cpu_s(pid)
+            except OSError:
+                break
+            if last:
+                rates = sorted(((cpu - last[tid][1]) / (now - last_t), tid, name) for tid, (name, cpu)
+                               in threads.items() if tid in last)
+                total = sum(r for r, _, _ in rates)
+                hot = rates[-1][2] if rates and rates[-1][0] > busy else None
+                if hot is not None:
+                    rate, tid, name = rates[-1]
+                    streak = streak + 1 if tid == hot_tid else 1
+                    hot_tid = tid
+                else:
+                    streak, hot_tid = 0, None
+                if hot is not None:
+                    f.write(f"{now - t0:.2f} s: thread {tid} ({name}) {rate:.2f} CPU; process {total:.2f} CPU; "
+                            f"next {[(round(r, 2), t, n) for r, t, n in rates[-4:-1]]}\n")
+                    if backtraces > 0 and debugger and streak >= 2:      # one thread busy for 2 intervals
+                        backtraces -= 1
+                        dump = subprocess.run([debugger, "-p", str(pid), "-batch", "-ex", "info threads",
+                                               "-ex", "thread apply all bt 30"], capture_output=True, text=True,
+                                              timeout=120)
+                        f.write(f"--- native stacks (busy thread {tid}) ---\n{dump.stdout[-60000:]}\n"
+                                f"{dump.stderr[-2000:]}\n--- end ---\n")
+                        threads, now = _thread_cpu_s(pid), time.monotonic()
+                f.flush()
+            last, last_t = threads, now
+            time.sleep(interval)
+    return 0
 
 
 def record(output: Path, interval: float) -> int:
@@ -147,7 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.25)
     parser.add_argument("--summary", type=Path, help="summarize a recorded trace")
     parser.add_argument("--memory-probe", type=int, metavar="MIB", help="time writes to fresh and reused memory")
+    parser.add_argument("--watch-pid", type=int, help="with --output: log the threads of this process that "
+                        "burn a CPU, with native stacks (see --backtraces)")
+    parser.add_argument("--busy", type=float, default=0.8, help="--watch-pid: CPU share that counts as busy")
+    parser.add_argument("--backtraces", type=int, default=2, help="--watch-pid: debugger dumps at most")
     args = parser.parse_args(argv)
+    if args.output and args.watch_pid:
+        return watch_threads(args.watch_pid, args.output, args.interval, args.busy, args.backtraces)
     if args.output:
         return record(args.output, args.interval)
     if args.summary:

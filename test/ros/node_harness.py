@@ -22,7 +22,6 @@ import numpy as np
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.executors import MultiThreadedExecutor
 from rclpy.parameter import Parameter
 from rclpy.signals import SignalHandlerOptions
 from rclpy.time import Time
@@ -35,6 +34,7 @@ from flashrt_ros import qos_profiles, waiting
 from flashrt_ros.demo_main import LifecycleClient
 from flashrt_ros.image_conversion import rgb_to_image_fields
 from flashrt_ros.msg import ActionChunk, PolicyStatus
+from flashrt_ros.node_executor import make_executor
 from flashrt_ros.policy_node import PolicyNode
 
 DISCOVERY_TIMEOUT_S = 20.0
@@ -122,7 +122,7 @@ class NodeHarness:
         self.state_publisher = self.driver.create_publisher(self.state_type, values["state_topic"] or "joint_states",
                                                             qos_profiles.state_qos())
         self.clock_publisher = self.driver.create_publisher(Clock, "/clock", 10)
-        self.executor = MultiThreadedExecutor(num_threads=4, context=self.context)
+        self.executor = make_executor(self.node.get_parameter("executor").value, context=self.context)
         self.executor.add_node(self.node)
         self.executor.add_node(self.driver)
         self._spinner = threading.Thread(target=self.executor.spin, daemon=True)

@@ -12,9 +12,12 @@ from test.ros.node_harness import NodeHarness, wait_until
 pytestmark = [pytest.mark.ros, pytest.mark.gpu]
 
 CHUNK_TIMEOUT_S = 120.0     # first forward passes on a fresh GPU process include compilation / capture
-# What one configure/cleanup cycle may leave behind for good. The process keeps a few things for its lifetime
-# whatever the model (a cuBLAS workspace per handle and stream, the CUDA context); a model that is not freed
-# leaves its weights, static buffers and graph pools, far more than this.
+# What one configure/cleanup cycle may leave behind for good. The process keeps some memory for its lifetime
+# whatever the model: the CUDA context, and cuBLAS workspaces per handle and stream. Measured on the H200
+# (scratch run, 2026-11-29): load/predict/close cycles on one thread end at the same allocation every time; the
+# first cycle on a second thread adds ~99 MiB once (that thread's cuBLAS handles and workspaces), later threads
+# none. Each configure starts a new inference thread, so the comparison is between the second and third cycle.
+# A model that is not freed leaves its weights, static buffers and graph pools, far more than this tolerance.
 CYCLE_LEAK_TOLERANCE_B = 4 * 1024 * 1024
 
 
@@ -57,12 +60,14 @@ def test_node_on_cuda_reports_gpu_memory_and_cleanup_releases_it():
         loaded, model = configure_predict_cleanup(h)
         assert loaded > before
         assert model() is None, "the policy is still referenced after cleanup"
-        first = torch.cuda.memory_allocated()
-        # A second cycle must end where the first did: nothing of a released model stays on the GPU.
         configure_predict_cleanup(h)
         second = torch.cuda.memory_allocated()
-        assert second <= first + CYCLE_LEAK_TOLERANCE_B, (
-            f"GPU memory grew by {second - first} B over one configure/cleanup cycle (before configure {before} B, "
-            f"loaded {loaded} B, after the first cleanup {first} B); live CUDA tensors: {live_cuda_tensors()}")
+        # A third cycle must end where the second did: nothing of a released model stays on the GPU.
+        _, model = configure_predict_cleanup(h)
+        third = torch.cuda.memory_allocated()
+        assert model() is None
+        assert third <= second + CYCLE_LEAK_TOLERANCE_B, (
+            f"GPU memory grew by {third - second} B over one configure/cleanup cycle (before configure {before} B, "
+            f"loaded {loaded} B, after the second cleanup {second} B); live CUDA tensors: {live_cuda_tensors()}")
     finally:
         h.close()

@@ -1,0 +1,36 @@
+"""The rclpy executor that spins the policy node (parameter ``executor``).
+
+The node's callbacks are short by design (inference runs on its own thread, flashrt_ros.inference_worker), so
+one thread spins them all. rclpy's MultiThreadedExecutor is the wrong tool for such a node: while a callback of
+a mutually exclusive group runs on a worker, the group's next message keeps the wait set ready, and the spin
+thread loops in Python without blocking. On the GPU benchmark machine (16 cores) that loop took a whole CPU and
+the GIL with it: every other thread of the process, the inference thread included, stopped for 0.1-2.9 s at a
+time (docs/benchmarks/node_overhead_h200_2026-11-29.md, stall watch and native stacks).
+
+- ``single_threaded`` (default): rclpy's SingleThreadedExecutor; a ready callback runs at once, the spin thread
+  blocks in the middleware's wait when nothing is ready.
+- ``multi_threaded``: MultiThreadedExecutor with 4 threads, the earlier behaviour (A/B only).
+
+rclpy's experimental EventsExecutor is not offered: in the node-overhead benchmark on the 2-core development
+machine (Kilted wheels, 2026-11-29) its process spun at 100% CPU, never finished a run and ignored SIGTERM.
+"""
+
+from __future__ import annotations
+
+EXECUTORS = ("single_threaded", "multi_threaded")
+DEFAULT_EXECUTOR = "single_threaded"
+MULTI_THREADED_THREADS = 4
+
+
+def make_executor(kind: str, context=None):
+    """An rclpy executor of ``kind`` (one of EXECUTORS) on ``context`` (None: the default context)."""
+    if kind == "single_threaded":
+        from rclpy.executors import SingleThreadedExecutor
+        return SingleThreadedExecutor(context=context)
+    if kind == "multi_threaded":
+        from rclpy.executors import MultiThreadedExecutor
+        return MultiThreadedExecutor(num_threads=MULTI_THREADED_THREADS, context=context)
+    raise ValueError(f"unknown executor {kind!r}: one of {', '.join(EXECUTORS)}")
+
+
+__all__ = ["DEFAULT_EXECUTOR", "EXECUTORS", "MULTI_THREADED_THREADS", "make_executor"]
