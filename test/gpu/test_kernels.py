@@ -300,7 +300,7 @@ def test_dependent_launch_chain_in_a_cuda_graph_matches_stream_order(fused_qkv):
     of PDL-launched kernels captured in a CUDA graph and replayed on fresh inputs: every result equals the same
     kernels launched in plain stream order (a kernel reading its input before the kernel ahead finished writing
     it would differ). Real expert shapes, 10 rows, 600 cached keys."""
-    from flashrt_core.engine.ops import SKINNY_CANDIDATES
+    from flashrt_core.engine.ops import SKINNY_DEFAULT
     g = torch.Generator(device=DEVICE).manual_seed(5)
     rows, width, heads, dh, prefix, mlp = 10, 1024, 8, 256, 590, 4096
     bf = torch.bfloat16
@@ -314,8 +314,10 @@ def test_dependent_launch_chain_in_a_cuda_graph_matches_stream_order(fused_qkv):
     pos = torch.arange(prefix, prefix + rows, device=DEVICE)
     bias = torch.zeros(prefix, device=DEVICE)
     visible = torch.full((rows,), rows, device=DEVICE, dtype=torch.int32)
-    cfg = {kind: next(c for c in SKINNY_CANDIDATES[kind] if c.block_k * c.split_k == k)
-           for kind, k in (("qkv", width), ("o", heads * dh), ("gate_up", width), ("down", mlp))}
+    # the configurations the engine runs before tuning (split-K partials for o and down)
+    cfg = {kind: SKINNY_DEFAULT[kind] for kind in ("qkv", "o", "gate_up", "down")}
+    for kind, k in (("qkv", width), ("o", heads * dh), ("gate_up", width), ("down", mlp)):
+        assert k % (cfg[kind].block_k * cfg[kind].split_k) == 0, (kind, cfg[kind])
 
     def state():
         return {"residual": rnd(rows, width), "partials": rnd(4, rows, width, scale=0.1),
