@@ -73,7 +73,7 @@ def replay_through_node(bag: Path, values: dict[str, Any], rate: float, recordin
     """Run the node (parameters ``values``) on ``bag`` replayed at ``rate`` with /clock; record its outputs
     (on the bag's clock) into ``recording``."""
     import rclpy
-        from rclpy.parameter import Parameter
+    from rclpy.parameter import Parameter
 
     from flashrt_ros.bag_player import BagPlayer, PlayerConfig
     from flashrt_ros.bag_recorder import BagRecorder, RecorderConfig

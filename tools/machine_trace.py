@@ -92,6 +92,7 @@ def watch_threads(pid: int, output: Path, interval: float, busy: float, backtrac
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
     signal.signal(signal.SIGINT, lambda *_: stop.__setitem__(0, True))
     t0, last, streak, hot_tid = time.monotonic(), {}, 0, None
+    last_t = t0
     with output.open("w") as f:
         f.write(f"watching pid {pid}; debugger {debugger}\n")
         while not stop[0] and Path(f"/proc/{pid}").exists():
