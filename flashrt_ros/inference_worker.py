@@ -8,6 +8,12 @@ to ``deliver``. Notifications that arrive while a forward pass runs collapse int
 ``disable()`` (deactivation) bumps a generation counter under the same lock that ``deliver`` runs under:
 once it returns, nothing computed before it is ever delivered, even after a later ``enable()``.
 
+``yield_after_notify``: a notifying callback then gives up the GIL once (``time.sleep(0)``) when the thread is
+idle, so the thread starts on the observation at once instead of waiting until the callback's thread next
+blocks or the interpreter's switch interval (5 ms) forces a switch. On the 2-core development machine (CPU
+inference, 3 Hz camera pairs, so every observation finds the thread idle) the wait of a complete observation for
+the thread fell from 1.13 ms to 0.20-0.25 ms median (docs/benchmarks/node_overhead_2026-11-29.md).
+
 ``run_on_thread(fn)`` runs other model work (warm-up, graph capture) on the same thread, so every call into
 the model, GPU work included, happens on one thread.
 """
@@ -42,7 +48,7 @@ class InferenceWorker(Generic[Job]):
     def __init__(self, prepare: Callable[[], Job | None], predict: Callable[[Job], np.ndarray],
                  deliver: Callable[[InferenceResult[Job]], None], on_error: Callable[[str, BaseException], None],
                  on_discard: Callable[[InferenceResult[Job]], None] | None = None,
-                 name: str = "flashrt_inference"):
+                 name: str = "flashrt_inference", yield_after_notify: bool = True):
         self._prepare = prepare
         self._predict = predict
         self._deliver = deliver
@@ -55,6 +61,7 @@ class InferenceWorker(Generic[Job]):
         self._generation = 0
         self._deliver_lock = threading.Lock()
         self._busy = False
+        self._yield_after_notify = yield_after_notify
         self._calls: list[tuple[Callable[[], object], threading.Event, dict]] = []
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -102,6 +109,8 @@ class InferenceWorker(Generic[Job]):
         with self._wake:
             self._notified = True
             self._wake.notify()
+        if self._yield_after_notify and not self._busy:
+            time.sleep(0)         # releases the GIL: the woken thread can take it now
 
     @property
     def busy(self) -> bool:

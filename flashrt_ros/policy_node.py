@@ -140,7 +140,8 @@ class PolicyNode(LifecycleNode):
             self._statistics = NodeStatistics(settings.camera_topics, settings.diagnostics_window, self._gc_pauses)
             self._worker = InferenceWorker(self._prepare_job, self._predict, self._publish_result,
                                            self._on_inference_error,
-                                           on_discard=lambda _: self._statistics.record_discarded())
+                                           on_discard=lambda _: self._statistics.record_discarded(),
+                                           yield_after_notify=settings.yield_to_inference_thread)
             self._worker.start()
             # Warm-up (and graph capture on GPU) on the inference thread: all model calls on one thread.
             self._worker.run_on_thread(lambda: self._warm_up(settings))

@@ -70,6 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "feeder) and the transport-floor samples as JSON here")
     parser.add_argument("--executor", choices=EXECUTORS, default=DEFAULT_EXECUTOR,
                         help="the node's executor parameter (flashrt_ros.node_executor)")
+    parser.add_argument("--no-yield", action="store_true",
+                        help="run the node with yield_to_inference_thread=false (A/B of the GIL hand-over)")
     parser.add_argument("--no-gc-freeze", action="store_true",
                         help="run the node with freeze_gc_after_configure=false (A/B of the gc.freeze step)")
     parser.add_argument("--feeder", action="store_true", help=argparse.SUPPRESS)
@@ -257,6 +259,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
         Parameter("device", value=args.device),
         Parameter("freeze_gc_after_configure", value=not args.no_gc_freeze),
         Parameter("executor", value=args.executor),
+        Parameter("yield_to_inference_thread", value=not args.no_yield),
         Parameter("diagnostics_window", value=min(600.0, args.duration + FEEDER_SETTLE_S + 30.0))])
     executor = make_executor(args.executor)          # as policy_node.main() makes it
     executor.add_node(node)

@@ -43,10 +43,11 @@ class Recorder:
         self.predicted.append(job)
         return np.zeros((2, 3), np.float32)
 
-    def worker(self) -> InferenceWorker:
+    def worker(self, yield_after_notify: bool = True) -> InferenceWorker:
         worker = InferenceWorker(self.prepare, self.predict, lambda r: self.delivered.append(r.job),
                                  lambda what, error: self.errors.append((what, str(error))),
-                                 on_discard=lambda r: self.discarded.append(r.job))
+                                 on_discard=lambda r: self.discarded.append(r.job),
+                                 yield_after_notify=yield_after_notify)
         worker.start()
         return worker
 
@@ -55,9 +56,10 @@ def wait_for(predicate) -> bool:
     return wait_until(predicate, WAIT_S, period_s=0.005)
 
 
-def test_while_busy_newer_jobs_replace_older_ones_and_notifications_collapse():
+@pytest.mark.parametrize("yield_after_notify", [True, False])
+def test_while_busy_newer_jobs_replace_older_ones_and_notifications_collapse(yield_after_notify):
     recorder = Recorder(predict_s=0.2)
-    worker = recorder.worker()
+    worker = recorder.worker(yield_after_notify)
     worker.enable()
     recorder.put(0)
     worker.notify()
@@ -95,6 +97,7 @@ def test_disabled_worker_does_not_run_and_errors_do_not_kill_the_thread():
     worker.notify()
     time.sleep(0.1)
     assert recorder.predicted == [] and recorder.pending == "ignored"      # disabled: nothing taken
+    recorder.put(None)                  # as the node's activation clears its buffer before it enables the worker
     worker.enable()
     recorder.put("boom")
     worker.notify()
