@@ -267,12 +267,9 @@ class PolicyNode(LifecycleNode):
 
     # -- activation helpers -----------------------------------------------------------------------------
     def _create_subscriptions(self, settings: NodeSettings) -> None:
-        # One mutually exclusive group per camera: frames of one camera are handled in order, cameras in parallel.
-        for index, topic in enumerate(settings.camera_topics):
-            msg_type = CompressedImage if topic.rstrip("/").endswith("/compressed") else Image
-            self._input_subscriptions.append(self.create_subscription(
-                msg_type, topic, lambda msg, i=index, t=topic: self._on_image(msg, i, t),
-                qos_profiles.camera_qos(), callback_group=MutuallyExclusiveCallbackGroup()))
+        # Instruction and state first: an executor hands out ready messages in subscription order, so a state
+        # that arrived together with the frame completing an observation is taken before that frame's callback
+        # wakes the inference thread (which, with yield_to_inference_thread, starts at once).
         self._input_subscriptions.append(self.create_subscription(
             String, settings.instruction_topic, self._on_instruction, qos_profiles.instruction_qos(),
             callback_group=self._input_group))
@@ -281,6 +278,12 @@ class PolicyNode(LifecycleNode):
             self._input_subscriptions.append(self.create_subscription(
                 msg_type, settings.state_topic, self._on_state, qos_profiles.state_qos(),
                 callback_group=self._input_group))
+        # One mutually exclusive group per camera: frames of one camera are handled in order, cameras in parallel.
+        for index, topic in enumerate(settings.camera_topics):
+            msg_type = CompressedImage if topic.rstrip("/").endswith("/compressed") else Image
+            self._input_subscriptions.append(self.create_subscription(
+                msg_type, topic, lambda msg, i=index, t=topic: self._on_image(msg, i, t),
+                qos_profiles.camera_qos(), callback_group=MutuallyExclusiveCallbackGroup()))
 
     def _destroy_subscriptions(self) -> None:
         for subscription in self._input_subscriptions:
