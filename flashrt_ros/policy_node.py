@@ -278,7 +278,8 @@ class PolicyNode(LifecycleNode):
             self._input_subscriptions.append(self.create_subscription(
                 msg_type, settings.state_topic, self._on_state, qos_profiles.state_qos(),
                 callback_group=self._input_group))
-        # One mutually exclusive group per camera: frames of one camera are handled in order, cameras in parallel.
+        # One mutually exclusive group per camera: frames of one camera in order (cameras in parallel only under
+        # the multi_threaded executor).
         for index, topic in enumerate(settings.camera_topics):
             msg_type = CompressedImage if topic.rstrip("/").endswith("/compressed") else Image
             self._input_subscriptions.append(self.create_subscription(
