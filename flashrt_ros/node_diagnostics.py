@@ -78,6 +78,8 @@ class StatisticsSnapshot:
     queue_wait: Summary                     # observation complete -> inference thread took it
     handling: Summary                       # overhead - queue_wait: transport, conversion, copies, publishing
     node_code: Summary                      # inference thread outside predict: conversion + message build
+    input_latency: Summary                  # capture stamp -> observation complete in the node (transport)
+    in_node: Summary                        # overhead - input_latency: what the node adds after the last frame
     gc_full_pauses: Summary                 # full Python garbage collections (GIL held throughout)
     input_rates_hz: dict[str, float]        # camera topic -> frames/s over the window
     chunks_published: int
@@ -110,6 +112,8 @@ class NodeStatistics:
             self._queue_wait = WindowedSamples(self.window_s)
             self._handling = WindowedSamples(self.window_s)
             self._node_code = WindowedSamples(self.window_s)
+            self._input_latency = WindowedSamples(self.window_s)
+            self._in_node = WindowedSamples(self.window_s)
             self._frames = {topic: WindowedSamples(self.window_s) for topic in self.camera_topics}
             self._counts: collections.Counter = collections.Counter()
             self._rejected: collections.Counter = collections.Counter()
@@ -121,9 +125,11 @@ class NodeStatistics:
             self._frames[topic].add(1.0, time.monotonic())
 
     def record_chunk(self, inference_time_s: float, staleness_s: float, queue_wait_s: float,
-                     node_code_s: float) -> None:
+                     node_code_s: float, input_latency_s: float = float("nan")) -> None:
         """A chunk was published. ``queue_wait_s``: observation complete -> its inference thread pass started;
-        ``node_code_s``: that pass outside predict (input conversion before, message build after)."""
+        ``node_code_s``: that pass outside predict (input conversion before, message build after);
+        ``input_latency_s``: capture stamp -> the frame that completed the observation was handled (the
+        transport of the frames to the node, on the node clock)."""
         now = time.monotonic()
         with self._lock:
             self._counts["chunks_published"] += 1
@@ -133,6 +139,9 @@ class NodeStatistics:
             self._queue_wait.add(queue_wait_s, now)
             self._handling.add(staleness_s - inference_time_s - queue_wait_s, now)
             self._node_code.add(node_code_s, now)
+            if input_latency_s == input_latency_s:       # not NaN
+                self._input_latency.add(input_latency_s, now)
+                self._in_node.add(staleness_s - inference_time_s - input_latency_s, now)
 
     def record_discarded(self) -> None:
         with self._lock:
@@ -166,6 +175,8 @@ class NodeStatistics:
                 queue_wait=Summary.of(self._queue_wait.values(now)),
                 handling=Summary.of(self._handling.values(now)),
                 node_code=Summary.of(self._node_code.values(now)),
+                input_latency=Summary.of(self._input_latency.values(now)),
+                in_node=Summary.of(self._in_node.values(now)),
                 gc_full_pauses=Summary.of(self.gc_pauses.full_pauses()) if self.gc_pauses else Summary(),
                 input_rates_hz=rates,
                 chunks_published=self._counts["chunks_published"],
@@ -224,6 +235,10 @@ def diagnostic_status(snapshot: StatisticsSnapshot, context: DiagnosticsContext)
         "handling_p99_s": _fmt(snapshot.handling.p99),
         "node_code_median_s": _fmt(snapshot.node_code.median),
         "node_code_p99_s": _fmt(snapshot.node_code.p99),
+        "input_latency_median_s": _fmt(snapshot.input_latency.median),
+        "input_latency_p99_s": _fmt(snapshot.input_latency.p99),
+        "in_node_median_s": _fmt(snapshot.in_node.median),
+        "in_node_p99_s": _fmt(snapshot.in_node.p99),
         "gc_full_collections": str(snapshot.gc_full_pauses.count),
         "gc_full_pause_max_s": _fmt(snapshot.gc_full_pauses.max),
         "staleness_warn_threshold_s": _fmt(context.staleness_warn_threshold),

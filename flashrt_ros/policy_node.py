@@ -471,7 +471,8 @@ class PolicyNode(LifecycleNode):
         self._sequence += 1
         self._statistics.record_chunk(msg.inference_time, msg.staleness,
                                       (job.taken_ns - job.observation.completed_ns) * 1e-9,
-                                      result.prepare_time_s + build_time_s)
+                                      result.prepare_time_s + build_time_s,
+                                      (job.observation.completed_ns - job.observation.stamp_ns) * 1e-9)
         self._publish_status()
 
     @staticmethod

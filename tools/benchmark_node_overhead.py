@@ -311,6 +311,9 @@ def run_benchmark(args: argparse.Namespace) -> int:
     node_rows = {"queue wait (node statistics)": snapshot.queue_wait,
                  "handling = overhead - queue wait (node statistics)": snapshot.handling,
                  "node code: conversion + message build (node statistics)": snapshot.node_code,
+                 "input latency: capture -> observation complete in the node (node statistics)":
+                     snapshot.input_latency,
+                 "in node = overhead - input latency (node statistics)": snapshot.in_node,
                  "full Python garbage collections, pause (node statistics)": snapshot.gc_full_pauses}
     if floor.size:
         node_rows["transport floor: capture -> later frame of a pair, plain subscriber, no node"] = \

@@ -134,9 +134,13 @@ def test_diagnostics_content_and_staleness_warning(active_harness):
     assert values["model_id"] == shared_policy().model_id
     for key in ("inference_time_median_s", "inference_time_p99_s", "inference_time_max_s", "staleness_median_s",
                 "staleness_p99_s", "staleness_max_s", "overhead_median_s", "overhead_p99_s", "queue_wait_median_s",
-                "queue_wait_p99_s", "handling_median_s", "handling_p99_s", "node_code_median_s", "node_code_p99_s"):
+                "queue_wait_p99_s", "handling_median_s", "handling_p99_s", "node_code_median_s", "node_code_p99_s",
+                "input_latency_median_s", "input_latency_p99_s", "in_node_median_s", "in_node_p99_s"):
         assert float(values[key]) > -1e-3, key
     assert float(values["staleness_max_s"]) >= max(c.staleness for c in h.chunks) - 1e-6
+    # per chunk: overhead = input latency (capture -> observation complete) + in node, both >= 0
+    assert float(values["input_latency_median_s"]) > 0
+    assert float(values["in_node_p99_s"]) <= float(values["overhead_p99_s"]) + 1e-6
     assert float(values["input_rate_hz[camera_0/image_raw]"]) > 0
     assert int(values["observations_replaced"]) >= 0 and "time_resets" in values
     # lower the threshold at runtime: WARN naming the staleness
