@@ -212,6 +212,8 @@ bench() {   # device duration report raw [extra benchmark arguments]
     row "  inference time" "" "$(pick "$3" 'inference time')"
     row "  queue wait" "" "$(pick "$3" 'queue wait (node statistics)')"
     row "  node code (conversion + build)" "" "$(pick "$3" 'node code: conversion + message build (node statistics)')"
+    row "  input latency (transport)" "" "$(pick "$3" 'input latency: capture -> observation complete in the node (node statistics)')"
+    row "  in node" "" "$(pick "$3" 'in node = overhead - input latency (node statistics)')"
     row "  transport floor (no node)" "" "$(pick "$3" 'transport floor: capture -> later frame of a pair, plain subscriber, no node')"
     row "  full GC pauses" "" "$(pick "$3" 'full Python garbage collections, pause (node statistics)')"
   else
