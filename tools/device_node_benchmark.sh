@@ -23,8 +23,10 @@
 #  7. prints a summary table last (also $OUT/summary.txt).
 #
 # $OUT defaults to test_output/device_node_benchmark. Files there: env.txt (GPU, driver, versions, memory),
-# setup.log, benchmark.log, node_overhead_h200.md, node_overhead_h200_raw.json, pytest.log, summary.txt
-# (+ node_overhead_h200_cpu.md, node_overhead_h200_cpu_raw.json with CPU_CONTROL=1): at most 8 files.
+# setup.log, benchmark.log, memory_probe.txt, machine_trace.tsv + machine_trace_summary.md, stalls.txt,
+# node_overhead_h200.md + node_overhead_h200_raw.json (one pair per A/B run, + *_threads.txt with
+# WATCH_THREADS=1), pytest.log, summary.txt. The device returns at most 8 files a call: pack the logs at the end
+# of the command (tar czf $OUT/logs.tgz --remove-files ...).
 #
 # The wheel set (.whl/, git-ignored, 107 wheels, ~45 MB) is made on a machine with PyPI access, for the
 # device's Python:
