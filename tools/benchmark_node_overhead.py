@@ -48,6 +48,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from flashrt_ros.loopback_dds import apply_loopback_dds  # noqa: E402
 from flashrt_ros.node_executor import DEFAULT_EXECUTOR, EXECUTORS  # noqa: E402
+from tools.machine_trace import cpu_seconds  # noqa: E402
 
 PARAMS_FILE = REPO_ROOT / "config" / "demo_two_cameras.yaml"
 FEEDER_SETTLE_S = 2.0           # after discovery, before recording starts
@@ -120,12 +121,9 @@ class StallWatch(threading.Thread):
 
 
 def _machine_steal_s() -> float:
-    """CPU time the hypervisor gave to others while our virtual CPUs wanted to run, all CPUs (/proc/stat)."""
     try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()
-        return int(fields[8]) / 100.0 if len(fields) > 8 else 0.0
-    except OSError:
+        return cpu_seconds()["steal"]
+    except OSError:          # no /proc/stat (not Linux): no steal figure
         return 0.0
 
 

@@ -24,7 +24,9 @@ COLUMNS = ("t_s", "user_s", "system_s", "idle_s", "iowait_s", "steal_s", "minflt
            "mem_available_mib", "cpu_some_avg10", "memory_some_avg10")
 
 
-def _cpu_seconds() -> dict[str, float]:
+def cpu_seconds() -> dict[str, float]:
+    """Machine-wide CPU seconds since boot (/proc/stat): user, system, idle, iowait, steal (time the hypervisor
+    ran something else while our virtual CPUs wanted to run)."""
     fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
     hz = 100.0     # USER_HZ; /proc/stat counts in it on every Linux
     names = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -60,7 +62,7 @@ def _pressure(resource: str) -> str:
 
 
 def sample(t0: float) -> list[str]:
-    cpu, vm, mem = _cpu_seconds(), _vmstat(), _meminfo()
+    cpu, vm, mem = cpu_seconds(), _vmstat(), _meminfo()
     return [f"{time.monotonic() - t0:.3f}", f"{cpu['user']:.2f}", f"{cpu['system']:.2f}", f"{cpu['idle']:.2f}",
             f"{cpu['iowait']:.2f}", f"{cpu['steal']:.2f}", str(vm.get("pgfault", 0)), str(vm.get("pgmajfault", 0)),
             str(mem.get("MemTotal", 0)), str(mem.get("MemAvailable", 0)), _pressure("cpu"), _pressure("memory")]
