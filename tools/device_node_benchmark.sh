@@ -45,6 +45,7 @@
 # Environment (defaults): FLASHRT_PYTHON (python3), FLASHRT_WHEELS (.whl), FLASHRT_ROS_PREFIX (/tmp/site),
 # FLASHRT_MSG_PREFIX (/tmp/flashrt_msgs), BENCH_DEVICE (cuda), BENCH_DURATION (30), BENCH_TIMEOUT (240),
 # TEST_TIMEOUT (130), CPU_CONTROL (0), CPU_DURATION (20), RUN_TESTS (1), GC_AB (0: 1 adds a run with --no-gc-freeze),
+# YIELD_AB (0: 1 adds a run with --no-yield),
 # EXECUTOR_AB (empty; "multi_threaded": one more run per executor named),
 # WATCH_THREADS (0: 1 logs the node's busy threads, with WATCH_BACKTRACES (2) native stack dumps), OUT.
 set -uo pipefail
@@ -236,6 +237,11 @@ for kind in ${EXECUTOR_AB:-}; do
   bench "$BENCH_DEVICE" "$BENCH_DURATION" "$OUT/node_overhead_h200_$kind.md" "$OUT/node_overhead_h200_${kind}_raw.json" \
     --executor "$kind"
 done
+if [ "${YIELD_AB:-0}" = 1 ]; then
+  # The same run with the hand-over of the GIL to the inference thread off (yield_to_inference_thread=false).
+  bench "$BENCH_DEVICE" "$BENCH_DURATION" "$OUT/node_overhead_h200_no_yield.md" \
+    "$OUT/node_overhead_h200_no_yield_raw.json" --no-yield
+fi
 if [ "${GC_AB:-0}" = 1 ]; then
   # The same run with the node's gc.freeze step off (freeze_gc_after_configure=false).
   bench "$BENCH_DEVICE" "$BENCH_DURATION" "$OUT/node_overhead_h200_no_gc_freeze.md" \
