@@ -212,6 +212,7 @@ class DiagnosticsContext:
     staleness_warn_threshold: float
     buffer: BufferCounters
     has_instruction: bool
+    heap_reuse: str = ""                    # flashrt_ros.heap_reuse state ("" before the first configure)
 
 
 def diagnostic_status(snapshot: StatisticsSnapshot, context: DiagnosticsContext) -> DiagnosticStatus:
@@ -253,6 +254,7 @@ def diagnostic_status(snapshot: StatisticsSnapshot, context: DiagnosticsContext)
         "inputs_rejected": str(rejected_total(snapshot, context.buffer)),
         "has_instruction": str(context.has_instruction).lower(),
         "gpu_memory": gpu_memory_text(context.device),
+        "heap_reuse": context.heap_reuse or "not configured",
         "last_error": snapshot.last_error,
     }
     for reason, count in sorted(snapshot.rejected.items()):

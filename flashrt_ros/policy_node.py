@@ -40,6 +40,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from flashrt_ros import qos_profiles
 from flashrt_ros.gc_pauses import GcPauses, freeze_objects, unfreeze_objects
+from flashrt_ros.heap_reuse import heap_reuse_state, keep_large_buffers_on_heap
 from flashrt_ros.image_conversion import ImageConversionError, check_image, to_rgb
 from flashrt_ros.inference_worker import InferenceResult, InferenceWorker
 from flashrt_ros.msg import ActionChunk, PolicyStatus
@@ -119,6 +120,7 @@ class PolicyNode(LifecycleNode):
                                                     callback_group=self._timer_group)
         self._release_lock = threading.Lock()
         self._last_logged: dict[str, float] = {}
+        self._heap_reuse = ""                  # flashrt_ros.heap_reuse state, set at configure
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -131,6 +133,12 @@ class PolicyNode(LifecycleNode):
             f"configuring: checkpoint={settings.checkpoint or '<embedded demo>'} config={settings.model_config} "
             f"device={settings.device} precision={settings.precision} cameras={list(settings.camera_topics)}")
         try:
+            if settings.keep_large_buffers_on_heap:
+                self._heap_reuse = keep_large_buffers_on_heap()
+                self.get_logger().info(f"image-sized buffers kept on the heap (mallopt): {self._heap_reuse}")
+            else:       # one-way: an earlier configure of this process may have applied it
+                earlier = heap_reuse_state()
+                self._heap_reuse = "off" if earlier is None else f"{earlier} (applied earlier in this process)"
             self._policy = self._policy_factory(settings)
             self._view_names = self._check_model_fits(settings, self._policy)
             self._settings = settings
@@ -503,7 +511,8 @@ class PolicyNode(LifecycleNode):
             model_id=str(policy.model_id) if policy is not None else "", config_id=self._config_id,
             device=str(policy.device) if policy is not None else None, staleness_warn_threshold=threshold,
             buffer=buffer.counters() if buffer is not None else BufferCounters(),
-            has_instruction=bool(self._instruction or (settings and settings.default_instruction)))
+            has_instruction=bool(self._instruction or (settings and settings.default_instruction)),
+            heap_reuse=self._heap_reuse)
 
     def _publish_diagnostics(self) -> None:
         try:

@@ -22,7 +22,8 @@ The first ``--skip`` chunks (cold start) are left out.
 
 Before the node starts, a plain rclpy subscriber measures the transport floor on the same machine: capture
 stamp -> callback of the later frame of each camera pair (what pairing has to wait for at least), so
-handling minus that floor is what the node's own code costs.
+handling minus that floor is what the node's own code costs. It runs before the node's configure step, i.e.
+with glibc's default allocator thresholds (the node's keep_large_buffers_on_heap applies at configure).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from flashrt_ros.heap_reuse import heap_reuse_state  # noqa: E402
 from flashrt_ros.loopback_dds import apply_loopback_dds  # noqa: E402
 from flashrt_ros.node_executor import DEFAULT_EXECUTOR, EXECUTORS  # noqa: E402
 from tools.machine_trace import cpu_seconds  # noqa: E402
@@ -73,6 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the node's executor parameter (flashrt_ros.node_executor)")
     parser.add_argument("--no-yield", action="store_true",
                         help="run the node with yield_to_inference_thread=false (A/B of the GIL hand-over)")
+    parser.add_argument("--no-heap-reuse", action="store_true",
+                        help="run the node with keep_large_buffers_on_heap=false (A/B of the mallopt step)")
     parser.add_argument("--no-gc-freeze", action="store_true",
                         help="run the node with freeze_gc_after_configure=false (A/B of the gc.freeze step)")
     parser.add_argument("--feeder", action="store_true", help=argparse.SUPPRESS)
@@ -258,6 +262,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
         Parameter("freeze_gc_after_configure", value=not args.no_gc_freeze),
         Parameter("executor", value=args.executor),
         Parameter("yield_to_inference_thread", value=not args.no_yield),
+        Parameter("keep_large_buffers_on_heap", value=not args.no_heap_reuse),
         Parameter("diagnostics_window", value=min(600.0, args.duration + FEEDER_SETTLE_S + 30.0))])
     executor = make_executor(args.executor)          # as policy_node.main() makes it
     executor.add_node(node)
@@ -351,6 +356,9 @@ def format_report(args, rows, node_rows, chunk_count, frames, buffer, device, mo
         f"- Input: 2 cameras {args.width}x{args.height} {args.encoding} at {args.rate:g} Hz from a separate "
         f"process, plus joint states; {frames} frames published, {chunk_count} chunks measured "
         f"(first {args.skip} skipped).",
+        f"- Node: executor {args.executor}, yield_to_inference_thread {str(not args.no_yield).lower()}, "
+        f"keep_large_buffers_on_heap {str(not args.no_heap_reuse).lower()} ({heap_reuse_state() or 'not applied'}), "
+        f"freeze_gc_after_configure {str(not args.no_gc_freeze).lower()}.",
         f"- Observation buffer: {buffer.completed} observations completed, {buffer.replaced} replaced while "
         f"inference was busy, {buffer.stale} stale.",
         "",
