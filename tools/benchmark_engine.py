@@ -155,25 +155,52 @@ def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
     return row
 
 
+COMPILED_STAGES = ("embed_prefix", "fill_prefix_cache", "denoise_step")
+
+
+def compile_reference(ref: ReferenceExecutor, mode: str, scope: str, backend: str | None = None):
+    """The reference's sample_actions under torch.compile; same signature, run it under torch.no_grad().
+
+    scope "whole": the whole sample_actions, the 10 Euler steps unrolled into one graph (did not finish compiling
+    in 420 s on the H200, session 4). scope "stages": the model's three stages compiled one by one (COMPILED_STAGES);
+    the denoise step is traced once and reused by the 10 Euler steps, which stay a Python loop, as in the eager
+    reference. backend: e.g. "eager" to check the capture without inductor (tests); None = inductor with ``mode``.
+    The undecorated method is used: inference_mode inside a compiled region fails in AOT autograd.
+    """
+    options = {"mode": mode} if backend is None else {"backend": backend}
+    sample = functools.partial(ReferenceExecutor.sample_actions.__wrapped__, ref)
+    if scope == "whole":
+        return torch.compile(sample, **options)
+    if scope != "stages":
+        raise ValueError(f"compile scope must be 'whole' or 'stages', got {scope!r}")
+    for name in COMPILED_STAGES:            # instance attributes shadow the methods sample_actions calls
+        setattr(ref.model, name, torch.compile(getattr(ref.model, name), **options))
+    return sample
+
+
 def compile_child(args) -> None:
     """Runs in a subprocess (killed by the parent at its time limit): reference under torch.compile."""
+    torch._logging.set_logs(dynamo=logging.INFO)         # progress on stderr: the parent keeps its tail
     cfg = get_config(args.config_name).replace(action_horizon=args.horizon)
     model = load_model_weights(Path(args.ckpt_root) / args.config_name, get_config(args.config_name), "cuda",
                                torch.bfloat16)
     model.config = cfg
     ref = ReferenceExecutor(model, cfg, torch.device("cuda"))
-    # compile the undecorated method under no_grad: inference_mode inside a compiled region fails in AOT autograd
-    compiled = torch.compile(functools.partial(ReferenceExecutor.sample_actions.__wrapped__, ref),
-                             mode=args.compile_mode)
+    compiled = compile_reference(ref, args.compile_mode, args.compile_scope)
     torch.set_grad_enabled(False)
     obs = random_observation(cfg, np.random.default_rng(0), views=args.views, n_text=PROMPT_TOKENS, vocab=1024)
     t0 = time.perf_counter()
     reference_predict(ref, obs, compiled)
     first = time.perf_counter() - t0
-    result = {"first_call_s": first}
+    log.info("compiled (%s, scope %s): first call %.1f s", args.compile_mode, args.compile_scope, first)
+    result = {"first_call_s": first, "compile_scope": args.compile_scope}
     Path(args.child_out).write_text(json.dumps(result))
     result["predict_ms"] = wall_times(lambda: reference_predict(ref, obs, compiled), 3, args.compile_calls)
     Path(args.child_out).write_text(json.dumps(result))
+
+
+def compile_variant(args) -> str:
+    return f"reference_compile_{args.compile_mode}" + ("" if args.compile_scope == "whole" else "_stages")
 
 
 def run_compile(args, res: Results, name: str, views: int, horizon: int) -> None:
@@ -181,15 +208,17 @@ def run_compile(args, res: Results, name: str, views: int, horizon: int) -> None
     out.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--compile-child", "--config-name", name, "--views", str(views), "--horizon",
            str(horizon), "--ckpt-root", args.ckpt_root, "--child-out", str(out), "--compile-mode", args.compile_mode,
-           "--compile-calls", str(args.compile_calls)]
-    meta = {"config": name, "variant": f"reference_compile_{args.compile_mode}", "views": views, "horizon": horizon}
+           "--compile-calls", str(args.compile_calls), "--compile-scope", args.compile_scope]
+    meta = {"config": name, "variant": compile_variant(args), "views": views, "horizon": horizon}
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, timeout=args.compile_timeout, capture_output=True, text=True)
         if proc.returncode != 0:
             meta["error"] = proc.stderr[-2000:]
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as timeout:
         meta["did_not_finish_s"] = args.compile_timeout
+        tail = timeout.stderr or b""            # what the child logged until it was killed: where it was
+        meta["log_tail"] = (tail.decode(errors="replace") if isinstance(tail, bytes) else tail)[-3000:]
     meta["wall_s"] = time.perf_counter() - t0
     if out.is_file():
         meta.update(json.loads(out.read_text()))
@@ -375,6 +404,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--compile", action="store_true", help="also torch.compile of the reference (pi05, 2 views)")
     ap.add_argument("--compile-first", action="store_true", help="run the compile child before the engine rows")
     ap.add_argument("--compile-mode", default="max-autotune")
+    ap.add_argument("--compile-scope", choices=("stages", "whole"), default="stages",
+                    help="stages: embed_prefix, fill_prefix_cache and denoise_step compiled one by one (the "
+                         "denoise step traced once for all Euler steps); whole: all of sample_actions in one graph")
     ap.add_argument("--compile-timeout", type=int, default=240)
     ap.add_argument("--compile-calls", type=int, default=20)
     ap.add_argument("--ckpt-root", default="/tmp/flashrt_ckpt")
@@ -414,7 +446,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.deadline_s is not None:
             timeout = int(min(timeout, args.deadline_s - (time.perf_counter() - t_start) - 15))
         if timeout < 60:
-            res.add("rows", {"config": "pi05", "variant": f"reference_compile_{args.compile_mode}", "views": 2,
+            res.add("rows", {"config": "pi05", "variant": compile_variant(args), "views": 2,
                              "horizon": 10, "error": f"not run: {timeout} s left of the run's deadline"})
         else:
             args.compile_timeout = timeout

@@ -22,8 +22,9 @@ The first ``--skip`` chunks (cold start) are left out.
 
 Before the node starts, a plain rclpy subscriber measures the transport floor on the same machine: capture
 stamp -> callback of the later frame of each camera pair (what pairing has to wait for at least), so
-handling minus that floor is what the node's own code costs. It runs before the node's configure step, i.e.
-with glibc's default allocator thresholds (the node's keep_large_buffers_on_heap applies at configure).
+handling minus that floor is what the node's own code costs. It runs first with glibc's default allocator
+thresholds, then (unless --no-heap-reuse) again after flashrt_ros.heap_reuse.keep_large_buffers_on_heap, which
+the node would apply at configure anyway: the A/B of the allocator step without a node, in one process.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from flashrt_ros.heap_reuse import heap_reuse_state  # noqa: E402
+from flashrt_ros.heap_reuse import heap_reuse_state, keep_large_buffers_on_heap  # noqa: E402
 from flashrt_ros.loopback_dds import apply_loopback_dds  # noqa: E402
 from flashrt_ros.node_executor import DEFAULT_EXECUTOR, EXECUTORS  # noqa: E402
 from tools.machine_trace import cpu_seconds  # noqa: E402
@@ -257,6 +258,10 @@ def run_benchmark(args: argparse.Namespace) -> int:
 
     rclpy.init(args=["--ros-args", "--params-file", str(PARAMS_FILE)])
     floor = measure_transport_floor(args)
+    floor_heap_reuse = np.zeros(0)
+    if not args.no_heap_reuse:          # one-way for the process: the node's configure would apply it anyway
+        keep_large_buffers_on_heap()
+        floor_heap_reuse = measure_transport_floor(args)
     node = PolicyNode(parameter_overrides=[
         Parameter("device", value=args.device),
         Parameter("freeze_gc_after_configure", value=not args.no_gc_freeze),
@@ -301,7 +306,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
         args.raw_output.write_text(json.dumps({
             "columns": ["sequence", "staleness_s", "inference_s", "capture_stamp_ns", "feeder_arrival_ns"],
             "chunks": result["chunks"], "skip": args.skip, "frames": result["frames"],
-            "transport_floor_s": floor.tolist(), "device": str(device), "duration_s": args.duration,
+            "transport_floor_s": floor.tolist(), "transport_floor_heap_reuse_s": floor_heap_reuse.tolist(),
+            "device": str(device), "duration_s": args.duration,
             "stalls": {"node": node_stalls, "feeder": result.get("stalls", [])}}))
     # (n, 5): sequence, staleness, inference, capture stamp, arrival at the feeder
     chunks = np.asarray(result["chunks"], dtype=np.float64)[args.skip:]
@@ -321,6 +327,9 @@ def run_benchmark(args: argparse.Namespace) -> int:
     if floor.size:
         node_rows["transport floor: capture -> later frame of a pair, plain subscriber, no node"] = \
             Summary.of(floor)
+    if floor_heap_reuse.size:
+        node_rows["transport floor, frame buffers kept on the heap (keep_large_buffers_on_heap)"] = \
+            Summary.of(floor_heap_reuse)
     report = format_report(args, rows, node_rows, len(chunks), result["frames"], buffer, device, model_id,
                            torch.__version__)
     report += "\n".join([stall_line("Node", node_stalls), stall_line("Feeder", result.get("stalls", []))]) + "\n"

@@ -218,6 +218,7 @@ bench() {   # device duration report raw [extra benchmark arguments]
     row "  input latency (transport)" "" "$(pick "$3" 'input latency: capture -> observation complete in the node (node statistics)')"
     row "  in node" "" "$(pick "$3" 'in node = overhead - input latency (node statistics)')"
     row "  transport floor (no node)" "" "$(pick "$3" 'transport floor: capture -> later frame of a pair, plain subscriber, no node')"
+    row "  transport floor, heap reuse" "" "$(pick "$3" 'transport floor, frame buffers kept on the heap (keep_large_buffers_on_heap)')"
     row "  full GC pauses" "" "$(pick "$3" 'full Python garbage collections, pause (node statistics)')"
   else
     status=1
