@@ -9,10 +9,11 @@ zero again: a few hundred page faults per frame per buffer, on the callback's cr
 
 :func:`keep_large_buffers_on_heap` raises both limits once for the process: ``M_MMAP_THRESHOLD`` to 32 MiB
 (glibc's maximum; a 4K rgb8 frame is 24.9 MB) and ``M_TRIM_THRESHOLD`` to 256 MiB, so freed frame buffers stay
-mapped and the next frame reuses them. Measured on the 2-core dev machine (docs/benchmarks/
-node_overhead_2026-11-29.md): capture -> second frame of a 640x480 pair in a Python subscriber 8.5 -> 3.7 ms
-median, 11.5 -> 5.0 ms p99; 200 rounds of three 921,600-byte buffers 84,116 -> 674 page faults. The price: up
-to 256 MiB of freed memory stays with the process instead of going back to the kernel.
+mapped and the next frame reuses them. Measured with ``tools/benchmark_node_overhead.py`` (its transport floor: a
+plain subscriber, capture -> the later frame of a 640x480 pair, before and after this call in one process): on the
+H200 machine 4.42 -> 2.13 ms median, 5.81 -> 2.90 ms p99; on the 2-core dev machine 8.61 -> 4.19 ms median
+(docs/benchmarks/node_overhead_h200_2026-11-29.md, node_overhead_2026-11-29.md). The price: up to 256 MiB of
+freed memory stays with the process instead of going back to the kernel.
 
 Process-wide and one-way (glibc has no "back to the dynamic defaults"): the node applies it at configure when its
 ``keep_large_buffers_on_heap`` parameter is true; an A/B starts a fresh process with the parameter false. A user

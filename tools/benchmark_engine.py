@@ -20,6 +20,7 @@ import functools
 import gc
 import json
 import logging
+import re
 import subprocess
 import sys
 import time
@@ -210,15 +211,20 @@ def run_compile(args, res: Results, name: str, views: int, horizon: int) -> None
            str(horizon), "--ckpt-root", args.ckpt_root, "--child-out", str(out), "--compile-mode", args.compile_mode,
            "--compile-calls", str(args.compile_calls), "--compile-scope", args.compile_scope]
     meta = {"config": name, "variant": compile_variant(args), "views": views, "horizon": horizon}
+    child_log = Path(args.out_dir) / f"compile_{name}_{args.compile_scope}.log"   # dynamo/inductor progress
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, timeout=args.compile_timeout, capture_output=True, text=True)
-        if proc.returncode != 0:
-            meta["error"] = proc.stderr[-2000:]
-    except subprocess.TimeoutExpired as timeout:
-        meta["did_not_finish_s"] = args.compile_timeout
-        tail = timeout.stderr or b""            # what the child logged until it was killed: where it was
-        meta["log_tail"] = (tail.decode(errors="replace") if isinstance(tail, bytes) else tail)[-3000:]
+    with open(child_log, "w") as log_file:
+        try:
+            proc = subprocess.run(cmd, timeout=args.compile_timeout, stdout=log_file, stderr=subprocess.STDOUT)
+            if proc.returncode != 0:
+                meta["error"] = f"exit {proc.returncode}, see {child_log.name}"
+        except subprocess.TimeoutExpired:
+            meta["did_not_finish_s"] = args.compile_timeout
+    text = child_log.read_text(errors="replace")
+    # where a killed compile was: frames dynamo started ("[frame/recompile]" tags) and GEMMs inductor autotuned
+    meta["progress"] = {"frames_started": sorted(set(re.findall(r"\[(\d+)/\d+\]", text)), key=int),
+                        "gemms_autotuned": text.count("AUTOTUNE "), "log": child_log.name}
+    meta["log_tail"] = text[-3000:]
     meta["wall_s"] = time.perf_counter() - t0
     if out.is_file():
         meta.update(json.loads(out.read_text()))
@@ -367,6 +373,10 @@ def write_markdown(res: Results, path: Path) -> None:
         if p is None:
             why = (f"did not finish in {r['did_not_finish_s']} s" if "did_not_finish_s" in r
                    else error_line(r.get("error", "?")))
+            if "progress" in r:
+                prog = r["progress"]
+                why += (f" (dynamo frames started: {', '.join(prog['frames_started']) or 'none'}; "
+                        f"{prog['gemms_autotuned']} GEMMs autotuned; {prog['log']})")
             lines.append(f"| {r['config']} | {r['variant']} | {r['views']} | {r['horizon']} | {why} | | | | | | | |")
             continue
         rp = r.get("replay_ms", {})
@@ -384,7 +394,9 @@ def write_markdown(res: Results, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", nargs="+", default=["pi05", "pi0"])
+    ap.add_argument("--configs", nargs="*", default=["pi05", "pi0"],
+                    help="configs to time the engine on; none (with --compile) = only the compile child, e.g. to "
+                         "fill inductor's caches on a machine before the measured run")
     ap.add_argument("--views", nargs="+", type=int, default=[1, 2, 3])
     ap.add_argument("--horizons", nargs="+", type=int, default=[10, 50])
     ap.add_argument("--calls", type=int, default=200, help="timed engine calls (after --warmup)")
