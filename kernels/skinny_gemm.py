@@ -6,7 +6,9 @@
              the consumer (the residual norm kernels) sums the partials, so no reduction kernel runs.
 
 Each program owns BLOCK_N output columns (both gate and up columns with the epilogue) for all M rows, so every
-weight byte is read once. Provenance: FlashRT AMD's packed small-M BF16 kernel for QKV, O and merged gate/up.
+weight byte is read once. Optionally the kernel first issues a bulk L2 prefetch of a window of later weights
+(kernels/l2_prefetch.py), before it waits for its inputs.
+Provenance: FlashRT AMD's packed small-M BF16 kernel for QKV, O and merged gate/up.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import math
 import torch
 
 from ._triton import launch_options, tl, triton, wait_for_inputs
+from .l2_prefetch import check_window, prefetch_chunk, prefetch_l2
 
 _K_GELU = 2.0 * math.sqrt(2.0 / math.pi)
 
@@ -36,8 +39,12 @@ def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, geglu: bool = False,
 
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, split_stride,
+                   pf_addr, pf_bytes, pf_chunk,
                    K_PER_SPLIT: tl.constexpr, GEGLU: tl.constexpr, SPLIT_K: tl.constexpr, KGELU: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+                   PREFETCH_SLOTS: tl.constexpr):
+    if PREFETCH_SLOTS > 0:          # later kernels' weights into L2: independent of the inputs, so before the wait
+        prefetch_l2(pf_addr, pf_bytes, pf_chunk, PREFETCH_SLOTS)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
@@ -83,11 +90,13 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, s
 
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1, block_n: int = 16,
                 block_k: int = 256, num_stages: int = 4, num_warps: int = 4, pdl: bool = False,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, prefetch: tuple[int, int] | None = None) -> torch.Tensor:
     """Triton launcher; contract of skinny_gemm_reference. x (M, K) with M <= 64 and unit column stride.
     block_k == K / split_k: one-shot programs (the weight slice is loaded at once, before the wait for x).
     pdl: launch with programmatic dependent launch (sm90+; see _triton.wait_for_inputs).
-    out: optional preallocated result of the shape and dtype described above."""
+    out: optional preallocated result of the shape and dtype described above.
+    prefetch: (address, bytes) of a window of device memory to bulk-prefetch into L2 (sm90+), e.g. the weights
+    of the GEMMs that follow; None = no prefetch. The result does not depend on it."""
     M, K = x.shape
     N = w.shape[0]
     if M > 64 or w.shape[1] != K or x.stride(1) != 1 or not w.is_contiguous():
@@ -104,8 +113,14 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: 
                          f"{out.dtype}")
     block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
     grid = (triton.cdiv(F, block_n), split_k)
+    pf_addr, pf_bytes, pf_chunk, slots = 0, 0, 0, 0
+    if prefetch is not None:
+        pf_addr, pf_bytes = prefetch
+        check_window(pf_addr, pf_bytes)
+        pf_chunk, slots = prefetch_chunk(pf_bytes, grid[0] * grid[1], num_warps), 32 * num_warps
     _skinny_kernel[grid](x, w, out, M, N, F, x.stride(0), w.stride(0), out.stride(-2), M * N,
+                         pf_addr, pf_bytes, pf_chunk,
                          K_PER_SPLIT=K // split_k, GEGLU=geglu, SPLIT_K=split_k, KGELU=_K_GELU,
-                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl,
+                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, PREFETCH_SLOTS=slots,
                          num_warps=num_warps, num_stages=num_stages, **launch_options(pdl))
     return out

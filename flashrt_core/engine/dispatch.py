@@ -8,6 +8,7 @@ tests and bug reports:
     FLASHRT_DISABLE_<SWITCH>=1      turn one optimization off (switches: see `Switch`)
     FLASHRT_DISABLE_FAST_PATHS=1    everything off: the eager reference path runs
     FLASHRT_FP8=1                   ask for FP8 E4M3 prefix GEMMs (same as EngineOptions(fp8=True))
+    FLASHRT_L2_PREFETCH=1           ask for the decoder's bulk L2 weight prefetch (EngineOptions(l2_prefetch=True))
     FLASHRT_FP8_SCALING=tensor|row  FP8 scale granularity (EngineOptions.fp8_scaling)
     FLASHRT_FP8_SCOPE=all|backbone|backbone_mlp   which wide GEMMs FP8 serves (EngineOptions.fp8_scope)
 
@@ -41,6 +42,7 @@ class Op(str, enum.Enum):
     DECODER_QKV = "decoder_qkv"      # the action expert's QKV GEMM and its RoPE / KV write: one kernel or two
     EULER = "euler"                  # x <- x + dt * (v + b)
     KERNEL_LAUNCH = "kernel_launch"  # how the Triton kernels of one predict follow each other
+    L2_PREFETCH = "l2_prefetch"      # the decoder's QKV GEMM prefetches the layer's later weights into L2
 
 
 class Switch(str, enum.Enum):
@@ -50,6 +52,7 @@ class Switch(str, enum.Enum):
     FLASH_ATTENTION = "FLASH_ATTENTION"  # fused SDPA kernels (else the math attention)
     FP8 = "FP8"                          # FP8 prefix GEMMs (also needs fp8=True / FLASHRT_FP8=1)
     PDL = "PDL"                          # programmatic dependent launch between Triton kernels (sm90+)
+    L2_PREFETCH = "L2_PREFETCH"          # bulk L2 prefetch of the expert's weights (sm90+; also needs l2_prefetch)
 
 
 # Which wide GEMMs FP8 serves: every vision and backbone GEMM, the backbone only, or only the backbone's MLP
@@ -70,6 +73,7 @@ class EngineOptions:
     fp8_scope: str = "backbone_mlp"          # FP8 GEMMs: "backbone_mlp" (passes the accuracy gate), "backbone"
                                              # (+ attention projections), "all" (+ the vision tower)
     pdl: bool = True                         # programmatic dependent launch (NVIDIA sm90+)
+    l2_prefetch: bool = False                # opt-in until measured: bulk L2 prefetch of the expert's weights
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -96,6 +100,7 @@ class EngineOptions:
             Switch.FLASH_ATTENTION: self.flash_attention,
             Switch.FP8: self.fp8,
             Switch.PDL: self.pdl,
+            Switch.L2_PREFETCH: self.l2_prefetch,
         }[switch]
 
     @classmethod
@@ -115,11 +120,13 @@ class EngineOptions:
         changes: dict = {}
         for sw, attr in ((Switch.CUDA_GRAPH, "cuda_graph"), (Switch.TRITON, "triton"),
                          (Switch.FUSED_WEIGHTS, "fused_weights"), (Switch.FLASH_ATTENTION, "flash_attention"),
-                         (Switch.FP8, "fp8"), (Switch.PDL, "pdl")):
+                         (Switch.FP8, "fp8"), (Switch.PDL, "pdl"), (Switch.L2_PREFETCH, "l2_prefetch")):
             if flag(f"FLASHRT_DISABLE_{sw.value}"):
                 changes[attr] = False
         if flag("FLASHRT_FP8") is not None and "fp8" not in changes:
             changes["fp8"] = flag("FLASHRT_FP8")
+        if flag("FLASHRT_L2_PREFETCH") is not None and "l2_prefetch" not in changes:
+            changes["l2_prefetch"] = flag("FLASHRT_L2_PREFETCH")
         if env.get("FLASHRT_FP8_SCALING"):
             changes["fp8_scaling"] = env["FLASHRT_FP8_SCALING"]
         if env.get("FLASHRT_FP8_SCOPE"):
@@ -229,6 +236,14 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "streams its weights, then waits for its inputs (griddepcontrol, NVIDIA sm90+)"),
         Candidate("stream", _ALWAYS, "plain stream order: each kernel starts when the one before it has ended"),
     ),
+    Op.L2_PREFETCH: (
+        Candidate("bulk", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.L2_PREFETCH)
+                  and hw.vendor is Vendor.NVIDIA and hw.sm is not None and hw.sm >= 90,
+                  "kernels/l2_prefetch.py: the decoder's Triton QKV GEMM prefetches the rest of the layer's and the "
+                  "next layer's QKV weights into L2 (cp.async.bulk.prefetch.L2, NVIDIA sm90+); opt-in, not yet "
+                  "measured"),
+        Candidate("none", _ALWAYS, "every GEMM reads its weights when it runs"),
+    ),
 }
 
 
@@ -267,5 +282,7 @@ def resolve(hardware: Hardware, options: EngineOptions | None = None) -> Dispatc
 
 
 def _pin_relaxed(op: Op) -> dict:
-    """Pinning an FP8 GEMM implies asking for FP8."""
-    return {"fp8": True} if op in (Op.GEMM_PREFIX, Op.GEMM_DECODER) else {}
+    """Pinning an FP8 GEMM implies asking for FP8; pinning the bulk prefetch implies asking for it."""
+    if op in (Op.GEMM_PREFIX, Op.GEMM_DECODER):
+        return {"fp8": True}
+    return {"l2_prefetch": True} if op is Op.L2_PREFETCH else {}

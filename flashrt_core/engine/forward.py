@@ -143,6 +143,9 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
     x_t = ws.actions.copy_(ws.noise)                                                   # (horizon, A) fp32
     out_w, out_b = w.action_out
     state_token = None if pi05 else ops.linear(ws.state[None].to(w.dtype), w.state_proj).float()   # (1, We)
+    # per layer: the window of later weights its QKV GEMM prefetches into L2 (l2_prefetch), or None
+    arena = w.expert_arena if ops.l2_prefetch else None
+    windows = [arena.prefetch_window(i) if arena is not None else None for i in range(len(w.expert))]
     for step, dt in enumerate(w.dts):
         a = ops.linear(x_t.to(w.dtype), w.action_in)                                   # (horizon, We)
         if pi05:
@@ -159,7 +162,7 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
             else:
                 ops.norm(x, residual, y, layer.norm1, None, e.eps)
             ops.decoder_qkv_rope(y, layer.qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i], P,
-                                 heads, 1, dh ** -0.5)
+                                 heads, 1, dh ** -0.5, prefetch=windows[i])
             attn = ops.mqa(q.view(S * heads, dh), ws.k_cache[i, 0], ws.v_cache[i, 0], smask, 1.0)  # (S*H, Dh)
             o = ops.decoder(attn.view(S, heads * dh), layer.o, "o")                       # (M, N) or partials
             if pi05:

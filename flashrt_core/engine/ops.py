@@ -108,6 +108,7 @@ class Ops:
         self._euler_triton = triton(Op.EULER)
         self.pdl = dispatch[Op.KERNEL_LAUNCH] == "pdl"     # every Triton launch below passes it
         self._qkv_fused = dispatch[Op.DECODER_QKV] == "fused_rope"
+        self.l2_prefetch = dispatch[Op.L2_PREFETCH] == "bulk"   # forward passes the windows to decoder_qkv_rope
         self._sdpa = dispatch[Op.ATTENTION] == "sdpa"
         self._mqa = dispatch[Op.MQA]
         self.fp8_prefix = dispatch[Op.GEMM_PREFIX] == "fp8"
@@ -161,26 +162,31 @@ class Ops:
         return (w is not None and b is None and lin.fp8 is None and x.shape[0] <= 64 and x.is_cuda
                 and x.shape[1] % (cfg.split_k * cfg.block_k) == 0)
 
-    def decoder(self, x: torch.Tensor, lin: Linear, kind: str, impl: str | SkinnyConfig | None = None
-                ) -> torch.Tensor:
+    def decoder(self, x: torch.Tensor, lin: Linear, kind: str, impl: str | SkinnyConfig | None = None,
+                prefetch: tuple[int, int] | None = None) -> torch.Tensor:
         """Decoder GEMM (few rows). kind "gate_up" returns the GeGLU activation (M, F); "o"/"down" may return
         split-K partials (S, M, N) fp32 that the next norm sums; "qkv" returns (M, N).
-        impl: "library" (cuBLAS/hipBLASLt), a SkinnyConfig (Triton), None = the tuned choice for this kind."""
+        impl: "library" (cuBLAS/hipBLASLt), a SkinnyConfig (Triton), None = the tuned choice for this kind.
+        prefetch: (address, bytes) the Triton GEMM bulk-prefetches into L2 first (l2_prefetch); the library GEMM
+        ignores it."""
         impl = impl or self.decoder_impl[kind]
         if impl == "triton":
             impl = SKINNY_DEFAULT[kind]
         if isinstance(impl, SkinnyConfig) and self._skinny_ok(x, lin, impl):
             return self.k.skinny_gemm(x, lin.parts[0][0], geglu=kind == "gate_up", split_k=impl.split_k,
                                       block_n=impl.block_n, block_k=impl.block_k, num_stages=impl.stages,
-                                      num_warps=impl.warps, pdl=self.pdl)
+                                      num_warps=impl.warps, pdl=self.pdl,
+                                      prefetch=prefetch if self.l2_prefetch else None)
         y = self.linear(x, lin)
         return self.geglu(y) if kind == "gate_up" else y
 
     def decoder_qkv_rope(self, x: torch.Tensor, lin: Linear, pos, cos, sin, q_out, k_cache, v_cache, offset: int,
                          heads: int, kv_heads: int, q_scale: float,
-                         impl: str | SkinnyConfig | RopeGemmConfig | None = None) -> None:
+                         impl: str | SkinnyConfig | RopeGemmConfig | None = None,
+                         prefetch: tuple[int, int] | None = None) -> None:
         """Decoder QKV projection, RoPE, q scale and KV-cache write (contract of qkv_rope on x @ W^T): one kernel
-        with a RopeGemmConfig (decoder_qkv=fused_rope), else the decoder GEMM then qkv_rope."""
+        with a RopeGemmConfig (decoder_qkv=fused_rope), else the decoder GEMM then qkv_rope. prefetch: see
+        `decoder` (with l2_prefetch on, the fused-RoPE kernel, which has no prefetch, is not a candidate)."""
         impl = impl or self.decoder_impl["qkv"]
         if isinstance(impl, RopeGemmConfig):
             (w, _), = lin.parts
@@ -188,12 +194,12 @@ class Ops:
                                  block_p=impl.block_p, block_k=impl.block_k, num_stages=impl.stages,
                                  num_warps=impl.warps, pdl=self.pdl)
             return
-        self.qkv_rope(self.decoder(x, lin, "qkv", impl), pos, cos, sin, q_out, k_cache, v_cache, offset, heads,
-                      kv_heads, q_scale)
+        self.qkv_rope(self.decoder(x, lin, "qkv", impl, prefetch), pos, cos, sin, q_out, k_cache, v_cache, offset,
+                      heads, kv_heads, q_scale)
 
     def _rope_gemm_ok(self, x: torch.Tensor, lin: Linear, cfg: RopeGemmConfig, head_dim: int) -> bool:
-        return (self._qkv_fused and self._skinny_ok(x, lin, SkinnyConfig(16, cfg.block_k, 1, 1))
-                and (head_dim // 2) % cfg.block_p == 0)
+        return (self._qkv_fused and not self.l2_prefetch
+                and self._skinny_ok(x, lin, SkinnyConfig(16, cfg.block_k, 1, 1)) and (head_dim // 2) % cfg.block_p == 0)
 
     @staticmethod
     def _graph_time_us(fn, reps: int) -> float:

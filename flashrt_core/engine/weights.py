@@ -9,6 +9,9 @@
   gate of every layer and step is computed once: `ExpertTables` (steps x layers x 2 norms x 3 x width, fp32).
 - pi0: the time half of action_time_mlp_in is precomputed per step as a bias.
 - The last backbone layer only needs its K/V (the prefix output is unused), so its o/MLP weights are not kept.
+- The action expert's GEMM weights live in one buffer, layer after layer in the order the step reads them
+  (qkv, o, gate_up, down): `ExpertArena`. What a layer reads after its QKV GEMM, up to the next layer's QKV
+  weights, is one contiguous window that the QKV GEMM can prefetch into L2 (`l2_prefetch`).
 Folds are computed in fp32 and rounded once to the engine dtype.
 """
 
@@ -67,6 +70,52 @@ class ExpertTables:
     final: torch.Tensor        # (steps, 2, W) fp32: (scale1p, shift) of the final norm
 
 
+EXPERT_GEMMS = ("qkv", "o", "gate_up", "down")      # in the order a denoising step reads them
+ARENA_ALIGN = 128                                    # elements: every weight starts 256-byte aligned in bf16
+
+
+@dataclass
+class ExpertArena:
+    """The expert's GEMM weights in one buffer; each layer's Linear weights are views into it.
+
+    spans[i][name] = (start, end) element offsets of layer i's weight `name` (EXPERT_GEMMS)."""
+
+    buffer: torch.Tensor                          # (n,) flat, engine dtype
+    spans: list[dict[str, tuple[int, int]]]
+
+    def prefetch_window(self, layer: int) -> tuple[int, int]:
+        """(address, bytes) of what layer `layer` reads after its QKV GEMM: its o, gate_up and down weights and
+        the next layer's QKV weights (the last layer: its own three)."""
+        start = self.spans[layer]["o"][0]
+        end = self.spans[layer + 1]["qkv"][1] if layer + 1 < len(self.spans) else self.spans[layer]["down"][1]
+        size = self.buffer.element_size()
+        return self.buffer.data_ptr() + start * size, (end - start) * size
+
+
+def pack_expert(layers: list[GemmaLayer]) -> ExpertArena | None:
+    """Move the expert's single-block, bias-free GEMM weights into one ExpertArena (the layers' Linears then hold
+    views into it). None, changing nothing, when a weight is split into blocks, has a bias, or the dtypes differ
+    (unmerged weights, `fused_weights=False`)."""
+    weights = [getattr(layer, name) for layer in layers for name in EXPERT_GEMMS]
+    if any(lin is None or len(lin.parts) != 1 or lin.parts[0][1] is not None for lin in weights):
+        return None
+    tensors = [lin.parts[0][0] for lin in weights]
+    if len({(t.dtype, t.device) for t in tensors}) != 1:
+        return None
+    offsets, total = [], 0
+    for t in tensors:
+        offsets.append(total)
+        total += -(-t.numel() // ARENA_ALIGN) * ARENA_ALIGN
+    buffer = torch.empty(total, dtype=tensors[0].dtype, device=tensors[0].device)
+    spans: list[dict[str, tuple[int, int]]] = [{} for _ in layers]
+    for k, (lin, t, off) in enumerate(zip(weights, tensors, offsets)):
+        view = buffer[off:off + t.numel()].view(t.shape)
+        view.copy_(t)
+        lin.parts[0] = (view, None)
+        spans[k // len(EXPERT_GEMMS)][EXPERT_GEMMS[k % len(EXPERT_GEMMS)]] = (off, off + t.numel())
+    return ExpertArena(buffer, spans)
+
+
 @dataclass
 class EngineWeights:
     config: ModelConfig
@@ -90,6 +139,7 @@ class EngineWeights:
     time_in_bias: torch.Tensor | None         # pi0: (steps, We) fp32 = W_time @ emb(t_s) + b
     time_out: Linear | None                   # pi0: action_time_mlp_out
     dts: list[float]                          # Euler step sizes (all -1/steps)
+    expert_arena: ExpertArena | None = None   # the expert's GEMM weights in one buffer (None: not packable)
 
 
 def _f32(t: torch.Tensor) -> torch.Tensor:
@@ -208,6 +258,7 @@ def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: b
     out_w, out_b = _f32(model.action_out_proj.weight), _f32(model.action_out_proj.bias)
     if not is_pi05 and fold:   # pi0's final RMSNorm (1 + w) folds into action_out_proj
         out_w = out_w * (1.0 + _f32(model.expert.norm.weight))[None, :]
+    expert = _gemma(model.expert, dtype, fold, adaptive=is_pi05, kv_only_last=False)
     weights = EngineWeights(
         config=cfg, dtype=dtype, folded=fold,
         patch_w=_f32(vis.patch_embedding.weight).flatten(1).contiguous(),
@@ -216,11 +267,12 @@ def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: b
         vision=vision_layers, post_ln=post_ln, projector=projector,
         embed_tokens=model.embed_tokens.weight,
         backbone=_gemma(model.paligemma, dtype, fold, adaptive=False, kv_only_last=True),
-        expert=_gemma(model.expert, dtype, fold, adaptive=is_pi05, kv_only_last=False),
+        expert=expert,
         expert_final_norm=expert_final,
         action_in=_linear(model.action_in_proj, dtype),
         action_out=(out_w.to(dtype).contiguous(), out_b),
         tables=tables, state_proj=state_proj, time_in_action=time_in_action, time_in_bias=time_in_bias,
-        time_out=time_out, dts=[-1.0 / cfg.num_steps] * cfg.num_steps)
-    log.info("engine weights prepared (%s, folded=%s)", dtype, fold)
+        time_out=time_out, dts=[-1.0 / cfg.num_steps] * cfg.num_steps, expert_arena=pack_expert(expert))
+    log.info("engine weights prepared (%s, folded=%s, expert arena %s)", dtype, fold,
+             "packed" if weights.expert_arena is not None else "not packed")
     return weights

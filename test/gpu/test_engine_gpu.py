@@ -64,6 +64,30 @@ def test_graph_replay_equals_eager_engine(tiny):
         np.testing.assert_allclose(got, want, atol=REPLAY_ATOL, rtol=0)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="the bulk L2 prefetch needs an sm90+ GPU")
+def test_l2_prefetch_changes_no_result():
+    """l2_prefetch only moves weights into L2 ahead of their GEMMs: on the full-size pi0.5 expert (whose QKV GEMM
+    runs the Triton kernel that carries the windows) the graph replay with it equals the one without, bitwise."""
+    from flashrt_core.engine.ops import SKINNY_DEFAULT, SkinnyConfig
+    cfg = get_config("pi05")
+    model = load_model_weights(_checkpoint("pi05"), cfg, "cuda", torch.bfloat16)
+    plain = build_executor(model, cfg, torch.device("cuda"), "auto")
+    fetching = build_executor(model, cfg, torch.device("cuda"), "auto", EngineOptions(l2_prefetch=True))
+    assert fetching.ops.l2_prefetch and not plain.ops.l2_prefetch
+    assert fetching.weights.expert_arena is not None
+    plain.ops.decoder_impl["qkv"] = SKINNY_DEFAULT["qkv"]          # the Triton QKV GEMM on both sides
+    fetching.ops.decoder_impl = dict(plain.ops.decoder_impl)        # same GEMM configurations on both sides
+    assert isinstance(fetching.ops.decoder_impl["qkv"], SkinnyConfig)
+    for seed in range(2):
+        obs = random_observation(cfg, np.random.default_rng(seed), views=2, n_text=20 + seed, vocab=1024)
+        args = (obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
+        np.testing.assert_allclose(fetching.predict_observation(*args), plain.predict_observation(*args),
+                                   atol=REPLAY_ATOL, rtol=0)
+    del plain, fetching, model
+    torch.cuda.empty_cache()
+
+
 def test_new_prompt_does_not_recapture(tiny):
     cfg = tiny.config
     engine = build_executor(tiny, cfg, torch.device("cuda"), "auto")

@@ -265,6 +265,30 @@ def test_skinny_gemm_every_engine_config(kind, n, k):
                     f"{cfg} pdl={pdl} rows {rows}: rel L2 error {err:.2e}"
 
 
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="cp.async.bulk.prefetch.L2 needs an sm90+ GPU")
+@pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("gate_up", 8192, 1024)])
+def test_skinny_gemm_with_l2_prefetch_is_bitwise_the_same(kind, n, k):
+    """The bulk L2 prefetch (kernels/l2_prefetch.py) only fetches: with a window of the size the engine uses
+    (~35 MB, the rest of a pi0.5 expert layer + the next QKV), odd-sized and not chunk-aligned windows, and with
+    and without PDL, the product is bitwise the product without it."""
+    from flashrt_core.engine.ops import SKINNY_CANDIDATES
+    g = torch.Generator(device=DEVICE).manual_seed(n)
+    later = torch.randn(35 * 1024 * 1024 // 2 + 8, device=DEVICE, generator=g).to(torch.bfloat16)  # a window
+    windows = [(later.data_ptr(), later.numel() * 2), (later.data_ptr() + 4096, 12_345 * 16), (later.data_ptr(), 16)]
+    for rows in DECODER_ROWS:
+        x = torch.randn(rows, k, device=DEVICE, generator=g).to(torch.bfloat16)
+        w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(torch.bfloat16)
+        for cfg in SKINNY_CANDIDATES[kind]:
+            for pdl in (False, True):
+                args = (x, w, kind == "gate_up", cfg.split_k, cfg.block_n, cfg.block_k, cfg.stages, cfg.warps, pdl)
+                want = K.skinny_gemm(*args)
+                for window in windows:
+                    got = K.skinny_gemm(*args, prefetch=window)
+                    torch.cuda.synchronize()
+                    assert torch.equal(got, want), f"{cfg} pdl={pdl} rows {rows} window {window[1]} B"
+
+
 @pytest.mark.skipif(INTERPRET, reason="real shapes only")
 @pytest.mark.parametrize("rows", DECODER_ROWS)
 def test_qkv_gemm_rope_every_engine_config(rows):
