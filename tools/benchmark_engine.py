@@ -130,14 +130,20 @@ def reference_predict(ref: ReferenceExecutor, obs, compiled=None):
 def engine_options(prec: str, args) -> EngineOptions:
     """bf16 | fp8 (per-tensor static scales) | fp8row (per-token / per-channel), env switches applied;
     "fp8row@backbone_mlp": FP8 on that scope only (dispatch.FP8_SCOPES);
-    a suffix "-no_<switch>" turns that EngineOptions switch off (A/B rows: "bf16-no_pdl")."""
-    prec, *off = prec.split("-no_")
+    a suffix "-no_<switch>" turns that EngineOptions switch off, "-with_<switch>" turns an opt-in one on (A/B rows:
+    "bf16-no_pdl", "bf16-with_l2_prefetch")."""
+    prec, *suffixes = prec.split("-")
+    switches = {}
+    for suffix in suffixes:
+        state, _, switch = suffix.partition("_")
+        if state not in ("no", "with") or not switch:
+            raise ValueError(f"variant suffix must be no_<switch> or with_<switch>, got {suffix!r}")
+        switches[switch] = state == "with"
     prec, _, scope = prec.partition("@")
     return EngineOptions.from_env(EngineOptions(fp8=prec.startswith("fp8"),
                                                 fp8_scaling="row" if prec == "fp8row" else "tensor",
                                                 fp8_scope=scope or EngineOptions.fp8_scope,
-                                                text_buckets=tuple(args.text_buckets),
-                                                **{switch: False for switch in off}))
+                                                text_buckets=tuple(args.text_buckets), **switches))
 
 
 def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
@@ -238,7 +244,8 @@ def bench_config(args, res: Results, name: str) -> None:
     dev = torch.device("cuda")
     hw = detect_hardware("auto", dev)
     precisions = ["bf16"] + ([f"fp8{s}" for s in args.fp8_scalings] if name in args.fp8_configs else [])
-    ab_variants = [f"bf16-no_{switch}" for switch in args.ab_switches_off]
+    ab_variants = ([f"bf16-no_{switch}" for switch in args.ab_switches_off]
+                   + [f"{prec}-with_{switch}" for switch in args.ab_switches_on for prec in precisions])
     # accuracy gate: the fp32 reference vs the engine built from the same fp32 weights
     if args.gate:
         model32 = load_model_weights(ckpt, base, dev, torch.float32)
@@ -409,6 +416,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="'' (per-tensor, static) and/or 'row', each optionally '@<scope>' (e.g. row@backbone_mlp)")
     ap.add_argument("--ab-switches-off", nargs="*", default=[],
                     help="EngineOptions switches (e.g. pdl) each measured off too, bf16, as 'engine_bf16-no_<name>'")
+    ap.add_argument("--ab-switches-on", nargs="*", default=[],
+                    help="opt-in EngineOptions switches (e.g. l2_prefetch) each measured on too, for every precision, "
+                         "as 'engine_<precision>-with_<name>'")
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="wall-clock budget of the whole run; the compile variant gets what is left")
     ap.add_argument("--no-gate", dest="gate", action="store_false")
