@@ -171,15 +171,26 @@ def compile_reference(ref: ReferenceExecutor, mode: str, scope: str, backend: st
     scope "whole": the whole sample_actions, the 10 Euler steps unrolled into one graph (did not finish compiling
     in 420 s on the H200, session 4). scope "stages": the model's three stages compiled one by one (COMPILED_STAGES);
     the denoise step is traced once and reused by the 10 Euler steps, which stay a Python loop, as in the eager
-    reference. backend: e.g. "eager" to check the capture without inductor (tests); None = inductor with ``mode``.
+    reference (did not finish in 390 s). scope "layers": PyTorch's regional compilation, each transformer layer
+    compiled on its own (SigLIP layers whole, Gemma layers as their qkv and finish halves around the joint
+    attention), so identical layers share one compiled graph and the glue between them stays eager. backend: e.g. "eager" to check the capture without inductor (tests); None = inductor with ``mode``.
     The undecorated method is used: inference_mode inside a compiled region fails in AOT autograd.
     """
     options = {"mode": mode} if backend is None else {"backend": backend}
     sample = functools.partial(ReferenceExecutor.sample_actions.__wrapped__, ref)
     if scope == "whole":
         return torch.compile(sample, **options)
+    if scope == "layers":                   # regional compilation: one graph per kind of layer, reused by all
+        model = ref.model
+        for layer in model.vision.layers:
+            layer.compile(**options)
+        for stack in (model.paligemma, model.expert):
+            for layer in stack.layers:      # a Gemma layer runs as qkv(), joint attention, finish()
+                layer.qkv = torch.compile(layer.qkv, **options)
+                layer.finish = torch.compile(layer.finish, **options)
+        return sample
     if scope != "stages":
-        raise ValueError(f"compile scope must be 'whole' or 'stages', got {scope!r}")
+        raise ValueError(f"compile scope must be 'whole', 'stages' or 'layers', got {scope!r}")
     for name in COMPILED_STAGES:            # instance attributes shadow the methods sample_actions calls
         setattr(ref.model, name, torch.compile(getattr(ref.model, name), **options))
     return sample
@@ -207,7 +218,7 @@ def compile_child(args) -> None:
 
 
 def compile_variant(args) -> str:
-    return f"reference_compile_{args.compile_mode}" + ("" if args.compile_scope == "whole" else "_stages")
+    return f"reference_compile_{args.compile_mode}" + ("" if args.compile_scope == "whole" else f"_{args.compile_scope}")
 
 
 def run_compile(args, res: Results, name: str, views: int, horizon: int) -> None:
@@ -426,8 +437,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--compile", action="store_true", help="also torch.compile of the reference (pi05, 2 views)")
     ap.add_argument("--compile-first", action="store_true", help="run the compile child before the engine rows")
     ap.add_argument("--compile-mode", default="max-autotune")
-    ap.add_argument("--compile-scope", choices=("stages", "whole"), default="stages",
-                    help="stages: embed_prefix, fill_prefix_cache and denoise_step compiled one by one (the "
+    ap.add_argument("--compile-scope", choices=("layers", "stages", "whole"), default="layers",
+                    help="layers: each transformer layer compiled (regional compilation; identical layers share a "
+                         "graph); stages: embed_prefix, fill_prefix_cache and denoise_step compiled one by one (the "
                          "denoise step traced once for all Euler steps); whole: all of sample_actions in one graph")
     ap.add_argument("--compile-timeout", type=int, default=240)
     ap.add_argument("--compile-calls", type=int, default=20)

@@ -2,8 +2,9 @@
 
 The benchmark (tools/benchmark_engine.py) times the reference under inductor with mode="max-autotune" on the GPU;
 here the same wiring runs with dynamo's "eager" backend on the CPU: the capture of each compiled region (the
-whole sample_actions, or its three stages) must run and return the eager reference's actions, and the stage scope
-must trace the denoise step once for all Euler steps.
+whole sample_actions, its three stages, or each layer) must run and return the eager reference's actions; the stage
+scope must trace the denoise step once for all Euler steps, and the layer scope each kind of layer once for all
+layers of that kind.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ from tools.benchmark_engine import COMPILED_STAGES, compile_reference
 COMPILED_VS_EAGER_TOL = 1e-5
 
 
-@pytest.mark.parametrize("scope", ["stages", "whole"])
+# regional compilation: SigLIP layer, backbone qkv and finish, expert qkv and finish
+LAYER_REGIONS = 5
+
+
+@pytest.mark.parametrize("scope", ["layers", "stages", "whole"])
 @pytest.mark.parametrize("config", ["pi05_tiny", "pi0_tiny"])
 def test_compiled_reference_returns_the_eager_actions(config, scope):
     torch._dynamo.reset()
@@ -40,6 +45,11 @@ def test_compiled_reference_returns_the_eager_actions(config, scope):
     if scope == "stages":
         # one frame per stage (+ graph breaks inside them); never one per Euler step, never recompiled on call 2
         assert len(COMPILED_STAGES) <= counter.frame_count < model.config.num_steps
+    elif scope == "layers":
+        # one graph per kind of region, shared by every layer of that kind and every Euler step
+        cfg = model.config
+        assert cfg.vision.depth > 1 and cfg.paligemma.depth > 1 and cfg.expert.depth > 1
+        assert counter.frame_count == LAYER_REGIONS
     else:
         assert counter.frame_count >= 1
 
@@ -47,4 +57,4 @@ def test_compiled_reference_returns_the_eager_actions(config, scope):
 def test_unknown_scope_is_refused():
     model = random_model("pi05_tiny")
     with pytest.raises(ValueError, match="compile scope"):
-        compile_reference(ReferenceExecutor(model, model.config, torch.device("cpu")), "default", "layers")
+        compile_reference(ReferenceExecutor(model, model.config, torch.device("cpu")), "default", "modules")
