@@ -5,14 +5,15 @@
 
 A denoising step is a chain of latency-bound kernels (norms, RoPE, attention) between weight-streaming GEMMs,
 so HBM sits idle for most of a layer (docs/benchmarks/engine_h200_2026-11-29_notes.md: ~2.1 of 4.3 TB/s while the
-GEMMs run, nothing in between). The decoder's QKV GEMM of layer i prefetches the rest of layer i's weights and
+GEMMs run, little in between). The decoder's QKV GEMM of layer i prefetches the rest of layer i's weights and
 layer i+1's QKV weights (one contiguous window of the expert's weight arena, ~35 MB of the 50 MB L2 for pi0.5),
 so the later GEMMs find them in L2. It is issued before the kernel's wait for its inputs: weights do not depend
 on earlier kernels.
 
-Every thread of every program issues at most one bulk prefetch of ``chunk`` bytes; the window is cut into
-``programs x threads`` chunks (16-byte multiples, the instruction's granule), so no thread holds a replicated
-element and no chunk is fetched twice. A chunk past the window's end has size 0 and is predicated off.
+The window is cut into ``programs x 32 x num_warps`` chunks (16-byte multiples, the instruction's granule), one
+per element of a ``32 x num_warps`` range in each program: in Triton's default layout that is one chunk per thread
+(were an element replicated across threads, its chunk would only be requested twice). A chunk past the window's
+end has size 0 and is predicated off.
 The reference of this op is doing nothing: outputs with and without it are identical (test/gpu compares them).
 """
 
