@@ -59,15 +59,6 @@ class LiveRun:
     recording: Path
 
 
-def _spin(executor, context) -> None:
-    while context.ok():
-        try:
-            executor.spin_once(timeout_sec=0.05)
-        except Exception:  # noqa: BLE001  (context shut down while spinning)
-            if context.ok():
-                raise
-
-
 def replay_through_node(bag: Path, values: dict[str, Any], rate: float, recording: Path,
                         policy_factory: Callable | None = None) -> LiveRun:
     """Run the node (parameters ``values``) on ``bag`` replayed at ``rate`` with /clock; record its outputs
@@ -77,7 +68,7 @@ def replay_through_node(bag: Path, values: dict[str, Any], rate: float, recordin
 
     from flashrt_ros.bag_player import BagPlayer, PlayerConfig
     from flashrt_ros.bag_recorder import BagRecorder, RecorderConfig
-    from flashrt_ros.node_executor import make_executor
+    from flashrt_ros.node_executor import make_executor, spin_until_shutdown
     from flashrt_ros.policy_node import PolicyNode
 
     settings = settings_for_values(values)
@@ -98,7 +89,8 @@ def replay_through_node(bag: Path, values: dict[str, Any], rate: float, recordin
     player_node = rclpy.create_node("flashrt_bag_player", context=context)
     executor.add_node(node)
     executor.add_node(helper)
-    spinner = threading.Thread(target=_spin, args=(executor, context), name="bag-regression-executor", daemon=True)
+    spinner = threading.Thread(target=spin_until_shutdown, args=(executor, context), name="bag-regression-executor",
+                               daemon=True)
     spinner.start()
     recorder = None
     try:

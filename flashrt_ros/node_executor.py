@@ -36,4 +36,23 @@ def make_executor(kind: str, context=None):
     raise ValueError(f"unknown executor {kind!r}: one of {', '.join(EXECUTORS)}")
 
 
-__all__ = ["DEFAULT_EXECUTOR", "EXECUTORS", "MULTI_THREADED_THREADS", "make_executor"]
+def spin_until_shutdown(executor, context, timeout_sec: float = 0.05) -> None:
+    """Spin ``executor`` until ``context`` shuts down: the loop of a background spin thread whose owner keeps
+    creating and destroying entities from its own thread (bag replay, tests).
+
+    Entities destroyed meanwhile: rclpy can raise InvalidHandle from a destroyed subscription's QoS event handler
+    while it builds the wait set. That turn is dropped; the next one no longer has the entity. An error while
+    the context shuts down ends the loop; any other error propagates."""
+    from rclpy.exceptions import InvalidHandle
+
+    while context.ok():
+        try:
+            executor.spin_once(timeout_sec=timeout_sec)
+        except InvalidHandle:
+            continue
+        except Exception:  # noqa: BLE001  (context shut down while spinning)
+            if context.ok():
+                raise
+
+
+__all__ = ["DEFAULT_EXECUTOR", "EXECUTORS", "MULTI_THREADED_THREADS", "make_executor", "spin_until_shutdown"]

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from rosbags.rosbag2 import Reader
 
+from flashrt_ros.node_executor import spin_until_shutdown
+
 SPIN_TIMEOUT_S = 0.05
 
 
@@ -26,12 +28,7 @@ class RosHarness:
         self._thread.start()
 
     def _spin(self) -> None:
-        while self.context.ok():
-            try:
-                self.executor.spin_once(timeout_sec=SPIN_TIMEOUT_S)
-            except Exception:  # noqa: BLE001  (context shut down under us at the end of a test)
-                if self.context.ok():
-                    raise
+        spin_until_shutdown(self.executor, self.context, SPIN_TIMEOUT_S)
 
     def node(self, name: str, spin: bool = True, **kwargs):
         """Create a node in this context; ``spin`` adds it to the background executor."""
