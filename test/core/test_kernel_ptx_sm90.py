@@ -1,0 +1,48 @@
+"""Ahead-of-time compilation of the skinny GEMM for sm90, with and without its L2 prefetch prologue: Triton lowers
+the inline PTX and the ptxas bundled with Triton accepts it, on any machine with Triton installed, GPU or not.
+
+This is what can be checked without a GPU: the instruction is emitted, once per thread (one chunk per thread), and
+before `griddepcontrol.wait`, so the fetch overlaps the kernel ahead under PDL. Whether it speeds anything up is
+measured on the GPU (docs/development.md); that it changes no result is test/gpu's job.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels import HAVE_TRITON
+
+pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed")
+
+PREFETCH = "cp.async.bulk.prefetch.L2.global"
+SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "N": "i32", "F": "i32",
+             "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "split_stride": "i32",
+             "pf_addr": "i64", "pf_bytes": "i32", "pf_chunk": "i32"}
+
+
+def _ptx(slots: int, pdl: bool, num_warps: int) -> str:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels.skinny_gemm import _K_GELU, _skinny_kernel
+
+    constexprs = {"K_PER_SPLIT": 1024, "GEGLU": False, "SPLIT_K": 1, "KGELU": _K_GELU, "BLOCK_M": 16,
+                  "BLOCK_N": 32, "BLOCK_K": 128, "PDL": pdl, "PREFETCH_SLOTS": slots}
+    signature = {**SIGNATURE, **{name: "constexpr" for name in constexprs}}
+    kernel = triton.compile(ASTSource(fn=_skinny_kernel, signature=signature, constexprs=constexprs),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 4})
+    assert kernel.asm["cubin"], "ptxas produced no cubin"
+    return kernel.asm["ptx"]
+
+
+@pytest.mark.parametrize("num_warps", [4, 8])
+def test_prefetch_prologue_compiles_for_sm90_before_the_dependency_wait(num_warps):
+    ptx = _ptx(32 * num_warps, pdl=True, num_warps=num_warps)
+    assert ptx.count(PREFETCH) == 1                  # one element, so one instruction, per thread
+    assert 0 <= ptx.find(PREFETCH) < ptx.find("griddepcontrol.wait")
+
+
+def test_no_prefetch_without_slots():
+    ptx = _ptx(0, pdl=True, num_warps=4)
+    assert PREFETCH not in ptx and "griddepcontrol.wait" in ptx
