@@ -157,10 +157,16 @@ class Ops:
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
     @staticmethod
-    def _skinny_ok(x: torch.Tensor, lin: Linear, cfg: SkinnyConfig) -> bool:
+    def _few_rows_gemm_ok(x: torch.Tensor, lin: Linear, k_step: int) -> bool:
+        """The Triton few-row GEMMs' conditions: one bias-free weight block, <= 64 rows on the GPU, K a multiple of
+        what one program step covers."""
         (w, b), = lin.parts if len(lin.parts) == 1 else ((None, True),)
         return (w is not None and b is None and lin.fp8 is None and x.shape[0] <= 64 and x.is_cuda
-                and x.shape[1] % (cfg.split_k * cfg.block_k) == 0)
+                and x.shape[1] % k_step == 0)
+
+    @classmethod
+    def _skinny_ok(cls, x: torch.Tensor, lin: Linear, cfg: SkinnyConfig) -> bool:
+        return cls._few_rows_gemm_ok(x, lin, cfg.split_k * cfg.block_k)
 
     def decoder(self, x: torch.Tensor, lin: Linear, kind: str, impl: str | SkinnyConfig | None = None,
                 prefetch: tuple[int, int] | None = None) -> torch.Tensor:
@@ -198,8 +204,8 @@ class Ops:
                       heads, kv_heads, q_scale)
 
     def _rope_gemm_ok(self, x: torch.Tensor, lin: Linear, cfg: RopeGemmConfig, head_dim: int) -> bool:
-        return (self._qkv_fused and not self.l2_prefetch
-                and self._skinny_ok(x, lin, SkinnyConfig(16, cfg.block_k, 1, 1)) and (head_dim // 2) % cfg.block_p == 0)
+        return (self._qkv_fused and not self.l2_prefetch and self._few_rows_gemm_ok(x, lin, cfg.block_k)
+                and (head_dim // 2) % cfg.block_p == 0)
 
     @staticmethod
     def _graph_time_us(fn, reps: int) -> float:
