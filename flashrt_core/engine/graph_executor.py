@@ -97,7 +97,12 @@ class EngineExecutor:
         if weights is not None and (weights.dtype != dtype or weights.folded != fold):
             raise ValueError(f"shared weights are {weights.dtype} folded={weights.folded}, this executor needs "
                              f"{dtype} folded={fold}")
-        self.weights = weights if weights is not None else prepare_weights(model, dtype, fold=fold)
+        pack = dispatch[Op.L2_PREFETCH] == "bulk"          # the prefetch reads one contiguous window per layer
+        if weights is not None and pack and weights.expert_arena is None:
+            raise ValueError("shared weights have no expert arena, which l2_prefetch needs: prepare them with "
+                             "pack_expert_weights=True")
+        self.weights = weights if weights is not None else prepare_weights(model, dtype, fold=fold,
+                                                                            pack_expert_weights=pack)
         buckets = {b for b in dispatch.options.text_buckets if b < config.max_token_len} | {config.max_token_len}
         buckets = sorted(buckets)
         self.text_buckets = tuple(buckets)

@@ -9,9 +9,9 @@
   gate of every layer and step is computed once: `ExpertTables` (steps x layers x 2 norms x 3 x width, fp32).
 - pi0: the time half of action_time_mlp_in is precomputed per step as a bias.
 - The last backbone layer only needs its K/V (the prefix output is unused), so its o/MLP weights are not kept.
-- The action expert's GEMM weights live in one buffer, layer after layer in the order the step reads them
-  (qkv, o, gate_up, down): `ExpertArena`. What a layer reads after its QKV GEMM, up to the next layer's QKV
-  weights, is one contiguous window that the QKV GEMM can prefetch into L2 (`l2_prefetch`).
+- With the L2 prefetch (`l2_prefetch`), the action expert's GEMM weights live in one buffer, layer after layer in
+  the order the step reads them (qkv, o, gate_up, down): `ExpertArena`. What a layer reads after its QKV GEMM, up
+  to the next layer's QKV weights, is then one contiguous window that the QKV GEMM prefetches into L2.
 Folds are computed in fp32 and rounded once to the engine dtype.
 """
 
@@ -139,7 +139,7 @@ class EngineWeights:
     time_in_bias: torch.Tensor | None         # pi0: (steps, We) fp32 = W_time @ emb(t_s) + b
     time_out: Linear | None                   # pi0: action_time_mlp_out
     dts: list[float]                          # Euler step sizes (all -1/steps)
-    expert_arena: ExpertArena | None = None   # the expert's GEMM weights in one buffer (None: not packable)
+    expert_arena: ExpertArena | None = None   # the expert's GEMM weights in one buffer (None: not asked/packable)
 
 
 def _f32(t: torch.Tensor) -> torch.Tensor:
@@ -232,8 +232,10 @@ def _pi05_tables(model: PiModel, times: list[float]) -> ExpertTables:
 
 
 @torch.no_grad()
-def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: bool = True) -> EngineWeights:
-    """Engine weights from a loaded PiModel (any dtype): folded, merged, precomputed, cast to `dtype`."""
+def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: bool = True,
+                    pack_expert_weights: bool = False) -> EngineWeights:
+    """Engine weights from a loaded PiModel (any dtype): folded, merged, precomputed, cast to `dtype`;
+    `pack_expert_weights`: the expert's GEMM weights in one ExpertArena (what the L2 prefetch reads)."""
     cfg = model.config
     times = time_schedule(cfg.num_steps)
     vis = model.vision
@@ -272,7 +274,8 @@ def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: b
         action_in=_linear(model.action_in_proj, dtype),
         action_out=(out_w.to(dtype).contiguous(), out_b),
         tables=tables, state_proj=state_proj, time_in_action=time_in_action, time_in_bias=time_in_bias,
-        time_out=time_out, dts=[-1.0 / cfg.num_steps] * cfg.num_steps, expert_arena=pack_expert(expert))
+        time_out=time_out, dts=[-1.0 / cfg.num_steps] * cfg.num_steps,
+        expert_arena=pack_expert(expert) if pack_expert_weights else None)
     log.info("engine weights prepared (%s, folded=%s, expert arena %s)", dtype, fold,
              "packed" if weights.expert_arena is not None else "not packed")
     return weights

@@ -4,12 +4,14 @@ relies on, the dispatch, and the launcher's checks."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from flashrt_core.checkpoint import load_model_weights
 from flashrt_core.config import get_config
-from flashrt_core.engine.dispatch import EngineOptions, Op, resolve
+from flashrt_core.engine.dispatch import Dispatch, EngineOptions, Op, resolve
+from flashrt_core.engine.graph_executor import EngineExecutor
 from flashrt_core.engine.hardware import detect_hardware
 from flashrt_core.engine.weights import ARENA_ALIGN, EXPERT_GEMMS, prepare_weights
 from flashrt_core.fixtures import write_random_checkpoint
@@ -25,10 +27,11 @@ def model(request, tmp_path_factory):
 
 
 def test_expert_weights_are_views_of_one_buffer_in_reading_order(model):
-    packed = prepare_weights(model, torch.bfloat16, fold=True)
+    packed = prepare_weights(model, torch.bfloat16, fold=True, pack_expert_weights=True)
     arena = packed.expert_arena
     assert arena is not None and arena.buffer.dtype == torch.bfloat16
-    unpacked = prepare_weights(model, torch.bfloat16, fold=True)       # a second, independent preparation
+    unpacked = prepare_weights(model, torch.bfloat16, fold=True)       # the default: not packed
+    assert unpacked.expert_arena is None
     previous_end = 0
     for i, layer in enumerate(packed.expert):
         for name in EXPERT_GEMMS:
@@ -42,7 +45,7 @@ def test_expert_weights_are_views_of_one_buffer_in_reading_order(model):
 
 
 def test_prefetch_window_is_the_rest_of_the_layer_and_the_next_qkv(model):
-    arena = prepare_weights(model, torch.bfloat16, fold=True).expert_arena
+    arena = prepare_weights(model, torch.bfloat16, fold=True, pack_expert_weights=True).expert_arena
     layers = len(arena.spans)
     for i in range(layers):
         addr, nbytes = arena.prefetch_window(i)
@@ -57,7 +60,30 @@ def test_prefetch_window_is_the_rest_of_the_layer_and_the_next_qkv(model):
 
 
 def test_unmerged_weights_are_not_packed(model):
-    assert prepare_weights(model, torch.float32, fold=False).expert_arena is None   # QKV kept as three blocks
+    unmerged = prepare_weights(model, torch.float32, fold=False, pack_expert_weights=True)
+    assert unmerged.expert_arena is None                             # QKV kept as three blocks
+
+
+def test_engine_forward_on_packed_weights_matches_the_reference(model):
+    """The forward reads the expert through the arena's views exactly as through separate tensors."""
+    from test.core.test_engine_forward import FP32_ATOL, _dispatch, _inputs, _reference
+    packed = prepare_weights(model, torch.float32, fold=True, pack_expert_weights=True)
+    assert packed.expert_arena is not None
+    engine = EngineExecutor(model, model.config, torch.device("cpu"), _dispatch(True), dtype=torch.float32,
+                            weights=packed)
+    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(11), 9, (0, 1))
+    got = engine.predict_observation(images, tokens, mask, state, noise)
+    np.testing.assert_allclose(got, _reference(model, images, tokens, mask, state, noise).numpy(), atol=FP32_ATOL,
+                               rtol=0)
+
+
+def test_prefetching_engine_refuses_shared_weights_without_an_arena(model):
+    from test.core.test_engine_forward import _dispatch
+    dispatch = _dispatch(True)
+    prefetching = Dispatch(dispatch.hardware, dispatch.options, {**dispatch.choice, Op.L2_PREFETCH: "bulk"})
+    plain = prepare_weights(model, torch.float32, fold=True)
+    with pytest.raises(ValueError, match="no expert arena"):
+        EngineExecutor(model, model.config, torch.device("cpu"), prefetching, dtype=torch.float32, weights=plain)
 
 
 def test_l2_prefetch_is_opt_in_and_hopper_only(monkeypatch):
