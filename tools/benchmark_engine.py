@@ -173,7 +173,8 @@ def compile_reference(ref: ReferenceExecutor, mode: str, scope: str, backend: st
     the denoise step is traced once and reused by the 10 Euler steps, which stay a Python loop, as in the eager
     reference (did not finish in 390 s). scope "layers": PyTorch's regional compilation, each transformer layer
     compiled on its own (SigLIP layers whole, Gemma layers as their qkv and finish halves around the joint
-    attention), so identical layers share one compiled graph and the glue between them stays eager. backend: e.g. "eager" to check the capture without inductor (tests); None = inductor with ``mode``.
+    attention), so identical layers share one compiled graph and the glue between them stays eager.
+    backend: e.g. "eager" to check the capture without inductor (tests); None = inductor with ``mode``.
     The undecorated method is used: inference_mode inside a compiled region fails in AOT autograd.
     """
     options = {"mode": mode} if backend is None else {"backend": backend}
@@ -218,7 +219,8 @@ def compile_child(args) -> None:
 
 
 def compile_variant(args) -> str:
-    return f"reference_compile_{args.compile_mode}" + ("" if args.compile_scope == "whole" else f"_{args.compile_scope}")
+    scope = "" if args.compile_scope == "whole" else f"_{args.compile_scope}"
+    return f"reference_compile_{args.compile_mode}{scope}"
 
 
 def run_compile(args, res: Results, name: str, views: int, horizon: int) -> None:

@@ -143,8 +143,8 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
     x_t = ws.actions.copy_(ws.noise)                                                   # (horizon, A) fp32
     out_w, out_b = w.action_out
     state_token = None if pi05 else ops.linear(ws.state[None].to(w.dtype), w.state_proj).float()   # (1, We)
-    # per layer: the window of later weights its QKV GEMM prefetches into L2 (l2_prefetch), or None
-    arena = w.expert_arena if ops.l2_prefetch else None
+    # per layer: the window of later weights its QKV GEMM may prefetch into L2 (ops applies l2_prefetch), or None
+    arena = w.expert_arena
     windows = [arena.prefetch_window(i) if arena is not None else None for i in range(len(w.expert))]
     for step, dt in enumerate(w.dts):
         a = ops.linear(x_t.to(w.dtype), w.action_in)                                   # (horizon, We)

@@ -97,7 +97,7 @@ class EngineExecutor:
         if weights is not None and (weights.dtype != dtype or weights.folded != fold):
             raise ValueError(f"shared weights are {weights.dtype} folded={weights.folded}, this executor needs "
                              f"{dtype} folded={fold}")
-        pack = dispatch[Op.L2_PREFETCH] == "bulk"          # the prefetch reads one contiguous window per layer
+        pack = self.ops.l2_prefetch                        # the prefetch reads one contiguous window per layer
         if weights is not None and pack and weights.expert_arena is None:
             raise ValueError("shared weights have no expert arena, which l2_prefetch needs: prepare them with "
                              "pack_expert_weights=True")
