@@ -7,7 +7,7 @@ references still import; `HAVE_TRITON` says which case this is.
 
 from ._triton import HAVE_TRITON
 from .ada_rms_norm import ada_rms_norm, ada_rms_norm_reference
-from .attention import attention, attention_reference
+from .attention import attention, attention_reference, decoder_attention, decoder_attention_reference
 from .euler import euler, euler_reference
 from .fp8_quant import fp8_quant, fp8_quant_reference, fp8_quant_rows, fp8_quant_rows_reference
 from .geglu import geglu, geglu_reference
@@ -19,7 +19,7 @@ from .skinny_gemm import skinny_gemm, skinny_gemm_reference
 __all__ = [
     "HAVE_TRITON",
     "ada_rms_norm", "ada_rms_norm_reference",
-    "attention", "attention_reference",
+    "attention", "attention_reference", "decoder_attention", "decoder_attention_reference",
     "euler", "euler_reference",
     "fp8_quant", "fp8_quant_reference", "fp8_quant_rows", "fp8_quant_rows_reference",
     "geglu", "geglu_reference",

@@ -6,6 +6,8 @@ that kernel signatures still evaluate. `HAVE_TRITON` tells which one was loaded.
 
 from __future__ import annotations
 
+import os
+
 try:
     import triton
     import triton.language as tl
@@ -32,6 +34,9 @@ except ImportError:  # CPU-only installs: the references run, the kernels raise 
                                    next_power_of_2=lambda n: 1 << max(0, (int(n) - 1).bit_length()))
     tl = types.SimpleNamespace(constexpr=int)
 
+# Triton's CPU interpreter (TRITON_INTERPRET=1, used to check kernel logic without a GPU) has no griddepcontrol:
+# there, PDL kernels run their wait as a no-op, which is exact since the interpreter runs programs one by one.
+_GRID_DEPENDENCY_CONTROL = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 
 
 @triton.jit
@@ -40,7 +45,7 @@ def wait_for_inputs(PDL: tl.constexpr):
     stream has finished. Everything before this call may only read data no earlier kernel of the predict writes
     (weights); after it, every earlier kernel's writes are visible. Then the kernel after this one may start.
     Without PDL (the launcher's `pdl=False`) this compiles to nothing."""
-    if PDL:
+    if PDL and _GRID_DEPENDENCY_CONTROL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
 

@@ -9,6 +9,11 @@ The key range is cut into `splits` pieces; each program keeps (max, sum, unnorma
 second kernel merges them: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. With few query rows (the 10-51
 token denoising steps) the split keeps the GPU busy; the prefix uses one split.
 Provenance: FlashAttention-2 / flash-decoding; replaces SDPA with an additive mask (cuDNN, ~50 us a call here).
+
+`decoder_attention` is the same attention for a denoising step, read straight from the step's fused QKV GEMM
+output: it applies RoPE and the q scale to the queries itself, takes the suffix keys and values from the QKV rows
+(RoPE on the keys) and only the prefix keys from the cache. That is `qkv_rope` followed by `attention`, without
+the qkv_rope launch between them and without writing the suffix rows into the cache (nothing else reads them).
 """
 
 from __future__ import annotations
@@ -33,6 +38,21 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias:
     return (torch.softmax(s + full_bias, dim=-1) @ v.float()).to(q.dtype)
 
 
+def decoder_attention_reference(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
+                                cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor, prefix_len: int,
+                                visible: torch.Tensor, heads: int, q_scale: float) -> torch.Tensor:
+    """Plain PyTorch, by definition qkv_rope then attention on copies of the caches.
+    qkv (S, (heads + 2) * D) of S suffix tokens, k_cache/v_cache (>= prefix_len + S, D) with the prefix keys in
+    rows < prefix_len, pos (S,) -> (S * heads, D)."""
+    from .qkv_rope import qkv_rope_reference
+    S, D = qkv.shape[0], k_cache.shape[1]
+    L = prefix_len + S
+    q = torch.empty(S, heads, D, device=qkv.device, dtype=qkv.dtype)
+    kc, vc = k_cache[:L].clone()[None], v_cache[:L].clone()[None]                  # (1, L, D)
+    qkv_rope_reference(qkv, pos, cos, sin, q, kc, vc, prefix_len, heads, 1, q_scale)
+    return attention_reference(q.view(S * heads, D), kc[0], vc[0], bias, prefix_len, visible, heads, 1.0)
+
+
 @triton.jit
 def _online_softmax_step(q, k, v, cols, col_ok, bias_ptr, P, vis, m_i, l_i, acc, scale, HAS_SUFFIX: tl.constexpr):
     """One block of keys into the running (max, sum, unnormalized output) of the query rows."""
@@ -52,11 +72,55 @@ def _online_softmax_step(q, k, v, cols, col_ok, bias_ptr, P, vis, m_i, l_i, acc,
 
 
 @triton.jit
-def _attn_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, vis_ptr, o_ptr, acc_ptr, ml_ptr,
-                       Mq, L, P, heads, scale,
+def _rope_rows(base, d, row_ok, p, cos_ptr, sin_ptr, D: tl.constexpr):
+    """RoPE (split-half form) of rows base[r] + d, in fp32: x * cos + rotate_half(x) * sin, position p[r]."""
+    HALF: tl.constexpr = D // 2
+    x = tl.load(base + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+    x_swap = tl.load(base + ((d + HALF) % D)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+    table = p[:, None] * HALF + (d % HALF)[None, :]
+    c = tl.load(cos_ptr + table, mask=row_ok[:, None], other=0.0)
+    sn = tl.load(sin_ptr + table, mask=row_ok[:, None], other=0.0)
+    sign = tl.where(d < HALF, -1.0, 1.0)
+    return x * c + sign[None, :] * x_swap * sn
+
+
+@triton.jit
+def _load_queries(q_ptr, rows, row_ok, d, stride_q, heads, pos_ptr, cos_ptr, sin_ptr, q_scale,
+                  FROM_QKV: tl.constexpr, D: tl.constexpr):
+    """Query rows (BLOCK_M, D): from q, or from the QKV rows (token r // heads, head r % heads) with RoPE and the
+    q scale applied (qkv_rope's rounding: fp32, scaled, then the input dtype)."""
+    if FROM_QKV:
+        tok = rows // heads
+        p = tl.load(pos_ptr + tok, mask=row_ok, other=0)
+        base = q_ptr + tok[:, None] * stride_q + (rows % heads)[:, None] * D
+        q = (_rope_rows(base, d, row_ok, p, cos_ptr, sin_ptr, D) * q_scale).to(q_ptr.dtype.element_ty)
+    else:
+        q = tl.load(q_ptr + rows[:, None] * stride_q + d[None, :], mask=row_ok[:, None], other=0.0)
+    return q
+
+
+@triton.jit
+def _load_suffix_kv(qkv_ptr, cols, ok, d, P, stride_qkv, heads, pos_ptr, cos_ptr, sin_ptr, k_dtype,
+                    D: tl.constexpr):
+    """Suffix keys (RoPE applied) and values of key columns cols >= P, read from the QKV rows cols - P
+    (zeros where not ok)."""
+    srow = tl.where(ok, cols - P, 0)
+    p = tl.load(pos_ptr + srow, mask=ok, other=0)
+    base = qkv_ptr + srow[:, None] * stride_qkv + heads * D
+    k = _rope_rows(base, d, ok, p, cos_ptr, sin_ptr, D).to(k_dtype)
+    v = tl.load(base + D + d[None, :], mask=ok[:, None], other=0.0)
+    return k, v
+
+
+@triton.jit
+def _attn_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, vis_ptr, o_ptr, acc_ptr, ml_ptr, pos_ptr, cos_ptr, sin_ptr,
+                       Mq, L, P, heads, scale, q_scale,
                        stride_q, stride_k, stride_v, stride_o,
                        HAS_SUFFIX: tl.constexpr, SPLIT: tl.constexpr, KEYS_PER_SPLIT: tl.constexpr, D: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, EARLY_KV: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, EARLY_KV: tl.constexpr,
+                       FROM_QKV: tl.constexpr):
+    # FROM_QKV (decoder_attention): q_ptr is the QKV GEMM output; queries and suffix keys get RoPE here, suffix
+    # keys/values come from the QKV rows and only prefix keys (< P) from the cache.
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -68,35 +132,53 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, vis_ptr, o_ptr, acc_ptr, m
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     if EARLY_KV:
-        # Denoising step, one key block per program: a block of prefix keys holds K/V that the prefix phase wrote,
-        # so it is read before the wait for the kernel ahead (which writes q and the suffix rows); a block with
-        # suffix keys is read after it. Exactly one of the two masked loads moves data.
+        # Denoising step, one key block per program: prefix keys hold K/V that the prefix phase wrote, so they are
+        # read before the wait for the kernel ahead (which writes q and the suffix rows); suffix keys after it.
         cols = start + tl.arange(0, BLOCK_N)
         col_ok = cols < end
-        before = col_ok[:, None] & (start + BLOCK_N <= P)
-        after = col_ok[:, None] & (start + BLOCK_N > P)
         k_ptrs = k_ptr + cols[:, None] * stride_k + d[None, :]
         v_ptrs = v_ptr + cols[:, None] * stride_v + d[None, :]
-        k = tl.load(k_ptrs, mask=before, other=0.0)
-        v = tl.load(v_ptrs, mask=before, other=0.0)
-        wait_for_inputs(PDL)
-        k += tl.load(k_ptrs, mask=after, other=0.0)
-        v += tl.load(v_ptrs, mask=after, other=0.0)
-        q = tl.load(q_ptr + rows[:, None] * stride_q + d[None, :], mask=row_ok[:, None], other=0.0)
+        if FROM_QKV:
+            before = col_ok & (cols < P)
+            k = tl.load(k_ptrs, mask=before[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=before[:, None], other=0.0)
+            wait_for_inputs(PDL)
+            k_s, v_s = _load_suffix_kv(q_ptr, cols, col_ok & (cols >= P), d, P, stride_q, heads, pos_ptr,
+                                       cos_ptr, sin_ptr, k_ptr.dtype.element_ty, D)
+            k += k_s
+            v += v_s
+        else:
+            # without FROM_QKV a block is read whole on one side of the wait: one holding suffix keys after it
+            before = col_ok[:, None] & (start + BLOCK_N <= P)
+            after = col_ok[:, None] & (start + BLOCK_N > P)
+            k = tl.load(k_ptrs, mask=before, other=0.0)
+            v = tl.load(v_ptrs, mask=before, other=0.0)
+            wait_for_inputs(PDL)
+            k += tl.load(k_ptrs, mask=after, other=0.0)
+            v += tl.load(v_ptrs, mask=after, other=0.0)
+        q = _load_queries(q_ptr, rows, row_ok, d, stride_q, heads, pos_ptr, cos_ptr, sin_ptr, q_scale, FROM_QKV, D)
         vis = tl.load(vis_ptr + rows // heads, mask=row_ok, other=0)
         m_i, l_i, acc = _online_softmax_step(q, k, v, cols, col_ok, bias_ptr, P, vis, m_i, l_i, acc, scale,
                                              HAS_SUFFIX)
     else:
         wait_for_inputs(PDL)
-        q = tl.load(q_ptr + rows[:, None] * stride_q + d[None, :], mask=row_ok[:, None], other=0.0)
+        q = _load_queries(q_ptr, rows, row_ok, d, stride_q, heads, pos_ptr, cos_ptr, sin_ptr, q_scale, FROM_QKV, D)
         vis = rows                                             # unused without suffix keys
         if HAS_SUFFIX:
             vis = tl.load(vis_ptr + rows // heads, mask=row_ok, other=0)
         for n in range(0, KEYS_PER_SPLIT, BLOCK_N):           # the last split may run past L: masked
             cols = start + n + tl.arange(0, BLOCK_N)
             col_ok = cols < end
-            k = tl.load(k_ptr + cols[:, None] * stride_k + d[None, :], mask=col_ok[:, None], other=0.0)
-            v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=col_ok[:, None], other=0.0)
+            from_cache = col_ok
+            if FROM_QKV:
+                from_cache = col_ok & (cols < P)
+            k = tl.load(k_ptr + cols[:, None] * stride_k + d[None, :], mask=from_cache[:, None], other=0.0)
+            v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=from_cache[:, None], other=0.0)
+            if FROM_QKV:
+                k_s, v_s = _load_suffix_kv(q_ptr, cols, col_ok & (cols >= P), d, P, stride_q, heads, pos_ptr,
+                                           cos_ptr, sin_ptr, k_ptr.dtype.element_ty, D)
+                k += k_s
+                v += v_s
             m_i, l_i, acc = _online_softmax_step(q, k, v, cols, col_ok, bias_ptr, P, vis, m_i, l_i, acc, scale,
                                                  HAS_SUFFIX)
     if SPLIT == 1:
@@ -135,6 +217,34 @@ def plan(Mq: int, L: int, sms: int = 132) -> tuple[int, int, int]:
     return block_m, block_n, splits
 
 
+def _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, L, rope=None):
+    """Split kernel (+ combine): q is the queries (Mq, D), or the QKV rows when rope = (pos, cos, sin, q_scale)."""
+    Mq, D = out.shape
+    block_m, block_n, auto_splits = plan(Mq, L)
+    splits = splits or auto_splits
+    keys_per_split = triton.cdiv(triton.cdiv(L, splits), block_n) * block_n
+    splits = triton.cdiv(L, keys_per_split)
+    acc = ml = out
+    if splits > 1:
+        acc = torch.empty(splits, Mq, D, device=out.device, dtype=torch.float32)
+        ml = torch.empty(splits, Mq, 2, device=out.device, dtype=torch.float32)
+    pos, cos, sin, q_scale = rope if rope is not None else (bias, bias, bias, 1.0)
+    grid = (triton.cdiv(Mq, block_m), splits)
+    _attn_split_kernel[grid](q, k, v, bias, visible if visible is not None else bias, out, acc, ml, pos, cos, sin,
+                             Mq, L, prefix_len, heads, scale, q_scale,
+                             q.stride(0), k.stride(0), v.stride(0), out.stride(0),
+                             HAS_SUFFIX=visible is not None, SPLIT=splits, KEYS_PER_SPLIT=keys_per_split, D=D,
+                             BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
+                             EARLY_KV=pdl and visible is not None and keys_per_split == block_n,
+                             FROM_QKV=rope is not None, num_warps=8 if block_m >= 64 else 4, num_stages=2,
+                             **launch_options(pdl))
+    if splits > 1:
+        _attn_combine_kernel[(Mq,)](acc, ml, out, Mq, out.stride(0), SPLIT=splits,
+                                    SPLIT_P2=triton.next_power_of_2(splits), D=D, PDL=pdl, num_warps=4,
+                                    **launch_options(pdl))
+    return out
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, prefix_len: int,
               visible: torch.Tensor | None, heads: int, scale: float, out: torch.Tensor,
               splits: int | None = None, pdl: bool = False) -> torch.Tensor:
@@ -149,23 +259,29 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     if (L > prefix_len) != (visible is not None) or bias.shape[0] < prefix_len:
         raise ValueError(f"attention: suffix keys ({L - prefix_len}) need `visible` and bias must cover the "
                          f"{prefix_len} prefix keys")
-    block_m, block_n, auto_splits = plan(Mq, L)
-    splits = splits or auto_splits
-    keys_per_split = triton.cdiv(triton.cdiv(L, splits), block_n) * block_n
-    splits = triton.cdiv(L, keys_per_split)
-    acc = ml = out
-    if splits > 1:
-        acc = torch.empty(splits, Mq, D, device=q.device, dtype=torch.float32)
-        ml = torch.empty(splits, Mq, 2, device=q.device, dtype=torch.float32)
-    grid = (triton.cdiv(Mq, block_m), splits)
-    _attn_split_kernel[grid](q, k, v, bias, visible if visible is not None else bias, out, acc, ml,
-                             Mq, L, prefix_len, heads, scale,
-                             q.stride(0), k.stride(0), v.stride(0), out.stride(0),
-                             HAS_SUFFIX=visible is not None, SPLIT=splits, KEYS_PER_SPLIT=keys_per_split, D=D,
-                             BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
-                             EARLY_KV=pdl and visible is not None and keys_per_split == block_n, num_warps=8 if block_m >= 64 else 4, num_stages=2, **launch_options(pdl))
-    if splits > 1:
-        _attn_combine_kernel[(Mq,)](acc, ml, out, Mq, out.stride(0), SPLIT=splits,
-                                    SPLIT_P2=triton.next_power_of_2(splits), D=D, PDL=pdl, num_warps=4,
-                                    **launch_options(pdl))
-    return out
+    return _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, L)
+
+
+def decoder_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
+                      cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor, prefix_len: int,
+                      visible: torch.Tensor, heads: int, q_scale: float, out: torch.Tensor,
+                      splits: int | None = None, pdl: bool = False) -> torch.Tensor:
+    """Triton launcher; contract of decoder_attention_reference, written into out (S * heads, D). One KV head;
+    D a power of two; the caches are read only below prefix_len."""
+    S = qkv.shape[0]
+    D = k_cache.shape[1] if k_cache.dim() == 2 else -1
+    if D <= 0 or D & (D - 1) or qkv.shape[1] != (heads + 2) * D or min(qkv.stride(1), k_cache.stride(1)) != 1:
+        raise ValueError(f"decoder_attention: qkv (S, (heads + 2) * D) and caches (L, D) with D a power of two "
+                         f"and contiguous rows; got qkv {tuple(qkv.shape)}, k_cache {tuple(k_cache.shape)}, "
+                         f"{heads} heads")
+    if v_cache.shape != k_cache.shape or v_cache.stride(1) != 1 or k_cache.shape[0] < prefix_len:
+        raise ValueError(f"decoder_attention: v_cache must match k_cache {tuple(k_cache.shape)} and hold the "
+                         f"{prefix_len} prefix keys; got {tuple(v_cache.shape)}")
+    if out.shape != (S * heads, D) or out.stride(1) != 1:
+        raise ValueError(f"decoder_attention: out must be ({S * heads}, {D}), got {tuple(out.shape)}")
+    if pos.shape != (S,) or visible.shape != (S,) or cos.shape[1] != D // 2 or bias.shape[0] < prefix_len:
+        raise ValueError(f"decoder_attention: pos and visible ({S},), ({D // 2})-wide rope tables, bias over the "
+                         f"{prefix_len} prefix keys; got pos {tuple(pos.shape)}, visible {tuple(visible.shape)}, "
+                         f"tables {tuple(cos.shape)}, bias {tuple(bias.shape)}")
+    return _launch(qkv, k_cache, v_cache, bias, prefix_len, visible, heads, 1.0, out, splits, pdl,
+                   prefix_len + S, rope=(pos, cos, sin, q_scale))

@@ -39,10 +39,11 @@ class Op(str, enum.Enum):
     ADA_NORM = "ada_norm"            # gated residual + adaRMSNorm (pi0.5 expert)
     GEGLU = "geglu"                  # gelu_tanh(gate) * up on the merged gate/up output
     QKV_ROPE = "qkv_rope"            # QKV split + RoPE + KV-cache write
-    DECODER_QKV = "decoder_qkv"      # the action expert's QKV GEMM and its RoPE / KV write: one kernel or two
+    DECODER_QKV = "decoder_qkv"      # where the action expert's RoPE runs: in the attention, the GEMM, or its own
     EULER = "euler"                  # x <- x + dt * (v + b)
     KERNEL_LAUNCH = "kernel_launch"  # how the Triton kernels of one predict follow each other
     L2_PREFETCH = "l2_prefetch"      # the decoder's QKV GEMM prefetches the layer's later weights into L2
+    VISION_GELU = "vision_gelu"      # the vision MLP's bias + GELU: in the fc1 GEMM's epilogue or a kernel of its own
 
 
 class Switch(str, enum.Enum):
@@ -53,6 +54,8 @@ class Switch(str, enum.Enum):
     FP8 = "FP8"                          # FP8 prefix GEMMs (also needs fp8=True / FLASHRT_FP8=1)
     PDL = "PDL"                          # programmatic dependent launch between Triton kernels (sm90+)
     L2_PREFETCH = "L2_PREFETCH"          # bulk L2 prefetch of the expert's weights (sm90+; also needs l2_prefetch)
+    ROPE_IN_ATTENTION = "ROPE_IN_ATTENTION"  # the denoiser's attention applies RoPE itself (no qkv_rope launch)
+    GEMM_EPILOGUE = "GEMM_EPILOGUE"      # bias + GELU of the vision fc1 in the cuBLASLt/hipBLASLt GEMM epilogue
 
 
 # Which wide GEMMs FP8 serves: every vision and backbone GEMM, the backbone only, or only the backbone's MLP
@@ -74,6 +77,8 @@ class EngineOptions:
                                              # (+ attention projections), "all" (+ the vision tower)
     pdl: bool = True                         # programmatic dependent launch (NVIDIA sm90+)
     l2_prefetch: bool = False                # opt-in until measured: bulk L2 prefetch of the expert's weights
+    rope_in_attention: bool = True           # denoiser: RoPE inside the attention kernel, read from the QKV output
+    gemm_epilogue: bool = True               # vision fc1: bias + GELU (tanh) in the BLAS GEMM's epilogue
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -101,6 +106,8 @@ class EngineOptions:
             Switch.FP8: self.fp8,
             Switch.PDL: self.pdl,
             Switch.L2_PREFETCH: self.l2_prefetch,
+            Switch.ROPE_IN_ATTENTION: self.rope_in_attention,
+            Switch.GEMM_EPILOGUE: self.gemm_epilogue,
         }[switch]
 
     @classmethod
@@ -120,7 +127,8 @@ class EngineOptions:
         changes: dict = {}
         for sw, attr in ((Switch.CUDA_GRAPH, "cuda_graph"), (Switch.TRITON, "triton"),
                          (Switch.FUSED_WEIGHTS, "fused_weights"), (Switch.FLASH_ATTENTION, "flash_attention"),
-                         (Switch.FP8, "fp8"), (Switch.PDL, "pdl"), (Switch.L2_PREFETCH, "l2_prefetch")):
+                         (Switch.FP8, "fp8"), (Switch.PDL, "pdl"), (Switch.L2_PREFETCH, "l2_prefetch"),
+                         (Switch.ROPE_IN_ATTENTION, "rope_in_attention"), (Switch.GEMM_EPILOGUE, "gemm_epilogue")):
             if flag(f"FLASHRT_DISABLE_{sw.value}"):
                 changes[attr] = False
         if flag("FLASHRT_FP8") is not None and "fp8" not in changes:
@@ -225,6 +233,10 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
         Candidate("torch", _ALWAYS, "plain torch ops"),
     ),
     Op.DECODER_QKV: (
+        Candidate("rope_in_attention", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.ROPE_IN_ATTENTION),
+                  "the QKV GEMM writes raw Q/K/V; kernels/attention.py decoder_attention applies RoPE and the q scale "
+                  "to the queries and the suffix keys itself (no qkv_rope launch, no suffix KV-cache write); needs "
+                  "mqa=triton, else the engine runs `separate`"),
         Candidate("fused_rope", _triton, "kernels/qkv_gemm_rope.py: RoPE, q scale and KV write in the QKV GEMM's "
                   "epilogue; kept at load only where it measures faster than the GEMM + qkv_rope pair"),
         Candidate("separate", _ALWAYS, "the decoder GEMM, then the qkv_rope op"),
@@ -243,6 +255,12 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "next layer's QKV weights into L2 (cp.async.bulk.prefetch.L2, NVIDIA sm90+); opt-in, not yet "
                   "measured"),
         Candidate("none", _ALWAYS, "every GEMM reads its weights when it runs"),
+    ),
+    Op.VISION_GELU: (
+        Candidate("gemm_epilogue", lambda hw, o: _gpu(hw, o) and o.switch_on(Switch.GEMM_EPILOGUE),
+                  "torch._addmm_activation: bias + tanh GELU in the cuBLASLt / hipBLASLt epilogue of the bf16 fc1 "
+                  "GEMM (an FP8 fc1 keeps the separate GELU)"),
+        Candidate("separate", _ALWAYS, "the fc1 GEMM with its bias, then torch's tanh GELU"),
     ),
 }
 

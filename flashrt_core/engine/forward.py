@@ -6,7 +6,8 @@ slots, P = V*N + T prefix tokens, S suffix tokens, H query heads, one KV head, D
     residual streams fp32 (rows, width); GEMM inputs/outputs in the engine dtype (bf16)
     q (rows, H, Dh) viewed as (1, 1, rows*H, Dh): with one KV head every query head attends the same keys,
     so the heads are stacked along the query axis and one attention call serves them all
-    k_cache / v_cache (layers, 1, P + S, Dh): prefix K/V written once, suffix rows rewritten every step
+    k_cache / v_cache (layers, 1, P + S, Dh): prefix K/V written once; suffix rows rewritten every step, except
+    with rope_in_attention, where the attention reads the suffix K/V from the QKV GEMM output instead
     key masks: a (P,) 0/-inf vector for prefix keys + per-token visible suffix counts (ops.KeyMask)
 """
 
@@ -92,8 +93,7 @@ def vision(ws: Workspace, w: EngineWeights, ops: Ops) -> torch.Tensor:
         o = ops.linear(attn, layer.out)
         ln = layer.ln2 or (None, None)
         ops.norm(o, residual, y, ln[0], ln[1], vc.eps, layer_norm=True)
-        h = ops.linear(y, layer.fc1)
-        x = ops.linear(torch.nn.functional.gelu(h, approximate="tanh"), layer.fc2)
+        x = ops.linear(ops.linear_gelu(y, layer.fc1), layer.fc2)
     ln = w.post_ln or (None, None)
     ops.norm(x, residual, y, ln[0], ln[1], vc.eps, layer_norm=True)
     return ops.linear(y, w.projector)                                                  # (V*N, Wg)
@@ -161,9 +161,8 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
                 ops.ada_norm(x, residual, gate, mod[0, 0], mod[0, 1], y, e.eps)
             else:
                 ops.norm(x, residual, y, layer.norm1, None, e.eps)
-            ops.decoder_qkv_rope(y, layer.qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i], P,
-                                 heads, 1, dh ** -0.5, prefetch=windows[i])
-            attn = ops.mqa(q.view(S * heads, dh), ws.k_cache[i, 0], ws.v_cache[i, 0], smask, 1.0)  # (S*H, Dh)
+            attn = ops.decoder_attention(y, layer.qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i],
+                                         smask, heads, dh ** -0.5, prefetch=windows[i])      # (S*H, Dh)
             o = ops.decoder(attn.view(S, heads * dh), layer.o, "o")                       # (M, N) or partials
             if pi05:
                 ops.ada_norm(o, residual, mod[0, 2], mod[1, 0], mod[1, 1], y, e.eps)

@@ -111,7 +111,10 @@ class Ops:
         self.l2_prefetch = dispatch[Op.L2_PREFETCH] == "bulk"   # forward passes the windows to decoder_qkv_rope
         self._sdpa = dispatch[Op.ATTENTION] == "sdpa"
         self._mqa = dispatch[Op.MQA]
+        # the denoiser's attention applies RoPE itself: only the Triton attention can
+        self.rope_in_attention = dispatch[Op.DECODER_QKV] == "rope_in_attention" and self._mqa == "triton"
         self.fp8_prefix = dispatch[Op.GEMM_PREFIX] == "fp8"
+        self._gelu_epilogue = dispatch[Op.VISION_GELU] == "gemm_epilogue"
         triton_decoder = dispatch[Op.GEMM_DECODER] == "triton"
         # decoder GEMM kind -> "triton" | "library"; tune_decoder() keeps Triton only where it measures faster
         self.decoder_impl: dict[str, str | SkinnyConfig | RopeGemmConfig] = {
@@ -155,6 +158,16 @@ class Ops:
             return lin.fp8(x)
         outs = [F.linear(x, w, b) for w, b in lin.parts]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+    def linear_gelu(self, x: torch.Tensor, lin: Linear) -> torch.Tensor:
+        """gelu_tanh(x @ W^T + b): the vision MLP's fc1. With vision_gelu=gemm_epilogue and one bf16 block with a
+        bias on the GPU, bias and GELU run in the GEMM's epilogue (cuBLASLt / hipBLASLt use the tanh form on the
+        GPU; the GPU test checks it against torch's tanh GELU)."""
+        if self._gelu_epilogue and self.calibration is None and lin.fp8 is None and len(lin.parts) == 1 \
+                and lin.parts[0][1] is not None and x.is_cuda:
+            w, b = lin.parts[0]
+            return torch._addmm_activation(b, x, w.t(), use_gelu=True)
+        return F.gelu(self.linear(x, lin), approximate="tanh")
 
     @staticmethod
     def _few_rows_gemm_ok(x: torch.Tensor, lin: Linear, k_step: int) -> bool:
@@ -203,6 +216,23 @@ class Ops:
         self.qkv_rope(self.decoder(x, lin, "qkv", impl, prefetch), pos, cos, sin, q_out, k_cache, v_cache, offset,
                       heads, kv_heads, q_scale)
 
+    def decoder_attention(self, x: torch.Tensor, lin: Linear, pos, cos, sin, q_out, k_cache, v_cache,
+                          mask: KeyMask, heads: int, q_scale: float, prefetch: tuple[int, int] | None = None
+                          ) -> torch.Tensor:
+        """One denoising step's attention block up to the O projection: x (S, W) -> (S * heads, Dh).
+        With rope_in_attention: the QKV GEMM, then the attention kernel applies RoPE and the q scale and reads the
+        suffix K/V from the GEMM's output (q_out and the cache's suffix rows stay untouched). Else
+        decoder_qkv_rope (q_out and the suffix rows written) then mqa. k_cache/v_cache: (1, P + S, Dh)."""
+        S, dh = x.shape[0], q_out.shape[-1]
+        if self.rope_in_attention:
+            qkv = self.decoder(x, lin, "qkv", prefetch=prefetch)
+            out = torch.empty(S * heads, dh, device=x.device, dtype=q_out.dtype)
+            return self.k.decoder_attention(qkv, k_cache[0], v_cache[0], pos, cos, sin, mask.bias, mask.prefix_len,
+                                            mask.visible, heads, q_scale, out, pdl=self.pdl)
+        self.decoder_qkv_rope(x, lin, pos, cos, sin, q_out, k_cache, v_cache, mask.prefix_len, heads, 1, q_scale,
+                              prefetch=prefetch)
+        return self.mqa(q_out.view(S * heads, dh), k_cache[0], v_cache[0], mask, 1.0)
+
     def _rope_gemm_ok(self, x: torch.Tensor, lin: Linear, cfg: RopeGemmConfig, head_dim: int) -> bool:
         return (self._qkv_fused and not self.l2_prefetch and self._few_rows_gemm_ok(x, lin, cfg.block_k)
                 and (head_dim // 2) % cfg.block_p == 0)
@@ -230,7 +260,8 @@ class Ops:
         (graph-captured, GPU time only) and keep the fastest (issue 4: fused kernels only where measured faster).
         Each timed pass runs the GEMM over every layer of `layers` in turn, `reps` times, as the denoiser does:
         the weights stream from memory rather than from a warm L2. The library time of gate_up includes its
-        separate GeGLU kernel; every qkv time includes RoPE and the KV write (separate kernel or epilogue).
+        separate GeGLU kernel; every qkv time includes RoPE and the KV write (separate kernel or epilogue), except
+        with rope_in_attention, where the attention does that and qkv is the GEMM alone.
         Returns {kind: {candidate: us per call}}."""
         dev = layers[0].qkv.parts[0][0].device
         g = torch.Generator(device=dev).manual_seed(0)
@@ -248,7 +279,7 @@ class Ops:
 
             def run_all(impl):
                 for lin in lins:
-                    if kind == "qkv":
+                    if kind == "qkv" and not self.rope_in_attention:
                         self.decoder_qkv_rope(x, lin, *rope[:3], rope[3], cache[0], cache[1], 0, heads, 1, 1.0,
                                               impl=impl)
                     else:

@@ -133,7 +133,18 @@ def test_pinned_nvidia_names_give_the_compute_capability():
 def test_decoder_qkv_fusion_needs_triton_and_can_be_pinned_off(monkeypatch):
     import flashrt_core.engine.kernel_import as ki
     monkeypatch.setattr(ki, "triton_available", lambda: True)
-    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.DECODER_QKV] == "fused_rope"
+    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.DECODER_QKV] == "rope_in_attention"
+    assert resolve(detect_hardware("gfx942"), EngineOptions())[Op.DECODER_QKV] == "rope_in_attention"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_ROPE_IN_ATTENTION=1))[Op.DECODER_QKV] == "fused_rope"
+    assert resolve(detect_hardware("sm90"), EngineOptions(rope_in_attention=False))[Op.DECODER_QKV] == "fused_rope"
     assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_TRITON=1))[Op.DECODER_QKV] == "separate"
     assert resolve(detect_hardware("sm90"), _env(FLASHRT_IMPL_DECODER_QKV="separate"))[Op.DECODER_QKV] == "separate"
     assert resolve(CPU, EngineOptions())[Op.DECODER_QKV] == "separate"
+
+
+def test_vision_gelu_epilogue_on_gpus_only_and_switchable(monkeypatch):
+    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.VISION_GELU] == "gemm_epilogue"
+    assert resolve(detect_hardware("gfx950"), EngineOptions())[Op.VISION_GELU] == "gemm_epilogue"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_GEMM_EPILOGUE=1))[Op.VISION_GELU] == "separate"
+    assert resolve(detect_hardware("sm90"), EngineOptions(gemm_epilogue=False))[Op.VISION_GELU] == "separate"
+    assert resolve(CPU, EngineOptions())[Op.VISION_GELU] == "separate"

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.gpu
 
 GATE_OBSERVATIONS = 3
 REPLAY_ATOL = 0.0  # the same kernels on the same inputs: bitwise equal
+FUSION_COSINE = 0.99995  # a fusion on vs off: same math, bf16 roundings in other places (gate: 0.999 vs fp32)
 
 
 def _checkpoint(name: str) -> Path:
@@ -85,6 +86,25 @@ def test_l2_prefetch_changes_no_result():
         np.testing.assert_allclose(fetching.predict_observation(*args), plain.predict_observation(*args),
                                    atol=REPLAY_ATOL, rtol=0)
     del plain, fetching, model
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("switch", ["rope_in_attention", "gemm_epilogue"])
+def test_fusion_switch_keeps_the_actions(switch):
+    """Full-size pi0.5, the graph engine with one fusion on (the default) and off: the fusion moves work between
+    kernels (RoPE into the attention; bias + GELU into the fc1 GEMM's epilogue), so the actions agree to bf16
+    rounding, far inside the accuracy gate, and the switch really changes the dispatch."""
+    cfg = get_config("pi05")
+    model = load_model_weights(_checkpoint("pi05"), cfg, "cuda", torch.bfloat16)
+    fused = build_executor(model, cfg, torch.device("cuda"), "auto")
+    plain = build_executor(model, cfg, torch.device("cuda"), "auto", EngineOptions(**{switch: False}))
+    op = {"rope_in_attention": "decoder_qkv", "gemm_epilogue": "vision_gelu"}[switch]
+    assert fused.dispatch.summary() != plain.dispatch.summary(), op
+    for seed in range(2):
+        obs = random_observation(cfg, np.random.default_rng(seed), views=2, n_text=20 + seed, vocab=1024)
+        args = (obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
+        assert cosine(fused.predict_observation(*args), plain.predict_observation(*args)) >= FUSION_COSINE
+    del fused, plain, model
     torch.cuda.empty_cache()
 
 

@@ -186,6 +186,61 @@ def test_attention(tokens, prefix, suffix_visible, splits):
         _close(out, want, ATTN_BF16_ATOL, BF16_RTOL)
 
 
+@pytest.mark.parametrize("tokens,prefix,suffix_visible,splits", [
+    (DECODER_ROWS[0], PREFIX_ROWS + 16, "all", None),    # pi0.5 step: 576 prefix keys, one 64-key block per split
+    (DECODER_ROWS[-1], PREFIX_ROWS, "pi0", None),        # pi0 (51 rows): several blocks per split
+    (DECODER_ROWS[0], 150, "all", 3),                    # the suffix keys inside a block of prefix keys
+    (DECODER_ROWS[0], 100, "all", 1),                    # one split: the direct-output path
+])
+def test_decoder_attention(tokens, prefix, suffix_visible, splits):
+    """RoPE of the queries and suffix keys inside the attention, suffix K/V read from the QKV rows, against
+    qkv_rope + attention (the reference is that composition). Positions continue after a prefix with holes."""
+    heads, dh = 8, 256
+    g = torch.Generator(device=DEVICE).manual_seed(7 * tokens + prefix)
+    qkv = torch.randn(tokens, (heads + 2) * dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
+    k_cache = _poison(torch.empty(prefix + tokens, dh, device=DEVICE, dtype=ATTN_DTYPE))
+    v_cache = _poison(torch.empty_like(k_cache))
+    k_cache[:prefix] = torch.randn(prefix, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
+    v_cache[:prefix] = torch.randn(prefix, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
+    valid = torch.rand(prefix, device=DEVICE, generator=g) > 0.2
+    valid[0] = True
+    bias = torch.where(valid, 0.0, float("-inf"))
+    pos = int(valid.sum()) + torch.arange(tokens, device=DEVICE)
+    cos, sin = K.rope_tables(prefix + tokens, dh, 10000.0, torch.device(DEVICE))
+    visible = torch.full((tokens,), tokens, device=DEVICE, dtype=torch.int32)
+    if suffix_visible == "pi0":
+        visible[0] = 1
+    want = K.decoder_attention_reference(qkv, k_cache, v_cache, pos, cos, sin, bias, prefix, visible, heads,
+                                         dh ** -0.5)
+    assert not torch.isnan(want).any()
+    for pdl in (False, True):                 # interpreter: the PDL wait is a no-op, the early K/V path still runs
+        out = _poison(torch.empty(tokens * heads, dh, device=DEVICE, dtype=ATTN_DTYPE))
+        K.decoder_attention(qkv, k_cache, v_cache, pos, cos, sin, bias, prefix, visible, heads, dh ** -0.5, out,
+                            splits=splits, pdl=pdl)
+        _close(out, want, ATTN_BF16_ATOL, BF16_RTOL)
+    assert torch.isnan(k_cache[prefix:]).all(), "decoder_attention wrote the cache's suffix rows"
+
+
+@pytest.mark.skipif(INTERPRET, reason="a BLAS epilogue, not a Triton kernel: GPU only")
+def test_vision_fc1_gelu_epilogue_is_the_tanh_gelu():
+    """Ops.linear_gelu's GEMM epilogue (torch._addmm_activation on the GPU) at the SigLIP fc1 shape (2 views x 256
+    tokens, 1152 -> 4304) equals torch's tanh GELU (SigLIP's) of the GEMM, to bf16 rounding."""
+    from flashrt_core.engine.dispatch import Op, resolve
+    from flashrt_core.engine.hardware import detect_hardware
+    from flashrt_core.engine.ops import Ops
+    from flashrt_core.engine.weights import Linear
+    g = torch.Generator(device=DEVICE).manual_seed(11)
+    x = torch.randn(VISION_ROWS, 1152, device=DEVICE, generator=g).bfloat16()
+    lin = Linear([((torch.randn(4304, 1152, device=DEVICE, generator=g) * 1152 ** -0.5).bfloat16(),
+                   torch.randn(4304, device=DEVICE, generator=g).bfloat16())])
+    ops = Ops(resolve(detect_hardware("auto", torch.device(DEVICE))))
+    assert ops.dispatch[Op.VISION_GELU] == "gemm_epilogue"
+    got = ops.linear_gelu(x, lin)
+    pre = torch.nn.functional.linear(x, *lin.parts[0]).float()
+    tanh_gelu = torch.nn.functional.gelu(pre, approximate="tanh")
+    _close(got, tanh_gelu, BF16_ATOL, BF16_RTOL)
+
+
 SKINNY_DTYPE = torch.float32 if INTERPRET else torch.bfloat16   # interpreter: no bf16 tl.dot
 SKINNY_REL_L2 = 1e-2  # bf16 output rounding + fp32 accumulation order
 
@@ -318,8 +373,8 @@ def test_qkv_gemm_rope_every_engine_config(rows):
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch needs an sm90+ GPU")
-@pytest.mark.parametrize("fused_qkv", [False, True])
-def test_dependent_launch_chain_in_a_cuda_graph_matches_stream_order(fused_qkv):
+@pytest.mark.parametrize("rope", ["qkv_rope", "gemm_epilogue", "in_attention"])
+def test_dependent_launch_chain_in_a_cuda_graph_matches_stream_order(rope):
     """One pi0.5 expert layer (norm -> QKV -> RoPE/KV write -> attention -> o -> norm -> gate/up -> down -> norm)
     of PDL-launched kernels captured in a CUDA graph and replayed on fresh inputs: every result equals the same
     kernels launched in plain stream order (a kernel reading its input before the kernel ahead finished writing
@@ -355,14 +410,18 @@ def test_dependent_launch_chain_in_a_cuda_graph_matches_stream_order(fused_qkv):
             c = cfg[kind]
             return K.skinny_gemm(x, w, kind == "gate_up", c.split_k, c.block_n, c.block_k, c.stages, c.warps, pdl=pdl)
         K.ada_rms_norm(st["partials"], st["residual"], vec[0], vec[1], vec[2], st["y"], pdl=pdl)
-        if fused_qkv:
-            K.qkv_gemm_rope(st["y"], w_qkv, pos, cos, sin, st["q"], st["k"], st["v"], prefix, heads, 1, dh ** -0.5,
-                            pdl=pdl)
+        if rope == "in_attention":
+            K.decoder_attention(gemm(st["y"], w_qkv, "qkv"), st["k"][0], st["v"][0], pos, cos, sin, bias, prefix,
+                                visible, heads, dh ** -0.5, st["attn"], pdl=pdl)
         else:
-            K.qkv_rope(gemm(st["y"], w_qkv, "qkv"), pos, cos, sin, st["q"], st["k"], st["v"], prefix, heads, 1,
-                       dh ** -0.5, pdl=pdl)
-        K.attention(st["q"].view(rows * heads, dh), st["k"][0], st["v"][0], bias, prefix, visible, heads, 1.0,
-                    st["attn"], pdl=pdl)
+            if rope == "gemm_epilogue":
+                K.qkv_gemm_rope(st["y"], w_qkv, pos, cos, sin, st["q"], st["k"], st["v"], prefix, heads, 1,
+                                dh ** -0.5, pdl=pdl)
+            else:
+                K.qkv_rope(gemm(st["y"], w_qkv, "qkv"), pos, cos, sin, st["q"], st["k"], st["v"], prefix, heads, 1,
+                           dh ** -0.5, pdl=pdl)
+            K.attention(st["q"].view(rows * heads, dh), st["k"][0], st["v"][0], bias, prefix, visible, heads, 1.0,
+                        st["attn"], pdl=pdl)
         K.ada_rms_norm(gemm(st["attn"].view(rows, heads * dh), w_o, "o"), st["residual"], vec[3], vec[4], vec[5],
                        st["y"], pdl=pdl)
         st["partials"].copy_(gemm(gemm(st["y"], w_gu, "gate_up"), w_down, "down"))
