@@ -18,6 +18,8 @@ the qkv_rope launch between them and without writing the suffix rows into the ca
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ._triton import launch_options, tl, triton, wait_for_inputs
@@ -118,67 +120,82 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, vis_ptr, o_ptr, acc_ptr, m
                        stride_q, stride_k, stride_v, stride_o,
                        HAS_SUFFIX: tl.constexpr, SPLIT: tl.constexpr, KEYS_PER_SPLIT: tl.constexpr, D: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, EARLY_KV: tl.constexpr,
-                       FROM_QKV: tl.constexpr):
-    # FROM_QKV (decoder_attention): q_ptr is the QKV GEMM output; queries and suffix keys get RoPE here, suffix
-    # keys/values come from the QKV rows and only prefix keys (< P) from the cache.
+                       FROM_QKV: tl.constexpr, BLOCK_S: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < Mq
     d = tl.arange(0, D)
-    start = pid_s * KEYS_PER_SPLIT
-    end = tl.minimum(start + KEYS_PER_SPLIT, L)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    if EARLY_KV:
-        # Denoising step, one key block per program: prefix keys hold K/V that the prefix phase wrote, so they are
-        # read before the wait for the kernel ahead (which writes q and the suffix rows); suffix keys after it.
+    if FROM_QKV:
+        # decoder_attention: q_ptr is the QKV GEMM output. Splits 0..SPLIT-2 cover the prefix keys [0, P) from the
+        # cache; the last split covers the suffix keys, read from the QKV rows (RoPE on K here), BLOCK_S of them.
+        start = pid_s * KEYS_PER_SPLIT
+        end = tl.minimum(start + KEYS_PER_SPLIT, P)           # the suffix split: start >= P, nothing from the cache
+        if EARLY_KV:
+            # one block of prefix keys per split, written by the prefix phase: read before the wait for the kernel
+            # ahead (the QKV GEMM)
+            cols = start + tl.arange(0, BLOCK_N)
+            col_ok = cols < end
+            k = tl.load(k_ptr + cols[:, None] * stride_k + d[None, :], mask=col_ok[:, None], other=0.0)
+            v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=col_ok[:, None], other=0.0)
+        wait_for_inputs(PDL)
+        q = _load_queries(q_ptr, rows, row_ok, d, stride_q, heads, pos_ptr, cos_ptr, sin_ptr, q_scale, True, D)
+        vis = tl.load(vis_ptr + rows // heads, mask=row_ok, other=0)
+        if pid_s == SPLIT - 1:
+            cols_s = P + tl.arange(0, BLOCK_S)
+            ok_s = cols_s < L
+            k_s, v_s = _load_suffix_kv(q_ptr, cols_s, ok_s, d, P, stride_q, heads, pos_ptr, cos_ptr, sin_ptr,
+                                       k_ptr.dtype.element_ty, D)
+            m_i, l_i, acc = _online_softmax_step(q, k_s, v_s, cols_s, ok_s, bias_ptr, P, vis, m_i, l_i, acc, scale,
+                                                 HAS_SUFFIX)
+        else:
+            if EARLY_KV:
+                m_i, l_i, acc = _online_softmax_step(q, k, v, cols, col_ok, bias_ptr, P, vis, m_i, l_i, acc, scale,
+                                                     HAS_SUFFIX)
+            else:
+                for n in range(0, KEYS_PER_SPLIT, BLOCK_N):
+                    cols = start + n + tl.arange(0, BLOCK_N)
+                    col_ok = cols < end
+                    k = tl.load(k_ptr + cols[:, None] * stride_k + d[None, :], mask=col_ok[:, None], other=0.0)
+                    v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=col_ok[:, None], other=0.0)
+                    m_i, l_i, acc = _online_softmax_step(q, k, v, cols, col_ok, bias_ptr, P, vis, m_i, l_i, acc,
+                                                         scale, HAS_SUFFIX)
+    elif EARLY_KV:
+        # Denoising step, one key block per program: a block of prefix keys holds K/V that the prefix phase wrote,
+        # so it is read before the wait for the kernel ahead (which writes q and the suffix rows); a block with
+        # suffix keys is read after it. Exactly one of the two masked loads moves data.
+        start = pid_s * KEYS_PER_SPLIT
         cols = start + tl.arange(0, BLOCK_N)
-        col_ok = cols < end
+        col_ok = cols < tl.minimum(start + KEYS_PER_SPLIT, L)
+        before = col_ok[:, None] & (start + BLOCK_N <= P)
+        after = col_ok[:, None] & (start + BLOCK_N > P)
         k_ptrs = k_ptr + cols[:, None] * stride_k + d[None, :]
         v_ptrs = v_ptr + cols[:, None] * stride_v + d[None, :]
-        if FROM_QKV:
-            before = col_ok & (cols < P)
-            k = tl.load(k_ptrs, mask=before[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=before[:, None], other=0.0)
-            wait_for_inputs(PDL)
-            k_s, v_s = _load_suffix_kv(q_ptr, cols, col_ok & (cols >= P), d, P, stride_q, heads, pos_ptr,
-                                       cos_ptr, sin_ptr, k_ptr.dtype.element_ty, D)
-            k += k_s
-            v += v_s
-        else:
-            # without FROM_QKV a block is read whole on one side of the wait: one holding suffix keys after it
-            before = col_ok[:, None] & (start + BLOCK_N <= P)
-            after = col_ok[:, None] & (start + BLOCK_N > P)
-            k = tl.load(k_ptrs, mask=before, other=0.0)
-            v = tl.load(v_ptrs, mask=before, other=0.0)
-            wait_for_inputs(PDL)
-            k += tl.load(k_ptrs, mask=after, other=0.0)
-            v += tl.load(v_ptrs, mask=after, other=0.0)
-        q = _load_queries(q_ptr, rows, row_ok, d, stride_q, heads, pos_ptr, cos_ptr, sin_ptr, q_scale, FROM_QKV, D)
+        k = tl.load(k_ptrs, mask=before, other=0.0)
+        v = tl.load(v_ptrs, mask=before, other=0.0)
+        wait_for_inputs(PDL)
+        k += tl.load(k_ptrs, mask=after, other=0.0)
+        v += tl.load(v_ptrs, mask=after, other=0.0)
+        q = tl.load(q_ptr + rows[:, None] * stride_q + d[None, :], mask=row_ok[:, None], other=0.0)
         vis = tl.load(vis_ptr + rows // heads, mask=row_ok, other=0)
         m_i, l_i, acc = _online_softmax_step(q, k, v, cols, col_ok, bias_ptr, P, vis, m_i, l_i, acc, scale,
                                              HAS_SUFFIX)
     else:
+        start = pid_s * KEYS_PER_SPLIT
+        end = tl.minimum(start + KEYS_PER_SPLIT, L)
         wait_for_inputs(PDL)
-        q = _load_queries(q_ptr, rows, row_ok, d, stride_q, heads, pos_ptr, cos_ptr, sin_ptr, q_scale, FROM_QKV, D)
+        q = tl.load(q_ptr + rows[:, None] * stride_q + d[None, :], mask=row_ok[:, None], other=0.0)
         vis = rows                                             # unused without suffix keys
         if HAS_SUFFIX:
             vis = tl.load(vis_ptr + rows // heads, mask=row_ok, other=0)
         for n in range(0, KEYS_PER_SPLIT, BLOCK_N):           # the last split may run past L: masked
             cols = start + n + tl.arange(0, BLOCK_N)
             col_ok = cols < end
-            from_cache = col_ok
-            if FROM_QKV:
-                from_cache = col_ok & (cols < P)
-            k = tl.load(k_ptr + cols[:, None] * stride_k + d[None, :], mask=from_cache[:, None], other=0.0)
-            v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=from_cache[:, None], other=0.0)
-            if FROM_QKV:
-                k_s, v_s = _load_suffix_kv(q_ptr, cols, col_ok & (cols >= P), d, P, stride_q, heads, pos_ptr,
-                                           cos_ptr, sin_ptr, k_ptr.dtype.element_ty, D)
-                k += k_s
-                v += v_s
+            k = tl.load(k_ptr + cols[:, None] * stride_k + d[None, :], mask=col_ok[:, None], other=0.0)
+            v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=col_ok[:, None], other=0.0)
             m_i, l_i, acc = _online_softmax_step(q, k, v, cols, col_ok, bias_ptr, P, vis, m_i, l_i, acc, scale,
                                                  HAS_SUFFIX)
     if SPLIT == 1:
@@ -208,22 +225,41 @@ def _attn_combine_kernel(acc_ptr, ml_ptr, o_ptr, Mq, stride_o, SPLIT: tl.constex
     tl.store(o_ptr + row * stride_o + d, out.to(o_ptr.dtype.element_ty))
 
 
-def plan(Mq: int, L: int, sms: int = 132) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, splits): enough programs to fill `sms` multiprocessors."""
+# Key block of the decoder's early-K/V path (one block per split, held in registers across the PDL wait). Compiled
+# for sm90 with 4 warps, a 64-key block of 256-wide K and V makes ptxas fall back to 32 registers and ~9 KB of
+# spills per thread; 32 keys fit (250 registers, no spills). FLASHRT_DECODER_KEY_BLOCK=64 restores the old block
+# for A/B runs.
+DECODER_KEY_BLOCK = int(os.environ.get("FLASHRT_DECODER_KEY_BLOCK", "32"))
+if DECODER_KEY_BLOCK not in (16, 32, 64):
+    raise ValueError(f"FLASHRT_DECODER_KEY_BLOCK must be 16, 32 or 64, got {DECODER_KEY_BLOCK}")
+
+
+def plan(Mq: int, L: int, sms: int = 132, early: bool = False) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, splits): enough programs to fill `sms` multiprocessors. early (PDL with suffix keys):
+    DECODER_KEY_BLOCK keys per split where that many splits fill the GPU, so each split is one block read before
+    the PDL wait; else 64-key blocks, several per split."""
     block_m = 16 if Mq <= 128 else (32 if Mq <= 1024 else 64)
-    block_n = 64
     programs_m = triton.cdiv(Mq, block_m)
+    if early:
+        splits = triton.cdiv(L, DECODER_KEY_BLOCK)
+        if splits <= min(triton.cdiv(sms, programs_m), 32):
+            return block_m, DECODER_KEY_BLOCK, splits
+    block_n = 64
     splits = max(1, min(triton.cdiv(sms, programs_m), triton.cdiv(L, block_n), 16))
     return block_m, block_n, splits
 
 
 def _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, L, rope=None):
-    """Split kernel (+ combine): q is the queries (Mq, D), or the QKV rows when rope = (pos, cos, sin, q_scale)."""
+    """Split kernel (+ combine): q is the queries (Mq, D), or the QKV rows when rope = (pos, cos, sin, q_scale);
+    then the splits cover the prefix keys and one more split the L - prefix_len suffix keys."""
     Mq, D = out.shape
-    block_m, block_n, auto_splits = plan(Mq, L)
+    keyed = prefix_len if rope is not None else L                 # keys the splits divide
+    block_m, block_n, auto_splits = plan(Mq, keyed, early=pdl and visible is not None)
+    if rope is not None and splits is not None:
+        splits = max(1, splits - 1)                               # `splits` counts the suffix split too
     splits = splits or auto_splits
-    keys_per_split = triton.cdiv(triton.cdiv(L, splits), block_n) * block_n
-    splits = triton.cdiv(L, keys_per_split)
+    keys_per_split = triton.cdiv(triton.cdiv(keyed, splits), block_n) * block_n
+    splits = triton.cdiv(keyed, keys_per_split) + (rope is not None)
     acc = ml = out
     if splits > 1:
         acc = torch.empty(splits, Mq, D, device=out.device, dtype=torch.float32)
@@ -236,8 +272,9 @@ def _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, 
                              HAS_SUFFIX=visible is not None, SPLIT=splits, KEYS_PER_SPLIT=keys_per_split, D=D,
                              BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
                              EARLY_KV=pdl and visible is not None and keys_per_split == block_n,
-                             FROM_QKV=rope is not None, num_warps=8 if block_m >= 64 else 4, num_stages=2,
-                             **launch_options(pdl))
+                             FROM_QKV=rope is not None,
+                             BLOCK_S=max(16, triton.next_power_of_2(L - prefix_len)) if rope is not None else 16,
+                             num_warps=8 if block_m >= 64 else 4, num_stages=2, **launch_options(pdl))
     if splits > 1:
         _attn_combine_kernel[(Mq,)](acc, ml, out, Mq, out.stride(0), SPLIT=splits,
                                     SPLIT_P2=triton.next_power_of_2(splits), D=D, PDL=pdl, num_warps=4,
@@ -274,7 +311,7 @@ def decoder_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         raise ValueError(f"decoder_attention: qkv (S, (heads + 2) * D) and caches (L, D) with D a power of two "
                          f"and contiguous rows; got qkv {tuple(qkv.shape)}, k_cache {tuple(k_cache.shape)}, "
                          f"{heads} heads")
-    if v_cache.shape != k_cache.shape or v_cache.stride(1) != 1 or k_cache.shape[0] < prefix_len:
+    if v_cache.shape != k_cache.shape or v_cache.stride(1) != 1 or k_cache.shape[0] < prefix_len or prefix_len < 1:
         raise ValueError(f"decoder_attention: v_cache must match k_cache {tuple(k_cache.shape)} and hold the "
                          f"{prefix_len} prefix keys; got {tuple(v_cache.shape)}")
     if out.shape != (S * heads, D) or out.stride(1) != 1:

@@ -340,7 +340,7 @@ def targets(rows: list[dict], gates: list[dict] | None = None) -> list[str]:
     out = []
     eager, comp = pick("reference_eager"), pick("reference_compile")
     measured = [r["variant"][len("engine_"):] for r in rows if r["variant"].startswith("engine_")
-                and "-no_" not in r["variant"]]
+                and "-" not in r["variant"]]       # A/B variants ("-no_pdl", "-with_l2_prefetch") have no target
     for prec in ["bf16"] + [p for p in dict.fromkeys(measured) if p != "bf16"]:
         eng = pick(f"engine_{prec}")
         if eng is None:

@@ -32,3 +32,17 @@ def test_unknown_suffix_is_refused():
         engine_options("bf16-fast", ARGS)
     with pytest.raises(TypeError):                      # a switch EngineOptions does not have
         engine_options("bf16-with_warp_speed", ARGS)
+
+
+def test_targets_skip_ab_variants():
+    """A/B rows ("-with_"/"-no_" variants) are measured beside the engine rows but have no target of their own."""
+    from tools.benchmark_engine import targets
+
+    def row(variant, median):
+        return {"config": "pi05", "views": 2, "horizon": 10, "variant": variant,
+                "predict_ms": {"median": median, "p99": median * 1.01}}
+    lines = targets([row("engine_bf16", 12.0), row("engine_bf16-with_l2_prefetch", 13.0),
+                     row("engine_fp8-no_pdl", 12.5), row("reference_eager_bf16", 390.0)])
+    text = "\n".join(lines)
+    assert "engine bf16 median predict 12.00 ms vs target <= 8.0 ms: MISSED" in text
+    assert "l2_prefetch" not in text and "no_pdl" not in text

@@ -190,7 +190,7 @@ def test_attention(tokens, prefix, suffix_visible, splits):
     (DECODER_ROWS[0], PREFIX_ROWS + 16, "all", None),    # pi0.5 step: 576 prefix keys, one 64-key block per split
     (DECODER_ROWS[-1], PREFIX_ROWS, "pi0", None),        # pi0 (51 rows): several blocks per split
     (DECODER_ROWS[0], 150, "all", 3),                    # the suffix keys inside a block of prefix keys
-    (DECODER_ROWS[0], 100, "all", 1),                    # one split: the direct-output path
+    (DECODER_ROWS[0], 100, "all", 2),                    # one prefix split + the suffix split
 ])
 def test_decoder_attention(tokens, prefix, suffix_visible, splits):
     """RoPE of the queries and suffix keys inside the attention, suffix K/V read from the QKV rows, against
