@@ -225,25 +225,29 @@ def _attn_combine_kernel(acc_ptr, ml_ptr, o_ptr, Mq, stride_o, SPLIT: tl.constex
     tl.store(o_ptr + row * stride_o + d, out.to(o_ptr.dtype.element_ty))
 
 
-# Key block of the decoder's early-K/V path (one block per split, held in registers across the PDL wait). Compiled
-# for sm90 with 4 warps, a 64-key block of 256-wide K and V makes ptxas fall back to 32 registers and ~9 KB of
-# spills per thread; 32 keys fit (250 registers, no spills). FLASHRT_DECODER_KEY_BLOCK=64 restores the old block
-# for A/B runs.
-DECODER_KEY_BLOCK = int(os.environ.get("FLASHRT_DECODER_KEY_BLOCK", "32"))
-if DECODER_KEY_BLOCK not in (16, 32, 64):
-    raise ValueError(f"FLASHRT_DECODER_KEY_BLOCK must be 16, 32 or 64, got {DECODER_KEY_BLOCK}")
+# Key blocks of a denoising step's attention: one block per split, held in registers across the PDL wait
+# (measured on the H200 with tools/benchmark_attention.py, 2026-11-29). With the suffix keys in the cache
+# (`attention`), a 64-key block of 256-wide K and V compiles for sm90 to 32 registers and ~9 KB of spills per
+# thread; 32 keys fit (250 registers, no spills): 14.07 -> 12.88 us per layer for GEMM + qkv_rope + attention.
+# decoder_attention loads prefix keys only and 64 keys fit (237 registers, no spills): 11.33 us, vs 11.67 us with
+# 32. FLASHRT_DECODER_KEY_BLOCK=16|32|64 sets both, for A/B runs.
+_KEY_BLOCK_ENV = os.environ.get("FLASHRT_DECODER_KEY_BLOCK")
+if _KEY_BLOCK_ENV not in (None, "", "16", "32", "64"):
+    raise ValueError(f"FLASHRT_DECODER_KEY_BLOCK must be 16, 32 or 64, got {_KEY_BLOCK_ENV!r}")
+DECODER_KEY_BLOCK = int(_KEY_BLOCK_ENV or 32)                # attention() with suffix keys
+DECODER_PREFIX_KEY_BLOCK = int(_KEY_BLOCK_ENV or 64)         # decoder_attention()
 
 
-def plan(Mq: int, L: int, sms: int = 132, early: bool = False) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, splits): enough programs to fill `sms` multiprocessors. early (PDL with suffix keys):
-    DECODER_KEY_BLOCK keys per split where that many splits fill the GPU, so each split is one block read before
-    the PDL wait; else 64-key blocks, several per split."""
+def plan(Mq: int, L: int, sms: int = 132, key_block: int | None = None) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, splits): enough programs to fill `sms` multiprocessors. key_block (a denoising step):
+    one block of that many keys per split where that many splits fit the GPU (the early-K/V path under PDL);
+    else 64-key blocks, several per split. The plan never depends on PDL, so both launch modes sum alike."""
     block_m = 16 if Mq <= 128 else (32 if Mq <= 1024 else 64)
     programs_m = triton.cdiv(Mq, block_m)
-    if early:
-        splits = triton.cdiv(L, DECODER_KEY_BLOCK)
+    if key_block:
+        splits = triton.cdiv(L, key_block)
         if splits <= min(triton.cdiv(sms, programs_m), 32):
-            return block_m, DECODER_KEY_BLOCK, splits
+            return block_m, key_block, splits
     block_n = 64
     splits = max(1, min(triton.cdiv(sms, programs_m), triton.cdiv(L, block_n), 16))
     return block_m, block_n, splits
@@ -254,7 +258,8 @@ def _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, 
     then the splits cover the prefix keys and one more split the L - prefix_len suffix keys."""
     Mq, D = out.shape
     keyed = prefix_len if rope is not None else L                 # keys the splits divide
-    block_m, block_n, auto_splits = plan(Mq, keyed, early=pdl and visible is not None)
+    key_block = None if visible is None else (DECODER_PREFIX_KEY_BLOCK if rope is not None else DECODER_KEY_BLOCK)
+    block_m, block_n, auto_splits = plan(Mq, keyed, key_block=key_block)
     if rope is not None and splits is not None:
         splits = max(1, splits - 1)                               # `splits` counts the suffix split too
     splits = splits or auto_splits

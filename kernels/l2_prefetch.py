@@ -36,6 +36,16 @@ def prefetch_l2(addr, nbytes, chunk, SLOTS: tl.constexpr):
         "=r,l,r", [addr + start, size], dtype=tl.int32, is_pure=False, pack=1)
 
 
+@triton.jit
+def prefetch_rows_l2(addr, row_stride, nbytes, rows, ok):
+    """Bulk-prefetch into L2 ``nbytes`` from ``addr + rows * row_stride`` for every element of ``rows`` where
+    ``ok`` (all in bytes, 16-byte multiples): one instruction per element. Fire and forget, like prefetch_l2."""
+    size = tl.where(ok, nbytes, 0).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [addr + rows.to(tl.int64) * row_stride, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
 def prefetch_chunk(nbytes: int, programs: int, num_warps: int) -> int:
     """Bytes per thread so that ``programs`` programs of ``num_warps`` warps cover ``nbytes`` (16-byte multiple)."""
     slots = programs * 32 * num_warps
@@ -50,4 +60,4 @@ def check_window(addr: int, nbytes: int) -> None:
                          f"{nbytes} bytes")
 
 
-__all__ = ["GRANULE", "prefetch_l2", "prefetch_chunk", "check_window"]
+__all__ = ["GRANULE", "prefetch_l2", "prefetch_rows_l2", "prefetch_chunk", "check_window"]

@@ -6,8 +6,9 @@
              the consumer (the residual norm kernels) sums the partials, so no reduction kernel runs.
 
 Each program owns BLOCK_N output columns (both gate and up columns with the epilogue) for all M rows, so every
-weight byte is read once. Optionally the kernel first issues a bulk L2 prefetch of a window of later weights
-(kernels/l2_prefetch.py), before it waits for its inputs.
+weight byte is read once. Before it waits for its inputs (PDL), a program may bulk-prefetch into L2 its own weight
+slice (`own_prefetch`: the bytes it is about to stream, fetched while the kernel ahead still runs) and/or a window
+of later kernels' weights (`prefetch`), both through kernels/l2_prefetch.py.
 Provenance: FlashRT AMD's packed small-M BF16 kernel for QKV, O and merged gate/up.
 """
 
@@ -18,7 +19,7 @@ import math
 import torch
 
 from ._triton import launch_options, tl, triton, wait_for_inputs
-from .l2_prefetch import check_window, prefetch_chunk, prefetch_l2
+from .l2_prefetch import check_window, prefetch_chunk, prefetch_l2, prefetch_rows_l2
 
 _K_GELU = 2.0 * math.sqrt(2.0 / math.pi)
 
@@ -39,10 +40,10 @@ def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, geglu: bool = False,
 
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, split_stride,
-                   pf_addr, pf_bytes, pf_chunk,
+                   pf_addr, pf_bytes, pf_chunk, w_addr,
                    K_PER_SPLIT: tl.constexpr, GEGLU: tl.constexpr, SPLIT_K: tl.constexpr, KGELU: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                   PREFETCH_SLOTS: tl.constexpr):
+                   PREFETCH_SLOTS: tl.constexpr, OWN_PREFETCH: tl.constexpr):
     if PREFETCH_SLOTS > 0:          # later kernels' weights into L2: independent of the inputs, so before the wait
         prefetch_l2(pf_addr, pf_bytes, pf_chunk, PREFETCH_SLOTS)
     pid_n = tl.program_id(0)
@@ -54,6 +55,12 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, s
     n_out = F if GEGLU else N
     n_ok = rn < n_out
     k0 = pid_k * K_PER_SPLIT
+    if OWN_PREFETCH:                # this program's weight rows [k0, k0 + K_PER_SPLIT) into L2, before the wait
+        ELEM: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+        base = w_addr + k0 * ELEM
+        prefetch_rows_l2(base, stride_w * ELEM, K_PER_SPLIT * ELEM, rn, n_ok)   # row r at r * stride_w elements
+        if GEGLU:
+            prefetch_rows_l2(base, stride_w * ELEM, K_PER_SPLIT * ELEM, rn + F, n_ok)
     if BLOCK_K == K_PER_SPLIT:
         # One shot: the program's whole weight slice is loaded before waiting for x, so with PDL the weight stream
         # overlaps the end of the kernel ahead (the weights are the only bytes that matter at this size).
@@ -90,13 +97,15 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, s
 
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1, block_n: int = 16,
                 block_k: int = 256, num_stages: int = 4, num_warps: int = 4, pdl: bool = False,
-                out: torch.Tensor | None = None, prefetch: tuple[int, int] | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, prefetch: tuple[int, int] | None = None,
+                own_prefetch: bool = False) -> torch.Tensor:
     """Triton launcher; contract of skinny_gemm_reference. x (M, K) with M <= 64 and unit column stride.
     block_k == K / split_k: one-shot programs (the weight slice is loaded at once, before the wait for x).
     pdl: launch with programmatic dependent launch (sm90+; see _triton.wait_for_inputs).
     out: optional preallocated result of the shape and dtype described above.
     prefetch: (address, bytes) of a window of device memory to bulk-prefetch into L2 (sm90+), e.g. the weights
-    of the GEMMs that follow; None = no prefetch. The result does not depend on it."""
+    of the GEMMs that follow; None = no prefetch. own_prefetch: each program first bulk-prefetches its own weight
+    slice into L2 (sm90+; rows and slices must be 16-byte multiples). The result depends on neither."""
     M, K = x.shape
     N = w.shape[0]
     if M > 64 or w.shape[1] != K or x.stride(1) != 1 or not w.is_contiguous():
@@ -104,6 +113,9 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: 
     if K % (split_k * block_k) or (geglu and (N % 2 or split_k > 1)):
         raise ValueError(f"skinny_gemm: K={K} must divide into split_k={split_k} x block_k={block_k}; GeGLU needs "
                          "an even N and no split")
+    if own_prefetch and ((K // split_k) * w.element_size() % 16 or w.stride(0) * w.element_size() % 16
+                         or w.data_ptr() % 16):
+        raise ValueError("skinny_gemm: own_prefetch needs 16-byte aligned weight rows and K slices")
     F = N // 2 if geglu else N
     shape, dtype = ((split_k, M, N), torch.float32) if split_k > 1 else ((M, F), x.dtype)
     if out is None:
@@ -119,8 +131,9 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: 
         check_window(pf_addr, pf_bytes)
         pf_chunk, slots = prefetch_chunk(pf_bytes, grid[0] * grid[1], num_warps), 32 * num_warps
     _skinny_kernel[grid](x, w, out, M, N, F, x.stride(0), w.stride(0), out.stride(-2), M * N,
-                         pf_addr, pf_bytes, pf_chunk,
+                         pf_addr, pf_bytes, pf_chunk, w.data_ptr(),
                          K_PER_SPLIT=K // split_k, GEGLU=geglu, SPLIT_K=split_k, KGELU=_K_GELU,
                          BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, PREFETCH_SLOTS=slots,
+                         OWN_PREFETCH=own_prefetch,
                          num_warps=num_warps, num_stages=num_stages, **launch_options(pdl))
     return out

@@ -7,7 +7,8 @@ Compares, at the real pi0.5 expert shapes (10 suffix rows, 8 heads, head dim 256
     qkv_rope + attention   the QKV GEMM, the qkv_rope kernel (RoPE, q scale, suffix K/V into the cache), attention
     decoder_attention      the QKV GEMM, then one attention kernel that applies RoPE itself (rope_in_attention)
 
-for each key block of the decoder's early-K/V path (kernels/attention.py DECODER_KEY_BLOCK). Every variant runs
+for each key block of the decoder's early-K/V path (kernels/attention.py DECODER_KEY_BLOCK and
+DECODER_PREFIX_KEY_BLOCK). Every variant runs
 the block over 18 layers (their own weights and caches, as the denoiser does), launched with programmatic dependent
 launch, captured in a CUDA graph and replayed; the time is GPU time per layer (CUDA events around the replays).
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prefix", type=int, default=576, help="prefix keys (2 views x 256 + 64 text slots)")
     ap.add_argument("--rows", type=int, nargs="+", default=[ROWS], help="suffix rows (pi0.5 h10: 10, h50: 50)")
-    ap.add_argument("--key-blocks", type=int, nargs="+", default=[16, 32, 64])
+    ap.add_argument("--key-blocks", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--reps", type=int, default=10, help="passes over the 18 layers per graph")
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--out", type=Path, default=None)
@@ -105,10 +106,10 @@ def main(argv: list[str] | None = None) -> None:
     for rows in args.rows:
         st = build(args.prefix, rows, dev)
         for kb in args.key_blocks:
-            attn_module.DECODER_KEY_BLOCK = kb
+            attn_module.DECODER_KEY_BLOCK = attn_module.DECODER_PREFIX_KEY_BLOCK = kb
             for fused in (False, True):
                 us = time_us(st, fused, args.reps, args.replays)
-                plan = attn_module.plan(rows * HEADS, args.prefix if fused else args.prefix + rows, early=True)
+                plan = attn_module.plan(rows * HEADS, args.prefix if fused else args.prefix + rows, key_block=kb)
                 rows_out.append({"rows": rows, "key_block": kb, "path": "decoder_attention" if fused else
                                  "qkv_rope + attention", "us_per_layer": us, "plan": plan})
                 print(f"rows {rows} key block {kb} {rows_out[-1]['path']}: {us:.2f} us per layer", flush=True)

@@ -43,6 +43,7 @@ class Op(str, enum.Enum):
     EULER = "euler"                  # x <- x + dt * (v + b)
     KERNEL_LAUNCH = "kernel_launch"  # how the Triton kernels of one predict follow each other
     L2_PREFETCH = "l2_prefetch"      # the decoder's QKV GEMM prefetches the layer's later weights into L2
+    WEIGHT_PREFETCH = "weight_prefetch"  # each decoder GEMM program prefetches its own weight slice into L2 first
     VISION_GELU = "vision_gelu"      # the vision MLP's bias + GELU: in the fc1 GEMM's epilogue or a kernel of its own
 
 
@@ -56,6 +57,7 @@ class Switch(str, enum.Enum):
     L2_PREFETCH = "L2_PREFETCH"          # bulk L2 prefetch of the expert's weights (sm90+; also needs l2_prefetch)
     ROPE_IN_ATTENTION = "ROPE_IN_ATTENTION"  # the denoiser's attention applies RoPE itself (no qkv_rope launch)
     GEMM_EPILOGUE = "GEMM_EPILOGUE"      # bias + GELU of the vision fc1 in the cuBLASLt/hipBLASLt GEMM epilogue
+    WEIGHT_PREFETCH = "WEIGHT_PREFETCH"  # decoder GEMMs prefetch their own weights into L2 before the PDL wait
 
 
 # Which wide GEMMs FP8 serves: every vision and backbone GEMM, the backbone only, or only the backbone's MLP
@@ -79,6 +81,7 @@ class EngineOptions:
     l2_prefetch: bool = False                # opt-in until measured: bulk L2 prefetch of the expert's weights
     rope_in_attention: bool = True           # denoiser: RoPE inside the attention kernel, read from the QKV output
     gemm_epilogue: bool = True               # vision fc1: bias + GELU (tanh) in the BLAS GEMM's epilogue
+    weight_prefetch: bool = True             # decoder GEMMs: own weight slice into L2 before the PDL wait (sm90+)
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -108,6 +111,7 @@ class EngineOptions:
             Switch.L2_PREFETCH: self.l2_prefetch,
             Switch.ROPE_IN_ATTENTION: self.rope_in_attention,
             Switch.GEMM_EPILOGUE: self.gemm_epilogue,
+            Switch.WEIGHT_PREFETCH: self.weight_prefetch,
         }[switch]
 
     @classmethod
@@ -128,7 +132,8 @@ class EngineOptions:
         for sw, attr in ((Switch.CUDA_GRAPH, "cuda_graph"), (Switch.TRITON, "triton"),
                          (Switch.FUSED_WEIGHTS, "fused_weights"), (Switch.FLASH_ATTENTION, "flash_attention"),
                          (Switch.FP8, "fp8"), (Switch.PDL, "pdl"), (Switch.L2_PREFETCH, "l2_prefetch"),
-                         (Switch.ROPE_IN_ATTENTION, "rope_in_attention"), (Switch.GEMM_EPILOGUE, "gemm_epilogue")):
+                         (Switch.ROPE_IN_ATTENTION, "rope_in_attention"), (Switch.GEMM_EPILOGUE, "gemm_epilogue"),
+                         (Switch.WEIGHT_PREFETCH, "weight_prefetch")):
             if flag(f"FLASHRT_DISABLE_{sw.value}"):
                 changes[attr] = False
         if flag("FLASHRT_FP8") is not None and "fp8" not in changes:
@@ -255,6 +260,14 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "next layer's QKV weights into L2 (cp.async.bulk.prefetch.L2, NVIDIA sm90+); opt-in, not yet "
                   "measured"),
         Candidate("none", _ALWAYS, "every GEMM reads its weights when it runs"),
+    ),
+    Op.WEIGHT_PREFETCH: (
+        Candidate("own_slice", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.WEIGHT_PREFETCH)
+                  and o.switch_on(Switch.PDL) and hw.vendor is Vendor.NVIDIA and hw.sm is not None and hw.sm >= 90,
+                  "kernels/skinny_gemm.py: every program of a decoder Triton GEMM issues cp.async.bulk.prefetch.L2 "
+                  "for its own weight rows before its PDL wait, so they stream into L2 while the kernel ahead "
+                  "runs (NVIDIA sm90+, with PDL)"),
+        Candidate("none", _ALWAYS, "each program streams its weights from HBM after the wait"),
     ),
     Op.VISION_GELU: (
         Candidate("gemm_epilogue", lambda hw, o: _gpu(hw, o) and o.switch_on(Switch.GEMM_EPILOGUE),

@@ -18,6 +18,11 @@ from .weights import Linear
 # Additive mask value for keys a query may not see: finite, so a row never becomes NaN.
 MASKED = -1e30
 
+# rope_in_attention serves denoising steps of at most this many suffix rows: its suffix split applies RoPE to all
+# of them in one program. Measured on the H200 (tools/benchmark_attention.py, QKV GEMM + RoPE + attention per
+# layer): 10 rows 11.33 us vs 12.88 us for qkv_rope + attention; 50 rows (horizon 50) 21.65 us vs 18.69 us.
+ROPE_IN_ATTENTION_MAX_ROWS = 16
+
 
 @dataclass(frozen=True)
 class SkinnyConfig:
@@ -108,6 +113,7 @@ class Ops:
         self._euler_triton = triton(Op.EULER)
         self.pdl = dispatch[Op.KERNEL_LAUNCH] == "pdl"     # every Triton launch below passes it
         self._qkv_fused = dispatch[Op.DECODER_QKV] == "fused_rope"
+        self.own_prefetch = dispatch[Op.WEIGHT_PREFETCH] == "own_slice"
         self.l2_prefetch = dispatch[Op.L2_PREFETCH] == "bulk"   # forward passes the windows to decoder_qkv_rope
         self._sdpa = dispatch[Op.ATTENTION] == "sdpa"
         self._mqa = dispatch[Op.MQA]
@@ -195,7 +201,8 @@ class Ops:
             return self.k.skinny_gemm(x, lin.parts[0][0], geglu=kind == "gate_up", split_k=impl.split_k,
                                       block_n=impl.block_n, block_k=impl.block_k, num_stages=impl.stages,
                                       num_warps=impl.warps, pdl=self.pdl,
-                                      prefetch=prefetch if self.l2_prefetch else None)
+                                      prefetch=prefetch if self.l2_prefetch else None,
+                                      own_prefetch=self.own_prefetch)
         y = self.linear(x, lin)
         return self.geglu(y) if kind == "gate_up" else y
 
@@ -216,15 +223,19 @@ class Ops:
         self.qkv_rope(self.decoder(x, lin, "qkv", impl, prefetch), pos, cos, sin, q_out, k_cache, v_cache, offset,
                       heads, kv_heads, q_scale)
 
+    def _rope_in_attention_for(self, rows: int) -> bool:
+        return self.rope_in_attention and rows <= ROPE_IN_ATTENTION_MAX_ROWS
+
     def decoder_attention(self, x: torch.Tensor, lin: Linear, pos, cos, sin, q_out, k_cache, v_cache,
                           mask: KeyMask, heads: int, q_scale: float, prefetch: tuple[int, int] | None = None
                           ) -> torch.Tensor:
         """One denoising step's attention block up to the O projection: x (S, W) -> (S * heads, Dh).
-        With rope_in_attention: the QKV GEMM, then the attention kernel applies RoPE and the q scale and reads the
-        suffix K/V from the GEMM's output (q_out and the cache's suffix rows stay untouched). Else
+        With rope_in_attention and S <= ROPE_IN_ATTENTION_MAX_ROWS: the QKV GEMM, then the attention kernel applies
+        RoPE and the q scale and reads the suffix K/V from the GEMM's output (q_out and the cache's suffix rows stay
+        untouched). Else
         decoder_qkv_rope (q_out and the suffix rows written) then mqa. k_cache/v_cache: (1, P + S, Dh)."""
         S, dh = x.shape[0], q_out.shape[-1]
-        if self.rope_in_attention:
+        if self._rope_in_attention_for(S):
             qkv = self.decoder(x, lin, "qkv", prefetch=prefetch)
             out = torch.empty(S * heads, dh, device=x.device, dtype=q_out.dtype)
             return self.k.decoder_attention(qkv, k_cache[0], v_cache[0], pos, cos, sin, mask.bias, mask.prefix_len,
@@ -261,7 +272,7 @@ class Ops:
         Each timed pass runs the GEMM over every layer of `layers` in turn, `reps` times, as the denoiser does:
         the weights stream from memory rather than from a warm L2. The library time of gate_up includes its
         separate GeGLU kernel; every qkv time includes RoPE and the KV write (separate kernel or epilogue), except
-        with rope_in_attention, where the attention does that and qkv is the GEMM alone.
+        where rope_in_attention serves `rows`: there the attention does that and qkv is the GEMM alone.
         Returns {kind: {candidate: us per call}}."""
         dev = layers[0].qkv.parts[0][0].device
         g = torch.Generator(device=dev).manual_seed(0)
@@ -279,7 +290,7 @@ class Ops:
 
             def run_all(impl):
                 for lin in lins:
-                    if kind == "qkv" and not self.rope_in_attention:
+                    if kind == "qkv" and not self._rope_in_attention_for(rows):
                         self.decoder_qkv_rope(x, lin, *rope[:3], rope[3], cache[0], cache[1], 0, heads, 1, 1.0,
                                               impl=impl)
                     else:

@@ -148,3 +148,14 @@ def test_vision_gelu_epilogue_on_gpus_only_and_switchable(monkeypatch):
     assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_GEMM_EPILOGUE=1))[Op.VISION_GELU] == "separate"
     assert resolve(detect_hardware("sm90"), EngineOptions(gemm_epilogue=False))[Op.VISION_GELU] == "separate"
     assert resolve(CPU, EngineOptions())[Op.VISION_GELU] == "separate"
+
+
+def test_own_weight_prefetch_needs_sm90_triton_and_pdl(monkeypatch):
+    import flashrt_core.engine.kernel_import as ki
+    monkeypatch.setattr(ki, "triton_available", lambda: True)
+    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.WEIGHT_PREFETCH] == "own_slice"
+    assert resolve(detect_hardware("sm89"), EngineOptions())[Op.WEIGHT_PREFETCH] == "none"
+    assert resolve(detect_hardware("gfx942"), EngineOptions())[Op.WEIGHT_PREFETCH] == "none"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_WEIGHT_PREFETCH=1))[Op.WEIGHT_PREFETCH] == "none"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_PDL=1))[Op.WEIGHT_PREFETCH] == "none"
+    assert resolve(CPU, EngineOptions())[Op.WEIGHT_PREFETCH] == "none"

@@ -17,18 +17,18 @@ pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed
 PREFETCH = "cp.async.bulk.prefetch.L2.global"
 SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "N": "i32", "F": "i32",
              "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "split_stride": "i32",
-             "pf_addr": "i64", "pf_bytes": "i32", "pf_chunk": "i32"}
+             "pf_addr": "i64", "pf_bytes": "i32", "pf_chunk": "i32", "w_addr": "i64"}
 
 
-def _ptx(slots: int, pdl: bool, num_warps: int) -> str:
+def _ptx(slots: int, pdl: bool, num_warps: int, own: bool = False, geglu: bool = False) -> str:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from kernels.skinny_gemm import _K_GELU, _skinny_kernel
 
-    constexprs = {"K_PER_SPLIT": 1024, "GEGLU": False, "SPLIT_K": 1, "KGELU": _K_GELU, "BLOCK_M": 16,
-                  "BLOCK_N": 32, "BLOCK_K": 128, "PDL": pdl, "PREFETCH_SLOTS": slots}
+    constexprs = {"K_PER_SPLIT": 1024, "GEGLU": geglu, "SPLIT_K": 1, "KGELU": _K_GELU, "BLOCK_M": 16,
+                  "BLOCK_N": 32, "BLOCK_K": 128, "PDL": pdl, "PREFETCH_SLOTS": slots, "OWN_PREFETCH": own}
     signature = {**SIGNATURE, **{name: "constexpr" for name in constexprs}}
     kernel = triton.compile(ASTSource(fn=_skinny_kernel, signature=signature, constexprs=constexprs),
                             target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 4})
@@ -46,3 +46,13 @@ def test_prefetch_prologue_compiles_for_sm90_before_the_dependency_wait(num_warp
 def test_no_prefetch_without_slots():
     ptx = _ptx(0, pdl=True, num_warps=4)
     assert PREFETCH not in ptx and "griddepcontrol.wait" in ptx
+
+
+@pytest.mark.parametrize("geglu", [False, True])
+def test_own_slice_prefetch_compiles_before_the_dependency_wait(geglu):
+    """own_prefetch: one bulk prefetch per weight row of the program (gate and up rows with GeGLU), all of them
+    before griddepcontrol.wait."""
+    ptx = _ptx(0, pdl=True, num_warps=4, own=True, geglu=geglu)
+    assert ptx.count(PREFETCH) >= 1 + geglu
+    last = max(i for i in range(len(ptx)) if ptx.startswith(PREFETCH, i))
+    assert last < ptx.find("griddepcontrol.wait")
