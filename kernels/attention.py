@@ -18,8 +18,6 @@ the qkv_rope launch between them and without writing the suffix rows into the ca
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ._triton import launch_options, tl, triton, wait_for_inputs
@@ -230,12 +228,10 @@ def _attn_combine_kernel(acc_ptr, ml_ptr, o_ptr, Mq, stride_o, SPLIT: tl.constex
 # (`attention`), a 64-key block of 256-wide K and V compiles for sm90 to 32 registers and ~9 KB of spills per
 # thread; 32 keys fit (250 registers, no spills): 14.07 -> 12.88 us per layer for GEMM + qkv_rope + attention.
 # decoder_attention loads prefix keys only and 64 keys fit (237 registers, no spills): 11.33 us, vs 11.67 us with
-# 32. FLASHRT_DECODER_KEY_BLOCK=16|32|64 sets both, for A/B runs.
-_KEY_BLOCK_ENV = os.environ.get("FLASHRT_DECODER_KEY_BLOCK")
-if _KEY_BLOCK_ENV not in (None, "", "16", "32", "64"):
-    raise ValueError(f"FLASHRT_DECODER_KEY_BLOCK must be 16, 32 or 64, got {_KEY_BLOCK_ENV!r}")
-DECODER_KEY_BLOCK = int(_KEY_BLOCK_ENV or 32)                # attention() with suffix keys
-DECODER_PREFIX_KEY_BLOCK = int(_KEY_BLOCK_ENV or 64)         # decoder_attention()
+# 32. The engine's decoder_key_block option (FLASHRT_DECODER_KEY_BLOCK) sets both, for A/B runs.
+KEY_BLOCKS = (16, 32, 64)
+DECODER_KEY_BLOCK = 32              # attention() with suffix keys
+DECODER_PREFIX_KEY_BLOCK = 64       # decoder_attention()
 
 
 def plan(Mq: int, L: int, sms: int = 132, key_block: int | None = None) -> tuple[int, int, int]:
@@ -253,12 +249,17 @@ def plan(Mq: int, L: int, sms: int = 132, key_block: int | None = None) -> tuple
     return block_m, block_n, splits
 
 
-def _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, L, rope=None):
+def _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, L, rope=None, key_block=None):
     """Split kernel (+ combine): q is the queries (Mq, D), or the QKV rows when rope = (pos, cos, sin, q_scale);
     then the splits cover the prefix keys and one more split the L - prefix_len suffix keys."""
     Mq, D = out.shape
     keyed = prefix_len if rope is not None else L                 # keys the splits divide
-    key_block = None if visible is None else (DECODER_PREFIX_KEY_BLOCK if rope is not None else DECODER_KEY_BLOCK)
+    if key_block is not None and key_block not in KEY_BLOCKS:
+        raise ValueError(f"attention: key_block must be one of {KEY_BLOCKS}, got {key_block}")
+    if visible is None:
+        key_block = None                                          # the prefix: 64-key blocks, several per split
+    elif key_block is None:
+        key_block = DECODER_PREFIX_KEY_BLOCK if rope is not None else DECODER_KEY_BLOCK
     block_m, block_n, auto_splits = plan(Mq, keyed, key_block=key_block)
     if rope is not None and splits is not None:
         splits = max(1, splits - 1)                               # `splits` counts the suffix split too
@@ -289,8 +290,9 @@ def _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, prefix_len: int,
               visible: torch.Tensor | None, heads: int, scale: float, out: torch.Tensor,
-              splits: int | None = None, pdl: bool = False) -> torch.Tensor:
-    """Triton launcher; contract of attention_reference, written into out (Mq, D). D must be a power of two."""
+              splits: int | None = None, pdl: bool = False, key_block: int | None = None) -> torch.Tensor:
+    """Triton launcher; contract of attention_reference, written into out (Mq, D). D must be a power of two.
+    key_block: keys per split of a denoising step (None: DECODER_KEY_BLOCK)."""
     Mq, D = q.shape
     L = k.shape[0]
     if D & (D - 1) or k.shape != (L, D) or v.shape != (L, D) or out.shape != (Mq, D):
@@ -301,15 +303,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     if (L > prefix_len) != (visible is not None) or bias.shape[0] < prefix_len:
         raise ValueError(f"attention: suffix keys ({L - prefix_len}) need `visible` and bias must cover the "
                          f"{prefix_len} prefix keys")
-    return _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, L)
+    return _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, L, key_block=key_block)
 
 
 def decoder_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                       cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor, prefix_len: int,
                       visible: torch.Tensor, heads: int, q_scale: float, out: torch.Tensor,
-                      splits: int | None = None, pdl: bool = False) -> torch.Tensor:
+                      splits: int | None = None, pdl: bool = False, key_block: int | None = None) -> torch.Tensor:
     """Triton launcher; contract of decoder_attention_reference, written into out (S * heads, D). One KV head;
-    D a power of two; the caches are read only below prefix_len."""
+    D a power of two; the caches are read only below prefix_len. key_block: prefix keys per split (None:
+    DECODER_PREFIX_KEY_BLOCK)."""
     S = qkv.shape[0]
     D = k_cache.shape[1] if k_cache.dim() == 2 else -1
     if D <= 0 or D & (D - 1) or qkv.shape[1] != (heads + 2) * D or min(qkv.stride(1), k_cache.stride(1)) != 1:
@@ -326,4 +329,4 @@ def decoder_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                          f"{prefix_len} prefix keys; got pos {tuple(pos.shape)}, visible {tuple(visible.shape)}, "
                          f"tables {tuple(cos.shape)}, bias {tuple(bias.shape)}")
     return _launch(qkv, k_cache, v_cache, bias, prefix_len, visible, heads, 1.0, out, splits, pdl,
-                   prefix_len + S, rope=(pos, cos, sin, q_scale))
+                   prefix_len + S, rope=(pos, cos, sin, q_scale), key_block=key_block)

@@ -7,8 +7,7 @@ Compares, at the real pi0.5 expert shapes (10 suffix rows, 8 heads, head dim 256
     qkv_rope + attention   the QKV GEMM, the qkv_rope kernel (RoPE, q scale, suffix K/V into the cache), attention
     decoder_attention      the QKV GEMM, then one attention kernel that applies RoPE itself (rope_in_attention)
 
-for each key block of the decoder's early-K/V path (kernels/attention.py DECODER_KEY_BLOCK and
-DECODER_PREFIX_KEY_BLOCK). Every variant runs
+for each key block of the decoder's early-K/V path (the launchers' key_block). Every variant runs
 the block over 18 layers (their own weights and caches, as the denoiser does), launched with programmatic dependent
 launch, captured in a CUDA graph and replayed; the time is GPU time per layer (CUDA events around the replays).
 
@@ -59,30 +58,30 @@ def build(prefix: int, rows: int, device: torch.device) -> dict:
     }
 
 
-def block(st: dict, i: int, fused: bool) -> None:
+def block(st: dict, i: int, fused: bool, key_block: int) -> None:
     kern = load_kernels()
     c = SKINNY_DEFAULT["qkv"]
     qkv = kern.skinny_gemm(st["y"], st["w"][i], False, c.split_k, c.block_n, c.block_k, c.stages, c.warps, pdl=True)
     P, S = st["prefix"], st["rows"]
     if fused:
         kern.decoder_attention(qkv, st["k"][i][0], st["v"][i][0], st["pos"], st["cos"], st["sin"], st["bias"], P,
-                               st["visible"], HEADS, DH ** -0.5, st["out"], pdl=True)
+                               st["visible"], HEADS, DH ** -0.5, st["out"], pdl=True, key_block=key_block)
     else:
         kern.qkv_rope(qkv, st["pos"], st["cos"], st["sin"], st["q"], st["k"][i], st["v"][i], P, HEADS, 1,
                       DH ** -0.5, pdl=True)
         kern.attention(st["q"].view(S * HEADS, DH), st["k"][i][0], st["v"][i][0], st["bias"], P, st["visible"],
-                       HEADS, 1.0, st["out"], pdl=True)
+                       HEADS, 1.0, st["out"], pdl=True, key_block=key_block)
 
 
-def time_us(st: dict, fused: bool, reps: int, replays: int) -> float:
+def time_us(st: dict, fused: bool, key_block: int, reps: int, replays: int) -> float:
     for i in range(LAYERS):                   # compile outside the capture
-        block(st, i, fused)
+        block(st, i, fused, key_block)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(reps):
             for i in range(LAYERS):
-                block(st, i, fused)
+                block(st, i, fused, key_block)
     graph.replay()
     times = sorted(graph_replay_ms(graph, replays))
     return times[len(times) // 2] * 1e3 / (reps * LAYERS)
@@ -106,9 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     for rows in args.rows:
         st = build(args.prefix, rows, dev)
         for kb in args.key_blocks:
-            attn_module.DECODER_KEY_BLOCK = attn_module.DECODER_PREFIX_KEY_BLOCK = kb
             for fused in (False, True):
-                us = time_us(st, fused, args.reps, args.replays)
+                us = time_us(st, fused, kb, args.reps, args.replays)
                 plan = attn_module.plan(rows * HEADS, args.prefix if fused else args.prefix + rows, key_block=kb)
                 rows_out.append({"rows": rows, "key_block": kb, "path": "decoder_attention" if fused else
                                  "qkv_rope + attention", "us_per_layer": us, "plan": plan})

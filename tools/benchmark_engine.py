@@ -130,11 +130,16 @@ def reference_predict(ref: ReferenceExecutor, obs, compiled=None):
 def engine_options(prec: str, args) -> EngineOptions:
     """bf16 | fp8 (per-tensor static scales) | fp8row (per-token / per-channel), env switches applied;
     "fp8row@backbone_mlp": FP8 on that scope only (dispatch.FP8_SCOPES);
-    a suffix "-no_<switch>" turns that EngineOptions switch off, "-with_<switch>" turns an opt-in one on (A/B rows:
-    "bf16-no_pdl", "bf16-with_l2_prefetch")."""
+    a suffix "-no_<switch>" turns that EngineOptions switch off, "-with_<switch>" turns an opt-in one on, and
+    "-<option>=<int>" sets an integer option (A/B rows: "bf16-no_pdl", "bf16-with_l2_prefetch",
+    "bf16-decoder_key_block=32")."""
     prec, *suffixes = prec.split("-")
     switches = {}
     for suffix in suffixes:
+        if "=" in suffix:                       # an integer option: "bf16-decoder_key_block=32"
+            name, _, value = suffix.partition("=")
+            switches[name] = int(value)
+            continue
         state, _, switch = suffix.partition("_")
         if state not in ("no", "with") or not switch:
             raise ValueError(f"variant suffix must be no_<switch> or with_<switch>, got {suffix!r}")
@@ -257,7 +262,7 @@ def bench_config(args, res: Results, name: str) -> None:
     dev = torch.device("cuda")
     hw = detect_hardware("auto", dev)
     precisions = ["bf16"] + ([f"fp8{s}" for s in args.fp8_scalings] if name in args.fp8_configs else [])
-    ab_variants = ([f"bf16-no_{switch}" for switch in args.ab_switches_off]
+    ab_variants = ([f"bf16-no_{switch}" for switch in args.ab_switches_off] + [f"bf16-{o}" for o in args.ab_options]
                    + [f"{prec}-with_{switch}" for switch in args.ab_switches_on for prec in precisions])
     # accuracy gate: the fp32 reference vs the engine built from the same fp32 weights
     if args.gate:
@@ -429,6 +434,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="'' (per-tensor, static) and/or 'row', each optionally '@<scope>' (e.g. row@backbone_mlp)")
     ap.add_argument("--ab-switches-off", nargs="*", default=[],
                     help="EngineOptions switches (e.g. pdl) each measured off too, bf16, as 'engine_bf16-no_<name>'")
+    ap.add_argument("--ab-options", nargs="*", default=[],
+                    help="bf16 A/B rows with an integer EngineOptions field set, e.g. decoder_key_block=32")
     ap.add_argument("--ab-switches-on", nargs="*", default=[],
                     help="opt-in EngineOptions switches (e.g. l2_prefetch) each measured on too, for every precision, "
                          "as 'engine_<precision>-with_<name>'")

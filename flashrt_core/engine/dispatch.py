@@ -9,6 +9,8 @@ tests and bug reports:
     FLASHRT_DISABLE_FAST_PATHS=1    everything off: the eager reference path runs
     FLASHRT_FP8=1                   ask for FP8 E4M3 prefix GEMMs (same as EngineOptions(fp8=True))
     FLASHRT_L2_PREFETCH=1           ask for the decoder's bulk L2 weight prefetch (EngineOptions(l2_prefetch=True))
+    FLASHRT_WEIGHT_PREFETCH=1       ask for the decoder GEMMs' own-slice L2 prefetch (EngineOptions(weight_prefetch=True))
+    FLASHRT_DECODER_KEY_BLOCK=N     keys per split of a denoising step's attention (EngineOptions.decoder_key_block)
     FLASHRT_FP8_SCALING=tensor|row  FP8 scale granularity (EngineOptions.fp8_scaling)
     FLASHRT_FP8_SCOPE=all|backbone|backbone_mlp   which wide GEMMs FP8 serves (EngineOptions.fp8_scope)
 
@@ -81,7 +83,8 @@ class EngineOptions:
     l2_prefetch: bool = False                # opt-in until measured: bulk L2 prefetch of the expert's weights
     rope_in_attention: bool = True           # denoiser: RoPE inside the attention kernel, read from the QKV output
     gemm_epilogue: bool = True               # vision fc1: bias + GELU (tanh) in the BLAS GEMM's epilogue
-    weight_prefetch: bool = True             # decoder GEMMs: own weight slice into L2 before the PDL wait (sm90+)
+    weight_prefetch: bool = False            # opt-in (measured slower): decoder GEMMs prefetch their own weights
+    decoder_key_block: int = 0               # keys per split of a denoising step's attention; 0: the kernels' own
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -91,6 +94,8 @@ class EngineOptions:
             raise ValueError(f"fp8_scaling must be 'tensor' or 'row', got {self.fp8_scaling!r}")
         if self.fp8_scope not in FP8_SCOPES:
             raise ValueError(f"fp8_scope must be one of {FP8_SCOPES}, got {self.fp8_scope!r}")
+        if self.decoder_key_block not in (0, 16, 32, 64):
+            raise ValueError(f"decoder_key_block must be 0 (default), 16, 32 or 64, got {self.decoder_key_block!r}")
         if any((not isinstance(b, int)) or b <= 0 for b in self.text_buckets):
             raise ValueError(f"text_buckets must be positive ints, got {self.text_buckets!r}")
         for op, impl in self.overrides.items():
@@ -144,6 +149,13 @@ class EngineOptions:
             changes["fp8_scaling"] = env["FLASHRT_FP8_SCALING"]
         if env.get("FLASHRT_FP8_SCOPE"):
             changes["fp8_scope"] = env["FLASHRT_FP8_SCOPE"]
+        if flag("FLASHRT_WEIGHT_PREFETCH") is not None and "weight_prefetch" not in changes:
+            changes["weight_prefetch"] = flag("FLASHRT_WEIGHT_PREFETCH")
+        if env.get("FLASHRT_DECODER_KEY_BLOCK"):
+            raw = env["FLASHRT_DECODER_KEY_BLOCK"]
+            if not raw.isdigit():
+                raise ValueError(f"FLASHRT_DECODER_KEY_BLOCK must be 16, 32 or 64, got {raw!r}")
+            changes["decoder_key_block"] = int(raw)
         if flag("FLASHRT_DISABLE_FAST_PATHS"):
             changes["fast_paths"] = False
         overrides = dict(base.overrides)
@@ -266,7 +278,7 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   and o.switch_on(Switch.PDL) and hw.vendor is Vendor.NVIDIA and hw.sm is not None and hw.sm >= 90,
                   "kernels/skinny_gemm.py: every program of a decoder Triton GEMM issues cp.async.bulk.prefetch.L2 "
                   "for its own weight rows before its PDL wait, so they stream into L2 while the kernel ahead "
-                  "runs (NVIDIA sm90+, with PDL)"),
+                  "runs (NVIDIA sm90+, with PDL); opt-in: measured slower on the H200"),
         Candidate("none", _ALWAYS, "each program streams its weights from HBM after the wait"),
     ),
     Op.VISION_GELU: (

@@ -114,6 +114,7 @@ class Ops:
         self.pdl = dispatch[Op.KERNEL_LAUNCH] == "pdl"     # every Triton launch below passes it
         self._qkv_fused = dispatch[Op.DECODER_QKV] == "fused_rope"
         self.own_prefetch = dispatch[Op.WEIGHT_PREFETCH] == "own_slice"
+        self.key_block = dispatch.options.decoder_key_block or None     # None: the attention kernels' defaults
         self.l2_prefetch = dispatch[Op.L2_PREFETCH] == "bulk"   # forward passes the windows to decoder_qkv_rope
         self._sdpa = dispatch[Op.ATTENTION] == "sdpa"
         self._mqa = dispatch[Op.MQA]
@@ -239,7 +240,7 @@ class Ops:
             qkv = self.decoder(x, lin, "qkv", prefetch=prefetch)
             out = torch.empty(S * heads, dh, device=x.device, dtype=q_out.dtype)
             return self.k.decoder_attention(qkv, k_cache[0], v_cache[0], pos, cos, sin, mask.bias, mask.prefix_len,
-                                            mask.visible, heads, q_scale, out, pdl=self.pdl)
+                                            mask.visible, heads, q_scale, out, pdl=self.pdl, key_block=self.key_block)
         self.decoder_qkv_rope(x, lin, pos, cos, sin, q_out, k_cache, v_cache, mask.prefix_len, heads, 1, q_scale,
                               prefetch=prefetch)
         return self.mqa(q_out.view(S * heads, dh), k_cache[0], v_cache[0], mask, 1.0)
@@ -324,7 +325,7 @@ class Ops:
         if self._mqa == "triton":
             out = torch.empty_like(q)
             return self.k.attention(q, k, v, mask.bias, mask.prefix_len, mask.visible, mask.heads, scale, out,
-                                    pdl=self.pdl)
+                                    pdl=self.pdl, key_block=self.key_block)
         dense = mask.dense(q.shape[0], k.shape[0], q.dtype)                 # (Mq, L)
         if self._mqa == "sdpa":
             return F.scaled_dot_product_attention(q[None, None], k[None, None], v[None, None],

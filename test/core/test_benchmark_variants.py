@@ -46,3 +46,10 @@ def test_targets_skip_ab_variants():
     text = "\n".join(lines)
     assert "engine bf16 median predict 12.00 ms vs target <= 8.0 ms: MISSED" in text
     assert "l2_prefetch" not in text and "no_pdl" not in text
+
+
+def test_integer_option_suffix():
+    o = engine_options("bf16-decoder_key_block=32", ARGS)
+    assert o.decoder_key_block == 32 and not o.fp8
+    with pytest.raises(ValueError, match="decoder_key_block"):
+        engine_options("bf16-decoder_key_block=40", ARGS)

@@ -153,9 +153,23 @@ def test_vision_gelu_epilogue_on_gpus_only_and_switchable(monkeypatch):
 def test_own_weight_prefetch_needs_sm90_triton_and_pdl(monkeypatch):
     import flashrt_core.engine.kernel_import as ki
     monkeypatch.setattr(ki, "triton_available", lambda: True)
-    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.WEIGHT_PREFETCH] == "own_slice"
-    assert resolve(detect_hardware("sm89"), EngineOptions())[Op.WEIGHT_PREFETCH] == "none"
-    assert resolve(detect_hardware("gfx942"), EngineOptions())[Op.WEIGHT_PREFETCH] == "none"
-    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_WEIGHT_PREFETCH=1))[Op.WEIGHT_PREFETCH] == "none"
-    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_PDL=1))[Op.WEIGHT_PREFETCH] == "none"
-    assert resolve(CPU, EngineOptions())[Op.WEIGHT_PREFETCH] == "none"
+    asked = EngineOptions(weight_prefetch=True)
+    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.WEIGHT_PREFETCH] == "none"      # opt-in
+    assert resolve(detect_hardware("sm90"), asked)[Op.WEIGHT_PREFETCH] == "own_slice"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_WEIGHT_PREFETCH=1))[Op.WEIGHT_PREFETCH] == "own_slice"
+    assert resolve(detect_hardware("sm89"), asked)[Op.WEIGHT_PREFETCH] == "none"
+    assert resolve(detect_hardware("gfx942"), asked)[Op.WEIGHT_PREFETCH] == "none"
+    env = EngineOptions.from_env(asked, env={"FLASHRT_DISABLE_WEIGHT_PREFETCH": "1"})
+    assert resolve(detect_hardware("sm90"), env)[Op.WEIGHT_PREFETCH] == "none"
+    env = EngineOptions.from_env(asked, env={"FLASHRT_DISABLE_PDL": "1"})
+    assert resolve(detect_hardware("sm90"), env)[Op.WEIGHT_PREFETCH] == "none"
+    assert resolve(CPU, asked)[Op.WEIGHT_PREFETCH] == "none"
+
+
+def test_decoder_key_block_option_and_env():
+    assert EngineOptions().decoder_key_block == 0
+    assert _env(FLASHRT_DECODER_KEY_BLOCK=32).decoder_key_block == 32
+    with pytest.raises(ValueError, match="decoder_key_block"):
+        EngineOptions(decoder_key_block=48)
+    with pytest.raises(ValueError, match="FLASHRT_DECODER_KEY_BLOCK"):
+        _env(FLASHRT_DECODER_KEY_BLOCK="big")

@@ -91,14 +91,15 @@ def test_l2_prefetch_changes_no_result():
 
 @pytest.mark.parametrize("switch", ["rope_in_attention", "gemm_epilogue", "weight_prefetch"])
 def test_fusion_switch_keeps_the_actions(switch):
-    """Full-size pi0.5, the graph engine with one fusion on (the default) and off: the fusion moves work between
+    """Full-size pi0.5, the graph engine with one switch at its default and flipped: the fusion moves work between
     kernels (RoPE into the attention; bias + GELU into the fc1 GEMM's epilogue) or only when bytes arrive (the
     weight prefetch; the GEMM tuning may then pick other configurations), so the actions agree to bf16 rounding,
     far inside the accuracy gate, and the switch really changes the dispatch."""
     cfg = get_config("pi05")
     model = load_model_weights(_checkpoint("pi05"), cfg, "cuda", torch.bfloat16)
     fused = build_executor(model, cfg, torch.device("cuda"), "auto")
-    plain = build_executor(model, cfg, torch.device("cuda"), "auto", EngineOptions(**{switch: False}))
+    plain = build_executor(model, cfg, torch.device("cuda"), "auto",                 # the switch flipped
+                           EngineOptions(**{switch: not getattr(EngineOptions(), switch)}))
     op = {"rope_in_attention": "decoder_qkv", "gemm_epilogue": "vision_gelu", "weight_prefetch": "weight_prefetch"}[switch]
     assert fused.dispatch.summary() != plain.dispatch.summary(), op
     for seed in range(2):
