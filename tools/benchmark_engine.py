@@ -170,6 +170,25 @@ def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
 COMPILED_STAGES = ("embed_prefix", "fill_prefix_cache", "denoise_step")
 
 
+def _owned_outputs(fn):
+    """fn with its tensor outputs cloned. Under mode="max-autotune" inductor replays each compiled region as a CUDA
+    graph whose outputs live in that graph's static buffers; with regional compilation the same graph serves every
+    layer, so the next layer's replay overwrites the previous layer's output while it is still in use (the first
+    layers-scope run on the H200 stopped there: "accessing tensor output of CUDAGraphs that has been overwritten
+    by a subsequent run"). One copy per region output makes each output the caller's own."""
+    def own(out):
+        if isinstance(out, torch.Tensor):
+            return out.clone()
+        if isinstance(out, (tuple, list)):
+            return type(out)(own(o) for o in out)
+        return out
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        return own(fn(*args, **kwargs))
+    return run
+
+
 def compile_reference(ref: ReferenceExecutor, mode: str, scope: str, backend: str | None = None):
     """The reference's sample_actions under torch.compile; same signature, run it under torch.no_grad().
 
@@ -178,7 +197,8 @@ def compile_reference(ref: ReferenceExecutor, mode: str, scope: str, backend: st
     the denoise step is traced once and reused by the 10 Euler steps, which stay a Python loop, as in the eager
     reference (did not finish in 390 s). scope "layers": PyTorch's regional compilation, each transformer layer
     compiled on its own (SigLIP layers whole, Gemma layers as their qkv and finish halves around the joint
-    attention), so identical layers share one compiled graph and the glue between them stays eager.
+    attention), so identical layers share one compiled graph and the glue between them stays eager; each region's
+    outputs are cloned (`_owned_outputs`).
     backend: e.g. "eager" to check the capture without inductor (tests); None = inductor with ``mode``.
     The undecorated method is used: inference_mode inside a compiled region fails in AOT autograd.
     """
@@ -189,11 +209,11 @@ def compile_reference(ref: ReferenceExecutor, mode: str, scope: str, backend: st
     if scope == "layers":                   # regional compilation: one graph per kind of layer, reused by all
         model = ref.model
         for layer in model.vision.layers:
-            layer.compile(**options)
+            layer.forward = _owned_outputs(torch.compile(layer.forward, **options))
         for stack in (model.paligemma, model.expert):
             for layer in stack.layers:      # a Gemma layer runs as qkv(), joint attention, finish()
-                layer.qkv = torch.compile(layer.qkv, **options)
-                layer.finish = torch.compile(layer.finish, **options)
+                layer.qkv = _owned_outputs(torch.compile(layer.qkv, **options))
+                layer.finish = _owned_outputs(torch.compile(layer.finish, **options))
         return sample
     if scope != "stages":
         raise ValueError(f"compile scope must be 'whole', 'stages' or 'layers', got {scope!r}")

@@ -58,3 +58,15 @@ def test_unknown_scope_is_refused():
     model = random_model("pi05_tiny")
     with pytest.raises(ValueError, match="compile scope"):
         compile_reference(ReferenceExecutor(model, model.config, torch.device("cpu")), "default", "modules")
+
+
+def test_region_outputs_are_the_callers_own():
+    """_owned_outputs clones what a compiled region returns (tensors, also inside tuples), so a CUDA graph replay
+    of the same region for the next layer cannot overwrite an output still in use."""
+    from tools.benchmark_engine import _owned_outputs
+    buf = torch.arange(4.0)
+    pair = _owned_outputs(lambda: (buf, (buf, 3)))()
+    single = _owned_outputs(lambda: buf)()
+    buf.add_(10)                                              # the "next replay" writes the static buffer
+    assert torch.equal(single, torch.arange(4.0)) and torch.equal(pair[0], torch.arange(4.0))
+    assert torch.equal(pair[1][0], torch.arange(4.0)) and pair[1][1] == 3
