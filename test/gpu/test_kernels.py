@@ -320,17 +320,11 @@ def test_skinny_gemm_every_engine_config(kind, n, k):
                     f"{cfg} pdl={pdl} rows {rows}: rel L2 error {err:.2e}"
 
 
-@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
-                    reason="cp.async.bulk.prefetch.L2 needs an sm90+ GPU")
-@pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("gate_up", 8192, 1024)])
-def test_skinny_gemm_with_l2_prefetch_is_bitwise_the_same(kind, n, k):
-    """The bulk L2 prefetch (kernels/l2_prefetch.py) only fetches: with a window of the size the engine uses
-    (~35 MB, the rest of a pi0.5 expert layer + the next QKV), odd-sized and not chunk-aligned windows, and with
-    and without PDL, the product is bitwise the product without it."""
+def _assert_prefetch_changes_no_bit(kind: str, n: int, k: int, variants: list[tuple[dict, str]], seed: int) -> None:
+    """Every engine configuration of one expert GEMM, with and without PDL: the product with each prefetch variant
+    (skinny_gemm keyword arguments) is bitwise the product without."""
     from flashrt_core.engine.ops import SKINNY_CANDIDATES
-    g = torch.Generator(device=DEVICE).manual_seed(n)
-    later = torch.randn(35 * 1024 * 1024 // 2 + 8, device=DEVICE, generator=g).to(torch.bfloat16)  # a window
-    windows = [(later.data_ptr(), later.numel() * 2), (later.data_ptr() + 4096, 12_345 * 16), (later.data_ptr(), 16)]
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
     for rows in DECODER_ROWS:
         x = torch.randn(rows, k, device=DEVICE, generator=g).to(torch.bfloat16)
         w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(torch.bfloat16)
@@ -338,10 +332,22 @@ def test_skinny_gemm_with_l2_prefetch_is_bitwise_the_same(kind, n, k):
             for pdl in (False, True):
                 args = (x, w, kind == "gate_up", cfg.split_k, cfg.block_n, cfg.block_k, cfg.stages, cfg.warps, pdl)
                 want = K.skinny_gemm(*args)
-                for window in windows:
-                    got = K.skinny_gemm(*args, prefetch=window)
+                for kwargs, label in variants:
+                    got = K.skinny_gemm(*args, **kwargs)
                     torch.cuda.synchronize()
-                    assert torch.equal(got, want), f"{cfg} pdl={pdl} rows {rows} window {window[1]} B"
+                    assert torch.equal(got, want), f"{cfg} pdl={pdl} rows {rows} {label}"
+
+
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="cp.async.bulk.prefetch.L2 needs an sm90+ GPU")
+@pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("gate_up", 8192, 1024)])
+def test_skinny_gemm_with_l2_prefetch_is_bitwise_the_same(kind, n, k):
+    """The bulk L2 prefetch (kernels/l2_prefetch.py) only fetches: with a window of the size the engine uses
+    (~35 MB, the rest of a pi0.5 expert layer + the next QKV), odd-sized and not chunk-aligned windows, and with
+    and without PDL, the product is bitwise the product without it."""
+    later = torch.randn(35 * 1024 * 1024 // 2 + 8, device=DEVICE).to(torch.bfloat16)           # a window
+    windows = [(later.data_ptr(), later.numel() * 2), (later.data_ptr() + 4096, 12_345 * 16), (later.data_ptr(), 16)]
+    _assert_prefetch_changes_no_bit(kind, n, k, [({"prefetch": w}, f"window {w[1]} B") for w in windows], seed=n)
 
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
@@ -350,20 +356,8 @@ def test_skinny_gemm_with_l2_prefetch_is_bitwise_the_same(kind, n, k):
                                       ("down", 1024, 4096)])
 def test_skinny_gemm_with_own_prefetch_is_bitwise_the_same(kind, n, k):
     """own_prefetch (each program prefetches its own weight rows into L2 before the wait) changes no bit of the
-    product, for every engine configuration of the four expert GEMMs (split-K slices included), with and
-    without PDL."""
-    from flashrt_core.engine.ops import SKINNY_CANDIDATES
-    g = torch.Generator(device=DEVICE).manual_seed(n + k)
-    for rows in DECODER_ROWS:
-        x = torch.randn(rows, k, device=DEVICE, generator=g).to(torch.bfloat16)
-        w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(torch.bfloat16)
-        for cfg in SKINNY_CANDIDATES[kind]:
-            for pdl in (False, True):
-                args = (x, w, kind == "gate_up", cfg.split_k, cfg.block_n, cfg.block_k, cfg.stages, cfg.warps, pdl)
-                want = K.skinny_gemm(*args)
-                got = K.skinny_gemm(*args, own_prefetch=True)
-                torch.cuda.synchronize()
-                assert torch.equal(got, want), f"{cfg} pdl={pdl} rows {rows}"
+    product, for every engine configuration of the four expert GEMMs (split-K slices included)."""
+    _assert_prefetch_changes_no_bit(kind, n, k, [({"own_prefetch": True}, "own prefetch")], seed=n + k)
 
 
 @pytest.mark.skipif(INTERPRET, reason="real shapes only")
