@@ -36,16 +36,18 @@ def make_executor(kind: str, context=None):
     raise ValueError(f"unknown executor {kind!r}: one of {', '.join(EXECUTORS)}")
 
 
-def spin_until_shutdown(executor, context, timeout_sec: float = 0.05) -> None:
-    """Spin ``executor`` until ``context`` shuts down: the loop of a background spin thread whose owner keeps
-    creating and destroying entities from its own thread (bag replay, tests).
+def spin_until_shutdown(executor, context, timeout_sec: float = 0.05, stop=None) -> None:
+    """Spin ``executor`` until ``context`` shuts down, or until ``stop`` (a threading.Event) is set: the loop of a
+    background spin thread whose owner keeps creating and destroying entities from its own thread (bag replay,
+    tests, the node benchmark's lifecycle transitions).
 
     Entities destroyed meanwhile: rclpy can raise InvalidHandle from a destroyed subscription's QoS event handler
     while it builds the wait set. That turn is dropped; the next one no longer has the entity. An error while
-    the context shuts down ends the loop; any other error propagates."""
+    the context shuts down ends the loop; any other error propagates. With ``stop``, the owner sets it and joins
+    the thread before it shuts the executor down (after ``executor.shutdown()`` a spin_once returns at once)."""
     from rclpy.exceptions import InvalidHandle
 
-    while context.ok():
+    while context.ok() and not (stop is not None and stop.is_set()):
         try:
             executor.spin_once(timeout_sec=timeout_sec)
         except InvalidHandle:

@@ -253,7 +253,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
     from rclpy.parameter import Parameter
 
     from flashrt_ros.node_diagnostics import Summary
-    from flashrt_ros.node_executor import make_executor
+    from flashrt_ros.node_executor import make_executor, spin_until_shutdown
     from flashrt_ros.policy_node import PolicyNode
 
     rclpy.init(args=["--ros-args", "--params-file", str(PARAMS_FILE)])
@@ -271,7 +271,9 @@ def run_benchmark(args: argparse.Namespace) -> int:
         Parameter("diagnostics_window", value=min(600.0, args.duration + FEEDER_SETTLE_S + 30.0))])
     executor = make_executor(args.executor)          # as policy_node.main() makes it
     executor.add_node(node)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
+    stop_spinning = threading.Event()
+    spinner = threading.Thread(target=spin_until_shutdown, args=(executor, node.context, 0.05, stop_spinning),
+                               name="benchmark-executor", daemon=True)
     spinner.start()
     feeder = None
     try:
@@ -295,8 +297,9 @@ def run_benchmark(args: argparse.Namespace) -> int:
     finally:
         if feeder is not None and feeder.poll() is None:
             feeder.kill()
-        executor.shutdown(timeout_sec=5.0)
+        stop_spinning.set()                   # the spin loop ends within one turn (0.05 s)
         spinner.join(timeout=5.0)
+        executor.shutdown(timeout_sec=5.0)
         node.release()
         node.destroy_node()
         rclpy.try_shutdown()

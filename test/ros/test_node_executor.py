@@ -75,3 +75,38 @@ def test_spin_thread_serves_through_churn_and_ends_at_shutdown():
         spinner.join(timeout=5.0)
         node.destroy_node()
     assert not spinner.is_alive() and not errors, errors
+
+
+def test_spin_thread_ends_when_asked_while_the_context_lives():
+    """The node benchmark's order: set the stop event, join the spin thread, then shut the executor down, with the
+    context still up. The thread ends within a turn and serves callbacks until then."""
+    import rclpy
+    from std_msgs.msg import String
+
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    node = rclpy.create_node("spin_stopper", context=context)
+    executor = make_executor("single_threaded", context)
+    executor.add_node(node)
+    received: list[str] = []
+    node.create_subscription(String, "stopper", lambda m: received.append(m.data), 10)
+    publisher = node.create_publisher(String, "stopper", 10)
+    stop = threading.Event()
+    spinner = threading.Thread(target=spin_until_shutdown, args=(executor, context, 0.05, stop), daemon=True)
+    spinner.start()
+    try:
+        deadline = time.monotonic() + 10.0
+        while not received and time.monotonic() < deadline:
+            publisher.publish(String(data="served"))
+            time.sleep(0.05)
+        assert received and received[0] == "served"
+        stop.set()
+        spinner.join(timeout=2.0)
+        assert not spinner.is_alive(), "the spin thread did not end after stop was set"
+        assert context.ok()
+        executor.shutdown(timeout_sec=2.0)
+    finally:
+        stop.set()
+        rclpy.shutdown(context=context)
+        spinner.join(timeout=5.0)
+        node.destroy_node()
