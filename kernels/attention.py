@@ -18,6 +18,8 @@ the qkv_rope launch between them and without writing the suffix rows into the ca
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ._triton import launch_options, tl, triton, wait_for_inputs
@@ -236,54 +238,78 @@ DECODER_PREFIX_KEY_BLOCK = 64       # decoder_attention()
 
 def plan(Mq: int, L: int, sms: int = 132, key_block: int | None = None) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, splits): enough programs to fill `sms` multiprocessors. key_block (a denoising step):
-    one block of that many keys per split where that many splits fit the GPU (the early-K/V path under PDL);
-    else 64-key blocks, several per split. The plan never depends on PDL, so both launch modes sum alike."""
+    one block of that many keys per split where that many splits fit the GPU (the early-K/V path under PDL), else
+    blocks of that many keys, several per split (with 64-key blocks held across the wait, many-row steps spill:
+    tools/kernel_resources.py). The prefix (no key_block): 64-key blocks, several per split. The plan never
+    depends on PDL, so both launch modes sum alike."""
     block_m = 16 if Mq <= 128 else (32 if Mq <= 1024 else 64)
     programs_m = triton.cdiv(Mq, block_m)
     if key_block:
         splits = triton.cdiv(L, key_block)
         if splits <= min(triton.cdiv(sms, programs_m), 32):
             return block_m, key_block, splits
-    block_n = 64
+    block_n = key_block or 64
     splits = max(1, min(triton.cdiv(sms, programs_m), triton.cdiv(L, block_n), 16))
     return block_m, block_n, splits
 
 
-def _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, L, rope=None, key_block=None):
-    """Split kernel (+ combine): q is the queries (Mq, D), or the QKV rows when rope = (pos, cos, sin, q_scale);
-    then the splits cover the prefix keys and one more split the L - prefix_len suffix keys."""
-    Mq, D = out.shape
-    keyed = prefix_len if rope is not None else L                 # keys the splits divide
+@dataclass(frozen=True)
+class SplitLaunch:
+    """How the split kernel runs for one shape: its grid, constexprs and warps (the launchers use it, and so does
+    tools/kernel_resources.py, which compiles exactly these configurations for sm90)."""
+
+    grid: tuple[int, int]
+    constexprs: dict
+    num_warps: int
+    num_stages: int = 2
+
+    @property
+    def splits(self) -> int:
+        return self.constexprs["SPLIT"]
+
+
+def split_launch(Mq: int, L: int, prefix_len: int, D: int, has_suffix: bool, from_qkv: bool, pdl: bool,
+                 splits: int | None = None, key_block: int | None = None) -> SplitLaunch:
+    """The split kernel's launch for Mq query rows over L keys (prefix_len of them prefix keys). from_qkv
+    (decoder_attention): the splits cover the prefix keys and one more split the L - prefix_len suffix keys; a
+    given `splits` counts that suffix split too. key_block: keys per split of a denoising step (None: the
+    defaults above); the prefix (no suffix keys) always uses 64-key blocks, several per split."""
     if key_block is not None and key_block not in KEY_BLOCKS:
         raise ValueError(f"attention: key_block must be one of {KEY_BLOCKS}, got {key_block}")
-    if visible is None:
-        key_block = None                                          # the prefix: 64-key blocks, several per split
+    keyed = prefix_len if from_qkv else L                         # keys the splits divide
+    if not has_suffix:
+        key_block = None
     elif key_block is None:
-        key_block = DECODER_PREFIX_KEY_BLOCK if rope is not None else DECODER_KEY_BLOCK
+        key_block = DECODER_PREFIX_KEY_BLOCK if from_qkv else DECODER_KEY_BLOCK
     block_m, block_n, auto_splits = plan(Mq, keyed, key_block=key_block)
-    if rope is not None and splits is not None:
-        splits = max(1, splits - 1)                               # `splits` counts the suffix split too
+    if from_qkv and splits is not None:
+        splits = max(1, splits - 1)
     splits = splits or auto_splits
     keys_per_split = triton.cdiv(triton.cdiv(keyed, splits), block_n) * block_n
-    splits = triton.cdiv(keyed, keys_per_split) + (rope is not None)
+    splits = triton.cdiv(keyed, keys_per_split) + from_qkv
+    constexprs = {"HAS_SUFFIX": has_suffix, "SPLIT": splits, "KEYS_PER_SPLIT": keys_per_split, "D": D,
+                  "BLOCK_M": block_m, "BLOCK_N": block_n, "PDL": pdl,
+                  "EARLY_KV": pdl and has_suffix and keys_per_split == block_n, "FROM_QKV": from_qkv,
+                  "BLOCK_S": max(16, triton.next_power_of_2(L - prefix_len)) if from_qkv else 16}
+    return SplitLaunch((triton.cdiv(Mq, block_m), splits), constexprs, 8 if block_m >= 64 else 4)
+
+
+def _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, L, rope=None, key_block=None):
+    """Split kernel (+ combine): q is the queries (Mq, D), or the QKV rows when rope = (pos, cos, sin, q_scale)."""
+    Mq, D = out.shape
+    launch = split_launch(Mq, L, prefix_len, D, visible is not None, rope is not None, pdl, splits, key_block)
     acc = ml = out
-    if splits > 1:
-        acc = torch.empty(splits, Mq, D, device=out.device, dtype=torch.float32)
-        ml = torch.empty(splits, Mq, 2, device=out.device, dtype=torch.float32)
+    if launch.splits > 1:
+        acc = torch.empty(launch.splits, Mq, D, device=out.device, dtype=torch.float32)
+        ml = torch.empty(launch.splits, Mq, 2, device=out.device, dtype=torch.float32)
     pos, cos, sin, q_scale = rope if rope is not None else (bias, bias, bias, 1.0)
-    grid = (triton.cdiv(Mq, block_m), splits)
-    _attn_split_kernel[grid](q, k, v, bias, visible if visible is not None else bias, out, acc, ml, pos, cos, sin,
-                             Mq, L, prefix_len, heads, scale, q_scale,
-                             q.stride(0), k.stride(0), v.stride(0), out.stride(0),
-                             HAS_SUFFIX=visible is not None, SPLIT=splits, KEYS_PER_SPLIT=keys_per_split, D=D,
-                             BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
-                             EARLY_KV=pdl and visible is not None and keys_per_split == block_n,
-                             FROM_QKV=rope is not None,
-                             BLOCK_S=max(16, triton.next_power_of_2(L - prefix_len)) if rope is not None else 16,
-                             num_warps=8 if block_m >= 64 else 4, num_stages=2, **launch_options(pdl))
-    if splits > 1:
-        _attn_combine_kernel[(Mq,)](acc, ml, out, Mq, out.stride(0), SPLIT=splits,
-                                    SPLIT_P2=triton.next_power_of_2(splits), D=D, PDL=pdl, num_warps=4,
+    _attn_split_kernel[launch.grid](q, k, v, bias, visible if visible is not None else bias, out, acc, ml, pos, cos,
+                                    sin, Mq, L, prefix_len, heads, scale, q_scale,
+                                    q.stride(0), k.stride(0), v.stride(0), out.stride(0), **launch.constexprs,
+                                    num_warps=launch.num_warps, num_stages=launch.num_stages, **launch_options(pdl))
+    if launch.splits > 1:
+        _attn_combine_kernel[(Mq,)](acc, ml, out, Mq, out.stride(0), SPLIT=launch.splits,
+                                    SPLIT_P2=triton.next_power_of_2(launch.splits), D=D, PDL=pdl, num_warps=4,
                                     **launch_options(pdl))
     return out
 

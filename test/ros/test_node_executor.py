@@ -14,6 +14,32 @@ pytestmark = pytest.mark.ros
 CHURN = 500       # subscriptions created and destroyed while another thread spins
 
 
+def _served_node(name: str, topic: str):
+    """A context of its own, a node on it under a single-threaded executor, and a String subscription on `topic`
+    appending to the returned list, with a publisher on the same topic: (context, node, executor, received,
+    publisher)."""
+    import rclpy
+    from std_msgs.msg import String
+
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    node = rclpy.create_node(name, context=context)
+    executor = make_executor("single_threaded", context)
+    executor.add_node(node)
+    received: list[str] = []
+    node.create_subscription(String, topic, lambda m: received.append(m.data), 10)
+    return context, node, executor, received, node.create_publisher(String, topic, 10)
+
+
+def _publish_until_received(publisher, received: list[str], text: str, timeout_s: float = 10.0) -> None:
+    from std_msgs.msg import String
+    deadline = time.monotonic() + timeout_s
+    while not received and time.monotonic() < deadline:
+        publisher.publish(String(data=text))
+        time.sleep(0.05)
+    assert received and received[0] == text
+
+
 def test_make_executor_gives_each_kind_and_refuses_others():
     import rclpy
     from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
@@ -42,11 +68,7 @@ def test_spin_thread_serves_through_churn_and_ends_at_shutdown():
     from rclpy.qos import qos_profile_sensor_data
     from std_msgs.msg import String
 
-    context = rclpy.Context()
-    rclpy.init(context=context)
-    node = rclpy.create_node("spin_survivor", context=context)
-    executor = make_executor("single_threaded", context)
-    executor.add_node(node)
+    context, node, executor, received, publisher = _served_node("spin_survivor", "survivor")
     errors: list[BaseException] = []
 
     def spin() -> None:
@@ -55,9 +77,6 @@ def test_spin_thread_serves_through_churn_and_ends_at_shutdown():
         except BaseException as error:  # noqa: BLE001  (recorded for the assertion below)
             errors.append(error)
 
-    received: list[str] = []
-    node.create_subscription(String, "survivor", lambda m: received.append(m.data), 10)
-    publisher = node.create_publisher(String, "survivor", 10)
     spinner = threading.Thread(target=spin, daemon=True)
     spinner.start()
     try:
@@ -65,11 +84,7 @@ def test_spin_thread_serves_through_churn_and_ends_at_shutdown():
             churn = node.create_subscription(String, f"churn_{i % 7}", lambda m: None, qos_profile_sensor_data)
             node.destroy_subscription(churn)
         assert spinner.is_alive() and not errors, errors
-        deadline = time.monotonic() + 10.0
-        while not received and time.monotonic() < deadline:   # the surviving subscription is still served
-            publisher.publish(String(data="still here"))
-            time.sleep(0.05)
-        assert received and received[0] == "still here"
+        _publish_until_received(publisher, received, "still here")   # the surviving subscription is still served
     finally:
         rclpy.shutdown(context=context)
         spinner.join(timeout=5.0)
@@ -81,25 +96,13 @@ def test_spin_thread_ends_when_asked_while_the_context_lives():
     """The node benchmark's order: set the stop event, join the spin thread, then shut the executor down, with the
     context still up. The thread ends within a turn and serves callbacks until then."""
     import rclpy
-    from std_msgs.msg import String
 
-    context = rclpy.Context()
-    rclpy.init(context=context)
-    node = rclpy.create_node("spin_stopper", context=context)
-    executor = make_executor("single_threaded", context)
-    executor.add_node(node)
-    received: list[str] = []
-    node.create_subscription(String, "stopper", lambda m: received.append(m.data), 10)
-    publisher = node.create_publisher(String, "stopper", 10)
+    context, node, executor, received, publisher = _served_node("spin_stopper", "stopper")
     stop = threading.Event()
     spinner = threading.Thread(target=spin_until_shutdown, args=(executor, context, 0.05, stop), daemon=True)
     spinner.start()
     try:
-        deadline = time.monotonic() + 10.0
-        while not received and time.monotonic() < deadline:
-            publisher.publish(String(data="served"))
-            time.sleep(0.05)
-        assert received and received[0] == "served"
+        _publish_until_received(publisher, received, "served")
         stop.set()
         spinner.join(timeout=2.0)
         assert not spinner.is_alive(), "the spin thread did not end after stop was set"

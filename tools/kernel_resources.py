@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Registers, spilled bytes and shared memory of the denoiser's hot Triton kernels, compiled for sm90 without a GPU.
+
+Triton lowers each kernel ahead of time for an H100/H200 (``GPUTarget("cuda", 90, 32)``), its bundled ptxas
+assembles the cubin, and its bundled ``cuobjdump -res-usage`` reads back registers per thread, the local-memory
+stack (spills) and shared memory. Only Triton is needed, so this runs in CI. It found that the denoiser's early-K/V
+attention (64-key blocks held across the PDL wait) compiled to 32 registers and ~9 KB of spills per thread, a path
+every H200 benchmark had run since session 3 (docs/benchmarks/engine_h200_2026-11-29_notes.md, session 5);
+test/core/test_kernel_resources.py keeps the hot paths free of spills.
+
+    python tools/kernel_resources.py            # a markdown table, one row per kernel configuration
+
+The configurations are the engine's own: the attention plans of pi0.5 and pi0 denoising steps (1-3 views,
+horizons 10 and 50) and the prefix, and every decoder GEMM candidate the load-time tuning may pick.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TARGET_SM = 90
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One compiled configuration: the kernel, its argument types and constexpr values, and launch options."""
+
+    name: str
+    kernel: object
+    signature: dict
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+
+
+def compile_sm90(cfg: KernelConfig):
+    """The Triton CompiledKernel of cfg for sm90 (ptxas has run: ``asm["cubin"]`` is set)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {**cfg.signature, **{name: "constexpr" for name in cfg.constexprs}}
+    return triton.compile(ASTSource(fn=cfg.kernel, signature=signature, constexprs=cfg.constexprs),
+                          target=GPUTarget("cuda", TARGET_SM, 32),
+                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+
+
+def resources(compiled) -> dict:
+    """{"registers", "stack_bytes", "shared_bytes"} of a compiled kernel, read from its cubin by cuobjdump."""
+    import triton
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        text = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
+    if found is None:
+        raise RuntimeError(f"cuobjdump -res-usage gave no REG/STACK line:\n{text}")
+    return {"registers": int(found.group(1)), "stack_bytes": int(found.group(2)),
+            "shared_bytes": int(compiled.metadata.shared)}
+
+
+_ATTN_SIGNATURE = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "bias_ptr": "*fp32", "vis_ptr": "*i32",
+                   "o_ptr": "*bf16", "acc_ptr": "*fp32", "ml_ptr": "*fp32", "pos_ptr": "*i64", "cos_ptr": "*fp32",
+                   "sin_ptr": "*fp32", "Mq": "i32", "L": "i32", "P": "i32", "heads": "i32", "scale": "fp32",
+                   "q_scale": "fp32", "stride_q": "i32", "stride_k": "i32", "stride_v": "i32", "stride_o": "i32"}
+_SKINNY_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "N": "i32", "F": "i32",
+                     "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "split_stride": "i32",
+                     "pf_addr": "i64", "pf_bytes": "i32", "pf_chunk": "i32", "w_addr": "i64"}
+EXPERT_K = {"qkv": 1024, "gate_up": 1024, "o": 2048, "down": 4096}     # the action expert's GEMM K per kind
+
+
+def _kernels_module(name: str):
+    """A submodule of flashrt_kernels (kernels/ of this checkout), e.g. "attention"."""
+    from flashrt_core.engine.kernel_import import load_kernels
+    load_kernels()
+    return sys.modules[f"flashrt_kernels.{name}"]
+
+
+def attention_configs() -> list[KernelConfig]:
+    """The split-attention kernel as its launchers plan it (attention.split_launch) for the engine's shapes:
+    one-KV-head Gemma attention (8 heads, head dim 256), the denoising steps of pi0.5 (10 / 50 suffix rows) and
+    pi0 (11 / 51), with the RoPE inside (up to ops.ROPE_IN_ATTENTION_MAX_ROWS rows) or before the attention, and
+    the prefix; 1-3 views of 256 tokens + 64 text slots; launched with PDL, as on sm90."""
+    from flashrt_core.engine.ops import ROPE_IN_ATTENTION_MAX_ROWS
+    attn = _kernels_module("attention")
+    heads, dh = 8, 256
+    configs: dict[tuple, KernelConfig] = {}
+
+    def add(name: str, launch) -> None:
+        key = tuple(sorted(launch.constexprs.items())) + (launch.num_warps,)
+        configs.setdefault(key, KernelConfig(name, attn._attn_split_kernel, _ATTN_SIGNATURE, launch.constexprs,
+                                             launch.num_warps, launch.num_stages))
+    for views in (1, 2, 3):
+        prefix = views * 256 + 64
+        for model, rows in (("pi05", 10), ("pi05", 50), ("pi0", 11), ("pi0", 51)):
+            for from_qkv in (True, False):
+                if from_qkv and rows > ROPE_IN_ATTENTION_MAX_ROWS:
+                    continue
+                launch = attn.split_launch(rows * heads, prefix + rows, prefix, dh, True, from_qkv, True)
+                path = ("decoder_attention" if from_qkv else "attention") + (
+                    ", early K/V" if launch.constexprs["EARLY_KV"] else ", key loop")
+                add(f"{path} ({model}, {rows} rows, {views} views)", launch)
+        add(f"prefix attention ({views} views)", attn.split_launch(prefix * heads, prefix, prefix, dh, False, False,
+                                                                     True))
+    return list(configs.values())
+
+
+def skinny_configs() -> list[KernelConfig]:
+    """Every decoder GEMM candidate of the load-time tuning (ops.SKINNY_CANDIDATES) at the expert's K, 16 rows."""
+    from flashrt_core.engine.ops import SKINNY_CANDIDATES
+    skinny = _kernels_module("skinny_gemm")
+    out = []
+    for kind, candidates in SKINNY_CANDIDATES.items():
+        for c in candidates:
+            ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": kind == "gate_up", "SPLIT_K": c.split_k,
+                  "KGELU": skinny._K_GELU, "BLOCK_M": 16, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "PDL": True,
+                  "PREFETCH_SLOTS": 0, "OWN_PREFETCH": False}
+            signature = dict(_SKINNY_SIGNATURE, y_ptr="*fp32" if c.split_k > 1 else "*bf16")
+            out.append(KernelConfig(f"skinny GEMM {kind} {c}", skinny._skinny_kernel, signature, ce, c.warps,
+                                    c.stages))
+    return out
+
+
+def main() -> None:
+    rows = []
+    for cfg in attention_configs() + skinny_configs():
+        r = resources(compile_sm90(cfg))
+        rows.append((cfg.name, cfg.num_warps, r))
+        print(f"{cfg.name}: {r}", file=sys.stderr, flush=True)
+    print(f"| kernel configuration (sm{TARGET_SM}) | warps | registers | spill stack (bytes) | shared (bytes) |")
+    print("|---|---|---|---|---|")
+    for name, warps, r in rows:
+        print(f"| {name} | {warps} | {r['registers']} | {r['stack_bytes']} | {r['shared_bytes']} |")
+
+
+if __name__ == "__main__":
+    os.environ.pop("TRITON_INTERPRET", None)      # ahead-of-time compilation needs the real JIT
+    main()
