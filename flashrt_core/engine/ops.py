@@ -233,8 +233,8 @@ class Ops:
         """One denoising step's attention block up to the O projection: x (S, W) -> (S * heads, Dh).
         With rope_in_attention and S <= ROPE_IN_ATTENTION_MAX_ROWS: the QKV GEMM, then the attention kernel applies
         RoPE and the q scale and reads the suffix K/V from the GEMM's output (q_out and the cache's suffix rows stay
-        untouched). Else
-        decoder_qkv_rope (q_out and the suffix rows written) then mqa. k_cache/v_cache: (1, P + S, Dh)."""
+        untouched). Else decoder_qkv_rope (q_out and the suffix rows written), then mqa.
+        k_cache/v_cache: (1, P + S, Dh)."""
         S, dh = x.shape[0], q_out.shape[-1]
         if self._rope_in_attention_for(S):
             qkv = self.decoder(x, lin, "qkv", prefetch=prefetch)
