@@ -4,6 +4,10 @@
     GeGLU epilogue (W = [W_gate; W_up], N = 2F):  y = gelu_tanh(x @ W_gate^T) * (x @ W_up^T)     (M, F)
     split-K: program k of SPLIT_K writes the fp32 partial x[:, Kk] @ W[:, Kk]^T into part[k] (SPLIT_K, M, N);
              the consumer (the residual norm kernels) sums the partials, so no reduction kernel runs.
+    FP8 weights (weight-only): W = W_q * s[:, None] with W_q E4M3 (N, K) and one fp32 scale per output row; each
+             weight tile is widened to x's dtype (exact) before the dot, and the fp32 products are scaled per
+             column: y = (x @ W_q^T) * s (gate and up columns each by their own row's scale, before GeGLU). Half
+             the bytes of bf16 to stream, which is what these GEMMs wait on.
 
 Each program owns BLOCK_N output columns (both gate and up columns with the epilogue) for all M rows, so every
 weight byte is read once. Before it waits for its inputs (PDL), a program may bulk-prefetch into L2 its own weight
@@ -24,8 +28,12 @@ from .l2_prefetch import check_window, prefetch_chunk, prefetch_l2, prefetch_row
 _K_GELU = 2.0 * math.sqrt(2.0 / math.pi)
 
 
-def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1) -> torch.Tensor:
-    """Plain PyTorch. (M, N) in x.dtype; (M, N/2) with geglu; (split_k, M, N) fp32 partials with split_k > 1."""
+def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1,
+                          w_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain PyTorch. (M, N) in x.dtype; (M, N/2) with geglu; (split_k, M, N) fp32 partials with split_k > 1.
+    w_scale (N,) fp32: w holds FP8 weights, the GEMM's weight is w * w_scale[:, None]."""
+    if w_scale is not None:
+        w = w.float() * w_scale.float()[:, None]
     if split_k > 1:
         K = x.shape[1]
         xs = x.float().view(x.shape[0], split_k, K // split_k).transpose(0, 1)        # (S, M, K/S)
@@ -40,10 +48,10 @@ def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, geglu: bool = False,
 
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, split_stride,
-                   pf_addr, pf_bytes, pf_chunk, w_addr,
+                   pf_addr, pf_bytes, pf_chunk, w_addr, s_ptr,
                    K_PER_SPLIT: tl.constexpr, GEGLU: tl.constexpr, SPLIT_K: tl.constexpr, KGELU: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                   PREFETCH_SLOTS: tl.constexpr, OWN_PREFETCH: tl.constexpr):
+                   PREFETCH_SLOTS: tl.constexpr, OWN_PREFETCH: tl.constexpr, W_SCALED: tl.constexpr = False):
     if PREFETCH_SLOTS > 0:          # later kernels' weights into L2: independent of the inputs, so before the wait
         prefetch_l2(pf_addr, pf_bytes, pf_chunk, PREFETCH_SLOTS)
     pid_n = tl.program_id(0)
@@ -69,9 +77,9 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, s
             wu = tl.load(w_ptr + (rn + F)[:, None] * stride_w + (k0 + rk)[None, :], mask=n_ok[:, None], other=0.0)
         wait_for_inputs(PDL)
         x = tl.load(x_ptr + rm[:, None] * stride_x + (k0 + rk)[None, :], mask=m_ok[:, None], other=0.0)
-        acc = tl.dot(x, tl.trans(w))
+        acc = tl.dot(x, tl.trans(w.to(x.dtype)))
         if GEGLU:
-            acc_up = tl.dot(x, tl.trans(wu))
+            acc_up = tl.dot(x, tl.trans(wu.to(x.dtype)))
     else:
         wait_for_inputs(PDL)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -81,11 +89,15 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, s
             k = k0 + kk
             x = tl.load(x_ptr + rm[:, None] * stride_x + (k + rk)[None, :], mask=m_ok[:, None], other=0.0)
             w = tl.load(w_ptr + rn[:, None] * stride_w + (k + rk)[None, :], mask=n_ok[:, None], other=0.0)
-            acc += tl.dot(x, tl.trans(w))
+            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
             if GEGLU:
                 wu = tl.load(w_ptr + (rn + F)[:, None] * stride_w + (k + rk)[None, :], mask=n_ok[:, None],
                              other=0.0)
-                acc_up += tl.dot(x, tl.trans(wu))
+                acc_up += tl.dot(x, tl.trans(wu.to(x.dtype)))
+    if W_SCALED:                    # FP8 weights: one scale per weight row, i.e. per output column
+        acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
+        if GEGLU:
+            acc_up = acc_up * tl.load(s_ptr + rn + F, mask=n_ok, other=0.0)[None, :]
     mask = m_ok[:, None] & n_ok[None, :]
     if GEGLU:
         acc = acc * tl.sigmoid(KGELU * (acc + 0.044715 * acc * acc * acc)) * acc_up
@@ -98,16 +110,21 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, s
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1, block_n: int = 16,
                 block_k: int = 256, num_stages: int = 4, num_warps: int = 4, pdl: bool = False,
                 out: torch.Tensor | None = None, prefetch: tuple[int, int] | None = None,
-                own_prefetch: bool = False) -> torch.Tensor:
+                own_prefetch: bool = False, w_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Triton launcher; contract of skinny_gemm_reference. x (M, K) with M <= 64 and unit column stride.
     block_k == K / split_k: one-shot programs (the weight slice is loaded at once, before the wait for x).
     pdl: launch with programmatic dependent launch (sm90+; see _triton.wait_for_inputs).
     out: optional preallocated result of the shape and dtype described above.
     prefetch: (address, bytes) of a window of device memory to bulk-prefetch into L2 (sm90+), e.g. the weights
     of the GEMMs that follow; None = no prefetch. own_prefetch: each program first bulk-prefetches its own weight
-    slice into L2 (sm90+; rows and slices must be 16-byte multiples). The result depends on neither."""
+    slice into L2 (sm90+; rows and slices must be 16-byte multiples). The result depends on neither.
+    w_scale: (N,) fp32 per-row scales of FP8 weights w (weight-only FP8; x stays bf16)."""
     M, K = x.shape
     N = w.shape[0]
+    if (w_scale is not None) != (w.element_size() == 1) or (w_scale is not None and (
+            w_scale.shape != (N,) or w_scale.dtype != torch.float32 or not w_scale.is_contiguous())):
+        raise ValueError(f"skinny_gemm: FP8 weights need w_scale ({N},) fp32 and only they take one; got weights "
+                         f"{w.dtype}, scale {None if w_scale is None else (tuple(w_scale.shape), w_scale.dtype)}")
     if M > 64 or w.shape[1] != K or x.stride(1) != 1 or not w.is_contiguous():
         raise ValueError(f"skinny_gemm: x (M<=64, K) and contiguous W (N, K); got {tuple(x.shape)}, {tuple(w.shape)}")
     if K % (split_k * block_k) or (geglu and (N % 2 or split_k > 1)):
@@ -131,9 +148,9 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: 
         check_window(pf_addr, pf_bytes)
         pf_chunk, slots = prefetch_chunk(pf_bytes, grid[0] * grid[1], num_warps), 32 * num_warps
     _skinny_kernel[grid](x, w, out, M, N, F, x.stride(0), w.stride(0), out.stride(-2), M * N,
-                         pf_addr, pf_bytes, pf_chunk, w.data_ptr(),
+                         pf_addr, pf_bytes, pf_chunk, w.data_ptr(), w_scale if w_scale is not None else out,
                          K_PER_SPLIT=K // split_k, GEGLU=geglu, SPLIT_K=split_k, KGELU=_K_GELU,
                          BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, PREFETCH_SLOTS=slots,
-                         OWN_PREFETCH=own_prefetch,
+                         OWN_PREFETCH=own_prefetch, W_SCALED=w_scale is not None,
                          num_warps=num_warps, num_stages=num_stages, **launch_options(pdl))
     return out

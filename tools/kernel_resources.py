@@ -75,7 +75,7 @@ _ATTN_SIGNATURE = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "bias_p
                    "q_scale": "fp32", "stride_q": "i32", "stride_k": "i32", "stride_v": "i32", "stride_o": "i32"}
 _SKINNY_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "N": "i32", "F": "i32",
                      "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "split_stride": "i32",
-                     "pf_addr": "i64", "pf_bytes": "i32", "pf_chunk": "i32", "w_addr": "i64"}
+                     "pf_addr": "i64", "pf_bytes": "i32", "pf_chunk": "i32", "w_addr": "i64", "s_ptr": "*fp32"}
 EXPERT_K = {"qkv": 1024, "gate_up": 1024, "o": 2048, "down": 4096}     # the action expert's GEMM K per kind
 
 
@@ -116,18 +116,21 @@ def attention_configs() -> list[KernelConfig]:
 
 
 def skinny_configs() -> list[KernelConfig]:
-    """Every decoder GEMM candidate of the load-time tuning (ops.SKINNY_CANDIDATES) at the expert's K, 16 rows."""
+    """Every decoder GEMM candidate of the load-time tuning (ops.SKINNY_CANDIDATES) at the expert's K, 16 rows,
+    with bf16 weights and with weight-only FP8 (E4M3 OCP) weights."""
     from flashrt_core.engine.ops import SKINNY_CANDIDATES
     skinny = _kernels_module("skinny_gemm")
     out = []
-    for kind, candidates in SKINNY_CANDIDATES.items():
-        for c in candidates:
-            ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": kind == "gate_up", "SPLIT_K": c.split_k,
-                  "KGELU": skinny._K_GELU, "BLOCK_M": 16, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "PDL": True,
-                  "PREFETCH_SLOTS": 0, "OWN_PREFETCH": False}
-            signature = dict(_SKINNY_SIGNATURE, y_ptr="*fp32" if c.split_k > 1 else "*bf16")
-            out.append(KernelConfig(f"skinny GEMM {kind} {c}", skinny._skinny_kernel, signature, ce, c.warps,
-                                    c.stages))
+    for fp8 in (False, True):
+        for kind, candidates in SKINNY_CANDIDATES.items():
+            for c in candidates:
+                ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": kind == "gate_up", "SPLIT_K": c.split_k,
+                      "KGELU": skinny._K_GELU, "BLOCK_M": 16, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k,
+                      "PDL": True, "PREFETCH_SLOTS": 0, "OWN_PREFETCH": False, "W_SCALED": fp8}
+                signature = dict(_SKINNY_SIGNATURE, y_ptr="*fp32" if c.split_k > 1 else "*bf16",
+                                 w_ptr="*fp8e4nv" if fp8 else "*bf16")
+                out.append(KernelConfig(f"skinny GEMM {kind}{' fp8 weights' if fp8 else ''} {c}",
+                                        skinny._skinny_kernel, signature, ce, c.warps, c.stages))
     return out
 
 

@@ -11,6 +11,7 @@ tests and bug reports:
     FLASHRT_L2_PREFETCH=1           ask for the decoder's bulk L2 weight prefetch (EngineOptions(l2_prefetch=True))
     FLASHRT_WEIGHT_PREFETCH=1       ask for the decoder GEMMs' own-slice L2 prefetch (EngineOptions(weight_prefetch=True))
     FLASHRT_DECODER_KEY_BLOCK=N     keys per split of a denoising step's attention (EngineOptions.decoder_key_block)
+    FLASHRT_FP8_DECODER_WEIGHTS=1   ask for weight-only FP8 decoder GEMMs (EngineOptions(fp8_decoder_weights=True))
     FLASHRT_FP8_SCALING=tensor|row  FP8 scale granularity (EngineOptions.fp8_scaling)
     FLASHRT_FP8_SCOPE=all|backbone|backbone_mlp   which wide GEMMs FP8 serves (EngineOptions.fp8_scope)
 
@@ -46,6 +47,7 @@ class Op(str, enum.Enum):
     KERNEL_LAUNCH = "kernel_launch"  # how the Triton kernels of one predict follow each other
     L2_PREFETCH = "l2_prefetch"      # the decoder's QKV GEMM prefetches the layer's later weights into L2
     WEIGHT_PREFETCH = "weight_prefetch"  # each decoder GEMM program prefetches its own weight slice into L2 first
+    DECODER_WEIGHTS = "decoder_weights"  # the action expert's GEMM weights: bf16, or weight-only FP8 E4M3
     VISION_GELU = "vision_gelu"      # the vision MLP's bias + GELU: in the fc1 GEMM's epilogue or a kernel of its own
 
 
@@ -60,6 +62,7 @@ class Switch(str, enum.Enum):
     ROPE_IN_ATTENTION = "ROPE_IN_ATTENTION"  # the denoiser's attention applies RoPE itself (no qkv_rope launch)
     GEMM_EPILOGUE = "GEMM_EPILOGUE"      # bias + GELU of the vision fc1 in the cuBLASLt/hipBLASLt GEMM epilogue
     WEIGHT_PREFETCH = "WEIGHT_PREFETCH"  # decoder GEMMs prefetch their own weights into L2 before the PDL wait
+    FP8_DECODER_WEIGHTS = "FP8_DECODER_WEIGHTS"  # weight-only FP8 for the decoder GEMMs (also needs asking for)
 
 
 # Which wide GEMMs FP8 serves: every vision and backbone GEMM, the backbone only, or only the backbone's MLP
@@ -85,6 +88,7 @@ class EngineOptions:
     gemm_epilogue: bool = True               # vision fc1: bias + GELU (tanh) in the BLAS GEMM's epilogue
     weight_prefetch: bool = False            # opt-in (measured slower): decoder GEMMs prefetch their own weights
     decoder_key_block: int = 0               # keys per split of a denoising step's attention; 0: the kernels' own
+    fp8_decoder_weights: bool = False        # opt-in, not yet measured: weight-only E4M3 for the decoder GEMMs
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -117,6 +121,7 @@ class EngineOptions:
             Switch.ROPE_IN_ATTENTION: self.rope_in_attention,
             Switch.GEMM_EPILOGUE: self.gemm_epilogue,
             Switch.WEIGHT_PREFETCH: self.weight_prefetch,
+            Switch.FP8_DECODER_WEIGHTS: self.fp8_decoder_weights,
         }[switch]
 
     @classmethod
@@ -138,7 +143,8 @@ class EngineOptions:
                          (Switch.FUSED_WEIGHTS, "fused_weights"), (Switch.FLASH_ATTENTION, "flash_attention"),
                          (Switch.FP8, "fp8"), (Switch.PDL, "pdl"), (Switch.L2_PREFETCH, "l2_prefetch"),
                          (Switch.ROPE_IN_ATTENTION, "rope_in_attention"), (Switch.GEMM_EPILOGUE, "gemm_epilogue"),
-                         (Switch.WEIGHT_PREFETCH, "weight_prefetch")):
+                         (Switch.WEIGHT_PREFETCH, "weight_prefetch"),
+                         (Switch.FP8_DECODER_WEIGHTS, "fp8_decoder_weights")):
             if flag(f"FLASHRT_DISABLE_{sw.value}"):
                 changes[attr] = False
         if flag("FLASHRT_FP8") is not None and "fp8" not in changes:
@@ -151,6 +157,8 @@ class EngineOptions:
             changes["fp8_scope"] = env["FLASHRT_FP8_SCOPE"]
         if flag("FLASHRT_WEIGHT_PREFETCH") is not None and "weight_prefetch" not in changes:
             changes["weight_prefetch"] = flag("FLASHRT_WEIGHT_PREFETCH")
+        if flag("FLASHRT_FP8_DECODER_WEIGHTS") is not None and "fp8_decoder_weights" not in changes:
+            changes["fp8_decoder_weights"] = flag("FLASHRT_FP8_DECODER_WEIGHTS")
         if env.get("FLASHRT_DECODER_KEY_BLOCK"):
             raw = env["FLASHRT_DECODER_KEY_BLOCK"]
             if not raw.isdigit():
@@ -280,6 +288,12 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "for its own weight rows before its PDL wait, so they stream into L2 while the kernel ahead "
                   "runs (NVIDIA sm90+, with PDL); opt-in: measured slower on the H200"),
         Candidate("none", _ALWAYS, "each program streams its weights from HBM after the wait"),
+    ),
+    Op.DECODER_WEIGHTS: (
+        Candidate("fp8", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.FP8_DECODER_WEIGHTS) and _fp8_capable(hw),
+                  "weight-only E4M3 (one scale per row, fp8.quantize_expert_weights) streamed by the Triton decoder "
+                  "GEMMs, widened to bf16 in registers: half the bytes; opt-in, not yet measured"),
+        Candidate("bf16", _ALWAYS, "the prepared bf16 weights"),
     ),
     Op.VISION_GELU: (
         Candidate("gemm_epilogue", lambda hw, o: _gpu(hw, o) and o.switch_on(Switch.GEMM_EPILOGUE),

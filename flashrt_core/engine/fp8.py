@@ -12,8 +12,10 @@ Scaling "tensor" (the issue's per-tensor static scales):
 Scaling "row": per-output-channel weight scales s_w[n] and per-token activation scales s_x[m] computed in the
 graph by kernels/fp8_quant.py (rowwise torch._scaled_mm): y[m, n] = (x_q @ W_q^T)[m, n] * s_x[m] * s_w[n] + b[n].
 
-The 10-51-row decoder GEMMs stay bf16: they are bound by reading the weights and FP8 adds a quantization pass
-(the seed project measured FP8 slower there). fmax: 448 for OCP e4m3fn (NVIDIA sm89+, gfx950), 240 for e4m3fnuz
+The 10-51-row decoder GEMMs keep bf16 activations: they are bound by reading the weights and FP8 activations add
+a quantization pass (the seed project measured FP8 slower there). Opt-in `fp8_decoder_weights` stores their
+weights in E4M3 with one scale per row (weight-only: `quantize_expert_weights`, kernels/skinny_gemm.py widens the
+tiles), halving the bytes they stream. fmax: 448 for OCP e4m3fn (NVIDIA sm89+, gfx950), 240 for e4m3fnuz
 (gfx942). Calibration runs the bf16 engine eagerly once on the first observation, recording each GEMM input's amax.
 """
 
@@ -67,6 +69,33 @@ class Fp8Linear:
         xq = self._quant(x.contiguous(), self.x_inv, self.dtype)           # (M, K) fp8
         return torch._scaled_mm(xq, self.w_q.t(), scale_a=self.x_scale, scale_b=self.w_scale, bias=self.bias,
                                 out_dtype=torch.bfloat16)
+
+
+def quantize_rows(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weight-only FP8 of a (N, K) weight: (W_q (N, K) in dtype, s (N,) fp32) with W ~= W_q * s[:, None],
+    s[n] = amax(|W[n]|) / fmax, computed in fp32."""
+    w32 = w.float()
+    scale = (w32.abs().amax(dim=1).clamp(min=1e-12) / torch.finfo(dtype).max).contiguous()
+    return (w32 / scale[:, None]).clamp(-torch.finfo(dtype).max, torch.finfo(dtype).max).to(dtype), scale
+
+
+def quantize_expert_weights(w: EngineWeights, fmt: str) -> int:
+    """Weight-only FP8 (fp8_decoder_weights) of the action expert's four GEMMs per layer: sets Linear.w_fp8 =
+    (W_q, s) beside the bf16 weight, which the library GEMM (and the load-time tuning's comparison) still uses.
+    Returns how many GEMMs."""
+    dtype = FP8_DTYPES[fmt]
+    count = 0
+    for layer in w.expert:
+        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            if lin.w_fp8 is not None:          # weights shared with an executor that quantized them already
+                count += 1
+                continue
+            if len(lin.parts) != 1 or lin.parts[0][1] is not None:
+                raise ValueError("FP8 decoder weights need merged, bias-free expert GEMMs (fused_weights on)")
+            lin.w_fp8 = quantize_rows(lin.parts[0][0], dtype)
+            count += 1
+    log.info("weight-only FP8 %s on %d decoder GEMMs", fmt, count)
+    return count
 
 
 def wide_linears(w: EngineWeights, scope: str = "backbone_mlp") -> list[Linear]:

@@ -114,6 +114,12 @@ class EngineExecutor:
         self._suffix_visible = self._suffix_visibility()
         self._affine = None if action_affine is None else tuple(
             torch.as_tensor(np.asarray(a, dtype=np.float32), device=device) for a in action_affine)
+        if self.ops.decoder_fp8:                         # before the tuning: it times the FP8 weights
+            if self.ops.l2_prefetch:
+                raise ValueError("l2_prefetch prefetches the bf16 expert arena; it does not combine with "
+                                 "fp8_decoder_weights")
+            from .fp8 import quantize_expert_weights
+            quantize_expert_weights(self.weights, dispatch[Op.FP8_FORMAT])
         if device.type == "cuda" and dispatch[Op.GEMM_DECODER] == "triton" and \
                 dispatch.options.overrides.get(Op.GEMM_DECODER.value) != "triton":   # pinned: no measuring
             timings = self.ops.tune_decoder(self.suffix_len, self.weights.expert, config.expert.num_heads,

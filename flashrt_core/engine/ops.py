@@ -114,6 +114,7 @@ class Ops:
         self.pdl = dispatch[Op.KERNEL_LAUNCH] == "pdl"     # every Triton launch below passes it
         self._qkv_fused = dispatch[Op.DECODER_QKV] == "fused_rope"
         self.own_prefetch = dispatch[Op.WEIGHT_PREFETCH] == "own_slice"
+        self.decoder_fp8 = dispatch[Op.DECODER_WEIGHTS] == "fp8"     # Linear.w_fp8 set by fp8.quantize_expert_weights
         self.key_block = dispatch.options.decoder_key_block or None     # None: the attention kernels' defaults
         self.l2_prefetch = dispatch[Op.L2_PREFETCH] == "bulk"   # forward passes the windows to decoder_qkv_rope
         self._sdpa = dispatch[Op.ATTENTION] == "sdpa"
@@ -192,18 +193,21 @@ class Ops:
                 prefetch: tuple[int, int] | None = None) -> torch.Tensor:
         """Decoder GEMM (few rows). kind "gate_up" returns the GeGLU activation (M, F); "o"/"down" may return
         split-K partials (S, M, N) fp32 that the next norm sums; "qkv" returns (M, N).
-        impl: "library" (cuBLAS/hipBLASLt), a SkinnyConfig (Triton), None = the tuned choice for this kind.
+        impl: "library" (cuBLAS/hipBLASLt), a SkinnyConfig (Triton), None = the tuned choice for this kind. With
+        decoder_weights=fp8 the Triton GEMM streams the weight-only FP8 copy (Linear.w_fp8); the library GEMM the
+        bf16 weights.
         prefetch: (address, bytes) the Triton GEMM bulk-prefetches into L2 first (l2_prefetch); the library GEMM
         ignores it."""
         impl = impl or self.decoder_impl[kind]
         if impl == "triton":
             impl = SKINNY_DEFAULT[kind]
         if isinstance(impl, SkinnyConfig) and self._skinny_ok(x, lin, impl):
-            return self.k.skinny_gemm(x, lin.parts[0][0], geglu=kind == "gate_up", split_k=impl.split_k,
+            w, w_scale = lin.w_fp8 if self.decoder_fp8 and lin.w_fp8 is not None else (lin.parts[0][0], None)
+            return self.k.skinny_gemm(x, w, geglu=kind == "gate_up", split_k=impl.split_k,
                                       block_n=impl.block_n, block_k=impl.block_k, num_stages=impl.stages,
                                       num_warps=impl.warps, pdl=self.pdl,
                                       prefetch=prefetch if self.l2_prefetch else None,
-                                      own_prefetch=self.own_prefetch)
+                                      own_prefetch=self.own_prefetch, w_scale=w_scale)
         y = self.linear(x, lin)
         return self.geglu(y) if kind == "gate_up" else y
 

@@ -36,6 +36,7 @@ class Linear:
 
     parts: list[tuple[torch.Tensor, torch.Tensor | None]]  # [(W (N_i, K), b (N_i,) or None)]
     fp8: object | None = None                               # Fp8Linear, set by fp8.quantize_prefix when asked
+    w_fp8: tuple[torch.Tensor, torch.Tensor] | None = None  # (W_q E4M3 (N, K), s (N,)): weight-only FP8 decoder GEMM
 
     @property
     def out_features(self) -> int:

@@ -173,3 +173,17 @@ def test_decoder_key_block_option_and_env():
         EngineOptions(decoder_key_block=48)
     with pytest.raises(ValueError, match="FLASHRT_DECODER_KEY_BLOCK"):
         _env(FLASHRT_DECODER_KEY_BLOCK="big")
+
+
+def test_fp8_decoder_weights_opt_in_on_fp8_capable_gpus(monkeypatch):
+    import flashrt_core.engine.kernel_import as ki
+    monkeypatch.setattr(ki, "triton_available", lambda: True)
+    asked = EngineOptions(fp8_decoder_weights=True)
+    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.DECODER_WEIGHTS] == "bf16"
+    assert resolve(detect_hardware("sm90"), asked)[Op.DECODER_WEIGHTS] == "fp8"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_FP8_DECODER_WEIGHTS=1))[Op.DECODER_WEIGHTS] == "fp8"
+    assert resolve(detect_hardware("gfx942"), asked)[Op.DECODER_WEIGHTS] == "fp8"
+    assert resolve(detect_hardware("sm80"), asked)[Op.DECODER_WEIGHTS] == "bf16"          # no FP8 before sm89
+    env = EngineOptions.from_env(asked, env={"FLASHRT_DISABLE_TRITON": "1"})
+    assert resolve(detect_hardware("sm90"), env)[Op.DECODER_WEIGHTS] == "bf16"
+    assert resolve(CPU, asked)[Op.DECODER_WEIGHTS] == "bf16"

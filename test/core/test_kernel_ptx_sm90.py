@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed
 PREFETCH = "cp.async.bulk.prefetch.L2.global"
 SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "N": "i32", "F": "i32",
              "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "split_stride": "i32",
-             "pf_addr": "i64", "pf_bytes": "i32", "pf_chunk": "i32", "w_addr": "i64"}
+             "pf_addr": "i64", "pf_bytes": "i32", "pf_chunk": "i32", "w_addr": "i64", "s_ptr": "*fp32"}
 
 
 def _ptx(slots: int, pdl: bool, num_warps: int, own: bool = False, geglu: bool = False) -> str:

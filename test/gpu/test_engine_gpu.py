@@ -126,14 +126,18 @@ def test_new_prompt_does_not_recapture(tiny):
 @pytest.mark.parametrize("name,precision", [
     ("pi05", "bf16"), ("pi0", "bf16"),
     ("pi05", "fp8"), ("pi0", "fp8"),        # FP8 on the default scope (backbone MLP), per-tensor static scales
+    ("pi05", "fp8+fp8_decoder_weights"),    # + weight-only FP8 decoder GEMMs (opt-in)
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
     model = load_model_weights(_checkpoint(name), cfg, "cuda", torch.float32)
     reference = ReferenceExecutor(model, cfg, torch.device("cuda"))
-    engine = build_executor(model, cfg, torch.device("cuda"), "auto", EngineOptions(fp8=precision == "fp8"))
+    prec, _, extra = precision.partition("+")
+    engine = build_executor(model, cfg, torch.device("cuda"), "auto",
+                            EngineOptions(fp8=prec == "fp8", fp8_decoder_weights=extra == "fp8_decoder_weights"))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
-    assert engine.name.endswith(precision)
+    assert engine.name.endswith(prec)
+    assert engine.ops.decoder_fp8 == (extra == "fp8_decoder_weights")
     cosines = []
     for seed in range(GATE_OBSERVATIONS):
         obs = random_observation(cfg, np.random.default_rng(seed), views=2 + seed % 2, n_text=20 + 13 * seed,
@@ -142,5 +146,5 @@ def test_accuracy_gate_full_size(name, precision):
         cosines.append(cosine(got[:, :cfg.action_dim], reference_actions(reference, obs)[:, :cfg.action_dim]))
     del engine, reference, model
     torch.cuda.empty_cache()
-    gate = GATE_FP8 if precision == "fp8" else GATE_BF16
+    gate = GATE_FP8 if precision.startswith("fp8") else GATE_BF16
     assert min(cosines) >= gate, f"{name} {precision}: cosine per observation {cosines}"

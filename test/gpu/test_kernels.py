@@ -265,6 +265,33 @@ def test_skinny_gemm(rows, n, k, geglu, split):
     assert err < SKINNY_REL_L2, f"rel L2 error {err:.2e}"
 
 
+@pytest.mark.parametrize("rows", DECODER_ROWS)
+@pytest.mark.parametrize("n,k,geglu,split", [
+    (2560, 1024, False, 1), (1024, 2048, False, 2), (8192, 1024, True, 1), (1024, 4096, False, 4),
+])
+@pytest.mark.parametrize("fp8_name", ["float8_e4m3fn", "float8_e4m3fnuz"])
+def test_skinny_gemm_fp8_weights(rows, n, k, geglu, split, fp8_name):
+    """Weight-only FP8 (E4M3 rows with one fp32 scale each; x stays in its dtype) against the reference on the
+    same quantized weights: the widening to bf16 is exact, so only accumulation order and the output rounding
+    differ. Both E4M3 flavours: OCP (NVIDIA, gfx950) and FNUZ (gfx942)."""
+    from flashrt_core.engine.fp8 import quantize_rows
+    if fp8_name.endswith("fnuz") and torch.version.hip is None:
+        pytest.skip("FNUZ E4M3 is the MI300X (gfx942) format; Triton has it only on ROCm")
+    if INTERPRET:
+        n, k = n // 16, k // 4
+    g = torch.Generator(device=DEVICE).manual_seed(3 * n + k + rows)
+    x = torch.randn(rows, k, device=DEVICE, generator=g).to(SKINNY_DTYPE)
+    w = torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5
+    w_q, scale = quantize_rows(w, getattr(torch, fp8_name))
+    want = K.skinny_gemm_reference(x, w_q, geglu, split, w_scale=scale).float()
+    got = K.skinny_gemm(x, w_q, geglu, split, block_k=64 if INTERPRET else 256, w_scale=scale).float()
+    assert got.shape == want.shape and not torch.isnan(got).any()
+    err = (got - want).norm() / want.norm()
+    assert err < SKINNY_REL_L2, f"rel L2 error {err:.2e}"
+    plain = K.skinny_gemm_reference(x, w.to(SKINNY_DTYPE), geglu, split).float()   # what FP8 weights cost
+    assert (got - plain).norm() / plain.norm() < 0.08
+
+
 @pytest.mark.parametrize("splits", [2, 4])
 def test_norms_sum_split_k_partials(splits):
     rows, width = DECODER_ROWS[-1], 1024
