@@ -36,7 +36,8 @@ except ImportError:  # CPU-only installs: the references run, the kernels raise 
 
 # Triton's CPU interpreter (TRITON_INTERPRET=1, used to check kernel logic without a GPU) has no griddepcontrol:
 # there, PDL kernels run their wait as a no-op, which is exact since the interpreter runs programs one by one.
-_GRID_DEPENDENCY_CONTROL = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+INTERPRETED = HAVE_TRITON and os.environ.get("TRITON_INTERPRET", "0") == "1"   # kernels run on CPU tensors too
+_GRID_DEPENDENCY_CONTROL = tl.constexpr(not INTERPRETED)
 
 
 @triton.jit
@@ -55,4 +56,4 @@ def launch_options(pdl: bool) -> dict:
     return {"launch_pdl": True} if pdl else {}
 
 
-__all__ = ["HAVE_TRITON", "triton", "tl", "wait_for_inputs", "launch_options"]
+__all__ = ["HAVE_TRITON", "INTERPRETED", "triton", "tl", "wait_for_inputs", "launch_options"]

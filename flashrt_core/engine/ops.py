@@ -177,17 +177,15 @@ class Ops:
             return torch._addmm_activation(b, x, w.t(), use_gelu=True)
         return F.gelu(self.linear(x, lin), approximate="tanh")
 
-    @staticmethod
-    def _few_rows_gemm_ok(x: torch.Tensor, lin: Linear, k_step: int) -> bool:
-        """The Triton few-row GEMMs' conditions: one bias-free weight block, <= 64 rows on the GPU, K a multiple of
-        what one program step covers."""
+    def _few_rows_gemm_ok(self, x: torch.Tensor, lin: Linear, k_step: int) -> bool:
+        """The Triton few-row GEMMs' conditions: one bias-free weight block, <= 64 rows on the GPU (or on the CPU
+        under Triton's interpreter, for tests), K a multiple of what one program step covers."""
         (w, b), = lin.parts if len(lin.parts) == 1 else ((None, True),)
-        return (w is not None and b is None and lin.fp8 is None and x.shape[0] <= 64 and x.is_cuda
-                and x.shape[1] % k_step == 0)
+        return (w is not None and b is None and lin.fp8 is None and x.shape[0] <= 64
+                and (x.is_cuda or self.k.INTERPRETED) and x.shape[1] % k_step == 0)
 
-    @classmethod
-    def _skinny_ok(cls, x: torch.Tensor, lin: Linear, cfg: SkinnyConfig) -> bool:
-        return cls._few_rows_gemm_ok(x, lin, cfg.split_k * cfg.block_k)
+    def _skinny_ok(self, x: torch.Tensor, lin: Linear, cfg: SkinnyConfig) -> bool:
+        return self._few_rows_gemm_ok(x, lin, cfg.split_k * cfg.block_k)
 
     def decoder(self, x: torch.Tensor, lin: Linear, kind: str, impl: str | SkinnyConfig | None = None,
                 prefetch: tuple[int, int] | None = None) -> torch.Tensor:

@@ -1,0 +1,111 @@
+"""The engine forward with its Triton kernels, on the CPU through Triton's interpreter, against the reference.
+
+test/gpu/test_kernels.py checks each kernel alone; this checks how the engine wires them (dispatch -> ops ->
+forward): RoPE inside the attention or before it, the suffix keys read from the QKV output, split-K partials
+summed by the norms, the GeGLU epilogue, weight-only FP8 decoder weights, PDL launches (a no-op wait in the
+interpreter). Tiny pi0.5 / pi0 configurations in fp32 (the interpreter has no bf16 dot), eager engine (no CUDA
+graph on the CPU), decoder GEMM configurations that fit the tiny widths.
+
+Runs only under TRITON_INTERPRET=1 with Triton installed and no GPU: `tools/run_tests.sh` does that in its second
+pass (and so CI). On a GPU the same wiring is covered by test/gpu/test_engine_gpu.py at full size.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from flashrt_core.engine.kernel_import import load_kernels
+
+INTERPRET = (os.environ.get("TRITON_INTERPRET") == "1" and load_kernels().HAVE_TRITON
+             and not torch.cuda.is_available())
+pytestmark = pytest.mark.skipif(not INTERPRET, reason="runs the Triton kernels under TRITON_INTERPRET=1 on a CPU")
+
+FP32_ATOL = 5e-5            # fp32 throughout; the kernels sum in another order than the reference
+FP8_COSINE = 0.99           # weight-only E4M3 decoder weights on a 2-layer tiny expert
+
+
+def _triton_dispatch(decoder_qkv: str, fp8_weights: bool):
+    from flashrt_core.engine.dispatch import Dispatch, EngineOptions, Op
+    from flashrt_core.engine.hardware import detect_hardware
+    choice = {Op.EXECUTOR: "eager_engine", Op.ATTENTION: "math", Op.MQA: "triton", Op.GEMM_PREFIX: "bf16",
+              Op.GEMM_DECODER: "triton", Op.FP8_FORMAT: "e4m3fn", Op.NORM: "triton", Op.ADA_NORM: "triton",
+              Op.GEGLU: "triton", Op.QKV_ROPE: "triton", Op.DECODER_QKV: decoder_qkv, Op.EULER: "triton",
+              Op.KERNEL_LAUNCH: "pdl", Op.L2_PREFETCH: "none", Op.WEIGHT_PREFETCH: "none",
+              Op.DECODER_WEIGHTS: "fp8" if fp8_weights else "bf16", Op.VISION_GELU: "separate"}
+    assert set(choice) == set(Op), "every op needs a choice here"
+    return Dispatch(detect_hardware("sm90"), EngineOptions(text_buckets=(16, 32)), choice)
+
+
+@pytest.fixture(scope="module", params=["pi05_tiny", "pi0_tiny"])
+def model(request, tmp_path_factory):
+    from flashrt_core.checkpoint import load_model_weights
+    from flashrt_core.config import get_config
+    from flashrt_core.fixtures import write_random_checkpoint
+    ckpt = tmp_path_factory.mktemp(request.param)
+    write_random_checkpoint(ckpt, request.param, seed=4)
+    cfg = get_config(request.param)
+    # pi0_tiny's horizon is 50 (51 suffix rows: RoPE before the attention); 10 puts pi0 under rope_in_attention
+    # too (11 rows). 3 denoising steps instead of 10 keep the interpreter quick; the steps are alike.
+    return load_model_weights(ckpt, cfg.replace(action_horizon=10, num_steps=3), "cpu", torch.float32)
+
+
+def _engine(model, decoder_qkv: str, fp8_weights: bool = False):
+    from flashrt_core.engine.graph_executor import EngineExecutor
+    from flashrt_core.engine.ops import SkinnyConfig
+    engine = EngineExecutor(model, model.config, torch.device("cpu"), _triton_dispatch(decoder_qkv, fp8_weights),
+                            dtype=torch.float32)
+    e = model.config.expert
+    # the tiny expert's K: width 32 (qkv, gate_up), heads x head_dim 64 (o), mlp 64 (down); o and down split-K
+    engine.ops.decoder_impl = {"qkv": SkinnyConfig(16, 32, 1, 2), "gate_up": SkinnyConfig(16, 32, 1, 2),
+                               "o": SkinnyConfig(16, 32, 2, 2), "down": SkinnyConfig(16, 32, 2, 2)}
+    assert (e.width, e.num_heads * e.head_dim, e.mlp_dim) == (32, 64, 64)
+    return engine
+
+
+def _check_triton_paths_ran(engine, monkeypatch, expect_decoder_attention: bool) -> dict:
+    """Count the Triton launchers the forward calls (the reference implementations are not counted)."""
+    calls = {}
+    for name in ("skinny_gemm", "decoder_attention", "attention", "qkv_rope", "ada_rms_norm", "residual_norm",
+                 "euler", "geglu"):
+        fn = getattr(engine.ops.k, name)
+
+        def counted(*args, _fn=fn, _name=name, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _fn(*args, **kwargs)
+        monkeypatch.setattr(engine.ops.k, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("decoder_qkv", ["rope_in_attention", "separate"])
+def test_engine_with_triton_kernels_matches_the_reference(model, decoder_qkv, monkeypatch):
+    from test.core.test_engine_forward import _inputs, _reference
+    engine = _engine(model, decoder_qkv)
+    calls = _check_triton_paths_ran(engine, monkeypatch, decoder_qkv == "rope_in_attention")
+    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(2), 9, (0, 1))
+    got = engine.predict_observation(images, tokens, mask, state, noise)
+    want = _reference(model, images, tokens, mask, state, noise).numpy()
+    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
+    steps, layers = len(engine.weights.dts), model.config.expert.depth
+    assert calls.get("skinny_gemm", 0) == 4 * steps * layers                  # every expert GEMM ran in Triton
+    if decoder_qkv == "rope_in_attention":
+        assert calls.get("decoder_attention", 0) == steps * layers
+        assert calls.get("qkv_rope", 0) == model.config.paligemma.depth         # the prefix only
+    else:
+        assert "decoder_attention" not in calls
+        assert calls.get("qkv_rope", 0) == model.config.paligemma.depth + steps * layers
+
+
+def test_fp8_decoder_weights_stay_close_to_the_reference(model):
+    from flashrt_core.engine.gate import cosine
+    from test.core.test_engine_forward import _inputs, _reference
+    engine = _engine(model, "rope_in_attention", fp8_weights=True)
+    assert engine.ops.decoder_fp8 and engine.weights.expert[0].qkv.w_fp8 is not None
+    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(3), 12, (0, 2))
+    got = engine.predict_observation(images, tokens, mask, state, noise)
+    want = _reference(model, images, tokens, mask, state, noise).numpy()
+    assert not np.allclose(got, want, atol=FP32_ATOL, rtol=0)              # the FP8 weights were used
+    assert cosine(got, want) >= FP8_COSINE
