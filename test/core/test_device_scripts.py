@@ -1,0 +1,53 @@
+"""The device-machine scripts (tools/device_*.sh) are valid bash, call tools and flags that exist, and their pytest
+selections select tests: they run on a GPU machine only, where a typo costs a device call."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted((REPO / "tools").glob("device_*.sh"))
+
+
+def _logical_lines(script: Path) -> list[str]:
+    """The script's lines with backslash continuations joined, comments dropped."""
+    text = re.sub(r"\\\n\s*", " ", script.read_text())
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_is_valid_bash(script):
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True).returncode == 0
+
+
+def test_engine_checks_call_existing_tools_with_their_flags():
+    script = REPO / "tools" / "device_engine_checks.sh"
+    calls = [line for line in _logical_lines(script) if '"$PY" tools/' in line]
+    assert len(calls) == 2
+    for line in calls:
+        words = shlex.split(line.split('"$PY"', 1)[1].split(">", 1)[0])
+        tool = REPO / words[0]
+        assert tool.is_file(), tool
+        help_text = subprocess.run([sys.executable, str(tool), "--help"], capture_output=True, text=True,
+                                   cwd=REPO).stdout
+        for flag in (w for w in words[1:] if w.startswith("--")):
+            assert flag in help_text, f"{tool.name} has no {flag}"
+
+
+def test_engine_checks_pytest_selection_selects_tests():
+    script = REPO / "tools" / "device_engine_checks.sh"
+    line = next(line for line in _logical_lines(script) if "-m pytest" in line)
+    words = shlex.split(line.split("-m pytest", 1)[1].split(">", 1)[0])
+    files = [w for w in words if w.endswith(".py")]
+    expression = words[words.index("-k") + 1]
+    assert all((REPO / f).is_file() for f in files)
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *files, "-k", expression],
+                            capture_output=True, text=True, cwd=REPO).stdout
+    for term in expression.split(" or "):
+        assert any(term in test_id for test_id in listed.splitlines()), f"-k term {term!r} selects nothing"
