@@ -15,6 +15,8 @@ per element of a ``32 x num_warps`` range in each program: in Triton's default l
 (were an element replicated across threads, its chunk would only be requested twice). A chunk past the window's
 end has size 0 and is predicated off.
 The reference of this op is doing nothing: outputs with and without it are identical (test/gpu compares them).
+Measured on the H200 (session 5, docs/benchmarks/engine_h200_2026-11-29_notes.md): both uses are slower. The window
+costs 0.3-0.4 ms per predict and each GEMM prefetching its own slice costs 1.0 ms. Both stay opt-in.
 """
 
 from __future__ import annotations

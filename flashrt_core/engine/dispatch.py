@@ -83,7 +83,7 @@ class EngineOptions:
     fp8_scope: str = "backbone_mlp"          # FP8 GEMMs: "backbone_mlp" (passes the accuracy gate), "backbone"
                                              # (+ attention projections), "all" (+ the vision tower)
     pdl: bool = True                         # programmatic dependent launch (NVIDIA sm90+)
-    l2_prefetch: bool = False                # opt-in until measured: bulk L2 prefetch of the expert's weights
+    l2_prefetch: bool = False                # opt-in (measured slower): bulk L2 prefetch of the expert's weights
     rope_in_attention: bool = True           # denoiser: RoPE inside the attention kernel, read from the QKV output
     gemm_epilogue: bool = True               # vision fc1: bias + GELU (tanh) in the BLAS GEMM's epilogue
     weight_prefetch: bool = False            # opt-in (measured slower): decoder GEMMs prefetch their own weights
@@ -277,8 +277,8 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
         Candidate("bulk", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.L2_PREFETCH)
                   and hw.vendor is Vendor.NVIDIA and hw.sm is not None and hw.sm >= 90,
                   "kernels/l2_prefetch.py: the decoder's Triton QKV GEMM prefetches the rest of the layer's and the "
-                  "next layer's QKV weights into L2 (cp.async.bulk.prefetch.L2, NVIDIA sm90+); opt-in, not yet "
-                  "measured"),
+                  "next layer's QKV weights into L2 (cp.async.bulk.prefetch.L2, NVIDIA sm90+); opt-in: measured "
+                  "slower on the H200"),
         Candidate("none", _ALWAYS, "every GEMM reads its weights when it runs"),
     ),
     Op.WEIGHT_PREFETCH: (
