@@ -87,18 +87,28 @@ def _rope_rows(base, d, row_ok, p, cos_ptr, sin_ptr, D: tl.constexpr):
 
 
 @triton.jit
-def _load_queries(q_ptr, rows, row_ok, d, stride_q, heads, pos_ptr, cos_ptr, sin_ptr, q_scale,
-                  FROM_QKV: tl.constexpr, D: tl.constexpr):
-    """Query rows (BLOCK_M, D): from q, or from the QKV rows (token r // heads, head r % heads) with RoPE and the
-    q scale applied (qkv_rope's rounding: fp32, scaled, then the input dtype)."""
-    if FROM_QKV:
-        tok = rows // heads
-        p = tl.load(pos_ptr + tok, mask=row_ok, other=0)
-        base = q_ptr + tok[:, None] * stride_q + (rows % heads)[:, None] * D
-        q = (_rope_rows(base, d, row_ok, p, cos_ptr, sin_ptr, D) * q_scale).to(q_ptr.dtype.element_ty)
-    else:
-        q = tl.load(q_ptr + rows[:, None] * stride_q + d[None, :], mask=row_ok[:, None], other=0.0)
-    return q
+def _rope_queries(qkv_ptr, rows, row_ok, d, stride_qkv, heads, pos_ptr, cos_ptr, sin_ptr, q_scale, D: tl.constexpr):
+    """Query rows (BLOCK_M, D) from the QKV rows (token r // heads, head r % heads) with RoPE and the q scale
+    applied (qkv_rope's rounding: fp32, scaled, then the input dtype)."""
+    tok = rows // heads
+    p = tl.load(pos_ptr + tok, mask=row_ok, other=0)
+    base = qkv_ptr + tok[:, None] * stride_qkv + (rows % heads)[:, None] * D
+    return (_rope_rows(base, d, row_ok, p, cos_ptr, sin_ptr, D) * q_scale).to(qkv_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _cached_keys(q, k_ptr, v_ptr, start, end, d, stride_k, stride_v, bias_ptr, P, vis, m_i, l_i, acc, scale,
+                 HAS_SUFFIX: tl.constexpr, KEYS_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The keys [start, end) of the cache into the running softmax, BLOCK_N at a time (the split may run past
+    `end`: masked)."""
+    for n in range(0, KEYS_PER_SPLIT, BLOCK_N):
+        cols = start + n + tl.arange(0, BLOCK_N)
+        col_ok = cols < end
+        k = tl.load(k_ptr + cols[:, None] * stride_k + d[None, :], mask=col_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=col_ok[:, None], other=0.0)
+        m_i, l_i, acc = _online_softmax_step(q, k, v, cols, col_ok, bias_ptr, P, vis, m_i, l_i, acc, scale,
+                                             HAS_SUFFIX)
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -142,7 +152,7 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, vis_ptr, o_ptr, acc_ptr, m
             k = tl.load(k_ptr + cols[:, None] * stride_k + d[None, :], mask=col_ok[:, None], other=0.0)
             v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=col_ok[:, None], other=0.0)
         wait_for_inputs(PDL)
-        q = _load_queries(q_ptr, rows, row_ok, d, stride_q, heads, pos_ptr, cos_ptr, sin_ptr, q_scale, True, D)
+        q = _rope_queries(q_ptr, rows, row_ok, d, stride_q, heads, pos_ptr, cos_ptr, sin_ptr, q_scale, D)
         vis = tl.load(vis_ptr + rows // heads, mask=row_ok, other=0)
         if pid_s == SPLIT - 1:
             cols_s = P + tl.arange(0, BLOCK_S)
@@ -156,13 +166,8 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, vis_ptr, o_ptr, acc_ptr, m
                 m_i, l_i, acc = _online_softmax_step(q, k, v, cols, col_ok, bias_ptr, P, vis, m_i, l_i, acc, scale,
                                                      HAS_SUFFIX)
             else:
-                for n in range(0, KEYS_PER_SPLIT, BLOCK_N):
-                    cols = start + n + tl.arange(0, BLOCK_N)
-                    col_ok = cols < end
-                    k = tl.load(k_ptr + cols[:, None] * stride_k + d[None, :], mask=col_ok[:, None], other=0.0)
-                    v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=col_ok[:, None], other=0.0)
-                    m_i, l_i, acc = _online_softmax_step(q, k, v, cols, col_ok, bias_ptr, P, vis, m_i, l_i, acc,
-                                                         scale, HAS_SUFFIX)
+                m_i, l_i, acc = _cached_keys(q, k_ptr, v_ptr, start, end, d, stride_k, stride_v, bias_ptr, P, vis,
+                                             m_i, l_i, acc, scale, HAS_SUFFIX, KEYS_PER_SPLIT, BLOCK_N)
     elif EARLY_KV:
         # Denoising step, one key block per program: a block of prefix keys holds K/V that the prefix phase wrote,
         # so it is read before the wait for the kernel ahead (which writes q and the suffix rows); a block with
@@ -191,13 +196,8 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, vis_ptr, o_ptr, acc_ptr, m
         vis = rows                                             # unused without suffix keys
         if HAS_SUFFIX:
             vis = tl.load(vis_ptr + rows // heads, mask=row_ok, other=0)
-        for n in range(0, KEYS_PER_SPLIT, BLOCK_N):           # the last split may run past L: masked
-            cols = start + n + tl.arange(0, BLOCK_N)
-            col_ok = cols < end
-            k = tl.load(k_ptr + cols[:, None] * stride_k + d[None, :], mask=col_ok[:, None], other=0.0)
-            v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=col_ok[:, None], other=0.0)
-            m_i, l_i, acc = _online_softmax_step(q, k, v, cols, col_ok, bias_ptr, P, vis, m_i, l_i, acc, scale,
-                                                 HAS_SUFFIX)
+        m_i, l_i, acc = _cached_keys(q, k_ptr, v_ptr, start, end, d, stride_k, stride_v, bias_ptr, P, vis, m_i, l_i,
+                                     acc, scale, HAS_SUFFIX, KEYS_PER_SPLIT, BLOCK_N)
     if SPLIT == 1:
         out = acc / tl.maximum(l_i, 1e-30)[:, None]
         tl.store(o_ptr + rows[:, None] * stride_o + d[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
