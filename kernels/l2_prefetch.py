@@ -27,25 +27,28 @@ GRANULE = 16      # cp.async.bulk sizes and addresses are multiples of 16 bytes
 
 
 @triton.jit
+def _bulk_prefetch(addr, size):
+    """One ``cp.async.bulk.prefetch.L2`` of ``size`` bytes (int32) at ``addr`` (int64) per element; size 0 is
+    predicated off."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def prefetch_l2(addr, nbytes, chunk, SLOTS: tl.constexpr):
     """This program's share of the window [addr, addr + nbytes): SLOTS chunks of ``chunk`` bytes, one per thread
     (SLOTS = 32 x num_warps). Call it before ``wait_for_inputs`` so the fetch overlaps the kernel ahead."""
     pid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
     start = (pid * SLOTS + tl.arange(0, SLOTS)).to(tl.int64) * chunk
-    size = tl.minimum(tl.maximum(nbytes - start, 0), chunk).to(tl.int32)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [addr + start, size], dtype=tl.int32, is_pure=False, pack=1)
+    _bulk_prefetch(addr + start, tl.minimum(tl.maximum(nbytes - start, 0), chunk).to(tl.int32))
 
 
 @triton.jit
 def prefetch_rows_l2(addr, row_stride, nbytes, rows, ok):
     """Bulk-prefetch into L2 ``nbytes`` from ``addr + rows * row_stride`` for every element of ``rows`` where
     ``ok`` (all in bytes, 16-byte multiples): one instruction per element. Fire and forget, like prefetch_l2."""
-    size = tl.where(ok, nbytes, 0).to(tl.int32)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [addr + rows.to(tl.int64) * row_stride, size], dtype=tl.int32, is_pure=False, pack=1)
+    _bulk_prefetch(addr + rows.to(tl.int64) * row_stride, tl.where(ok, nbytes, 0).to(tl.int32))
 
 
 def prefetch_chunk(nbytes: int, programs: int, num_warps: int) -> int:
