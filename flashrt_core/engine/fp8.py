@@ -27,7 +27,7 @@ import torch
 
 from .dispatch import FP8_SCOPES
 from .kernel_import import load_kernels
-from .weights import EngineWeights, Linear
+from .weights import EXPERT_GEMMS, EngineWeights, Linear
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +44,15 @@ class Fp8Linear:
             raise ValueError(f"FP8 scaling must be one of {SCALINGS}, got {scaling!r}")
         (w, b), = lin.parts
         fmax = torch.finfo(dtype).max
-        w32 = w.float()
         self.rowwise = scaling == "row"
-        if self.rowwise:
-            w_scale = w32.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / fmax   # (N, 1)
-            self.w_scale = w_scale.T.contiguous()                                  # (1, N)
+        if self.rowwise:                                                   # (N, K) row-major = (K, N) col-major
+            self.w_q, w_scale = quantize_rows(w, dtype)
+            self.w_scale = w_scale[None, :].contiguous()                   # (1, N)
         else:
+            w32 = w.float()
             w_scale = w32.abs().max().clamp(min=1e-12) / fmax
             self.w_scale = w_scale.reshape(()).float()
-        self.w_q = (w32 / w_scale).clamp(-fmax, fmax).to(dtype)           # (N, K) row-major = (K, N) col-major
+            self.w_q = (w32 / w_scale).clamp(-fmax, fmax).to(dtype)
         x_scale = max(x_amax, 1e-6) * CALIB_MARGIN / fmax
         self.x_scale = torch.tensor(x_scale, device=w.device, dtype=torch.float32)
         self.x_inv = torch.tensor([1.0 / x_scale], device=w.device, dtype=torch.float32)
@@ -86,7 +86,7 @@ def quantize_expert_weights(w: EngineWeights, fmt: str) -> int:
     dtype = FP8_DTYPES[fmt]
     count = 0
     for layer in w.expert:
-        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+        for lin in (getattr(layer, name) for name in EXPERT_GEMMS):
             if lin.w_fp8 is not None:          # weights shared with an executor that quantized them already
                 count += 1
                 continue
