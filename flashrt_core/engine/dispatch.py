@@ -9,7 +9,7 @@ tests and bug reports:
     FLASHRT_DISABLE_FAST_PATHS=1    everything off: the eager reference path runs
     FLASHRT_FP8=1                   ask for FP8 E4M3 prefix GEMMs (same as EngineOptions(fp8=True))
     FLASHRT_L2_PREFETCH=1           ask for the decoder's bulk L2 weight prefetch (EngineOptions(l2_prefetch=True))
-    FLASHRT_WEIGHT_PREFETCH=1       ask for the decoder GEMMs' own-slice L2 prefetch (EngineOptions(weight_prefetch=True))
+    FLASHRT_WEIGHT_PREFETCH=1       ask for the decoder GEMMs' own-slice L2 prefetch (weight_prefetch=True)
     FLASHRT_DECODER_KEY_BLOCK=N     keys per split of a denoising step's attention (EngineOptions.decoder_key_block)
     FLASHRT_FP8_DECODER_WEIGHTS=1   ask for weight-only FP8 decoder GEMMs (EngineOptions(fp8_decoder_weights=True))
     FLASHRT_FP8_SCALING=tensor|row  FP8 scale granularity (EngineOptions.fp8_scaling)
@@ -147,18 +147,15 @@ class EngineOptions:
                          (Switch.FP8_DECODER_WEIGHTS, "fp8_decoder_weights")):
             if flag(f"FLASHRT_DISABLE_{sw.value}"):
                 changes[attr] = False
-        if flag("FLASHRT_FP8") is not None and "fp8" not in changes:
-            changes["fp8"] = flag("FLASHRT_FP8")
-        if flag("FLASHRT_L2_PREFETCH") is not None and "l2_prefetch" not in changes:
-            changes["l2_prefetch"] = flag("FLASHRT_L2_PREFETCH")
+        for name, attr in (("FLASHRT_FP8", "fp8"), ("FLASHRT_L2_PREFETCH", "l2_prefetch"),    # opt-ins; a
+                           ("FLASHRT_WEIGHT_PREFETCH", "weight_prefetch"),                   # DISABLE wins
+                           ("FLASHRT_FP8_DECODER_WEIGHTS", "fp8_decoder_weights")):
+            if flag(name) is not None and attr not in changes:
+                changes[attr] = flag(name)
         if env.get("FLASHRT_FP8_SCALING"):
             changes["fp8_scaling"] = env["FLASHRT_FP8_SCALING"]
         if env.get("FLASHRT_FP8_SCOPE"):
             changes["fp8_scope"] = env["FLASHRT_FP8_SCOPE"]
-        if flag("FLASHRT_WEIGHT_PREFETCH") is not None and "weight_prefetch" not in changes:
-            changes["weight_prefetch"] = flag("FLASHRT_WEIGHT_PREFETCH")
-        if flag("FLASHRT_FP8_DECODER_WEIGHTS") is not None and "fp8_decoder_weights" not in changes:
-            changes["fp8_decoder_weights"] = flag("FLASHRT_FP8_DECODER_WEIGHTS")
         if env.get("FLASHRT_DECODER_KEY_BLOCK"):
             raw = env["FLASHRT_DECODER_KEY_BLOCK"]
             if not raw.isdigit():
@@ -191,6 +188,11 @@ def _gpu(hw: Hardware, o: EngineOptions) -> bool:
 def _triton(hw: Hardware, o: EngineOptions) -> bool:
     from .kernel_import import triton_available
     return _gpu(hw, o) and o.switch_on(Switch.TRITON) and triton_available()
+
+
+def _nvidia_sm90_plus(hw: Hardware) -> bool:
+    """Hopper and later: griddepcontrol (PDL) and cp.async.bulk."""
+    return hw.vendor is Vendor.NVIDIA and hw.sm is not None and hw.sm >= 90
 
 
 def _fp8_capable(hw: Hardware) -> bool:
@@ -267,15 +269,13 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
         Candidate("separate", _ALWAYS, "the decoder GEMM, then the qkv_rope op"),
     ),
     Op.KERNEL_LAUNCH: (
-        Candidate("pdl", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.PDL) and hw.vendor is Vendor.NVIDIA
-                  and hw.sm is not None and hw.sm >= 90,
+        Candidate("pdl", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.PDL) and _nvidia_sm90_plus(hw),
                   "programmatic dependent launch: a Triton kernel starts while the one before it finishes, "
                   "streams its weights, then waits for its inputs (griddepcontrol, NVIDIA sm90+)"),
         Candidate("stream", _ALWAYS, "plain stream order: each kernel starts when the one before it has ended"),
     ),
     Op.L2_PREFETCH: (
-        Candidate("bulk", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.L2_PREFETCH)
-                  and hw.vendor is Vendor.NVIDIA and hw.sm is not None and hw.sm >= 90,
+        Candidate("bulk", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.L2_PREFETCH) and _nvidia_sm90_plus(hw),
                   "kernels/l2_prefetch.py: the decoder's Triton QKV GEMM prefetches the rest of the layer's and the "
                   "next layer's QKV weights into L2 (cp.async.bulk.prefetch.L2, NVIDIA sm90+); opt-in: measured "
                   "slower on the H200"),
@@ -283,7 +283,7 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     ),
     Op.WEIGHT_PREFETCH: (
         Candidate("own_slice", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.WEIGHT_PREFETCH)
-                  and o.switch_on(Switch.PDL) and hw.vendor is Vendor.NVIDIA and hw.sm is not None and hw.sm >= 90,
+                  and o.switch_on(Switch.PDL) and _nvidia_sm90_plus(hw),
                   "kernels/skinny_gemm.py: every program of a decoder Triton GEMM issues cp.async.bulk.prefetch.L2 "
                   "for its own weight rows before its PDL wait, so they stream into L2 while the kernel ahead "
                   "runs (NVIDIA sm90+, with PDL); opt-in: measured slower on the H200"),

@@ -98,6 +98,9 @@ class EngineExecutor:
             raise ValueError(f"shared weights are {weights.dtype} folded={weights.folded}, this executor needs "
                              f"{dtype} folded={fold}")
         pack = self.ops.l2_prefetch                        # the prefetch reads one contiguous window per layer
+        if pack and self.ops.decoder_fp8:
+            raise ValueError("l2_prefetch prefetches the bf16 expert arena; it does not combine with "
+                             "fp8_decoder_weights")
         if weights is not None and pack and weights.expert_arena is None:
             raise ValueError("shared weights have no expert arena, which l2_prefetch needs: prepare them with "
                              "pack_expert_weights=True")
@@ -115,9 +118,6 @@ class EngineExecutor:
         self._affine = None if action_affine is None else tuple(
             torch.as_tensor(np.asarray(a, dtype=np.float32), device=device) for a in action_affine)
         if self.ops.decoder_fp8:                         # before the tuning: it times the FP8 weights
-            if self.ops.l2_prefetch:
-                raise ValueError("l2_prefetch prefetches the bf16 expert arena; it does not combine with "
-                                 "fp8_decoder_weights")
             from .fp8 import quantize_expert_weights
             quantize_expert_weights(self.weights, dispatch[Op.FP8_FORMAT])
         if device.type == "cuda" and dispatch[Op.GEMM_DECODER] == "triton" and \
