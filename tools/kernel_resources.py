@@ -69,13 +69,13 @@ def resources(compiled) -> dict:
             "shared_bytes": int(compiled.metadata.shared)}
 
 
-_ATTN_SIGNATURE = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "bias_ptr": "*fp32", "vis_ptr": "*i32",
-                   "o_ptr": "*bf16", "acc_ptr": "*fp32", "ml_ptr": "*fp32", "pos_ptr": "*i64", "cos_ptr": "*fp32",
-                   "sin_ptr": "*fp32", "Mq": "i32", "L": "i32", "P": "i32", "heads": "i32", "scale": "fp32",
-                   "q_scale": "fp32", "stride_q": "i32", "stride_k": "i32", "stride_v": "i32", "stride_o": "i32"}
-_SKINNY_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "N": "i32", "F": "i32",
-                     "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "split_stride": "i32",
-                     "pf_addr": "i64", "pf_bytes": "i32", "pf_chunk": "i32", "w_addr": "i64", "s_ptr": "*fp32"}
+ATTN_SIGNATURE = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "bias_ptr": "*fp32", "vis_ptr": "*i32",
+                  "o_ptr": "*bf16", "acc_ptr": "*fp32", "ml_ptr": "*fp32", "pos_ptr": "*i64", "cos_ptr": "*fp32",
+                  "sin_ptr": "*fp32", "Mq": "i32", "L": "i32", "P": "i32", "heads": "i32", "scale": "fp32",
+                  "q_scale": "fp32", "stride_q": "i32", "stride_k": "i32", "stride_v": "i32", "stride_o": "i32"}
+SKINNY_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "N": "i32", "F": "i32",
+                    "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "split_stride": "i32",
+                    "pf_addr": "i64", "pf_bytes": "i32", "pf_chunk": "i32", "w_addr": "i64", "s_ptr": "*fp32"}
 EXPERT_K = {"qkv": 1024, "gate_up": 1024, "o": 2048, "down": 4096}     # the action expert's GEMM K per kind
 
 
@@ -98,7 +98,7 @@ def attention_configs() -> list[KernelConfig]:
 
     def add(name: str, launch) -> None:
         key = tuple(sorted(launch.constexprs.items())) + (launch.num_warps,)
-        configs.setdefault(key, KernelConfig(name, attn._attn_split_kernel, _ATTN_SIGNATURE, launch.constexprs,
+        configs.setdefault(key, KernelConfig(name, attn._attn_split_kernel, ATTN_SIGNATURE, launch.constexprs,
                                              launch.num_warps, launch.num_stages))
     for views in (1, 2, 3):
         prefix = views * 256 + 64
@@ -127,7 +127,7 @@ def skinny_configs() -> list[KernelConfig]:
                 ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": kind == "gate_up", "SPLIT_K": c.split_k,
                       "KGELU": skinny._K_GELU, "BLOCK_M": 16, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k,
                       "PDL": True, "PREFETCH_SLOTS": 0, "OWN_PREFETCH": False, "W_SCALED": fp8}
-                signature = dict(_SKINNY_SIGNATURE, y_ptr="*fp32" if c.split_k > 1 else "*bf16",
+                signature = dict(SKINNY_SIGNATURE, y_ptr="*fp32" if c.split_k > 1 else "*bf16",
                                  w_ptr="*fp8e4nv" if fp8 else "*bf16")
                 out.append(KernelConfig(f"skinny GEMM {kind}{' fp8 weights' if fp8 else ''} {c}",
                                         skinny._skinny_kernel, signature, ce, c.warps, c.stages))

@@ -15,23 +15,15 @@ from kernels import HAVE_TRITON
 pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed")
 
 PREFETCH = "cp.async.bulk.prefetch.L2.global"
-SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "N": "i32", "F": "i32",
-             "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "split_stride": "i32",
-             "pf_addr": "i64", "pf_bytes": "i32", "pf_chunk": "i32", "w_addr": "i64", "s_ptr": "*fp32"}
 
 
 def _ptx(slots: int, pdl: bool, num_warps: int, own: bool = False, geglu: bool = False) -> str:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from kernels.skinny_gemm import _K_GELU, _skinny_kernel
+    from tools.kernel_resources import SKINNY_SIGNATURE, KernelConfig, compile_sm90
 
     constexprs = {"K_PER_SPLIT": 1024, "GEGLU": geglu, "SPLIT_K": 1, "KGELU": _K_GELU, "BLOCK_M": 16,
                   "BLOCK_N": 32, "BLOCK_K": 128, "PDL": pdl, "PREFETCH_SLOTS": slots, "OWN_PREFETCH": own}
-    signature = {**SIGNATURE, **{name: "constexpr" for name in constexprs}}
-    kernel = triton.compile(ASTSource(fn=_skinny_kernel, signature=signature, constexprs=constexprs),
-                            target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 4})
+    kernel = compile_sm90(KernelConfig("skinny GEMM", _skinny_kernel, SKINNY_SIGNATURE, constexprs, num_warps, 4))
     assert kernel.asm["cubin"], "ptxas produced no cubin"
     return kernel.asm["ptx"]
 
