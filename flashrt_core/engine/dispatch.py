@@ -14,6 +14,7 @@ tests and bug reports:
     FLASHRT_FP8_DECODER_WEIGHTS=1   ask for weight-only FP8 decoder GEMMs (EngineOptions(fp8_decoder_weights=True))
     FLASHRT_FP8_SCALING=tensor|row  FP8 scale granularity (EngineOptions.fp8_scaling)
     FLASHRT_FP8_SCOPE=all|backbone|backbone_mlp   which wide GEMMs FP8 serves (EngineOptions.fp8_scope)
+    FLASHRT_DISABLE_CHAIN_TUNING=1  pick the decoder GEMMs by their time alone, not inside the captured denoiser
 
 The same switches exist as `EngineOptions` fields; environment variables win over the fields.
 """
@@ -49,6 +50,7 @@ class Op(str, enum.Enum):
     WEIGHT_PREFETCH = "weight_prefetch"  # each decoder GEMM program prefetches its own weight slice into L2 first
     DECODER_WEIGHTS = "decoder_weights"  # the action expert's GEMM weights: bf16, or weight-only FP8 E4M3
     VISION_GELU = "vision_gelu"      # the vision MLP's bias + GELU: in the fc1 GEMM's epilogue or a kernel of its own
+    DECODER_TUNING = "decoder_tuning"  # how the decoder GEMMs' launch configurations are picked at load
 
 
 class Switch(str, enum.Enum):
@@ -63,6 +65,7 @@ class Switch(str, enum.Enum):
     GEMM_EPILOGUE = "GEMM_EPILOGUE"      # bias + GELU of the vision fc1 in the cuBLASLt/hipBLASLt GEMM epilogue
     WEIGHT_PREFETCH = "WEIGHT_PREFETCH"  # decoder GEMMs prefetch their own weights into L2 before the PDL wait
     FP8_DECODER_WEIGHTS = "FP8_DECODER_WEIGHTS"  # weight-only FP8 for the decoder GEMMs (also needs asking for)
+    CHAIN_TUNING = "CHAIN_TUNING"        # decoder GEMM configurations timed inside the captured denoiser
 
 
 # Which wide GEMMs FP8 serves: every vision and backbone GEMM, the backbone only, or only the backbone's MLP
@@ -88,7 +91,8 @@ class EngineOptions:
     gemm_epilogue: bool = True               # vision fc1: bias + GELU (tanh) in the BLAS GEMM's epilogue
     weight_prefetch: bool = False            # opt-in (measured slower): decoder GEMMs prefetch their own weights
     decoder_key_block: int = 0               # keys per split of a denoising step's attention; 0: the kernels' own
-    fp8_decoder_weights: bool = False        # opt-in, not yet measured: weight-only E4M3 for the decoder GEMMs
+    fp8_decoder_weights: bool = False        # opt-in (measured slower): weight-only E4M3 for the decoder GEMMs
+    chain_tuning: bool = True                # decoder GEMM configurations timed where they run (the denoiser)
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -122,6 +126,7 @@ class EngineOptions:
             Switch.GEMM_EPILOGUE: self.gemm_epilogue,
             Switch.WEIGHT_PREFETCH: self.weight_prefetch,
             Switch.FP8_DECODER_WEIGHTS: self.fp8_decoder_weights,
+            Switch.CHAIN_TUNING: self.chain_tuning,
         }[switch]
 
     @classmethod
@@ -144,7 +149,8 @@ class EngineOptions:
                          (Switch.FP8, "fp8"), (Switch.PDL, "pdl"), (Switch.L2_PREFETCH, "l2_prefetch"),
                          (Switch.ROPE_IN_ATTENTION, "rope_in_attention"), (Switch.GEMM_EPILOGUE, "gemm_epilogue"),
                          (Switch.WEIGHT_PREFETCH, "weight_prefetch"),
-                         (Switch.FP8_DECODER_WEIGHTS, "fp8_decoder_weights")):
+                         (Switch.FP8_DECODER_WEIGHTS, "fp8_decoder_weights"),
+                         (Switch.CHAIN_TUNING, "chain_tuning")):
             if flag(f"FLASHRT_DISABLE_{sw.value}"):
                 changes[attr] = False
         for name, attr in (("FLASHRT_FP8", "fp8"), ("FLASHRT_L2_PREFETCH", "l2_prefetch"),    # opt-ins; a
@@ -292,7 +298,7 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     Op.DECODER_WEIGHTS: (
         Candidate("fp8", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.FP8_DECODER_WEIGHTS) and _fp8_capable(hw),
                   "weight-only E4M3 (one scale per row, fp8.quantize_expert_weights) streamed by the Triton decoder "
-                  "GEMMs, widened to bf16 in registers: half the bytes; opt-in, not yet measured"),
+                  "GEMMs, widened to bf16 in registers: half the bytes; opt-in: measured slower on the H200"),
         Candidate("bf16", _ALWAYS, "the prepared bf16 weights"),
     ),
     Op.VISION_GELU: (
@@ -300,6 +306,13 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "torch._addmm_activation: bias + tanh GELU in the cuBLASLt / hipBLASLt epilogue of the bf16 fc1 "
                   "GEMM (an FP8 fc1 keeps the separate GELU)"),
         Candidate("separate", _ALWAYS, "the fc1 GEMM with its bias, then torch's tanh GELU"),
+    ),
+    Op.DECODER_TUNING: (
+        Candidate("chain", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.CHAIN_TUNING),
+                  "after timing each decoder GEMM kind alone, each kind's candidates are timed again inside the "
+                  "captured denoiser (norms, attention and the other GEMMs around them, as a predict runs them) "
+                  "and the fastest there is kept"),
+        Candidate("isolated", _ALWAYS, "each decoder GEMM kind timed alone over the expert's layers"),
     ),
 }
 

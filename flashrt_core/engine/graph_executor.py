@@ -115,6 +115,7 @@ class EngineExecutor:
                                               device)
         self._rope = (cos, sin)
         self._suffix_visible = self._suffix_visibility()
+        self.decoder_chain_timings: dict[str, dict[str, float]] = {}   # set by _tune_decoder_in_chain
         self._affine = None if action_affine is None else tuple(
             torch.as_tensor(np.asarray(a, dtype=np.float32), device=device) for a in action_affine)
         if self.ops.decoder_fp8:                         # before the tuning: it times the FP8 weights
@@ -125,6 +126,10 @@ class EngineExecutor:
             timings = self.ops.tune_decoder(self.suffix_len, self.weights.expert, config.expert.num_heads,
                                             config.expert.head_dim)
             log.info("decoder GEMMs: %s (us: %s)", {k: str(v) for k, v in self.ops.decoder_impl.items()}, timings)
+            if dispatch[Op.DECODER_TUNING] == "chain" and self.use_graph:
+                self.decoder_chain_timings = self._tune_decoder_in_chain()
+                log.info("decoder GEMMs in the denoiser: %s (ms per denoise: %s)",
+                         {k: str(v) for k, v in self.ops.decoder_impl.items()}, self.decoder_chain_timings)
         self._entries: dict[tuple, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graph else None
         self.capture_seconds: dict[tuple, float] = {}
@@ -132,6 +137,51 @@ class EngineExecutor:
         log.info("engine ready: %s, text buckets %s, dispatch %s", self.name, self.text_buckets, dispatch.summary())
 
     # ---------------------------------------------------------------------------------------------- set-up
+    @torch.inference_mode()
+    def _tune_decoder_in_chain(self, reps: int = 5) -> dict[str, dict[str, float]]:
+        """Time each decoder GEMM kind's candidates where they run: inside the denoiser, captured as a graph.
+
+        Timed alone, a GEMM cannot show what it costs its neighbours: a one-shot configuration streams its
+        weights before its PDL wait, overlapping the norm or attention ahead of it, and a wider split-K hands the
+        norm after it more partials to sum. So, after tune_decoder's isolated pick, one pass over the kinds
+        (down, o, gate_up, qkv) captures the whole denoise (every step and layer, on a workspace of two views and
+        the smallest text bucket, zero K/V caches) once per candidate of that kind, the other kinds at their
+        current pick, and keeps the candidate with the lowest median replay time.
+        Returns {kind: {candidate: ms per denoise}}."""
+        cfg, ops = self.config, self.ops
+        views = tuple(range(min(2, len(cfg.view_names))))
+        ws = self._make_entry(views, None, self.text_buckets[0]).ws
+        P = ws.k_cache.shape[2] - self.suffix_len
+        key_bias = torch.zeros(P, device=self.device)
+        n_valid = torch.full((1,), P, device=self.device, dtype=torch.int64)
+        ws.noise.normal_()
+        stream = side_stream(self.device)
+        timings: dict[str, dict[str, float]] = {}
+        for kind in ("down", "o", "gate_up", "qkv"):
+            lin = getattr(self.weights.expert[0], kind)
+            if kind not in ops.decoder_timings or lin is None:      # not tuned alone: pinned or library-only
+                continue
+            x = torch.empty(self.suffix_len, lin.parts[0][0].shape[1], device=self.device, dtype=self.dtype)
+            candidates = ops.decoder_candidates(kind, x, lin, cfg.expert.head_dim)
+            if len(candidates) < 2:
+                continue
+            times = {}
+            for impl in candidates:
+                ops.decoder_impl[kind] = impl
+                stream.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(stream):
+                    denoise(ws, self.weights, ops, key_bias, n_valid)            # compiles, warms the handles
+                torch.cuda.current_stream(self.device).wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    denoise(ws, self.weights, ops, key_bias, n_valid)
+                graph.replay()
+                times[impl] = float(np.median(graph_replay_ms(graph, reps)))
+                del graph
+            ops.decoder_impl[kind] = min(times, key=times.get)
+            timings[kind] = {str(k): v for k, v in times.items()}
+        return timings
+
     def _suffix_visibility(self) -> torch.Tensor:
         """Suffix keys each suffix token sees (openpi ar flags; blocks are contiguous, so a count suffices):
         pi0.5 [a0..] = [1, 0..] -> all S; pi0 [state, a0, a1..] = [1, 1, 0..] -> state 1, actions S."""

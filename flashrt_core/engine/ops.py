@@ -268,6 +268,14 @@ class Ops:
         graph.replay()
         return graph_replay_ms(graph, 1)[0] * 1e3 / reps
 
+    def decoder_candidates(self, kind: str, x: torch.Tensor, lin: Linear, head_dim: int) -> list:
+        """The implementations the load-time tuning times for one decoder GEMM kind at x's shape: the library
+        GEMM, every Triton configuration that fits, and for qkv the RoPE-epilogue GEMMs where they may run."""
+        candidates = ["library"] + [c for c in SKINNY_CANDIDATES[kind] if self._skinny_ok(x, lin, c)]
+        if kind == "qkv":
+            candidates += [c for c in ROPE_GEMM_CANDIDATES if self._rope_gemm_ok(x, lin, c, head_dim)]
+        return candidates
+
     def tune_decoder(self, rows: int, layers, heads: int, head_dim: int, reps: int = 4
                      ) -> dict[str, dict[str, float]]:
         """For each decoder GEMM kind, time the library GEMM and every Triton candidate at `rows` rows
@@ -298,9 +306,7 @@ class Ops:
                                               impl=impl)
                     else:
                         self.decoder(x, lin, kind, impl)
-            candidates = ["library"] + [c for c in SKINNY_CANDIDATES[kind] if self._skinny_ok(x, lins[0], c)]
-            if kind == "qkv":
-                candidates += [c for c in ROPE_GEMM_CANDIDATES if self._rope_gemm_ok(x, lins[0], c, head_dim)]
+            candidates = self.decoder_candidates(kind, x, lins[0], head_dim)
             times = {impl: self._graph_time_us(lambda: run_all(impl), reps) / len(lins) for impl in candidates}
             self.decoder_impl[kind] = min(times, key=times.get)
             self.decoder_timings[kind] = {str(k): v for k, v in times.items()}

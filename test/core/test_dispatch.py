@@ -187,3 +187,14 @@ def test_fp8_decoder_weights_opt_in_on_fp8_capable_gpus(monkeypatch):
     env = EngineOptions.from_env(asked, env={"FLASHRT_DISABLE_TRITON": "1"})
     assert resolve(detect_hardware("sm90"), env)[Op.DECODER_WEIGHTS] == "bf16"
     assert resolve(CPU, asked)[Op.DECODER_WEIGHTS] == "bf16"
+
+
+def test_chain_tuning_is_on_with_triton_and_has_its_switch(monkeypatch):
+    import flashrt_core.engine.kernel_import as ki
+    monkeypatch.setattr(ki, "triton_available", lambda: True)
+    for arch in ("sm90", "sm80", "gfx942"):
+        assert resolve(detect_hardware(arch), EngineOptions())[Op.DECODER_TUNING] == "chain"
+    assert resolve(detect_hardware("sm90"), EngineOptions(chain_tuning=False))[Op.DECODER_TUNING] == "isolated"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_CHAIN_TUNING=1))[Op.DECODER_TUNING] == "isolated"
+    assert resolve(detect_hardware("sm90"), EngineOptions(triton=False))[Op.DECODER_TUNING] == "isolated"
+    assert resolve(CPU, EngineOptions())[Op.DECODER_TUNING] == "isolated"

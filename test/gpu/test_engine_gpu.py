@@ -16,7 +16,7 @@ import torch
 
 from flashrt_core.checkpoint import load_model_weights
 from flashrt_core.config import get_config
-from flashrt_core.engine import EngineOptions, build_executor
+from flashrt_core.engine import EngineOptions, Op, build_executor
 from flashrt_core.engine.gate import GATE_BF16, GATE_FP8, cosine, random_observation, reference_actions
 from flashrt_core.engine.graph_executor import EngineExecutor
 from flashrt_core.executor import ReferenceExecutor
@@ -148,3 +148,23 @@ def test_accuracy_gate_full_size(name, precision):
     torch.cuda.empty_cache()
     gate = GATE_FP8 if precision.startswith("fp8") else GATE_BF16
     assert min(cosines) >= gate, f"{name} {precision}: cosine per observation {cosines}"
+
+
+def test_chain_tuning_keeps_the_fastest_candidate_inside_the_denoiser():
+    """The decoder GEMMs are picked by the captured denoiser's time: every kind the isolated tuning measured with
+    more than one candidate is timed again in the chain, each of its candidates, and the fastest there is kept."""
+    cfg = get_config("pi05")
+    model = load_model_weights(_checkpoint("pi05"), cfg, "cuda", torch.bfloat16)
+    engine = build_executor(model, cfg, torch.device("cuda"), "auto")
+    assert engine.dispatch[Op.DECODER_TUNING] == "chain"
+    chain = engine.decoder_chain_timings
+    assert set(chain) == {kind for kind, alone in engine.ops.decoder_timings.items() if len(alone) > 1}
+    assert {"down", "o", "gate_up", "qkv"} <= set(chain)               # full size: Triton candidates fit every kind
+    for kind, times in chain.items():
+        assert set(times) == set(engine.ops.decoder_timings[kind]), kind       # the same candidates as alone
+        assert all(2.0 < ms < 100.0 for ms in times.values()), (kind, times)   # a whole denoise: milliseconds
+        assert str(engine.ops.decoder_impl[kind]) == min(times, key=times.get), (kind, times)
+    obs = random_observation(cfg, np.random.default_rng(0), views=2, n_text=20, vocab=1024)
+    assert np.isfinite(engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)).all()
+    del engine, model
+    torch.cuda.empty_cache()

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Where a predict's GPU time goes, kernel by kernel, on the critical path of one CUDA-graph replay.
+
+With programmatic dependent launch a kernel starts before the one ahead of it has finished and then waits, so its
+own duration (end - start) counts time spent waiting. What a kernel adds to the predict is its critical-path
+increment: its end minus the latest end of every kernel that started before it. The increments of all kernels sum
+to the replay's span. This tool profiles replays of the engine's captured predict (torch.profiler / CUPTI records
+each kernel of a graph replay), and prints per kernel name: launches, summed increment, median increment, and
+median duration; then the kernel sequence of one denoising layer (step 5, layer 9) with each kernel's increment.
+
+    python tools/profile_engine_timeline.py --ckpt-root /tmp/full --config pi05 --views 2 --out timeline.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchmark_engine import PROMPT_TOKENS, engine_options, ensure_checkpoint  # noqa: E402
+
+from flashrt_core.checkpoint import load_model_weights  # noqa: E402
+from flashrt_core.config import get_config  # noqa: E402
+from flashrt_core.engine import detect_hardware, resolve  # noqa: E402
+from flashrt_core.engine.gate import random_observation  # noqa: E402
+from flashrt_core.engine.graph_executor import EngineExecutor  # noqa: E402
+
+
+def critical_path(kernels: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """[(name, start_us, end_us)] in any order -> [(name, increment_us, duration_us)] in start order, where
+    increment = end - the latest end among the kernels that started earlier (0 if it ends before that; the
+    first kernel's whole duration). The increments sum to the span from the first start to the last end."""
+    out, latest = [], None
+    for name, start, end in sorted(kernels, key=lambda k: k[1]):
+        increment = end - start if latest is None else max(0.0, end - latest)
+        out.append((name, increment, end - start))
+        latest = end if latest is None else max(latest, end)
+    return out
+
+
+def short(name: str) -> str:
+    return name if len(name) <= 60 else name[:57] + "..."
+
+
+def profile_replay(graph: torch.cuda.CUDAGraph, replays: int) -> list[list[tuple[str, float, float]]]:
+    from torch.profiler import ProfilerActivity, profile
+    graph.replay()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(replays):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            graph.replay()
+            torch.cuda.synchronize()
+        runs.append([(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+                     if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))])
+    return runs
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ckpt-root", default="/tmp/full")
+    ap.add_argument("--config", default="pi05")
+    ap.add_argument("--views", type=int, default=2)
+    ap.add_argument("--horizon", type=int, default=10)
+    ap.add_argument("--precision", default="bf16", help="as benchmark_engine's variants: bf16, fp8, bf16-no_pdl")
+    ap.add_argument("--replays", type=int, default=5)
+    ap.add_argument("--text-buckets", nargs="*", type=int, default=[64, 128])
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("profile_engine_timeline needs a CUDA GPU")
+    dev = torch.device("cuda")
+    ckpt = ensure_checkpoint(Path(args.ckpt_root), args.config)
+    cfg = get_config(args.config).replace(action_horizon=args.horizon)
+    model = load_model_weights(ckpt, cfg, dev, torch.bfloat16)
+    opts = engine_options(args.precision, args)
+    eng = EngineExecutor(model, cfg, dev, resolve(detect_hardware("auto", dev), opts))
+    obs = random_observation(cfg, np.random.default_rng(args.views), views=args.views, n_text=PROMPT_TOKENS,
+                             vocab=1024)
+    eng.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
+    entry = next(e for k, e in eng._entries.items() if len(k[1]) == args.views)
+    runs = [critical_path(k) for k in profile_replay(entry.graph, args.replays)]
+    n = len(runs[0])
+    if any(len(r) != n for r in runs):
+        sys.exit(f"kernel counts differ between replays: {[len(r) for r in runs]}")
+    # per kernel position: the median increment / duration over the replays
+    inc = np.median(np.array([[k[1] for k in r] for r in runs]), axis=0)
+    dur = np.median(np.array([[k[2] for k in r] for r in runs]), axis=0)
+    names = [k[0] for k in runs[0]]
+    by_name: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        by_name.setdefault(name, []).append(i)
+    table = sorted(({"name": name, "count": len(ix), "increment_us": float(inc[ix].sum()),
+                     "median_increment_us": float(np.median(inc[ix])), "median_duration_us": float(np.median(dur[ix]))}
+                    for name, ix in by_name.items()), key=lambda r: -r["increment_us"])
+    # one denoising layer: from its first norm (two launches before its attention) to the next layer's
+    attn = [i for i, name in enumerate(names) if "attn_split" in name]
+    per_step = cfg.expert.depth
+    first = len(attn) - cfg.num_steps * per_step               # the prefix's attention launches come first
+    layer = []
+    if first >= 0 and cfg.num_steps > 5 and per_step > 10:
+        a, nxt = attn[first + 5 * per_step + 9], attn[first + 5 * per_step + 10]
+        layer = [{"name": names[i], "increment_us": float(inc[i]), "duration_us": float(dur[i])}
+                 for i in range(a - 2, nxt - 2)]
+    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    total = float(inc.sum())
+    print(f"{env['gpu']}, torch {env['torch']}, {env['time_utc']}; {args.config} {args.views} views h{args.horizon} "
+          f"{args.precision}: {n} kernels, critical path {total / 1e3:.3f} ms (median of {args.replays} replays)")
+    print("| kernel | launches | increment sum (us) | median increment (us) | median duration (us) |")
+    print("|---|---|---|---|---|")
+    for r in table[:25]:
+        print(f"| {short(r['name'])} | {r['count']} | {r['increment_us']:.1f} | {r['median_increment_us']:.2f} | "
+              f"{r['median_duration_us']:.2f} |")
+    if layer:
+        print("\none denoising layer (step 5, layer 9), in launch order:")
+        print("| kernel | increment (us) | duration (us) |")
+        print("|---|---|---|")
+        for r in layer:
+            print(f"| {short(r['name'])} | {r['increment_us']:.2f} | {r['duration_us']:.2f} |")
+        print(f"| layer total | {sum(r['increment_us'] for r in layer):.2f} | |")
+    if args.out is not None:
+        args.out.write_text(json.dumps({"env": env, "args": {k: str(v) for k, v in vars(args).items()},
+                                        "critical_path_ms": total / 1e3, "kernels": n, "by_name": table,
+                                        "layer": layer}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
