@@ -3,10 +3,11 @@
 Every module opens with the formula it computes. `<name>(...)` launches the Triton kernel (GPU, Triton installed);
 `<name>_reference(...)` is the PyTorch definition that the GPU tests compare against. Without Triton the
 references still import; `HAVE_TRITON` says which case this is. `INTERPRETED`: Triton's CPU interpreter runs
-the kernels (TRITON_INTERPRET=1), on CPU tensors.
+the kernels (TRITON_INTERPRET=1), on CPU tensors. Every launcher's `pdl` takes False, True or `EARLY_TRIGGER`
+(kernels/_triton.py says what each means).
 """
 
-from ._triton import HAVE_TRITON, INTERPRETED
+from ._triton import EARLY_TRIGGER, HAVE_TRITON, INTERPRETED
 from .ada_rms_norm import ada_rms_norm, ada_rms_norm_reference
 from .attention import attention, attention_reference, decoder_attention, decoder_attention_reference
 from .euler import euler, euler_reference
@@ -18,7 +19,7 @@ from .residual_norm import residual_norm, residual_norm_reference
 from .skinny_gemm import skinny_gemm, skinny_gemm_reference
 
 __all__ = [
-    "HAVE_TRITON", "INTERPRETED",
+    "EARLY_TRIGGER", "HAVE_TRITON", "INTERPRETED",
     "ada_rms_norm", "ada_rms_norm_reference",
     "attention", "attention_reference", "decoder_attention", "decoder_attention_reference",
     "euler", "euler_reference",

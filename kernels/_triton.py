@@ -40,20 +40,41 @@ INTERPRETED = HAVE_TRITON and os.environ.get("TRITON_INTERPRET", "0") == "1"   #
 _GRID_DEPENDENCY_CONTROL = tl.constexpr(not INTERPRETED)
 
 
+# PDL (a kernel's constexpr): 0 / False: plain stream order. 1 / True: the next kernel may launch once every program of
+# this one has passed its wait_for_inputs. EARLY_TRIGGER (2): it may launch as soon as every program of this one has
+# started (release_dependents at the top of each kernel), so several kernels ahead can be resident and streaming
+# their weights while this one waits or works. Both are safe for the same reason: a kernel's wait returns only
+# after the kernel ahead has completed, and that one's wait only after the one before it, so the chain's order holds
+# however early a kernel starts; what runs before the wait may only read load-time data (weights, tables).
+EARLY_TRIGGER = 2
+
+
+@triton.jit
+def release_dependents(PDL: tl.constexpr):
+    """First statement of every PDL kernel: with PDL == EARLY_TRIGGER, let the next kernel in the stream launch now.
+    Otherwise nothing (wait_for_inputs releases it)."""
+    if PDL == 2 and _GRID_DEPENDENCY_CONTROL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
 @triton.jit
 def wait_for_inputs(PDL: tl.constexpr):
     """Programmatic dependent launch (sm90+): with PDL the kernel may start before the kernel ahead of it in the
     stream has finished. Everything before this call may only read data no earlier kernel of the predict writes
-    (weights); after it, every earlier kernel's writes are visible. Then the kernel after this one may start.
+    (weights); after it, every earlier kernel's writes are visible. With PDL == 1 the kernel after this one may
+    start from here (with EARLY_TRIGGER it already could: release_dependents).
     Without PDL (the launcher's `pdl=False`) this compiles to nothing."""
     if PDL and _GRID_DEPENDENCY_CONTROL:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if PDL != 2:
+            tl.extra.cuda.gdc_launch_dependents()
 
 
-def launch_options(pdl: bool) -> dict:
-    """Extra launch keywords of a kernel launched with programmatic dependent launch (none without)."""
+def launch_options(pdl: bool | int) -> dict:
+    """Extra launch keywords of a kernel launched with programmatic dependent launch (none without). pdl: False,
+    True (1) or EARLY_TRIGGER (2), see release_dependents."""
     return {"launch_pdl": True} if pdl else {}
 
 
-__all__ = ["HAVE_TRITON", "INTERPRETED", "triton", "tl", "wait_for_inputs", "launch_options"]
+__all__ = ["EARLY_TRIGGER", "HAVE_TRITON", "INTERPRETED", "triton", "tl", "release_dependents", "wait_for_inputs",
+           "launch_options"]

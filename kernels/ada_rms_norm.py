@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import launch_options, tl, triton, wait_for_inputs
+from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
 
 
 def ada_rms_norm_reference(x: torch.Tensor | None, residual: torch.Tensor, gate: torch.Tensor | None,
@@ -32,6 +32,7 @@ def ada_rms_norm_reference(x: torch.Tensor | None, residual: torch.Tensor, gate:
 def _ada_rms_norm_kernel(x_ptr, res_ptr, gate_ptr, scale_ptr, shift_ptr, out_ptr, D, eps,
                          stride_x, stride_res, stride_out, split_stride,
                          HAS_X: tl.constexpr, X_SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    release_dependents(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < D

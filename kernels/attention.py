@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._triton import launch_options, tl, triton, wait_for_inputs
+from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, prefix_len: int,
@@ -131,6 +131,7 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, vis_ptr, o_ptr, acc_ptr, m
                        HAS_SUFFIX: tl.constexpr, SPLIT: tl.constexpr, KEYS_PER_SPLIT: tl.constexpr, D: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, EARLY_KV: tl.constexpr,
                        FROM_QKV: tl.constexpr, BLOCK_S: tl.constexpr):
+    release_dependents(PDL)
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -211,6 +212,7 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, vis_ptr, o_ptr, acc_ptr, m
 @triton.jit
 def _attn_combine_kernel(acc_ptr, ml_ptr, o_ptr, Mq, stride_o, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
                          D: tl.constexpr, PDL: tl.constexpr):
+    release_dependents(PDL)
     wait_for_inputs(PDL)
     row = tl.program_id(0)
     sp = tl.arange(0, SPLIT_P2)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import launch_options, tl, triton, wait_for_inputs
+from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
 
 
 def euler_reference(x: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, dt: float) -> torch.Tensor:
@@ -22,6 +22,7 @@ def euler_reference(x: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
 
 @triton.jit
 def _euler_kernel(x_ptr, v_ptr, b_ptr, N, A, dt, HAS_B: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    release_dependents(PDL)
     wait_for_inputs(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ._triton import launch_options, tl, triton, wait_for_inputs
+from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
 
 _K = 2.0 * math.sqrt(2.0 / math.pi)
 
@@ -28,6 +28,7 @@ def geglu_reference(gu: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _geglu_kernel(gu_ptr, out_ptr, F, stride_gu, stride_out, K: tl.constexpr, BLOCK: tl.constexpr,
                   PDL: tl.constexpr):
+    release_dependents(PDL)
     wait_for_inputs(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import launch_options, tl, triton, wait_for_inputs
+from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
 from .qkv_rope import qkv_rope_reference
 
 
@@ -32,6 +32,7 @@ def _qkv_gemm_rope_kernel(x_ptr, w_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr,
                           stride_x, stride_w, stride_q_m, stride_q_h, stride_cache_g, stride_cache_l,
                           H: tl.constexpr, G: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    release_dependents(PDL)
     pid = tl.program_id(0)
     head = pid // (HALF // BLOCK_P)                  # 0..H-1: q, H..H+G-1: k, H+G..H+2G-1: v
     d = (pid % (HALF // BLOCK_P)) * BLOCK_P + tl.arange(0, BLOCK_P)           # (BLOCK_P,) dims < Dh/2

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import launch_options, tl, triton, wait_for_inputs
+from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
 
 
 def rope_tables(max_pos: int, head_dim: int, base: float = 10000.0, device: torch.device | str = "cpu"
@@ -55,6 +55,7 @@ def qkv_rope_reference(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, 
 def _qkv_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, cache_offset, q_scale,
                      stride_qkv, stride_q_m, stride_q_h, stride_cache_g, stride_cache_l,
                      H: tl.constexpr, G: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr):
+    release_dependents(PDL)
     wait_for_inputs(PDL)
     m = tl.program_id(0)
     head = tl.program_id(1)                  # 0..H-1: q, H..H+G-1: k, H+G..H+2G-1: v

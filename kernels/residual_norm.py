@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import launch_options, tl, triton, wait_for_inputs
+from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
@@ -50,6 +50,7 @@ def _residual_norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, inv_scale_ptr, 
                           HAS_X: tl.constexpr, X_SPLITS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
                           LAYER_NORM: tl.constexpr, OUT_FP8: tl.constexpr, FP8_MAX: tl.constexpr,
                           BLOCK: tl.constexpr, PDL: tl.constexpr):
+    release_dependents(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < D

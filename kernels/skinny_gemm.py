@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from ._triton import launch_options, tl, triton, wait_for_inputs
+from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
 from .l2_prefetch import check_window, prefetch_chunk, prefetch_l2, prefetch_rows_l2
 
 _K_GELU = 2.0 * math.sqrt(2.0 / math.pi)
@@ -52,6 +52,7 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, s
                    K_PER_SPLIT: tl.constexpr, GEGLU: tl.constexpr, SPLIT_K: tl.constexpr, KGELU: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
                    PREFETCH_SLOTS: tl.constexpr, OWN_PREFETCH: tl.constexpr, W_SCALED: tl.constexpr = False):
+    release_dependents(PDL)
     if PREFETCH_SLOTS > 0:          # later kernels' weights into L2: independent of the inputs, so before the wait
         prefetch_l2(pf_addr, pf_bytes, pf_chunk, PREFETCH_SLOTS)
     pid_n = tl.program_id(0)

@@ -15,6 +15,7 @@ tests and bug reports:
     FLASHRT_FP8_SCALING=tensor|row  FP8 scale granularity (EngineOptions.fp8_scaling)
     FLASHRT_FP8_SCOPE=all|backbone|backbone_mlp   which wide GEMMs FP8 serves (EngineOptions.fp8_scope)
     FLASHRT_DISABLE_CHAIN_TUNING=1  pick the decoder GEMMs by their time alone, not inside the captured denoiser
+    FLASHRT_PDL_EARLY_TRIGGER=1     ask for PDL kernels that release the next kernel at their start (pdl_early_trigger)
 
 The same switches exist as `EngineOptions` fields; environment variables win over the fields.
 """
@@ -66,6 +67,7 @@ class Switch(str, enum.Enum):
     WEIGHT_PREFETCH = "WEIGHT_PREFETCH"  # decoder GEMMs prefetch their own weights into L2 before the PDL wait
     FP8_DECODER_WEIGHTS = "FP8_DECODER_WEIGHTS"  # weight-only FP8 for the decoder GEMMs (also needs asking for)
     CHAIN_TUNING = "CHAIN_TUNING"        # decoder GEMM configurations timed inside the captured denoiser
+    PDL_EARLY_TRIGGER = "PDL_EARLY_TRIGGER"  # PDL kernels let the next kernel launch at their start (needs asking)
 
 
 # Which wide GEMMs FP8 serves: every vision and backbone GEMM, the backbone only, or only the backbone's MLP
@@ -93,6 +95,7 @@ class EngineOptions:
     decoder_key_block: int = 0               # keys per split of a denoising step's attention; 0: the kernels' own
     fp8_decoder_weights: bool = False        # opt-in (measured slower): weight-only E4M3 for the decoder GEMMs
     chain_tuning: bool = True                # decoder GEMM configurations timed where they run (the denoiser)
+    pdl_early_trigger: bool = False          # opt-in: PDL kernels release the next kernel at their start
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -127,6 +130,7 @@ class EngineOptions:
             Switch.WEIGHT_PREFETCH: self.weight_prefetch,
             Switch.FP8_DECODER_WEIGHTS: self.fp8_decoder_weights,
             Switch.CHAIN_TUNING: self.chain_tuning,
+            Switch.PDL_EARLY_TRIGGER: self.pdl_early_trigger,
         }[switch]
 
     @classmethod
@@ -150,12 +154,13 @@ class EngineOptions:
                          (Switch.ROPE_IN_ATTENTION, "rope_in_attention"), (Switch.GEMM_EPILOGUE, "gemm_epilogue"),
                          (Switch.WEIGHT_PREFETCH, "weight_prefetch"),
                          (Switch.FP8_DECODER_WEIGHTS, "fp8_decoder_weights"),
-                         (Switch.CHAIN_TUNING, "chain_tuning")):
+                         (Switch.CHAIN_TUNING, "chain_tuning"), (Switch.PDL_EARLY_TRIGGER, "pdl_early_trigger")):
             if flag(f"FLASHRT_DISABLE_{sw.value}"):
                 changes[attr] = False
         for name, attr in (("FLASHRT_FP8", "fp8"), ("FLASHRT_L2_PREFETCH", "l2_prefetch"),    # opt-ins; a
                            ("FLASHRT_WEIGHT_PREFETCH", "weight_prefetch"),                   # DISABLE wins
-                           ("FLASHRT_FP8_DECODER_WEIGHTS", "fp8_decoder_weights")):
+                           ("FLASHRT_FP8_DECODER_WEIGHTS", "fp8_decoder_weights"),
+                           ("FLASHRT_PDL_EARLY_TRIGGER", "pdl_early_trigger")):
             if flag(name) is not None and attr not in changes:
                 changes[attr] = flag(name)
         if env.get("FLASHRT_FP8_SCALING"):
@@ -275,6 +280,11 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
         Candidate("separate", _ALWAYS, "the decoder GEMM, then the qkv_rope op"),
     ),
     Op.KERNEL_LAUNCH: (
+        Candidate("pdl_early", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.PDL)
+                  and o.switch_on(Switch.PDL_EARLY_TRIGGER) and _nvidia_sm90_plus(hw),
+                  "programmatic dependent launch where each Triton kernel lets the next one launch at its start "
+                  "(kernels/_triton.py release_dependents), not after its wait: several kernels ahead can be "
+                  "resident and streaming their weights; only when asked"),
         Candidate("pdl", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.PDL) and _nvidia_sm90_plus(hw),
                   "programmatic dependent launch: a Triton kernel starts while the one before it finishes, "
                   "streams its weights, then waits for its inputs (griddepcontrol, NVIDIA sm90+)"),

@@ -111,7 +111,8 @@ class Ops:
         self._geglu_triton = triton(Op.GEGLU)
         self._rope_triton = triton(Op.QKV_ROPE)
         self._euler_triton = triton(Op.EULER)
-        self.pdl = dispatch[Op.KERNEL_LAUNCH] == "pdl"     # every Triton launch below passes it
+        # every Triton launch below passes it: False (stream order), 1 (PDL) or 2 (PDL, early trigger)
+        self.pdl = {"pdl": 1, "pdl_early": k.EARLY_TRIGGER}.get(dispatch[Op.KERNEL_LAUNCH], False)
         self._qkv_fused = dispatch[Op.DECODER_QKV] == "fused_rope"
         self.own_prefetch = dispatch[Op.WEIGHT_PREFETCH] == "own_slice"
         self.decoder_fp8 = dispatch[Op.DECODER_WEIGHTS] == "fp8"     # Linear.w_fp8 set by fp8.quantize_expert_weights

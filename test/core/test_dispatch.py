@@ -198,3 +198,27 @@ def test_chain_tuning_is_on_with_triton_and_has_its_switch(monkeypatch):
     assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_CHAIN_TUNING=1))[Op.DECODER_TUNING] == "isolated"
     assert resolve(detect_hardware("sm90"), EngineOptions(triton=False))[Op.DECODER_TUNING] == "isolated"
     assert resolve(CPU, EngineOptions())[Op.DECODER_TUNING] == "isolated"
+
+
+def test_pdl_early_trigger_is_opt_in_on_sm90_with_pdl(monkeypatch):
+    import flashrt_core.engine.kernel_import as ki
+    monkeypatch.setattr(ki, "triton_available", lambda: True)
+    asked = EngineOptions(pdl_early_trigger=True)
+    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.KERNEL_LAUNCH] == "pdl"
+    assert resolve(detect_hardware("sm90"), asked)[Op.KERNEL_LAUNCH] == "pdl_early"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_PDL_EARLY_TRIGGER=1))[Op.KERNEL_LAUNCH] == "pdl_early"
+    assert resolve(detect_hardware("sm89"), asked)[Op.KERNEL_LAUNCH] == "stream"
+    assert resolve(detect_hardware("sm90"), EngineOptions(pdl_early_trigger=True, pdl=False))[Op.KERNEL_LAUNCH] == \
+        "stream"
+    env = EngineOptions.from_env(asked, env={"FLASHRT_DISABLE_PDL_EARLY_TRIGGER": "1"})
+    assert resolve(detect_hardware("sm90"), env)[Op.KERNEL_LAUNCH] == "pdl"
+
+
+def test_ops_pass_the_launch_mode_to_every_kernel(monkeypatch):
+    import flashrt_core.engine.kernel_import as ki
+    from flashrt_core.engine.ops import Ops
+    monkeypatch.setattr(ki, "triton_available", lambda: True)
+    kernels = ki.load_kernels()
+    assert Ops(resolve(detect_hardware("sm90"), EngineOptions())).pdl == 1
+    assert Ops(resolve(detect_hardware("sm90"), EngineOptions(pdl_early_trigger=True))).pdl == kernels.EARLY_TRIGGER == 2
+    assert Ops(resolve(detect_hardware("sm90"), EngineOptions(pdl=False))).pdl is False

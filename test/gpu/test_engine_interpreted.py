@@ -35,7 +35,8 @@ def _triton_dispatch(decoder_qkv: str, fp8_weights: bool):
               Op.GEMM_DECODER: "triton", Op.FP8_FORMAT: "e4m3fn", Op.NORM: "triton", Op.ADA_NORM: "triton",
               Op.GEGLU: "triton", Op.QKV_ROPE: "triton", Op.DECODER_QKV: decoder_qkv, Op.EULER: "triton",
               Op.KERNEL_LAUNCH: "pdl", Op.L2_PREFETCH: "none", Op.WEIGHT_PREFETCH: "none",
-              Op.DECODER_WEIGHTS: "fp8" if fp8_weights else "bf16", Op.VISION_GELU: "separate"}
+              Op.DECODER_WEIGHTS: "fp8" if fp8_weights else "bf16", Op.VISION_GELU: "separate",
+              Op.DECODER_TUNING: "isolated"}
     assert set(choice) == set(Op), "every op needs a choice here"
     return Dispatch(detect_hardware("sm90"), EngineOptions(text_buckets=(16, 32)), choice)
 

@@ -416,12 +416,15 @@ def test_qkv_gemm_rope_every_engine_config(rows):
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch needs an sm90+ GPU")
+@pytest.mark.parametrize("launch", ["pdl", "pdl_early_trigger"])
 @pytest.mark.parametrize("rope", ["qkv_rope", "gemm_epilogue", "in_attention"])
-def test_dependent_launch_chain_in_a_cuda_graph_matches_stream_order(rope):
+def test_dependent_launch_chain_in_a_cuda_graph_matches_stream_order(rope, launch):
     """One pi0.5 expert layer (norm -> QKV -> RoPE/KV write -> attention -> o -> norm -> gate/up -> down -> norm)
     of PDL-launched kernels captured in a CUDA graph and replayed on fresh inputs: every result equals the same
     kernels launched in plain stream order (a kernel reading its input before the kernel ahead finished writing
-    it would differ). Real expert shapes, 10 rows, 600 cached keys."""
+    it would differ). Real expert shapes, 10 rows, 600 cached keys. pdl_early_trigger: every kernel lets the next
+    one launch at its start, so several kernels of the layer are resident at once."""
+    mode = K.EARLY_TRIGGER if launch == "pdl_early_trigger" else True
     from flashrt_core.engine.ops import SKINNY_DEFAULT
     g = torch.Generator(device=DEVICE).manual_seed(5)
     rows, width, heads, dh, prefix, mlp = 10, 1024, 8, 256, 590, 4096
@@ -470,12 +473,12 @@ def test_dependent_launch_chain_in_a_cuda_graph_matches_stream_order(rope):
         st["partials"].copy_(gemm(gemm(st["y"], w_gu, "gate_up"), w_down, "down"))
 
     graph_state = state()
-    layer(graph_state, pdl=True)                      # compile outside the capture
+    layer(graph_state, pdl=mode)                      # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(3):
-            layer(graph_state, pdl=True)
+            layer(graph_state, pdl=mode)
     for _ in range(3):
         fresh = state()
         for name, t in fresh.items():
