@@ -39,6 +39,18 @@ class KernelConfig:
     constexprs: dict
     num_warps: int
     num_stages: int
+    divisible: tuple[str, ...] = ()     # integer arguments that are multiples of 16 at run time
+
+
+def specialization(cfg: KernelConfig) -> dict:
+    """The argument attributes Triton's JIT would give this launch: it marks every pointer to a 16-byte aligned
+    tensor and every integer that is a multiple of 16 as divisible by 16 (triton/backends/compiler.py), which is
+    what lets it vectorize loads and stage them through shared memory with cp.async. Without them an
+    ahead-of-time compile loads element by element and reports registers the GPU never uses. Pointers are taken as
+    aligned (the engine's tensors are), integers as listed in cfg.divisible."""
+    names = [n for n in cfg.kernel.arg_names]
+    return {(names.index(n),): [["tt.divisibility", 16]] for n, ty in cfg.signature.items()
+            if ty.startswith("*") or n in cfg.divisible}
 
 
 def compile_sm90(cfg: KernelConfig):
@@ -48,7 +60,8 @@ def compile_sm90(cfg: KernelConfig):
     from triton.compiler import ASTSource
 
     signature = {**cfg.signature, **{name: "constexpr" for name in cfg.constexprs}}
-    return triton.compile(ASTSource(fn=cfg.kernel, signature=signature, constexprs=cfg.constexprs),
+    return triton.compile(ASTSource(fn=cfg.kernel, signature=signature, constexprs=cfg.constexprs,
+                                    attrs=specialization(cfg)),
                           target=GPUTarget("cuda", TARGET_SM, 32),
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
@@ -76,6 +89,11 @@ ATTN_SIGNATURE = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "bias_pt
 SKINNY_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "N": "i32", "F": "i32",
                     "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "split_stride": "i32",
                     "pf_addr": "i64", "pf_bytes": "i32", "pf_chunk": "i32", "w_addr": "i64", "s_ptr": "*fp32"}
+# At the expert's shapes every size and stride of these launches is a multiple of 16 except the row counts (M, Mq,
+# L: 10-51 rows, 8 heads) and the head count.
+ATTN_DIVISIBLE = ("P", "stride_q", "stride_k", "stride_v", "stride_o")
+SKINNY_DIVISIBLE = ("N", "F", "stride_x", "stride_w", "stride_y", "split_stride", "pf_addr", "pf_bytes", "pf_chunk",
+                    "w_addr")
 EXPERT_K = {"qkv": 1024, "gate_up": 1024, "o": 2048, "down": 4096}     # the action expert's GEMM K per kind
 
 
@@ -99,7 +117,7 @@ def attention_configs() -> list[KernelConfig]:
     def add(name: str, launch) -> None:
         key = tuple(sorted(launch.constexprs.items())) + (launch.num_warps,)
         configs.setdefault(key, KernelConfig(name, attn._attn_split_kernel, ATTN_SIGNATURE, launch.constexprs,
-                                             launch.num_warps, launch.num_stages))
+                                             launch.num_warps, launch.num_stages, ATTN_DIVISIBLE))
     for views in (1, 2, 3):
         prefix = views * 256 + 64
         for model, rows in (("pi05", 10), ("pi05", 50), ("pi0", 11), ("pi0", 51)):
@@ -130,7 +148,7 @@ def skinny_configs() -> list[KernelConfig]:
                 signature = dict(SKINNY_SIGNATURE, y_ptr="*fp32" if c.split_k > 1 else "*bf16",
                                  w_ptr="*fp8e4nv" if fp8 else "*bf16")
                 out.append(KernelConfig(f"skinny GEMM {kind}{' fp8 weights' if fp8 else ''} {c}",
-                                        skinny._skinny_kernel, signature, ce, c.warps, c.stages))
+                                        skinny._skinny_kernel, signature, ce, c.warps, c.stages, SKINNY_DIVISIBLE))
     return out
 
 

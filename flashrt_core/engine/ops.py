@@ -43,10 +43,15 @@ class SkinnyConfig:
 # no split-K there; o and down feed the residual norms, which sum split-K partials). The expert's K is 1024
 # (qkv, gate_up), 2048 (o) and 4096 (down): the one-shot candidates split K into 1024-wide slices. Measured on the
 # H200 and dropped: one-shot with 8 warps (qkv 8.4 us vs 3.9; gate_up 56 us, its two 16x1024 slices spill).
+# The K loops stage their weight tiles through shared memory (cp.async), `stages` deep: the deeper candidates of
+# qkv and gate_up (up to 140 KB of a program's 128-256 KB slice in flight, no spills: tools/kernel_resources.py)
+# are there for the chain tuning to weigh against the ~6 us the gate/up GEMM takes in the denoiser (session 6).
 SKINNY_CANDIDATES = {
     "qkv": [SkinnyConfig(16, 256, 1, 4), SkinnyConfig(16, 128, 1, 6), SkinnyConfig(32, 128, 1, 4),
-            SkinnyConfig(16, 1024, 1, 1, 4)],
-    "gate_up": [SkinnyConfig(16, 256, 1, 4), SkinnyConfig(16, 128, 1, 6), SkinnyConfig(32, 128, 1, 4)],
+            SkinnyConfig(16, 1024, 1, 1, 4), SkinnyConfig(32, 128, 1, 6), SkinnyConfig(16, 128, 1, 8)],
+    "gate_up": [SkinnyConfig(16, 256, 1, 4), SkinnyConfig(16, 128, 1, 6), SkinnyConfig(32, 128, 1, 4),
+                SkinnyConfig(32, 128, 1, 6), SkinnyConfig(32, 128, 1, 8), SkinnyConfig(32, 256, 1, 4),
+                SkinnyConfig(16, 128, 1, 8)],
     "o": [SkinnyConfig(16, 256, 2, 4), SkinnyConfig(16, 128, 4, 4), SkinnyConfig(32, 128, 4, 4),
           SkinnyConfig(16, 1024, 2, 1, 4), SkinnyConfig(16, 512, 4, 1, 4)],
     "down": [SkinnyConfig(16, 256, 4, 4), SkinnyConfig(16, 128, 8, 4), SkinnyConfig(32, 128, 8, 4),
