@@ -29,7 +29,7 @@ def test_script_is_valid_bash(script):
 def test_engine_checks_call_existing_tools_with_their_flags():
     script = REPO / "tools" / "device_engine_checks.sh"
     calls = [line for line in _logical_lines(script) if '"$PY" tools/' in line]
-    assert len(calls) == 2
+    assert len(calls) == 2      # benchmark_engine, profile_engine_timeline
     for line in calls:
         words = shlex.split(line.split('"$PY"', 1)[1].split(">", 1)[0])
         tool = REPO / words[0]
@@ -44,10 +44,11 @@ def test_engine_checks_pytest_selection_selects_tests():
     script = REPO / "tools" / "device_engine_checks.sh"
     line = next(line for line in _logical_lines(script) if "-m pytest" in line)
     words = shlex.split(line.split("-m pytest", 1)[1].split(">", 1)[0])
-    files = [w for w in words if w.endswith(".py")]
-    expression = words[words.index("-k") + 1]
-    assert all((REPO / f).is_file() for f in files)
-    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *files, "-k", expression],
+    paths = [w for w in words if w.startswith("test/")]
+    assert paths and all((REPO / p).exists() for p in paths), paths
+    selection = ["-k", words[words.index("-k") + 1]] if "-k" in words else []
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *paths, *selection],
                             capture_output=True, text=True, cwd=REPO).stdout
-    for term in expression.split(" or "):
+    assert re.search(r"^\d+(/\d+)? tests? collected", listed, re.M), listed[-500:]
+    for term in (selection[1].split(" or ") if selection else []):
         assert any(term in test_id for test_id in listed.splitlines()), f"-k term {term!r} selects nothing"
