@@ -282,9 +282,10 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     Op.KERNEL_LAUNCH: (
         Candidate("pdl_early", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.PDL)
                   and o.switch_on(Switch.PDL_EARLY_TRIGGER) and _nvidia_sm90_plus(hw),
-                  "programmatic dependent launch where each Triton kernel lets the next one launch at its start "
-                  "(kernels/_triton.py release_dependents), not after its wait: several kernels ahead can be "
-                  "resident and streaming their weights; only when asked"),
+                  "programmatic dependent launch where Triton kernels let the next one launch at their start "
+                  "(kernels/_triton.py release_dependents), not after their wait, so several kernels ahead can be "
+                  "resident and streaming their weights: every kernel, or with the chain tuning the denoiser sites "
+                  "of the fastest ops.LAUNCH_POLICIES; only when asked"),
         Candidate("pdl", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.PDL) and _nvidia_sm90_plus(hw),
                   "programmatic dependent launch: a Triton kernel starts while the one before it finishes, "
                   "streams its weights, then waits for its inputs (griddepcontrol, NVIDIA sm90+)"),

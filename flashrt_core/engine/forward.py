@@ -158,17 +158,17 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
         for i, layer in enumerate(w.expert):
             if pi05:
                 mod = w.tables.norm[step, i]                                           # (2, 3, We)
-                ops.ada_norm(x, residual, gate, mod[0, 0], mod[0, 1], y, e.eps)
+                ops.ada_norm(x, residual, gate, mod[0, 0], mod[0, 1], y, e.eps, site="norm1")
             else:
-                ops.norm(x, residual, y, layer.norm1, None, e.eps)
+                ops.norm(x, residual, y, layer.norm1, None, e.eps, site="norm1")
             attn = ops.decoder_attention(y, layer.qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i],
                                          smask, heads, dh ** -0.5, prefetch=windows[i])      # (S*H, Dh)
             o = ops.decoder(attn.view(S, heads * dh), layer.o, "o")                       # (M, N) or partials
             if pi05:
-                ops.ada_norm(o, residual, mod[0, 2], mod[1, 0], mod[1, 1], y, e.eps)
+                ops.ada_norm(o, residual, mod[0, 2], mod[1, 0], mod[1, 1], y, e.eps, site="norm2")
                 gate = mod[1, 2]
             else:
-                ops.norm(o, residual, y, layer.norm2, None, e.eps)
+                ops.norm(o, residual, y, layer.norm2, None, e.eps, site="norm2")
             x = ops.decoder(ops.decoder(y, layer.gate_up, "gate_up"), layer.down, "down")
         if pi05:
             ops.ada_norm(x, residual, gate, w.tables.final[step, 0], w.tables.final[step, 1], y, e.eps)

@@ -27,7 +27,7 @@ from flashrt_core.model import PiModel
 from .dispatch import Dispatch, Op, Switch
 from .forward import PhaseTimer, Workspace, denoise, forward, prefix, vision
 from .kernel_import import load_kernels
-from .ops import Ops
+from .ops import LAUNCH_POLICIES, Ops
 from .weights import EngineWeights, prepare_weights
 
 log = logging.getLogger(__name__)
@@ -128,8 +128,9 @@ class EngineExecutor:
             log.info("decoder GEMMs: %s (us: %s)", {k: str(v) for k, v in self.ops.decoder_impl.items()}, timings)
             if dispatch[Op.DECODER_TUNING] == "chain" and self.use_graph:
                 self.decoder_chain_timings = self._tune_decoder_in_chain()
-                log.info("decoder GEMMs in the denoiser: %s (ms per denoise: %s)",
-                         {k: str(v) for k, v in self.ops.decoder_impl.items()}, self.decoder_chain_timings)
+                log.info("decoder GEMMs in the denoiser: %s, launch policy %s (ms per denoise: %s)",
+                         {k: str(v) for k, v in self.ops.decoder_impl.items()}, self.ops.launch_policy,
+                         self.decoder_chain_timings)
         self._entries: dict[tuple, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graph else None
         self.capture_seconds: dict[tuple, float] = {}
@@ -147,6 +148,8 @@ class EngineExecutor:
         (down, o, gate_up, qkv) captures the whole denoise (every step and layer, on a workspace of two views and
         the smallest text bucket, zero K/V caches) once per candidate of that kind, the other kinds at their
         current pick, and keeps the candidate with the lowest median replay time.
+        With kernel_launch=pdl_early (asked for with pdl_early_trigger), the launch policy (ops.LAUNCH_POLICIES:
+        which kernels release the next one at their start) is timed the same way first, under key "launch_policy".
         Returns {kind: {candidate: ms per denoise}}."""
         cfg, ops = self.config, self.ops
         views = tuple(range(min(2, len(cfg.view_names))))
@@ -156,7 +159,27 @@ class EngineExecutor:
         n_valid = torch.full((1,), P, device=self.device, dtype=torch.int64)
         ws.noise.normal_()
         stream = side_stream(self.device)
+
+        def denoise_ms() -> float:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                denoise(ws, self.weights, ops, key_bias, n_valid)                # compiles, warms the handles
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                denoise(ws, self.weights, ops, key_bias, n_valid)
+            graph.replay()
+            return float(np.median(graph_replay_ms(graph, reps)))
+
         timings: dict[str, dict[str, float]] = {}
+        if self.dispatch[Op.KERNEL_LAUNCH] == "pdl_early":
+            times = {}
+            for name, sites in LAUNCH_POLICIES.items():
+                ops.early_sites = sites
+                times[name] = denoise_ms()
+            ops.launch_policy = min(times, key=times.get)
+            ops.early_sites = LAUNCH_POLICIES[ops.launch_policy]
+            timings["launch_policy"] = times
         for kind in ("down", "o", "gate_up", "qkv"):
             lin = getattr(self.weights.expert[0], kind)
             if kind not in ops.decoder_timings or lin is None:      # not tuned alone: pinned or library-only
@@ -168,16 +191,7 @@ class EngineExecutor:
             times = {}
             for impl in candidates:
                 ops.decoder_impl[kind] = impl
-                stream.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(stream):
-                    denoise(ws, self.weights, ops, key_bias, n_valid)            # compiles, warms the handles
-                torch.cuda.current_stream(self.device).wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    denoise(ws, self.weights, ops, key_bias, n_valid)
-                graph.replay()
-                times[impl] = float(np.median(graph_replay_ms(graph, reps)))
-                del graph
+                times[impl] = denoise_ms()
             ops.decoder_impl[kind] = min(times, key=times.get)
             timings[kind] = {str(k): v for k, v in times.items()}
         return timings

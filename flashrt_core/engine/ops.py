@@ -60,6 +60,23 @@ SKINNY_CANDIDATES = {
 SKINNY_DEFAULT = {kind: cands[0] for kind, cands in SKINNY_CANDIDATES.items()}
 
 
+# Where the denoiser launches its Triton kernels, one site per kernel of an expert layer (a site's kernel is the one
+# that releases the next), and "other" for every other Triton kernel of the predict. A launch policy is the set of
+# sites whose kernels let the next kernel launch at their start (EARLY_TRIGGER) instead of after their PDL wait.
+# Measured on the H200 (session 6, all sites): the one-shot GEMMs after the first norm and after the attention gain
+# 1-2 us each, the gate/up GEMM and the attention lose as much to the weight streams of the kernels ahead; with
+# pdl_early_trigger asked for, the chain tuning times these policies in the denoiser and keeps the fastest.
+LAUNCH_SITES = ("norm1", "qkv", "attention", "o", "norm2", "gate_up", "down", "other")
+LAUNCH_POLICIES = {
+    "none": frozenset(),
+    "all": frozenset(LAUNCH_SITES),
+    "before_one_shot": frozenset({"norm1", "attention"}),     # QKV and O launch at the start of the kernel ahead
+    "attention_block": frozenset({"norm1", "qkv", "attention"}),
+    "norms": frozenset({"norm1", "norm2"}),
+    "mlp_block": frozenset({"norm2", "gate_up"}),
+}
+
+
 @dataclass(frozen=True)
 class RopeGemmConfig:
     """Launch configuration of kernels/qkv_gemm_rope.py (the decoder QKV GEMM with the RoPE epilogue)."""
@@ -116,8 +133,11 @@ class Ops:
         self._geglu_triton = triton(Op.GEGLU)
         self._rope_triton = triton(Op.QKV_ROPE)
         self._euler_triton = triton(Op.EULER)
-        # every Triton launch below passes it: False (stream order), 1 (PDL) or 2 (PDL, early trigger)
-        self.pdl = {"pdl": 1, "pdl_early": k.EARLY_TRIGGER}.get(dispatch[Op.KERNEL_LAUNCH], False)
+        # every Triton launch below passes a launch mode: False (stream order), 1 (PDL) or EARLY_TRIGGER (PDL, the
+        # kernel releases the next one at its start) where its site is in early_sites (launch_mode)
+        self.pdl = 1 if dispatch[Op.KERNEL_LAUNCH] in ("pdl", "pdl_early") else False
+        self.launch_policy = "all" if dispatch[Op.KERNEL_LAUNCH] == "pdl_early" else "none"   # chain tuning may change
+        self.early_sites = LAUNCH_POLICIES[self.launch_policy]
         self._qkv_fused = dispatch[Op.DECODER_QKV] == "fused_rope"
         self.own_prefetch = dispatch[Op.WEIGHT_PREFETCH] == "own_slice"
         self.decoder_fp8 = dispatch[Op.DECODER_WEIGHTS] == "fp8"     # Linear.w_fp8 set by fp8.quantize_expert_weights
@@ -137,21 +157,26 @@ class Ops:
         self.calibration: dict[int, float] | None = None   # set by the FP8 calibration run
 
     # ---------------------------------------------------------------------------------------------- norms
+    def launch_mode(self, site: str) -> bool | int:
+        """The PDL mode of a kernel launched at `site` (one of LAUNCH_SITES)."""
+        return self.k.EARLY_TRIGGER if self.pdl and site in self.early_sites else self.pdl
+
     def norm(self, x: torch.Tensor | None, residual: torch.Tensor, out: torch.Tensor,
              weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, eps: float = 1e-6,
-             layer_norm: bool = False) -> torch.Tensor:
+             layer_norm: bool = False, site: str = "other") -> torch.Tensor:
         """residual += x (in place); out = norm(residual) [* weight + bias].  All (M, D)."""
         if self._norm_triton:
-            return self.k.residual_norm(x, residual, out, weight, bias, eps, layer_norm, pdl=self.pdl)
+            return self.k.residual_norm(x, residual, out, weight, bias, eps, layer_norm, pdl=self.launch_mode(site))
         y, h = self.k.residual_norm_reference(x, residual, weight, bias, eps, layer_norm, out_dtype=out.dtype)
         residual.copy_(h)
         return out.copy_(y)
 
     def ada_norm(self, x: torch.Tensor | None, residual: torch.Tensor, gate: torch.Tensor | None,
-                 scale1p: torch.Tensor, shift: torch.Tensor, out: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+                 scale1p: torch.Tensor, shift: torch.Tensor, out: torch.Tensor, eps: float = 1e-6,
+                 site: str = "other") -> torch.Tensor:
         """residual += x * gate (in place); out = rms(residual) * scale1p + shift."""
         if self._ada_triton:
-            return self.k.ada_rms_norm(x, residual, gate, scale1p, shift, out, eps, pdl=self.pdl)
+            return self.k.ada_rms_norm(x, residual, gate, scale1p, shift, out, eps, pdl=self.launch_mode(site))
         y, h = self.k.ada_rms_norm_reference(x, residual, gate, scale1p, shift, eps, out_dtype=out.dtype)
         residual.copy_(h)
         return out.copy_(y)
@@ -161,7 +186,7 @@ class Ops:
         """gu (M, 2F) -> gelu_tanh(gate) * up (M, F)."""
         if self._geglu_triton:
             return self.k.geglu(gu, torch.empty(gu.shape[0], gu.shape[1] // 2, device=gu.device, dtype=gu.dtype),
-                                pdl=self.pdl)
+                                pdl=self.launch_mode("other"))
         return self.k.geglu_reference(gu)
 
     def linear(self, x: torch.Tensor, lin: Linear) -> torch.Tensor:
@@ -209,7 +234,7 @@ class Ops:
             w, w_scale = lin.w_fp8 if self.decoder_fp8 and lin.w_fp8 is not None else (lin.parts[0][0], None)
             return self.k.skinny_gemm(x, w, geglu=kind == "gate_up", split_k=impl.split_k,
                                       block_n=impl.block_n, block_k=impl.block_k, num_stages=impl.stages,
-                                      num_warps=impl.warps, pdl=self.pdl,
+                                      num_warps=impl.warps, pdl=self.launch_mode(kind),
                                       prefetch=prefetch if self.l2_prefetch else None,
                                       own_prefetch=self.own_prefetch, w_scale=w_scale)
         y = self.linear(x, lin)
@@ -227,10 +252,10 @@ class Ops:
             (w, _), = lin.parts
             self.k.qkv_gemm_rope(x, w, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale,
                                  block_p=impl.block_p, block_k=impl.block_k, num_stages=impl.stages,
-                                 num_warps=impl.warps, pdl=self.pdl)
+                                 num_warps=impl.warps, pdl=self.launch_mode("qkv"))
             return
         self.qkv_rope(self.decoder(x, lin, "qkv", impl, prefetch), pos, cos, sin, q_out, k_cache, v_cache, offset,
-                      heads, kv_heads, q_scale)
+                      heads, kv_heads, q_scale, site="qkv")
 
     def _rope_in_attention_for(self, rows: int) -> bool:
         return self.rope_in_attention and rows <= ROPE_IN_ATTENTION_MAX_ROWS
@@ -248,10 +273,11 @@ class Ops:
             qkv = self.decoder(x, lin, "qkv", prefetch=prefetch)
             out = torch.empty(S * heads, dh, device=x.device, dtype=q_out.dtype)
             return self.k.decoder_attention(qkv, k_cache[0], v_cache[0], pos, cos, sin, mask.bias, mask.prefix_len,
-                                            mask.visible, heads, q_scale, out, pdl=self.pdl, key_block=self.key_block)
+                                            mask.visible, heads, q_scale, out, pdl=self.launch_mode("attention"),
+                                            key_block=self.key_block)
         self.decoder_qkv_rope(x, lin, pos, cos, sin, q_out, k_cache, v_cache, mask.prefix_len, heads, 1, q_scale,
                               prefetch=prefetch)
-        return self.mqa(q_out.view(S * heads, dh), k_cache[0], v_cache[0], mask, 1.0)
+        return self.mqa(q_out.view(S * heads, dh), k_cache[0], v_cache[0], mask, 1.0, site="attention")
 
     def _rope_gemm_ok(self, x: torch.Tensor, lin: Linear, cfg: RopeGemmConfig, head_dim: int) -> bool:
         return (self._qkv_fused and not self.l2_prefetch and self._few_rows_gemm_ok(x, lin, cfg.block_k)
@@ -320,10 +346,10 @@ class Ops:
 
     # ---------------------------------------------------------------------------------------------- attention
     def qkv_rope(self, qkv, pos, cos, sin, q_out, k_cache, v_cache, offset: int, heads: int, kv_heads: int,
-                 q_scale: float) -> None:
+                 q_scale: float, site: str = "other") -> None:
         if self._rope_triton:
             self.k.qkv_rope(qkv, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale,
-                            pdl=self.pdl)
+                            pdl=self.launch_mode(site))
         else:
             self.k.qkv_rope_reference(qkv, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale)
 
@@ -334,12 +360,13 @@ class Ops:
         logits = (q.float() @ k.float().transpose(-1, -2)) * scale        # (B, H, N, N) fp32
         return torch.softmax(logits, dim=-1).to(v.dtype) @ v
 
-    def mqa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: KeyMask, scale: float) -> torch.Tensor:
+    def mqa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: KeyMask, scale: float,
+            site: str = "other") -> torch.Tensor:
         """One-KV-head attention, heads stacked on the query axis. q: (Mq, Dh), k/v: (L, Dh) -> (Mq, Dh)."""
         if self._mqa == "triton":
             out = torch.empty_like(q)
             return self.k.attention(q, k, v, mask.bias, mask.prefix_len, mask.visible, mask.heads, scale, out,
-                                    pdl=self.pdl, key_block=self.key_block)
+                                    pdl=self.launch_mode(site), key_block=self.key_block)
         dense = mask.dense(q.shape[0], k.shape[0], q.dtype)                 # (Mq, L)
         if self._mqa == "sdpa":
             return F.scaled_dot_product_attention(q[None, None], k[None, None], v[None, None],
@@ -351,6 +378,6 @@ class Ops:
     def euler(self, x: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, dt: float) -> None:
         """x <- x + dt * (v + bias), in place."""
         if self._euler_triton:
-            self.k.euler(x, v, bias, dt, pdl=self.pdl)
+            self.k.euler(x, v, bias, dt, pdl=self.launch_mode("other"))
         else:
             self.k.euler_reference(x, v, bias, dt)

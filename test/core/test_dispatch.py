@@ -218,7 +218,11 @@ def test_ops_pass_the_launch_mode_to_every_kernel(monkeypatch):
     import flashrt_core.engine.kernel_import as ki
     from flashrt_core.engine.ops import Ops
     monkeypatch.setattr(ki, "triton_available", lambda: True)
-    kernels = ki.load_kernels()
-    assert Ops(resolve(detect_hardware("sm90"), EngineOptions())).pdl == 1
-    assert Ops(resolve(detect_hardware("sm90"), EngineOptions(pdl_early_trigger=True))).pdl == kernels.EARLY_TRIGGER == 2
-    assert Ops(resolve(detect_hardware("sm90"), EngineOptions(pdl=False))).pdl is False
+    from flashrt_core.engine.ops import LAUNCH_SITES
+    early = ki.load_kernels().EARLY_TRIGGER
+    plain = Ops(resolve(detect_hardware("sm90"), EngineOptions()))
+    assert plain.launch_policy == "none" and {plain.launch_mode(s) for s in LAUNCH_SITES} == {1}
+    asked = Ops(resolve(detect_hardware("sm90"), EngineOptions(pdl_early_trigger=True)))
+    assert asked.launch_policy == "all" and {asked.launch_mode(s) for s in LAUNCH_SITES} == {early} and early == 2
+    off = Ops(resolve(detect_hardware("sm90"), EngineOptions(pdl=False, pdl_early_trigger=True)))
+    assert {off.launch_mode(s) for s in LAUNCH_SITES} == {False}

@@ -150,14 +150,24 @@ def test_accuracy_gate_full_size(name, precision):
     assert min(cosines) >= gate, f"{name} {precision}: cosine per observation {cosines}"
 
 
-def test_chain_tuning_keeps_the_fastest_candidate_inside_the_denoiser():
+@pytest.mark.parametrize("early", [False, True], ids=["pdl", "pdl_early_trigger"])
+def test_chain_tuning_keeps_the_fastest_candidate_inside_the_denoiser(early):
     """The decoder GEMMs are picked by the captured denoiser's time: every kind the isolated tuning measured with
-    more than one candidate is timed again in the chain, each of its candidates, and the fastest there is kept."""
+    more than one candidate is timed again in the chain, each of its candidates, and the fastest there is kept.
+    With pdl_early_trigger asked for, the launch policy is picked the same way first."""
+    from flashrt_core.engine.ops import LAUNCH_POLICIES
     cfg = get_config("pi05")
     model = load_model_weights(_checkpoint("pi05"), cfg, "cuda", torch.bfloat16)
-    engine = build_executor(model, cfg, torch.device("cuda"), "auto")
+    engine = build_executor(model, cfg, torch.device("cuda"), "auto", EngineOptions(pdl_early_trigger=early))
     assert engine.dispatch[Op.DECODER_TUNING] == "chain"
-    chain = engine.decoder_chain_timings
+    chain = dict(engine.decoder_chain_timings)
+    if early:
+        policies = chain.pop("launch_policy")
+        assert set(policies) == set(LAUNCH_POLICIES)
+        assert engine.ops.launch_policy == min(policies, key=policies.get), policies
+        assert engine.ops.early_sites == LAUNCH_POLICIES[engine.ops.launch_policy]
+    else:
+        assert "launch_policy" not in chain and engine.ops.launch_policy == "none"
     assert set(chain) == {kind for kind, alone in engine.ops.decoder_timings.items() if len(alone) > 1}
     assert {"down", "o", "gate_up", "qkv"} <= set(chain)               # full size: Triton candidates fit every kind
     for kind, times in chain.items():

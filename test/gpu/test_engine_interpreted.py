@@ -100,6 +100,35 @@ def test_engine_with_triton_kernels_matches_the_reference(model, decoder_qkv, mo
         assert calls.get("qkv_rope", 0) == model.config.paligemma.depth + steps * layers
 
 
+def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):
+    """A launch policy (ops.LAUNCH_POLICIES) sets the PDL mode per kernel site: under "before_one_shot" the expert's
+    first norm and its attention release the next kernel at their start (EARLY_TRIGGER), every other kernel after
+    its wait (1); the actions are the reference's either way (under the interpreter PDL is a no-op, so this checks
+    the modes handed to the launchers and that the kernels take them)."""
+    from flashrt_core.engine.ops import LAUNCH_POLICIES
+    from test.core.test_engine_forward import _inputs, _reference
+    engine = _engine(model, "rope_in_attention")
+    engine.ops.launch_policy, engine.ops.early_sites = "before_one_shot", LAUNCH_POLICIES["before_one_shot"]
+    modes: dict[str, list] = {}
+    for name in ("skinny_gemm", "decoder_attention", "ada_rms_norm", "residual_norm", "euler"):
+        fn = getattr(engine.ops.k, name)
+
+        def recorded(*args, _fn=fn, _name=name, **kwargs):
+            modes.setdefault(_name, []).append(kwargs.get("pdl"))
+            return _fn(*args, **kwargs)
+        monkeypatch.setattr(engine.ops.k, name, recorded)
+    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(5), 9, (0, 1))
+    got = engine.predict_observation(images, tokens, mask, state, noise)
+    np.testing.assert_allclose(got, _reference(model, images, tokens, mask, state, noise).numpy(), atol=FP32_ATOL,
+                               rtol=0)
+    early = engine.ops.k.EARLY_TRIGGER
+    steps, layers = len(engine.weights.dts), model.config.expert.depth
+    assert modes["decoder_attention"] == [early] * (steps * layers)
+    assert set(modes["skinny_gemm"]) == {1} and set(modes["euler"]) == {1}
+    norms = modes["ada_rms_norm"] if model.config.model_type == "pi05" else modes["residual_norm"]
+    assert norms.count(early) == steps * layers                                 # each layer's first norm
+
+
 def test_fp8_decoder_weights_stay_close_to_the_reference(model):
     from flashrt_core.engine.gate import cosine
     from test.core.test_engine_forward import _inputs, _reference
