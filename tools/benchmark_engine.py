@@ -285,6 +285,8 @@ def bench_config(args, res: Results, name: str) -> None:
     hw = detect_hardware("auto", dev)
     precisions = ["bf16"] + ([f"fp8{s}" for s in args.fp8_scalings] if name in args.fp8_configs else [])
     ab_variants = ([f"bf16-no_{switch}" for switch in args.ab_switches_off] + [f"bf16-{o}" for o in args.ab_options]
+                   + [f"{prec}-no_{switch}" for switch in args.ab_fp8_switches_off for prec in precisions
+                      if prec.startswith("fp8")]
                    + [f"{prec}-with_{switch}" for switch in args.ab_switches_on for prec in precisions])
     # accuracy gate: the fp32 reference vs the engine built from the same fp32 weights
     if args.gate:
@@ -461,6 +463,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ab-switches-on", nargs="*", default=[],
                     help="opt-in EngineOptions switches (e.g. l2_prefetch) each measured on too, for every precision, "
                          "as 'engine_<precision>-with_<name>'")
+    ap.add_argument("--ab-fp8-switches-off", nargs="*", default=[],
+                    help="EngineOptions switches turned off in extra FP8 rows (fp8-no_<switch>), e.g. fp8_fused_quant")
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="wall-clock budget of the whole run; the compile variant gets what is left")
     ap.add_argument("--no-gate", dest="gate", action="store_false")

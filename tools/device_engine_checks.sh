@@ -5,7 +5,8 @@
 #     (pytest.log);
 #  2. the engine, pi0.5 2 views h10, bf16 and FP8, with the A/B rows of the chain tuning off (it now also weighs
 #     the deeper qkv / gate_up candidates) and of pdl_early_trigger on (the chain tuning then also picks the launch
-#     policy, ops.LAUNCH_POLICIES) (engine_device_checks_<date>.json/.md, engine.log);
+#     policy, ops.LAUNCH_POLICIES), and the FP8 row with fp8_fused_quant off (the GeGLU kernel quantizing the down
+#     GEMM's input) (engine_device_checks_<date>.json/.md, engine.log);
 #  3. the critical path per kernel of one bf16 replay (timeline.json, timeline.log);
 # then prints a short table (summary.txt). Run from anywhere; it works in the repository root.
 #
@@ -21,12 +22,12 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export FLASHRT_FULL_CKPT_ROOT="${FLASHRT_FULL_CKPT_ROOT:-/tmp/full}"
 PY="${FLASHRT_PYTHON:-python3}"
 
-timeout 300 "$PY" -m pytest -q test/gpu > "$OUT/pytest.log" 2>&1
+timeout 280 "$PY" -m pytest -q test/gpu > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?" >> "$OUT/pytest.log"
 
-timeout 220 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
+timeout 240 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
   --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate --ab-switches-off chain_tuning \
-  --ab-switches-on pdl_early_trigger \
+  --ab-switches-on pdl_early_trigger --ab-fp8-switches-off fp8_fused_quant \
   --out-dir "$OUT" --tag device_checks > "$OUT/engine.log" 2>&1
 
 timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 --views 2 \

@@ -16,6 +16,7 @@ tests and bug reports:
     FLASHRT_FP8_SCOPE=all|backbone|backbone_mlp   which wide GEMMs FP8 serves (EngineOptions.fp8_scope)
     FLASHRT_DISABLE_CHAIN_TUNING=1  pick the decoder GEMMs by their time alone, not inside the captured denoiser
     FLASHRT_PDL_EARLY_TRIGGER=1     ask for PDL kernels that release the next kernel at their start (pdl_early_trigger)
+    FLASHRT_DISABLE_FP8_FUSED_QUANT=1  FP8 down GEMM inputs quantized by their own kernel, not by the GeGLU kernel
 
 The same switches exist as `EngineOptions` fields; environment variables win over the fields.
 """
@@ -52,6 +53,7 @@ class Op(str, enum.Enum):
     DECODER_WEIGHTS = "decoder_weights"  # the action expert's GEMM weights: bf16, or weight-only FP8 E4M3
     VISION_GELU = "vision_gelu"      # the vision MLP's bias + GELU: in the fc1 GEMM's epilogue or a kernel of its own
     DECODER_TUNING = "decoder_tuning"  # how the decoder GEMMs' launch configurations are picked at load
+    FP8_INPUT_QUANT = "fp8_input_quant"  # who quantizes a per-tensor FP8 down GEMM's input: the GeGLU kernel or its own
 
 
 class Switch(str, enum.Enum):
@@ -68,6 +70,7 @@ class Switch(str, enum.Enum):
     FP8_DECODER_WEIGHTS = "FP8_DECODER_WEIGHTS"  # weight-only FP8 for the decoder GEMMs (also needs asking for)
     CHAIN_TUNING = "CHAIN_TUNING"        # decoder GEMM configurations timed inside the captured denoiser
     PDL_EARLY_TRIGGER = "PDL_EARLY_TRIGGER"  # PDL kernels let the next kernel launch at their start (needs asking)
+    FP8_FUSED_QUANT = "FP8_FUSED_QUANT"  # the GeGLU kernel writes the FP8 input of the down GEMM
 
 
 # Which wide GEMMs FP8 serves: every vision and backbone GEMM, the backbone only, or only the backbone's MLP
@@ -96,6 +99,7 @@ class EngineOptions:
     fp8_decoder_weights: bool = False        # opt-in (measured slower): weight-only E4M3 for the decoder GEMMs
     chain_tuning: bool = True                # decoder GEMM configurations timed where they run (the denoiser)
     pdl_early_trigger: bool = False          # opt-in: PDL kernels release the next kernel at their start
+    fp8_fused_quant: bool = True             # FP8 path: the GeGLU kernel quantizes the down GEMM's input
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -131,6 +135,7 @@ class EngineOptions:
             Switch.FP8_DECODER_WEIGHTS: self.fp8_decoder_weights,
             Switch.CHAIN_TUNING: self.chain_tuning,
             Switch.PDL_EARLY_TRIGGER: self.pdl_early_trigger,
+            Switch.FP8_FUSED_QUANT: self.fp8_fused_quant,
         }[switch]
 
     @classmethod
@@ -154,7 +159,8 @@ class EngineOptions:
                          (Switch.ROPE_IN_ATTENTION, "rope_in_attention"), (Switch.GEMM_EPILOGUE, "gemm_epilogue"),
                          (Switch.WEIGHT_PREFETCH, "weight_prefetch"),
                          (Switch.FP8_DECODER_WEIGHTS, "fp8_decoder_weights"),
-                         (Switch.CHAIN_TUNING, "chain_tuning"), (Switch.PDL_EARLY_TRIGGER, "pdl_early_trigger")):
+                         (Switch.CHAIN_TUNING, "chain_tuning"), (Switch.PDL_EARLY_TRIGGER, "pdl_early_trigger"),
+                         (Switch.FP8_FUSED_QUANT, "fp8_fused_quant")):
             if flag(f"FLASHRT_DISABLE_{sw.value}"):
                 changes[attr] = False
         for name, attr in (("FLASHRT_FP8", "fp8"), ("FLASHRT_L2_PREFETCH", "l2_prefetch"),    # opt-ins; a
@@ -324,6 +330,13 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "captured denoiser (norms, attention and the other GEMMs around them, as a predict runs them) "
                   "and the fastest there is kept"),
         Candidate("isolated", _ALWAYS, "each decoder GEMM kind timed alone over the expert's layers"),
+    ),
+    Op.FP8_INPUT_QUANT: (
+        Candidate("fused", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.FP8_FUSED_QUANT),
+                  "a per-tensor FP8 down GEMM's input is quantized by the GeGLU kernel that produces it "
+                  "(kernels/geglu.py with an FP8 out): no bf16 activation written and read back, no quantization "
+                  "launch; row-wise FP8 keeps its per-token quantization kernel"),
+        Candidate("separate", _ALWAYS, "the GeGLU output in bf16, then kernels/fp8_quant.py"),
     ),
 }
 

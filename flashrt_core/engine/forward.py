@@ -122,7 +122,7 @@ def prefix(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor
         attn = ops.mqa(q.view(P * heads, dh), ws.k_cache[i, 0, :P], ws.v_cache[i, 0, :P], mask, 1.0)  # (P*H, Dh)
         o = ops.linear(attn.view(P, heads * dh), layer.o)
         ops.norm(o, residual, y, layer.norm2, None, g.eps)
-        x = ops.linear(ops.geglu(ops.linear(y, layer.gate_up)), layer.down)
+        x = ops.mlp_down(ops.linear(y, layer.gate_up), layer.down)
     return key_bias, valid.sum().view(1)
 
 

@@ -61,14 +61,26 @@ class Fp8Linear:
         k = load_kernels()
         self._quant, self._quant_rows = k.fp8_quant, k.fp8_quant_rows
 
+    @property
+    def static_input(self) -> bool:
+        """Per-tensor static activation scale: a producer kernel may quantize x itself (x_inv, dtype) and hand
+        the FP8 tensor to matmul_quantized (ops.mlp_down: the GeGLU kernel does, fp8_fused_quant)."""
+        return not self.rowwise
+
+    def matmul_quantized(self, xq: torch.Tensor) -> torch.Tensor:
+        """y for an x already quantized with this layer's static scale: xq = clamp(x * x_inv) in self.dtype."""
+        if self.rowwise or xq.dtype != self.dtype:
+            raise ValueError(f"matmul_quantized takes a per-tensor {self.dtype} input, got {xq.dtype} "
+                             f"({'row-wise' if self.rowwise else 'per-tensor'} layer)")
+        return torch._scaled_mm(xq, self.w_q.t(), scale_a=self.x_scale, scale_b=self.w_scale, bias=self.bias,
+                                out_dtype=torch.bfloat16)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.rowwise:
             xq, x_scale = self._quant_rows(x, self.dtype)                  # (M, K) fp8, (M, 1) fp32
             y = torch._scaled_mm(xq, self.w_q.t(), scale_a=x_scale, scale_b=self.w_scale, out_dtype=torch.bfloat16)
             return y if self.bias is None else y.add_(self.bias)
-        xq = self._quant(x.contiguous(), self.x_inv, self.dtype)           # (M, K) fp8
-        return torch._scaled_mm(xq, self.w_q.t(), scale_a=self.x_scale, scale_b=self.w_scale, bias=self.bias,
-                                out_dtype=torch.bfloat16)
+        return self.matmul_quantized(self._quant(x.contiguous(), self.x_inv, self.dtype))   # (M, K) fp8 input
 
 
 def quantize_rows(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

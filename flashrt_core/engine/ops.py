@@ -133,6 +133,7 @@ class Ops:
         self._geglu_triton = triton(Op.GEGLU)
         self._rope_triton = triton(Op.QKV_ROPE)
         self._euler_triton = triton(Op.EULER)
+        self._fp8_fused_quant = dispatch[Op.FP8_INPUT_QUANT] == "fused"
         # every Triton launch below passes a launch mode: False (stream order), 1 (PDL) or EARLY_TRIGGER (PDL, the
         # kernel releases the next one at its start) where its site is in early_sites (launch_mode)
         self.pdl = 1 if dispatch[Op.KERNEL_LAUNCH] in ("pdl", "pdl_early") else False
@@ -188,6 +189,17 @@ class Ops:
             return self.k.geglu(gu, torch.empty(gu.shape[0], gu.shape[1] // 2, device=gu.device, dtype=gu.dtype),
                                 pdl=self.launch_mode("other"))
         return self.k.geglu_reference(gu)
+
+    def mlp_down(self, gu: torch.Tensor, lin: Linear) -> torch.Tensor:
+        """down(gelu_tanh(gate) * up) of a merged gate/up output gu (M, 2F). When the down GEMM is FP8 with a static
+        per-tensor input scale and fp8_fused_quant is on, the GeGLU kernel writes its FP8 input directly (no bf16
+        activation, no separate quantization pass)."""
+        if self._fp8_fused_quant and self._geglu_triton and self.calibration is None and lin.fp8 is not None \
+                and lin.fp8.static_input:
+            xq = torch.empty(gu.shape[0], gu.shape[1] // 2, device=gu.device, dtype=lin.fp8.dtype)
+            self.k.geglu(gu, xq, pdl=self.launch_mode("other"), inv_scale=lin.fp8.x_inv)
+            return lin.fp8.matmul_quantized(xq)
+        return self.linear(self.geglu(gu), lin)
 
     def linear(self, x: torch.Tensor, lin: Linear) -> torch.Tensor:
         """x (M, K) -> (M, N): one GEMM per block of W (one when merged); FP8 when the layer was quantized."""

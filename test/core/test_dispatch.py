@@ -226,3 +226,13 @@ def test_ops_pass_the_launch_mode_to_every_kernel(monkeypatch):
     assert asked.launch_policy == "all" and {asked.launch_mode(s) for s in LAUNCH_SITES} == {early} and early == 2
     off = Ops(resolve(detect_hardware("sm90"), EngineOptions(pdl=False, pdl_early_trigger=True)))
     assert {off.launch_mode(s) for s in LAUNCH_SITES} == {False}
+
+
+def test_fp8_input_quant_is_fused_with_triton_and_has_its_switch(monkeypatch):
+    import flashrt_core.engine.kernel_import as ki
+    monkeypatch.setattr(ki, "triton_available", lambda: True)
+    assert resolve(detect_hardware("sm90"), EngineOptions(fp8=True))[Op.FP8_INPUT_QUANT] == "fused"
+    assert resolve(detect_hardware("gfx942"), EngineOptions(fp8=True))[Op.FP8_INPUT_QUANT] == "fused"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_FP8_FUSED_QUANT=1))[Op.FP8_INPUT_QUANT] == "separate"
+    assert resolve(detect_hardware("sm90"), EngineOptions(triton=False))[Op.FP8_INPUT_QUANT] == "separate"
+    assert resolve(CPU, EngineOptions(fp8=True))[Op.FP8_INPUT_QUANT] == "separate"

@@ -102,6 +102,33 @@ def test_geglu(rows, mlp):
     _close(out, K.geglu_reference(gu), BF16_ATOL, BF16_RTOL)
 
 
+def test_geglu_with_fp8_out_quantizes_the_product():
+    """The prefix's GeGLU writing the per-tensor FP8 input of the down GEMM (fp8_fused_quant), at the real shape
+    (fewer rows under the interpreter): the reference quantizes the fp32 product with the same static scale. The
+    interpreter casts to FP8 without round-to-nearest (values land up to a few steps away), so there the check is
+    the relative error, which a missing scale or clamp would blow up."""
+    g = torch.Generator(device=DEVICE).manual_seed(21)
+    rows = 16 if INTERPRET else PREFIX_ROWS
+    gu = (torch.randn(rows, 2 * 16384, device=DEVICE, generator=g) * 2).to(torch.bfloat16)
+    dtype = torch.float8_e4m3fn
+    amax = float(K.geglu_reference(gu).float().abs().max())
+    inv = torch.tensor([torch.finfo(dtype).max / (amax * 1.25)], device=DEVICE)     # the calibrated form
+    out = torch.empty(rows, 16384, device=DEVICE, dtype=dtype)
+    with pytest.raises(ValueError, match="inv_scale"):
+        K.geglu(gu, out)                                                     # an FP8 out needs its scale
+    K.geglu(gu, out, inv_scale=inv)
+    want = K.geglu_reference(gu, inv, dtype)
+    assert want.float().abs().max() > 100      # the scale puts the values across E4M3's range, not all near 0
+    err = (out.float() - want.float()).norm() / want.float().norm()
+    assert err < (0.1 if INTERPRET else FP8_REL_L2), f"rel L2 error {err:.3e}"
+    if INTERPRET:
+        return
+    differ = out.float() != want.float()        # fp32 sigmoid/exp differ in the last bits: a few land one step away
+    assert differ.float().mean() < FP8_BOUNDARY_FRACTION, f"{int(differ.sum())} values differ"
+    step = (want.float()[differ].abs() * 2.0 ** -3).clamp(min=2.0 ** -9)
+    assert ((out.float() - want.float())[differ].abs() <= step * 1.0001).all(), "a value moved more than one step"
+
+
 @pytest.mark.parametrize("rows,offset", [(PREFIX_ROWS, 0), (DECODER_ROWS[0], PREFIX_ROWS), (DECODER_ROWS[-1], 48)])
 def test_qkv_rope(rows, offset):
     heads, kv_heads, head_dim = 8, 1, 256
