@@ -3,7 +3,8 @@
 Every module opens with the formula it computes. `<name>(...)` launches the Triton kernel (GPU, Triton installed);
 `<name>_reference(...)` is the PyTorch definition that the GPU tests compare against. Without Triton the
 references still import; `HAVE_TRITON` says which case this is. `INTERPRETED`: Triton's CPU interpreter runs
-the kernels (TRITON_INTERPRET=1), on CPU tensors. Every launcher's `pdl` takes False, True or `EARLY_TRIGGER`
+the kernels (TRITON_INTERPRET=1), on CPU tensors. `HAVE_GLUON`: Triton's Gluon is importable
+(kernels/smem_gemm.py). Every launcher's `pdl` takes False, True or `EARLY_TRIGGER`
 (kernels/_triton.py says what each means).
 """
 
@@ -17,6 +18,7 @@ from .qkv_gemm_rope import qkv_gemm_rope, qkv_gemm_rope_reference
 from .qkv_rope import qkv_rope, qkv_rope_reference, rope_tables
 from .residual_norm import residual_norm, residual_norm_reference
 from .skinny_gemm import skinny_gemm, skinny_gemm_reference
+from .smem_gemm import HAVE_GLUON, smem_gemm, smem_gemm_supported
 
 __all__ = [
     "EARLY_TRIGGER", "HAVE_TRITON", "INTERPRETED",
@@ -29,4 +31,5 @@ __all__ = [
     "qkv_rope", "qkv_rope_reference", "rope_tables",
     "residual_norm", "residual_norm_reference",
     "skinny_gemm", "skinny_gemm_reference",
+    "HAVE_GLUON", "smem_gemm", "smem_gemm_supported",
 ]

@@ -11,7 +11,8 @@ test/core/test_kernel_resources.py keeps the hot paths free of spills.
     python tools/kernel_resources.py            # a markdown table, one row per kernel configuration
 
 The configurations are the engine's own: the attention plans of pi0.5 and pi0 denoising steps (1-3 views,
-horizons 10 and 50) and the prefix, and every decoder GEMM candidate the load-time tuning may pick.
+horizons 10 and 50) and the prefix, and every decoder GEMM candidate the load-time tuning may pick (the Triton
+skinny GEMMs, and the Gluon shared-memory GEMMs of kernels/smem_gemm.py).
 """
 
 from __future__ import annotations
@@ -60,8 +61,11 @@ def compile_sm90(cfg: KernelConfig):
     from triton.compiler import ASTSource
 
     signature = {**cfg.signature, **{name: "constexpr" for name in cfg.constexprs}}
-    return triton.compile(ASTSource(fn=cfg.kernel, signature=signature, constexprs=cfg.constexprs,
-                                    attrs=specialization(cfg)),
+    source = ASTSource
+    if getattr(cfg.kernel, "is_gluon", lambda: False)():          # kernels/smem_gemm.py
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    return triton.compile(source(fn=cfg.kernel, signature=signature, constexprs=cfg.constexprs,
+                                 attrs=specialization(cfg)),
                           target=GPUTarget("cuda", TARGET_SM, 32),
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
@@ -152,9 +156,34 @@ def skinny_configs() -> list[KernelConfig]:
     return out
 
 
+def smem_configs() -> list[KernelConfig]:
+    """Every kernels/smem_gemm.py candidate of the load-time tuning (ops.SMEM_CANDIDATES) at the expert's shapes,
+    with the TMA descriptors the launcher builds (empty where Triton has no Gluon)."""
+    from flashrt_core.engine.ops import SMEM_CANDIDATES
+    smem = _kernels_module("smem_gemm")
+    if not smem.HAVE_GLUON:
+        return []
+    from triton.experimental.gluon import language as gl
+    out = []
+    for kind, candidates in SMEM_CANDIDATES.items():
+        for c in candidates:
+            rows = smem.ROWS // 2 if kind == "gate_up" else smem.ROWS
+            w_layout = gl.NVMMASharedLayout.get_default_for([rows, smem.BOX_K], gl.bfloat16)
+            x_layout = gl.NVMMASharedLayout.get_default_for([smem.X_ROWS, smem.BOX_K], gl.bfloat16)
+            signature = {"w_desc": f"tensordesc<bf16[{rows}, {smem.BOX_K}],{w_layout!r}>",
+                         "x_desc": f"tensordesc<bf16[{smem.X_ROWS}, {smem.BOX_K}],{x_layout!r}>",
+                         "y_ptr": "*fp32" if c.split_k > 1 else "*bf16", "M": "i32", "F": "i32", "stride_y": "i32",
+                         "split_stride": "i32"}
+            ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": kind == "gate_up", "SPLIT_K": c.split_k,
+                  "KGELU": smem._K_GELU, "PDL": True}
+            out.append(KernelConfig(f"smem GEMM {kind} {c}", smem._smem_gemm_kernel, signature, ce, 4, 1,
+                                    ("F", "stride_y", "split_stride")))
+    return out
+
+
 def main() -> None:
     rows = []
-    for cfg in attention_configs() + skinny_configs():
+    for cfg in attention_configs() + skinny_configs() + smem_configs():
         r = resources(compile_sm90(cfg))
         rows.append((cfg.name, cfg.num_warps, r))
         print(f"{cfg.name}: {r}", file=sys.stderr, flush=True)

@@ -17,6 +17,7 @@ tests and bug reports:
     FLASHRT_DISABLE_CHAIN_TUNING=1  pick the decoder GEMMs by their time alone, not inside the captured denoiser
     FLASHRT_PDL_EARLY_TRIGGER=1     ask for PDL kernels that release the next kernel at their start (pdl_early_trigger)
     FLASHRT_DISABLE_FP8_FUSED_QUANT=1  FP8 down GEMM inputs quantized by their own kernel, not by the GeGLU kernel
+    FLASHRT_SMEM_GEMM=1             ask for the shared-memory (TMA, Gluon) decoder GEMM candidates (smem_gemm)
 
 The same switches exist as `EngineOptions` fields; environment variables win over the fields.
 """
@@ -54,6 +55,7 @@ class Op(str, enum.Enum):
     VISION_GELU = "vision_gelu"      # the vision MLP's bias + GELU: in the fc1 GEMM's epilogue or a kernel of its own
     DECODER_TUNING = "decoder_tuning"  # how the decoder GEMMs' launch configurations are picked at load
     FP8_INPUT_QUANT = "fp8_input_quant"  # who quantizes a per-tensor FP8 down GEMM's input: the GeGLU kernel or its own
+    SMEM_GEMM = "smem_gemm"          # decoder GEMMs that stage their weights in shared memory before the PDL wait
 
 
 class Switch(str, enum.Enum):
@@ -71,6 +73,7 @@ class Switch(str, enum.Enum):
     CHAIN_TUNING = "CHAIN_TUNING"        # decoder GEMM configurations timed inside the captured denoiser
     PDL_EARLY_TRIGGER = "PDL_EARLY_TRIGGER"  # PDL kernels let the next kernel launch at their start (needs asking)
     FP8_FUSED_QUANT = "FP8_FUSED_QUANT"  # the GeGLU kernel writes the FP8 input of the down GEMM
+    SMEM_GEMM = "SMEM_GEMM"              # the TMA / shared-memory decoder GEMM candidates (also needs asking for)
 
 
 # Which wide GEMMs FP8 serves: every vision and backbone GEMM, the backbone only, or only the backbone's MLP
@@ -100,6 +103,7 @@ class EngineOptions:
     chain_tuning: bool = True                # decoder GEMM configurations timed where they run (the denoiser)
     pdl_early_trigger: bool = False          # opt-in: PDL kernels release the next kernel at their start
     fp8_fused_quant: bool = True             # FP8 path: the GeGLU kernel quantizes the down GEMM's input
+    smem_gemm: bool = False                  # opt-in, not yet run on a GPU: kernels/smem_gemm.py GEMM candidates
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -136,6 +140,7 @@ class EngineOptions:
             Switch.CHAIN_TUNING: self.chain_tuning,
             Switch.PDL_EARLY_TRIGGER: self.pdl_early_trigger,
             Switch.FP8_FUSED_QUANT: self.fp8_fused_quant,
+            Switch.SMEM_GEMM: self.smem_gemm,
         }[switch]
 
     @classmethod
@@ -160,13 +165,14 @@ class EngineOptions:
                          (Switch.WEIGHT_PREFETCH, "weight_prefetch"),
                          (Switch.FP8_DECODER_WEIGHTS, "fp8_decoder_weights"),
                          (Switch.CHAIN_TUNING, "chain_tuning"), (Switch.PDL_EARLY_TRIGGER, "pdl_early_trigger"),
-                         (Switch.FP8_FUSED_QUANT, "fp8_fused_quant")):
+                         (Switch.FP8_FUSED_QUANT, "fp8_fused_quant"), (Switch.SMEM_GEMM, "smem_gemm")):
             if flag(f"FLASHRT_DISABLE_{sw.value}"):
                 changes[attr] = False
         for name, attr in (("FLASHRT_FP8", "fp8"), ("FLASHRT_L2_PREFETCH", "l2_prefetch"),    # opt-ins; a
                            ("FLASHRT_WEIGHT_PREFETCH", "weight_prefetch"),                   # DISABLE wins
                            ("FLASHRT_FP8_DECODER_WEIGHTS", "fp8_decoder_weights"),
-                           ("FLASHRT_PDL_EARLY_TRIGGER", "pdl_early_trigger")):
+                           ("FLASHRT_PDL_EARLY_TRIGGER", "pdl_early_trigger"),
+                           ("FLASHRT_SMEM_GEMM", "smem_gemm")):
             if flag(name) is not None and attr not in changes:
                 changes[attr] = flag(name)
         if env.get("FLASHRT_FP8_SCALING"):
@@ -210,6 +216,11 @@ def _triton(hw: Hardware, o: EngineOptions) -> bool:
 def _nvidia_sm90_plus(hw: Hardware) -> bool:
     """Hopper and later: griddepcontrol (PDL) and cp.async.bulk."""
     return hw.vendor is Vendor.NVIDIA and hw.sm is not None and hw.sm >= 90
+
+
+def _gluon_available() -> bool:
+    from .kernel_import import load_kernels, triton_available
+    return triton_available() and bool(getattr(load_kernels(), "HAVE_GLUON", False))
 
 
 def _fp8_capable(hw: Hardware) -> bool:
@@ -337,6 +348,15 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "(kernels/geglu.py with an FP8 out): no bf16 activation written and read back, no quantization "
                   "launch; row-wise FP8 keeps its per-token quantization kernel"),
         Candidate("separate", _ALWAYS, "the GeGLU output in bf16, then kernels/fp8_quant.py"),
+    ),
+    Op.SMEM_GEMM: (
+        Candidate("tma", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.SMEM_GEMM) and _nvidia_sm90_plus(hw)
+                  and _gluon_available(),
+                  "kernels/smem_gemm.py (Triton Gluon): each program's whole weight slice goes to shared memory by "
+                  "TMA before the PDL wait, and the product runs on wgmma with the weights as the 64-row side; "
+                  "offered to the decoder GEMM tuning beside the Triton and library GEMMs (NVIDIA sm90+); only when "
+                  "asked: written without a GPU, not yet run on one"),
+        Candidate("none", _ALWAYS, "the decoder GEMM tuning picks among the Triton and library GEMMs"),
     ),
 }
 

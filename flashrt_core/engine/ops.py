@@ -39,6 +39,22 @@ class SkinnyConfig:
         return f"triton(n{self.block_n},k{self.block_k},s{self.split_k},st{self.stages},w{self.warps})"
 
 
+@dataclass(frozen=True)
+class SmemConfig:
+    """Launch configuration of kernels/smem_gemm.py (the weight slice in shared memory before the PDL wait)."""
+
+    split_k: int
+
+    def __str__(self) -> str:
+        return f"gluon_smem(s{self.split_k})"
+
+
+# kernels/smem_gemm.py candidates per kind (smem_gemm=tma, opt-in): 64 weight rows per program (32 + 32 with GeGLU);
+# split-K only where the consumer sums partials. Each gives 40-128 programs at the expert's shapes.
+SMEM_CANDIDATES = {"qkv": [SmemConfig(1)], "gate_up": [SmemConfig(1)], "o": [SmemConfig(2), SmemConfig(4)],
+                   "down": [SmemConfig(4), SmemConfig(8)]}
+
+
 # Candidates measured at load for each decoder GEMM kind (qkv feeds RoPE and gate_up has the GeGLU epilogue:
 # no split-K there; o and down feed the residual norms, which sum split-K partials). The expert's K is 1024
 # (qkv, gate_up), 2048 (o) and 4096 (down): the one-shot candidates split K into 1024-wide slices. Measured on the
@@ -134,6 +150,7 @@ class Ops:
         self._rope_triton = triton(Op.QKV_ROPE)
         self._euler_triton = triton(Op.EULER)
         self._fp8_fused_quant = dispatch[Op.FP8_INPUT_QUANT] == "fused"
+        self.smem_gemm = dispatch[Op.SMEM_GEMM] == "tma"          # kernels/smem_gemm.py joins the GEMM candidates
         # every Triton launch below passes a launch mode: False (stream order), 1 (PDL) or EARLY_TRIGGER (PDL, the
         # kernel releases the next one at its start) where its site is in early_sites (launch_mode)
         self.pdl = 1 if dispatch[Op.KERNEL_LAUNCH] in ("pdl", "pdl_early") else False
@@ -152,7 +169,7 @@ class Ops:
         self._gelu_epilogue = dispatch[Op.VISION_GELU] == "gemm_epilogue"
         triton_decoder = dispatch[Op.GEMM_DECODER] == "triton"
         # decoder GEMM kind -> "triton" | "library"; tune_decoder() keeps Triton only where it measures faster
-        self.decoder_impl: dict[str, str | SkinnyConfig | RopeGemmConfig] = {
+        self.decoder_impl: dict[str, str | SkinnyConfig | SmemConfig | RopeGemmConfig] = {
             kind: "triton" if triton_decoder else "library" for kind in SKINNY_CANDIDATES}
         self.decoder_timings: dict[str, dict[str, float]] = {}
         self.calibration: dict[int, float] | None = None   # set by the FP8 calibration run
@@ -230,6 +247,15 @@ class Ops:
     def _skinny_ok(self, x: torch.Tensor, lin: Linear, cfg: SkinnyConfig) -> bool:
         return self._few_rows_gemm_ok(x, lin, cfg.split_k * cfg.block_k)
 
+    def _smem_ok(self, x: torch.Tensor, lin: Linear, kind: str, cfg: SmemConfig) -> bool:
+        """kernels/smem_gemm.py's conditions: bf16 weights (not the FP8 copy), a contiguous bf16 x on the GPU."""
+        if not (self.smem_gemm and not self.decoder_fp8 and x.is_cuda and x.dtype == torch.bfloat16
+                and x.is_contiguous() and self._few_rows_gemm_ok(x, lin, 1)):
+            return False
+        w = lin.parts[0][0]
+        return w.dtype == torch.bfloat16 and self.k.smem_gemm_supported(x.shape[0], w.shape[0], w.shape[1],
+                                                                        kind == "gate_up", cfg.split_k)
+
     def decoder(self, x: torch.Tensor, lin: Linear, kind: str, impl: str | SkinnyConfig | None = None,
                 prefetch: tuple[int, int] | None = None) -> torch.Tensor:
         """Decoder GEMM (few rows). kind "gate_up" returns the GeGLU activation (M, F); "o"/"down" may return
@@ -242,6 +268,9 @@ class Ops:
         impl = impl or self.decoder_impl[kind]
         if impl == "triton":
             impl = SKINNY_DEFAULT[kind]
+        if isinstance(impl, SmemConfig) and self._smem_ok(x, lin, kind, impl):
+            return self.k.smem_gemm(x, lin.parts[0][0], geglu=kind == "gate_up", split_k=impl.split_k,
+                                    pdl=self.launch_mode(kind))
         if isinstance(impl, SkinnyConfig) and self._skinny_ok(x, lin, impl):
             w, w_scale = lin.w_fp8 if self.decoder_fp8 and lin.w_fp8 is not None else (lin.parts[0][0], None)
             return self.k.skinny_gemm(x, w, geglu=kind == "gate_up", split_k=impl.split_k,
@@ -316,6 +345,7 @@ class Ops:
         """The implementations the load-time tuning times for one decoder GEMM kind at x's shape: the library
         GEMM, every Triton configuration that fits, and for qkv the RoPE-epilogue GEMMs where they may run."""
         candidates = ["library"] + [c for c in SKINNY_CANDIDATES[kind] if self._skinny_ok(x, lin, c)]
+        candidates += [c for c in SMEM_CANDIDATES[kind] if self._smem_ok(x, lin, kind, c)]
         if kind == "qkv":
             candidates += [c for c in ROPE_GEMM_CANDIDATES if self._rope_gemm_ok(x, lin, c, head_dim)]
         return candidates

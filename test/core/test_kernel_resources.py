@@ -54,3 +54,23 @@ def test_fp8_weight_gemm_has_a_candidate_without_spills(kind):
     assert candidates
     stacks = {c.name: resources(compile_sm90(c))["stack_bytes"] for c in candidates}
     assert min(stacks.values()) == 0, stacks
+
+
+def test_smem_gemm_candidates_compile_without_spills_and_fit_shared_memory():
+    """kernels/smem_gemm.py (opt-in, not yet run on a GPU): every candidate compiles for sm90 with no spill, its
+    weight slice and x rows fit one SM's shared memory, and the weight TMA copies are issued before the PDL wait,
+    the x copies after it (what the kernel is for)."""
+    from tools.kernel_resources import compile_sm90, resources, smem_configs
+    configs = smem_configs()
+    if not configs:
+        pytest.skip("Triton has no Gluon here")
+    assert {c.name.split()[2] for c in configs} == {"qkv", "gate_up", "o", "down"}
+    for cfg in configs:
+        compiled = compile_sm90(cfg)
+        r = resources(compiled)
+        assert r["stack_bytes"] == 0 and r["shared_bytes"] <= 227 * 1024, (cfg.name, r)
+        ptx = compiled.asm["ptx"]
+        wait = ptx.index("griddepcontrol.wait")
+        before, after = ptx[:wait].count("cp.async.bulk.tensor"), ptx[wait:].count("cp.async.bulk.tensor")
+        boxes = cfg.constexprs["K_PER_SPLIT"] // 64
+        assert before == boxes * (2 if cfg.constexprs["GEGLU"] else 1) and after == boxes, (cfg.name, before, after)

@@ -130,6 +130,7 @@ def test_new_prompt_does_not_recapture(tiny):
     ("pi05", "bf16"), ("pi0", "bf16"),
     ("pi05", "fp8"), ("pi0", "fp8"),        # FP8 on the default scope (backbone MLP), per-tensor static scales
     ("pi05", "fp8+fp8_decoder_weights"),    # + weight-only FP8 decoder GEMMs (opt-in)
+    ("pi05", "bf16+smem_gemm"),             # + the shared-memory (TMA) decoder GEMM candidates (opt-in)
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
@@ -137,10 +138,18 @@ def test_accuracy_gate_full_size(name, precision):
     reference = ReferenceExecutor(model, cfg, torch.device("cuda"))
     prec, _, extra = precision.partition("+")
     engine = build_executor(model, cfg, torch.device("cuda"), "auto",
-                            EngineOptions(fp8=prec == "fp8", fp8_decoder_weights=extra == "fp8_decoder_weights"))
+                            EngineOptions(fp8=prec == "fp8", fp8_decoder_weights=extra == "fp8_decoder_weights",
+                                          smem_gemm=extra == "smem_gemm"))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
     assert engine.name.endswith(prec)
     assert engine.ops.decoder_fp8 == (extra == "fp8_decoder_weights")
+    if extra == "smem_gemm":        # the tuning weighed the shared-memory GEMMs for every kind; force them on
+        assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
+                   for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
+        from flashrt_core.engine.ops import SMEM_CANDIDATES
+        engine.ops.decoder_impl.update({kind: cands[0] for kind, cands in SMEM_CANDIDATES.items()})
+        engine._entries.clear()     # recapture with them
+
     cosines = []
     for seed in range(GATE_OBSERVATIONS):
         obs = random_observation(cfg, np.random.default_rng(seed), views=2 + seed % 2, n_text=20 + 13 * seed,

@@ -374,6 +374,28 @@ def test_skinny_gemm_every_engine_config(kind, n, k):
                     f"{cfg} pdl={pdl} rows {rows}: rel L2 error {err:.2e}"
 
 
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9
+                    or not K.HAVE_GLUON, reason="kernels/smem_gemm.py needs Gluon on an sm90+ GPU")
+@pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("o", 1024, 2048), ("gate_up", 8192, 1024),
+                                      ("down", 1024, 4096)])
+def test_smem_gemm_every_engine_config(kind, n, k):
+    """Every kernels/smem_gemm.py configuration the engine may pick (ops.SMEM_CANDIDATES), at the expert's shapes,
+    on 1-16 rows (TMA zero-fills the rest of the 16-row tile), in every launch mode."""
+    from flashrt_core.engine.ops import SMEM_CANDIDATES
+    g = torch.Generator(device=DEVICE).manual_seed(n + 3 * k)
+    w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(torch.bfloat16)
+    for rows in sorted({1, *[r for r in DECODER_ROWS if r <= 16], 16}):
+        x = torch.randn(rows, k, device=DEVICE, generator=g).to(torch.bfloat16)
+        for cfg in SMEM_CANDIDATES[kind]:
+            assert K.smem_gemm_supported(rows, n, k, kind == "gate_up", cfg.split_k), cfg
+            want = K.skinny_gemm_reference(x, w, kind == "gate_up", cfg.split_k).float()
+            for pdl in (False, True, K.EARLY_TRIGGER):
+                got = K.smem_gemm(x, w, kind == "gate_up", cfg.split_k, pdl=pdl).float()
+                err = (got - want).norm() / want.norm()
+                assert got.shape == want.shape and err < SKINNY_REL_L2, \
+                    f"{cfg} pdl={pdl} rows {rows}: rel L2 error {err:.2e}"
+
+
 def _assert_prefetch_changes_no_bit(kind: str, n: int, k: int, variants: list[tuple[dict, str]], seed: int) -> None:
     """Every engine configuration of one expert GEMM, with and without PDL: the product with each prefetch variant
     (skinny_gemm keyword arguments) is bitwise the product without."""
