@@ -130,17 +130,6 @@ def _layout(rows: int):
     return gl.NVMMASharedLayout.get_default_for([rows, BOX_K], gl.bfloat16)
 
 
-_WEIGHT_DESCRIPTORS: dict[tuple, object] = {}
-
-
-def _weight_descriptor(w: torch.Tensor, rows: int):
-    """One TMA descriptor per weight tensor (weights are fixed at load; the key holds the tensor alive)."""
-    key = (w.data_ptr(), tuple(w.shape), rows)
-    if key not in _WEIGHT_DESCRIPTORS:
-        _WEIGHT_DESCRIPTORS[key] = (w, TensorDescriptor.from_tensor(w, [rows, BOX_K], _layout(rows)))
-    return _WEIGHT_DESCRIPTORS[key][1]
-
-
 def smem_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1, pdl: bool | int = False,
               out: torch.Tensor | None = None) -> torch.Tensor:
     """Gluon launcher; the contract of kernels/skinny_gemm.py skinny_gemm_reference (bf16 x and W, M <= 16).
@@ -161,9 +150,12 @@ def smem_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: in
     elif out.shape != shape or out.dtype != dtype or not out.is_contiguous():
         raise ValueError(f"smem_gemm: out must be a contiguous {shape} {dtype} tensor")
     rows = ROWS // 2 if geglu else ROWS
+    # TMA descriptors are built per launch (host work only: a captured graph keeps them); a cache would keep the
+    # weights alive after their engine is closed
+    w_desc = TensorDescriptor.from_tensor(w, [rows, BOX_K], _layout(rows))
     x_desc = TensorDescriptor.from_tensor(x, [X_ROWS, BOX_K], _layout(X_ROWS))   # rows past M read as zeros
     grid = (F // rows, split_k)
-    _smem_gemm_kernel[grid](_weight_descriptor(w, rows), x_desc, out, M, F, out.stride(-2), M * N,
+    _smem_gemm_kernel[grid](w_desc, x_desc, out, M, F, out.stride(-2), M * N,
                             K_PER_SPLIT=K // split_k, GEGLU=geglu, SPLIT_K=split_k, KGELU=_K_GELU,
                             PDL=int(pdl), num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return out
