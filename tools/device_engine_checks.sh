@@ -8,8 +8,8 @@
 # tests: the kernels at real shapes (the deeper skinny GEMM candidates, the shared-memory TMA GEMM of
 #   kernels/smem_gemm.py, GeGLU with an FP8 out, both PDL modes), the accuracy gates of pi0.5 and pi0 with the chain
 #   tuning on (and pi0.5 with the TMA GEMMs forced), replay, the fusion switches, the chain tuning.
-# bench: pi0.5 2 views h10, bf16 and FP8, beside the A/B rows of the chain tuning off, the early PDL trigger, the
-#   TMA GEMMs (with and without the early trigger) and the FP8 fused quantization off
+# bench: pi0.5 2 views h10, bf16 and FP8, beside the A/B rows of the chain tuning off, the prefix attention tuning
+#   off, the early PDL trigger, the TMA GEMMs (with and without the early trigger) and the FP8 fused quantization off
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
 #   (timeline.json, timeline.log).
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
@@ -30,8 +30,9 @@ fi
 
 if [ "$PART" = bench ] || [ "$PART" = all ]; then
   timeout 300 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
-    --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate --ab-switches-off chain_tuning \
+    --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate \
     --ab-options with_pdl_early_trigger with_smem_gemm with_smem_gemm-with_pdl_early_trigger \
+    --ab-switches-off chain_tuning prefix_attention_tuning \
     --ab-fp8-switches-off fp8_fused_quant --out-dir "$OUT" --tag device_checks > "$OUT/engine.log" 2>&1
   timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \
     --views 2 --out "$OUT/timeline.json" > "$OUT/timeline.log" 2>&1

@@ -18,6 +18,7 @@ tests and bug reports:
     FLASHRT_PDL_EARLY_TRIGGER=1     ask for PDL kernels that release the next kernel at their start (pdl_early_trigger)
     FLASHRT_DISABLE_FP8_FUSED_QUANT=1  FP8 down GEMM inputs quantized by their own kernel, not by the GeGLU kernel
     FLASHRT_SMEM_GEMM=1             ask for the shared-memory (TMA, Gluon) decoder GEMM candidates (smem_gemm)
+    FLASHRT_DISABLE_PREFIX_ATTENTION_TUNING=1  the prefix attention runs the mqa implementation, unmeasured
 
 The same switches exist as `EngineOptions` fields; environment variables win over the fields.
 """
@@ -56,6 +57,7 @@ class Op(str, enum.Enum):
     DECODER_TUNING = "decoder_tuning"  # how the decoder GEMMs' launch configurations are picked at load
     FP8_INPUT_QUANT = "fp8_input_quant"  # who quantizes a per-tensor FP8 down GEMM's input: the GeGLU kernel or its own
     SMEM_GEMM = "smem_gemm"          # decoder GEMMs that stage their weights in shared memory before the PDL wait
+    PREFIX_ATTENTION = "prefix_attention"  # the backbone's attention: the mqa kernel, or the faster of it and SDPA
 
 
 class Switch(str, enum.Enum):
@@ -74,6 +76,7 @@ class Switch(str, enum.Enum):
     PDL_EARLY_TRIGGER = "PDL_EARLY_TRIGGER"  # PDL kernels let the next kernel launch at their start (needs asking)
     FP8_FUSED_QUANT = "FP8_FUSED_QUANT"  # the GeGLU kernel writes the FP8 input of the down GEMM
     SMEM_GEMM = "SMEM_GEMM"              # the TMA / shared-memory decoder GEMM candidates (also needs asking for)
+    PREFIX_ATTENTION_TUNING = "PREFIX_ATTENTION_TUNING"  # the prefix attention picked by its time at load
 
 
 # Which wide GEMMs FP8 serves: every vision and backbone GEMM, the backbone only, or only the backbone's MLP
@@ -104,6 +107,7 @@ class EngineOptions:
     pdl_early_trigger: bool = False          # opt-in: PDL kernels release the next kernel at their start
     fp8_fused_quant: bool = True             # FP8 path: the GeGLU kernel quantizes the down GEMM's input
     smem_gemm: bool = False                  # opt-in, not yet run on a GPU: kernels/smem_gemm.py GEMM candidates
+    prefix_attention_tuning: bool = True     # the prefix attention: the mqa kernel or SDPA, whichever is faster
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -141,6 +145,7 @@ class EngineOptions:
             Switch.PDL_EARLY_TRIGGER: self.pdl_early_trigger,
             Switch.FP8_FUSED_QUANT: self.fp8_fused_quant,
             Switch.SMEM_GEMM: self.smem_gemm,
+            Switch.PREFIX_ATTENTION_TUNING: self.prefix_attention_tuning,
         }[switch]
 
     @classmethod
@@ -165,7 +170,8 @@ class EngineOptions:
                          (Switch.WEIGHT_PREFETCH, "weight_prefetch"),
                          (Switch.FP8_DECODER_WEIGHTS, "fp8_decoder_weights"),
                          (Switch.CHAIN_TUNING, "chain_tuning"), (Switch.PDL_EARLY_TRIGGER, "pdl_early_trigger"),
-                         (Switch.FP8_FUSED_QUANT, "fp8_fused_quant"), (Switch.SMEM_GEMM, "smem_gemm")):
+                         (Switch.FP8_FUSED_QUANT, "fp8_fused_quant"), (Switch.SMEM_GEMM, "smem_gemm"),
+                         (Switch.PREFIX_ATTENTION_TUNING, "prefix_attention_tuning")):
             if flag(f"FLASHRT_DISABLE_{sw.value}"):
                 changes[attr] = False
         for name, attr in (("FLASHRT_FP8", "fp8"), ("FLASHRT_L2_PREFETCH", "l2_prefetch"),    # opt-ins; a
@@ -357,6 +363,15 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "offered to the decoder GEMM tuning beside the Triton and library GEMMs (NVIDIA sm90+); only when "
                   "asked: written without a GPU, not yet run on one"),
         Candidate("none", _ALWAYS, "the decoder GEMM tuning picks among the Triton and library GEMMs"),
+    ),
+    Op.PREFIX_ATTENTION: (
+        Candidate("measured", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.FLASH_ATTENTION)
+                  and o.switch_on(Switch.PREFIX_ATTENTION_TUNING),
+                  "at load, the prefix attention (bidirectional, one K/V head, key-padding mask) is timed as the mqa "
+                  "kernel (heads stacked on the query axis, key splits + merge) and as torch SDPA (enable_gqa, "
+                  "boolean key mask, torch's fused backend), graph-captured at the 2-view prefix length; the "
+                  "faster runs"),
+        Candidate("mqa", _ALWAYS, "the mqa implementation (Op.MQA), as the denoiser's attention"),
     ),
 }
 

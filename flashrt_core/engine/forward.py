@@ -119,8 +119,8 @@ def prefix(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor
         ops.qkv_rope(qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i], 0, heads, 1, dh ** -0.5)
         if layer.o is None:     # last layer: its K/V are all the denoiser needs
             break
-        attn = ops.mqa(q.view(P * heads, dh), ws.k_cache[i, 0, :P], ws.v_cache[i, 0, :P], mask, 1.0)  # (P*H, Dh)
-        o = ops.linear(attn.view(P, heads * dh), layer.o)
+        attn = ops.prefix_attention(q, ws.k_cache[i, 0, :P], ws.v_cache[i, 0, :P], mask)         # (P, H*Dh)
+        o = ops.linear(attn, layer.o)
         ops.norm(o, residual, y, layer.norm2, None, g.eps)
         x = ops.mlp_down(ops.linear(y, layer.gate_up), layer.down)
     return key_bias, valid.sum().view(1)

@@ -131,6 +131,11 @@ class EngineExecutor:
                 log.info("decoder GEMMs in the denoiser: %s, launch policy %s (ms per denoise: %s)",
                          {k: str(v) for k, v in self.ops.decoder_impl.items()}, self.ops.launch_policy,
                          self.decoder_chain_timings)
+        if device.type == "cuda" and dispatch[Op.PREFIX_ATTENTION] == "measured":
+            P = min(2, len(config.view_names)) * config.vision.num_patches + self.text_buckets[0]
+            g = config.paligemma
+            times = self.ops.tune_prefix_attention(P, g.num_heads, g.head_dim, dtype, device, g.depth - 1)
+            log.info("prefix attention: %s (us per layer at %d keys: %s)", self.ops.prefix_attention_impl, P, times)
         self._entries: dict[tuple, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graph else None
         self.capture_seconds: dict[tuple, float] = {}

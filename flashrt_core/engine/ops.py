@@ -6,6 +6,7 @@ from flashrt_kernels), so the forward in forward.py never branches on hardware.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -14,6 +15,8 @@ import torch.nn.functional as F
 from .dispatch import Dispatch, Op
 from .kernel_import import load_kernels
 from .weights import Linear
+
+log = logging.getLogger(__name__)
 
 # Additive mask value for keys a query may not see: finite, so a row never becomes NaN.
 MASKED = -1e30
@@ -37,6 +40,10 @@ class SkinnyConfig:
 
     def __str__(self) -> str:
         return f"triton(n{self.block_n},k{self.block_k},s{self.split_k},st{self.stages},w{self.warps})"
+
+
+# The prefix attention's implementations (Ops.prefix_attention), timed at load by tune_prefix_attention.
+PREFIX_ATTENTION_IMPLS = ("mqa", "sdpa_gqa", "sdpa_expand", "sdpa_repeat")
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,12 @@ class KeyMask:
     heads: int
     _dense: dict = field(default_factory=dict)
 
+    def key_valid(self) -> torch.Tensor:
+        """(P,) bool: the prefix keys every query may see (the key-padding mask of the prefix attention)."""
+        if "valid" not in self._dense:
+            self._dense["valid"] = self.bias[:self.prefix_len] == 0
+        return self._dense["valid"]
+
     def dense(self, rows: int, keys: int, dtype: torch.dtype) -> torch.Tensor:
         """(rows, keys) additive mask, finite (MASKED) so no row can become NaN."""
         if (rows, keys) not in self._dense:
@@ -151,6 +164,9 @@ class Ops:
         self._euler_triton = triton(Op.EULER)
         self._fp8_fused_quant = dispatch[Op.FP8_INPUT_QUANT] == "fused"
         self.smem_gemm = dispatch[Op.SMEM_GEMM] == "tma"          # kernels/smem_gemm.py joins the GEMM candidates
+        # the prefix's attention: "mqa" (the Op.MQA implementation) until tune_prefix_attention measures otherwise
+        self.prefix_attention_impl = "mqa"
+        self.prefix_attention_timings: dict[str, float] = {}
         # every Triton launch below passes a launch mode: False (stream order), 1 (PDL) or EARLY_TRIGGER (PDL, the
         # kernel releases the next one at its start) where its site is in early_sites (launch_mode)
         self.pdl = 1 if dispatch[Op.KERNEL_LAUNCH] in ("pdl", "pdl_early") else False
@@ -415,6 +431,53 @@ class Ops:
                                                   attn_mask=dense[None, None], scale=scale)[0, 0]
         logits = (q.float() @ k.float().T) * scale + dense.float()          # (Mq, L) fp32
         return torch.softmax(logits, dim=-1).to(v.dtype) @ v
+
+    def prefix_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: KeyMask,
+                         impl: str | None = None) -> torch.Tensor:
+        """The prefix's bidirectional one-KV-head attention: q (P, H, Dh) (RoPE and scale applied), k / v (P, Dh),
+        keys masked by mask.key_valid() -> (P, H * Dh), the O projection's input.
+        impl "mqa": ops.mqa with the heads stacked on the query axis (kernels/attention.py with mqa=triton);
+        "sdpa_gqa" / "sdpa_expand" / "sdpa_repeat": torch's scaled_dot_product_attention over (1, H, P, Dh) with a
+        boolean key mask, the one K/V head shared by enable_gqa, by a stride-0 view, or by a copy per head: which
+        of torch's fused backends accepts which form differs, so the tuning times all three.
+        None: the choice of tune_prefix_attention."""
+        P, H, Dh = q.shape
+        impl = impl or self.prefix_attention_impl
+        if impl.startswith("sdpa"):
+            kk, vv = k[None, None], v[None, None]                                          # (1, 1, P, Dh)
+            if impl != "sdpa_gqa":
+                kk, vv = kk.expand(1, H, P, Dh), vv.expand(1, H, P, Dh)
+                if impl == "sdpa_repeat":
+                    kk, vv = kk.contiguous(), vv.contiguous()
+            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kk, vv,
+                                                 attn_mask=mask.key_valid()[None, None, None, :], scale=1.0,
+                                                 enable_gqa=impl == "sdpa_gqa")                   # (1, H, P, Dh)
+            return out[0].transpose(0, 1).reshape(P, H * Dh)
+        return self.mqa(q.view(P * H, Dh), k, v, mask, 1.0).view(P, H * Dh)
+
+    def tune_prefix_attention(self, P: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                              layers: int, reps: int = 3) -> dict[str, float]:
+        """Time the prefix attention's implementations at P keys (graph-captured, `layers` calls per pass, as the
+        backbone runs them) on random inputs with the last eighth of the keys masked, and keep the faster.
+        An implementation that cannot run here (e.g. no fused SDPA backend for these shapes) is left out.
+        Returns {impl: us per call}."""
+        g = torch.Generator(device=device).manual_seed(0)
+        q = torch.randn(P, heads, head_dim, device=device, dtype=dtype, generator=g)
+        k = torch.randn(P, head_dim, device=device, dtype=dtype, generator=g)
+        v = torch.randn(P, head_dim, device=device, dtype=dtype, generator=g)
+        bias = torch.zeros(P, device=device)
+        bias[P - P // 8:] = float("-inf")
+        mask = KeyMask(bias, P, None, heads)
+        times = {}
+        for impl in PREFIX_ATTENTION_IMPLS:
+            try:
+                times[impl] = self._graph_time_us(lambda: [self.prefix_attention(q, k, v, mask, impl)
+                                                           for _ in range(layers)], reps) / layers
+            except RuntimeError as err:          # no kernel for this configuration: not a candidate here
+                log.info("prefix attention %s cannot run at P=%d: %s", impl, P, err)
+        self.prefix_attention_impl = min(times, key=times.get)
+        self.prefix_attention_timings = times
+        return times
 
     # ---------------------------------------------------------------------------------------------- flow
     def euler(self, x: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, dt: float) -> None:

@@ -236,3 +236,14 @@ def test_fp8_input_quant_is_fused_with_triton_and_has_its_switch(monkeypatch):
     assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_FP8_FUSED_QUANT=1))[Op.FP8_INPUT_QUANT] == "separate"
     assert resolve(detect_hardware("sm90"), EngineOptions(triton=False))[Op.FP8_INPUT_QUANT] == "separate"
     assert resolve(CPU, EngineOptions(fp8=True))[Op.FP8_INPUT_QUANT] == "separate"
+
+
+def test_prefix_attention_is_measured_with_triton_and_has_its_switch(monkeypatch):
+    import flashrt_core.engine.kernel_import as ki
+    monkeypatch.setattr(ki, "triton_available", lambda: True)
+    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.PREFIX_ATTENTION] == "measured"
+    assert resolve(detect_hardware("gfx942"), EngineOptions())[Op.PREFIX_ATTENTION] == "measured"
+    off = _env(FLASHRT_DISABLE_PREFIX_ATTENTION_TUNING=1)
+    assert resolve(detect_hardware("sm90"), off)[Op.PREFIX_ATTENTION] == "mqa"
+    assert resolve(detect_hardware("sm90"), EngineOptions(flash_attention=False))[Op.PREFIX_ATTENTION] == "mqa"
+    assert resolve(CPU, EngineOptions())[Op.PREFIX_ATTENTION] == "mqa"

@@ -89,13 +89,15 @@ def test_l2_prefetch_changes_no_result():
     torch.cuda.empty_cache()
 
 
-@pytest.mark.parametrize("switch", ["rope_in_attention", "gemm_epilogue", "weight_prefetch", "fp8_fused_quant"])
+@pytest.mark.parametrize("switch", ["rope_in_attention", "gemm_epilogue", "weight_prefetch", "fp8_fused_quant",
+                                    "prefix_attention_tuning"])
 def test_fusion_switch_keeps_the_actions(switch):
     """Full-size pi0.5, the graph engine with one switch at its default and flipped: the fusion moves work between
     kernels (RoPE into the attention; bias + GELU into the fc1 GEMM's epilogue; the FP8 quantization of the down
-    GEMM's input into the GeGLU kernel, FP8 engines) or only when bytes arrive (the weight prefetch; the GEMM
-    tuning may then pick other configurations), so the actions agree to bf16 rounding (one FP8 step on a few
-    values for the quantization), far inside the accuracy gate, and the switch really changes the dispatch."""
+    GEMM's input into the GeGLU kernel, FP8 engines; the prefix attention to SDPA where it measured faster) or
+    only when bytes arrive (the weight prefetch; the GEMM tuning may then pick other configurations), so the
+    actions agree to bf16 rounding (one FP8 step on a few values for the quantization), far inside the accuracy
+    gate, and the switch really changes the dispatch."""
     cfg = get_config("pi05")
     model = load_model_weights(_checkpoint("pi05"), cfg, "cuda", torch.bfloat16)
     fp8 = switch == "fp8_fused_quant"
@@ -103,7 +105,7 @@ def test_fusion_switch_keeps_the_actions(switch):
     plain = build_executor(model, cfg, torch.device("cuda"), "auto",                 # the switch flipped
                            EngineOptions(fp8=fp8, **{switch: not getattr(EngineOptions(), switch)}))
     op = {"rope_in_attention": "decoder_qkv", "gemm_epilogue": "vision_gelu", "weight_prefetch": "weight_prefetch",
-          "fp8_fused_quant": "fp8_input_quant"}[switch]
+          "fp8_fused_quant": "fp8_input_quant", "prefix_attention_tuning": "prefix_attention"}[switch]
     assert fused.dispatch.summary() != plain.dispatch.summary(), op
     for seed in range(2):
         obs = random_observation(cfg, np.random.default_rng(seed), views=2, n_text=20 + seed, vocab=1024)

@@ -37,7 +37,7 @@ def _triton_dispatch(decoder_qkv: str, fp8_weights: bool):
               Op.KERNEL_LAUNCH: "pdl", Op.L2_PREFETCH: "none", Op.WEIGHT_PREFETCH: "none",
               Op.DECODER_WEIGHTS: "fp8" if fp8_weights else "bf16", Op.VISION_GELU: "separate",
               Op.DECODER_TUNING: "isolated", Op.FP8_INPUT_QUANT: "fused",
-              Op.SMEM_GEMM: "none"}
+              Op.SMEM_GEMM: "none", Op.PREFIX_ATTENTION: "mqa"}
     assert set(choice) == set(Op), "every op needs a choice here"
     return Dispatch(detect_hardware("sm90"), EngineOptions(text_buckets=(16, 32)), choice)
 
