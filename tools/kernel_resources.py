@@ -134,6 +134,9 @@ def attention_configs() -> list[KernelConfig]:
                 add(f"{path} ({model}, {rows} rows, {views} views)", launch)
         add(f"prefix attention ({views} views)", attn.split_launch(prefix * heads, prefix, prefix, dh, False, False,
                                                                      True))
+        for splits in (1, 4):          # the prefix attention's other candidates (ops.PREFIX_ATTENTION_IMPLS)
+            add(f"prefix attention ({views} views, {splits} key splits)",
+                attn.split_launch(prefix * heads, prefix, prefix, dh, False, False, True, splits))
     return list(configs.values())
 
 

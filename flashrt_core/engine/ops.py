@@ -43,7 +43,7 @@ class SkinnyConfig:
 
 
 # The prefix attention's implementations (Ops.prefix_attention), timed at load by tune_prefix_attention.
-PREFIX_ATTENTION_IMPLS = ("mqa", "sdpa_gqa", "sdpa_expand", "sdpa_repeat")
+PREFIX_ATTENTION_IMPLS = ("mqa", "mqa_split1", "mqa_split4", "sdpa_gqa", "sdpa_expand", "sdpa_repeat")
 
 
 @dataclass(frozen=True)
@@ -419,12 +419,13 @@ class Ops:
         return torch.softmax(logits, dim=-1).to(v.dtype) @ v
 
     def mqa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: KeyMask, scale: float,
-            site: str = "other") -> torch.Tensor:
-        """One-KV-head attention, heads stacked on the query axis. q: (Mq, Dh), k/v: (L, Dh) -> (Mq, Dh)."""
+            site: str = "other", splits: int | None = None) -> torch.Tensor:
+        """One-KV-head attention, heads stacked on the query axis. q: (Mq, Dh), k/v: (L, Dh) -> (Mq, Dh).
+        splits: key splits of the Triton kernel (None: its plan); the other implementations ignore it."""
         if self._mqa == "triton":
             out = torch.empty_like(q)
             return self.k.attention(q, k, v, mask.bias, mask.prefix_len, mask.visible, mask.heads, scale, out,
-                                    pdl=self.launch_mode(site), key_block=self.key_block)
+                                    splits=splits, pdl=self.launch_mode(site), key_block=self.key_block)
         dense = mask.dense(q.shape[0], k.shape[0], q.dtype)                 # (Mq, L)
         if self._mqa == "sdpa":
             return F.scaled_dot_product_attention(q[None, None], k[None, None], v[None, None],
@@ -436,7 +437,9 @@ class Ops:
                          impl: str | None = None) -> torch.Tensor:
         """The prefix's bidirectional one-KV-head attention: q (P, H, Dh) (RoPE and scale applied), k / v (P, Dh),
         keys masked by mask.key_valid() -> (P, H * Dh), the O projection's input.
-        impl "mqa": ops.mqa with the heads stacked on the query axis (kernels/attention.py with mqa=triton);
+        impl "mqa": ops.mqa with the heads stacked on the query axis (kernels/attention.py with mqa=triton; the
+        plan splits the keys in two at the prefix's 4,608-9,216 query rows and merges); "mqa_split1" / "mqa_split4":
+        the same kernel with one key split (no merge) or four;
         "sdpa_gqa" / "sdpa_expand" / "sdpa_repeat": torch's scaled_dot_product_attention over (1, H, P, Dh) with a
         boolean key mask, the one K/V head shared by enable_gqa, by a stride-0 view, or by a copy per head: which
         of torch's fused backends accepts which form differs, so the tuning times all three.
@@ -453,7 +456,8 @@ class Ops:
                                                  attn_mask=mask.key_valid()[None, None, None, :], scale=1.0,
                                                  enable_gqa=impl == "sdpa_gqa")                   # (1, H, P, Dh)
             return out[0].transpose(0, 1).reshape(P, H * Dh)
-        return self.mqa(q.view(P * H, Dh), k, v, mask, 1.0).view(P, H * Dh)
+        splits = {"mqa": None, "mqa_split1": 1, "mqa_split4": 4}[impl]
+        return self.mqa(q.view(P * H, Dh), k, v, mask, 1.0, splits=splits).view(P, H * Dh)
 
     def tune_prefix_attention(self, P: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
                               layers: int, reps: int = 3) -> dict[str, float]:

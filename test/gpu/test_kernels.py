@@ -184,6 +184,8 @@ ATTN_DTYPE = torch.float32 if INTERPRET else torch.bfloat16
 
 @pytest.mark.parametrize("tokens,prefix,suffix_visible,splits", [
     (PREFIX_ROWS, PREFIX_ROWS, None, None),              # prefix: bidirectional over valid prefix keys
+    (PREFIX_ROWS, PREFIX_ROWS, None, 1),                 # the prefix attention's other candidates
+    (PREFIX_ROWS, PREFIX_ROWS, None, 4),
     (DECODER_ROWS[0], PREFIX_ROWS, "all", None),         # pi0.5 denoise step: prefix + all suffix keys
     (DECODER_ROWS[-1], PREFIX_ROWS, "pi0", None),        # pi0: the state token sees only itself in the suffix
     (DECODER_ROWS[0], 150, "all", 3),                    # several splits merged by the combine kernel
