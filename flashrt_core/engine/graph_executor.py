@@ -195,8 +195,12 @@ class EngineExecutor:
                 continue
             times = {}
             for impl in candidates:
+                if str(impl) in ops.decoder_failures.get(kind, {}):
+                    continue
                 ops.decoder_impl[kind] = impl
-                times[impl] = denoise_ms()
+                ms = ops.time_candidate(kind, impl, denoise_ms)
+                if ms is not None:
+                    times[impl] = ms
             ops.decoder_impl[kind] = min(times, key=times.get)
             timings[kind] = {str(k): v for k, v in times.items()}
         return timings

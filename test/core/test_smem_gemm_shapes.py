@@ -33,3 +33,21 @@ def test_what_the_kernel_cannot_do_is_refused():
     assert not smem_gemm_supported(10, 8192, 1024, True, 2)            # GeGLU needs the whole K in one program
     assert not smem_gemm_supported(10, 1000, 1024, False, 1)           # not whole 64-row weight tiles
     assert not smem_gemm_supported(10, 1024, 4096, False, 1)           # 4096-wide slice: 640 KB of shared memory
+
+
+def test_tuning_leaves_out_a_shared_memory_gemm_that_cannot_run_and_raises_for_others():
+    """The opt-in Gluon GEMM has not run on every GPU: a compile or launch error of it drops that candidate from
+    the load-time tuning with the reason recorded; the same error from a default candidate still stops the build."""
+    from flashrt_core.engine.dispatch import EngineOptions, resolve
+    from flashrt_core.engine.hardware import CPU
+    from flashrt_core.engine.ops import Ops, SkinnyConfig, SmemConfig
+
+    ops = Ops(resolve(CPU, EngineOptions()))
+
+    def broken():
+        raise RuntimeError("PassManager::run failed")
+    assert ops.time_candidate("gate_up", SmemConfig(1), broken) is None
+    assert "PassManager" in ops.decoder_failures["gate_up"]["gluon_smem(s1)"]
+    assert ops.time_candidate("gate_up", SmemConfig(1), lambda: 4.5) == 4.5
+    with pytest.raises(RuntimeError, match="PassManager"):
+        ops.time_candidate("gate_up", SkinnyConfig(32, 128, 1, 4), broken)
