@@ -140,21 +140,23 @@ def attention_configs() -> list[KernelConfig]:
     return list(configs.values())
 
 
-def skinny_configs() -> list[KernelConfig]:
-    """Every decoder GEMM candidate of the load-time tuning (ops.SKINNY_CANDIDATES) at the expert's K, 16 rows,
-    with bf16 weights and with weight-only FP8 (E4M3 OCP) weights."""
+def skinny_configs(block_m: int | None = 16) -> list[KernelConfig]:
+    """Every decoder GEMM candidate of the load-time tuning (ops.SKINNY_CANDIDATES) at the expert's K, with bf16
+    weights and with weight-only FP8 (E4M3 OCP) weights; row tiles of block_m (16: the 10-16-row steps of horizon
+    10), or None: the largest tile each candidate serves (64 rows for a candidate allowed 17-64 rows, horizon 50)."""
     from flashrt_core.engine.ops import SKINNY_CANDIDATES
     skinny = _kernels_module("skinny_gemm")
     out = []
     for fp8 in (False, True):
         for kind, candidates in SKINNY_CANDIDATES.items():
             for c in candidates:
+                tile = block_m or (16 if c.max_rows <= 16 else 32 if c.max_rows <= 32 else 64)
                 ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": kind == "gate_up", "SPLIT_K": c.split_k,
-                      "KGELU": skinny._K_GELU, "BLOCK_M": 16, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k,
+                      "KGELU": skinny._K_GELU, "BLOCK_M": tile, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k,
                       "PDL": True, "PREFETCH_SLOTS": 0, "OWN_PREFETCH": False, "W_SCALED": fp8}
                 signature = dict(SKINNY_SIGNATURE, y_ptr="*fp32" if c.split_k > 1 else "*bf16",
                                  w_ptr="*fp8e4nv" if fp8 else "*bf16")
-                out.append(KernelConfig(f"skinny GEMM {kind}{' fp8 weights' if fp8 else ''} {c}",
+                out.append(KernelConfig(f"skinny GEMM {kind}{' fp8 weights' if fp8 else ''} {c} ({tile}-row tile)",
                                         skinny._skinny_kernel, signature, ce, c.warps, c.stages, SKINNY_DIVISIBLE))
     return out
 

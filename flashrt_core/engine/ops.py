@@ -18,6 +18,12 @@ from .weights import Linear
 
 log = logging.getLogger(__name__)
 
+try:
+    from triton.runtime.errors import OutOfResources
+    _OUT_OF_RESOURCES: tuple[type[BaseException], ...] = (OutOfResources,)
+except ImportError:                     # no Triton: no Triton candidate is ever timed
+    _OUT_OF_RESOURCES = ()
+
 # Additive mask value for keys a query may not see: finite, so a row never becomes NaN.
 MASKED = -1e30
 
@@ -37,6 +43,7 @@ class SkinnyConfig:
     split_k: int
     stages: int
     warps: int = 4
+    max_rows: int = 64          # rows it serves: deep stages of wide tiles overflow shared memory with 64-row tiles
 
     def __str__(self) -> str:
         return f"triton(n{self.block_n},k{self.block_k},s{self.split_k},st{self.stages},w{self.warps})"
@@ -69,12 +76,13 @@ SMEM_CANDIDATES = {"qkv": [SmemConfig(1)], "gate_up": [SmemConfig(1)], "o": [Sme
 # The K loops stage their weight tiles through shared memory (cp.async), `stages` deep: the deeper candidates of
 # qkv and gate_up (up to 140 KB of a program's 128-256 KB slice in flight, no spills: tools/kernel_resources.py)
 # are there for the chain tuning to weigh against the ~6 us the gate/up GEMM takes in the denoiser (session 6).
+# Two of them need 256 KB of shared memory with the 64-row x tiles of 17-64 rows (h50), so they serve 16 rows at most.
 SKINNY_CANDIDATES = {
     "qkv": [SkinnyConfig(16, 256, 1, 4), SkinnyConfig(16, 128, 1, 6), SkinnyConfig(32, 128, 1, 4),
             SkinnyConfig(16, 1024, 1, 1, 4), SkinnyConfig(32, 128, 1, 6), SkinnyConfig(16, 128, 1, 8)],
     "gate_up": [SkinnyConfig(16, 256, 1, 4), SkinnyConfig(16, 128, 1, 6), SkinnyConfig(32, 128, 1, 4),
-                SkinnyConfig(32, 128, 1, 6), SkinnyConfig(32, 128, 1, 8), SkinnyConfig(32, 256, 1, 4),
-                SkinnyConfig(16, 128, 1, 8)],
+                SkinnyConfig(32, 128, 1, 6), SkinnyConfig(32, 128, 1, 8, max_rows=16),
+                SkinnyConfig(32, 256, 1, 4, max_rows=16), SkinnyConfig(16, 128, 1, 8)],
     "o": [SkinnyConfig(16, 256, 2, 4), SkinnyConfig(16, 128, 4, 4), SkinnyConfig(32, 128, 4, 4),
           SkinnyConfig(16, 1024, 2, 1, 4), SkinnyConfig(16, 512, 4, 1, 4)],
     "down": [SkinnyConfig(16, 256, 4, 4), SkinnyConfig(16, 128, 8, 4), SkinnyConfig(32, 128, 8, 4),
@@ -262,7 +270,7 @@ class Ops:
                 and (x.is_cuda or self.k.INTERPRETED) and x.shape[1] % k_step == 0)
 
     def _skinny_ok(self, x: torch.Tensor, lin: Linear, cfg: SkinnyConfig) -> bool:
-        return self._few_rows_gemm_ok(x, lin, cfg.split_k * cfg.block_k)
+        return x.shape[0] <= cfg.max_rows and self._few_rows_gemm_ok(x, lin, cfg.split_k * cfg.block_k)
 
     def _smem_ok(self, x: torch.Tensor, lin: Linear, kind: str, cfg: SmemConfig) -> bool:
         """kernels/smem_gemm.py's conditions: bf16 weights (not the FP8 copy), a contiguous bf16 x on the GPU."""
@@ -368,14 +376,19 @@ class Ops:
         return candidates
 
     def time_candidate(self, kind: str, impl, measure) -> float | None:
-        """measure() for one tuning candidate. The opt-in shared-memory GEMMs (SmemConfig, not yet run on every
-        GPU) that fail to compile or launch here are left out with a warning, recorded in decoder_failures;
-        any other candidate's failure is raised."""
-        if not isinstance(impl, SmemConfig):
-            return measure()
+        """measure() for one tuning candidate. A candidate that needs more shared memory or registers than this
+        GPU has (Triton's OutOfResources), and an opt-in shared-memory GEMM (SmemConfig, not yet run on every GPU)
+        that fails to compile or launch, is left out and recorded in decoder_failures; any other failure is
+        raised."""
         try:
             return measure()
+        except _OUT_OF_RESOURCES as err:      # more shared memory or registers than this GPU has: not a candidate
+            log.info("decoder GEMM candidate %s for %s does not fit this GPU, left out: %s", impl, kind, err)
+            self.decoder_failures.setdefault(kind, {})[str(impl)] = repr(err)
+            return None
         except Exception as err:  # noqa: BLE001  a Gluon compile or launch error: this candidate cannot run here
+            if not isinstance(impl, SmemConfig):
+                raise
             log.warning("decoder GEMM candidate %s for %s cannot run here, left out: %s", impl, kind, err)
             self.decoder_failures.setdefault(kind, {})[str(impl)] = repr(err)
             return None

@@ -51,3 +51,17 @@ def test_tuning_leaves_out_a_shared_memory_gemm_that_cannot_run_and_raises_for_o
     assert ops.time_candidate("gate_up", SmemConfig(1), lambda: 4.5) == 4.5
     with pytest.raises(RuntimeError, match="PassManager"):
         ops.time_candidate("gate_up", SkinnyConfig(32, 128, 1, 4), broken)
+
+
+def test_tuning_leaves_out_a_candidate_that_does_not_fit_the_gpu():
+    triton_errors = pytest.importorskip("triton.runtime.errors")
+    from flashrt_core.engine.dispatch import EngineOptions, resolve
+    from flashrt_core.engine.hardware import CPU
+    from flashrt_core.engine.ops import Ops, SkinnyConfig
+
+    ops = Ops(resolve(CPU, EngineOptions()))
+
+    def too_big():
+        raise triton_errors.OutOfResources(262144, 232448, "shared memory")
+    assert ops.time_candidate("gate_up", SkinnyConfig(32, 128, 1, 8), too_big) is None
+    assert "shared memory" in ops.decoder_failures["gate_up"]["triton(n32,k128,s1,st8,w4)"]
