@@ -27,6 +27,8 @@ pytestmark = pytest.mark.gpu
 GATE_OBSERVATIONS = 3
 REPLAY_ATOL = 0.0  # the same kernels on the same inputs: bitwise equal
 FUSION_COSINE = 0.99995  # a fusion on vs off: same math, bf16 roundings in other places (gate: 0.999 vs fp32)
+FUSION_COSINE_FP8 = 0.9995  # the FP8 quantization moved into GeGLU: a few down-GEMM inputs land one E4M3 step away
+                            # (no bf16 rounding before quantizing), far inside the FP8 gate (0.998 vs fp32)
 
 
 def _checkpoint(name: str) -> Path:
@@ -110,7 +112,8 @@ def test_fusion_switch_keeps_the_actions(switch):
     for seed in range(2):
         obs = random_observation(cfg, np.random.default_rng(seed), views=2, n_text=20 + seed, vocab=1024)
         args = (obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
-        assert cosine(fused.predict_observation(*args), plain.predict_observation(*args)) >= FUSION_COSINE
+        assert cosine(fused.predict_observation(*args), plain.predict_observation(*args)) >= \
+            (FUSION_COSINE_FP8 if fp8 else FUSION_COSINE)
     del fused, plain, model
     torch.cuda.empty_cache()
 
