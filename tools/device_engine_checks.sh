@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# The engine's open GPU checks, in two parts that each fit one device call (<= 10 minutes with the machine's start):
+# The engine's open GPU checks, in parts that each fit one device call (<= 10 minutes with the machine's start):
 #
-#   OUT=/path bash tools/device_engine_checks.sh tests   # every GPU test (test/gpu), ~5-6 minutes (pytest.log)
-#   OUT=/path bash tools/device_engine_checks.sh bench   # engine A/B rows + the critical path of one replay, ~5 min
-#   OUT=/path bash tools/device_engine_checks.sh         # both, when one call has the time
+#   OUT=/path bash tools/device_engine_checks.sh kernels      # GPU kernel tests + Policy GPU tests, ~3 min
+#   OUT=/path bash tools/device_engine_checks.sh engine-new   # engine tests of what never ran on a GPU, ~4 min
+#   OUT=/path bash tools/device_engine_checks.sh engine-rest  # the other engine tests (the gates), ~7 min
+#   OUT=/path bash tools/device_engine_checks.sh bench        # engine A/B rows + one replay's critical path, ~5 min
+#   OUT=/path bash tools/device_engine_checks.sh              # all four, where one call has the time
 #
-# tests: the kernels at real shapes (the deeper skinny GEMM candidates, the shared-memory TMA GEMM of
-#   kernels/smem_gemm.py, GeGLU with an FP8 out, both PDL modes), the accuracy gates of pi0.5 and pi0 with the chain
-#   tuning on (and pi0.5 with the TMA GEMMs forced), replay, the fusion switches, the chain tuning.
+# kernels: every kernel at real shapes (the deeper skinny GEMM candidates, the shared-memory TMA GEMM of
+#   kernels/smem_gemm.py and GeGLU with an FP8 out, never run on a GPU yet; both PDL modes) (pytest_kernels.log).
+# engine-new: what has never run on a GPU (the TMA GEMMs forced in a pi0.5 gate, the FP8 fused quantization and
+#   prefix attention switches, the chain tuning in both launch modes) (pytest_engine_new.log).
+# engine-rest: the rest of test_engine_gpu.py: the gates of pi0.5 and pi0 on the new defaults, replay, the other
+#   fusion switches (pytest_engine_rest.log).
 # bench: pi0.5 2 views h10, bf16 and FP8, beside the A/B rows of the chain tuning off, the prefix attention tuning
 #   off, the early PDL trigger, the TMA GEMMs (with and without the early trigger) and the FP8 fused quantization off
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
@@ -23,9 +28,21 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export FLASHRT_FULL_CKPT_ROOT="${FLASHRT_FULL_CKPT_ROOT:-/tmp/full}"
 PY="${FLASHRT_PYTHON:-python3}"
 
-if [ "$PART" = tests ] || [ "$PART" = all ]; then
-  timeout 420 "$PY" -m pytest -q test/gpu > "$OUT/pytest.log" 2>&1
-  echo "pytest rc=$?" >> "$OUT/pytest.log"
+NEW="smem_gemm or fp8_fused_quant or prefix_attention_tuning or chain_tuning"
+if [ "$PART" = kernels ] || [ "$PART" = all ]; then
+  timeout 400 "$PY" -m pytest -q test/gpu/test_kernels.py test/gpu/test_policy_gpu.py \
+    > "$OUT/pytest_kernels.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_kernels.log"
+fi
+
+if [ "$PART" = engine-new ] || [ "$PART" = all ]; then
+  timeout 480 "$PY" -m pytest -q test/gpu/test_engine_gpu.py -k "$NEW" > "$OUT/pytest_engine_new.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_engine_new.log"
+fi
+
+if [ "$PART" = engine-rest ] || [ "$PART" = all ]; then
+  timeout 520 "$PY" -m pytest -q test/gpu/test_engine_gpu.py -k "not ($NEW)" > "$OUT/pytest_engine_rest.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_engine_rest.log"
 fi
 
 if [ "$PART" = bench ] || [ "$PART" = all ]; then
@@ -39,7 +56,9 @@ if [ "$PART" = bench ] || [ "$PART" = all ]; then
 fi
 
 {
-  echo "== GPU tests"; tail -n 6 "$OUT/pytest.log" 2>/dev/null
+  for log in pytest_kernels pytest_engine_new pytest_engine_rest; do
+    [ -f "$OUT/$log.log" ] && { echo "== $log"; tail -n 6 "$OUT/$log.log"; }
+  done
   echo "== engine"; grep -hE '^\| pi05' "$OUT"/engine_device_checks_*.md 2>/dev/null || tail -n 5 "$OUT/engine.log"
   echo "== one denoising layer"
   grep -A12 "one denoising layer" "$OUT/timeline.log" 2>/dev/null || tail -n 5 "$OUT/timeline.log" 2>/dev/null
