@@ -61,6 +61,9 @@ class Op(str, enum.Enum):
 
 
 class Switch(str, enum.Enum):
+    """An optimization that can be turned off: FLASHRT_DISABLE_<value>=1, or the EngineOptions field named by the
+    value in lower case."""
+
     CUDA_GRAPH = "CUDA_GRAPH"            # capture predict as one graph
     TRITON = "TRITON"                    # fused Triton kernels
     FUSED_WEIGHTS = "FUSED_WEIGHTS"      # fold norm scales into GEMMs, merge QKV and gate/up
@@ -129,24 +132,8 @@ class EngineOptions:
                                  f"choices: {[c.name for c in TABLE[Op(op)]]}")
 
     def switch_on(self, switch: Switch) -> bool:
-        return self.fast_paths and {
-            Switch.CUDA_GRAPH: self.cuda_graph,
-            Switch.TRITON: self.triton,
-            Switch.FUSED_WEIGHTS: self.fused_weights,
-            Switch.FLASH_ATTENTION: self.flash_attention,
-            Switch.FP8: self.fp8,
-            Switch.PDL: self.pdl,
-            Switch.L2_PREFETCH: self.l2_prefetch,
-            Switch.ROPE_IN_ATTENTION: self.rope_in_attention,
-            Switch.GEMM_EPILOGUE: self.gemm_epilogue,
-            Switch.WEIGHT_PREFETCH: self.weight_prefetch,
-            Switch.FP8_DECODER_WEIGHTS: self.fp8_decoder_weights,
-            Switch.CHAIN_TUNING: self.chain_tuning,
-            Switch.PDL_EARLY_TRIGGER: self.pdl_early_trigger,
-            Switch.FP8_FUSED_QUANT: self.fp8_fused_quant,
-            Switch.SMEM_GEMM: self.smem_gemm,
-            Switch.PREFIX_ATTENTION_TUNING: self.prefix_attention_tuning,
-        }[switch]
+        """Whether an optimization is on: its field (the switch's name in lower case) and fast_paths."""
+        return self.fast_paths and getattr(self, switch.value.lower())
 
     @classmethod
     def from_env(cls, base: "EngineOptions | None" = None, env: Mapping[str, str] | None = None) -> "EngineOptions":
@@ -163,17 +150,9 @@ class EngineOptions:
             return raw == "1"
 
         changes: dict = {}
-        for sw, attr in ((Switch.CUDA_GRAPH, "cuda_graph"), (Switch.TRITON, "triton"),
-                         (Switch.FUSED_WEIGHTS, "fused_weights"), (Switch.FLASH_ATTENTION, "flash_attention"),
-                         (Switch.FP8, "fp8"), (Switch.PDL, "pdl"), (Switch.L2_PREFETCH, "l2_prefetch"),
-                         (Switch.ROPE_IN_ATTENTION, "rope_in_attention"), (Switch.GEMM_EPILOGUE, "gemm_epilogue"),
-                         (Switch.WEIGHT_PREFETCH, "weight_prefetch"),
-                         (Switch.FP8_DECODER_WEIGHTS, "fp8_decoder_weights"),
-                         (Switch.CHAIN_TUNING, "chain_tuning"), (Switch.PDL_EARLY_TRIGGER, "pdl_early_trigger"),
-                         (Switch.FP8_FUSED_QUANT, "fp8_fused_quant"), (Switch.SMEM_GEMM, "smem_gemm"),
-                         (Switch.PREFIX_ATTENTION_TUNING, "prefix_attention_tuning")):
+        for sw in Switch:                                  # FLASHRT_DISABLE_<SWITCH> -> the field <switch>
             if flag(f"FLASHRT_DISABLE_{sw.value}"):
-                changes[attr] = False
+                changes[sw.value.lower()] = False
         for name, attr in (("FLASHRT_FP8", "fp8"), ("FLASHRT_L2_PREFETCH", "l2_prefetch"),    # opt-ins; a
                            ("FLASHRT_WEIGHT_PREFETCH", "weight_prefetch"),                   # DISABLE wins
                            ("FLASHRT_FP8_DECODER_WEIGHTS", "fp8_decoder_weights"),

@@ -247,3 +247,14 @@ def test_prefix_attention_is_measured_with_triton_and_has_its_switch(monkeypatch
     assert resolve(detect_hardware("sm90"), off)[Op.PREFIX_ATTENTION] == "mqa"
     assert resolve(detect_hardware("sm90"), EngineOptions(flash_attention=False))[Op.PREFIX_ATTENTION] == "mqa"
     assert resolve(CPU, EngineOptions())[Op.PREFIX_ATTENTION] == "mqa"
+
+
+def test_every_switch_has_its_field_and_env_flag():
+    """A switch is its EngineOptions field (the name in lower case) and FLASHRT_DISABLE_<NAME>=1 turns it off."""
+    from flashrt_core.engine.dispatch import Switch
+    fields = EngineOptions.__dataclass_fields__
+    for sw in Switch:
+        assert fields[sw.value.lower()].type in ("bool", bool), sw
+        on = EngineOptions(**{sw.value.lower(): True})
+        assert on.switch_on(sw) and not EngineOptions(fast_paths=False, **{sw.value.lower(): True}).switch_on(sw)
+        assert not EngineOptions.from_env(on, env={f"FLASHRT_DISABLE_{sw.value}": "1"}).switch_on(sw)
