@@ -18,6 +18,7 @@ import math
 import torch
 
 from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
+from .fp8_quant import fp8_quant_reference
 
 _K = 2.0 * math.sqrt(2.0 / math.pi)
 
@@ -28,10 +29,7 @@ def geglu_reference(gu: torch.Tensor, inv_scale: torch.Tensor | None = None,
     product quantized to that dtype (per-tensor static scale)."""
     gate, up = gu.float().chunk(2, dim=-1)
     y = torch.nn.functional.gelu(gate, approximate="tanh") * up
-    if inv_scale is None:
-        return y.to(gu.dtype)
-    fmax = torch.finfo(dtype).max
-    return (y * inv_scale.float()).clamp(-fmax, fmax).to(dtype)
+    return y.to(gu.dtype) if inv_scale is None else fp8_quant_reference(y, inv_scale, dtype)
 
 
 @triton.jit

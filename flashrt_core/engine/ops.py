@@ -228,9 +228,14 @@ class Ops:
     def geglu(self, gu: torch.Tensor) -> torch.Tensor:
         """gu (M, 2F) -> gelu_tanh(gate) * up (M, F)."""
         if self._geglu_triton:
-            return self.k.geglu(gu, torch.empty(gu.shape[0], gu.shape[1] // 2, device=gu.device, dtype=gu.dtype),
-                                pdl=self.launch_mode("other"))
+            return self._triton_geglu(gu, gu.dtype)
         return self.k.geglu_reference(gu)
+
+    def _triton_geglu(self, gu: torch.Tensor, dtype: torch.dtype, inv_scale: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+        """kernels/geglu.py into a new (M, F) tensor of dtype (FP8 with inv_scale: quantized on the way out)."""
+        out = torch.empty(gu.shape[0], gu.shape[1] // 2, device=gu.device, dtype=dtype)
+        return self.k.geglu(gu, out, pdl=self.launch_mode("other"), inv_scale=inv_scale)
 
     def mlp_down(self, gu: torch.Tensor, lin: Linear) -> torch.Tensor:
         """down(gelu_tanh(gate) * up) of a merged gate/up output gu (M, 2F). When the down GEMM is FP8 with a static
@@ -238,9 +243,7 @@ class Ops:
         activation, no separate quantization pass)."""
         if self._fp8_fused_quant and self._geglu_triton and self.calibration is None and lin.fp8 is not None \
                 and lin.fp8.static_input:
-            xq = torch.empty(gu.shape[0], gu.shape[1] // 2, device=gu.device, dtype=lin.fp8.dtype)
-            self.k.geglu(gu, xq, pdl=self.launch_mode("other"), inv_scale=lin.fp8.x_inv)
-            return lin.fp8.matmul_quantized(xq)
+            return lin.fp8.matmul_quantized(self._triton_geglu(gu, lin.fp8.dtype, lin.fp8.x_inv))
         return self.linear(self.geglu(gu), lin)
 
     def linear(self, x: torch.Tensor, lin: Linear) -> torch.Tensor:
@@ -382,14 +385,10 @@ class Ops:
         raised."""
         try:
             return measure()
-        except _OUT_OF_RESOURCES as err:      # more shared memory or registers than this GPU has: not a candidate
-            log.info("decoder GEMM candidate %s for %s does not fit this GPU, left out: %s", impl, kind, err)
-            self.decoder_failures.setdefault(kind, {})[str(impl)] = repr(err)
-            return None
-        except Exception as err:  # noqa: BLE001  a Gluon compile or launch error: this candidate cannot run here
-            if not isinstance(impl, SmemConfig):
+        except Exception as err:  # noqa: BLE001  only the two kinds of failure below are a candidate's to have
+            if not (isinstance(err, _OUT_OF_RESOURCES) or isinstance(impl, SmemConfig)):
                 raise
-            log.warning("decoder GEMM candidate %s for %s cannot run here, left out: %s", impl, kind, err)
+            log.warning("decoder GEMM candidate %s for %s cannot run on this GPU, left out: %s", impl, kind, err)
             self.decoder_failures.setdefault(kind, {})[str(impl)] = repr(err)
             return None
 
