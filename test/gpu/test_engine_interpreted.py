@@ -68,17 +68,18 @@ def _engine(model, decoder_qkv: str, fp8_weights: bool = False):
     return engine
 
 
-def _count_triton_launches(engine, monkeypatch) -> dict:
-    """Count the Triton launchers the forward calls, by name (the PyTorch references are not counted)."""
-    calls = {}
+def _record_triton_launches(engine, monkeypatch) -> dict[str, list]:
+    """The Triton launchers the forward calls, by name: one entry per launch, its PDL mode (the `pdl` keyword).
+    The PyTorch references are not recorded."""
+    calls: dict[str, list] = {}
     for name in ("skinny_gemm", "decoder_attention", "attention", "qkv_rope", "ada_rms_norm", "residual_norm",
                  "euler", "geglu"):
         fn = getattr(engine.ops.k, name)
 
-        def counted(*args, _fn=fn, _name=name, **kwargs):
-            calls[_name] = calls.get(_name, 0) + 1
+        def recorded(*args, _fn=fn, _name=name, **kwargs):
+            calls.setdefault(_name, []).append(kwargs.get("pdl"))
             return _fn(*args, **kwargs)
-        monkeypatch.setattr(engine.ops.k, name, counted)
+        monkeypatch.setattr(engine.ops.k, name, recorded)
     return calls
 
 
@@ -86,11 +87,12 @@ def _count_triton_launches(engine, monkeypatch) -> dict:
 def test_engine_with_triton_kernels_matches_the_reference(model, decoder_qkv, monkeypatch):
     from test.core.test_engine_forward import _inputs, _reference
     engine = _engine(model, decoder_qkv)
-    calls = _count_triton_launches(engine, monkeypatch)
+    launches = _record_triton_launches(engine, monkeypatch)
     images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(2), 9, (0, 1))
     got = engine.predict_observation(images, tokens, mask, state, noise)
     want = _reference(model, images, tokens, mask, state, noise).numpy()
     np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
+    calls = {name: len(modes) for name, modes in launches.items()}
     steps, layers = len(engine.weights.dts), model.config.expert.depth
     assert calls.get("skinny_gemm", 0) == 4 * steps * layers                  # every expert GEMM ran in Triton
     if decoder_qkv == "rope_in_attention":
@@ -110,14 +112,7 @@ def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):
     from test.core.test_engine_forward import _inputs, _reference
     engine = _engine(model, "rope_in_attention")
     engine.ops.launch_policy, engine.ops.early_sites = "before_one_shot", LAUNCH_POLICIES["before_one_shot"]
-    modes: dict[str, list] = {}
-    for name in ("skinny_gemm", "decoder_attention", "ada_rms_norm", "residual_norm", "euler"):
-        fn = getattr(engine.ops.k, name)
-
-        def recorded(*args, _fn=fn, _name=name, **kwargs):
-            modes.setdefault(_name, []).append(kwargs.get("pdl"))
-            return _fn(*args, **kwargs)
-        monkeypatch.setattr(engine.ops.k, name, recorded)
+    modes = _record_triton_launches(engine, monkeypatch)
     images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(5), 9, (0, 1))
     got = engine.predict_observation(images, tokens, mask, state, noise)
     np.testing.assert_allclose(got, _reference(model, images, tokens, mask, state, noise).numpy(), atol=FP32_ATOL,
