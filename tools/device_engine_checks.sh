@@ -7,14 +7,14 @@
 #   OUT=/path bash tools/device_engine_checks.sh bench        # engine A/B rows + one replay's critical path, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh              # all four, where one call has the time
 #
-# kernels: every kernel at real shapes (the deeper skinny GEMM candidates, the shared-memory TMA GEMM of
-#   kernels/smem_gemm.py and GeGLU with an FP8 out, never run on a GPU yet; both PDL modes) (pytest_kernels.log).
-# engine-new: what has never run on a GPU (the TMA GEMMs forced in a pi0.5 gate, the FP8 fused quantization and
-#   prefix attention switches, the chain tuning in both launch modes) (pytest_engine_new.log).
-# engine-rest: the rest of test_engine_gpu.py: the gates of pi0.5 and pi0 on the new defaults, replay, the other
+# kernels: every kernel at real shapes (the skinny and shared-memory TMA GEMM candidates, GeGLU with an FP8 out;
+#   both PDL modes) (pytest_kernels.log).
+# engine-new: the latest defaults' own tests (the TMA GEMMs forced in a pi0.5 gate, the gate with them and the early
+#   PDL triggers off, the chain tuning in both launch modes) (pytest_engine_new.log).
+# engine-rest: the rest of test_engine_gpu.py: the gates of pi0.5 and pi0 on the defaults, replay, the other
 #   fusion switches (pytest_engine_rest.log).
-# bench: pi0.5 2 views h10, bf16 and FP8, beside the A/B rows of the chain tuning off, the prefix attention tuning
-#   off, the early PDL trigger, the TMA GEMMs (with and without the early trigger) and the FP8 fused quantization off
+# bench: pi0.5 2 views h10, bf16 and FP8, beside the A/B rows of the TMA GEMMs off, the early PDL triggers off, both
+#   off, the chain tuning off, the prefix attention tuning off, and FP8 without the TMA GEMMs
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
 #   (timeline.json, timeline.log).
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
@@ -28,7 +28,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export FLASHRT_FULL_CKPT_ROOT="${FLASHRT_FULL_CKPT_ROOT:-/tmp/full}"
 PY="${FLASHRT_PYTHON:-python3}"
 
-NEW="smem_gemm or fp8_fused_quant or prefix_attention_tuning or chain_tuning"
+NEW="smem_gemm or chain_tuning"
 if [ "$PART" = kernels ] || [ "$PART" = all ]; then
   timeout 400 "$PY" -m pytest -q test/gpu/test_kernels.py test/gpu/test_policy_gpu.py \
     > "$OUT/pytest_kernels.log" 2>&1
@@ -48,9 +48,9 @@ fi
 if [ "$PART" = bench ] || [ "$PART" = all ]; then
   timeout 300 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate \
-    --ab-options with_pdl_early_trigger with_smem_gemm with_smem_gemm-with_pdl_early_trigger \
-    --ab-switches-off chain_tuning prefix_attention_tuning \
-    --ab-fp8-switches-off fp8_fused_quant --out-dir "$OUT" --tag device_checks > "$OUT/engine.log" 2>&1
+    --ab-options no_smem_gemm-no_pdl_early_trigger \
+    --ab-switches-off smem_gemm pdl_early_trigger chain_tuning prefix_attention_tuning \
+    --ab-fp8-switches-off smem_gemm --out-dir "$OUT" --tag device_checks > "$OUT/engine.log" 2>&1
   timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \
     --views 2 --out "$OUT/timeline.json" > "$OUT/timeline.log" 2>&1
 fi

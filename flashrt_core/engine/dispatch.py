@@ -15,9 +15,9 @@ tests and bug reports:
     FLASHRT_FP8_SCALING=tensor|row  FP8 scale granularity (EngineOptions.fp8_scaling)
     FLASHRT_FP8_SCOPE=all|backbone|backbone_mlp   which wide GEMMs FP8 serves (EngineOptions.fp8_scope)
     FLASHRT_DISABLE_CHAIN_TUNING=1  pick the decoder GEMMs by their time alone, not inside the captured denoiser
-    FLASHRT_PDL_EARLY_TRIGGER=1     ask for PDL kernels that release the next kernel at their start (pdl_early_trigger)
+    FLASHRT_DISABLE_PDL_EARLY_TRIGGER=1  no denoiser kernel releases the next one at its start (launch policy "none")
     FLASHRT_DISABLE_FP8_FUSED_QUANT=1  FP8 down GEMM inputs quantized by their own kernel, not by the GeGLU kernel
-    FLASHRT_SMEM_GEMM=1             ask for the shared-memory (TMA, Gluon) decoder GEMM candidates (smem_gemm)
+    FLASHRT_DISABLE_SMEM_GEMM=1     no shared-memory (TMA, Gluon) decoder GEMM candidates in the tuning
     FLASHRT_DISABLE_PREFIX_ATTENTION_TUNING=1  the prefix attention runs the mqa implementation, unmeasured
 
 The same switches exist as `EngineOptions` fields; environment variables win over the fields.
@@ -76,9 +76,9 @@ class Switch(str, enum.Enum):
     WEIGHT_PREFETCH = "WEIGHT_PREFETCH"  # decoder GEMMs prefetch their own weights into L2 before the PDL wait
     FP8_DECODER_WEIGHTS = "FP8_DECODER_WEIGHTS"  # weight-only FP8 for the decoder GEMMs (also needs asking for)
     CHAIN_TUNING = "CHAIN_TUNING"        # decoder GEMM configurations timed inside the captured denoiser
-    PDL_EARLY_TRIGGER = "PDL_EARLY_TRIGGER"  # PDL kernels let the next kernel launch at their start (needs asking)
+    PDL_EARLY_TRIGGER = "PDL_EARLY_TRIGGER"  # PDL kernels let the next kernel launch at their start (tuned per site)
     FP8_FUSED_QUANT = "FP8_FUSED_QUANT"  # the GeGLU kernel writes the FP8 input of the down GEMM
-    SMEM_GEMM = "SMEM_GEMM"              # the TMA / shared-memory decoder GEMM candidates (also needs asking for)
+    SMEM_GEMM = "SMEM_GEMM"              # the TMA / shared-memory decoder GEMM candidates
     PREFIX_ATTENTION_TUNING = "PREFIX_ATTENTION_TUNING"  # the prefix attention picked by its time at load
 
 
@@ -107,9 +107,9 @@ class EngineOptions:
     decoder_key_block: int = 0               # keys per split of a denoising step's attention; 0: the kernels' own
     fp8_decoder_weights: bool = False        # opt-in (measured slower): weight-only E4M3 for the decoder GEMMs
     chain_tuning: bool = True                # decoder GEMM configurations timed where they run (the denoiser)
-    pdl_early_trigger: bool = False          # opt-in: PDL kernels release the next kernel at their start
+    pdl_early_trigger: bool = True           # denoiser kernels that release the next one at their start (tuned)
     fp8_fused_quant: bool = True             # FP8 path: the GeGLU kernel quantizes the down GEMM's input
-    smem_gemm: bool = False                  # opt-in, not yet run on a GPU: kernels/smem_gemm.py GEMM candidates
+    smem_gemm: bool = True                   # kernels/smem_gemm.py candidates in the decoder GEMM tuning
     prefix_attention_tuning: bool = True     # the prefix attention: the mqa kernel or SDPA, whichever is faster
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
@@ -155,9 +155,7 @@ class EngineOptions:
                 changes[sw.value.lower()] = False
         for name, attr in (("FLASHRT_FP8", "fp8"), ("FLASHRT_L2_PREFETCH", "l2_prefetch"),    # opt-ins; a
                            ("FLASHRT_WEIGHT_PREFETCH", "weight_prefetch"),                   # DISABLE wins
-                           ("FLASHRT_FP8_DECODER_WEIGHTS", "fp8_decoder_weights"),
-                           ("FLASHRT_PDL_EARLY_TRIGGER", "pdl_early_trigger"),
-                           ("FLASHRT_SMEM_GEMM", "smem_gemm")):
+                           ("FLASHRT_FP8_DECODER_WEIGHTS", "fp8_decoder_weights")):
             if flag(name) is not None and attr not in changes:
                 changes[attr] = flag(name)
         if env.get("FLASHRT_FP8_SCALING"):
@@ -283,11 +281,12 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     ),
     Op.KERNEL_LAUNCH: (
         Candidate("pdl_early", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.PDL)
-                  and o.switch_on(Switch.PDL_EARLY_TRIGGER) and _nvidia_sm90_plus(hw),
-                  "programmatic dependent launch where Triton kernels let the next one launch at their start "
-                  "(kernels/_triton.py release_dependents), not after their wait, so several kernels ahead can be "
-                  "resident and streaming their weights: every kernel, or with the chain tuning the denoiser sites "
-                  "of the fastest ops.LAUNCH_POLICIES; only when asked"),
+                  and o.switch_on(Switch.PDL_EARLY_TRIGGER) and o.switch_on(Switch.CHAIN_TUNING)
+                  and _nvidia_sm90_plus(hw),
+                  "programmatic dependent launch where chosen Triton kernels let the next one launch at their start "
+                  "(kernels/_triton.py release_dependents), not after their wait, so the kernel ahead can be "
+                  "resident and streaming its weights: the chain tuning times the denoiser sites of each "
+                  "ops.LAUNCH_POLICIES entry ('none' among them) and keeps the fastest (NVIDIA sm90+)"),
         Candidate("pdl", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.PDL) and _nvidia_sm90_plus(hw),
                   "programmatic dependent launch: a Triton kernel starts while the one before it finishes, "
                   "streams its weights, then waits for its inputs (griddepcontrol, NVIDIA sm90+)"),
@@ -339,8 +338,7 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   and _gluon_available(),
                   "kernels/smem_gemm.py (Triton Gluon): each program's whole weight slice goes to shared memory by "
                   "TMA before the PDL wait, and the product runs on wgmma with the weights as the 64-row side; "
-                  "offered to the decoder GEMM tuning beside the Triton and library GEMMs (NVIDIA sm90+); only when "
-                  "asked: written without a GPU, not yet run on one"),
+                  "offered to the decoder GEMM tuning beside the Triton and library GEMMs (NVIDIA sm90+)"),
         Candidate("none", _ALWAYS, "the decoder GEMM tuning picks among the Triton and library GEMMs"),
     ),
     Op.PREFIX_ATTENTION: (

@@ -63,7 +63,7 @@ class SmemConfig:
         return f"gluon_smem(s{self.split_k})"
 
 
-# kernels/smem_gemm.py candidates per kind (smem_gemm=tma, opt-in): 64 weight rows per program (32 + 32 with GeGLU);
+# kernels/smem_gemm.py candidates per kind (smem_gemm=tma, the default on sm90+ with Gluon): 64 weight rows per program (32 + 32 with GeGLU);
 # split-K only where the consumer sums partials. Each gives 40-128 programs at the expert's shapes.
 SMEM_CANDIDATES = {"qkv": [SmemConfig(1)], "gate_up": [SmemConfig(1)], "o": [SmemConfig(2), SmemConfig(4)],
                    "down": [SmemConfig(4), SmemConfig(8)]}
@@ -95,8 +95,9 @@ SKINNY_DEFAULT = {kind: cands[0] for kind, cands in SKINNY_CANDIDATES.items()}
 # that releases the next), and "other" for every other Triton kernel of the predict. A launch policy is the set of
 # sites whose kernels let the next kernel launch at their start (EARLY_TRIGGER) instead of after their PDL wait.
 # Measured on the H200 (session 6, all sites): the one-shot GEMMs after the first norm and after the attention gain
-# 1-2 us each, the gate/up GEMM and the attention lose as much to the weight streams of the kernels ahead; with
-# pdl_early_trigger asked for, the chain tuning times these policies in the denoiser and keeps the fastest.
+# 1-2 us each, the gate/up GEMM and the attention lose as much to the weight streams of the kernels ahead. With
+# pdl_early_trigger (the default) the chain tuning times these policies in the denoiser and keeps the fastest:
+# "all" with the shared-memory GEMMs of kernels/smem_gemm.py (session 7: 5.22 -> 4.86 ms per denoise).
 LAUNCH_SITES = ("norm1", "qkv", "attention", "o", "norm2", "gate_up", "down", "other")
 LAUNCH_POLICIES = {
     "none": frozenset(),
@@ -380,7 +381,7 @@ class Ops:
 
     def time_candidate(self, kind: str, impl, measure) -> float | None:
         """measure() for one tuning candidate. A candidate that needs more shared memory or registers than this
-        GPU has (Triton's OutOfResources), and an opt-in shared-memory GEMM (SmemConfig, not yet run on every GPU)
+        GPU has (Triton's OutOfResources), and a shared-memory GEMM (SmemConfig: Gluon, run only on the H200 so far)
         that fails to compile or launch, is left out and recorded in decoder_failures; any other failure is
         raised."""
         try:

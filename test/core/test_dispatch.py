@@ -113,8 +113,10 @@ def test_triton_ops_fall_back_without_triton(monkeypatch):
 def test_programmatic_dependent_launch_only_on_hopper_and_newer_with_triton(monkeypatch):
     import flashrt_core.engine.kernel_import as ki
     monkeypatch.setattr(ki, "triton_available", lambda: True)
-    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.KERNEL_LAUNCH] == "pdl"
-    assert resolve(detect_hardware("sm120"), EngineOptions())[Op.KERNEL_LAUNCH] == "pdl"
+    plain = EngineOptions(pdl_early_trigger=False)
+    assert resolve(detect_hardware("sm90"), plain)[Op.KERNEL_LAUNCH] == "pdl"
+    assert resolve(detect_hardware("sm120"), plain)[Op.KERNEL_LAUNCH] == "pdl"
+    assert resolve(detect_hardware("sm120"), EngineOptions())[Op.KERNEL_LAUNCH] == "pdl_early"
     assert resolve(detect_hardware("sm89"), EngineOptions())[Op.KERNEL_LAUNCH] == "stream"
     assert resolve(detect_hardware("gfx942"), EngineOptions())[Op.KERNEL_LAUNCH] == "stream"
     assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_PDL=1))[Op.KERNEL_LAUNCH] == "stream"
@@ -200,18 +202,18 @@ def test_chain_tuning_is_on_with_triton_and_has_its_switch(monkeypatch):
     assert resolve(CPU, EngineOptions())[Op.DECODER_TUNING] == "isolated"
 
 
-def test_pdl_early_trigger_is_opt_in_on_sm90_with_pdl(monkeypatch):
+def test_pdl_early_trigger_is_on_by_default_on_sm90_with_pdl_and_chain_tuning(monkeypatch):
+    """The launch policy is picked by the chain tuning, so pdl_early needs it; without it (or PDL, or sm90) the
+    plain PDL launch runs, and FLASHRT_DISABLE_PDL_EARLY_TRIGGER=1 turns it off."""
     import flashrt_core.engine.kernel_import as ki
     monkeypatch.setattr(ki, "triton_available", lambda: True)
-    asked = EngineOptions(pdl_early_trigger=True)
-    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.KERNEL_LAUNCH] == "pdl"
-    assert resolve(detect_hardware("sm90"), asked)[Op.KERNEL_LAUNCH] == "pdl_early"
-    assert resolve(detect_hardware("sm90"), _env(FLASHRT_PDL_EARLY_TRIGGER=1))[Op.KERNEL_LAUNCH] == "pdl_early"
-    assert resolve(detect_hardware("sm89"), asked)[Op.KERNEL_LAUNCH] == "stream"
-    assert resolve(detect_hardware("sm90"), EngineOptions(pdl_early_trigger=True, pdl=False))[Op.KERNEL_LAUNCH] == \
-        "stream"
-    env = EngineOptions.from_env(asked, env={"FLASHRT_DISABLE_PDL_EARLY_TRIGGER": "1"})
-    assert resolve(detect_hardware("sm90"), env)[Op.KERNEL_LAUNCH] == "pdl"
+    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.KERNEL_LAUNCH] == "pdl_early"
+    assert resolve(detect_hardware("sm90"), EngineOptions(pdl_early_trigger=False))[Op.KERNEL_LAUNCH] == "pdl"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_PDL_EARLY_TRIGGER=1))[Op.KERNEL_LAUNCH] == "pdl"
+    assert resolve(detect_hardware("sm90"), EngineOptions(chain_tuning=False))[Op.KERNEL_LAUNCH] == "pdl"
+    assert resolve(detect_hardware("sm89"), EngineOptions())[Op.KERNEL_LAUNCH] == "stream"
+    assert resolve(detect_hardware("sm90"), EngineOptions(pdl=False))[Op.KERNEL_LAUNCH] == "stream"
+    assert resolve(CPU, EngineOptions())[Op.KERNEL_LAUNCH] == "stream"
 
 
 def test_ops_pass_the_launch_mode_to_every_kernel(monkeypatch):
@@ -220,12 +222,27 @@ def test_ops_pass_the_launch_mode_to_every_kernel(monkeypatch):
     monkeypatch.setattr(ki, "triton_available", lambda: True)
     from flashrt_core.engine.ops import LAUNCH_SITES
     early = ki.load_kernels().EARLY_TRIGGER
-    plain = Ops(resolve(detect_hardware("sm90"), EngineOptions()))
+    plain = Ops(resolve(detect_hardware("sm90"), EngineOptions(pdl_early_trigger=False)))
     assert plain.launch_policy == "none" and {plain.launch_mode(s) for s in LAUNCH_SITES} == {1}
-    asked = Ops(resolve(detect_hardware("sm90"), EngineOptions(pdl_early_trigger=True)))
-    assert asked.launch_policy == "all" and {asked.launch_mode(s) for s in LAUNCH_SITES} == {early} and early == 2
-    off = Ops(resolve(detect_hardware("sm90"), EngineOptions(pdl=False, pdl_early_trigger=True)))
+    default = Ops(resolve(detect_hardware("sm90"), EngineOptions()))    # "all" until the chain tuning picks one
+    assert default.launch_policy == "all" and {default.launch_mode(s) for s in LAUNCH_SITES} == {early}
+    assert early == 2
+    off = Ops(resolve(detect_hardware("sm90"), EngineOptions(pdl=False)))
     assert {off.launch_mode(s) for s in LAUNCH_SITES} == {False}
+
+
+def test_smem_gemm_candidates_are_on_by_default_on_sm90_with_gluon(monkeypatch):
+    import flashrt_core.engine.kernel_import as ki
+    monkeypatch.setattr(ki, "triton_available", lambda: True)
+    if not getattr(ki.load_kernels(), "HAVE_GLUON", False):
+        pytest.skip("this Triton has no Gluon: the tma candidate cannot resolve")
+    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.SMEM_GEMM] == "tma"
+    assert resolve(detect_hardware("sm90"), EngineOptions(smem_gemm=False))[Op.SMEM_GEMM] == "none"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_SMEM_GEMM=1))[Op.SMEM_GEMM] == "none"
+    assert resolve(detect_hardware("sm89"), EngineOptions())[Op.SMEM_GEMM] == "none"       # no TMA / wgmma
+    assert resolve(detect_hardware("gfx942"), EngineOptions())[Op.SMEM_GEMM] == "none"
+    assert resolve(detect_hardware("sm90"), EngineOptions(triton=False))[Op.SMEM_GEMM] == "none"
+    assert resolve(CPU, EngineOptions())[Op.SMEM_GEMM] == "none"
 
 
 def test_fp8_input_quant_is_fused_with_triton_and_has_its_switch(monkeypatch):

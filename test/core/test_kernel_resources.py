@@ -57,7 +57,7 @@ def test_fp8_weight_gemm_has_a_candidate_without_spills(kind):
 
 
 def test_smem_gemm_candidates_compile_without_spills_and_fit_shared_memory():
-    """kernels/smem_gemm.py (opt-in, not yet run on a GPU): every candidate compiles for sm90 with no spill, its
+    """kernels/smem_gemm.py (on by default on sm90+): every candidate compiles for sm90 with no spill, its
     weight slice and x rows fit one SM's shared memory, and the weight TMA copies are issued before the PDL wait,
     the x copies after it (what the kernel is for)."""
     from tools.kernel_resources import compile_sm90, resources, smem_configs

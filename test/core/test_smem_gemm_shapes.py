@@ -36,7 +36,7 @@ def test_what_the_kernel_cannot_do_is_refused():
 
 
 def test_tuning_leaves_out_a_shared_memory_gemm_that_cannot_run_and_raises_for_others():
-    """The opt-in Gluon GEMM has not run on every GPU: a compile or launch error of it drops that candidate from
+    """The Gluon GEMM has run only on the H200: a compile or launch error of it drops that candidate from
     the load-time tuning with the reason recorded; the same error from a default candidate still stops the build."""
     from flashrt_core.engine.dispatch import EngineOptions, resolve
     from flashrt_core.engine.hardware import CPU

@@ -135,7 +135,8 @@ def test_new_prompt_does_not_recapture(tiny):
     ("pi05", "bf16"), ("pi0", "bf16"),
     ("pi05", "fp8"), ("pi0", "fp8"),        # FP8 on the default scope (backbone MLP), per-tensor static scales
     ("pi05", "fp8+fp8_decoder_weights"),    # + weight-only FP8 decoder GEMMs (opt-in)
-    ("pi05", "bf16+smem_gemm"),             # + the shared-memory (TMA) decoder GEMM candidates (opt-in)
+    ("pi05", "bf16+smem_gemm"),             # every decoder GEMM forced to the shared-memory (TMA) kernels
+    ("pi05", "bf16+no_smem_gemm"),          # the shared-memory GEMMs and early PDL triggers off (as session 6)
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
@@ -144,7 +145,8 @@ def test_accuracy_gate_full_size(name, precision):
     prec, _, extra = precision.partition("+")
     engine = build_executor(model, cfg, torch.device("cuda"), "auto",
                             EngineOptions(fp8=prec == "fp8", fp8_decoder_weights=extra == "fp8_decoder_weights",
-                                          smem_gemm=extra == "smem_gemm"))
+                                          smem_gemm=extra != "no_smem_gemm",
+                                          pdl_early_trigger=extra != "no_smem_gemm"))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
     assert engine.name.endswith(prec)
     assert engine.ops.decoder_fp8 == (extra == "fp8_decoder_weights")
@@ -171,7 +173,7 @@ def test_accuracy_gate_full_size(name, precision):
 def test_chain_tuning_keeps_the_fastest_candidate_inside_the_denoiser(early):
     """The decoder GEMMs are picked by the captured denoiser's time: every kind the isolated tuning measured with
     more than one candidate is timed again in the chain, each of its candidates, and the fastest there is kept.
-    With pdl_early_trigger asked for, the launch policy is picked the same way first."""
+    With pdl_early_trigger (the default), the launch policy is picked the same way first."""
     from flashrt_core.engine.ops import LAUNCH_POLICIES
     cfg = get_config("pi05")
     model = load_model_weights(_checkpoint("pi05"), cfg, "cuda", torch.bfloat16)
