@@ -290,6 +290,7 @@ def bench_config(args, res: Results, name: str) -> None:
     ab_variants = ([f"bf16-no_{switch}" for switch in args.ab_switches_off] + [f"bf16-{o}" for o in args.ab_options]
                    + [f"{prec}-no_{switch}" for switch in args.ab_fp8_switches_off for prec in precisions
                       if prec.startswith("fp8")]
+                   + [f"{prec}-{o}" for o in args.ab_fp8_options for prec in precisions if prec.startswith("fp8")]
                    + [f"{prec}-with_{switch}" for switch in args.ab_switches_on for prec in precisions])
     # accuracy gate: the fp32 reference vs the engine built from the same fp32 weights
     if args.gate:
@@ -468,6 +469,9 @@ def main(argv: list[str] | None = None) -> None:
                          "as 'engine_<precision>-with_<name>'")
     ap.add_argument("--ab-fp8-switches-off", nargs="*", default=[],
                     help="EngineOptions switches turned off in extra FP8 rows (fp8-no_<switch>), e.g. fp8_fused_quant")
+    ap.add_argument("--ab-fp8-options", nargs="*", default=[],
+                    help="extra FP8 rows with variant suffixes as --ab-options takes them, e.g. chain_tuning_passes=1 "
+                         "or no_smem_gemm-no_pdl_early_trigger")
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="wall-clock budget of the whole run; the compile variant gets what is left")
     ap.add_argument("--no-gate", dest="gate", action="store_false")

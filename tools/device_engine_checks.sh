@@ -13,8 +13,8 @@
 #   PDL triggers off, the chain tuning in both launch modes) (pytest_engine_new.log).
 # engine-rest: the rest of test_engine_gpu.py: the gates of pi0.5 and pi0 on the defaults, replay, the other
 #   fusion switches (pytest_engine_rest.log).
-# bench: pi0.5 2 views h10, bf16 and FP8, beside the A/B rows of the TMA GEMMs off, the early PDL triggers off, both
-#   off, the chain tuning off, the prefix attention tuning off, and FP8 without the TMA GEMMs
+# bench: pi0.5 2 views h10, bf16 and FP8, beside the A/B rows of one chain tuning pass (bf16 and FP8), the TMA GEMMs
+#   off and the prefix attention tuning off
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
 #   (timeline.json, timeline.log).
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
@@ -48,9 +48,8 @@ fi
 if [ "$PART" = bench ] || [ "$PART" = all ]; then
   timeout 300 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate \
-    --ab-options no_smem_gemm-no_pdl_early_trigger \
-    --ab-switches-off smem_gemm pdl_early_trigger chain_tuning prefix_attention_tuning \
-    --ab-fp8-switches-off smem_gemm --out-dir "$OUT" --tag device_checks > "$OUT/engine.log" 2>&1
+    --ab-options chain_tuning_passes=1 --ab-switches-off smem_gemm prefix_attention_tuning \
+    --ab-fp8-options chain_tuning_passes=1 --out-dir "$OUT" --tag device_checks > "$OUT/engine.log" 2>&1
   timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \
     --views 2 --out "$OUT/timeline.json" > "$OUT/timeline.log" 2>&1
 fi

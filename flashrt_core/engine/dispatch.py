@@ -15,6 +15,7 @@ tests and bug reports:
     FLASHRT_FP8_SCALING=tensor|row  FP8 scale granularity (EngineOptions.fp8_scaling)
     FLASHRT_FP8_SCOPE=all|backbone|backbone_mlp   which wide GEMMs FP8 serves (EngineOptions.fp8_scope)
     FLASHRT_DISABLE_CHAIN_TUNING=1  pick the decoder GEMMs by their time alone, not inside the captured denoiser
+    FLASHRT_CHAIN_TUNING_PASSES=N   at most N passes of the chain tuning (EngineOptions.chain_tuning_passes, 2)
     FLASHRT_DISABLE_PDL_EARLY_TRIGGER=1  no denoiser kernel releases the next one at its start (launch policy "none")
     FLASHRT_DISABLE_FP8_FUSED_QUANT=1  FP8 down GEMM inputs quantized by their own kernel, not by the GeGLU kernel
     FLASHRT_DISABLE_SMEM_GEMM=1     no shared-memory (TMA, Gluon) decoder GEMM candidates in the tuning
@@ -107,6 +108,7 @@ class EngineOptions:
     decoder_key_block: int = 0               # keys per split of a denoising step's attention; 0: the kernels' own
     fp8_decoder_weights: bool = False        # opt-in (measured slower): weight-only E4M3 for the decoder GEMMs
     chain_tuning: bool = True                # decoder GEMM configurations timed where they run (the denoiser)
+    chain_tuning_passes: int = 2             # the chain tuning repeats until a pass changes nothing, at most this
     pdl_early_trigger: bool = True           # denoiser kernels that release the next one at their start (tuned)
     fp8_fused_quant: bool = True             # FP8 path: the GeGLU kernel quantizes the down GEMM's input
     smem_gemm: bool = True                   # kernels/smem_gemm.py candidates in the decoder GEMM tuning
@@ -122,6 +124,8 @@ class EngineOptions:
             raise ValueError(f"fp8_scope must be one of {FP8_SCOPES}, got {self.fp8_scope!r}")
         if self.decoder_key_block not in (0, 16, 32, 64):
             raise ValueError(f"decoder_key_block must be 0 (default), 16, 32 or 64, got {self.decoder_key_block!r}")
+        if not (isinstance(self.chain_tuning_passes, int) and 1 <= self.chain_tuning_passes <= 8):
+            raise ValueError(f"chain_tuning_passes must be an int from 1 to 8, got {self.chain_tuning_passes!r}")
         if any((not isinstance(b, int)) or b <= 0 for b in self.text_buckets):
             raise ValueError(f"text_buckets must be positive ints, got {self.text_buckets!r}")
         for op, impl in self.overrides.items():
@@ -167,6 +171,11 @@ class EngineOptions:
             if not raw.isdigit():
                 raise ValueError(f"FLASHRT_DECODER_KEY_BLOCK must be 16, 32 or 64, got {raw!r}")
             changes["decoder_key_block"] = int(raw)
+        if env.get("FLASHRT_CHAIN_TUNING_PASSES"):
+            raw = env["FLASHRT_CHAIN_TUNING_PASSES"]
+            if not raw.isdigit():
+                raise ValueError(f"FLASHRT_CHAIN_TUNING_PASSES must be an int from 1 to 8, got {raw!r}")
+            changes["chain_tuning_passes"] = int(raw)
         if flag("FLASHRT_DISABLE_FAST_PATHS"):
             changes["fast_paths"] = False
         overrides = dict(base.overrides)

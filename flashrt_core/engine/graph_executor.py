@@ -116,6 +116,7 @@ class EngineExecutor:
         self._rope = (cos, sin)
         self._suffix_visible = self._suffix_visibility()
         self.decoder_chain_timings: dict[str, dict[str, float]] = {}   # set by _tune_decoder_in_chain
+        self.decoder_chain_passes = 0
         self._affine = None if action_affine is None else tuple(
             torch.as_tensor(np.asarray(a, dtype=np.float32), device=device) for a in action_affine)
         if self.ops.decoder_fp8:                         # before the tuning: it times the FP8 weights
@@ -128,9 +129,9 @@ class EngineExecutor:
             log.info("decoder GEMMs: %s (us: %s)", {k: str(v) for k, v in self.ops.decoder_impl.items()}, timings)
             if dispatch[Op.DECODER_TUNING] == "chain" and self.use_graph:
                 self.decoder_chain_timings = self._tune_decoder_in_chain()
-                log.info("decoder GEMMs in the denoiser: %s, launch policy %s (ms per denoise: %s)",
-                         {k: str(v) for k, v in self.ops.decoder_impl.items()}, self.ops.launch_policy,
-                         self.decoder_chain_timings)
+                log.info("decoder GEMMs in the denoiser: %s, launch policy %s, after %d passes (ms per denoise, "
+                         "last pass: %s)", {k: str(v) for k, v in self.ops.decoder_impl.items()},
+                         self.ops.launch_policy, self.decoder_chain_passes, self.decoder_chain_timings)
         if device.type == "cuda" and dispatch[Op.PREFIX_ATTENTION] == "measured":
             P = min(2, len(config.view_names)) * config.vision.num_patches + self.text_buckets[0]
             g = config.paligemma
@@ -153,9 +154,12 @@ class EngineExecutor:
         (down, o, gate_up, qkv) captures the whole denoise (every step and layer, on a workspace of two views and
         the smallest text bucket, zero K/V caches) once per candidate of that kind, the other kinds at their
         current pick, and keeps the candidate with the lowest median replay time.
-        With kernel_launch=pdl_early (asked for with pdl_early_trigger), the launch policy (ops.LAUNCH_POLICIES:
+        With kernel_launch=pdl_early (pdl_early_trigger, the default), the launch policy (ops.LAUNCH_POLICIES:
         which kernels release the next one at their start) is timed the same way first, under key "launch_policy".
-        Returns {kind: {candidate: ms per denoise}}."""
+        The picks depend on each other (session 7: an FP8 engine whose first pass began from other isolated picks
+        kept Triton GEMMs that the bf16 engine's pass replaced), so the pass repeats, up to
+        options.chain_tuning_passes times, until one changes nothing (self.decoder_chain_passes: how many ran).
+        Returns {kind: {candidate: ms per denoise}} of the last pass."""
         cfg, ops = self.config, self.ops
         views = tuple(range(min(2, len(cfg.view_names))))
         ws = self._make_entry(views, None, self.text_buckets[0]).ws
@@ -177,32 +181,42 @@ class EngineExecutor:
             return float(np.median(graph_replay_ms(graph, reps)))
 
         timings: dict[str, dict[str, float]] = {}
-        if self.dispatch[Op.KERNEL_LAUNCH] == "pdl_early":
-            times = {}
-            for name, sites in LAUNCH_POLICIES.items():
-                ops.early_sites = sites
-                times[name] = denoise_ms()
-            ops.launch_policy = min(times, key=times.get)
-            ops.early_sites = LAUNCH_POLICIES[ops.launch_policy]
-            timings["launch_policy"] = times
-        for kind in ("down", "o", "gate_up", "qkv"):
-            lin = getattr(self.weights.expert[0], kind)
-            if kind not in ops.decoder_timings or lin is None:      # not tuned alone: pinned or library-only
-                continue
-            x = torch.empty(self.suffix_len, lin.parts[0][0].shape[1], device=self.device, dtype=self.dtype)
-            candidates = ops.decoder_candidates(kind, x, lin, cfg.expert.head_dim)
-            if len(candidates) < 2:
-                continue
-            times = {}
-            for impl in candidates:
-                if str(impl) in ops.decoder_failures.get(kind, {}):
+
+        def picks() -> tuple:
+            return ops.launch_policy, tuple(sorted((k, str(v)) for k, v in ops.decoder_impl.items()))
+
+        self.decoder_chain_passes = 0
+        for _ in range(self.dispatch.options.chain_tuning_passes):
+            before = picks()
+            self.decoder_chain_passes += 1
+            if self.dispatch[Op.KERNEL_LAUNCH] == "pdl_early":
+                times = {}
+                for name, sites in LAUNCH_POLICIES.items():
+                    ops.early_sites = sites
+                    times[name] = denoise_ms()
+                ops.launch_policy = min(times, key=times.get)
+                ops.early_sites = LAUNCH_POLICIES[ops.launch_policy]
+                timings["launch_policy"] = times
+            for kind in ("down", "o", "gate_up", "qkv"):
+                lin = getattr(self.weights.expert[0], kind)
+                if kind not in ops.decoder_timings or lin is None:      # not tuned alone: pinned or library-only
                     continue
-                ops.decoder_impl[kind] = impl
-                ms = ops.time_candidate(kind, impl, denoise_ms)
-                if ms is not None:
-                    times[impl] = ms
-            ops.decoder_impl[kind] = min(times, key=times.get)
-            timings[kind] = {str(k): v for k, v in times.items()}
+                x = torch.empty(self.suffix_len, lin.parts[0][0].shape[1], device=self.device, dtype=self.dtype)
+                candidates = ops.decoder_candidates(kind, x, lin, cfg.expert.head_dim)
+                if len(candidates) < 2:
+                    continue
+                times = {}
+                for impl in candidates:
+                    if str(impl) in ops.decoder_failures.get(kind, {}):
+                        continue
+                    ops.decoder_impl[kind] = impl
+                    ms = ops.time_candidate(kind, impl, denoise_ms)
+                    if ms is not None:
+                        times[impl] = ms
+                ops.decoder_impl[kind] = min(times, key=times.get)
+                timings[kind] = {str(k): v for k, v in times.items()}
+            if picks() == before:
+                break
         return timings
 
     def _suffix_visibility(self) -> torch.Tensor:

@@ -177,6 +177,16 @@ def test_decoder_key_block_option_and_env():
         _env(FLASHRT_DECODER_KEY_BLOCK="big")
 
 
+def test_chain_tuning_passes_option_and_env():
+    assert EngineOptions().chain_tuning_passes == 2
+    assert _env(FLASHRT_CHAIN_TUNING_PASSES=1).chain_tuning_passes == 1
+    for bad in (0, 9, 1.5):
+        with pytest.raises(ValueError, match="chain_tuning_passes"):
+            EngineOptions(chain_tuning_passes=bad)
+    with pytest.raises(ValueError, match="FLASHRT_CHAIN_TUNING_PASSES"):
+        _env(FLASHRT_CHAIN_TUNING_PASSES="two")
+
+
 def test_fp8_decoder_weights_opt_in_on_fp8_capable_gpus(monkeypatch):
     import flashrt_core.engine.kernel_import as ki
     monkeypatch.setattr(ki, "triton_available", lambda: True)

@@ -179,6 +179,7 @@ def test_chain_tuning_keeps_the_fastest_candidate_inside_the_denoiser(early):
     model = load_model_weights(_checkpoint("pi05"), cfg, "cuda", torch.bfloat16)
     engine = build_executor(model, cfg, torch.device("cuda"), "auto", EngineOptions(pdl_early_trigger=early))
     assert engine.dispatch[Op.DECODER_TUNING] == "chain"
+    assert 1 <= engine.decoder_chain_passes <= engine.dispatch.options.chain_tuning_passes == 2
     chain = dict(engine.decoder_chain_timings)
     if early:
         policies = chain.pop("launch_policy")
