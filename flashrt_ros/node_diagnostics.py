@@ -251,6 +251,7 @@ def diagnostic_status(snapshot: StatisticsSnapshot, context: DiagnosticsContext)
         "frames_stale": str(context.buffer.stale),
         "frames_out_of_order": str(context.buffer.out_of_order),
         "time_resets": str(context.buffer.time_resets),
+        "observations_dropped_by_reset": str(context.buffer.dropped_by_reset),
         "inputs_rejected": str(rejected_total(snapshot, context.buffer)),
         "has_instruction": str(context.has_instruction).lower(),
         "gpu_memory": gpu_memory_text(context.device),

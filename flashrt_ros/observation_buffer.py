@@ -17,7 +17,8 @@ Rules (all stamps are int nanoseconds on one clock, the node clock / the bag's h
    ``take`` returns no observation older than ``max_age_ns`` either (counted as ``stale``).
 6. Time jumping backwards by more than ``jump_tolerance_ns`` (a frame stamp older than the
    previous frame of the same camera, or ``now_ns`` older than the newest ``now_ns`` seen, e.g. a
-   looping bag) clears everything and starts over; counted in ``time_resets``. A frame whose stamp
+   looping bag) clears everything and starts over; counted in ``time_resets``, and a pending
+   observation dropped by it (or by ``clear``) in ``dropped_by_reset``. A frame whose stamp
    is not newer than the previous frame of its camera, but within the tolerance, is a duplicate or
    out-of-order delivery and is rejected (``out_of_order``). ``now_ns`` going back by less than the
    tolerance (callbacks reading the clock on different threads) is ignored.
@@ -95,6 +96,7 @@ class BufferCounters:
     stale: int = 0
     out_of_order: int = 0
     time_resets: int = 0
+    dropped_by_reset: int = 0     # pending observations a time reset or clear() dropped before anyone took them
 
 
 class ObservationBuffer(Generic[Payload]):
@@ -235,6 +237,8 @@ class ObservationBuffer(Generic[Payload]):
         return self._last_now_ns is not None and now_ns < self._last_now_ns - self._jump_tolerance_ns
 
     def _clear_locked(self) -> None:
+        if self._pending is not None:
+            self._counts["dropped_by_reset"] += 1
         for queue in self._queues:
             queue.clear()
         self._last_stamp_ns = [None] * len(self.view_names)

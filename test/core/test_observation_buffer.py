@@ -103,7 +103,20 @@ def test_time_jumping_backwards_resets_the_buffer():
     assert not buffer.has_pending()
     assert buffer.add_frame("wrist", T0 + MS, "w0", now_ns=T0 + MS) is AddResult.COMPLETED
     assert [f.payload for f in buffer.take(now_ns=T0 + 2 * MS).frames] == ["b0", "w0"]
-    assert buffer.counters().time_resets == 1
+    counters = buffer.counters()
+    assert counters.time_resets == 1
+    assert counters.dropped_by_reset == 1                          # the pending late observation, never taken
+    assert counters.completed == counters.taken + counters.replaced + counters.stale + counters.dropped_by_reset
+
+
+def test_clear_counts_a_dropped_pending_observation_only():
+    buffer = make_buffer()
+    buffer.clear()                                                 # nothing pending: nothing dropped
+    assert buffer.counters().dropped_by_reset == 0
+    buffer.add_frame("base", T0, "b0", now_ns=T0)
+    buffer.add_frame("wrist", T0, "w0", now_ns=T0)
+    buffer.clear()
+    assert buffer.take(now_ns=T0) is None and buffer.counters().dropped_by_reset == 1
 
 
 def test_clock_jump_alone_resets_and_small_jitter_does_not():
@@ -170,7 +183,9 @@ def test_set_limits_applies_to_next_frames():
 
 
 def test_concurrent_producers_and_consumer_keep_counts_consistent():
-    buffer = make_buffer(slop_ns=seconds_to_ns(0.001))
+    # each producer thread reads its own clock (its frame's stamp); one may run more than the default 200 ms
+    # tolerance ahead of the other, which would be a time reset: this test is about the locking, so no resets
+    buffer = make_buffer(slop_ns=seconds_to_ns(0.001), jump_tolerance_ns=seconds_to_ns(3600.0))
     frames_per_camera = 2000
     taken = []
 
@@ -195,5 +210,6 @@ def test_concurrent_producers_and_consumer_keep_counts_consistent():
     if final is not None:
         taken.append(final.stamp_ns)
     counters = buffer.counters()
-    assert counters.completed == counters.taken + counters.replaced + counters.stale
+    assert counters.time_resets == 0
+    assert counters.completed == counters.taken + counters.replaced + counters.stale + counters.dropped_by_reset
     assert taken == sorted(taken) and len(set(taken)) == len(taken)   # newer only, never twice
