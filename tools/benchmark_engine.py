@@ -167,6 +167,8 @@ def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
                            "failures": engine.ops.decoder_failures,
                            "prefix_attention": {"choice": engine.ops.prefix_attention_impl,
                                                 "timings_us": engine.ops.prefix_attention_timings},
+                           "vision_attention": {"choice": engine.ops.vision_attention_backend,
+                                                "timings_us": engine.ops.vision_attention_timings},
                            "timings_us": engine.ops.decoder_timings,
                            "chain_timings_ms": engine.decoder_chain_timings}
     return row

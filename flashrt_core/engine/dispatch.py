@@ -20,6 +20,7 @@ tests and bug reports:
     FLASHRT_DISABLE_FP8_FUSED_QUANT=1  FP8 down GEMM inputs quantized by their own kernel, not by the GeGLU kernel
     FLASHRT_DISABLE_SMEM_GEMM=1     no shared-memory (TMA, Gluon) decoder GEMM candidates in the tuning
     FLASHRT_DISABLE_PREFIX_ATTENTION_TUNING=1  the prefix attention runs the mqa implementation, unmeasured
+    FLASHRT_DISABLE_VISION_ATTENTION_TUNING=1  the vision attention runs on torch's own choice of SDPA backend
 
 The same switches exist as `EngineOptions` fields; environment variables win over the fields.
 """
@@ -59,6 +60,7 @@ class Op(str, enum.Enum):
     FP8_INPUT_QUANT = "fp8_input_quant"  # who quantizes a per-tensor FP8 down GEMM's input: the GeGLU kernel or its own
     SMEM_GEMM = "smem_gemm"          # decoder GEMMs that stage their weights in shared memory before the PDL wait
     PREFIX_ATTENTION = "prefix_attention"  # the backbone's attention: the mqa kernel, or the faster of it and SDPA
+    VISION_ATTENTION = "vision_attention"  # the SDPA backend of the vision attention: torch's choice or the fastest
 
 
 class Switch(str, enum.Enum):
@@ -81,6 +83,7 @@ class Switch(str, enum.Enum):
     FP8_FUSED_QUANT = "FP8_FUSED_QUANT"  # the GeGLU kernel writes the FP8 input of the down GEMM
     SMEM_GEMM = "SMEM_GEMM"              # the TMA / shared-memory decoder GEMM candidates
     PREFIX_ATTENTION_TUNING = "PREFIX_ATTENTION_TUNING"  # the prefix attention picked by its time at load
+    VISION_ATTENTION_TUNING = "VISION_ATTENTION_TUNING"  # the vision attention's SDPA backend picked by its time
 
 
 # Which wide GEMMs FP8 serves: every vision and backbone GEMM, the backbone only, or only the backbone's MLP
@@ -113,6 +116,7 @@ class EngineOptions:
     fp8_fused_quant: bool = True             # FP8 path: the GeGLU kernel quantizes the down GEMM's input
     smem_gemm: bool = True                   # kernels/smem_gemm.py candidates in the decoder GEMM tuning
     prefix_attention_tuning: bool = True     # the prefix attention: the mqa kernel or SDPA, whichever is faster
+    vision_attention_tuning: bool = True     # the vision attention: the fastest SDPA backend at its shape
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -358,6 +362,14 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "boolean key mask, torch's fused backend), graph-captured at the 2-view prefix length; the "
                   "faster runs"),
         Candidate("mqa", _ALWAYS, "the mqa implementation (Op.MQA), as the denoiser's attention"),
+    ),
+    Op.VISION_ATTENTION: (
+        Candidate("measured", lambda hw, o: _gpu(hw, o) and o.switch_on(Switch.FLASH_ATTENTION)
+                  and o.switch_on(Switch.VISION_ATTENTION_TUNING),
+                  "at load, the vision attention (no mask, the views' heads as the batch) is timed on each of "
+                  "torch's fused SDPA backends (flash, memory-efficient, cuDNN) and on torch's own choice, "
+                  "graph-captured at the engine's shape and layout, and the fastest runs"),
+        Candidate("default", _ALWAYS, "torch's own choice of SDPA backend (or the math attention when SDPA is off)"),
     ),
 }
 

@@ -137,6 +137,12 @@ class EngineExecutor:
             g = config.paligemma
             times = self.ops.tune_prefix_attention(P, g.num_heads, g.head_dim, dtype, device, g.depth - 1)
             log.info("prefix attention: %s (us per layer at %d keys: %s)", self.ops.prefix_attention_impl, P, times)
+        if device.type == "cuda" and dispatch[Op.VISION_ATTENTION] == "measured":
+            vc = config.vision
+            times = self.ops.tune_vision_attention(min(2, len(config.view_names)), vc.num_patches, vc.num_heads,
+                                                   vc.head_dim, dtype, device, vc.depth)
+            log.info("vision attention: SDPA backend %s (us per layer: %s)", self.ops.vision_attention_backend,
+                     times)
         self._entries: dict[tuple, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graph else None
         self.capture_seconds: dict[tuple, float] = {}

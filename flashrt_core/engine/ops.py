@@ -49,6 +49,11 @@ class SkinnyConfig:
         return f"triton(n{self.block_n},k{self.block_k},s{self.split_k},st{self.stages},w{self.warps})"
 
 
+# The SDPA backends the vision attention may run on (Ops.attention), timed at load by tune_vision_attention;
+# "default" leaves the choice to torch (on the H200, torch 2.11: cuDNN's flash kernel, 12.7 us per layer on the
+# critical path for 2 views, 5.5 us of it idle before the kernel starts; session 7's timeline).
+VISION_ATTENTION_BACKENDS = ("default", "flash", "efficient", "cudnn")
+
 # The prefix attention's implementations (Ops.prefix_attention), timed at load by tune_prefix_attention. Measured
 # on the H200 at 576 keys (session 7, us per layer): mqa 36.8, mqa_split1 25.3 (picked), mqa_split4 29.5, SDPA
 # 45.0-53.1; also measured and dropped: one split with 32-row query blocks (144 programs, 2 per SM) 29.7 us, two
@@ -179,6 +184,8 @@ class Ops:
         # the prefix's attention: "mqa" (the Op.MQA implementation) until tune_prefix_attention measures otherwise
         self.prefix_attention_impl = "mqa"
         self.prefix_attention_timings: dict[str, float] = {}
+        self.vision_attention_backend = "default"                   # tune_vision_attention may change it
+        self.vision_attention_timings: dict[str, float] = {}
         # every Triton launch below passes a launch mode: False (stream order), 1 (PDL) or EARLY_TRIGGER (PDL, the
         # kernel releases the next one at its start) where its site is in early_sites (launch_mode)
         self.pdl = 1 if dispatch[Op.KERNEL_LAUNCH] in ("pdl", "pdl_early") else False
@@ -444,10 +451,19 @@ class Ops:
         else:
             self.k.qkv_rope_reference(qkv, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale)
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        """Unmasked attention (vision). q, k, v: (B, H, N, Dh) -> (B, H, N, Dh)."""
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                  backend: str | None = None) -> torch.Tensor:
+        """Unmasked attention (vision). q, k, v: (B, H, N, Dh) -> (B, H, N, Dh). backend: one of
+        VISION_ATTENTION_BACKENDS for SDPA (None: the choice of tune_vision_attention)."""
         if self._sdpa:
-            return F.scaled_dot_product_attention(q, k, v, scale=scale)
+            backend = backend or self.vision_attention_backend
+            if backend == "default":
+                return F.scaled_dot_product_attention(q, k, v, scale=scale)
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            chosen = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                      "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+            with sdpa_kernel([chosen]):
+                return F.scaled_dot_product_attention(q, k, v, scale=scale)
         logits = (q.float() @ k.float().transpose(-1, -2)) * scale        # (B, H, N, N) fp32
         return torch.softmax(logits, dim=-1).to(v.dtype) @ v
 
@@ -514,6 +530,27 @@ class Ops:
                 log.info("prefix attention %s cannot run at P=%d: %s", impl, P, err)
         self.prefix_attention_impl = min(times, key=times.get)
         self.prefix_attention_timings = times
+        return times
+
+    def tune_vision_attention(self, views: int, tokens: int, heads: int, head_dim: int, dtype: torch.dtype,
+                              device: torch.device, layers: int, reps: int = 3) -> dict[str, float]:
+        """Time the vision attention on each SDPA backend (graph-captured, `layers` calls per pass, as the vision
+        tower runs them) on random q / k / v laid out as forward.vision takes them from the QKV GEMM's output
+        (strided views of one (views, tokens, 3, heads, head_dim) tensor), and keep the fastest. A backend with
+        no kernel for this shape, dtype or layout is left out. Returns {backend: us per call}."""
+        g = torch.Generator(device=device).manual_seed(0)
+        qkv = torch.randn(views, tokens, 3, heads, head_dim, device=device, dtype=dtype, generator=g)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))                       # (V, H, N, Dh)
+        times = {}
+        for backend in VISION_ATTENTION_BACKENDS:
+            try:
+                times[backend] = self._graph_time_us(
+                    lambda: [self.attention(q, k, v, head_dim ** -0.5, backend) for _ in range(layers)],
+                    reps) / layers
+            except RuntimeError as err:          # "No available kernel" and the like: not a candidate here
+                log.info("vision attention backend %s cannot run: %s", backend, err)
+        self.vision_attention_backend = min(times, key=times.get)
+        self.vision_attention_timings = times
         return times
 
     # ---------------------------------------------------------------------------------------------- flow

@@ -265,6 +265,16 @@ def test_fp8_input_quant_is_fused_with_triton_and_has_its_switch(monkeypatch):
     assert resolve(CPU, EngineOptions(fp8=True))[Op.FP8_INPUT_QUANT] == "separate"
 
 
+def test_vision_attention_backend_is_measured_on_gpus_and_has_its_switch():
+    for arch in ("sm90", "sm80", "gfx942"):
+        assert resolve(detect_hardware(arch), EngineOptions())[Op.VISION_ATTENTION] == "measured"
+    off = _env(FLASHRT_DISABLE_VISION_ATTENTION_TUNING=1)
+    assert resolve(detect_hardware("sm90"), off)[Op.VISION_ATTENTION] == "default"
+    assert resolve(detect_hardware("sm90"), EngineOptions(flash_attention=False))[Op.VISION_ATTENTION] == "default"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_FAST_PATHS=1))[Op.VISION_ATTENTION] == "default"
+    assert resolve(CPU, EngineOptions())[Op.VISION_ATTENTION] == "default"
+
+
 def test_prefix_attention_is_measured_with_triton_and_has_its_switch(monkeypatch):
     import flashrt_core.engine.kernel_import as ki
     monkeypatch.setattr(ki, "triton_available", lambda: True)

@@ -169,6 +169,35 @@ def test_accuracy_gate_full_size(name, precision):
     assert min(cosines) >= gate, f"{name} {precision}: cosine per observation {cosines}"
 
 
+def test_vision_attention_backends_match_the_softmax_attention_and_the_fastest_is_kept():
+    """Every SDPA backend the vision attention may be tuned to, at pi0.5's vision shape (2 views, 256 tokens, 16
+    heads of 72) on the strided q / k / v views of one QKV output, against the fp32 softmax attention; then the
+    tuning times exactly the backends that run and keeps the fastest."""
+    from flashrt_core.engine import detect_hardware, resolve
+    from flashrt_core.engine.ops import VISION_ATTENTION_BACKENDS, Ops
+    dev = torch.device("cuda")
+    vc = get_config("pi05").vision
+    ops = Ops(resolve(detect_hardware("auto", dev), EngineOptions()))
+    g = torch.Generator(device=dev).manual_seed(5)
+    qkv = torch.randn(2, vc.num_patches, 3, vc.num_heads, vc.head_dim, device=dev, generator=g).to(torch.bfloat16)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    scale = vc.head_dim ** -0.5
+    want = torch.softmax((q.float() @ k.float().transpose(-1, -2)) * scale, dim=-1) @ v.float()
+    ran = []
+    for backend in VISION_ATTENTION_BACKENDS:
+        try:
+            got = ops.attention(q, k, v, scale, backend)
+        except RuntimeError:             # no kernel of this backend for the shape: the tuning leaves it out too
+            continue
+        torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+        ran.append(backend)
+    assert "default" in ran and len(ran) >= 2, ran
+    times = ops.tune_vision_attention(2, vc.num_patches, vc.num_heads, vc.head_dim, torch.bfloat16, dev, vc.depth)
+    assert set(times) == set(ran)
+    assert ops.vision_attention_backend == min(times, key=times.get)
+    assert all(0.5 < us < 500 for us in times.values()), times
+
+
 @pytest.mark.parametrize("early", [False, True], ids=["pdl", "pdl_early_trigger"])
 def test_chain_tuning_keeps_the_fastest_candidate_inside_the_denoiser(early):
     """The decoder GEMMs are picked by the captured denoiser's time: every kind the isolated tuning measured with

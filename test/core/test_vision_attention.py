@@ -1,0 +1,51 @@
+"""The vision attention's SDPA backends (ops.Ops.attention, backend=...) compute plain softmax attention over the
+strided q / k / v views that forward.vision takes from the QKV GEMM's output. On the CPU torch has the default
+and the flash backend (fp32); test/gpu/test_engine_gpu.py checks every backend at the real shape on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashrt_core.engine.dispatch import EngineOptions, Op, resolve
+from flashrt_core.engine.hardware import CPU, detect_hardware
+from flashrt_core.engine.ops import VISION_ATTENTION_BACKENDS, Ops
+
+
+def _strided_qkv(views=2, tokens=24, heads=3, dh=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(views, tokens, 3, heads, dh, generator=g)
+    return [qkv[:, :, i].transpose(1, 2) for i in range(3)]                        # (V, H, N, dh), strided
+
+
+def _softmax_attention(q, k, v, scale):
+    return torch.softmax(torch.einsum("bhqd,bhkd->bhqk", q, k) * scale, dim=-1) @ v
+
+
+@pytest.mark.parametrize("backend", ["default", "flash"])
+def test_sdpa_backends_compute_softmax_attention_on_strided_views(backend):
+    ops = Ops(resolve(detect_hardware("sm90"), EngineOptions()))           # SDPA on: the GPU's dispatch
+    assert ops.vision_attention_backend == "default" and backend in VISION_ATTENTION_BACKENDS
+    q, k, v = _strided_qkv()
+    assert not q.is_contiguous()
+    got = ops.attention(q, k, v, 0.35, backend)
+    torch.testing.assert_close(got, _softmax_attention(q, k, v, 0.35), atol=1e-5, rtol=1e-5)
+
+
+def test_the_tuned_backend_is_the_one_attention_runs():
+    ops = Ops(resolve(detect_hardware("sm90"), EngineOptions()))
+    q, k, v = _strided_qkv(seed=1)
+    ops.vision_attention_backend = "efficient"          # no CPU kernel: running it proves the choice is used
+    with pytest.raises(RuntimeError):
+        ops.attention(q, k, v, 0.35)
+    ops.vision_attention_backend = "flash"
+    torch.testing.assert_close(ops.attention(q, k, v, 0.35), _softmax_attention(q, k, v, 0.35), atol=1e-5,
+                               rtol=1e-5)
+
+
+def test_the_cpu_reference_ignores_the_backend():
+    ops = Ops(resolve(CPU, EngineOptions()))
+    assert resolve(CPU, EngineOptions())[Op.VISION_ATTENTION] == "default"
+    q, k, v = _strided_qkv(seed=2)
+    torch.testing.assert_close(ops.attention(q, k, v, 0.35, "cudnn"), _softmax_attention(q, k, v, 0.35),
+                               atol=1e-5, rtol=1e-5)
