@@ -5,6 +5,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh engine-new   # engine tests of what never ran on a GPU, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh engine-rest  # the other engine tests (the gates), ~7 min
 #   OUT=/path bash tools/device_engine_checks.sh bench        # engine A/B rows + one replay's critical path, ~5 min
+#   OUT=/path bash tools/device_engine_checks.sh gemms        # the wide GEMMs in every form, ~3-6 min
 #   OUT=/path bash tools/device_engine_checks.sh              # all four, where one call has the time
 #
 # kernels: every kernel at real shapes (the skinny and shared-memory TMA GEMM candidates, GeGLU with an FP8 out;
@@ -17,7 +18,9 @@
 # bench: pi0.5 2 views h10, bf16 and FP8, beside the A/B rows of the vision attention tuning off (bf16 and FP8), the
 #   TMA GEMMs off and the prefix attention tuning off
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
-#   (timeline.json, timeline.log).
+#   (timeline.json, timeline.log: per kernel, one vision layer, one denoising layer).
+# gemms: tools/benchmark_wide_gemms.py at 2 views: the vision and prefix GEMMs as F.linear, with the bias apart,
+#   addmm, the engine's epilogues, FP8 per-tensor and Inductor's autotuned Triton templates (wide_gemms.json/.log).
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
 # others' results. Full-size random checkpoints are generated into $FLASHRT_FULL_CKPT_ROOT (default /tmp/full).
 set -uo pipefail
@@ -55,6 +58,11 @@ if [ "$PART" = bench ] || [ "$PART" = all ]; then
     --views 2 --out "$OUT/timeline.json" > "$OUT/timeline.log" 2>&1
 fi
 
+if [ "$PART" = gemms ]; then          # not in "all": its Inductor autotuning alone can take minutes
+  timeout 480 "$PY" tools/benchmark_wide_gemms.py --views 2 --out "$OUT/wide_gemms.json" > "$OUT/wide_gemms.log" 2>&1
+  echo "benchmark_wide_gemms rc=$?" >> "$OUT/wide_gemms.log"
+fi
+
 {
   for log in pytest_kernels pytest_engine_new pytest_engine_rest; do
     [ -f "$OUT/$log.log" ] && { echo "== $log"; tail -n 6 "$OUT/$log.log"; }
@@ -62,4 +70,5 @@ fi
   echo "== engine"; grep -hE '^\| pi05' "$OUT"/engine_device_checks_*.md 2>/dev/null || tail -n 5 "$OUT/engine.log"
   echo "== one denoising layer"
   grep -A12 "one denoising layer" "$OUT/timeline.log" 2>/dev/null || tail -n 5 "$OUT/timeline.log" 2>/dev/null
+  [ -f "$OUT/wide_gemms.log" ] && { echo "== wide GEMMs"; grep -E "^\| (vision|prefix)|rc=" "$OUT/wide_gemms.log"; }
 } | tee "$OUT/summary.txt"

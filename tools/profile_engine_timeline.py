@@ -6,7 +6,8 @@ own duration (end - start) counts time spent waiting. What a kernel adds to the 
 increment: its end minus the latest end of every kernel that started before it. The increments of all kernels sum
 to the replay's span. This tool profiles replays of the engine's captured predict (torch.profiler / CUPTI records
 each kernel of a graph replay), and prints per kernel name: launches, summed increment, median increment, and
-median duration; then the kernel sequence of one denoising layer (step 5, layer 9) with each kernel's increment.
+median duration; then the kernel sequences of one vision layer (layer 13) and one denoising layer (step 5, layer 9)
+with each kernel's increment.
 
     python tools/profile_engine_timeline.py --ckpt-root /tmp/full --config pi05 --views 2 --out timeline.json
 """
@@ -110,6 +111,12 @@ def main(argv: list[str] | None = None) -> None:
         a, nxt = attn[first + 5 * per_step + 9], attn[first + 5 * per_step + 10]
         layer = [{"name": names[i], "increment_us": float(inc[i]), "duration_us": float(dur[i])}
                  for i in range(a - 2, nxt - 2)]
+    # one vision layer: the predict's first norm launches are the vision tower's, two per layer (LayerNorm 1 and 2)
+    norms = [i for i, name in enumerate(names) if "residual_norm" in name]
+    vision_layer = []
+    if len(norms) > 2 * cfg.vision.depth and cfg.vision.depth > 13:
+        vision_layer = [{"name": names[i], "increment_us": float(inc[i]), "duration_us": float(dur[i])}
+                        for i in range(norms[26], norms[28])]
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     total = float(inc.sum())
@@ -120,17 +127,19 @@ def main(argv: list[str] | None = None) -> None:
     for r in table[:25]:
         print(f"| {short(r['name'])} | {r['count']} | {r['increment_us']:.1f} | {r['median_increment_us']:.2f} | "
               f"{r['median_duration_us']:.2f} |")
-    if layer:
-        print("\none denoising layer (step 5, layer 9), in launch order:")
+    for title, rows in (("one vision layer (layer 13)", vision_layer), ("one denoising layer (step 5, layer 9)", layer)):
+        if not rows:
+            continue
+        print(f"\n{title}, in launch order:")
         print("| kernel | increment (us) | duration (us) |")
         print("|---|---|---|")
-        for r in layer:
+        for r in rows:
             print(f"| {short(r['name'])} | {r['increment_us']:.2f} | {r['duration_us']:.2f} |")
-        print(f"| layer total | {sum(r['increment_us'] for r in layer):.2f} | |")
+        print(f"| layer total | {sum(r['increment_us'] for r in rows):.2f} | |")
     if args.out is not None:
         args.out.write_text(json.dumps({"env": env, "args": {k: str(v) for k, v in vars(args).items()},
                                         "critical_path_ms": total / 1e3, "kernels": n, "by_name": table,
-                                        "layer": layer}, indent=1))
+                                        "vision_layer": vision_layer, "layer": layer}, indent=1))
 
 
 if __name__ == "__main__":
