@@ -49,6 +49,33 @@ class SkinnyConfig:
         return f"triton(n{self.block_n},k{self.block_k},s{self.split_k},st{self.stages},w{self.warps})"
 
 
+@dataclass(frozen=True)
+class WideConfig:
+    """Tiling of kernels/wide_gemm.py: block_m x block_n output tiles, block_k per step, stages, warps."""
+
+    block_m: int
+    block_n: int
+    block_k: int = 64
+    stages: int = 3
+    warps: int = 4
+
+    @property
+    def launch(self) -> dict:
+        """The launcher's keywords."""
+        return {"block_m": self.block_m, "block_n": self.block_n, "block_k": self.block_k, "stages": self.stages,
+                "warps": self.warps}
+
+    def __str__(self) -> str:
+        return f"wide(m{self.block_m},n{self.block_n},k{self.block_k},st{self.stages},w{self.warps})"
+
+
+# kernels/wide_gemm.py tilings the wide GEMM tuning (ops.tune_wide, wide_gemm_tuning) times against the library GEMM
+# for each vision GEMM kind: at 512 rows and N = 1152-4304 they give 36-306 programs for the H200's 132 SMs.
+# Written in session 7 without a GPU: compiled and tested only in Triton's interpreter so far.
+WIDE_CANDIDATES = (WideConfig(128, 128, 64, 3, 8), WideConfig(128, 64, 64, 4, 4), WideConfig(64, 128, 64, 4, 4),
+                   WideConfig(64, 64, 64, 4, 4), WideConfig(128, 256, 64, 3, 8))
+WIDE_KINDS = ("vision_qkv", "vision_o", "vision_fc1", "vision_fc2")   # fc1 carries the tanh GELU epilogue
+
 # The SDPA backends the vision attention may run on (Ops.attention), timed at load by tune_vision_attention;
 # "default" leaves the choice to torch (on the H200, torch 2.11: cuDNN's flash kernel, 12.7 us per layer on the
 # critical path for 2 views, 5.5 us of it idle before the kernel starts; session 7's timeline).
@@ -209,6 +236,9 @@ class Ops:
         self.decoder_timings: dict[str, dict[str, float]] = {}
         self.decoder_failures: dict[str, dict[str, str]] = {}    # candidates left out of the tuning (time_candidate)
         self.calibration: dict[int, float] | None = None   # set by the FP8 calibration run
+        # vision GEMM kind (WIDE_KINDS) -> "library" | WideConfig; tune_wide() sets them with wide_gemm=tuned
+        self.wide_impl: dict[str, str | WideConfig] = {kind: "library" for kind in WIDE_KINDS}
+        self.wide_timings: dict[str, dict[str, float]] = {}
 
     # ---------------------------------------------------------------------------------------------- norms
     def launch_mode(self, site: str) -> bool | int:
@@ -275,6 +305,22 @@ class Ops:
             w, b = lin.parts[0]
             return torch._addmm_activation(b, x, w.t(), use_gelu=True)
         return F.gelu(self.linear(x, lin), approximate="tanh")
+
+    def wide(self, x: torch.Tensor, lin: Linear, kind: str, gelu: bool = False,
+             impl: str | WideConfig | None = None) -> torch.Tensor:
+        """A vision GEMM (kind one of WIDE_KINDS; gelu: fc1's tanh GELU): the library GEMM (ops.linear /
+        linear_gelu) or kernels/wide_gemm.py in the tiling tune_wide kept (impl: force one)."""
+        impl = impl or self.wide_impl[kind]
+        if isinstance(impl, WideConfig) and self._wide_ok(x, lin):
+            (w, b), = lin.parts
+            return self.k.wide_gemm(x, w, b, gelu, pdl=self.launch_mode("other"), **impl.launch)
+        return self.linear_gelu(x, lin) if gelu else self.linear(x, lin)
+
+    def _wide_ok(self, x: torch.Tensor, lin: Linear) -> bool:
+        """kernels/wide_gemm.py's conditions: one weight block, not FP8, no calibration run, unit column strides, on
+        the GPU (or on the CPU under Triton's interpreter, for tests)."""
+        return (len(lin.parts) == 1 and lin.fp8 is None and self.calibration is None and x.stride(1) == 1
+                and lin.parts[0][0].stride(1) == 1 and (x.is_cuda or self.k.INTERPRETED))
 
     def _few_rows_gemm_ok(self, x: torch.Tensor, lin: Linear, k_step: int) -> bool:
         """The Triton few-row GEMMs' conditions: one bias-free weight block, <= 64 rows on the GPU (or on the CPU
@@ -392,14 +438,14 @@ class Ops:
     def time_candidate(self, kind: str, impl, measure) -> float | None:
         """measure() for one tuning candidate. A candidate that needs more shared memory or registers than this
         GPU has (Triton's OutOfResources), and a shared-memory GEMM (SmemConfig: Gluon, run only on the H200 so far)
-        that fails to compile or launch, is left out and recorded in decoder_failures; any other failure is
-        raised."""
+        or a wide GEMM (WideConfig: not yet run on a GPU) that fails to compile or launch, is left out and recorded
+        in decoder_failures (under `kind`); any other failure is raised."""
         try:
             return measure()
-        except Exception as err:  # noqa: BLE001  only the two kinds of failure below are a candidate's to have
-            if not (isinstance(err, _OUT_OF_RESOURCES) or isinstance(impl, SmemConfig)):
+        except Exception as err:  # noqa: BLE001  only the kinds of failure below are a candidate's to have
+            if not (isinstance(err, _OUT_OF_RESOURCES) or isinstance(impl, (SmemConfig, WideConfig))):
                 raise
-            log.warning("decoder GEMM candidate %s for %s cannot run on this GPU, left out: %s", impl, kind, err)
+            log.warning("GEMM candidate %s for %s cannot run on this GPU, left out: %s", impl, kind, err)
             self.decoder_failures.setdefault(kind, {})[str(impl)] = repr(err)
             return None
 
@@ -441,6 +487,32 @@ class Ops:
             self.decoder_impl[kind] = min(times, key=times.get)
             self.decoder_timings[kind] = {str(k): v for k, v in times.items()}
         return self.decoder_timings
+
+    def tune_wide(self, rows: int, layers, reps: int = 3) -> dict[str, dict[str, float]]:
+        """For each vision GEMM kind (WIDE_KINDS), time the library GEMM (with fc1's GELU as ops.linear_gelu runs
+        it) and every WIDE_CANDIDATES tiling at `rows` rows over every vision layer of `layers` in turn (graph-
+        captured, GPU time only), and keep the fastest. Kinds the wide GEMM cannot serve (FP8, unmerged) stay on
+        the library. Returns {kind: {candidate: us per call}}."""
+        w0 = layers[0].qkv.parts[0][0]
+        g = torch.Generator(device=w0.device).manual_seed(0)
+        for kind in WIDE_KINDS:
+            name = kind.split("_", 1)[1]
+            lins = [getattr(layer, "out" if name == "o" else name) for layer in layers]
+            x = torch.randn(rows, lins[0].parts[0][0].shape[1], device=w0.device, generator=g).to(w0.dtype)
+            if not self._wide_ok(x, lins[0]):
+                continue
+            gelu = kind == "vision_fc1"
+            times = {}
+            for impl in ("library",) + WIDE_CANDIDATES:
+                def run_all(impl=impl):
+                    for lin in lins:
+                        self.wide(x, lin, kind, gelu, impl)
+                us = self.time_candidate(kind, impl, lambda: self._graph_time_us(run_all, reps))
+                if us is not None:
+                    times[impl] = us / len(lins)
+            self.wide_impl[kind] = min(times, key=times.get)
+            self.wide_timings[kind] = {str(k): v for k, v in times.items()}
+        return self.wide_timings
 
     # ---------------------------------------------------------------------------------------------- attention
     def qkv_rope(self, qkv, pos, cos, sin, q_out, k_cache, v_cache, offset: int, heads: int, kv_heads: int,
