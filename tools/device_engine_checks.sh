@@ -6,6 +6,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh engine-rest  # the other engine tests (the gates), ~7 min
 #   OUT=/path bash tools/device_engine_checks.sh bench        # engine A/B rows + one replay's critical path, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh gemms        # the wide GEMMs in every form, ~3-6 min
+#   OUT=/path bash tools/device_engine_checks.sh fp8-scopes   # gates + rows of FP8 on wider scopes, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh              # all four, where one call has the time
 #
 # kernels: every kernel at real shapes (the skinny and shared-memory TMA GEMM candidates, GeGLU with an FP8 out;
@@ -21,6 +22,9 @@
 #   (timeline.json, timeline.log: per kernel, one vision layer, one denoising layer).
 # gemms: tools/benchmark_wide_gemms.py at 2 views: the vision and prefix GEMMs as F.linear, with the bias apart,
 #   addmm, the engine's epilogues, FP8 per-tensor and Inductor's autotuned Triton templates (wide_gemms.json/.log).
+# fp8-scopes: the accuracy gate and latency of FP8 with per-tensor static scales on every wide GEMM (vision too) and
+#   on the whole backbone, beside the default scope (engine_fp8_scopes_<date>.json/.md, fp8_scopes.log); session 3
+#   measured only row scales on those scopes (all: failed the gate).
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
 # others' results. Full-size random checkpoints are generated into $FLASHRT_FULL_CKPT_ROOT (default /tmp/full).
 set -uo pipefail
@@ -63,11 +67,18 @@ if [ "$PART" = gemms ]; then          # not in "all": its Inductor autotuning al
   echo "benchmark_wide_gemms rc=$?" >> "$OUT/wide_gemms.log"
 fi
 
+if [ "$PART" = fp8-scopes ]; then
+  timeout 480 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
+    --horizons 10 --fp8-configs pi05 --fp8-scalings "" "@all" "@backbone" --gate-observations 2 \
+    --reference-calls 2 --out-dir "$OUT" --tag fp8_scopes > "$OUT/fp8_scopes.log" 2>&1
+  echo "benchmark_engine rc=$?" >> "$OUT/fp8_scopes.log"
+fi
+
 {
   for log in pytest_kernels pytest_engine_new pytest_engine_rest; do
     [ -f "$OUT/$log.log" ] && { echo "== $log"; tail -n 6 "$OUT/$log.log"; }
   done
-  echo "== engine"; grep -hE '^\| pi05' "$OUT"/engine_device_checks_*.md 2>/dev/null || tail -n 5 "$OUT/engine.log"
+  echo "== engine"; grep -hE '^\| pi05' "$OUT"/engine_*.md 2>/dev/null || tail -n 5 "$OUT/engine.log"
   echo "== one denoising layer"
   grep -A12 "one denoising layer" "$OUT/timeline.log" 2>/dev/null || tail -n 5 "$OUT/timeline.log" 2>/dev/null
   [ -f "$OUT/wide_gemms.log" ] && { echo "== wide GEMMs"; grep -E "^\| (vision|prefix)|rc=" "$OUT/wide_gemms.log"; }
