@@ -25,6 +25,10 @@ stamp -> callback of the later frame of each camera pair (what pairing has to wa
 handling minus that floor is what the node's own code costs. It runs first with glibc's default allocator
 thresholds, then (unless --no-heap-reuse) again after flashrt_ros.heap_reuse.keep_large_buffers_on_heap, which
 the node would apply at configure anyway: the A/B of the allocator step without a node, in one process.
+
+``--transport-only`` measures only where the frames' trip goes, no node: the floor with a plain subscriber and
+with a raw one (``raw=True``: the serialized CDR in Python bytes, parsed by rosbags, the image a view into them),
+each with glibc's defaults and with heap reuse, beside the feeder's own ``publish()`` time per frame.
 """
 
 from __future__ import annotations
@@ -80,6 +84,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="run the node with keep_large_buffers_on_heap=false (A/B of the mallopt step)")
     parser.add_argument("--no-gc-freeze", action="store_true",
                         help="run the node with freeze_gc_after_configure=false (A/B of the gc.freeze step)")
+    parser.add_argument("--transport-only", action="store_true",
+                        help="measure the transport floor (plain and raw subscriber, with and without heap reuse) "
+                             "and the feeder's publish time, then stop: no policy node")
     parser.add_argument("--feeder", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--state-dim", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -177,13 +184,16 @@ def run_feeder(args: argparse.Namespace) -> int:
     while any(p.get_subscription_count() == 0 for p in cameras) and time.monotonic() < deadline:
         time.sleep(0.05)
     tick = [0]
+    publish_ms: list[float] = []
 
     def publish():
         stamp = node.get_clock().now().to_msg()
         for publisher, frames in zip(cameras, images):
             msg = frames[tick[0] % len(frames)]
             msg.header.stamp = stamp
+            t0 = time.perf_counter()
             publisher.publish(msg)
+            publish_ms.append(round((time.perf_counter() - t0) * 1e3, 3))
         joints = JointState(name=[f"joint_{i}" for i in range(args.state_dim)],
                             position=[0.1 * np.sin(tick[0] / 30 + i) for i in range(args.state_dim)])
         joints.header.stamp = stamp
@@ -198,7 +208,8 @@ def run_feeder(args: argparse.Namespace) -> int:
     end = time.monotonic() + FEEDER_SETTLE_S + args.duration
     while time.monotonic() < end:
         executor.spin_once(timeout_sec=0.01)
-    print(json.dumps({"frames": tick[0] * 2, "chunks": records, "stalls": watch.stop()}), flush=True)
+    print(json.dumps({"frames": tick[0] * 2, "chunks": records, "stalls": watch.stop(), "publish_ms": publish_ms}),
+          flush=True)
     node.destroy_node()
     rclpy.try_shutdown()
     return 0
@@ -212,8 +223,11 @@ def start_feeder(args: argparse.Namespace, duration_s: float, state_dim: int) ->
          "--state-dim", str(state_dim)], stdout=subprocess.PIPE, text=True, env=dict(os.environ))
 
 
-def measure_transport_floor(args: argparse.Namespace) -> np.ndarray:
-    """Capture stamp -> arrival of the later camera of each pair [s], plain rclpy subscriber, no policy node."""
+def measure_transport_floor(args: argparse.Namespace, raw: bool = False,
+                            publish_ms: list[float] | None = None) -> np.ndarray:
+    """Capture stamp -> arrival of the later camera of each pair [s], plain rclpy subscriber, no policy node.
+    raw: the subscription takes the serialized CDR (raw=True) and rosbags parses it (the pixels stay a view into
+    the received bytes). publish_ms: the feeder's publish() time per frame is appended here."""
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
     from sensor_msgs.msg import Image
@@ -222,13 +236,20 @@ def measure_transport_floor(args: argparse.Namespace) -> np.ndarray:
 
     node = rclpy.create_node("benchmark_transport_floor")
     latest: dict[int, list[float]] = {}
+    store = None
+    if raw:
+        from rosbags.typesys import Stores, get_typestore
+        store = get_typestore(Stores.ROS2_KILTED)
 
     def on_image(msg):
+        if store is not None:
+            msg = store.deserialize_cdr(msg, "sensor_msgs/msg/Image")
+        np.frombuffer(msg.data, dtype=np.uint8)                   # the pixels, as the node's conversion takes them
         stamp = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
         latest.setdefault(stamp, []).append((node.get_clock().now().nanoseconds - stamp) * 1e-9)
 
     for topic in ("camera_0/image_raw", "camera_1/image_raw"):
-        node.create_subscription(Image, topic, on_image, qos_profiles.camera_qos())
+        node.create_subscription(Image, topic, on_image, qos_profiles.camera_qos(), raw=raw)
     feeder = start_feeder(args, args.baseline, 0)
     executor = SingleThreadedExecutor()
     executor.add_node(node)
@@ -236,8 +257,49 @@ def measure_transport_floor(args: argparse.Namespace) -> np.ndarray:
         executor.spin_once(timeout_sec=0.05)
     executor.shutdown()
     node.destroy_node()
+    if publish_ms is not None:
+        lines = feeder.stdout.read().strip().splitlines()
+        publish_ms.extend(json.loads(lines[-1])["publish_ms"] if lines else [])
     pairs = [max(v) for _, v in sorted(latest.items()) if len(v) == 2]
     return np.asarray(pairs[int(args.rate):] or pairs, dtype=np.float64)   # first second left out
+
+
+def run_transport_only(args: argparse.Namespace) -> int:
+    """The transport floor four ways (plain / raw subscriber, glibc defaults / heap reuse) and the feeder's
+    publish() time per frame; prints a markdown table (and writes it to --output)."""
+    apply_loopback_dds(REPO_ROOT / "test_output" / "benchmark_node_overhead")
+    import rclpy
+    rclpy.init()
+    rows: dict[str, dict[str, float]] = {}
+    publish: list[float] = []
+    try:
+        for heap in (False, True):
+            if heap:
+                keep_large_buffers_on_heap()      # one-way for the process: the plain rows run first
+            for raw in (False, True):
+                name = f"{'raw CDR (rosbags)' if raw else 'plain'} subscriber, {'heap reuse' if heap else 'glibc'}"
+                rows[name] = summarize(measure_transport_floor(args, raw, publish if not heap else None))
+    finally:
+        rclpy.try_shutdown()
+    ms = lambda v: f"{v * 1e3:.2f}"  # noqa: E731
+    lines = [f"# Transport floor ({datetime.date.today().isoformat()})", "",
+             f"Command: `python tools/benchmark_node_overhead.py {' '.join(shlex.quote(a) for a in args.argv)}`; "
+             f"{cpu_name()}, {os.cpu_count()} cores; Python {platform.python_version()}; 2 cameras "
+             f"{args.width}x{args.height} {args.encoding} at {args.rate:g} Hz from a separate process, "
+             f"{args.baseline:g} s per row.", "",
+             "| capture stamp -> later frame of a pair [ms] | median | p99 | max |", "|---|---|---|---|"]
+    lines += [f"| {name} | {ms(r['median'])} | {ms(r['p99'])} | {ms(r['max'])} |" for name, r in rows.items()]
+    pub = np.asarray(publish, dtype=np.float64) * 1e-3
+    if pub.size:
+        r = summarize(pub)
+        lines.append(f"| the feeder's publish() of one frame (glibc rows) | {ms(r['median'])} | {ms(r['p99'])} | "
+                     f"{ms(r['max'])} |")
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(report)
+    return 0
 
 
 def summarize(values: np.ndarray) -> dict[str, float]:
@@ -390,6 +452,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.feeder:
         return run_feeder(args)
+    if args.transport_only:
+        return run_transport_only(args)
     return run_benchmark(args)
 
 
