@@ -201,34 +201,47 @@ class EngineExecutor:
             before = picks()
             self.decoder_chain_passes += 1
             if self.dispatch[Op.KERNEL_LAUNCH] == "pdl_early":
-                times = {}
-                for name, sites in LAUNCH_POLICIES.items():
-                    ops.early_sites = sites
-                    times[name] = denoise_ms()
-                ops.launch_policy = min(times, key=times.get)
-                ops.early_sites = LAUNCH_POLICIES[ops.launch_policy]
-                timings["launch_policy"] = times
+                timings["launch_policy"] = self._pick_launch_policy(denoise_ms)
             for kind in ("down", "o", "gate_up", "qkv"):
-                lin = getattr(self.weights.expert[0], kind)
-                if kind not in ops.decoder_timings or lin is None:      # not tuned alone: pinned or library-only
-                    continue
-                x = torch.empty(self.suffix_len, lin.parts[0][0].shape[1], device=self.device, dtype=self.dtype)
-                candidates = ops.decoder_candidates(kind, x, lin, cfg.expert.head_dim)
-                if len(candidates) < 2:
-                    continue
-                times = {}
-                for impl in candidates:
-                    if str(impl) in ops.decoder_failures.get(kind, {}):
-                        continue
-                    ops.decoder_impl[kind] = impl
-                    ms = ops.time_candidate(kind, impl, denoise_ms)
-                    if ms is not None:
-                        times[impl] = ms
-                ops.decoder_impl[kind] = min(times, key=times.get)
-                timings[kind] = {str(k): v for k, v in times.items()}
+                times = self._pick_decoder_gemm_in_chain(kind, denoise_ms)
+                if times:
+                    timings[kind] = times
             if picks() == before:
                 break
         return timings
+
+    def _pick_launch_policy(self, denoise_ms) -> dict[str, float]:
+        """One pass of the chain tuning over the launch policies: each timed, the fastest kept."""
+        ops = self.ops
+        times = {}
+        for name, sites in LAUNCH_POLICIES.items():
+            ops.early_sites = sites
+            times[name] = denoise_ms()
+        ops.launch_policy = min(times, key=times.get)
+        ops.early_sites = LAUNCH_POLICIES[ops.launch_policy]
+        return times
+
+    def _pick_decoder_gemm_in_chain(self, kind: str, denoise_ms) -> dict[str, float]:
+        """One pass of the chain tuning over one decoder GEMM kind's candidates (those the isolated tuning did not
+        leave out), the fastest kept; {} where the kind has nothing to choose between."""
+        ops = self.ops
+        lin = getattr(self.weights.expert[0], kind)
+        if kind not in ops.decoder_timings or lin is None:      # not tuned alone: pinned or library-only
+            return {}
+        x = torch.empty(self.suffix_len, lin.parts[0][0].shape[1], device=self.device, dtype=self.dtype)
+        candidates = ops.decoder_candidates(kind, x, lin, self.config.expert.head_dim)
+        if len(candidates) < 2:
+            return {}
+        times = {}
+        for impl in candidates:
+            if str(impl) in ops.decoder_failures.get(kind, {}):
+                continue
+            ops.decoder_impl[kind] = impl
+            ms = ops.time_candidate(kind, impl, denoise_ms)
+            if ms is not None:
+                times[impl] = ms
+        ops.decoder_impl[kind] = min(times, key=times.get)
+        return {str(k): v for k, v in times.items()}
 
     def _suffix_visibility(self) -> torch.Tensor:
         """Suffix keys each suffix token sees (openpi ar flags; blocks are contiguous, so a count suffices):
