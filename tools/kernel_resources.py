@@ -191,16 +191,19 @@ WIDE_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr":
 
 
 def wide_configs() -> list[KernelConfig]:
-    """Every kernels/wide_gemm.py tiling of the vision GEMM tuning (ops.WIDE_CANDIDATES) at the tower's K (1152;
-    4304 for fc2), with the bias, and with the GELU where fc1 has it."""
+    """Every kernels/wide_gemm.py tiling of the wide GEMM tuning (ops.WIDE_CANDIDATES) at the vision tower's K
+    (1152; 4304 for fc2) with the bias, and with the GELU where fc1 has it, and at the backbone's K (2048: QKV, O)
+    without a bias."""
     from flashrt_core.config import get_config
     from flashrt_core.engine.ops import WIDE_CANDIDATES
     wide = _kernels_module("wide_gemm")
-    v = get_config("pi05").vision
+    cfg = get_config("pi05")
+    v = cfg.vision
     out = []
-    for kind, k, gelu in (("qkv / o / fc1", v.width, True), ("fc2", v.mlp_dim, False)):
+    for kind, k, bias, gelu in (("vision qkv / o / fc1", v.width, True, True), ("vision fc2", v.mlp_dim, True, False),
+                                ("prefix qkv / o", cfg.paligemma.width, False, False)):
         for c in WIDE_CANDIDATES:
-            ce = {"K": k, "HAS_BIAS": True, "GELU": gelu, "KG": wide._K_GELU, "BLOCK_M": c.block_m,
+            ce = {"K": k, "HAS_BIAS": bias, "GELU": gelu, "KG": wide._K_GELU, "BLOCK_M": c.block_m,
                   "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "GROUP_M": 8, "PDL": True}
             out.append(KernelConfig(f"wide GEMM {kind} {c}", wide._wide_gemm_kernel, WIDE_SIGNATURE, ce, c.warps,
                                     c.stages, ("stride_x", "stride_w", "stride_y")))

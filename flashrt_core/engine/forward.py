@@ -115,12 +115,12 @@ def prefix(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor
     x = None
     for i, layer in enumerate(w.backbone):
         ops.norm(x, residual, y, layer.norm1, None, g.eps)
-        qkv = ops.linear(y, layer.qkv)                                                 # (P, (H+2)*Dh)
+        qkv = ops.wide(y, layer.qkv, "prefix_qkv")                                     # (P, (H+2)*Dh)
         ops.qkv_rope(qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i], 0, heads, 1, dh ** -0.5)
         if layer.o is None:     # last layer: its K/V are all the denoiser needs
             break
         attn = ops.prefix_attention(q, ws.k_cache[i, 0, :P], ws.v_cache[i, 0, :P], mask)         # (P, H*Dh)
-        o = ops.linear(attn, layer.o)
+        o = ops.wide(attn, layer.o, "prefix_o")
         ops.norm(o, residual, y, layer.norm2, None, g.eps)
         x = ops.mlp_down(ops.linear(y, layer.gate_up), layer.down)
     return key_bias, valid.sum().view(1)

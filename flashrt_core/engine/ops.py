@@ -70,11 +70,14 @@ class WideConfig:
 
 
 # kernels/wide_gemm.py tilings the wide GEMM tuning (ops.tune_wide, wide_gemm_tuning) times against the library GEMM
-# for each vision GEMM kind: at 512 rows and N = 1152-4304 they give 36-306 programs for the H200's 132 SMs.
+# for each wide GEMM kind: at 512-576 rows and N = 1152-4304 they give 36-306 programs for the H200's 132 SMs.
 # Written in session 7 without a GPU: compiled and tested only in Triton's interpreter so far.
 WIDE_CANDIDATES = (WideConfig(128, 128, 64, 3, 8), WideConfig(128, 64, 64, 4, 4), WideConfig(64, 128, 64, 4, 4),
                    WideConfig(64, 64, 64, 4, 4), WideConfig(128, 256, 64, 3, 8))
-WIDE_KINDS = ("vision_qkv", "vision_o", "vision_fc1", "vision_fc2")   # fc1 carries the tanh GELU epilogue
+# The GEMM kinds ops.wide serves: kind -> (EngineWeights list of layers, the Linear's field). The vision fc1 carries
+# the tanh GELU epilogue; the backbone's gate/up (GeGLU) and down (FP8 by default) stay on the library.
+WIDE_KINDS = {"vision_qkv": ("vision", "qkv"), "vision_o": ("vision", "out"), "vision_fc1": ("vision", "fc1"),
+              "vision_fc2": ("vision", "fc2"), "prefix_qkv": ("backbone", "qkv"), "prefix_o": ("backbone", "o")}
 
 # The SDPA backends the vision attention may run on (Ops.attention), timed at load by tune_vision_attention;
 # "default" leaves the choice to torch (on the H200, torch 2.11: cuDNN's flash kernel, 12.7 us per layer on the
@@ -236,7 +239,7 @@ class Ops:
         self.decoder_timings: dict[str, dict[str, float]] = {}
         self.decoder_failures: dict[str, dict[str, str]] = {}    # candidates left out of the tuning (time_candidate)
         self.calibration: dict[int, float] | None = None   # set by the FP8 calibration run
-        # vision GEMM kind (WIDE_KINDS) -> "library" | WideConfig; tune_wide() sets them with wide_gemm=tuned
+        # wide GEMM kind (WIDE_KINDS) -> "library" | WideConfig; tune_wide() sets them with wide_gemm=tuned
         self.wide_impl: dict[str, str | WideConfig] = {kind: "library" for kind in WIDE_KINDS}
         self.wide_timings: dict[str, dict[str, float]] = {}
 
@@ -308,7 +311,7 @@ class Ops:
 
     def wide(self, x: torch.Tensor, lin: Linear, kind: str, gelu: bool = False,
              impl: str | WideConfig | None = None) -> torch.Tensor:
-        """A vision GEMM (kind one of WIDE_KINDS; gelu: fc1's tanh GELU): the library GEMM (ops.linear /
+        """A wide GEMM (kind one of WIDE_KINDS; gelu: the vision fc1's tanh GELU): the library GEMM (ops.linear /
         linear_gelu) or kernels/wide_gemm.py in the tiling tune_wide kept (impl: force one)."""
         impl = impl or self.wide_impl[kind]
         if isinstance(impl, WideConfig) and self._wide_ok(x, lin):
@@ -488,17 +491,16 @@ class Ops:
             self.decoder_timings[kind] = {str(k): v for k, v in times.items()}
         return self.decoder_timings
 
-    def tune_wide(self, rows: int, layers, reps: int = 3) -> dict[str, dict[str, float]]:
-        """For each vision GEMM kind (WIDE_KINDS), time the library GEMM (with fc1's GELU as ops.linear_gelu runs
-        it) and every WIDE_CANDIDATES tiling at `rows` rows over every vision layer of `layers` in turn (graph-
-        captured, GPU time only), and keep the fastest. Kinds the wide GEMM cannot serve (FP8, unmerged) stay on
-        the library. Returns {kind: {candidate: us per call}}."""
-        w0 = layers[0].qkv.parts[0][0]
-        g = torch.Generator(device=w0.device).manual_seed(0)
-        for kind in WIDE_KINDS:
-            name = kind.split("_", 1)[1]
-            lins = [getattr(layer, "out" if name == "o" else name) for layer in layers]
-            x = torch.randn(rows, lins[0].parts[0][0].shape[1], device=w0.device, generator=g).to(w0.dtype)
+    def tune_wide(self, rows: dict[str, int], weights, reps: int = 3) -> dict[str, dict[str, float]]:
+        """For each wide GEMM kind (WIDE_KINDS), time the library GEMM (with fc1's GELU as ops.linear_gelu runs it)
+        and every WIDE_CANDIDATES tiling at rows[<layer list>] rows ({"vision": ..., "backbone": ...}) over every
+        layer of `weights` (EngineWeights) in turn (graph-captured, GPU time only), and keep the fastest. Kinds the
+        wide GEMM cannot serve (FP8, unmerged) stay on the library. Returns {kind: {candidate: us per call}}."""
+        for kind, (tower, field_name) in WIDE_KINDS.items():
+            lins = [lin for layer in getattr(weights, tower) if (lin := getattr(layer, field_name)) is not None]
+            w0 = lins[0].parts[0][0]
+            g = torch.Generator(device=w0.device).manual_seed(0)
+            x = torch.randn(rows[tower], w0.shape[1], device=w0.device, generator=g).to(w0.dtype)
             if not self._wide_ok(x, lins[0]):
                 continue
             gelu = kind == "vision_fc1"

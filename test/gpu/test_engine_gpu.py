@@ -137,7 +137,7 @@ def test_new_prompt_does_not_recapture(tiny):
     ("pi05", "fp8+fp8_decoder_weights"),    # + weight-only FP8 decoder GEMMs (opt-in)
     ("pi05", "bf16+smem_gemm"),             # every decoder GEMM forced to the shared-memory (TMA) kernels
     ("pi05", "bf16+no_smem_gemm"),          # the shared-memory GEMMs and early PDL triggers off (as session 6)
-    ("pi05", "bf16+wide_gemm"),             # every vision GEMM forced to kernels/wide_gemm.py (opt-in tuning)
+    ("pi05", "bf16+wide_gemm"),             # every wide GEMM kind forced to kernels/wide_gemm.py (opt-in tuning)
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
@@ -158,7 +158,7 @@ def test_accuracy_gate_full_size(name, precision):
         from flashrt_core.engine.ops import SMEM_CANDIDATES
         engine.ops.decoder_impl.update({kind: cands[0] for kind, cands in SMEM_CANDIDATES.items()})
         engine._entries.clear()     # recapture with them
-    if extra == "wide_gemm":        # the tuning timed every tiling for every vision kind; force the first one
+    if extra == "wide_gemm":        # the tuning timed every tiling for every wide kind; force the first one
         from flashrt_core.engine.ops import WIDE_CANDIDATES, WIDE_KINDS
         assert set(engine.ops.wide_timings) == set(WIDE_KINDS), engine.ops.wide_timings
         assert all(len(t) == 1 + len(WIDE_CANDIDATES) for t in engine.ops.wide_timings.values()), \

@@ -105,9 +105,9 @@ def test_engine_with_triton_kernels_matches_the_reference(model, decoder_qkv, mo
 
 
 def test_vision_gemms_in_the_wide_gemm_kernel_match_the_reference(model, monkeypatch):
-    """Every vision GEMM kind forced to kernels/wide_gemm.py (fc1 with its GELU in the epilogue, biases in the
-    epilogue, the tiny tower's widths masked in 64-wide tiles): the actions are the reference's and the vision
-    tower ran its 4 GEMMs per layer there."""
+    """Every wide GEMM kind forced to kernels/wide_gemm.py (the vision fc1 with its GELU in the epilogue, biases
+    in the epilogue, the backbone's QKV and O without, the tiny widths masked in 64-wide tiles): the actions are
+    the reference's, and the vision tower's 4 GEMMs per layer and the backbone's QKV and O ran there."""
     from flashrt_core.engine.ops import WIDE_KINDS, WideConfig
     from test.core.test_engine_forward import _inputs, _reference
     engine = _engine(model, "rope_in_attention")
@@ -117,7 +117,8 @@ def test_vision_gemms_in_the_wide_gemm_kernel_match_the_reference(model, monkeyp
     got = engine.predict_observation(images, tokens, mask, state, noise)
     want = _reference(model, images, tokens, mask, state, noise).numpy()
     np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
-    assert len(launches.get("wide_gemm", [])) == 4 * model.config.vision.depth
+    backbone = model.config.paligemma.depth
+    assert len(launches.get("wide_gemm", [])) == 4 * model.config.vision.depth + backbone + backbone - 1
     assert set(launches["wide_gemm"]) == {1}                                   # PDL launches, as the norms
 
 
