@@ -54,7 +54,7 @@ if [ "$PART" = engine-rest ] || [ "$PART" = all ]; then
 fi
 
 if [ "$PART" = bench ] || [ "$PART" = all ]; then
-  timeout 300 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
+  timeout 420 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate \
     --ab-switches-off vision_attention_tuning smem_gemm prefix_attention_tuning --ab-switches-on wide_gemm_tuning \
     --ab-fp8-options no_vision_attention_tuning --out-dir "$OUT" --tag device_checks > "$OUT/engine.log" 2>&1
