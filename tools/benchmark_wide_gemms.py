@@ -12,6 +12,8 @@ in a CUDA graph and replayed (GPU time per call, no launch overhead):
     addmm           torch.addmm(b, x, w.t())
     epilogue        fc1 only: torch._addmm_activation(b, x, w.t(), use_gelu=True), ops.linear_gelu's path;
                     gate/up only: F.linear then the engine's Triton GeGLU kernel (kernels/geglu.py)
+    wide(...)       kernels/wide_gemm.py in each tiling the engine's wide GEMM tuning weighs (ops.WIDE_CANDIDATES),
+                    bias and GELU in its epilogue (not for gate/up: its GeGLU stays on the library path)
     fp8             torch._scaled_mm, E4M3 weights and activations, per-tensor static scales (quantization of x not
                     timed: the engine's FP8 path quantizes in the kernel ahead where it can)
     inductor        torch.compile(mode="max-autotune-no-cudagraphs") of the same function (linear, + GELU for fc1,
@@ -99,12 +101,17 @@ def forms(shape: Shape, device: torch.device, inductor: bool) -> dict[str, Calla
         out["addmm"] = lambda: after(torch.addmm(b, x, w.t()))
     if shape.epilogue == "gelu" and device.type == "cuda":
         out["epilogue"] = lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True)
-    if shape.epilogue == "geglu" and device.type == "cuda":
-        from flashrt_core.engine.kernel_import import load_kernels, triton_available
-        if triton_available():
-            kern = load_kernels()
-            act = torch.empty(shape.rows, shape.n // 2, device=device, dtype=dtype)
-            out["epilogue"] = lambda: kern.geglu(F.linear(x, w), act)
+    from flashrt_core.engine.kernel_import import load_kernels, triton_available
+    if triton_available() and (device.type == "cuda" or load_kernels().INTERPRETED):   # the CPU: interpreter
+        from flashrt_core.engine.ops import WIDE_CANDIDATES
+        kern = load_kernels()
+        if shape.epilogue == "geglu":
+            if device.type == "cuda":
+                act = torch.empty(shape.rows, shape.n // 2, device=device, dtype=dtype)
+                out["epilogue"] = lambda: kern.geglu(F.linear(x, w), act)
+        else:
+            for cfg in WIDE_CANDIDATES:
+                out[str(cfg)] = lambda cfg=cfg: kern.wide_gemm(x, w, b, shape.epilogue == "gelu", **cfg.launch)
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
         fp8 = torch.float8_e4m3fn
         sx = (x.float().abs().max() / torch.finfo(fp8).max).reshape(())
