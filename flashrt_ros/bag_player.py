@@ -54,6 +54,7 @@ class PlayerConfig:
     wait_for: tuple[str, ...] = ()  # output topics (or /clock) that must have a subscriber before playback starts
     wait_timeout_s: float = 30.0
     delay_s: float = 0.0  # wall seconds to sleep after publishers are created, before playback
+    ack_timeout_s: float = 5.0  # after the last message: wait up to this long for reliable subscribers' acks (0: no)
 
     def __post_init__(self) -> None:
         if self.rate <= 0:
@@ -64,6 +65,8 @@ class PlayerConfig:
             raise ValueError(f"clock_hz must be >= 0 (0 disables /clock), got {self.clock_hz}")
         if self.delay_s < 0 or self.wait_timeout_s <= 0:
             raise ValueError(f"delay_s must be >= 0 and wait_timeout_s > 0, got {self.delay_s}, {self.wait_timeout_s}")
+        if self.ack_timeout_s < 0:
+            raise ValueError(f"ack_timeout_s must be >= 0 (0: do not wait), got {self.ack_timeout_s}")
         if not Path(self.bag).exists():
             raise BagError(f"bag {self.bag} does not exist")
 
@@ -78,6 +81,7 @@ class PlaybackStats:
     max_lateness_s: float = 0.0  # worst wall delay of a publish behind its scheduled time
     wall_duration_s: float = 0.0
     skipped_topics: dict[str, str] = field(default_factory=dict)  # recorded topic -> reason
+    unacknowledged: list[str] = field(default_factory=list)  # reliable topics not fully acked within ack_timeout_s
 
 
 class BagPlayer:
@@ -129,6 +133,7 @@ class BagPlayer:
                 if not cfg.loop:
                     break
             stats.wall_duration_s = time.perf_counter() - wall_start
+            self._wait_for_acknowledgements(waitable, stats)
         LOGGER.info("played %s: %d pass(es), %s, %d clock messages, max lateness %.1f ms", cfg.bag, stats.passes,
                     dict(stats.published), stats.clock_messages, stats.max_lateness_s * 1e3)
         return stats
@@ -177,6 +182,21 @@ class BagPlayer:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no subscriber on {topic} after {cfg.wait_timeout_s} s")
                 time.sleep(SUBSCRIBER_POLL_S)
+
+    def _wait_for_acknowledgements(self, publishers: dict[str, object], stats: PlaybackStats) -> None:
+        """Hold until every reliable subscriber acknowledged every message (ack_timeout_s at most per topic): a
+        player that exits right after its last publish would otherwise take the tail with it (a reliable writer
+        destroyed before the acks arrive drops what is unacknowledged). Best-effort topics return at once."""
+        if self._config.ack_timeout_s <= 0 or self._stop.is_set():
+            return
+        from rclpy.duration import Duration
+        timeout = Duration(nanoseconds=int(self._config.ack_timeout_s * 1e9))
+        for topic, publisher in publishers.items():
+            if not publisher.wait_for_all_acked(timeout):
+                stats.unacknowledged.append(topic)
+        if stats.unacknowledged:
+            LOGGER.warning("not every message was acknowledged within %.1f s on %s", self._config.ack_timeout_s,
+                           stats.unacknowledged)
 
     def _publish_clock(self, bag_ns: int, stats: PlaybackStats) -> None:
         msg = self._clock_cls()
@@ -231,6 +251,9 @@ def _parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[st
                         help="hold playback until this (output) topic, or /clock, has a subscriber")
     parser.add_argument("--wait-timeout", type=float, default=30.0)
     parser.add_argument("-d", "--delay", type=float, default=0.0, help="wall seconds to wait before playing")
+    parser.add_argument("--ack-timeout", type=float, default=5.0,
+                        help="after the last message, wait up to this many seconds for reliable subscribers to "
+                             "acknowledge everything (0: exit at once)")
     parser.add_argument("--log-level", default="INFO")
     own, ros_args = split_ros_args(argv)
     return parser.parse_args(own), ros_args
@@ -242,7 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     config = PlayerConfig(bag=args.bag, rate=args.rate, loop=args.loop, start_offset_s=args.start_offset,
                           remaps=parse_remaps(args.remap), topics=tuple(args.topics), clock_hz=args.clock_hz,
-                          wait_for=tuple(args.wait_for), wait_timeout_s=args.wait_timeout, delay_s=args.delay)
+                          wait_for=tuple(args.wait_for), wait_timeout_s=args.wait_timeout, delay_s=args.delay,
+                          ack_timeout_s=args.ack_timeout)
     import rclpy
     from rclpy.executors import ExternalShutdownException
 

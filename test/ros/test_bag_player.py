@@ -91,6 +91,7 @@ def test_recorded_timing_rate_and_clock(small_bag, rate):
             {t: (sink.count(t), len(expected[t])) for t in TOPIC_TYPES}
 
     assert stats.passes == 1 and dict(stats.published) == {t: len(m) for t, m in expected.items()}
+    assert stats.unacknowledged == []          # every reliable subscriber acknowledged everything before play() ended
     bag_s, wall_s = [], []
     for topic in TOPIC_TYPES:
         assert [raw for _, raw in sink.received[topic]] == [raw for _, raw in expected[topic]], \
@@ -215,11 +216,16 @@ print("received", len(got), flush=True)
 
 def test_cli_plays_with_remap(small_bag):
     # Recorded rate (100 Hz joint states): the player's keep-last history then covers a ~1 s stall of the sink
-    # process on a loaded 2-core machine (at rate 3 a 0.3 s stall lost a sample in about 1 run in 10).
+    # process on a loaded 2-core machine (at rate 3 a 0.3 s stall lost a sample in about 1 run in 10). The player
+    # process exits right after playing and now waits for the acks first (--ack-timeout). --wait-for sees the
+    # sink from the player's side of discovery only; a sample sent before the sink's side has matched the player
+    # is acknowledged but never delivered (a volatile reader starts at the writer's next sample): 1 run in ~30
+    # "received 199" of 200 with every sample acknowledged (session 7). --delay 1 lets discovery finish.
     expected = len(_expected(small_bag)[JOINT_STATE_TOPIC])
     sink = start_python(SUBSCRIBER, "/cli/joints", str(expected))
     player = start_python("from flashrt_ros.bag_player import main; raise SystemExit(main())", str(small_bag),
-                          "--rate", "1", "--remap", f"{JOINT_STATE_TOPIC}:=/cli/joints", "--wait-for", "/cli/joints")
+                          "--rate", "1", "--remap", f"{JOINT_STATE_TOPIC}:=/cli/joints", "--wait-for", "/cli/joints",
+                          "--delay", "1")
     try:
         out, err = player.communicate(timeout=60)
         sink_out, sink_err = sink.communicate(timeout=40)
@@ -229,7 +235,7 @@ def test_cli_plays_with_remap(small_bag):
                 process.kill()
     assert player.returncode == 0, err
     assert "published" in out and "/cli/joints" in out
-    assert f"received {expected}" in sink_out, sink_out + sink_err
+    assert f"received {expected}" in sink_out, sink_out + sink_err + err[-1500:]
 
 
 def test_bad_input_is_named(small_bag, tmp_path):
@@ -237,6 +243,8 @@ def test_bad_input_is_named(small_bag, tmp_path):
         PlayerConfig(bag=tmp_path / "missing")
     with pytest.raises(ValueError, match="rate must be > 0"):
         PlayerConfig(bag=small_bag, rate=0.0)
+    with pytest.raises(ValueError, match="ack_timeout_s must be >= 0"):
+        PlayerConfig(bag=small_bag, ack_timeout_s=-1.0)
     with pytest.raises(BagError, match="old_topic:=new_topic"):
         parse_remaps(["/a=/b"])
     with RosHarness() as ros:
