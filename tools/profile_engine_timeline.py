@@ -106,17 +106,18 @@ def main(argv: list[str] | None = None) -> None:
     attn = [i for i, name in enumerate(names) if "attn_split" in name]
     per_step = cfg.expert.depth
     first = len(attn) - cfg.num_steps * per_step               # the prefix's attention launches come first
+
+    def kernels_between(a: int, b: int) -> list[dict]:
+        return [{"name": names[i], "increment_us": float(inc[i]), "duration_us": float(dur[i])} for i in range(a, b)]
     layer = []
     if first >= 0 and cfg.num_steps > 5 and per_step > 10:
         a, nxt = attn[first + 5 * per_step + 9], attn[first + 5 * per_step + 10]
-        layer = [{"name": names[i], "increment_us": float(inc[i]), "duration_us": float(dur[i])}
-                 for i in range(a - 2, nxt - 2)]
+        layer = kernels_between(a - 2, nxt - 2)
     # one vision layer: the predict's first norm launches are the vision tower's, two per layer (LayerNorm 1 and 2)
     norms = [i for i, name in enumerate(names) if "residual_norm" in name]
     vision_layer = []
     if len(norms) > 2 * cfg.vision.depth and cfg.vision.depth > 13:
-        vision_layer = [{"name": names[i], "increment_us": float(inc[i]), "duration_us": float(dur[i])}
-                        for i in range(norms[26], norms[28])]
+        vision_layer = kernels_between(norms[26], norms[28])
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     total = float(inc.sum())

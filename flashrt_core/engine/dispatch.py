@@ -175,16 +175,13 @@ class EngineOptions:
             changes["fp8_scaling"] = env["FLASHRT_FP8_SCALING"]
         if env.get("FLASHRT_FP8_SCOPE"):
             changes["fp8_scope"] = env["FLASHRT_FP8_SCOPE"]
-        if env.get("FLASHRT_DECODER_KEY_BLOCK"):
-            raw = env["FLASHRT_DECODER_KEY_BLOCK"]
-            if not raw.isdigit():
-                raise ValueError(f"FLASHRT_DECODER_KEY_BLOCK must be 16, 32 or 64, got {raw!r}")
-            changes["decoder_key_block"] = int(raw)
-        if env.get("FLASHRT_CHAIN_TUNING_PASSES"):
-            raw = env["FLASHRT_CHAIN_TUNING_PASSES"]
-            if not raw.isdigit():
-                raise ValueError(f"FLASHRT_CHAIN_TUNING_PASSES must be an int from 1 to 8, got {raw!r}")
-            changes["chain_tuning_passes"] = int(raw)
+        for name, attr, allowed in (("FLASHRT_DECODER_KEY_BLOCK", "decoder_key_block", "16, 32 or 64"),
+                                    ("FLASHRT_CHAIN_TUNING_PASSES", "chain_tuning_passes", "an int from 1 to 8")):
+            raw = env.get(name)
+            if raw:                                       # integer options; the field checks the range
+                if not raw.isdigit():
+                    raise ValueError(f"{name} must be {allowed}, got {raw!r}")
+                changes[attr] = int(raw)
         if flag("FLASHRT_DISABLE_FAST_PATHS"):
             changes["fast_paths"] = False
         overrides = dict(base.overrides)

@@ -452,6 +452,16 @@ class Ops:
             self.decoder_failures.setdefault(kind, {})[str(impl)] = repr(err)
             return None
 
+    def _time_over_layers(self, kind: str, candidates, run_all, layers: int, reps: int) -> dict:
+        """{candidate: us per layer} of each candidate that runs (time_candidate leaves the others out), timed as
+        run_all(candidate) over all `layers` layers, `reps` times in one captured graph."""
+        times = {}
+        for impl in candidates:
+            us = self.time_candidate(kind, impl, lambda: self._graph_time_us(lambda: run_all(impl), reps))
+            if us is not None:
+                times[impl] = us / layers
+        return times
+
     def tune_decoder(self, rows: int, layers, heads: int, head_dim: int, reps: int = 4
                      ) -> dict[str, dict[str, float]]:
         """For each decoder GEMM kind, time the library GEMM and every Triton candidate at `rows` rows
@@ -482,11 +492,8 @@ class Ops:
                                               impl=impl)
                     else:
                         self.decoder(x, lin, kind, impl)
-            times = {}
-            for impl in self.decoder_candidates(kind, x, lins[0], head_dim):
-                us = self.time_candidate(kind, impl, lambda: self._graph_time_us(lambda: run_all(impl), reps))
-                if us is not None:
-                    times[impl] = us / len(lins)
+            times = self._time_over_layers(kind, self.decoder_candidates(kind, x, lins[0], head_dim), run_all,
+                                           len(lins), reps)
             self.decoder_impl[kind] = min(times, key=times.get)
             self.decoder_timings[kind] = {str(k): v for k, v in times.items()}
         return self.decoder_timings
@@ -504,14 +511,11 @@ class Ops:
             if not self._wide_ok(x, lins[0]):
                 continue
             gelu = kind == "vision_fc1"
-            times = {}
-            for impl in ("library",) + WIDE_CANDIDATES:
-                def run_all(impl=impl):
-                    for lin in lins:
-                        self.wide(x, lin, kind, gelu, impl)
-                us = self.time_candidate(kind, impl, lambda: self._graph_time_us(run_all, reps))
-                if us is not None:
-                    times[impl] = us / len(lins)
+
+            def run_all(impl):
+                for lin in lins:
+                    self.wide(x, lin, kind, gelu, impl)
+            times = self._time_over_layers(kind, ("library",) + WIDE_CANDIDATES, run_all, len(lins), reps)
             self.wide_impl[kind] = min(times, key=times.get)
             self.wide_timings[kind] = {str(k): v for k, v in times.items()}
         return self.wide_timings
