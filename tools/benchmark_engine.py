@@ -169,8 +169,6 @@ def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
                                                 "timings_us": engine.ops.prefix_attention_timings},
                            "vision_attention": {"choice": engine.ops.vision_attention_backend,
                                                 "timings_us": engine.ops.vision_attention_timings},
-                           "vision_gemms": {"choice": {k: str(v) for k, v in engine.ops.wide_impl.items()},
-                                            "timings_us": engine.ops.wide_timings},
                            "timings_us": engine.ops.decoder_timings,
                            "chain_timings_ms": engine.decoder_chain_timings}
     return row

@@ -12,8 +12,6 @@ in a CUDA graph and replayed (GPU time per call, no launch overhead):
     addmm           torch.addmm(b, x, w.t())
     epilogue        fc1 only: torch._addmm_activation(b, x, w.t(), use_gelu=True), ops.linear_gelu's path;
                     gate/up only: F.linear then the engine's Triton GeGLU kernel (kernels/geglu.py)
-    wide(...)       kernels/wide_gemm.py in each tiling the engine's wide GEMM tuning weighs (ops.WIDE_CANDIDATES),
-                    bias and GELU in its epilogue (not for gate/up: its GeGLU stays on the library path)
     fp8             torch._scaled_mm, E4M3 weights and activations, per-tensor static scales (quantization of x not
                     timed: the engine's FP8 path quantizes in the kernel ahead where it can)
     inductor        torch.compile(mode="max-autotune-no-cudagraphs") of the same function (linear, + GELU for fc1,
@@ -24,6 +22,8 @@ in a CUDA graph and replayed (GPU time per call, no launch overhead):
 
 Prints a markdown table (us per call and TFLOP/s); the JSON holds the same with GPU, driver and versions.
 On a machine without CUDA, `--device cpu` runs every form once on small shapes (a check that the tool works).
+Session 7 also timed a hand-written tiled Triton GEMM (kernels/wide_gemm.py) here; on the H200 it lost to cuBLAS by
+1.3-3.4x at every shape and was removed (docs/benchmarks/engine_h200_2026-11-29_notes.md, session 8).
 """
 
 from __future__ import annotations
@@ -102,16 +102,10 @@ def forms(shape: Shape, device: torch.device, inductor: bool) -> dict[str, Calla
     if shape.epilogue == "gelu" and device.type == "cuda":
         out["epilogue"] = lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True)
     from flashrt_core.engine.kernel_import import load_kernels, triton_available
-    if triton_available() and (device.type == "cuda" or load_kernels().INTERPRETED):   # the CPU: interpreter
-        from flashrt_core.engine.ops import WIDE_CANDIDATES
+    if shape.epilogue == "geglu" and device.type == "cuda" and triton_available():
         kern = load_kernels()
-        if shape.epilogue == "geglu":
-            if device.type == "cuda":
-                act = torch.empty(shape.rows, shape.n // 2, device=device, dtype=dtype)
-                out["epilogue"] = lambda: kern.geglu(F.linear(x, w), act)
-        else:
-            for cfg in WIDE_CANDIDATES:
-                out[str(cfg)] = lambda cfg=cfg: kern.wide_gemm(x, w, b, shape.epilogue == "gelu", **cfg.launch)
+        act = torch.empty(shape.rows, shape.n // 2, device=device, dtype=dtype)
+        out["epilogue"] = lambda: kern.geglu(F.linear(x, w), act)
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
         fp8 = torch.float8_e4m3fn
         sx = (x.float().abs().max() / torch.finfo(fp8).max).reshape(())

@@ -186,33 +186,9 @@ def smem_configs() -> list[KernelConfig]:
     return out
 
 
-WIDE_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "N": "i32",
-                  "stride_x": "i32", "stride_w": "i32", "stride_y": "i32"}
-
-
-def wide_configs() -> list[KernelConfig]:
-    """Every kernels/wide_gemm.py tiling of the wide GEMM tuning (ops.WIDE_CANDIDATES) at the vision tower's K
-    (1152; 4304 for fc2) with the bias, and with the GELU where fc1 has it, and at the backbone's K (2048: QKV, O)
-    without a bias."""
-    from flashrt_core.config import get_config
-    from flashrt_core.engine.ops import WIDE_CANDIDATES
-    wide = _kernels_module("wide_gemm")
-    cfg = get_config("pi05")
-    v = cfg.vision
-    out = []
-    for kind, k, bias, gelu in (("vision qkv / o / fc1", v.width, True, True), ("vision fc2", v.mlp_dim, True, False),
-                                ("prefix qkv / o", cfg.paligemma.width, False, False)):
-        for c in WIDE_CANDIDATES:
-            ce = {"K": k, "HAS_BIAS": bias, "GELU": gelu, "KG": wide._K_GELU, "BLOCK_M": c.block_m,
-                  "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "GROUP_M": 8, "PDL": True}
-            out.append(KernelConfig(f"wide GEMM {kind} {c}", wide._wide_gemm_kernel, WIDE_SIGNATURE, ce, c.warps,
-                                    c.stages, ("stride_x", "stride_w", "stride_y")))
-    return out
-
-
 def main() -> None:
     rows = []
-    for cfg in attention_configs() + skinny_configs() + smem_configs() + wide_configs():
+    for cfg in attention_configs() + skinny_configs() + smem_configs():
         r = resources(compile_sm90(cfg))
         rows.append((cfg.name, cfg.num_warps, r))
         print(f"{cfg.name}: {r}", file=sys.stderr, flush=True)

@@ -21,7 +21,6 @@ tests and bug reports:
     FLASHRT_DISABLE_SMEM_GEMM=1     no shared-memory (TMA, Gluon) decoder GEMM candidates in the tuning
     FLASHRT_DISABLE_PREFIX_ATTENTION_TUNING=1  the prefix attention runs the mqa implementation, unmeasured
     FLASHRT_DISABLE_VISION_ATTENTION_TUNING=1  the vision attention runs on torch's own choice of SDPA backend
-    FLASHRT_WIDE_GEMM_TUNING=1      ask for the wide GEMMs' tuning against kernels/wide_gemm.py (wide_gemm_tuning)
 
 The same switches exist as `EngineOptions` fields; environment variables win over the fields.
 """
@@ -62,7 +61,6 @@ class Op(str, enum.Enum):
     SMEM_GEMM = "smem_gemm"          # decoder GEMMs that stage their weights in shared memory before the PDL wait
     PREFIX_ATTENTION = "prefix_attention"  # the backbone's attention: the mqa kernel, or the faster of it and SDPA
     VISION_ATTENTION = "vision_attention"  # the SDPA backend of the vision attention: torch's choice or the fastest
-    WIDE_GEMM = "wide_gemm"          # vision + backbone QKV/O GEMMs: the library, or per kind the faster Triton tiling
 
 
 class Switch(str, enum.Enum):
@@ -86,7 +84,6 @@ class Switch(str, enum.Enum):
     SMEM_GEMM = "SMEM_GEMM"              # the TMA / shared-memory decoder GEMM candidates
     PREFIX_ATTENTION_TUNING = "PREFIX_ATTENTION_TUNING"  # the prefix attention picked by its time at load
     VISION_ATTENTION_TUNING = "VISION_ATTENTION_TUNING"  # the vision attention's SDPA backend picked by its time
-    WIDE_GEMM_TUNING = "WIDE_GEMM_TUNING"  # the wide GEMMs timed against kernels/wide_gemm.py (needs asking for)
 
 
 # Which wide GEMMs FP8 serves: every vision and backbone GEMM, the backbone only, or only the backbone's MLP
@@ -120,7 +117,6 @@ class EngineOptions:
     smem_gemm: bool = True                   # kernels/smem_gemm.py candidates in the decoder GEMM tuning
     prefix_attention_tuning: bool = True     # the prefix attention: the mqa kernel or SDPA, whichever is faster
     vision_attention_tuning: bool = True     # the vision attention: the fastest SDPA backend at its shape
-    wide_gemm_tuning: bool = False           # opt-in, not yet run on a GPU: wide GEMMs vs kernels/wide_gemm.py
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -167,8 +163,7 @@ class EngineOptions:
                 changes[sw.value.lower()] = False
         for name, attr in (("FLASHRT_FP8", "fp8"), ("FLASHRT_L2_PREFETCH", "l2_prefetch"),    # opt-ins; a
                            ("FLASHRT_WEIGHT_PREFETCH", "weight_prefetch"),                   # DISABLE wins
-                           ("FLASHRT_FP8_DECODER_WEIGHTS", "fp8_decoder_weights"),
-                           ("FLASHRT_WIDE_GEMM_TUNING", "wide_gemm_tuning")):
+                           ("FLASHRT_FP8_DECODER_WEIGHTS", "fp8_decoder_weights")):
             if flag(name) is not None and attr not in changes:
                 changes[attr] = flag(name)
         if env.get("FLASHRT_FP8_SCALING"):
@@ -372,14 +367,6 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "torch's fused SDPA backends (flash, memory-efficient, cuDNN) and on torch's own choice, "
                   "graph-captured at the engine's shape and layout, and the fastest runs"),
         Candidate("default", _ALWAYS, "torch's own choice of SDPA backend (or the math attention when SDPA is off)"),
-    ),
-    Op.WIDE_GEMM: (
-        Candidate("tuned", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.WIDE_GEMM_TUNING),
-                  "at load, each wide GEMM kind (vision QKV, O, fc1 with its GELU, fc2; backbone QKV and O: "
-                  "ops.WIDE_KINDS) is timed over its layers as the library GEMM and as kernels/wide_gemm.py in each "
-                  "ops.WIDE_CANDIDATES tiling (bias and GELU in the epilogue, PDL launch), and the fastest runs; "
-                  "only when asked: written without a GPU"),
-        Candidate("library", _ALWAYS, "the library GEMM (cuBLASLt / hipBLASLt, bias and GELU in its epilogue)"),
     ),
 }
 

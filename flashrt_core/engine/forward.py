@@ -86,14 +86,14 @@ def vision(ws: Workspace, w: EngineWeights, ops: Ops) -> torch.Tensor:
     for layer in w.vision:
         ln = layer.ln1 or (None, None)
         ops.norm(x, residual, y, ln[0], ln[1], vc.eps, layer_norm=True)
-        qkv = ops.wide(y, layer.qkv, "vision_qkv").view(views, grid * grid, 3, heads, dh)  # (V, N, 3, Hv, dh)
+        qkv = ops.linear(y, layer.qkv).view(views, grid * grid, 3, heads, dh)          # (V, N, 3, Hv, dh)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))                     # (V, Hv, N, dh)
         attn = ops.attention(q, k, v, dh ** -0.5)                                      # (V, Hv, N, dh)
         attn = attn.transpose(1, 2).reshape(views * grid * grid, heads * dh)
-        o = ops.wide(attn, layer.out, "vision_o")
+        o = ops.linear(attn, layer.out)
         ln = layer.ln2 or (None, None)
         ops.norm(o, residual, y, ln[0], ln[1], vc.eps, layer_norm=True)
-        x = ops.wide(ops.wide(y, layer.fc1, "vision_fc1", gelu=True), layer.fc2, "vision_fc2")
+        x = ops.linear(ops.linear_gelu(y, layer.fc1), layer.fc2)
     ln = w.post_ln or (None, None)
     ops.norm(x, residual, y, ln[0], ln[1], vc.eps, layer_norm=True)
     return ops.linear(y, w.projector)                                                  # (V*N, Wg)
@@ -115,12 +115,12 @@ def prefix(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor
     x = None
     for i, layer in enumerate(w.backbone):
         ops.norm(x, residual, y, layer.norm1, None, g.eps)
-        qkv = ops.wide(y, layer.qkv, "prefix_qkv")                                     # (P, (H+2)*Dh)
+        qkv = ops.linear(y, layer.qkv)                                                 # (P, (H+2)*Dh)
         ops.qkv_rope(qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i], 0, heads, 1, dh ** -0.5)
         if layer.o is None:     # last layer: its K/V are all the denoiser needs
             break
         attn = ops.prefix_attention(q, ws.k_cache[i, 0, :P], ws.v_cache[i, 0, :P], mask)         # (P, H*Dh)
-        o = ops.wide(attn, layer.o, "prefix_o")
+        o = ops.linear(attn, layer.o)
         ops.norm(o, residual, y, layer.norm2, None, g.eps)
         x = ops.mlp_down(ops.linear(y, layer.gate_up), layer.down)
     return key_bias, valid.sum().view(1)

@@ -137,11 +137,6 @@ class EngineExecutor:
             g = config.paligemma
             times = self.ops.tune_prefix_attention(P, g.num_heads, g.head_dim, dtype, device, g.depth - 1)
             log.info("prefix attention: %s (us per layer at %d keys: %s)", self.ops.prefix_attention_impl, P, times)
-        if device.type == "cuda" and dispatch[Op.WIDE_GEMM] == "tuned":
-            image_rows = min(2, len(config.view_names)) * config.vision.num_patches
-            times = self.ops.tune_wide({"vision": image_rows, "backbone": image_rows + self.text_buckets[0]},
-                                       self.weights)
-            log.info("wide GEMMs: %s (us per layer: %s)", {k: str(v) for k, v in self.ops.wide_impl.items()}, times)
         if device.type == "cuda" and dispatch[Op.VISION_ATTENTION] == "measured":
             vc = config.vision
             times = self.ops.tune_vision_attention(min(2, len(config.view_names)), vc.num_patches, vc.num_heads,

@@ -49,39 +49,10 @@ class SkinnyConfig:
         return f"triton(n{self.block_n},k{self.block_k},s{self.split_k},st{self.stages},w{self.warps})"
 
 
-@dataclass(frozen=True)
-class WideConfig:
-    """Tiling of kernels/wide_gemm.py: block_m x block_n output tiles, block_k per step, stages, warps."""
-
-    block_m: int
-    block_n: int
-    block_k: int = 64
-    stages: int = 3
-    warps: int = 4
-
-    @property
-    def launch(self) -> dict:
-        """The launcher's keywords."""
-        return {"block_m": self.block_m, "block_n": self.block_n, "block_k": self.block_k, "stages": self.stages,
-                "warps": self.warps}
-
-    def __str__(self) -> str:
-        return f"wide(m{self.block_m},n{self.block_n},k{self.block_k},st{self.stages},w{self.warps})"
-
-
-# kernels/wide_gemm.py tilings the wide GEMM tuning (ops.tune_wide, wide_gemm_tuning) times against the library GEMM
-# for each wide GEMM kind: at 512-576 rows and N = 1152-4304 they give 36-306 programs for the H200's 132 SMs.
-# Written in session 7 without a GPU: compiled and tested only in Triton's interpreter so far.
-WIDE_CANDIDATES = (WideConfig(128, 128, 64, 3, 8), WideConfig(128, 64, 64, 4, 4), WideConfig(64, 128, 64, 4, 4),
-                   WideConfig(64, 64, 64, 4, 4), WideConfig(128, 256, 64, 3, 8))
-# The GEMM kinds ops.wide serves: kind -> (EngineWeights list of layers, the Linear's field). The vision fc1 carries
-# the tanh GELU epilogue; the backbone's gate/up (GeGLU) and down (FP8 by default) stay on the library.
-WIDE_KINDS = {"vision_qkv": ("vision", "qkv"), "vision_o": ("vision", "out"), "vision_fc1": ("vision", "fc1"),
-              "vision_fc2": ("vision", "fc2"), "prefix_qkv": ("backbone", "qkv"), "prefix_o": ("backbone", "o")}
-
 # The SDPA backends the vision attention may run on (Ops.attention), timed at load by tune_vision_attention;
-# "default" leaves the choice to torch (on the H200, torch 2.11: cuDNN's flash kernel, 12.7 us per layer on the
-# critical path for 2 views, 5.5 us of it idle before the kernel starts; session 7's timeline).
+# "default" leaves the choice to torch (on the H200, torch 2.11: cuDNN's flash kernel). Measured at load on the H200
+# (session 8, us per layer at 2 views): cuDNN 9.0-9.3, torch's choice the same, memory-efficient 11.3-11.5, flash
+# 13.6-13.8; the pick flips between cuDNN and torch's choice, a -0.1 ms gain at most.
 VISION_ATTENTION_BACKENDS = ("default", "flash", "efficient", "cudnn")
 
 # The prefix attention's implementations (Ops.prefix_attention), timed at load by tune_prefix_attention. Measured
@@ -239,9 +210,6 @@ class Ops:
         self.decoder_timings: dict[str, dict[str, float]] = {}
         self.decoder_failures: dict[str, dict[str, str]] = {}    # candidates left out of the tuning (time_candidate)
         self.calibration: dict[int, float] | None = None   # set by the FP8 calibration run
-        # wide GEMM kind (WIDE_KINDS) -> "library" | WideConfig; tune_wide() sets them with wide_gemm=tuned
-        self.wide_impl: dict[str, str | WideConfig] = {kind: "library" for kind in WIDE_KINDS}
-        self.wide_timings: dict[str, dict[str, float]] = {}
 
     # ---------------------------------------------------------------------------------------------- norms
     def launch_mode(self, site: str) -> bool | int:
@@ -308,22 +276,6 @@ class Ops:
             w, b = lin.parts[0]
             return torch._addmm_activation(b, x, w.t(), use_gelu=True)
         return F.gelu(self.linear(x, lin), approximate="tanh")
-
-    def wide(self, x: torch.Tensor, lin: Linear, kind: str, gelu: bool = False,
-             impl: str | WideConfig | None = None) -> torch.Tensor:
-        """A wide GEMM (kind one of WIDE_KINDS; gelu: the vision fc1's tanh GELU): the library GEMM (ops.linear /
-        linear_gelu) or kernels/wide_gemm.py in the tiling tune_wide kept (impl: force one)."""
-        impl = impl or self.wide_impl[kind]
-        if isinstance(impl, WideConfig) and self._wide_ok(x, lin):
-            (w, b), = lin.parts
-            return self.k.wide_gemm(x, w, b, gelu, pdl=self.launch_mode("other"), **impl.launch)
-        return self.linear_gelu(x, lin) if gelu else self.linear(x, lin)
-
-    def _wide_ok(self, x: torch.Tensor, lin: Linear) -> bool:
-        """kernels/wide_gemm.py's conditions: one weight block, not FP8, no calibration run, unit column strides, on
-        the GPU (or on the CPU under Triton's interpreter, for tests)."""
-        return (len(lin.parts) == 1 and lin.fp8 is None and self.calibration is None and x.stride(1) == 1
-                and lin.parts[0][0].stride(1) == 1 and (x.is_cuda or self.k.INTERPRETED))
 
     def _few_rows_gemm_ok(self, x: torch.Tensor, lin: Linear, k_step: int) -> bool:
         """The Triton few-row GEMMs' conditions: one bias-free weight block, <= 64 rows on the GPU (or on the CPU
@@ -441,12 +393,12 @@ class Ops:
     def time_candidate(self, kind: str, impl, measure) -> float | None:
         """measure() for one tuning candidate. A candidate that needs more shared memory or registers than this
         GPU has (Triton's OutOfResources), and a shared-memory GEMM (SmemConfig: Gluon, run only on the H200 so far)
-        or a wide GEMM (WideConfig: not yet run on a GPU) that fails to compile or launch, is left out and recorded
-        in decoder_failures (under `kind`); any other failure is raised."""
+        that fails to compile or launch, is left out and recorded in decoder_failures (under `kind`); any other
+        failure is raised."""
         try:
             return measure()
         except Exception as err:  # noqa: BLE001  only the kinds of failure below are a candidate's to have
-            if not (isinstance(err, _OUT_OF_RESOURCES) or isinstance(impl, (SmemConfig, WideConfig))):
+            if not (isinstance(err, _OUT_OF_RESOURCES) or isinstance(impl, SmemConfig)):
                 raise
             log.warning("GEMM candidate %s for %s cannot run on this GPU, left out: %s", impl, kind, err)
             self.decoder_failures.setdefault(kind, {})[str(impl)] = repr(err)
@@ -497,28 +449,6 @@ class Ops:
             self.decoder_impl[kind] = min(times, key=times.get)
             self.decoder_timings[kind] = {str(k): v for k, v in times.items()}
         return self.decoder_timings
-
-    def tune_wide(self, rows: dict[str, int], weights, reps: int = 3) -> dict[str, dict[str, float]]:
-        """For each wide GEMM kind (WIDE_KINDS), time the library GEMM (with fc1's GELU as ops.linear_gelu runs it)
-        and every WIDE_CANDIDATES tiling at rows[<layer list>] rows ({"vision": ..., "backbone": ...}) over every
-        layer of `weights` (EngineWeights) in turn (graph-captured, GPU time only), and keep the fastest. Kinds the
-        wide GEMM cannot serve (FP8, unmerged) stay on the library. Returns {kind: {candidate: us per call}}."""
-        for kind, (tower, field_name) in WIDE_KINDS.items():
-            lins = [lin for layer in getattr(weights, tower) if (lin := getattr(layer, field_name)) is not None]
-            w0 = lins[0].parts[0][0]
-            g = torch.Generator(device=w0.device).manual_seed(0)
-            x = torch.randn(rows[tower], w0.shape[1], device=w0.device, generator=g).to(w0.dtype)
-            if not self._wide_ok(x, lins[0]):
-                continue
-            gelu = kind == "vision_fc1"
-
-            def run_all(impl):
-                for lin in lins:
-                    self.wide(x, lin, kind, gelu, impl)
-            times = self._time_over_layers(kind, ("library",) + WIDE_CANDIDATES, run_all, len(lins), reps)
-            self.wide_impl[kind] = min(times, key=times.get)
-            self.wide_timings[kind] = {str(k): v for k, v in times.items()}
-        return self.wide_timings
 
     # ---------------------------------------------------------------------------------------------- attention
     def qkv_rope(self, qkv, pos, cos, sin, q_out, k_cache, v_cache, offset: int, heads: int, kv_heads: int,

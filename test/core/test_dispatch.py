@@ -275,20 +275,6 @@ def test_vision_attention_backend_is_measured_on_gpus_and_has_its_switch():
     assert resolve(CPU, EngineOptions())[Op.VISION_ATTENTION] == "default"
 
 
-def test_wide_gemm_tuning_is_opt_in_with_triton(monkeypatch):
-    import flashrt_core.engine.kernel_import as ki
-    monkeypatch.setattr(ki, "triton_available", lambda: True)
-    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.WIDE_GEMM] == "library"
-    assert resolve(detect_hardware("sm90"), EngineOptions(wide_gemm_tuning=True))[Op.WIDE_GEMM] == "tuned"
-    assert resolve(detect_hardware("gfx942"), _env(FLASHRT_WIDE_GEMM_TUNING=1))[Op.WIDE_GEMM] == "tuned"
-    asked_off = EngineOptions.from_env(EngineOptions(wide_gemm_tuning=True),
-                                       env={"FLASHRT_DISABLE_WIDE_GEMM_TUNING": "1"})
-    assert resolve(detect_hardware("sm90"), asked_off)[Op.WIDE_GEMM] == "library"
-    assert resolve(detect_hardware("sm90"), EngineOptions(wide_gemm_tuning=True, triton=False))[Op.WIDE_GEMM] == \
-        "library"
-    assert resolve(CPU, EngineOptions(wide_gemm_tuning=True))[Op.WIDE_GEMM] == "library"
-
-
 def test_prefix_attention_is_measured_with_triton_and_has_its_switch(monkeypatch):
     import flashrt_core.engine.kernel_import as ki
     monkeypatch.setattr(ki, "triton_available", lambda: True)

@@ -137,7 +137,6 @@ def test_new_prompt_does_not_recapture(tiny):
     ("pi05", "fp8+fp8_decoder_weights"),    # + weight-only FP8 decoder GEMMs (opt-in)
     ("pi05", "bf16+smem_gemm"),             # every decoder GEMM forced to the shared-memory (TMA) kernels
     ("pi05", "bf16+no_smem_gemm"),          # the shared-memory GEMMs and early PDL triggers off (as session 6)
-    ("pi05", "bf16+wide_gemm"),             # every wide GEMM kind forced to kernels/wide_gemm.py (opt-in tuning)
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
@@ -147,8 +146,7 @@ def test_accuracy_gate_full_size(name, precision):
     engine = build_executor(model, cfg, torch.device("cuda"), "auto",
                             EngineOptions(fp8=prec == "fp8", fp8_decoder_weights=extra == "fp8_decoder_weights",
                                           smem_gemm=extra != "no_smem_gemm",
-                                          pdl_early_trigger=extra != "no_smem_gemm",
-                                          wide_gemm_tuning=extra == "wide_gemm"))
+                                          pdl_early_trigger=extra != "no_smem_gemm"))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
     assert engine.name.endswith(prec)
     assert engine.ops.decoder_fp8 == (extra == "fp8_decoder_weights")
@@ -158,14 +156,6 @@ def test_accuracy_gate_full_size(name, precision):
         from flashrt_core.engine.ops import SMEM_CANDIDATES
         engine.ops.decoder_impl.update({kind: cands[0] for kind, cands in SMEM_CANDIDATES.items()})
         engine._entries.clear()     # recapture with them
-    if extra == "wide_gemm":        # the tuning timed every tiling for every wide kind; force the first one
-        from flashrt_core.engine.ops import WIDE_CANDIDATES, WIDE_KINDS
-        assert set(engine.ops.wide_timings) == set(WIDE_KINDS), engine.ops.wide_timings
-        assert all(len(t) == 1 + len(WIDE_CANDIDATES) for t in engine.ops.wide_timings.values()), \
-            (engine.ops.wide_timings, engine.ops.decoder_failures)
-        engine.ops.wide_impl = {kind: WIDE_CANDIDATES[0] for kind in WIDE_KINDS}
-        engine._entries.clear()
-
     cosines = []
     for seed in range(GATE_OBSERVATIONS):
         obs = random_observation(cfg, np.random.default_rng(seed), views=2 + seed % 2, n_text=20 + 13 * seed,

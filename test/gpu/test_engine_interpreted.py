@@ -37,8 +37,7 @@ def _triton_dispatch(decoder_qkv: str, fp8_weights: bool):
               Op.KERNEL_LAUNCH: "pdl", Op.L2_PREFETCH: "none", Op.WEIGHT_PREFETCH: "none",
               Op.DECODER_WEIGHTS: "fp8" if fp8_weights else "bf16", Op.VISION_GELU: "separate",
               Op.DECODER_TUNING: "isolated", Op.FP8_INPUT_QUANT: "fused",
-              Op.SMEM_GEMM: "none", Op.PREFIX_ATTENTION: "mqa", Op.VISION_ATTENTION: "default",
-              Op.WIDE_GEMM: "library"}
+              Op.SMEM_GEMM: "none", Op.PREFIX_ATTENTION: "mqa", Op.VISION_ATTENTION: "default"}
     assert set(choice) == set(Op), "every op needs a choice here"
     return Dispatch(detect_hardware("sm90"), EngineOptions(text_buckets=(16, 32)), choice)
 
@@ -74,7 +73,7 @@ def _record_triton_launches(engine, monkeypatch) -> dict[str, list]:
     The PyTorch references are not recorded."""
     calls: dict[str, list] = {}
     for name in ("skinny_gemm", "decoder_attention", "attention", "qkv_rope", "ada_rms_norm", "residual_norm",
-                 "euler", "geglu", "wide_gemm"):
+                 "euler", "geglu"):
         fn = getattr(engine.ops.k, name)
 
         def recorded(*args, _fn=fn, _name=name, **kwargs):
@@ -102,24 +101,6 @@ def test_engine_with_triton_kernels_matches_the_reference(model, decoder_qkv, mo
     else:
         assert "decoder_attention" not in calls
         assert calls.get("qkv_rope", 0) == model.config.paligemma.depth + steps * layers
-
-
-def test_vision_gemms_in_the_wide_gemm_kernel_match_the_reference(model, monkeypatch):
-    """Every wide GEMM kind forced to kernels/wide_gemm.py (the vision fc1 with its GELU in the epilogue, biases
-    in the epilogue, the backbone's QKV and O without, the tiny widths masked in 64-wide tiles): the actions are
-    the reference's, and the vision tower's 4 GEMMs per layer and the backbone's QKV and O ran there."""
-    from flashrt_core.engine.ops import WIDE_KINDS, WideConfig
-    from test.core.test_engine_forward import _inputs, _reference
-    engine = _engine(model, "rope_in_attention")
-    engine.ops.wide_impl = {kind: WideConfig(64, 64, 32, 2, 4) for kind in WIDE_KINDS}
-    launches = _record_triton_launches(engine, monkeypatch)
-    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(3), 9, (0, 1))
-    got = engine.predict_observation(images, tokens, mask, state, noise)
-    want = _reference(model, images, tokens, mask, state, noise).numpy()
-    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
-    backbone = model.config.paligemma.depth
-    assert len(launches.get("wide_gemm", [])) == 4 * model.config.vision.depth + backbone + backbone - 1
-    assert set(launches["wide_gemm"]) == {1}                                   # PDL launches, as the norms
 
 
 def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):

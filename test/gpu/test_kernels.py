@@ -557,30 +557,3 @@ def test_fp8_quant_rows():
     assert ((q.float() - want_q.float())[differ].abs() <= step * 1.0001).all(), "a value moved more than one step"
     err = (q.float() * scale - x.float()).norm() / x.float().norm()
     assert err < FP8_REL_L2, f"dequantized rel L2 error {err:.3e}"
-
-
-@pytest.mark.parametrize("n,k,bias,gelu", [
-    (3456, 1152, True, False),    # vision QKV (merged), with its bias
-    (1152, 1152, True, False),    # vision O
-    (4304, 1152, True, True),     # vision fc1 + bias + tanh GELU in the epilogue
-    (1152, 4304, True, False),    # vision fc2: K = 4304 is not a whole number of 64-wide steps
-    (2560, 2048, False, False),   # prefix QKV (no bias)
-])
-def test_wide_gemm_every_engine_config(n, k, bias, gelu):
-    """kernels/wide_gemm.py in every tiling the load-time tuning may pick (ops.WIDE_CANDIDATES), at the vision
-    tower's shapes for 2 views (interpreter: sizes / 16 and the two smallest tilings), both launch modes."""
-    from flashrt_core.engine.ops import WIDE_CANDIDATES
-    rows, configs = VISION_ROWS, WIDE_CANDIDATES
-    if INTERPRET:
-        n, k, configs = n // 16, k // 16, sorted(configs, key=lambda c: c.block_m * c.block_n)[:2]
-    g = torch.Generator(device=DEVICE).manual_seed(n + k)
-    x = torch.randn(rows, k, device=DEVICE, generator=g).to(SKINNY_DTYPE)
-    w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(SKINNY_DTYPE)
-    b = torch.randn(n, device=DEVICE, generator=g).to(SKINNY_DTYPE) if bias else None
-    want = K.wide_gemm_reference(x, w, b, gelu).float()
-    for cfg in configs:
-        for pdl in (False, True) if not INTERPRET else (False,):
-            got = K.wide_gemm(x, w, b, gelu, pdl=pdl, **cfg.launch).float()
-            assert got.shape == (rows, n) and not torch.isnan(got).any(), cfg
-            err = (got - want).norm() / want.norm()
-            assert err < SKINNY_REL_L2, f"{cfg}: rel L2 error {err:.2e}"
