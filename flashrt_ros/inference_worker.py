@@ -14,6 +14,13 @@ blocks or the interpreter's switch interval (5 ms) forces a switch. On the 2-cor
 inference, 3 Hz camera pairs, so every observation finds the thread idle) the wait of a complete observation for
 the thread fell from 1.13 ms to 0.20-0.25 ms median (docs/benchmarks/node_overhead_2026-11-29.md).
 
+``handover_timeout_s`` (> 0; 0 = off): a notifying callback that finds the thread idle then waits, with the GIL
+released, until the thread has taken the job and ``prepare()`` has built it, at most this long. The yield above
+hands the GIL over only if the woken thread is already scheduled; otherwise the callback's thread returns into the
+executor's Python code and keeps the GIL until it blocks again. With the wait, the thread's wake-up and the input
+conversion do not compete with the executor for the GIL. The callback never waits on ``predict()`` (the GPU): the
+wait ends when ``prepare()`` returns, or at the timeout.
+
 ``run_on_thread(fn)`` runs other model work (warm-up, graph capture) on the same thread, so every call into
 the model, GPU work included, happens on one thread.
 """
@@ -48,7 +55,7 @@ class InferenceWorker(Generic[Job]):
     def __init__(self, prepare: Callable[[], Job | None], predict: Callable[[Job], np.ndarray],
                  deliver: Callable[[InferenceResult[Job]], None], on_error: Callable[[str, BaseException], None],
                  on_discard: Callable[[InferenceResult[Job]], None] | None = None,
-                 name: str = "flashrt_inference", yield_after_notify: bool = True):
+                 name: str = "flashrt_inference", yield_after_notify: bool = True, handover_timeout_s: float = 0.0):
         self._prepare = prepare
         self._predict = predict
         self._deliver = deliver
@@ -62,6 +69,11 @@ class InferenceWorker(Generic[Job]):
         self._deliver_lock = threading.Lock()
         self._busy = False
         self._yield_after_notify = yield_after_notify
+        if not handover_timeout_s >= 0.0:
+            raise ValueError(f"handover_timeout_s must be >= 0, got {handover_timeout_s!r}")
+        self._handover_timeout_s = handover_timeout_s
+        self._prepared = threading.Event()     # set when the thread has taken (prepared) what notify() announced
+        self.handover_timeouts = 0             # hand-over waits that ended at the timeout
         self._calls: list[tuple[Callable[[], object], threading.Event, dict]] = []
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -75,6 +87,7 @@ class InferenceWorker(Generic[Job]):
         with self._wake:
             self._stopping = True
             self._wake.notify()
+        self._prepared.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
@@ -105,11 +118,18 @@ class InferenceWorker(Generic[Job]):
         return box["result"]
 
     def notify(self) -> None:
-        """Wake the thread (cheap, never blocks on inference)."""
+        """Wake the thread (cheap, never blocks on inference; with handover_timeout_s, waits at most that long
+        for the idle thread to take and prepare the job)."""
+        handover = self._handover_timeout_s > 0.0 and not self._busy and self._thread.is_alive()
         with self._wake:
+            if handover:
+                self._prepared.clear()
             self._notified = True
             self._wake.notify()
-        if self._yield_after_notify and not self._busy:
+        if handover:
+            if not self._prepared.wait(self._handover_timeout_s):    # releases the GIL while it waits
+                self.handover_timeouts += 1
+        elif self._yield_after_notify and not self._busy:
             time.sleep(0)         # releases the GIL: the woken thread can take it now
 
     @property
@@ -144,6 +164,8 @@ class InferenceWorker(Generic[Job]):
                 enabled, generation = self._enabled, self._generation
             if enabled:
                 self._run_once(generation)
+            else:
+                self._prepared.set()       # nothing to take while disabled: a waiting notify() returns
 
     def _report(self, what: str, error: BaseException) -> None:
         try:
@@ -164,6 +186,8 @@ class InferenceWorker(Generic[Job]):
         except Exception as error:   # a bad input must never kill the thread
             self._report("preparing the observation failed", error)
             return
+        finally:
+            self._prepared.set()     # the hand-over ends here, before predict()
         if job is None:
             return
         self._busy = True

@@ -213,6 +213,7 @@ class DiagnosticsContext:
     buffer: BufferCounters
     has_instruction: bool
     heap_reuse: str = ""                    # flashrt_ros.heap_reuse state ("" before the first configure)
+    handover_timeouts: int = 0              # InferenceWorker hand-over waits that ended at their timeout
 
 
 def diagnostic_status(snapshot: StatisticsSnapshot, context: DiagnosticsContext) -> DiagnosticStatus:
@@ -252,6 +253,7 @@ def diagnostic_status(snapshot: StatisticsSnapshot, context: DiagnosticsContext)
         "frames_out_of_order": str(context.buffer.out_of_order),
         "time_resets": str(context.buffer.time_resets),
         "observations_dropped_by_reset": str(context.buffer.dropped_by_reset),
+        "inference_handover_timeouts": str(context.handover_timeouts),
         "inputs_rejected": str(rejected_total(snapshot, context.buffer)),
         "has_instruction": str(context.has_instruction).lower(),
         "gpu_memory": gpu_memory_text(context.device),

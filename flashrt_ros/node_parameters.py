@@ -114,6 +114,11 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "GIL once (time.sleep(0)) when the inference thread is idle, so inference starts at once instead of "
               "after the interpreter's next thread switch (up to 5 ms); measured: the queue wait fell from 1.1 to "
               "0.2 ms median on a 2-core machine. false = off (A/B)."),
+    ParamSpec("inference_handover_timeout", 0.0, "Longest wait [s] of a callback that completed an observation "
+              "while the inference thread was idle, until that thread has taken the observation and converted its "
+              "inputs (the GIL released meanwhile; never a wait on the GPU), so the thread's wake-up and the input "
+              "conversion do not queue behind the executor for the GIL. 0 = off: only the yield above. Opt-in "
+              "until measured on the GPU machine.", float_range=(0.0, 0.01)),
     ParamSpec("freeze_gc_after_configure", True, "After the model is loaded and warmed up, move every Python "
               "object alive into the garbage collector's permanent generation (gc.freeze, flashrt_ros.gc_pauses), "
               "so full collections at runtime skip torch, the engine and rclpy: on the GPU benchmark machine their "
@@ -247,6 +252,7 @@ class NodeSettings:
     warmup_all_text_buckets: bool
     executor: str
     yield_to_inference_thread: bool
+    inference_handover_timeout: float
     freeze_gc_after_configure: bool
     keep_large_buffers_on_heap: bool
     noise_seed: int
@@ -311,7 +317,7 @@ def settings_from_values(values: dict[str, Any]) -> NodeSettings:
     kwargs["warmup_image_size"] = tuple(int(v) for v in kwargs["warmup_image_size"])
     kwargs["state_type"] = StateInput(kwargs["state_type"])
     kwargs["trigger"] = TriggerMode(kwargs["trigger"])
-    for name in ("sync_slop", "max_observation_age", "inference_rate_hz", "action_dt",
+    for name in ("sync_slop", "max_observation_age", "inference_rate_hz", "action_dt", "inference_handover_timeout",
                  "staleness_warn_threshold", "diagnostics_window", "diagnostics_period"):
         kwargs[name] = float(kwargs[name])
     return NodeSettings(**kwargs)

@@ -149,7 +149,8 @@ class PolicyNode(LifecycleNode):
             self._worker = InferenceWorker(self._prepare_job, self._predict, self._publish_result,
                                            self._on_inference_error,
                                            on_discard=lambda _: self._statistics.record_discarded(),
-                                           yield_after_notify=settings.yield_to_inference_thread)
+                                           yield_after_notify=settings.yield_to_inference_thread,
+                                           handover_timeout_s=settings.inference_handover_timeout)
             self._worker.start()
             # Warm-up (and graph capture on GPU) on the inference thread: all model calls on one thread.
             self._worker.run_on_thread(lambda: self._warm_up(settings))
@@ -512,7 +513,8 @@ class PolicyNode(LifecycleNode):
             device=str(policy.device) if policy is not None else None, staleness_warn_threshold=threshold,
             buffer=buffer.counters() if buffer is not None else BufferCounters(),
             has_instruction=bool(self._instruction or (settings and settings.default_instruction)),
-            heap_reuse=self._heap_reuse)
+            heap_reuse=self._heap_reuse,
+            handover_timeouts=self._worker.handover_timeouts if self._worker is not None else 0)
 
     def _publish_diagnostics(self) -> None:
         try:

@@ -80,6 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the node's executor parameter (flashrt_ros.node_executor)")
     parser.add_argument("--no-yield", action="store_true",
                         help="run the node with yield_to_inference_thread=false (A/B of the GIL hand-over)")
+    parser.add_argument("--handover-timeout", type=float, default=0.0,
+                        help="the node's inference_handover_timeout [s] (0: off; A/B of the wait for the inference "
+                             "thread to take an observation)")
     parser.add_argument("--no-heap-reuse", action="store_true",
                         help="run the node with keep_large_buffers_on_heap=false (A/B of the mallopt step)")
     parser.add_argument("--no-gc-freeze", action="store_true",
@@ -329,6 +332,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
         Parameter("freeze_gc_after_configure", value=not args.no_gc_freeze),
         Parameter("executor", value=args.executor),
         Parameter("yield_to_inference_thread", value=not args.no_yield),
+        Parameter("inference_handover_timeout", value=float(args.handover_timeout)),
         Parameter("keep_large_buffers_on_heap", value=not args.no_heap_reuse),
         Parameter("diagnostics_window", value=min(600.0, args.duration + FEEDER_SETTLE_S + 30.0))])
     executor = make_executor(args.executor)          # as policy_node.main() makes it
@@ -353,6 +357,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
         result = json.loads(out.strip().splitlines()[-1])
         snapshot = node._statistics.snapshot()
         buffer = node._buffer.counters()
+        handover_timeouts = node._worker.handover_timeouts
         device, model_id = str(policy.device), policy.model_id
         node.trigger_deactivate()
         node.trigger_cleanup()
@@ -398,6 +403,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
     report = format_report(args, rows, node_rows, len(chunks), result["frames"], buffer, device, model_id,
                            torch.__version__)
     report += "\n".join([stall_line("Node", node_stalls), stall_line("Feeder", result.get("stalls", []))]) + "\n"
+    if args.handover_timeout > 0:
+        report += f"- Hand-over waits that ended at their timeout: {handover_timeouts}.\n"
     print(report)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -431,6 +438,7 @@ def format_report(args, rows, node_rows, chunk_count, frames, buffer, device, mo
         f"process, plus joint states; {frames} frames published, {chunk_count} chunks measured "
         f"(first {args.skip} skipped).",
         f"- Node: executor {args.executor}, yield_to_inference_thread {str(not args.no_yield).lower()}, "
+        f"inference_handover_timeout {args.handover_timeout:g} s, "
         f"keep_large_buffers_on_heap {str(not args.no_heap_reuse).lower()} ({heap_reuse_state() or 'not applied'}), "
         f"freeze_gc_after_configure {str(not args.no_gc_freeze).lower()}.",
         f"- Observation buffer: {buffer.completed} observations completed, {buffer.replaced} replaced while "

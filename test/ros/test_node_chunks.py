@@ -80,9 +80,11 @@ def test_chunks_carry_observation_stamps_shapes_and_sequence(harness_factory):
                                np.asarray(h.chunks[0].actions[policy.action_dim:2 * policy.action_dim]), rtol=1e-6)
 
 
-def test_no_backlog_with_a_60hz_two_camera_stream_and_slow_inference(harness_factory):
+@pytest.mark.parametrize("handover_s", [0.0, 0.01])     # inference_handover_timeout off / at its maximum
+def test_no_backlog_with_a_60hz_two_camera_stream_and_slow_inference(harness_factory, handover_s):
     delay_s = 0.3
-    h = harness_factory(delay_s=delay_s)
+    h = harness_factory({"inference_handover_timeout": handover_s}, delay_s=delay_s)
+    assert h.node._worker._handover_timeout_s == handover_s
     period_ns, duration_s = 16_666_667, 4.0
     start = time.monotonic()
     frames = 0
@@ -112,6 +114,8 @@ def test_no_backlog_with_a_60hz_two_camera_stream_and_slow_inference(harness_fac
     counters = h.node._buffer.counters()
     assert counters.replaced > frames // 2, counters       # most observations were replaced, and counted
     assert wait_until(lambda: h.statuses and h.statuses[-1].observations_replaced == counters.replaced)
+    assert wait_until(lambda: h.diagnostics and int(h.latest_diagnostics()["inference_handover_timeouts"]) ==
+                      h.node._worker.handover_timeouts)
 
 
 def test_rate_trigger_runs_at_the_configured_rate(harness_factory):

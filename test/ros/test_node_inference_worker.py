@@ -136,3 +136,52 @@ def test_a_failing_error_callback_does_not_kill_the_thread():
     worker.notify()
     assert wait_for(lambda: recorder.delivered == ["fine"]) and worker.alive
     assert worker.stop()
+
+
+def test_handover_waits_for_the_idle_thread_to_prepare_but_never_for_predict():
+    """With handover_timeout_s the notifying callback returns once the idle thread has taken and prepared the job,
+    while predict() (the GPU's part) still runs; a notify while a forward pass runs does not wait at all."""
+    recorder = Recorder()
+    release = threading.Event()
+    worker = InferenceWorker(recorder.prepare, lambda job: (release.wait(WAIT_S), recorder.predict(job))[1],
+                             lambda r: recorder.delivered.append(r.job), lambda what, error: None,
+                             handover_timeout_s=WAIT_S)
+    worker.start()
+    worker.enable()
+    recorder.put("first")
+    worker.notify()                                  # returns when prepare() took "first"
+    assert recorder.pending is None and recorder.predicted == [] and worker.handover_timeouts == 0
+    assert wait_for(lambda: worker.busy)
+    recorder.put("second")
+    worker.notify()                                  # busy: no wait, "second" stays pending
+    assert recorder.pending == "second"
+    release.set()
+    assert wait_for(lambda: recorder.delivered == ["first", "second"])
+    assert worker.handover_timeouts == 0
+    assert worker.stop()
+
+
+def test_handover_wait_ends_at_its_timeout_and_is_counted():
+    """A prepare() that does not return within the timeout: notify() returns anyway and counts it."""
+    recorder = Recorder()
+    in_prepare, release = threading.Event(), threading.Event()
+
+    def slow_prepare():
+        in_prepare.set()
+        release.wait(WAIT_S)
+        return recorder.prepare()
+    worker = InferenceWorker(slow_prepare, recorder.predict, lambda r: recorder.delivered.append(r.job),
+                             lambda what, error: None, handover_timeout_s=0.05)
+    worker.start()
+    recorder.put("job")
+    worker.enable()                                  # notifies: prepare() blocks, the hand-over times out
+    assert in_prepare.wait(WAIT_S) and worker.handover_timeouts == 1
+    release.set()
+    assert wait_for(lambda: recorder.delivered == ["job"])
+    assert worker.stop()
+
+
+def test_handover_timeout_must_not_be_negative():
+    with pytest.raises(ValueError, match="handover_timeout_s"):
+        InferenceWorker(lambda: None, lambda job: job, lambda r: None, lambda what, error: None,
+                        handover_timeout_s=-0.001)
