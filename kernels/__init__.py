@@ -14,6 +14,7 @@ from .attention import attention, attention_reference, decoder_attention, decode
 from .euler import euler, euler_reference
 from .fp8_quant import fp8_quant, fp8_quant_reference, fp8_quant_rows, fp8_quant_rows_reference
 from .geglu import geglu, geglu_reference
+from .patch_embed import patch_rows, patch_rows_reference
 from .qkv_gemm_rope import qkv_gemm_rope, qkv_gemm_rope_reference
 from .qkv_rope import qkv_rope, qkv_rope_reference, rope_tables
 from .residual_norm import residual_norm, residual_norm_reference
@@ -27,6 +28,7 @@ __all__ = [
     "euler", "euler_reference",
     "fp8_quant", "fp8_quant_reference", "fp8_quant_rows", "fp8_quant_rows_reference",
     "geglu", "geglu_reference",
+    "patch_rows", "patch_rows_reference",
     "qkv_gemm_rope", "qkv_gemm_rope_reference",
     "qkv_rope", "qkv_rope_reference", "rope_tables",
     "residual_norm", "residual_norm_reference",

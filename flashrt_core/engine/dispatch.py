@@ -21,6 +21,8 @@ tests and bug reports:
     FLASHRT_DISABLE_SMEM_GEMM=1     no shared-memory (TMA, Gluon) decoder GEMM candidates in the tuning
     FLASHRT_DISABLE_PREFIX_ATTENTION_TUNING=1  the prefix attention runs the mqa implementation, unmeasured
     FLASHRT_DISABLE_VISION_ATTENTION_TUNING=1  the vision attention runs on torch's own choice of SDPA backend
+    FLASHRT_FUSED_PATCH_EMBED=1     ask for the patch rows of uint8 views from kernels/patch_embed.py and the patch
+                                    GEMM in the engine dtype (EngineOptions(fused_patch_embed=True))
 
 The same switches exist as `EngineOptions` fields; environment variables win over the fields.
 """
@@ -61,6 +63,7 @@ class Op(str, enum.Enum):
     SMEM_GEMM = "smem_gemm"          # decoder GEMMs that stage their weights in shared memory before the PDL wait
     PREFIX_ATTENTION = "prefix_attention"  # the backbone's attention: the mqa kernel, or the faster of it and SDPA
     VISION_ATTENTION = "vision_attention"  # the SDPA backend of the vision attention: torch's choice or the fastest
+    PATCH_EMBED = "patch_embed"      # uint8 views -> patch rows -> patch GEMM: one kernel + engine-dtype GEMM, or torch
 
 
 class Switch(str, enum.Enum):
@@ -84,6 +87,7 @@ class Switch(str, enum.Enum):
     SMEM_GEMM = "SMEM_GEMM"              # the TMA / shared-memory decoder GEMM candidates
     PREFIX_ATTENTION_TUNING = "PREFIX_ATTENTION_TUNING"  # the prefix attention picked by its time at load
     VISION_ATTENTION_TUNING = "VISION_ATTENTION_TUNING"  # the vision attention's SDPA backend picked by its time
+    FUSED_PATCH_EMBED = "FUSED_PATCH_EMBED"  # kernels/patch_embed.py + the patch GEMM in the engine dtype (asked for)
 
 
 # Which wide GEMMs FP8 serves: every vision and backbone GEMM, the backbone only, or only the backbone's MLP
@@ -117,6 +121,7 @@ class EngineOptions:
     smem_gemm: bool = True                   # kernels/smem_gemm.py candidates in the decoder GEMM tuning
     prefix_attention_tuning: bool = True     # the prefix attention: the mqa kernel or SDPA, whichever is faster
     vision_attention_tuning: bool = True     # the vision attention: the fastest SDPA backend at its shape
+    fused_patch_embed: bool = False          # opt-in until measured on a GPU: kernels/patch_embed.py
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -163,7 +168,8 @@ class EngineOptions:
                 changes[sw.value.lower()] = False
         for name, attr in (("FLASHRT_FP8", "fp8"), ("FLASHRT_L2_PREFETCH", "l2_prefetch"),    # opt-ins; a
                            ("FLASHRT_WEIGHT_PREFETCH", "weight_prefetch"),                   # DISABLE wins
-                           ("FLASHRT_FP8_DECODER_WEIGHTS", "fp8_decoder_weights")):
+                           ("FLASHRT_FP8_DECODER_WEIGHTS", "fp8_decoder_weights"),
+                           ("FLASHRT_FUSED_PATCH_EMBED", "fused_patch_embed")):
             if flag(name) is not None and attr not in changes:
                 changes[attr] = flag(name)
         if env.get("FLASHRT_FP8_SCALING"):
@@ -322,6 +328,15 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "weight-only E4M3 (one scale per row, fp8.quantize_expert_weights) streamed by the Triton decoder "
                   "GEMMs, widened to bf16 in registers: half the bytes; opt-in: measured slower on the H200"),
         Candidate("bf16", _ALWAYS, "the prepared bf16 weights"),
+    ),
+    Op.PATCH_EMBED: (
+        Candidate("fused", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.FUSED_PATCH_EMBED),
+                  "each present uint8 view at the model's image size becomes its patch rows in the engine dtype in "
+                  "one kernels/patch_embed.py launch (HWC gather, scaling to [-1, 1]); the patch GEMM runs in the "
+                  "engine dtype and one add puts the position embedding and the bias (summed at load) on it; only "
+                  "when asked: written without a GPU"),
+        Candidate("reference", _ALWAYS, "torch: permute, float conversion and scaling per view, the patch "
+                  "reshape, an fp32 GEMM with its bias, then the position embedding"),
     ),
     Op.VISION_GELU: (
         Candidate("gemm_epilogue", lambda hw, o: _gpu(hw, o) and o.switch_on(Switch.GEMM_EPILOGUE),

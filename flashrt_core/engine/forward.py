@@ -71,15 +71,25 @@ def vision(ws: Workspace, w: EngineWeights, ops: Ops) -> torch.Tensor:
     """Present views -> image tokens (V*N, Wg) in the engine dtype."""
     vc = w.config.vision
     size, p = vc.image_size, vc.patch_size
-    if ws.pixels is not None:
-        pixels = ws.pixels                                                             # (V, 3, S, S)
+    grid = size // p
+    if ws.pixels is None and ops.fused_patch_embed and all(img.shape == (size, size, 3) for img in ws.images):
+        views = len(ws.images)
+        rows = torch.empty(views * grid * grid, 3 * p * p, device=ws.images[0].device, dtype=w.dtype)
+        for v, img in enumerate(ws.images):                                            # (V*N, 3*p*p)
+            ops.patch_rows(img, p, rows[v * grid * grid:(v + 1) * grid * grid])
+        patch_w, pos_bias = w.patch_gemm_tables()
+        emb = torch.mm(rows, patch_w.t()).view(views, grid * grid, -1)                 # (V, N, Wv) engine dtype
+        residual = torch.add(pos_bias, emb).view(views * grid * grid, -1)              # (V*N, Wv) fp32
     else:
-        pixels = torch.cat([resize_with_pad_torch(img[None], size) for img in ws.images])
-    views, grid = pixels.shape[0], size // p
-    patches = (pixels.view(views, 3, grid, p, grid, p).permute(0, 2, 4, 1, 3, 5)
-               .reshape(views * grid * grid, 3 * p * p))                               # (V*N, 3*p*p) fp32
-    residual = torch.addmm(w.patch_b, patches, w.patch_w.t())                          # (V*N, Wv) fp32
-    residual = (residual.view(views, grid * grid, -1) + w.pos_emb).view(views * grid * grid, -1)
+        if ws.pixels is not None:
+            pixels = ws.pixels                                                         # (V, 3, S, S)
+        else:
+            pixels = torch.cat([resize_with_pad_torch(img[None], size) for img in ws.images])
+        views = pixels.shape[0]
+        patches = (pixels.view(views, 3, grid, p, grid, p).permute(0, 2, 4, 1, 3, 5)
+                   .reshape(views * grid * grid, 3 * p * p))                           # (V*N, 3*p*p) fp32
+        residual = torch.addmm(w.patch_b, patches, w.patch_w.t())                      # (V*N, Wv) fp32
+        residual = (residual.view(views, grid * grid, -1) + w.pos_emb).view(views * grid * grid, -1)
     heads, dh = vc.num_heads, vc.head_dim
     y = torch.empty(residual.shape, device=residual.device, dtype=w.dtype)
     x = None

@@ -203,6 +203,7 @@ class Ops:
         self.rope_in_attention = dispatch[Op.DECODER_QKV] == "rope_in_attention" and self._mqa == "triton"
         self.fp8_prefix = dispatch[Op.GEMM_PREFIX] == "fp8"
         self._gelu_epilogue = dispatch[Op.VISION_GELU] == "gemm_epilogue"
+        self.fused_patch_embed = dispatch[Op.PATCH_EMBED] == "fused"     # forward.vision: patch_rows + GEMM
         triton_decoder = dispatch[Op.GEMM_DECODER] == "triton"
         # decoder GEMM kind -> "triton" | "library"; tune_decoder() keeps Triton only where it measures faster
         self.decoder_impl: dict[str, str | SkinnyConfig | SmemConfig | RopeGemmConfig] = {
@@ -266,6 +267,10 @@ class Ops:
             return lin.fp8(x)
         outs = [F.linear(x, w, b) for w, b in lin.parts]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+    def patch_rows(self, img: torch.Tensor, patch: int, out: torch.Tensor) -> torch.Tensor:
+        """One present uint8 view (S, S, 3) -> its patch rows in out (kernels/patch_embed.py)."""
+        return self.k.patch_rows(img, patch, out)
 
     def linear_gelu(self, x: torch.Tensor, lin: Linear) -> torch.Tensor:
         """gelu_tanh(x @ W^T + b): the vision MLP's fc1. With vision_gelu=gemm_epilogue and one bf16 block with a

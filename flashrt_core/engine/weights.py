@@ -142,6 +142,16 @@ class EngineWeights:
     dts: list[float]                          # Euler step sizes (all -1/steps)
     expert_arena: ExpertArena | None = None   # the expert's GEMM weights in one buffer (None: not asked/packable)
 
+    def patch_gemm_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fused patch embedding's (kernels/patch_embed.py) GEMM weight in the engine dtype (Wv, 3 * p * p) and
+        its fp32 (N, Wv) addend, the position embedding plus the conv bias; made at first use, then kept."""
+        if self._patch_gemm is None:
+            self._patch_gemm = (self.patch_w.to(self.dtype).contiguous(),
+                                (self.pos_emb + self.patch_b[None, :]).contiguous())
+        return self._patch_gemm
+
+    _patch_gemm: tuple[torch.Tensor, torch.Tensor] | None = None
+
 
 def _f32(t: torch.Tensor) -> torch.Tensor:
     return t.detach().float()

@@ -37,7 +37,8 @@ def _triton_dispatch(decoder_qkv: str, fp8_weights: bool):
               Op.KERNEL_LAUNCH: "pdl", Op.L2_PREFETCH: "none", Op.WEIGHT_PREFETCH: "none",
               Op.DECODER_WEIGHTS: "fp8" if fp8_weights else "bf16", Op.VISION_GELU: "separate",
               Op.DECODER_TUNING: "isolated", Op.FP8_INPUT_QUANT: "fused",
-              Op.SMEM_GEMM: "none", Op.PREFIX_ATTENTION: "mqa", Op.VISION_ATTENTION: "default"}
+              Op.SMEM_GEMM: "none", Op.PREFIX_ATTENTION: "mqa", Op.VISION_ATTENTION: "default",
+              Op.PATCH_EMBED: "reference"}
     assert set(choice) == set(Op), "every op needs a choice here"
     return Dispatch(detect_hardware("sm90"), EngineOptions(text_buckets=(16, 32)), choice)
 
@@ -73,7 +74,7 @@ def _record_triton_launches(engine, monkeypatch) -> dict[str, list]:
     The PyTorch references are not recorded."""
     calls: dict[str, list] = {}
     for name in ("skinny_gemm", "decoder_attention", "attention", "qkv_rope", "ada_rms_norm", "residual_norm",
-                 "euler", "geglu"):
+                 "euler", "geglu", "patch_rows"):
         fn = getattr(engine.ops.k, name)
 
         def recorded(*args, _fn=fn, _name=name, **kwargs):
@@ -101,6 +102,26 @@ def test_engine_with_triton_kernels_matches_the_reference(model, decoder_qkv, mo
     else:
         assert "decoder_attention" not in calls
         assert calls.get("qkv_rope", 0) == model.config.paligemma.depth + steps * layers
+
+
+@pytest.mark.parametrize("views", [(0, 1), (1,)])
+def test_fused_patch_embedding_matches_the_reference(model, views, monkeypatch):
+    """The fused patch embedding (kernels/patch_embed.py per present view, the patch GEMM in the engine dtype, the
+    position embedding + bias added in one step): the actions are the reference's, one patch_rows launch per
+    present view; without it the torch path runs and launches none."""
+    from test.core.test_engine_forward import _inputs, _reference
+    engine = _engine(model, "rope_in_attention")
+    engine.ops.fused_patch_embed = True
+    launches = _record_triton_launches(engine, monkeypatch)
+    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(4), 9, views)
+    got = engine.predict_observation(images, tokens, mask, state, noise)
+    want = _reference(model, images, tokens, mask, state, noise).numpy()
+    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
+    assert len(launches.get("patch_rows", [])) == len(views)
+    engine.ops.fused_patch_embed = False
+    launches.clear()
+    engine.predict_observation(images, tokens, mask, state, noise)
+    assert "patch_rows" not in launches
 
 
 def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):

@@ -177,6 +177,25 @@ def test_euler(rows):
     _close(got, want, FP32_ATOL, FP32_RTOL)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_patch_rows(dtype):
+    """kernels/patch_embed.py at the SigLIP shape (224 x 224 uint8, 14-pixel patches: 256 rows of 588; the
+    interpreter: 28 x 28, 4 rows), every row written, against the PyTorch gather: exact (the same formula in fp32,
+    then one round-to-nearest to bf16). Random pixels over the whole uint8 range, so channel or pixel order mistakes show."""
+    size, patch = (224, 14) if not INTERPRET else (28, 14)
+    g = torch.Generator(device=DEVICE).manual_seed(size)
+    img = torch.randint(0, 256, (size, size, 3), device=DEVICE, generator=g, dtype=torch.int64).to(torch.uint8)
+    out = _poison(torch.empty((size // patch) ** 2, 3 * patch * patch, device=DEVICE, dtype=dtype))
+    got = K.patch_rows(img, patch, out)
+    want = K.patch_rows_reference(img, patch, dtype)
+    # Triton's interpreter rounds fp32 -> bf16 by its own rule (numpy has no bf16): one bf16 step of [-1, 1] there
+    _close(got, want, 2.0 ** -7 if INTERPRET and dtype == torch.bfloat16 else 0.0, 0.0)
+    # the reference itself: row 1 is the patch right of the top-left one; column 1 its pixel (0, 1), red channel
+    assert want[1, 1].item() == pytest.approx(float(img[0, patch + 1, 0]) / 255.0 * 2.0 - 1.0, abs=1e-2)
+    with pytest.raises(ValueError, match="patch_rows"):
+        K.patch_rows(img[:, :-1], patch, out)
+
+
 ATTN_BF16_ATOL = 2e-2  # bf16 probabilities in the P @ V product (as every flash kernel)
 # Triton's interpreter computes bf16 tl.dot wrongly (numpy has no bf16): check the logic in fp32 there.
 ATTN_DTYPE = torch.float32 if INTERPRET else torch.bfloat16
