@@ -332,7 +332,8 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     Op.PATCH_EMBED: (
         Candidate("fused", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.FUSED_PATCH_EMBED),
                   "each present uint8 view at the model's image size becomes its patch rows in the engine dtype in "
-                  "one kernels/patch_embed.py launch (HWC gather, scaling to [-1, 1]); the patch GEMM runs in the "
+                  "one kernels/patch_embed.py launch (HWC gather, scaling to [-1, 1]; other sizes are resized as "
+                  "before, then converted to the rows in one copy); the patch GEMM runs in the "
                   "engine dtype and one add puts the position embedding and the bias (summed at load) on it; only "
                   "when asked: written without a GPU"),
         Candidate("reference", _ALWAYS, "torch: permute, float conversion and scaling per view, the patch "

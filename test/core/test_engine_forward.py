@@ -96,11 +96,15 @@ def test_sample_actions_contract(model):
     pixels = torch.stack([torch.from_numpy(img).permute(2, 0, 1).float() / 255 * 2 - 1 if img is not None
                           else torch.full((3, size, size), -1.0) for img in images])[None]
     engine = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(True), dtype=torch.float32)
-    got = engine.sample_actions(pixels, torch.tensor([[True, False, True]]), torch.from_numpy(tokens)[None],
-                                torch.from_numpy(mask)[None], torch.from_numpy(state)[None],
-                                torch.from_numpy(noise)[None])
+    args = (pixels, torch.tensor([[True, False, True]]), torch.from_numpy(tokens)[None], torch.from_numpy(mask)[None],
+            torch.from_numpy(state)[None], torch.from_numpy(noise)[None])
+    got = engine.sample_actions(*args)
     assert got.shape == (1, cfg.action_horizon, cfg.max_action_dim)
     torch.testing.assert_close(got[0], want, atol=FP32_ATOL, rtol=0)
+    # the fused patch embedding's path for float pixels (and resized views): patch rows in the engine dtype from
+    # one converting copy, the patch GEMM without its bias, then position embedding + bias in one add
+    engine.ops.fused_patch_embed = True
+    torch.testing.assert_close(engine.sample_actions(*args)[0], want, atol=FP32_ATOL, rtol=0)
 
 
 def test_unnormalization_inside_the_forward(model):
