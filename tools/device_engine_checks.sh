@@ -13,7 +13,8 @@
 #   both PDL modes) (pytest_kernels.log).
 # engine-new: the latest changes' own tests (the TMA GEMMs forced in a pi0.5 gate, the gate with them and the early
 #   PDL triggers off, the chain tuning in both launch modes, the vision attention backends: all passed on the H200
-#   in session 8; the pi0.5 gate with the fused patch embedding, written in session 8, never run on a GPU)
+#   in session 8; written in session 8 and never run on a GPU: the pi0.5 gate with the fused patch embedding, and
+#   the vision attention backends test now also runs kernels/vision_attention.py, the "triton" backend)
 #   (pytest_engine_new.log).
 # engine-rest: the rest of test_engine_gpu.py: the gates of pi0.5 and pi0 on the defaults, replay, the other
 #   fusion switches (pytest_engine_rest.log).

@@ -52,8 +52,10 @@ class SkinnyConfig:
 # The SDPA backends the vision attention may run on (Ops.attention), timed at load by tune_vision_attention;
 # "default" leaves the choice to torch (on the H200, torch 2.11: cuDNN's flash kernel). Measured at load on the H200
 # (session 8, us per layer at 2 views): cuDNN 9.0-9.3, torch's choice the same, memory-efficient 11.3-11.5, flash
-# 13.6-13.8; the pick flips between cuDNN and torch's choice, a -0.1 ms gain at most.
-VISION_ATTENTION_BACKENDS = ("default", "flash", "efficient", "cudnn")
+# 13.6-13.8; the pick flips between cuDNN and torch's choice, a -0.1 ms gain at most. "triton" is
+# kernels/vision_attention.py (written in session 8 after the device time, not yet timed on a GPU): it writes the
+# (B, N, H, Dh) layout the O GEMM reads, and it is a candidate only where the Triton kernels run.
+VISION_ATTENTION_BACKENDS = ("default", "flash", "efficient", "cudnn", "triton")
 
 # The prefix attention's implementations (Ops.prefix_attention), timed at load by tune_prefix_attention. Measured
 # on the H200 at 576 keys (session 7, us per layer): mqa 36.8, mqa_split1 25.3 (picked), mqa_split4 29.5, SDPA
@@ -467,9 +469,14 @@ class Ops:
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                   backend: str | None = None) -> torch.Tensor:
         """Unmasked attention (vision). q, k, v: (B, H, N, Dh) -> (B, H, N, Dh). backend: one of
-        VISION_ATTENTION_BACKENDS for SDPA (None: the choice of tune_vision_attention)."""
+        VISION_ATTENTION_BACKENDS (None: the choice of tune_vision_attention). "triton" raises RuntimeError
+        where the Triton kernels cannot run (the tuning then leaves it out, as an SDPA backend without a kernel)."""
         if self._sdpa:
             backend = backend or self.vision_attention_backend
+            if backend == "triton":
+                if not (self.k.HAVE_TRITON and (q.is_cuda or self.k.INTERPRETED)):
+                    raise RuntimeError("vision attention backend triton: the Triton kernels do not run here")
+                return self.k.vision_attention(q, k, v, scale)
             if backend == "default":
                 return F.scaled_dot_product_attention(q, k, v, scale=scale)
             from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -550,7 +557,8 @@ class Ops:
         """Time the vision attention on each SDPA backend (graph-captured, `layers` calls per pass, as the vision
         tower runs them) on random q / k / v laid out as forward.vision takes them from the QKV GEMM's output
         (strided views of one (views, tokens, 3, heads, head_dim) tensor), and keep the fastest. A backend with
-        no kernel for this shape, dtype or layout is left out. Returns {backend: us per call}."""
+        no kernel for this shape, dtype or layout is left out, and so is the Triton kernel where it fails to
+        compile or launch. Returns {backend: us per call}."""
         g = torch.Generator(device=device).manual_seed(0)
         qkv = torch.randn(views, tokens, 3, heads, head_dim, device=device, dtype=dtype, generator=g)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))                       # (V, H, N, Dh)
@@ -562,6 +570,10 @@ class Ops:
                     reps) / layers
             except RuntimeError as err:          # "No available kernel" and the like: not a candidate here
                 log.info("vision attention backend %s cannot run: %s", backend, err)
+            except Exception as err:  # noqa: BLE001  the Triton kernel, not yet run on a GPU: a compile failure
+                if backend != "triton":              # leaves it out; the library's other errors are raised
+                    raise
+                log.warning("vision attention backend triton failed, left out: %r", err)
         self.vision_attention_backend = min(times, key=times.get)
         self.vision_attention_timings = times
         return times

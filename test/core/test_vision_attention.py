@@ -49,3 +49,16 @@ def test_the_cpu_reference_ignores_the_backend():
     q, k, v = _strided_qkv(seed=2)
     torch.testing.assert_close(ops.attention(q, k, v, 0.35, "cudnn"), _softmax_attention(q, k, v, 0.35),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_the_triton_backend_is_left_out_where_its_kernels_do_not_run():
+    """On a CPU tensor without Triton's interpreter the "triton" candidate raises RuntimeError, the error the
+    tuning treats as "no kernel here" (the interpreter and GPU runs are in test/gpu/test_kernels.py)."""
+    from flashrt_core.engine.kernel_import import load_kernels
+    if load_kernels().INTERPRETED:
+        pytest.skip("under Triton's interpreter the kernel runs on CPU tensors")
+    ops = Ops(resolve(detect_hardware("sm90"), EngineOptions()))
+    assert "triton" in VISION_ATTENTION_BACKENDS
+    q, k, v = _strided_qkv(seed=3)
+    with pytest.raises(RuntimeError, match="triton"):
+        ops.attention(q, k, v, 0.35, "triton")

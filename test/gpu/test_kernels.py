@@ -177,6 +177,22 @@ def test_euler(rows):
     _close(got, want, FP32_ATOL, FP32_RTOL)
 
 
+def test_vision_attention():
+    """kernels/vision_attention.py at pi0.5's vision shape (2 views, 256 tokens, 16 heads of 72: the head dim padded
+    to 128 and masked) on strided q / k / v views of one QKV output, against the fp32 softmax attention; the
+    interpreter: 40 tokens, 3 heads, fp32, 16-row blocks (so several key blocks and a partial one run). The output
+    is a (B, H, N, Dh) view of (B, N, H, Dh) memory: the O GEMM's rows without a copy."""
+    views, tokens, heads, dh = (2, 256, 16, 72) if not INTERPRET else (2, 40, 3, 72)
+    blocks = {} if not INTERPRET else {"block_m": 16, "block_n": 16}
+    g = torch.Generator(device=DEVICE).manual_seed(11)
+    qkv = torch.randn(views, tokens, 3, heads, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    got = K.vision_attention(q, k, v, dh ** -0.5, **blocks)
+    assert got.shape == (views, heads, tokens, dh) and got.transpose(1, 2).is_contiguous()
+    want = K.vision_attention_reference(q, k, v, dh ** -0.5)
+    _close(got, want, ATTN_BF16_ATOL if ATTN_DTYPE == torch.bfloat16 else 1e-5, 1e-2 if not INTERPRET else 1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_patch_rows(dtype):
     """kernels/patch_embed.py at the SigLIP shape (224 x 224 uint8, 14-pixel patches: 256 rows of 588; the
