@@ -56,6 +56,7 @@ class SkinnyConfig:
 # kernels/vision_attention.py (written in session 8 after the device time, not yet timed on a GPU): it writes the
 # (B, N, H, Dh) layout the O GEMM reads, and it is a candidate only where the Triton kernels run.
 VISION_ATTENTION_BACKENDS = ("default", "flash", "efficient", "cudnn", "triton")
+VISION_ATTENTION_CHECK_ATOL = 3e-2   # tune_vision_attention's check of each backend: bf16 output of |v| ~ 1 values
 
 # The prefix attention's implementations (Ops.prefix_attention), timed at load by tune_prefix_attention. Measured
 # on the H200 at 576 keys (session 7, us per layer): mqa 36.8, mqa_split1 25.3 (picked), mqa_split4 29.5, SDPA
@@ -558,15 +559,24 @@ class Ops:
         tower runs them) on random q / k / v laid out as forward.vision takes them from the QKV GEMM's output
         (strided views of one (views, tokens, 3, heads, head_dim) tensor), and keep the fastest. A backend with
         no kernel for this shape, dtype or layout is left out, and so is the Triton kernel where it fails to
-        compile or launch. Returns {backend: us per call}."""
+        compile or launch. Each backend's output is first checked against the fp32 softmax attention on the same
+        q / k / v (VISION_ATTENTION_CHECK_ATOL); one that disagrees is left out and logged, never timed or run.
+        Returns {backend: us per call}."""
         g = torch.Generator(device=device).manual_seed(0)
         qkv = torch.randn(views, tokens, 3, heads, head_dim, device=device, dtype=dtype, generator=g)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))                       # (V, H, N, Dh)
+        scale = head_dim ** -0.5
+        want = torch.softmax((q.float() @ k.float().transpose(-1, -2)) * scale, dim=-1) @ v.float()
         times = {}
         for backend in VISION_ATTENTION_BACKENDS:
             try:
+                err = float((self.attention(q, k, v, scale, backend).float() - want).abs().max())
+                if not err <= VISION_ATTENTION_CHECK_ATOL:
+                    log.warning("vision attention backend %s is off by %.3g against the softmax attention, left "
+                                "out", backend, err)
+                    continue
                 times[backend] = self._graph_time_us(
-                    lambda: [self.attention(q, k, v, head_dim ** -0.5, backend) for _ in range(layers)],
+                    lambda: [self.attention(q, k, v, scale, backend) for _ in range(layers)],
                     reps) / layers
             except RuntimeError as err:          # "No available kernel" and the like: not a candidate here
                 log.info("vision attention backend %s cannot run: %s", backend, err)

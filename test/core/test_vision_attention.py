@@ -62,3 +62,26 @@ def test_the_triton_backend_is_left_out_where_its_kernels_do_not_run():
     q, k, v = _strided_qkv(seed=3)
     with pytest.raises(RuntimeError, match="triton"):
         ops.attention(q, k, v, 0.35, "triton")
+
+
+def test_the_tuning_leaves_out_a_backend_whose_output_is_wrong(monkeypatch):
+    """tune_vision_attention checks each backend's output against the fp32 softmax attention before timing it: a
+    backend that computes something else is never kept, however fast. The graph timer (CUDA only) is replaced by a
+    counter that makes every later backend look faster; the backends themselves are torch's CPU SDPA."""
+    ops = Ops(resolve(detect_hardware("sm90"), EngineOptions()))
+    real_attention = ops.attention
+
+    def attention(q, k, v, scale, backend=None):
+        out = real_attention(q, k, v, scale, backend)
+        return out + 0.5 if backend == "flash" else out          # "flash" is wrong by 0.5 everywhere
+    timed = []
+
+    def graph_time_us(fn, reps):
+        fn()
+        timed.append(len(timed))
+        return 100.0 - len(timed)
+    monkeypatch.setattr(ops, "attention", attention)
+    monkeypatch.setattr(ops, "_graph_time_us", graph_time_us)
+    times = ops.tune_vision_attention(2, 24, 3, 8, torch.float32, torch.device("cpu"), layers=2)
+    assert set(times) == {"default"}           # flash rejected; efficient, cudnn and triton have no CPU kernel
+    assert ops.vision_attention_backend == "default" and len(timed) == 1
