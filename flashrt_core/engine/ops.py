@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .dispatch import Dispatch, Op
+from .dispatch import Dispatch, Op, Switch
 from .kernel_import import load_kernels
 from .weights import Linear
 
@@ -207,6 +207,8 @@ class Ops:
         self.fp8_prefix = dispatch[Op.GEMM_PREFIX] == "fp8"
         self._gelu_epilogue = dispatch[Op.VISION_GELU] == "gemm_epilogue"
         self.fused_patch_embed = dispatch[Op.PATCH_EMBED] == "fused"     # forward.vision: patch_rows + GEMM
+        # the "triton" vision attention candidate: only with the Triton kernels on (FLASHRT_DISABLE_TRITON=1: off)
+        self._vision_triton = k.HAVE_TRITON and dispatch.options.switch_on(Switch.TRITON)
         triton_decoder = dispatch[Op.GEMM_DECODER] == "triton"
         # decoder GEMM kind -> "triton" | "library"; tune_decoder() keeps Triton only where it measures faster
         self.decoder_impl: dict[str, str | SkinnyConfig | SmemConfig | RopeGemmConfig] = {
@@ -475,7 +477,7 @@ class Ops:
         if self._sdpa:
             backend = backend or self.vision_attention_backend
             if backend == "triton":
-                if not (self.k.HAVE_TRITON and (q.is_cuda or self.k.INTERPRETED)):
+                if not (self._vision_triton and (q.is_cuda or self.k.INTERPRETED)):
                     raise RuntimeError("vision attention backend triton: the Triton kernels do not run here")
                 return self.k.vision_attention(q, k, v, scale)
             if backend == "default":

@@ -85,3 +85,13 @@ def test_the_tuning_leaves_out_a_backend_whose_output_is_wrong(monkeypatch):
     times = ops.tune_vision_attention(2, 24, 3, 8, torch.float32, torch.device("cpu"), layers=2)
     assert set(times) == {"default"}           # flash rejected; efficient, cudnn and triton have no CPU kernel
     assert ops.vision_attention_backend == "default" and len(timed) == 1
+
+
+def test_the_triton_backend_follows_the_triton_switch():
+    """FLASHRT_DISABLE_TRITON=1 (EngineOptions(triton=False)) also takes the Triton vision attention out of the
+    tuning's candidates: asking for it raises the "not here" error whatever the device."""
+    ops = Ops(resolve(detect_hardware("sm90"), EngineOptions(triton=False)))
+    assert not ops._vision_triton
+    q, k, v = _strided_qkv(seed=4)
+    with pytest.raises(RuntimeError, match="triton"):
+        ops.attention(q, k, v, 0.35, "triton")
