@@ -46,7 +46,8 @@
 # FLASHRT_MSG_PREFIX (/tmp/flashrt_msgs), BENCH_DEVICE (cuda), BENCH_DURATION (30), BENCH_TIMEOUT (240),
 # TEST_TIMEOUT (130), CPU_CONTROL (0), CPU_DURATION (20), RUN_TESTS (1), GC_AB (0: 1 adds a run with --no-gc-freeze),
 # YIELD_AB (0: 1 adds a run with --no-yield), HEAP_AB (0: 1 adds a run with --no-heap-reuse),
-# HANDOVER_AB (0: 1 adds a run with --handover-timeout 0.005),
+# HANDOVER_AB (0: 1 adds a run with --handover-timeout 0.005), SERIALIZED_AB (0: 1 adds a run whose feeder publishes
+# pre-serialized CDR frames, --feeder-serialized),
 # EXECUTOR_AB (empty; "multi_threaded": one more run per executor named),
 # WATCH_THREADS (0: 1 logs the node's busy threads, with WATCH_BACKTRACES (2) native stack dumps), OUT.
 set -uo pipefail
@@ -248,6 +249,12 @@ if [ "${HANDOVER_AB:-0}" = 1 ]; then
   # The same run with the callback waiting until the idle inference thread took the observation (opt-in).
   bench "$BENCH_DEVICE" "$BENCH_DURATION" "$OUT/node_overhead_h200_handover.md" \
     "$OUT/node_overhead_h200_handover_raw.json" --handover-timeout 0.005
+fi
+if [ "${SERIALIZED_AB:-0}" = 1 ]; then
+  # The same run with the camera feeder publishing CDR serialized once (stamp patched per frame): the trip a C++
+  # camera driver's frames would take, without rclpy's Python message conversion on the sender.
+  bench "$BENCH_DEVICE" "$BENCH_DURATION" "$OUT/node_overhead_h200_serialized_feeder.md" \
+    "$OUT/node_overhead_h200_serialized_feeder_raw.json" --feeder-serialized
 fi
 if [ "${HEAP_AB:-0}" = 1 ]; then
   # The same run with the node's mallopt step off (keep_large_buffers_on_heap=false).
