@@ -72,30 +72,26 @@ def vision(ws: Workspace, w: EngineWeights, ops: Ops) -> torch.Tensor:
     vc = w.config.vision
     size, p = vc.image_size, vc.patch_size
     grid = size // p
-    at_size = ws.pixels is None and all(img.shape == (size, size, 3) for img in ws.images)
+    pixels = ws.pixels                                                                 # (V, 3, S, S) fp32
+    fused_rows = ops.fused_patch_embed and pixels is None and all(img.shape == (size, size, 3) for img in ws.images)
+    if pixels is None and not fused_rows:
+        pixels = torch.cat([resize_with_pad_torch(img[None], size) for img in ws.images])
+    views = len(ws.images) if pixels is None else pixels.shape[0]
     if ops.fused_patch_embed:
         # patch rows in the engine dtype: straight from the uint8 views at the model's size (kernels/patch_embed.py),
-        # else from the resized pixels in one converting copy; then the patch GEMM in the engine dtype
-        views = len(ws.images) if ws.pixels is None else ws.pixels.shape[0]
-        dev = ws.images[0].device if ws.pixels is None else ws.pixels.device
+        # else from the pixels in one converting copy; then the patch GEMM in the engine dtype
+        dev = ws.images[0].device if pixels is None else pixels.device
         rows = torch.empty(views * grid * grid, 3 * p * p, device=dev, dtype=w.dtype)  # (V*N, 3*p*p)
-        if at_size:
+        if fused_rows:
             for v, img in enumerate(ws.images):
                 ops.patch_rows(img, p, rows[v * grid * grid:(v + 1) * grid * grid])
         else:
-            pixels = ws.pixels if ws.pixels is not None else torch.cat(
-                [resize_with_pad_torch(img[None], size) for img in ws.images])        # (V, 3, S, S) fp32
             rows.view(views, grid, grid, 3, p, p).copy_(pixels.view(views, 3, grid, p, grid, p)
                                                         .permute(0, 2, 4, 1, 3, 5))
         patch_w, pos_bias = w.patch_gemm_tables()
         emb = torch.mm(rows, patch_w.t()).view(views, grid * grid, -1)                 # (V, N, Wv) engine dtype
         residual = torch.add(pos_bias, emb).view(views * grid * grid, -1)              # (V*N, Wv) fp32
     else:
-        if ws.pixels is not None:
-            pixels = ws.pixels                                                         # (V, 3, S, S)
-        else:
-            pixels = torch.cat([resize_with_pad_torch(img[None], size) for img in ws.images])
-        views = pixels.shape[0]
         patches = (pixels.view(views, 3, grid, p, grid, p).permute(0, 2, 4, 1, 3, 5)
                    .reshape(views * grid * grid, 3 * p * p))                           # (V*N, 3*p*p) fp32
         residual = torch.addmm(w.patch_b, patches, w.patch_w.t())                      # (V*N, Wv) fp32
