@@ -120,7 +120,8 @@ class InferenceWorker(Generic[Job]):
     def notify(self) -> None:
         """Wake the thread (cheap, never blocks on inference; with handover_timeout_s, waits at most that long
         for the idle thread to take and prepare the job)."""
-        handover = self._handover_timeout_s > 0.0 and not self._busy and self._thread.is_alive()
+        handover = (self._handover_timeout_s > 0.0 and not self._busy and self._thread.is_alive()
+                    and threading.current_thread() is not self._thread)   # never wait on itself
         with self._wake:
             if handover:
                 self._prepared.clear()

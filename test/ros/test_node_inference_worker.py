@@ -185,3 +185,18 @@ def test_handover_timeout_must_not_be_negative():
     with pytest.raises(ValueError, match="handover_timeout_s"):
         InferenceWorker(lambda: None, lambda job: job, lambda r: None, lambda what, error: None,
                         handover_timeout_s=-0.001)
+
+
+def test_a_notify_from_the_inference_thread_itself_does_not_wait_for_it():
+    """enable() / notify() called on the worker's own thread (as run_on_thread work could) returns without a
+    hand-over wait: the thread cannot prepare while it waits on itself."""
+    recorder = Recorder()
+    worker = InferenceWorker(recorder.prepare, recorder.predict, lambda r: recorder.delivered.append(r.job),
+                             lambda what, error: None, handover_timeout_s=WAIT_S)
+    worker.start()
+    worker.enable()
+    recorder.put("job")
+    worker.run_on_thread(worker.notify, timeout_s=WAIT_S / 2)       # a self-wait would last WAIT_S: timeout
+    assert wait_for(lambda: recorder.delivered == ["job"])
+    assert worker.handover_timeouts == 0
+    assert worker.stop()
