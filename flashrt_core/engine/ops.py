@@ -414,16 +414,6 @@ class Ops:
             self.decoder_failures.setdefault(kind, {})[str(impl)] = repr(err)
             return None
 
-    def _time_over_layers(self, kind: str, candidates, run_all, layers: int, reps: int) -> dict:
-        """{candidate: us per layer} of each candidate that runs (time_candidate leaves the others out), timed as
-        run_all(candidate) over all `layers` layers, `reps` times in one captured graph."""
-        times = {}
-        for impl in candidates:
-            us = self.time_candidate(kind, impl, lambda: self._graph_time_us(lambda: run_all(impl), reps))
-            if us is not None:
-                times[impl] = us / layers
-        return times
-
     def tune_decoder(self, rows: int, layers, heads: int, head_dim: int, reps: int = 4
                      ) -> dict[str, dict[str, float]]:
         """For each decoder GEMM kind, time the library GEMM and every Triton candidate at `rows` rows
@@ -454,8 +444,11 @@ class Ops:
                                               impl=impl)
                     else:
                         self.decoder(x, lin, kind, impl)
-            times = self._time_over_layers(kind, self.decoder_candidates(kind, x, lins[0], head_dim), run_all,
-                                           len(lins), reps)
+            times = {}
+            for impl in self.decoder_candidates(kind, x, lins[0], head_dim):
+                us = self.time_candidate(kind, impl, lambda: self._graph_time_us(lambda: run_all(impl), reps))
+                if us is not None:
+                    times[impl] = us / len(lins)
             self.decoder_impl[kind] = min(times, key=times.get)
             self.decoder_timings[kind] = {str(k): v for k, v in times.items()}
         return self.decoder_timings
@@ -568,7 +561,7 @@ class Ops:
         qkv = torch.randn(views, tokens, 3, heads, head_dim, device=device, dtype=dtype, generator=g)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))                       # (V, H, N, Dh)
         scale = head_dim ** -0.5
-        want = torch.softmax((q.float() @ k.float().transpose(-1, -2)) * scale, dim=-1) @ v.float()
+        want = self.k.vision_attention_reference(q.float(), k.float(), v.float(), scale)        # fp32
         times = {}
         for backend in VISION_ATTENTION_BACKENDS:
             try:
