@@ -30,7 +30,8 @@ def vision_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 @triton.jit
 def _vision_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, H, scale,
                              sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
-                             N: tl.constexpr, DH: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                             N: tl.constexpr, DH: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H

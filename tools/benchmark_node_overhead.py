@@ -33,8 +33,9 @@ each with glibc's defaults and with heap reuse, beside the feeder's own ``publis
 ``--feeder-serialized``: the feeder serializes each generated frame once at start and per publish only writes the
 capture stamp into the header bytes and hands rclpy the bytes (one copy into the middleware), as a C++ camera
 driver that fills its message and publishes would. The default feeder publishes rclpy Image messages, which rclpy
-converts from Python and serializes on every publish (~1 ms per 640x480 frame on the development machine): a cost
-of this Python feeder, not of the node, that the overhead as defined counts.
+converts from Python and serializes on every publish. Measured on the development machine, both cost the same
+~1.1 ms per 640x480 frame, about half of it only once a subscriber is matched (the report's last row: the same
+publish() to a topic no one reads): docs/benchmarks/transport_floor_devmachine_2026-11-30_session8.md.
 """
 
 from __future__ import annotations
@@ -205,13 +206,25 @@ def run_feeder(args: argparse.Namespace) -> int:
     if args.feeder_serialized:        # per camera and frame: the CDR bytes, the stamp patched in per publish
         from rclpy.serialization import serialize_message
         serialized = [[bytearray(serialize_message(m)) for m in frames] for frames in images]
+
+    def stamped_frame(camera: int, index: int, stamp):
+        """What publish() hands rclpy for a camera's frame: the message, or its CDR bytes, with the stamp set."""
+        index %= len(images[camera])
+        if serialized is not None:
+            write_cdr_header_stamp(serialized[camera][index], stamp.sec, stamp.nanosec)
+            return bytes(serialized[camera][index])
+        msg = images[camera][index]
+        msg.header.stamp = stamp
+        return msg
+
     # The same publish() to a topic no one subscribes to, while the subscribers are discovered: what the sender
     # pays before any delivery (conversion, serialization) against the full figure with a subscriber
     unmatched = node.create_publisher(Image, "camera_unmatched/image_raw", qos_profiles.camera_qos())
     unmatched_ms: list[float] = []
     for i in range(UNMATCHED_PUBLISHES):
+        stamp = node.get_clock().now().to_msg()
         t0 = time.perf_counter()
-        unmatched.publish(bytes(serialized[0][i % len(images[0])]) if serialized else images[0][i % len(images[0])])
+        unmatched.publish(stamped_frame(0, i, stamp))
         unmatched_ms.append(round((time.perf_counter() - t0) * 1e3, 3))
         time.sleep(0.005)
     deadline = time.monotonic() + 60.0
@@ -220,16 +233,9 @@ def run_feeder(args: argparse.Namespace) -> int:
 
     def publish():
         stamp = node.get_clock().now().to_msg()
-        for c, (publisher, frames) in enumerate(zip(cameras, images)):
+        for c, publisher in enumerate(cameras):
             t0 = time.perf_counter()
-            if serialized is not None:
-                buf = serialized[c][tick[0] % len(frames)]
-                write_cdr_header_stamp(buf, stamp.sec, stamp.nanosec)
-                publisher.publish(bytes(buf))
-            else:
-                msg = frames[tick[0] % len(frames)]
-                msg.header.stamp = stamp
-                publisher.publish(msg)
+            publisher.publish(stamped_frame(c, tick[0], stamp))
             publish_ms.append(round((time.perf_counter() - t0) * 1e3, 3))
         joints = JointState(name=[f"joint_{i}" for i in range(args.state_dim)],
                             position=[0.1 * np.sin(tick[0] / 30 + i) for i in range(args.state_dim)])
@@ -484,8 +490,8 @@ def format_report(args, rows, node_rows, chunk_count, frames, buffer, device, mo
         f"Python {platform.python_version()}; ROS 2 Kilted wheels, Fast DDS over loopback (shared memory).",
         f"- Model: `{model_id}` (embedded demo checkpoint), config/demo_two_cameras.yaml.",
         f"- Input: 2 cameras {args.width}x{args.height} {args.encoding} at {args.rate:g} Hz from a separate "
-        f"process ({FEEDER_MODES[args.feeder_serialized]}), plus joint states; {frames} frames published, {chunk_count} chunks measured "
-        f"(first {args.skip} skipped).",
+        f"process ({FEEDER_MODES[args.feeder_serialized]}), plus joint states; {frames} frames published, "
+        f"{chunk_count} chunks measured (first {args.skip} skipped).",
         f"- Node: executor {args.executor}, yield_to_inference_thread {str(not args.no_yield).lower()}, "
         f"inference_handover_timeout {args.handover_timeout:g} s, "
         f"keep_large_buffers_on_heap {str(not args.no_heap_reuse).lower()} ({heap_reuse_state() or 'not applied'}), "
