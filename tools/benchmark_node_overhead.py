@@ -61,6 +61,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from flashrt_ros.heap_reuse import heap_reuse_state, keep_large_buffers_on_heap  # noqa: E402
+from flashrt_ros.inference_worker import DEFAULT_HANDOVER_TIMEOUT_S  # noqa: E402
 from flashrt_ros.loopback_dds import apply_loopback_dds  # noqa: E402
 from flashrt_ros.node_executor import DEFAULT_EXECUTOR, EXECUTORS  # noqa: E402
 from tools.machine_trace import cpu_seconds  # noqa: E402
@@ -88,9 +89,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the node's executor parameter (flashrt_ros.node_executor)")
     parser.add_argument("--no-yield", action="store_true",
                         help="run the node with yield_to_inference_thread=false (A/B of the GIL hand-over)")
-    parser.add_argument("--handover-timeout", type=float, default=0.0,
-                        help="the node's inference_handover_timeout [s] (0: off; A/B of the wait for the inference "
-                             "thread to take an observation)")
+    parser.add_argument("--handover-timeout", type=float, default=DEFAULT_HANDOVER_TIMEOUT_S,
+                        help="the node's inference_handover_timeout [s] (default: the node's; 0: off, the A/B of "
+                             "the wait for the inference thread to take an observation)")
     parser.add_argument("--no-heap-reuse", action="store_true",
                         help="run the node with keep_large_buffers_on_heap=false (A/B of the mallopt step)")
     parser.add_argument("--no-gc-freeze", action="store_true",
