@@ -80,15 +80,17 @@ def vision(ws: Workspace, w: EngineWeights, ops: Ops) -> torch.Tensor:
     if ops.fused_patch_embed:
         # patch rows in the engine dtype: straight from the uint8 views at the model's size (kernels/patch_embed.py),
         # else from the pixels in one converting copy; then the patch GEMM in the engine dtype
+        # (the rows as wide as the padded GEMM weight, their extra columns zeros)
         dev = ws.images[0].device if pixels is None else pixels.device
-        rows = torch.empty(views * grid * grid, 3 * p * p, device=dev, dtype=w.dtype)  # (V*N, 3*p*p)
+        patch_w, pos_bias = w.patch_gemm_tables()                                      # (Wv, Kp), (N, Wv)
         if fused_rows:
+            rows = torch.empty(views * grid * grid, patch_w.shape[1], device=dev, dtype=w.dtype)   # (V*N, Kp)
             for v, img in enumerate(ws.images):
                 ops.patch_rows(img, p, rows[v * grid * grid:(v + 1) * grid * grid])
         else:
-            rows.view(views, grid, grid, 3, p, p).copy_(pixels.view(views, 3, grid, p, grid, p)
-                                                        .permute(0, 2, 4, 1, 3, 5))
-        patch_w, pos_bias = w.patch_gemm_tables()
+            rows = torch.zeros(views * grid * grid, patch_w.shape[1], device=dev, dtype=w.dtype)   # (V*N, Kp)
+            rows[:, :3 * p * p].view(views, grid, grid, 3, p, p).copy_(pixels.view(views, 3, grid, p, grid, p)
+                                                                       .permute(0, 2, 4, 1, 3, 5))
         emb = torch.mm(rows, patch_w.t()).view(views, grid * grid, -1)                 # (V, N, Wv) engine dtype
         residual = torch.add(pos_bias, emb).view(views * grid * grid, -1)              # (V*N, Wv) fp32
     else:

@@ -143,11 +143,16 @@ class EngineWeights:
     expert_arena: ExpertArena | None = None   # the expert's GEMM weights in one buffer (None: not asked/packable)
 
     def patch_gemm_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fused patch embedding's (kernels/patch_embed.py) GEMM weight in the engine dtype (Wv, 3 * p * p) and
-        its fp32 (N, Wv) addend, the position embedding plus the conv bias; made at first use, then kept."""
+        """The fused patch embedding's (kernels/patch_embed.py) GEMM weight in the engine dtype, (Wv, 3 * p * p)
+        with zero columns up to a multiple of 8 (16-byte rows: cuBLAS runs an unaligned bf16 operand, 588 wide for
+        SigLIP, on slower kernels), and its fp32 (N, Wv) addend, the position embedding plus the conv bias; made at
+        first use, then kept."""
         if self._patch_gemm is None:
-            self._patch_gemm = (self.patch_w.to(self.dtype).contiguous(),
-                                (self.pos_emb + self.patch_b[None, :]).contiguous())
+            width = self.patch_w.shape[1]
+            padded = torch.zeros(self.patch_w.shape[0], -(-width // 8) * 8, device=self.patch_w.device,
+                                 dtype=self.dtype)
+            padded[:, :width] = self.patch_w
+            self._patch_gemm = (padded, (self.pos_emb + self.patch_b[None, :]).contiguous())
         return self._patch_gemm
 
     _patch_gemm: tuple[torch.Tensor, torch.Tensor] | None = None
