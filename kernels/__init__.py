@@ -20,7 +20,6 @@ from .qkv_rope import qkv_rope, qkv_rope_reference, rope_tables
 from .residual_norm import residual_norm, residual_norm_reference
 from .skinny_gemm import skinny_gemm, skinny_gemm_reference
 from .smem_gemm import HAVE_GLUON, smem_gemm, smem_gemm_supported
-from .vision_attention import vision_attention, vision_attention_reference
 
 __all__ = [
     "EARLY_TRIGGER", "HAVE_TRITON", "INTERPRETED",
@@ -35,5 +34,4 @@ __all__ = [
     "residual_norm", "residual_norm_reference",
     "skinny_gemm", "skinny_gemm_reference",
     "HAVE_GLUON", "smem_gemm", "smem_gemm_supported",
-    "vision_attention", "vision_attention_reference",
 ]

@@ -12,9 +12,8 @@
 # kernels: every kernel at real shapes (the skinny and shared-memory TMA GEMM candidates, GeGLU with an FP8 out;
 #   both PDL modes) (pytest_kernels.log).
 # engine-new: the latest changes' own tests (the TMA GEMMs forced in a pi0.5 gate, the gate with them and the early
-#   PDL triggers off, the chain tuning in both launch modes, the vision attention backends: all passed on the H200
-#   in session 8; written in session 8 and never run on a GPU: the pi0.5 gate with the fused patch embedding, and
-#   the vision attention backends test now also runs kernels/vision_attention.py, the "triton" backend)
+#   PDL triggers off, the chain tuning in both launch modes, the vision attention's SDPA backends and their tuning,
+#   the pi0.5 gate with the fused patch embedding: all passed on the H200 in session 9, 2026-12-01)
 #   (pytest_engine_new.log).
 # engine-rest: the rest of test_engine_gpu.py: the gates of pi0.5 and pi0 on the defaults, replay, the other
 #   fusion switches (pytest_engine_rest.log).

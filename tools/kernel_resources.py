@@ -186,26 +186,9 @@ def smem_configs() -> list[KernelConfig]:
     return out
 
 
-VISION_ATTN_SIGNATURE = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "H": "i32",
-                         "scale": "fp32", **{f"s{t}_{a}": "i32" for t in "qkvo" for a in "bhn"}}
-
-
-def vision_attention_configs() -> list[KernelConfig]:
-    """kernels/vision_attention.py as ops.attention launches it for pi0.5's vision tower (256 tokens per view, head
-    dim 72 padded to 128): q / k / v strided views of the QKV output (row stride 3 * 1152), the output rows 1152
-    wide."""
-    from flashrt_core.config import get_config
-    va = _kernels_module("vision_attention")
-    vc = get_config("pi05").vision
-    ce = {"N": vc.num_patches, "DH": vc.head_dim, "BLOCK_D": 128, "BLOCK_M": 64, "BLOCK_N": 64}
-    return [KernelConfig("vision attention (2 views, 16 heads of 72)", va._vision_attention_kernel,
-                         VISION_ATTN_SIGNATURE, ce, 4, 2,
-                         tuple(f"s{t}_{a}" for t in "qkvo" for a in "bn"))]
-
-
 def main() -> None:
     rows = []
-    for cfg in attention_configs() + skinny_configs() + smem_configs() + vision_attention_configs():
+    for cfg in attention_configs() + skinny_configs() + smem_configs():
         r = resources(compile_sm90(cfg))
         rows.append((cfg.name, cfg.num_warps, r))
         print(f"{cfg.name}: {r}", file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .dispatch import Dispatch, Op, Switch
+from .dispatch import Dispatch, Op
 from .kernel_import import load_kernels
 from .weights import Linear
 
@@ -51,11 +51,11 @@ class SkinnyConfig:
 
 # The SDPA backends the vision attention may run on (Ops.attention), timed at load by tune_vision_attention;
 # "default" leaves the choice to torch (on the H200, torch 2.11: cuDNN's flash kernel). Measured at load on the H200
-# (session 8, us per layer at 2 views): cuDNN 9.0-9.3, torch's choice the same, memory-efficient 11.3-11.5, flash
-# 13.6-13.8; the pick flips between cuDNN and torch's choice, a -0.1 ms gain at most. "triton" is
-# kernels/vision_attention.py (written in session 8 after the device time, not yet timed on a GPU): it writes the
-# (B, N, H, Dh) layout the O GEMM reads, and it is a candidate only where the Triton kernels run.
-VISION_ATTENTION_BACKENDS = ("default", "flash", "efficient", "cudnn", "triton")
+# (session 9, 2026-12-01, us per layer at 2 views): torch's choice 8.98-9.63, cuDNN 9.11-9.61, memory-efficient
+# 11.3-11.5, flash 13.5-13.7; the pick flips between cuDNN and torch's choice. A Triton flash-attention candidate
+# (kernels/vision_attention.py, session 8) measured 11.6-11.8 us there, slower than torch's choice and cuDNN, so it
+# was never picked and was removed: a hand-written kernel stays only where it measures faster than the library.
+VISION_ATTENTION_BACKENDS = ("default", "flash", "efficient", "cudnn")
 VISION_ATTENTION_CHECK_ATOL = 3e-2   # tune_vision_attention's check of each backend: bf16 output of |v| ~ 1 values
 
 # The prefix attention's implementations (Ops.prefix_attention), timed at load by tune_prefix_attention. Measured
@@ -207,8 +207,6 @@ class Ops:
         self.fp8_prefix = dispatch[Op.GEMM_PREFIX] == "fp8"
         self._gelu_epilogue = dispatch[Op.VISION_GELU] == "gemm_epilogue"
         self.fused_patch_embed = dispatch[Op.PATCH_EMBED] == "fused"     # forward.vision: patch_rows + GEMM
-        # the "triton" vision attention candidate: only with the Triton kernels on (FLASHRT_DISABLE_TRITON=1: off)
-        self._vision_triton = k.HAVE_TRITON and dispatch.options.switch_on(Switch.TRITON)
         triton_decoder = dispatch[Op.GEMM_DECODER] == "triton"
         # decoder GEMM kind -> "triton" | "library"; tune_decoder() keeps Triton only where it measures faster
         self.decoder_impl: dict[str, str | SkinnyConfig | SmemConfig | RopeGemmConfig] = {
@@ -465,14 +463,10 @@ class Ops:
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                   backend: str | None = None) -> torch.Tensor:
         """Unmasked attention (vision). q, k, v: (B, H, N, Dh) -> (B, H, N, Dh). backend: one of
-        VISION_ATTENTION_BACKENDS (None: the choice of tune_vision_attention). "triton" raises RuntimeError
-        where the Triton kernels cannot run (the tuning then leaves it out, as an SDPA backend without a kernel)."""
+        VISION_ATTENTION_BACKENDS (None: the choice of tune_vision_attention). A backend with no kernel for the
+        inputs raises RuntimeError (the tuning then leaves it out)."""
         if self._sdpa:
             backend = backend or self.vision_attention_backend
-            if backend == "triton":
-                if not (self._vision_triton and (q.is_cuda or self.k.INTERPRETED)):
-                    raise RuntimeError("vision attention backend triton: the Triton kernels do not run here")
-                return self.k.vision_attention(q, k, v, scale)
             if backend == "default":
                 return F.scaled_dot_product_attention(q, k, v, scale=scale)
             from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -553,15 +547,15 @@ class Ops:
         """Time the vision attention on each SDPA backend (graph-captured, `layers` calls per pass, as the vision
         tower runs them) on random q / k / v laid out as forward.vision takes them from the QKV GEMM's output
         (strided views of one (views, tokens, 3, heads, head_dim) tensor), and keep the fastest. A backend with
-        no kernel for this shape, dtype or layout is left out, and so is the Triton kernel where it fails to
-        compile or launch. Each backend's output is first checked against the fp32 softmax attention on the same
-        q / k / v (VISION_ATTENTION_CHECK_ATOL); one that disagrees is left out and logged, never timed or run.
+        no kernel for this shape, dtype or layout is left out. Each backend's output is first checked against the
+        fp32 softmax attention on the same q / k / v (VISION_ATTENTION_CHECK_ATOL); one that disagrees is left out
+        and logged, never timed or run.
         Returns {backend: us per call}."""
         g = torch.Generator(device=device).manual_seed(0)
         qkv = torch.randn(views, tokens, 3, heads, head_dim, device=device, dtype=dtype, generator=g)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))                       # (V, H, N, Dh)
         scale = head_dim ** -0.5
-        want = self.k.vision_attention_reference(q.float(), k.float(), v.float(), scale)        # fp32
+        want = torch.softmax((q.float() @ k.float().transpose(-1, -2)) * scale, dim=-1) @ v.float()   # fp32
         times = {}
         for backend in VISION_ATTENTION_BACKENDS:
             try:
@@ -575,10 +569,6 @@ class Ops:
                     reps) / layers
             except RuntimeError as err:          # "No available kernel" and the like: not a candidate here
                 log.info("vision attention backend %s cannot run: %s", backend, err)
-            except Exception as err:  # noqa: BLE001  the Triton kernel, not yet run on a GPU: a compile failure
-                if backend != "triton":              # leaves it out; the library's other errors are raised
-                    raise
-                log.warning("vision attention backend triton failed, left out: %r", err)
         self.vision_attention_backend = min(times, key=times.get)
         self.vision_attention_timings = times
         return times

@@ -172,9 +172,10 @@ def test_accuracy_gate_full_size(name, precision):
 
 
 def test_vision_attention_backends_match_the_softmax_attention_and_the_fastest_is_kept():
-    """Every SDPA backend the vision attention may be tuned to, at pi0.5's vision shape (2 views, 256 tokens, 16
-    heads of 72) on the strided q / k / v views of one QKV output, against the fp32 softmax attention; then the
-    tuning times exactly the backends that run and keeps the fastest."""
+    """Every SDPA backend the vision attention may be tuned to (torch's choice, flash, memory-efficient, cuDNN), at
+    pi0.5's vision shape (2 views, 256 tokens, 16 heads of 72) on the strided q / k / v views of one QKV output,
+    against the fp32 softmax attention; then the tuning times exactly the backends that run and keeps the
+    fastest."""
     from flashrt_core.engine import detect_hardware, resolve
     from flashrt_core.engine.ops import VISION_ATTENTION_BACKENDS, Ops
     dev = torch.device("cuda")

@@ -74,7 +74,7 @@ def _record_triton_launches(engine, monkeypatch) -> dict[str, list]:
     The PyTorch references are not recorded."""
     calls: dict[str, list] = {}
     for name in ("skinny_gemm", "decoder_attention", "attention", "qkv_rope", "ada_rms_norm", "residual_norm",
-                 "euler", "geglu", "patch_rows", "vision_attention"):
+                 "euler", "geglu", "patch_rows"):
         fn = getattr(engine.ops.k, name)
 
         def recorded(*args, _fn=fn, _name=name, **kwargs):
@@ -122,21 +122,6 @@ def test_fused_patch_embedding_matches_the_reference(model, views, monkeypatch):
     launches.clear()
     engine.predict_observation(images, tokens, mask, state, noise)
     assert "patch_rows" not in launches
-
-
-def test_vision_attention_in_the_triton_kernel_matches_the_reference(model, monkeypatch):
-    """The vision tower's attention on the "triton" backend of the vision attention tuning
-    (kernels/vision_attention.py, output in the (V, N, H, Dh) layout the O GEMM reads): the actions are the
-    reference's, and it ran once per vision layer."""
-    from test.core.test_engine_forward import _inputs, _reference
-    engine = _engine(model, "rope_in_attention")
-    engine.ops._sdpa, engine.ops.vision_attention_backend = True, "triton"
-    launches = _record_triton_launches(engine, monkeypatch)
-    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(5), 9, (0, 1))
-    got = engine.predict_observation(images, tokens, mask, state, noise)
-    want = _reference(model, images, tokens, mask, state, noise).numpy()
-    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
-    assert len(launches.get("vision_attention", [])) == model.config.vision.depth
 
 
 def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):
