@@ -21,8 +21,8 @@ tests and bug reports:
     FLASHRT_DISABLE_SMEM_GEMM=1     no shared-memory (TMA, Gluon) decoder GEMM candidates in the tuning
     FLASHRT_DISABLE_PREFIX_ATTENTION_TUNING=1  the prefix attention runs the mqa implementation, unmeasured
     FLASHRT_DISABLE_VISION_ATTENTION_TUNING=1  the vision attention runs on torch's own choice of SDPA backend
-    FLASHRT_FUSED_PATCH_EMBED=1     ask for the patch rows of uint8 views from kernels/patch_embed.py and the patch
-                                    GEMM in the engine dtype (EngineOptions(fused_patch_embed=True))
+    FLASHRT_DISABLE_FUSED_PATCH_EMBED=1  the patch embedding as torch ops with an fp32 patch GEMM, not the patch rows
+                                    of kernels/patch_embed.py and the GEMM in the engine dtype
 
 The same switches exist as `EngineOptions` fields; environment variables win over the fields.
 """
@@ -87,7 +87,7 @@ class Switch(str, enum.Enum):
     SMEM_GEMM = "SMEM_GEMM"              # the TMA / shared-memory decoder GEMM candidates
     PREFIX_ATTENTION_TUNING = "PREFIX_ATTENTION_TUNING"  # the prefix attention picked by its time at load
     VISION_ATTENTION_TUNING = "VISION_ATTENTION_TUNING"  # the vision attention's SDPA backend picked by its time
-    FUSED_PATCH_EMBED = "FUSED_PATCH_EMBED"  # kernels/patch_embed.py + the patch GEMM in the engine dtype (asked for)
+    FUSED_PATCH_EMBED = "FUSED_PATCH_EMBED"  # kernels/patch_embed.py + the patch GEMM in the engine dtype
 
 
 # Which wide GEMMs FP8 serves: every vision and backbone GEMM, the backbone only, or only the backbone's MLP
@@ -121,7 +121,7 @@ class EngineOptions:
     smem_gemm: bool = True                   # kernels/smem_gemm.py candidates in the decoder GEMM tuning
     prefix_attention_tuning: bool = True     # the prefix attention: the mqa kernel or SDPA, whichever is faster
     vision_attention_tuning: bool = True     # the vision attention: the fastest SDPA backend at its shape
-    fused_patch_embed: bool = False          # opt-in until measured on a GPU: kernels/patch_embed.py
+    fused_patch_embed: bool = True           # kernels/patch_embed.py rows + the patch GEMM in the engine dtype
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -168,8 +168,7 @@ class EngineOptions:
                 changes[sw.value.lower()] = False
         for name, attr in (("FLASHRT_FP8", "fp8"), ("FLASHRT_L2_PREFETCH", "l2_prefetch"),    # opt-ins; a
                            ("FLASHRT_WEIGHT_PREFETCH", "weight_prefetch"),                   # DISABLE wins
-                           ("FLASHRT_FP8_DECODER_WEIGHTS", "fp8_decoder_weights"),
-                           ("FLASHRT_FUSED_PATCH_EMBED", "fused_patch_embed")):
+                           ("FLASHRT_FP8_DECODER_WEIGHTS", "fp8_decoder_weights")):
             if flag(name) is not None and attr not in changes:
                 changes[attr] = flag(name)
         if env.get("FLASHRT_FP8_SCALING"):
@@ -334,8 +333,8 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "each present uint8 view at the model's image size becomes its patch rows in the engine dtype in "
                   "one kernels/patch_embed.py launch (HWC gather, scaling to [-1, 1]; other sizes are resized as "
                   "before, then converted to the rows in one copy); the patch GEMM runs in the "
-                  "engine dtype and one add puts the position embedding and the bias (summed at load) on it; only "
-                  "when asked: written without a GPU"),
+                  "engine dtype (rows padded to a multiple of 8 columns) and one add puts the position embedding "
+                  "and the bias (summed at load) on it; measured on the H200: -0.08 ms bf16, -0.32 ms FP8 (run 30)"),
         Candidate("reference", _ALWAYS, "torch: permute, float conversion and scaling per view, the patch "
                   "reshape, an fp32 GEMM with its bias, then the position embedding"),
     ),

@@ -373,8 +373,9 @@ class Ops:
                 and (head_dim // 2) % cfg.block_p == 0)
 
     @staticmethod
-    def _graph_time_us(fn, reps: int) -> float:
-        """GPU time of one call of fn, from `reps` calls captured in a CUDA graph (no launch overhead)."""
+    def graph_time_us(fn, reps: int, replays: int = 1) -> float:
+        """GPU time of one call of fn, from `reps` calls captured in a CUDA graph (no launch overhead); the median
+        over `replays` replays of that graph."""
         from .graph_executor import graph_replay_ms, side_stream
         stream = side_stream(torch.device("cuda", torch.cuda.current_device()))
         stream.wait_stream(torch.cuda.current_stream())
@@ -387,7 +388,8 @@ class Ops:
             for _ in range(reps):
                 fn()
         graph.replay()
-        return graph_replay_ms(graph, 1)[0] * 1e3 / reps
+        times = sorted(graph_replay_ms(graph, replays))
+        return times[len(times) // 2] * 1e3 / reps
 
     def decoder_candidates(self, kind: str, x: torch.Tensor, lin: Linear, head_dim: int) -> list:
         """The implementations the load-time tuning times for one decoder GEMM kind at x's shape: the library
@@ -444,7 +446,7 @@ class Ops:
                         self.decoder(x, lin, kind, impl)
             times = {}
             for impl in self.decoder_candidates(kind, x, lins[0], head_dim):
-                us = self.time_candidate(kind, impl, lambda: self._graph_time_us(lambda: run_all(impl), reps))
+                us = self.time_candidate(kind, impl, lambda: self.graph_time_us(lambda: run_all(impl), reps))
                 if us is not None:
                     times[impl] = us / len(lins)
             self.decoder_impl[kind] = min(times, key=times.get)
@@ -534,7 +536,7 @@ class Ops:
         times = {}
         for impl in PREFIX_ATTENTION_IMPLS:
             try:
-                times[impl] = self._graph_time_us(lambda: [self.prefix_attention(q, k, v, mask, impl)
+                times[impl] = self.graph_time_us(lambda: [self.prefix_attention(q, k, v, mask, impl)
                                                            for _ in range(layers)], reps) / layers
             except RuntimeError as err:          # no kernel for this configuration: not a candidate here
                 log.info("prefix attention %s cannot run at P=%d: %s", impl, P, err)
@@ -564,7 +566,7 @@ class Ops:
                     log.warning("vision attention backend %s is off by %.3g against the softmax attention, left "
                                 "out", backend, err)
                     continue
-                times[backend] = self._graph_time_us(
+                times[backend] = self.graph_time_us(
                     lambda: [self.attention(q, k, v, scale, backend) for _ in range(layers)],
                     reps) / layers
             except RuntimeError as err:          # "No available kernel" and the like: not a candidate here

@@ -275,18 +275,16 @@ def test_vision_attention_backend_is_measured_on_gpus_and_has_its_switch():
     assert resolve(CPU, EngineOptions())[Op.VISION_ATTENTION] == "default"
 
 
-def test_fused_patch_embedding_is_opt_in_with_triton(monkeypatch):
+def test_fused_patch_embedding_is_on_with_triton_and_has_its_switch(monkeypatch):
     import flashrt_core.engine.kernel_import as ki
     monkeypatch.setattr(ki, "triton_available", lambda: True)
-    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.PATCH_EMBED] == "reference"
-    assert resolve(detect_hardware("sm90"), EngineOptions(fused_patch_embed=True))[Op.PATCH_EMBED] == "fused"
-    assert resolve(detect_hardware("gfx942"), _env(FLASHRT_FUSED_PATCH_EMBED=1))[Op.PATCH_EMBED] == "fused"
-    asked_off = EngineOptions.from_env(EngineOptions(fused_patch_embed=True),
-                                       env={"FLASHRT_DISABLE_FUSED_PATCH_EMBED": "1"})
-    assert resolve(detect_hardware("sm90"), asked_off)[Op.PATCH_EMBED] == "reference"
-    assert resolve(detect_hardware("sm90"), EngineOptions(fused_patch_embed=True, triton=False))[Op.PATCH_EMBED] \
-        == "reference"
-    assert resolve(CPU, EngineOptions(fused_patch_embed=True))[Op.PATCH_EMBED] == "reference"
+    assert resolve(detect_hardware("sm90"), EngineOptions())[Op.PATCH_EMBED] == "fused"
+    assert resolve(detect_hardware("gfx942"), EngineOptions())[Op.PATCH_EMBED] == "fused"
+    assert resolve(detect_hardware("sm90"), EngineOptions(fused_patch_embed=False))[Op.PATCH_EMBED] == "reference"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_FUSED_PATCH_EMBED=1))[Op.PATCH_EMBED] == "reference"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_FAST_PATHS=1))[Op.PATCH_EMBED] == "reference"
+    assert resolve(detect_hardware("sm90"), EngineOptions(triton=False))[Op.PATCH_EMBED] == "reference"
+    assert resolve(CPU, EngineOptions())[Op.PATCH_EMBED] == "reference"
 
 
 def test_prefix_attention_is_measured_with_triton_and_has_its_switch(monkeypatch):

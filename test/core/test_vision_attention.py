@@ -74,7 +74,7 @@ def test_the_tuning_leaves_out_a_backend_whose_output_is_wrong(monkeypatch):
         timed.append(len(timed))
         return 100.0 - len(timed)
     monkeypatch.setattr(ops, "attention", attention)
-    monkeypatch.setattr(ops, "_graph_time_us", graph_time_us)
+    monkeypatch.setattr(ops, "graph_time_us", graph_time_us)
     times = ops.tune_vision_attention(2, 24, 3, 8, torch.float32, torch.device("cpu"), layers=2)
     assert set(times) == {"default"}           # flash rejected; efficient and cudnn have no CPU kernel
     assert ops.vision_attention_backend == "default" and len(timed) == 1

@@ -137,7 +137,7 @@ def test_new_prompt_does_not_recapture(tiny):
     ("pi05", "fp8+fp8_decoder_weights"),    # + weight-only FP8 decoder GEMMs (opt-in)
     ("pi05", "bf16+smem_gemm"),             # every decoder GEMM forced to the shared-memory (TMA) kernels
     ("pi05", "bf16+no_smem_gemm"),          # the shared-memory GEMMs and early PDL triggers off (as session 6)
-    ("pi05", "bf16+fused_patch_embed"),     # kernels/patch_embed.py and the patch GEMM in bf16 (opt-in)
+    ("pi05", "bf16+no_fused_patch_embed"),  # the patch embedding as torch ops, fp32 GEMM (the fused one: default)
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
@@ -148,11 +148,11 @@ def test_accuracy_gate_full_size(name, precision):
                             EngineOptions(fp8=prec == "fp8", fp8_decoder_weights=extra == "fp8_decoder_weights",
                                           smem_gemm=extra != "no_smem_gemm",
                                           pdl_early_trigger=extra != "no_smem_gemm",
-                                          fused_patch_embed=extra == "fused_patch_embed"))
+                                          fused_patch_embed=extra != "no_fused_patch_embed"))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
     assert engine.name.endswith(prec)
     assert engine.ops.decoder_fp8 == (extra == "fp8_decoder_weights")
-    assert engine.ops.fused_patch_embed == (extra == "fused_patch_embed")
+    assert engine.ops.fused_patch_embed == (extra != "no_fused_patch_embed")
     if extra == "smem_gemm":        # the tuning weighed the shared-memory GEMMs for every kind; force them on
         assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
                    for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
