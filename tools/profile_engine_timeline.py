@@ -5,9 +5,9 @@ With programmatic dependent launch a kernel starts before the one ahead of it ha
 own duration (end - start) counts time spent waiting. What a kernel adds to the predict is its critical-path
 increment: its end minus the latest end of every kernel that started before it. The increments of all kernels sum
 to the replay's span. This tool profiles replays of the engine's captured predict (torch.profiler / CUPTI records
-each kernel of a graph replay), and prints per kernel name: launches, summed increment, median increment, and
-median duration; then the kernel sequences of one vision layer (layer 13) and one denoising layer (step 5, layer 9)
-with each kernel's increment.
+each kernel of a graph replay, and its copy and memset nodes, which count like kernels here), and prints per
+kernel name: launches, summed increment, median increment, and median duration; then the kernel sequences of one
+vision layer (layer 13) and one denoising layer (step 5, layer 9) with each kernel's increment.
 
     python tools/profile_engine_timeline.py --ckpt-root /tmp/full --config pi05 --views 2 --out timeline.json
 """
@@ -51,6 +51,21 @@ def short(name: str) -> str:
     return name if len(name) <= 60 else name[:57] + "..."
 
 
+def denoise_layer_span(names: list[str], steps: int, depth: int, step: int = 5,
+                       layer: int = 9) -> tuple[int, int] | None:
+    """[first, end) indices of one denoising layer in a replay's launches: from the layer's first norm (the last
+    norm launch before its attention) to the next layer's. The prefix's attention launches come before the
+    denoiser's `steps * depth`. None when the replay has too few."""
+    attn = [i for i, name in enumerate(names) if "attn_split" in name]
+    first = len(attn) - steps * depth
+    if first < 0 or step >= steps or layer + 1 >= depth:
+        return None
+
+    def norm_before(i: int) -> int:
+        return max(j for j in range(i) if "norm" in names[j])
+    return norm_before(attn[first + step * depth + layer]), norm_before(attn[first + step * depth + layer + 1])
+
+
 def profile_replay(graph: torch.cuda.CUDAGraph, replays: int) -> list[list[tuple[str, float, float]]]:
     from torch.profiler import ProfilerActivity, profile
     graph.replay()
@@ -60,8 +75,10 @@ def profile_replay(graph: torch.cuda.CUDAGraph, replays: int) -> list[list[tuple
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             graph.replay()
             torch.cuda.synchronize()
+        # kernels and the graph's copy / memset nodes: a memset node on the critical path (a library's zeroed
+        # workspace, say) shows as its own row instead of as a gap before the next kernel
         runs.append([(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-                     if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))])
+                     if e.device_type.name == "CUDA"])
     return runs
 
 
@@ -102,17 +119,10 @@ def main(argv: list[str] | None = None) -> None:
     table = sorted(({"name": name, "count": len(ix), "increment_us": float(inc[ix].sum()),
                      "median_increment_us": float(np.median(inc[ix])), "median_duration_us": float(np.median(dur[ix]))}
                     for name, ix in by_name.items()), key=lambda r: -r["increment_us"])
-    # one denoising layer: from its first norm (two launches before its attention) to the next layer's
-    attn = [i for i, name in enumerate(names) if "attn_split" in name]
-    per_step = cfg.expert.depth
-    first = len(attn) - cfg.num_steps * per_step               # the prefix's attention launches come first
-
     def kernels_between(a: int, b: int) -> list[dict]:
         return [{"name": names[i], "increment_us": float(inc[i]), "duration_us": float(dur[i])} for i in range(a, b)]
-    layer = []
-    if first >= 0 and cfg.num_steps > 5 and per_step > 10:
-        a, nxt = attn[first + 5 * per_step + 9], attn[first + 5 * per_step + 10]
-        layer = kernels_between(a - 2, nxt - 2)
+    span = denoise_layer_span(names, cfg.num_steps, cfg.expert.depth) if cfg.expert.depth > 10 else None
+    layer = kernels_between(*span) if span else []
     # one vision layer: the predict's first norm launches are the vision tower's, two per layer (LayerNorm 1 and 2)
     norms = [i for i, name in enumerate(names) if "residual_norm" in name]
     vision_layer = []
