@@ -7,9 +7,9 @@ img: (S, S, 3) uint8 in the camera's HWC layout, as the engine stages it; rows: 
 dtype, the left operand of the patch GEMM (its weight is the conv weight flattened, (Wv, 3 * p * p), same column
 order). out may be wider than 3 * p * p: the kernel writes zeros in the extra columns, so a GEMM over a width padded
 to a multiple of 8 (16-byte rows in bf16; 3 * 14 * 14 = 588 is not one, and cuBLAS runs unaligned operands on
-slower kernels) gives the same product. One launch per view replaces what the engine ran before it: the HWC -> CHW permute and float conversion,
-the scaling (torch's three elementwise kernels), the concatenation of the views and the patch reshape copy; the
-GEMM after it then runs in the engine dtype instead of fp32.
+slower kernels) gives the same product. One launch per view replaces what the engine ran before it: the HWC -> CHW
+permute and float conversion, the scaling (torch's three elementwise kernels), the concatenation of the views and
+the patch reshape copy; the GEMM after it then runs in the engine dtype instead of fp32.
 """
 
 from __future__ import annotations

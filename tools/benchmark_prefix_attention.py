@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("benchmark_prefix_attention needs a CUDA GPU")
+    import triton
     if not 0 < args.valid <= args.prefix:
         sys.exit(f"--valid must be in 1..{args.prefix}, got {args.valid}")
     dev = torch.device("cuda")
@@ -93,7 +94,6 @@ def main(argv: list[str] | None = None) -> None:
         except RuntimeError as e:        # no kernel for this form here
             rows.append({"form": name, "error": str(e).splitlines()[0][:160]})
         print(rows[-1], flush=True)
-    import triton
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
            "triton": triton.__version__, "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat()}
     print(f"\n{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['time_utc']}; {P} prefix tokens, "

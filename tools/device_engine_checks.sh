@@ -13,12 +13,13 @@
 #   both PDL modes) (pytest_kernels.log).
 # engine-new: the latest changes' own tests (the TMA GEMMs forced in a pi0.5 gate, the gate with them and the early
 #   PDL triggers off, the chain tuning in both launch modes, the vision attention's SDPA backends and their tuning,
-#   the pi0.5 gate with the fused patch embedding off (on by default since session 9; both passed on the H200)
+#   the pi0.5 gate with the fused patch embedding off (on by default since session 9; the gate with it on passed
+#   on the H200 in session 9, this one not yet run)
 #   (pytest_engine_new.log).
 # engine-rest: the rest of test_engine_gpu.py: the gates of pi0.5 and pi0 on the defaults, replay, the other
 #   fusion switches (pytest_engine_rest.log).
 # bench: pi0.5 2 views h10, bf16 and FP8, beside the A/B rows of the vision attention tuning off (bf16 and FP8), the
-#   TMA GEMMs off, the prefix attention tuning off and the fused patch embedding off
+#   TMA GEMMs off, the prefix attention tuning off and the fused patch embedding off (bf16 and FP8)
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
 #   (timeline.json, timeline.log: per kernel, one vision layer, one denoising layer).
 # gemms: tools/benchmark_wide_gemms.py at 2 views: the vision and prefix GEMMs as F.linear, with the bias apart,
@@ -58,7 +59,8 @@ if [ "$PART" = bench ] || [ "$PART" = all ]; then
   timeout 420 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate \
     --ab-switches-off vision_attention_tuning smem_gemm prefix_attention_tuning fused_patch_embed \
-    --ab-fp8-options no_vision_attention_tuning --out-dir "$OUT" --tag device_checks > "$OUT/engine.log" 2>&1
+    --ab-fp8-options no_vision_attention_tuning no_fused_patch_embed --out-dir "$OUT" --tag device_checks \
+    > "$OUT/engine.log" 2>&1
   timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \
     --views 2 --out "$OUT/timeline.json" > "$OUT/timeline.log" 2>&1
 fi

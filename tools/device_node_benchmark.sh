@@ -288,6 +288,12 @@ if [ "${RUN_TESTS:-1}" = 1 ]; then
 fi
 row "total" "" "$((SECONDS - T0)) s"
 print_summary
-# The device returns 8 files a call: the reports (*.md) and summary stay, the rest goes into one archive.
-(cd "$OUT" && tar czf logs.tgz --remove-files $(ls | grep -vE '\.md$|^summary\.txt$|^logs\.tgz$'))
+# The device returns 8 files a call: the reports (*.md) and summary stay, the logs and raw data this script writes
+# (*.json, *.log, *.tsv, *.txt) go into one archive; nothing else in $OUT is touched.
+logs=()
+while IFS= read -r -d '' f; do logs+=("$f"); done < <(find "$OUT" -maxdepth 1 -type f \
+  \( -name '*.json' -o -name '*.log' -o -name '*.tsv' -o -name '*.txt' \) ! -name summary.txt -printf '%f\0')
+if ((${#logs[@]})); then
+  tar czf "$OUT/logs.tgz" -C "$OUT" --remove-files -- "${logs[@]}"
+fi
 exit $status

@@ -282,6 +282,7 @@ def test_fused_patch_embedding_is_on_with_triton_and_has_its_switch(monkeypatch)
     assert resolve(detect_hardware("gfx942"), EngineOptions())[Op.PATCH_EMBED] == "fused"
     assert resolve(detect_hardware("sm90"), EngineOptions(fused_patch_embed=False))[Op.PATCH_EMBED] == "reference"
     assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_FUSED_PATCH_EMBED=1))[Op.PATCH_EMBED] == "reference"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_FUSED_PATCH_EMBED=0))[Op.PATCH_EMBED] == "reference"
     assert resolve(detect_hardware("sm90"), _env(FLASHRT_DISABLE_FAST_PATHS=1))[Op.PATCH_EMBED] == "reference"
     assert resolve(detect_hardware("sm90"), EngineOptions(triton=False))[Op.PATCH_EMBED] == "reference"
     assert resolve(CPU, EngineOptions())[Op.PATCH_EMBED] == "reference"

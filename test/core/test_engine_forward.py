@@ -154,3 +154,37 @@ def test_fp8_scope_selects_the_wide_gemms(model):
     with pytest.raises(ValueError, match="fp8_scope must be one of"):
         EngineOptions(fp8_scope="vision")
     assert EngineOptions.from_env(env={"FLASHRT_FP8_SCOPE": "backbone_mlp"}).fp8_scope == "backbone_mlp"
+
+
+def tiny_model_with_14px_patches(ckpt_dir):
+    """Tiny pi0.5 with SigLIP's real patch size (14 px, 3 x 14 x 14 = 588 columns per patch row, not a multiple of
+    8) on 56 x 56 views, so the fused patch embedding's padding to 592 columns is exercised."""
+    import dataclasses
+    base = get_config("pi05_tiny")
+    cfg = base.replace(name="pi05_tiny_14px", vision=dataclasses.replace(base.vision, image_size=56, patch_size=14))
+    write_random_checkpoint(ckpt_dir, cfg, seed=3)
+    return load_model_weights(ckpt_dir, cfg, "cpu", torch.float32)
+
+
+@pytest.fixture(scope="module")
+def model_14px_patches(tmp_path_factory):
+    return tiny_model_with_14px_patches(tmp_path_factory.mktemp("pi05_tiny_14px"))
+
+
+def test_fused_patch_embedding_pads_the_rows_and_keeps_the_actions(model_14px_patches):
+    """The converting-copy path of the fused patch embedding (float pixels, as resized camera views take) with
+    588-wide patch rows: the GEMM weight is padded to 592 columns with zeros, and the actions are the reference's."""
+    model = model_14px_patches
+    cfg = model.config
+    images, tokens, mask, state, noise = _inputs(cfg, np.random.default_rng(6), 9, (0, 1))
+    want = _reference(model, images, tokens, mask, state, noise)
+    engine = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(True), dtype=torch.float32)
+    engine.ops.fused_patch_embed = True
+    pixels = torch.stack([torch.from_numpy(img).permute(2, 0, 1).float() / 255 * 2 - 1 if img is not None
+                          else torch.full((3, 56, 56), -1.0) for img in images])[None]
+    args = (pixels, torch.tensor([[img is not None for img in images]]), torch.from_numpy(tokens)[None],
+            torch.from_numpy(mask)[None], torch.from_numpy(state)[None], torch.from_numpy(noise)[None])
+    torch.testing.assert_close(engine.sample_actions(*args)[0], want, atol=FP32_ATOL, rtol=0)
+    patch_w, _ = engine.weights.patch_gemm_tables()
+    assert patch_w.shape[1] == 592
+    assert torch.equal(patch_w[:, 588:], torch.zeros_like(patch_w[:, 588:]))

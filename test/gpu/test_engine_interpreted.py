@@ -124,6 +124,22 @@ def test_fused_patch_embedding_matches_the_reference(model, views, monkeypatch):
     assert "patch_rows" not in launches
 
 
+def test_fused_patch_embedding_pads_588_wide_patch_rows(tmp_path_factory, monkeypatch):
+    """kernels/patch_embed.py at SigLIP's patch size (14 px: 588-wide rows, padded to 592 with zeros for the patch
+    GEMM), two present 56 x 56 views: the actions are the reference's."""
+    from test.core.test_engine_forward import _inputs, _reference, tiny_model_with_14px_patches
+    model = tiny_model_with_14px_patches(tmp_path_factory.mktemp("pi05_tiny_14px"))
+    engine = _engine(model, "rope_in_attention")
+    engine.ops.fused_patch_embed = True
+    launches = _record_triton_launches(engine, monkeypatch)
+    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(7), 9, (0, 1))
+    got = engine.predict_observation(images, tokens, mask, state, noise)
+    np.testing.assert_allclose(got, _reference(model, images, tokens, mask, state, noise).numpy(),
+                               atol=FP32_ATOL, rtol=0)
+    assert len(launches.get("patch_rows", [])) == 2
+    assert engine.weights.patch_gemm_tables()[0].shape[1] == 592
+
+
 def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):
     """A launch policy (ops.LAUNCH_POLICIES) sets the PDL mode per kernel site: under "before_one_shot" the expert's
     first norm and its attention release the next kernel at their start (EARLY_TRIGGER), every other kernel after

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from flashrt_ros.inference_worker import DEFAULT_HANDOVER_TIMEOUT_S
 from test.ros.node_harness import BorrowedPolicy, NodeHarness, shared_policy, wait_until
 
 pytestmark = pytest.mark.ros
@@ -47,6 +48,7 @@ def test_chunks_carry_observation_stamps_shapes_and_sequence(harness_factory):
     names = [f"joint_{i}" for i in range(policy.action_dim)]
     h = harness_factory({"action_dt": ACTION_DT, "action_names": names, "frame_id": "base_link",
                          "trajectory_topic": "joint_trajectory"})
+    assert h.node._worker._handover_timeout_s == DEFAULT_HANDOVER_TIMEOUT_S > 0     # the hand-over wait: default on
     sent = []
     for k in range(3):
         stamp = h.now_ns()
