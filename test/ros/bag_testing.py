@@ -7,22 +7,24 @@ from pathlib import Path
 
 from rosbags.rosbag2 import Reader
 
-from flashrt_ros.node_executor import spin_until_shutdown
+from flashrt_ros.node_executor import DEFAULT_EXECUTOR, make_executor, spin_until_shutdown
 
 SPIN_TIMEOUT_S = 0.05
 
 
 class RosHarness:
-    """An isolated rclpy context whose nodes are spun by a multi-threaded executor on a background thread."""
+    """An isolated rclpy context whose nodes are spun on a background thread by the executor the node's
+    executables use (flashrt_ros.node_executor, single-threaded). A multi-threaded executor's spin loop keeps
+    taking the GIL while callbacks run; on a 2-core machine it starved the bag player running beside it (2 s
+    late, a loop test missing its passes in 1 run of 5)."""
 
     def __init__(self) -> None:
         import rclpy
-        from rclpy.executors import MultiThreadedExecutor
 
         self._rclpy = rclpy
         self.context = rclpy.Context()
         rclpy.init(context=self.context)
-        self.executor = MultiThreadedExecutor(num_threads=4, context=self.context)
+        self.executor = make_executor(DEFAULT_EXECUTOR, context=self.context)
         self._nodes: list = []
         self._thread = threading.Thread(target=self._spin, name="bag-test-executor", daemon=True)
         self._thread.start()
