@@ -28,9 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flashrt_core.engine.graph_executor import graph_replay_ms  # noqa: E402
 from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
-from flashrt_core.engine.ops import SKINNY_DEFAULT  # noqa: E402
+from flashrt_core.engine.ops import SKINNY_DEFAULT, Ops  # noqa: E402
 
 LAYERS, ROWS, HEADS, DH, WIDTH = 18, 10, 8, 256, 1024
 
@@ -74,17 +73,9 @@ def block(st: dict, i: int, fused: bool, key_block: int) -> None:
 
 
 def time_us(st: dict, fused: bool, key_block: int, reps: int, replays: int) -> float:
-    for i in range(LAYERS):                   # compile outside the capture
-        block(st, i, fused, key_block)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            for i in range(LAYERS):
-                block(st, i, fused, key_block)
-    graph.replay()
-    times = sorted(graph_replay_ms(graph, replays))
-    return times[len(times) // 2] * 1e3 / (reps * LAYERS)
+    """GPU time per layer: `reps` passes over the 18 layers in one graph, the median of `replays` replays."""
+    return Ops.graph_time_us(lambda: [block(st, i, fused, key_block) for i in range(LAYERS)], reps,
+                             replays) / LAYERS
 
 
 def main(argv: list[str] | None = None) -> None:

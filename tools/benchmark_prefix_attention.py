@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashrt_core.engine.dispatch import EngineOptions, resolve  # noqa: E402
 from flashrt_core.engine.hardware import detect_hardware  # noqa: E402
 from flashrt_core.engine.ops import PREFIX_ATTENTION_IMPLS, KeyMask, Ops  # noqa: E402
+from kernels.attention import attention_reference  # noqa: E402
 
 LAYERS, HEADS, DH = 18, 8, 256
 
@@ -51,10 +52,13 @@ def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_valid: tor
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_valid: int) -> torch.Tensor:
-    """fp32 softmax attention of every query over the keys [0, n_valid) -> (P, H * Dh)."""
+    """fp32 softmax attention of every query over the keys [0, n_valid) -> (P, H * Dh): the kernels' own
+    reference (kernels/attention.py, heads stacked on the query axis) on fp32 copies of the inputs."""
     P, H, Dh = q.shape
-    logits = torch.einsum("phd,kd->hpk", q.float(), k[:n_valid].float())
-    return torch.einsum("hpk,kd->phd", torch.softmax(logits, dim=-1), v[:n_valid].float()).reshape(P, H * Dh)
+    bias = torch.zeros(P, device=q.device)
+    bias[n_valid:] = float("-inf")
+    return attention_reference(q.float().reshape(P * H, Dh), k.float(), v.float(), bias, P, None, H,
+                               1.0).reshape(P, H * Dh)
 
 
 def main(argv: list[str] | None = None) -> None:
