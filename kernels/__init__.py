@@ -4,13 +4,15 @@ Every module opens with the formula it computes. `<name>(...)` launches the Trit
 `<name>_reference(...)` is the PyTorch definition that the GPU tests compare against. Without Triton the
 references still import; `HAVE_TRITON` says which case this is. `INTERPRETED`: Triton's CPU interpreter runs
 the kernels (TRITON_INTERPRET=1), on CPU tensors. `HAVE_GLUON`: Triton's Gluon is importable
-(kernels/smem_gemm.py). Every launcher's `pdl` takes False, True or `EARLY_TRIGGER`
-(kernels/_triton.py says what each means).
+(kernels/smem_gemm.py, which also carries the adaRMSNorm folded into the GEMMs around it: NormIn / NormOut).
+Every launcher's `pdl` takes False, True or `EARLY_TRIGGER` (kernels/_triton.py says what each means).
 """
 
 from ._triton import EARLY_TRIGGER, HAVE_TRITON, INTERPRETED
 from .ada_rms_norm import ada_rms_norm, ada_rms_norm_reference
 from .attention import attention, attention_reference, decoder_attention, decoder_attention_reference
+from .denoise_step import (denoise_step_in, denoise_step_in_reference, denoise_step_out,
+                           denoise_step_out_reference)
 from .euler import euler, euler_reference
 from .fp8_quant import fp8_quant, fp8_quant_reference, fp8_quant_rows, fp8_quant_rows_reference
 from .geglu import geglu, geglu_reference
@@ -19,12 +21,14 @@ from .qkv_gemm_rope import qkv_gemm_rope, qkv_gemm_rope_reference
 from .qkv_rope import qkv_rope, qkv_rope_reference, rope_tables
 from .residual_norm import residual_norm, residual_norm_reference
 from .skinny_gemm import skinny_gemm, skinny_gemm_reference
-from .smem_gemm import HAVE_GLUON, smem_gemm, smem_gemm_supported
+from .smem_gemm import (HAVE_GLUON, SMEM_GEMM_MAX_ROWS, NormIn, NormOut, smem_gemm, smem_gemm_norm_in_reference,
+                        smem_gemm_norm_out_reference, smem_gemm_supported)
 
 __all__ = [
     "EARLY_TRIGGER", "HAVE_TRITON", "INTERPRETED",
     "ada_rms_norm", "ada_rms_norm_reference",
     "attention", "attention_reference", "decoder_attention", "decoder_attention_reference",
+    "denoise_step_in", "denoise_step_in_reference", "denoise_step_out", "denoise_step_out_reference",
     "euler", "euler_reference",
     "fp8_quant", "fp8_quant_reference", "fp8_quant_rows", "fp8_quant_rows_reference",
     "geglu", "geglu_reference",
@@ -33,5 +37,6 @@ __all__ = [
     "qkv_rope", "qkv_rope_reference", "rope_tables",
     "residual_norm", "residual_norm_reference",
     "skinny_gemm", "skinny_gemm_reference",
-    "HAVE_GLUON", "smem_gemm", "smem_gemm_supported",
+    "HAVE_GLUON", "SMEM_GEMM_MAX_ROWS", "NormIn", "NormOut", "smem_gemm", "smem_gemm_norm_in_reference",
+    "smem_gemm_norm_out_reference", "smem_gemm_supported",
 ]

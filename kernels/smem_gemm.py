@@ -6,6 +6,21 @@
     split-K: program k of SPLIT_K writes the fp32 partial of its K slice into part[k] (SPLIT_K, M, N), as
              kernels/skinny_gemm.py does; the norm after it sums them.
 
+The adaRMSNorm of the pi0.5 action expert folded into the GEMMs on either side of it (`norm_out` / `norm_in`):
+with h the gated residual row, r = rsqrt(mean(h^2) + eps), s = 1 + scale and t = shift (the step's modulation),
+
+    (r * h * s + t) @ W^T = r * ((h * s) @ W^T) + t @ W^T
+
+    norm_out (the split-K GEMM before the norm, O or down): after storing its partial, each program counts itself in
+             at its 64-column tile (an atomic counter, reset by the last one); the last program of the tile sums
+             the tile's partials x and writes h = residual + x * gate into the fp32 residual, x' = h * s in bf16
+             (the next GEMM's input) and the tile's per-row sums of h^2 into sq[tile] (TILES, 16): one slot per
+             tile, no fp32 atomics, so a replay is bit-identical to the last.
+    norm_in  (the GEMM after the norm, QKV or gate/up, on x'): r[m] from the TILES sums of row m, then
+             y = acc * r[m] + b[n] in the epilogue (before GeGLU: gate and up columns each get their own b), with
+             b = t @ W^T precomputed at load for every (step, layer).
+That takes the norm's own kernel out of the chain: two launches fewer per expert layer.
+
 Why: in a denoising step each decoder GEMM (kernels/skinny_gemm.py) starts streaming its weights only after its PDL
 wait, so HBM idles while the norms and the attention run (docs/benchmarks/engine_h200_2026-11-29_notes.md,
 session 6: the four GEMMs move 34.6 MB per layer at 1.7 TB/s). The one-shot Triton configurations that load their
@@ -24,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -40,6 +56,7 @@ from ._triton import INTERPRETED
 
 ROWS = 64            # weight rows per program: wgmma's M
 X_ROWS = 16          # x rows per program (M <= 16): wgmma's N
+SMEM_GEMM_MAX_ROWS = X_ROWS
 BOX_K = 64           # K per TMA box: 128 bytes of bf16, the 128-byte swizzle
 _K_GELU = 2.0 * math.sqrt(2.0 / math.pi)
 
@@ -55,6 +72,77 @@ def smem_gemm_supported(M: int, N: int, K: int, geglu: bool, split_k: int) -> bo
     return F % rows == 0 and (ROWS + X_ROWS) * k_slice * 2 + 4 * ROWS * X_ROWS <= 220 * 1024
 
 
+@dataclass(frozen=True)
+class NormOut:
+    """Where a norm_out GEMM (the split-K GEMM before a folded adaRMSNorm) leaves its results, all on its device:
+    residual (M, N) fp32, updated in place: h = residual + (x @ W^T) * gate
+    gate, scale1p (N,) fp32: the step's modulation vectors (scale1p = 1 + scale of the norm)
+    xs (M, N) bf16: x' = h * scale1p, the next GEMM's input
+    sq (N / 64, 16) fp32: sq[t, m] = sum of h[m, 64t:64t+64]^2
+    counter (N / 64,) int32: zeros at allocation; each launch leaves them zero again"""
+
+    residual: torch.Tensor
+    gate: torch.Tensor
+    scale1p: torch.Tensor
+    xs: torch.Tensor
+    sq: torch.Tensor
+    counter: torch.Tensor
+
+    def check(self, M: int, N: int) -> None:
+        tiles = N // ROWS
+        want = {"residual": ((M, N), torch.float32), "gate": ((N,), torch.float32),
+                "scale1p": ((N,), torch.float32), "xs": ((M, N), torch.bfloat16),
+                "sq": ((tiles, X_ROWS), torch.float32), "counter": ((tiles,), torch.int32)}
+        for name, (shape, dtype) in want.items():
+            t = getattr(self, name)
+            if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+                raise ValueError(f"smem_gemm norm_out: {name} must be a contiguous {shape} {dtype} tensor, got "
+                                 f"{tuple(t.shape)} {t.dtype}")
+
+
+@dataclass(frozen=True)
+class NormIn:
+    """The folded norm a norm_in GEMM applies: sq (K / 64, 16) fp32 from the norm_out GEMM before it, bias (N,)
+    fp32 = shift @ W^T of this step and layer, eps of the norm."""
+
+    sq: torch.Tensor
+    bias: torch.Tensor
+    eps: float
+
+    def check(self, M: int, N: int, K: int) -> None:
+        tiles = K // ROWS
+        if tiles & (tiles - 1) or K % ROWS:
+            raise ValueError(f"smem_gemm norm_in: K={K} must be 64 times a power of two")
+        if tuple(self.sq.shape) != (tiles, X_ROWS) or self.sq.dtype != torch.float32 or not self.sq.is_contiguous():
+            raise ValueError(f"smem_gemm norm_in: sq must be a contiguous ({tiles}, {X_ROWS}) fp32 tensor, got "
+                             f"{tuple(self.sq.shape)} {self.sq.dtype}")
+        if tuple(self.bias.shape) != (N,) or self.bias.dtype != torch.float32 or not self.bias.is_contiguous():
+            raise ValueError(f"smem_gemm norm_in: bias must be a contiguous ({N},) fp32 tensor, got "
+                             f"{tuple(self.bias.shape)} {self.bias.dtype}")
+
+
+def smem_gemm_norm_out_reference(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor,
+                                 scale1p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Plain PyTorch of norm_out: (h (M, N) fp32, xs (M, N) bf16, sq (N / 64, M) fp32) with h = residual +
+    (x @ W^T) * gate, xs = h * scale1p, sq[t, m] = sum over the t-th 64 columns of h[m]^2."""
+    h = residual.float() + (x.float() @ w.float().T) * gate.float()
+    sq = h.pow(2).view(h.shape[0], -1, ROWS).sum(-1).T.contiguous()
+    return h, (h * scale1p.float()).to(torch.bfloat16), sq
+
+
+def smem_gemm_norm_in_reference(xs: torch.Tensor, w: torch.Tensor, sq: torch.Tensor, bias: torch.Tensor,
+                                eps: float, geglu: bool = False) -> torch.Tensor:
+    """Plain PyTorch of norm_in: y = (xs @ W^T) * r[:, None] + bias, r = rsqrt(sum_t sq[t] / K + eps) over the
+    first M columns of sq; then GeGLU when asked. (M, N) or (M, N / 2) in xs.dtype."""
+    M, K = xs.shape
+    r = torch.rsqrt(sq.float()[:, :M].sum(0) / K + eps)
+    y = (xs.float() @ w.float().T) * r[:, None] + bias.float()
+    if geglu:
+        gate, up = y.chunk(2, dim=-1)
+        y = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    return y.to(xs.dtype)
+
+
 if HAVE_GLUON:
     @gluon.jit
     def _griddep(ASM: gl.constexpr):
@@ -62,8 +150,10 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _smem_gemm_kernel(w_desc, x_desc, y_ptr, M, F, stride_y, split_stride,
+                          res_ptr, gate_ptr, scale_ptr, xs_ptr, sq_ptr, cnt_ptr, bias_ptr, eps,
                           K_PER_SPLIT: gl.constexpr, GEGLU: gl.constexpr, SPLIT_K: gl.constexpr,
-                          KGELU: gl.constexpr, PDL: gl.constexpr):
+                          KGELU: gl.constexpr, PDL: gl.constexpr, NORM_IN: gl.constexpr = False,
+                          NORM_OUT: gl.constexpr = False, TILES: gl.constexpr = 1):
         BLOCK_W: gl.constexpr = w_desc.block_type.shape[0]         # weight rows per TMA box: 64, or 32 with GeGLU
         NK: gl.constexpr = K_PER_SPLIT // 64
         if PDL == 2:                                               # kernels/_triton.py EARLY_TRIGGER
@@ -78,6 +168,15 @@ if HAVE_GLUON:
         mbarrier.init(bars.index(0), count=1)
         mbarrier.init(bars.index(1), count=1)
         # the whole weight slice in flight before the wait: it depends on no earlier kernel
+        # y[m, n0 + r] = acc[r, m]: threads along r, the contiguous axis of y
+        out_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[32, 1],
+                                                    warps_per_cta=[1, 4], order=[0, 1])
+        r = gl.arange(0, BLOCK_W, layout=gl.SliceLayout(1, out_layout))
+        m = gl.arange(0, 16, layout=gl.SliceLayout(0, out_layout))
+        if NORM_IN:             # b = shift @ W^T of this step and layer: a load-time table, read before the wait
+            b_lo = gl.load(bias_ptr + n0 + r)
+            if GEGLU:
+                b_hi = gl.load(bias_ptr + F + n0 + r)
         mbarrier.expect(bars.index(0), NK * 64 * 64 * 2)
         for i in gl.static_range(NK):
             if GEGLU:
@@ -104,9 +203,13 @@ if HAVE_GLUON:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.invalidate(bars.index(0))
         mbarrier.invalidate(bars.index(1))
-        # y[m, n0 + r] = acc[r, m]: threads along r, the contiguous axis of y
-        out_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[32, 1],
-                                                    warps_per_cta=[1, 4], order=[0, 1])
+        if NORM_IN:             # r[m] = rsqrt(mean(h^2) + eps) from the producer's per-tile sums of row m
+            sq_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[2, 16],
+                                                       warps_per_cta=[4, 1], order=[1, 0])
+            t = gl.arange(0, TILES, layout=gl.SliceLayout(1, sq_layout))
+            tm = gl.arange(0, 16, layout=gl.SliceLayout(0, sq_layout))
+            sums = gl.sum(gl.load(sq_ptr + t[:, None] * 16 + tm[None, :]), axis=0)
+            rstd = gl.convert_layout(gl.rsqrt(sums / (K_PER_SPLIT * SPLIT_K) + eps), gl.SliceLayout(0, out_layout))
         if GEGLU:   # gate rows 0..31 and up rows 32..63 sit in different warps: meet in shared memory
             scratch = gl.allocate_shared_memory(gl.float32, [64, 16],
                                                 gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
@@ -115,14 +218,35 @@ if HAVE_GLUON:
             gl.thread_barrier()
             g = scratch.slice(0, BLOCK_W).load(out_layout)
             u = scratch.slice(BLOCK_W, BLOCK_W).load(out_layout)
+            if NORM_IN:
+                g = g * rstd[None, :] + b_lo[:, None]
+                u = u * rstd[None, :] + b_hi[:, None]
             y = g / (1.0 + gl.exp(-KGELU * (g + 0.044715 * g * g * g))) * u
         else:
             y = gl.convert_layout(acc, out_layout)
-        r = gl.arange(0, BLOCK_W, layout=gl.SliceLayout(1, out_layout))
-        m = gl.arange(0, 16, layout=gl.SliceLayout(0, out_layout))
-        ptrs = y_ptr + pid_k * split_stride + m[None, :] * stride_y + (n0 + r)[:, None]
-        mask = (m < M)[None, :] & ((n0 + r) < F)[:, None]
+            if NORM_IN:
+                y = y * rstd[None, :] + b_lo[:, None]
+        cols = n0 + r
+        ptrs = y_ptr + pid_k * split_stride + m[None, :] * stride_y + cols[:, None]
+        mask = (m < M)[None, :] & (cols < F)[:, None]
         gl.store(ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        if NORM_OUT:
+            # every thread's partial is stored before one thread counts the program in (release, GPU scope); the
+            # last program of the tile sees every partial of it after its acquire
+            gl.thread_barrier()
+            arrived = gl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                x = gl.zeros((BLOCK_W, 16), dtype=gl.float32, layout=out_layout)
+                for s in gl.static_range(SPLIT_K):       # L2 reads (.cg): other SMs wrote them
+                    x += gl.load(y_ptr + s * split_stride + m[None, :] * stride_y + cols[:, None], mask=mask,
+                                 other=0.0, cache_modifier=".cg")
+                res = res_ptr + m[None, :] * F + cols[:, None]
+                h = gl.load(res, mask=mask, other=0.0) + x * gl.load(gate_ptr + cols)[:, None]
+                gl.store(res, h, mask=mask)
+                gl.store(xs_ptr + m[None, :] * F + cols[:, None],
+                         (h * gl.load(scale_ptr + cols)[:, None]).to(xs_ptr.dtype.element_ty), mask=mask)
+                gl.store(sq_ptr + pid_n * 16 + m, gl.sum(h * h, axis=0), mask=m < M)
+                gl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")     # ready for the next launch
 
 
 @functools.lru_cache(maxsize=None)
@@ -131,9 +255,13 @@ def _layout(rows: int):
 
 
 def smem_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1, pdl: bool | int = False,
-              out: torch.Tensor | None = None) -> torch.Tensor:
+              out: torch.Tensor | None = None, norm_in: NormIn | None = None,
+              norm_out: NormOut | None = None) -> torch.Tensor:
     """Gluon launcher; the contract of kernels/skinny_gemm.py skinny_gemm_reference (bf16 x and W, M <= 16).
-    pdl: False, True or EARLY_TRIGGER (kernels/_triton.py). out: optional preallocated result."""
+    pdl: False, True or EARLY_TRIGGER (kernels/_triton.py). out: optional preallocated result (with norm_out: the
+    (split_k, M, N) fp32 partials, scratch).
+    norm_in: x is x' of a folded norm: the result is smem_gemm_norm_in_reference's. norm_out: the result is written
+    into norm_out's residual / xs / sq (smem_gemm_norm_out_reference) and norm_out.xs is returned."""
     if not HAVE_GLUON or INTERPRETED:
         raise RuntimeError("smem_gemm needs Triton's Gluon and a Hopper GPU (no interpreter)")
     M, K = x.shape
@@ -144,7 +272,14 @@ def smem_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: in
                          f"slices of 64; got {tuple(x.shape)} {x.dtype}, {tuple(w.shape)} {w.dtype}, "
                          f"geglu={geglu}, split_k={split_k}")
     F = N // 2 if geglu else N
-    shape, dtype = ((split_k, M, N), torch.float32) if split_k > 1 else ((M, F), x.dtype)
+    if norm_out is not None:
+        if geglu:
+            raise ValueError("smem_gemm: norm_out needs a plain GEMM (no GeGLU)")
+        norm_out.check(M, N)
+        split_k = max(split_k, 1)
+    if norm_in is not None:
+        norm_in.check(M, N, K)
+    shape, dtype = ((split_k, M, N), torch.float32) if split_k > 1 or norm_out is not None else ((M, F), x.dtype)
     if out is None:
         out = torch.empty(shape, device=x.device, dtype=dtype)
     elif out.shape != shape or out.dtype != dtype or not out.is_contiguous():
@@ -155,10 +290,19 @@ def smem_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: in
     w_desc = TensorDescriptor.from_tensor(w, [rows, BOX_K], _layout(rows))
     x_desc = TensorDescriptor.from_tensor(x, [X_ROWS, BOX_K], _layout(X_ROWS))   # rows past M read as zeros
     grid = (F // rows, split_k)
-    _smem_gemm_kernel[grid](w_desc, x_desc, out, M, F, out.stride(-2), M * N,
+    no = norm_out
+    fold = dict(res_ptr=no.residual if no else out, gate_ptr=no.gate if no else out,
+                scale_ptr=no.scale1p if no else out, xs_ptr=no.xs if no else x,
+                sq_ptr=(no.sq if no else norm_in.sq) if (no or norm_in) else out,
+                cnt_ptr=no.counter if no else out, bias_ptr=norm_in.bias if norm_in else out,
+                eps=norm_in.eps if norm_in else 0.0)
+    _smem_gemm_kernel[grid](w_desc, x_desc, out, M, F, out.stride(-2), M * N, **fold,
                             K_PER_SPLIT=K // split_k, GEGLU=geglu, SPLIT_K=split_k, KGELU=_K_GELU,
-                            PDL=int(pdl), num_warps=4, **({"launch_pdl": True} if pdl else {}))
-    return out
+                            PDL=int(pdl), NORM_IN=norm_in is not None, NORM_OUT=no is not None,
+                            TILES=K // ROWS if norm_in is not None else 1,
+                            num_warps=4, **({"launch_pdl": True} if pdl else {}))
+    return no.xs if no is not None else out
 
 
-__all__ = ["HAVE_GLUON", "smem_gemm", "smem_gemm_supported"]
+__all__ = ["HAVE_GLUON", "SMEM_GEMM_MAX_ROWS", "NormIn", "NormOut", "smem_gemm", "smem_gemm_norm_in_reference",
+           "smem_gemm_norm_out_reference", "smem_gemm_supported"]

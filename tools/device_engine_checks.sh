@@ -3,7 +3,8 @@
 #
 #   OUT=/path bash tools/device_engine_checks.sh kernels      # GPU kernel tests + Policy GPU tests, ~3 min
 #   OUT=/path bash tools/device_engine_checks.sh engine-new   # engine tests of what never ran on a GPU, ~4 min
-#   OUT=/path bash tools/device_engine_checks.sh engine-rest  # the other engine tests (the gates), ~7 min
+#   OUT=/path bash tools/device_engine_checks.sh engine-rest  # the other engine tests but the gates, ~4 min
+#   OUT=/path bash tools/device_engine_checks.sh engine-gates # the accuracy gates of the defaults, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh bench        # engine A/B rows + one replay's critical path, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh gemms        # the wide GEMMs in every form, ~3-6 min
 #   OUT=/path bash tools/device_engine_checks.sh fp8-scopes   # gates + rows of FP8 on wider scopes, ~4 min
@@ -16,10 +17,12 @@
 #   the pi0.5 gate with the fused patch embedding off (on by default since session 9; the gate with it on passed
 #   on the H200 in session 9, this one not yet run)
 #   (pytest_engine_new.log).
-# engine-rest: the rest of test_engine_gpu.py: the gates of pi0.5 and pi0 on the defaults, replay, the other
-#   fusion switches (pytest_engine_rest.log).
-# bench: pi0.5 2 views h10, bf16 and FP8, beside the A/B rows of the vision attention tuning off (bf16 and FP8), the
-#   TMA GEMMs off, the prefix attention tuning off and the fused patch embedding off (bf16 and FP8)
+# engine-rest: the rest of test_engine_gpu.py but the gates: replay, the other fusion switches
+#   (pytest_engine_rest.log). engine-gates: the accuracy gates of pi0.5 and pi0 on the defaults, bf16 and FP8
+#   (pytest_engine_gates.log; together with engine-rest, 520 s ran out in session 10 after 12 of 14 tests).
+# Every pytest log is verbose (-v), so a part cut off by its time limit still names the tests that ran.
+# bench: pi0.5 2 views h10, bf16 and FP8, beside the A/B rows of the TMA GEMMs off (bf16), the fused patch
+#   embedding off (bf16 and FP8) and the opt-in fused denoising-step ends on (bf16 and FP8)
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
 #   (timeline.json, timeline.log: per kernel, one vision layer, one denoising layer).
 # gemms: tools/benchmark_wide_gemms.py at 2 views: the vision and prefix GEMMs as F.linear, with the bias apart,
@@ -38,28 +41,35 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export FLASHRT_FULL_CKPT_ROOT="${FLASHRT_FULL_CKPT_ROOT:-/tmp/full}"
 PY="${FLASHRT_PYTHON:-python3}"
 
-NEW="smem_gemm or chain_tuning or vision_attention or patch"
+NEW="smem_gemm or chain_tuning or vision_attention or patch or ada_fold or denoise_step"
 if [ "$PART" = kernels ] || [ "$PART" = all ]; then
-  timeout 400 "$PY" -m pytest -q test/gpu/test_kernels.py test/gpu/test_policy_gpu.py \
+  timeout 400 "$PY" -m pytest -v test/gpu/test_kernels.py test/gpu/test_policy_gpu.py \
     > "$OUT/pytest_kernels.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_kernels.log"
 fi
 
 if [ "$PART" = engine-new ] || [ "$PART" = all ]; then
-  timeout 480 "$PY" -m pytest -q test/gpu/test_engine_gpu.py -k "$NEW" > "$OUT/pytest_engine_new.log" 2>&1
+  timeout 480 "$PY" -m pytest -v test/gpu/test_engine_gpu.py -k "$NEW" > "$OUT/pytest_engine_new.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_new.log"
 fi
 
 if [ "$PART" = engine-rest ] || [ "$PART" = all ]; then
-  timeout 520 "$PY" -m pytest -q test/gpu/test_engine_gpu.py -k "not ($NEW)" > "$OUT/pytest_engine_rest.log" 2>&1
+  timeout 520 "$PY" -m pytest -v test/gpu/test_engine_gpu.py -k "not ($NEW) and not accuracy_gate" \
+    > "$OUT/pytest_engine_rest.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_rest.log"
+fi
+
+if [ "$PART" = engine-gates ] || [ "$PART" = all ]; then
+  timeout 520 "$PY" -m pytest -v test/gpu/test_engine_gpu.py -k "accuracy_gate and not ($NEW)" \
+    > "$OUT/pytest_engine_gates.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_engine_gates.log"
 fi
 
 if [ "$PART" = bench ] || [ "$PART" = all ]; then
   timeout 420 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate \
-    --ab-switches-off vision_attention_tuning smem_gemm prefix_attention_tuning fused_patch_embed \
-    --ab-fp8-options no_vision_attention_tuning no_fused_patch_embed --out-dir "$OUT" --tag device_checks \
+    --ab-switches-off smem_gemm fused_patch_embed --ab-switches-on fused_denoise_step \
+    --ab-fp8-options no_fused_patch_embed --out-dir "$OUT" --tag device_checks \
     > "$OUT/engine.log" 2>&1
   timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \
     --views 2 --out "$OUT/timeline.json" > "$OUT/timeline.log" 2>&1
@@ -78,11 +88,14 @@ if [ "$PART" = fp8-scopes ]; then
 fi
 
 {
-  for log in pytest_kernels pytest_engine_new pytest_engine_rest; do
-    [ -f "$OUT/$log.log" ] && { echo "== $log"; tail -n 6 "$OUT/$log.log"; }
+  for log in pytest_kernels pytest_engine_new pytest_engine_rest pytest_engine_gates; do
+    [ -f "$OUT/$log.log" ] && { echo "== $log"; grep -E "FAILED|ERROR|passed|failed|rc=" "$OUT/$log.log" | tail -n 20; }
   done
-  echo "== engine"; grep -hE '^\| pi05' "$OUT"/engine_*.md 2>/dev/null || tail -n 5 "$OUT/engine.log"
-  echo "== one denoising layer"
-  grep -A12 "one denoising layer" "$OUT/timeline.log" 2>/dev/null || tail -n 5 "$OUT/timeline.log" 2>/dev/null
+  if [ -f "$OUT/engine.log" ]; then
+    echo "== engine"; grep -hE '^\| pi05' "$OUT"/engine_*.md 2>/dev/null || tail -n 5 "$OUT/engine.log"
+  fi
+  if [ -f "$OUT/timeline.log" ]; then
+    echo "== one denoising layer"; grep -A12 "one denoising layer" "$OUT/timeline.log" || tail -n 5 "$OUT/timeline.log"
+  fi
   [ -f "$OUT/wide_gemms.log" ] && { echo "== wide GEMMs"; grep -E "^\| (vision|prefix)|rc=" "$OUT/wide_gemms.log"; }
 } | tee "$OUT/summary.txt"

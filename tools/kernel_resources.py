@@ -163,7 +163,8 @@ def skinny_configs(block_m: int | None = 16) -> list[KernelConfig]:
 
 def smem_configs() -> list[KernelConfig]:
     """Every kernels/smem_gemm.py candidate of the load-time tuning (ops.SMEM_CANDIDATES) at the expert's shapes,
-    with the TMA descriptors the launcher builds (empty where Triton has no Gluon)."""
+    with the TMA descriptors the launcher builds, plain and with the folded adaRMSNorm (norm_out on the split-K O and
+    down GEMMs, norm_in on QKV and gate/up); empty where Triton has no Gluon."""
     from flashrt_core.engine.ops import SMEM_CANDIDATES
     smem = _kernels_module("smem_gemm")
     if not smem.HAVE_GLUON:
@@ -178,11 +179,16 @@ def smem_configs() -> list[KernelConfig]:
             signature = {"w_desc": f"tensordesc<bf16[{rows}, {smem.BOX_K}],{w_layout!r}>",
                          "x_desc": f"tensordesc<bf16[{smem.X_ROWS}, {smem.BOX_K}],{x_layout!r}>",
                          "y_ptr": "*fp32" if c.split_k > 1 else "*bf16", "M": "i32", "F": "i32", "stride_y": "i32",
-                         "split_stride": "i32"}
+                         "split_stride": "i32", "res_ptr": "*fp32", "gate_ptr": "*fp32", "scale_ptr": "*fp32",
+                         "xs_ptr": "*bf16", "sq_ptr": "*fp32", "cnt_ptr": "*i32", "bias_ptr": "*fp32",
+                         "eps": "fp32"}
             ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": kind == "gate_up", "SPLIT_K": c.split_k,
                   "KGELU": smem._K_GELU, "PDL": True}
-            out.append(KernelConfig(f"smem GEMM {kind} {c}", smem._smem_gemm_kernel, signature, ce, 4, 1,
-                                    ("F", "stride_y", "split_stride")))
+            folded = ({"NORM_OUT": True} if kind in ("o", "down")
+                      else {"NORM_IN": True, "TILES": EXPERT_K[kind] // smem.ROWS})
+            for name, extra in ((f"smem GEMM {kind} {c}", {}), (f"smem GEMM {kind} {c}, folded norm", folded)):
+                out.append(KernelConfig(name, smem._smem_gemm_kernel, signature, {**ce, **extra}, 4, 1,
+                                        ("F", "stride_y", "split_stride")))
     return out
 
 

@@ -65,6 +65,8 @@ class Op(str, enum.Enum):
     PREFIX_ATTENTION = "prefix_attention"  # the backbone's attention: the mqa kernel, or the faster of it and SDPA
     VISION_ATTENTION = "vision_attention"  # the SDPA backend of the vision attention: torch's choice or the fastest
     PATCH_EMBED = "patch_embed"      # uint8 views -> patch rows -> patch GEMM: one kernel + engine-dtype GEMM, or torch
+    ADA_NORM_FOLD = "ada_norm_fold"  # pi0.5 expert's adaRMSNorms: in the GEMMs around them, or kernels of their own
+    DENOISE_STEP = "denoise_step"    # pi0.5 step ends: input projection + first norm, final norm + output + Euler
 
 
 class Switch(str, enum.Enum):
@@ -89,6 +91,8 @@ class Switch(str, enum.Enum):
     PREFIX_ATTENTION_TUNING = "PREFIX_ATTENTION_TUNING"  # the prefix attention picked by its time at load
     VISION_ATTENTION_TUNING = "VISION_ATTENTION_TUNING"  # the vision attention's SDPA backend picked by its time
     FUSED_PATCH_EMBED = "FUSED_PATCH_EMBED"  # kernels/patch_embed.py + the patch GEMM in the engine dtype
+    ADA_NORM_FOLD = "ADA_NORM_FOLD"      # the expert's adaRMSNorms folded into the shared-memory GEMMs around them
+    FUSED_DENOISE_STEP = "FUSED_DENOISE_STEP"  # kernels/denoise_step.py at both ends of each pi0.5 denoising step
 
 
 # Which wide GEMMs FP8 serves: every vision and backbone GEMM, the backbone only, or only the backbone's MLP
@@ -123,6 +127,8 @@ class EngineOptions:
     prefix_attention_tuning: bool = True     # the prefix attention: the mqa kernel or SDPA, whichever is faster
     vision_attention_tuning: bool = True     # the vision attention: the fastest SDPA backend at its shape
     fused_patch_embed: bool = True           # kernels/patch_embed.py rows + the patch GEMM in the engine dtype
+    ada_norm_fold: bool = False              # opt-in (measured slower): pi0.5's adaRMSNorms in the TMA GEMMs
+    fused_denoise_step: bool = False         # opt-in until measured: kernels/denoise_step.py (pi0.5)
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -170,7 +176,9 @@ class EngineOptions:
         for name, attr in (("FLASHRT_FP8", "fp8"), ("FLASHRT_L2_PREFETCH", "l2_prefetch"),    # opt-ins; a
                            ("FLASHRT_WEIGHT_PREFETCH", "weight_prefetch"),                   # DISABLE wins
                            ("FLASHRT_FP8_DECODER_WEIGHTS", "fp8_decoder_weights"),
-                           ("FLASHRT_FUSED_PATCH_EMBED", "fused_patch_embed")):  # the default now: 0 turns it off
+                           ("FLASHRT_FUSED_PATCH_EMBED", "fused_patch_embed"),   # the default now: 0 turns it off
+                           ("FLASHRT_ADA_NORM_FOLD", "ada_norm_fold"),
+                           ("FLASHRT_FUSED_DENOISE_STEP", "fused_denoise_step")):
             if flag(name) is not None and attr not in changes:
                 changes[attr] = flag(name)
         if env.get("FLASHRT_FP8_SCALING"):
@@ -340,6 +348,28 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "the vision phase -0.05 to -0.07 ms"),
         Candidate("reference", _ALWAYS, "torch: permute, float conversion and scaling per view, the patch "
                   "reshape, an fp32 GEMM with its bias, then the position embedding"),
+    ),
+    Op.ADA_NORM_FOLD: (
+        Candidate("gemm_epilogue", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.ADA_NORM_FOLD)
+                  and o.switch_on(Switch.SMEM_GEMM) and _nvidia_sm90_plus(hw) and _gluon_available(),
+                  "pi0.5's expert: each adaRMSNorm after the split-K O and down GEMMs runs in the GEMMs on either "
+                  "side of it (kernels/smem_gemm.py norm_out / norm_in): the last split program of each 64-column "
+                  "tile writes the gated residual, x' = h * (1 + scale) and its rows' sums of squares; the QKV / "
+                  "gate-up GEMM after it scales its rows by rsqrt(mean(h^2) + eps) and adds shift @ W^T "
+                  "(precomputed per step and layer) in its epilogue: two launches fewer per layer. Applies where "
+                  "every decoder GEMM kind is a shared-memory GEMM (at most 16 rows; NVIDIA sm90+); the first "
+                  "norm of each step and the final norm keep their kernel. Opt-in: on the H200 (session 10, "
+                  "tools/benchmark_ada_norm_fold.py) the denoise took 4.77 ms at best with it against 4.24 ms with "
+                  "the separate norms, which overlap the next GEMM's weight stream under the early PDL triggers"),
+        Candidate("separate", _ALWAYS, "kernels/ada_rms_norm.py (or torch) between the GEMMs"),
+    ),
+    Op.DENOISE_STEP: (
+        Candidate("fused", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.FUSED_DENOISE_STEP),
+                  "pi0.5: kernels/denoise_step.py, one Triton kernel at each end of a denoising step: the action "
+                  "input projection with the first adaRMSNorm, and the final adaRMSNorm with the output "
+                  "projection and the Euler step (seven launches, two of them cuBLAS GEMMs outside the dependent-"
+                  "launch chain, become two PDL kernels; fp32 throughout)"),
+        Candidate("separate", _ALWAYS, "cast, input GEMM, copy and norm; norm, output GEMM and the Euler kernel"),
     ),
     Op.VISION_GELU: (
         Candidate("gemm_epilogue", lambda hw, o: _gpu(hw, o) and o.switch_on(Switch.GEMM_EPILOGUE),

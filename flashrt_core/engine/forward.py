@@ -43,7 +43,28 @@ class Workspace:
     rope_cos: torch.Tensor                       # (P + S, Dh / 2) fp32
     rope_sin: torch.Tensor
     suffix_visible: torch.Tensor                 # (S,) int32: suffix keys each suffix token may see
+    ada_fold: AdaFoldBuffers | None = None       # pi0.5 with ops.ada_fold: the folded norms' buffers
     extras: dict = field(default_factory=dict)
+
+
+@dataclass
+class AdaFoldBuffers:
+    """Static buffers of the adaRMSNorms folded into the GEMMs around them (ops.Op.ADA_NORM_FOLD), one set per norm
+    site of an expert layer (0: before QKV, fed by the previous layer's down GEMM; 1: before gate/up, fed by O):
+    xs (S, We) engine dtype, the next GEMM's input x' = h * (1 + scale); sq (We / 64, 16) fp32, per-tile row sums
+    of h^2; counter (We / 64,) int32, zero between launches (kernels/smem_gemm.py NormOut)."""
+
+    xs: tuple[torch.Tensor, torch.Tensor]
+    sq: tuple[torch.Tensor, torch.Tensor]
+    counter: tuple[torch.Tensor, torch.Tensor]
+
+    @classmethod
+    def allocate(cls, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> "AdaFoldBuffers":
+        """Made outside any graph capture: the counters must start at zero and stay allocated."""
+        tiles = width // 64
+        return cls(xs=tuple(torch.empty(rows, width, device=device, dtype=dtype) for _ in range(2)),
+                   sq=tuple(torch.zeros(tiles, 16, device=device) for _ in range(2)),
+                   counter=tuple(torch.zeros(tiles, device=device, dtype=torch.int32) for _ in range(2)))
 
 
 class PhaseTimer:
@@ -164,23 +185,51 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
     # per layer: the window of later weights its QKV GEMM may prefetch into L2 (ops applies l2_prefetch), or None
     arena = w.expert_arena
     windows = [arena.prefetch_window(i) if arena is not None else None for i in range(len(w.expert))]
+    # pi0.5: the adaRMSNorms after O and down folded into the GEMMs around them, where the picks allow it
+    fold = ws.ada_fold if pi05 and ws.ada_fold is not None and ops.ada_fold_applies(S) else None
+    fold_bias = w.ada_fold_bias() if fold is not None else None          # (qkv, gate_up): (steps, layers, N)
+    # pi0.5: each step's two ends in one kernel each (kernels/denoise_step.py)
+    step_ends = pi05 and ops.fused_denoise_step and len(w.action_in.parts) == 1 and w.action_in.fp8 is None
     for step, dt in enumerate(w.dts):
-        a = ops.linear(x_t.to(w.dtype), w.action_in)                                   # (horizon, We)
-        if pi05:
-            residual.copy_(a)
+        if step_ends:        # input projection + the first layer's norm 1
+            mod = w.tables.norm[step, 0]
+            ops.denoise_step_in(x_t, w.action_in, mod[0, 0], mod[0, 1], residual, y, e.eps)
+        elif pi05:
+            residual.copy_(ops.linear(x_t.to(w.dtype), w.action_in))                   # (horizon, We)
         else:
+            a = ops.linear(x_t.to(w.dtype), w.action_in)                               # (horizon, We)
             h = torch.nn.functional.silu(ops.linear(a, w.time_in_action).float() + w.time_in_bias[step])
             residual[1:].copy_(ops.linear(h.to(w.dtype), w.time_out))
             residual[:1].copy_(state_token)
         x = gate = None
         for i, layer in enumerate(w.expert):
+            qkv_in, norm_in = y, None
             if pi05:
                 mod = w.tables.norm[step, i]                                           # (2, 3, We)
-                ops.ada_norm(x, residual, gate, mod[0, 0], mod[0, 1], y, e.eps, site="norm1")
+                if fold is not None and i > 0:       # the previous down GEMM left x' and the sums of squares
+                    qkv_in = fold.xs[0]
+                    norm_in = ops.k.NormIn(fold.sq[0], fold_bias[0][step, i], e.eps)
+                elif not (step_ends and i == 0):
+                    ops.ada_norm(x, residual, gate, mod[0, 0], mod[0, 1], y, e.eps, site="norm1")
             else:
                 ops.norm(x, residual, y, layer.norm1, None, e.eps, site="norm1")
-            attn = ops.decoder_attention(y, layer.qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i],
-                                         smask, heads, dh ** -0.5, prefetch=windows[i])      # (S*H, Dh)
+            attn = ops.decoder_attention(qkv_in, layer.qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i],
+                                         ws.v_cache[i], smask, heads, dh ** -0.5, prefetch=windows[i],
+                                         norm_in=norm_in)                              # (S*H, Dh)
+            if fold is not None:
+                # O's split-K partials -> residual, x' and the sums of squares; gate/up normalizes in its epilogue
+                ops.decoder(attn.view(S, heads * dh), layer.o, "o",
+                            norm_out=ops.k.NormOut(residual, mod[0, 2], mod[1, 0], fold.xs[1], fold.sq[1],
+                                                   fold.counter[1]))
+                g = ops.decoder(fold.xs[1], layer.gate_up, "gate_up",
+                                norm_in=ops.k.NormIn(fold.sq[1], fold_bias[1][step, i], e.eps))
+                if i + 1 < len(w.expert):            # the next layer's first norm, folded the same way
+                    ops.decoder(g, layer.down, "down",
+                                norm_out=ops.k.NormOut(residual, mod[1, 2], w.tables.norm[step, i + 1, 0, 0],
+                                                       fold.xs[0], fold.sq[0], fold.counter[0]))
+                else:                                # the final norm keeps its kernel
+                    x, gate = ops.decoder(g, layer.down, "down"), mod[1, 2]
+                continue
             o = ops.decoder(attn.view(S, heads * dh), layer.o, "o")                       # (M, N) or partials
             if pi05:
                 ops.ada_norm(o, residual, mod[0, 2], mod[1, 0], mod[1, 1], y, e.eps, site="norm2")
@@ -188,6 +237,10 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
             else:
                 ops.norm(o, residual, y, layer.norm2, None, e.eps, site="norm2")
             x = ops.decoder(ops.decoder(y, layer.gate_up, "gate_up"), layer.down, "down")
+        if step_ends:        # the final norm, the output projection and the Euler step
+            ops.denoise_step_out(x, residual, gate, w.tables.final[step, 0], w.tables.final[step, 1], out_w, out_b,
+                                 x_t, dt, e.eps)
+            continue
         if pi05:
             ops.ada_norm(x, residual, gate, w.tables.final[step, 0], w.tables.final[step, 1], y, e.eps)
         else:

@@ -25,7 +25,7 @@ from flashrt_core.errors import InputError
 from flashrt_core.model import PiModel
 
 from .dispatch import Dispatch, Op, Switch
-from .forward import PhaseTimer, Workspace, denoise, forward, prefix, vision
+from .forward import AdaFoldBuffers, PhaseTimer, Workspace, denoise, forward, prefix, vision
 from .kernel_import import load_kernels
 from .ops import LAUNCH_POLICIES, Ops
 from .weights import EngineWeights, prepare_weights
@@ -119,6 +119,11 @@ class EngineExecutor:
         self.decoder_chain_passes = 0
         self._affine = None if action_affine is None else tuple(
             torch.as_tensor(np.asarray(a, dtype=np.float32), device=device) for a in action_affine)
+        if self.ops.ada_fold and (self.weights.tables is None or not self.weights.folded
+                                  or self.suffix_len > load_kernels().SMEM_GEMM_MAX_ROWS):
+            self.ops.ada_fold = False                   # pi0, unmerged weights or too many rows: nothing to fold
+        if self.ops.ada_fold:
+            self.weights.ada_fold_bias()                # the shift @ W^T tables, made before any capture
         if self.ops.decoder_fp8:                         # before the tuning: it times the FP8 weights
             from .fp8 import quantize_expert_weights
             quantize_expert_weights(self.weights, dispatch[Op.FP8_FORMAT])
@@ -283,7 +288,8 @@ class EngineExecutor:
             action_affine=self._affine,
             k_cache=torch.zeros(cache_shape, device=dev, dtype=self.dtype),
             v_cache=torch.zeros(cache_shape, device=dev, dtype=self.dtype),
-            rope_cos=self._rope[0], rope_sin=self._rope[1], suffix_visible=self._suffix_visible)
+            rope_cos=self._rope[0], rope_sin=self._rope[1], suffix_visible=self._suffix_visible,
+            ada_fold=AdaFoldBuffers.allocate(S, cfg.expert.width, self.dtype, dev) if self.ops.ada_fold else None)
         out_host = torch.empty(cfg.action_horizon, cfg.max_action_dim, pin_memory=dev.type == "cuda")
         return _Entry(ws, staging, out_host, None)
 

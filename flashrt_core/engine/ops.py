@@ -207,6 +207,9 @@ class Ops:
         self.fp8_prefix = dispatch[Op.GEMM_PREFIX] == "fp8"
         self._gelu_epilogue = dispatch[Op.VISION_GELU] == "gemm_epilogue"
         self.fused_patch_embed = dispatch[Op.PATCH_EMBED] == "fused"     # forward.vision: patch_rows + GEMM
+        self.fused_denoise_step = dispatch[Op.DENOISE_STEP] == "fused"   # forward.denoise: denoise_step_in / _out
+        # forward.denoise folds pi0.5's adaRMSNorms into the GEMMs around them where ada_fold_applies()
+        self.ada_fold = dispatch[Op.ADA_NORM_FOLD] == "gemm_epilogue"
         triton_decoder = dispatch[Op.GEMM_DECODER] == "triton"
         # decoder GEMM kind -> "triton" | "library"; tune_decoder() keeps Triton only where it measures faster
         self.decoder_impl: dict[str, str | SkinnyConfig | SmemConfig | RopeGemmConfig] = {
@@ -239,6 +242,21 @@ class Ops:
         y, h = self.k.ada_rms_norm_reference(x, residual, gate, scale1p, shift, eps, out_dtype=out.dtype)
         residual.copy_(h)
         return out.copy_(y)
+
+    def denoise_step_in(self, x_t: torch.Tensor, lin: Linear, scale1p: torch.Tensor, shift: torch.Tensor,
+                        residual: torch.Tensor, out: torch.Tensor, eps: float) -> torch.Tensor:
+        """pi0.5's step start: residual = x_t @ W_in^T + b_in (fp32), out = adaRMSNorm(residual) (the first layer's
+        norm 1), in one kernel (kernels/denoise_step.py)."""
+        (w, b), = lin.parts
+        return self.k.denoise_step_in(x_t, w, b, scale1p, shift, residual, out, eps, pdl=self.launch_mode("norm1"))
+
+    def denoise_step_out(self, x: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor, scale1p: torch.Tensor,
+                         shift: torch.Tensor, out_w: torch.Tensor, out_b: torch.Tensor, x_t: torch.Tensor,
+                         dt: float, eps: float) -> torch.Tensor:
+        """pi0.5's step end: the final adaRMSNorm of residual + x * gate, the output projection and the Euler step
+        on x_t, in one kernel (kernels/denoise_step.py)."""
+        return self.k.denoise_step_out(x, residual, gate, scale1p, shift, out_w, out_b, x_t, dt, eps,
+                                       pdl=self.launch_mode("other"))
 
     # ---------------------------------------------------------------------------------------------- MLP pieces
     def geglu(self, gu: torch.Tensor) -> torch.Tensor:
@@ -304,18 +322,34 @@ class Ops:
         return w.dtype == torch.bfloat16 and self.k.smem_gemm_supported(x.shape[0], w.shape[0], w.shape[1],
                                                                         kind == "gate_up", cfg.split_k)
 
+    def ada_fold_applies(self, rows: int) -> bool:
+        """Whether the denoiser at `rows` rows runs its adaRMSNorms folded into the GEMMs around them
+        (Op.ADA_NORM_FOLD): asked for, and every decoder GEMM kind's pick is a shared-memory GEMM that serves
+        these rows (only kernels/smem_gemm.py has the norm_out / norm_in epilogues)."""
+        return self.ada_fold and rows <= self.k.SMEM_GEMM_MAX_ROWS and all(
+            isinstance(self.decoder_impl[kind], SmemConfig) for kind in ("qkv", "o", "gate_up", "down"))
+
     def decoder(self, x: torch.Tensor, lin: Linear, kind: str, impl: str | SkinnyConfig | None = None,
-                prefetch: tuple[int, int] | None = None) -> torch.Tensor:
+                prefetch: tuple[int, int] | None = None, norm_in=None, norm_out=None) -> torch.Tensor:
         """Decoder GEMM (few rows). kind "gate_up" returns the GeGLU activation (M, F); "o"/"down" may return
         split-K partials (S, M, N) fp32 that the next norm sums; "qkv" returns (M, N).
         impl: "library" (cuBLAS/hipBLASLt), a SkinnyConfig (Triton), None = the tuned choice for this kind. With
         decoder_weights=fp8 the Triton GEMM streams the weight-only FP8 copy (Linear.w_fp8); the library GEMM the
         bf16 weights.
         prefetch: (address, bytes) the Triton GEMM bulk-prefetches into L2 first (l2_prefetch); the library GEMM
-        ignores it."""
+        ignores it.
+        norm_in / norm_out (kernels/smem_gemm.py NormIn / NormOut): the folded adaRMSNorm's halves (see
+        ada_fold_applies); only the shared-memory GEMM has them, any other pick raises ValueError. With norm_out
+        the result is the next GEMM's input x' (norm_out.xs)."""
         impl = impl or self.decoder_impl[kind]
         if impl == "triton":
             impl = SKINNY_DEFAULT[kind]
+        if norm_in is not None or norm_out is not None:
+            if not (isinstance(impl, SmemConfig) and self._smem_ok(x, lin, kind, impl)):
+                raise ValueError(f"the folded adaRMSNorm needs the shared-memory GEMM; {kind} runs {impl} at "
+                                 f"{tuple(x.shape)}")
+            return self.k.smem_gemm(x, lin.parts[0][0], geglu=kind == "gate_up", split_k=impl.split_k,
+                                    pdl=self.launch_mode(kind), norm_in=norm_in, norm_out=norm_out)
         if isinstance(impl, SmemConfig) and self._smem_ok(x, lin, kind, impl):
             return self.k.smem_gemm(x, lin.parts[0][0], geglu=kind == "gate_up", split_k=impl.split_k,
                                     pdl=self.launch_mode(kind))
@@ -332,40 +366,41 @@ class Ops:
     def decoder_qkv_rope(self, x: torch.Tensor, lin: Linear, pos, cos, sin, q_out, k_cache, v_cache, offset: int,
                          heads: int, kv_heads: int, q_scale: float,
                          impl: str | SkinnyConfig | RopeGemmConfig | None = None,
-                         prefetch: tuple[int, int] | None = None) -> None:
+                         prefetch: tuple[int, int] | None = None, norm_in=None) -> None:
         """Decoder QKV projection, RoPE, q scale and KV-cache write (contract of qkv_rope on x @ W^T): one kernel
         with a RopeGemmConfig (decoder_qkv=fused_rope), else the decoder GEMM then qkv_rope. prefetch: see
-        `decoder` (with l2_prefetch on, the fused-RoPE kernel, which has no prefetch, is not a candidate)."""
+        `decoder` (with l2_prefetch on, the fused-RoPE kernel, which has no prefetch, is not a candidate).
+        norm_in: see `decoder` (not with a RopeGemmConfig)."""
         impl = impl or self.decoder_impl["qkv"]
-        if isinstance(impl, RopeGemmConfig):
+        if isinstance(impl, RopeGemmConfig) and norm_in is None:
             (w, _), = lin.parts
             self.k.qkv_gemm_rope(x, w, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale,
                                  block_p=impl.block_p, block_k=impl.block_k, num_stages=impl.stages,
                                  num_warps=impl.warps, pdl=self.launch_mode("qkv"))
             return
-        self.qkv_rope(self.decoder(x, lin, "qkv", impl, prefetch), pos, cos, sin, q_out, k_cache, v_cache, offset,
-                      heads, kv_heads, q_scale, site="qkv")
+        self.qkv_rope(self.decoder(x, lin, "qkv", impl, prefetch, norm_in=norm_in), pos, cos, sin, q_out, k_cache,
+                      v_cache, offset, heads, kv_heads, q_scale, site="qkv")
 
     def _rope_in_attention_for(self, rows: int) -> bool:
         return self.rope_in_attention and rows <= ROPE_IN_ATTENTION_MAX_ROWS
 
     def decoder_attention(self, x: torch.Tensor, lin: Linear, pos, cos, sin, q_out, k_cache, v_cache,
-                          mask: KeyMask, heads: int, q_scale: float, prefetch: tuple[int, int] | None = None
-                          ) -> torch.Tensor:
+                          mask: KeyMask, heads: int, q_scale: float, prefetch: tuple[int, int] | None = None,
+                          norm_in=None) -> torch.Tensor:
         """One denoising step's attention block up to the O projection: x (S, W) -> (S * heads, Dh).
         With rope_in_attention and S <= ROPE_IN_ATTENTION_MAX_ROWS: the QKV GEMM, then the attention kernel applies
         RoPE and the q scale and reads the suffix K/V from the GEMM's output (q_out and the cache's suffix rows stay
         untouched). Else decoder_qkv_rope (q_out and the suffix rows written), then mqa.
-        k_cache/v_cache: (1, P + S, Dh)."""
+        k_cache/v_cache: (1, P + S, Dh). norm_in: x is x' of a folded adaRMSNorm (see `decoder`)."""
         S, dh = x.shape[0], q_out.shape[-1]
         if self._rope_in_attention_for(S):
-            qkv = self.decoder(x, lin, "qkv", prefetch=prefetch)
+            qkv = self.decoder(x, lin, "qkv", prefetch=prefetch, norm_in=norm_in)
             out = torch.empty(S * heads, dh, device=x.device, dtype=q_out.dtype)
             return self.k.decoder_attention(qkv, k_cache[0], v_cache[0], pos, cos, sin, mask.bias, mask.prefix_len,
                                             mask.visible, heads, q_scale, out, pdl=self.launch_mode("attention"),
                                             key_block=self.key_block)
         self.decoder_qkv_rope(x, lin, pos, cos, sin, q_out, k_cache, v_cache, mask.prefix_len, heads, 1, q_scale,
-                              prefetch=prefetch)
+                              prefetch=prefetch, norm_in=norm_in)
         return self.mqa(q_out.view(S * heads, dh), k_cache[0], v_cache[0], mask, 1.0, site="attention")
 
     def _rope_gemm_ok(self, x: torch.Tensor, lin: Linear, cfg: RopeGemmConfig, head_dim: int) -> bool:

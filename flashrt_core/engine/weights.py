@@ -157,6 +157,29 @@ class EngineWeights:
 
     _patch_gemm: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    @torch.no_grad()
+    def ada_fold_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """pi0.5 with the adaRMSNorm folded into the GEMM after it (ops.Op.ADA_NORM_FOLD): the shift of each norm
+        through that GEMM, shift @ W^T in fp32, for every step and layer: (qkv (steps, layers, N_qkv),
+        gate_up (steps, layers, N_gate_up)); made at first use (the executor asks before any capture), then kept."""
+        if self._ada_fold_bias is None:
+            if self.tables is None:
+                raise ValueError("ada_fold_bias: only pi0.5's adaptive norms have a shift to fold")
+            shifts = self.tables.norm[:, :, :, 1]                                       # (steps, layers, 2, We)
+            out = []
+            for site, name in ((0, "qkv"), (1, "gate_up")):
+                per_layer = []
+                for i, layer in enumerate(self.expert):
+                    (w, b), = getattr(layer, name).parts
+                    if b is not None:
+                        raise ValueError(f"ada_fold_bias: expert {name} GEMM has a bias of its own")
+                    per_layer.append(shifts[:, i, site] @ w.float().T)                 # (steps, N)
+                out.append(torch.stack(per_layer, 1).contiguous())
+            self._ada_fold_bias = (out[0], out[1])
+        return self._ada_fold_bias
+
+    _ada_fold_bias: tuple[torch.Tensor, torch.Tensor] | None = None
+
 
 def _f32(t: torch.Tensor) -> torch.Tensor:
     return t.detach().float()

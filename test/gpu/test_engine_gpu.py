@@ -135,9 +135,13 @@ def test_new_prompt_does_not_recapture(tiny):
     ("pi05", "bf16"), ("pi0", "bf16"),
     ("pi05", "fp8"), ("pi0", "fp8"),        # FP8 on the default scope (backbone MLP), per-tensor static scales
     ("pi05", "fp8+fp8_decoder_weights"),    # + weight-only FP8 decoder GEMMs (opt-in)
-    ("pi05", "bf16+smem_gemm"),             # every decoder GEMM forced to the shared-memory (TMA) kernels
+    ("pi05", "bf16+smem_gemm"),             # every decoder GEMM forced to the shared-memory (TMA) kernels, no fold
     ("pi05", "bf16+no_smem_gemm"),          # the shared-memory GEMMs and early PDL triggers off (as session 6)
     ("pi05", "bf16+no_fused_patch_embed"),  # the patch embedding as torch ops, fp32 GEMM (the fused one: default)
+    ("pi05", "bf16+smem_gemm_ada_fold"),    # the TMA GEMMs forced with the adaRMSNorms folded into them (opt-in)
+    ("pi05", "fp8+smem_gemm_ada_fold"),
+    ("pi05", "bf16+fused_denoise_step"),    # each denoising step's ends in one kernel each (opt-in)
+    ("pi05", "fp8+fused_denoise_step"),
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
@@ -148,17 +152,22 @@ def test_accuracy_gate_full_size(name, precision):
                             EngineOptions(fp8=prec == "fp8", fp8_decoder_weights=extra == "fp8_decoder_weights",
                                           smem_gemm=extra != "no_smem_gemm",
                                           pdl_early_trigger=extra != "no_smem_gemm",
-                                          fused_patch_embed=extra != "no_fused_patch_embed"))
+                                          fused_patch_embed=extra != "no_fused_patch_embed",
+                                          ada_norm_fold=extra == "smem_gemm_ada_fold",
+                                          fused_denoise_step=extra == "fused_denoise_step"))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
     assert engine.name.endswith(prec)
     assert engine.ops.decoder_fp8 == (extra == "fp8_decoder_weights")
     assert engine.ops.fused_patch_embed == (extra != "no_fused_patch_embed")
-    if extra == "smem_gemm":        # the tuning weighed the shared-memory GEMMs for every kind; force them on
+    assert engine.ops.ada_fold == (extra == "smem_gemm_ada_fold")
+    assert engine.ops.fused_denoise_step == (extra == "fused_denoise_step")
+    if extra.startswith("smem_gemm"):   # the tuning weighed the shared-memory GEMMs for every kind; force them on
         assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
                    for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
         from flashrt_core.engine.ops import SMEM_CANDIDATES
         engine.ops.decoder_impl.update({kind: cands[0] for kind, cands in SMEM_CANDIDATES.items()})
         engine._entries.clear()     # recapture with them
+        assert engine.ops.ada_fold_applies(engine.suffix_len) == (extra == "smem_gemm_ada_fold")
     cosines = []
     for seed in range(GATE_OBSERVATIONS):
         obs = random_observation(cfg, np.random.default_rng(seed), views=2 + seed % 2, n_text=20 + 13 * seed,

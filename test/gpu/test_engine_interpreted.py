@@ -38,7 +38,7 @@ def _triton_dispatch(decoder_qkv: str, fp8_weights: bool):
               Op.DECODER_WEIGHTS: "fp8" if fp8_weights else "bf16", Op.VISION_GELU: "separate",
               Op.DECODER_TUNING: "isolated", Op.FP8_INPUT_QUANT: "fused",
               Op.SMEM_GEMM: "none", Op.PREFIX_ATTENTION: "mqa", Op.VISION_ATTENTION: "default",
-              Op.PATCH_EMBED: "reference"}
+              Op.PATCH_EMBED: "reference", Op.ADA_NORM_FOLD: "separate", Op.DENOISE_STEP: "separate"}
     assert set(choice) == set(Op), "every op needs a choice here"
     return Dispatch(detect_hardware("sm90"), EngineOptions(text_buckets=(16, 32)), choice)
 
@@ -74,7 +74,7 @@ def _record_triton_launches(engine, monkeypatch) -> dict[str, list]:
     The PyTorch references are not recorded."""
     calls: dict[str, list] = {}
     for name in ("skinny_gemm", "decoder_attention", "attention", "qkv_rope", "ada_rms_norm", "residual_norm",
-                 "euler", "geglu", "patch_rows"):
+                 "euler", "geglu", "patch_rows", "denoise_step_in", "denoise_step_out"):
         fn = getattr(engine.ops.k, name)
 
         def recorded(*args, _fn=fn, _name=name, **kwargs):
@@ -138,6 +138,27 @@ def test_fused_patch_embedding_pads_588_wide_patch_rows(tmp_path_factory, monkey
                                atol=FP32_ATOL, rtol=0)
     assert len(launches.get("patch_rows", [])) == 2
     assert engine.weights.patch_gemm_tables()[0].shape[1] == 592
+
+
+def test_fused_denoise_step_ends_match_the_reference(model, monkeypatch):
+    """pi0.5 with each denoising step's ends fused (kernels/denoise_step.py): one denoise_step_in and one
+    denoise_step_out launch per step, no Euler kernel and only the later layers' first norms as ada_rms_norm
+    launches; the actions are the reference's. pi0 has no such path: the switch changes nothing there."""
+    from test.core.test_engine_forward import _inputs, _reference
+    engine = _engine(model, "rope_in_attention")
+    engine.ops.fused_denoise_step = True
+    launches = _record_triton_launches(engine, monkeypatch)
+    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(8), 9, (0, 1))
+    got = engine.predict_observation(images, tokens, mask, state, noise)
+    np.testing.assert_allclose(got, _reference(model, images, tokens, mask, state, noise).numpy(),
+                               atol=FP32_ATOL, rtol=0)
+    steps, layers = len(engine.weights.dts), model.config.expert.depth
+    if model.config.model_type == "pi05":
+        assert len(launches["denoise_step_in"]) == len(launches["denoise_step_out"]) == steps
+        assert "euler" not in launches
+        assert len(launches["ada_rms_norm"]) == steps * (2 * layers - 1)
+    else:
+        assert "denoise_step_in" not in launches and len(launches["euler"]) == steps
 
 
 def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):

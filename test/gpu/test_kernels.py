@@ -177,6 +177,53 @@ def test_euler(rows):
     _close(got, want, FP32_ATOL, FP32_RTOL)
 
 
+EXPERT_WIDTH = 1024 if not INTERPRET else 320      # pi0.5's expert; the interpreter: two 256-wide blocks, one partial
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_denoise_step_in(bias):
+    """kernels/denoise_step.py's step start at pi0.5's shape (10 rows, 32 action dims, the expert's width), bf16
+    projection weights and output, every launch mode, against denoise_step_in_reference; outputs NaN-poisoned."""
+    rows = 10 if not INTERPRET else 3
+    g = torch.Generator(device=DEVICE).manual_seed(rows + bias)
+    x_t = torch.randn(rows, 32, device=DEVICE, generator=g)
+    w_in = (torch.randn(EXPERT_WIDTH, 32, device=DEVICE, generator=g) / 6).to(torch.bfloat16)
+    b_in = torch.randn(EXPERT_WIDTH, device=DEVICE, generator=g).to(torch.bfloat16) if bias else None
+    scale1p = 1 + torch.randn(EXPERT_WIDTH, device=DEVICE, generator=g) / 2
+    shift = torch.randn(EXPERT_WIDTH, device=DEVICE, generator=g)
+    want_res, want_y = K.denoise_step_in_reference(x_t, w_in, b_in, scale1p, shift, 1e-6, torch.bfloat16)
+    for pdl in (False, True, K.EARLY_TRIGGER) if not INTERPRET else (True,):
+        residual = _poison(torch.empty(rows, EXPERT_WIDTH, device=DEVICE))
+        y = _poison(torch.empty(rows, EXPERT_WIDTH, device=DEVICE, dtype=torch.bfloat16))
+        K.denoise_step_in(x_t, w_in, b_in, scale1p, shift, residual, y, 1e-6, pdl=pdl)
+        _close(residual, want_res, 1e-4, 1e-4)
+        _close(y, want_y, BF16_ATOL, BF16_RTOL)
+
+
+@pytest.mark.parametrize("splits", [0, 1, 4])
+def test_denoise_step_out(splits):
+    """kernels/denoise_step.py's step end at pi0.5's shape: the last down GEMM's output as one bf16 matrix (0) or
+    fp32 split-K partials (1, 4), the final norm, the bf16 output projection and the Euler step on x_t in place,
+    every launch mode, against denoise_step_out_reference; the residual is left untouched."""
+    rows = 10 if not INTERPRET else 3
+    g = torch.Generator(device=DEVICE).manual_seed(17 + splits)
+    x = torch.randn(*((splits,) if splits else ()), rows, EXPERT_WIDTH, device=DEVICE, generator=g)
+    x = x if splits else x.to(torch.bfloat16)
+    residual = torch.randn(rows, EXPERT_WIDTH, device=DEVICE, generator=g) * 3
+    gate, shift = (torch.randn(EXPERT_WIDTH, device=DEVICE, generator=g) for _ in range(2))
+    scale1p = 1 + torch.randn(EXPERT_WIDTH, device=DEVICE, generator=g) / 2
+    w_out = (torch.randn(32, EXPERT_WIDTH, device=DEVICE, generator=g) / 32).to(torch.bfloat16)
+    b_out = torch.randn(32, device=DEVICE, generator=g)
+    x_t = torch.randn(rows, 32, device=DEVICE, generator=g)
+    want = K.denoise_step_out_reference(x, residual, gate, scale1p, shift, w_out, b_out, x_t.clone(), -0.1, 1e-6)
+    before = residual.clone()
+    for pdl in (False, True, K.EARLY_TRIGGER) if not INTERPRET else (True,):
+        got = K.denoise_step_out(x, residual, gate, scale1p, shift, w_out, b_out, x_t.clone(), -0.1, 1e-6,
+                                 pdl=pdl)
+        _close(got, want, 1e-4, 1e-4)
+        assert torch.equal(residual, before)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_patch_rows(dtype):
     """kernels/patch_embed.py at the SigLIP shape (224 x 224 uint8, 14-pixel patches: 256 rows of 588; the
@@ -420,6 +467,71 @@ def test_smem_gemm_every_engine_config(kind, n, k):
                 err = (got - want).norm() / want.norm()
                 assert got.shape == want.shape and err < SKINNY_REL_L2, \
                     f"{cfg} pdl={pdl} rows {rows}: rel L2 error {err:.2e}"
+
+
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9
+                    or not K.HAVE_GLUON, reason="kernels/smem_gemm.py needs Gluon on an sm90+ GPU")
+@pytest.mark.parametrize("kind,n,k", [("o", 1024, 2048), ("down", 1024, 4096)])
+def test_smem_gemm_norm_out_every_engine_config(kind, n, k):
+    """The norm_out half of the folded adaRMSNorm (the split-K O and down GEMMs of pi0.5's expert) against
+    smem_gemm_norm_out_reference at the expert's shapes, 1-16 rows, every split-K candidate and launch mode: the
+    residual, x' and the per-tile sums of squares; launched twice on the same buffers, so the tile counters must be
+    back at zero after each launch, and the second launch (same inputs) must give bitwise what the first gave."""
+    from flashrt_core.engine.ops import SMEM_CANDIDATES
+    g = torch.Generator(device=DEVICE).manual_seed(n + k)
+    w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(torch.bfloat16)
+    gate, scale1p = torch.randn(n, device=DEVICE, generator=g), 1 + torch.randn(n, device=DEVICE, generator=g) / 2
+    tiles = n // 64
+    for rows in sorted({1, *[r for r in DECODER_ROWS if r <= 16], 16}):
+        x = torch.randn(rows, k, device=DEVICE, generator=g).to(torch.bfloat16)
+        residual0 = torch.randn(rows, n, device=DEVICE, generator=g) * 3
+        want_h, want_xs, want_sq = K.smem_gemm_norm_out_reference(x, w, residual0, gate, scale1p)
+        for cfg in SMEM_CANDIDATES[kind]:
+            for pdl in (False, True, K.EARLY_TRIGGER):
+                buffers = dict(xs=torch.full((rows, n), float("nan"), device=DEVICE, dtype=torch.bfloat16),
+                               sq=torch.full((tiles, 16), float("nan"), device=DEVICE),
+                               counter=torch.zeros(tiles, device=DEVICE, dtype=torch.int32))
+                results = []
+                for _ in range(2):
+                    norm = K.NormOut(residual=residual0.clone(), gate=gate, scale1p=scale1p, **buffers)
+                    got = K.smem_gemm(x, w, split_k=cfg.split_k, pdl=pdl, norm_out=norm)
+                    torch.cuda.synchronize()
+                    assert got is norm.xs
+                    assert torch.equal(norm.counter, torch.zeros_like(norm.counter)), f"{cfg} counters left set"
+                    results.append((norm.residual.clone(), norm.xs.clone(), norm.sq[:, :rows].clone()))
+                (h, xs, sq), again = results
+                label = f"{kind} {cfg} pdl={pdl} rows {rows}"
+                torch.testing.assert_close(h, want_h, rtol=1e-4, atol=1e-3, msg=label)
+                torch.testing.assert_close(xs.float(), want_xs.float(), rtol=2e-2, atol=2e-2, msg=label)
+                torch.testing.assert_close(sq, want_sq, rtol=1e-4, atol=1e-2, msg=label)
+                assert all(torch.equal(a, b) for a, b in zip(results[0], again)), f"{label}: replays differ"
+
+
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9
+                    or not K.HAVE_GLUON, reason="kernels/smem_gemm.py needs Gluon on an sm90+ GPU")
+@pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("gate_up", 8192, 1024)])
+def test_smem_gemm_norm_in_every_engine_config(kind, n, k):
+    """The norm_in half (QKV and gate/up after a folded adaRMSNorm) against smem_gemm_norm_in_reference at the
+    expert's shapes, 1-16 rows, every launch mode, with sums of squares from a real residual row and a random
+    bias; the 16-row sums buffer holds garbage past the rows in use, which must not matter."""
+    from flashrt_core.engine.ops import SMEM_CANDIDATES
+    g = torch.Generator(device=DEVICE).manual_seed(n + 7 * k)
+    w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(torch.bfloat16)
+    bias = torch.randn(n, device=DEVICE, generator=g)
+    geglu = kind == "gate_up"
+    for rows in sorted({1, *[r for r in DECODER_ROWS if r <= 16], 16}):
+        h = torch.randn(rows, k, device=DEVICE, generator=g) * 3
+        xs = (h * (1 + torch.randn(k, device=DEVICE, generator=g) / 2)).to(torch.bfloat16)
+        sq = torch.rand(k // 64, 16, device=DEVICE, generator=g) * 1e4          # rows past `rows`: garbage
+        sq[:, :rows] = h.pow(2).view(rows, -1, 64).sum(-1).T
+        norm = K.NormIn(sq=sq, bias=bias, eps=1e-6)
+        want = K.smem_gemm_norm_in_reference(xs, w, sq, bias, 1e-6, geglu).float()
+        for cfg in SMEM_CANDIDATES[kind]:
+            for pdl in (False, True, K.EARLY_TRIGGER):
+                got = K.smem_gemm(xs, w, geglu, cfg.split_k, pdl=pdl, norm_in=norm).float()
+                err = (got - want).norm() / want.norm()
+                assert got.shape == want.shape and err < SKINNY_REL_L2, \
+                    f"{kind} {cfg} pdl={pdl} rows {rows}: rel L2 error {err:.2e}"
 
 
 def _assert_prefetch_changes_no_bit(kind: str, n: int, k: int, variants: list[tuple[dict, str]], seed: int) -> None:

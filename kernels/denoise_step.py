@@ -1,0 +1,185 @@
+"""The two ends of a pi0.5 denoising step, each one kernel (the action expert's layers run in between).
+
+    step_in:  residual <- x_t @ W_in^T + b_in                       (the action input projection, fp32)
+              y        <- rms(residual) * scale1p + shift            (the first layer's adaRMSNorm)
+    step_out: h        =  residual + x * gate                        (x: the last down GEMM, or its split-K partials)
+              y        =  rms(h) * scale1p + shift                   (the final adaRMSNorm)
+              x_t      <- x_t + dt * (y @ W_out^T + b_out)            (the output projection and the Euler step)
+
+x_t (horizon, A) fp32 is the flow state, A = 32 action dims; W_in (D, A) and W_out (A, D) are the projections'
+weights (D = the expert's width); the modulation vectors are the step's rows of the load-time tables. Each program
+owns one row: it sums the row's squares over D in a first pass and recomputes the row in the second (the
+projections are 32 products per element, cheaper than keeping the row), so no row leaves the registers before it is
+final. What they replace per step: the cast of x_t, the input GEMM (cuBLAS, no PDL), the copy into the residual and
+the first norm kernel; the final norm kernel, the output GEMM (cuBLAS, no PDL) and the Euler kernel: seven launches,
+two of them library kernels the dependent-launch chain cannot overlap, become two PDL kernels. The sums are fp32
+throughout, where the separate path rounds x_t, the input projection, y and the velocity to the engine dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
+
+BLOCK_D = 256       # row elements per inner step: a (256, 32) weight tile is 64 registers per thread at 4 warps
+
+
+def _rms(h: torch.Tensor, eps: float) -> torch.Tensor:
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def denoise_step_in_reference(x_t: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor | None,
+                              scale1p: torch.Tensor, shift: torch.Tensor, eps: float = 1e-6,
+                              out_dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain PyTorch, fp32. Returns (residual (H, D) fp32, y (H, D) out_dtype)."""
+    h = x_t.float() @ w_in.float().T
+    if b_in is not None:
+        h = h + b_in.float()
+    return h, (_rms(h, eps) * scale1p.float() + shift.float()).to(out_dtype)
+
+
+def denoise_step_out_reference(x: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor, scale1p: torch.Tensor,
+                               shift: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor | None,
+                               x_t: torch.Tensor, dt: float, eps: float = 1e-6) -> torch.Tensor:
+    """Plain PyTorch, fp32, in place on x_t (horizon, A); the last `horizon` rows of the step are the actions'.
+    x: (M, D) or split-K partials (S, M, D). Returns x_t."""
+    if x.dim() == 3:
+        x = x.float().sum(0)
+    h = residual.float() + x.float() * gate.float()
+    y = _rms(h, eps) * scale1p.float() + shift.float()
+    v = y[y.shape[0] - x_t.shape[0]:] @ w_out.float().T
+    if b_out is not None:
+        v = v + b_out.float()
+    return x_t.add_(dt * v)
+
+
+@triton.jit
+def _projected_block(x, w_ptr, b_ptr, rd, ra, A, D: tl.constexpr, HAS_B: tl.constexpr):
+    """Columns rd of x @ W^T (+ b): x (BLOCK_A,) fp32 in registers, W (D, A)."""
+    d_ok = rd < D
+    w = tl.load(w_ptr + rd[:, None] * A + ra[None, :], mask=d_ok[:, None] & (ra < A)[None, :], other=0.0)
+    h = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    if HAS_B:
+        h += tl.load(b_ptr + rd, mask=d_ok, other=0.0).to(tl.float32)
+    return h
+
+
+@triton.jit
+def _gated_block(x_ptr, res_ptr, g_ptr, m, rd, D: tl.constexpr, stride_x, split_stride, stride_res,
+                 X_SPLITS: tl.constexpr):
+    """Columns rd of row m of residual + x * gate, x summed over its split-K partials."""
+    d_ok = rd < D
+    x = tl.zeros(rd.shape, tl.float32)
+    for sp in tl.static_range(X_SPLITS):
+        x += tl.load(x_ptr + sp * split_stride + m * stride_x + rd, mask=d_ok, other=0.0).to(tl.float32)
+    return tl.load(res_ptr + m * stride_res + rd, mask=d_ok, other=0.0) + x * tl.load(g_ptr + rd, mask=d_ok,
+                                                                                       other=0.0)
+
+
+@triton.jit
+def _step_in_kernel(x_ptr, w_ptr, b_ptr, s_ptr, t_ptr, res_ptr, y_ptr, A, eps, stride_res, stride_y,
+                    D: tl.constexpr, HAS_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr,
+                    PDL: tl.constexpr):
+    release_dependents(PDL)
+    row = tl.program_id(0)
+    ra = tl.arange(0, BLOCK_A)
+    a_ok = ra < A
+    wait_for_inputs(PDL)
+    x = tl.load(x_ptr + row * A + ra, mask=a_ok, other=0.0).to(tl.float32)
+    sq = tl.zeros([BLOCK_D], tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        rd = d0 + tl.arange(0, BLOCK_D)
+        h = _projected_block(x, w_ptr, b_ptr, rd, ra, A, D, HAS_B)
+        sq += h * h
+    rstd = tl.rsqrt(tl.sum(sq, axis=0) / D + eps)
+    for d0 in range(0, D, BLOCK_D):
+        rd = d0 + tl.arange(0, BLOCK_D)
+        d_ok = rd < D
+        h = _projected_block(x, w_ptr, b_ptr, rd, ra, A, D, HAS_B)
+        tl.store(res_ptr + row * stride_res + rd, h, mask=d_ok)
+        s = tl.load(s_ptr + rd, mask=d_ok, other=0.0)
+        t = tl.load(t_ptr + rd, mask=d_ok, other=0.0)
+        tl.store(y_ptr + row * stride_y + rd, (h * rstd * s + t).to(y_ptr.dtype.element_ty), mask=d_ok)
+
+
+@triton.jit
+def _step_out_kernel(x_ptr, res_ptr, g_ptr, s_ptr, t_ptr, w_ptr, b_ptr, xt_ptr, A, row0, eps, dt,
+                     stride_x, split_stride, stride_res, D: tl.constexpr, X_SPLITS: tl.constexpr,
+                     HAS_B: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    release_dependents(PDL)
+    row = tl.program_id(0)                  # action row; its suffix row is row0 + row
+    m = row0 + row
+    ra = tl.arange(0, BLOCK_A)
+    a_ok = ra < A
+    wait_for_inputs(PDL)
+    sq = tl.zeros([BLOCK_D], tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        rd = d0 + tl.arange(0, BLOCK_D)
+        h = _gated_block(x_ptr, res_ptr, g_ptr, m, rd, D, stride_x, split_stride, stride_res, X_SPLITS)
+        sq += h * h
+    rstd = tl.rsqrt(tl.sum(sq, axis=0) / D + eps)
+    acc = tl.zeros([BLOCK_A], tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        rd = d0 + tl.arange(0, BLOCK_D)
+        d_ok = rd < D
+        h = _gated_block(x_ptr, res_ptr, g_ptr, m, rd, D, stride_x, split_stride, stride_res, X_SPLITS)
+        y = h * rstd * tl.load(s_ptr + rd, mask=d_ok, other=0.0) + tl.load(t_ptr + rd, mask=d_ok, other=0.0)
+        w = tl.load(w_ptr + ra[:, None] * D + rd[None, :], mask=a_ok[:, None] & d_ok[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * y[None, :], axis=1)
+    if HAS_B:
+        acc += tl.load(b_ptr + ra, mask=a_ok, other=0.0).to(tl.float32)
+    xt = tl.load(xt_ptr + row * A + ra, mask=a_ok, other=0.0)
+    tl.store(xt_ptr + row * A + ra, xt + dt * acc, mask=a_ok)
+
+
+def _check_vector(name: str, v: torch.Tensor | None, n: int) -> None:
+    if v is not None and (v.shape != (n,) or not v.is_contiguous()):
+        raise ValueError(f"denoise step: {name} must be a contiguous ({n},) vector, got {tuple(v.shape)}")
+
+
+def denoise_step_in(x_t: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor | None, scale1p: torch.Tensor,
+                    shift: torch.Tensor, residual: torch.Tensor, y: torch.Tensor, eps: float = 1e-6,
+                    pdl: bool | int = False) -> torch.Tensor:
+    """Triton launcher; denoise_step_in_reference's results into residual (H, D) fp32 and y (H, D). Returns y."""
+    H, A = x_t.shape
+    D = w_in.shape[0]
+    if x_t.dtype != torch.float32 or not x_t.is_contiguous() or w_in.shape != (D, A) or not w_in.is_contiguous():
+        raise ValueError(f"denoise_step_in: x_t contiguous fp32 (H, A) and W_in contiguous (D, A); got "
+                         f"{tuple(x_t.shape)} {x_t.dtype}, {tuple(w_in.shape)}")
+    if residual.shape != (H, D) or residual.dtype != torch.float32 or y.shape != (H, D) \
+            or residual.stride(1) != 1 or y.stride(1) != 1:
+        raise ValueError(f"denoise_step_in: residual fp32 and y must be ({H}, {D}) with unit column stride; got "
+                         f"{tuple(residual.shape)} {residual.dtype}, {tuple(y.shape)}")
+    for name, v in (("b_in", b_in), ("scale1p", scale1p), ("shift", shift)):
+        _check_vector(name, v, D)
+    _step_in_kernel[(H,)](x_t, w_in, b_in if b_in is not None else scale1p, scale1p, shift, residual, y, A,
+                          eps, residual.stride(0), y.stride(0), D=D, HAS_B=b_in is not None,
+                          BLOCK_A=triton.next_power_of_2(A), BLOCK_D=BLOCK_D, PDL=pdl, num_warps=4,
+                          **launch_options(pdl))
+    return y
+
+
+def denoise_step_out(x: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor, scale1p: torch.Tensor,
+                     shift: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor | None, x_t: torch.Tensor,
+                     dt: float, eps: float = 1e-6, pdl: bool | int = False) -> torch.Tensor:
+    """Triton launcher; denoise_step_out_reference in place on x_t (residual is left as it was). Returns x_t."""
+    M, D = residual.shape
+    H, A = x_t.shape
+    splits, split_stride = (x.shape[0], x.stride(0)) if x.dim() == 3 else (1, 0)
+    x2 = x[0] if x.dim() == 3 else x
+    if x2.shape != (M, D) or x2.stride(1) != 1 or residual.stride(1) != 1:
+        raise ValueError(f"denoise_step_out: x must be ({M}, {D}) or (S, {M}, {D}) with unit column stride, got "
+                         f"{tuple(x.shape)}")
+    if x_t.dtype != torch.float32 or not x_t.is_contiguous() or H > M or w_out.shape != (A, D) \
+            or not w_out.is_contiguous():
+        raise ValueError(f"denoise_step_out: x_t contiguous fp32 (H <= {M}, A) and W_out contiguous (A, {D}); got "
+                         f"{tuple(x_t.shape)} {x_t.dtype}, {tuple(w_out.shape)}")
+    for name, v in (("gate", gate), ("scale1p", scale1p), ("shift", shift)):
+        _check_vector(name, v, D)
+    _check_vector("b_out", b_out, A)
+    _step_out_kernel[(H,)](x, residual, gate, scale1p, shift, w_out, b_out if b_out is not None else gate, x_t,
+                           A, M - H, eps, float(dt), x2.stride(0), split_stride, residual.stride(0),
+                           D=D, X_SPLITS=splits, HAS_B=b_out is not None, BLOCK_A=triton.next_power_of_2(A),
+                           BLOCK_D=BLOCK_D, PDL=pdl, num_warps=4, **launch_options(pdl))
+    return x_t

@@ -1,0 +1,112 @@
+"""The fused denoising-step ends (Op.DENOISE_STEP, kernels/denoise_step.py) against the separate kernels, in one
+engine: the whole denoise of full-size pi0.5 (10 steps, 2 views, horizon 10, bf16) captured as a graph, every
+decoder GEMM on the shared-memory TMA kernels (split-K 2 for O, 4 for down) under each launch policy, fused and
+separate interleaved over several rounds; and the cosine of the actions, fused against separate, same inputs.
+
+Weights: a full-size checkpoint (--ckpt-root, written there when missing), or with --random-init the model's
+parameters filled in place on the GPU (normal, std 0.02: the timing does not depend on the values, and the load
+takes seconds instead of a checkpoint write).
+
+    python3 tools/benchmark_denoise_step.py --random-init --out docs/benchmarks
+
+Writes denoise_step_<gpu>_<date>.json / .md into --out; prints the table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from flashrt_core.config import get_config  # noqa: E402
+from flashrt_core.engine import EngineOptions, build_executor  # noqa: E402
+from flashrt_core.engine.ops import LAUNCH_POLICIES, SmemConfig  # noqa: E402
+from tools.benchmark_engine import env_info, ensure_checkpoint  # noqa: E402
+from tools.denoise_timing import cosine, denoise_actions, denoise_inputs, denoise_ms  # noqa: E402
+
+POLICIES = ("all", "norms", "none")
+
+
+def random_model(cfg, dev):
+    """PiModel(cfg) with every parameter drawn on the GPU in bf16 (no checkpoint)."""
+    from flashrt_core.model import PiModel
+    with torch.device("meta"):
+        model = PiModel(cfg)
+    model = model.to_empty(device=dev).to(torch.bfloat16)
+    g = torch.Generator(device=dev).manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02, generator=g)
+        for b in model.buffers():
+            if b.is_floating_point():
+                b.normal_(0.0, 0.02, generator=g)
+    return model.eval()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ckpt-root", default="/tmp/full")
+    ap.add_argument("--random-init", action="store_true")
+    ap.add_argument("--out", default="docs/benchmarks")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--replays", type=int, default=30)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    cfg = get_config("pi05")
+    if args.random_init:
+        model = random_model(cfg, dev)
+    else:
+        from flashrt_core.checkpoint import load_model_weights
+        model = load_model_weights(ensure_checkpoint(Path(args.ckpt_root), "pi05"), cfg, dev, torch.bfloat16)
+    engine = build_executor(model, cfg, dev, "auto", EngineOptions(chain_tuning=False, fused_denoise_step=True))
+    ops = engine.ops
+    if not ops.fused_denoise_step:
+        raise SystemExit(f"the fused step ends cannot run here: dispatch {engine.dispatch.summary()}")
+    ops.decoder_impl.update(qkv=SmemConfig(1), gate_up=SmemConfig(1), o=SmemConfig(2), down=SmemConfig(4))
+    inp = denoise_inputs(engine, seed=1)
+    actions = {}
+    for fused in (False, True):
+        ops.fused_denoise_step, ops.early_sites = fused, LAUNCH_POLICIES["all"]
+        actions[fused] = denoise_actions(engine, inp)
+    cos = cosine(actions[False], actions[True])
+
+    times: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        for policy in POLICIES:
+            for fused in (False, True):
+                ops.fused_denoise_step, ops.early_sites = fused, LAUNCH_POLICIES[policy]
+                key = f"{policy}|{'fused' if fused else 'separate'}"
+                times.setdefault(key, []).append(denoise_ms(engine, inp, args.replays))
+
+    info = env_info()
+    result = {"env": info, "weights": "random init, std 0.02" if args.random_init else "checkpoint",
+              "denoise_ms": times, "actions_cosine_fused_vs_separate": cos, "rounds": args.rounds,
+              "replays": args.replays}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gpu = torch.cuda.get_device_name().split()[-1].lower()
+    stem = out / f"denoise_step_{gpu}_{datetime.date.today().isoformat()}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    lines = [f"# Fused denoising-step ends vs separate kernels: {torch.cuda.get_device_name()}", "",
+             f"{json.dumps(info)}. Full-size pi0.5 ({result['weights']}), bf16, 2 views, horizon 10; decoder GEMMs "
+             f"on the TMA kernels (O split 2, down split 4). Denoise graph replay, median of {args.replays} "
+             f"replays per capture, {args.rounds} rounds interleaved (min / median over rounds). Actions cosine, "
+             f"fused vs separate: {cos:.6f}.", "",
+             "| launch policy | separate (ms) | fused (ms) | fused - separate (ms) |", "|---|---|---|---|"]
+    for policy in POLICIES:
+        sep, fus = times[f"{policy}|separate"], times[f"{policy}|fused"]
+        lines.append(f"| {policy} | {min(sep):.3f} / {np.median(sep):.3f} | {min(fus):.3f} / {np.median(fus):.3f} "
+                     f"| {np.median(fus) - np.median(sep):+.3f} |")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

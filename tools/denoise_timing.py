@@ -1,0 +1,68 @@
+"""The denoise of an EngineExecutor alone, captured as a CUDA graph: what the A/B benchmarks of the denoiser's
+fusions (tools/benchmark_ada_norm_fold.py, tools/benchmark_denoise_step.py) time and compare. Same capture as the
+chain tuning (graph_executor._tune_decoder_in_chain), on a 2-view workspace of the smallest text bucket with
+random K/V caches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from flashrt_core.engine.forward import Workspace, denoise
+from flashrt_core.engine.graph_executor import graph_replay_ms, side_stream
+
+
+@dataclass
+class DenoiseInputs:
+    ws: Workspace
+    key_bias: torch.Tensor          # (P,) all keys visible
+    n_valid: torch.Tensor           # (1,) = P
+    noise: torch.Tensor             # pinned noise, copied into ws.noise before each compared run
+
+
+def denoise_inputs(engine, seed: int = 0) -> DenoiseInputs:
+    dev = engine.device
+    ws = engine._make_entry((0, 1), None, engine.text_buckets[0]).ws
+    P = ws.k_cache.shape[2] - engine.suffix_len
+    g = torch.Generator(device=dev).manual_seed(seed)
+    ws.k_cache.normal_(generator=g)
+    ws.v_cache.normal_(generator=g)
+    return DenoiseInputs(ws, torch.zeros(P, device=dev), torch.full((1,), P, device=dev, dtype=torch.int64),
+                         torch.randn(ws.noise.shape, device=dev, generator=g))
+
+
+def denoise_graph(engine, inp: DenoiseInputs) -> torch.cuda.CUDAGraph:
+    """One warm-up run on a side stream (compiles, builds descriptors), then the capture, replayed once."""
+    stream = side_stream(engine.device)
+    stream.wait_stream(torch.cuda.current_stream(engine.device))
+    with torch.cuda.stream(stream):
+        denoise(inp.ws, engine.weights, engine.ops, inp.key_bias, inp.n_valid)
+    torch.cuda.current_stream(engine.device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        denoise(inp.ws, engine.weights, engine.ops, inp.key_bias, inp.n_valid)
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def denoise_actions(engine, inp: DenoiseInputs) -> torch.Tensor:
+    """The normalized actions of one replay from the pinned noise, with the engine's current settings."""
+    graph = denoise_graph(engine, inp)
+    inp.ws.noise.copy_(inp.noise)
+    graph.replay()
+    torch.cuda.synchronize()
+    return inp.ws.actions.clone()
+
+
+def denoise_ms(engine, inp: DenoiseInputs, replays: int) -> float:
+    """Median replay time of the denoise captured with the engine's current settings."""
+    graph = denoise_graph(engine, inp)
+    return float(np.median(graph_replay_ms(graph, replays)))
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.flatten().double(), b.flatten().double()
+    return float(a @ b / a.norm() / b.norm())
