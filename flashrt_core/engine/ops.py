@@ -77,8 +77,21 @@ class SmemConfig:
 
 # kernels/smem_gemm.py candidates per kind (smem_gemm=tma, the default on sm90+ with Gluon): 64 weight rows per program (32 + 32 with GeGLU);
 # split-K only where the consumer sums partials. Each gives 40-128 programs at the expert's shapes.
-SMEM_CANDIDATES = {"qkv": [SmemConfig(1)], "gate_up": [SmemConfig(1)], "o": [SmemConfig(2), SmemConfig(4)],
-                   "down": [SmemConfig(4), SmemConfig(8)]}
+# Split-K 8 for O and 16 for down (session 10): 128 / 256 programs, as many as gate/up's 128, which alone among the
+# four streams its weights at ~4.2 TB/s on the H200 (O with 32 programs: 1.5 TB/s); the norm after them sums more
+# partials, so the tuning decides.
+SMEM_CANDIDATES = {"qkv": [SmemConfig(1)], "gate_up": [SmemConfig(1)],
+                   "o": [SmemConfig(2), SmemConfig(4), SmemConfig(8)],
+                   "down": [SmemConfig(4), SmemConfig(8), SmemConfig(16)]}
+
+# tune_decoder checks each candidate's product against the library GEMM on the same input before timing it
+# (relative L2 error): bf16 rounding and summation order; weight-only FP8 (decoder_weights=fp8) adds E4M3 rounding.
+DECODER_CHECK_REL_L2 = 2e-2
+DECODER_CHECK_REL_L2_FP8 = 8e-2
+
+
+class CandidateMismatch(RuntimeError):
+    """A decoder GEMM candidate whose product disagrees with the library GEMM's (Ops.check_candidate)."""
 
 
 # Candidates measured at load for each decoder GEMM kind (qkv feeds RoPE and gate_up has the GeGLU epilogue:
@@ -437,17 +450,36 @@ class Ops:
 
     def time_candidate(self, kind: str, impl, measure) -> float | None:
         """measure() for one tuning candidate. A candidate that needs more shared memory or registers than this
-        GPU has (Triton's OutOfResources), and a shared-memory GEMM (SmemConfig: Gluon, run only on the H200 so far)
-        that fails to compile or launch, is left out and recorded in decoder_failures (under `kind`); any other
-        failure is raised."""
+        GPU has (Triton's OutOfResources), one whose product disagrees with the library GEMM's
+        (CandidateMismatch, check_candidate), and a shared-memory GEMM (SmemConfig: Gluon, run only on the H200
+        so far) that fails to compile or launch, is left out and recorded in decoder_failures (under `kind`); any
+        other failure is raised."""
         try:
             return measure()
         except Exception as err:  # noqa: BLE001  only the kinds of failure below are a candidate's to have
-            if not (isinstance(err, _OUT_OF_RESOURCES) or isinstance(impl, SmemConfig)):
+            if not (isinstance(err, (CandidateMismatch, *_OUT_OF_RESOURCES)) or isinstance(impl, SmemConfig)):
                 raise
             log.warning("GEMM candidate %s for %s cannot run on this GPU, left out: %s", impl, kind, err)
             self.decoder_failures.setdefault(kind, {})[str(impl)] = repr(err)
             return None
+
+    def check_candidate(self, kind: str, impl, x: torch.Tensor, lin: Linear) -> None:
+        """Raise CandidateMismatch when a Triton or shared-memory GEMM candidate's product on x (its split-K
+        partials summed) is off the library GEMM's by more than DECODER_CHECK_REL_L2 (relative L2; the FP8 bound
+        with decoder_weights=fp8), so that no candidate is picked for its speed alone. The RoPE-epilogue GEMMs
+        (RopeGemmConfig) write Q / K / V where the attention reads them and are not checked here."""
+        if impl == "library" or isinstance(impl, RopeGemmConfig):
+            return
+        want = self.decoder(x, lin, kind, "library").float()
+        got = self.decoder(x, lin, kind, impl)
+        got = got.float().sum(0) if got.dim() == 3 else got.float()
+        bound = DECODER_CHECK_REL_L2_FP8 if self.decoder_fp8 else DECODER_CHECK_REL_L2
+        if got.shape != want.shape:
+            raise CandidateMismatch(f"{kind} {impl}: product {tuple(got.shape)}, library {tuple(want.shape)}")
+        err = float((got - want).norm() / want.norm().clamp_min(1e-30))
+        if not err <= bound:
+            raise CandidateMismatch(f"{kind} {impl}: relative L2 error {err:.3g} against the library GEMM "
+                                    f"(bound {bound})")
 
     def tune_decoder(self, rows: int, layers, heads: int, head_dim: int, reps: int = 4
                      ) -> dict[str, dict[str, float]]:
@@ -456,7 +488,9 @@ class Ops:
         Each timed pass runs the GEMM over every layer of `layers` in turn, `reps` times, as the denoiser does:
         the weights stream from memory rather than from a warm L2. The library time of gate_up includes its
         separate GeGLU kernel; every qkv time includes RoPE and the KV write (separate kernel or epilogue), except
-        where rope_in_attention serves `rows`: there the attention does that and qkv is the GEMM alone.
+        where rope_in_attention serves `rows`: there the attention does that and qkv is the GEMM alone. Before its
+        timing each candidate's product is checked against the library GEMM's (check_candidate); one that disagrees
+        is left out, with the reason in decoder_failures.
         Returns {kind: {candidate: us per call}}."""
         dev = layers[0].qkv.parts[0][0].device
         g = torch.Generator(device=dev).manual_seed(0)
@@ -479,9 +513,12 @@ class Ops:
                                               impl=impl)
                     else:
                         self.decoder(x, lin, kind, impl)
+            def checked_time(impl):
+                self.check_candidate(kind, impl, x, lins[0])
+                return self.graph_time_us(lambda: run_all(impl), reps)
             times = {}
             for impl in self.decoder_candidates(kind, x, lins[0], head_dim):
-                us = self.time_candidate(kind, impl, lambda: self.graph_time_us(lambda: run_all(impl), reps))
+                us = self.time_candidate(kind, impl, lambda: checked_time(impl))
                 if us is not None:
                     times[impl] = us / len(lins)
             self.decoder_impl[kind] = min(times, key=times.get)

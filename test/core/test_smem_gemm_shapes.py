@@ -65,3 +65,33 @@ def test_tuning_leaves_out_a_candidate_that_does_not_fit_the_gpu():
         raise triton_errors.OutOfResources(262144, 232448, "shared memory")
     assert ops.time_candidate("gate_up", SkinnyConfig(32, 128, 1, 8), too_big) is None
     assert "shared memory" in ops.decoder_failures["gate_up"]["triton(n32,k128,s1,st8,w4)"]
+
+
+def test_tuning_leaves_out_a_candidate_whose_product_is_wrong(monkeypatch):
+    """check_candidate compares a candidate's product (split-K partials summed) with the library GEMM's on the same
+    input before the tuning times it: a right one passes, a wrong one is left out with its error recorded, so no
+    candidate is picked for its speed alone (e.g. a new TMA split-K configuration not yet run on this GPU)."""
+    import types
+
+    import torch
+
+    from flashrt_core.engine.dispatch import EngineOptions, resolve
+    from flashrt_core.engine.hardware import CPU
+    from flashrt_core.engine.ops import CandidateMismatch, Ops, SmemConfig
+    from flashrt_core.engine.weights import Linear
+
+    ops = Ops(resolve(CPU, EngineOptions()))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(10, 256, generator=g)
+    lin = Linear([(torch.randn(128, 256, generator=g) / 16, None)])
+    monkeypatch.setattr(Ops, "_smem_ok", lambda self, x, lin, kind, c: True)
+    def right(x, w, geglu=False, split_k=1, pdl=False):
+        return ops.k.skinny_gemm_reference(x, w, geglu, split_k)
+    ops.k = types.SimpleNamespace(**{n: getattr(ops.k, n) for n in ops.k.__all__})     # this Ops' own kernels
+    ops.k.smem_gemm = right
+    ops.check_candidate("o", SmemConfig(4), x, lin)                      # four partials, summed: the product
+    ops.k.smem_gemm = lambda x, w, geglu=False, split_k=1, pdl=False: right(x, w, geglu, split_k)[:1]
+    with pytest.raises(CandidateMismatch, match="relative L2 error"):  # one of the four partials only
+        ops.check_candidate("o", SmemConfig(4), x, lin)
+    assert ops.time_candidate("o", SmemConfig(4), lambda: ops.check_candidate("o", SmemConfig(4), x, lin)) is None
+    assert "relative L2 error" in ops.decoder_failures["o"]["gluon_smem(s4)"]
