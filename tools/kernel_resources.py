@@ -89,7 +89,8 @@ def resources(compiled) -> dict:
 ATTN_SIGNATURE = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "bias_ptr": "*fp32", "vis_ptr": "*i32",
                   "o_ptr": "*bf16", "acc_ptr": "*fp32", "ml_ptr": "*fp32", "pos_ptr": "*i64", "cos_ptr": "*fp32",
                   "sin_ptr": "*fp32", "Mq": "i32", "L": "i32", "P": "i32", "heads": "i32", "scale": "fp32",
-                  "q_scale": "fp32", "stride_q": "i32", "stride_k": "i32", "stride_v": "i32", "stride_o": "i32"}
+                  "q_scale": "fp32", "stride_q": "i32", "stride_k": "i32", "stride_v": "i32", "stride_o": "i32",
+                  "split_stride_q": "i32"}
 SKINNY_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "N": "i32", "F": "i32",
                     "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "split_stride": "i32",
                     "pf_addr": "i64", "pf_bytes": "i32", "pf_chunk": "i32", "w_addr": "i64", "s_ptr": "*fp32"}
@@ -118,9 +119,10 @@ def attention_configs() -> list[KernelConfig]:
     heads, dh = 8, 256
     configs: dict[tuple, KernelConfig] = {}
 
-    def add(name: str, launch) -> None:
-        key = tuple(sorted(launch.constexprs.items())) + (launch.num_warps,)
-        configs.setdefault(key, KernelConfig(name, attn._attn_split_kernel, ATTN_SIGNATURE, launch.constexprs,
+    def add(name: str, launch, qkv_splits: int = 1) -> None:
+        constexprs = {**launch.constexprs, "QKV_SPLITS": qkv_splits}   # 1: the QKV rows as they are; else partials
+        key = tuple(sorted(constexprs.items())) + (launch.num_warps,)
+        configs.setdefault(key, KernelConfig(name, attn._attn_split_kernel, ATTN_SIGNATURE, constexprs,
                                              launch.num_warps, launch.num_stages, ATTN_DIVISIBLE))
     for views in (1, 2, 3):
         prefix = views * 256 + 64
@@ -132,6 +134,8 @@ def attention_configs() -> list[KernelConfig]:
                 path = ("decoder_attention" if from_qkv else "attention") + (
                     ", early K/V" if launch.constexprs["EARLY_KV"] else ", key loop")
                 add(f"{path} ({model}, {rows} rows, {views} views)", launch)
+                if from_qkv:           # the split-K QKV GEMM candidate's partials (ops.SMEM_CANDIDATES["qkv"])
+                    add(f"{path} ({model}, {rows} rows, {views} views, QKV in 2 split-K partials)", launch, 2)
         add(f"prefix attention ({views} views)", attn.split_launch(prefix * heads, prefix, prefix, dh, False, False,
                                                                      True))
         for splits in (1, 4):          # the prefix attention's other candidates (ops.PREFIX_ATTENTION_IMPLS)

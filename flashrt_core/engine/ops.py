@@ -80,7 +80,9 @@ class SmemConfig:
 # Split-K 8 for O and 16 for down (session 10): 128 / 256 programs, as many as gate/up's 128, which alone among the
 # four streams its weights at ~4.2 TB/s on the H200 (O with 32 programs: 1.5 TB/s); the norm after them sums more
 # partials, so the tuning decides.
-SMEM_CANDIDATES = {"qkv": [SmemConfig(1)], "gate_up": [SmemConfig(1)],
+# Split-K 2 for QKV (80 programs instead of 40) only where the attention reads the QKV output itself
+# (rope_in_attention): kernels/attention.py decoder_attention sums the partials as it loads them.
+SMEM_CANDIDATES = {"qkv": [SmemConfig(1), SmemConfig(2)], "gate_up": [SmemConfig(1)],
                    "o": [SmemConfig(2), SmemConfig(4), SmemConfig(8)],
                    "down": [SmemConfig(4), SmemConfig(8), SmemConfig(16)]}
 
@@ -340,12 +342,14 @@ class Ops:
         (Op.ADA_NORM_FOLD): asked for, and every decoder GEMM kind's pick is a shared-memory GEMM that serves
         these rows (only kernels/smem_gemm.py has the norm_out / norm_in epilogues)."""
         return self.ada_fold and rows <= self.k.SMEM_GEMM_MAX_ROWS and all(
-            isinstance(self.decoder_impl[kind], SmemConfig) for kind in ("qkv", "o", "gate_up", "down"))
+            isinstance(self.decoder_impl[kind], SmemConfig) for kind in ("qkv", "o", "gate_up", "down")) \
+            and self.decoder_impl["qkv"].split_k == 1       # norm_in adds its bias once: no split-K QKV
 
     def decoder(self, x: torch.Tensor, lin: Linear, kind: str, impl: str | SkinnyConfig | None = None,
                 prefetch: tuple[int, int] | None = None, norm_in=None, norm_out=None) -> torch.Tensor:
         """Decoder GEMM (few rows). kind "gate_up" returns the GeGLU activation (M, F); "o"/"down" may return
-        split-K partials (S, M, N) fp32 that the next norm sums; "qkv" returns (M, N).
+        split-K partials (S, M, N) fp32 that the next norm sums; "qkv" returns (M, N), or partials that
+        decoder_attention sums (a split-K candidate, offered only where rope_in_attention serves the rows).
         impl: "library" (cuBLAS/hipBLASLt), a SkinnyConfig (Triton), None = the tuned choice for this kind. With
         decoder_weights=fp8 the Triton GEMM streams the weight-only FP8 copy (Linear.w_fp8); the library GEMM the
         bf16 weights.
@@ -391,8 +395,11 @@ class Ops:
                                  block_p=impl.block_p, block_k=impl.block_k, num_stages=impl.stages,
                                  num_warps=impl.warps, pdl=self.launch_mode("qkv"))
             return
-        self.qkv_rope(self.decoder(x, lin, "qkv", impl, prefetch, norm_in=norm_in), pos, cos, sin, q_out, k_cache,
-                      v_cache, offset, heads, kv_heads, q_scale, site="qkv")
+        qkv = self.decoder(x, lin, "qkv", impl, prefetch, norm_in=norm_in)
+        if qkv.dim() == 3:
+            raise ValueError(f"decoder QKV {impl} leaves split-K partials, which only rope_in_attention's attention "
+                             f"sums; this step of {x.shape[0]} rows runs qkv_rope")
+        self.qkv_rope(qkv, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale, site="qkv")
 
     def _rope_in_attention_for(self, rows: int) -> bool:
         return self.rope_in_attention and rows <= ROPE_IN_ATTENTION_MAX_ROWS
@@ -444,6 +451,8 @@ class Ops:
         GEMM, every Triton configuration that fits, and for qkv the RoPE-epilogue GEMMs where they may run."""
         candidates = ["library"] + [c for c in SKINNY_CANDIDATES[kind] if self._skinny_ok(x, lin, c)]
         candidates += [c for c in SMEM_CANDIDATES[kind] if self._smem_ok(x, lin, kind, c)]
+        if kind == "qkv" and not self._rope_in_attention_for(x.shape[0]):   # only the attention sums QKV partials
+            candidates = [c for c in candidates if getattr(c, "split_k", 1) == 1]
         if kind == "qkv":
             candidates += [c for c in ROPE_GEMM_CANDIDATES if self._rope_gemm_ok(x, lin, c, head_dim)]
         return candidates

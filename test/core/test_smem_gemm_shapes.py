@@ -95,3 +95,24 @@ def test_tuning_leaves_out_a_candidate_whose_product_is_wrong(monkeypatch):
         ops.check_candidate("o", SmemConfig(4), x, lin)
     assert ops.time_candidate("o", SmemConfig(4), lambda: ops.check_candidate("o", SmemConfig(4), x, lin)) is None
     assert "relative L2 error" in ops.decoder_failures["o"]["gluon_smem(s4)"]
+
+
+def test_split_k_qkv_is_offered_only_where_the_attention_sums_it(monkeypatch):
+    """The split-K QKV candidate leaves partials that only rope_in_attention's attention sums: offered at rows it
+    serves (pi0.5's 10), not where the step runs qkv_rope (51 rows, or rope_in_attention off)."""
+    import torch
+
+    from flashrt_core.engine.dispatch import EngineOptions, resolve
+    from flashrt_core.engine.hardware import CPU
+    from flashrt_core.engine.ops import Ops, SmemConfig
+    from flashrt_core.engine.weights import Linear
+
+    ops = Ops(resolve(CPU, EngineOptions()))
+    monkeypatch.setattr(Ops, "_smem_ok", lambda self, x, lin, kind, c: True)
+    lin = Linear([(torch.zeros(2560, 1024), None)])
+    ops.rope_in_attention = True
+    assert SmemConfig(2) in ops.decoder_candidates("qkv", torch.zeros(10, 1024), lin, 256)
+    assert SmemConfig(2) not in ops.decoder_candidates("qkv", torch.zeros(51, 1024), lin, 256)
+    ops.rope_in_attention = False
+    assert SmemConfig(2) not in ops.decoder_candidates("qkv", torch.zeros(10, 1024), lin, 256)
+    assert SmemConfig(1) in ops.decoder_candidates("qkv", torch.zeros(10, 1024), lin, 256)

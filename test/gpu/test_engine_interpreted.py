@@ -161,6 +161,30 @@ def test_fused_denoise_step_ends_match_the_reference(model, monkeypatch):
         assert "denoise_step_in" not in launches and len(launches["euler"]) == steps
 
 
+def test_split_k_qkv_partials_are_summed_by_the_attention(model, monkeypatch):
+    """A split-K QKV GEMM (what ops.SMEM_CANDIDATES["qkv"] offers where rope_in_attention serves the step): the
+    attention sums its fp32 partials as it reads Q / K / V, and the actions are the reference's; where the step
+    runs qkv_rope instead, the partials are refused with an error that says why."""
+    from flashrt_core.engine.ops import SkinnyConfig
+    from test.core.test_engine_forward import _inputs, _reference
+    engine = _engine(model, "rope_in_attention")
+    engine.ops.decoder_impl["qkv"] = SkinnyConfig(16, 16, 2, 2)          # K = 32: two 16-wide slices
+    shapes = []
+    real = engine.ops.k.decoder_attention
+    monkeypatch.setattr(engine.ops.k, "decoder_attention",
+                        lambda qkv, *a, **kw: shapes.append(tuple(qkv.shape)) or real(qkv, *a, **kw))
+    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(9), 9, (0, 1))
+    got = engine.predict_observation(images, tokens, mask, state, noise)
+    np.testing.assert_allclose(got, _reference(model, images, tokens, mask, state, noise).numpy(),
+                               atol=FP32_ATOL, rtol=0)
+    steps, layers = len(engine.weights.dts), model.config.expert.depth
+    assert len(shapes) == steps * layers and all(len(shape) == 3 and shape[0] == 2 for shape in shapes)
+    separate = _engine(model, "separate")
+    separate.ops.decoder_impl["qkv"] = SkinnyConfig(16, 16, 2, 2)
+    with pytest.raises(ValueError, match="only rope_in_attention's attention sums"):
+        separate.predict_observation(images, tokens, mask, state, noise)
+
+
 def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):
     """A launch policy (ops.LAUNCH_POLICIES) sets the PDL mode per kernel site: under "before_one_shot" the expert's
     first norm and its attention release the next kernel at their start (EARLY_TRIGGER), every other kernel after
