@@ -129,6 +129,7 @@ class EngineOptions:
     fused_patch_embed: bool = True           # kernels/patch_embed.py rows + the patch GEMM in the engine dtype
     ada_norm_fold: bool = False              # opt-in (measured slower): pi0.5's adaRMSNorms in the TMA GEMMs
     fused_denoise_step: bool = False         # opt-in until measured: kernels/denoise_step.py (pi0.5)
+    split_k_qkv: bool = False                # opt-in until run on a GPU: a split-K QKV candidate the attention sums
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -178,7 +179,8 @@ class EngineOptions:
                            ("FLASHRT_FP8_DECODER_WEIGHTS", "fp8_decoder_weights"),
                            ("FLASHRT_FUSED_PATCH_EMBED", "fused_patch_embed"),   # the default now: 0 turns it off
                            ("FLASHRT_ADA_NORM_FOLD", "ada_norm_fold"),
-                           ("FLASHRT_FUSED_DENOISE_STEP", "fused_denoise_step")):
+                           ("FLASHRT_FUSED_DENOISE_STEP", "fused_denoise_step"),
+                           ("FLASHRT_SPLIT_K_QKV", "split_k_qkv")):
             if flag(name) is not None and attr not in changes:
                 changes[attr] = flag(name)
         if env.get("FLASHRT_FP8_SCALING"):

@@ -81,7 +81,9 @@ class SmemConfig:
 # four streams its weights at ~4.2 TB/s on the H200 (O with 32 programs: 1.5 TB/s); the norm after them sums more
 # partials, so the tuning decides.
 # Split-K 2 for QKV (80 programs instead of 40) only where the attention reads the QKV output itself
-# (rope_in_attention): kernels/attention.py decoder_attention sums the partials as it loads them.
+# (rope_in_attention): kernels/attention.py decoder_attention sums the partials as it loads them. Opt-in
+# (EngineOptions.split_k_qkv, FLASHRT_SPLIT_K_QKV=1) until its attention has run on a GPU: the tuning's product
+# check covers the GEMM, not the attention's sum.
 SMEM_CANDIDATES = {"qkv": [SmemConfig(1), SmemConfig(2)], "gate_up": [SmemConfig(1)],
                    "o": [SmemConfig(2), SmemConfig(4), SmemConfig(8)],
                    "down": [SmemConfig(4), SmemConfig(8), SmemConfig(16)]}
@@ -223,6 +225,7 @@ class Ops:
         self._gelu_epilogue = dispatch[Op.VISION_GELU] == "gemm_epilogue"
         self.fused_patch_embed = dispatch[Op.PATCH_EMBED] == "fused"     # forward.vision: patch_rows + GEMM
         self.fused_denoise_step = dispatch[Op.DENOISE_STEP] == "fused"   # forward.denoise: denoise_step_in / _out
+        self.split_k_qkv = dispatch.options.split_k_qkv and dispatch.options.fast_paths   # SMEM_CANDIDATES["qkv"]
         # forward.denoise folds pi0.5's adaRMSNorms into the GEMMs around them where ada_fold_applies()
         self.ada_fold = dispatch[Op.ADA_NORM_FOLD] == "gemm_epilogue"
         triton_decoder = dispatch[Op.GEMM_DECODER] == "triton"
@@ -451,8 +454,8 @@ class Ops:
         GEMM, every Triton configuration that fits, and for qkv the RoPE-epilogue GEMMs where they may run."""
         candidates = ["library"] + [c for c in SKINNY_CANDIDATES[kind] if self._skinny_ok(x, lin, c)]
         candidates += [c for c in SMEM_CANDIDATES[kind] if self._smem_ok(x, lin, kind, c)]
-        if kind == "qkv" and not self._rope_in_attention_for(x.shape[0]):   # only the attention sums QKV partials
-            candidates = [c for c in candidates if getattr(c, "split_k", 1) == 1]
+        if kind == "qkv" and not (self.split_k_qkv and self._rope_in_attention_for(x.shape[0])):
+            candidates = [c for c in candidates if getattr(c, "split_k", 1) == 1]    # only the attention sums them
         if kind == "qkv":
             candidates += [c for c in ROPE_GEMM_CANDIDATES if self._rope_gemm_ok(x, lin, c, head_dim)]
         return candidates

@@ -98,8 +98,9 @@ def test_tuning_leaves_out_a_candidate_whose_product_is_wrong(monkeypatch):
 
 
 def test_split_k_qkv_is_offered_only_where_the_attention_sums_it(monkeypatch):
-    """The split-K QKV candidate leaves partials that only rope_in_attention's attention sums: offered at rows it
-    serves (pi0.5's 10), not where the step runs qkv_rope (51 rows, or rope_in_attention off)."""
+    """The split-K QKV candidate leaves partials that only rope_in_attention's attention sums: offered, when asked
+    for (split_k_qkv, opt-in), at rows it serves (pi0.5's 10), not where the step runs qkv_rope (51 rows, or
+    rope_in_attention off)."""
     import torch
 
     from flashrt_core.engine.dispatch import EngineOptions, resolve
@@ -111,6 +112,9 @@ def test_split_k_qkv_is_offered_only_where_the_attention_sums_it(monkeypatch):
     monkeypatch.setattr(Ops, "_smem_ok", lambda self, x, lin, kind, c: True)
     lin = Linear([(torch.zeros(2560, 1024), None)])
     ops.rope_in_attention = True
+    assert not ops.split_k_qkv and SmemConfig(2) not in ops.decoder_candidates("qkv", torch.zeros(10, 1024), lin, 256)
+    assert Ops(resolve(CPU, EngineOptions.from_env(env={"FLASHRT_SPLIT_K_QKV": "1"}))).split_k_qkv
+    ops.split_k_qkv = True
     assert SmemConfig(2) in ops.decoder_candidates("qkv", torch.zeros(10, 1024), lin, 256)
     assert SmemConfig(2) not in ops.decoder_candidates("qkv", torch.zeros(51, 1024), lin, 256)
     ops.rope_in_attention = False

@@ -142,6 +142,7 @@ def test_new_prompt_does_not_recapture(tiny):
     ("pi05", "fp8+smem_gemm_ada_fold"),
     ("pi05", "bf16+fused_denoise_step"),    # each denoising step's ends in one kernel each (opt-in)
     ("pi05", "fp8+fused_denoise_step"),
+    ("pi05", "bf16+split_k_qkv"),           # the TMA GEMMs forced, QKV split-K 2 summed by the attention (opt-in)
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
@@ -154,18 +155,22 @@ def test_accuracy_gate_full_size(name, precision):
                                           pdl_early_trigger=extra != "no_smem_gemm",
                                           fused_patch_embed=extra != "no_fused_patch_embed",
                                           ada_norm_fold=extra == "smem_gemm_ada_fold",
-                                          fused_denoise_step=extra == "fused_denoise_step"))
+                                          fused_denoise_step=extra == "fused_denoise_step",
+                                          split_k_qkv=extra == "split_k_qkv"))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
     assert engine.name.endswith(prec)
     assert engine.ops.decoder_fp8 == (extra == "fp8_decoder_weights")
     assert engine.ops.fused_patch_embed == (extra != "no_fused_patch_embed")
     assert engine.ops.ada_fold == (extra == "smem_gemm_ada_fold")
     assert engine.ops.fused_denoise_step == (extra == "fused_denoise_step")
-    if extra.startswith("smem_gemm"):   # the tuning weighed the shared-memory GEMMs for every kind; force them on
+    if extra.startswith("smem_gemm") or extra == "split_k_qkv":   # the tuning weighed the TMA GEMMs; force them
         assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
                    for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
         from flashrt_core.engine.ops import SMEM_CANDIDATES
         engine.ops.decoder_impl.update({kind: cands[0] for kind, cands in SMEM_CANDIDATES.items()})
+        if extra == "split_k_qkv":
+            engine.ops.decoder_impl["qkv"] = SMEM_CANDIDATES["qkv"][1]
+            assert engine.ops.decoder_impl["qkv"].split_k == 2
         engine._entries.clear()     # recapture with them
         assert engine.ops.ada_fold_applies(engine.suffix_len) == (extra == "smem_gemm_ada_fold")
     cosines = []
