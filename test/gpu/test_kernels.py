@@ -418,7 +418,7 @@ def test_skinny_gemm_fp8_weights(rows, n, k, geglu, split, fp8_name):
     assert (got - plain).norm() / plain.norm() < 0.08
 
 
-@pytest.mark.parametrize("splits", [2, 4])
+@pytest.mark.parametrize("splits", [2, 4, 8, 16])     # the TMA candidates: O split-K 2-8, down 4-16
 def test_norms_sum_split_k_partials(splits):
     rows, width = DECODER_ROWS[-1], 1024
     g = torch.Generator(device=DEVICE).manual_seed(splits)
