@@ -19,7 +19,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -29,7 +28,8 @@ from flashrt_core.config import get_config  # noqa: E402
 from flashrt_core.engine import EngineOptions, build_executor  # noqa: E402
 from flashrt_core.engine.ops import LAUNCH_POLICIES, Ops, SmemConfig  # noqa: E402
 from tools.benchmark_engine import env_info, ensure_checkpoint  # noqa: E402
-from tools.denoise_timing import cosine, denoise_actions, denoise_inputs, denoise_ms  # noqa: E402
+from tools.denoise_timing import (ab_cells, cosine, denoise_actions, denoise_inputs, denoise_ms,  # noqa: E402
+                                  write_report)
 
 SPLITS = {"o2_down4": (2, 4), "o4_down4": (4, 4), "o4_down8": (4, 8)}
 POLICIES = ("all", "norms", "none")
@@ -112,11 +112,6 @@ def main() -> None:
     result = {"env": info, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "denoise_ms": times, "halves_us_per_layer": halves, "actions_cosine_fold_vs_separate": cosine_fold,
               "rounds": args.rounds, "replays": args.replays}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    gpu = torch.cuda.get_device_name().split()[-1].lower()
-    stem = out / f"ada_norm_fold_{gpu}_{datetime.date.today().isoformat()}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
     lines = [f"# adaRMSNorm fold vs separate norms: {torch.cuda.get_device_name()}", "",
              f"{json.dumps(info)}; {result['date']}. Full-size pi0.5, bf16, 2 views, horizon 10; every decoder GEMM "
              f"the shared-memory TMA kernel. Denoise graph replay, median of {args.replays} replays per capture, "
@@ -126,13 +121,11 @@ def main() -> None:
              "|---|---|---|---|---|"]
     for policy in POLICIES:
         for split in SPLITS:
-            sep, fold = times[f"{policy}|{split}|separate"], times[f"{policy}|{split}|fold"]
-            lines.append(f"| {policy} | {split} | {min(sep):.3f} / {np.median(sep):.3f} | {min(fold):.3f} / "
-                         f"{np.median(fold):.3f} | {np.median(fold) - np.median(sep):+.3f} |")
+            lines.append(f"| {policy} | {split} | "
+                         f"{ab_cells(times[f'{policy}|{split}|separate'], times[f'{policy}|{split}|fold'])} |")
     lines += ["", "| each half alone, 18 layers | us per layer |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in halves.items()]
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, "ada_norm_fold", result, lines)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,10 @@ Writes denoise_step_<gpu>_<date>.json / .md into --out; prints the table last.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -29,7 +27,8 @@ from flashrt_core.config import get_config  # noqa: E402
 from flashrt_core.engine import EngineOptions, build_executor  # noqa: E402
 from flashrt_core.engine.ops import LAUNCH_POLICIES, SmemConfig  # noqa: E402
 from tools.benchmark_engine import env_info, ensure_checkpoint  # noqa: E402
-from tools.denoise_timing import cosine, denoise_actions, denoise_inputs, denoise_ms  # noqa: E402
+from tools.denoise_timing import (ab_cells, cosine, denoise_actions, denoise_inputs, denoise_ms,  # noqa: E402
+                                  write_report)
 
 POLICIES = ("all", "norms", "none")
 
@@ -89,11 +88,6 @@ def main() -> None:
     result = {"env": info, "weights": "random init, std 0.02" if args.random_init else "checkpoint",
               "denoise_ms": times, "actions_cosine_fused_vs_separate": cos, "rounds": args.rounds,
               "replays": args.replays}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    gpu = torch.cuda.get_device_name().split()[-1].lower()
-    stem = out / f"denoise_step_{gpu}_{datetime.date.today().isoformat()}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
     lines = [f"# Fused denoising-step ends vs separate kernels: {torch.cuda.get_device_name()}", "",
              f"{json.dumps(info)}. Full-size pi0.5 ({result['weights']}), bf16, 2 views, horizon 10; decoder GEMMs "
              f"on the TMA kernels (O split 2, down split 4). Denoise graph replay, median of {args.replays} "
@@ -101,11 +95,8 @@ def main() -> None:
              f"fused vs separate: {cos:.6f}.", "",
              "| launch policy | separate (ms) | fused (ms) | fused - separate (ms) |", "|---|---|---|---|"]
     for policy in POLICIES:
-        sep, fus = times[f"{policy}|separate"], times[f"{policy}|fused"]
-        lines.append(f"| {policy} | {min(sep):.3f} / {np.median(sep):.3f} | {min(fus):.3f} / {np.median(fus):.3f} "
-                     f"| {np.median(fus) - np.median(sep):+.3f} |")
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        lines.append(f"| {policy} | {ab_cells(times[f'{policy}|separate'], times[f'{policy}|fused'])} |")
+    write_report(args.out, "denoise_step", result, lines)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ random K/V caches."""
 
 from __future__ import annotations
 
+import datetime
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -66,3 +69,21 @@ def denoise_ms(engine, inp: DenoiseInputs, replays: int) -> float:
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.flatten().double(), b.flatten().double()
     return float(a @ b / a.norm() / b.norm())
+
+
+def ab_cells(base: list[float], variant: list[float]) -> str:
+    """Markdown cells of two per-round time lists (ms): base min / median, variant min / median, the medians'
+    difference."""
+    b, v = float(np.median(base)), float(np.median(variant))
+    return f"{min(base):.3f} / {b:.3f} | {min(variant):.3f} / {v:.3f} | {v - b:+.3f}"
+
+
+def write_report(out_dir: str | Path, name: str, result: dict, lines: list[str]) -> None:
+    """result as <name>_<gpu>_<date>.json and lines as the .md beside it in out_dir; the table printed last."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    gpu = torch.cuda.get_device_name().split()[-1].lower()
+    stem = out / f"{name}_{gpu}_{datetime.date.today().isoformat()}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))

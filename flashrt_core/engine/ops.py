@@ -475,14 +475,17 @@ class Ops:
             self.decoder_failures.setdefault(kind, {})[str(impl)] = repr(err)
             return None
 
-    def check_candidate(self, kind: str, impl, x: torch.Tensor, lin: Linear) -> None:
+    def check_candidate(self, kind: str, impl, x: torch.Tensor, lin: Linear,
+                        want: torch.Tensor | None = None) -> None:
         """Raise CandidateMismatch when a Triton or shared-memory GEMM candidate's product on x (its split-K
         partials summed) is off the library GEMM's by more than DECODER_CHECK_REL_L2 (relative L2; the FP8 bound
         with decoder_weights=fp8), so that no candidate is picked for its speed alone. The RoPE-epilogue GEMMs
-        (RopeGemmConfig) write Q / K / V where the attention reads them and are not checked here."""
+        (RopeGemmConfig) write Q / K / V where the attention reads them and are not checked here.
+        want: the library product on x in fp32, when the caller has it (the tuning computes it once per kind)."""
         if impl == "library" or isinstance(impl, RopeGemmConfig):
             return
-        want = self.decoder(x, lin, kind, "library").float()
+        if want is None:
+            want = self.decoder(x, lin, kind, "library").float()
         got = self.decoder(x, lin, kind, impl)
         got = got.float().sum(0) if got.dim() == 3 else got.float()
         bound = DECODER_CHECK_REL_L2_FP8 if self.decoder_fp8 else DECODER_CHECK_REL_L2
@@ -525,8 +528,10 @@ class Ops:
                                               impl=impl)
                     else:
                         self.decoder(x, lin, kind, impl)
+            want = self.decoder(x, lins[0], kind, "library").float()      # what every candidate is checked against
+
             def checked_time(impl):
-                self.check_candidate(kind, impl, x, lins[0])
+                self.check_candidate(kind, impl, x, lins[0], want)
                 return self.graph_time_us(lambda: run_all(impl), reps)
             times = {}
             for impl in self.decoder_candidates(kind, x, lins[0], head_dim):
