@@ -266,6 +266,9 @@ def smem_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: in
         raise RuntimeError("smem_gemm needs Triton's Gluon and a Hopper GPU (no interpreter)")
     M, K = x.shape
     N = w.shape[0]
+    if norm_in is not None and split_k > 1:
+        raise ValueError(f"smem_gemm: norm_in adds its bias once per result, so it needs split_k=1 "
+                         f"(got split_k={split_k})")
     if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or not x.is_contiguous() or not w.is_contiguous() \
             or w.shape[1] != K or not smem_gemm_supported(M, N, K, geglu, split_k):
         raise ValueError(f"smem_gemm: contiguous bf16 x (M<=16, K) and W (N, K) with whole 64-row tiles and K "

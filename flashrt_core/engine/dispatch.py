@@ -128,8 +128,8 @@ class EngineOptions:
     vision_attention_tuning: bool = True     # the vision attention: the fastest SDPA backend at its shape
     fused_patch_embed: bool = True           # kernels/patch_embed.py rows + the patch GEMM in the engine dtype
     ada_norm_fold: bool = False              # opt-in (measured slower): pi0.5's adaRMSNorms in the TMA GEMMs
-    fused_denoise_step: bool = False         # opt-in until measured: kernels/denoise_step.py (pi0.5)
-    split_k_qkv: bool = False                # opt-in until run on a GPU: a split-K QKV candidate the attention sums
+    fused_denoise_step: bool = True          # kernels/denoise_step.py (pi0.5): the step ends, 2 launches not 7
+    split_k_qkv: bool = False                # opt-in (measured slower): a split-K QKV candidate the attention sums
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -179,7 +179,7 @@ class EngineOptions:
                            ("FLASHRT_FP8_DECODER_WEIGHTS", "fp8_decoder_weights"),
                            ("FLASHRT_FUSED_PATCH_EMBED", "fused_patch_embed"),   # the default now: 0 turns it off
                            ("FLASHRT_ADA_NORM_FOLD", "ada_norm_fold"),
-                           ("FLASHRT_FUSED_DENOISE_STEP", "fused_denoise_step"),
+                           ("FLASHRT_FUSED_DENOISE_STEP", "fused_denoise_step"),  # the default: 0 = off
                            ("FLASHRT_SPLIT_K_QKV", "split_k_qkv")):
             if flag(name) is not None and attr not in changes:
                 changes[attr] = flag(name)
@@ -370,7 +370,9 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "pi0.5: kernels/denoise_step.py, one Triton kernel at each end of a denoising step: the action "
                   "input projection with the first adaRMSNorm, and the final adaRMSNorm with the output "
                   "projection and the Euler step (seven launches, two of them cuBLAS GEMMs outside the dependent-"
-                  "launch chain, become two PDL kernels; fp32 throughout)"),
+                  "launch chain, become two PDL kernels; fp32 throughout). The default since session 11: its full-size "
+                  "gates pass (bf16, FP8) and on the H200 it saved 0.02-0.04 ms per denoise with the same picks "
+                  "(tools/benchmark_denoise_step.py, session 10)"),
         Candidate("separate", _ALWAYS, "cast, input GEMM, copy and norm; norm, output GEMM and the Euler kernel"),
     ),
     Op.VISION_GELU: (

@@ -33,6 +33,8 @@ from .weights import EngineWeights, prepare_weights
 log = logging.getLogger(__name__)
 
 _ALIGN = 256  # bytes between fields of the staging blob
+# rounds of the chain tuning's interleaved timing (interleaved_replay_ms), 3 replays of one denoise each
+CHAIN_TUNING_ROUNDS = 7
 
 
 class StagingBlob:
@@ -156,7 +158,7 @@ class EngineExecutor:
 
     # ---------------------------------------------------------------------------------------------- set-up
     @torch.inference_mode()
-    def _tune_decoder_in_chain(self, reps: int = 5) -> dict[str, dict[str, float]]:
+    def _tune_decoder_in_chain(self, rounds: int = CHAIN_TUNING_ROUNDS, reps: int = 3) -> dict[str, dict[str, float]]:
         """Time each decoder GEMM kind's candidates where they run: inside the denoiser, captured as a graph.
 
         Timed alone, a GEMM cannot show what it costs its neighbours: a one-shot configuration streams its
@@ -164,7 +166,11 @@ class EngineExecutor:
         norm after it more partials to sum. So, after tune_decoder's isolated pick, one pass over the kinds
         (down, o, gate_up, qkv) captures the whole denoise (every step and layer, on a workspace of two views and
         the smallest text bucket, zero K/V caches) once per candidate of that kind, the other kinds at their
-        current pick, and keeps the candidate with the lowest median replay time.
+        current pick, and keeps the candidate with the lowest time.
+        The candidates of one kind are all captured first and then replayed in turn, `rounds` rounds of `reps`
+        replays each, in a rotating order (interleaved_replay_ms): session 11 measured the same denoise drift by
+        up to 0.3 ms between captures timed one after the other, more than most candidates differ by, and the
+        picks then changed from one engine to the next.
         With kernel_launch=pdl_early (pdl_early_trigger, the default), the launch policy (ops.LAUNCH_POLICIES:
         which kernels release the next one at their start) is timed the same way first, under key "launch_policy".
         The picks depend on each other (session 7: an FP8 engine whose first pass began from other isolated picks
@@ -180,7 +186,7 @@ class EngineExecutor:
         ws.noise.normal_()
         stream = side_stream(self.device)
 
-        def denoise_ms() -> float:
+        def capture() -> torch.cuda.CUDAGraph:
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
                 denoise(ws, self.weights, ops, key_bias, n_valid)                # compiles, warms the handles
@@ -189,7 +195,10 @@ class EngineExecutor:
             with torch.cuda.graph(graph):
                 denoise(ws, self.weights, ops, key_bias, n_valid)
             graph.replay()
-            return float(np.median(graph_replay_ms(graph, reps)))
+            return graph
+
+        def timed(graphs: dict) -> dict:
+            return interleaved_replay_ms(graphs, rounds, reps)
 
         timings: dict[str, dict[str, float]] = {}
 
@@ -201,29 +210,33 @@ class EngineExecutor:
             before = picks()
             self.decoder_chain_passes += 1
             if self.dispatch[Op.KERNEL_LAUNCH] == "pdl_early":
-                timings["launch_policy"] = self._pick_launch_policy(denoise_ms)
+                timings["launch_policy"] = self._pick_launch_policy(capture, timed)
             for kind in ("down", "o", "gate_up", "qkv"):
-                times = self._pick_decoder_gemm_in_chain(kind, denoise_ms)
+                times = self._pick_decoder_gemm_in_chain(kind, capture, timed)
                 if times:
                     timings[kind] = times
             if picks() == before:
                 break
         return timings
 
-    def _pick_launch_policy(self, denoise_ms) -> dict[str, float]:
-        """One pass of the chain tuning over the launch policies: each timed, the fastest kept."""
+    def _pick_launch_policy(self, capture, timed) -> dict[str, float]:
+        """One pass of the chain tuning over the launch policies: each captured, all timed in turn, the fastest
+        kept."""
         ops = self.ops
-        times = {}
+        graphs = {}
         for name, sites in LAUNCH_POLICIES.items():
             ops.early_sites = sites
-            times[name] = denoise_ms()
+            graphs[name] = capture()
+        times = timed(graphs)
+        del graphs
         ops.launch_policy = min(times, key=times.get)
         ops.early_sites = LAUNCH_POLICIES[ops.launch_policy]
         return times
 
-    def _pick_decoder_gemm_in_chain(self, kind: str, denoise_ms) -> dict[str, float]:
+    def _pick_decoder_gemm_in_chain(self, kind: str, capture, timed) -> dict[str, float]:
         """One pass of the chain tuning over one decoder GEMM kind's candidates (those the isolated tuning did not
-        leave out), the fastest kept; {} where the kind has nothing to choose between."""
+        leave out): each captured, all timed in turn, the fastest kept; {} where the kind has nothing to choose
+        between. A candidate that fails to capture is left out as ops.time_candidate says."""
         ops = self.ops
         lin = getattr(self.weights.expert[0], kind)
         if kind not in ops.decoder_timings or lin is None:      # not tuned alone: pinned or library-only
@@ -232,15 +245,17 @@ class EngineExecutor:
         candidates = ops.decoder_candidates(kind, x, lin, self.config.expert.head_dim)
         if len(candidates) < 2:
             return {}
-        times = {}
+        graphs, current = {}, ops.decoder_impl[kind]
         for impl in candidates:
             if str(impl) in ops.decoder_failures.get(kind, {}):
                 continue
             ops.decoder_impl[kind] = impl
-            ms = ops.time_candidate(kind, impl, denoise_ms)
-            if ms is not None:
-                times[impl] = ms
-        ops.decoder_impl[kind] = min(times, key=times.get)
+            graph = ops.time_candidate(kind, impl, capture)
+            if graph is not None:
+                graphs[impl] = graph
+        times = timed(graphs) if graphs else {}
+        del graphs
+        ops.decoder_impl[kind] = min(times, key=times.get) if times else current
         return {str(k): v for k, v in times.items()}
 
     def _suffix_visibility(self) -> torch.Tensor:
@@ -422,6 +437,18 @@ class EngineExecutor:
     def close(self) -> None:
         self._entries.clear()
         self.weights = None
+
+
+def interleaved_replay_ms(graphs: dict, rounds: int, reps: int) -> dict:
+    """{key: ms} for captured graphs timed in turn: `rounds` rounds, each replaying every graph `reps` times
+    (graph_replay_ms), the order rotated by one each round; a graph's time is the median of its rounds' medians.
+    Timed in turn, graphs see the same clock and memory drift, which a graph timed after another does not."""
+    keys = list(graphs)
+    per_round: dict = {k: [] for k in keys}
+    for r in range(rounds):
+        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+            per_round[k].append(float(np.median(graph_replay_ms(graphs[k], reps))))
+    return {k: float(np.median(v)) for k, v in per_round.items()}
 
 
 def graph_replay_ms(graph: torch.cuda.CUDAGraph, reps: int) -> list[float]:

@@ -79,11 +79,12 @@ class SmemConfig:
 # split-K only where the consumer sums partials. Each gives 40-128 programs at the expert's shapes.
 # Split-K 8 for O and 16 for down (session 10): 128 / 256 programs, as many as gate/up's 128, which alone among the
 # four streams its weights at ~4.2 TB/s on the H200 (O with 32 programs: 1.5 TB/s); the norm after them sums more
-# partials, so the tuning decides.
+# partials, so the tuning decides. Session 11 (runs 32-33, 10 engines): the chain tuning never picked them; in the
+# captured denoiser O s8 cost 0.1-0.2 ms and down s16 0.3-0.5 ms more than O s2 / down s4.
 # Split-K 2 for QKV (80 programs instead of 40) only where the attention reads the QKV output itself
 # (rope_in_attention): kernels/attention.py decoder_attention sums the partials as it loads them. Opt-in
-# (EngineOptions.split_k_qkv, FLASHRT_SPLIT_K_QKV=1) until its attention has run on a GPU: the tuning's product
-# check covers the GEMM, not the attention's sum.
+# (EngineOptions.split_k_qkv, FLASHRT_SPLIT_K_QKV=1), measured slower: its kernel tests and gate pass on the H200,
+# but the denoise took 0.3-0.5 ms more with it than with the unsplit QKV (run 32, 4 engines).
 SMEM_CANDIDATES = {"qkv": [SmemConfig(1), SmemConfig(2)], "gate_up": [SmemConfig(1)],
                    "o": [SmemConfig(2), SmemConfig(4), SmemConfig(8)],
                    "down": [SmemConfig(4), SmemConfig(8), SmemConfig(16)]}

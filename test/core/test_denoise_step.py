@@ -64,13 +64,14 @@ def test_launchers_name_bad_arguments():
                            torch.zeros(11, 32), -0.1)
 
 
-def test_fused_denoise_step_is_opt_in_with_triton(monkeypatch):
+def test_fused_denoise_step_is_the_default_with_triton_and_has_its_switches(monkeypatch):
     monkeypatch.setattr("flashrt_core.engine.dispatch._triton", lambda hw, o: hw.is_gpu and o.fast_paths)
     sm90 = detect_hardware("sm90")
-    assert resolve(sm90)[Op.DENOISE_STEP] == "separate"
-    assert resolve(sm90, EngineOptions(fused_denoise_step=True))[Op.DENOISE_STEP] == "fused"
-    env = EngineOptions.from_env(env={"FLASHRT_FUSED_DENOISE_STEP": "1"})
-    assert resolve(sm90, env)[Op.DENOISE_STEP] == "fused"
-    env = EngineOptions.from_env(env={"FLASHRT_FUSED_DENOISE_STEP": "1", "FLASHRT_DISABLE_FUSED_DENOISE_STEP": "1"})
-    assert resolve(sm90, env)[Op.DENOISE_STEP] == "separate"
+    assert resolve(sm90)[Op.DENOISE_STEP] == "fused"
+    assert resolve(sm90, EngineOptions(fused_denoise_step=False))[Op.DENOISE_STEP] == "separate"
+    for env in ({"FLASHRT_FUSED_DENOISE_STEP": "0"}, {"FLASHRT_DISABLE_FUSED_DENOISE_STEP": "1"},
+                {"FLASHRT_FUSED_DENOISE_STEP": "1", "FLASHRT_DISABLE_FUSED_DENOISE_STEP": "1"}):
+        assert resolve(sm90, EngineOptions.from_env(env=env))[Op.DENOISE_STEP] == "separate", env
+    assert resolve(sm90, EngineOptions.from_env(env={"FLASHRT_FUSED_DENOISE_STEP": "1"}))[Op.DENOISE_STEP] == "fused"
+    assert resolve(sm90, EngineOptions(fast_paths=False))[Op.DENOISE_STEP] == "separate"
     assert resolve(detect_hardware("cpu"), EngineOptions(fused_denoise_step=True))[Op.DENOISE_STEP] == "separate"

@@ -140,8 +140,8 @@ def test_new_prompt_does_not_recapture(tiny):
     ("pi05", "bf16+no_fused_patch_embed"),  # the patch embedding as torch ops, fp32 GEMM (the fused one: default)
     ("pi05", "bf16+smem_gemm_ada_fold"),    # the TMA GEMMs forced with the adaRMSNorms folded into them (opt-in)
     ("pi05", "fp8+smem_gemm_ada_fold"),
-    ("pi05", "bf16+fused_denoise_step"),    # each denoising step's ends in one kernel each (opt-in)
-    ("pi05", "fp8+fused_denoise_step"),
+    ("pi05", "bf16+no_fused_denoise_step"),  # the step ends as separate ops (the fused ones: default)
+    ("pi05", "fp8+no_fused_denoise_step"),
     ("pi05", "bf16+split_k_qkv"),           # the TMA GEMMs forced, QKV split-K 2 summed by the attention (opt-in)
 ])
 def test_accuracy_gate_full_size(name, precision):
@@ -155,14 +155,14 @@ def test_accuracy_gate_full_size(name, precision):
                                           pdl_early_trigger=extra != "no_smem_gemm",
                                           fused_patch_embed=extra != "no_fused_patch_embed",
                                           ada_norm_fold=extra == "smem_gemm_ada_fold",
-                                          fused_denoise_step=extra == "fused_denoise_step",
+                                          fused_denoise_step=extra != "no_fused_denoise_step",
                                           split_k_qkv=extra == "split_k_qkv"))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
     assert engine.name.endswith(prec)
     assert engine.ops.decoder_fp8 == (extra == "fp8_decoder_weights")
     assert engine.ops.fused_patch_embed == (extra != "no_fused_patch_embed")
     assert engine.ops.ada_fold == (extra == "smem_gemm_ada_fold")
-    assert engine.ops.fused_denoise_step == (extra == "fused_denoise_step")
+    assert engine.ops.fused_denoise_step == (extra != "no_fused_denoise_step")
     if extra.startswith("smem_gemm") or extra == "split_k_qkv":   # the tuning weighed the TMA GEMMs; force them
         assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
                    for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
@@ -213,6 +213,31 @@ def test_vision_attention_backends_match_the_softmax_attention_and_the_fastest_i
     assert set(times) == set(ran)
     assert ops.vision_attention_backend == min(times, key=times.get)
     assert all(0.5 < us < 500 for us in times.values()), times
+
+
+def test_chain_tuning_times_graphs_in_turn_and_ranks_them_by_their_work():
+    """interleaved_replay_ms, the chain tuning's timer: every graph gets a time, and of two captured graphs that
+    differ only in how much they do (4 and 16 dependent 2048x2048 GEMMs on random inputs), the bigger one is
+    timed slower, by about its work."""
+    from flashrt_core.engine.graph_executor import interleaved_replay_ms, side_stream
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(2048, 2048, device="cuda", generator=g, dtype=torch.bfloat16) / 45
+    stream = side_stream(torch.device("cuda"))
+    graphs = {}
+    for n in (4, 16):
+        x = torch.randn(2048, 2048, device="cuda", generator=g, dtype=torch.bfloat16)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            x @ a                                           # cuBLAS makes its handle outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(n):
+                x = x @ a
+        graphs[n] = graph
+    times = interleaved_replay_ms(graphs, rounds=5, reps=3)
+    assert set(times) == {4, 16} and all(ms > 0 for ms in times.values()), times
+    assert 2.0 < times[16] / times[4] < 6.0, times
 
 
 @pytest.mark.parametrize("early", [False, True], ids=["pdl", "pdl_early_trigger"])
