@@ -107,6 +107,11 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "bucket of the engine that an instruction can land in (the GPU engine captures one graph per "
               "prompt-length bucket), so no instruction length costs a graph capture at runtime; false = only the "
               "warm-up prompt's bucket."),
+    ParamSpec("engine_tuning_cache", "", "Directory where the GPU engine keeps the picks of its load-time tuning "
+              "(flashrt_core/engine/tuning_cache.py) and reuses them at the next configure of the same model, GPU, "
+              "software and engine options: the measuring takes 35-45 s per load on an H200, and reused picks run "
+              "the same kernels at every start. Empty = measure at every configure; FLASHRT_TUNING_CACHE in the "
+              "environment wins."),
     ParamSpec("executor", DEFAULT_EXECUTOR, "rclpy executor that spins the node in its executables "
               "(flashrt_ros.node_executor): single_threaded; multi_threaded (4 threads: its spin loop "
               "busy-waits while a camera callback runs, which starved the process on the GPU benchmark "
@@ -252,6 +257,7 @@ class NodeSettings:
     warmup_iterations: int
     warmup_image_size: tuple[int, int]
     warmup_all_text_buckets: bool
+    engine_tuning_cache: str
     executor: str
     yield_to_inference_thread: bool
     inference_handover_timeout: float
@@ -287,6 +293,14 @@ class NodeSettings:
     def dtype(self) -> str | None:
         """The ``dtype`` argument of flashrt_core.load_model."""
         return None if self.precision == "auto" else self.precision
+
+    def engine_options(self):
+        """The ``engine_options`` argument of flashrt_core.load_model: None (defaults and the environment) unless
+        engine_tuning_cache is set."""
+        if not self.engine_tuning_cache:
+            return None
+        from flashrt_core.engine import EngineOptions      # here: the module stays importable without torch
+        return EngineOptions.from_env(EngineOptions(tuning_cache=self.engine_tuning_cache))
 
     def config_id(self) -> str:
         """Short hash of the settings that change what the model computes."""

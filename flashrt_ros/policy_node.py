@@ -62,7 +62,8 @@ def load_policy(settings: NodeSettings):
     """Default policy factory: flashrt_core.load_model with the node's settings."""
     import flashrt_core   # imported here: the node module stays importable without torch for tooling
     return flashrt_core.load_model(checkpoint=settings.checkpoint or None, config=settings.config,
-                                   device=settings.device, dtype=settings.dtype, hardware=settings.hardware)
+                                   device=settings.device, dtype=settings.dtype, hardware=settings.hardware,
+                                   engine_options=settings.engine_options())
 
 
 @dataclasses.dataclass(frozen=True)

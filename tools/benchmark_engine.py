@@ -164,6 +164,7 @@ def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
     row["capture_s"] = {str(k): v for k, v in engine.capture_seconds.items()}
     row["decoder_gemm"] = {"choice": {k: str(v) for k, v in engine.ops.decoder_impl.items()},
                            "launch_policy": engine.ops.launch_policy,
+                           "tuning_source": engine.tuning_source,       # "measured" or "cache" (tuning_cache)
                            "ada_norm_fold": engine.ops.ada_fold_applies(engine.suffix_len),
                            "failures": engine.ops.decoder_failures,
                            "prefix_attention": {"choice": engine.ops.prefix_attention_impl,

@@ -6,6 +6,11 @@ resize inside, one copy out) and unnormalization. Camera-sized uint8 frames (480
 actions in host memory. tools/benchmark_engine.py measures the engine alone; this is the number a user sees.
 
     python tools/benchmark_policy_predict.py --checkpoint DIR [--views 2] [--calls 200] [--out docs/benchmarks]
+        [--tuning-cache DIR]
+
+--tuning-cache DIR (an empty directory) measures the load with the engine's tuning cache instead: three loads with
+the GPU resize, the cache off, then on twice (the first measures and stores the picks, the second reads them; the
+"tuning" column says which), so the load seconds show what the cache saves.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import flashrt_core  # noqa: E402
+from flashrt_core.engine import EngineOptions  # noqa: E402
 
 WARMUP_CALLS = 20
 
@@ -41,12 +47,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--views", type=int, default=2)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--out", default="", help="folder for JSON + markdown results; empty = print only")
+    parser.add_argument("--tuning-cache", default="",
+                        help="a directory: load with the tuning cache off, then on twice, instead of the two resizes")
     args = parser.parse_args(argv)
 
+    # (GPU resize, tuning cache directory or "")
+    loads = ([(True, ""), (True, args.tuning_cache), (True, args.tuning_cache)] if args.tuning_cache
+             else [(True, ""), (False, "")])
     rows = []
-    for gpu_preprocess in (True, False):
+    for gpu_preprocess, cache in loads:
+        options = EngineOptions.from_env(EngineOptions(tuning_cache=cache))
         t0 = time.perf_counter()
-        policy = flashrt_core.load_model(args.checkpoint, device=args.device, gpu_preprocess=gpu_preprocess)
+        policy = flashrt_core.load_model(args.checkpoint, device=args.device, gpu_preprocess=gpu_preprocess,
+                                         engine_options=options)
         load_s = time.perf_counter() - t0
         rng = np.random.default_rng(0)
         images = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(args.views)]
@@ -64,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             samples.append(time.perf_counter() - t0)
         rows.append({"config": policy.config.name, "executor": getattr(policy.executor, "name", "?"),
                      "gpu_preprocess": policy.gpu_preprocess, "views": args.views, "horizon": policy.horizon,
+                     "tuning": getattr(policy.executor, "tuning_source", "none"),
                      "calls": args.calls, "load_s": load_s, "first_call_s": first_s, **percentiles(samples)})
         policy.close()
 
@@ -76,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# Policy.predict benchmark ({meta['gpu']})", "",
              f"{meta['date']}, torch {meta['torch']}, Python {meta['python']}. Public API, 480x640 uint8 frames "
              "in host memory -> actions in host memory, prompt tokenization cached after the first call.", "",
-             "| config | executor | GPU resize | views | horizon | load s | first call s | median ms | p90 ms | "
-             "p99 ms | max ms |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| config | executor | GPU resize | tuning | views | horizon | load s | first call s | median ms | "
+             "p90 ms | p99 ms | max ms |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['config']} | {r['executor']} | {r['gpu_preprocess']} | {r['views']} | {r['horizon']} | "
+        lines.append(f"| {r['config']} | {r['executor']} | {r['gpu_preprocess']} | {r['tuning']} | {r['views']} | "
+                     f"{r['horizon']} | "
                      f"{r['load_s']:.1f} | {r['first_call_s']:.2f} | {r['median_ms']:.2f} | {r['p90_ms']:.2f} | "
                      f"{r['p99_ms']:.2f} | {r['max_ms']:.2f} |")
     table = "\n".join(lines)
@@ -88,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         tag = "h200" if "H200" in meta["gpu"] else ("cpu" if meta["gpu"].startswith("none") else "gpu")
-        stem = out / f"policy_predict_{tag}_{meta['date'][:10]}"
+        stem = out / f"policy_predict_{tag}_{meta['date'][:10]}{'_tuning_cache' if args.tuning_cache else ''}"
         stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
         stem.with_suffix(".md").write_text(table + "\n")
     return 0

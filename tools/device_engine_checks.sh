@@ -41,7 +41,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export FLASHRT_FULL_CKPT_ROOT="${FLASHRT_FULL_CKPT_ROOT:-/tmp/full}"
 PY="${FLASHRT_PYTHON:-python3}"
 
-NEW="smem_gemm or chain_tuning or vision_attention or patch or ada_fold or denoise_step or split_k"
+NEW="smem_gemm or chain_tuning or vision_attention or patch or ada_fold or denoise_step or split_k or tuning_cache"
 if [ "$PART" = kernels ] || [ "$PART" = all ]; then
   timeout 400 "$PY" -m pytest -v test/gpu/test_kernels.py test/gpu/test_policy_gpu.py \
     > "$OUT/pytest_kernels.log" 2>&1

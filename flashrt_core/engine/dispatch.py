@@ -24,6 +24,10 @@ tests and bug reports:
     FLASHRT_DISABLE_FUSED_PATCH_EMBED=1  the patch embedding as torch ops with an fp32 patch GEMM, not the patch rows
                                     of kernels/patch_embed.py and the GEMM in the engine dtype (the older
                                     FLASHRT_FUSED_PATCH_EMBED=0 does the same)
+    FLASHRT_DISABLE_FUSED_DENOISE_STEP=1  pi0.5's denoising-step ends as separate ops, not kernels/denoise_step.py
+                                    (FLASHRT_FUSED_DENOISE_STEP=0 does the same)
+    FLASHRT_TUNING_CACHE=DIR        keep the load-time tuning's picks in DIR and reuse them at the next load of the
+                                    same model, GPU, software and options (engine/tuning_cache.py); unset or "" = off
 
 The same switches exist as `EngineOptions` fields; environment variables win over the fields.
 """
@@ -131,10 +135,14 @@ class EngineOptions:
     fused_denoise_step: bool = True          # kernels/denoise_step.py (pi0.5): the step ends, 2 launches not 7
     split_k_qkv: bool = False                # opt-in (measured slower): a split-K QKV candidate the attention sums
     fast_paths: bool = True                  # False: the reference path, whatever else is set
+    tuning_cache: str = ""                   # a directory: the load-time tuning's picks kept there and reused
+                                             # (engine/tuning_cache.py); "" = measure at every load
     text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tuning_cache, str):
+            raise ValueError(f"tuning_cache must be a directory path as a str ('' = off), got {self.tuning_cache!r}")
         if self.fp8_scaling not in ("tensor", "row"):
             raise ValueError(f"fp8_scaling must be 'tensor' or 'row', got {self.fp8_scaling!r}")
         if self.fp8_scope not in FP8_SCOPES:
@@ -183,6 +191,8 @@ class EngineOptions:
                            ("FLASHRT_SPLIT_K_QKV", "split_k_qkv")):
             if flag(name) is not None and attr not in changes:
                 changes[attr] = flag(name)
+        if env.get("FLASHRT_TUNING_CACHE") is not None:          # a directory; "" turns it off
+            changes["tuning_cache"] = env["FLASHRT_TUNING_CACHE"]
         if env.get("FLASHRT_FP8_SCALING"):
             changes["fp8_scaling"] = env["FLASHRT_FP8_SCALING"]
         if env.get("FLASHRT_FP8_SCOPE"):

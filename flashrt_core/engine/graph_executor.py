@@ -11,11 +11,13 @@ graph and never forces a recapture. All graphs share one memory pool (they never
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,7 +29,8 @@ from flashrt_core.model import PiModel
 from .dispatch import Dispatch, Op, Switch
 from .forward import AdaFoldBuffers, PhaseTimer, Workspace, denoise, forward, prefix, vision
 from .kernel_import import load_kernels
-from .ops import LAUNCH_POLICIES, Ops
+from .ops import LAUNCH_POLICIES, PREFIX_ATTENTION_IMPLS, VISION_ATTENTION_BACKENDS, Ops
+from .tuning_cache import TUNING_CACHE_FORMAT, TuningCache, code_fingerprint, pick_by_name
 from .weights import EngineWeights, prepare_weights
 
 log = logging.getLogger(__name__)
@@ -129,27 +132,11 @@ class EngineExecutor:
         if self.ops.decoder_fp8:                         # before the tuning: it times the FP8 weights
             from .fp8 import quantize_expert_weights
             quantize_expert_weights(self.weights, dispatch[Op.FP8_FORMAT])
-        if device.type == "cuda" and dispatch[Op.GEMM_DECODER] == "triton" and \
-                dispatch.options.overrides.get(Op.GEMM_DECODER.value) != "triton":   # pinned: no measuring
-            timings = self.ops.tune_decoder(self.suffix_len, self.weights.expert, config.expert.num_heads,
-                                            config.expert.head_dim)
-            log.info("decoder GEMMs: %s (us: %s)", {k: str(v) for k, v in self.ops.decoder_impl.items()}, timings)
-            if dispatch[Op.DECODER_TUNING] == "chain" and self.use_graph:
-                self.decoder_chain_timings = self._tune_decoder_in_chain()
-                log.info("decoder GEMMs in the denoiser: %s, launch policy %s, after %d passes (ms per denoise, "
-                         "last pass: %s)", {k: str(v) for k, v in self.ops.decoder_impl.items()},
-                         self.ops.launch_policy, self.decoder_chain_passes, self.decoder_chain_timings)
-        if device.type == "cuda" and dispatch[Op.PREFIX_ATTENTION] == "measured":
-            P = min(2, len(config.view_names)) * config.vision.num_patches + self.text_buckets[0]
-            g = config.paligemma
-            times = self.ops.tune_prefix_attention(P, g.num_heads, g.head_dim, dtype, device, g.depth - 1)
-            log.info("prefix attention: %s (us per layer at %d keys: %s)", self.ops.prefix_attention_impl, P, times)
-        if device.type == "cuda" and dispatch[Op.VISION_ATTENTION] == "measured":
-            vc = config.vision
-            times = self.ops.tune_vision_attention(min(2, len(config.view_names)), vc.num_patches, vc.num_heads,
-                                                   vc.head_dim, dtype, device, vc.depth)
-            log.info("vision attention: SDPA backend %s (us per layer: %s)", self.ops.vision_attention_backend,
-                     times)
+        self.tuning_source = "none"     # "measured", "cache" (options.tuning_cache) or "none" (nothing to tune)
+        self.tuned_decoder_kinds: tuple[str, ...] = ()                 # the decoder GEMM kinds with a pick
+        self.tuning_cache_path: Path | None = None
+        if device.type == "cuda":
+            self._tune_at_load(dtype)
         self._entries: dict[tuple, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graph else None
         self.capture_seconds: dict[tuple, float] = {}
@@ -157,6 +144,134 @@ class EngineExecutor:
         log.info("engine ready: %s, text buckets %s, dispatch %s", self.name, self.text_buckets, dispatch.summary())
 
     # ---------------------------------------------------------------------------------------------- set-up
+    def _tunings(self) -> tuple[bool, bool, bool]:
+        """Which load-time tunings this engine runs: the decoder GEMMs (unless pinned), the prefix attention, the
+        vision attention."""
+        d = self.dispatch
+        decoder = d[Op.GEMM_DECODER] == "triton" and d.options.overrides.get(Op.GEMM_DECODER.value) != "triton"
+        return decoder, d[Op.PREFIX_ATTENTION] == "measured", d[Op.VISION_ATTENTION] == "measured"
+
+    def _tune_at_load(self, dtype: torch.dtype) -> None:
+        """The load-time tunings: the decoder GEMMs alone (ops.tune_decoder), then in the captured denoiser
+        (_tune_decoder_in_chain), the prefix attention and the vision attention's SDPA backend. Where
+        options.tuning_cache names a directory that holds this engine's key (tuning_key), its picks are checked
+        and used instead (no measuring); else the measured picks are stored there."""
+        decoder, prefix_att, vision_att = self._tunings()
+        if not (decoder or prefix_att or vision_att):
+            return
+        cache = TuningCache(self.dispatch.options.tuning_cache) if self.dispatch.options.tuning_cache else None
+        key = self.tuning_key(dtype) if cache is not None else None
+        if cache is not None:
+            picks = cache.load(key)
+            if picks is not None and self._use_tuning_picks(picks, decoder, prefix_att, vision_att):
+                self.tuning_source, self.tuning_cache_path = "cache", cache.path(key)
+                log.info("load-time tuning from the cache %s: %s", self.tuning_cache_path, self.tuning_picks())
+                return
+        config, device, ops = self.config, self.device, self.ops
+        if decoder:
+            timings = ops.tune_decoder(self.suffix_len, self.weights.expert, config.expert.num_heads,
+                                       config.expert.head_dim)
+            self.tuned_decoder_kinds = tuple(timings)
+            log.info("decoder GEMMs: %s (us: %s)", {k: str(v) for k, v in ops.decoder_impl.items()}, timings)
+            if self.dispatch[Op.DECODER_TUNING] == "chain" and self.use_graph:
+                self.decoder_chain_timings = self._tune_decoder_in_chain()
+                log.info("decoder GEMMs in the denoiser: %s, launch policy %s, after %d passes (ms per denoise, "
+                         "last pass: %s)", {k: str(v) for k, v in ops.decoder_impl.items()},
+                         ops.launch_policy, self.decoder_chain_passes, self.decoder_chain_timings)
+        if prefix_att:
+            P = min(2, len(config.view_names)) * config.vision.num_patches + self.text_buckets[0]
+            g = config.paligemma
+            times = ops.tune_prefix_attention(P, g.num_heads, g.head_dim, dtype, device, g.depth - 1)
+            log.info("prefix attention: %s (us per layer at %d keys: %s)", ops.prefix_attention_impl, P, times)
+        if vision_att:
+            vc = config.vision
+            times = ops.tune_vision_attention(min(2, len(config.view_names)), vc.num_patches, vc.num_heads,
+                                              vc.head_dim, dtype, device, vc.depth)
+            log.info("vision attention: SDPA backend %s (us per layer: %s)", ops.vision_attention_backend, times)
+        self.tuning_source = "measured"
+        if cache is not None:
+            self.tuning_cache_path = cache.store(key, self.tuning_picks(), {
+                "decoder_us": ops.decoder_timings, "decoder_chain_ms": self.decoder_chain_timings,
+                "prefix_attention_us": ops.prefix_attention_timings,
+                "vision_attention_us": ops.vision_attention_timings})
+            if self.tuning_cache_path is not None:
+                log.info("load-time tuning stored in %s", self.tuning_cache_path)
+
+    def tuning_key(self, dtype: torch.dtype) -> dict:
+        """What the load-time tuning's picks depend on (tuning_cache.py): code, GPU, software versions, model
+        configuration, dtype, the tuning's rows and workspace, the options (but the cache directory) and the
+        dispatch table."""
+        props = torch.cuda.get_device_properties(self.device)
+        try:
+            import triton
+            triton_version = triton.__version__
+        except ImportError:
+            triton_version = None
+        options = {k: v for k, v in dataclasses.asdict(self.dispatch.options).items() if k != "tuning_cache"}
+        return {"format": TUNING_CACHE_FORMAT, "code": code_fingerprint(), "gpu": props.name,
+                "capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count,
+                "torch": torch.__version__, "cuda": torch.version.cuda, "hip": torch.version.hip,
+                "triton": triton_version, "model": dataclasses.asdict(self.config), "dtype": str(dtype),
+                "rows": self.suffix_len, "text_bucket": self.text_buckets[0],
+                "views": min(2, len(self.config.view_names)), "decoder_fp8": self.ops.decoder_fp8,
+                "options": options, "dispatch": self.dispatch.summary()}
+
+    def tuning_picks(self) -> dict:
+        """The load-time tunings' picks by name, as the tuning cache stores them."""
+        decoder, prefix_att, vision_att = self._tunings()
+        ops = self.ops
+        picks: dict = {"launch_policy": ops.launch_policy}
+        if decoder:
+            picks["decoder"] = {kind: str(ops.decoder_impl[kind]) for kind in self.tuned_decoder_kinds}
+        if prefix_att:
+            picks["prefix_attention"] = ops.prefix_attention_impl
+        if vision_att:
+            picks["vision_attention"] = ops.vision_attention_backend
+        return picks
+
+    def _use_tuning_picks(self, picks: dict, decoder: bool, prefix_att: bool, vision_att: bool) -> bool:
+        """Set the picks of a tuning cache entry: each name must be one of this engine's own candidates, and each
+        decoder GEMM pick's product is checked against the library GEMM's on random rows (ops.check_candidate).
+        Where anything fails, nothing is changed, the reason is logged and False returned (the caller measures)."""
+        ops = self.ops
+        saved = (dict(ops.decoder_impl), ops.launch_policy, ops.early_sites, ops.prefix_attention_impl,
+                 ops.vision_attention_backend)
+        try:
+            if decoder:
+                names = picks.get("decoder")
+                if not isinstance(names, dict) or not names:
+                    raise ValueError("the entry has no decoder GEMM picks")
+                g = torch.Generator(device=self.device).manual_seed(0)
+                for kind, name in names.items():
+                    lin = getattr(self.weights.expert[0], kind, None) if kind in ops.decoder_impl else None
+                    if lin is None:
+                        raise ValueError(f"decoder GEMM kind {kind!r} is not tuned in this engine")
+                    w = lin.parts[0][0]
+                    x = torch.randn(self.suffix_len, w.shape[1], device=w.device, dtype=w.dtype, generator=g)
+                    impl = pick_by_name(ops.decoder_candidates(kind, x, lin, self.config.expert.head_dim), name,
+                                        f"the {kind} GEMM")
+                    ops.check_candidate(kind, impl, x, lin)
+                    ops.decoder_impl[kind] = impl
+                self.tuned_decoder_kinds = tuple(names)
+            policy = picks.get("launch_policy")
+            ops.early_sites = LAUNCH_POLICIES[pick_by_name(LAUNCH_POLICIES, policy, "launch policy")]
+            ops.launch_policy = policy
+            if prefix_att:
+                ops.prefix_attention_impl = pick_by_name(PREFIX_ATTENTION_IMPLS, picks.get("prefix_attention"),
+                                                         "the prefix attention")
+            if vision_att:
+                ops.vision_attention_backend = pick_by_name(VISION_ATTENTION_BACKENDS,
+                                                            picks.get("vision_attention"), "the vision attention")
+            return True
+        except Exception as err:  # noqa: BLE001  a cache entry that does not fit: measure instead, say why
+            (decoder_impl, ops.launch_policy, ops.early_sites, ops.prefix_attention_impl,
+             ops.vision_attention_backend) = saved
+            ops.decoder_impl.clear()
+            ops.decoder_impl.update(decoder_impl)
+            self.tuned_decoder_kinds = ()
+            log.warning("tuning cache entry not used, measuring instead: %s", err)
+            return False
+
     @torch.inference_mode()
     def _tune_decoder_in_chain(self, rounds: int = CHAIN_TUNING_ROUNDS, reps: int = 3) -> dict[str, dict[str, float]]:
         """Time each decoder GEMM kind's candidates where they run: inside the denoiser, captured as a graph.

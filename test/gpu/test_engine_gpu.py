@@ -215,6 +215,43 @@ def test_vision_attention_backends_match_the_softmax_attention_and_the_fastest_i
     assert all(0.5 < us < 500 for us in times.values()), times
 
 
+def test_tuning_cache_reuses_the_picks_and_measures_where_an_entry_does_not_fit(tmp_path):
+    """With options.tuning_cache, the first engine measures and stores its picks; a second engine of the same
+    model and options reads them (no tuning ran: no chain timings) and runs the same kernels, so its actions are
+    bitwise the first one's; an entry with a pick this engine does not have is left aside and measured again."""
+    import json
+    cfg = get_config("pi05")
+    model = load_model_weights(_checkpoint("pi05"), cfg, "cuda", torch.bfloat16)
+    options = EngineOptions(tuning_cache=str(tmp_path))
+    first = build_executor(model, cfg, torch.device("cuda"), "auto", options)
+    assert first.tuning_source == "measured" and first.decoder_chain_timings
+    path = first.tuning_cache_path
+    assert path is not None and path.parent == tmp_path
+    picks = json.loads(path.read_text())["picks"]
+    assert picks == first.tuning_picks()
+    assert set(picks["decoder"]) == {"qkv", "o", "gate_up", "down"} and picks["launch_policy"] == \
+        first.ops.launch_policy
+    second = build_executor(model, cfg, torch.device("cuda"), "auto", options)
+    assert second.tuning_source == "cache" and second.tuning_cache_path == path
+    assert second.decoder_chain_timings == {} and second.ops.decoder_timings == {}      # nothing was measured
+    assert second.tuning_picks() == picks
+    assert second.ops.early_sites == first.ops.early_sites
+    obs = random_observation(cfg, np.random.default_rng(3), views=2, n_text=20, vocab=1024)
+    a = first.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
+    b = second.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
+    assert np.abs(a - b).max() == 0.0, "the same picks gave other actions"
+    del second
+    entry = json.loads(path.read_text())
+    entry["picks"]["decoder"]["o"] = "gluon_smem(s3)"                   # no such candidate
+    path.write_text(json.dumps(entry))
+    third = build_executor(model, cfg, torch.device("cuda"), "auto", options)
+    assert third.tuning_source == "measured" and third.decoder_chain_timings
+    assert json.loads(path.read_text())["picks"] == third.tuning_picks()             # written again
+    assert str(third.ops.decoder_impl["o"]) != "gluon_smem(s3)"
+    del first, third, model
+    torch.cuda.empty_cache()
+
+
 def test_chain_tuning_times_graphs_in_turn_and_ranks_them_by_their_work():
     """interleaved_replay_ms, the chain tuning's timer: every graph gets a time, and of two captured graphs that
     differ only in how much they do (4 and 16 dependent 2048x2048 GEMMs on random inputs), the bigger one is

@@ -78,3 +78,24 @@ def test_config_id_follows_model_settings_not_runtime_thresholds():
     with pytest.raises(SettingsError, match="not changeable at runtime"):
         base.with_runtime_values({"checkpoint": "/x"})
     assert set(SPECS) == {spec.name for spec in PARAMETERS}
+
+
+def test_engine_tuning_cache_reaches_the_engine_options(tmp_path, monkeypatch):
+    """engine_tuning_cache becomes load_model's engine_options (EngineOptions.tuning_cache), the environment's
+    FLASHRT_TUNING_CACHE winning; empty leaves engine_options None (defaults and the environment). The node's
+    default policy factory loads a real checkpoint with them on the CPU."""
+    from flashrt_core.fixtures import write_random_checkpoint
+    from flashrt_ros.policy_node import load_policy
+    monkeypatch.delenv("FLASHRT_TUNING_CACHE", raising=False)
+    assert settings_from_values(DEFAULTS).engine_options() is None
+    settings = settings_from_values(dict(DEFAULTS, engine_tuning_cache=str(tmp_path / "tuning")))
+    assert settings.engine_options().tuning_cache == str(tmp_path / "tuning")
+    monkeypatch.setenv("FLASHRT_TUNING_CACHE", "/elsewhere")
+    assert settings.engine_options().tuning_cache == "/elsewhere"
+    monkeypatch.delenv("FLASHRT_TUNING_CACHE")
+    ckpt = write_random_checkpoint(tmp_path / "ckpt", "pi05_tiny", seed=4)
+    policy = load_policy(dataclasses.replace(settings, checkpoint=str(ckpt), device="cpu"))
+    try:
+        assert policy.horizon > 0 and not (tmp_path / "tuning").exists()      # the CPU path tunes nothing
+    finally:
+        policy.close()

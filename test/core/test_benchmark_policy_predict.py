@@ -1,0 +1,31 @@
+"""tools/benchmark_policy_predict.py on the CPU with a tiny checkpoint: both of its load plans run end to end and
+write the rows they name (the CPU executor has nothing to tune, so its tuning column says "none"; the GPU rows
+are in docs/benchmarks/)."""
+
+from __future__ import annotations
+
+import json
+
+from flashrt_core.fixtures import write_random_checkpoint
+from tools import benchmark_policy_predict as bench
+
+
+def test_the_default_plan_times_both_resizes(tmp_path, capsys):
+    ckpt = write_random_checkpoint(tmp_path / "ckpt", "pi05_tiny", seed=2)
+    assert bench.main(["--checkpoint", str(ckpt), "--device", "cpu", "--calls", "2", "--views", "1",
+                       "--out", str(tmp_path / "out")]) == 0
+    (result,) = (tmp_path / "out").glob("policy_predict_cpu_*.json")
+    rows = json.loads(result.read_text())["rows"]
+    assert [(r["gpu_preprocess"], r["tuning"]) for r in rows] == [(False, "none"), (False, "none")]
+    assert all(r["load_s"] > 0 and r["median_ms"] > 0 for r in rows)
+    assert "| tuning |" in capsys.readouterr().out
+
+
+def test_the_tuning_cache_plan_loads_three_times(tmp_path):
+    ckpt = write_random_checkpoint(tmp_path / "ckpt", "pi05_tiny", seed=2)
+    assert bench.main(["--checkpoint", str(ckpt), "--device", "cpu", "--calls", "2", "--views", "1",
+                       "--tuning-cache", str(tmp_path / "tuning"), "--out", str(tmp_path / "out")]) == 0
+    (result,) = (tmp_path / "out").glob("policy_predict_cpu_*_tuning_cache.json")
+    rows = json.loads(result.read_text())["rows"]
+    assert len(rows) == 3 and all(r["tuning"] == "none" for r in rows)
+    assert not (tmp_path / "tuning").exists()            # nothing tuned on the CPU: nothing stored
