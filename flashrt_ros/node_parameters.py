@@ -109,7 +109,7 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "warm-up prompt's bucket."),
     ParamSpec("engine_tuning_cache", "", "Directory where the GPU engine keeps the picks of its load-time tuning "
               "(flashrt_core/engine/tuning_cache.py) and reuses them at the next configure of the same model, GPU, "
-              "software and engine options: the measuring takes 35-45 s per load on an H200, and reused picks run "
+              "software and engine options: the measuring took 36-41 s per load on an H200, and reused picks run "
               "the same kernels at every start. Empty = measure at every configure; FLASHRT_TUNING_CACHE in the "
               "environment wins."),
     ParamSpec("executor", DEFAULT_EXECUTOR, "rclpy executor that spins the node in its executables "

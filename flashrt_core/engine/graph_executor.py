@@ -201,17 +201,20 @@ class EngineExecutor:
         """What the load-time tuning's picks depend on (tuning_cache.py): code, GPU, software versions, model
         configuration, dtype, the tuning's rows and workspace, the options (but the cache directory) and the
         dispatch table."""
-        props = torch.cuda.get_device_properties(self.device)
+        if self.device.type == "cuda":
+            props = torch.cuda.get_device_properties(self.device)
+            gpu = {"name": props.name, "capability": f"{props.major}.{props.minor}",
+                   "sms": props.multi_processor_count}
+        else:                                   # nothing is tuned on the CPU; the key is still defined there
+            gpu = {"name": self.device.type}
         try:
             import triton
             triton_version = triton.__version__
         except ImportError:
             triton_version = None
         options = {k: v for k, v in dataclasses.asdict(self.dispatch.options).items() if k != "tuning_cache"}
-        return {"format": TUNING_CACHE_FORMAT, "code": code_fingerprint(), "gpu": props.name,
-                "capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count,
-                "torch": torch.__version__, "cuda": torch.version.cuda, "hip": torch.version.hip,
-                "triton": triton_version, "model": dataclasses.asdict(self.config), "dtype": str(dtype),
+        return {"format": TUNING_CACHE_FORMAT, "code": code_fingerprint(), "gpu": gpu, "torch": torch.__version__,
+                "cuda": torch.version.cuda, "hip": torch.version.hip, "triton": triton_version, "model": dataclasses.asdict(self.config), "dtype": str(dtype),
                 "rows": self.suffix_len, "text_bucket": self.text_buckets[0],
                 "views": min(2, len(self.config.view_names)), "decoder_fp8": self.ops.decoder_fp8,
                 "options": options, "dispatch": self.dispatch.summary()}

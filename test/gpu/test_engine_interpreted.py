@@ -28,7 +28,7 @@ FP32_ATOL = 5e-5            # fp32 throughout; the kernels sum in another order 
 FP8_COSINE = 0.99           # weight-only E4M3 decoder weights on a 2-layer tiny expert
 
 
-def _triton_dispatch(decoder_qkv: str, fp8_weights: bool):
+def _triton_dispatch(decoder_qkv: str, fp8_weights: bool, tuning_cache: str = ""):
     from flashrt_core.engine.dispatch import Dispatch, EngineOptions, Op
     from flashrt_core.engine.hardware import detect_hardware
     choice = {Op.EXECUTOR: "eager_engine", Op.ATTENTION: "math", Op.MQA: "triton", Op.GEMM_PREFIX: "bf16",
@@ -40,7 +40,7 @@ def _triton_dispatch(decoder_qkv: str, fp8_weights: bool):
               Op.SMEM_GEMM: "none", Op.PREFIX_ATTENTION: "mqa", Op.VISION_ATTENTION: "default",
               Op.PATCH_EMBED: "reference", Op.ADA_NORM_FOLD: "separate", Op.DENOISE_STEP: "separate"}
     assert set(choice) == set(Op), "every op needs a choice here"
-    return Dispatch(detect_hardware("sm90"), EngineOptions(text_buckets=(16, 32)), choice)
+    return Dispatch(detect_hardware("sm90"), EngineOptions(text_buckets=(16, 32), tuning_cache=tuning_cache), choice)
 
 
 @pytest.fixture(scope="module", params=["pi05_tiny", "pi0_tiny"])
@@ -56,11 +56,11 @@ def model(request, tmp_path_factory):
     return load_model_weights(ckpt, cfg.replace(action_horizon=10, num_steps=3), "cpu", torch.float32)
 
 
-def _engine(model, decoder_qkv: str, fp8_weights: bool = False):
+def _engine(model, decoder_qkv: str, fp8_weights: bool = False, tuning_cache: str = ""):
     from flashrt_core.engine.graph_executor import EngineExecutor
     from flashrt_core.engine.ops import SkinnyConfig
-    engine = EngineExecutor(model, model.config, torch.device("cpu"), _triton_dispatch(decoder_qkv, fp8_weights),
-                            dtype=torch.float32)
+    engine = EngineExecutor(model, model.config, torch.device("cpu"),
+                            _triton_dispatch(decoder_qkv, fp8_weights, tuning_cache), dtype=torch.float32)
     e = model.config.expert
     # the tiny expert's K: width 32 (qkv, gate_up), heads x head_dim 64 (o), mlp 64 (down); o and down split-K
     engine.ops.decoder_impl = {"qkv": SkinnyConfig(16, 32, 1, 2), "gate_up": SkinnyConfig(16, 32, 1, 2),
@@ -217,3 +217,45 @@ def test_fp8_decoder_weights_stay_close_to_the_reference(model):
     want = _reference(model, images, tokens, mask, state, noise).numpy()
     assert not np.allclose(got, want, atol=FP32_ATOL, rtol=0)              # the FP8 weights were used
     assert cosine(got, want) >= FP8_COSINE
+
+
+def test_tuning_cache_entry_is_checked_and_used_or_left_aside(model, tmp_path, monkeypatch):
+    """The engine's side of the tuning cache with the real Triton GEMMs (the measuring itself needs a GPU): an
+    entry under the engine's own key is read by _tune_at_load, each name mapped to one of the engine's candidates
+    and product-checked, and the forward then runs those picks and matches the reference; an entry naming a
+    candidate the engine does not have is refused and leaves every pick as it was. The full-size candidates do
+    not fit the tiny expert's widths, so each kind is offered one Triton configuration that does."""
+    from flashrt_core.engine import ops as engine_ops
+    from flashrt_core.engine.tuning_cache import TuningCache
+    from test.core.test_engine_forward import _inputs, _reference
+    for kind, split in (("qkv", 1), ("gate_up", 1), ("o", 2), ("down", 2)):
+        monkeypatch.setitem(engine_ops.SKINNY_CANDIDATES, kind, [engine_ops.SkinnyConfig(16, 16, split, 2)])
+    engine = _engine(model, "rope_in_attention", tuning_cache=str(tmp_path))
+    assert engine.tuning_source == "none"                     # a CPU engine measures nothing at load
+    kinds = ("qkv", "o", "gate_up", "down")
+    x = {kind: torch.zeros(engine.suffix_len, getattr(engine.weights.expert[0], kind).parts[0][0].shape[1])
+         for kind in kinds}
+    candidates = {kind: engine.ops.decoder_candidates(kind, x[kind], getattr(engine.weights.expert[0], kind),
+                                                      model.config.expert.head_dim) for kind in kinds}
+    assert all(str(c[-1]).startswith("triton(") for c in candidates.values()), candidates
+    picks = {"launch_policy": "all", "decoder": {kind: str(c[-1]) for kind, c in candidates.items()}}
+    key = engine.tuning_key(torch.float32)
+    assert key["gpu"] == {"name": "cpu"} and "tuning_cache" not in key["options"]
+    TuningCache(tmp_path).store(key, picks)
+    before = dict(engine.ops.decoder_impl)
+    engine._tune_at_load(torch.float32)
+    assert engine.tuning_source == "cache" and engine.tuning_cache_path == TuningCache(tmp_path).path(key)
+    assert engine.tuning_picks() == picks and engine.ops.early_sites                  # policy "all": sites set
+    assert {k: str(v) for k, v in engine.ops.decoder_impl.items()} != {k: str(v) for k, v in before.items()}
+    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(5), 9, (0, 1))
+    np.testing.assert_allclose(engine.predict_observation(images, tokens, mask, state, noise),
+                               _reference(model, images, tokens, mask, state, noise).numpy(), atol=FP32_ATOL,
+                               rtol=0)
+    engine.ops.decoder_impl = dict.fromkeys(kinds, "library")
+    engine.ops.launch_policy, engine.ops.early_sites = "none", engine_ops.LAUNCH_POLICIES["none"]
+    bad = {**picks, "decoder": {**picks["decoder"], "gate_up": "triton(n999)"}}     # qkv and o would fit
+    assert not engine._use_tuning_picks(bad, True, False, False)
+    assert engine.ops.decoder_impl == dict.fromkeys(kinds, "library")              # nothing changed
+    assert not engine._use_tuning_picks({**picks, "launch_policy": "sideways"}, True, False, False)
+    assert engine.ops.decoder_impl == dict.fromkeys(kinds, "library") and engine.ops.launch_policy == "none"
+    assert engine.ops.early_sites == engine_ops.LAUNCH_POLICIES["none"] and engine.tuned_decoder_kinds == ()
