@@ -8,6 +8,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh bench        # engine A/B rows + one replay's critical path, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh gemms        # the wide GEMMs in every form, ~3-6 min
 #   OUT=/path bash tools/device_engine_checks.sh fp8-scopes   # gates + rows of FP8 on wider scopes, ~4 min
+#   OUT=/path bash tools/device_engine_checks.sh load         # the engine's load, tuning cache off / stored / read, ~3 min
 #   OUT=/path bash tools/device_engine_checks.sh              # all four, where one call has the time
 #
 # kernels: every kernel at real shapes (the skinny and shared-memory TMA GEMM candidates, GeGLU with an FP8 out;
@@ -30,6 +31,9 @@
 # fp8-scopes: the accuracy gate and latency of FP8 with per-tensor static scales on every wide GEMM (vision too) and
 #   on the whole backbone, beside the default scope (engine_fp8_scopes_<date>.json/.md, fp8_scopes.log); session 3
 #   measured only row scales on those scopes (all: failed the gate).
+# load: tools/benchmark_policy_predict.py --tuning-cache: pi0.5 loaded with the tuning cache off, then on twice (the
+#   first measures and stores the picks, the second reads them), the load seconds and Policy.predict after each
+#   (policy_predict_*_tuning_cache.json/.md, load.log; the entry itself under tuning_cache/).
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
 # others' results. Full-size random checkpoints are generated into $FLASHRT_FULL_CKPT_ROOT (default /tmp/full).
 set -uo pipefail
@@ -80,6 +84,14 @@ if [ "$PART" = gemms ]; then          # not in "all": its Inductor autotuning al
   echo "benchmark_wide_gemms rc=$?" >> "$OUT/wide_gemms.log"
 fi
 
+if [ "$PART" = load ]; then           # not in "all": three full loads of pi0.5 and 200 calls after each
+  CKPT="$FLASHRT_FULL_CKPT_ROOT/pi05"
+  [ -f "$CKPT/flashrt_config.json" ] || "$PY" -m flashrt_core.fixtures "$CKPT" --config pi05 > "$OUT/load.log" 2>&1
+  timeout 420 "$PY" tools/benchmark_policy_predict.py --checkpoint "$CKPT" --tuning-cache "$OUT/tuning_cache" \
+    --out "$OUT" >> "$OUT/load.log" 2>&1
+  echo "benchmark_policy_predict rc=$?" >> "$OUT/load.log"
+fi
+
 if [ "$PART" = fp8-scopes ]; then
   timeout 480 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --fp8-scalings "" "@all" "@backbone" --gate-observations 2 \
@@ -98,4 +110,5 @@ fi
     echo "== one denoising layer"; grep -A12 "one denoising layer" "$OUT/timeline.log" || tail -n 5 "$OUT/timeline.log"
   fi
   [ -f "$OUT/wide_gemms.log" ] && { echo "== wide GEMMs"; grep -E "^\| (vision|prefix)|rc=" "$OUT/wide_gemms.log"; }
+  [ -f "$OUT/load.log" ] && { echo "== load with the tuning cache"; grep -E "^\| pi05|rc=" "$OUT/load.log"; }
 } | tee "$OUT/summary.txt"
