@@ -8,7 +8,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh bench        # engine A/B rows + one replay's critical path, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh gemms        # the wide GEMMs in every form, ~3-6 min
 #   OUT=/path bash tools/device_engine_checks.sh fp8-scopes   # gates + rows of FP8 on wider scopes, ~4 min
-#   OUT=/path bash tools/device_engine_checks.sh load         # the engine's load, tuning cache off / stored / read, ~3 min
+#   OUT=/path bash tools/device_engine_checks.sh load         # engine load: tuning cache off / stored / read, ~3 min
 #   OUT=/path bash tools/device_engine_checks.sh              # all four, where one call has the time
 #
 # kernels: every kernel at real shapes (the skinny and shared-memory TMA GEMM candidates, GeGLU with an FP8 out;

@@ -214,7 +214,8 @@ class EngineExecutor:
             triton_version = None
         options = {k: v for k, v in dataclasses.asdict(self.dispatch.options).items() if k != "tuning_cache"}
         return {"format": TUNING_CACHE_FORMAT, "code": code_fingerprint(), "gpu": gpu, "torch": torch.__version__,
-                "cuda": torch.version.cuda, "hip": torch.version.hip, "triton": triton_version, "model": dataclasses.asdict(self.config), "dtype": str(dtype),
+                "cuda": torch.version.cuda, "hip": torch.version.hip, "triton": triton_version,
+                "model": dataclasses.asdict(self.config), "dtype": str(dtype),
                 "rows": self.suffix_len, "text_bucket": self.text_buckets[0],
                 "views": min(2, len(self.config.view_names)), "decoder_fp8": self.ops.decoder_fp8,
                 "options": options, "dispatch": self.dispatch.summary()}
@@ -276,7 +277,8 @@ class EngineExecutor:
             return False
 
     @torch.inference_mode()
-    def _tune_decoder_in_chain(self, rounds: int = CHAIN_TUNING_ROUNDS, reps: int = 3) -> dict[str, dict[str, float]]:
+    def _tune_decoder_in_chain(self, rounds: int = CHAIN_TUNING_ROUNDS, reps: int = 3
+                               ) -> dict[str, dict[str, float]]:
         """Time each decoder GEMM kind's candidates where they run: inside the denoiser, captured as a graph.
 
         Timed alone, a GEMM cannot show what it costs its neighbours: a one-shot configuration streams its
@@ -287,7 +289,7 @@ class EngineExecutor:
         current pick, and keeps the candidate with the lowest time.
         The candidates of one kind are all captured first and then replayed in turn, `rounds` rounds of `reps`
         replays each, in a rotating order (interleaved_replay_ms): session 11 measured the same denoise drift by
-        up to 0.3 ms between captures timed one after the other, more than most candidates differ by, and the
+        up to 0.4 ms between captures timed one after the other, more than most candidates differ by, and the
         picks then changed from one engine to the next.
         With kernel_launch=pdl_early (pdl_early_trigger, the default), the launch policy (ops.LAUNCH_POLICIES:
         which kernels release the next one at their start) is timed the same way first, under key "launch_policy".
