@@ -2,25 +2,28 @@
 # The engine's open GPU checks, in parts that each fit one device call (<= 10 minutes with the machine's start):
 #
 #   OUT=/path bash tools/device_engine_checks.sh kernels      # GPU kernel tests + Policy GPU tests, ~3 min
-#   OUT=/path bash tools/device_engine_checks.sh engine-new   # engine tests of what never ran on a GPU, ~4 min
-#   OUT=/path bash tools/device_engine_checks.sh engine-rest  # the other engine tests but the gates, ~4 min
-#   OUT=/path bash tools/device_engine_checks.sh engine-gates # the accuracy gates of the defaults, ~5 min
+#   OUT=/path bash tools/device_engine_checks.sh engine-new   # the tuning cache's and the chain tuning's tests, ~4 min
+#   OUT=/path bash tools/device_engine_checks.sh engine-rest  # the other engine tests but the gates, ~6 min
+#   OUT=/path bash tools/device_engine_checks.sh engine-gates # the accuracy gates of the defaults and switches, ~6 min
+#   OUT=/path bash tools/device_engine_checks.sh engine-gates-forced  # the gates with TMA GEMMs forced, ~3 min
 #   OUT=/path bash tools/device_engine_checks.sh bench        # engine A/B rows + one replay's critical path, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh gemms        # the wide GEMMs in every form, ~3-6 min
 #   OUT=/path bash tools/device_engine_checks.sh fp8-scopes   # gates + rows of FP8 on wider scopes, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh load         # engine load: tuning cache off / stored / read, ~3 min
-#   OUT=/path bash tools/device_engine_checks.sh              # all four, where one call has the time
+#   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
+# The times are estimates for session 11's engine: the interleaved chain tuning takes ~17-20 s per pass of a
+# full-size engine load (two passes by default; the tests whose checks do not depend on its picks run one,
+# test_engine_gpu.py ONE_PASS). The engine parts print each test's duration (--durations=0) to check them.
 # kernels: every kernel at real shapes (the skinny and shared-memory TMA GEMM candidates, GeGLU with an FP8 out;
 #   both PDL modes) (pytest_kernels.log).
-# engine-new: the latest changes' own tests (the TMA GEMMs forced in a pi0.5 gate, the gate with them and the early
-#   PDL triggers off, the chain tuning in both launch modes, the vision attention's SDPA backends and their tuning,
-#   the pi0.5 gate with the fused patch embedding off (on by default since session 9; the gate with it on passed
-#   on the H200 in session 9, this one not yet run)
-#   (pytest_engine_new.log).
-# engine-rest: the rest of test_engine_gpu.py but the gates: replay, the other fusion switches
-#   (pytest_engine_rest.log). engine-gates: the accuracy gates of pi0.5 and pi0 on the defaults, bf16 and FP8
-#   (pytest_engine_gates.log; together with engine-rest, 520 s ran out in session 10 after 12 of 14 tests).
+# engine-new: the tests of what has not run on a GPU yet or changed last: the tuning cache (written after session
+#   11's device time), the chain tuning and its interleaved timer (pytest_engine_new.log).
+# engine-rest: the rest of test_engine_gpu.py but the gates: replay, the L2 prefetch, the fusion switches, the
+#   vision attention backends (pytest_engine_rest.log).
+# engine-gates: the accuracy gates of pi0.5 and pi0 on the defaults, bf16 and FP8, and of the switches that turn
+#   a default off (pytest_engine_gates.log); engine-gates-forced: the gates with the TMA GEMMs forced, with the
+#   adaRMSNorm fold, with the split-K QKV, and with the TMA GEMMs off (pytest_engine_gates_forced.log).
 # Every pytest log is verbose (-v), so a part cut off by its time limit still names the tests that ran.
 # bench: pi0.5 2 views h10, bf16 and FP8, beside the A/B rows of the TMA GEMMs off (bf16), the fused patch
 #   embedding off (bf16 and FP8) and the fused denoising-step ends off (bf16)
@@ -45,7 +48,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export FLASHRT_FULL_CKPT_ROOT="${FLASHRT_FULL_CKPT_ROOT:-/tmp/full}"
 PY="${FLASHRT_PYTHON:-python3}"
 
-NEW="smem_gemm or chain_tuning or vision_attention or patch or ada_fold or denoise_step or split_k or tuning_cache"
+NEW="tuning_cache or chain_tuning"
 if [ "$PART" = kernels ] || [ "$PART" = all ]; then
   timeout 400 "$PY" -m pytest -v test/gpu/test_kernels.py test/gpu/test_policy_gpu.py \
     > "$OUT/pytest_kernels.log" 2>&1
@@ -53,20 +56,27 @@ if [ "$PART" = kernels ] || [ "$PART" = all ]; then
 fi
 
 if [ "$PART" = engine-new ] || [ "$PART" = all ]; then
-  timeout 480 "$PY" -m pytest -v test/gpu/test_engine_gpu.py -k "$NEW" > "$OUT/pytest_engine_new.log" 2>&1
+  timeout 480 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py -k "$NEW" \
+    > "$OUT/pytest_engine_new.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_new.log"
 fi
 
 if [ "$PART" = engine-rest ] || [ "$PART" = all ]; then
-  timeout 520 "$PY" -m pytest -v test/gpu/test_engine_gpu.py -k "not ($NEW) and not accuracy_gate" \
+  timeout 520 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py -k "not ($NEW) and not accuracy_gate" \
     > "$OUT/pytest_engine_rest.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_rest.log"
 fi
 
 if [ "$PART" = engine-gates ] || [ "$PART" = all ]; then
-  timeout 520 "$PY" -m pytest -v test/gpu/test_engine_gpu.py -k "accuracy_gate and not ($NEW)" \
-    > "$OUT/pytest_engine_gates.log" 2>&1
+  timeout 520 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
+    -k "accuracy_gate and not (smem_gemm or split_k_qkv)" > "$OUT/pytest_engine_gates.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_gates.log"
+fi
+
+if [ "$PART" = engine-gates-forced ] || [ "$PART" = all ]; then
+  timeout 400 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
+    -k "accuracy_gate and (smem_gemm or split_k_qkv)" > "$OUT/pytest_engine_gates_forced.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_engine_gates_forced.log"
 fi
 
 if [ "$PART" = bench ] || [ "$PART" = all ]; then
@@ -100,7 +110,7 @@ if [ "$PART" = fp8-scopes ]; then
 fi
 
 {
-  for log in pytest_kernels pytest_engine_new pytest_engine_rest pytest_engine_gates; do
+  for log in pytest_kernels pytest_engine_new pytest_engine_rest pytest_engine_gates pytest_engine_gates_forced; do
     [ -f "$OUT/$log.log" ] && { echo "== $log"; grep -E "FAILED|ERROR|passed|failed|rc=" "$OUT/$log.log" | tail -n 20; }
   done
   if [ -f "$OUT/engine.log" ]; then

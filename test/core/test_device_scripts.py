@@ -43,12 +43,14 @@ def test_engine_checks_call_existing_tools_with_their_flags():
 
 def test_engine_checks_pytest_selections_select_tests():
     """Every pytest line of the script collects tests, each -k term of the never-run selection ($NEW) selects
-    one, and the other selections (the rest but the gates, the gates) select the rest."""
+    one, and the engine parts (new, rest, gates, forced gates) together select every test of test_engine_gpu.py
+    exactly once."""
     script = REPO / "tools" / "device_engine_checks.sh"
     lines = _logical_lines(script)
     new = next(line for line in lines if line.startswith("NEW=")).split("=", 1)[1].strip('"')
     pytest_lines = [line.replace("$NEW", new) for line in lines if "-m pytest" in line]
-    assert len(pytest_lines) == 4
+    assert len(pytest_lines) == 5       # kernels, engine-new, engine-rest, engine-gates, engine-gates-forced
+    engine_ids: list[str] = []
     for line in pytest_lines:
         words = shlex.split(line.split("-m pytest", 1)[1].split(">", 1)[0])
         paths = [w for w in words if w.startswith("test/")]
@@ -57,6 +59,12 @@ def test_engine_checks_pytest_selections_select_tests():
         listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *paths, *selection],
                                 capture_output=True, text=True, cwd=REPO).stdout
         assert re.search(r"^\d+(/\d+)? tests? collected", listed, re.M), (line, listed[-500:])
+        ids = [row for row in listed.splitlines() if "::" in row]
+        if paths == ["test/gpu/test_engine_gpu.py"]:
+            engine_ids += ids
         if selection and selection[1] == new:
             for term in selection[1].split(" or "):
-                assert any(term in test_id for test_id in listed.splitlines()), f"-k term {term!r} selects nothing"
+                assert any(term in test_id for test_id in ids), f"-k term {term!r} selects nothing"
+    everything = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "test/gpu/test_engine_gpu.py"],
+                                capture_output=True, text=True, cwd=REPO).stdout
+    assert sorted(engine_ids) == sorted(row for row in everything.splitlines() if "::" in row)

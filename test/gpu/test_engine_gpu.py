@@ -29,6 +29,11 @@ REPLAY_ATOL = 0.0  # the same kernels on the same inputs: bitwise equal
 FUSION_COSINE = 0.99995  # a fusion on vs off: same math, bf16 roundings in other places (gate: 0.999 vs fp32)
 FUSION_COSINE_FP8 = 0.9995  # the FP8 quantization moved into GeGLU: a few down-GEMM inputs land one E4M3 step away
                             # (no bf16 rounding before quantizing), far inside the FP8 gate (0.998 vs fp32)
+# Engines whose checks do not depend on the chain tuning's picks (the variant gates, the switch flips, the L2
+# prefetch) tune in one pass instead of the default two: since session 11 a pass takes ~17-20 s per full-size
+# engine (interleaved timing), and these 21 engines would otherwise spend ~13 minutes of device time in the tuning
+# alone. The default gates and the tuning's own tests keep the default.
+ONE_PASS = {"chain_tuning_passes": 1}
 
 
 def _checkpoint(name: str) -> Path:
@@ -75,8 +80,8 @@ def test_l2_prefetch_changes_no_result():
     from flashrt_core.engine.ops import SKINNY_DEFAULT, SkinnyConfig
     cfg = get_config("pi05")
     model = load_model_weights(_checkpoint("pi05"), cfg, "cuda", torch.bfloat16)
-    plain = build_executor(model, cfg, torch.device("cuda"), "auto")
-    fetching = build_executor(model, cfg, torch.device("cuda"), "auto", EngineOptions(l2_prefetch=True))
+    plain = build_executor(model, cfg, torch.device("cuda"), "auto", EngineOptions(**ONE_PASS))
+    fetching = build_executor(model, cfg, torch.device("cuda"), "auto", EngineOptions(l2_prefetch=True, **ONE_PASS))
     assert fetching.ops.l2_prefetch and not plain.ops.l2_prefetch
     assert fetching.weights.expert_arena is not None
     plain.ops.decoder_impl["qkv"] = SKINNY_DEFAULT["qkv"]          # the Triton QKV GEMM on both sides
@@ -103,9 +108,9 @@ def test_fusion_switch_keeps_the_actions(switch):
     cfg = get_config("pi05")
     model = load_model_weights(_checkpoint("pi05"), cfg, "cuda", torch.bfloat16)
     fp8 = switch == "fp8_fused_quant"
-    fused = build_executor(model, cfg, torch.device("cuda"), "auto", EngineOptions(fp8=fp8))
+    fused = build_executor(model, cfg, torch.device("cuda"), "auto", EngineOptions(fp8=fp8, **ONE_PASS))
     plain = build_executor(model, cfg, torch.device("cuda"), "auto",                 # the switch flipped
-                           EngineOptions(fp8=fp8, **{switch: not getattr(EngineOptions(), switch)}))
+                           EngineOptions(fp8=fp8, **ONE_PASS, **{switch: not getattr(EngineOptions(), switch)}))
     op = {"rope_in_attention": "decoder_qkv", "gemm_epilogue": "vision_gelu", "weight_prefetch": "weight_prefetch",
           "fp8_fused_quant": "fp8_input_quant", "prefix_attention_tuning": "prefix_attention"}[switch]
     assert fused.dispatch.summary() != plain.dispatch.summary(), op
@@ -156,7 +161,7 @@ def test_accuracy_gate_full_size(name, precision):
                                           fused_patch_embed=extra != "no_fused_patch_embed",
                                           ada_norm_fold=extra == "smem_gemm_ada_fold",
                                           fused_denoise_step=extra != "no_fused_denoise_step",
-                                          split_k_qkv=extra == "split_k_qkv"))
+                                          split_k_qkv=extra == "split_k_qkv", **(ONE_PASS if extra else {})))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
     assert engine.name.endswith(prec)
     assert engine.ops.decoder_fp8 == (extra == "fp8_decoder_weights")
