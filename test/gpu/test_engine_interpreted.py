@@ -69,6 +69,14 @@ def _engine(model, decoder_qkv: str, fp8_weights: bool = False, tuning_cache: st
     return engine
 
 
+def _actions_and_reference(engine, model, seed: int, n_text: int = 9, views: tuple = (0, 1)):
+    """The engine's actions and the reference executor's on one random observation (test_engine_forward._inputs
+    with `seed`), and that observation's inputs."""
+    from test.core.test_engine_forward import _inputs, _reference
+    inputs = _inputs(model.config, np.random.default_rng(seed), n_text, views)
+    return engine.predict_observation(*inputs), _reference(model, *inputs).numpy(), inputs
+
+
 def _record_triton_launches(engine, monkeypatch) -> dict[str, list]:
     """The Triton launchers the forward calls, by name: one entry per launch, its PDL mode (the `pdl` keyword).
     The PyTorch references are not recorded."""
@@ -86,12 +94,9 @@ def _record_triton_launches(engine, monkeypatch) -> dict[str, list]:
 
 @pytest.mark.parametrize("decoder_qkv", ["rope_in_attention", "separate"])
 def test_engine_with_triton_kernels_matches_the_reference(model, decoder_qkv, monkeypatch):
-    from test.core.test_engine_forward import _inputs, _reference
     engine = _engine(model, decoder_qkv)
     launches = _record_triton_launches(engine, monkeypatch)
-    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(2), 9, (0, 1))
-    got = engine.predict_observation(images, tokens, mask, state, noise)
-    want = _reference(model, images, tokens, mask, state, noise).numpy()
+    got, want, _ = _actions_and_reference(engine, model, 2)
     np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
     calls = {name: len(modes) for name, modes in launches.items()}
     steps, layers = len(engine.weights.dts), model.config.expert.depth
@@ -109,33 +114,28 @@ def test_fused_patch_embedding_matches_the_reference(model, views, monkeypatch):
     """The fused patch embedding (kernels/patch_embed.py per present view, the patch GEMM in the engine dtype, the
     position embedding + bias added in one step): the actions are the reference's, one patch_rows launch per
     present view; without it the torch path runs and launches none."""
-    from test.core.test_engine_forward import _inputs, _reference
     engine = _engine(model, "rope_in_attention")
     engine.ops.fused_patch_embed = True
     launches = _record_triton_launches(engine, monkeypatch)
-    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(4), 9, views)
-    got = engine.predict_observation(images, tokens, mask, state, noise)
-    want = _reference(model, images, tokens, mask, state, noise).numpy()
+    got, want, inputs = _actions_and_reference(engine, model, 4, views=views)
     np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
     assert len(launches.get("patch_rows", [])) == len(views)
     engine.ops.fused_patch_embed = False
     launches.clear()
-    engine.predict_observation(images, tokens, mask, state, noise)
+    engine.predict_observation(*inputs)
     assert "patch_rows" not in launches
 
 
 def test_fused_patch_embedding_pads_588_wide_patch_rows(tmp_path_factory, monkeypatch):
     """kernels/patch_embed.py at SigLIP's patch size (14 px: 588-wide rows, padded to 592 with zeros for the patch
     GEMM), two present 56 x 56 views: the actions are the reference's."""
-    from test.core.test_engine_forward import _inputs, _reference, tiny_model_with_14px_patches
+    from test.core.test_engine_forward import tiny_model_with_14px_patches
     model = tiny_model_with_14px_patches(tmp_path_factory.mktemp("pi05_tiny_14px"))
     engine = _engine(model, "rope_in_attention")
     engine.ops.fused_patch_embed = True
     launches = _record_triton_launches(engine, monkeypatch)
-    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(7), 9, (0, 1))
-    got = engine.predict_observation(images, tokens, mask, state, noise)
-    np.testing.assert_allclose(got, _reference(model, images, tokens, mask, state, noise).numpy(),
-                               atol=FP32_ATOL, rtol=0)
+    got, want, _ = _actions_and_reference(engine, model, 7)
+    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
     assert len(launches.get("patch_rows", [])) == 2
     assert engine.weights.patch_gemm_tables()[0].shape[1] == 592
 
@@ -144,14 +144,11 @@ def test_fused_denoise_step_ends_match_the_reference(model, monkeypatch):
     """pi0.5 with each denoising step's ends fused (kernels/denoise_step.py): one denoise_step_in and one
     denoise_step_out launch per step, no Euler kernel and only the later layers' first norms as ada_rms_norm
     launches; the actions are the reference's. pi0 has no such path: the switch changes nothing there."""
-    from test.core.test_engine_forward import _inputs, _reference
     engine = _engine(model, "rope_in_attention")
     engine.ops.fused_denoise_step = True
     launches = _record_triton_launches(engine, monkeypatch)
-    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(8), 9, (0, 1))
-    got = engine.predict_observation(images, tokens, mask, state, noise)
-    np.testing.assert_allclose(got, _reference(model, images, tokens, mask, state, noise).numpy(),
-                               atol=FP32_ATOL, rtol=0)
+    got, want, _ = _actions_and_reference(engine, model, 8)
+    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
     steps, layers = len(engine.weights.dts), model.config.expert.depth
     if model.config.model_type == "pi05":
         assert len(launches["denoise_step_in"]) == len(launches["denoise_step_out"]) == steps
@@ -166,23 +163,20 @@ def test_split_k_qkv_partials_are_summed_by_the_attention(model, monkeypatch):
     attention sums its fp32 partials as it reads Q / K / V, and the actions are the reference's; where the step
     runs qkv_rope instead, the partials are refused with an error that says why."""
     from flashrt_core.engine.ops import SkinnyConfig
-    from test.core.test_engine_forward import _inputs, _reference
     engine = _engine(model, "rope_in_attention")
     engine.ops.decoder_impl["qkv"] = SkinnyConfig(16, 16, 2, 2)          # K = 32: two 16-wide slices
     shapes = []
     real = engine.ops.k.decoder_attention
     monkeypatch.setattr(engine.ops.k, "decoder_attention",
                         lambda qkv, *a, **kw: shapes.append(tuple(qkv.shape)) or real(qkv, *a, **kw))
-    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(9), 9, (0, 1))
-    got = engine.predict_observation(images, tokens, mask, state, noise)
-    np.testing.assert_allclose(got, _reference(model, images, tokens, mask, state, noise).numpy(),
-                               atol=FP32_ATOL, rtol=0)
+    got, want, inputs = _actions_and_reference(engine, model, 9)
+    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
     steps, layers = len(engine.weights.dts), model.config.expert.depth
     assert len(shapes) == steps * layers and all(len(shape) == 3 and shape[0] == 2 for shape in shapes)
     separate = _engine(model, "separate")
     separate.ops.decoder_impl["qkv"] = SkinnyConfig(16, 16, 2, 2)
     with pytest.raises(ValueError, match="only rope_in_attention's attention sums"):
-        separate.predict_observation(images, tokens, mask, state, noise)
+        separate.predict_observation(*inputs)
 
 
 def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):
@@ -191,14 +185,11 @@ def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):
     its wait (1); the actions are the reference's either way (under the interpreter PDL is a no-op, so this checks
     the modes handed to the launchers and that the kernels take them)."""
     from flashrt_core.engine.ops import LAUNCH_POLICIES
-    from test.core.test_engine_forward import _inputs, _reference
     engine = _engine(model, "rope_in_attention")
     engine.ops.launch_policy, engine.ops.early_sites = "before_one_shot", LAUNCH_POLICIES["before_one_shot"]
     modes = _record_triton_launches(engine, monkeypatch)
-    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(5), 9, (0, 1))
-    got = engine.predict_observation(images, tokens, mask, state, noise)
-    np.testing.assert_allclose(got, _reference(model, images, tokens, mask, state, noise).numpy(), atol=FP32_ATOL,
-                               rtol=0)
+    got, want, _ = _actions_and_reference(engine, model, 5)
+    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
     early = engine.ops.k.EARLY_TRIGGER
     steps, layers = len(engine.weights.dts), model.config.expert.depth
     assert modes["decoder_attention"] == [early] * (steps * layers)
@@ -209,12 +200,9 @@ def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):
 
 def test_fp8_decoder_weights_stay_close_to_the_reference(model):
     from flashrt_core.engine.gate import cosine
-    from test.core.test_engine_forward import _inputs, _reference
     engine = _engine(model, "rope_in_attention", fp8_weights=True)
     assert engine.ops.decoder_fp8 and engine.weights.expert[0].qkv.w_fp8 is not None
-    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(3), 12, (0, 2))
-    got = engine.predict_observation(images, tokens, mask, state, noise)
-    want = _reference(model, images, tokens, mask, state, noise).numpy()
+    got, want, _ = _actions_and_reference(engine, model, 3, 12, (0, 2))
     assert not np.allclose(got, want, atol=FP32_ATOL, rtol=0)              # the FP8 weights were used
     assert cosine(got, want) >= FP8_COSINE
 
@@ -227,7 +215,6 @@ def test_tuning_cache_entry_is_checked_and_used_or_left_aside(model, tmp_path, m
     not fit the tiny expert's widths, so each kind is offered one Triton configuration that does."""
     from flashrt_core.engine import ops as engine_ops
     from flashrt_core.engine.tuning_cache import TuningCache
-    from test.core.test_engine_forward import _inputs, _reference
     for kind, split in (("qkv", 1), ("gate_up", 1), ("o", 2), ("down", 2)):
         monkeypatch.setitem(engine_ops.SKINNY_CANDIDATES, kind, [engine_ops.SkinnyConfig(16, 16, split, 2)])
     engine = _engine(model, "rope_in_attention", tuning_cache=str(tmp_path))
@@ -247,10 +234,8 @@ def test_tuning_cache_entry_is_checked_and_used_or_left_aside(model, tmp_path, m
     assert engine.tuning_source == "cache" and engine.tuning_cache_path == TuningCache(tmp_path).path(key)
     assert engine.tuning_picks() == picks and engine.ops.early_sites                  # policy "all": sites set
     assert {k: str(v) for k, v in engine.ops.decoder_impl.items()} != {k: str(v) for k, v in before.items()}
-    images, tokens, mask, state, noise = _inputs(model.config, np.random.default_rng(5), 9, (0, 1))
-    np.testing.assert_allclose(engine.predict_observation(images, tokens, mask, state, noise),
-                               _reference(model, images, tokens, mask, state, noise).numpy(), atol=FP32_ATOL,
-                               rtol=0)
+    got, want, _ = _actions_and_reference(engine, model, 5)
+    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
     engine.ops.decoder_impl = dict.fromkeys(kinds, "library")
     engine.ops.launch_policy, engine.ops.early_sites = "none", engine_ops.LAUNCH_POLICIES["none"]
     bad = {**picks, "decoder": {**picks["decoder"], "gate_up": "triton(n999)"}}     # qkv and o would fit
