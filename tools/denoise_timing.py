@@ -1,6 +1,6 @@
 """The denoise of an EngineExecutor alone, captured as a CUDA graph: what the A/B benchmarks of the denoiser's
-fusions (tools/benchmark_ada_norm_fold.py, tools/benchmark_denoise_step.py) time and compare. Same capture as the
-chain tuning (graph_executor._tune_decoder_in_chain), on a 2-view workspace of the smallest text bucket with
+fusions (tools/benchmark_ada_norm_fold.py, tools/benchmark_denoise_step.py) time and compare. The chain tuning's
+capture (EngineExecutor.capture_denoise), on a 2-view workspace of the smallest text bucket with
 random K/V caches."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashrt_core.engine.forward import Workspace, denoise
-from flashrt_core.engine.graph_executor import graph_replay_ms, side_stream
+from flashrt_core.engine.forward import Workspace
+from flashrt_core.engine.graph_executor import graph_replay_ms
 
 
 @dataclass
@@ -37,16 +37,9 @@ def denoise_inputs(engine, seed: int = 0) -> DenoiseInputs:
 
 
 def denoise_graph(engine, inp: DenoiseInputs) -> torch.cuda.CUDAGraph:
-    """One warm-up run on a side stream (compiles, builds descriptors), then the capture, replayed once."""
-    stream = side_stream(engine.device)
-    stream.wait_stream(torch.cuda.current_stream(engine.device))
-    with torch.cuda.stream(stream):
-        denoise(inp.ws, engine.weights, engine.ops, inp.key_bias, inp.n_valid)
-    torch.cuda.current_stream(engine.device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        denoise(inp.ws, engine.weights, engine.ops, inp.key_bias, inp.n_valid)
-    graph.replay()
+    """The engine's denoise capture (EngineExecutor.capture_denoise: a warm-up run, the capture, one replay),
+    finished."""
+    graph = engine.capture_denoise(inp.ws, inp.key_bias, inp.n_valid)
     torch.cuda.synchronize()
     return graph
 

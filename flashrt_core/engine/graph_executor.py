@@ -304,18 +304,9 @@ class EngineExecutor:
         key_bias = torch.zeros(P, device=self.device)
         n_valid = torch.full((1,), P, device=self.device, dtype=torch.int64)
         ws.noise.normal_()
-        stream = side_stream(self.device)
 
         def capture() -> torch.cuda.CUDAGraph:
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                denoise(ws, self.weights, ops, key_bias, n_valid)                # compiles, warms the handles
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                denoise(ws, self.weights, ops, key_bias, n_valid)
-            graph.replay()
-            return graph
+            return self.capture_denoise(ws, key_bias, n_valid)
 
         def timed(graphs: dict) -> dict:
             return interleaved_replay_ms(graphs, rounds, reps)
@@ -338,6 +329,21 @@ class EngineExecutor:
             if picks() == before:
                 break
         return timings
+
+    def capture_denoise(self, ws: Workspace, key_bias: torch.Tensor, n_valid: torch.Tensor) -> torch.cuda.CUDAGraph:
+        """The denoise alone (every step and layer) on `ws` with the current ops settings, captured as a CUDA graph
+        and replayed once: one eager run on the side stream first (compiles, builds descriptors, warms the library
+        handles). What the chain tuning times, and tools/denoise_timing.py's A/B benchmarks."""
+        stream = side_stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            denoise(ws, self.weights, self.ops, key_bias, n_valid)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            denoise(ws, self.weights, self.ops, key_bias, n_valid)
+        graph.replay()
+        return graph
 
     def _pick_launch_policy(self, capture, timed) -> dict[str, float]:
         """One pass of the chain tuning over the launch policies: each captured, all timed in turn, the fastest
