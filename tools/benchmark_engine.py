@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashrt_core.checkpoint import load_model_weights  # noqa: E402
 from flashrt_core.config import get_config  # noqa: E402
 from flashrt_core.engine import EngineOptions, build_executor, detect_hardware, resolve  # noqa: E402
+from flashrt_core.engine.dispatch import DEFAULT_TEXT_BUCKETS  # noqa: E402
 from flashrt_core.engine.gate import GATE_BF16, GATE_FP8, cosine, random_observation, reference_actions  # noqa: E402
 from flashrt_core.engine.graph_executor import EngineExecutor, graph_replay_ms  # noqa: E402
 from flashrt_core.executor import ReferenceExecutor  # noqa: E402
@@ -162,6 +163,7 @@ def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
     key = next(k for k in engine._entries if k[0] == "uint8" and len(k[1]) == meta["views"])
     row["phases_ms"] = engine.phase_times(key)
     row["capture_s"] = {str(k): v for k, v in engine.capture_seconds.items()}
+    row["text_bucket"] = key[3]                      # the token buffer the prompt ran in
     row["decoder_gemm"] = {"choice": {k: str(v) for k, v in engine.ops.decoder_impl.items()},
                            "launch_policy": engine.ops.launch_policy,
                            "tuning_source": engine.tuning_source,       # "measured" or "cache" (tuning_cache)
@@ -415,7 +417,8 @@ def write_markdown(res: Results, path: Path) -> None:
     env = d["env"]
     lines = [f"# Engine benchmark: {env['gpu']}", "",
              f"GPU {env['gpu']}, driver {env['driver']}, torch {env['torch']} (CUDA {env['cuda']}), triton "
-             f"{env['triton']}, {env['time_utc']} UTC. Full-size random weights; prompt {PROMPT_TOKENS} tokens; "
+             f"{env['triton']}, {env['time_utc']} UTC. Full-size random weights; prompt {PROMPT_TOKENS} tokens "
+             f"(text buckets {d['args'].get('text_buckets', '?')}); "
              "predict() = uint8 images in host memory -> unnormalized actions in host memory.", "",
              "## Accuracy gate (cosine vs fp32 reference, same weights and noise)", "",
              "| config | precision | min cosine | threshold | pass | per observation |", "|---|---|---|---|---|---|"]
@@ -460,7 +463,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--reference-calls", type=int, default=20)
     ap.add_argument("--image-hw", nargs=2, type=int, default=[224, 224])
-    ap.add_argument("--text-buckets", nargs="*", type=int, default=[64, 128])
+    ap.add_argument("--text-buckets", nargs="*", type=int, default=list(DEFAULT_TEXT_BUCKETS),
+                    help="the engine's text buckets (default: the engine's own)")
     ap.add_argument("--fp8-configs", nargs="*", default=[], help="configs also run with the FP8 engine")
     ap.add_argument("--fp8-scalings", nargs="*", default=[""],
                     help="'' (per-tensor, static) and/or 'row', each optionally '@<scope>' (e.g. row@backbone_mlp)")

@@ -27,7 +27,7 @@ class DenoiseInputs:
 
 def denoise_inputs(engine, seed: int = 0) -> DenoiseInputs:
     dev = engine.device
-    ws = engine._make_entry((0, 1), None, engine.text_buckets[0]).ws
+    ws = engine._make_entry((0, 1), None, engine.tuning_text_bucket).ws
     P = ws.k_cache.shape[2] - engine.suffix_len
     g = torch.Generator(device=dev).manual_seed(seed)
     ws.k_cache.normal_(generator=g)

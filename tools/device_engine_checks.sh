@@ -3,18 +3,19 @@
 #
 #   OUT=/path bash tools/device_engine_checks.sh kernels      # GPU kernel tests + Policy GPU tests, ~3 min
 #   OUT=/path bash tools/device_engine_checks.sh engine-new   # the tuning cache's and the chain tuning's tests, ~4 min
-#   OUT=/path bash tools/device_engine_checks.sh engine-rest  # the other engine tests but the gates, ~6 min
+#   OUT=/path bash tools/device_engine_checks.sh engine-rest  # the other engine tests but the gates, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh engine-gates # the accuracy gates of the defaults and switches, ~6 min
 #   OUT=/path bash tools/device_engine_checks.sh engine-gates-forced  # the gates with TMA GEMMs forced, ~3 min
 #   OUT=/path bash tools/device_engine_checks.sh bench        # engine A/B rows + one replay's critical path, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh gemms        # the wide GEMMs in every form, ~3-6 min
 #   OUT=/path bash tools/device_engine_checks.sh fp8-scopes   # gates + rows of FP8 on wider scopes, ~4 min
-#   OUT=/path bash tools/device_engine_checks.sh load         # engine load: tuning cache off / stored / read, ~3 min
+#   OUT=/path bash tools/device_engine_checks.sh load         # engine load: tuning cache off / stored / read, ~1.5 min
+#   OUT=/path bash tools/device_engine_checks.sh buckets      # replay time per text bucket, bf16 and FP8, ~4.5 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
-# The times are estimates for session 11's engine: the interleaved chain tuning takes ~17-20 s per pass of a
-# full-size engine load (two passes by default; the tests whose checks do not depend on its picks run one,
-# test_engine_gpu.py ONE_PASS). The engine parts print each test's duration (--durations=0) to check them.
+# The times were measured in session 12 (engine-new, engine-rest, engine-gates, load, buckets) or estimated: the
+# interleaved chain tuning takes ~17-20 s per pass of a full-size engine load (two passes by default; the tests
+# whose checks do not depend on its picks run one, test_engine_gpu.py ONE_PASS). The engine parts print each test's duration (--durations=0) to check them.
 # kernels: every kernel at real shapes (the skinny and shared-memory TMA GEMM candidates, GeGLU with an FP8 out;
 #   both PDL modes) (pytest_kernels.log).
 # engine-new: the tests of what has not run on a GPU yet or changed last: the tuning cache (written after session
@@ -37,6 +38,8 @@
 # load: tools/benchmark_policy_predict.py --tuning-cache: pi0.5 loaded with the tuning cache off, then on twice (the
 #   first measures and stores the picks, the second reads them), the load seconds and Policy.predict after each
 #   (policy_predict_*_tuning_cache.json/.md, load.log; the entry itself under tuning_cache/).
+# buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
+#   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
 # others' results. Full-size random checkpoints are generated into $FLASHRT_FULL_CKPT_ROOT (default /tmp/full).
 set -uo pipefail
@@ -102,6 +105,12 @@ if [ "$PART" = load ]; then           # not in "all": three full loads of pi0.5 
   echo "benchmark_policy_predict rc=$?" >> "$OUT/load.log"
 fi
 
+if [ "$PART" = buckets ]; then        # not in "all": two full loads with 13 graphs each
+  timeout 420 "$PY" tools/benchmark_text_buckets.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 --views 2 \
+    --precisions bf16 fp8 --out-dir "$OUT" > "$OUT/buckets.log" 2>&1
+  echo "benchmark_text_buckets rc=$?" >> "$OUT/buckets.log"
+fi
+
 if [ "$PART" = fp8-scopes ]; then
   timeout 480 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --fp8-scalings "" "@all" "@backbone" --gate-observations 2 \
@@ -121,4 +130,5 @@ fi
   fi
   [ -f "$OUT/wide_gemms.log" ] && { echo "== wide GEMMs"; grep -E "^\| (vision|prefix)|rc=" "$OUT/wide_gemms.log"; }
   [ -f "$OUT/load.log" ] && { echo "== load with the tuning cache"; grep -E "^\| pi05|rc=" "$OUT/load.log"; }
+  [ -f "$OUT/buckets.log" ] && { echo "== text buckets"; grep -E "^(## |\| [0-9])|rc=" "$OUT/buckets.log"; }
 } | tee "$OUT/summary.txt"

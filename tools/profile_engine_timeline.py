@@ -31,6 +31,7 @@ from benchmark_engine import PROMPT_TOKENS, engine_options, ensure_checkpoint  #
 from flashrt_core.checkpoint import load_model_weights  # noqa: E402
 from flashrt_core.config import get_config  # noqa: E402
 from flashrt_core.engine import detect_hardware, resolve  # noqa: E402
+from flashrt_core.engine.dispatch import DEFAULT_TEXT_BUCKETS  # noqa: E402
 from flashrt_core.engine.gate import random_observation  # noqa: E402
 from flashrt_core.engine.graph_executor import EngineExecutor  # noqa: E402
 
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--horizon", type=int, default=10)
     ap.add_argument("--precision", default="bf16", help="as benchmark_engine's variants: bf16, fp8, bf16-no_pdl")
     ap.add_argument("--replays", type=int, default=5)
-    ap.add_argument("--text-buckets", nargs="*", type=int, default=[64, 128])
+    ap.add_argument("--text-buckets", nargs="*", type=int, default=list(DEFAULT_TEXT_BUCKETS),
+                    help="the engine's text buckets (default: the engine's own)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

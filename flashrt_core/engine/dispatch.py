@@ -26,6 +26,7 @@ tests and bug reports:
                                     FLASHRT_FUSED_PATCH_EMBED=0 does the same)
     FLASHRT_DISABLE_FUSED_DENOISE_STEP=1  pi0.5's denoising-step ends as separate ops, not kernels/denoise_step.py
                                     (FLASHRT_FUSED_DENOISE_STEP=0 does the same)
+    FLASHRT_TEXT_BUCKETS=16,32,...  the token-buffer lengths with a graph each (EngineOptions.text_buckets)
     FLASHRT_TUNING_CACHE=DIR        keep the load-time tuning's picks in DIR and reuse them at the next load of the
                                     same model, GPU, software and options (engine/tuning_cache.py); unset or "" = off
 
@@ -99,6 +100,14 @@ class Switch(str, enum.Enum):
     FUSED_DENOISE_STEP = "FUSED_DENOISE_STEP"  # kernels/denoise_step.py at both ends of each pi0.5 denoising step
 
 
+# The token-buffer lengths the engine captures a graph for (max_token_len is always added): every 16 tokens up to
+# 176. A prompt pays for the padding of its bucket; measured on the H200 (pi0.5, 2 views,
+# docs/benchmarks/text_buckets_h200_2026-12-01.md) a replay costs ~0.3 ms more per 64 tokens of buffer (bf16), so
+# the old (64, 128) made every prompt of 129-200 tokens, pi0.5's discretized-state prompts among them, pay for 200:
+# 0.4 ms more than at 144 or 160. 192 is left out: measured slower than 200 in bf16 and FP8 (12.03 vs 11.54 ms,
+# 10.33 vs 10.18 ms). Each bucket costs one capture (0.4-3 s) when it is first used or warmed up.
+DEFAULT_TEXT_BUCKETS = tuple(range(16, 177, 16))
+
 # Which wide GEMMs FP8 serves: every vision and backbone GEMM, the backbone only, or only the backbone's MLP
 # (gate/up and down: ~85% of the backbone's FLOPs; attention projections and the vision tower stay bf16).
 FP8_SCOPES = ("all", "backbone", "backbone_mlp")
@@ -137,7 +146,8 @@ class EngineOptions:
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     tuning_cache: str = ""                   # a directory: the load-time tuning's picks kept there and reused
                                              # (engine/tuning_cache.py); "" = measure at every load
-    text_buckets: tuple[int, ...] = (64, 128)  # token-buffer lengths with a graph each (max_token_len is added)
+    text_buckets: tuple[int, ...] = DEFAULT_TEXT_BUCKETS  # token-buffer lengths with a graph each (max_token_len
+                                                          # is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
 
     def __post_init__(self) -> None:
@@ -193,6 +203,12 @@ class EngineOptions:
                 changes[attr] = flag(name)
         if env.get("FLASHRT_TUNING_CACHE") is not None:          # a directory; "" turns it off
             changes["tuning_cache"] = env["FLASHRT_TUNING_CACHE"]
+        if env.get("FLASHRT_TEXT_BUCKETS"):
+            raw = env["FLASHRT_TEXT_BUCKETS"]
+            parts = [p.strip() for p in raw.split(",")]
+            if not all(p.isdigit() for p in parts):
+                raise ValueError(f"FLASHRT_TEXT_BUCKETS must be comma-separated token counts, got {raw!r}")
+            changes["text_buckets"] = tuple(int(p) for p in parts)
         if env.get("FLASHRT_FP8_SCALING"):
             changes["fp8_scaling"] = env["FLASHRT_FP8_SCALING"]
         if env.get("FLASHRT_FP8_SCOPE"):

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 _ALIGN = 256  # bytes between fields of the staging blob
 # rounds of the chain tuning's interleaved timing (interleaved_replay_ms), 3 replays of one denoise each
 CHAIN_TUNING_ROUNDS = 7
+TUNING_PROMPT_TOKENS = 48           # the load-time tunings time the text bucket that holds a prompt this long
 
 
 class StagingBlob:
@@ -114,6 +115,8 @@ class EngineExecutor:
         buckets = {b for b in dispatch.options.text_buckets if b < config.max_token_len} | {config.max_token_len}
         buckets = sorted(buckets)
         self.text_buckets = tuple(buckets)
+        # the load-time tunings run at the bucket of a typical prompt, whatever the smallest bucket is
+        self.tuning_text_bucket = self._bucket(min(TUNING_PROMPT_TOKENS, config.max_token_len) - 1)
         self.suffix_len = config.action_horizon + (0 if self.weights.tables is not None else 1)
         max_pos = len(config.view_names) * config.vision.num_patches + config.max_token_len + self.suffix_len
         cos, sin = load_kernels().rope_tables(max_pos, config.paligemma.head_dim, config.paligemma.rope_max_wavelength,
@@ -179,7 +182,7 @@ class EngineExecutor:
                          "last pass: %s)", {k: str(v) for k, v in ops.decoder_impl.items()},
                          ops.launch_policy, self.decoder_chain_passes, self.decoder_chain_timings)
         if prefix_att:
-            P = min(2, len(config.view_names)) * config.vision.num_patches + self.text_buckets[0]
+            P = min(2, len(config.view_names)) * config.vision.num_patches + self.tuning_text_bucket
             g = config.paligemma
             times = ops.tune_prefix_attention(P, g.num_heads, g.head_dim, dtype, device, g.depth - 1)
             log.info("prefix attention: %s (us per layer at %d keys: %s)", ops.prefix_attention_impl, P, times)
@@ -216,7 +219,7 @@ class EngineExecutor:
         return {"format": TUNING_CACHE_FORMAT, "code": code_fingerprint(), "gpu": gpu, "torch": torch.__version__,
                 "cuda": torch.version.cuda, "hip": torch.version.hip, "triton": triton_version,
                 "model": dataclasses.asdict(self.config), "dtype": str(dtype),
-                "rows": self.suffix_len, "text_bucket": self.text_buckets[0],
+                "rows": self.suffix_len, "text_bucket": self.tuning_text_bucket,
                 "views": min(2, len(self.config.view_names)), "decoder_fp8": self.ops.decoder_fp8,
                 "options": options, "dispatch": self.dispatch.summary()}
 
@@ -299,7 +302,7 @@ class EngineExecutor:
         Returns {kind: {candidate: ms per denoise}} of the last pass."""
         cfg, ops = self.config, self.ops
         views = tuple(range(min(2, len(cfg.view_names))))
-        ws = self._make_entry(views, None, self.text_buckets[0]).ws
+        ws = self._make_entry(views, None, self.tuning_text_bucket).ws
         P = ws.k_cache.shape[2] - self.suffix_len
         key_bias = torch.zeros(P, device=self.device)
         n_valid = torch.full((1,), P, device=self.device, dtype=torch.int64)

@@ -187,6 +187,16 @@ def test_chain_tuning_passes_option_and_env():
         _env(FLASHRT_CHAIN_TUNING_PASSES="two")
 
 
+def test_text_buckets_option_and_env():
+    assert EngineOptions().text_buckets == (16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176)
+    assert _env(FLASHRT_TEXT_BUCKETS="64, 128").text_buckets == (64, 128)
+    for bad in ("64;128", "64,-1", "sixty"):
+        with pytest.raises(ValueError, match="FLASHRT_TEXT_BUCKETS"):
+            _env(FLASHRT_TEXT_BUCKETS=bad)
+    with pytest.raises(ValueError, match="text_buckets must be positive"):
+        _env(FLASHRT_TEXT_BUCKETS="0,64")
+
+
 def test_fp8_decoder_weights_opt_in_on_fp8_capable_gpus(monkeypatch):
     import flashrt_core.engine.kernel_import as ki
     monkeypatch.setattr(ki, "triton_available", lambda: True)
