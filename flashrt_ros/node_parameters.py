@@ -17,6 +17,7 @@ import enum
 import hashlib
 import json
 import math
+import os
 import re
 from typing import Any, Sequence
 
@@ -44,6 +45,7 @@ class StateInput(enum.Enum):
 
 MODEL_CONFIGS = ("auto", "pi05", "pi0", "pi05_tiny", "pi0_tiny")
 PRECISIONS = ("auto", "float32", "bfloat16", "float16")
+DEFAULT_TUNING_CACHE = "~/.cache/flashrt/tuning"
 HARDWARE_PATTERN = re.compile(r"^(auto|reference|cpu|sm\d{2,3}|gfx[0-9a-f]{3,4})$")
 
 
@@ -107,11 +109,15 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "bucket of the engine that an instruction can land in (the GPU engine captures one graph per "
               "prompt-length bucket), so no instruction length costs a graph capture at runtime; false = only the "
               "warm-up prompt's bucket."),
-    ParamSpec("engine_tuning_cache", "", "Directory where the GPU engine keeps the picks of its load-time tuning "
-              "(flashrt_core/engine/tuning_cache.py) and reuses them at the next configure of the same model, GPU, "
-              "software and engine options: the measuring took 36-41 s per load on an H200, and reused picks run "
-              "the same kernels at every start. Empty = measure at every configure; FLASHRT_TUNING_CACHE in the "
-              "environment wins."),
+    ParamSpec("engine_tuning_cache", DEFAULT_TUNING_CACHE, "Directory where the GPU engine keeps the picks of its "
+              "load-time tuning (flashrt_core/engine/tuning_cache.py) and reuses them at the next configure of the "
+              "same model, GPU, software and engine options: on an H200 a pi0.5 load took 35.5 s measuring and 1.6 "
+              "s reading the picks, with the same kernels. A leading ~ is the user's home. Empty = measure at every "
+              "configure; FLASHRT_TUNING_CACHE in the environment wins (empty there turns it off too)."),
+    ParamSpec("engine_text_buckets", [], "Token-buffer lengths of the GPU engine's prompt graphs "
+              "(EngineOptions.text_buckets; max_token_len is always added): a prompt runs in the smallest that holds "
+              "it and pays for its padding (on an H200 ~0.3 ms per 64 tokens, pi0.5 bf16). Empty = the engine's "
+              "default, every 16 tokens to 176; FLASHRT_TEXT_BUCKETS in the environment wins.", type=INTEGER_ARRAY),
     ParamSpec("executor", DEFAULT_EXECUTOR, "rclpy executor that spins the node in its executables "
               "(flashrt_ros.node_executor): single_threaded; multi_threaded (4 threads: its spin loop "
               "busy-waits while a camera callback runs, which starved the process on the GPU benchmark "
@@ -219,6 +225,8 @@ def validate(name: str, value: Any) -> str | None:
             return f"{name}={value!r} is outside [{low}, {high}]"
     if name == "warmup_image_size" and not (len(value) == 2 and all(1 <= int(v) <= 16384 for v in value)):
         return f"warmup_image_size={list(value)}: expected [width, height], each in 1..16384"
+    if name == "engine_text_buckets" and any(not 1 <= int(v) <= 4096 for v in value):
+        return f"engine_text_buckets={list(value)}: every entry must be a token count in 1..4096"
     if name == "hardware" and not HARDWARE_PATTERN.match(value):
         return f"hardware={value!r}: expected auto, reference, cpu, smXY or gfxNNN"
     if name == "device" and not _valid_device(value):
@@ -258,6 +266,7 @@ class NodeSettings:
     warmup_image_size: tuple[int, int]
     warmup_all_text_buckets: bool
     engine_tuning_cache: str
+    engine_text_buckets: tuple[int, ...]
     executor: str
     yield_to_inference_thread: bool
     inference_handover_timeout: float
@@ -296,11 +305,14 @@ class NodeSettings:
 
     def engine_options(self):
         """The ``engine_options`` argument of flashrt_core.load_model: None (defaults and the environment) unless
-        engine_tuning_cache is set."""
-        if not self.engine_tuning_cache:
+        engine_tuning_cache (its ~ expanded) or engine_text_buckets is set; the environment wins over both."""
+        if not (self.engine_tuning_cache or self.engine_text_buckets):
             return None
         from flashrt_core.engine import EngineOptions      # here: the module stays importable without torch
-        return EngineOptions.from_env(EngineOptions(tuning_cache=self.engine_tuning_cache))
+        fields = {"tuning_cache": os.path.expanduser(self.engine_tuning_cache)}
+        if self.engine_text_buckets:
+            fields["text_buckets"] = self.engine_text_buckets
+        return EngineOptions.from_env(EngineOptions(**fields))
 
     def config_id(self) -> str:
         """Short hash of the settings that change what the model computes."""
@@ -331,6 +343,7 @@ def settings_from_values(values: dict[str, Any]) -> NodeSettings:
     for name in ("camera_topics", "camera_views", "state_joint_names", "action_names"):
         kwargs[name] = tuple(kwargs[name])
     kwargs["warmup_image_size"] = tuple(int(v) for v in kwargs["warmup_image_size"])
+    kwargs["engine_text_buckets"] = tuple(int(v) for v in kwargs["engine_text_buckets"])
     kwargs["state_type"] = StateInput(kwargs["state_type"])
     kwargs["trigger"] = TriggerMode(kwargs["trigger"])
     for name in ("sync_slop", "max_observation_age", "inference_rate_hz", "action_dt", "inference_handover_timeout",

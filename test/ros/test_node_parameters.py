@@ -81,21 +81,43 @@ def test_config_id_follows_model_settings_not_runtime_thresholds():
 
 
 def test_engine_tuning_cache_reaches_the_engine_options(tmp_path, monkeypatch):
-    """engine_tuning_cache becomes load_model's engine_options (EngineOptions.tuning_cache), the environment's
-    FLASHRT_TUNING_CACHE winning; empty leaves engine_options None (defaults and the environment). The node's
-    default policy factory loads a real checkpoint with them on the CPU."""
+    """engine_tuning_cache becomes load_model's engine_options (EngineOptions.tuning_cache), on by default in the
+    user's cache directory (~ expanded), the environment's FLASHRT_TUNING_CACHE winning; empty with no
+    engine_text_buckets leaves engine_options None (defaults and the environment). The node's default policy
+    factory loads a real checkpoint with them on the CPU, which tunes nothing and writes nothing there."""
     from flashrt_core.fixtures import write_random_checkpoint
     from flashrt_ros.policy_node import load_policy
     monkeypatch.delenv("FLASHRT_TUNING_CACHE", raising=False)
-    assert settings_from_values(DEFAULTS).engine_options() is None
+    monkeypatch.delenv("FLASHRT_TEXT_BUCKETS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    default = settings_from_values(DEFAULTS)
+    assert default.engine_options().tuning_cache == str(tmp_path / "home" / ".cache" / "flashrt" / "tuning")
+    assert settings_from_values(dict(DEFAULTS, engine_tuning_cache="")).engine_options() is None
     settings = settings_from_values(dict(DEFAULTS, engine_tuning_cache=str(tmp_path / "tuning")))
     assert settings.engine_options().tuning_cache == str(tmp_path / "tuning")
     monkeypatch.setenv("FLASHRT_TUNING_CACHE", "/elsewhere")
     assert settings.engine_options().tuning_cache == "/elsewhere"
+    monkeypatch.setenv("FLASHRT_TUNING_CACHE", "")
+    assert default.engine_options().tuning_cache == ""                       # the environment turns it off
     monkeypatch.delenv("FLASHRT_TUNING_CACHE")
     ckpt = write_random_checkpoint(tmp_path / "ckpt", "pi05_tiny", seed=4)
-    policy = load_policy(dataclasses.replace(settings, checkpoint=str(ckpt), device="cpu"))
+    policy = load_policy(dataclasses.replace(default, checkpoint=str(ckpt), device="cpu"))
     try:
-        assert policy.horizon > 0 and not (tmp_path / "tuning").exists()      # the CPU path tunes nothing
+        assert policy.horizon > 0 and not (tmp_path / "home" / ".cache").exists()    # the CPU path tunes nothing
     finally:
         policy.close()
+
+
+def test_engine_text_buckets_reach_the_engine_options(monkeypatch):
+    """engine_text_buckets becomes EngineOptions.text_buckets (empty: the engine's default), FLASHRT_TEXT_BUCKETS
+    winning; a bucket outside 1..4096 is rejected with its reason."""
+    from flashrt_core.engine.dispatch import DEFAULT_TEXT_BUCKETS
+    monkeypatch.delenv("FLASHRT_TEXT_BUCKETS", raising=False)
+    assert settings_from_values(DEFAULTS).engine_options().text_buckets == DEFAULT_TEXT_BUCKETS
+    settings = settings_from_values(dict(DEFAULTS, engine_tuning_cache="", engine_text_buckets=[64, 128]))
+    assert settings.engine_text_buckets == (64, 128)
+    assert settings.engine_options().text_buckets == (64, 128)
+    monkeypatch.setenv("FLASHRT_TEXT_BUCKETS", "32,96")
+    assert settings.engine_options().text_buckets == (32, 96)
+    assert "1..4096" in validate("engine_text_buckets", [64, 0])
+    assert validate("engine_text_buckets", [16, 144]) is None
