@@ -4,6 +4,8 @@ What a ROS node pays per call: input validation, prompt tokenization (cached), s
 discretization, noise drawing, the executor (the graph engine on CUDA: staging, one graph replay with the
 resize inside, one copy out) and unnormalization. Camera-sized uint8 frames (480x640) in host memory ->
 actions in host memory. tools/benchmark_engine.py measures the engine alone; this is the number a user sees.
+Each row names the prompt's token count and the text bucket it runs in: pi0.5's prompt carries the state as 32
+numbers in text (142 tokens with the fixtures' tokenizer), far longer than the engine benchmark's 48.
 
     python tools/benchmark_policy_predict.py --checkpoint DIR [--views 2] [--calls 200] [--out docs/benchmarks]
         [--tuning-cache DIR]
@@ -75,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             policy.predict(images, prompt, state)
             samples.append(time.perf_counter() - t0)
+        _, mask, _ = policy._encode_prompt_and_state(prompt, state)
+        prompt_tokens = int(mask.sum())             # the state's numbers included (pi0.5)
+        bucket = next((b for b in policy.text_buckets if b >= prompt_tokens), None)   # None: no graph engine
         rows.append({"config": policy.config.name, "executor": getattr(policy.executor, "name", "?"),
+                     "prompt_tokens": prompt_tokens, "text_bucket": bucket,
                      "gpu_preprocess": policy.gpu_preprocess, "views": args.views, "horizon": policy.horizon,
                      "tuning": getattr(policy.executor, "tuning_source", "none"),
                      "calls": args.calls, "load_s": load_s, "first_call_s": first_s, **percentiles(samples)})
@@ -90,11 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# Policy.predict benchmark ({meta['gpu']})", "",
              f"{meta['date']}, torch {meta['torch']}, Python {meta['python']}. Public API, 480x640 uint8 frames "
              "in host memory -> actions in host memory, prompt tokenization cached after the first call.", "",
-             "| config | executor | GPU resize | tuning | views | horizon | load s | first call s | median ms | "
-             "p90 ms | p99 ms | max ms |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| config | executor | GPU resize | tuning | views | horizon | prompt tokens (bucket) | load s | "
+             "first call s | median ms | p90 ms | p99 ms | max ms |", "|---" * 13 + "|"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['executor']} | {r['gpu_preprocess']} | {r['tuning']} | {r['views']} | "
-                     f"{r['horizon']} | "
+                     f"{r['horizon']} | {r['prompt_tokens']} ({r['text_bucket'] or '-'}) | "
                      f"{r['load_s']:.1f} | {r['first_call_s']:.2f} | {r['median_ms']:.2f} | {r['p90_ms']:.2f} | "
                      f"{r['p99_ms']:.2f} | {r['max_ms']:.2f} |")
     table = "\n".join(lines)

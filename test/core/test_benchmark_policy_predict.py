@@ -18,7 +18,10 @@ def test_the_default_plan_times_both_resizes(tmp_path, capsys):
     rows = json.loads(result.read_text())["rows"]
     assert [(r["gpu_preprocess"], r["tuning"]) for r in rows] == [(False, "none"), (False, "none")]
     assert all(r["load_s"] > 0 and r["median_ms"] > 0 for r in rows)
-    assert "| tuning |" in capsys.readouterr().out
+    # the prompt carries pi0.5's state as text: far more tokens than its words; no graph engine, no bucket
+    assert all(r["prompt_tokens"] > 32 and r["text_bucket"] is None for r in rows)
+    out = capsys.readouterr().out
+    assert "| tuning |" in out and f"| {rows[0]['prompt_tokens']} (-) |" in out
 
 
 def test_the_tuning_cache_plan_loads_three_times(tmp_path):
