@@ -18,7 +18,7 @@ from .fp8_quant import fp8_quant, fp8_quant_reference, fp8_quant_rows, fp8_quant
 from .geglu import geglu, geglu_reference
 from .patch_embed import patch_rows, patch_rows_reference
 from .qkv_gemm_rope import qkv_gemm_rope, qkv_gemm_rope_reference
-from .qkv_rope import qkv_rope, qkv_rope_reference, rope_tables
+from .qkv_rope import qkv_rope, qkv_rope_reference, qkv_rope_rows_per_program, rope_tables
 from .residual_norm import residual_norm, residual_norm_reference
 from .skinny_gemm import skinny_gemm, skinny_gemm_reference
 from .smem_gemm import (HAVE_GLUON, SMEM_GEMM_MAX_ROWS, NormIn, NormOut, smem_gemm, smem_gemm_norm_in_reference,
@@ -34,7 +34,7 @@ __all__ = [
     "geglu", "geglu_reference",
     "patch_rows", "patch_rows_reference",
     "qkv_gemm_rope", "qkv_gemm_rope_reference",
-    "qkv_rope", "qkv_rope_reference", "rope_tables",
+    "qkv_rope", "qkv_rope_reference", "qkv_rope_rows_per_program", "rope_tables",
     "residual_norm", "residual_norm_reference",
     "skinny_gemm", "skinny_gemm_reference",
     "HAVE_GLUON", "SMEM_GEMM_MAX_ROWS", "NormIn", "NormOut", "smem_gemm", "smem_gemm_norm_in_reference",

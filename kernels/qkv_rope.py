@@ -52,41 +52,66 @@ def qkv_rope_reference(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, 
 
 
 @triton.jit
-def _qkv_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, cache_offset, q_scale,
+def _qkv_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, M, cache_offset, q_scale,
                      stride_qkv, stride_q_m, stride_q_h, stride_cache_g, stride_cache_l,
-                     H: tl.constexpr, G: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr):
+                     H: tl.constexpr, G: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr,
+                     PDL: tl.constexpr):
     release_dependents(PDL)
     wait_for_inputs(PDL)
-    m = tl.program_id(0)
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)                     # (BLOCK_M,) rows
     head = tl.program_id(1)                  # 0..H-1: q, H..H+G-1: k, H+G..H+2G-1: v
     i = tl.arange(0, HALF)
-    src = qkv_ptr + m * stride_qkv + head * (2 * HALF)
-    x1 = tl.load(src + i).to(tl.float32)
-    x2 = tl.load(src + HALF + i).to(tl.float32)
+    ok = (m < M)[:, None]
+    src = qkv_ptr + m[:, None] * stride_qkv + head * (2 * HALF) + i[None, :]      # (BLOCK_M, HALF)
+    x1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=ok, other=0.0).to(tl.float32)
     if head < H + G:
-        p = tl.load(pos_ptr + m)
-        c = tl.load(cos_ptr + p * HALF + i)
-        s = tl.load(sin_ptr + p * HALF + i)
+        p = tl.load(pos_ptr + m, mask=m < M, other=0)
+        c = tl.load(cos_ptr + p[:, None] * HALF + i[None, :], mask=ok, other=0.0)
+        s = tl.load(sin_ptr + p[:, None] * HALF + i[None, :], mask=ok, other=0.0)
         y1 = x1 * c - x2 * s
         y2 = x2 * c + x1 * s
         if head < H:
-            dst = q_ptr + m * stride_q_m + head * stride_q_h
-            tl.store(dst + i, (y1 * q_scale).to(q_ptr.dtype.element_ty))
-            tl.store(dst + HALF + i, (y2 * q_scale).to(q_ptr.dtype.element_ty))
+            dst = q_ptr + m[:, None] * stride_q_m + head * stride_q_h + i[None, :]
+            tl.store(dst, (y1 * q_scale).to(q_ptr.dtype.element_ty), mask=ok)
+            tl.store(dst + HALF, (y2 * q_scale).to(q_ptr.dtype.element_ty), mask=ok)
         else:
-            dst = k_ptr + (head - H) * stride_cache_g + (cache_offset + m) * stride_cache_l
-            tl.store(dst + i, y1.to(k_ptr.dtype.element_ty))
-            tl.store(dst + HALF + i, y2.to(k_ptr.dtype.element_ty))
+            dst = k_ptr + (head - H) * stride_cache_g + (cache_offset + m[:, None]) * stride_cache_l + i[None, :]
+            tl.store(dst, y1.to(k_ptr.dtype.element_ty), mask=ok)
+            tl.store(dst + HALF, y2.to(k_ptr.dtype.element_ty), mask=ok)
     else:
-        dst = v_ptr + (head - H - G) * stride_cache_g + (cache_offset + m) * stride_cache_l
-        tl.store(dst + i, x1.to(v_ptr.dtype.element_ty))
-        tl.store(dst + HALF + i, x2.to(v_ptr.dtype.element_ty))
+        dst = v_ptr + (head - H - G) * stride_cache_g + (cache_offset + m[:, None]) * stride_cache_l + i[None, :]
+        tl.store(dst, x1.to(v_ptr.dtype.element_ty), mask=ok)
+        tl.store(dst + HALF, x2.to(v_ptr.dtype.element_ty), mask=ok)
+
+
+# Rows per program. One row per one-warp program (session 1) moved the prefix's ~6 MB (576 rows) in 7.8 us on the
+# H200 (run 34's timeline, 18 launches: 141 us per predict), ~0.8 TB/s: 5,760 programs of 512-byte loads. From
+# QKV_ROPE_WIDE_ROWS rows on, a program takes QKV_ROPE_BLOCK_ROWS rows with 4 warps (16-byte loads per thread,
+# 720 programs for the prefix); fewer rows (the denoising steps) keep one row per program, where more programs
+# mean more of the GPU. Expected: the prefix's launches at ~3-4 us (written after session 12's device time, not
+# yet measured). EngineOptions.qkv_rope_rows / FLASHRT_QKV_ROPE_ROWS pins it (1 = the one-row programs).
+QKV_ROPE_BLOCK_ROWS = 8
+QKV_ROPE_WIDE_ROWS = 256
+QKV_ROPE_ROW_CHOICES = (1, 2, 4, 8, 16)
+
+
+def qkv_rope_rows_per_program(M: int, rows_per_program: int | None = None) -> int:
+    """The kernel's rows per program for M rows: rows_per_program where given, else QKV_ROPE_BLOCK_ROWS from
+    QKV_ROPE_WIDE_ROWS rows on and 1 below."""
+    if rows_per_program is not None:
+        if rows_per_program not in QKV_ROPE_ROW_CHOICES:
+            raise ValueError(f"qkv_rope: rows_per_program must be one of {QKV_ROPE_ROW_CHOICES}, "
+                             f"got {rows_per_program!r}")
+        return rows_per_program
+    return QKV_ROPE_BLOCK_ROWS if M >= QKV_ROPE_WIDE_ROWS else 1
 
 
 def qkv_rope(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_out: torch.Tensor,
              k_cache: torch.Tensor, v_cache: torch.Tensor, cache_offset: int, num_heads: int, num_kv_heads: int,
-             q_scale: float = 1.0, pdl: bool = False) -> None:
-    """Triton launcher; same contract as qkv_rope_reference. Head dim must be a power of two (Gemma: 256)."""
+             q_scale: float = 1.0, pdl: bool = False, rows_per_program: int | None = None) -> None:
+    """Triton launcher; same contract as qkv_rope_reference. Head dim must be a power of two (Gemma: 256).
+    rows_per_program: see qkv_rope_rows_per_program (None: by the row count)."""
     M = qkv.shape[0]
     G, L, Dh = k_cache.shape
     if G != num_kv_heads or v_cache.shape != k_cache.shape or k_cache.stride() != v_cache.stride():
@@ -102,7 +127,9 @@ def qkv_rope(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch
                          f"pos ({M},); got tables {tuple(cos.shape)}, pos {tuple(pos.shape)}")
     if cache_offset + M > L:
         raise ValueError(f"qkv_rope: rows [{cache_offset}, {cache_offset + M}) exceed cache length {L}")
-    _qkv_rope_kernel[(M, num_heads + 2 * num_kv_heads)](
-        qkv, pos, cos, sin, q_out, k_cache, v_cache, cache_offset, q_scale,
+    block_m = qkv_rope_rows_per_program(M, rows_per_program)
+    _qkv_rope_kernel[(triton.cdiv(M, block_m), num_heads + 2 * num_kv_heads)](
+        qkv, pos, cos, sin, q_out, k_cache, v_cache, M, cache_offset, q_scale,
         qkv.stride(0), q_out.stride(0), q_out.stride(1), k_cache.stride(0), k_cache.stride(1),
-        H=num_heads, G=num_kv_heads, HALF=Dh // 2, PDL=pdl, num_warps=1, **launch_options(pdl))
+        H=num_heads, G=num_kv_heads, HALF=Dh // 2, BLOCK_M=block_m, PDL=pdl, num_warps=1 if block_m == 1 else 4,
+        **launch_options(pdl))

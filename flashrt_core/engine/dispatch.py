@@ -11,6 +11,8 @@ tests and bug reports:
     FLASHRT_L2_PREFETCH=1           ask for the decoder's bulk L2 weight prefetch (EngineOptions(l2_prefetch=True))
     FLASHRT_WEIGHT_PREFETCH=1       ask for the decoder GEMMs' own-slice L2 prefetch (weight_prefetch=True)
     FLASHRT_DECODER_KEY_BLOCK=N     keys per split of a denoising step's attention (EngineOptions.decoder_key_block)
+    FLASHRT_QKV_ROPE_ROWS=N         rows per program of the qkv_rope kernel (EngineOptions.qkv_rope_rows; 1 = one
+                                    row per program, as before session 12)
     FLASHRT_FP8_DECODER_WEIGHTS=1   ask for weight-only FP8 decoder GEMMs (EngineOptions(fp8_decoder_weights=True))
     FLASHRT_FP8_SCALING=tensor|row  FP8 scale granularity (EngineOptions.fp8_scaling)
     FLASHRT_FP8_SCOPE=all|backbone|backbone_mlp   which wide GEMMs FP8 serves (EngineOptions.fp8_scope)
@@ -131,6 +133,7 @@ class EngineOptions:
     gemm_epilogue: bool = True               # vision fc1: bias + GELU (tanh) in the BLAS GEMM's epilogue
     weight_prefetch: bool = False            # opt-in (measured slower): decoder GEMMs prefetch their own weights
     decoder_key_block: int = 0               # keys per split of a denoising step's attention; 0: the kernels' own
+    qkv_rope_rows: int = 0                   # rows per qkv_rope program; 0: the kernel's own (8 from 256 rows)
     fp8_decoder_weights: bool = False        # opt-in (measured slower): weight-only E4M3 for the decoder GEMMs
     chain_tuning: bool = True                # decoder GEMM configurations timed where they run (the denoiser)
     chain_tuning_passes: int = 2             # the chain tuning repeats until a pass changes nothing, at most this
@@ -159,6 +162,8 @@ class EngineOptions:
             raise ValueError(f"fp8_scope must be one of {FP8_SCOPES}, got {self.fp8_scope!r}")
         if self.decoder_key_block not in (0, 16, 32, 64):
             raise ValueError(f"decoder_key_block must be 0 (default), 16, 32 or 64, got {self.decoder_key_block!r}")
+        if self.qkv_rope_rows not in (0, 1, 2, 4, 8, 16):
+            raise ValueError(f"qkv_rope_rows must be 0 (default), 1, 2, 4, 8 or 16, got {self.qkv_rope_rows!r}")
         if not (isinstance(self.chain_tuning_passes, int) and 1 <= self.chain_tuning_passes <= 8):
             raise ValueError(f"chain_tuning_passes must be an int from 1 to 8, got {self.chain_tuning_passes!r}")
         if any((not isinstance(b, int)) or b <= 0 for b in self.text_buckets):
@@ -214,6 +219,7 @@ class EngineOptions:
         if env.get("FLASHRT_FP8_SCOPE"):
             changes["fp8_scope"] = env["FLASHRT_FP8_SCOPE"]
         for name, attr, allowed in (("FLASHRT_DECODER_KEY_BLOCK", "decoder_key_block", "16, 32 or 64"),
+                                    ("FLASHRT_QKV_ROPE_ROWS", "qkv_rope_rows", "1, 2, 4, 8 or 16"),
                                     ("FLASHRT_CHAIN_TUNING_PASSES", "chain_tuning_passes", "an int from 1 to 8")):
             raw = env.get(name)
             if raw:                                       # integer options; the field checks the range

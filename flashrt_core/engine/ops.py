@@ -217,6 +217,7 @@ class Ops:
         self.own_prefetch = dispatch[Op.WEIGHT_PREFETCH] == "own_slice"
         self.decoder_fp8 = dispatch[Op.DECODER_WEIGHTS] == "fp8"     # Linear.w_fp8 set by fp8.quantize_expert_weights
         self.key_block = dispatch.options.decoder_key_block or None     # None: the attention kernels' defaults
+        self.qkv_rope_rows = dispatch.options.qkv_rope_rows or None     # None: the qkv_rope kernel's own choice
         self.l2_prefetch = dispatch[Op.L2_PREFETCH] == "bulk"   # forward passes the windows to decoder_attention
         self._sdpa = dispatch[Op.ATTENTION] == "sdpa"
         self._mqa = dispatch[Op.MQA]
@@ -548,7 +549,7 @@ class Ops:
                  q_scale: float, site: str = "other") -> None:
         if self._rope_triton:
             self.k.qkv_rope(qkv, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale,
-                            pdl=self.launch_mode(site))
+                            pdl=self.launch_mode(site), rows_per_program=self.qkv_rope_rows)
         else:
             self.k.qkv_rope_reference(qkv, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale)
 

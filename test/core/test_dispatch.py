@@ -168,23 +168,22 @@ def test_own_weight_prefetch_needs_sm90_triton_and_pdl(monkeypatch):
     assert resolve(CPU, asked)[Op.WEIGHT_PREFETCH] == "none"
 
 
-def test_decoder_key_block_option_and_env():
-    assert EngineOptions().decoder_key_block == 0
-    assert _env(FLASHRT_DECODER_KEY_BLOCK=32).decoder_key_block == 32
-    with pytest.raises(ValueError, match="decoder_key_block"):
-        EngineOptions(decoder_key_block=48)
-    with pytest.raises(ValueError, match="FLASHRT_DECODER_KEY_BLOCK"):
-        _env(FLASHRT_DECODER_KEY_BLOCK="big")
-
-
-def test_chain_tuning_passes_option_and_env():
-    assert EngineOptions().chain_tuning_passes == 2
-    assert _env(FLASHRT_CHAIN_TUNING_PASSES=1).chain_tuning_passes == 1
-    for bad in (0, 9, 1.5):
-        with pytest.raises(ValueError, match="chain_tuning_passes"):
-            EngineOptions(chain_tuning_passes=bad)
-    with pytest.raises(ValueError, match="FLASHRT_CHAIN_TUNING_PASSES"):
-        _env(FLASHRT_CHAIN_TUNING_PASSES="two")
+@pytest.mark.parametrize("field,default,env_value,bad_values", [
+    ("decoder_key_block", 0, 32, (48,)),
+    ("qkv_rope_rows", 0, 1, (3,)),
+    ("chain_tuning_passes", 2, 1, (0, 9, 1.5)),
+])
+def test_integer_options_and_their_env(field, default, env_value, bad_values):
+    """Each integer option: its default, its FLASHRT_<FIELD> variable, values out of range refused naming the
+    field, a variable that is not a number refused naming the variable."""
+    env = f"FLASHRT_{field.upper()}"
+    assert getattr(EngineOptions(), field) == default
+    assert getattr(_env(**{env: env_value}), field) == env_value
+    for bad in bad_values:
+        with pytest.raises(ValueError, match=field):
+            EngineOptions(**{field: bad})
+    with pytest.raises(ValueError, match=env):
+        _env(**{env: "many"})
 
 
 def test_text_buckets_option_and_env():

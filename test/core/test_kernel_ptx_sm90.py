@@ -48,3 +48,31 @@ def test_own_slice_prefetch_compiles_before_the_dependency_wait(geglu):
     assert ptx.count(PREFETCH) >= 1 + geglu
     last = max(i for i in range(len(ptx)) if ptx.startswith(PREFETCH, i))
     assert last < ptx.find("griddepcontrol.wait")
+
+
+QKV_ROPE_SIGNATURE = {"qkv_ptr": "*bf16", "pos_ptr": "*i32", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+                      "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "M": "i32", "cache_offset": "i32",
+                      "q_scale": "fp32", "stride_qkv": "i32", "stride_q_m": "i32", "stride_q_h": "i32",
+                      "stride_cache_g": "i32", "stride_cache_l": "i32"}
+
+
+def test_qkv_rope_row_blocks_move_16_bytes_per_access():
+    """The prefix's qkv_rope programs (8 rows, 4 warps: kernels/qkv_rope.py) compile for sm90 with 16-byte global
+    loads and stores of the bf16 rows (v4.b32: 8 values per thread), where the one-row programs load 8 bytes."""
+    import re
+
+    from kernels.qkv_rope import QKV_ROPE_BLOCK_ROWS, _qkv_rope_kernel
+    from tools.kernel_resources import KernelConfig, compile_sm90
+
+    def ptx(block_m: int, num_warps: int) -> str:
+        constexprs = {"H": 8, "G": 1, "HALF": 128, "BLOCK_M": block_m, "PDL": True}
+        kernel = compile_sm90(KernelConfig("qkv_rope", _qkv_rope_kernel, QKV_ROPE_SIGNATURE, constexprs, num_warps, 1,
+                                           divisible=tuple(n for n in QKV_ROPE_SIGNATURE if n.startswith("stride"))))
+        assert kernel.asm["cubin"], "ptxas produced no cubin"
+        return kernel.asm["ptx"]
+
+    blocked, single = ptx(QKV_ROPE_BLOCK_ROWS, 4), ptx(1, 1)
+    wide_loads = len(re.findall(r"ld\.global[^\n]*\.v4\.b32", blocked))
+    wide_stores = len(re.findall(r"st\.global[^\n]*\.v4\.b32", blocked))
+    assert wide_loads >= 4 and wide_stores >= 2, (wide_loads, wide_stores)   # x1, x2, cos, sin; two halves out
+    assert len(re.findall(r"ld\.global[^\n]*\.v2\.b32", single)) >= 2           # the one-row programs: 8 bytes

@@ -129,8 +129,15 @@ def test_geglu_with_fp8_out_quantizes_the_product():
     assert ((out.float() - want.float())[differ].abs() <= step * 1.0001).all(), "a value moved more than one step"
 
 
-@pytest.mark.parametrize("rows,offset", [(PREFIX_ROWS, 0), (DECODER_ROWS[0], PREFIX_ROWS), (DECODER_ROWS[-1], 48)])
-def test_qkv_rope(rows, offset):
+@pytest.mark.parametrize("rows,offset,rows_per_program", [
+    (PREFIX_ROWS, 0, None), (DECODER_ROWS[0], PREFIX_ROWS, None), (DECODER_ROWS[-1], 48, None),
+    (PREFIX_ROWS, 0, 1),                    # the one-row programs of before session 12 (FLASHRT_QKV_ROPE_ROWS=1)
+    (DECODER_ROWS[-1], 48, 8),              # 8-row programs over a row count they do not divide
+])
+def test_qkv_rope(rows, offset, rows_per_program):
+    """By default the prefix's rows run 8 per program and the decoder's one per program; every choice writes the
+    reference's q and cache rows and leaves the rest of the cache alone."""
+    assert K.qkv_rope_rows_per_program(560) == 8 and K.qkv_rope_rows_per_program(51) == 1
     heads, kv_heads, head_dim = 8, 1, 256
     g = torch.Generator(device=DEVICE).manual_seed(rows + offset)
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim, device=DEVICE, generator=g).to(torch.bfloat16)
@@ -142,12 +149,14 @@ def test_qkv_rope(rows, offset):
         q = _poison(torch.empty(rows, heads, head_dim, device=DEVICE, dtype=torch.bfloat16))
         kc = _poison(torch.empty(kv_heads, length, head_dim, device=DEVICE, dtype=torch.bfloat16))
         vc = _poison(torch.empty(kv_heads, length, head_dim, device=DEVICE, dtype=torch.bfloat16))
-        fn(qkv, pos, cos, sin, q, kc, vc, offset, heads, kv_heads, q_scale=head_dim ** -0.5)
+        kwargs = {} if fn is K.qkv_rope_reference else {"rows_per_program": rows_per_program}
+        fn(qkv, pos, cos, sin, q, kc, vc, offset, heads, kv_heads, q_scale=head_dim ** -0.5, **kwargs)
         outs.append((q, kc[:, offset:offset + rows], vc[:, offset:offset + rows]))
     for got, want in zip(outs[1], outs[0]):
         _close(got, want, BF16_ATOL, BF16_RTOL)
-    # the rows before `offset` were not touched
-    assert torch.isnan(kc[:, :offset].float()).all()
+    # the rows before `offset` and after the last were not touched
+    assert torch.isnan(kc[:, :offset].float()).all() and torch.isnan(kc[:, offset + rows:].float()).all()
+    assert torch.isnan(vc[:, offset + rows:].float()).all()
 
 
 def test_qkv_rope_matches_model_rope():
