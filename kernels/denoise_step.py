@@ -8,11 +8,13 @@
 
 x_t (horizon, A) fp32 is the flow state, A = 32 action dims; W_in (D, A) and W_out (A, D) are the projections'
 weights (D = the expert's width); the modulation vectors are the step's rows of the load-time tables. Each program
-owns one row: it sums the row's squares over D in a first pass and recomputes the row in the second (the
-projections are 32 products per element, cheaper than keeping the row), so no row leaves the registers before it is
-final. What they replace per step: the cast of x_t, the input GEMM (cuBLAS, no PDL), the copy into the residual and
-the first norm kernel; the final norm kernel, the output GEMM (cuBLAS, no PDL) and the Euler kernel: seven launches,
-two of them library kernels the dependent-launch chain cannot overlap, become two PDL kernels. The sums are fp32
+owns one row. A row up to ONE_PASS_MAX_D wide stays in registers for one pass, the constant operands (weights,
+modulation, gate) read before the PDL wait; a wider one is summed in a first pass over 256-wide blocks and
+recomputed in the second (the projections are 32 products per element, cheaper than keeping the row), so no row
+leaves the registers before it is final. What they replace per step: the cast of x_t, the input GEMM (cuBLAS,
+no PDL), the copy into the residual and the first norm kernel; the final norm kernel, the output GEMM (cuBLAS, no
+PDL) and the Euler kernel: seven launches, two of them library kernels the dependent-launch chain cannot overlap,
+become two PDL kernels. The sums are fp32
 throughout, where the separate path rounds x_t, the input projection, y and the velocity to the engine dtype.
 """
 
@@ -23,6 +25,14 @@ import torch
 from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
 
 BLOCK_D = 256       # row elements per inner step: a (256, 32) weight tile is 64 registers per thread at 4 warps
+# One pass over the whole row (session 12): the session-10 kernels looped twice over the row in 256-wide blocks,
+# each block's weight tile loaded after the PDL wait, and took 9.2 us (step_in) and 6.4 us (step_out) per step on
+# the H200 (run 34's timeline: 158 us per predict, 10 programs each). In one pass the (1024, 32) bf16 weight tile
+# is 64 registers per thread at 8 warps and is read, with the modulation, before the wait. Written after session
+# 12's device time: not yet measured. EngineOptions.denoise_step_block_d / FLASHRT_DENOISE_STEP_BLOCK_D=256 gives
+# the two-pass kernels back.
+ONE_PASS_MAX_D = 2048
+ONE_PASS_WARPS = 8
 
 
 def _rms(h: torch.Tensor, eps: float) -> torch.Tensor:
@@ -85,22 +95,41 @@ def _step_in_kernel(x_ptr, w_ptr, b_ptr, s_ptr, t_ptr, res_ptr, y_ptr, A, eps, s
     row = tl.program_id(0)
     ra = tl.arange(0, BLOCK_A)
     a_ok = ra < A
-    wait_for_inputs(PDL)
-    x = tl.load(x_ptr + row * A + ra, mask=a_ok, other=0.0).to(tl.float32)
-    sq = tl.zeros([BLOCK_D], tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        rd = d0 + tl.arange(0, BLOCK_D)
-        h = _projected_block(x, w_ptr, b_ptr, rd, ra, A, D, HAS_B)
-        sq += h * h
-    rstd = tl.rsqrt(tl.sum(sq, axis=0) / D + eps)
-    for d0 in range(0, D, BLOCK_D):
-        rd = d0 + tl.arange(0, BLOCK_D)
+    if BLOCK_D >= D:
+        # one pass: the whole row in registers. The weights and the modulation are constants, so they are read
+        # before the wait for the kernel ahead; after it only x_t's row (32 values) is.
+        rd = tl.arange(0, BLOCK_D)
         d_ok = rd < D
-        h = _projected_block(x, w_ptr, b_ptr, rd, ra, A, D, HAS_B)
-        tl.store(res_ptr + row * stride_res + rd, h, mask=d_ok)
+        w = tl.load(w_ptr + rd[:, None] * A + ra[None, :], mask=d_ok[:, None] & a_ok[None, :], other=0.0)
         s = tl.load(s_ptr + rd, mask=d_ok, other=0.0)
         t = tl.load(t_ptr + rd, mask=d_ok, other=0.0)
+        if HAS_B:
+            b = tl.load(b_ptr + rd, mask=d_ok, other=0.0).to(tl.float32)
+        wait_for_inputs(PDL)
+        x = tl.load(x_ptr + row * A + ra, mask=a_ok, other=0.0).to(tl.float32)
+        h = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        if HAS_B:
+            h += b
+        rstd = tl.rsqrt(tl.sum(h * h, axis=0) / D + eps)
+        tl.store(res_ptr + row * stride_res + rd, h, mask=d_ok)
         tl.store(y_ptr + row * stride_y + rd, (h * rstd * s + t).to(y_ptr.dtype.element_ty), mask=d_ok)
+    else:
+        wait_for_inputs(PDL)
+        x = tl.load(x_ptr + row * A + ra, mask=a_ok, other=0.0).to(tl.float32)
+        sq = tl.zeros([BLOCK_D], tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            rd = d0 + tl.arange(0, BLOCK_D)
+            h = _projected_block(x, w_ptr, b_ptr, rd, ra, A, D, HAS_B)
+            sq += h * h
+        rstd = tl.rsqrt(tl.sum(sq, axis=0) / D + eps)
+        for d0 in range(0, D, BLOCK_D):
+            rd = d0 + tl.arange(0, BLOCK_D)
+            d_ok = rd < D
+            h = _projected_block(x, w_ptr, b_ptr, rd, ra, A, D, HAS_B)
+            tl.store(res_ptr + row * stride_res + rd, h, mask=d_ok)
+            s = tl.load(s_ptr + rd, mask=d_ok, other=0.0)
+            t = tl.load(t_ptr + rd, mask=d_ok, other=0.0)
+            tl.store(y_ptr + row * stride_y + rd, (h * rstd * s + t).to(y_ptr.dtype.element_ty), mask=d_ok)
 
 
 @triton.jit
@@ -112,25 +141,54 @@ def _step_out_kernel(x_ptr, res_ptr, g_ptr, s_ptr, t_ptr, w_ptr, b_ptr, xt_ptr, 
     m = row0 + row
     ra = tl.arange(0, BLOCK_A)
     a_ok = ra < A
-    wait_for_inputs(PDL)
-    sq = tl.zeros([BLOCK_D], tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        rd = d0 + tl.arange(0, BLOCK_D)
-        h = _gated_block(x_ptr, res_ptr, g_ptr, m, rd, D, stride_x, split_stride, stride_res, X_SPLITS)
-        sq += h * h
-    rstd = tl.rsqrt(tl.sum(sq, axis=0) / D + eps)
     acc = tl.zeros([BLOCK_A], tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        rd = d0 + tl.arange(0, BLOCK_D)
+    if BLOCK_D >= D:
+        # one pass, the constants (gate, modulation, W_out) read before the wait for the kernel ahead
+        rd = tl.arange(0, BLOCK_D)
         d_ok = rd < D
-        h = _gated_block(x_ptr, res_ptr, g_ptr, m, rd, D, stride_x, split_stride, stride_res, X_SPLITS)
-        y = h * rstd * tl.load(s_ptr + rd, mask=d_ok, other=0.0) + tl.load(t_ptr + rd, mask=d_ok, other=0.0)
+        g = tl.load(g_ptr + rd, mask=d_ok, other=0.0)
+        s = tl.load(s_ptr + rd, mask=d_ok, other=0.0)
+        t = tl.load(t_ptr + rd, mask=d_ok, other=0.0)
         w = tl.load(w_ptr + ra[:, None] * D + rd[None, :], mask=a_ok[:, None] & d_ok[None, :], other=0.0)
-        acc += tl.sum(w.to(tl.float32) * y[None, :], axis=1)
+        wait_for_inputs(PDL)
+        x = tl.zeros([BLOCK_D], tl.float32)
+        for sp in tl.static_range(X_SPLITS):
+            x += tl.load(x_ptr + sp * split_stride + m * stride_x + rd, mask=d_ok, other=0.0).to(tl.float32)
+        h = tl.load(res_ptr + m * stride_res + rd, mask=d_ok, other=0.0) + x * g
+        rstd = tl.rsqrt(tl.sum(h * h, axis=0) / D + eps)
+        acc += tl.sum(w.to(tl.float32) * (h * rstd * s + t)[None, :], axis=1)
+    else:
+        wait_for_inputs(PDL)
+        sq = tl.zeros([BLOCK_D], tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            rd = d0 + tl.arange(0, BLOCK_D)
+            h = _gated_block(x_ptr, res_ptr, g_ptr, m, rd, D, stride_x, split_stride, stride_res, X_SPLITS)
+            sq += h * h
+        rstd = tl.rsqrt(tl.sum(sq, axis=0) / D + eps)
+        for d0 in range(0, D, BLOCK_D):
+            rd = d0 + tl.arange(0, BLOCK_D)
+            d_ok = rd < D
+            h = _gated_block(x_ptr, res_ptr, g_ptr, m, rd, D, stride_x, split_stride, stride_res, X_SPLITS)
+            y = h * rstd * tl.load(s_ptr + rd, mask=d_ok, other=0.0) + tl.load(t_ptr + rd, mask=d_ok, other=0.0)
+            w = tl.load(w_ptr + ra[:, None] * D + rd[None, :], mask=a_ok[:, None] & d_ok[None, :], other=0.0)
+            acc += tl.sum(w.to(tl.float32) * y[None, :], axis=1)
     if HAS_B:
         acc += tl.load(b_ptr + ra, mask=a_ok, other=0.0).to(tl.float32)
     xt = tl.load(xt_ptr + row * A + ra, mask=a_ok, other=0.0)
     tl.store(xt_ptr + row * A + ra, xt + dt * acc, mask=a_ok)
+
+
+def step_block(D: int, block_d: int | None = None) -> tuple[int, int]:
+    """(BLOCK_D, num_warps) of the step kernels for rows of width D. block_d None: the whole row in one pass
+    (up to ONE_PASS_MAX_D, 8 warps), its constants read before the PDL wait; else blocks of block_d elements
+    (a power of two), two passes over the row, 4 warps (the kernels of session 10, BLOCK_D = 256)."""
+    if block_d is None:
+        if D <= ONE_PASS_MAX_D:
+            return triton.next_power_of_2(D), ONE_PASS_WARPS
+        block_d = BLOCK_D
+    if block_d <= 0 or block_d & (block_d - 1):
+        raise ValueError(f"denoise step: block_d must be a power of two, got {block_d!r}")
+    return block_d, (ONE_PASS_WARPS if block_d >= D else 4)
 
 
 def _check_vector(name: str, v: torch.Tensor | None, n: int) -> None:
@@ -140,8 +198,9 @@ def _check_vector(name: str, v: torch.Tensor | None, n: int) -> None:
 
 def denoise_step_in(x_t: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor | None, scale1p: torch.Tensor,
                     shift: torch.Tensor, residual: torch.Tensor, y: torch.Tensor, eps: float = 1e-6,
-                    pdl: bool | int = False) -> torch.Tensor:
-    """Triton launcher; denoise_step_in_reference's results into residual (H, D) fp32 and y (H, D). Returns y."""
+                    pdl: bool | int = False, block_d: int | None = None) -> torch.Tensor:
+    """Triton launcher; denoise_step_in_reference's results into residual (H, D) fp32 and y (H, D). Returns y.
+    block_d: see step_block (None: one pass)."""
     H, A = x_t.shape
     D = w_in.shape[0]
     if x_t.dtype != torch.float32 or not x_t.is_contiguous() or w_in.shape != (D, A) or not w_in.is_contiguous():
@@ -153,17 +212,20 @@ def denoise_step_in(x_t: torch.Tensor, w_in: torch.Tensor, b_in: torch.Tensor | 
                          f"{tuple(residual.shape)} {residual.dtype}, {tuple(y.shape)}")
     for name, v in (("b_in", b_in), ("scale1p", scale1p), ("shift", shift)):
         _check_vector(name, v, D)
+    block, warps = step_block(D, block_d)
     _step_in_kernel[(H,)](x_t, w_in, b_in if b_in is not None else scale1p, scale1p, shift, residual, y, A,
                           eps, residual.stride(0), y.stride(0), D=D, HAS_B=b_in is not None,
-                          BLOCK_A=triton.next_power_of_2(A), BLOCK_D=BLOCK_D, PDL=pdl, num_warps=4,
+                          BLOCK_A=triton.next_power_of_2(A), BLOCK_D=block, PDL=pdl, num_warps=warps,
                           **launch_options(pdl))
     return y
 
 
 def denoise_step_out(x: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor, scale1p: torch.Tensor,
                      shift: torch.Tensor, w_out: torch.Tensor, b_out: torch.Tensor | None, x_t: torch.Tensor,
-                     dt: float, eps: float = 1e-6, pdl: bool | int = False) -> torch.Tensor:
-    """Triton launcher; denoise_step_out_reference in place on x_t (residual is left as it was). Returns x_t."""
+                     dt: float, eps: float = 1e-6, pdl: bool | int = False, block_d: int | None = None
+                     ) -> torch.Tensor:
+    """Triton launcher; denoise_step_out_reference in place on x_t (residual is left as it was). Returns x_t.
+    block_d: see step_block (None: one pass)."""
     M, D = residual.shape
     H, A = x_t.shape
     splits, split_stride = (x.shape[0], x.stride(0)) if x.dim() == 3 else (1, 0)
@@ -178,8 +240,9 @@ def denoise_step_out(x: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor
     for name, v in (("gate", gate), ("scale1p", scale1p), ("shift", shift)):
         _check_vector(name, v, D)
     _check_vector("b_out", b_out, A)
+    block, warps = step_block(D, block_d)
     _step_out_kernel[(H,)](x, residual, gate, scale1p, shift, w_out, b_out if b_out is not None else gate, x_t,
                            A, M - H, eps, float(dt), x2.stride(0), split_stride, residual.stride(0),
                            D=D, X_SPLITS=splits, HAS_B=b_out is not None, BLOCK_A=triton.next_power_of_2(A),
-                           BLOCK_D=BLOCK_D, PDL=pdl, num_warps=4, **launch_options(pdl))
+                           BLOCK_D=block, PDL=pdl, num_warps=warps, **launch_options(pdl))
     return x_t

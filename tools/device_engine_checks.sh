@@ -26,9 +26,9 @@
 #   a default off (pytest_engine_gates.log); engine-gates-forced: the gates with the TMA GEMMs forced, with the
 #   adaRMSNorm fold, with the split-K QKV, and with the TMA GEMMs off (pytest_engine_gates_forced.log).
 # Every pytest log is verbose (-v), so a part cut off by its time limit still names the tests that ran.
-# bench: pi0.5 2 views h10, bf16 and FP8, beside the A/B rows of the TMA GEMMs off (bf16), the fused patch
-#   embedding off (bf16 and FP8), the fused denoising-step ends off (bf16) and the one-row qkv_rope programs (bf16,
-#   qkv_rope_rows=1)
+# bench: pi0.5 2 views h10, bf16 and FP8, beside the bf16 A/B rows of the fused denoising-step ends off, the one-row
+#   qkv_rope programs (qkv_rope_rows=1) and the two-pass step kernels (denoise_step_block_d=256): five engines of
+#   ~45 s load each (the TMA GEMMs and the fused patch embedding, measured in sessions 7-11, are left out to fit)
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
 #   (timeline.json, timeline.log: per kernel, one vision layer, one denoising layer).
 # gemms: tools/benchmark_wide_gemms.py at 2 views: the vision and prefix GEMMs as F.linear, with the bias apart,
@@ -86,8 +86,8 @@ fi
 if [ "$PART" = bench ] || [ "$PART" = all ]; then
   timeout 420 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate \
-    --ab-switches-off smem_gemm fused_patch_embed fused_denoise_step --ab-options qkv_rope_rows=1 \
-    --ab-fp8-options no_fused_patch_embed --out-dir "$OUT" --tag device_checks \
+    --ab-switches-off fused_denoise_step --ab-options qkv_rope_rows=1 denoise_step_block_d=256 \
+    --out-dir "$OUT" --tag device_checks \
     > "$OUT/engine.log" 2>&1
   timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \
     --views 2 --out "$OUT/timeline.json" > "$OUT/timeline.log" 2>&1

@@ -196,9 +196,36 @@ def smem_configs() -> list[KernelConfig]:
     return out
 
 
+STEP_IN_SIGNATURE = {"x_ptr": "*fp32", "w_ptr": "*bf16", "b_ptr": "*bf16", "s_ptr": "*fp32", "t_ptr": "*fp32",
+                     "res_ptr": "*fp32", "y_ptr": "*bf16", "A": "i32", "eps": "fp32", "stride_res": "i32",
+                     "stride_y": "i32"}
+STEP_OUT_SIGNATURE = {"x_ptr": "*fp32", "res_ptr": "*fp32", "g_ptr": "*fp32", "s_ptr": "*fp32", "t_ptr": "*fp32",
+                      "w_ptr": "*bf16", "b_ptr": "*fp32", "xt_ptr": "*fp32", "A": "i32", "row0": "i32",
+                      "eps": "fp32", "dt": "fp32", "stride_x": "i32", "split_stride": "i32", "stride_res": "i32"}
+
+
+def denoise_step_configs(width: int = 1024) -> list[KernelConfig]:
+    """kernels/denoise_step.py's two kernels at pi0.5's step (32 action dims, the expert's width) as their
+    launchers plan them (denoise_step.step_block): the row in one pass (the default) and in two passes of 256-wide
+    blocks; step_out on the last down GEMM's output as split-K partials (4, the tuning's pick) and unsplit."""
+    step = _kernels_module("denoise_step")
+    out = []
+    for block_d in (None, 256):
+        block, warps = step.step_block(width, block_d)
+        ce = {"D": width, "HAS_B": True, "BLOCK_A": 32, "BLOCK_D": block, "PDL": True}
+        passes = "one pass" if block >= width else f"two passes of {block}"
+        out.append(KernelConfig(f"denoise step_in ({passes})", step._step_in_kernel, STEP_IN_SIGNATURE, ce, warps, 1,
+                                ("stride_res", "stride_y")))
+        for splits in (1, 4):
+            out.append(KernelConfig(f"denoise step_out ({passes}, {splits} partials)", step._step_out_kernel,
+                                    STEP_OUT_SIGNATURE, {**ce, "X_SPLITS": splits}, warps, 1,
+                                    ("stride_x", "split_stride", "stride_res")))
+    return out
+
+
 def main() -> None:
     rows = []
-    for cfg in attention_configs() + skinny_configs() + smem_configs():
+    for cfg in attention_configs() + skinny_configs() + smem_configs() + denoise_step_configs():
         r = resources(compile_sm90(cfg))
         rows.append((cfg.name, cfg.num_warps, r))
         print(f"{cfg.name}: {r}", file=sys.stderr, flush=True)

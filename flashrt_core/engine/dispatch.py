@@ -13,6 +13,8 @@ tests and bug reports:
     FLASHRT_DECODER_KEY_BLOCK=N     keys per split of a denoising step's attention (EngineOptions.decoder_key_block)
     FLASHRT_QKV_ROPE_ROWS=N         rows per program of the qkv_rope kernel (EngineOptions.qkv_rope_rows; 1 = one
                                     row per program, as before session 12)
+    FLASHRT_DENOISE_STEP_BLOCK_D=N  the fused denoising-step kernels in two passes of N-wide blocks (256: before
+                                    session 12) instead of one pass over the row (EngineOptions.denoise_step_block_d)
     FLASHRT_FP8_DECODER_WEIGHTS=1   ask for weight-only FP8 decoder GEMMs (EngineOptions(fp8_decoder_weights=True))
     FLASHRT_FP8_SCALING=tensor|row  FP8 scale granularity (EngineOptions.fp8_scaling)
     FLASHRT_FP8_SCOPE=all|backbone|backbone_mlp   which wide GEMMs FP8 serves (EngineOptions.fp8_scope)
@@ -134,6 +136,7 @@ class EngineOptions:
     weight_prefetch: bool = False            # opt-in (measured slower): decoder GEMMs prefetch their own weights
     decoder_key_block: int = 0               # keys per split of a denoising step's attention; 0: the kernels' own
     qkv_rope_rows: int = 0                   # rows per qkv_rope program; 0: the kernel's own (8 from 256 rows)
+    denoise_step_block_d: int = 0            # the fused step kernels' row blocks; 0: the whole row in one pass
     fp8_decoder_weights: bool = False        # opt-in (measured slower): weight-only E4M3 for the decoder GEMMs
     chain_tuning: bool = True                # decoder GEMM configurations timed where they run (the denoiser)
     chain_tuning_passes: int = 2             # the chain tuning repeats until a pass changes nothing, at most this
@@ -164,6 +167,9 @@ class EngineOptions:
             raise ValueError(f"decoder_key_block must be 0 (default), 16, 32 or 64, got {self.decoder_key_block!r}")
         if self.qkv_rope_rows not in (0, 1, 2, 4, 8, 16):
             raise ValueError(f"qkv_rope_rows must be 0 (default), 1, 2, 4, 8 or 16, got {self.qkv_rope_rows!r}")
+        if self.denoise_step_block_d not in (0, 64, 128, 256, 512, 1024, 2048):
+            raise ValueError(f"denoise_step_block_d must be 0 (default) or a power of two from 64 to 2048, got "
+                             f"{self.denoise_step_block_d!r}")
         if not (isinstance(self.chain_tuning_passes, int) and 1 <= self.chain_tuning_passes <= 8):
             raise ValueError(f"chain_tuning_passes must be an int from 1 to 8, got {self.chain_tuning_passes!r}")
         if any((not isinstance(b, int)) or b <= 0 for b in self.text_buckets):
@@ -220,6 +226,8 @@ class EngineOptions:
             changes["fp8_scope"] = env["FLASHRT_FP8_SCOPE"]
         for name, attr, allowed in (("FLASHRT_DECODER_KEY_BLOCK", "decoder_key_block", "16, 32 or 64"),
                                     ("FLASHRT_QKV_ROPE_ROWS", "qkv_rope_rows", "1, 2, 4, 8 or 16"),
+                                    ("FLASHRT_DENOISE_STEP_BLOCK_D", "denoise_step_block_d",
+                                     "a power of two from 64 to 2048"),
                                     ("FLASHRT_CHAIN_TUNING_PASSES", "chain_tuning_passes", "an int from 1 to 8")):
             raw = env.get(name)
             if raw:                                       # integer options; the field checks the range

@@ -218,6 +218,7 @@ class Ops:
         self.decoder_fp8 = dispatch[Op.DECODER_WEIGHTS] == "fp8"     # Linear.w_fp8 set by fp8.quantize_expert_weights
         self.key_block = dispatch.options.decoder_key_block or None     # None: the attention kernels' defaults
         self.qkv_rope_rows = dispatch.options.qkv_rope_rows or None     # None: the qkv_rope kernel's own choice
+        self.step_block_d = dispatch.options.denoise_step_block_d or None   # None: the step kernels in one pass
         self.l2_prefetch = dispatch[Op.L2_PREFETCH] == "bulk"   # forward passes the windows to decoder_attention
         self._sdpa = dispatch[Op.ATTENTION] == "sdpa"
         self._mqa = dispatch[Op.MQA]
@@ -268,7 +269,8 @@ class Ops:
         """pi0.5's step start: residual = x_t @ W_in^T + b_in (fp32), out = adaRMSNorm(residual) (the first layer's
         norm 1), in one kernel (kernels/denoise_step.py)."""
         (w, b), = lin.parts
-        return self.k.denoise_step_in(x_t, w, b, scale1p, shift, residual, out, eps, pdl=self.launch_mode("norm1"))
+        return self.k.denoise_step_in(x_t, w, b, scale1p, shift, residual, out, eps, pdl=self.launch_mode("norm1"),
+                                      block_d=self.step_block_d)
 
     def denoise_step_out(self, x: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor, scale1p: torch.Tensor,
                          shift: torch.Tensor, out_w: torch.Tensor, out_b: torch.Tensor, x_t: torch.Tensor,
@@ -276,7 +278,7 @@ class Ops:
         """pi0.5's step end: the final adaRMSNorm of residual + x * gate, the output projection and the Euler step
         on x_t, in one kernel (kernels/denoise_step.py)."""
         return self.k.denoise_step_out(x, residual, gate, scale1p, shift, out_w, out_b, x_t, dt, eps,
-                                       pdl=self.launch_mode("other"))
+                                       pdl=self.launch_mode("other"), block_d=self.step_block_d)
 
     # ---------------------------------------------------------------------------------------------- MLP pieces
     def geglu(self, gu: torch.Tensor) -> torch.Tensor:

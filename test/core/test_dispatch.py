@@ -171,6 +171,7 @@ def test_own_weight_prefetch_needs_sm90_triton_and_pdl(monkeypatch):
 @pytest.mark.parametrize("field,default,env_value,bad_values", [
     ("decoder_key_block", 0, 32, (48,)),
     ("qkv_rope_rows", 0, 1, (3,)),
+    ("denoise_step_block_d", 0, 256, (100, 4096)),
     ("chain_tuning_passes", 2, 1, (0, 9, 1.5)),
 ])
 def test_integer_options_and_their_env(field, default, env_value, bad_values):

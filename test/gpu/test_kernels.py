@@ -189,10 +189,11 @@ def test_euler(rows):
 EXPERT_WIDTH = 1024 if not INTERPRET else 320      # pi0.5's expert; the interpreter: two 256-wide blocks, one partial
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_denoise_step_in(bias):
+@pytest.mark.parametrize("bias,block_d", [(True, None), (False, None), (True, 256)])
+def test_denoise_step_in(bias, block_d):
     """kernels/denoise_step.py's step start at pi0.5's shape (10 rows, 32 action dims, the expert's width), bf16
-    projection weights and output, every launch mode, against denoise_step_in_reference; outputs NaN-poisoned."""
+    projection weights and output, every launch mode, against denoise_step_in_reference; outputs NaN-poisoned.
+    block_d None: the row in one pass (the default); 256: two passes over 256-wide blocks (before session 12)."""
     rows = 10 if not INTERPRET else 3
     g = torch.Generator(device=DEVICE).manual_seed(rows + bias)
     x_t = torch.randn(rows, 32, device=DEVICE, generator=g)
@@ -204,16 +205,17 @@ def test_denoise_step_in(bias):
     for pdl in (False, True, K.EARLY_TRIGGER) if not INTERPRET else (True,):
         residual = _poison(torch.empty(rows, EXPERT_WIDTH, device=DEVICE))
         y = _poison(torch.empty(rows, EXPERT_WIDTH, device=DEVICE, dtype=torch.bfloat16))
-        K.denoise_step_in(x_t, w_in, b_in, scale1p, shift, residual, y, 1e-6, pdl=pdl)
+        K.denoise_step_in(x_t, w_in, b_in, scale1p, shift, residual, y, 1e-6, pdl=pdl, block_d=block_d)
         _close(residual, want_res, 1e-4, 1e-4)
         _close(y, want_y, BF16_ATOL, BF16_RTOL)
 
 
-@pytest.mark.parametrize("splits", [0, 1, 4])
-def test_denoise_step_out(splits):
+@pytest.mark.parametrize("splits,block_d", [(0, None), (1, None), (4, None), (4, 256)])
+def test_denoise_step_out(splits, block_d):
     """kernels/denoise_step.py's step end at pi0.5's shape: the last down GEMM's output as one bf16 matrix (0) or
     fp32 split-K partials (1, 4), the final norm, the bf16 output projection and the Euler step on x_t in place,
-    every launch mode, against denoise_step_out_reference; the residual is left untouched."""
+    every launch mode, against denoise_step_out_reference; the residual is left untouched. block_d as in
+    test_denoise_step_in."""
     rows = 10 if not INTERPRET else 3
     g = torch.Generator(device=DEVICE).manual_seed(17 + splits)
     x = torch.randn(*((splits,) if splits else ()), rows, EXPERT_WIDTH, device=DEVICE, generator=g)
@@ -228,7 +230,7 @@ def test_denoise_step_out(splits):
     before = residual.clone()
     for pdl in (False, True, K.EARLY_TRIGGER) if not INTERPRET else (True,):
         got = K.denoise_step_out(x, residual, gate, scale1p, shift, w_out, b_out, x_t.clone(), -0.1, 1e-6,
-                                 pdl=pdl)
+                                 pdl=pdl, block_d=block_d)
         _close(got, want, 1e-4, 1e-4)
         assert torch.equal(residual, before)
 
