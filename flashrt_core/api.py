@@ -33,7 +33,7 @@ from flashrt_core.config import ModelConfig, ModelType, PromptMode
 from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.executor import ReferenceExecutor
 from flashrt_core.fixtures import CONFIG_FILE, TOKENIZER_FILE, write_random_checkpoint
-from flashrt_core.tokenizer import PromptTokenizer
+from flashrt_core.tokenizer import PromptTokenizer, build_prompt
 
 log = logging.getLogger(__name__)
 
@@ -166,16 +166,29 @@ class Policy:
         return self._predict(images, prompt, state, noise)
 
     def reachable_text_buckets(self, state=None) -> tuple[int, ...]:
-        """The text buckets some instruction can land in. The shortest prompt is a one-token instruction inside
-        the prompt template (with pi0.5's discrete-state prompt also the state bins, whose count is fixed), and
-        a bucket smaller than that never serves a prompt. The bound is the length with the one-character
-        instruction "a", less one token in case "a" takes two: at worst one bucket too many is kept."""
+        """The text buckets some instruction can land in: those that hold the shortest prompt
+        (`shortest_prompt_tokens`) less one token, in case the one-character instruction "a" takes two; a
+        smaller bucket never serves a prompt. At worst one bucket too many is kept."""
         buckets = self.text_buckets
         if not buckets:
             return ()
-        _, mask, _ = self._encode_prompt_and_state("a", state)
-        shortest = int(mask.sum()) - 1
+        shortest = self.shortest_prompt_tokens(state) - 1
         return tuple(b for b in buckets if b >= shortest)
+
+    def shortest_prompt_tokens(self, state=None) -> int:
+        """Tokens of the shortest prompt this policy can be given: the one-character instruction "a" inside the
+        prompt template. pi0.5's discrete-state prompt also carries the state's bins as numbers, and their count
+        of tokens changes with the state ("0" and "128" tokenize differently), so the bins are set to the one
+        value that tokenizes shortest (sentencepiece splits at spaces: each bin's tokens count alone), not to
+        `state`'s: a later state with shorter numbers must not land in a bucket the warm-up left out."""
+        _, mask, _ = self._encode_prompt_and_state("a", state)
+        shortest = int(mask.sum())
+        cfg = self.config
+        if state is not None and cfg.model_type == ModelType.PI05 and cfg.prompt_mode == PromptMode.DISCRETE_STATE:
+            dims = len(preprocess.validate_state(state, cfg.state_dim))
+            shortest = min(shortest, *(len(self.tokenizer.encode(build_prompt("a", [b] * dims, cfg.prompt_mode)))
+                                       for b in range(-1, preprocess.STATE_BINS)))      # openpi's bins: -1..255
+        return shortest
 
     def warm_up_text_buckets(self, images, prompt: str, state=None) -> list[int]:
         """One forward pass per reachable text bucket (`reachable_text_buckets`) with these images, prompt and

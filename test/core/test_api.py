@@ -308,6 +308,19 @@ def test_warm_up_text_buckets_prepares_every_bucket_once(demo, ckpt_dir, monkeyp
     assert stated.warm_up_text_buckets(_model_sized_images(demo), "pick", state) == [demo.config.max_token_len]
     assert policy.reachable_text_buckets() == tuple(slots)
 
+    # the state's numbers change the prompt's length: a warm-up with one state covers the buckets of every other
+    low = np.full_like(state, -5.0)                                      # bins 0 and -1: short numbers
+    _, low_mask, _ = stated._encode_prompt_and_state("pick", low)
+    assert int(low_mask.sum()) < int(mask.sum()) - 16                   # more than a 16-token bucket shorter
+    fine = _with_executor(demo, _cpu_engine(demo, text_buckets=tuple(range(16, 200, 16))))
+    assert fine.shortest_prompt_tokens(state) <= int(low_mask.sum())
+    warmed = fine.warm_up_text_buckets(_model_sized_images(demo), "pick", state)
+    assert warmed == list(fine.reachable_text_buckets(state)) and min(warmed) > 16
+    entries = set(fine.executor._entries)
+    for st in (low, state, np.full_like(state, 5.0)):
+        fine.predict(_model_sized_images(demo), "pick", st, noise=NOISE)
+    assert set(fine.executor._entries) == entries                        # no bucket left for later
+
     passes = []
     real_sample_actions = demo.executor.sample_actions
     monkeypatch.setattr(demo.executor, "sample_actions", lambda *a: passes.append(1) or real_sample_actions(*a))
