@@ -288,7 +288,7 @@ class EngineExecutor:
         weights before its PDL wait, overlapping the norm or attention ahead of it, and a wider split-K hands the
         norm after it more partials to sum. So, after tune_decoder's isolated pick, one pass over the kinds
         (down, o, gate_up, qkv) captures the whole denoise (every step and layer, on a workspace of two views and
-        the smallest text bucket, zero K/V caches) once per candidate of that kind, the other kinds at their
+        the text bucket of a 48-token prompt, zero K/V caches) once per candidate of that kind, the other kinds at their
         current pick, and keeps the candidate with the lowest time.
         The candidates of one kind are all captured first and then replayed in turn, `rounds` rounds of `reps`
         replays each, in a rotating order (interleaved_replay_ms): session 11 measured the same denoise drift by
