@@ -30,7 +30,8 @@
 #   qkv_rope programs (qkv_rope_rows=1) and the two-pass step kernels (denoise_step_block_d=256): five engines of
 #   ~45 s load each (the TMA GEMMs and the fused patch embedding, measured in sessions 7-11, are left out to fit)
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
-#   (timeline.json, timeline.log: per kernel, one vision layer, one denoising layer).
+#   (timeline.json, timeline.log: per kernel, what runs before the vision tower, one vision layer, one denoising
+#   layer), and again with 480x640 camera frames resized inside the graph (timeline_480x640.*: the resize's cost).
 # gemms: tools/benchmark_wide_gemms.py at 2 views: the vision and prefix GEMMs as F.linear, with the bias apart,
 #   addmm, the engine's epilogues, FP8 per-tensor and Inductor's autotuned Triton templates (wide_gemms.json/.log).
 # fp8-scopes: the accuracy gate and latency of FP8 with per-tensor static scales on every wide GEMM (vision too) and
@@ -84,6 +85,9 @@ if [ "$PART" = engine-gates-forced ] || [ "$PART" = all ]; then
 fi
 
 if [ "$PART" = bench ] || [ "$PART" = all ]; then
+  # the tuning cache outside $OUT (its files would not come back): the timelines' engines read the picks the
+  # benchmark's bf16 engine measured, so they profile the same kernels and load in seconds
+  export FLASHRT_TUNING_CACHE="${FLASHRT_TUNING_CACHE:-/tmp/flashrt_tuning_cache}"
   timeout 420 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate \
     --ab-switches-off fused_denoise_step --ab-options qkv_rope_rows=1 denoise_step_block_d=256 \
@@ -91,6 +95,8 @@ if [ "$PART" = bench ] || [ "$PART" = all ]; then
     > "$OUT/engine.log" 2>&1
   timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \
     --views 2 --out "$OUT/timeline.json" > "$OUT/timeline.log" 2>&1
+  timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \
+    --views 2 --image-hw 480 640 --out "$OUT/timeline_480x640.json" > "$OUT/timeline_480x640.log" 2>&1
 fi
 
 if [ "$PART" = gemms ]; then          # not in "all": its Inductor autotuning alone can take minutes
@@ -126,6 +132,8 @@ fi
   if [ -f "$OUT/engine.log" ]; then
     echo "== engine"; grep -hE '^\| pi05' "$OUT"/engine_*.md 2>/dev/null || tail -n 5 "$OUT/engine.log"
   fi
+  [ -f "$OUT/timeline_480x640.log" ] && { echo "== 480x640 frames"; grep "before the vision tower" \
+    "$OUT/timeline_480x640.log" | head -n 1; }
   if [ -f "$OUT/timeline.log" ]; then
     echo "== one denoising layer"; grep -A12 "one denoising layer" "$OUT/timeline.log" || tail -n 5 "$OUT/timeline.log"
   fi

@@ -10,6 +10,9 @@ kernel name: launches, summed increment, median increment, and median duration; 
 vision layer (layer 13) and one denoising layer (step 5, layer 9) with each kernel's increment.
 
     python tools/profile_engine_timeline.py --ckpt-root /tmp/full --config pi05 --views 2 --out timeline.json
+
+--image-hw 480 640 profiles camera-sized frames, resized inside the graph (what Policy.predict runs): the kernels
+before the vision tower's first norm are the resize's.
 """
 
 from __future__ import annotations
@@ -93,6 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--replays", type=int, default=5)
     ap.add_argument("--text-buckets", nargs="*", type=int, default=list(DEFAULT_TEXT_BUCKETS),
                     help="the engine's text buckets (default: the engine's own)")
+    ap.add_argument("--image-hw", nargs=2, type=int, default=None, metavar=("H", "W"),
+                    help="camera frames of this size (resized inside the graph), not the model's 224 x 224")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     opts = engine_options(args.precision, args)
     eng = EngineExecutor(model, cfg, dev, resolve(detect_hardware("auto", dev), opts))
     obs = random_observation(cfg, np.random.default_rng(args.views), views=args.views, n_text=PROMPT_TOKENS,
-                             vocab=1024)
+                             image_hw=tuple(args.image_hw) if args.image_hw else None, vocab=1024)
     eng.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
     entry = next(e for k, e in eng._entries.items() if len(k[1]) == args.views)
     runs = [critical_path(k) for k in profile_replay(entry.graph, args.replays)]
@@ -130,17 +135,23 @@ def main(argv: list[str] | None = None) -> None:
     vision_layer = []
     if len(norms) > 2 * cfg.vision.depth and cfg.vision.depth > 13:
         vision_layer = kernels_between(norms[26], norms[28])
+    # what runs before the vision tower's first norm: the preprocessing (the resize of camera frames, the patch rows)
+    # and the patch embedding
+    before_vision = kernels_between(0, norms[0]) if norms else []
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     total = float(inc.sum())
     print(f"{env['gpu']}, torch {env['torch']}, {env['time_utc']}; {args.config} {args.views} views h{args.horizon} "
           f"{args.precision}: {n} kernels, critical path {total / 1e3:.3f} ms (median of {args.replays} replays)")
+    print(f"before the vision tower (preprocessing, patch embedding): {len(before_vision)} kernels, "
+          f"{sum(r['increment_us'] for r in before_vision):.1f} us")
     print("| kernel | launches | increment sum (us) | median increment (us) | median duration (us) |")
     print("|---|---|---|---|---|")
     for r in table[:25]:
         print(f"| {short(r['name'])} | {r['count']} | {r['increment_us']:.1f} | {r['median_increment_us']:.2f} | "
               f"{r['median_duration_us']:.2f} |")
-    for title, rows in (("one vision layer (layer 13)", vision_layer), ("one denoising layer (step 5, layer 9)", layer)):
+    for title, rows in (("before the vision tower", before_vision), ("one vision layer (layer 13)", vision_layer),
+                        ("one denoising layer (step 5, layer 9)", layer)):
         if not rows:
             continue
         print(f"\n{title}, in launch order:")
@@ -152,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.out is not None:
         args.out.write_text(json.dumps({"env": env, "args": {k: str(v) for k, v in vars(args).items()},
                                         "critical_path_ms": total / 1e3, "kernels": n, "by_name": table,
-                                        "vision_layer": vision_layer, "layer": layer}, indent=1))
+                                        "vision_layer": vision_layer, "layer": layer,
+                                        "before_vision": before_vision}, indent=1))
 
 
 if __name__ == "__main__":
