@@ -151,6 +151,25 @@ def resize_with_pad_torch(images: torch.Tensor, size: int = IMAGE_SIZE) -> torch
     return x / 255.0 * 2.0 - 1.0
 
 
+def resize_views_torch(images: Sequence[torch.Tensor], size: int = IMAGE_SIZE) -> torch.Tensor:
+    """uint8 [H, W, 3] tensors, one per view (shapes may differ) -> float32 [V, 3, size, size] in [-1, 1], in view
+    order. The views of one shape are resized in one batch (`resize_with_pad_torch`), so two cameras of one size
+    cost one set of resize kernels, not two; the result equals one call per view."""
+    groups: dict[tuple, list[int]] = {}
+    for i, img in enumerate(images):
+        groups.setdefault(tuple(img.shape), []).append(i)
+
+    def batch(idx: list[int]) -> torch.Tensor:
+        return images[idx[0]][None] if len(idx) == 1 else torch.stack([images[i] for i in idx])
+    if len(groups) == 1:
+        return resize_with_pad_torch(batch(list(range(len(images)))), size)
+    out: list[torch.Tensor | None] = [None] * len(images)
+    for idx in groups.values():
+        for i, pixels in zip(idx, resize_with_pad_torch(batch(idx), size)):
+            out[i] = pixels
+    return torch.stack(out)
+
+
 def prepare_images(
     images: Sequence[np.ndarray | None] | Mapping[str, np.ndarray | None],
     view_names: Sequence[str],

@@ -17,7 +17,7 @@
 # interleaved chain tuning takes ~17-20 s per pass of a full-size engine load (two passes by default; the tests
 # whose checks do not depend on its picks run one, test_engine_gpu.py ONE_PASS). The engine parts print each test's duration (--durations=0) to check them.
 # kernels: every kernel at real shapes (the skinny and shared-memory TMA GEMM candidates, GeGLU with an FP8 out;
-#   both PDL modes) (pytest_kernels.log).
+#   both PDL modes), the Policy GPU tests and the resize on the GPU (pytest_kernels.log).
 # engine-new: the tests of what has not run on a GPU yet or changed last: the tuning cache (written after session
 #   11's device time), the chain tuning and its interleaved timer (pytest_engine_new.log).
 # engine-rest: the rest of test_engine_gpu.py but the gates: replay, the L2 prefetch, the fusion switches, the
@@ -55,7 +55,7 @@ PY="${FLASHRT_PYTHON:-python3}"
 
 NEW="tuning_cache or chain_tuning"
 if [ "$PART" = kernels ] || [ "$PART" = all ]; then
-  timeout 400 "$PY" -m pytest -v test/gpu/test_kernels.py test/gpu/test_policy_gpu.py \
+  timeout 400 "$PY" -m pytest -v test/gpu/test_kernels.py test/gpu/test_policy_gpu.py test/core/test_preprocess.py \
     > "$OUT/pytest_kernels.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_kernels.log"
 fi

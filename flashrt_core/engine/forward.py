@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flashrt_core.preprocess import resize_with_pad_torch
+from flashrt_core.preprocess import resize_views_torch
 
 from .ops import KeyMask, Ops
 from .weights import EngineWeights
@@ -96,7 +96,7 @@ def vision(ws: Workspace, w: EngineWeights, ops: Ops) -> torch.Tensor:
     pixels = ws.pixels                                                                 # (V, 3, S, S) fp32
     fused_rows = ops.fused_patch_embed and pixels is None and all(img.shape == (size, size, 3) for img in ws.images)
     if pixels is None and not fused_rows:
-        pixels = torch.cat([resize_with_pad_torch(img[None], size) for img in ws.images])
+        pixels = resize_views_torch(ws.images, size)                                   # (V, 3, S, S) fp32
     views = len(ws.images) if pixels is None else pixels.shape[0]
     if ops.fused_patch_embed:
         # patch rows in the engine dtype: straight from the uint8 views at the model's size (kernels/patch_embed.py),

@@ -14,6 +14,7 @@ from flashrt_core.preprocess import (
     discretize_state,
     prepare_images,
     resize_with_pad,
+    resize_views_torch,
     resize_with_pad_torch,
     resized_shape,
     validate_state,
@@ -194,3 +195,22 @@ def test_cuda_path_matches_numpy_and_replays_in_a_cuda_graph():
     torch.testing.assert_close(static_out, resize_with_pad_torch(static_in, 224), rtol=0, atol=0)
     expected_second, _ = prepare_images(list(second), VIEWS[:2], 224)
     assert np.abs(static_out.cpu().numpy() - expected_second).max() <= TORCH_RESIZE_TOLERANCE_LEVELS * LEVEL + 1e-6
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU on this machine"))])
+def test_views_of_one_shape_resize_in_one_batch_with_the_same_result(device):
+    """resize_views_torch equals resize_with_pad_torch view by view, in view order, whether the views share a
+    shape (one batch), differ (one batch per shape) or are at the model's size already (no resize)."""
+    rng = np.random.default_rng(7)
+    frame = lambda h, w: torch.from_numpy(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).to(device)  # noqa: E731
+    for shapes in ([(48, 64), (48, 64)], [(48, 64), (30, 20), (48, 64)], [(224, 224)], [(224, 224), (48, 64)],
+                   [(480, 640), (480, 640)]):
+        views = [frame(h, w) for h, w in shapes]
+        want = torch.cat([resize_with_pad_torch(v[None], 224) for v in views])
+        got = resize_views_torch(views, 224)
+        assert got.shape == (len(views), 3, 224, 224)
+        assert torch.equal(got, want), shapes
+    first, second = frame(48, 64), frame(48, 64)
+    swapped = resize_views_torch([second, first], 224)                 # the order is the views', not the shapes'
+    assert torch.equal(swapped[0], resize_with_pad_torch(second[None], 224)[0])
