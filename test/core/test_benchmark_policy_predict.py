@@ -20,6 +20,7 @@ def test_the_default_plan_times_both_resizes(tmp_path, capsys):
     assert all(r["load_s"] > 0 and r["median_ms"] > 0 for r in rows)
     # the prompt carries pi0.5's state as text: far more tokens than its words; no graph engine, no bucket
     assert all(r["prompt_tokens"] > 32 and r["text_bucket"] is None for r in rows)
+    assert all(r["replay_median_ms"] is None for r in rows)          # no captured graph on the CPU
     out = capsys.readouterr().out
     assert "| tuning |" in out and f"| {rows[0]['prompt_tokens']} (-) |" in out
 
