@@ -17,7 +17,6 @@ import enum
 import hashlib
 import json
 import math
-import os
 import re
 from typing import Any, Sequence
 
@@ -305,11 +304,12 @@ class NodeSettings:
 
     def engine_options(self):
         """The ``engine_options`` argument of flashrt_core.load_model: None (defaults and the environment) unless
-        engine_tuning_cache (its ~ expanded) or engine_text_buckets is set; the environment wins over both."""
+        engine_tuning_cache or engine_text_buckets is set; the environment wins over both. A leading ~ in the
+        cache directory is the user's home (the engine's TuningCache expands it)."""
         if not (self.engine_tuning_cache or self.engine_text_buckets):
             return None
         from flashrt_core.engine import EngineOptions      # here: the module stays importable without torch
-        fields = {"tuning_cache": os.path.expanduser(self.engine_tuning_cache)}
+        fields = {"tuning_cache": self.engine_tuning_cache}
         if self.engine_text_buckets:
             fields["text_buckets"] = self.engine_text_buckets
         return EngineOptions.from_env(EngineOptions(**fields))

@@ -90,8 +90,10 @@ def test_engine_tuning_cache_reaches_the_engine_options(tmp_path, monkeypatch):
     monkeypatch.delenv("FLASHRT_TUNING_CACHE", raising=False)
     monkeypatch.delenv("FLASHRT_TEXT_BUCKETS", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    from flashrt_core.engine.tuning_cache import TuningCache
     default = settings_from_values(DEFAULTS)
-    assert default.engine_options().tuning_cache == str(tmp_path / "home" / ".cache" / "flashrt" / "tuning")
+    assert TuningCache(default.engine_options().tuning_cache).directory == tmp_path / "home" / ".cache" / "flashrt" \
+        / "tuning"
     assert settings_from_values(dict(DEFAULTS, engine_tuning_cache="")).engine_options() is None
     settings = settings_from_values(dict(DEFAULTS, engine_tuning_cache=str(tmp_path / "tuning")))
     assert settings.engine_options().tuning_cache == str(tmp_path / "tuning")
