@@ -94,6 +94,11 @@ class Results:
         self.path.write_text(json.dumps(self.data, indent=1))
 
 
+def gpu_tag(gpu: str) -> str:
+    """The GPU's short name in result file names: "h200" for an NVIDIA H200."""
+    return "h200" if "H200" in gpu else gpu.lower().replace(" ", "_").replace("nvidia_", "")
+
+
 def env_info() -> dict:
     import triton
     try:
@@ -511,7 +516,7 @@ def main(argv: list[str] | None = None) -> None:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     gpu = torch.cuda.get_device_name()
-    tag = args.tag or ("h200" if "H200" in gpu else gpu.lower().replace(" ", "_").replace("nvidia_", ""))
+    tag = args.tag or gpu_tag(gpu)
     stem = f"engine_{tag}_{datetime.date.today().isoformat()}"
     t_start = time.perf_counter()
     res = Results(out_dir / f"{stem}.json")

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchmark_engine import engine_options, ensure_checkpoint, env_info  # noqa: E402
+from benchmark_engine import engine_options, ensure_checkpoint, env_info, gpu_tag  # noqa: E402
 
 from flashrt_core.checkpoint import load_model_weights  # noqa: E402
 from flashrt_core.config import get_config  # noqa: E402
@@ -101,8 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.out_dir is not None:
         args.out_dir.mkdir(parents=True, exist_ok=True)
-        tag = "h200" if "H200" in env["gpu"] else "gpu"
-        stem = args.out_dir / f"text_buckets_{tag}_{env['date']}"
+        stem = args.out_dir / f"text_buckets_{gpu_tag(env['gpu'])}_{env['date']}"
         stem.with_suffix(".json").write_text(json.dumps({"env": env, "args": {k: str(v) for k, v in vars(args).items()},
                                                          "results": results}, indent=1))
         stem.with_suffix(".md").write_text(text + "\n")

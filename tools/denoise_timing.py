@@ -1,7 +1,7 @@
 """The denoise of an EngineExecutor alone, captured as a CUDA graph: what the A/B benchmarks of the denoiser's
 fusions (tools/benchmark_ada_norm_fold.py, tools/benchmark_denoise_step.py) time and compare. The chain tuning's
-capture (EngineExecutor.capture_denoise), on a 2-view workspace of the smallest text bucket with
-random K/V caches."""
+capture (EngineExecutor.capture_denoise), on a 2-view workspace of the tuning's text bucket
+(EngineExecutor.tuning_text_bucket) with random K/V caches."""
 
 from __future__ import annotations
 
