@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The engine's open GPU checks, in parts that each fit one device call (<= 10 minutes with the machine's start):
 #
-#   OUT=/path bash tools/device_engine_checks.sh kernels      # GPU kernel tests + Policy GPU tests, ~3 min
+#   OUT=/path bash tools/device_engine_checks.sh kernels      # GPU kernel tests + Policy GPU tests, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh engine-new   # the tuning cache's and the chain tuning's tests, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh engine-rest  # the other engine tests but the gates, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh engine-gates # the accuracy gates of the defaults and switches, ~6 min
-#   OUT=/path bash tools/device_engine_checks.sh engine-gates-forced  # the gates with TMA GEMMs forced, ~3 min
+#   OUT=/path bash tools/device_engine_checks.sh engine-gates-forced  # the gates with TMA GEMMs forced, ~2 min
 #   OUT=/path bash tools/device_engine_checks.sh bench        # engine A/B rows + one replay's critical path, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh gemms        # the wide GEMMs in every form, ~3-6 min
 #   OUT=/path bash tools/device_engine_checks.sh fp8-scopes   # gates + rows of FP8 on wider scopes, ~4 min
@@ -13,7 +13,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh buckets      # replay time per text bucket, bf16 and FP8, ~4.5 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
-# The times were measured in session 12 (engine-new, engine-rest, engine-gates, load, buckets) or estimated: the
+# The times were measured in sessions 12-13 (all but gemms and fp8-scopes) or estimated: the
 # interleaved chain tuning takes ~17-20 s per pass of a full-size engine load (two passes by default; the tests
 # whose checks do not depend on its picks run one, test_engine_gpu.py ONE_PASS). The engine parts print each test's duration (--durations=0) to check them.
 # kernels: every kernel at real shapes (the skinny and shared-memory TMA GEMM candidates, GeGLU with an FP8 out;
