@@ -13,6 +13,10 @@ numbers in text (142 tokens with the fixtures' tokenizer), far longer than the e
 --tuning-cache DIR (an empty directory) measures the load with the engine's tuning cache instead: three loads with
 the GPU resize, the cache off, then on twice (the first measures and stores the picks, the second reads them; the
 "tuning" column says which), so the load seconds show what the cache saves.
+
+--host-trace N (on a GPU) profiles N more calls of each load and splits each into the host's work before the GPU,
+the copy in, the wait for the graph launch, the replay, the copy out and the host after it (tools/host_trace.py):
+where predict's time beyond the graph goes.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import flashrt_core  # noqa: E402
 from flashrt_core.engine import EngineOptions  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_trace import SEGMENTS, summarize, trace_calls  # noqa: E402
 
 WARMUP_CALLS = 20
 
@@ -63,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="", help="folder for JSON + markdown results; empty = print only")
     parser.add_argument("--tuning-cache", default="",
                         help="a directory: load with the tuning cache off, then on twice, instead of the two resizes")
+    parser.add_argument("--host-trace", type=int, default=0, metavar="N",
+                        help="on a GPU: profile N more calls per load and split them into host and GPU segments")
     args = parser.parse_args(argv)
 
     # (GPU resize, tuning cache directory or "")
@@ -93,8 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         prompt_tokens = int(mask.sum())             # the state's numbers included (pi0.5)
         bucket = next((b for b in policy.text_buckets if b >= prompt_tokens), None)   # None: no graph engine
         replay = replay_median_ms(policy.executor, bucket, args.calls)
+        trace = None
+        if args.host_trace and torch.cuda.is_available() and replay is not None:
+            trace = summarize(trace_calls(lambda: policy.predict(images, prompt, state), args.host_trace))
         rows.append({"config": policy.config.name, "executor": getattr(policy.executor, "name", "?"),
                      "prompt_tokens": prompt_tokens, "text_bucket": bucket, "replay_median_ms": replay,
+                     "host_trace_ms": trace,
                      "gpu_preprocess": policy.gpu_preprocess, "views": args.views, "horizon": policy.horizon,
                      "tuning": getattr(policy.executor, "tuning_source", "none"),
                      "calls": args.calls, "load_s": load_s, "first_call_s": first_s, **percentiles(samples)})
@@ -117,6 +130,16 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['load_s']:.1f} | {r['first_call_s']:.2f} | {r['median_ms']:.2f} | {r['p90_ms']:.2f} | "
                      f"{r['p99_ms']:.2f} | {r['max_ms']:.2f} | "
                      f"{'-' if r['replay_median_ms'] is None else format(r['replay_median_ms'], '.2f')} |")
+    traced = [r for r in rows if r["host_trace_ms"]]
+    if traced:
+        lines += ["", f"Where a traced call's time goes (median ms of {args.host_trace} calls under torch.profiler, "
+                  "which adds its own overhead; tools/host_trace.py):", "",
+                  "| load | " + " | ".join(SEGMENTS) + " | call |", "|---" * (len(SEGMENTS) + 2) + "|"]
+        for i, r in enumerate(rows):
+            if r["host_trace_ms"]:
+                t = r["host_trace_ms"]
+                lines.append(f"| {i + 1} ({r['tuning']}) | " + " | ".join(f"{t[n]:.3f}" for n in SEGMENTS)
+                             + f" | {t['total']:.2f} |")
     table = "\n".join(lines)
     print(table)
     if args.out:

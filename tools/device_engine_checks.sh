@@ -11,6 +11,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh fp8-scopes   # gates + rows of FP8 on wider scopes, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh load         # engine load: tuning cache off / stored / read, ~1.5 min
 #   OUT=/path bash tools/device_engine_checks.sh buckets      # replay time per text bucket, bf16 and FP8, ~4.5 min
+#   OUT=/path bash tools/device_engine_checks.sh host         # Policy.predict's host and GPU segments, ~2 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
 # The times were measured in sessions 12-13 (all but gemms and fp8-scopes) or estimated: the
@@ -40,6 +41,9 @@
 # load: tools/benchmark_policy_predict.py --tuning-cache: pi0.5 loaded with the tuning cache off, then on twice (the
 #   first measures and stores the picks, the second reads them), the load seconds and Policy.predict after each
 #   (policy_predict_*_tuning_cache.json/.md, load.log; the entry itself under tuning_cache/).
+# host: tools/benchmark_policy_predict.py --host-trace 30: pi0.5 with the GPU resize and with the host resize, 200
+#   timed calls each, then 30 traced calls split into the host's work before the GPU, the copy in, the wait for the
+#   graph launch, the replay, the copy out and the host after it (policy_predict_*.json/.md, host.log).
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
 #   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
@@ -112,6 +116,14 @@ if [ "$PART" = load ]; then           # not in "all": three full loads of pi0.5 
   echo "benchmark_policy_predict rc=$?" >> "$OUT/load.log"
 fi
 
+if [ "$PART" = host ]; then           # not in "all": two full loads of pi0.5 (the second reads the tuning cache)
+  CKPT="$FLASHRT_FULL_CKPT_ROOT/pi05"
+  [ -f "$CKPT/flashrt_config.json" ] || "$PY" -m flashrt_core.fixtures "$CKPT" --config pi05 > "$OUT/host.log" 2>&1
+  FLASHRT_TUNING_CACHE=/tmp/flashrt_tuning_cache timeout 420 "$PY" tools/benchmark_policy_predict.py \
+    --checkpoint "$CKPT" --host-trace 30 --out "$OUT" >> "$OUT/host.log" 2>&1
+  echo "benchmark_policy_predict rc=$?" >> "$OUT/host.log"
+fi
+
 if [ "$PART" = buckets ]; then        # not in "all": two full loads with 13 graphs each
   timeout 420 "$PY" tools/benchmark_text_buckets.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 --views 2 \
     --precisions bf16 fp8 --out-dir "$OUT" > "$OUT/buckets.log" 2>&1
@@ -139,5 +151,6 @@ fi
   fi
   [ -f "$OUT/wide_gemms.log" ] && { echo "== wide GEMMs"; grep -E "^\| (vision|prefix)|rc=" "$OUT/wide_gemms.log"; }
   [ -f "$OUT/load.log" ] && { echo "== load with the tuning cache"; grep -E "^\| pi05|rc=" "$OUT/load.log"; }
+  [ -f "$OUT/host.log" ] && { echo "== Policy.predict and its host trace"; grep -E "^\| (pi05|[0-9])|rc=" "$OUT/host.log"; }
   [ -f "$OUT/buckets.log" ] && { echo "== text buckets"; grep -E "^(## |\| [0-9])|rc=" "$OUT/buckets.log"; }
 } | tee "$OUT/summary.txt"

@@ -13,7 +13,7 @@ from tools import benchmark_policy_predict as bench
 def test_the_default_plan_times_both_resizes(tmp_path, capsys):
     ckpt = write_random_checkpoint(tmp_path / "ckpt", "pi05_tiny", seed=2)
     assert bench.main(["--checkpoint", str(ckpt), "--device", "cpu", "--calls", "2", "--views", "1",
-                       "--out", str(tmp_path / "out")]) == 0
+                       "--host-trace", "2", "--out", str(tmp_path / "out")]) == 0
     (result,) = (tmp_path / "out").glob("policy_predict_cpu_*.json")
     rows = json.loads(result.read_text())["rows"]
     assert [(r["gpu_preprocess"], r["tuning"]) for r in rows] == [(False, "none"), (False, "none")]
@@ -21,7 +21,9 @@ def test_the_default_plan_times_both_resizes(tmp_path, capsys):
     # the prompt carries pi0.5's state as text: far more tokens than its words; no graph engine, no bucket
     assert all(r["prompt_tokens"] > 32 and r["text_bucket"] is None for r in rows)
     assert all(r["replay_median_ms"] is None for r in rows)          # no captured graph on the CPU
+    assert all(r["host_trace_ms"] is None for r in rows)             # nothing to trace without a GPU
     out = capsys.readouterr().out
+    assert "Where a traced call's time goes" not in out
     assert "| tuning |" in out and f"| {rows[0]['prompt_tokens']} (-) |" in out
 
 
