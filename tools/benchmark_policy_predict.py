@@ -38,7 +38,7 @@ import flashrt_core  # noqa: E402
 from flashrt_core.engine import EngineOptions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from host_trace import SEGMENTS, summarize, trace_calls  # noqa: E402
+from host_trace import SEGMENTS, host_steps_us, summarize, trace_calls  # noqa: E402
 
 WARMUP_CALLS = 20
 
@@ -102,12 +102,14 @@ def main(argv: list[str] | None = None) -> int:
         prompt_tokens = int(mask.sum())             # the state's numbers included (pi0.5)
         bucket = next((b for b in policy.text_buckets if b >= prompt_tokens), None)   # None: no graph engine
         replay = replay_median_ms(policy.executor, bucket, args.calls)
-        trace = None
+        trace = steps = None
         if args.host_trace and torch.cuda.is_available() and replay is not None:
             trace = summarize(trace_calls(lambda: policy.predict(images, prompt, state), args.host_trace))
+            if gpu_preprocess:
+                steps = host_steps_us(policy, images, prompt, state, args.calls)
         rows.append({"config": policy.config.name, "executor": getattr(policy.executor, "name", "?"),
                      "prompt_tokens": prompt_tokens, "text_bucket": bucket, "replay_median_ms": replay,
-                     "host_trace_ms": trace,
+                     "host_trace_ms": trace, "host_steps_us": steps,
                      "gpu_preprocess": policy.gpu_preprocess, "views": args.views, "horizon": policy.horizon,
                      "tuning": getattr(policy.executor, "tuning_source", "none"),
                      "calls": args.calls, "load_s": load_s, "first_call_s": first_s, **percentiles(samples)})
@@ -140,6 +142,12 @@ def main(argv: list[str] | None = None) -> int:
                 t = r["host_trace_ms"]
                 lines.append(f"| {i + 1} ({r['tuning']}) | " + " | ".join(f"{t[n]:.3f}" for n in SEGMENTS)
                              + f" | {t['total']:.2f} |")
+    for i, r in enumerate(rows):
+        if r["host_steps_us"]:
+            lines += ["", f"Load {i + 1}: the host steps of predict, each timed alone (median us of {args.calls}; "
+                      "tools/host_trace.py host_steps_us):", "",
+                      "| " + " | ".join(r["host_steps_us"]) + " |", "|---" * len(r["host_steps_us"]) + "|",
+                      "| " + " | ".join(f"{v:.1f}" for v in r["host_steps_us"].values()) + " |"]
     table = "\n".join(lines)
     print(table)
     if args.out:

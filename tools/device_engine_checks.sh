@@ -151,6 +151,6 @@ fi
   fi
   [ -f "$OUT/wide_gemms.log" ] && { echo "== wide GEMMs"; grep -E "^\| (vision|prefix)|rc=" "$OUT/wide_gemms.log"; }
   [ -f "$OUT/load.log" ] && { echo "== load with the tuning cache"; grep -E "^\| pi05|rc=" "$OUT/load.log"; }
-  [ -f "$OUT/host.log" ] && { echo "== Policy.predict and its host trace"; grep -E "^\| (pi05|[0-9])|rc=" "$OUT/host.log"; }
+  [ -f "$OUT/host.log" ] && { echo "== Policy.predict and its host trace"; grep -E "^\| (pi05|[0-9]|validate)|rc=" "$OUT/host.log"; }
   [ -f "$OUT/buckets.log" ] && { echo "== text buckets"; grep -E "^(## |\| [0-9])|rc=" "$OUT/buckets.log"; }
 } | tee "$OUT/summary.txt"

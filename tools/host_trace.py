@@ -74,3 +74,68 @@ def trace_calls(fn: Callable[[], object], calls: int) -> list[dict[str, float]]:
     gpu = [(e.name, e.time_range.start, e.time_range.end) for e in events
            if e.device_type.name == "CUDA" and not e.name.startswith("host_trace_call_")]   # not the GPU-side ranges
     return [split_call(r, gpu) for r in ranges]
+
+
+def _median_us(fn: Callable[[], object], calls: int) -> float:
+    import time
+    fn()
+    samples = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return float(np.median(samples)) * 1e6
+
+
+def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, float]:
+    """The host steps of one `Policy.predict` on the graph engine, each timed alone (median us of `calls`, no
+    profiler): validation, prompt and state encoding, noise, the frames copied into the staging blob, then the GPU
+    round trip (copy in, replay, copy out, sync) and unnormalization; beside them the whole predict and the replay
+    alone, back to back and after 0.5 ms of host work (does an idle GPU replay slower?). A diagnostic: it reaches
+    into the executor's staging blob and graph the way `predict_observation` does."""
+    import time
+
+    import torch
+
+    from flashrt_core import preprocess
+    ex = policy.executor
+    views = preprocess.validate_images(images, policy.config.view_names)
+    tokens, mask, _ = policy._encode_prompt_and_state(prompt, state)
+    policy.predict(images, prompt, state)
+    (entry,) = [e for k, e in ex._entries.items() if k[0] == "uint8" and k[3] == ex._bucket(int(mask.sum()) - 1)]
+    sv = entry.staging.host_views
+    stream = torch.cuda.current_stream()
+
+    def stage_frames():
+        for j, img in enumerate(v for v in views if v is not None):
+            sv[f"image{j}"].numpy()[:] = img
+
+    def round_trip():
+        entry.staging.upload()
+        entry.graph.replay()
+        entry.out_host.copy_(entry.ws.actions, non_blocking=True)        # Policy unnormalizes on the host
+        stream.synchronize()
+
+    def replay_after_gap():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 5e-4:
+            pass
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        entry.graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    actions = torch.zeros(policy.horizon, policy.config.max_action_dim)
+    out = {"validate_images": _median_us(lambda: preprocess.validate_images(images, policy.config.view_names), calls),
+           "encode_prompt_and_state": _median_us(lambda: policy._encode_prompt_and_state(prompt, state), calls),
+           "noise": _median_us(lambda: policy._host_noise(None), calls),
+           "stage_frames": _median_us(stage_frames, calls),
+           "gpu_round_trip": _median_us(round_trip, calls),
+           "postprocess": _median_us(lambda: policy.postprocess(actions), calls),
+           "predict": _median_us(lambda: policy.predict(images, prompt, state), calls)}
+    from flashrt_core.engine.graph_executor import graph_replay_ms
+    out["replay_back_to_back"] = float(np.median(graph_replay_ms(entry.graph, calls))) * 1e3
+    out["replay_after_0.5ms_gap"] = float(np.median([replay_after_gap() for _ in range(calls)])) * 1e3
+    return out
