@@ -127,6 +127,25 @@ def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, f
         end.synchronize()
         return start.elapsed_time(end)
 
+    def inline_steps():
+        """predict's steps in predict's order, stamped between: (validate, encode, noise, stage, GPU round trip,
+        unnormalize) in us, to set beside the same steps timed alone in tight loops."""
+        t = [time.perf_counter()]
+        preprocess.validate_images(images, policy.config.view_names)
+        t.append(time.perf_counter())
+        policy._encode_prompt_and_state(prompt, state)
+        t.append(time.perf_counter())
+        policy._host_noise(None)
+        t.append(time.perf_counter())
+        stage_frames()
+        t.append(time.perf_counter())
+        round_trip()
+        t.append(time.perf_counter())
+        policy.postprocess(torch.from_numpy(entry.out_host.numpy().copy()))
+        t.append(time.perf_counter())
+        return np.diff(t) * 1e6
+
+    inline = np.median(np.array([inline_steps() for _ in range(calls)]), axis=0)
     actions = torch.zeros(policy.horizon, policy.config.max_action_dim)
     out = {"validate_images": _median_us(lambda: preprocess.validate_images(images, policy.config.view_names), calls),
            "encode_prompt_and_state": _median_us(lambda: policy._encode_prompt_and_state(prompt, state), calls),
@@ -138,4 +157,7 @@ def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, f
     from flashrt_core.engine.graph_executor import graph_replay_ms
     out["replay_back_to_back"] = float(np.median(graph_replay_ms(entry.graph, calls))) * 1e3
     out["replay_after_0.5ms_gap"] = float(np.median([replay_after_gap() for _ in range(calls)])) * 1e3
+    for name, us in zip(("validate_images", "encode_prompt_and_state", "noise", "stage_frames", "gpu_round_trip",
+                         "postprocess"), inline):
+        out[f"inline_{name}"] = float(us)
     return out
