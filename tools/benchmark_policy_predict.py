@@ -14,6 +14,9 @@ numbers in text (142 tokens with the fixtures' tokenizer), far longer than the e
 the GPU resize, the cache off, then on twice (the first measures and stores the picks, the second reads them; the
 "tuning" column says which), so the load seconds show what the cache saves.
 
+--host-waits sync poll loads the engine once per way it waits for the GPU at the end of predict (the stream's
+synchronize, or an event polled: flashrt_core/engine/host_wait.py), to compare them in one run.
+
 --host-trace N (on a GPU) profiles N more calls of each load and splits each into the host's work before the GPU,
 the copy in, the wait for the graph launch, the replay, the copy out and the host after it (tools/host_trace.py):
 where predict's time beyond the graph goes.
@@ -36,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import flashrt_core  # noqa: E402
 from flashrt_core.engine import EngineOptions  # noqa: E402
+from flashrt_core.engine.dispatch import HOST_WAITS  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from host_trace import SEGMENTS, host_steps_us, summarize, trace_calls  # noqa: E402
@@ -70,16 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="", help="folder for JSON + markdown results; empty = print only")
     parser.add_argument("--tuning-cache", default="",
                         help="a directory: load with the tuning cache off, then on twice, instead of the two resizes")
+    parser.add_argument("--host-waits", nargs="+", default=["sync"], choices=HOST_WAITS,
+                        help="one GPU-resize load per way to wait for the GPU (engine/host_wait.py), in turn")
     parser.add_argument("--host-trace", type=int, default=0, metavar="N",
                         help="on a GPU: profile N more calls per load and split them into host and GPU segments")
     args = parser.parse_args(argv)
 
-    # (GPU resize, tuning cache directory or "")
-    loads = ([(True, ""), (True, args.tuning_cache), (True, args.tuning_cache)] if args.tuning_cache
-             else [(True, ""), (False, "")])
+    # (GPU resize, tuning cache directory or "", host wait)
+    loads = ([(True, "", "sync"), (True, args.tuning_cache, "sync"), (True, args.tuning_cache, "sync")]
+             if args.tuning_cache else [(True, "", wait) for wait in args.host_waits] + [(False, "", "sync")])
     rows = []
-    for gpu_preprocess, cache in loads:
-        options = EngineOptions.from_env(EngineOptions(tuning_cache=cache))
+    for gpu_preprocess, cache, wait in loads:
+        options = EngineOptions.from_env(EngineOptions(tuning_cache=cache, host_wait=wait))
         t0 = time.perf_counter()
         policy = flashrt_core.load_model(args.checkpoint, device=args.device, gpu_preprocess=gpu_preprocess,
                                          engine_options=options)
@@ -112,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                      "host_trace_ms": trace, "host_steps_us": steps,
                      "gpu_preprocess": policy.gpu_preprocess, "views": args.views, "horizon": policy.horizon,
                      "tuning": getattr(policy.executor, "tuning_source", "none"),
+                     "host_wait": options.host_wait,
                      "calls": args.calls, "load_s": load_s, "first_call_s": first_s, **percentiles(samples)})
         policy.close()
 
@@ -124,10 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# Policy.predict benchmark ({meta['gpu']})", "",
              f"{meta['date']}, torch {meta['torch']}, Python {meta['python']}. Public API, 480x640 uint8 frames "
              "in host memory -> actions in host memory, prompt tokenization cached after the first call.", "",
-             "| config | executor | GPU resize | tuning | views | horizon | prompt tokens (bucket) | load s | "
-             "first call s | median ms | p90 ms | p99 ms | max ms | graph replay ms |", "|---" * 14 + "|"]
+             "| config | executor | GPU resize | tuning | host wait | views | horizon | prompt tokens (bucket) | "
+             "load s | first call s | median ms | p90 ms | p99 ms | max ms | graph replay ms |", "|---" * 15 + "|"]
     for r in rows:
-        lines.append(f"| {r['config']} | {r['executor']} | {r['gpu_preprocess']} | {r['tuning']} | {r['views']} | "
+        lines.append(f"| {r['config']} | {r['executor']} | {r['gpu_preprocess']} | {r['tuning']} | "
+                     f"{r['host_wait']} | {r['views']} | "
                      f"{r['horizon']} | {r['prompt_tokens']} ({r['text_bucket'] or '-'}) | "
                      f"{r['load_s']:.1f} | {r['first_call_s']:.2f} | {r['median_ms']:.2f} | {r['p90_ms']:.2f} | "
                      f"{r['p99_ms']:.2f} | {r['max_ms']:.2f} | "
@@ -140,12 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         for i, r in enumerate(rows):
             if r["host_trace_ms"]:
                 t = r["host_trace_ms"]
-                lines.append(f"| {i + 1} ({r['tuning']}) | " + " | ".join(f"{t[n]:.3f}" for n in SEGMENTS)
+                lines.append(f"| {i + 1} ({r['tuning']}, {r['host_wait']}) | "
+                             + " | ".join(f"{t[n]:.3f}" for n in SEGMENTS)
                              + f" | {t['total']:.2f} |")
     for i, r in enumerate(rows):
         if r["host_steps_us"]:
-            lines += ["", f"Load {i + 1}: the host steps of predict, each timed alone (median us of {args.calls}; "
-                      "tools/host_trace.py host_steps_us):", "",
+            lines += ["", f"Load {i + 1} (host wait {r['host_wait']}): the host steps of predict, each timed alone "
+                      f"(median us of {args.calls}; tools/host_trace.py host_steps_us):", "",
                       "| " + " | ".join(r["host_steps_us"]) + " |", "|---" * len(r["host_steps_us"]) + "|",
                       "| " + " | ".join(f"{v:.1f}" for v in r["host_steps_us"].values()) + " |"]
     table = "\n".join(lines)

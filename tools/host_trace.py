@@ -90,7 +90,8 @@ def _median_us(fn: Callable[[], object], calls: int) -> float:
 def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, float]:
     """The host steps of one `Policy.predict` on the graph engine, each timed alone (median us of `calls`, no
     profiler): validation, prompt and state encoding, noise, the frames copied into the staging blob, then the GPU
-    round trip (copy in, replay, copy out, sync) and unnormalization; beside them the whole predict and the replay
+    round trip (copy in, replay, copy out, the engine's wait: `host_wait`) and unnormalization, each also stamped
+    in line, in predict's order (the `inline_` keys); beside them the whole predict and the replay
     alone, back to back and after 0.5 ms of host work (does an idle GPU replay slower?). A diagnostic: it reaches
     into the executor's staging blob and graph the way `predict_observation` does."""
     import time
@@ -100,11 +101,10 @@ def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, f
     from flashrt_core import preprocess
     ex = policy.executor
     views = preprocess.validate_images(images, policy.config.view_names)
-    tokens, mask, _ = policy._encode_prompt_and_state(prompt, state)
+    _, mask, _ = policy._encode_prompt_and_state(prompt, state)
     policy.predict(images, prompt, state)
     (entry,) = [e for k, e in ex._entries.items() if k[0] == "uint8" and k[3] == ex._bucket(int(mask.sum()) - 1)]
     sv = entry.staging.host_views
-    stream = torch.cuda.current_stream()
 
     def stage_frames():
         for j, img in enumerate(v for v in views if v is not None):
@@ -114,7 +114,7 @@ def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, f
         entry.staging.upload()
         entry.graph.replay()
         entry.out_host.copy_(entry.ws.actions, non_blocking=True)        # Policy unnormalizes on the host
-        stream.synchronize()
+        ex._host_wait()                                                   # the engine's own wait (host_wait)
 
     def replay_after_gap():
         t0 = time.perf_counter()

@@ -33,6 +33,8 @@ tests and bug reports:
     FLASHRT_TEXT_BUCKETS=16,32,...  the token-buffer lengths with a graph each (EngineOptions.text_buckets)
     FLASHRT_TUNING_CACHE=DIR        keep the load-time tuning's picks in DIR and reuse them at the next load of the
                                     same model, GPU, software and options (engine/tuning_cache.py); unset or "" = off
+    FLASHRT_HOST_WAIT=sync|poll     how predict waits for the GPU: the stream's synchronize, or an event polled with
+                                    the GIL given up between queries (EngineOptions.host_wait; engine/host_wait.py)
 
 The same switches exist as `EngineOptions` fields; environment variables win over the fields.
 """
@@ -49,6 +51,9 @@ from .hardware import Hardware, Vendor
 
 log = logging.getLogger(__name__)
 
+
+# how predict waits for the GPU (engine/host_wait.py): the stream's synchronize, or an event polled
+HOST_WAITS = ("sync", "poll")
 
 class Op(str, enum.Enum):
     EXECUTOR = "executor"            # how predict runs: captured graph, eager engine, or the reference path
@@ -152,6 +157,7 @@ class EngineOptions:
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     tuning_cache: str = ""                   # a directory: the load-time tuning's picks kept there and reused
                                              # (engine/tuning_cache.py); "" = measure at every load
+    host_wait: str = "sync"                  # how predict waits for the GPU: "sync" or "poll" (engine/host_wait.py)
     text_buckets: tuple[int, ...] = DEFAULT_TEXT_BUCKETS  # token-buffer lengths with a graph each (max_token_len
                                                           # is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name
@@ -159,6 +165,8 @@ class EngineOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.tuning_cache, str):
             raise ValueError(f"tuning_cache must be a directory path as a str ('' = off), got {self.tuning_cache!r}")
+        if self.host_wait not in HOST_WAITS:
+            raise ValueError(f"host_wait must be one of {HOST_WAITS}, got {self.host_wait!r}")
         if self.fp8_scaling not in ("tensor", "row"):
             raise ValueError(f"fp8_scaling must be 'tensor' or 'row', got {self.fp8_scaling!r}")
         if self.fp8_scope not in FP8_SCOPES:
@@ -214,6 +222,8 @@ class EngineOptions:
                 changes[attr] = flag(name)
         if env.get("FLASHRT_TUNING_CACHE") is not None:          # a directory; "" turns it off
             changes["tuning_cache"] = env["FLASHRT_TUNING_CACHE"]
+        if env.get("FLASHRT_HOST_WAIT"):
+            changes["host_wait"] = env["FLASHRT_HOST_WAIT"]
         if env.get("FLASHRT_TEXT_BUCKETS"):
             raw = env["FLASHRT_TEXT_BUCKETS"]
             parts = [p.strip() for p in raw.split(",")]

@@ -28,6 +28,7 @@ from flashrt_core.model import PiModel
 
 from .dispatch import Dispatch, Op, Switch
 from .forward import AdaFoldBuffers, PhaseTimer, Workspace, denoise, forward, prefix, vision
+from .host_wait import HostWait
 from .kernel_import import load_kernels
 from .ops import LAUNCH_POLICIES, PREFIX_ATTENTION_IMPLS, VISION_ATTENTION_BACKENDS, Ops
 from .tuning_cache import TUNING_CACHE_FORMAT, TuningCache, code_fingerprint, pick_by_name
@@ -143,6 +144,7 @@ class EngineExecutor:
         self._entries: dict[tuple, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graph else None
         self.capture_seconds: dict[tuple, float] = {}
+        self._host_wait = HostWait(dispatch.options.host_wait, self.device)
         self.fp8_calibrated = False
         log.info("engine ready: %s, text buckets %s, dispatch %s", self.name, self.text_buckets, dispatch.summary())
 
@@ -215,7 +217,8 @@ class EngineExecutor:
             triton_version = triton.__version__
         except ImportError:
             triton_version = None
-        options = {k: v for k, v in dataclasses.asdict(self.dispatch.options).items() if k != "tuning_cache"}
+        options = {k: v for k, v in dataclasses.asdict(self.dispatch.options).items()
+                   if k not in ("tuning_cache", "host_wait")}           # neither changes what the tuning picks
         return {"format": TUNING_CACHE_FORMAT, "code": code_fingerprint(), "gpu": gpu, "torch": torch.__version__,
                 "cuda": torch.version.cuda, "hip": torch.version.hip, "triton": triton_version,
                 "model": dataclasses.asdict(self.config), "dtype": str(dtype),
@@ -514,8 +517,7 @@ class EngineExecutor:
         entry.staging.upload()
         self._run(key, entry, timer)
         entry.out_host.copy_(entry.ws.robot_actions if unnormalize else entry.ws.actions, non_blocking=True)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
+        self._host_wait()
         return entry.out_host.numpy().copy()
 
     # ---------------------------------------------------------------------------------------------- executor contract

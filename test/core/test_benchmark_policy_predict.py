@@ -35,3 +35,13 @@ def test_the_tuning_cache_plan_loads_three_times(tmp_path):
     rows = json.loads(result.read_text())["rows"]
     assert len(rows) == 3 and all(r["tuning"] == "none" for r in rows)
     assert not (tmp_path / "tuning").exists()            # nothing tuned on the CPU: nothing stored
+
+
+def test_one_gpu_resize_load_per_host_wait(tmp_path):
+    ckpt = write_random_checkpoint(tmp_path / "ckpt", "pi05_tiny", seed=2)
+    assert bench.main(["--checkpoint", str(ckpt), "--device", "cpu", "--calls", "2", "--views", "1",
+                       "--host-waits", "sync", "poll", "--out", str(tmp_path / "out")]) == 0
+    (result,) = (tmp_path / "out").glob("policy_predict_cpu_*.json")
+    rows = json.loads(result.read_text())["rows"]
+    # no graph engine on the CPU: the rows still name the wait each load asked for
+    assert [r["host_wait"] for r in rows] == ["sync", "poll", "sync"]

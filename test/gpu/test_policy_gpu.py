@@ -60,6 +60,29 @@ def test_gpu_preprocess_switch_gives_the_same_actions(checkpoint):
         on.predict([images[0].astype(np.float32)], "open the drawer", state, noise)
 
 
+def test_host_wait_modes_give_the_same_actions(checkpoint, tmp_path):
+    """The engine's two ways to wait for the GPU (engine/host_wait.py) return the same actions, call after call:
+    the polled event completes only after the copy out has landed. The second engine reads the first one's
+    tuning from the cache (the wait is not part of the tuning's key), so both run the same kernels."""
+    from flashrt_core.engine import EngineOptions
+
+    cache = str(tmp_path / "tuning")
+    sync = flashrt_core.load_model(checkpoint, device="cuda",
+                                   engine_options=EngineOptions(host_wait="sync", tuning_cache=cache))
+    poll = flashrt_core.load_model(checkpoint, device="cuda",
+                                   engine_options=EngineOptions(host_wait="poll", tuning_cache=cache))
+    assert (sync.executor._host_wait.mode, poll.executor._host_wait.mode) == ("sync", "poll")
+    assert poll.executor.tuning_source == "cache"
+    rng = np.random.default_rng(7)
+    for _ in range(OBSERVATIONS):
+        images, state, noise = _observation(rng, sync)
+        a = sync.predict(images, "stack the blocks", state, noise)
+        b = poll.predict(images, "stack the blocks", state, noise)
+        assert np.isfinite(a).all() and np.array_equal(a, b)
+    sync.close()
+    poll.close()
+
+
 # What a load/predict/close cycle may leave for the life of the process (cuBLAS workspaces per handle and stream);
 # an engine that is not freed leaves its weights, static buffers and graph pools.
 CYCLE_LEAK_TOLERANCE_B = 4 * 1024 * 1024
