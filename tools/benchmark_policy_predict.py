@@ -17,6 +17,9 @@ the GPU resize, the cache off, then on twice (the first measures and stores the 
 --host-waits sync poll loads the engine once per way it waits for the GPU at the end of predict (the stream's
 synchronize, or an event polled: flashrt_core/engine/host_wait.py), to compare them in one run.
 
+--spin-sweep 0 1 3 10 (any machine) times predict's host steps right after the thread spun that many ms: whether
+they run slower the longer they have not run, whatever the thread did meanwhile.
+
 --host-trace N (on a GPU) profiles N more calls of each load and splits each into the host's work before the GPU,
 the copy in, the wait for the graph launch, the replay, the copy out and the host after it (tools/host_trace.py):
 where predict's time beyond the graph goes.
@@ -42,7 +45,7 @@ from flashrt_core.engine import EngineOptions  # noqa: E402
 from flashrt_core.engine.dispatch import HOST_WAITS  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from host_trace import SEGMENTS, host_steps_us, summarize, trace_calls  # noqa: E402
+from host_trace import SEGMENTS, host_steps_us, spin_sweep_us, summarize, trace_calls  # noqa: E402
 
 WARMUP_CALLS = 20
 
@@ -76,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a directory: load with the tuning cache off, then on twice, instead of the two resizes")
     parser.add_argument("--host-waits", nargs="+", default=["sync"], choices=HOST_WAITS,
                         help="one GPU-resize load per way to wait for the GPU (engine/host_wait.py), in turn")
+    parser.add_argument("--spin-sweep", type=float, nargs="+", default=[], metavar="MS",
+                        help="per load: predict's host steps timed right after the thread spun MS ms (0: back to "
+                             "back), no GPU involved: do they slow down with the time since they last ran?")
     parser.add_argument("--host-trace", type=int, default=0, metavar="N",
                         help="on a GPU: profile N more calls per load and split them into host and GPU segments")
     args = parser.parse_args(argv)
@@ -113,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
             trace = summarize(trace_calls(lambda: policy.predict(images, prompt, state), args.host_trace))
             if gpu_preprocess:
                 steps = host_steps_us(policy, images, prompt, state, args.calls)
+        sweep = spin_sweep_us(policy, images, prompt, state, args.spin_sweep, args.calls) if args.spin_sweep else None
         rows.append({"config": policy.config.name, "executor": getattr(policy.executor, "name", "?"),
                      "prompt_tokens": prompt_tokens, "text_bucket": bucket, "replay_median_ms": replay,
-                     "host_trace_ms": trace, "host_steps_us": steps,
+                     "host_trace_ms": trace, "host_steps_us": steps, "spin_sweep_us": sweep,
                      "gpu_preprocess": policy.gpu_preprocess, "views": args.views, "horizon": policy.horizon,
                      "tuning": getattr(policy.executor, "tuning_source", "none"),
                      "host_wait": options.host_wait,
@@ -157,6 +164,15 @@ def main(argv: list[str] | None = None) -> int:
                       f"(median us of {args.calls}; tools/host_trace.py host_steps_us):", "",
                       "| " + " | ".join(r["host_steps_us"]) + " |", "|---" * len(r["host_steps_us"]) + "|",
                       "| " + " | ".join(f"{v:.1f}" for v in r["host_steps_us"].values()) + " |"]
+    for i, r in enumerate(rows):
+        if r["spin_sweep_us"]:
+            names = list(next(iter(r["spin_sweep_us"].values())))
+            lines += ["", f"Load {i + 1} ({'GPU' if r['gpu_preprocess'] else 'host'} resize): predict's host steps "
+                      f"right after the thread spun (median us of {args.calls}; tools/host_trace.py spin_sweep_us):",
+                      "", "| spin ms | " + " | ".join(names) + " | sum |", "|---" * (len(names) + 2) + "|"]
+            for wait, us in r["spin_sweep_us"].items():
+                lines.append(f"| {wait:g} | " + " | ".join(f"{us[n]:.1f}" for n in names)
+                             + f" | {sum(us.values()):.1f} |")
     table = "\n".join(lines)
     print(table)
     if args.out:

@@ -18,6 +18,7 @@ included) on one clock, so each call splits into consecutive segments that sum t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -77,7 +78,6 @@ def trace_calls(fn: Callable[[], object], calls: int) -> list[dict[str, float]]:
 
 
 def _median_us(fn: Callable[[], object], calls: int) -> float:
-    import time
     fn()
     samples = []
     for _ in range(calls):
@@ -87,28 +87,85 @@ def _median_us(fn: Callable[[], object], calls: int) -> float:
     return float(np.median(samples)) * 1e6
 
 
-def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, float]:
-    """The host steps of one `Policy.predict` on the graph engine, each timed alone (median us of `calls`, no
-    profiler): validation, prompt and state encoding, noise, the frames copied into the staging blob, then the GPU
-    round trip (copy in, replay, copy out, the engine's wait: `host_wait`) and unnormalization, each also stamped
-    in line, in predict's order (the `inline_` keys); beside them the whole predict and the replay
-    alone, back to back and after 0.5 ms of host work (does an idle GPU replay slower?). A diagnostic: it reaches
-    into the executor's staging blob and graph the way `predict_observation` does."""
-    import time
+def spin(seconds: float) -> None:
+    """Keep the thread busy for `seconds` (a pure Python loop: no sleep, no system call but the clock's)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        pass
 
+
+def host_steps(policy, images, prompt: str, state) -> list[tuple[str, Callable[[], object]]]:
+    """The host's steps of one `Policy.predict`, in its order, as callables: validate the images, encode prompt and
+    state, draw the noise, copy the frames into the staging blob (the graph engine's pinned blob when the policy
+    runs one, after one predict has made it; else host arrays of the frames' shapes), unnormalize. What predict
+    runs between them on the GPU path is the GPU round trip (host_steps_us). A diagnostic: it reaches into the
+    executor's staging blob the way `predict_observation` does."""
     import torch
 
     from flashrt_core import preprocess
-    ex = policy.executor
-    views = preprocess.validate_images(images, policy.config.view_names)
-    _, mask, _ = policy._encode_prompt_and_state(prompt, state)
-    policy.predict(images, prompt, state)
-    (entry,) = [e for k, e in ex._entries.items() if k[0] == "uint8" and k[3] == ex._bucket(int(mask.sum()) - 1)]
-    sv = entry.staging.host_views
+    views = [v for v in preprocess.validate_images(images, policy.config.view_names) if v is not None]
+    entry = _engine_entry(policy, prompt, state)
+    if entry is not None:
+        targets = [entry.staging.host_views[f"image{j}"].numpy() for j in range(len(views))]
+    else:
+        targets = [np.empty_like(v) for v in views]
 
     def stage_frames():
-        for j, img in enumerate(v for v in views if v is not None):
-            sv[f"image{j}"].numpy()[:] = img
+        for target, view in zip(targets, views):
+            target[:] = view
+
+    actions = torch.zeros(policy.horizon, policy.config.max_action_dim)
+    return [("validate_images", lambda: preprocess.validate_images(images, policy.config.view_names)),
+            ("encode_prompt_and_state", lambda: policy._encode_prompt_and_state(prompt, state)),
+            ("noise", lambda: policy._host_noise(None)),
+            ("stage_frames", stage_frames),
+            ("postprocess", lambda: policy.postprocess(actions))]
+
+
+def _engine_entry(policy, prompt: str, state):
+    """The graph engine's entry (staging blob, graph) that predict uses for this prompt, or None off the engine."""
+    ex = policy.executor
+    if not getattr(policy, "gpu_preprocess", False) or not hasattr(ex, "_entries"):
+        return None
+    _, mask, _ = policy._encode_prompt_and_state(prompt, state)
+    bucket = ex._bucket(int(np.flatnonzero(mask)[-1]))
+    entries = [e for k, e in ex._entries.items() if k[0] == "uint8" and k[3] == bucket]
+    return entries[0] if len(entries) == 1 and entries[0].graph is not None else None
+
+
+def spin_sweep_us(policy, images, prompt: str, state, waits_ms: Sequence[float], calls: int) -> dict:
+    """Each host step of predict (host_steps) timed right after the thread spun for each of `waits_ms` (0: in a
+    tight loop), median us of `calls`; no GPU involved. Whether the host's steps slow down with the time since
+    they last ran, whatever the thread did meanwhile, and by how much: {wait_ms: {step: us}}."""
+    steps = host_steps(policy, images, prompt, state)
+    for _, fn in steps:
+        fn()
+    out = {}
+    for wait in waits_ms:
+        samples = []
+        for _ in range(calls):
+            spin(wait / 1e3)
+            t = [time.perf_counter()]
+            for _, fn in steps:
+                fn()
+                t.append(time.perf_counter())
+            samples.append(np.diff(t) * 1e6)
+        out[float(wait)] = dict(zip((name for name, _ in steps), np.median(np.array(samples), axis=0).tolist()))
+    return out
+
+
+def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, float]:
+    """On the graph engine (after one predict): each host step (host_steps) and the GPU round trip (copy in,
+    replay, copy out, the engine's wait: `host_wait`) timed alone (median us of `calls`, no profiler) and stamped
+    in line, in predict's order (the `inline_` keys); beside them the whole predict and the replay alone, back to
+    back and after 0.5 ms of host work (does an idle GPU replay slower?)."""
+    import torch
+
+    from flashrt_core.engine.graph_executor import graph_replay_ms
+    ex = policy.executor
+    policy.predict(images, prompt, state)
+    entry = _engine_entry(policy, prompt, state)
+    steps = host_steps(policy, images, prompt, state)
 
     def round_trip():
         entry.staging.upload()
@@ -117,9 +174,7 @@ def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, f
         ex._host_wait()                                                   # the engine's own wait (host_wait)
 
     def replay_after_gap():
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < 5e-4:
-            pass
+        spin(5e-4)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         entry.graph.replay()
@@ -127,37 +182,19 @@ def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, f
         end.synchronize()
         return start.elapsed_time(end)
 
+    ordered = steps[:4] + [("gpu_round_trip", round_trip)] + steps[4:]
+
     def inline_steps():
-        """predict's steps in predict's order, stamped between: (validate, encode, noise, stage, GPU round trip,
-        unnormalize) in us, to set beside the same steps timed alone in tight loops."""
         t = [time.perf_counter()]
-        preprocess.validate_images(images, policy.config.view_names)
-        t.append(time.perf_counter())
-        policy._encode_prompt_and_state(prompt, state)
-        t.append(time.perf_counter())
-        policy._host_noise(None)
-        t.append(time.perf_counter())
-        stage_frames()
-        t.append(time.perf_counter())
-        round_trip()
-        t.append(time.perf_counter())
-        policy.postprocess(torch.from_numpy(entry.out_host.numpy().copy()))
-        t.append(time.perf_counter())
+        for _, fn in ordered:
+            fn()
+            t.append(time.perf_counter())
         return np.diff(t) * 1e6
 
     inline = np.median(np.array([inline_steps() for _ in range(calls)]), axis=0)
-    actions = torch.zeros(policy.horizon, policy.config.max_action_dim)
-    out = {"validate_images": _median_us(lambda: preprocess.validate_images(images, policy.config.view_names), calls),
-           "encode_prompt_and_state": _median_us(lambda: policy._encode_prompt_and_state(prompt, state), calls),
-           "noise": _median_us(lambda: policy._host_noise(None), calls),
-           "stage_frames": _median_us(stage_frames, calls),
-           "gpu_round_trip": _median_us(round_trip, calls),
-           "postprocess": _median_us(lambda: policy.postprocess(actions), calls),
-           "predict": _median_us(lambda: policy.predict(images, prompt, state), calls)}
-    from flashrt_core.engine.graph_executor import graph_replay_ms
+    out = {name: _median_us(fn, calls) for name, fn in ordered}
+    out["predict"] = _median_us(lambda: policy.predict(images, prompt, state), calls)
     out["replay_back_to_back"] = float(np.median(graph_replay_ms(entry.graph, calls))) * 1e3
     out["replay_after_0.5ms_gap"] = float(np.median([replay_after_gap() for _ in range(calls)])) * 1e3
-    for name, us in zip(("validate_images", "encode_prompt_and_state", "noise", "stage_frames", "gpu_round_trip",
-                         "postprocess"), inline):
-        out[f"inline_{name}"] = float(us)
+    out.update({f"inline_{name}": float(us) for (name, _), us in zip(ordered, inline)})
     return out

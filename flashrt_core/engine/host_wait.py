@@ -1,8 +1,10 @@
 """How the host waits for the GPU at the end of a predict.
 
 Measured on the H200 machine (session 13, tools/host_trace.py): after `Policy.predict` waits ~10.6 ms in
-`cudaStreamSynchronize`, the host's own steps run 4-10x slower than the same steps in a tight loop (the whole host
-share 0.8 ms instead of 0.2 ms), as a thread does after it slept or a core after it idled. Two ways to wait:
+`cudaStreamSynchronize`, the host's own steps run 2-8x slower than the same steps in a tight loop (the whole host
+share 0.78 ms instead of 0.23 ms). On the project's CPU machine the same steps slow down as much after any 10 ms
+pause, spinning or sleeping (tools/benchmark_policy_predict.py --spin-sweep), so the way of waiting may not be
+the cause; `poll` is here to measure that on the GPU machine. Two ways to wait:
 
     sync   the stream's synchronize (the CUDA driver's wait; the default)
     poll   an event recorded after the copy out, queried until it completes, the GIL given up between queries

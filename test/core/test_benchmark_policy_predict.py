@@ -45,3 +45,18 @@ def test_one_gpu_resize_load_per_host_wait(tmp_path):
     rows = json.loads(result.read_text())["rows"]
     # no graph engine on the CPU: the rows still name the wait each load asked for
     assert [r["host_wait"] for r in rows] == ["sync", "poll", "sync"]
+
+
+def test_the_spin_sweep_times_every_host_step_after_each_spin(tmp_path, capsys):
+    ckpt = write_random_checkpoint(tmp_path / "ckpt", "pi05_tiny", seed=2)
+    assert bench.main(["--checkpoint", str(ckpt), "--device", "cpu", "--calls", "3", "--views", "1",
+                       "--spin-sweep", "0", "2", "--out", str(tmp_path / "out")]) == 0
+    (result,) = (tmp_path / "out").glob("policy_predict_cpu_*.json")
+    rows = json.loads(result.read_text())["rows"]
+    steps = ["validate_images", "encode_prompt_and_state", "noise", "stage_frames", "postprocess"]
+    for row in rows:
+        sweep = row["spin_sweep_us"]
+        assert list(sweep) == ["0.0", "2.0"]                          # JSON keys: the spins in ms
+        assert all(list(us) == steps and min(us.values()) > 0 for us in sweep.values())
+    out = capsys.readouterr().out
+    assert "| spin ms | validate_images |" in out and "\n| 2 | " in out
