@@ -4,7 +4,8 @@ Every module opens with the formula it computes. `<name>(...)` launches the Trit
 `<name>_reference(...)` is the PyTorch definition that the GPU tests compare against. Without Triton the
 references still import; `HAVE_TRITON` says which case this is. `INTERPRETED`: Triton's CPU interpreter runs
 the kernels (TRITON_INTERPRET=1), on CPU tensors. `HAVE_GLUON`: Triton's Gluon is importable
-(kernels/smem_gemm.py, which also carries the adaRMSNorm folded into the GEMMs around it: NormIn / NormOut).
+(kernels/smem_gemm.py, which also carries the adaRMSNorm folded into the GEMMs around it: NormIn / NormOut;
+kernels/prefix_attention.py, the prefix attention on wgmma, whose reference is attention_reference).
 Every launcher's `pdl` takes False, True or `EARLY_TRIGGER` (kernels/_triton.py says what each means).
 """
 
@@ -17,6 +18,7 @@ from .euler import euler, euler_reference
 from .fp8_quant import fp8_quant, fp8_quant_reference, fp8_quant_rows, fp8_quant_rows_reference
 from .geglu import geglu, geglu_reference
 from .patch_embed import patch_rows, patch_rows_reference
+from .prefix_attention import prefix_attention, prefix_attention_supported
 from .qkv_gemm_rope import qkv_gemm_rope, qkv_gemm_rope_reference
 from .qkv_rope import qkv_rope, qkv_rope_reference, qkv_rope_rows_per_program, rope_tables
 from .residual_norm import residual_norm, residual_norm_reference
@@ -33,6 +35,7 @@ __all__ = [
     "fp8_quant", "fp8_quant_reference", "fp8_quant_rows", "fp8_quant_rows_reference",
     "geglu", "geglu_reference",
     "patch_rows", "patch_rows_reference",
+    "prefix_attention", "prefix_attention_supported",
     "qkv_gemm_rope", "qkv_gemm_rope_reference",
     "qkv_rope", "qkv_rope_reference", "qkv_rope_rows_per_program", "rope_tables",
     "residual_norm", "residual_norm_reference",

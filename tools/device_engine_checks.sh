@@ -25,11 +25,12 @@
 #   vision attention backends (pytest_engine_rest.log).
 # engine-gates: the accuracy gates of pi0.5 and pi0 on the defaults, bf16 and FP8, and of the switches that turn
 #   a default off (pytest_engine_gates.log); engine-gates-forced: the gates with the TMA GEMMs forced, with the
-#   adaRMSNorm fold, with the split-K QKV, and with the TMA GEMMs off (pytest_engine_gates_forced.log).
+#   adaRMSNorm fold, with the split-K QKV, with the TMA GEMMs off, and with the prefix attention forced to
+#   kernels/prefix_attention.py (pytest_engine_gates_forced.log).
 # Every pytest log is verbose (-v), so a part cut off by its time limit still names the tests that ran.
-# bench: pi0.5 2 views h10, bf16 and FP8, beside the bf16 A/B rows of the fused denoising-step ends off, the one-row
-#   qkv_rope programs (qkv_rope_rows=1) and the two-pass step kernels (denoise_step_block_d=256): five engines of
-#   ~45 s load each (the TMA GEMMs and the fused patch embedding, measured in sessions 7-11, are left out to fit)
+# bench: pi0.5 2 views h10, bf16 and FP8, beside the A/B rows of the fused denoising-step ends off (bf16) and of
+#   the wgmma prefix attention among the tuning's candidates (bf16 and FP8, with_prefix_attention_wgmma; the
+#   8-row qkv_rope and one-pass step ends were A/B-measured in session 13): five engines of ~45 s load each
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
 #   (timeline.json, timeline.log: per kernel, what runs before the vision tower, one vision layer, one denoising
 #   layer), and again with 480x640 camera frames resized inside the graph (timeline_480x640.*: the resize's cost).
@@ -80,13 +81,15 @@ fi
 
 if [ "$PART" = engine-gates ] || [ "$PART" = all ]; then
   timeout 520 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
-    -k "accuracy_gate and not (smem_gemm or split_k_qkv)" > "$OUT/pytest_engine_gates.log" 2>&1
+    -k "accuracy_gate and not (smem_gemm or split_k_qkv or prefix_attention_wgmma)" \
+    > "$OUT/pytest_engine_gates.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_gates.log"
 fi
 
 if [ "$PART" = engine-gates-forced ] || [ "$PART" = all ]; then
   timeout 400 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
-    -k "accuracy_gate and (smem_gemm or split_k_qkv)" > "$OUT/pytest_engine_gates_forced.log" 2>&1
+    -k "accuracy_gate and (smem_gemm or split_k_qkv or prefix_attention_wgmma)" \
+    > "$OUT/pytest_engine_gates_forced.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_gates_forced.log"
 fi
 
@@ -96,7 +99,7 @@ if [ "$PART" = bench ] || [ "$PART" = all ]; then
   export FLASHRT_TUNING_CACHE="${FLASHRT_TUNING_CACHE:-/tmp/flashrt_tuning_cache}"
   timeout 420 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate \
-    --ab-switches-off fused_denoise_step --ab-options qkv_rope_rows=1 denoise_step_block_d=256 \
+    --ab-switches-off fused_denoise_step --ab-switches-on prefix_attention_wgmma \
     --out-dir "$OUT" --tag device_checks \
     > "$OUT/engine.log" 2>&1
   timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \

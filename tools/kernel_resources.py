@@ -223,9 +223,27 @@ def denoise_step_configs(width: int = 1024) -> list[KernelConfig]:
     return out
 
 
+def prefix_attention_configs() -> list[KernelConfig]:
+    """kernels/prefix_attention.py (the prefix attention on wgmma) at the backbone's head dim 256, with the TMA
+    descriptors its launcher builds; empty where Triton has no Gluon."""
+    pa = _kernels_module("prefix_attention")
+    if not pa.HAVE_GLUON:
+        return []
+    from triton.experimental.gluon import language as gl
+    q_layout = gl.NVMMASharedLayout.get_default_for([pa.BLOCK_M, pa.CHUNK], gl.bfloat16)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([pa.BLOCK_N, pa.CHUNK], gl.bfloat16)
+    signature = {"q_desc": f"tensordesc<bf16[{pa.BLOCK_M}, {pa.CHUNK}],{q_layout!r}>",
+                 "k_desc": f"tensordesc<bf16[{pa.BLOCK_N}, {pa.CHUNK}],{kv_layout!r}>",
+                 "v_desc": f"tensordesc<bf16[{pa.BLOCK_N}, {pa.CHUNK}],{kv_layout!r}>",
+                 "bias_ptr": "*fp32", "o_ptr": "*bf16", "Mq": "i32", "P": "i32", "stride_o": "i32"}
+    return [KernelConfig("prefix attention on wgmma (head dim 256)", pa._prefix_attention_kernel, signature,
+                         {"NCHUNK": 256 // pa.CHUNK, "LOG2E": pa.LOG2E}, 4, 1, ("stride_o",))]
+
+
 def main() -> None:
     rows = []
-    for cfg in attention_configs() + skinny_configs() + smem_configs() + denoise_step_configs():
+    for cfg in (attention_configs() + skinny_configs() + smem_configs() + denoise_step_configs()
+                + prefix_attention_configs()):
         r = resources(compile_sm90(cfg))
         rows.append((cfg.name, cfg.num_warps, r))
         print(f"{cfg.name}: {r}", file=sys.stderr, flush=True)

@@ -33,6 +33,7 @@ tests and bug reports:
     FLASHRT_TEXT_BUCKETS=16,32,...  the token-buffer lengths with a graph each (EngineOptions.text_buckets)
     FLASHRT_TUNING_CACHE=DIR        keep the load-time tuning's picks in DIR and reuse them at the next load of the
                                     same model, GPU, software and options (engine/tuning_cache.py); unset or "" = off
+    FLASHRT_PREFIX_ATTENTION_WGMMA=1  the prefix attention tuning also times kernels/prefix_attention.py (wgmma)
     FLASHRT_HOST_WAIT=sync|poll     how predict waits for the GPU: the stream's synchronize, or an event polled with
                                     the GIL given up between queries (EngineOptions.host_wait; engine/host_wait.py)
 
@@ -154,6 +155,8 @@ class EngineOptions:
     ada_norm_fold: bool = False              # opt-in (measured slower): pi0.5's adaRMSNorms in the TMA GEMMs
     fused_denoise_step: bool = True          # kernels/denoise_step.py (pi0.5): the step ends, 2 launches not 7
     split_k_qkv: bool = False                # opt-in (measured slower): a split-K QKV candidate the attention sums
+    prefix_attention_wgmma: bool = False     # opt-in (not yet run on a GPU): kernels/prefix_attention.py joins the
+                                             # prefix attention tuning
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     tuning_cache: str = ""                   # a directory: the load-time tuning's picks kept there and reused
                                              # (engine/tuning_cache.py); "" = measure at every load
@@ -217,7 +220,8 @@ class EngineOptions:
                            ("FLASHRT_FUSED_PATCH_EMBED", "fused_patch_embed"),   # the default now: 0 turns it off
                            ("FLASHRT_ADA_NORM_FOLD", "ada_norm_fold"),
                            ("FLASHRT_FUSED_DENOISE_STEP", "fused_denoise_step"),  # the default: 0 = off
-                           ("FLASHRT_SPLIT_K_QKV", "split_k_qkv")):
+                           ("FLASHRT_SPLIT_K_QKV", "split_k_qkv"),
+                           ("FLASHRT_PREFIX_ATTENTION_WGMMA", "prefix_attention_wgmma")):
             if flag(name) is not None and attr not in changes:
                 changes[attr] = flag(name)
         if env.get("FLASHRT_TUNING_CACHE") is not None:          # a directory; "" turns it off

@@ -62,7 +62,10 @@ VISION_ATTENTION_CHECK_ATOL = 3e-2   # tune_vision_attention's check of each bac
 # on the H200 at 576 keys (session 7, us per layer): mqa 36.8, mqa_split1 25.3 (picked), mqa_split4 29.5, SDPA
 # 45.0-53.1; also measured and dropped: one split with 32-row query blocks (144 programs, 2 per SM) 29.7 us, two
 # splits of 32 rows 35.0, one split of 16 rows 28.4.
-PREFIX_ATTENTION_IMPLS = ("mqa", "mqa_split1", "mqa_split4", "sdpa_gqa", "sdpa_expand", "sdpa_repeat")
+PREFIX_ATTENTION_IMPLS = ("mqa", "mqa_split1", "mqa_split4", "sdpa_gqa", "sdpa_expand", "sdpa_repeat", "wgmma")
+# tune_prefix_attention's check of each implementation against the fp32 softmax attention before it is timed: bf16
+# outputs of |v| ~ 1 values, as VISION_ATTENTION_CHECK_ATOL
+PREFIX_ATTENTION_CHECK_ATOL = 3e-2
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,9 @@ class Ops:
         self.smem_gemm = dispatch[Op.SMEM_GEMM] == "tma"          # kernels/smem_gemm.py joins the GEMM candidates
         # the prefix's attention: "mqa" (the Op.MQA implementation) until tune_prefix_attention measures otherwise
         self.prefix_attention_impl = "mqa"
+        # kernels/prefix_attention.py (wgmma) among the tuning's prefix attention candidates: opt-in, not yet run
+        # on a GPU (EngineOptions.prefix_attention_wgmma)
+        self.prefix_attention_wgmma = dispatch.options.prefix_attention_wgmma and dispatch.options.fast_paths
         self.prefix_attention_timings: dict[str, float] = {}
         self.vision_attention_backend = "default"                   # tune_vision_attention may change it
         self.vision_attention_timings: dict[str, float] = {}
@@ -596,10 +602,13 @@ class Ops:
         the same kernel with one key split (no merge) or four;
         "sdpa_gqa" / "sdpa_expand" / "sdpa_repeat": torch's scaled_dot_product_attention over (1, H, P, Dh) with a
         boolean key mask, the one K/V head shared by enable_gqa, by a stride-0 view, or by a copy per head: which
-        of torch's fused backends accepts which form differs, so the tuning times all three.
+        of torch's fused backends accepts which form differs, so the tuning times all three;
+        "wgmma": kernels/prefix_attention.py (Gluon, sm90+), the heads stacked on the query axis.
         None: the choice of tune_prefix_attention."""
         P, H, Dh = q.shape
         impl = impl or self.prefix_attention_impl
+        if impl == "wgmma":
+            return self.k.prefix_attention(q.reshape(P * H, Dh), k, v, mask.bias[:P]).view(P, H * Dh)
         if impl.startswith("sdpa"):
             kk, vv = k[None, None], v[None, None]                                          # (1, 1, P, Dh)
             if impl != "sdpa_gqa":
@@ -613,22 +622,37 @@ class Ops:
         splits = {"mqa": None, "mqa_split1": 1, "mqa_split4": 4}[impl]
         return self.mqa(q.view(P * H, Dh), k, v, mask, 1.0, splits=splits).view(P, H * Dh)
 
+    def prefix_attention_candidates(self, P: int, heads: int, head_dim: int, device: torch.device) -> list[str]:
+        """The implementations tune_prefix_attention times: all but "wgmma", which joins where it is switched on
+        (prefix_attention_wgmma) and its kernel serves this shape and device."""
+        wgmma = self.prefix_attention_wgmma and self.k.prefix_attention_supported(P * heads, P, head_dim, device)
+        return [impl for impl in PREFIX_ATTENTION_IMPLS if impl != "wgmma" or wgmma]
+
     def tune_prefix_attention(self, P: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
                               layers: int, reps: int = 3) -> dict[str, float]:
-        """Time the prefix attention's implementations at P keys (graph-captured, `layers` calls per pass, as the
-        backbone runs them) on random inputs with the last eighth of the keys masked, and keep the faster.
-        An implementation that cannot run here (e.g. no fused SDPA backend for these shapes) is left out.
+        """Time the prefix attention's implementations (prefix_attention_candidates) at P keys (graph-captured,
+        `layers` calls per pass, as the backbone runs them) on random inputs with the last eighth of the keys
+        masked, and keep the faster. Each is first checked against the fp32 softmax attention on the same inputs
+        (PREFIX_ATTENTION_CHECK_ATOL); one that disagrees is left out and logged, never timed or run. An
+        implementation that cannot run here (e.g. no fused SDPA backend for these shapes) is left out.
         Returns {impl: us per call}."""
         g = torch.Generator(device=device).manual_seed(0)
-        q = torch.randn(P, heads, head_dim, device=device, dtype=dtype, generator=g)
+        q = (torch.randn(P, heads, head_dim, device=device, generator=g) * head_dim ** -0.5).to(dtype)
         k = torch.randn(P, head_dim, device=device, dtype=dtype, generator=g)
         v = torch.randn(P, head_dim, device=device, dtype=dtype, generator=g)
         bias = torch.zeros(P, device=device)
         bias[P - P // 8:] = float("-inf")
         mask = KeyMask(bias, P, None, heads)
+        logits = torch.einsum("phd,kd->hpk", q.float(), k.float()) + bias
+        want = torch.einsum("hpk,kd->phd", torch.softmax(logits, dim=-1), v.float()).reshape(P, heads * head_dim)
         times = {}
-        for impl in PREFIX_ATTENTION_IMPLS:
+        for impl in self.prefix_attention_candidates(P, heads, head_dim, device):
             try:
+                err = float((self.prefix_attention(q, k, v, mask, impl).float() - want).abs().max())
+                if not err <= PREFIX_ATTENTION_CHECK_ATOL:
+                    log.warning("prefix attention %s is off by %.3g against the softmax attention, left out", impl,
+                                err)
+                    continue
                 times[impl] = self.graph_time_us(lambda: [self.prefix_attention(q, k, v, mask, impl)
                                                            for _ in range(layers)], reps) / layers
             except RuntimeError as err:          # no kernel for this configuration: not a candidate here

@@ -34,3 +34,27 @@ def test_sdpa_and_mqa_prefix_attention_agree_with_padded_keys(impl):
     logits = torch.einsum("phd,kd->hpk", q, k) + bias
     want = torch.einsum("hpk,kd->phd", torch.softmax(logits, dim=-1), v).reshape(P, H * Dh)
     torch.testing.assert_close(sdpa, want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_wgmma_kernel_joins_the_tuning_only_where_switched_on_and_served():
+    """kernels/prefix_attention.py is an opt-in candidate (EngineOptions.prefix_attention_wgmma,
+    FLASHRT_PREFIX_ATTENTION_WGMMA=1) that also needs Gluon on an sm90+ GPU: on the CPU it is never a candidate,
+    switched on or not, and every other implementation stays one."""
+    cpu = torch.device("cpu")
+    others = [i for i in PREFIX_ATTENTION_IMPLS if i != "wgmma"]
+    assert "wgmma" in PREFIX_ATTENTION_IMPLS
+    for options in (EngineOptions(), EngineOptions(prefix_attention_wgmma=True)):
+        ops = Ops(resolve(CPU, options))
+        assert ops.prefix_attention_wgmma == options.prefix_attention_wgmma
+        assert ops.prefix_attention_candidates(576, 8, 256, cpu) == others
+    assert EngineOptions.from_env(env={"FLASHRT_PREFIX_ATTENTION_WGMMA": "1"}).prefix_attention_wgmma
+    assert not Ops(resolve(CPU, EngineOptions(prefix_attention_wgmma=True, fast_paths=False))).prefix_attention_wgmma
+
+
+def test_the_wgmma_launcher_refuses_what_it_cannot_serve_by_name():
+    from flashrt_core.engine.kernel_import import load_kernels
+    K = load_kernels()
+    q, k = torch.zeros(64, 256, dtype=torch.bfloat16), torch.zeros(128, 256, dtype=torch.bfloat16)
+    assert not K.prefix_attention_supported(64, 128, 256, torch.device("cpu"))
+    with pytest.raises(ValueError, match="needs Gluon on an sm90\\+ GPU"):
+        K.prefix_attention(q, k, k, torch.zeros(128))

@@ -148,6 +148,7 @@ def test_new_prompt_does_not_recapture(tiny):
     ("pi05", "bf16+no_fused_denoise_step"),  # the step ends as separate ops (the fused ones: default)
     ("pi05", "fp8+no_fused_denoise_step"),
     ("pi05", "bf16+split_k_qkv"),           # the TMA GEMMs forced, QKV split-K 2 summed by the attention (opt-in)
+    ("pi05", "bf16+prefix_attention_wgmma"),  # the prefix attention forced to kernels/prefix_attention.py (opt-in)
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
@@ -161,7 +162,9 @@ def test_accuracy_gate_full_size(name, precision):
                                           fused_patch_embed=extra != "no_fused_patch_embed",
                                           ada_norm_fold=extra == "smem_gemm_ada_fold",
                                           fused_denoise_step=extra != "no_fused_denoise_step",
-                                          split_k_qkv=extra == "split_k_qkv", **(ONE_PASS if extra else {})))
+                                          split_k_qkv=extra == "split_k_qkv",
+                                          prefix_attention_wgmma=extra == "prefix_attention_wgmma",
+                                          **(ONE_PASS if extra else {})))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
     assert engine.name.endswith(prec)
     assert engine.ops.decoder_fp8 == (extra == "fp8_decoder_weights")
@@ -178,6 +181,10 @@ def test_accuracy_gate_full_size(name, precision):
             assert engine.ops.decoder_impl["qkv"].split_k == 2
         engine._entries.clear()     # recapture with them
         assert engine.ops.ada_fold_applies(engine.suffix_len) == (extra == "smem_gemm_ada_fold")
+    if extra == "prefix_attention_wgmma":   # the tuning checked it against the fp32 attention and timed it; force it
+        assert "wgmma" in engine.ops.prefix_attention_timings, engine.ops.prefix_attention_timings
+        engine.ops.prefix_attention_impl = "wgmma"
+        engine._entries.clear()
     cosines = []
     for seed in range(GATE_OBSERVATIONS):
         obs = random_observation(cfg, np.random.default_rng(seed), views=2 + seed % 2, n_text=20 + 13 * seed,

@@ -264,6 +264,36 @@ ATTN_BF16_ATOL = 2e-2  # bf16 probabilities in the P @ V product (as every flash
 ATTN_DTYPE = torch.float32 if INTERPRET else torch.bfloat16
 
 
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9
+                    or not K.HAVE_GLUON, reason="kernels/prefix_attention.py needs Gluon on an sm90+ GPU")
+@pytest.mark.parametrize("tokens,holes", [
+    (576, False),     # 2 views + 64 text slots, the last 16 padded: the engine's prefix
+    (561, True),      # keys masked anywhere; rows past the last 64-row block; the last key block partly past P
+    (832, False),     # 3 views + 64 text slots
+    (320, True),      # 1 view
+])
+def test_prefix_attention_wgmma(tokens, holes):
+    """kernels/prefix_attention.py against attention_reference at the backbone's shapes (8 heads stacked on the
+    query axis, one K/V head, head dim 256, q scaled), random inputs; every row of the output written."""
+    heads, dh = 8, 256
+    g = torch.Generator(device=DEVICE).manual_seed(tokens)
+    q = (torch.randn(tokens * heads, dh, device=DEVICE, generator=g) * dh ** -0.5).to(torch.bfloat16)
+    k = torch.randn(tokens, dh, device=DEVICE, generator=g).to(torch.bfloat16)
+    v = torch.randn(tokens, dh, device=DEVICE, generator=g).to(torch.bfloat16)
+    if holes:
+        valid = torch.rand(tokens, device=DEVICE, generator=g) > 0.2
+        valid[0] = True
+    else:
+        valid = torch.arange(tokens, device=DEVICE) < tokens - 16
+    bias = torch.where(valid, 0.0, float("-inf"))
+    want = K.attention_reference(q, k, v, bias, tokens, None, heads, 1.0)
+    out = _poison(torch.empty_like(q))
+    assert K.prefix_attention(q, k, v, bias, out) is out
+    _close(out, want, ATTN_BF16_ATOL, BF16_RTOL)
+    again = K.prefix_attention(q, k, v, bias)
+    assert torch.equal(again, out)                       # no state between launches
+
+
 @pytest.mark.parametrize("tokens,prefix,suffix_visible,splits", [
     (PREFIX_ROWS, PREFIX_ROWS, None, None),              # prefix: bidirectional over valid prefix keys
     (PREFIX_ROWS, PREFIX_ROWS, None, 1),                 # the prefix attention's other candidates

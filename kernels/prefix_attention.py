@@ -1,0 +1,177 @@
+"""The prefix's one-KV-head attention on Hopper tensor cores (NVIDIA sm90+, Gluon: TMA + wgmma).
+
+    o = softmax(q @ k^T + bias) @ v      q (Mq, D) with the heads stacked on the query axis (RoPE and the scale
+                                         applied), k / v (P, D) the one K/V head, bias (P,) 0 / -inf: the key
+                                         padding; every query sees every unmasked key (the prefix is bidirectional)
+
+Why: the engine's Triton kernel (kernels/attention.py, one key split) and FlashAttention-2 both take ~25 us per
+backbone layer at 560 keys on the H200 for ~2.7 GFLOP (docs/benchmarks/prefix_attention_h200_2026-12-01.md): ~15%
+of the tensor cores' rate, ~0.45 ms per predict over 18 layers. This kernel runs both products on wgmma.
+
+How: one program per 64 query rows (one warpgroup; 70 programs at 2 views). Its q rows sit in shared memory for the
+whole loop (four 64-column boxes: the 128-byte swizzle holds 64 bf16 per row); blocks of 64 keys stream through two
+stages of K and V (TMA, one mbarrier per stage), the next-but-one block loading while this one is computed.
+Per block: s = q @ k^T on wgmma from shared memory (four K=64 steps), the key bias, an online softmax in the
+accumulator's registers (base 2), then o_c += p @ v_c for the four 64-column chunks of the head dim, p passed to
+wgmma from registers. The output is divided by the row sums and stored in bf16. Rows past Mq and keys past P are
+read as zeros by TMA; the bias masks those keys.
+
+Provenance: the online softmax is FlashAttention's (Dao et al.); the Gluon structure (TMA descriptors, mbarriers,
+warpgroup_mma with the A operand in registers) follows Triton's Gluon tutorials. Written without a GPU at hand
+(session 13): compiled for sm90 ahead of time (tools/kernel_resources.py); its GPU test compares it with
+kernels/attention.py attention_reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    HAVE_GLUON = True
+except ImportError:      # Triton without Gluon (or none at all): the engine does not offer this kernel
+    HAVE_GLUON = False
+
+BLOCK_M = 64             # query rows per program: one warpgroup's wgmma M
+BLOCK_N = 64             # keys per block
+CHUNK = 64               # head-dim columns per TMA box and per output accumulator (128 bytes of bf16)
+LOG2E = 1.4426950408889634
+
+
+def prefix_attention_supported(Mq: int, P: int, D: int, device: torch.device) -> bool:
+    """Shapes and devices this kernel serves: Gluon, an NVIDIA sm90+ GPU, a head dim of whole 64-column chunks up to
+    256, and at least two key blocks (both stages are loaded before the loop)."""
+    if not HAVE_GLUON or device.type != "cuda" or torch.version.hip is not None:
+        return False
+    if torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    return D % CHUNK == 0 and D <= 256 and P > BLOCK_N and Mq > 0
+
+
+if HAVE_GLUON:
+    @gluon.jit
+    def _prefix_attention_kernel(q_desc, k_desc, v_desc, bias_ptr, o_ptr, Mq, P, stride_o,
+                                 NCHUNK: gl.constexpr, LOG2E: gl.constexpr):
+        BM: gl.constexpr = q_desc.block_type.shape[0]
+        BN: gl.constexpr = k_desc.block_type.shape[0]
+        C: gl.constexpr = q_desc.block_type.shape[1]
+        KV_BYTES: gl.constexpr = 2 * NCHUNK * BN * C * 2                  # one stage: K and V blocks, bf16
+        off_m = gl.program_id(0) * BM
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        row_l: gl.constexpr = gl.SliceLayout(1, mma)
+        col_l: gl.constexpr = gl.SliceLayout(0, mma)
+
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NCHUNK, BM, C], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [2 * NCHUNK, BN, C], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [2 * NCHUNK, BN, C], v_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())   # q, stage 0, stage 1
+        for i in gl.static_range(3):
+            mbarrier.init(bars.index(i), count=1)
+
+        mbarrier.expect(bars.index(0), NCHUNK * BM * C * 2)
+        for c in gl.static_range(NCHUNK):
+            tma.async_copy_global_to_shared(q_desc, [off_m, c * C], bars.index(0), q_smem.index(c))
+        for first in gl.static_range(2):                                  # key blocks 0 and 1 (P > BN: both exist)
+            mbarrier.expect(bars.index(1 + first), KV_BYTES)
+            for c in gl.static_range(NCHUNK):
+                tma.async_copy_global_to_shared(k_desc, [first * BN, c * C], bars.index(1 + first),
+                                                k_smem.index(first * NCHUNK + c))
+                tma.async_copy_global_to_shared(v_desc, [first * BN, c * C], bars.index(1 + first),
+                                                v_smem.index(first * NCHUNK + c))
+
+        m_i = gl.full([BM], float("-inf"), gl.float32, layout=row_l)
+        l_i = gl.zeros([BM], gl.float32, layout=row_l)
+        o0 = gl.zeros([BM, C], gl.float32, layout=mma)
+        o1 = gl.zeros([BM, C], gl.float32, layout=mma)
+        o2 = gl.zeros([BM, C], gl.float32, layout=mma)
+        o3 = gl.zeros([BM, C], gl.float32, layout=mma)
+        mbarrier.wait(bars.index(0), phase=0)
+        n_blocks = gl.cdiv(P, BN)
+        for j in range(n_blocks):
+            st = j % 2
+            mbarrier.wait(bars.index(1 + st), phase=(j // 2) & 1)
+            s = gl.zeros([BM, BN], gl.float32, layout=mma)
+            for c in gl.static_range(NCHUNK):
+                s = warpgroup_mma(q_smem.index(c), k_smem.index(st * NCHUNK + c).permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            cols = j * BN + gl.arange(0, BN, layout=col_l)
+            bias = gl.load(bias_ptr + cols, mask=cols < P, other=float("-inf"))
+            s = (s + bias[None, :]) * LOG2E
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_safe)
+            p = gl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+            a = alpha[:, None]
+            o0 = warpgroup_mma(p_op, v_smem.index(st * NCHUNK + 0), o0 * a, is_async=True)
+            if NCHUNK > 1:
+                o1 = warpgroup_mma(p_op, v_smem.index(st * NCHUNK + 1), o1 * a, is_async=True)
+            if NCHUNK > 2:
+                o2 = warpgroup_mma(p_op, v_smem.index(st * NCHUNK + 2), o2 * a, is_async=True)
+            if NCHUNK > 3:
+                o3 = warpgroup_mma(p_op, v_smem.index(st * NCHUNK + 3), o3 * a, is_async=True)
+            o0, o1, o2, o3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
+            if j + 2 < n_blocks:                                          # this stage's next block: j + 2
+                mbarrier.expect(bars.index(1 + st), KV_BYTES)
+                for c in gl.static_range(NCHUNK):
+                    tma.async_copy_global_to_shared(k_desc, [(j + 2) * BN, c * C], bars.index(1 + st),
+                                                    k_smem.index(st * NCHUNK + c))
+                    tma.async_copy_global_to_shared(v_desc, [(j + 2) * BN, c * C], bars.index(1 + st),
+                                                    v_smem.index(st * NCHUNK + c))
+        for i in gl.static_range(3):
+            mbarrier.invalidate(bars.index(i))
+
+        inv = 1.0 / gl.maximum(l_i, 1e-30)
+        rows = off_m + gl.arange(0, BM, layout=row_l)
+        base = o_ptr + rows[:, None] * stride_o + gl.arange(0, C, layout=col_l)[None, :]
+        ok = rows[:, None] < Mq
+        gl.store(base, (o0 * inv[:, None]).to(gl.bfloat16), mask=ok)
+        if NCHUNK > 1:
+            gl.store(base + C, (o1 * inv[:, None]).to(gl.bfloat16), mask=ok)
+        if NCHUNK > 2:
+            gl.store(base + 2 * C, (o2 * inv[:, None]).to(gl.bfloat16), mask=ok)
+        if NCHUNK > 3:
+            gl.store(base + 3 * C, (o3 * inv[:, None]).to(gl.bfloat16), mask=ok)
+
+
+def _layout(rows: int):
+    return gl.NVMMASharedLayout.get_default_for([rows, CHUNK], gl.bfloat16)
+
+
+def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """q (Mq, D) bf16 (scaled), k / v (P, D) bf16, bias (P,) fp32 0 / -inf -> (Mq, D) bf16: the contract of
+    kernels/attention.py attention_reference with prefix_len = P, no suffix keys and scale 1."""
+    Mq, D = q.shape
+    P = k.shape[0]
+    if not prefix_attention_supported(Mq, P, D, q.device):
+        raise ValueError(f"prefix_attention: needs Gluon on an sm90+ GPU, D a multiple of {CHUNK} up to 256 and "
+                         f"more than {BLOCK_N} keys; got q {tuple(q.shape)}, k {tuple(k.shape)} on {q.device}")
+    if k.shape != (P, D) or v.shape != (P, D) or bias.shape[0] < P:
+        raise ValueError(f"prefix_attention: k / v must be (P, {D}) and bias cover P keys; got k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}, bias {tuple(bias.shape)}")
+    if any(t.dtype != torch.bfloat16 for t in (q, k, v)) or bias.dtype != torch.float32:
+        raise ValueError("prefix_attention: q, k, v must be bf16 and bias fp32")
+    if min(q.stride(1), k.stride(1), v.stride(1)) != 1:
+        raise ValueError("prefix_attention: the head dim must be contiguous")
+    if out is None:
+        out = torch.empty(Mq, D, device=q.device, dtype=torch.bfloat16)
+    elif out.shape != (Mq, D) or out.dtype != torch.bfloat16 or out.stride(1) != 1:
+        raise ValueError(f"prefix_attention: out must be a bf16 ({Mq}, {D}) tensor with a contiguous head dim")
+    # TMA descriptors are built per launch (host work only: a captured graph keeps them)
+    q_desc = TensorDescriptor.from_tensor(q, [BLOCK_M, CHUNK], _layout(BLOCK_M))   # rows past Mq read as zeros
+    k_desc = TensorDescriptor.from_tensor(k, [BLOCK_N, CHUNK], _layout(BLOCK_N))   # keys past P read as zeros
+    v_desc = TensorDescriptor.from_tensor(v, [BLOCK_N, CHUNK], _layout(BLOCK_N))
+    _prefix_attention_kernel[((Mq + BLOCK_M - 1) // BLOCK_M,)](q_desc, k_desc, v_desc, bias, out, Mq, P,
+                                                               out.stride(0), NCHUNK=D // CHUNK, LOG2E=LOG2E,
+                                                               num_warps=4)
+    return out
+
+
+__all__ = ["BLOCK_M", "BLOCK_N", "CHUNK", "HAVE_GLUON", "prefix_attention", "prefix_attention_supported"]
