@@ -26,14 +26,8 @@ from __future__ import annotations
 
 import torch
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    HAVE_GLUON = True
-except ImportError:      # Triton without Gluon (or none at all): the engine does not offer this kernel
-    HAVE_GLUON = False
+from ._gluon import (HAVE_GLUON, TensorDescriptor, gl, gluon, griddep, mbarrier, tma, warpgroup_mma,
+                     warpgroup_mma_wait)
 
 BLOCK_M = 64             # query rows per program: one warpgroup's wgmma M
 BLOCK_N = 64             # keys per block
@@ -54,11 +48,13 @@ def prefix_attention_supported(Mq: int, P: int, D: int, device: torch.device) ->
 if HAVE_GLUON:
     @gluon.jit
     def _prefix_attention_kernel(q_desc, k_desc, v_desc, bias_ptr, o_ptr, Mq, P, stride_o,
-                                 NCHUNK: gl.constexpr, LOG2E: gl.constexpr):
+                                 NCHUNK: gl.constexpr, LOG2E: gl.constexpr, PDL: gl.constexpr):
         BM: gl.constexpr = q_desc.block_type.shape[0]
         BN: gl.constexpr = k_desc.block_type.shape[0]
         C: gl.constexpr = q_desc.block_type.shape[1]
         KV_BYTES: gl.constexpr = 2 * NCHUNK * BN * C * 2                  # one stage: K and V blocks, bf16
+        if PDL == 2:                                                      # kernels/_triton.py EARLY_TRIGGER
+            griddep("griddepcontrol.launch_dependents; // dummy $0")
         off_m = gl.program_id(0) * BM
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -71,6 +67,10 @@ if HAVE_GLUON:
         bars = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())   # q, stage 0, stage 1
         for i in gl.static_range(3):
             mbarrier.init(bars.index(i), count=1)
+        if PDL:                          # q, K and V are the kernel ahead's output (qkv_rope): nothing read before
+            griddep("griddepcontrol.wait; // dummy $0")
+            if PDL == 1:
+                griddep("griddepcontrol.launch_dependents; // dummy $0")
 
         mbarrier.expect(bars.index(0), NCHUNK * BM * C * 2)
         for c in gl.static_range(NCHUNK):
@@ -145,9 +145,10 @@ def _layout(rows: int):
 
 
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, pdl: bool | int = False) -> torch.Tensor:
     """q (Mq, D) bf16 (scaled), k / v (P, D) bf16, bias (P,) fp32 0 / -inf -> (Mq, D) bf16: the contract of
-    kernels/attention.py attention_reference with prefix_len = P, no suffix keys and scale 1."""
+    kernels/attention.py attention_reference with prefix_len = P, no suffix keys and scale 1. pdl: False, True or
+    EARLY_TRIGGER (kernels/_triton.py)."""
     Mq, D = q.shape
     P = k.shape[0]
     if not prefix_attention_supported(Mq, P, D, q.device):
@@ -170,7 +171,8 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     v_desc = TensorDescriptor.from_tensor(v, [BLOCK_N, CHUNK], _layout(BLOCK_N))
     _prefix_attention_kernel[((Mq + BLOCK_M - 1) // BLOCK_M,)](q_desc, k_desc, v_desc, bias, out, Mq, P,
                                                                out.stride(0), NCHUNK=D // CHUNK, LOG2E=LOG2E,
-                                                               num_warps=4)
+                                                               PDL=int(pdl), num_warps=4,
+                                                               **({"launch_pdl": True} if pdl else {}))
     return out
 
 

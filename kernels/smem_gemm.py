@@ -43,14 +43,8 @@ from dataclasses import dataclass
 
 import torch
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    HAVE_GLUON = True
-except ImportError:      # Triton without Gluon (or none at all): the engine does not offer this GEMM
-    HAVE_GLUON = False
+from ._gluon import (HAVE_GLUON, TensorDescriptor, gl, gluon, griddep, mbarrier, tma, warpgroup_mma,
+                     warpgroup_mma_wait)
 
 from ._triton import INTERPRETED
 
@@ -145,10 +139,6 @@ def smem_gemm_norm_in_reference(xs: torch.Tensor, w: torch.Tensor, sq: torch.Ten
 
 if HAVE_GLUON:
     @gluon.jit
-    def _griddep(ASM: gl.constexpr):
-        gl.inline_asm_elementwise(ASM, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
     def _smem_gemm_kernel(w_desc, x_desc, y_ptr, M, F, stride_y, split_stride,
                           res_ptr, gate_ptr, scale_ptr, xs_ptr, sq_ptr, cnt_ptr, bias_ptr, eps,
                           K_PER_SPLIT: gl.constexpr, GEGLU: gl.constexpr, SPLIT_K: gl.constexpr,
@@ -157,7 +147,7 @@ if HAVE_GLUON:
         BLOCK_W: gl.constexpr = w_desc.block_type.shape[0]         # weight rows per TMA box: 64, or 32 with GeGLU
         NK: gl.constexpr = K_PER_SPLIT // 64
         if PDL == 2:                                               # kernels/_triton.py EARLY_TRIGGER
-            _griddep("griddepcontrol.launch_dependents; // dummy $0")
+            griddep("griddepcontrol.launch_dependents; // dummy $0")
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
         n0 = pid_n * BLOCK_W
@@ -187,9 +177,9 @@ if HAVE_GLUON:
             else:
                 tma.async_copy_global_to_shared(w_desc, [n0, k0 + i * 64], bars.index(0), w_smem.index(i))
         if PDL:
-            _griddep("griddepcontrol.wait; // dummy $0")
+            griddep("griddepcontrol.wait; // dummy $0")
             if PDL == 1:
-                _griddep("griddepcontrol.launch_dependents; // dummy $0")
+                griddep("griddepcontrol.launch_dependents; // dummy $0")
         mbarrier.expect(bars.index(1), NK * 16 * 64 * 2)
         for i in gl.static_range(NK):
             tma.async_copy_global_to_shared(x_desc, [0, k0 + i * 64], bars.index(1), x_smem.index(i))

@@ -236,8 +236,9 @@ def prefix_attention_configs() -> list[KernelConfig]:
                  "k_desc": f"tensordesc<bf16[{pa.BLOCK_N}, {pa.CHUNK}],{kv_layout!r}>",
                  "v_desc": f"tensordesc<bf16[{pa.BLOCK_N}, {pa.CHUNK}],{kv_layout!r}>",
                  "bias_ptr": "*fp32", "o_ptr": "*bf16", "Mq": "i32", "P": "i32", "stride_o": "i32"}
-    return [KernelConfig("prefix attention on wgmma (head dim 256)", pa._prefix_attention_kernel, signature,
-                         {"NCHUNK": 256 // pa.CHUNK, "LOG2E": pa.LOG2E}, 4, 1, ("stride_o",))]
+    return [KernelConfig(f"prefix attention on wgmma (head dim 256, PDL {pdl})", pa._prefix_attention_kernel,
+                         signature, {"NCHUNK": 256 // pa.CHUNK, "LOG2E": pa.LOG2E, "PDL": pdl}, 4, 1, ("stride_o",))
+            for pdl in (0, 1)]
 
 
 def main() -> None:

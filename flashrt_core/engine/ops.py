@@ -608,7 +608,8 @@ class Ops:
         P, H, Dh = q.shape
         impl = impl or self.prefix_attention_impl
         if impl == "wgmma":
-            return self.k.prefix_attention(q.reshape(P * H, Dh), k, v, mask.bias[:P]).view(P, H * Dh)
+            return self.k.prefix_attention(q.reshape(P * H, Dh), k, v, mask.bias[:P],
+                                           pdl=self.launch_mode("other")).view(P, H * Dh)
         if impl.startswith("sdpa"):
             kk, vv = k[None, None], v[None, None]                                          # (1, 1, P, Dh)
             if impl != "sdpa_gqa":

@@ -101,12 +101,17 @@ def test_prefix_attention_on_wgmma_compiles_without_spills_and_runs_both_product
     configs = prefix_attention_configs()
     if not configs:
         pytest.skip("Triton has no Gluon here")
-    (cfg,) = configs
-    compiled = compile_sm90(cfg)
-    r = resources(compiled)
-    assert r["stack_bytes"] == 0 and r["shared_bytes"] <= 227 * 1024, r
-    ptx = compiled.asm["ptx"]
-    mmas = re.findall(r"wgmma\.mma_async\S*", ptx)
-    assert len(mmas) == 32 and set(mmas) == {"wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"}, set(mmas)
-    assert ptx.count("cp.async.bulk.tensor") >= 4 + 2 * 2 * 4            # q's 4 boxes, 2 stages of K and V
-    assert "st.shared" not in ptx                                        # p goes to wgmma from registers
+    assert [c.constexprs["PDL"] for c in configs] == [0, 1]
+    for cfg in configs:
+        compiled = compile_sm90(cfg)
+        r = resources(compiled)
+        assert r["stack_bytes"] == 0 and r["shared_bytes"] <= 227 * 1024, (cfg.name, r)
+        ptx = compiled.asm["ptx"]
+        mmas = re.findall(r"wgmma\.mma_async\S*", ptx)
+        assert len(mmas) == 32 and set(mmas) == {"wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"}, mmas
+        assert ptx.count("cp.async.bulk.tensor") >= 4 + 2 * 2 * 4        # q's 4 boxes, 2 stages of K and V
+        assert "st.shared" not in ptx                                    # p goes to wgmma from registers
+        if cfg.constexprs["PDL"]:        # every copy of q, K or V after the wait for the kernel ahead
+            assert ptx[:ptx.index("griddepcontrol.wait")].count("cp.async.bulk.tensor") == 0
+        else:
+            assert "griddepcontrol" not in ptx

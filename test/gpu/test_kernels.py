@@ -290,8 +290,8 @@ def test_prefix_attention_wgmma(tokens, holes):
     out = _poison(torch.empty_like(q))
     assert K.prefix_attention(q, k, v, bias, out) is out
     _close(out, want, ATTN_BF16_ATOL, BF16_RTOL)
-    again = K.prefix_attention(q, k, v, bias)
-    assert torch.equal(again, out)                       # no state between launches
+    for pdl in (False, True, K.EARLY_TRIGGER):           # no state between launches; PDL changes no bit
+        assert torch.equal(K.prefix_attention(q, k, v, bias, pdl=pdl), out), pdl
 
 
 @pytest.mark.parametrize("tokens,prefix,suffix_visible,splits", [
