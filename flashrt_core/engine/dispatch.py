@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 # how predict waits for the GPU (engine/host_wait.py): the stream's synchronize, or an event polled
 HOST_WAITS = ("sync", "poll")
 
+
 class Op(str, enum.Enum):
     EXECUTOR = "executor"            # how predict runs: captured graph, eager engine, or the reference path
     ATTENTION = "attention"          # vision attention (no mask)
