@@ -236,9 +236,11 @@ def prefix_attention_configs() -> list[KernelConfig]:
                  "k_desc": f"tensordesc<bf16[{pa.BLOCK_N}, {pa.CHUNK}],{kv_layout!r}>",
                  "v_desc": f"tensordesc<bf16[{pa.BLOCK_N}, {pa.CHUNK}],{kv_layout!r}>",
                  "bias_ptr": "*fp32", "o_ptr": "*bf16", "Mq": "i32", "P": "i32", "stride_o": "i32"}
-    return [KernelConfig(f"prefix attention on wgmma (head dim 256, PDL {pdl})", pa._prefix_attention_kernel,
-                         signature, {"NCHUNK": 256 // pa.CHUNK, "LOG2E": pa.LOG2E, "PDL": pdl}, 4, 1, ("stride_o",))
-            for pdl in (0, 1)]
+    return [KernelConfig(f"prefix attention on wgmma (head dim 256, PDL {pdl}{', overlap' if overlap else ''})",
+                         pa._prefix_attention_kernel, signature,
+                         {"NCHUNK": 256 // pa.CHUNK, "LOG2E": pa.LOG2E, "PDL": pdl, "OVERLAP": overlap}, 4, 1,
+                         ("stride_o",))
+            for overlap in (False, True) for pdl in (0, 1)]
 
 
 def main() -> None:

@@ -62,7 +62,9 @@ VISION_ATTENTION_CHECK_ATOL = 3e-2   # tune_vision_attention's check of each bac
 # on the H200 at 576 keys (session 7, us per layer): mqa 36.8, mqa_split1 25.3 (picked), mqa_split4 29.5, SDPA
 # 45.0-53.1; also measured and dropped: one split with 32-row query blocks (144 programs, 2 per SM) 29.7 us, two
 # splits of 32 rows 35.0, one split of 16 rows 28.4.
-PREFIX_ATTENTION_IMPLS = ("mqa", "mqa_split1", "mqa_split4", "sdpa_gqa", "sdpa_expand", "sdpa_repeat", "wgmma")
+PREFIX_ATTENTION_IMPLS = ("mqa", "mqa_split1", "mqa_split4", "sdpa_gqa", "sdpa_expand", "sdpa_repeat", "wgmma",
+                          "wgmma_overlap")
+WGMMA_PREFIX_ATTENTION = ("wgmma", "wgmma_overlap")     # kernels/prefix_attention.py: opt-in candidates
 # tune_prefix_attention's check of each implementation against the fp32 softmax attention before it is timed: bf16
 # outputs of |v| ~ 1 values, as VISION_ATTENTION_CHECK_ATOL
 PREFIX_ATTENTION_CHECK_ATOL = 3e-2
@@ -603,13 +605,14 @@ class Ops:
         "sdpa_gqa" / "sdpa_expand" / "sdpa_repeat": torch's scaled_dot_product_attention over (1, H, P, Dh) with a
         boolean key mask, the one K/V head shared by enable_gqa, by a stride-0 view, or by a copy per head: which
         of torch's fused backends accepts which form differs, so the tuning times all three;
-        "wgmma": kernels/prefix_attention.py (Gluon, sm90+), the heads stacked on the query axis.
+        "wgmma" / "wgmma_overlap": kernels/prefix_attention.py (Gluon, sm90+), the heads stacked on the query axis;
+        with _overlap the next key block's q @ k^T runs on the tensor cores during this block's softmax.
         None: the choice of tune_prefix_attention."""
         P, H, Dh = q.shape
         impl = impl or self.prefix_attention_impl
-        if impl == "wgmma":
-            return self.k.prefix_attention(q.reshape(P * H, Dh), k, v, mask.bias[:P],
-                                           pdl=self.launch_mode("other")).view(P, H * Dh)
+        if impl in WGMMA_PREFIX_ATTENTION:
+            return self.k.prefix_attention(q.reshape(P * H, Dh), k, v, mask.bias[:P], pdl=self.launch_mode("other"),
+                                           overlap=impl == "wgmma_overlap").view(P, H * Dh)
         if impl.startswith("sdpa"):
             kk, vv = k[None, None], v[None, None]                                          # (1, 1, P, Dh)
             if impl != "sdpa_gqa":
@@ -624,10 +627,10 @@ class Ops:
         return self.mqa(q.view(P * H, Dh), k, v, mask, 1.0, splits=splits).view(P, H * Dh)
 
     def prefix_attention_candidates(self, P: int, heads: int, head_dim: int, device: torch.device) -> list[str]:
-        """The implementations tune_prefix_attention times: all but "wgmma", which joins where it is switched on
-        (prefix_attention_wgmma) and its kernel serves this shape and device."""
+        """The implementations tune_prefix_attention times: all but the wgmma kernel's two forms, which join where
+        they are switched on (prefix_attention_wgmma) and the kernel serves this shape and device."""
         wgmma = self.prefix_attention_wgmma and self.k.prefix_attention_supported(P * heads, P, head_dim, device)
-        return [impl for impl in PREFIX_ATTENTION_IMPLS if impl != "wgmma" or wgmma]
+        return [impl for impl in PREFIX_ATTENTION_IMPLS if impl not in WGMMA_PREFIX_ATTENTION or wgmma]
 
     def tune_prefix_attention(self, P: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
                               layers: int, reps: int = 3) -> dict[str, float]:

@@ -41,8 +41,8 @@ def test_the_wgmma_kernel_joins_the_tuning_only_where_switched_on_and_served():
     FLASHRT_PREFIX_ATTENTION_WGMMA=1) that also needs Gluon on an sm90+ GPU: on the CPU it is never a candidate,
     switched on or not, and every other implementation stays one."""
     cpu = torch.device("cpu")
-    others = [i for i in PREFIX_ATTENTION_IMPLS if i != "wgmma"]
-    assert "wgmma" in PREFIX_ATTENTION_IMPLS
+    others = [i for i in PREFIX_ATTENTION_IMPLS if not i.startswith("wgmma")]
+    assert {"wgmma", "wgmma_overlap"} <= set(PREFIX_ATTENTION_IMPLS)
     for options in (EngineOptions(), EngineOptions(prefix_attention_wgmma=True)):
         ops = Ops(resolve(CPU, options))
         assert ops.prefix_attention_wgmma == options.prefix_attention_wgmma

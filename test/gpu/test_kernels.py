@@ -273,8 +273,9 @@ ATTN_DTYPE = torch.float32 if INTERPRET else torch.bfloat16
     (320, True),      # 1 view
 ])
 def test_prefix_attention_wgmma(tokens, holes):
-    """kernels/prefix_attention.py against attention_reference at the backbone's shapes (8 heads stacked on the
-    query axis, one K/V head, head dim 256, q scaled), random inputs; every row of the output written."""
+    """kernels/prefix_attention.py, both forms (the next block's scores during the softmax or after it), against
+    attention_reference at the backbone's shapes (8 heads stacked on the query axis, one K/V head, head dim 256, q
+    scaled), random inputs; every row of the output written, each launch mode bitwise the same."""
     heads, dh = 8, 256
     g = torch.Generator(device=DEVICE).manual_seed(tokens)
     q = (torch.randn(tokens * heads, dh, device=DEVICE, generator=g) * dh ** -0.5).to(torch.bfloat16)
@@ -287,11 +288,12 @@ def test_prefix_attention_wgmma(tokens, holes):
         valid = torch.arange(tokens, device=DEVICE) < tokens - 16
     bias = torch.where(valid, 0.0, float("-inf"))
     want = K.attention_reference(q, k, v, bias, tokens, None, heads, 1.0)
-    out = _poison(torch.empty_like(q))
-    assert K.prefix_attention(q, k, v, bias, out) is out
-    _close(out, want, ATTN_BF16_ATOL, BF16_RTOL)
-    for pdl in (False, True, K.EARLY_TRIGGER):           # no state between launches; PDL changes no bit
-        assert torch.equal(K.prefix_attention(q, k, v, bias, pdl=pdl), out), pdl
+    for overlap in (False, True):
+        out = _poison(torch.empty_like(q))
+        assert K.prefix_attention(q, k, v, bias, out, overlap=overlap) is out
+        _close(out, want, ATTN_BF16_ATOL, BF16_RTOL)
+        for pdl in (False, True, K.EARLY_TRIGGER):       # no state between launches; PDL changes no bit
+            assert torch.equal(K.prefix_attention(q, k, v, bias, pdl=pdl, overlap=overlap), out), (overlap, pdl)
 
 
 @pytest.mark.parametrize("tokens,prefix,suffix_visible,splits", [
