@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
             err = (fn().float() - want).abs().max().item()
             us = Ops.graph_time_us(lambda: [fn() for _ in range(LAYERS)], 1, args.replays) / LAYERS
             rows.append({"form": name, "us_per_call": us, "max_abs_err": err})
-        except RuntimeError as e:        # no kernel for this form here
+        except Exception as e:           # no kernel for this form here, or one that does not build: report, go on
             rows.append({"form": name, "error": str(e).splitlines()[0][:160]})
         print(rows[-1], flush=True)
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
