@@ -59,8 +59,12 @@ class Shape:
         return 2.0 * self.rows * self.n * self.k
 
 
-def wide_shapes(config: str, views: int, text_slots: int, scale: int = 1) -> list[Shape]:
-    """The wide GEMMs of one predict at `views` views (scale > 1 divides every size, for the CPU check)."""
+def wide_shapes(config: str, views: int, text_slots: int, scale: int = 1,
+                pad_vision_mlp: tuple[int, ...] = ()) -> list[Shape]:
+    """The wide GEMMs of one predict at `views` views (scale > 1 divides every size, for the CPU check).
+    pad_vision_mlp: for each multiple m, the vision fc1 / fc2 again with the MLP width (SigLIP's 4304, not a
+    multiple of 64) rounded up to m, named fc1_pad<width> / fc2_pad<width>, each width once: zero rows of fc1 and
+    zero columns of fc2 would compute the same, so this asks whether cuBLAS runs the padded shapes faster."""
     cfg = get_config(config)
     v, g = cfg.vision, cfg.paligemma
     rv = views * v.num_patches // scale
@@ -70,7 +74,10 @@ def wide_shapes(config: str, views: int, text_slots: int, scale: int = 1) -> lis
     return [Shape("vision", "qkv", rv, 3 * vw, vw, ""), Shape("vision", "o", rv, vw, vw, ""),
             Shape("vision", "fc1", rv, vm, vw, "gelu"), Shape("vision", "fc2", rv, vw, vm, ""),
             Shape("prefix", "qkv", rp, q + 2 * kv, gw, ""), Shape("prefix", "o", rp, gw, q, ""),
-            Shape("prefix", "gate_up", rp, 2 * gm, gw, "geglu"), Shape("prefix", "down", rp, gw, gm, "")]
+            Shape("prefix", "gate_up", rp, 2 * gm, gw, "geglu"), Shape("prefix", "down", rp, gw, gm, "")] + [
+        shape for padded in sorted({-(-v.mlp_dim // m) * m for m in pad_vision_mlp} - {v.mlp_dim})
+        for shape in (Shape("vision", f"fc1_pad{padded}", rv, padded // scale, vw, "gelu"),
+                      Shape("vision", f"fc2_pad{padded}", rv, vw, padded // scale, ""))]
 
 
 def _geglu_torch(y: torch.Tensor) -> torch.Tensor:
@@ -159,7 +166,7 @@ def run(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     scale = 1 if device.type == "cuda" else 16
     rows = []
-    for shape in wide_shapes(args.config, args.views, args.text_slots, scale):
+    for shape in wide_shapes(args.config, args.views, args.text_slots, scale, tuple(args.pad_vision_mlp)):
         calls = forms(shape, device, args.inductor)
         reference = calls["linear"]()
         for name, fn in calls.items():
@@ -204,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=20, help="calls per captured graph")
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--no-inductor", dest="inductor", action="store_false")
+    ap.add_argument("--pad-vision-mlp", type=int, nargs="*", default=[], metavar="M",
+                    help="also time the vision fc1 / fc2 with the MLP width rounded up to each multiple M")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -34,3 +34,12 @@ def test_cpu_run_times_every_form_and_they_agree(tmp_path):
     assert forms["vision", "fc1"] == {"linear", "linear_nobias", "addmm"}     # biases: the vision tower only
     assert forms["prefix", "gate_up"] == {"linear"}
     assert len(forms) == 8
+
+
+def test_padded_vision_mlp_shapes_round_the_width_up():
+    listed = bench.wide_shapes("pi05", views=2, text_slots=64, pad_vision_mlp=(128, 256, 16))
+    shapes = {s.name: s for s in listed}
+    assert (shapes["fc1_pad4352"].n, shapes["fc1_pad4352"].k, shapes["fc1_pad4352"].epilogue) == (4352, 1152, "gelu")
+    assert (shapes["fc2_pad4352"].n, shapes["fc2_pad4352"].k) == (1152, 4352)       # 4304 -> 34 x 128 = 17 x 256
+    # 128 and 256 give the same width (timed once); 16 divides 4304 already (nothing to pad)
+    assert len(listed) == 8 + 2 and [s.name for s in listed[8:]] == ["fc1_pad4352", "fc2_pad4352"]
