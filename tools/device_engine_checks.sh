@@ -29,8 +29,9 @@
 #   kernels/prefix_attention.py (pytest_engine_gates_forced.log).
 # Every pytest log is verbose (-v), so a part cut off by its time limit still names the tests that ran.
 # bench: pi0.5 2 views h10, bf16 and FP8, beside the A/B rows of the fused denoising-step ends off (bf16) and of
-#   the wgmma prefix attention among the tuning's candidates (bf16 and FP8, with_prefix_attention_wgmma; the
-#   8-row qkv_rope and one-pass step ends were A/B-measured in session 13): five engines of ~45 s load each
+#   the wgmma prefix attention among the tuning's candidates (bf16 and FP8, with_prefix_attention_wgmma) and of the
+#   vision MLP padded to 4352 (bf16, vision_mlp_pad=128); the 8-row qkv_rope and one-pass step ends were
+#   A/B-measured in session 13: six engines of ~45 s load each
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
 #   (timeline.json, timeline.log: per kernel, what runs before the vision tower, one vision layer, one denoising
 #   layer), and again with 480x640 camera frames resized inside the graph (timeline_480x640.*: the resize's cost).
@@ -100,7 +101,7 @@ if [ "$PART" = bench ] || [ "$PART" = all ]; then
   export FLASHRT_TUNING_CACHE="${FLASHRT_TUNING_CACHE:-/tmp/flashrt_tuning_cache}"
   timeout 420 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate \
-    --ab-switches-off fused_denoise_step --ab-switches-on prefix_attention_wgmma \
+    --ab-switches-off fused_denoise_step --ab-switches-on prefix_attention_wgmma --ab-options vision_mlp_pad=128 \
     --out-dir "$OUT" --tag device_checks \
     > "$OUT/engine.log" 2>&1
   timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \
@@ -159,6 +160,7 @@ fi
   fi
   [ -f "$OUT/wide_gemms.log" ] && { echo "== wide GEMMs"; grep -E "^\| (vision|prefix)|rc=" "$OUT/wide_gemms.log"; }
   [ -f "$OUT/load.log" ] && { echo "== load with the tuning cache"; grep -E "^\| pi05|rc=" "$OUT/load.log"; }
-  [ -f "$OUT/host.log" ] && { echo "== Policy.predict and its host trace"; grep -E "^\| (pi05|[0-9]|validate|spin)|rc=" "$OUT/host.log"; }
+  [ -f "$OUT/host.log" ] && { echo "== Policy.predict and its host trace"
+    grep -E "^\| (pi05|[0-9]|validate|spin)|rc=" "$OUT/host.log"; }
   [ -f "$OUT/buckets.log" ] && { echo "== text buckets"; grep -E "^(## |\| [0-9])|rc=" "$OUT/buckets.log"; }
 } | tee "$OUT/summary.txt"

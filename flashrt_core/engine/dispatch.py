@@ -33,6 +33,8 @@ tests and bug reports:
     FLASHRT_TEXT_BUCKETS=16,32,...  the token-buffer lengths with a graph each (EngineOptions.text_buckets)
     FLASHRT_TUNING_CACHE=DIR        keep the load-time tuning's picks in DIR and reuse them at the next load of the
                                     same model, GPU, software and options (engine/tuning_cache.py); unset or "" = off
+    FLASHRT_VISION_MLP_PAD=N        the vision MLP's width rounded up to a multiple of N at load (zero rows of fc1, zero
+                                    columns of fc2: the same output; EngineOptions.vision_mlp_pad)
     FLASHRT_PREFIX_ATTENTION_WGMMA=1  the prefix attention tuning also times kernels/prefix_attention.py (wgmma)
     FLASHRT_HOST_WAIT=sync|poll     how predict waits for the GPU: the stream's synchronize, or an event polled with
                                     the GIL given up between queries (EngineOptions.host_wait; engine/host_wait.py)
@@ -144,6 +146,8 @@ class EngineOptions:
     decoder_key_block: int = 0               # keys per split of a denoising step's attention; 0: the kernels' own
     qkv_rope_rows: int = 0                   # rows per qkv_rope program; 0: the kernel's own (8 from 256 rows)
     denoise_step_block_d: int = 0            # the fused step kernels' row blocks; 0: the whole row in one pass
+    vision_mlp_pad: int = 0                  # opt-in (not yet measured): the vision MLP width rounded up to a
+                                             # multiple of this at load (zero rows / columns: the same output)
     fp8_decoder_weights: bool = False        # opt-in (measured slower): weight-only E4M3 for the decoder GEMMs
     chain_tuning: bool = True                # decoder GEMM configurations timed where they run (the denoiser)
     chain_tuning_passes: int = 2             # the chain tuning repeats until a pass changes nothing, at most this
@@ -182,6 +186,8 @@ class EngineOptions:
         if self.denoise_step_block_d not in (0, 64, 128, 256, 512, 1024, 2048):
             raise ValueError(f"denoise_step_block_d must be 0 (default) or a power of two from 64 to 2048, got "
                              f"{self.denoise_step_block_d!r}")
+        if not (isinstance(self.vision_mlp_pad, int) and self.vision_mlp_pad >= 0 and self.vision_mlp_pad % 8 == 0):
+            raise ValueError(f"vision_mlp_pad must be 0 (off) or a positive multiple of 8, got {self.vision_mlp_pad!r}")
         if not (isinstance(self.chain_tuning_passes, int) and 1 <= self.chain_tuning_passes <= 8):
             raise ValueError(f"chain_tuning_passes must be an int from 1 to 8, got {self.chain_tuning_passes!r}")
         if any((not isinstance(b, int)) or b <= 0 for b in self.text_buckets):
@@ -243,7 +249,8 @@ class EngineOptions:
                                     ("FLASHRT_QKV_ROPE_ROWS", "qkv_rope_rows", "1, 2, 4, 8 or 16"),
                                     ("FLASHRT_DENOISE_STEP_BLOCK_D", "denoise_step_block_d",
                                      "a power of two from 64 to 2048"),
-                                    ("FLASHRT_CHAIN_TUNING_PASSES", "chain_tuning_passes", "an int from 1 to 8")):
+                                    ("FLASHRT_CHAIN_TUNING_PASSES", "chain_tuning_passes", "an int from 1 to 8"),
+                                    ("FLASHRT_VISION_MLP_PAD", "vision_mlp_pad", "0 or a positive multiple of 8")):
             raw = env.get(name)
             if raw:                                       # integer options; the field checks the range
                 if not raw.isdigit():

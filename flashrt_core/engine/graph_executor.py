@@ -101,9 +101,12 @@ class EngineExecutor:
             if dispatch[Op.GEMM_PREFIX] == "fp8" else "-bf16")
         self.ops = Ops(dispatch)
         fold = dispatch.options.switch_on(Switch.FUSED_WEIGHTS)
-        if weights is not None and (weights.dtype != dtype or weights.folded != fold):
-            raise ValueError(f"shared weights are {weights.dtype} folded={weights.folded}, this executor needs "
-                             f"{dtype} folded={fold}")
+        mlp_pad = dispatch.options.vision_mlp_pad if dispatch.options.fast_paths else 0
+        if weights is not None and (weights.dtype != dtype or weights.folded != fold
+                                    or weights.vision_mlp_pad != mlp_pad):
+            raise ValueError(f"shared weights are {weights.dtype} folded={weights.folded} vision_mlp_pad="
+                             f"{weights.vision_mlp_pad}, this executor needs {dtype} folded={fold} "
+                             f"vision_mlp_pad={mlp_pad}")
         pack = self.ops.l2_prefetch                        # the prefetch reads one contiguous window per layer
         if pack and self.ops.decoder_fp8:
             raise ValueError("l2_prefetch prefetches the bf16 expert arena; it does not combine with "
@@ -112,7 +115,8 @@ class EngineExecutor:
             raise ValueError("shared weights have no expert arena, which l2_prefetch needs: prepare them with "
                              "pack_expert_weights=True")
         self.weights = weights if weights is not None else prepare_weights(model, dtype, fold=fold,
-                                                                            pack_expert_weights=pack)
+                                                                            pack_expert_weights=pack,
+                                                                            vision_mlp_pad=mlp_pad)
         buckets = {b for b in dispatch.options.text_buckets if b < config.max_token_len} | {config.max_token_len}
         buckets = sorted(buckets)
         self.text_buckets = tuple(buckets)

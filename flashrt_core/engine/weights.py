@@ -141,6 +141,7 @@ class EngineWeights:
     time_out: Linear | None                   # pi0: action_time_mlp_out
     dts: list[float]                          # Euler step sizes (all -1/steps)
     expert_arena: ExpertArena | None = None   # the expert's GEMM weights in one buffer (None: not asked/packable)
+    vision_mlp_pad: int = 0                   # the vision MLP width rounded up to a multiple of this (0: as is)
 
     def patch_gemm_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The fused patch embedding's (kernels/patch_embed.py) GEMM weight in the engine dtype, (Wv, 3 * p * p)
@@ -209,7 +210,25 @@ def _linear(module: torch.nn.Linear, dtype: torch.dtype) -> Linear:
     return _fold([module.weight], [module.bias], None, None, dtype, merge=True)
 
 
-def _vision(model: PiModel, dtype: torch.dtype, fold: bool) -> tuple[list[VisionLayer], tuple | None, Linear]:
+def pad_mlp_width(fc1: Linear, fc2: Linear, multiple: int) -> tuple[Linear, Linear]:
+    """fc1 / fc2 of an MLP with its hidden width rounded up to a multiple of `multiple`: zero rows (and zero bias)
+    appended to fc1, zero columns to fc2. The extra hidden units are act(0) = 0 for GELU, times zero weights: the
+    output is the same, only the GEMM shapes change (SigLIP's 4304 is not a multiple of 64). Merged Linears only."""
+    (w1, b1), (w2, b2) = fc1.parts[0], fc2.parts[0]
+    if len(fc1.parts) != 1 or len(fc2.parts) != 1 or w2.shape[1] != w1.shape[0]:
+        raise ValueError("pad_mlp_width: fc1 and fc2 must be single blocks with fc2's K = fc1's N")
+    width = w1.shape[0]
+    extra = -(-width // multiple) * multiple - width
+    if extra == 0:
+        return fc1, fc2
+    w1 = torch.cat([w1, w1.new_zeros(extra, w1.shape[1])])
+    b1 = None if b1 is None else torch.cat([b1, b1.new_zeros(extra)])
+    w2 = torch.cat([w2, w2.new_zeros(w2.shape[0], extra)], dim=1).contiguous()
+    return Linear([(w1, b1)]), Linear([(w2, b2)])
+
+
+def _vision(model: PiModel, dtype: torch.dtype, fold: bool,
+            mlp_pad: int = 0) -> tuple[list[VisionLayer], tuple | None, Linear]:
     layers = []
     for layer in model.vision.layers:
         att, mlp = layer.self_attn, layer.mlp
@@ -224,6 +243,9 @@ def _vision(model: PiModel, dtype: torch.dtype, fold: bool) -> tuple[list[Vision
             ln2=None if fold else tuple(_f32(t) for t in ln2),
             fc1=_fold([mlp.fc1.weight], [mlp.fc1.bias], *(ln2 if fold else (None, None)), dtype, merge=True),
             fc2=_linear(mlp.fc2, dtype)))
+        if mlp_pad:
+            last = layers[-1]
+            last.fc1, last.fc2 = pad_mlp_width(last.fc1, last.fc2, mlp_pad)
     post = (model.vision.post_layernorm.weight, model.vision.post_layernorm.bias)
     proj = model.vision.projector
     projector = _fold([proj.weight], [proj.bias], *(post if fold else (None, None)), dtype, merge=True)
@@ -272,13 +294,14 @@ def _pi05_tables(model: PiModel, times: list[float]) -> ExpertTables:
 
 @torch.no_grad()
 def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: bool = True,
-                    pack_expert_weights: bool = False) -> EngineWeights:
+                    pack_expert_weights: bool = False, vision_mlp_pad: int = 0) -> EngineWeights:
     """Engine weights from a loaded PiModel (any dtype): folded, merged, precomputed, cast to `dtype`;
-    `pack_expert_weights`: the expert's GEMM weights in one ExpertArena (what the L2 prefetch reads)."""
+    `pack_expert_weights`: the expert's GEMM weights in one ExpertArena (what the L2 prefetch reads);
+    `vision_mlp_pad`: the vision MLP's hidden width rounded up to a multiple of it (pad_mlp_width; 0: as is)."""
     cfg = model.config
     times = time_schedule(cfg.num_steps)
     vis = model.vision
-    vision_layers, post_ln, projector = _vision(model, dtype, fold)
+    vision_layers, post_ln, projector = _vision(model, dtype, fold, vision_mlp_pad)
     is_pi05 = model.is_pi05
     ex_w = cfg.expert.width
     tables = time_in_bias = None
@@ -314,7 +337,7 @@ def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: b
         action_out=(out_w.to(dtype).contiguous(), out_b),
         tables=tables, state_proj=state_proj, time_in_action=time_in_action, time_in_bias=time_in_bias,
         time_out=time_out, dts=[-1.0 / cfg.num_steps] * cfg.num_steps,
-        expert_arena=pack_expert(expert) if pack_expert_weights else None)
+        expert_arena=pack_expert(expert) if pack_expert_weights else None, vision_mlp_pad=vision_mlp_pad)
     log.info("engine weights prepared (%s, folded=%s, expert arena %s)", dtype, fold,
              "packed" if weights.expert_arena is not None else "not packed")
     return weights

@@ -21,10 +21,10 @@ from flashrt_core.fixtures import write_random_checkpoint
 FP32_ATOL = 2e-5  # same math in fp32, different op order (folded norms, merged GEMMs)
 
 
-def _dispatch(fused: bool) -> Dispatch:
+def _dispatch(fused: bool, **options) -> Dispatch:
     choice = {op: cands[-1].name for op, cands in TABLE.items()}
     choice.update({Op.EXECUTOR: "eager_engine", Op.GEMM_DECODER: "bf16", Op.ATTENTION: "math"})
-    return Dispatch(CPU, EngineOptions(fused_weights=fused, text_buckets=(16, 32)), choice)
+    return Dispatch(CPU, EngineOptions(fused_weights=fused, text_buckets=(16, 32), **options), choice)
 
 
 @pytest.fixture(scope="module", params=["pi05_tiny", "pi0_tiny"])
@@ -188,3 +188,29 @@ def test_fused_patch_embedding_pads_the_rows_and_keeps_the_actions(model_14px_pa
     patch_w, _ = engine.weights.patch_gemm_tables()
     assert patch_w.shape[1] == 592
     assert torch.equal(patch_w[:, 588:], torch.zeros_like(patch_w[:, 588:]))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_padded_vision_mlp_keeps_the_actions(model, fused):
+    """vision_mlp_pad rounds the vision MLP's hidden width up at load (zero rows and bias of fc1, zero columns of
+    fc2): the GEMM shapes change, the actions do not (the tiny width 64 becomes 96 with a multiple of 48)."""
+    from flashrt_core.engine.weights import pad_mlp_width
+    cfg = model.config
+    images, tokens, mask, state, noise = _inputs(cfg, np.random.default_rng(7), 9, (0, 1))
+    plain = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(fused), dtype=torch.float32)
+    padded = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(fused, vision_mlp_pad=48), dtype=torch.float32)
+    width = cfg.vision.mlp_dim
+    for before, after in zip(plain.weights.vision, padded.weights.vision):
+        (w1, b1), (w2, _) = after.fc1.parts[0], after.fc2.parts[0]
+        assert w1.shape == (96, before.fc1.parts[0][0].shape[1]) and w2.shape == (cfg.vision.width, 96)
+        assert torch.equal(w1[:width], before.fc1.parts[0][0]) and not w1[width:].any() and not b1[width:].any()
+        assert torch.equal(w2[:, :width], before.fc2.parts[0][0]) and not w2[:, width:].any()
+    assert padded.weights.vision_mlp_pad == 48 and plain.weights.vision_mlp_pad == 0
+    got = padded.predict_observation(images, tokens, mask, state, noise)
+    want = plain.predict_observation(images, tokens, mask, state, noise)
+    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
+    layer = plain.weights.vision[0]
+    assert pad_mlp_width(layer.fc1, layer.fc2, 64) == (layer.fc1, layer.fc2)      # a multiple already: unchanged
+    with pytest.raises(ValueError, match="shared weights .* vision_mlp_pad=0"):
+        EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(fused, vision_mlp_pad=48), dtype=torch.float32,
+                       weights=plain.weights)
