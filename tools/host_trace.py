@@ -159,8 +159,6 @@ def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, f
     replay, copy out, the engine's wait: `host_wait`) timed alone (median us of `calls`, no profiler) and stamped
     in line, in predict's order (the `inline_` keys); beside them the whole predict and the replay alone, back to
     back and after 0.5 ms of host work (does an idle GPU replay slower?)."""
-    import torch
-
     from flashrt_core.engine.graph_executor import graph_replay_ms
     ex = policy.executor
     policy.predict(images, prompt, state)
@@ -175,12 +173,7 @@ def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, f
 
     def replay_after_gap():
         spin(5e-4)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        entry.graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
+        return graph_replay_ms(entry.graph, 1)[0]
 
     ordered = steps[:4] + [("gpu_round_trip", round_trip)] + steps[4:]
 

@@ -647,8 +647,8 @@ class Ops:
         bias = torch.zeros(P, device=device)
         bias[P - P // 8:] = float("-inf")
         mask = KeyMask(bias, P, None, heads)
-        logits = torch.einsum("phd,kd->hpk", q.float(), k.float()) + bias
-        want = torch.einsum("hpk,kd->phd", torch.softmax(logits, dim=-1), v.float()).reshape(P, heads * head_dim)
+        want = self.k.attention_reference(q.float().reshape(P * heads, head_dim), k.float(), v.float(), bias, P,
+                                          None, heads, 1.0).reshape(P, heads * head_dim)    # fp32, heads stacked
         times = {}
         for impl in self.prefix_attention_candidates(P, heads, head_dim, device):
             try:
