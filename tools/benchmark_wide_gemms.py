@@ -14,6 +14,8 @@ in a CUDA graph and replayed (GPU time per call, no launch overhead):
                     gate/up only: F.linear then the engine's Triton GeGLU kernel (kernels/geglu.py)
     fp8             torch._scaled_mm, E4M3 weights and activations, per-tensor static scales (quantization of x not
                     timed: the engine's FP8 path quantizes in the kernel ahead where it can)
+    fp8_fast        the same with use_fast_accum: the tensor cores accumulate the whole K loop (no fp32 promotion
+                    every few K steps; EngineOptions.fp8_fast_accum)
     inductor        torch.compile(mode="max-autotune-no-cudagraphs") of the same function (linear, + GELU for fc1,
                     + GeGLU for gate/up): Inductor's Triton GEMM templates with fused epilogues, autotuned against
                     cuBLAS; whether a Triton GEMM beats the library at these shapes (--no-inductor skips it)
@@ -120,6 +122,8 @@ def forms(shape: Shape, device: torch.device, inductor: bool) -> dict[str, Calla
         xq, wq = (x.float() / sx).to(fp8), (w.float() / sw).to(fp8)
         out["fp8"] = lambda: after(torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw, bias=b,
                                                     out_dtype=torch.bfloat16))
+        out["fp8_fast"] = lambda: after(torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw, bias=b,
+                                                         out_dtype=torch.bfloat16, use_fast_accum=True))
     if inductor and device.type == "cuda":
         compiled = torch.compile(plain, mode="max-autotune-no-cudagraphs", dynamic=False)
         out["inductor"] = compiled

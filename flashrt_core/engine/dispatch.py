@@ -34,8 +34,11 @@ tests and bug reports:
     FLASHRT_TUNING_CACHE=DIR        keep the load-time tuning's picks in DIR and reuse them at the next load of the
                                     same model, GPU, software and options (engine/tuning_cache.py); unset or "" = off
     FLASHRT_VISION_MLP_PAD=N        the vision MLP's width rounded up to a multiple of N at load (zero rows of fc1, zero
-                                    columns of fc2: the same output; EngineOptions.vision_mlp_pad)
-    FLASHRT_PREFIX_ATTENTION_WGMMA=1  the prefix attention tuning also times kernels/prefix_attention.py (wgmma)
+                                    columns of fc2: the same output; EngineOptions.vision_mlp_pad, default 128; 0: off)
+    FLASHRT_PREFIX_ATTENTION_WGMMA=0  the prefix attention tuning leaves out kernels/prefix_attention.py (wgmma; on by
+                                    default where Gluon and an sm90+ GPU serve it)
+    FLASHRT_FP8_FAST_ACCUM=1        the FP8 GEMMs accumulate in the tensor cores over the whole K loop (faster, less exact
+                                    for long K; EngineOptions.fp8_fast_accum, opt-in)
     FLASHRT_HOST_WAIT=sync|poll     how predict waits for the GPU: the stream's synchronize, or an event polled with
                                     the GIL given up between queries (EngineOptions.host_wait; engine/host_wait.py)
 
@@ -138,6 +141,8 @@ class EngineOptions:
     fp8_scaling: str = "tensor"              # "tensor": static per-tensor scales; "row": per-token/per-channel
     fp8_scope: str = "backbone_mlp"          # FP8 GEMMs: "backbone_mlp" (passes the accuracy gate), "backbone"
                                              # (+ attention projections), "all" (+ the vision tower)
+    fp8_fast_accum: bool = False             # opt-in (not yet measured): the FP8 GEMMs accumulate in the tensor
+                                             # cores over the whole K loop (torch._scaled_mm use_fast_accum)
     pdl: bool = True                         # programmatic dependent launch (NVIDIA sm90+)
     l2_prefetch: bool = False                # opt-in (measured slower): bulk L2 prefetch of the expert's weights
     rope_in_attention: bool = True           # denoiser: RoPE inside the attention kernel, read from the QKV output
@@ -146,8 +151,8 @@ class EngineOptions:
     decoder_key_block: int = 0               # keys per split of a denoising step's attention; 0: the kernels' own
     qkv_rope_rows: int = 0                   # rows per qkv_rope program; 0: the kernel's own (8 from 256 rows)
     denoise_step_block_d: int = 0            # the fused step kernels' row blocks; 0: the whole row in one pass
-    vision_mlp_pad: int = 0                  # opt-in (not yet measured): the vision MLP width rounded up to a
-                                             # multiple of this at load (zero rows / columns: the same output)
+    vision_mlp_pad: int = 128                # the vision MLP width (4304) rounded up to a multiple of this at load
+                                             # (zero rows / columns: the same output); 0: as is
     fp8_decoder_weights: bool = False        # opt-in (measured slower): weight-only E4M3 for the decoder GEMMs
     chain_tuning: bool = True                # decoder GEMM configurations timed where they run (the denoiser)
     chain_tuning_passes: int = 2             # the chain tuning repeats until a pass changes nothing, at most this
@@ -160,8 +165,8 @@ class EngineOptions:
     ada_norm_fold: bool = False              # opt-in (measured slower): pi0.5's adaRMSNorms in the TMA GEMMs
     fused_denoise_step: bool = True          # kernels/denoise_step.py (pi0.5): the step ends, 2 launches not 7
     split_k_qkv: bool = False                # opt-in (measured slower): a split-K QKV candidate the attention sums
-    prefix_attention_wgmma: bool = False     # opt-in (not yet run on a GPU): kernels/prefix_attention.py joins the
-                                             # prefix attention tuning
+    prefix_attention_wgmma: bool = True      # kernels/prefix_attention.py (Hopper wgmma) joins the prefix
+                                             # attention tuning where it serves the GPU
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     tuning_cache: str = ""                   # a directory: the load-time tuning's picks kept there and reused
                                              # (engine/tuning_cache.py); "" = measure at every load
@@ -228,7 +233,8 @@ class EngineOptions:
                            ("FLASHRT_ADA_NORM_FOLD", "ada_norm_fold"),
                            ("FLASHRT_FUSED_DENOISE_STEP", "fused_denoise_step"),  # the default: 0 = off
                            ("FLASHRT_SPLIT_K_QKV", "split_k_qkv"),
-                           ("FLASHRT_PREFIX_ATTENTION_WGMMA", "prefix_attention_wgmma")):
+                           ("FLASHRT_PREFIX_ATTENTION_WGMMA", "prefix_attention_wgmma"),  # the default: 0 = off
+                           ("FLASHRT_FP8_FAST_ACCUM", "fp8_fast_accum")):
             if flag(name) is not None and attr not in changes:
                 changes[attr] = flag(name)
         if env.get("FLASHRT_TUNING_CACHE") is not None:          # a directory; "" turns it off

@@ -9,6 +9,10 @@ Scaling "tensor" (the issue's per-tensor static scales):
     W_q = W / s_w,  s_w = amax(W) / fmax                    (weights, once at load)
     x_q = clamp(x / s_x),  s_x = amax(x on a real observation) * CALIB_MARGIN / fmax     (activations, calibrated)
     y   = (x_q @ W_q^T) * s_x * s_w + b                     (torch._scaled_mm, bf16 out)
+Accumulation: cuBLASLt's FP8 GEMM on Hopper by default moves the tensor cores' partial sums into fp32 registers every
+few K steps (its slow, exact accumulation); `fast_accum` (EngineOptions.fp8_fast_accum, opt-in until measured: the
+accuracy gate and the bench part's A/B row) lets the tensor cores accumulate the whole K loop themselves
+(torch._scaled_mm's use_fast_accum), which is faster and less exact for long K (the down GEMM: K = 16384).
 Scaling "row": per-output-channel weight scales s_w[n] and per-token activation scales s_x[m] computed in the
 graph by kernels/fp8_quant.py (rowwise torch._scaled_mm): y[m, n] = (x_q @ W_q^T)[m, n] * s_x[m] * s_w[n] + b[n].
 
@@ -39,7 +43,8 @@ SCALINGS = ("tensor", "row")
 class Fp8Linear:
     """y = x @ W^T + b through torch._scaled_mm with static scales; x is quantized by kernels/fp8_quant.py."""
 
-    def __init__(self, lin: Linear, x_amax: float, dtype: torch.dtype, scaling: str = "tensor"):
+    def __init__(self, lin: Linear, x_amax: float, dtype: torch.dtype, scaling: str = "tensor",
+                 fast_accum: bool = False):
         if scaling not in SCALINGS:
             raise ValueError(f"FP8 scaling must be one of {SCALINGS}, got {scaling!r}")
         (w, b), = lin.parts
@@ -58,6 +63,7 @@ class Fp8Linear:
         self.x_inv = torch.tensor([1.0 / x_scale], device=w.device, dtype=torch.float32)
         self.bias = None if b is None else b.to(torch.bfloat16)
         self.dtype = dtype
+        self.fast_accum = bool(fast_accum)
         k = load_kernels()
         self._quant, self._quant_rows = k.fp8_quant, k.fp8_quant_rows
 
@@ -73,12 +79,13 @@ class Fp8Linear:
             raise ValueError(f"matmul_quantized takes a per-tensor {self.dtype} input, got {xq.dtype} "
                              f"({'row-wise' if self.rowwise else 'per-tensor'} layer)")
         return torch._scaled_mm(xq, self.w_q.t(), scale_a=self.x_scale, scale_b=self.w_scale, bias=self.bias,
-                                out_dtype=torch.bfloat16)
+                                out_dtype=torch.bfloat16, use_fast_accum=self.fast_accum)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.rowwise:
             xq, x_scale = self._quant_rows(x, self.dtype)                  # (M, K) fp8, (M, 1) fp32
-            y = torch._scaled_mm(xq, self.w_q.t(), scale_a=x_scale, scale_b=self.w_scale, out_dtype=torch.bfloat16)
+            y = torch._scaled_mm(xq, self.w_q.t(), scale_a=x_scale, scale_b=self.w_scale, out_dtype=torch.bfloat16,
+                                 use_fast_accum=self.fast_accum)
             return y if self.bias is None else y.add_(self.bias)
         return self.matmul_quantized(self._quant(x.contiguous(), self.x_inv, self.dtype))   # (M, K) fp8 input
 
@@ -127,20 +134,25 @@ def wide_linears(w: EngineWeights, scope: str = "backbone_mlp") -> list[Linear]:
 
 
 def quantize_wide(w: EngineWeights, amax: dict[int, float], fmt: str, scaling: str = "tensor",
-                  scope: str = "backbone_mlp") -> int:
-    """Attach Fp8Linear to every wide GEMM of `scope` whose input amax was calibrated. Returns how many."""
+                  scope: str = "backbone_mlp", fast_accum: bool = False) -> int:
+    """Attach Fp8Linear to every wide GEMM of `scope` whose input amax was calibrated. Returns how many.
+    Weights shared with an executor that quantized them already keep its Fp8Linear, which must accumulate as
+    asked (`fast_accum`)."""
     dtype = FP8_DTYPES[fmt]
     count = 0
     for lin in wide_linears(w, scope):
         if lin.fp8 is not None:          # weights shared with an executor that calibrated them already
+            if lin.fp8.fast_accum != bool(fast_accum):
+                raise ValueError(f"shared FP8 weights accumulate with fp8_fast_accum={lin.fp8.fast_accum}, this "
+                                 f"executor needs fp8_fast_accum={bool(fast_accum)}: load the weights apart")
             count += 1
             continue
         if id(lin) not in amax:
             raise ValueError("FP8 calibration did not see every wide GEMM; run it on a full observation")
         if len(lin.parts) != 1:
             raise ValueError("FP8 needs merged weights (fused_weights on)")
-        lin.fp8 = Fp8Linear(lin, amax[id(lin)], dtype, scaling)
+        lin.fp8 = Fp8Linear(lin, amax[id(lin)], dtype, scaling, fast_accum)
         count += 1
-    log.info("FP8 %s (%s scales, scope %s) on %d wide GEMMs (activation margin %.2f)", fmt, scaling, scope, count,
-             CALIB_MARGIN)
+    log.info("FP8 %s (%s scales, scope %s, %s accumulation) on %d wide GEMMs (activation margin %.2f)", fmt, scaling,
+             scope, "fast" if fast_accum else "exact", count, CALIB_MARGIN)
     return count

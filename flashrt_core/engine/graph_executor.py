@@ -476,8 +476,9 @@ class EngineExecutor:
             forward(entry.ws, self.weights, self.ops)
         finally:
             amax, self.ops.calibration = self.ops.calibration, None
-        quantize_wide(self.weights, amax, self.dispatch[Op.FP8_FORMAT], self.dispatch.options.fp8_scaling,
-                      self.dispatch.options.fp8_scope)
+        options = self.dispatch.options
+        quantize_wide(self.weights, amax, self.dispatch[Op.FP8_FORMAT], options.fp8_scaling, options.fp8_scope,
+                      options.fp8_fast_accum)
         self.fp8_calibrated = True
 
     def _run(self, key: tuple, entry: _Entry, timer: PhaseTimer | None = None) -> None:

@@ -193,11 +193,12 @@ def test_fused_patch_embedding_pads_the_rows_and_keeps_the_actions(model_14px_pa
 @pytest.mark.parametrize("fused", [True, False])
 def test_padded_vision_mlp_keeps_the_actions(model, fused):
     """vision_mlp_pad rounds the vision MLP's hidden width up at load (zero rows and bias of fc1, zero columns of
-    fc2): the GEMM shapes change, the actions do not (the tiny width 64 becomes 96 with a multiple of 48)."""
+    fc2): the GEMM shapes change, the actions do not (the tiny width 64 becomes 96 with a multiple of 48). The
+    default pads to a multiple of 128; 0 (FLASHRT_VISION_MLP_PAD=0) leaves the width as it is."""
     from flashrt_core.engine.weights import pad_mlp_width
     cfg = model.config
     images, tokens, mask, state, noise = _inputs(cfg, np.random.default_rng(7), 9, (0, 1))
-    plain = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(fused), dtype=torch.float32)
+    plain = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(fused, vision_mlp_pad=0), dtype=torch.float32)
     padded = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(fused, vision_mlp_pad=48), dtype=torch.float32)
     width = cfg.vision.mlp_dim
     for before, after in zip(plain.weights.vision, padded.weights.vision):
@@ -206,6 +207,8 @@ def test_padded_vision_mlp_keeps_the_actions(model, fused):
         assert torch.equal(w1[:width], before.fc1.parts[0][0]) and not w1[width:].any() and not b1[width:].any()
         assert torch.equal(w2[:, :width], before.fc2.parts[0][0]) and not w2[:, width:].any()
     assert padded.weights.vision_mlp_pad == 48 and plain.weights.vision_mlp_pad == 0
+    assert EngineOptions().vision_mlp_pad == 128
+    assert EngineOptions.from_env(env={"FLASHRT_VISION_MLP_PAD": "0"}).vision_mlp_pad == 0
     got = padded.predict_observation(images, tokens, mask, state, noise)
     want = plain.predict_observation(images, tokens, mask, state, noise)
     np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)

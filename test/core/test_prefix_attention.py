@@ -37,17 +37,18 @@ def test_sdpa_and_mqa_prefix_attention_agree_with_padded_keys(impl):
 
 
 def test_the_wgmma_kernel_joins_the_tuning_only_where_switched_on_and_served():
-    """kernels/prefix_attention.py is an opt-in candidate (EngineOptions.prefix_attention_wgmma,
-    FLASHRT_PREFIX_ATTENTION_WGMMA=1) that also needs Gluon on an sm90+ GPU: on the CPU it is never a candidate,
+    """kernels/prefix_attention.py is a candidate by default (EngineOptions.prefix_attention_wgmma; off with
+    FLASHRT_PREFIX_ATTENTION_WGMMA=0) that also needs Gluon on an sm90+ GPU: on the CPU it is never a candidate,
     switched on or not, and every other implementation stays one."""
     cpu = torch.device("cpu")
     others = [i for i in PREFIX_ATTENTION_IMPLS if not i.startswith("wgmma")]
     assert {"wgmma", "wgmma_overlap"} <= set(PREFIX_ATTENTION_IMPLS)
-    for options in (EngineOptions(), EngineOptions(prefix_attention_wgmma=True)):
+    assert EngineOptions().prefix_attention_wgmma
+    for options in (EngineOptions(), EngineOptions(prefix_attention_wgmma=False)):
         ops = Ops(resolve(CPU, options))
         assert ops.prefix_attention_wgmma == options.prefix_attention_wgmma
         assert ops.prefix_attention_candidates(576, 8, 256, cpu) == others
-    assert EngineOptions.from_env(env={"FLASHRT_PREFIX_ATTENTION_WGMMA": "1"}).prefix_attention_wgmma
+    assert not EngineOptions.from_env(env={"FLASHRT_PREFIX_ATTENTION_WGMMA": "0"}).prefix_attention_wgmma
     assert not Ops(resolve(CPU, EngineOptions(prefix_attention_wgmma=True, fast_paths=False))).prefix_attention_wgmma
 
 

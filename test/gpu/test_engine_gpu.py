@@ -19,6 +19,7 @@ from flashrt_core.config import get_config
 from flashrt_core.engine import EngineOptions, Op, build_executor
 from flashrt_core.engine.gate import GATE_BF16, GATE_FP8, cosine, random_observation, reference_actions
 from flashrt_core.engine.graph_executor import EngineExecutor
+from flashrt_core.engine.fp8 import wide_linears
 from flashrt_core.executor import ReferenceExecutor
 from flashrt_core.fixtures import CONFIG_FILE, write_random_checkpoint
 
@@ -148,7 +149,8 @@ def test_new_prompt_does_not_recapture(tiny):
     ("pi05", "bf16+no_fused_denoise_step"),  # the step ends as separate ops (the fused ones: default)
     ("pi05", "fp8+no_fused_denoise_step"),
     ("pi05", "bf16+split_k_qkv"),           # the TMA GEMMs forced, QKV split-K 2 summed by the attention (opt-in)
-    ("pi05", "bf16+prefix_attention_wgmma"),  # the prefix attention forced to kernels/prefix_attention.py (opt-in)
+    ("pi05", "bf16+prefix_attention_wgmma"),  # the prefix attention forced to kernels/prefix_attention.py
+    ("pi05", "fp8+fp8_fast_accum"),         # the FP8 GEMMs accumulating in the tensor cores (opt-in)
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
@@ -163,7 +165,7 @@ def test_accuracy_gate_full_size(name, precision):
                                           ada_norm_fold=extra == "smem_gemm_ada_fold",
                                           fused_denoise_step=extra != "no_fused_denoise_step",
                                           split_k_qkv=extra == "split_k_qkv",
-                                          prefix_attention_wgmma=extra == "prefix_attention_wgmma",
+                                          fp8_fast_accum=extra == "fp8_fast_accum",
                                           **(ONE_PASS if extra else {})))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
     assert engine.name.endswith(prec)
@@ -181,13 +183,15 @@ def test_accuracy_gate_full_size(name, precision):
             assert engine.ops.decoder_impl["qkv"].split_k == 2
         engine._entries.clear()     # recapture with them
         assert engine.ops.ada_fold_applies(engine.suffix_len) == (extra == "smem_gemm_ada_fold")
-    if extra == "prefix_attention_wgmma":   # the tuning checked it against the fp32 attention and timed it; force it
+    if extra == "prefix_attention_wgmma":   # the tuning (a default candidate) checked it and timed it; force it
         assert {"wgmma", "wgmma_overlap"} <= set(engine.ops.prefix_attention_timings), \
             engine.ops.prefix_attention_timings
         engine.ops.prefix_attention_impl = "wgmma"
         engine._entries.clear()
     cosines = []
     for seed in range(GATE_OBSERVATIONS):
+        if seed == 1 and prec == "fp8":     # calibrated on the first observation: each FP8 GEMM accumulates as asked
+            assert {lin.fp8.fast_accum for lin in wide_linears(engine.weights)} == {extra == "fp8_fast_accum"}
         obs = random_observation(cfg, np.random.default_rng(seed), views=2 + seed % 2, n_text=20 + 13 * seed,
                                  vocab=1024)
         got = engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
