@@ -21,7 +21,8 @@ warps run the softmax, for 41 more registers (253, no spill on sm90) and one unu
 Provenance: the online softmax is FlashAttention's (Dao et al.); the Gluon structure (TMA descriptors, mbarriers,
 warpgroup_mma with the A operand in registers) follows Triton's Gluon tutorials. Written without a GPU at hand
 (session 13): compiled for sm90 ahead of time (tools/kernel_resources.py); its GPU test compares it with
-kernels/attention.py attention_reference.
+kernels/attention.py attention_reference. Measured on the H200 in session 14: 17.7 us per call at 576 tokens (560
+valid keys), against 25.4 us for the Triton kernel of kernels/attention.py; `wgmma_overlap` 20.1 us.
 """
 
 from __future__ import annotations

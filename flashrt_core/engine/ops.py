@@ -64,7 +64,7 @@ VISION_ATTENTION_CHECK_ATOL = 3e-2   # tune_vision_attention's check of each bac
 # splits of 32 rows 35.0, one split of 16 rows 28.4.
 PREFIX_ATTENTION_IMPLS = ("mqa", "mqa_split1", "mqa_split4", "sdpa_gqa", "sdpa_expand", "sdpa_repeat", "wgmma",
                           "wgmma_overlap")
-WGMMA_PREFIX_ATTENTION = ("wgmma", "wgmma_overlap")     # kernels/prefix_attention.py: opt-in candidates
+WGMMA_PREFIX_ATTENTION = ("wgmma", "wgmma_overlap")     # kernels/prefix_attention.py (prefix_attention_wgmma)
 # tune_prefix_attention's check of each implementation against the fp32 softmax attention before it is timed: bf16
 # outputs of |v| ~ 1 values, as VISION_ATTENTION_CHECK_ATOL
 PREFIX_ATTENTION_CHECK_ATOL = 3e-2
