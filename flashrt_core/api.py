@@ -90,16 +90,18 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_DTYPES)} or a torch dtype")
 
 
-def build_executor(model, config: ModelConfig, device: torch.device, hardware: str, engine_options=None):
+def build_executor(model, config: ModelConfig, device: torch.device, hardware: str, engine_options=None,
+                   action_affine=None):
     """The graph engine on CUDA when available (hardware != "reference"), else the eager reference path.
-    engine_options: a flashrt_core.engine.EngineOptions (FP8, switches, text buckets); None = defaults + env."""
+    engine_options: a flashrt_core.engine.EngineOptions (FP8, switches, text buckets); None = defaults + env.
+    action_affine: (scale, offset) of the action unnormalization, for the graph engine to apply in its graph."""
     if hardware == "reference":
         return ReferenceExecutor(model, config, device)
     engine_available = importlib.util.find_spec("flashrt_core.engine") is not None
     if device.type == "cuda" and engine_available:
         engine = importlib.import_module("flashrt_core.engine")
         if hasattr(engine, "build_executor"):
-            return engine.build_executor(model, config, device, hardware, engine_options)
+            return engine.build_executor(model, config, device, hardware, engine_options, action_affine)
     if hardware != "auto":
         raise ValueError(f"hardware={hardware!r} needs a CUDA device and flashrt_core.engine.build_executor "
                          f"(device {device}, engine available: {engine_available})")
@@ -129,12 +131,17 @@ class Policy:
 
     def __init__(self, model, config: ModelConfig, executor, tokenizer: PromptTokenizer,
                  normalizer: normalization.Normalizer, device: torch.device, model_id: str,
-                 gpu_preprocess: bool = True):
+                 gpu_preprocess: bool = True, gpu_unnormalize: bool = True):
         """model: the PiModel, or None where the executor does not use it (the graph engine has its own weights;
         load_model drops it then). gpu_preprocess: when the executor offers predict_observation (the graph
         engine), hand it the raw uint8 images so resize-with-pad runs inside its graph; False resizes on the host
-        (A/B switch)."""
+        (A/B switch). gpu_unnormalize: with gpu_preprocess, let the graph unnormalize the actions too where the
+        executor holds this normalizer's action affine (`action_affine`, given by load_model); False, or another
+        affine, unnormalizes on the host (A/B switch)."""
         self.gpu_preprocess = gpu_preprocess and hasattr(executor, "predict_observation")
+        self.gpu_unnormalize = (self.gpu_preprocess and gpu_unnormalize
+                                and _same_affine(getattr(executor, "action_affine", None),
+                                                 normalizer.action_affine(config.max_action_dim)))
         self.model = model
         self.config = config
         self.executor = executor
@@ -208,9 +215,12 @@ class Policy:
         if self.gpu_preprocess:
             views = preprocess.validate_images(images, self.config.view_names)
             tokens, token_masks, state_padded = self._encode_prompt_and_state(prompt, state, text_slots)
-            actions = self.executor.predict_observation(  # [horizon, 32] normalized, numpy
+            actions = self.executor.predict_observation(  # [horizon, 32] numpy, in robot units with gpu_unnormalize
                 views, tokens, token_masks, None if state_padded is None else state_padded.numpy(),
-                self._host_noise(noise))  # stays on the host: the executor stages it into its pinned blob
+                self._host_noise(noise),  # stays on the host: the executor stages it into its pinned blob
+                unnormalize=self.gpu_unnormalize)
+            if self.gpu_unnormalize:
+                return np.ascontiguousarray(actions[:, :self.config.action_dim])   # float32, unnormalized
             return self.postprocess(torch.from_numpy(actions))
         inputs = self._prepare_inputs(images, prompt, state, noise, text_slots)
         actions = self.executor.sample_actions(*inputs)  # [1, horizon, 32] normalized
@@ -296,7 +306,8 @@ class Policy:
 def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig | None = None,
                device: str | torch.device = "auto", dtype: str | torch.dtype | None = None,
                hardware: str = "auto", tokenizer: str | Path | PromptTokenizer | None = None,
-               require_norm_stats: bool = True, engine_options=None, gpu_preprocess: bool | None = None) -> Policy:
+               require_norm_stats: bool = True, engine_options=None, gpu_preprocess: bool | None = None,
+               gpu_unnormalize: bool | None = None) -> Policy:
     """Load a checkpoint directory (None: the demo checkpoint) into a ready Policy.
 
     The robot's state_dim / action_dim come from the config when it sets them (a ModelConfig, or overrides in
@@ -304,7 +315,9 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     unless require_norm_stats=False (then states and actions pass through unnormalized).
 
     engine_options (flashrt_core.engine.EngineOptions) tunes the graph engine (FP8, switches); gpu_preprocess
-    None reads FLASHRT_GPU_PREPROCESS (default 1): with the graph engine, images are resized inside its graph.
+    None reads FLASHRT_GPU_PREPROCESS (default 1): with the graph engine, images are resized inside its graph;
+    gpu_unnormalize None reads FLASHRT_GPU_UNNORMALIZE (default 1): with the GPU preprocessing, the actions are
+    unnormalized inside the graph too (Policy.__init__).
     """
     ckpt_dir = ensure_demo_checkpoint() if checkpoint is None else Path(checkpoint)
     if not ckpt_dir.is_dir():
@@ -327,12 +340,10 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
                               f"model's vocab_size {cfg.paligemma.vocab_size}")
     model = load_model_weights(ckpt_dir, cfg, dev, torch_dtype)
     normalizer = normalization.Normalizer(stats, cfg.norm_mode.value)  # identity when stats is None
-    executor = build_executor(model, cfg, dev, hardware, engine_options)
-    if gpu_preprocess is None:
-        raw = os.environ.get("FLASHRT_GPU_PREPROCESS", "1")
-        if raw not in ("0", "1"):
-            raise ValueError(f"FLASHRT_GPU_PREPROCESS must be 0 or 1, got {raw!r}")
-        gpu_preprocess = raw == "1"
+    executor = build_executor(model, cfg, dev, hardware, engine_options,
+                              action_affine=normalizer.action_affine(cfg.max_action_dim))
+    gpu_preprocess = _env_switch("FLASHRT_GPU_PREPROCESS") if gpu_preprocess is None else gpu_preprocess
+    gpu_unnormalize = _env_switch("FLASHRT_GPU_UNNORMALIZE") if gpu_unnormalize is None else gpu_unnormalize
     model_id = f"{cfg.name}:{ckpt_dir.resolve().name}"
     log.info("loaded %s on %s (%s, executor %s)", model_id, dev, torch_dtype, getattr(executor, "name", executor))
     # The graph engine keeps its own merged / folded / cast weights and never reads the model again: without
@@ -340,4 +351,21 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     # folded layers) are freed, instead of doubling the weight memory.
     keep = model if getattr(executor, "uses_model", True) else None
     del model
-    return Policy(keep, cfg, executor, tokenizer, normalizer, dev, model_id, gpu_preprocess)
+    return Policy(keep, cfg, executor, tokenizer, normalizer, dev, model_id, gpu_preprocess, gpu_unnormalize)
+
+
+def _env_switch(name: str) -> bool:
+    """A 0 / 1 environment switch that is on when unset."""
+    raw = os.environ.get(name, "1")
+    if raw not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+def _same_affine(held, wanted) -> bool:
+    """Whether an executor's in-graph action affine (float32) is the normalizer's (float64), to float32 precision."""
+    if held is None:
+        return False
+    return all(np.asarray(h).shape == np.asarray(w).shape
+               and np.allclose(h, np.asarray(w, dtype=np.float32), rtol=1e-6, atol=0)
+               for h, w in zip(held, wanted))

@@ -17,6 +17,9 @@ the GPU resize, the cache off, then on twice (the first measures and stores the 
 --host-waits sync poll loads the engine once per way it waits for the GPU at the end of predict (the stream's
 synchronize, or an event polled: flashrt_core/engine/host_wait.py), to compare them in one run.
 
+--host-unnormalize adds a load with the GPU resize whose actions are unnormalized on the host after the copy out
+(gpu_unnormalize=False), beside the default that unnormalizes inside the graph: the A/B of that switch.
+
 --spin-sweep 0 1 3 10 (any machine) times predict's host steps right after the thread spun that many ms: whether
 they run slower the longer they have not run, whatever the thread did meanwhile.
 
@@ -79,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a directory: load with the tuning cache off, then on twice, instead of the two resizes")
     parser.add_argument("--host-waits", nargs="+", default=["sync"], choices=HOST_WAITS,
                         help="one GPU-resize load per way to wait for the GPU (engine/host_wait.py), in turn")
+    parser.add_argument("--host-unnormalize", action="store_true",
+                        help="one more GPU-resize load that unnormalizes the actions on the host (A/B)")
     parser.add_argument("--spin-sweep", type=float, nargs="+", default=[], metavar="MS",
                         help="per load: predict's host steps timed right after the thread spun MS ms (0: back to "
                              "back), no GPU involved: do they slow down with the time since they last ran?")
@@ -86,15 +91,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="on a GPU: profile N more calls per load and split them into host and GPU segments")
     args = parser.parse_args(argv)
 
-    # (GPU resize, tuning cache directory or "", host wait)
-    loads = ([(True, "", "sync"), (True, args.tuning_cache, "sync"), (True, args.tuning_cache, "sync")]
-             if args.tuning_cache else [(True, "", wait) for wait in args.host_waits] + [(False, "", "sync")])
+    # (GPU resize, tuning cache directory or "", host wait, unnormalize in the graph)
+    loads = ([(True, "", "sync", True), (True, args.tuning_cache, "sync", True),
+              (True, args.tuning_cache, "sync", True)] if args.tuning_cache else
+             [(True, "", wait, True) for wait in args.host_waits]
+             + ([(True, "", "sync", False)] if args.host_unnormalize else []) + [(False, "", "sync", True)])
     rows = []
-    for gpu_preprocess, cache, wait in loads:
+    for gpu_preprocess, cache, wait, gpu_unnormalize in loads:
         options = EngineOptions.from_env(EngineOptions(tuning_cache=cache, host_wait=wait))
         t0 = time.perf_counter()
         policy = flashrt_core.load_model(args.checkpoint, device=args.device, gpu_preprocess=gpu_preprocess,
-                                         engine_options=options)
+                                         gpu_unnormalize=gpu_unnormalize, engine_options=options)
         load_s = time.perf_counter() - t0
         rng = np.random.default_rng(0)
         images = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(args.views)]
@@ -123,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"config": policy.config.name, "executor": getattr(policy.executor, "name", "?"),
                      "prompt_tokens": prompt_tokens, "text_bucket": bucket, "replay_median_ms": replay,
                      "host_trace_ms": trace, "host_steps_us": steps, "spin_sweep_us": sweep,
-                     "gpu_preprocess": policy.gpu_preprocess, "views": args.views, "horizon": policy.horizon,
+                     "gpu_preprocess": policy.gpu_preprocess, "gpu_unnormalize": policy.gpu_unnormalize,
+                     "views": args.views, "horizon": policy.horizon,
                      "tuning": getattr(policy.executor, "tuning_source", "none"),
                      "host_wait": options.host_wait,
                      "calls": args.calls, "load_s": load_s, "first_call_s": first_s, **percentiles(samples)})
@@ -138,10 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# Policy.predict benchmark ({meta['gpu']})", "",
              f"{meta['date']}, torch {meta['torch']}, Python {meta['python']}. Public API, 480x640 uint8 frames "
              "in host memory -> actions in host memory, prompt tokenization cached after the first call.", "",
-             "| config | executor | GPU resize | tuning | host wait | views | horizon | prompt tokens (bucket) | "
-             "load s | first call s | median ms | p90 ms | p99 ms | max ms | graph replay ms |", "|---" * 15 + "|"]
+             "| config | executor | GPU resize | unnormalize | tuning | host wait | views | horizon | "
+             "prompt tokens (bucket) | load s | first call s | median ms | p90 ms | p99 ms | max ms | "
+             "graph replay ms |", "|---" * 16 + "|"]
     for r in rows:
-        lines.append(f"| {r['config']} | {r['executor']} | {r['gpu_preprocess']} | {r['tuning']} | "
+        lines.append(f"| {r['config']} | {r['executor']} | {r['gpu_preprocess']} | "
+                     f"{'graph' if r['gpu_unnormalize'] else 'host'} | {r['tuning']} | "
                      f"{r['host_wait']} | {r['views']} | "
                      f"{r['horizon']} | {r['prompt_tokens']} ({r['text_bucket'] or '-'}) | "
                      f"{r['load_s']:.1f} | {r['first_call_s']:.2f} | {r['median_ms']:.2f} | {r['p90_ms']:.2f} | "

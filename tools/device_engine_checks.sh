@@ -44,11 +44,12 @@
 # load: tools/benchmark_policy_predict.py --tuning-cache: pi0.5 loaded with the tuning cache off, then on twice (the
 #   first measures and stores the picks, the second reads them), the load seconds and Policy.predict after each
 #   (policy_predict_*_tuning_cache.json/.md, load.log; the entry itself under tuning_cache/).
-# host: tools/benchmark_policy_predict.py --host-waits sync poll --host-trace 30 --spin-sweep ...: pi0.5 with the
-#   GPU resize, the engine waiting for the GPU by the stream's synchronize, then by polling an event
-#   (engine/host_wait.py), then with the host resize; 200 timed calls each, the host steps after 0-10.6 ms of
-#   spinning (no GPU), then 30 traced calls split into the host's work before the GPU, the copy in, the wait for
-#   the graph launch, the replay, the copy out and the host after it (policy_predict_*.json/.md, host.log).
+# host: tools/benchmark_policy_predict.py --host-waits sync --host-unnormalize --host-trace 30: pi0.5 with the GPU
+#   resize and the actions unnormalized inside the graph (the default), then unnormalized on the host after the copy
+#   out (gpu_unnormalize=False), then with the host resize; 200 timed calls each, then 30 traced calls split into
+#   the host's work before the GPU, the copy in, the wait for the graph launch, the replay, the copy out and the
+#   host after it, and the host steps timed alone and in line (policy_predict_*.json/.md, host.log). Session 14
+#   measured `--host-waits sync poll` and `--spin-sweep` here.
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
 #   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
@@ -128,7 +129,7 @@ if [ "$PART" = host ]; then           # not in "all": two full loads of pi0.5 (t
   CKPT="$FLASHRT_FULL_CKPT_ROOT/pi05"
   [ -f "$CKPT/flashrt_config.json" ] || "$PY" -m flashrt_core.fixtures "$CKPT" --config pi05 > "$OUT/host.log" 2>&1
   FLASHRT_TUNING_CACHE=/tmp/flashrt_tuning_cache timeout 420 "$PY" tools/benchmark_policy_predict.py \
-    --checkpoint "$CKPT" --host-waits sync poll --host-trace 30 --spin-sweep 0 1 3 10.6 --out "$OUT" \
+    --checkpoint "$CKPT" --host-waits sync --host-unnormalize --host-trace 30 --out "$OUT" \
     >> "$OUT/host.log" 2>&1
   echo "benchmark_policy_predict rc=$?" >> "$OUT/host.log"
 fi

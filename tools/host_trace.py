@@ -97,7 +97,8 @@ def spin(seconds: float) -> None:
 def host_steps(policy, images, prompt: str, state) -> list[tuple[str, Callable[[], object]]]:
     """The host's steps of one `Policy.predict`, in its order, as callables: validate the images, encode prompt and
     state, draw the noise, copy the frames into the staging blob (the graph engine's pinned blob when the policy
-    runs one, after one predict has made it; else host arrays of the frames' shapes), unnormalize. What predict
+    runs one, after one predict has made it; else host arrays of the frames' shapes), unnormalize (on the host, or
+    with `policy.gpu_unnormalize` in the graph: then only the slice to the robot's action width). What predict
     runs between them on the GPU path is the GPU round trip (host_steps_us). A diagnostic: it reaches into the
     executor's staging blob the way `predict_observation` does."""
     import torch
@@ -119,7 +120,8 @@ def host_steps(policy, images, prompt: str, state) -> list[tuple[str, Callable[[
             ("encode_prompt_and_state", lambda: policy._encode_prompt_and_state(prompt, state)),
             ("noise", lambda: policy._host_noise(None)),
             ("stage_frames", stage_frames),
-            ("postprocess", lambda: policy.postprocess(actions))]
+            ("postprocess", (lambda: np.ascontiguousarray(actions.numpy()[:, :policy.action_dim]))
+             if getattr(policy, "gpu_unnormalize", False) else (lambda: policy.postprocess(actions)))]
 
 
 def _engine_entry(policy, prompt: str, state):
@@ -168,7 +170,8 @@ def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, f
     def round_trip():
         entry.staging.upload()
         entry.graph.replay()
-        entry.out_host.copy_(entry.ws.actions, non_blocking=True)        # Policy unnormalizes on the host
+        entry.out_host.copy_(entry.ws.robot_actions if policy.gpu_unnormalize else entry.ws.actions,
+                             non_blocking=True)                           # as predict_observation copies out
         ex._host_wait()                                                   # the engine's own wait (host_wait)
 
     def replay_after_gap():

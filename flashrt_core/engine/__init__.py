@@ -18,8 +18,10 @@ __all__ = ["Dispatch", "EngineOptions", "Hardware", "Op", "Switch", "build_execu
 
 
 def build_executor(model, config: ModelConfig, device: torch.device | str, hardware: str | Hardware = "auto",
-                   options: EngineOptions | None = None):
-    """The executor the dispatch table picks for this device, hardware setting and options (env vars applied)."""
+                   options: EngineOptions | None = None, action_affine=None):
+    """The executor the dispatch table picks for this device, hardware setting and options (env vars applied).
+    action_affine: (scale, offset) of the action unnormalization (Normalizer.action_affine), which the graph
+    engine can apply inside its graph (predict_observation(unnormalize=True)); the reference executor ignores it."""
     device = torch.device(device)
     hw = detect_hardware(hardware, device)
     dispatch = resolve(hw, EngineOptions.from_env(options))
@@ -27,4 +29,4 @@ def build_executor(model, config: ModelConfig, device: torch.device | str, hardw
         from flashrt_core.executor import ReferenceExecutor
         return ReferenceExecutor(model, config, device)
     from .graph_executor import EngineExecutor
-    return EngineExecutor(model, config, device, dispatch)
+    return EngineExecutor(model, config, device, dispatch, action_affine=action_affine)

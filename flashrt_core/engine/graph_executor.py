@@ -132,6 +132,9 @@ class EngineExecutor:
         self.decoder_chain_passes = 0
         self._affine = None if action_affine is None else tuple(
             torch.as_tensor(np.asarray(a, dtype=np.float32), device=device) for a in action_affine)
+        if self._affine is not None and any(a.shape != (config.max_action_dim,) for a in self._affine):
+            raise ValueError(f"action_affine must be (scale, offset) of {config.max_action_dim} values each, got "
+                             f"shapes {[tuple(a.shape) for a in self._affine]}")
         if self.ops.ada_fold and (self.weights.tables is None or not self.weights.folded
                                   or self.suffix_len > load_kernels().SMEM_GEMM_MAX_ROWS):
             self.ops.ada_fold = False                   # pi0, unmerged weights or too many rows: nothing to fold
@@ -491,6 +494,12 @@ class EngineExecutor:
         else:
             with torch.inference_mode():
                 forward(entry.ws, self.weights, self.ops, timer)
+
+    @property
+    def action_affine(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(scale, offset) float32 (A,) that predict_observation(unnormalize=True) applies inside the graph, or
+        None when none was given at construction."""
+        return None if self._affine is None else tuple(a.cpu().numpy() for a in self._affine)
 
     # ---------------------------------------------------------------------------------------------- host path
     def _stage_text(self, sv: dict, tokens: np.ndarray, token_mask: np.ndarray, text_len: int) -> None:

@@ -200,8 +200,9 @@ def test_load_options_are_validated_and_close_releases(ckpt_dir):
         policy.predict(IMAGES, "pick", state=np.zeros(32))
 
 
-def _cpu_engine(policy, text_buckets=(64, 128)):
-    """The graph engine's executor over the policy's model, eager on the CPU with the plain-PyTorch ops."""
+def _cpu_engine(policy, text_buckets=(64, 128), action_affine=None):
+    """The graph engine's executor over the policy's model, eager on the CPU with the plain-PyTorch ops;
+    action_affine: the unnormalization it can apply itself (None: none)."""
     from flashrt_core.engine.dispatch import TABLE, Dispatch, EngineOptions, Op
     from flashrt_core.engine.graph_executor import EngineExecutor
     from flashrt_core.engine.hardware import CPU
@@ -209,13 +210,55 @@ def _cpu_engine(policy, text_buckets=(64, 128)):
     choice = {op: cands[-1].name for op, cands in TABLE.items()}
     choice.update({Op.EXECUTOR: "eager_engine", Op.GEMM_DECODER: "bf16", Op.ATTENTION: "math"})
     return EngineExecutor(policy.model, policy.config, torch.device("cpu"),
-                          Dispatch(CPU, EngineOptions(text_buckets=text_buckets), choice), dtype=torch.float32)
+                          Dispatch(CPU, EngineOptions(text_buckets=text_buckets), choice), dtype=torch.float32,
+                          action_affine=action_affine)
 
 
-def _with_executor(policy, executor):
+def _with_executor(policy, executor, **switches):
     """The same model, tokenizer and normalization as `policy`, run by `executor`."""
     return flashrt_core.api.Policy(policy.model, policy.config, executor, policy.tokenizer, policy.normalizer,
-                                   policy.device, policy.model_id)
+                                   policy.device, policy.model_id, **switches)
+
+
+def test_the_engine_unnormalizes_inside_its_graph_where_it_holds_the_policys_affine(demo, monkeypatch):
+    """With the normalizer's action affine given to the engine (load_model does), Policy.predict asks the engine
+    for actions in robot units (predict_observation(unnormalize=True): the affine runs in the graph, no host
+    arithmetic after the wait) and they equal the host unnormalization; gpu_unnormalize=False, an engine without
+    the affine, or one holding another affine, unnormalizes on the host."""
+    affine = demo.normalizer.action_affine(demo.config.max_action_dim)
+    assert not (np.allclose(affine[0], 1.0) and np.allclose(affine[1], 0.0))      # the demo's stats are not identity
+    engine = _cpu_engine(demo, action_affine=affine)
+    np.testing.assert_array_equal(engine.action_affine[0], affine[0].astype(np.float32))
+    asked = []
+    real = engine.predict_observation
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs.get("unnormalize", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "predict_observation", recording)
+    images = _model_sized_images(demo)
+    state = np.linspace(-0.5, 0.5, 32)
+    in_graph = _with_executor(demo, engine)
+    on_host = _with_executor(demo, engine, gpu_unnormalize=False)
+    assert in_graph.gpu_unnormalize and not on_host.gpu_unnormalize
+    got = in_graph.predict(images, "pick up the red block", state=state, noise=NOISE)
+    want = on_host.predict(images, "pick up the red block", state=state, noise=NOISE)
+    assert asked == [True, False]
+    assert got.dtype == np.float32 and got.shape == (demo.horizon, demo.action_dim) and got.flags.c_contiguous
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    tokens, mask, _ = demo._encode_prompt_and_state("pick up the red block", state)
+    normalized = real(flashrt_core.preprocess.validate_images(images, demo.config.view_names), tokens, mask, None,
+                      NOISE)
+    assert not np.allclose(got, normalized[:, :demo.action_dim], atol=1e-3)            # really unnormalized
+    assert not _with_executor(demo, _cpu_engine(demo)).gpu_unnormalize                   # no affine held
+    other = (affine[0] * 2.0, affine[1])
+    assert not _with_executor(demo, _cpu_engine(demo, action_affine=other)).gpu_unnormalize
+    with pytest.raises(ValueError, match="action_affine must be"):
+        _cpu_engine(demo, action_affine=(affine[0][:7], affine[1][:7]))
+    monkeypatch.setenv("FLASHRT_GPU_UNNORMALIZE", "2")
+    with pytest.raises(ValueError, match="FLASHRT_GPU_UNNORMALIZE must be 0 or 1"):
+        flashrt_core.load_model(device="cpu")
 
 
 def test_the_engine_needs_no_model_after_load(ckpt_dir):

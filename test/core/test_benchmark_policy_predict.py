@@ -40,11 +40,14 @@ def test_the_tuning_cache_plan_loads_three_times(tmp_path):
 def test_one_gpu_resize_load_per_host_wait(tmp_path):
     ckpt = write_random_checkpoint(tmp_path / "ckpt", "pi05_tiny", seed=2)
     assert bench.main(["--checkpoint", str(ckpt), "--device", "cpu", "--calls", "2", "--views", "1",
-                       "--host-waits", "sync", "poll", "--out", str(tmp_path / "out")]) == 0
+                       "--host-waits", "sync", "poll", "--host-unnormalize", "--out", str(tmp_path / "out")]) == 0
     (result,) = (tmp_path / "out").glob("policy_predict_cpu_*.json")
     rows = json.loads(result.read_text())["rows"]
-    # no graph engine on the CPU: the rows still name the wait each load asked for
-    assert [r["host_wait"] for r in rows] == ["sync", "poll", "sync"]
+    # no graph engine on the CPU: the rows still name the wait each load asked for; --host-unnormalize adds a load
+    # (the reference path unnormalizes on the host either way)
+    assert [r["host_wait"] for r in rows] == ["sync", "poll", "sync", "sync"]
+    assert not any(r["gpu_unnormalize"] for r in rows)
+    assert "| unnormalize |" in (tmp_path / "out" / result.with_suffix(".md").name).read_text()
 
 
 def test_the_spin_sweep_times_every_host_step_after_each_spin(tmp_path, capsys):

@@ -83,6 +83,25 @@ def test_host_wait_modes_give_the_same_actions(checkpoint, tmp_path):
     poll.close()
 
 
+def test_unnormalizing_in_the_graph_gives_the_host_unnormalization(checkpoint):
+    """load_model hands the engine the normalizer's action affine: Policy.predict gets robot units straight from
+    the graph (gpu_unnormalize, the default), equal to the host unnormalization of the normalized actions
+    (gpu_unnormalize=False) on the same engine, graph and noise to fp32 rounding."""
+    on = flashrt_core.load_model(checkpoint, device="cuda")
+    assert on.gpu_unnormalize and on.executor.action_affine is not None
+    off = flashrt_core.api.Policy(None, on.config, on.executor, on.tokenizer, on.normalizer, on.device, on.model_id,
+                                  gpu_unnormalize=False)
+    assert not off.gpu_unnormalize
+    rng = np.random.default_rng(11)
+    for _ in range(OBSERVATIONS):
+        images, state, noise = _observation(rng, on)
+        a = on.predict(images, "wipe the table", state, noise)
+        b = off.predict(images, "wipe the table", state, noise)
+        assert a.dtype == np.float32 and a.shape == b.shape == (on.horizon, on.action_dim)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(np.abs(b).max()))
+    on.close()
+
+
 # What a load/predict/close cycle may leave for the life of the process (cuBLAS workspaces per handle and stream);
 # an engine that is not freed leaves its weights, static buffers and graph pools.
 CYCLE_LEAK_TOLERANCE_B = 4 * 1024 * 1024
