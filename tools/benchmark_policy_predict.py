@@ -23,6 +23,10 @@ synchronize, or an event polled: flashrt_core/engine/host_wait.py), to compare t
 --spin-sweep 0 1 3 10 (any machine) times predict's host steps right after the thread spun that many ms: whether
 they run slower the longer they have not run, whatever the thread did meanwhile.
 
+--cpu-engine (a machine without a GPU) runs the graph engine's executor eagerly on the CPU (its plain-PyTorch ops)
+instead of the reference path, so the host steps of the GPU path (the frames staged for predict_observation, the
+actions unnormalized in the graph or on the host) can be timed here; its predict times are the CPU's, not a GPU's.
+
 --host-trace N (on a GPU) profiles N more calls of each load and splits each into the host's work before the GPU,
 the copy in, the wait for the graph launch, the replay, the copy out and the host after it (tools/host_trace.py):
 where predict's time beyond the graph goes.
@@ -59,6 +63,26 @@ def percentiles(samples_s: list[float]) -> dict[str, float]:
             "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max())}
 
 
+def cpu_engine_policy(policy, options: EngineOptions, gpu_preprocess: bool, gpu_unnormalize: bool):
+    """The same checkpoint's Policy run by the graph engine's executor, eagerly on the CPU with its plain-PyTorch
+    ops and the normalizer's action affine (as load_model gives it on a GPU); `policy` (the CPU reference path)
+    keeps the model."""
+    from flashrt_core.api import Policy
+    from flashrt_core.engine.dispatch import TABLE, Dispatch, Op
+    from flashrt_core.engine.graph_executor import EngineExecutor
+    from flashrt_core.engine.hardware import CPU
+
+    if policy.device.type != "cpu" or policy.model is None:
+        raise SystemExit("--cpu-engine needs --device cpu")
+    choice = {op: cands[-1].name for op, cands in TABLE.items()}           # the plain-PyTorch implementations
+    choice.update({Op.EXECUTOR: "eager_engine", Op.GEMM_DECODER: "bf16", Op.ATTENTION: "math"})
+    cfg = policy.config
+    engine = EngineExecutor(policy.model, cfg, policy.device, Dispatch(CPU, options, choice), dtype=torch.float32,
+                            action_affine=policy.normalizer.action_affine(cfg.max_action_dim))
+    return Policy(policy.model, cfg, engine, policy.tokenizer, policy.normalizer, policy.device, policy.model_id,
+                  gpu_preprocess, gpu_unnormalize)
+
+
 def replay_median_ms(executor, bucket: int | None, calls: int) -> float | None:
     """GPU time of the captured graph that served the calls (the graph engine's entry of this text bucket),
     median of `calls` replays; None without one (the reference path, the CPU). predict minus this is what the
@@ -87,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spin-sweep", type=float, nargs="+", default=[], metavar="MS",
                         help="per load: predict's host steps timed right after the thread spun MS ms (0: back to "
                              "back), no GPU involved: do they slow down with the time since they last ran?")
+    parser.add_argument("--cpu-engine", action="store_true",
+                        help="no GPU: the graph engine's executor run eagerly on the CPU, for the GPU path's host steps")
     parser.add_argument("--host-trace", type=int, default=0, metavar="N",
                         help="on a GPU: profile N more calls per load and split them into host and GPU segments")
     args = parser.parse_args(argv)
@@ -102,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         policy = flashrt_core.load_model(args.checkpoint, device=args.device, gpu_preprocess=gpu_preprocess,
                                          gpu_unnormalize=gpu_unnormalize, engine_options=options)
+        if args.cpu_engine:
+            policy = cpu_engine_policy(policy, options, gpu_preprocess, gpu_unnormalize)
         load_s = time.perf_counter() - t0
         rng = np.random.default_rng(0)
         images = [rng.integers(0, 256, (480, 640, 3), dtype=np.uint8) for _ in range(args.views)]

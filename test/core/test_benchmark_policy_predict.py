@@ -63,3 +63,17 @@ def test_the_spin_sweep_times_every_host_step_after_each_spin(tmp_path, capsys):
         assert all(list(us) == steps and min(us.values()) > 0 for us in sweep.values())
     out = capsys.readouterr().out
     assert "| spin ms | validate_images |" in out and "\n| 2 | " in out
+
+
+def test_the_cpu_engine_times_the_gpu_paths_host_steps(tmp_path):
+    """--cpu-engine: the graph engine's executor, eager on the CPU, serves the loads, so the rows and the spin sweep
+    show the GPU path's host steps: the unnormalization in the graph (the default) and on the host (the A/B load);
+    the host-resize load runs the same executor through sample_actions."""
+    ckpt = write_random_checkpoint(tmp_path / "ckpt", "pi05_tiny", seed=2)
+    assert bench.main(["--checkpoint", str(ckpt), "--device", "cpu", "--cpu-engine", "--host-unnormalize",
+                       "--calls", "2", "--views", "1", "--spin-sweep", "0", "--out", str(tmp_path / "out")]) == 0
+    (result,) = (tmp_path / "out").glob("policy_predict_cpu_*.json")
+    rows = json.loads(result.read_text())["rows"]
+    assert [(r["executor"].startswith("engine"), r["gpu_preprocess"], r["gpu_unnormalize"]) for r in rows] == \
+        [(True, True, True), (True, True, False), (True, False, False)]
+    assert all(r["spin_sweep_us"]["0.0"]["postprocess"] > 0 for r in rows)
