@@ -319,6 +319,8 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     gpu_unnormalize None reads FLASHRT_GPU_UNNORMALIZE (default 1): with the GPU preprocessing, the actions are
     unnormalized inside the graph too (Policy.__init__).
     """
+    gpu_preprocess = _env_switch("FLASHRT_GPU_PREPROCESS") if gpu_preprocess is None else gpu_preprocess
+    gpu_unnormalize = _env_switch("FLASHRT_GPU_UNNORMALIZE") if gpu_unnormalize is None else gpu_unnormalize
     ckpt_dir = ensure_demo_checkpoint() if checkpoint is None else Path(checkpoint)
     if not ckpt_dir.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {ckpt_dir}")
@@ -342,8 +344,6 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     normalizer = normalization.Normalizer(stats, cfg.norm_mode.value)  # identity when stats is None
     executor = build_executor(model, cfg, dev, hardware, engine_options,
                               action_affine=normalizer.action_affine(cfg.max_action_dim))
-    gpu_preprocess = _env_switch("FLASHRT_GPU_PREPROCESS") if gpu_preprocess is None else gpu_preprocess
-    gpu_unnormalize = _env_switch("FLASHRT_GPU_UNNORMALIZE") if gpu_unnormalize is None else gpu_unnormalize
     model_id = f"{cfg.name}:{ckpt_dir.resolve().name}"
     log.info("loaded %s on %s (%s, executor %s)", model_id, dev, torch_dtype, getattr(executor, "name", executor))
     # The graph engine keeps its own merged / folded / cast weights and never reads the model again: without

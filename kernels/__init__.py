@@ -18,6 +18,7 @@ from .euler import euler, euler_reference
 from .fp8_quant import fp8_quant, fp8_quant_reference, fp8_quant_rows, fp8_quant_rows_reference
 from .geglu import geglu, geglu_reference
 from .patch_embed import patch_rows, patch_rows_reference
+from .prefix_attention import BLOCK_N as PREFIX_ATTENTION_BLOCK_N
 from .prefix_attention import prefix_attention, prefix_attention_supported
 from .qkv_gemm_rope import qkv_gemm_rope, qkv_gemm_rope_reference
 from .qkv_rope import qkv_rope, qkv_rope_reference, qkv_rope_rows_per_program, rope_tables
@@ -35,7 +36,7 @@ __all__ = [
     "fp8_quant", "fp8_quant_reference", "fp8_quant_rows", "fp8_quant_rows_reference",
     "geglu", "geglu_reference",
     "patch_rows", "patch_rows_reference",
-    "prefix_attention", "prefix_attention_supported",
+    "PREFIX_ATTENTION_BLOCK_N", "prefix_attention", "prefix_attention_supported",
     "qkv_gemm_rope", "qkv_gemm_rope_reference",
     "qkv_rope", "qkv_rope_reference", "qkv_rope_rows_per_program", "rope_tables",
     "residual_norm", "residual_norm_reference",

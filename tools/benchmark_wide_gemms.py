@@ -19,6 +19,9 @@ in a CUDA graph and replayed (GPU time per call, no launch overhead):
     inductor        torch.compile(mode="max-autotune-no-cudagraphs") of the same function (linear, + GELU for fc1,
                     + GeGLU for gate/up): Inductor's Triton GEMM templates with fused epilogues, autotuned against
                     cuBLAS; whether a Triton GEMM beats the library at these shapes (--no-inductor skips it)
+    fp8_inductor    the fp8_fast GEMM under the same torch.compile: Inductor's Triton scaled-mm templates against
+                    cuBLASLt's FP8 kernel, which runs the 576-row gate/up with its GeGLU at 590-650 TFLOP/s
+                    (session 14), a third of the H200's dense FP8 peak
 
     python tools/benchmark_wide_gemms.py --views 2 --out docs/benchmarks/wide_gemms_<gpu>_<date>.json
 
@@ -127,6 +130,11 @@ def forms(shape: Shape, device: torch.device, inductor: bool) -> dict[str, Calla
     if inductor and device.type == "cuda":
         compiled = torch.compile(plain, mode="max-autotune-no-cudagraphs", dynamic=False)
         out["inductor"] = compiled
+        if "fp8" in out:        # Inductor's Triton scaled-mm templates (persistent TMA on Hopper) against cuBLASLt
+            scaled = torch.compile(lambda: torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw, bias=b,
+                                                            out_dtype=torch.bfloat16, use_fast_accum=True),
+                                   mode="max-autotune-no-cudagraphs", dynamic=False)
+            out["fp8_inductor"] = lambda: after(scaled())
     return out
 
 

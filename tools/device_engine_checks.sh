@@ -26,12 +26,13 @@
 # engine-gates: the accuracy gates of pi0.5 and pi0 on the defaults, bf16 and FP8, and of the switches that turn
 #   a default off (pytest_engine_gates.log); engine-gates-forced: the gates with the TMA GEMMs forced, with the
 #   adaRMSNorm fold, with the split-K QKV, with the TMA GEMMs off, and with the prefix attention forced to
-#   kernels/prefix_attention.py (pytest_engine_gates_forced.log).
+#   kernels/prefix_attention.py, one split or two (pytest_engine_gates_forced.log).
 # Every pytest log is verbose (-v), so a part cut off by its time limit still names the tests that ran.
 # bench: pi0.5 2 views h10, bf16 and FP8 on the defaults, beside the A/B rows of the wgmma prefix attention left
-#   out of the tuning (bf16, no_prefix_attention_wgmma), of the vision MLP unpadded (bf16, vision_mlp_pad=0) and of
-#   the FP8 GEMMs with fast accumulation (fp8-with_fp8_fast_accum, opt-in); the fused step ends, the 8-row qkv_rope
-#   and the one-pass step ends were A/B-measured in sessions 13-14: five engines of ~45 s load each
+#   out of the tuning (bf16, no_prefix_attention_wgmma), of its key-split forms in the tuning (bf16,
+#   with_prefix_attention_split, opt-in), of the vision MLP unpadded (bf16, vision_mlp_pad=0) and of the FP8 GEMMs
+#   with fast accumulation (fp8-with_fp8_fast_accum, opt-in); the fused step ends, the 8-row qkv_rope and the
+#   one-pass step ends were A/B-measured in sessions 13-14: six engines of ~45 s load each
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
 #   (timeline.json, timeline.log: per kernel, what runs before the vision tower, one vision layer, one denoising
 #   layer), and again with 480x640 camera frames resized inside the graph (timeline_480x640.*: the resize's cost).
@@ -84,14 +85,14 @@ fi
 
 if [ "$PART" = engine-gates ] || [ "$PART" = all ]; then
   timeout 520 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
-    -k "accuracy_gate and not (smem_gemm or split_k_qkv or prefix_attention_wgmma)" \
+    -k "accuracy_gate and not (smem_gemm or split_k_qkv or prefix_attention_wgmma or prefix_attention_split)" \
     > "$OUT/pytest_engine_gates.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_gates.log"
 fi
 
 if [ "$PART" = engine-gates-forced ] || [ "$PART" = all ]; then
   timeout 400 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
-    -k "accuracy_gate and (smem_gemm or split_k_qkv or prefix_attention_wgmma)" \
+    -k "accuracy_gate and (smem_gemm or split_k_qkv or prefix_attention_wgmma or prefix_attention_split)" \
     > "$OUT/pytest_engine_gates_forced.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_gates_forced.log"
 fi
@@ -102,7 +103,7 @@ if [ "$PART" = bench ] || [ "$PART" = all ]; then
   export FLASHRT_TUNING_CACHE="${FLASHRT_TUNING_CACHE:-/tmp/flashrt_tuning_cache}"
   timeout 420 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate \
-    --ab-switches-off prefix_attention_wgmma --ab-options vision_mlp_pad=0 --ab-fp8-options with_fp8_fast_accum \
+    --ab-switches-off prefix_attention_wgmma --ab-options vision_mlp_pad=0 with_prefix_attention_split --ab-fp8-options with_fp8_fast_accum \
     --out-dir "$OUT" --tag device_checks \
     > "$OUT/engine.log" 2>&1
   timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \

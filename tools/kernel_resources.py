@@ -225,22 +225,30 @@ def denoise_step_configs(width: int = 1024) -> list[KernelConfig]:
 
 def prefix_attention_configs() -> list[KernelConfig]:
     """kernels/prefix_attention.py (the prefix attention on wgmma) at the backbone's head dim 256, with the TMA
-    descriptors its launcher builds; empty where Triton has no Gluon."""
+    descriptors its launcher builds: the one-split forms (64-key blocks, both forms, both launch modes) and the
+    key-split forms (32- or 64-key blocks, 2 splits, PDL); empty where Triton has no Gluon."""
     pa = _kernels_module("prefix_attention")
     if not pa.HAVE_GLUON:
         return []
     from triton.experimental.gluon import language as gl
     q_layout = gl.NVMMASharedLayout.get_default_for([pa.BLOCK_M, pa.CHUNK], gl.bfloat16)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([pa.BLOCK_N, pa.CHUNK], gl.bfloat16)
-    signature = {"q_desc": f"tensordesc<bf16[{pa.BLOCK_M}, {pa.CHUNK}],{q_layout!r}>",
-                 "k_desc": f"tensordesc<bf16[{pa.BLOCK_N}, {pa.CHUNK}],{kv_layout!r}>",
-                 "v_desc": f"tensordesc<bf16[{pa.BLOCK_N}, {pa.CHUNK}],{kv_layout!r}>",
-                 "bias_ptr": "*fp32", "o_ptr": "*bf16", "Mq": "i32", "P": "i32", "stride_o": "i32"}
-    return [KernelConfig(f"prefix attention on wgmma (head dim 256, PDL {pdl}{', overlap' if overlap else ''})",
-                         pa._prefix_attention_kernel, signature,
-                         {"NCHUNK": 256 // pa.CHUNK, "LOG2E": pa.LOG2E, "PDL": pdl, "OVERLAP": overlap}, 4, 1,
-                         ("stride_o",))
-            for overlap in (False, True) for pdl in (0, 1)]
+
+    def config(block_n: int, splits: int, overlap: bool, pdl: int) -> KernelConfig:
+        kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, pa.CHUNK], gl.bfloat16)
+        part = "*fp32" if splits > 1 else "*bf16"          # with one split the launcher passes `out` for both
+        signature = {"q_desc": f"tensordesc<bf16[{pa.BLOCK_M}, {pa.CHUNK}],{q_layout!r}>",
+                     "k_desc": f"tensordesc<bf16[{block_n}, {pa.CHUNK}],{kv_layout!r}>",
+                     "v_desc": f"tensordesc<bf16[{block_n}, {pa.CHUNK}],{kv_layout!r}>",
+                     "bias_ptr": "*fp32", "o_ptr": "*bf16", "acc_ptr": part, "ml_ptr": part, "Mq": "i32",
+                     "P": "i32", "stride_o": "i32", "blocks_per_split": "i32"}
+        name = (f"prefix attention on wgmma (head dim 256, {block_n}-key blocks, {splits} split"
+                f"{'s' if splits > 1 else ''}, PDL {pdl}{', overlap' if overlap else ''})")
+        return KernelConfig(name, pa._prefix_attention_kernel, signature,
+                            {"NCHUNK": 256 // pa.CHUNK, "LOG2E": pa.LOG2E, "PDL": pdl, "OVERLAP": overlap,
+                             "SPLITS": splits}, 4, 1, ("stride_o",))
+
+    return ([config(pa.BLOCK_N, 1, overlap, pdl) for overlap in (False, True) for pdl in (0, 1)]
+            + [config(block_n, splits, False, 1) for block_n, splits in ((32, 1), (32, 2), (64, 2))])
 
 
 def main() -> None:

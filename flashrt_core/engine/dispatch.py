@@ -37,6 +37,8 @@ tests and bug reports:
                                     columns of fc2: the same output; EngineOptions.vision_mlp_pad, default 128; 0: off)
     FLASHRT_PREFIX_ATTENTION_WGMMA=0  the prefix attention tuning leaves out kernels/prefix_attention.py (wgmma; on by
                                     default where Gluon and an sm90+ GPU serve it)
+    FLASHRT_PREFIX_ATTENTION_SPLIT=1  the prefix attention tuning also times kernels/prefix_attention.py's key-split
+                                    forms (2 or 3 programs per 64 query rows, merged after; opt-in)
     FLASHRT_FP8_FAST_ACCUM=1        the FP8 GEMMs accumulate in the tensor cores over the whole K loop (faster, less exact
                                     for long K; EngineOptions.fp8_fast_accum, opt-in)
     FLASHRT_HOST_WAIT=sync|poll     how predict waits for the GPU: the stream's synchronize, or an event polled with
@@ -167,6 +169,7 @@ class EngineOptions:
     split_k_qkv: bool = False                # opt-in (measured slower): a split-K QKV candidate the attention sums
     prefix_attention_wgmma: bool = True      # kernels/prefix_attention.py (Hopper wgmma) joins the prefix
                                              # attention tuning where it serves the GPU
+    prefix_attention_split: bool = False     # opt-in (not yet run on a GPU): its key-split forms join it too
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     tuning_cache: str = ""                   # a directory: the load-time tuning's picks kept there and reused
                                              # (engine/tuning_cache.py); "" = measure at every load
@@ -234,6 +237,7 @@ class EngineOptions:
                            ("FLASHRT_FUSED_DENOISE_STEP", "fused_denoise_step"),  # the default: 0 = off
                            ("FLASHRT_SPLIT_K_QKV", "split_k_qkv"),
                            ("FLASHRT_PREFIX_ATTENTION_WGMMA", "prefix_attention_wgmma"),  # the default: 0 = off
+                           ("FLASHRT_PREFIX_ATTENTION_SPLIT", "prefix_attention_split"),
                            ("FLASHRT_FP8_FAST_ACCUM", "fp8_fast_accum")):
             if flag(name) is not None and attr not in changes:
                 changes[attr] = flag(name)

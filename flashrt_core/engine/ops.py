@@ -62,9 +62,15 @@ VISION_ATTENTION_CHECK_ATOL = 3e-2   # tune_vision_attention's check of each bac
 # on the H200 at 576 keys (session 7, us per layer): mqa 36.8, mqa_split1 25.3 (picked), mqa_split4 29.5, SDPA
 # 45.0-53.1; also measured and dropped: one split with 32-row query blocks (144 programs, 2 per SM) 29.7 us, two
 # splits of 32 rows 35.0, one split of 16 rows 28.4.
-PREFIX_ATTENTION_IMPLS = ("mqa", "mqa_split1", "mqa_split4", "sdpa_gqa", "sdpa_expand", "sdpa_repeat", "wgmma",
-                          "wgmma_overlap")
-WGMMA_PREFIX_ATTENTION = ("wgmma", "wgmma_overlap")     # kernels/prefix_attention.py (prefix_attention_wgmma)
+# kernels/prefix_attention.py's forms, by name: the launcher's arguments. "wgmma" measured 17.7 us on the H200
+# (session 14) against 25.4 for mqa_split1, "wgmma_overlap" 20.1 (prefix_attention_wgmma); the key-split forms
+# (prefix_attention_split, opt-in until their GPU test has run) run 2 or 3 programs per 64 query rows, each over
+# its share of the keys, and merge them in one more launch: the one-split kernel keeps 72 of 132 SMs busy at 2 views.
+WGMMA_PREFIX_ATTENTION = {"wgmma": {}, "wgmma_overlap": {"overlap": True}}
+WGMMA_SPLIT_PREFIX_ATTENTION = {"wgmma_split2": {"splits": 2, "block_n": 32}, "wgmma_split3": {"splits": 3, "block_n": 32},
+                                "wgmma_split2_bn64": {"splits": 2, "block_n": 64}}
+PREFIX_ATTENTION_IMPLS = ("mqa", "mqa_split1", "mqa_split4", "sdpa_gqa", "sdpa_expand", "sdpa_repeat",
+                          *WGMMA_PREFIX_ATTENTION, *WGMMA_SPLIT_PREFIX_ATTENTION)
 # tune_prefix_attention's check of each implementation against the fp32 softmax attention before it is timed: bf16
 # outputs of |v| ~ 1 values, as VISION_ATTENTION_CHECK_ATOL
 PREFIX_ATTENTION_CHECK_ATOL = 3e-2
@@ -213,6 +219,8 @@ class Ops:
         # kernels/prefix_attention.py (wgmma) among the tuning's prefix attention candidates (on by default:
         # 17.7 us against 25.4 for the mqa kernel on the H200; EngineOptions.prefix_attention_wgmma)
         self.prefix_attention_wgmma = dispatch.options.prefix_attention_wgmma and dispatch.options.fast_paths
+        # its key-split forms too: opt-in (EngineOptions.prefix_attention_split), not yet run on a GPU
+        self.prefix_attention_split = dispatch.options.prefix_attention_split and dispatch.options.fast_paths
         self.prefix_attention_timings: dict[str, float] = {}
         self.vision_attention_backend = "default"                   # tune_vision_attention may change it
         self.vision_attention_timings: dict[str, float] = {}
@@ -606,13 +614,16 @@ class Ops:
         boolean key mask, the one K/V head shared by enable_gqa, by a stride-0 view, or by a copy per head: which
         of torch's fused backends accepts which form differs, so the tuning times all three;
         "wgmma" / "wgmma_overlap": kernels/prefix_attention.py (Gluon, sm90+), the heads stacked on the query axis;
-        with _overlap the next key block's q @ k^T runs on the tensor cores during this block's softmax.
+        with _overlap the next key block's q @ k^T runs on the tensor cores during this block's softmax;
+        "wgmma_split2" / "wgmma_split3" / "wgmma_split2_bn64": the same kernel with 2 or 3 programs per 64 query
+        rows over their shares of the keys (32- or 64-key blocks), merged by kernels/attention.py's combine kernel.
         None: the choice of tune_prefix_attention."""
         P, H, Dh = q.shape
         impl = impl or self.prefix_attention_impl
-        if impl in WGMMA_PREFIX_ATTENTION:
+        form = WGMMA_PREFIX_ATTENTION.get(impl, WGMMA_SPLIT_PREFIX_ATTENTION.get(impl))
+        if form is not None:
             return self.k.prefix_attention(q.reshape(P * H, Dh), k, v, mask.bias[:P], pdl=self.launch_mode("other"),
-                                           overlap=impl == "wgmma_overlap").view(P, H * Dh)
+                                           **form).view(P, H * Dh)
         if impl.startswith("sdpa"):
             kk, vv = k[None, None], v[None, None]                                          # (1, 1, P, Dh)
             if impl != "sdpa_gqa":
@@ -627,10 +638,24 @@ class Ops:
         return self.mqa(q.view(P * H, Dh), k, v, mask, 1.0, splits=splits).view(P, H * Dh)
 
     def prefix_attention_candidates(self, P: int, heads: int, head_dim: int, device: torch.device) -> list[str]:
-        """The implementations tune_prefix_attention times: all but the wgmma kernel's two forms, which join where
-        they are switched on (prefix_attention_wgmma) and the kernel serves this shape and device."""
-        wgmma = self.prefix_attention_wgmma and self.k.prefix_attention_supported(P * heads, P, head_dim, device)
-        return [impl for impl in PREFIX_ATTENTION_IMPLS if impl not in WGMMA_PREFIX_ATTENTION or wgmma]
+        """The implementations tune_prefix_attention times: all but the wgmma kernel's forms, which join where they
+        are switched on (prefix_attention_wgmma; the key-split forms also prefix_attention_split) and the kernel
+        serves this shape and device with that form's splits and key blocks."""
+        def served(form: dict) -> bool:
+            return self.k.prefix_attention_supported(P * heads, P, head_dim, device, form.get("splits", 1),
+                                                     form.get("block_n", self.k.PREFIX_ATTENTION_BLOCK_N))
+
+        out = []
+        for impl in PREFIX_ATTENTION_IMPLS:
+            if impl in WGMMA_PREFIX_ATTENTION:
+                if not (self.prefix_attention_wgmma and served(WGMMA_PREFIX_ATTENTION[impl])):
+                    continue
+            elif impl in WGMMA_SPLIT_PREFIX_ATTENTION:
+                if not (self.prefix_attention_wgmma and self.prefix_attention_split
+                        and served(WGMMA_SPLIT_PREFIX_ATTENTION[impl])):
+                    continue
+            out.append(impl)
+        return out
 
     def tune_prefix_attention(self, P: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
                               layers: int, reps: int = 3) -> dict[str, float]:

@@ -67,7 +67,8 @@ def test_unmerged_weights_are_not_packed(model):
 def test_engine_forward_on_packed_weights_matches_the_reference(model):
     """The forward reads the expert through the arena's views exactly as through separate tensors."""
     from test.core.test_engine_forward import FP32_ATOL, _dispatch, _inputs, _reference
-    packed = prepare_weights(model, torch.float32, fold=True, pack_expert_weights=True)
+    packed = prepare_weights(model, torch.float32, fold=True, pack_expert_weights=True,
+                             vision_mlp_pad=EngineOptions.vision_mlp_pad)     # as the executor's options pad it
     assert packed.expert_arena is not None
     engine = EngineExecutor(model, model.config, torch.device("cpu"), _dispatch(True), dtype=torch.float32,
                             weights=packed)
@@ -81,7 +82,7 @@ def test_prefetching_engine_refuses_shared_weights_without_an_arena(model):
     from test.core.test_engine_forward import _dispatch
     dispatch = _dispatch(True)
     prefetching = Dispatch(dispatch.hardware, dispatch.options, {**dispatch.choice, Op.L2_PREFETCH: "bulk"})
-    plain = prepare_weights(model, torch.float32, fold=True)
+    plain = prepare_weights(model, torch.float32, fold=True, vision_mlp_pad=EngineOptions.vision_mlp_pad)
     with pytest.raises(ValueError, match="no expert arena"):
         EngineExecutor(model, model.config, torch.device("cpu"), prefetching, dtype=torch.float32, weights=plain)
 

@@ -91,30 +91,38 @@ def test_every_skinny_candidate_fits_shared_memory_at_the_largest_rows_it_serves
 
 
 def test_prefix_attention_on_wgmma_compiles_without_spills_and_runs_both_products_on_tensor_cores():
-    """kernels/prefix_attention.py at head dim 256, both forms and launch modes: compiles for sm90 with no spill
+    """kernels/prefix_attention.py at head dim 256, every form and launch mode: compiles for sm90 with no spill
     inside one SM's shared memory, and the PTX has what the kernel is for: the 16 + 16 wgmma instructions of one
-    key block (q @ k^T over four 64-wide K steps, p @ v into four 64-column chunks, each 4 k16 steps), TMA copies
-    of q and of K / V, and no trip of p through shared memory between the two products."""
+    key block (q @ k^T over four 64-wide K steps; p @ v into four 64-column chunks, in 64-key blocks 4 k16 steps
+    each, in 32-key blocks 2 k16 steps of two n32 halves), TMA copies of q and of K / V, and no trip of p through
+    shared memory between the two products. With 32-key blocks two programs fit one SM (<= 113 KB each), which
+    the key-split forms need: at 2 views they run 144 or 216 programs on the H200's 132 SMs."""
     import re
 
     from tools.kernel_resources import compile_sm90, prefix_attention_configs, resources
     configs = prefix_attention_configs()
     if not configs:
         pytest.skip("Triton has no Gluon here")
-    assert [(c.constexprs["OVERLAP"], c.constexprs["PDL"]) for c in configs] == [(False, 0), (False, 1), (True, 0),
-                                                                                 (True, 1)]
-    for cfg in configs:
+    forms = [(c.signature["k_desc"].split("[")[1].split(",")[0], c.constexprs["SPLITS"], c.constexprs["OVERLAP"],
+              c.constexprs["PDL"]) for c in configs]
+    assert forms == [("64", 1, False, 0), ("64", 1, False, 1), ("64", 1, True, 0), ("64", 1, True, 1),
+                     ("32", 1, False, 1), ("32", 2, False, 1), ("64", 2, False, 1)]
+    for cfg, (block_n, splits, overlap, pdl) in zip(configs, forms):
         compiled = compile_sm90(cfg)
         r = resources(compiled)
         assert r["stack_bytes"] == 0 and r["shared_bytes"] <= 227 * 1024, (cfg.name, r)
+        if block_n == "32":
+            assert r["shared_bytes"] <= 113 * 1024, (cfg.name, r)
         ptx = compiled.asm["ptx"]
         mmas = re.findall(r"wgmma\.mma_async\S*", ptx)
         # with OVERLAP the first block's q @ k^T is issued before the loop: 16 more in the code, not per block
-        assert len(mmas) == (48 if cfg.constexprs["OVERLAP"] else 32), (cfg.name, len(mmas))
-        assert set(mmas) == {"wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"}, mmas
+        assert len(mmas) == (48 if overlap else 32), (cfg.name, len(mmas))
+        assert set(mmas) == {f"wgmma.mma_async.sync.aligned.m64n{block_n}k16.f32.bf16.bf16"}, mmas
         assert ptx.count("cp.async.bulk.tensor") >= 4 + 2 * 2 * 4        # q's 4 boxes, 2 stages of K and V
         assert "st.shared" not in ptx                                    # p goes to wgmma from registers
-        if cfg.constexprs["PDL"]:        # every copy of q, K or V after the wait for the kernel ahead
+        if pdl:          # every copy of q, K or V after the wait for the kernel ahead
             assert ptx[:ptx.index("griddepcontrol.wait")].count("cp.async.bulk.tensor") == 0
         else:
             assert "griddepcontrol" not in ptx
+
+

@@ -150,6 +150,7 @@ def test_new_prompt_does_not_recapture(tiny):
     ("pi05", "fp8+no_fused_denoise_step"),
     ("pi05", "bf16+split_k_qkv"),           # the TMA GEMMs forced, QKV split-K 2 summed by the attention (opt-in)
     ("pi05", "bf16+prefix_attention_wgmma"),  # the prefix attention forced to kernels/prefix_attention.py
+    ("pi05", "bf16+prefix_attention_split"),  # ... forced to its key-split form (2 programs per row block; opt-in)
     ("pi05", "fp8+fp8_fast_accum"),         # the FP8 GEMMs accumulating in the tensor cores (opt-in)
 ])
 def test_accuracy_gate_full_size(name, precision):
@@ -166,6 +167,7 @@ def test_accuracy_gate_full_size(name, precision):
                                           fused_denoise_step=extra != "no_fused_denoise_step",
                                           split_k_qkv=extra == "split_k_qkv",
                                           fp8_fast_accum=extra == "fp8_fast_accum",
+                                          prefix_attention_split=extra == "prefix_attention_split",
                                           **(ONE_PASS if extra else {})))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
     assert engine.name.endswith(prec)
@@ -187,6 +189,11 @@ def test_accuracy_gate_full_size(name, precision):
         assert {"wgmma", "wgmma_overlap"} <= set(engine.ops.prefix_attention_timings), \
             engine.ops.prefix_attention_timings
         engine.ops.prefix_attention_impl = "wgmma"
+        engine._entries.clear()
+    if extra == "prefix_attention_split":   # the tuning checked and timed the key-split forms; force one
+        assert {"wgmma_split2", "wgmma_split3", "wgmma_split2_bn64"} <= set(engine.ops.prefix_attention_timings), \
+            engine.ops.prefix_attention_timings
+        engine.ops.prefix_attention_impl = "wgmma_split2"
         engine._entries.clear()
     cosines = []
     for seed in range(GATE_OBSERVATIONS):

@@ -273,7 +273,8 @@ ATTN_DTYPE = torch.float32 if INTERPRET else torch.bfloat16
     (320, True),      # 1 view
 ])
 def test_prefix_attention_wgmma(tokens, holes):
-    """kernels/prefix_attention.py, both forms (the next block's scores during the softmax or after it), against
+    """kernels/prefix_attention.py, every form (the next block's scores during the softmax or after it; 32-key
+    blocks; 2 or 3 programs per row block over their shares of the keys, merged by the combine kernel) against
     attention_reference at the backbone's shapes (8 heads stacked on the query axis, one K/V head, head dim 256, q
     scaled), random inputs; every row of the output written, each launch mode bitwise the same."""
     heads, dh = 8, 256
@@ -288,12 +289,16 @@ def test_prefix_attention_wgmma(tokens, holes):
         valid = torch.arange(tokens, device=DEVICE) < tokens - 16
     bias = torch.where(valid, 0.0, float("-inf"))
     want = K.attention_reference(q, k, v, bias, tokens, None, heads, 1.0)
-    for overlap in (False, True):
+    forms = ({}, {"overlap": True}, {"block_n": 32}, {"splits": 2, "block_n": 32}, {"splits": 3, "block_n": 32},
+             {"splits": 2, "block_n": 64})
+    for form in forms:
+        assert K.prefix_attention_supported(q.shape[0], tokens, dh, q.device, form.get("splits", 1),
+                                            form.get("block_n", 64)), form
         out = _poison(torch.empty_like(q))
-        assert K.prefix_attention(q, k, v, bias, out, overlap=overlap) is out
+        assert K.prefix_attention(q, k, v, bias, out, **form) is out
         _close(out, want, ATTN_BF16_ATOL, BF16_RTOL)
         for pdl in (False, True, K.EARLY_TRIGGER):       # no state between launches; PDL changes no bit
-            assert torch.equal(K.prefix_attention(q, k, v, bias, pdl=pdl, overlap=overlap), out), (overlap, pdl)
+            assert torch.equal(K.prefix_attention(q, k, v, bias, pdl=pdl, **form), out), (form, pdl)
 
 
 @pytest.mark.parametrize("tokens,prefix,suffix_visible,splits", [
