@@ -11,7 +11,8 @@ Every launcher's `pdl` takes False, True or `EARLY_TRIGGER` (kernels/_triton.py 
 
 from ._triton import EARLY_TRIGGER, HAVE_TRITON, INTERPRETED
 from .ada_rms_norm import ada_rms_norm, ada_rms_norm_reference
-from .attention import attention, attention_reference, decoder_attention, decoder_attention_reference
+from .attention import (attention, attention_reference, decoder_attention, decoder_attention_reference, merge_splits,
+                        merge_splits_reference)
 from .denoise_step import (denoise_step_in, denoise_step_in_reference, denoise_step_out,
                            denoise_step_out_reference)
 from .euler import euler, euler_reference
@@ -31,6 +32,7 @@ __all__ = [
     "EARLY_TRIGGER", "HAVE_TRITON", "INTERPRETED",
     "ada_rms_norm", "ada_rms_norm_reference",
     "attention", "attention_reference", "decoder_attention", "decoder_attention_reference",
+    "merge_splits", "merge_splits_reference",
     "denoise_step_in", "denoise_step_in_reference", "denoise_step_out", "denoise_step_out_reference",
     "euler", "euler_reference",
     "fp8_quant", "fp8_quant_reference", "fp8_quant_rows", "fp8_quant_rows_reference",

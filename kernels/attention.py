@@ -329,9 +329,28 @@ def _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, 
                                     QKV_SPLITS=qkv_splits, **launch.constexprs,
                                     num_warps=launch.num_warps, num_stages=launch.num_stages, **launch_options(pdl))
     if launch.splits > 1:
-        _attn_combine_kernel[(Mq,)](acc, ml, out, Mq, out.stride(0), SPLIT=launch.splits,
-                                    SPLIT_P2=triton.next_power_of_2(launch.splits), D=D, PDL=pdl, num_warps=4,
-                                    **launch_options(pdl))
+        merge_splits(acc, ml, out, pdl)
+    return out
+
+
+def merge_splits_reference(acc: torch.Tensor, ml: torch.Tensor) -> torch.Tensor:
+    """Plain PyTorch. acc (S, Mq, D) fp32 unnormalized outputs of S key splits, ml (S, Mq, 2) their row maxima
+    (natural-log units, -inf for a split with no visible key) and row sums -> (Mq, D) fp32:
+    sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, M = max_s m_s."""
+    m, l = ml[..., 0], ml[..., 1]
+    w = torch.where(m == float("-inf"), 0.0, torch.exp(m - m.max(dim=0).values))      # (S, Mq)
+    return (acc * w[..., None]).sum(0) / (l * w).sum(0).clamp(min=1e-30)[:, None]
+
+
+def merge_splits(acc: torch.Tensor, ml: torch.Tensor, out: torch.Tensor, pdl: bool | int = False) -> torch.Tensor:
+    """Triton launcher; contract of merge_splits_reference, written into out (Mq, D) in out's dtype. The second
+    launch of a key-split attention (this file's split kernel, kernels/prefix_attention.py with splits > 1)."""
+    splits, Mq, D = acc.shape
+    if ml.shape != (splits, Mq, 2) or out.shape != (Mq, D) or acc.dtype != torch.float32 or D & (D - 1):
+        raise ValueError(f"merge_splits: acc (S, Mq, D) fp32 with D a power of two, ml (S, Mq, 2), out (Mq, D); "
+                         f"got acc {tuple(acc.shape)} {acc.dtype}, ml {tuple(ml.shape)}, out {tuple(out.shape)}")
+    _attn_combine_kernel[(Mq,)](acc, ml, out, Mq, out.stride(0), SPLIT=splits, SPLIT_P2=triton.next_power_of_2(splits),
+                                D=D, PDL=pdl, num_warps=4, **launch_options(pdl))
     return out
 
 

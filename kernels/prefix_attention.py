@@ -40,8 +40,7 @@ import torch
 
 from ._gluon import (HAVE_GLUON, TensorDescriptor, gl, gluon, griddep, mbarrier, tma, warpgroup_mma,
                      warpgroup_mma_wait)
-from ._triton import triton
-from .attention import _attn_combine_kernel
+from .attention import merge_splits
 
 BLOCK_M = 64             # query rows per program: one warpgroup's wgmma M
 BLOCK_N = 64             # keys per block (the default; 32 halves the shared memory: two programs fit one SM)
@@ -192,7 +191,7 @@ if HAVE_GLUON:
                 gl.store(base + 3 * C, (o3 * inv[:, None]).to(gl.bfloat16), mask=ok)
         else:
             # this split's unnormalized output, row maximum (natural log units) and row sum, in the layout
-            # kernels/attention.py's _attn_combine_kernel merges: acc (SPLITS, Mq, D) fp32, ml (SPLITS, Mq, 2)
+            # kernels/attention.py's merge_splits merges: acc (SPLITS, Mq, D) fp32, ml (SPLITS, Mq, 2)
             part = gl.program_id(1) * Mq + rows
             base = acc_ptr + part[:, None] * (NCHUNK * C) + gl.arange(0, C, layout=col_l)[None, :]
             gl.store(base, o0, mask=ok)
@@ -219,7 +218,7 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     EARLY_TRIGGER (kernels/_triton.py). overlap: the next key block's q @ k^T is issued before this block's
     softmax, so the tensor cores compute it while the warps do the softmax (one extra, unused product per
     program after the last block). splits > 1: that many programs per 64 query rows, each over its share of the
-    key blocks, writing fp32 partials that kernels/attention.py's _attn_combine_kernel merges (one more launch):
+    key blocks, writing fp32 partials that kernels/attention.py's merge_splits merges (one more launch):
     at 2 views the 72 row blocks leave 60 of the H200's 132 SMs idle with one split. block_n: keys per block
     (32: 96 KB of shared memory, so two programs fit one SM; 64: 160 KB)."""
     Mq, D = q.shape
@@ -252,8 +251,7 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
         q_desc, k_desc, v_desc, bias, out, acc, ml, Mq, P, out.stride(0), split_blocks(P, splits, block_n),
         NCHUNK=D // CHUNK, LOG2E=LOG2E, PDL=int(pdl), OVERLAP=overlap, SPLITS=splits, num_warps=4, **launch)
     if splits > 1:
-        _attn_combine_kernel[(Mq,)](acc, ml, out, Mq, out.stride(0), SPLIT=splits,
-                                    SPLIT_P2=triton.next_power_of_2(splits), D=D, PDL=pdl, num_warps=4, **launch)
+        merge_splits(acc, ml, out, pdl)
     return out
 
 

@@ -264,6 +264,45 @@ ATTN_BF16_ATOL = 2e-2  # bf16 probabilities in the P @ V product (as every flash
 ATTN_DTYPE = torch.float32 if INTERPRET else torch.bfloat16
 
 
+@pytest.mark.parametrize("log2_domain", [False, True])
+def test_merge_splits_of_a_key_split_attention_is_the_attention(log2_domain):
+    """merge_splits (the second launch of every key-split attention) against the softmax attention over all keys,
+    from partials built by definition on random inputs: per split the unnormalized p @ v, the row maximum and the
+    row sum, one split's keys all masked for some rows (max -inf, sum 0). log2_domain: the partials as
+    kernels/prefix_attention.py makes them (scores scaled by log2(e), exp2, the maximum stored divided by log2(e))."""
+    rows, keys, dh, splits = (96, 200, 256, 3) if not INTERPRET else (8, 24, 16, 3)
+    g = torch.Generator(device=DEVICE).manual_seed(rows + keys)
+    q = torch.randn(rows, dh, device=DEVICE, generator=g) * dh ** -0.5
+    k = torch.randn(keys, dh, device=DEVICE, generator=g)
+    v = torch.randn(keys, dh, device=DEVICE, generator=g)
+    bias = torch.where(torch.rand(keys, device=DEVICE, generator=g) > 0.3, 0.0, float("-inf"))
+    bias[0] = 0.0
+    s = q @ k.T + bias                                                              # (rows, keys)
+    share = -(-keys // splits)
+    s[: rows // 2, share:2 * share] = float("-inf")                                # split 1: nothing for these rows
+    want = torch.softmax(s, dim=-1) @ v
+    log2e = 1.4426950408889634
+    acc = torch.empty(splits, rows, dh, device=DEVICE)
+    ml = torch.empty(splits, rows, 2, device=DEVICE)
+    for i in range(splits):
+        part = s[:, i * share:(i + 1) * share] * (log2e if log2_domain else 1.0)
+        m = part.max(dim=1).values
+        safe = torch.where(m == float("-inf"), 0.0, m)[:, None]
+        p = torch.exp2(part - safe) if log2_domain else torch.exp(part - safe)
+        acc[i] = p @ v[i * share:(i + 1) * share]
+        ml[i, :, 0] = m / log2e if log2_domain else m
+        ml[i, :, 1] = p.sum(dim=1)
+    assert (ml[1, : rows // 2, 0] == float("-inf")).all() and (ml[1, : rows // 2, 1] == 0).all()
+    torch.testing.assert_close(K.merge_splits_reference(acc, ml), want, atol=1e-5, rtol=1e-5)
+    out = _poison(torch.empty(rows, dh, device=DEVICE))
+    assert K.merge_splits(acc, ml, out) is out
+    _close(out, want, 1e-5, 1e-5)
+    for pdl in (True, K.EARLY_TRIGGER):
+        assert torch.equal(K.merge_splits(acc, ml, torch.empty_like(out), pdl=pdl), out)
+    with pytest.raises(ValueError, match="merge_splits: acc"):
+        K.merge_splits(acc, ml[:, :-1], out)
+
+
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9
                     or not K.HAVE_GLUON, reason="kernels/prefix_attention.py needs Gluon on an sm90+ GPU")
 @pytest.mark.parametrize("tokens,holes", [
