@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="per load: predict's host steps timed right after the thread spun MS ms (0: back to "
                              "back), no GPU involved: do they slow down with the time since they last ran?")
     parser.add_argument("--cpu-engine", action="store_true",
-                        help="no GPU: the graph engine's executor run eagerly on the CPU, for the GPU path's host steps")
+                        help="no GPU: the graph engine's executor run eagerly on the CPU, for the GPU path's "
+                             "host steps")
     parser.add_argument("--host-trace", type=int, default=0, metavar="N",
                         help="on a GPU: profile N more calls per load and split them into host and GPU segments")
     args = parser.parse_args(argv)

@@ -30,9 +30,9 @@
 # Every pytest log is verbose (-v), so a part cut off by its time limit still names the tests that ran.
 # bench: pi0.5 2 views h10, bf16 and FP8 on the defaults, beside the A/B rows of the wgmma prefix attention left
 #   out of the tuning (bf16, no_prefix_attention_wgmma), of its key-split forms in the tuning (bf16,
-#   with_prefix_attention_split, opt-in), of the vision MLP unpadded (bf16, vision_mlp_pad=0) and of the FP8 GEMMs
-#   with fast accumulation (fp8-with_fp8_fast_accum, opt-in); the fused step ends, the 8-row qkv_rope and the
-#   one-pass step ends were A/B-measured in sessions 13-14: six engines of ~45 s load each
+#   with_prefix_attention_split, opt-in) and of the vision MLP unpadded (bf16, vision_mlp_pad=0); the fused step
+#   ends, the 8-row qkv_rope, the one-pass step ends and FP8's fast accumulation were A/B-measured in sessions
+#   13-14: five engines of ~45 s load each
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
 #   (timeline.json, timeline.log: per kernel, what runs before the vision tower, one vision layer, one denoising
 #   layer), and again with 480x640 camera frames resized inside the graph (timeline_480x640.*: the resize's cost).
@@ -103,7 +103,7 @@ if [ "$PART" = bench ] || [ "$PART" = all ]; then
   export FLASHRT_TUNING_CACHE="${FLASHRT_TUNING_CACHE:-/tmp/flashrt_tuning_cache}"
   timeout 420 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate \
-    --ab-switches-off prefix_attention_wgmma --ab-options vision_mlp_pad=0 with_prefix_attention_split --ab-fp8-options with_fp8_fast_accum \
+    --ab-switches-off prefix_attention_wgmma --ab-options vision_mlp_pad=0 with_prefix_attention_split \
     --out-dir "$OUT" --tag device_checks \
     > "$OUT/engine.log" 2>&1
   timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \

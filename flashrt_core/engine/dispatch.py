@@ -39,8 +39,8 @@ tests and bug reports:
                                     default where Gluon and an sm90+ GPU serve it)
     FLASHRT_PREFIX_ATTENTION_SPLIT=1  the prefix attention tuning also times kernels/prefix_attention.py's key-split
                                     forms (2 or 3 programs per 64 query rows, merged after; opt-in)
-    FLASHRT_FP8_FAST_ACCUM=1        the FP8 GEMMs accumulate in the tensor cores over the whole K loop (faster, less exact
-                                    for long K; EngineOptions.fp8_fast_accum, opt-in)
+    FLASHRT_FP8_FAST_ACCUM=1        the FP8 GEMMs accumulate in the tensor cores over the whole K loop (less exact for
+                                    long K; EngineOptions.fp8_fast_accum, opt-in: no gain measured in the engine)
     FLASHRT_HOST_WAIT=sync|poll     how predict waits for the GPU: the stream's synchronize, or an event polled with
                                     the GIL given up between queries (EngineOptions.host_wait; engine/host_wait.py)
 
@@ -143,8 +143,8 @@ class EngineOptions:
     fp8_scaling: str = "tensor"              # "tensor": static per-tensor scales; "row": per-token/per-channel
     fp8_scope: str = "backbone_mlp"          # FP8 GEMMs: "backbone_mlp" (passes the accuracy gate), "backbone"
                                              # (+ attention projections), "all" (+ the vision tower)
-    fp8_fast_accum: bool = False             # opt-in (not yet measured): the FP8 GEMMs accumulate in the tensor
-                                             # cores over the whole K loop (torch._scaled_mm use_fast_accum)
+    fp8_fast_accum: bool = False             # opt-in (no gain in the engine, session 14): the FP8 GEMMs accumulate
+                                             # in the tensor cores over the whole K loop (_scaled_mm use_fast_accum)
     pdl: bool = True                         # programmatic dependent launch (NVIDIA sm90+)
     l2_prefetch: bool = False                # opt-in (measured slower): bulk L2 prefetch of the expert's weights
     rope_in_attention: bool = True           # denoiser: RoPE inside the attention kernel, read from the QKV output

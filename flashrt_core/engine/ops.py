@@ -65,9 +65,11 @@ VISION_ATTENTION_CHECK_ATOL = 3e-2   # tune_vision_attention's check of each bac
 # kernels/prefix_attention.py's forms, by name: the launcher's arguments. "wgmma" measured 17.7 us on the H200
 # (session 14) against 25.4 for mqa_split1, "wgmma_overlap" 20.1 (prefix_attention_wgmma); the key-split forms
 # (prefix_attention_split, opt-in until their GPU test has run) run 2 or 3 programs per 64 query rows, each over
-# its share of the keys, and merge them in one more launch: the one-split kernel keeps 72 of 132 SMs busy at 2 views.
+# its share of the keys, and merge them in one more launch: the one-split kernel keeps 72 of 132 SMs busy at 2
+# views.
 WGMMA_PREFIX_ATTENTION = {"wgmma": {}, "wgmma_overlap": {"overlap": True}}
-WGMMA_SPLIT_PREFIX_ATTENTION = {"wgmma_split2": {"splits": 2, "block_n": 32}, "wgmma_split3": {"splits": 3, "block_n": 32},
+WGMMA_SPLIT_PREFIX_ATTENTION = {"wgmma_split2": {"splits": 2, "block_n": 32},
+                                "wgmma_split3": {"splits": 3, "block_n": 32},
                                 "wgmma_split2_bn64": {"splits": 2, "block_n": 64}}
 PREFIX_ATTENTION_IMPLS = ("mqa", "mqa_split1", "mqa_split4", "sdpa_gqa", "sdpa_expand", "sdpa_repeat",
                           *WGMMA_PREFIX_ATTENTION, *WGMMA_SPLIT_PREFIX_ATTENTION)
@@ -616,7 +618,7 @@ class Ops:
         "wgmma" / "wgmma_overlap": kernels/prefix_attention.py (Gluon, sm90+), the heads stacked on the query axis;
         with _overlap the next key block's q @ k^T runs on the tensor cores during this block's softmax;
         "wgmma_split2" / "wgmma_split3" / "wgmma_split2_bn64": the same kernel with 2 or 3 programs per 64 query
-        rows over their shares of the keys (32- or 64-key blocks), merged by kernels/attention.py's combine kernel.
+        rows over their shares of the keys (32- or 64-key blocks), merged by kernels/attention.py's merge_splits.
         None: the choice of tune_prefix_attention."""
         P, H, Dh = q.shape
         impl = impl or self.prefix_attention_impl
