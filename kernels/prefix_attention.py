@@ -1,4 +1,4 @@
-"""The prefix's one-KV-head attention on Hopper tensor cores (NVIDIA sm90+, Gluon: TMA + wgmma).
+"""The prefix's one-KV-head attention on Hopper tensor cores (NVIDIA sm90, Gluon: TMA + wgmma).
 
     o = softmax(q @ k^T + bias) @ v      q (Mq, D) with the heads stacked on the query axis (RoPE and the scale
                                          applied), k / v (P, D) the one K/V head, bias (P,) 0 / -inf: the key
@@ -60,11 +60,12 @@ def split_blocks(P: int, splits: int, block_n: int) -> int:
 
 def prefix_attention_supported(Mq: int, P: int, D: int, device: torch.device, splits: int = 1,
                                block_n: int = BLOCK_N) -> bool:
-    """Shapes and devices this kernel serves: Gluon, an NVIDIA sm90+ GPU, a head dim of whole 64-column chunks up to
-    256, key blocks of 32 or 64 and at least two of them per program (both stages are loaded before the loop)."""
+    """Shapes and devices this kernel serves: Gluon, an NVIDIA Hopper GPU (sm90: wgmma, which Blackwell does not
+    have), a head dim of whole 64-column chunks up to 256, key blocks of 32 or 64 and at least two of them per
+    program (both stages are loaded before the loop)."""
     if not HAVE_GLUON or device.type != "cuda" or torch.version.hip is not None:
         return False
-    if torch.cuda.get_device_capability(device)[0] < 9:
+    if torch.cuda.get_device_capability(device)[0] != 9:
         return False
     if splits not in SPLITS or block_n not in BLOCKS_N:
         return False
@@ -224,7 +225,7 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     Mq, D = q.shape
     P = k.shape[0]
     if not prefix_attention_supported(Mq, P, D, q.device, splits, block_n):
-        raise ValueError(f"prefix_attention: needs Gluon on an sm90+ GPU, D a multiple of {CHUNK} up to 256, "
+        raise ValueError(f"prefix_attention: needs Gluon on a Hopper (sm90) GPU, D a multiple of {CHUNK} up to 256, "
                          f"splits in {SPLITS}, block_n in {BLOCKS_N} and at least two key blocks per split; got q "
                          f"{tuple(q.shape)}, k {tuple(k.shape)}, splits {splits}, block_n {block_n} on {q.device}")
     if k.shape != (P, D) or v.shape != (P, D) or bias.shape[0] < P:

@@ -1,4 +1,4 @@
-"""Few-row GEMM whose weight slice is in shared memory before the PDL wait (NVIDIA sm90+, Gluon: TMA + wgmma).
+"""Few-row GEMM whose weight slice is in shared memory before the PDL wait (NVIDIA sm90, Gluon: TMA + wgmma).
 
     y = x @ W^T                 x (M, K) with M <= 16, W (N, K); each program owns 64 weight rows (N) for all M
     GeGLU (W = [W_gate; W_up], N = 2F):  y = gelu_tanh(x @ W_gate^T) * (x @ W_up^T)     (M, F); a program owns

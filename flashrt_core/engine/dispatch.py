@@ -300,6 +300,12 @@ def _nvidia_sm90_plus(hw: Hardware) -> bool:
     return hw.vendor is Vendor.NVIDIA and hw.sm is not None and hw.sm >= 90
 
 
+def _nvidia_hopper(hw: Hardware) -> bool:
+    """Hopper (sm90): wgmma, which the Gluon kernels (kernels/smem_gemm.py, kernels/prefix_attention.py) run on;
+    Blackwell has tcgen05 instead, so they are not offered there."""
+    return hw.vendor is Vendor.NVIDIA and hw.sm is not None and hw.sm // 10 == 9
+
+
 def _gluon_available() -> bool:
     from .kernel_import import load_kernels, triton_available
     return triton_available() and bool(getattr(load_kernels(), "HAVE_GLUON", False))
@@ -425,7 +431,7 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     ),
     Op.ADA_NORM_FOLD: (
         Candidate("gemm_epilogue", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.ADA_NORM_FOLD)
-                  and o.switch_on(Switch.SMEM_GEMM) and _nvidia_sm90_plus(hw) and _gluon_available(),
+                  and o.switch_on(Switch.SMEM_GEMM) and _nvidia_hopper(hw) and _gluon_available(),
                   "pi0.5's expert: each adaRMSNorm after the split-K O and down GEMMs runs in the GEMMs on either "
                   "side of it (kernels/smem_gemm.py norm_out / norm_in): the last split program of each 64-column "
                   "tile writes the gated residual, x' = h * (1 + scale) and its rows' sums of squares; the QKV / "
@@ -468,11 +474,11 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
         Candidate("separate", _ALWAYS, "the GeGLU output in bf16, then kernels/fp8_quant.py"),
     ),
     Op.SMEM_GEMM: (
-        Candidate("tma", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.SMEM_GEMM) and _nvidia_sm90_plus(hw)
+        Candidate("tma", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.SMEM_GEMM) and _nvidia_hopper(hw)
                   and _gluon_available(),
                   "kernels/smem_gemm.py (Triton Gluon): each program's whole weight slice goes to shared memory by "
                   "TMA before the PDL wait, and the product runs on wgmma with the weights as the 64-row side; "
-                  "offered to the decoder GEMM tuning beside the Triton and library GEMMs (NVIDIA sm90+)"),
+                  "offered to the decoder GEMM tuning beside the Triton and library GEMMs (NVIDIA Hopper: wgmma)"),
         Candidate("none", _ALWAYS, "the decoder GEMM tuning picks among the Triton and library GEMMs"),
     ),
     Op.PREFIX_ATTENTION: (

@@ -88,7 +88,7 @@ class SmemConfig:
         return f"gluon_smem(s{self.split_k})"
 
 
-# kernels/smem_gemm.py candidates per kind (smem_gemm=tma, the default on sm90+ with Gluon): 64 weight rows per program (32 + 32 with GeGLU);
+# kernels/smem_gemm.py candidates per kind (smem_gemm=tma, the default on sm90 with Gluon): 64 weight rows per program (32 + 32 with GeGLU);
 # split-K only where the consumer sums partials. Each gives 40-128 programs at the expert's shapes.
 # Split-K 8 for O and 16 for down (session 10): 128 / 256 programs, as many as gate/up's 128, which alone among the
 # four streams its weights at ~4.2 TB/s on the H200 (O with 32 programs: 1.5 TB/s); the norm after them sums more
@@ -615,7 +615,7 @@ class Ops:
         "sdpa_gqa" / "sdpa_expand" / "sdpa_repeat": torch's scaled_dot_product_attention over (1, H, P, Dh) with a
         boolean key mask, the one K/V head shared by enable_gqa, by a stride-0 view, or by a copy per head: which
         of torch's fused backends accepts which form differs, so the tuning times all three;
-        "wgmma" / "wgmma_overlap": kernels/prefix_attention.py (Gluon, sm90+), the heads stacked on the query axis;
+        "wgmma" / "wgmma_overlap": kernels/prefix_attention.py (Gluon, sm90), the heads stacked on the query axis;
         with _overlap the next key block's q @ k^T runs on the tensor cores during this block's softmax;
         "wgmma_split2" / "wgmma_split3" / "wgmma_split2_bn64": the same kernel with 2 or 3 programs per 64 query
         rows over their shares of the keys (32- or 64-key blocks), merged by kernels/attention.py's merge_splits.

@@ -318,3 +318,19 @@ def test_every_switch_has_its_field_and_env_flag():
         on = EngineOptions(**{sw.value.lower(): True})
         assert on.switch_on(sw) and not EngineOptions(fast_paths=False, **{sw.value.lower(): True}).switch_on(sw)
         assert not EngineOptions.from_env(on, env={f"FLASHRT_DISABLE_{sw.value}": "1"}).switch_on(sw)
+
+
+def test_the_wgmma_kernels_are_offered_on_hopper_only(monkeypatch):
+    """kernels/smem_gemm.py (and the adaRMSNorm fold in it) run on wgmma, which Hopper (sm90) has and Blackwell
+    (sm100, sm120) does not: their dispatch offers them on sm90 only, while PDL stays on every sm90+ GPU."""
+    import flashrt_core.engine.dispatch as dispatch
+    import flashrt_core.engine.kernel_import as ki
+    monkeypatch.setattr(ki, "triton_available", lambda: True)
+    monkeypatch.setattr(dispatch, "_gluon_available", lambda: True)
+    fold = EngineOptions(ada_norm_fold=True)
+    assert resolve(detect_hardware("sm90"), fold)[Op.SMEM_GEMM] == "tma"
+    assert resolve(detect_hardware("sm90"), fold)[Op.ADA_NORM_FOLD] == "gemm_epilogue"
+    for blackwell in ("sm100", "sm120"):
+        d = resolve(detect_hardware(blackwell), fold)
+        assert d[Op.SMEM_GEMM] == "none" and d[Op.ADA_NORM_FOLD] == "separate", blackwell
+        assert d[Op.KERNEL_LAUNCH] == "pdl_early"

@@ -40,7 +40,7 @@ def test_sdpa_and_mqa_prefix_attention_agree_with_padded_keys(impl):
 
 def test_the_wgmma_kernel_joins_the_tuning_only_where_switched_on_and_served():
     """kernels/prefix_attention.py is a candidate by default (EngineOptions.prefix_attention_wgmma; off with
-    FLASHRT_PREFIX_ATTENTION_WGMMA=0) that also needs Gluon on an sm90+ GPU: on the CPU it is never a candidate,
+    FLASHRT_PREFIX_ATTENTION_WGMMA=0) that also needs Gluon on a Hopper GPU: on the CPU it is never a candidate,
     switched on or not, and every other implementation stays one."""
     cpu = torch.device("cpu")
     others = [i for i in PREFIX_ATTENTION_IMPLS if not i.startswith("wgmma")]
@@ -65,7 +65,7 @@ def test_the_wgmma_launcher_refuses_what_it_cannot_serve_by_name():
     K = load_kernels()
     q, k = torch.zeros(64, 256, dtype=torch.bfloat16), torch.zeros(128, 256, dtype=torch.bfloat16)
     assert not K.prefix_attention_supported(64, 128, 256, torch.device("cpu"))
-    with pytest.raises(ValueError, match="needs Gluon on an sm90\\+ GPU"):
+    with pytest.raises(ValueError, match="needs Gluon on a Hopper \\(sm90\\) GPU"):
         K.prefix_attention(q, k, k, torch.zeros(128))
 
 

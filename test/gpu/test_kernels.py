@@ -303,8 +303,8 @@ def test_merge_splits_of_a_key_split_attention_is_the_attention(log2_domain):
         K.merge_splits(acc, ml[:, :-1], out)
 
 
-@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9
-                    or not K.HAVE_GLUON, reason="kernels/prefix_attention.py needs Gluon on an sm90+ GPU")
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
+                    or not K.HAVE_GLUON, reason="kernels/prefix_attention.py needs Gluon on a Hopper (sm90) GPU")
 @pytest.mark.parametrize("tokens,holes", [
     (576, False),     # 2 views + 64 text slots, the last 16 padded: the engine's prefix
     (561, True),      # keys masked anywhere; rows past the last 64-row block; the last key block partly past P
@@ -560,8 +560,8 @@ def test_skinny_gemm_every_engine_config(kind, n, k):
                     f"{cfg} pdl={pdl} rows {rows}: rel L2 error {err:.2e}"
 
 
-@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9
-                    or not K.HAVE_GLUON, reason="kernels/smem_gemm.py needs Gluon on an sm90+ GPU")
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
+                    or not K.HAVE_GLUON, reason="kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
 @pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("o", 1024, 2048), ("gate_up", 8192, 1024),
                                       ("down", 1024, 4096)])
 def test_smem_gemm_every_engine_config(kind, n, k):
@@ -582,8 +582,8 @@ def test_smem_gemm_every_engine_config(kind, n, k):
                     f"{cfg} pdl={pdl} rows {rows}: rel L2 error {err:.2e}"
 
 
-@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9
-                    or not K.HAVE_GLUON, reason="kernels/smem_gemm.py needs Gluon on an sm90+ GPU")
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
+                    or not K.HAVE_GLUON, reason="kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
 @pytest.mark.parametrize("kind,n,k", [("o", 1024, 2048), ("down", 1024, 4096)])
 def test_smem_gemm_norm_out_every_engine_config(kind, n, k):
     """The norm_out half of the folded adaRMSNorm (the split-K O and down GEMMs of pi0.5's expert) against
@@ -620,8 +620,8 @@ def test_smem_gemm_norm_out_every_engine_config(kind, n, k):
                 assert all(torch.equal(a, b) for a, b in zip(results[0], again)), f"{label}: replays differ"
 
 
-@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9
-                    or not K.HAVE_GLUON, reason="kernels/smem_gemm.py needs Gluon on an sm90+ GPU")
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
+                    or not K.HAVE_GLUON, reason="kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
 @pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("gate_up", 8192, 1024)])
 def test_smem_gemm_norm_in_every_engine_config(kind, n, k):
     """The norm_in half (QKV and gate/up after a folded adaRMSNorm) against smem_gemm_norm_in_reference at the
