@@ -263,4 +263,4 @@ def discretize_state(state_normalized: np.ndarray) -> list[int]:
         raise InputError(f"state must be 1-D to discretize, got shape {state.shape}")
     if not np.all(np.isfinite(state)):
         raise InputError("state has non-finite values (NaN/inf); cannot discretize")
-    return [int(b) for b in np.digitize(state, bins=_BIN_EDGES) - 1]
+    return (np.digitize(state, bins=_BIN_EDGES) - 1).tolist()      # Python ints
