@@ -33,6 +33,7 @@ from flashrt_core.config import ModelConfig, ModelType, PromptMode
 from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.executor import ReferenceExecutor
 from flashrt_core.fixtures import CONFIG_FILE, TOKENIZER_FILE, write_random_checkpoint
+from flashrt_core.host_rehearsal import HostRehearsal
 from flashrt_core.tokenizer import PromptTokenizer, build_prompt
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,11 @@ class Policy:
                                                  normalizer.action_affine(config.max_action_dim)))
         self.model = model
         self.config = config
+        # with the engine's "warm" host wait, the last call's host steps are rehearsed during the next wait
+        self.host_rehearsal = None
+        if self.gpu_preprocess and getattr(executor, "host_wait_mode", "sync") == "warm":
+            self.host_rehearsal = HostRehearsal(self)
+            executor.set_host_rehearsal(self.host_rehearsal)
         self.executor = executor
         self.tokenizer = tokenizer
         self.normalizer = normalizer
@@ -213,6 +219,8 @@ class Policy:
         if self.executor is None:
             raise RuntimeError("Policy.predict called after close()")
         if self.gpu_preprocess:
+            if self.host_rehearsal is not None:
+                self.host_rehearsal.remember(images, prompt, state)
             views = preprocess.validate_images(images, self.config.view_names)
             tokens, token_masks, state_padded = self._encode_prompt_and_state(prompt, state, text_slots)
             actions = self.executor.predict_observation(  # [horizon, 32] numpy, in robot units with gpu_unnormalize
@@ -240,9 +248,10 @@ class Policy:
                 torch.from_numpy(tokens)[None].to(dev), torch.from_numpy(token_masks)[None].to(dev),
                 None if state_padded is None else state_padded[None].to(dev), noise_t)
 
-    def _encode_prompt_and_state(self, prompt: str, state, text_slots: int | None = None):
+    def _encode_prompt_and_state(self, prompt: str, state, text_slots: int | None = None, cache: bool = True):
         """-> (tokens int64 [L], token mask bool [L], normalized state zero-padded to 32 (pi0) or None).
-        text_slots: the mask marks exactly the first text_slots positions valid (warm-up of a text bucket)."""
+        text_slots: the mask marks exactly the first text_slots positions valid (warm-up of a text bucket).
+        cache=False: the tokenizer's LRU of encodings is neither read nor filled (the host rehearsal)."""
         cfg = self.config
         if not isinstance(prompt, str) or not prompt.strip():
             raise InputError(f"prompt must be a non-empty str, got {prompt!r}")
@@ -256,7 +265,7 @@ class Policy:
         if cfg.model_type == ModelType.PI05 and cfg.prompt_mode == PromptMode.DISCRETE_STATE and state_norm is not None:
             bins = preprocess.discretize_state(state_norm)
         tokens, token_masks = self.tokenizer.tokenize_prompt(prompt, cfg.max_token_len, bins,
-                                                             cfg.prompt_mode.value, cfg.model_type.value)
+                                                             cfg.prompt_mode.value, cfg.model_type.value, cache)
         if text_slots is not None:
             token_masks = np.arange(token_masks.shape[0]) < text_slots
         state_padded = None
@@ -288,6 +297,9 @@ class Policy:
 
     def close(self) -> None:
         """Release the weights (and GPU memory). predict raises afterwards."""
+        if self.host_rehearsal is not None and self.executor is not None:
+            self.executor.set_host_rehearsal(None)
+            self.host_rehearsal = None
         if self.executor is not None and hasattr(self.executor, "close"):
             self.executor.close()
         self.executor = None

@@ -23,6 +23,9 @@ synchronize, or an event polled: flashrt_core/engine/host_wait.py), to compare t
 --spin-sweep 0 1 3 10 (any machine) times predict's host steps right after the thread spun that many ms: whether
 they run slower the longer they have not run, whatever the thread did meanwhile.
 
+--rehearse makes the spin sweep's pauses the "warm" host wait's loop: the host steps rehearsed every 0.5 ms
+(flashrt_core/host_rehearsal.py) instead of a bare spin, to measure whether that keeps them fast.
+
 --cpu-engine (a machine without a GPU) runs the graph engine's executor eagerly on the CPU (its plain-PyTorch ops)
 instead of the reference path, so the host steps of the GPU path (the frames staged for predict_observation, the
 actions unnormalized in the graph or on the host) can be timed here; its predict times are the CPU's, not a GPU's.
@@ -111,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spin-sweep", type=float, nargs="+", default=[], metavar="MS",
                         help="per load: predict's host steps timed right after the thread spun MS ms (0: back to "
                              "back), no GPU involved: do they slow down with the time since they last ran?")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="--spin-sweep pauses as the 'warm' host wait does: the host steps rehearsed every "
+                             "0.5 ms (flashrt_core/host_rehearsal.py), not a bare spin")
     parser.add_argument("--cpu-engine", action="store_true",
                         help="no GPU: the graph engine's executor run eagerly on the CPU, for the GPU path's "
                              "host steps")
@@ -155,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             trace = summarize(trace_calls(lambda: policy.predict(images, prompt, state), args.host_trace))
             if gpu_preprocess:
                 steps = host_steps_us(policy, images, prompt, state, args.calls)
-        sweep = spin_sweep_us(policy, images, prompt, state, args.spin_sweep, args.calls) if args.spin_sweep else None
+        sweep = (spin_sweep_us(policy, images, prompt, state, args.spin_sweep, args.calls, args.rehearse)
+                 if args.spin_sweep else None)
         rows.append({"config": policy.config.name, "executor": getattr(policy.executor, "name", "?"),
                      "prompt_tokens": prompt_tokens, "text_bucket": bucket, "replay_median_ms": replay,
                      "host_trace_ms": trace, "host_steps_us": steps, "spin_sweep_us": sweep,
@@ -169,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
             "python": platform.python_version(),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none (CPU)",
-            "cpu": platform.processor() or platform.machine()}
+            "cpu": platform.processor() or platform.machine(), "spin_sweep_rehearse": args.rehearse}
     if torch.cuda.is_available():
         meta["cuda"] = torch.version.cuda
     lines = [f"# Policy.predict benchmark ({meta['gpu']})", "",
@@ -206,8 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     for i, r in enumerate(rows):
         if r["spin_sweep_us"]:
             names = list(next(iter(r["spin_sweep_us"].values())))
+            paused = "rehearsed them every 0.5 ms" if args.rehearse else "spun"
             lines += ["", f"Load {i + 1} ({'GPU' if r['gpu_preprocess'] else 'host'} resize): predict's host steps "
-                      f"right after the thread spun (median us of {args.calls}; tools/host_trace.py spin_sweep_us):",
+                      f"right after the thread {paused} (median us of {args.calls}; tools/host_trace.py "
+                      "spin_sweep_us):",
                       "", "| spin ms | " + " | ".join(names) + " | sum |", "|---" * (len(names) + 2) + "|"]
             for wait, us in r["spin_sweep_us"].items():
                 lines.append(f"| {wait:g} | " + " | ".join(f"{us[n]:.1f}" for n in names)

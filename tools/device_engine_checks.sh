@@ -11,7 +11,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh fp8-scopes   # gates + rows of FP8 on wider scopes, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh load         # engine load: tuning cache off / stored / read, ~1.5 min
 #   OUT=/path bash tools/device_engine_checks.sh buckets      # replay time per text bucket, bf16 and FP8, ~4.5 min
-#   OUT=/path bash tools/device_engine_checks.sh host         # Policy.predict's host and GPU segments, ~2 min
+#   OUT=/path bash tools/device_engine_checks.sh host         # Policy.predict's host and GPU segments, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
 # The times were measured in sessions 12-13 (all but gemms and fp8-scopes) or estimated: the
@@ -45,9 +45,11 @@
 # load: tools/benchmark_policy_predict.py --tuning-cache: pi0.5 loaded with the tuning cache off, then on twice (the
 #   first measures and stores the picks, the second reads them), the load seconds and Policy.predict after each
 #   (policy_predict_*_tuning_cache.json/.md, load.log; the entry itself under tuning_cache/).
-# host: tools/benchmark_policy_predict.py --host-waits sync --host-unnormalize --host-trace 30: pi0.5 with the GPU
-#   resize and the actions unnormalized inside the graph (the default), then unnormalized on the host after the copy
-#   out (gpu_unnormalize=False), then with the host resize; 200 timed calls each, then 30 traced calls split into
+# host: tools/benchmark_policy_predict.py --host-waits sync warm --host-unnormalize --host-trace 30: pi0.5 with the
+#   GPU resize and the actions unnormalized inside the graph (the default), waiting by the stream's synchronize and
+#   then by the "warm" wait (the host steps rehearsed during it: flashrt_core/host_rehearsal.py), then unnormalized
+#   on the host after the copy out (gpu_unnormalize=False), then with the host resize (~5 min on a fresh machine);
+#   200 timed calls each, then 30 traced calls split into
 #   the host's work before the GPU, the copy in, the wait for the graph launch, the replay, the copy out and the
 #   host after it, and the host steps timed alone and in line (policy_predict_*.json/.md, host.log). Session 14
 #   measured `--host-waits sync poll` and `--spin-sweep` here.
@@ -130,7 +132,7 @@ if [ "$PART" = host ]; then           # not in "all": two full loads of pi0.5 (t
   CKPT="$FLASHRT_FULL_CKPT_ROOT/pi05"
   [ -f "$CKPT/flashrt_config.json" ] || "$PY" -m flashrt_core.fixtures "$CKPT" --config pi05 > "$OUT/host.log" 2>&1
   FLASHRT_TUNING_CACHE=/tmp/flashrt_tuning_cache timeout 420 "$PY" tools/benchmark_policy_predict.py \
-    --checkpoint "$CKPT" --host-waits sync --host-unnormalize --host-trace 30 --out "$OUT" \
+    --checkpoint "$CKPT" --host-waits sync warm --host-unnormalize --host-trace 30 --out "$OUT" \
     >> "$OUT/host.log" 2>&1
   echo "benchmark_policy_predict rc=$?" >> "$OUT/host.log"
 fi

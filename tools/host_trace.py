@@ -135,18 +135,34 @@ def _engine_entry(policy, prompt: str, state):
     return entries[0] if len(entries) == 1 and entries[0].graph is not None else None
 
 
-def spin_sweep_us(policy, images, prompt: str, state, waits_ms: Sequence[float], calls: int) -> dict:
+def spin_sweep_us(policy, images, prompt: str, state, waits_ms: Sequence[float], calls: int,
+                  rehearse: bool = False) -> dict:
     """Each host step of predict (host_steps) timed right after the thread spun for each of `waits_ms` (0: in a
     tight loop), median us of `calls`; no GPU involved. Whether the host's steps slow down with the time since
-    they last ran, whatever the thread did meanwhile, and by how much: {wait_ms: {step: us}}."""
+    they last ran, whatever the thread did meanwhile, and by how much: {wait_ms: {step: us}}. rehearse: the pause
+    is the "warm" host wait's loop instead (engine/host_wait.py poll_until with flashrt_core/host_rehearsal.py's
+    rehearsal of these inputs every WARM_INTERVAL_S): whether that keeps the steps fast."""
+    from flashrt_core.engine.host_wait import poll_until
+    from flashrt_core.host_rehearsal import HostRehearsal
     steps = host_steps(policy, images, prompt, state)
     for _, fn in steps:
         fn()
+    rehearsal = HostRehearsal(policy) if rehearse else None
+    if rehearsal is not None:
+        rehearsal.remember(images, prompt, state)
+
+    def pause(seconds: float) -> None:
+        if rehearsal is None:
+            spin(seconds)
+            return
+        end = time.perf_counter() + seconds
+        poll_until(lambda: time.perf_counter() >= end, rehearsal)
+
     out = {}
     for wait in waits_ms:
         samples = []
         for _ in range(calls):
-            spin(wait / 1e3)
+            pause(wait / 1e3)
             t = [time.perf_counter()]
             for _, fn in steps:
                 fn()

@@ -41,8 +41,9 @@ tests and bug reports:
                                     forms (2 or 3 programs per 64 query rows, merged after; opt-in)
     FLASHRT_FP8_FAST_ACCUM=1        the FP8 GEMMs accumulate in the tensor cores over the whole K loop (less exact for
                                     long K; EngineOptions.fp8_fast_accum, opt-in: no gain measured in the engine)
-    FLASHRT_HOST_WAIT=sync|poll     how predict waits for the GPU: the stream's synchronize, or an event polled with
-                                    the GIL given up between queries (EngineOptions.host_wait; engine/host_wait.py)
+    FLASHRT_HOST_WAIT=sync|poll|warm  how predict waits for the GPU: the stream's synchronize, an event polled with
+                                    the GIL given up between queries, or polled while the host rehearses its own
+                                    steps every 0.5 ms (EngineOptions.host_wait; engine/host_wait.py)
 
 The same switches exist as `EngineOptions` fields; environment variables win over the fields.
 """
@@ -60,8 +61,9 @@ from .hardware import Hardware, Vendor
 log = logging.getLogger(__name__)
 
 
-# how predict waits for the GPU (engine/host_wait.py): the stream's synchronize, or an event polled
-HOST_WAITS = ("sync", "poll")
+# how predict waits for the GPU (engine/host_wait.py): the stream's synchronize, an event polled, or an event polled
+# while the host rehearses its own steps
+HOST_WAITS = ("sync", "poll", "warm")
 
 
 class Op(str, enum.Enum):
@@ -173,7 +175,8 @@ class EngineOptions:
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     tuning_cache: str = ""                   # a directory: the load-time tuning's picks kept there and reused
                                              # (engine/tuning_cache.py); "" = measure at every load
-    host_wait: str = "sync"                  # how predict waits for the GPU: "sync" or "poll" (engine/host_wait.py)
+    host_wait: str = "sync"                  # how predict waits for the GPU: "sync", "poll" or "warm" (opt-in:
+                                             # the host's steps rehearsed during the wait; engine/host_wait.py)
     text_buckets: tuple[int, ...] = DEFAULT_TEXT_BUCKETS  # token-buffer lengths with a graph each (max_token_len
                                                           # is added)
     overrides: Mapping[str, str] = field(default_factory=dict)  # op name -> impl name

@@ -496,6 +496,15 @@ class EngineExecutor:
                 forward(entry.ws, self.weights, self.ops, timer)
 
     @property
+    def host_wait_mode(self) -> str:
+        """How predict waits for the GPU (EngineOptions.host_wait: "sync", "poll" or "warm")."""
+        return self._host_wait.mode
+
+    def set_host_rehearsal(self, rehearsal) -> None:
+        """What the "warm" wait runs during the wait for the GPU (None: nothing); other modes ignore it."""
+        self._host_wait.rehearsal = rehearsal
+
+    @property
     def action_affine(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(scale, offset) float32 (A,) that predict_observation(unnormalize=True) applies inside the graph, or
         None when none was given at construction."""

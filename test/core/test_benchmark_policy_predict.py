@@ -71,9 +71,13 @@ def test_the_cpu_engine_times_the_gpu_paths_host_steps(tmp_path):
     the host-resize load runs the same executor through sample_actions."""
     ckpt = write_random_checkpoint(tmp_path / "ckpt", "pi05_tiny", seed=2)
     assert bench.main(["--checkpoint", str(ckpt), "--device", "cpu", "--cpu-engine", "--host-unnormalize",
-                       "--calls", "2", "--views", "1", "--spin-sweep", "0", "--out", str(tmp_path / "out")]) == 0
+                       "--calls", "2", "--views", "1", "--spin-sweep", "0", "2", "--rehearse",
+                       "--out", str(tmp_path / "out")]) == 0
     (result,) = (tmp_path / "out").glob("policy_predict_cpu_*.json")
-    rows = json.loads(result.read_text())["rows"]
+    data = json.loads(result.read_text())
+    rows = data["rows"]
+    assert data["meta"]["spin_sweep_rehearse"] is True         # the pauses were the "warm" wait's loop
+    assert "rehearsed them every 0.5 ms" in result.with_suffix(".md").read_text()
     assert [(r["executor"].startswith("engine"), r["gpu_preprocess"], r["gpu_unnormalize"]) for r in rows] == \
         [(True, True, True), (True, True, False), (True, False, False)]
-    assert all(r["spin_sweep_us"]["0.0"]["postprocess"] > 0 for r in rows)
+    assert all(r["spin_sweep_us"]["0.0"]["postprocess"] > 0 and r["spin_sweep_us"]["2.0"]["noise"] > 0 for r in rows)

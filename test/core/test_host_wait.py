@@ -67,6 +67,7 @@ def test_unknown_modes_are_refused_by_name():
 def test_the_environment_picks_the_mode_and_sync_is_the_default():
     assert EngineOptions().host_wait == "sync"
     assert EngineOptions.from_env(env={"FLASHRT_HOST_WAIT": "poll"}).host_wait == "poll"
+    assert EngineOptions.from_env(env={"FLASHRT_HOST_WAIT": "warm"}).host_wait == "warm"
     assert EngineOptions.from_env(EngineOptions(host_wait="poll"), env={}).host_wait == "poll"
 
 
@@ -88,4 +89,32 @@ def test_the_wait_is_not_part_of_the_tuning_key(tmp_path):
         engine = EngineExecutor(model, cfg, torch.device("cpu"), resolve(hw, EngineOptions(host_wait=mode)))
         assert engine._host_wait.mode == mode
         keys.append(engine.tuning_key(torch.float32))
-    assert keys[0] == keys[1] and "host_wait" not in keys[0]["options"]
+    assert keys[0] == keys[1] == keys[2] and "host_wait" not in keys[0]["options"]
+
+
+def test_the_warm_poll_runs_its_rehearsal_once_per_interval_until_done():
+    """poll_until with a rehearsal (the "warm" wait): it runs between the queries, at most once per interval and
+    not before the first interval has passed, and the wait still ends as soon as its condition holds."""
+    runs = []
+    end = time.perf_counter() + 0.02
+    calls = poll_until(lambda: time.perf_counter() >= end, lambda: runs.append(time.perf_counter()), 0.002)
+    assert calls > len(runs) >= 5 and len(runs) <= 10
+    assert all(b - a >= 0.002 for a, b in zip(runs, runs[1:]))
+    assert poll_until(lambda: True, lambda: runs.append(0.0), 0.0) == 1 and runs[-1] != 0.0   # done: none ran
+
+
+def test_a_failing_rehearsal_is_dropped_and_never_fails_the_wait(caplog):
+    wait = HostWait("warm", torch.device("cpu"))
+    assert wait.rehearsal is None
+    wait()                                                   # a CPU device: nothing to wait for, nothing run
+    seen = []
+
+    def broken():
+        seen.append(1)
+        raise RuntimeError("stale frame")
+
+    wait.rehearsal = broken
+    wait._guarded_rehearsal()
+    wait._guarded_rehearsal()                                # dropped after the first failure: not called again
+    assert seen == [1] and wait.rehearsal is None
+    assert "host rehearsal failed" in caplog.text
