@@ -219,10 +219,10 @@ class Policy:
         if self.executor is None:
             raise RuntimeError("Policy.predict called after close()")
         if self.gpu_preprocess:
-            if self.host_rehearsal is not None:
-                self.host_rehearsal.remember(images, prompt, state)
             views = preprocess.validate_images(images, self.config.view_names)
             tokens, token_masks, state_padded = self._encode_prompt_and_state(prompt, state, text_slots)
+            if self.host_rehearsal is not None:       # inputs that passed validation: the wait rehearses them
+                self.host_rehearsal.remember(images, prompt, state)
             actions = self.executor.predict_observation(  # [horizon, 32] numpy, in robot units with gpu_unnormalize
                 views, tokens, token_masks, None if state_padded is None else state_padded.numpy(),
                 self._host_noise(noise),  # stays on the host: the executor stages it into its pinned blob

@@ -403,5 +403,10 @@ def test_the_host_rehearsal_repeats_the_last_call_and_changes_nothing_visible(de
     assert all(np.array_equal(a, b) and not np.shares_memory(a, b) for a, b in zip(rehearsal._scratch, views))
     torch.manual_seed(3)
     np.testing.assert_array_equal(policy.predict(images, "pick up the red block", state=state), first)
+    remembered = rehearsal._inputs
+    with pytest.raises(InputError):                  # refused input: not remembered, the rehearsal keeps the last good
+        policy.predict(images, "pick up the red block", state=np.full(32, np.nan))
+    assert rehearsal._inputs is remembered
+    rehearsal()
     policy.close()
     assert engine._host_wait.rehearsal is None
