@@ -71,16 +71,13 @@ def cpu_engine_policy(policy, options: EngineOptions, gpu_preprocess: bool, gpu_
     ops and the normalizer's action affine (as load_model gives it on a GPU); `policy` (the CPU reference path)
     keeps the model."""
     from flashrt_core.api import Policy
-    from flashrt_core.engine.dispatch import TABLE, Dispatch, Op
+    from flashrt_core.engine.dispatch import eager_cpu_dispatch
     from flashrt_core.engine.graph_executor import EngineExecutor
-    from flashrt_core.engine.hardware import CPU
 
     if policy.device.type != "cpu" or policy.model is None:
         raise SystemExit("--cpu-engine needs --device cpu")
-    choice = {op: cands[-1].name for op, cands in TABLE.items()}           # the plain-PyTorch implementations
-    choice.update({Op.EXECUTOR: "eager_engine", Op.GEMM_DECODER: "bf16", Op.ATTENTION: "math"})
     cfg = policy.config
-    engine = EngineExecutor(policy.model, cfg, policy.device, Dispatch(CPU, options, choice), dtype=torch.float32,
+    engine = EngineExecutor(policy.model, cfg, policy.device, eager_cpu_dispatch(options), dtype=torch.float32,
                             action_affine=policy.normalizer.action_affine(cfg.max_action_dim))
     return Policy(policy.model, cfg, engine, policy.tokenizer, policy.normalizer, policy.device, policy.model_id,
                   gpu_preprocess, gpu_unnormalize)

@@ -56,7 +56,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
-from .hardware import Hardware, Vendor
+from .hardware import CPU, Hardware, Vendor
 
 log = logging.getLogger(__name__)
 
@@ -517,6 +517,15 @@ class Dispatch:
 
     def summary(self) -> str:
         return ", ".join(f"{op.value}={impl}" for op, impl in self.choice.items())
+
+
+def eager_cpu_dispatch(options: EngineOptions | None = None) -> Dispatch:
+    """The graph engine's own ops, each in its plain-PyTorch implementation (every op's last candidate; the decoder
+    GEMMs in bf16 semantics, the math attention), launched one by one on the CPU: the engine's forward, buffers and
+    host path without a GPU (CPU tests, and the host steps of the GPU path timed on a CPU machine)."""
+    choice = {op: candidates[-1].name for op, candidates in TABLE.items()}
+    choice.update({Op.EXECUTOR: "eager_engine", Op.GEMM_DECODER: "bf16", Op.ATTENTION: "math"})
+    return Dispatch(CPU, options or EngineOptions(), choice)
 
 
 def resolve(hardware: Hardware, options: EngineOptions | None = None) -> Dispatch:

@@ -203,14 +203,11 @@ def test_load_options_are_validated_and_close_releases(ckpt_dir):
 def _cpu_engine(policy, text_buckets=(64, 128), action_affine=None, host_wait="sync"):
     """The graph engine's executor over the policy's model, eager on the CPU with the plain-PyTorch ops;
     action_affine: the unnormalization it can apply itself (None: none)."""
-    from flashrt_core.engine.dispatch import TABLE, Dispatch, EngineOptions, Op
+    from flashrt_core.engine.dispatch import EngineOptions, eager_cpu_dispatch
     from flashrt_core.engine.graph_executor import EngineExecutor
-    from flashrt_core.engine.hardware import CPU
 
-    choice = {op: cands[-1].name for op, cands in TABLE.items()}
-    choice.update({Op.EXECUTOR: "eager_engine", Op.GEMM_DECODER: "bf16", Op.ATTENTION: "math"})
     return EngineExecutor(policy.model, policy.config, torch.device("cpu"),
-                          Dispatch(CPU, EngineOptions(text_buckets=text_buckets, host_wait=host_wait), choice),
+                          eager_cpu_dispatch(EngineOptions(text_buckets=text_buckets, host_wait=host_wait)),
                           dtype=torch.float32,
                           action_affine=action_affine)
 

@@ -334,3 +334,15 @@ def test_the_wgmma_kernels_are_offered_on_hopper_only(monkeypatch):
         d = resolve(detect_hardware(blackwell), fold)
         assert d[Op.SMEM_GEMM] == "none" and d[Op.ADA_NORM_FOLD] == "separate", blackwell
         assert d[Op.KERNEL_LAUNCH] == "pdl_early"
+
+
+def test_the_eager_cpu_dispatch_runs_every_op_in_plain_pytorch():
+    """eager_cpu_dispatch: each op's last (plain-PyTorch) candidate, launched one by one on the CPU, with the
+    options given; what the CPU tests of the engine's forward and host path run."""
+    from flashrt_core.engine.dispatch import TABLE, eager_cpu_dispatch
+    d = eager_cpu_dispatch(EngineOptions(host_wait="warm"))
+    assert d.hardware == detect_hardware("cpu") and d.options.host_wait == "warm"
+    assert (d[Op.EXECUTOR], d[Op.GEMM_DECODER], d[Op.ATTENTION]) == ("eager_engine", "bf16", "math")
+    pinned = {Op.EXECUTOR, Op.GEMM_DECODER, Op.ATTENTION}
+    assert all(d[op] == candidates[-1].name for op, candidates in TABLE.items() if op not in pinned)
+    assert eager_cpu_dispatch().options == EngineOptions()

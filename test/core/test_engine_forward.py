@@ -12,9 +12,8 @@ import torch
 
 from flashrt_core.checkpoint import load_model_weights
 from flashrt_core.config import get_config
-from flashrt_core.engine.dispatch import TABLE, Dispatch, EngineOptions, Op
+from flashrt_core.engine.dispatch import Dispatch, EngineOptions, eager_cpu_dispatch
 from flashrt_core.engine.graph_executor import EngineExecutor
-from flashrt_core.engine.hardware import CPU
 from flashrt_core.executor import ReferenceExecutor
 from flashrt_core.fixtures import write_random_checkpoint
 
@@ -22,9 +21,7 @@ FP32_ATOL = 2e-5  # same math in fp32, different op order (folded norms, merged 
 
 
 def _dispatch(fused: bool, **options) -> Dispatch:
-    choice = {op: cands[-1].name for op, cands in TABLE.items()}
-    choice.update({Op.EXECUTOR: "eager_engine", Op.GEMM_DECODER: "bf16", Op.ATTENTION: "math"})
-    return Dispatch(CPU, EngineOptions(fused_weights=fused, text_buckets=(16, 32), **options), choice)
+    return eager_cpu_dispatch(EngineOptions(fused_weights=fused, text_buckets=(16, 32), **options))
 
 
 @pytest.fixture(scope="module", params=["pi05_tiny", "pi0_tiny"])

@@ -110,13 +110,10 @@ def _policy_run_by(executor_factory):
 def _cpu_engine(policy, text_buckets=None):
     """The graph engine's executor (default text buckets), eager on the CPU with the plain-PyTorch ops."""
     import torch
-    from flashrt_core.engine.dispatch import TABLE, Dispatch, EngineOptions, Op
+    from flashrt_core.engine.dispatch import EngineOptions, eager_cpu_dispatch
     from flashrt_core.engine.graph_executor import EngineExecutor
-    from flashrt_core.engine.hardware import CPU
-    choice = {op: cands[-1].name for op, cands in TABLE.items()}
-    choice.update({Op.EXECUTOR: "eager_engine", Op.GEMM_DECODER: "bf16", Op.ATTENTION: "math"})
     options = EngineOptions() if text_buckets is None else EngineOptions(text_buckets=text_buckets)
-    return EngineExecutor(policy.model, policy.config, torch.device("cpu"), Dispatch(CPU, options, choice),
+    return EngineExecutor(policy.model, policy.config, torch.device("cpu"), eager_cpu_dispatch(options),
                           dtype=torch.float32)
 
 
