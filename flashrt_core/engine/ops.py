@@ -7,6 +7,7 @@ from flashrt_kernels), so the forward in forward.py never branches on hardware.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -676,20 +677,29 @@ class Ops:
         mask = KeyMask(bias, P, None, heads)
         want = self.k.attention_reference(q.float().reshape(P * heads, head_dim), k.float(), v.float(), bias, P,
                                           None, heads, 1.0).reshape(P, heads * head_dim)    # fp32, heads stacked
-        times = {}
-        for impl in self.prefix_attention_candidates(P, heads, head_dim, device):
-            try:
-                err = float((self.prefix_attention(q, k, v, mask, impl).float() - want).abs().max())
-                if not err <= PREFIX_ATTENTION_CHECK_ATOL:
-                    log.warning("prefix attention %s is off by %.3g against the softmax attention, left out", impl,
-                                err)
-                    continue
-                times[impl] = self.graph_time_us(lambda: [self.prefix_attention(q, k, v, mask, impl)
-                                                           for _ in range(layers)], reps) / layers
-            except RuntimeError as err:          # no kernel for this configuration: not a candidate here
-                log.info("prefix attention %s cannot run at P=%d: %s", impl, P, err)
+        candidates = self.prefix_attention_candidates(P, heads, head_dim, device)
+        times = self._checked_times(f"prefix attention (P={P})", candidates,
+                                    lambda impl: self.prefix_attention(q, k, v, mask, impl), want,
+                                    PREFIX_ATTENTION_CHECK_ATOL, layers, reps)
         self.prefix_attention_impl = min(times, key=times.get)
         self.prefix_attention_timings = times
+        return times
+
+    def _checked_times(self, what: str, candidates, run: Callable[[str], torch.Tensor], want: torch.Tensor,
+                       atol: float, layers: int, reps: int) -> dict[str, float]:
+        """For each candidate: run(candidate) checked against `want` (the fp32 softmax attention, within atol), then
+        timed as `layers` calls graph-captured, us per call. One that disagrees is logged and left out, never timed;
+        one that cannot run here (a RuntimeError: no kernel for this shape, dtype or layout) is left out."""
+        times = {}
+        for cand in candidates:
+            try:
+                err = float((run(cand).float() - want).abs().max())
+                if not err <= atol:
+                    log.warning("%s %s is off by %.3g against the softmax attention, left out", what, cand, err)
+                    continue
+                times[cand] = self.graph_time_us(lambda: [run(cand) for _ in range(layers)], reps) / layers
+            except RuntimeError as err:
+                log.info("%s %s cannot run: %s", what, cand, err)
         return times
 
     def tune_vision_attention(self, views: int, tokens: int, heads: int, head_dim: int, dtype: torch.dtype,
@@ -706,19 +716,9 @@ class Ops:
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))                       # (V, H, N, Dh)
         scale = head_dim ** -0.5
         want = torch.softmax((q.float() @ k.float().transpose(-1, -2)) * scale, dim=-1) @ v.float()   # fp32
-        times = {}
-        for backend in VISION_ATTENTION_BACKENDS:
-            try:
-                err = float((self.attention(q, k, v, scale, backend).float() - want).abs().max())
-                if not err <= VISION_ATTENTION_CHECK_ATOL:
-                    log.warning("vision attention backend %s is off by %.3g against the softmax attention, left "
-                                "out", backend, err)
-                    continue
-                times[backend] = self.graph_time_us(
-                    lambda: [self.attention(q, k, v, scale, backend) for _ in range(layers)],
-                    reps) / layers
-            except RuntimeError as err:          # "No available kernel" and the like: not a candidate here
-                log.info("vision attention backend %s cannot run: %s", backend, err)
+        times = self._checked_times("vision attention backend", VISION_ATTENTION_BACKENDS,
+                                    lambda backend: self.attention(q, k, v, scale, backend), want,
+                                    VISION_ATTENTION_CHECK_ATOL, layers, reps)
         self.vision_attention_backend = min(times, key=times.get)
         self.vision_attention_timings = times
         return times
