@@ -40,6 +40,7 @@ import torch
 
 from ._gluon import (HAVE_GLUON, TensorDescriptor, gl, gluon, griddep, mbarrier, tma, warpgroup_mma,
                      warpgroup_mma_wait)
+from ._triton import launch_options
 from .attention import merge_splits
 
 BLOCK_M = 64             # query rows per program: one warpgroup's wgmma M
@@ -247,10 +248,10 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     if splits > 1:
         acc = torch.empty(splits, Mq, D, device=q.device, dtype=torch.float32)
         ml = torch.empty(splits, Mq, 2, device=q.device, dtype=torch.float32)
-    launch = {"launch_pdl": True} if pdl else {}
     _prefix_attention_kernel[((Mq + BLOCK_M - 1) // BLOCK_M, splits)](
         q_desc, k_desc, v_desc, bias, out, acc, ml, Mq, P, out.stride(0), split_blocks(P, splits, block_n),
-        NCHUNK=D // CHUNK, LOG2E=LOG2E, PDL=int(pdl), OVERLAP=overlap, SPLITS=splits, num_warps=4, **launch)
+        NCHUNK=D // CHUNK, LOG2E=LOG2E, PDL=int(pdl), OVERLAP=overlap, SPLITS=splits, num_warps=4,
+        **launch_options(pdl))
     if splits > 1:
         merge_splits(acc, ml, out, pdl)
     return out

@@ -46,7 +46,7 @@ import torch
 from ._gluon import (HAVE_GLUON, TensorDescriptor, gl, gluon, griddep, mbarrier, tma, warpgroup_mma,
                      warpgroup_mma_wait)
 
-from ._triton import INTERPRETED
+from ._triton import INTERPRETED, launch_options
 
 ROWS = 64            # weight rows per program: wgmma's M
 X_ROWS = 16          # x rows per program (M <= 16): wgmma's N
@@ -293,7 +293,7 @@ def smem_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: in
                             K_PER_SPLIT=K // split_k, GEGLU=geglu, SPLIT_K=split_k, KGELU=_K_GELU,
                             PDL=int(pdl), NORM_IN=norm_in is not None, NORM_OUT=no is not None,
                             TILES=K // ROWS if norm_in is not None else 1,
-                            num_warps=4, **({"launch_pdl": True} if pdl else {}))
+                            num_warps=4, **launch_options(pdl))
     return no.xs if no is not None else out
 
 
