@@ -87,6 +87,15 @@ def _median_us(fn: Callable[[], object], calls: int) -> float:
     return float(np.median(samples)) * 1e6
 
 
+def _stamped_us(steps: Sequence[tuple[str, Callable[[], object]]]) -> np.ndarray:
+    """Run the steps in order, each timed: us per step."""
+    t = [time.perf_counter()]
+    for _, fn in steps:
+        fn()
+        t.append(time.perf_counter())
+    return np.diff(t) * 1e6
+
+
 def spin(seconds: float) -> None:
     """Keep the thread busy for `seconds` (a pure Python loop: no sleep, no system call but the clock's)."""
     t0 = time.perf_counter()
@@ -163,11 +172,7 @@ def spin_sweep_us(policy, images, prompt: str, state, waits_ms: Sequence[float],
         samples = []
         for _ in range(calls):
             pause(wait / 1e3)
-            t = [time.perf_counter()]
-            for _, fn in steps:
-                fn()
-                t.append(time.perf_counter())
-            samples.append(np.diff(t) * 1e6)
+            samples.append(_stamped_us(steps))
         out[float(wait)] = dict(zip((name for name, _ in steps), np.median(np.array(samples), axis=0).tolist()))
     return out
 
@@ -195,15 +200,7 @@ def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, f
         return graph_replay_ms(entry.graph, 1)[0]
 
     ordered = steps[:4] + [("gpu_round_trip", round_trip)] + steps[4:]
-
-    def inline_steps():
-        t = [time.perf_counter()]
-        for _, fn in ordered:
-            fn()
-            t.append(time.perf_counter())
-        return np.diff(t) * 1e6
-
-    inline = np.median(np.array([inline_steps() for _ in range(calls)]), axis=0)
+    inline = np.median(np.array([_stamped_us(ordered) for _ in range(calls)]), axis=0)
     out = {name: _median_us(fn, calls) for name, fn in ordered}
     out["predict"] = _median_us(lambda: policy.predict(images, prompt, state), calls)
     out["replay_back_to_back"] = float(np.median(graph_replay_ms(entry.graph, calls))) * 1e3
