@@ -12,6 +12,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh load         # engine load: tuning cache off / stored / read, ~1.5 min
 #   OUT=/path bash tools/device_engine_checks.sh buckets      # replay time per text bucket, bf16 and FP8, ~4.5 min
 #   OUT=/path bash tools/device_engine_checks.sh host         # Policy.predict's host and GPU segments, ~5 min
+#   OUT=/path bash tools/device_engine_checks.sh layer        # the persistent expert layer: tests, A/B, gates
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
 # The times were measured in sessions 12-13 (all but gemms and fp8-scopes) or estimated: the
@@ -87,7 +88,7 @@ fi
 
 if [ "$PART" = engine-gates ] || [ "$PART" = all ]; then
   timeout 520 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
-    -k "accuracy_gate and not (smem_gemm or split_k_qkv or prefix_attention_wgmma or prefix_attention_split)" \
+    -k "accuracy_gate and not (smem_gemm or split_k_qkv or prefix_attention_wgmma or prefix_attention_split or denoise_layer)" \
     > "$OUT/pytest_engine_gates.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_gates.log"
 fi
@@ -135,6 +136,18 @@ if [ "$PART" = host ]; then           # not in "all": two full loads of pi0.5 (t
     --checkpoint "$CKPT" --host-waits sync warm --host-unnormalize --host-trace 30 --out "$OUT" \
     >> "$OUT/host.log" 2>&1
   echo "benchmark_policy_predict rc=$?" >> "$OUT/host.log"
+fi
+
+if [ "$PART" = layer ]; then          # not in "all": kernels/denoise_layer.py (opt-in)
+  # its kernel tests first (a grid barrier that never completes gives up after ~4 s per barrier: the time limit
+  # bounds a hang), then the denoise A/B in one engine, then its accuracy gates
+  timeout 240 "$PY" -m pytest -v test/gpu/test_kernels.py -k denoise_layer > "$OUT/pytest_layer_kernel.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_layer_kernel.log"
+  timeout 240 "$PY" tools/benchmark_denoise_layer.py --random-init --out "$OUT" > "$OUT/denoise_layer.log" 2>&1
+  echo "benchmark_denoise_layer rc=$?" >> "$OUT/denoise_layer.log"
+  timeout 300 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py -k "accuracy_gate and denoise_layer" \
+    > "$OUT/pytest_layer_gates.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_layer_gates.log"
 fi
 
 if [ "$PART" = buckets ]; then        # not in "all": two full loads with 13 graphs each

@@ -223,6 +223,40 @@ def denoise_step_configs(width: int = 1024) -> list[KernelConfig]:
     return out
 
 
+DENOISE_LAYER_SIGNATURE = {
+    **{n: "*fp32" for n in ("res_ptr", "h1_ptr", "xin_ptr", "xout_ptr", "oacc_ptr", "gate0_ptr", "scale1_ptr",
+                            "gate1_ptr", "scale2_ptr", "bias_qkv_ptr", "bias_gu_ptr")},
+    **{n: "*bf16" for n in ("wqkv_ptr", "wo_ptr", "wgu_ptr", "wd_ptr", "k_ptr", "v_ptr", "q_ptr")},
+    "pacc_ptr": "*fp32", "pml_ptr": "*fp32", "act_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*fp32",
+    "sin_ptr": "*fp32", "kbias_ptr": "*fp32", "vis_ptr": "*i32", "counter_ptr": "*i32", "err_ptr": "*i32",
+    "wo_addr": "i64", "wgu_addr": "i64", "wd_addr": "i64", "wqkv_next_addr": "i64",
+    "R": "i32", "P": "i32", "eps": "fp32", "q_scale": "fp32", "stride_kv": "i32"}
+
+
+def denoise_layer_configs(rows: int = 10, prefix: int = 560) -> list[KernelConfig]:
+    """kernels/denoise_layer.py at pi0.5's expert (10 rows, 2 views and a 48-token prompt: 560 prefix keys) as its
+    launcher plans it (LayerConfig.fit, 128 programs): every phase with the grid barriers, and each phase alone (the
+    per-phase launches)."""
+    dl = _kernels_module("denoise_layer")
+    width, heads, dh, mlp, splits = 1024, 8, 256, 4096, 8
+    cfg = dl.LayerConfig.fit(width, mlp, dh)
+    keys = -(-(-(-(prefix + rows) // splits)) // cfg.block_keys) * cfg.block_keys
+    base = {"HAS_X": True, "W": width, "H": heads, "DH": dh, "F": mlp, "BLOCK_R": dl.block_rows(rows),
+            "SPLITS": splits, "BK": cfg.bk, "BN_O": cfg.bn_o, "BN_GU": cfg.bn_gu, "BN_D": cfg.bn_d, "KS_D": cfg.ks_d,
+            "BLOCK_KEYS": cfg.block_keys, "RB": cfg.rb, "NPROG": 128, "KEYS_PER_SPLIT": keys, "ESIZE": 2}
+    addrs = ("P", "stride_kv", "wo_addr", "wgu_addr", "wd_addr", "wqkv_next_addr")
+    out = [KernelConfig(f"denoise layer (all phases, grid barriers{', L2 prefetch' if pf else ''})",
+                        dl._denoise_layer_kernel, DENOISE_LAYER_SIGNATURE,
+                        {**base, "PHASE_FIRST": 0, "PHASE_LAST": 4, "GRID_SYNC": True, "PREFETCH": pf},
+                        cfg.num_warps, 3, addrs) for pf in (False, True)]
+    for i, phase in enumerate(dl.PHASES):
+        out.append(KernelConfig(f"denoise layer (phase {phase} alone)", dl._denoise_layer_kernel,
+                                DENOISE_LAYER_SIGNATURE, {**base, "PHASE_FIRST": i, "PHASE_LAST": i,
+                                                          "GRID_SYNC": False, "PREFETCH": False}, cfg.num_warps, 3,
+                                addrs))
+    return out
+
+
 def prefix_attention_configs() -> list[KernelConfig]:
     """kernels/prefix_attention.py (the prefix attention on wgmma) at the backbone's head dim 256, with the TMA
     descriptors its launcher builds: the one-split forms (64-key blocks, both forms, both launch modes) and the
@@ -254,7 +288,7 @@ def prefix_attention_configs() -> list[KernelConfig]:
 def main() -> None:
     rows = []
     for cfg in (attention_configs() + skinny_configs() + smem_configs() + denoise_step_configs()
-                + prefix_attention_configs()):
+                + prefix_attention_configs() + denoise_layer_configs()):
         r = resources(compile_sm90(cfg))
         rows.append((cfg.name, cfg.num_warps, r))
         print(f"{cfg.name}: {r}", file=sys.stderr, flush=True)

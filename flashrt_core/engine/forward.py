@@ -44,6 +44,7 @@ class Workspace:
     rope_sin: torch.Tensor
     suffix_visible: torch.Tensor                 # (S,) int32: suffix keys each suffix token may see
     ada_fold: AdaFoldBuffers | None = None       # pi0.5 with ops.ada_fold: the folded norms' buffers
+    denoise_layer: object | None = None          # pi0.5 with ops.denoise_layer: kernels' DenoiseLayerScratch
     extras: dict = field(default_factory=dict)
 
 
@@ -190,6 +191,9 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
     fold_bias = w.ada_fold_bias() if fold is not None else None          # (qkv, gate_up): (steps, layers, N)
     # pi0.5: each step's two ends in one kernel each (kernels/denoise_step.py)
     step_ends = pi05 and ops.fused_denoise_step and len(w.action_in.parts) == 1 and w.action_in.fp8 is None
+    if step_ends and ws.denoise_layer is not None and ops.denoise_layer != "separate":
+        _denoise_persistent_layers(ws, w, ops, key_bias, pos, smask)
+        return
     for step, dt in enumerate(w.dts):
         if step_ends:        # input projection + the first layer's norm 1
             mod = w.tables.norm[step, 0]
@@ -247,6 +251,36 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
             ops.norm(x, residual, y, w.expert_final_norm, None, e.eps)
         velocity = torch.nn.functional.linear(y[S - horizon:], out_w)                 # (horizon, A)
         ops.euler(x_t, velocity, out_b, dt)
+
+
+def _denoise_persistent_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, pos: torch.Tensor,
+                               smask: KeyMask) -> None:
+    """pi0.5's denoising steps with each expert layer in one launch of kernels/denoise_layer.py (ops.denoise_layer
+    "grid" or "grid_prefetch", which also prefetches the later weight tiles into L2; "phases": a launch per phase),
+    between the fused step ends. Each layer leaves its down output in
+    x_acc[layer % 2], which the next layer (or the step's end) adds with its gate."""
+    e = w.config.expert
+    scratch = ws.denoise_layer
+    layer_weights, tables = w.denoise_layer_inputs(ops.k)
+    out_w, out_b = w.action_out
+    residual = torch.empty(ws.suffix_visible.shape[0], e.width, device=key_bias.device)   # (S, We) fp32
+    y = torch.empty(residual.shape, device=residual.device, dtype=w.dtype)                 # the step-in's norm
+    x_t = ws.actions.copy_(ws.noise)
+    depth = len(w.expert)
+    grid_sync, prefetch = ops.denoise_layer.startswith("grid"), ops.denoise_layer == "grid_prefetch"
+    scratch.reset_counters()
+    for step, dt in enumerate(w.dts):
+        mod = w.tables.norm[step, 0]
+        ops.denoise_step_in(x_t, w.action_in, mod[0, 0], mod[0, 1], residual, y, e.eps)
+        x_prev = None
+        for i in range(depth):
+            x_prev = ops.k.denoise_layer(residual, x_prev, scratch.x_acc[i % 2], tables[step][i], layer_weights[i],
+                                         ws.k_cache[i, 0], ws.v_cache[i, 0], pos, ws.rope_cos, ws.rope_sin,
+                                         key_bias, smask.visible, scratch, step * depth + i, e.num_heads,
+                                         e.head_dim ** -0.5, e.eps, grid_sync=grid_sync, prefetch=prefetch,
+                                         next_qkv=layer_weights[(i + 1) % depth].qkv)
+        ops.denoise_step_out(x_prev, residual, w.tables.norm[step, depth - 1, 1, 2], w.tables.final[step, 0],
+                             w.tables.final[step, 1], out_w, out_b, x_t, dt, e.eps)
 
 
 def forward(ws: Workspace, w: EngineWeights, ops: Ops, timer: PhaseTimer | None = None) -> None:

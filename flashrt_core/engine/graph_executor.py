@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 _ALIGN = 256  # bytes between fields of the staging blob
 # rounds of the chain tuning's interleaved timing (interleaved_replay_ms), 3 replays of one denoise each
 CHAIN_TUNING_ROUNDS = 7
+# the most suffix rows kernels/denoise_layer.py serves: its row tile (16) holds them all (pi0.5 horizon 10 yes, 50 no)
+DENOISE_LAYER_MAX_ROWS = 16
 TUNING_PROMPT_TOKENS = 48           # the load-time tunings time the text bucket that holds a prompt this long
 
 
@@ -140,6 +142,14 @@ class EngineExecutor:
             self.ops.ada_fold = False                   # pi0, unmerged weights or too many rows: nothing to fold
         if self.ops.ada_fold:
             self.weights.ada_fold_bias()                # the shift @ W^T tables, made before any capture
+        if self.ops.denoise_layer != "separate" and (
+                self.weights.tables is None or not self.weights.folded or not self.ops.fused_denoise_step
+                or self.ops.decoder_fp8 or self.suffix_len > DENOISE_LAYER_MAX_ROWS):
+            self.ops.denoise_layer = "separate"         # pi0, unmerged weights, FP8 expert weights or > 16 rows
+        if self.ops.denoise_layer.startswith("grid") and load_kernels().INTERPRETED:
+            self.ops.denoise_layer = "phases"           # the interpreter runs programs one by one: no grid barrier
+        if self.ops.denoise_layer != "separate":
+            self.weights.denoise_layer_inputs(load_kernels())   # the tables and bias, made before any capture
         if self.ops.decoder_fp8:                         # before the tuning: it times the FP8 weights
             from .fp8 import quantize_expert_weights
             quantize_expert_weights(self.weights, dispatch[Op.FP8_FORMAT])
@@ -186,7 +196,12 @@ class EngineExecutor:
             self.tuned_decoder_kinds = tuple(timings)
             log.info("decoder GEMMs: %s (us: %s)", {k: str(v) for k, v in ops.decoder_impl.items()}, timings)
             if self.dispatch[Op.DECODER_TUNING] == "chain" and self.use_graph:
-                self.decoder_chain_timings = self._tune_decoder_in_chain()
+                # the chain times the separate GEMMs: persistent layers (ops.denoise_layer) would leave them out
+                layers, ops.denoise_layer = ops.denoise_layer, "separate"
+                try:
+                    self.decoder_chain_timings = self._tune_decoder_in_chain()
+                finally:
+                    ops.denoise_layer = layers
                 log.info("decoder GEMMs in the denoiser: %s, launch policy %s, after %d passes (ms per denoise, "
                          "last pass: %s)", {k: str(v) for k, v in ops.decoder_impl.items()},
                          ops.launch_policy, self.decoder_chain_passes, self.decoder_chain_timings)
@@ -443,7 +458,11 @@ class EngineExecutor:
             k_cache=torch.zeros(cache_shape, device=dev, dtype=self.dtype),
             v_cache=torch.zeros(cache_shape, device=dev, dtype=self.dtype),
             rope_cos=self._rope[0], rope_sin=self._rope[1], suffix_visible=self._suffix_visible,
-            ada_fold=AdaFoldBuffers.allocate(S, cfg.expert.width, self.dtype, dev) if self.ops.ada_fold else None)
+            ada_fold=AdaFoldBuffers.allocate(S, cfg.expert.width, self.dtype, dev) if self.ops.ada_fold else None,
+            denoise_layer=load_kernels().DenoiseLayerScratch.allocate(
+                S, cfg.expert.width, cfg.expert.num_heads, cfg.expert.head_dim, cfg.expert.mlp_dim,
+                launches=cfg.num_steps * cfg.expert.depth, dtype=self.dtype, device=dev)
+            if self.ops.denoise_layer != "separate" else None)
         out_host = torch.empty(cfg.action_horizon, cfg.max_action_dim, pin_memory=dev.type == "cuda")
         return _Entry(ws, staging, out_host, None)
 

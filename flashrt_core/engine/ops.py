@@ -247,6 +247,10 @@ class Ops:
         self._gelu_epilogue = dispatch[Op.VISION_GELU] == "gemm_epilogue"
         self.fused_patch_embed = dispatch[Op.PATCH_EMBED] == "fused"     # forward.vision: patch_rows + GEMM
         self.fused_denoise_step = dispatch[Op.DENOISE_STEP] == "fused"   # forward.denoise: denoise_step_in / _out
+        # forward.denoise: each pi0.5 expert layer through kernels/denoise_layer.py ("grid" / "grid_prefetch": one
+        # launch, "phases": a launch per phase) where the workspace has its scratch (GraphExecutor: pi0.5, fused
+        # step ends, <= 16 rows)
+        self.denoise_layer = dispatch[Op.DENOISE_LAYER]
         self.split_k_qkv = dispatch.options.split_k_qkv and dispatch.options.fast_paths   # SMEM_CANDIDATES["qkv"]
         # forward.denoise folds pi0.5's adaRMSNorms into the GEMMs around them where ada_fold_applies()
         self.ada_fold = dispatch[Op.ADA_NORM_FOLD] == "gemm_epilogue"

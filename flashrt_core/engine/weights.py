@@ -181,6 +181,31 @@ class EngineWeights:
 
     _ada_fold_bias: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    def denoise_layer_inputs(self, kernels) -> tuple[list, list[list]]:
+        """pi0.5's expert layers as kernels/denoise_layer.py takes them: (per layer LayerWeights, per step and
+        layer LayerTables), views of the merged weights, the ada tables and ada_fold_bias (made at first use).
+        `kernels`: the loaded kernel package."""
+        if self.tables is None or not self.folded:
+            raise ValueError("denoise_layer_inputs: only pi0.5's expert with merged QKV and gate/up weights")
+        if self._denoise_layer is None:
+            lw = []
+            for layer in self.expert:
+                parts = [getattr(layer, name).parts for name in ("qkv", "o", "gate_up", "down")]
+                if any(len(p) != 1 or p[0][1] is not None for p in parts):
+                    raise ValueError("denoise_layer_inputs: expert GEMMs must be single unbiased weights")
+                lw.append(kernels.LayerWeights(*(p[0][0] for p in parts)))
+            bias_qkv, bias_gu = self.ada_fold_bias()                      # (steps, layers, N)
+            norm = self.tables.norm                                       # (steps, layers, 2, 3, We)
+            tables = [[kernels.LayerTables(gate0=norm[s, i - 1, 1, 2] if i > 0 else None,
+                                           scale1p_1=norm[s, i, 0, 0], shift_1=norm[s, i, 0, 1],
+                                           gate1=norm[s, i, 0, 2], scale1p_2=norm[s, i, 1, 0],
+                                           shift_2=norm[s, i, 1, 1], bias_qkv=bias_qkv[s, i], bias_gu=bias_gu[s, i])
+                       for i in range(len(self.expert))] for s in range(norm.shape[0])]
+            self._denoise_layer = (lw, tables)
+        return self._denoise_layer
+
+    _denoise_layer: tuple[list, list[list]] | None = None
+
 
 def _f32(t: torch.Tensor) -> torch.Tensor:
     return t.detach().float()

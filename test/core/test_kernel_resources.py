@@ -22,10 +22,10 @@ TUNED_ON_H200 = ("triton(n32,k128,s1,st4,w4)", "triton(n32,k128,s4,st4,w4)", "tr
 
 
 def _configs():
-    from tools.kernel_resources import attention_configs, denoise_step_configs, skinny_configs
+    from tools.kernel_resources import attention_configs, denoise_layer_configs, denoise_step_configs, skinny_configs
     return attention_configs() + [c for c in skinny_configs()
                                   if c.name.split()[-3] in TUNED_ON_H200 and "fp8" not in c.name] + \
-        denoise_step_configs()
+        denoise_step_configs() + denoise_layer_configs()
 
 
 def test_the_configuration_list_covers_the_engine_paths():
@@ -37,6 +37,7 @@ def test_the_configuration_list_covers_the_engine_paths():
     kinds = {n.split()[2] for n in names if n.startswith("skinny GEMM")}
     assert kinds == {"qkv", "gate_up", "o", "down"}
     assert "denoise step_in (one pass)" in names and "denoise step_out (one pass, 4 partials)" in names
+    assert "denoise layer (all phases, grid barriers, L2 prefetch)" in names
 
 
 @pytest.mark.parametrize("cfg", _configs(), ids=lambda c: c.name)

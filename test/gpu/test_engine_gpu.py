@@ -152,6 +152,9 @@ def test_new_prompt_does_not_recapture(tiny):
     ("pi05", "bf16+prefix_attention_wgmma"),  # the prefix attention forced to kernels/prefix_attention.py
     ("pi05", "bf16+prefix_attention_split"),  # ... forced to its key-split form (2 programs per row block; opt-in)
     ("pi05", "fp8+fp8_fast_accum"),         # the FP8 GEMMs accumulating in the tensor cores (opt-in)
+    ("pi05", "bf16+denoise_layer"),         # each expert layer one persistent launch, grid barriers (opt-in)
+    ("pi05", "fp8+denoise_layer"),
+    ("pi05", "bf16+denoise_layer_phases"),  # ... the same kernel, a launch per phase
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
@@ -168,6 +171,9 @@ def test_accuracy_gate_full_size(name, precision):
                                           split_k_qkv=extra == "split_k_qkv",
                                           fp8_fast_accum=extra == "fp8_fast_accum",
                                           prefix_attention_split=extra == "prefix_attention_split",
+                                          denoise_layer=extra.startswith("denoise_layer"),
+                                          overrides={"denoise_layer": "phases"} if extra == "denoise_layer_phases"
+                                          else {},
                                           **(ONE_PASS if extra else {})))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
     assert engine.name.endswith(prec)
@@ -175,6 +181,8 @@ def test_accuracy_gate_full_size(name, precision):
     assert engine.ops.fused_patch_embed == (extra != "no_fused_patch_embed")
     assert engine.ops.ada_fold == (extra == "smem_gemm_ada_fold")
     assert engine.ops.fused_denoise_step == (extra != "no_fused_denoise_step")
+    assert engine.ops.denoise_layer == {"denoise_layer": "grid_prefetch", "denoise_layer_phases": "phases"}.get(
+        extra, "separate")
     if extra.startswith("smem_gemm") or extra == "split_k_qkv":   # the tuning weighed the TMA GEMMs; force them
         assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
                    for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
@@ -203,6 +211,9 @@ def test_accuracy_gate_full_size(name, precision):
                                  vocab=1024)
         got = engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
         cosines.append(cosine(got[:, :cfg.action_dim], reference_actions(reference, obs)[:, :cfg.action_dim]))
+    if extra.startswith("denoise_layer"):   # every grid barrier of every layer launch was passed, none gave up
+        assert [int(e.ws.denoise_layer.errors.item()) for e in engine._entries.values()] == \
+            [0] * len(engine._entries)
     del engine, reference, model
     torch.cuda.empty_cache()
     gate = GATE_FP8 if precision.startswith("fp8") else GATE_BF16

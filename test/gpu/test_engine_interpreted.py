@@ -28,7 +28,7 @@ FP32_ATOL = 5e-5            # fp32 throughout; the kernels sum in another order 
 FP8_COSINE = 0.99           # weight-only E4M3 decoder weights on a 2-layer tiny expert
 
 
-def _triton_dispatch(decoder_qkv: str, fp8_weights: bool, tuning_cache: str = ""):
+def _triton_dispatch(decoder_qkv: str, fp8_weights: bool, tuning_cache: str = "", **picks):
     from flashrt_core.engine.dispatch import Dispatch, EngineOptions, Op
     from flashrt_core.engine.hardware import detect_hardware
     choice = {Op.EXECUTOR: "eager_engine", Op.ATTENTION: "math", Op.MQA: "triton", Op.GEMM_PREFIX: "bf16",
@@ -38,7 +38,9 @@ def _triton_dispatch(decoder_qkv: str, fp8_weights: bool, tuning_cache: str = ""
               Op.DECODER_WEIGHTS: "fp8" if fp8_weights else "bf16", Op.VISION_GELU: "separate",
               Op.DECODER_TUNING: "isolated", Op.FP8_INPUT_QUANT: "fused",
               Op.SMEM_GEMM: "none", Op.PREFIX_ATTENTION: "mqa", Op.VISION_ATTENTION: "default",
-              Op.PATCH_EMBED: "reference", Op.ADA_NORM_FOLD: "separate", Op.DENOISE_STEP: "separate"}
+              Op.PATCH_EMBED: "reference", Op.ADA_NORM_FOLD: "separate", Op.DENOISE_STEP: "separate",
+              Op.DENOISE_LAYER: "separate"}
+    choice.update({Op(op): impl for op, impl in picks.items()})
     assert set(choice) == set(Op), "every op needs a choice here"
     return Dispatch(detect_hardware("sm90"), EngineOptions(text_buckets=(16, 32), tuning_cache=tuning_cache), choice)
 
@@ -56,11 +58,11 @@ def model(request, tmp_path_factory):
     return load_model_weights(ckpt, cfg.replace(action_horizon=10, num_steps=3), "cpu", torch.float32)
 
 
-def _engine(model, decoder_qkv: str, fp8_weights: bool = False, tuning_cache: str = ""):
+def _engine(model, decoder_qkv: str, fp8_weights: bool = False, tuning_cache: str = "", **picks):
     from flashrt_core.engine.graph_executor import EngineExecutor
     from flashrt_core.engine.ops import SkinnyConfig
     engine = EngineExecutor(model, model.config, torch.device("cpu"),
-                            _triton_dispatch(decoder_qkv, fp8_weights, tuning_cache), dtype=torch.float32)
+                            _triton_dispatch(decoder_qkv, fp8_weights, tuning_cache, **picks), dtype=torch.float32)
     e = model.config.expert
     # the tiny expert's K: width 32 (qkv, gate_up), heads x head_dim 64 (o), mlp 64 (down); o and down split-K
     engine.ops.decoder_impl = {"qkv": SkinnyConfig(16, 32, 1, 2), "gate_up": SkinnyConfig(16, 32, 1, 2),
@@ -82,7 +84,7 @@ def _record_triton_launches(engine, monkeypatch) -> dict[str, list]:
     The PyTorch references are not recorded."""
     calls: dict[str, list] = {}
     for name in ("skinny_gemm", "decoder_attention", "attention", "qkv_rope", "ada_rms_norm", "residual_norm",
-                 "euler", "geglu", "patch_rows", "denoise_step_in", "denoise_step_out"):
+                 "euler", "geglu", "patch_rows", "denoise_step_in", "denoise_step_out", "denoise_layer"):
         fn = getattr(engine.ops.k, name)
 
         def recorded(*args, _fn=fn, _name=name, **kwargs):
@@ -156,6 +158,28 @@ def test_fused_denoise_step_ends_match_the_reference(model, monkeypatch):
         assert len(launches["ada_rms_norm"]) == steps * (2 * layers - 1)
     else:
         assert "denoise_step_in" not in launches and len(launches["euler"]) == steps
+
+
+def test_persistent_denoise_layers_match_the_reference(model, monkeypatch):
+    """pi0.5 with each expert layer in kernels/denoise_layer.py (a launch per phase: the interpreter runs programs
+    one by one, so no grid barrier) between the fused step ends: one denoise_layer launch per step and layer, no
+    expert GEMM, norm or attention launch of their own; the actions are the reference's. pi0 has no such path: its
+    layers run the separate kernels."""
+    engine = _engine(model, "rope_in_attention", denoise_step="fused", denoise_layer="phases")
+    launches = _record_triton_launches(engine, monkeypatch)
+    got, want, inputs = _actions_and_reference(engine, model, 11)
+    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
+    steps, layers = len(engine.weights.dts), model.config.expert.depth
+    if model.config.model_type == "pi05":
+        assert engine.ops.denoise_layer == "phases"
+        assert launches["denoise_layer"] == [None] * (steps * layers)
+        assert len(launches["denoise_step_in"]) == len(launches["denoise_step_out"]) == steps
+        for name in ("skinny_gemm", "decoder_attention", "ada_rms_norm"):
+            assert name not in launches, name
+        again = engine.predict_observation(*inputs)                  # the same scratch, the counters reset
+        np.testing.assert_allclose(again, got, atol=1e-6, rtol=0)
+    else:
+        assert engine.ops.denoise_layer == "separate" and "denoise_layer" not in launches
 
 
 def test_split_k_qkv_partials_are_summed_by_the_attention(model, monkeypatch):

@@ -808,3 +808,95 @@ def test_fp8_quant_rows():
     assert ((q.float() - want_q.float())[differ].abs() <= step * 1.0001).all(), "a value moved more than one step"
     err = (q.float() * scale - x.float()).norm() / x.float().norm()
     assert err < FP8_REL_L2, f"dequantized rel L2 error {err:.3e}"
+
+
+def _denoise_layer_case(S: int, P: int, W: int, H: int, dh: int, F: int, has_x: bool, seed: int):
+    """Random pi0.5 expert-layer inputs: weights ~ 1/sqrt(fan-in), a residual of scale ~3, ada tables near their
+    trained ranges, a prefix with some keys masked, K/V caches of P prefix rows (+ S rows the layer writes)."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    bf = SKINNY_DTYPE                     # the interpreter has no bf16 tl.dot: fp32 weights and caches there
+
+    def rnd(*shape, scale=1.0):
+        return torch.randn(*shape, device=DEVICE, generator=g) * scale
+
+    weights = K.LayerWeights(qkv=rnd((H + 2) * dh, W, scale=W ** -0.5).to(bf), o=rnd(W, H * dh, scale=(H * dh) ** -0.5).to(bf),
+                             gate_up=rnd(2 * F, W, scale=W ** -0.5).to(bf), down=rnd(W, F, scale=F ** -0.5).to(bf))
+    shift_1, shift_2 = rnd(W, scale=0.3), rnd(W, scale=0.3)
+    tables = K.LayerTables(gate0=rnd(W, scale=0.5) if has_x else None, scale1p_1=1 + rnd(W, scale=0.2),
+                           shift_1=shift_1, gate1=rnd(W, scale=0.5), scale1p_2=1 + rnd(W, scale=0.2),
+                           shift_2=shift_2, bias_qkv=K.fold_shift(shift_1, weights.qkv),
+                           bias_gu=K.fold_shift(shift_2, weights.gate_up))
+    residual = rnd(S, W, scale=3.0)
+    x_prev = rnd(S, W) if has_x else None
+    k_cache, v_cache = rnd(P + S + 3, dh).to(bf), rnd(P + S + 3, dh).to(bf)
+    key_bias = torch.where(torch.rand(P, device=DEVICE, generator=g) > 0.2, 0.0, float("-inf"))
+    key_bias[0] = 0.0
+    n_valid = int((key_bias == 0).sum())
+    pos = (n_valid + torch.arange(S, device=DEVICE)).to(torch.int64)
+    cos, sin = K.rope_tables(P + S + 8, dh, device=DEVICE)
+    visible = torch.full((S,), S, device=DEVICE, dtype=torch.int32)
+    visible[0] = 1                                                     # one token sees fewer suffix keys
+    return residual, x_prev, tables, weights, k_cache, v_cache, pos, cos, sin, key_bias, visible
+
+
+@pytest.mark.parametrize("form", ["phases"] if INTERPRET else ["phases", "grid", "grid_prefetch"])
+@pytest.mark.parametrize("has_x", [False, True])
+def test_denoise_layer(form, has_x):
+    """The persistent expert layer (kernels/denoise_layer.py: five phases, grid barriers or a launch per phase)
+    against its reference (the engine's separate ops in fp32), at pi0.5's expert shapes on the GPU (10 rows, 560
+    prefix keys) and small ones in the interpreter: the residual after the layer, the down output and the cache's
+    suffix rows; launched twice on the same scratch (the barrier counters of two launches, no barrier gave up).
+    form: a launch per phase, one launch with grid barriers, and that with the L2 prefetch of the later tiles."""
+    if form == "grid_prefetch" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("cp.async.bulk.prefetch.L2 needs an sm90+ GPU")
+    if INTERPRET:
+        S, P, W, H, dh, F = 3, 20, 64, 2, 32, 128
+        cfg = K.LayerConfig(bk=32, bn_o=32, bn_gu=16, bn_d=32, ks_d=64, block_keys=16)
+    else:
+        S, P, W, H, dh, F = 10, 560, 1024, 8, 256, 4096
+        cfg = K.LayerConfig()
+    residual, x_prev, tables, weights, k_cache, v_cache, pos, cos, sin, key_bias, visible = _denoise_layer_case(
+        S, P, W, H, dh, F, has_x, seed=S + P + int(has_x))
+    want_res = residual.clone()
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want_x = K.denoise_layer_reference(want_res, x_prev, tables, weights, want_k, want_v, pos, cos, sin, key_bias,
+                                       visible, H, dh ** -0.5)
+    scratch = K.DenoiseLayerScratch.allocate(S, W, H, dh, F, launches=2, dtype=SKINNY_DTYPE, device=DEVICE,
+                                             splits=4 if INTERPRET else 8)
+    for launch in range(2):
+        res, kc, vc = residual.clone(), k_cache.clone(), v_cache.clone()
+        kc[P:P + S] = float("nan")
+        vc[P:P + S] = float("nan")
+        x_out = _poison(torch.empty(S, W, device=DEVICE))
+        got = K.denoise_layer(res, x_prev, x_out, tables, weights, kc, vc, pos, cos, sin, key_bias, visible, scratch,
+                              launch, H, dh ** -0.5, grid_sync=form != "phases", cfg=cfg,
+                              prefetch=form == "grid_prefetch")
+        assert got is x_out
+        assert int(scratch.errors.item()) == 0, "a grid barrier gave up waiting"
+        # the kernel rounds h * scale1p to bf16 before its GEMMs, the reference the normalized row: both bf16-exact
+        # to ~2^-8 of a row's scale, summed over the K of each GEMM (fp32 in the interpreter: the order of sums)
+        tol = (1e-4, 1e-4) if INTERPRET else (6e-2, 3e-2)
+        _close(res, want_res, *tol)
+        _close(kc[P:P + S], want_k[P:P + S], *tol)
+        _close(vc[P:P + S], want_v[P:P + S], *tol)
+        assert torch.equal(kc[:P], k_cache[:P]) and torch.equal(kc[P + S:], k_cache[P + S:])
+        cos_x = torch.nn.functional.cosine_similarity(got.flatten(), want_x.flatten(), dim=0)
+        assert cos_x > 0.9995, f"down output cosine {cos_x:.6f}"
+        _close(got, want_x, tol[0] * float(want_x.abs().max()), tol[1])
+    # each launch's counter: every program (128 at these shapes, one per SM) arrived at each of its 4 barriers
+    programs = 0 if form == "phases" else min(128, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert scratch.counters.tolist() == [4 * programs] * 2
+
+
+def test_denoise_layer_rejects_bad_shapes():
+    S, P, W, H, dh, F = 3, 20, 64, 2, 32, 128
+    residual, x_prev, tables, weights, k_cache, v_cache, pos, cos, sin, key_bias, visible = _denoise_layer_case(
+        S, P, W, H, dh, F, True, seed=1)
+    scratch = K.DenoiseLayerScratch.allocate(S, W, H, dh, F, launches=1, dtype=SKINNY_DTYPE, device=DEVICE)
+    bad = K.LayerWeights(qkv=weights.qkv[:-1], o=weights.o, gate_up=weights.gate_up, down=weights.down)
+    with pytest.raises(ValueError, match="weight qkv"):
+        K.denoise_layer(residual, x_prev, torch.empty_like(residual), tables, bad, k_cache, v_cache, pos, cos, sin,
+                        key_bias, visible, scratch, 0, H, 1.0, grid_sync=False)
+    with pytest.raises(ValueError, match="tiles"):
+        K.denoise_layer(residual, x_prev, torch.empty_like(residual), tables, weights, k_cache, v_cache, pos, cos,
+                        sin, key_bias, visible, scratch, 0, H, 1.0, grid_sync=False, cfg=K.LayerConfig(bk=48))

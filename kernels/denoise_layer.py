@@ -1,0 +1,525 @@
+"""One pi0.5 action-expert layer in one persistent launch: five phases separated by grid barriers.
+
+A denoising layer of pi0.5 is eight dependent kernels of 2-4 us each on ~10 rows (adaRMSNorm, QKV GEMM, attention,
+its combine, O GEMM, adaRMSNorm, gate/up GEMM + GeGLU, down GEMM); their weights stream in ~8.6 us but the chain
+takes ~24 us on the H200 (docs/benchmarks/engine_h200_2026-11-29_notes.md, session 14). Here one launch of one
+program per SM runs the layer as five phases; between two phases every program waits at a grid barrier (an atomic
+counter in global memory) instead of a kernel boundary:
+
+    A  h1 = residual + gate0 * x_prev                       (x_prev: the previous layer's down output, if any)
+       qkv = rms(h1) * ((h1 * scale1p_1) @ Wqkv^T) + shift_1 @ Wqkv^T           (rounded to the engine dtype)
+       q <- rope(q) * q_scale;  K/V cache rows [P, P + S) <- rope(k), v
+    B  attention of the S * H query rows over the P prefix keys (key bias 0 / -inf) and the visible suffix keys,
+       each program one (head, key split): its unnormalized output, row maximum and row sum
+    C  attn = the splits merged per head;  o_acc += attn_h @ Wo[:, h]^T             (fp32 atomics, per head)
+    D  h2 = h1 + gate1 * o_acc;  residual <- h2
+       gu = rms(h2) * ((h2 * scale1p_2) @ Wgu^T) + shift_2 @ Wgu^T;  act = gelu_tanh(gate) * up
+    E  x_out += act[:, k-split] @ Wd[:, k-split]^T                                 (fp32 atomics, per K split)
+
+The shift of each norm passes through the GEMM after it as a bias (EngineWeights.ada_fold_bias: shift @ W^T in
+fp32) and the row's rsqrt(mean(h^2) + eps) multiplies the GEMM's output, so every program normalizes while it
+streams its own weight tile, in one pass over the rows (the same algebra as kernels/smem_gemm.py's NormIn).
+x_out and o_acc are sums of fp32 atomics: the order of the additions varies between runs (last-bit differences).
+
+Grid barriers need every program resident at once: the launcher asks for at most one program per SM. With
+`grid_sync=False` each phase is a launch of its own (stream order is the barrier): the form Triton's CPU
+interpreter runs (it runs programs one after another) and the A/B of the barriers themselves. A barrier that
+waited longer than MAX_SPINS polls gives up and counts itself in `errors` (a test checks it stays zero), so a
+program that was never scheduled cannot hang the GPU.
+Provenance: the FlashRT engine runs this layer as a chain of fused kernels under a CUDA graph; the persistent
+form with grid barriers follows the "megakernel" designs for small-batch decoding (one launch, programs that
+wait on counters between dependent steps). Independent Triton implementation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._triton import INTERPRETED, tl, triton
+from .attention import _online_softmax_step
+from .l2_prefetch import prefetch_rows_l2
+
+PHASES = ("qkv", "attention", "o", "gate_up", "down")
+MAX_SPINS = 1 << 22          # ~4 s of polling before a barrier gives up (and counts an error)
+_MAX_SPINS = tl.constexpr(MAX_SPINS)
+ROPE_BLOCK = 16              # QKV output columns per half-head tile: 16 of the first half, their 16 partners
+
+
+@dataclass
+class DenoiseLayerScratch:
+    """Static buffers of the layer kernel for S rows (allocated once, outside any capture).
+    h1 (S, W) fp32: the residual after the attention's gated add; x_acc (2, S, W) fp32: the down output of
+    even / odd layers (the next layer's x_prev); o_acc (S, W) fp32; q (S, H, Dh); act (S, F) engine dtype;
+    part_acc (H, C, BLOCK_R, Dh) and part_ml (H, C, 2, BLOCK_R) fp32: the attention's splits; counters: one
+    int32 per launch of a predict, zeroed before the first (reset_counters); errors (1,) int32."""
+
+    h1: torch.Tensor
+    x_acc: torch.Tensor
+    o_acc: torch.Tensor
+    q: torch.Tensor
+    act: torch.Tensor
+    part_acc: torch.Tensor
+    part_ml: torch.Tensor
+    counters: torch.Tensor
+    errors: torch.Tensor
+    splits: int
+
+    @classmethod
+    def allocate(cls, rows: int, width: int, heads: int, head_dim: int, mlp: int, launches: int,
+                 dtype: torch.dtype, device: torch.device | str, splits: int = 8) -> "DenoiseLayerScratch":
+        br = block_rows(rows)
+        f32 = dict(device=device, dtype=torch.float32)
+        return cls(h1=torch.zeros(rows, width, **f32), x_acc=torch.zeros(2, rows, width, **f32),
+                   o_acc=torch.zeros(rows, width, **f32),
+                   q=torch.zeros(rows, heads, head_dim, device=device, dtype=dtype),
+                   act=torch.zeros(rows, mlp, device=device, dtype=dtype),
+                   part_acc=torch.zeros(heads, splits, br, head_dim, **f32),
+                   part_ml=torch.zeros(heads, splits, 2, br, **f32),
+                   counters=torch.zeros(max(launches, 1), device=device, dtype=torch.int32),
+                   errors=torch.zeros(1, device=device, dtype=torch.int32), splits=splits)
+
+    def reset_counters(self) -> None:
+        """Zero the barrier counters: once per predict, before its first layer launch (a memset in the graph)."""
+        self.counters.zero_()
+
+
+def denoise_layer_phases() -> tuple[str, ...]:
+    """The kernel's phases in order (what `phases=(i, i)` of the launcher runs)."""
+    return PHASES
+
+
+def block_rows(rows: int) -> int:
+    """Rows padded to the tensor-core tile (16 at least)."""
+    return max(16, triton.next_power_of_2(rows))
+
+
+@dataclass(frozen=True)
+class LayerTables:
+    """One layer's load-time vectors for one denoising step (fp32, contiguous): gate0 (W,) the previous layer's
+    second gate (None for the first layer: no x_prev); scale1p_1, shift_1, gate1, scale1p_2, shift_2 (W,) its two
+    adaRMSNorms; bias_qkv (N_qkv,) and bias_gu (2F,): the shifts through the GEMMs after them (fold_shift), which
+    the kernel adds (the shifts themselves only the reference reads)."""
+
+    gate0: torch.Tensor | None
+    scale1p_1: torch.Tensor
+    shift_1: torch.Tensor
+    gate1: torch.Tensor
+    scale1p_2: torch.Tensor
+    shift_2: torch.Tensor
+    bias_qkv: torch.Tensor
+    bias_gu: torch.Tensor
+
+
+def fold_shift(shift: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A norm's shift through the GEMM after it: shift @ W^T in fp32 (N,)."""
+    return shift.float() @ w.float().T
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """The layer's GEMM weights in the engine dtype, row-major (out, in): qkv (H*Dh + 2*Dh, W) heads ordered
+    [q_0..q_{H-1}, k, v]; o (W, H*Dh); gate_up (2F, W) gate rows first; down (W, F)."""
+
+    qkv: torch.Tensor
+    o: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+def _gelu_tanh(g: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(g, approximate="tanh")
+
+
+def denoise_layer_reference(residual: torch.Tensor, x_prev: torch.Tensor | None, tables: LayerTables,
+                            weights: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
+                            cos: torch.Tensor, sin: torch.Tensor, key_bias: torch.Tensor, visible: torch.Tensor,
+                            heads: int, q_scale: float, eps: float = 1e-6) -> torch.Tensor:
+    """Plain PyTorch, by definition the engine's separate ops in fp32 with their roundings to the weights' dtype:
+    adaRMSNorm, QKV GEMM, qkv_rope, attention, O GEMM, adaRMSNorm, gate/up GEMM, GeGLU, down GEMM.
+    residual (S, W) fp32 is updated in place to h2; the cache rows [P, P + S) are written (P = key_bias length);
+    returns the down output (S, W) fp32 (the next layer's x_prev)."""
+    from .ada_rms_norm import ada_rms_norm_reference
+    from .attention import attention_reference
+    from .qkv_rope import qkv_rope_reference
+    dt = weights.qkv.dtype
+    S, W = residual.shape
+    P = key_bias.shape[0]
+    dh = k_cache.shape[-1]
+    y, h1 = ada_rms_norm_reference(x_prev, residual, tables.gate0, tables.scale1p_1, tables.shift_1, eps,
+                                   out_dtype=dt)
+    qkv = (y.float() @ weights.qkv.float().T).to(dt)
+    q = torch.empty(S, heads, dh, device=residual.device, dtype=dt)
+    qkv_rope_reference(qkv, pos, cos, sin, q, k_cache[None], v_cache[None], P, heads, 1, q_scale)
+    attn = attention_reference(q.view(S * heads, dh), k_cache[:P + S], v_cache[:P + S], key_bias, P, visible,
+                               heads, 1.0).view(S, heads * dh)
+    o = (attn.to(dt).float() @ weights.o.float().T).to(dt)
+    y2, h2 = ada_rms_norm_reference(o, h1, tables.gate1, tables.scale1p_2, tables.shift_2, eps, out_dtype=dt)
+    gu = (y2.float() @ weights.gate_up.float().T).to(dt).float()
+    gate, up = gu.chunk(2, dim=-1)
+    act = (_gelu_tanh(gate) * up).to(dt)
+    residual.copy_(h2)
+    return act.float() @ weights.down.float().T
+
+
+@triton.jit
+def _grid_sync(counter_ptr, err_ptr, target):
+    """Every program of the launch arrives, then waits until `target` arrivals have been counted. The CTA barrier
+    before the release orders every thread's writes before the arrival; the acquire poll and the CTA barrier
+    after it make every program's writes visible to every thread here."""
+    tl.debug_barrier()
+    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+    seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    spins = 0
+    while (seen < target) & (spins < _MAX_SPINS):
+        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+        spins += 1
+    if seen < target:
+        tl.atomic_add(err_ptr, 1, sem="relaxed", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _prefetch_later_tiles(pid, wo_addr, wgu_addr, wd_addr, W: tl.constexpr, H: tl.constexpr, DH: tl.constexpr,
+                          F: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr,
+                          KS_D: tl.constexpr, NPROG: tl.constexpr, ESIZE: tl.constexpr):
+    """Bulk L2 prefetch of the weight tiles this program reads in phases C, D and E (fire and forget): issued at
+    the end of phase A, so HBM streams them while the attention runs and the later phases find them in L2."""
+    for rnd in range(0, ((W // BN_O) * H + NPROG - 1) // NPROG):            # C: Wo rows n, head h's columns
+        t = pid + rnd * NPROG
+        n = (t // H) * BN_O + tl.arange(0, BN_O)
+        prefetch_rows_l2(wo_addr + (t % H) * DH * ESIZE, H * DH * ESIZE, DH * ESIZE, n, t < (W // BN_O) * H)
+    for rnd in range(0, (F // BN_GU + NPROG - 1) // NPROG):                  # D: gate rows and their up rows
+        t = pid + rnd * NPROG
+        n = t * BN_GU + tl.arange(0, BN_GU)
+        prefetch_rows_l2(wgu_addr, W * ESIZE, W * ESIZE, n, t < F // BN_GU)
+        prefetch_rows_l2(wgu_addr, W * ESIZE, W * ESIZE, n + F, t < F // BN_GU)
+    KSPLITS: tl.constexpr = F // KS_D
+    for rnd in range(0, ((W // BN_D) * KSPLITS + NPROG - 1) // NPROG):       # E: Wd rows n, one K split
+        t = pid + rnd * NPROG
+        n = (t // KSPLITS) * BN_D + tl.arange(0, BN_D)
+        prefetch_rows_l2(wd_addr + (t % KSPLITS) * KS_D * ESIZE, F * ESIZE, KS_D * ESIZE, n,
+                         t < (W // BN_D) * KSPLITS)
+
+
+@triton.jit
+def _prefetch_qkv_tiles(pid, wqkv_addr, W: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, RB: tl.constexpr,
+                        NPROG: tl.constexpr, ESIZE: tl.constexpr):
+    """Bulk L2 prefetch of the QKV weight tiles this program reads in the next layer's phase A."""
+    SUBS: tl.constexpr = DH // 2 // RB
+    for rnd in range(0, ((H + 2) * SUBS + NPROG - 1) // NPROG):
+        t = pid + rnd * NPROG
+        n = (t // SUBS) * DH + (t % SUBS) * RB + tl.arange(0, RB)
+        prefetch_rows_l2(wqkv_addr, W * ESIZE, W * ESIZE, n, t < (H + 2) * SUBS)
+        prefetch_rows_l2(wqkv_addr, W * ESIZE, W * ESIZE, n + DH // 2, t < (H + 2) * SUBS)
+
+
+@triton.jit
+def _normed_pair_gemm(res_ptr, x_ptr, gate_ptr, scale_ptr, w_ptr, rows, row_ok, n1, n2, h_out_ptr, write_h,
+                      HAS_X: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr,
+                      BN: tl.constexpr):
+    """(h * scale1p) @ W[n1]^T and @ W[n2]^T in fp32, h = res + gate * x (rows of W columns, fp32), and the rows'
+    sums of h^2; where write_h, h is stored to h_out (one program per phase does). Rows past row_ok are zeros."""
+    acc1 = tl.zeros([BLOCK_R, BN], tl.float32)
+    acc2 = tl.zeros([BLOCK_R, BN], tl.float32)
+    ssq = tl.zeros([BLOCK_R], tl.float32)
+    for k0 in range(0, W, BK):
+        ks = k0 + tl.arange(0, BK)
+        offs = rows[:, None] * W + ks[None, :]
+        h = tl.load(res_ptr + offs, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+        if HAS_X:
+            g = tl.load(gate_ptr + ks)
+            h += tl.load(x_ptr + offs, mask=row_ok[:, None], other=0.0, cache_modifier=".cg") * g[None, :]
+        tl.store(h_out_ptr + offs, h, mask=row_ok[:, None] & write_h)
+        ssq += tl.sum(h * h, axis=1)
+        xs = (h * tl.load(scale_ptr + ks)[None, :]).to(w_ptr.dtype.element_ty)
+        w1 = tl.load(w_ptr + n1[:, None] * W + ks[None, :])
+        w2 = tl.load(w_ptr + n2[:, None] * W + ks[None, :])
+        acc1 += tl.dot(xs, tl.trans(w1))
+        acc2 += tl.dot(xs, tl.trans(w2))
+    return acc1, acc2, ssq
+
+
+@triton.jit
+def _denoise_layer_kernel(
+        res_ptr, h1_ptr, xin_ptr, xout_ptr, oacc_ptr,
+        gate0_ptr, scale1_ptr, gate1_ptr, scale2_ptr, bias_qkv_ptr, bias_gu_ptr,
+        wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr,
+        k_ptr, v_ptr, q_ptr, pacc_ptr, pml_ptr, act_ptr,
+        pos_ptr, cos_ptr, sin_ptr, kbias_ptr, vis_ptr, counter_ptr, err_ptr,
+        wo_addr, wgu_addr, wd_addr, wqkv_next_addr,
+        R, P, eps, q_scale, stride_kv,
+        PHASE_FIRST: tl.constexpr, PHASE_LAST: tl.constexpr, GRID_SYNC: tl.constexpr, HAS_X: tl.constexpr,
+        W: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, F: tl.constexpr, BLOCK_R: tl.constexpr,
+        SPLITS: tl.constexpr, BK: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr,
+        KS_D: tl.constexpr, BLOCK_KEYS: tl.constexpr, RB: tl.constexpr, NPROG: tl.constexpr,
+        KEYS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr = False, ESIZE: tl.constexpr = 2):
+    pid = tl.program_id(0)
+    nprog = NPROG
+    rows = tl.arange(0, BLOCK_R)
+    row_ok = rows < R
+    HALF: tl.constexpr = DH // 2
+    dt = wqkv_ptr.dtype.element_ty
+
+    # ---- A: norm 1, QKV GEMM, RoPE, q and the suffix K/V rows
+    if PHASE_FIRST <= 0 and 0 <= PHASE_LAST:
+        SUBS: tl.constexpr = HALF // RB
+        for rnd in range(0, ((H + 2) * SUBS + NPROG - 1) // NPROG):
+            t = pid + rnd * NPROG
+            if t < (H + 2) * SUBS:
+                hb = t // SUBS
+                d = (t % SUBS) * RB + tl.arange(0, RB)
+                n1 = hb * DH + d
+                n2 = n1 + HALF
+                acc1, acc2, ssq = _normed_pair_gemm(res_ptr, xin_ptr, gate0_ptr, scale1_ptr, wqkv_ptr, rows, row_ok,
+                                                    n1, n2, h1_ptr, t == 0, HAS_X, W, BK, BLOCK_R, RB)
+                r = tl.rsqrt(ssq / W + eps)[:, None]
+                o1 = (acc1 * r + tl.load(bias_qkv_ptr + n1)[None, :]).to(dt).to(tl.float32)
+                o2 = (acc2 * r + tl.load(bias_qkv_ptr + n2)[None, :]).to(dt).to(tl.float32)
+                if hb == H + 1:                                                    # v: no RoPE
+                    vo = v_ptr + (P + rows)[:, None] * stride_kv + d[None, :]
+                    tl.store(vo, o1.to(dt), mask=row_ok[:, None])
+                    tl.store(vo + HALF, o2.to(dt), mask=row_ok[:, None])
+                else:
+                    p = tl.load(pos_ptr + rows, mask=row_ok, other=0)
+                    table = p[:, None] * HALF + d[None, :]
+                    c = tl.load(cos_ptr + table, mask=row_ok[:, None], other=0.0)
+                    s = tl.load(sin_ptr + table, mask=row_ok[:, None], other=0.0)
+                    r1 = o1 * c - o2 * s
+                    r2 = o2 * c + o1 * s
+                    if hb == H:                                                    # k
+                        ko = k_ptr + (P + rows)[:, None] * stride_kv + d[None, :]
+                        tl.store(ko, r1.to(dt), mask=row_ok[:, None])
+                        tl.store(ko + HALF, r2.to(dt), mask=row_ok[:, None])
+                    else:                                                          # q head hb, scaled
+                        qo = q_ptr + rows[:, None] * (H * DH) + hb * DH + d[None, :]
+                        tl.store(qo, (r1 * q_scale).to(dt), mask=row_ok[:, None])
+                        tl.store(qo + HALF, (r2 * q_scale).to(dt), mask=row_ok[:, None])
+        # the accumulators of this layer's O and down atomics start from zero (read last by the layer before)
+        for rnd in range(0, (2 + NPROG - 1) // NPROG):
+            t = pid + rnd * NPROG
+            if t < 2:
+                zero = tl.zeros([BLOCK_R, BK], tl.float32)
+                for k0 in range(0, W, BK):
+                    offs = rows[:, None] * W + k0 + tl.arange(0, BK)[None, :]
+                    tl.store(oacc_ptr + offs, zero, mask=row_ok[:, None] & (t == 0))
+                    tl.store(xout_ptr + offs, zero, mask=row_ok[:, None] & (t == 1))
+        if PREFETCH:
+            _prefetch_later_tiles(pid, wo_addr, wgu_addr, wd_addr, W, H, DH, F, BN_O, BN_GU, BN_D, KS_D, NPROG, ESIZE)
+        if GRID_SYNC and PHASE_LAST > 0:
+            _grid_sync(counter_ptr, err_ptr, nprog * 1)
+
+    # ---- B: attention, one (head, key split) per program
+    if PHASE_FIRST <= 1 and 1 <= PHASE_LAST:
+        dd = tl.arange(0, DH)
+        L = P + R
+        vis = tl.load(vis_ptr + rows, mask=row_ok, other=0)
+        for rnd in range(0, (H * SPLITS + NPROG - 1) // NPROG):
+            t = pid + rnd * NPROG
+            if t < H * SPLITS:
+                h = t // SPLITS
+                c = t % SPLITS
+                q = tl.load(q_ptr + rows[:, None] * (H * DH) + h * DH + dd[None, :], mask=row_ok[:, None], other=0.0,
+                            cache_modifier=".cg")
+                start = c * KEYS_PER_SPLIT
+                end = tl.minimum(start + KEYS_PER_SPLIT, L)
+                m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+                l_i = tl.zeros([BLOCK_R], tl.float32)
+                acc = tl.zeros([BLOCK_R, DH], tl.float32)
+                for n in range(0, KEYS_PER_SPLIT, BLOCK_KEYS):
+                    cols = start + n + tl.arange(0, BLOCK_KEYS)
+                    col_ok = cols < end
+                    kv = cols[:, None] * stride_kv + dd[None, :]
+                    k = tl.load(k_ptr + kv, mask=col_ok[:, None], other=0.0, cache_modifier=".cg")
+                    v = tl.load(v_ptr + kv, mask=col_ok[:, None], other=0.0, cache_modifier=".cg")
+                    m_i, l_i, acc = _online_softmax_step(q, k, v, cols, col_ok, kbias_ptr, P, vis, m_i, l_i, acc, 1.0,
+                                                         True)
+                base = h * SPLITS + c
+                tl.store(pacc_ptr + (base * BLOCK_R + rows)[:, None] * DH + dd[None, :], acc, mask=row_ok[:, None])
+                tl.store(pml_ptr + base * 2 * BLOCK_R + rows, m_i)
+                tl.store(pml_ptr + base * 2 * BLOCK_R + BLOCK_R + rows, l_i)
+        if GRID_SYNC and PHASE_LAST > 1:
+            _grid_sync(counter_ptr, err_ptr, nprog * 2)
+
+    # ---- C: the splits merged per head, O GEMM of that head's columns into o_acc
+    if PHASE_FIRST <= 2 and 2 <= PHASE_LAST:
+        splits = tl.arange(0, SPLITS)
+        DC: tl.constexpr = 64 if DH > 64 else DH
+        for rnd in range(0, ((W // BN_O) * H + NPROG - 1) // NPROG):
+            t = pid + rnd * NPROG
+            if t < (W // BN_O) * H:
+                h = t % H
+                n = (t // H) * BN_O + tl.arange(0, BN_O)
+                ml = pml_ptr + (h * SPLITS + splits)[:, None] * (2 * BLOCK_R) + rows[None, :]
+                m = tl.load(ml, cache_modifier=".cg")                                # (SPLITS, BLOCK_R)
+                l_s = tl.load(ml + BLOCK_R, cache_modifier=".cg")
+                m_max = tl.max(m, axis=0)
+                m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+                a = tl.exp(m - m_max[None, :])                                     # (SPLITS, BLOCK_R)
+                den = tl.sum(a * l_s, axis=0)
+                inv = 1.0 / tl.where(den > 0, den, 1.0)
+                out = tl.zeros([BLOCK_R, BN_O], tl.float32)
+                for kc in range(0, DH, DC):                  # the head's dims in chunks: fewer live registers
+                    dcols = kc + tl.arange(0, DC)
+                    num = tl.zeros([BLOCK_R, DC], tl.float32)
+                    for c in tl.static_range(SPLITS):
+                        a_c = tl.sum(tl.where(splits[:, None] == c, a, 0.0), axis=0)
+                        part = tl.load(pacc_ptr + ((h * SPLITS + c) * BLOCK_R + rows)[:, None] * DH + dcols[None, :],
+                                       mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+                        num += a_c[:, None] * part
+                    attn = (num * inv[:, None]).to(dt)
+                    w = tl.load(wo_ptr + n[:, None] * (H * DH) + h * DH + dcols[None, :])   # (BN_O, DC)
+                    out += tl.dot(attn, tl.trans(w))
+                tl.atomic_add(oacc_ptr + rows[:, None] * W + n[None, :], out, mask=row_ok[:, None], sem="relaxed",
+                              scope="gpu")
+        if GRID_SYNC and PHASE_LAST > 2:
+            _grid_sync(counter_ptr, err_ptr, nprog * 3)
+
+    # ---- D: norm 2, gate/up GEMM, GeGLU
+    if PHASE_FIRST <= 3 and 3 <= PHASE_LAST:
+        for rnd in range(0, (F // BN_GU + NPROG - 1) // NPROG):
+            t = pid + rnd * NPROG
+            if t < F // BN_GU:
+                n1 = t * BN_GU + tl.arange(0, BN_GU)
+                n2 = n1 + F
+                acc1, acc2, ssq = _normed_pair_gemm(h1_ptr, oacc_ptr, gate1_ptr, scale2_ptr, wgu_ptr, rows, row_ok,
+                                                    n1, n2, res_ptr, t == 0, True, W, BK, BLOCK_R, BN_GU)
+                r = tl.rsqrt(ssq / W + eps)[:, None]
+                g = (acc1 * r + tl.load(bias_gu_ptr + n1)[None, :]).to(dt).to(tl.float32)
+                u = (acc2 * r + tl.load(bias_gu_ptr + n2)[None, :]).to(dt).to(tl.float32)
+                inner = 1.5957691216057308 * (g + 0.044715 * g * g * g)                 # 2 sqrt(2/pi) (g + c g^3)
+                act = g / (1.0 + tl.exp(-inner)) * u
+                tl.store(act_ptr + rows[:, None] * F + n1[None, :], act.to(dt), mask=row_ok[:, None])
+        if PREFETCH:
+            _prefetch_qkv_tiles(pid, wqkv_next_addr, W, H, DH, RB, NPROG, ESIZE)
+        if GRID_SYNC and PHASE_LAST > 3:
+            _grid_sync(counter_ptr, err_ptr, nprog * 4)
+
+    # ---- E: down GEMM, split over K, into x_out
+    if PHASE_FIRST <= 4 and 4 <= PHASE_LAST:
+        KSPLITS: tl.constexpr = F // KS_D
+        for rnd in range(0, ((W // BN_D) * KSPLITS + NPROG - 1) // NPROG):
+            t = pid + rnd * NPROG
+            if t < (W // BN_D) * KSPLITS:
+                n = (t // KSPLITS) * BN_D + tl.arange(0, BN_D)
+                k_first = (t % KSPLITS) * KS_D
+                acc = tl.zeros([BLOCK_R, BN_D], tl.float32)
+                for kk in range(0, KS_D, BK):
+                    ks = k_first + kk + tl.arange(0, BK)
+                    a = tl.load(act_ptr + rows[:, None] * F + ks[None, :], mask=row_ok[:, None], other=0.0,
+                                cache_modifier=".cg")
+                    w = tl.load(wd_ptr + n[:, None] * F + ks[None, :])
+                    acc += tl.dot(a, tl.trans(w))
+                tl.atomic_add(xout_ptr + rows[:, None] * W + n[None, :], acc, mask=row_ok[:, None], sem="relaxed",
+                              scope="gpu")
+
+
+@dataclass(frozen=True)
+class LayerConfig:
+    """Tile sizes: bk the K step of every GEMM; bn_o / bn_gu / bn_d the output columns per program of the O,
+    gate/up (each of gate and up) and down GEMMs; ks_d the down GEMM's K per program; block_keys the keys per
+    attention step. Defaults: 80 QKV tiles, 64 attention items (8 key splits), 128 O, gate/up and down tiles for
+    pi0.5's expert (W 1024, H 8, Dh 256, F 4096)."""
+
+    bk: int = 128
+    bn_o: int = 64
+    bn_gu: int = 32
+    bn_d: int = 64
+    ks_d: int = 512
+    block_keys: int = 32
+    num_warps: int = 4
+    rb: int = ROPE_BLOCK
+
+    @classmethod
+    def fit(cls, width: int, mlp: int, head_dim: int) -> "LayerConfig":
+        """The default tiles, each cut down to a layer narrower than it (the tiny test models)."""
+        bk = min(cls.bk, width)
+        return cls(bk=bk, bn_o=min(cls.bn_o, width), bn_gu=min(cls.bn_gu, mlp), bn_d=min(cls.bn_d, width),
+                   ks_d=max(bk, min(cls.ks_d, mlp)), rb=min(ROPE_BLOCK, head_dim // 2))
+
+
+def _check(residual, x_prev, tables, weights, k_cache, v_cache, heads, cfg: LayerConfig) -> tuple[int, ...]:
+    S, W = residual.shape
+    dh = k_cache.shape[-1]
+    F = weights.down.shape[1]
+    want = {"qkv": ((heads + 2) * dh, W), "o": (W, heads * dh), "gate_up": (2 * F, W), "down": (W, F)}
+    for name, shape in want.items():
+        t = getattr(weights, name)
+        if tuple(t.shape) != shape or not t.is_contiguous():
+            raise ValueError(f"denoise_layer: weight {name} must be contiguous {shape}, got {tuple(t.shape)}")
+    if residual.dtype != torch.float32 or not residual.is_contiguous():
+        raise ValueError("denoise_layer: residual must be contiguous fp32 (S, W)")
+    if x_prev is not None and (x_prev.shape != residual.shape or x_prev.dtype != torch.float32
+                               or not x_prev.is_contiguous() or tables.gate0 is None):
+        raise ValueError("denoise_layer: x_prev must be contiguous fp32 like residual, with tables.gate0")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or k_cache.stride(0) != v_cache.stride(0):
+        raise ValueError("denoise_layer: k_cache / v_cache must be (L, Dh) with unit column stride, same row stride")
+    if (dh // 2) % cfg.rb or W % cfg.bk or W % cfg.bn_o or F % cfg.bn_gu or W % cfg.bn_d or F % cfg.ks_d \
+            or cfg.ks_d % cfg.bk:
+        raise ValueError(f"denoise_layer: tiles {cfg} do not divide W={W}, F={F}, Dh={dh}")
+    return S, W, dh, F
+
+
+def denoise_layer(residual: torch.Tensor, x_prev: torch.Tensor | None, x_out: torch.Tensor, tables: LayerTables,
+                  weights: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, key_bias: torch.Tensor, visible: torch.Tensor,
+                  scratch: DenoiseLayerScratch, launch: int, heads: int, q_scale: float, eps: float = 1e-6,
+                  grid_sync: bool = True, programs: int | None = None, cfg: LayerConfig | None = None,
+                  prefetch: bool = False, next_qkv: torch.Tensor | None = None,
+                  phases: tuple[int, int] | None = None) -> torch.Tensor:
+    """Triton launcher; denoise_layer_reference's contract: residual (S, W) fp32 updated in place to h2, the cache
+    rows [P, P + S) written, x_out (S, W) fp32 <- the down output. x_prev: the previous layer's x_out or None.
+    launch: this launch's barrier counter (scratch.counters[launch], zero before it). prefetch (NVIDIA sm90+): at the
+    end of phase A every program bulk-prefetches into L2 the weight tiles it reads in phases C-E, and at the end of
+    phase D its tiles of `next_qkv` (the next layer's QKV weight; default this layer's). phases: (first, last) runs
+    only those phases, in one launch (for timing them; what the others write is left as it was). programs: the grid (default:
+    the GPU's SM count, at most the largest phase's items); with grid_sync every program must be resident at once,
+    so it may not exceed the SM count. Returns x_out."""
+    if cfg is None:
+        cfg = LayerConfig.fit(residual.shape[1], weights.down.shape[1], k_cache.shape[-1])
+    S, W, dh, F = _check(residual, x_prev, tables, weights, k_cache, v_cache, heads, cfg)
+    P = key_bias.shape[0]
+    splits = scratch.splits
+    keys_per_split = triton.cdiv(triton.cdiv(P + S, splits), cfg.block_keys) * cfg.block_keys
+    items = max((heads + 2) * (dh // 2 // cfg.rb), heads * splits, (W // cfg.bn_o) * heads, F // cfg.bn_gu,
+                (W // cfg.bn_d) * (F // cfg.ks_d))
+    if programs is None:
+        programs = items
+        if residual.is_cuda:
+            programs = min(items, torch.cuda.get_device_properties(residual.device).multi_processor_count)
+    if grid_sync and (INTERPRETED or not residual.is_cuda):
+        raise ValueError("denoise_layer: grid_sync needs a GPU (the interpreter runs programs one by one)")
+    if grid_sync and residual.is_cuda and \
+            programs > torch.cuda.get_device_properties(residual.device).multi_processor_count:
+        raise ValueError(f"denoise_layer: {programs} programs with grid barriers need as many SMs")
+    if prefetch and (INTERPRETED or not residual.is_cuda or torch.cuda.get_device_capability(residual.device)[0] < 9):
+        raise ValueError("denoise_layer: the L2 prefetch (cp.async.bulk.prefetch.L2) needs an sm90+ GPU")
+    next_qkv = weights.qkv if next_qkv is None else next_qkv
+    if next_qkv.shape != weights.qkv.shape or next_qkv.dtype != weights.qkv.dtype:
+        raise ValueError("denoise_layer: next_qkv must be shaped like this layer's QKV weight")
+    gate0 = tables.gate0 if tables.gate0 is not None else tables.gate1
+    args = (residual, scratch.h1, x_prev if x_prev is not None else residual, x_out, scratch.o_acc,
+            gate0, tables.scale1p_1, tables.gate1, tables.scale1p_2, tables.bias_qkv, tables.bias_gu,
+            weights.qkv, weights.o, weights.gate_up, weights.down,
+            k_cache, v_cache, scratch.q, scratch.part_acc, scratch.part_ml, scratch.act,
+            pos, cos, sin, key_bias, visible, scratch.counters[launch:], scratch.errors,
+            weights.o.data_ptr(), weights.gate_up.data_ptr(), weights.down.data_ptr(), next_qkv.data_ptr(),
+            S, P, eps, q_scale, k_cache.stride(0))
+    consts = dict(GRID_SYNC=grid_sync, HAS_X=x_prev is not None, W=W, H=heads, DH=dh, F=F,
+                  BLOCK_R=block_rows(S), SPLITS=splits, BK=cfg.bk, BN_O=cfg.bn_o, BN_GU=cfg.bn_gu, BN_D=cfg.bn_d,
+                  KS_D=cfg.ks_d, BLOCK_KEYS=cfg.block_keys, RB=cfg.rb, NPROG=programs,
+                  KEYS_PER_SPLIT=keys_per_split, PREFETCH=prefetch, ESIZE=weights.qkv.element_size(),
+                  num_warps=cfg.num_warps)
+    if phases is not None:
+        _denoise_layer_kernel[(programs,)](*args, PHASE_FIRST=phases[0], PHASE_LAST=phases[1], **consts)
+    elif grid_sync:
+        _denoise_layer_kernel[(programs,)](*args, PHASE_FIRST=0, PHASE_LAST=len(PHASES) - 1, **consts)
+    else:
+        for phase in range(len(PHASES)):
+            _denoise_layer_kernel[(programs,)](*args, PHASE_FIRST=phase, PHASE_LAST=phase, **consts)
+    return x_out
+
+
+__all__ = ["PHASES", "denoise_layer_phases", "DenoiseLayerScratch", "LayerConfig", "LayerTables", "LayerWeights", "block_rows",
+           "denoise_layer", "denoise_layer_reference", "fold_shift"]

@@ -1,0 +1,154 @@
+"""Each pi0.5 expert layer in one persistent launch (Op.DENOISE_LAYER, kernels/denoise_layer.py) against the tuned
+chain of separate kernels, in one engine: the whole denoise of full-size pi0.5 (10 steps, 2 views, horizon 10,
+bf16) captured as a graph three ways, interleaved over several rounds: the separate kernels the load-time tuning
+picked ("separate", the default), the layer kernel with grid barriers between its phases and its L2 weight
+prefetch ("grid_prefetch"), without the prefetch ("grid") and as a launch per phase ("phases"); the cosine of
+the actions of each against the separate path, same inputs, and the count of barriers that gave up waiting
+(must be 0).
+
+Weights: a full-size checkpoint (--ckpt-root, written there when missing), or with --random-init the model's
+parameters drawn on the GPU (tools/benchmark_denoise_step.py random_model).
+
+    python3 tools/benchmark_denoise_layer.py --random-init --out docs/benchmarks
+    python3 tools/benchmark_denoise_layer.py --phase-breakdown --out docs/benchmarks
+
+Writes denoise_layer_<gpu>_<date>.json / .md into --out; prints the table last. --phase-breakdown instead times
+the kernel alone on random inputs at the expert's shapes (10 rows, 560 prefix keys), each phase as a launch of its
+own and the whole layer with its barriers, for several tile configurations (denoise_layer_phases_*).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from flashrt_core.config import get_config  # noqa: E402
+from flashrt_core.engine import EngineOptions, build_executor  # noqa: E402
+from tools.benchmark_denoise_step import random_model  # noqa: E402
+from tools.benchmark_engine import env_info, ensure_checkpoint  # noqa: E402
+from tools.denoise_timing import ab_cells, cosine, denoise_actions, denoise_inputs, denoise_ms, write_report  # noqa: E402
+
+FORMS = ("separate", "grid_prefetch", "grid", "phases")
+
+
+BREAKDOWN_CONFIGS = {"default": {}, "warps8": {"num_warps": 8}, "bk256": {"bk": 256}, "bk64": {"bk": 64},
+                     "keys64": {"block_keys": 64}}
+
+
+def phase_breakdown(out_dir: str, launches: int = 18, replays: int = 20) -> None:
+    """Each phase of kernels/denoise_layer.py alone, and the whole layer (grid barriers, with and without the L2
+    prefetch), us per launch: `launches` launches captured in one graph, median of `replays` replays."""
+    import numpy as np
+
+    from flashrt_core.engine.graph_executor import graph_replay_ms
+    from flashrt_core.engine.kernel_import import load_kernels
+    K = load_kernels()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "test" / "gpu"))
+    import test_kernels as T                       # the kernel test's random layer inputs
+    S, P, W, H, dh, F = 10, 560, 1024, 8, 256, 4096
+    residual, x_prev, tables, weights, kc, vc, pos, cos, sin, key_bias, visible = T._denoise_layer_case(
+        S, P, W, H, dh, F, True, seed=3)
+    x_out = torch.empty_like(residual)
+    results: dict[str, dict[str, float]] = {}
+    for name, change in BREAKDOWN_CONFIGS.items():
+        cfg = K.LayerConfig(**{**K.LayerConfig.fit(W, F, dh).__dict__, **change})
+        scratch = K.DenoiseLayerScratch.allocate(S, W, H, dh, F, launches=launches * (replays + 2), dtype=torch.bfloat16,
+                                                 device="cuda")
+        row = {}
+        forms = [(p, dict(grid_sync=False, phases=(i, i))) for i, p in enumerate(K.denoise_layer_phases())]
+        forms += [("layer, 5 launches", dict(grid_sync=False)), ("layer, grid", dict(grid_sync=True)),
+                  ("layer, grid + prefetch", dict(grid_sync=True, prefetch=True))]
+        for label, kw in forms:
+            def run(base=0):
+                for j in range(launches):
+                    K.denoise_layer(residual, x_prev, x_out, tables, weights, kc, vc, pos, cos, sin, key_bias,
+                                    visible, scratch, base + j, H, dh ** -0.5, cfg=cfg, **kw)
+            scratch.counters.zero_()
+            run()                                      # compile and warm up
+            torch.cuda.synchronize()
+            scratch.counters.zero_()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                scratch.counters.zero_()
+                run()
+            row[label] = float(np.median(graph_replay_ms(graph, replays))) * 1000 / launches
+            del graph
+        row["barrier errors"] = int(scratch.errors.item())
+        results[name] = row
+        print(name, row, flush=True)
+    info = env_info()
+    labels = list(next(iter(results.values())))
+    lines = [f"# kernels/denoise_layer.py, phase by phase: {torch.cuda.get_device_name()}", "",
+             f"{info}. pi0.5's expert layer at 10 rows, 560 prefix keys, random bf16 inputs; us per launch (a graph "
+             f"of {launches} launches, median of {replays} replays). Configurations: LayerConfig.fit with "
+             f"{BREAKDOWN_CONFIGS}.", "",
+             "| phase | " + " | ".join(results) + " |", "|---|" + "---|" * len(results)]
+    for label in labels:
+        lines.append(f"| {label} | " + " | ".join(f"{results[c][label]:.2f}" if isinstance(results[c][label], float)
+                                                  else str(results[c][label]) for c in results) + " |")
+    write_report(out_dir, "denoise_layer_phases", {"env": info, "us_per_launch": results}, lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ckpt-root", default="/tmp/full")
+    ap.add_argument("--random-init", action="store_true")
+    ap.add_argument("--out", default="docs/benchmarks")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--replays", type=int, default=30)
+    ap.add_argument("--chain-tuning-passes", type=int, default=1)
+    ap.add_argument("--phase-breakdown", action="store_true")
+    args = ap.parse_args()
+    if args.phase_breakdown:
+        phase_breakdown(args.out)
+        return
+    dev = torch.device("cuda")
+    cfg = get_config("pi05")
+    if args.random_init:
+        model = random_model(cfg, dev)
+    else:
+        from flashrt_core.checkpoint import load_model_weights
+        model = load_model_weights(ensure_checkpoint(Path(args.ckpt_root), "pi05"), cfg, dev, torch.bfloat16)
+    engine = build_executor(model, cfg, dev, "auto",
+                            EngineOptions(denoise_layer=True, chain_tuning_passes=args.chain_tuning_passes))
+    ops = engine.ops
+    if ops.denoise_layer != "grid_prefetch":
+        raise SystemExit(f"the persistent layer kernel cannot run here: dispatch {engine.dispatch.summary()}")
+    inp = denoise_inputs(engine, seed=1)            # its workspace holds the layer kernel's scratch
+    scratch = inp.ws.denoise_layer
+    actions, times = {}, {form: [] for form in FORMS}
+    for form in FORMS:
+        ops.denoise_layer = form
+        actions[form] = denoise_actions(engine, inp)
+    cosines = {form: cosine(actions["separate"], actions[form]) for form in FORMS[1:]}
+    for _ in range(args.rounds):
+        for form in FORMS:
+            ops.denoise_layer = form
+            times[form].append(denoise_ms(engine, inp, args.replays))
+    errors = int(scratch.errors.item())
+
+    info = env_info()
+    picks = {k: str(v) for k, v in ops.decoder_impl.items()}
+    result = {"env": info, "weights": "random init, std 0.02" if args.random_init else "checkpoint",
+              "denoise_ms": times, "actions_cosine_vs_separate": cosines, "barrier_errors": errors,
+              "separate_picks": picks, "launch_policy": ops.launch_policy, "rounds": args.rounds,
+              "replays": args.replays}
+    lines = [f"# Persistent expert layers vs the separate kernels: {torch.cuda.get_device_name()}", "",
+             f"{info}. Full-size pi0.5 ({result['weights']}), bf16, 2 views, horizon 10. Denoise graph replay "
+             f"(10 steps x 18 layers), median of {args.replays} replays per capture, {args.rounds} rounds "
+             f"interleaved (min / median over rounds). Separate path: the load-time tuning's picks {picks}, launch "
+             f"policy {ops.launch_policy}. Actions cosine against the separate path: "
+             + ", ".join(f"{k} {v:.6f}" for k, v in cosines.items()) + f"; barriers that gave up: {errors}.", "",
+             "| form | separate (ms) | form (ms) | form - separate (ms) |", "|---|---|---|---|"]
+    for form in FORMS[1:]:
+        lines.append(f"| {form} | {ab_cells(times['separate'], times[form])} |")
+    write_report(args.out, "denoise_layer", result, lines)
+
+
+if __name__ == "__main__":
+    main()
