@@ -1,25 +1,31 @@
-"""One pi0.5 action-expert layer in one persistent launch: five phases separated by grid barriers.
+"""One pi0.5 action-expert layer in one persistent launch: eight phases separated by grid barriers.
 
 A denoising layer of pi0.5 is eight dependent kernels of 2-4 us each on ~10 rows (adaRMSNorm, QKV GEMM, attention,
 its combine, O GEMM, adaRMSNorm, gate/up GEMM + GeGLU, down GEMM); their weights stream in ~8.6 us but the chain
 takes ~24 us on the H200 (docs/benchmarks/engine_h200_2026-11-29_notes.md, session 14). Here one launch of one
-program per SM runs the layer as five phases; between two phases every program waits at a grid barrier (an atomic
+program per SM runs the layer as eight phases; between two phases every program waits at a grid barrier (an atomic
 counter in global memory) instead of a kernel boundary:
 
-    A  h1 = residual + gate0 * x_prev                       (x_prev: the previous layer's down output, if any)
-       qkv = rms(h1) * ((h1 * scale1p_1) @ Wqkv^T) + shift_1 @ Wqkv^T           (rounded to the engine dtype)
-       q <- rope(q) * q_scale;  K/V cache rows [P, P + S) <- rope(k), v
-    B  attention of the S * H query rows over the P prefix keys (key bias 0 / -inf) and the visible suffix keys,
-       each program one (head, key split): its unnormalized output, row maximum and row sum
-    C  attn = the splits merged per head;  o_acc += attn_h @ Wo[:, h]^T             (fp32 atomics, per head)
-    D  h2 = h1 + gate1 * o_acc;  residual <- h2
-       gu = rms(h2) * ((h2 * scale1p_2) @ Wgu^T) + shift_2 @ Wgu^T;  act = gelu_tanh(gate) * up
-    E  x_out += act[:, k-split] @ Wd[:, k-split]^T                                 (fp32 atomics, per K split)
+    norm1    h1 = residual + gate0 * x_prev  (x_prev: the previous layer's down output, if any);
+             xs = h1 * scale1p_1 in the engine dtype; per 128-column chunk the rows' sums of h1^2
+    qkv      qkv = rsqrt(mean(h1^2) + eps) * (xs @ Wqkv^T) + shift_1 @ Wqkv^T  (rounded to the engine dtype);
+             q <- rope(q) * q_scale;  K/V cache rows [P, P + S) <- rope(k), v
+    attention  the S * H query rows over the P prefix keys (key bias 0 / -inf) and the visible suffix keys, each
+             program one (head, key split): its unnormalized output, row maximum and row sum
+    merge    attn = the splits merged, per head and 64-wide chunk of the head dim
+    o        o_acc += attn[:, head h] @ Wo[:, head h]^T                 (fp32 atomics: split-K over the heads)
+    norm2    h2 = h1 + gate1 * o_acc;  residual <- h2;  xs = h2 * scale1p_2;  the sums of h2^2
+    gate_up  gu = rsqrt(mean(h2^2) + eps) * (xs @ Wgu^T) + shift_2 @ Wgu^T;  act = gelu_tanh(gate) * up
+    down     x_out += act[:, k-split] @ Wd[:, k-split]^T                (fp32 atomics, per K split)
 
-The shift of each norm passes through the GEMM after it as a bias (EngineWeights.ada_fold_bias: shift @ W^T in
-fp32) and the row's rsqrt(mean(h^2) + eps) multiplies the GEMM's output, so every program normalizes while it
-streams its own weight tile, in one pass over the rows (the same algebra as kernels/smem_gemm.py's NormIn).
-x_out and o_acc are sums of fp32 atomics: the order of the additions varies between runs (last-bit differences).
+Each norm's shift passes through the GEMM after it as a bias (EngineWeights.ada_fold_bias: shift @ W^T in fp32)
+and its rsqrt multiplies that GEMM's output (the algebra of kernels/smem_gemm.py's NormIn), so the norm phases
+only scale and sum and the GEMM phases are plain weight streams. x_out and o_acc are sums of fp32 atomics: the
+order of the additions varies between runs (last-bit differences).
+
+With `prefetch` (NVIDIA sm90+) every program bulk-prefetches into L2 the weight tiles it reads later, fire and
+forget (kernels/l2_prefetch.py): its O and gate/up tiles when the attention starts, its down tile when norm2 starts,
+its tile of the next layer's QKV weight when the down phase starts, so HBM streams while the short phases run.
 
 Grid barriers need every program resident at once: the launcher asks for at most one program per SM. With
 `grid_sync=False` each phase is a launch of its own (stream order is the barrier): the form Triton's CPU
@@ -41,7 +47,8 @@ from ._triton import INTERPRETED, tl, triton
 from .attention import _online_softmax_step
 from .l2_prefetch import prefetch_rows_l2
 
-PHASES = ("qkv", "attention", "o", "gate_up", "down")
+PHASES = ("norm1", "qkv", "attention", "merge", "o", "norm2", "gate_up", "down")
+MERGE_CHUNK = tl.constexpr(64)   # head-dim columns per program of the merge phase
 MAX_SPINS = 1 << 22          # ~4 s of polling before a barrier gives up (and counts an error)
 _MAX_SPINS = tl.constexpr(MAX_SPINS)
 ROPE_BLOCK = 16              # QKV output columns per half-head tile: 16 of the first half, their 16 partners
@@ -51,14 +58,19 @@ ROPE_BLOCK = 16              # QKV output columns per half-head tile: 16 of the 
 class DenoiseLayerScratch:
     """Static buffers of the layer kernel for S rows (allocated once, outside any capture).
     h1 (S, W) fp32: the residual after the attention's gated add; x_acc (2, S, W) fp32: the down output of
-    even / odd layers (the next layer's x_prev); o_acc (S, W) fp32; q (S, H, Dh); act (S, F) engine dtype;
-    part_acc (H, C, BLOCK_R, Dh) and part_ml (H, C, 2, BLOCK_R) fp32: the attention's splits; counters: one
-    int32 per launch of a predict, zeroed before the first (reset_counters); errors (1,) int32."""
+    even / odd layers (the next layer's x_prev); o_acc (S, W) fp32; xs (S, W) engine dtype: the scaled rows a
+    norm phase leaves for the GEMM after it, ssq (W / 16, BLOCK_R) fp32 their sums of squares per column chunk;
+    q (S, H, Dh), attn (S, H * Dh), act (S, F) engine dtype; part_acc (H, C, BLOCK_R, Dh) and part_ml
+    (H, C, 2, BLOCK_R) fp32: the attention's splits; counters: one int32 per launch of a predict, zeroed before
+    the first (reset_counters); errors (1,) int32."""
 
     h1: torch.Tensor
     x_acc: torch.Tensor
     o_acc: torch.Tensor
+    xs: torch.Tensor
+    ssq: torch.Tensor
     q: torch.Tensor
+    attn: torch.Tensor
     act: torch.Tensor
     part_acc: torch.Tensor
     part_ml: torch.Tensor
@@ -71,10 +83,12 @@ class DenoiseLayerScratch:
                  dtype: torch.dtype, device: torch.device | str, splits: int = 8) -> "DenoiseLayerScratch":
         br = block_rows(rows)
         f32 = dict(device=device, dtype=torch.float32)
+        dt = dict(device=device, dtype=dtype)
         return cls(h1=torch.zeros(rows, width, **f32), x_acc=torch.zeros(2, rows, width, **f32),
-                   o_acc=torch.zeros(rows, width, **f32),
-                   q=torch.zeros(rows, heads, head_dim, device=device, dtype=dtype),
-                   act=torch.zeros(rows, mlp, device=device, dtype=dtype),
+                   o_acc=torch.zeros(rows, width, **f32), xs=torch.zeros(rows, width, **dt),
+                   ssq=torch.zeros(max(width // 16, 1), br, **f32),
+                   q=torch.zeros(rows, heads, head_dim, **dt), attn=torch.zeros(rows, heads * head_dim, **dt),
+                   act=torch.zeros(rows, mlp, **dt),
                    part_acc=torch.zeros(heads, splits, br, head_dim, **f32),
                    part_ml=torch.zeros(heads, splits, 2, br, **f32),
                    counters=torch.zeros(max(launches, 1), device=device, dtype=torch.int32),
@@ -181,100 +195,101 @@ def _grid_sync(counter_ptr, err_ptr, target):
 
 
 @triton.jit
-def _prefetch_later_tiles(pid, wo_addr, wgu_addr, wd_addr, W: tl.constexpr, H: tl.constexpr, DH: tl.constexpr,
-                          F: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr,
-                          KS_D: tl.constexpr, NPROG: tl.constexpr, ESIZE: tl.constexpr):
-    """Bulk L2 prefetch of the weight tiles this program reads in phases C, D and E (fire and forget): issued at
-    the end of phase A, so HBM streams them while the attention runs and the later phases find them in L2."""
-    for rnd in range(0, ((W // BN_O) * H + NPROG - 1) // NPROG):            # C: Wo rows n, head h's columns
-        t = pid + rnd * NPROG
-        n = (t // H) * BN_O + tl.arange(0, BN_O)
-        prefetch_rows_l2(wo_addr + (t % H) * DH * ESIZE, H * DH * ESIZE, DH * ESIZE, n, t < (W // BN_O) * H)
-    for rnd in range(0, (F // BN_GU + NPROG - 1) // NPROG):                  # D: gate rows and their up rows
-        t = pid + rnd * NPROG
-        n = t * BN_GU + tl.arange(0, BN_GU)
-        prefetch_rows_l2(wgu_addr, W * ESIZE, W * ESIZE, n, t < F // BN_GU)
-        prefetch_rows_l2(wgu_addr, W * ESIZE, W * ESIZE, n + F, t < F // BN_GU)
-    KSPLITS: tl.constexpr = F // KS_D
-    for rnd in range(0, ((W // BN_D) * KSPLITS + NPROG - 1) // NPROG):       # E: Wd rows n, one K split
-        t = pid + rnd * NPROG
-        n = (t // KSPLITS) * BN_D + tl.arange(0, BN_D)
-        prefetch_rows_l2(wd_addr + (t % KSPLITS) * KS_D * ESIZE, F * ESIZE, KS_D * ESIZE, n,
-                         t < (W // BN_D) * KSPLITS)
+def _rounds(N: tl.constexpr, NPROG: tl.constexpr):
+    """How many items each program takes at most when N items are dealt out to NPROG programs."""
+    return (N + NPROG - 1) // NPROG
 
 
 @triton.jit
-def _prefetch_qkv_tiles(pid, wqkv_addr, W: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, RB: tl.constexpr,
-                        NPROG: tl.constexpr, ESIZE: tl.constexpr):
-    """Bulk L2 prefetch of the QKV weight tiles this program reads in the next layer's phase A."""
-    SUBS: tl.constexpr = DH // 2 // RB
-    for rnd in range(0, ((H + 2) * SUBS + NPROG - 1) // NPROG):
+def _norm_phase(pid, res_ptr, x_ptr, gate_ptr, scale_ptr, h_out_ptr, xs_ptr, ssq_ptr, zero_a_ptr, zero_b_ptr,
+                rows, row_ok, HAS_X: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr,
+                NPROG: tl.constexpr, ZERO: tl.constexpr):
+    """Per BK-wide column chunk (one program each): h = res + gate * x (HAS_X) -> h_out, xs = h * scale1p in the
+    GEMM's dtype, the rows' sums of h^2 -> ssq[chunk]; with ZERO the chunk's columns of zero_a / zero_b set to 0
+    (the accumulators later phases add into)."""
+    for rnd in range(0, _rounds(W // BK, NPROG)):
         t = pid + rnd * NPROG
-        n = (t // SUBS) * DH + (t % SUBS) * RB + tl.arange(0, RB)
-        prefetch_rows_l2(wqkv_addr, W * ESIZE, W * ESIZE, n, t < (H + 2) * SUBS)
-        prefetch_rows_l2(wqkv_addr, W * ESIZE, W * ESIZE, n + DH // 2, t < (H + 2) * SUBS)
+        if t < W // BK:
+            ks = t * BK + tl.arange(0, BK)
+            offs = rows[:, None] * W + ks[None, :]
+            h = tl.load(res_ptr + offs, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+            if HAS_X:
+                h += tl.load(x_ptr + offs, mask=row_ok[:, None], other=0.0,
+                             cache_modifier=".cg") * tl.load(gate_ptr + ks)[None, :]
+            tl.store(h_out_ptr + offs, h, mask=row_ok[:, None])
+            tl.store(xs_ptr + offs, (h * tl.load(scale_ptr + ks)[None, :]).to(xs_ptr.dtype.element_ty),
+                     mask=row_ok[:, None])
+            tl.store(ssq_ptr + t * BLOCK_R + rows, tl.sum(h * h, axis=1))
+            if ZERO:
+                zero = tl.zeros([BLOCK_R, BK], tl.float32)
+                tl.store(zero_a_ptr + offs, zero, mask=row_ok[:, None])
+                tl.store(zero_b_ptr + offs, zero, mask=row_ok[:, None])
 
 
 @triton.jit
-def _normed_pair_gemm(res_ptr, x_ptr, gate_ptr, scale_ptr, w_ptr, rows, row_ok, n1, n2, h_out_ptr, write_h,
-                      HAS_X: tl.constexpr, W: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr,
-                      BN: tl.constexpr):
-    """(h * scale1p) @ W[n1]^T and @ W[n2]^T in fp32, h = res + gate * x (rows of W columns, fp32), and the rows'
-    sums of h^2; where write_h, h is stored to h_out (one program per phase does). Rows past row_ok are zeros."""
+def _row_rsqrt(ssq_ptr, rows, eps, W: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr):
+    """rsqrt(mean(h^2) + eps) per row from the norm phase's per-chunk sums."""
+    chunks = tl.arange(0, W // BK)
+    total = tl.sum(tl.load(ssq_ptr + chunks[:, None] * BLOCK_R + rows[None, :], cache_modifier=".cg"), axis=0)
+    return tl.rsqrt(total / W + eps)
+
+
+@triton.jit
+def _pair_gemm(x_ptr, w_ptr, rows, row_ok, n1, n2, K: tl.constexpr, BK: tl.constexpr, BLOCK_R: tl.constexpr,
+               BN: tl.constexpr):
+    """x @ W[n1]^T and x @ W[n2]^T (x: rows of K columns, W row-major with K columns), fp32."""
     acc1 = tl.zeros([BLOCK_R, BN], tl.float32)
     acc2 = tl.zeros([BLOCK_R, BN], tl.float32)
-    ssq = tl.zeros([BLOCK_R], tl.float32)
-    for k0 in range(0, W, BK):
+    for k0 in range(0, K, BK):
         ks = k0 + tl.arange(0, BK)
-        offs = rows[:, None] * W + ks[None, :]
-        h = tl.load(res_ptr + offs, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
-        if HAS_X:
-            g = tl.load(gate_ptr + ks)
-            h += tl.load(x_ptr + offs, mask=row_ok[:, None], other=0.0, cache_modifier=".cg") * g[None, :]
-        tl.store(h_out_ptr + offs, h, mask=row_ok[:, None] & write_h)
-        ssq += tl.sum(h * h, axis=1)
-        xs = (h * tl.load(scale_ptr + ks)[None, :]).to(w_ptr.dtype.element_ty)
-        w1 = tl.load(w_ptr + n1[:, None] * W + ks[None, :])
-        w2 = tl.load(w_ptr + n2[:, None] * W + ks[None, :])
-        acc1 += tl.dot(xs, tl.trans(w1))
-        acc2 += tl.dot(xs, tl.trans(w2))
-    return acc1, acc2, ssq
+        x = tl.load(x_ptr + rows[:, None] * K + ks[None, :], mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+        acc1 += tl.dot(x, tl.trans(tl.load(w_ptr + n1[:, None] * K + ks[None, :])))
+        acc2 += tl.dot(x, tl.trans(tl.load(w_ptr + n2[:, None] * K + ks[None, :])))
+    return acc1, acc2
 
 
 @triton.jit
 def _denoise_layer_kernel(
-        res_ptr, h1_ptr, xin_ptr, xout_ptr, oacc_ptr,
+        res_ptr, h1_ptr, xin_ptr, xout_ptr, oacc_ptr, xs_ptr, ssq_ptr,
         gate0_ptr, scale1_ptr, gate1_ptr, scale2_ptr, bias_qkv_ptr, bias_gu_ptr,
         wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr,
-        k_ptr, v_ptr, q_ptr, pacc_ptr, pml_ptr, act_ptr,
+        k_ptr, v_ptr, q_ptr, attn_ptr, pacc_ptr, pml_ptr, act_ptr,
         pos_ptr, cos_ptr, sin_ptr, kbias_ptr, vis_ptr, counter_ptr, err_ptr,
         wo_addr, wgu_addr, wd_addr, wqkv_next_addr,
         R, P, eps, q_scale, stride_kv,
         PHASE_FIRST: tl.constexpr, PHASE_LAST: tl.constexpr, GRID_SYNC: tl.constexpr, HAS_X: tl.constexpr,
         W: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, F: tl.constexpr, BLOCK_R: tl.constexpr,
-        SPLITS: tl.constexpr, BK: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr,
+        SPLITS: tl.constexpr, BK: tl.constexpr, BKW: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr,
         KS_D: tl.constexpr, BLOCK_KEYS: tl.constexpr, RB: tl.constexpr, NPROG: tl.constexpr,
         KEYS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr = False, ESIZE: tl.constexpr = 2):
     pid = tl.program_id(0)
-    nprog = NPROG
     rows = tl.arange(0, BLOCK_R)
     row_ok = rows < R
     HALF: tl.constexpr = DH // 2
+    SUBS: tl.constexpr = HALF // RB
+    KSPLITS: tl.constexpr = F // KS_D
+    MC: tl.constexpr = MERGE_CHUNK if DH > MERGE_CHUNK else DH
+    OK: tl.constexpr = BK if BK < DH else DH                  # the O GEMM's K step (its K per program is DH)
     dt = wqkv_ptr.dtype.element_ty
 
-    # ---- A: norm 1, QKV GEMM, RoPE, q and the suffix K/V rows
+    # ---- 0 norm1: h1, xs, the sums of squares; this layer's O and down accumulators zeroed
     if PHASE_FIRST <= 0 and 0 <= PHASE_LAST:
-        SUBS: tl.constexpr = HALF // RB
-        for rnd in range(0, ((H + 2) * SUBS + NPROG - 1) // NPROG):
+        _norm_phase(pid, res_ptr, xin_ptr, gate0_ptr, scale1_ptr, h1_ptr, xs_ptr, ssq_ptr, oacc_ptr, xout_ptr,
+                    rows, row_ok, HAS_X, W, BK, BLOCK_R, NPROG, True)
+        if GRID_SYNC and PHASE_LAST > 0:
+            _grid_sync(counter_ptr, err_ptr, NPROG * 1)
+
+    # ---- 1 qkv: the QKV GEMM of 16 first-half columns and their 16 partners per program, RoPE, q and suffix K/V
+    if PHASE_FIRST <= 1 and 1 <= PHASE_LAST:
+        for rnd in range(0, _rounds((H + 2) * SUBS, NPROG)):
             t = pid + rnd * NPROG
             if t < (H + 2) * SUBS:
                 hb = t // SUBS
                 d = (t % SUBS) * RB + tl.arange(0, RB)
                 n1 = hb * DH + d
                 n2 = n1 + HALF
-                acc1, acc2, ssq = _normed_pair_gemm(res_ptr, xin_ptr, gate0_ptr, scale1_ptr, wqkv_ptr, rows, row_ok,
-                                                    n1, n2, h1_ptr, t == 0, HAS_X, W, BK, BLOCK_R, RB)
-                r = tl.rsqrt(ssq / W + eps)[:, None]
+                acc1, acc2 = _pair_gemm(xs_ptr, wqkv_ptr, rows, row_ok, n1, n2, W, BKW, BLOCK_R, RB)
+                r = _row_rsqrt(ssq_ptr, rows, eps, W, BK, BLOCK_R)[:, None]
                 o1 = (acc1 * r + tl.load(bias_qkv_ptr + n1)[None, :]).to(dt).to(tl.float32)
                 o2 = (acc2 * r + tl.load(bias_qkv_ptr + n2)[None, :]).to(dt).to(tl.float32)
                 if hb == H + 1:                                                    # v: no RoPE
@@ -296,26 +311,25 @@ def _denoise_layer_kernel(
                         qo = q_ptr + rows[:, None] * (H * DH) + hb * DH + d[None, :]
                         tl.store(qo, (r1 * q_scale).to(dt), mask=row_ok[:, None])
                         tl.store(qo + HALF, (r2 * q_scale).to(dt), mask=row_ok[:, None])
-        # the accumulators of this layer's O and down atomics start from zero (read last by the layer before)
-        for rnd in range(0, (2 + NPROG - 1) // NPROG):
-            t = pid + rnd * NPROG
-            if t < 2:
-                zero = tl.zeros([BLOCK_R, BK], tl.float32)
-                for k0 in range(0, W, BK):
-                    offs = rows[:, None] * W + k0 + tl.arange(0, BK)[None, :]
-                    tl.store(oacc_ptr + offs, zero, mask=row_ok[:, None] & (t == 0))
-                    tl.store(xout_ptr + offs, zero, mask=row_ok[:, None] & (t == 1))
-        if PREFETCH:
-            _prefetch_later_tiles(pid, wo_addr, wgu_addr, wd_addr, W, H, DH, F, BN_O, BN_GU, BN_D, KS_D, NPROG, ESIZE)
-        if GRID_SYNC and PHASE_LAST > 0:
-            _grid_sync(counter_ptr, err_ptr, nprog * 1)
+        if GRID_SYNC and PHASE_LAST > 1:
+            _grid_sync(counter_ptr, err_ptr, NPROG * 2)
 
-    # ---- B: attention, one (head, key split) per program
-    if PHASE_FIRST <= 1 and 1 <= PHASE_LAST:
+    # ---- 2 attention, one (head, key split) per program
+    if PHASE_FIRST <= 2 and 2 <= PHASE_LAST:
+        if PREFETCH:                  # this program's O and gate/up tiles, while the attention leaves HBM idle
+            for rnd in range(0, _rounds((W // BN_O) * H, NPROG)):
+                t = pid + rnd * NPROG
+                prefetch_rows_l2(wo_addr + (t % H) * DH * ESIZE, H * DH * ESIZE, DH * ESIZE,
+                                 (t // H) * BN_O + tl.arange(0, BN_O), t < (W // BN_O) * H)
+            for rnd in range(0, _rounds(F // BN_GU, NPROG)):
+                t = pid + rnd * NPROG
+                n = t * BN_GU + tl.arange(0, BN_GU)
+                prefetch_rows_l2(wgu_addr, W * ESIZE, W * ESIZE, n, t < F // BN_GU)
+                prefetch_rows_l2(wgu_addr, W * ESIZE, W * ESIZE, n + F, t < F // BN_GU)
         dd = tl.arange(0, DH)
         L = P + R
         vis = tl.load(vis_ptr + rows, mask=row_ok, other=0)
-        for rnd in range(0, (H * SPLITS + NPROG - 1) // NPROG):
+        for rnd in range(0, _rounds(H * SPLITS, NPROG)):
             t = pid + rnd * NPROG
             if t < H * SPLITS:
                 h = t // SPLITS
@@ -339,18 +353,17 @@ def _denoise_layer_kernel(
                 tl.store(pacc_ptr + (base * BLOCK_R + rows)[:, None] * DH + dd[None, :], acc, mask=row_ok[:, None])
                 tl.store(pml_ptr + base * 2 * BLOCK_R + rows, m_i)
                 tl.store(pml_ptr + base * 2 * BLOCK_R + BLOCK_R + rows, l_i)
-        if GRID_SYNC and PHASE_LAST > 1:
-            _grid_sync(counter_ptr, err_ptr, nprog * 2)
+        if GRID_SYNC and PHASE_LAST > 2:
+            _grid_sync(counter_ptr, err_ptr, NPROG * 3)
 
-    # ---- C: the splits merged per head, O GEMM of that head's columns into o_acc
-    if PHASE_FIRST <= 2 and 2 <= PHASE_LAST:
+    # ---- 3 merge: the splits of one head, MC columns of its dim per program -> attn
+    if PHASE_FIRST <= 3 and 3 <= PHASE_LAST:
         splits = tl.arange(0, SPLITS)
-        DC: tl.constexpr = 64 if DH > 64 else DH
-        for rnd in range(0, ((W // BN_O) * H + NPROG - 1) // NPROG):
+        for rnd in range(0, _rounds(H * (DH // MC), NPROG)):
             t = pid + rnd * NPROG
-            if t < (W // BN_O) * H:
-                h = t % H
-                n = (t // H) * BN_O + tl.arange(0, BN_O)
+            if t < H * (DH // MC):
+                h = t // (DH // MC)
+                cols = (t % (DH // MC)) * MC + tl.arange(0, MC)
                 ml = pml_ptr + (h * SPLITS + splits)[:, None] * (2 * BLOCK_R) + rows[None, :]
                 m = tl.load(ml, cache_modifier=".cg")                                # (SPLITS, BLOCK_R)
                 l_s = tl.load(ml + BLOCK_R, cache_modifier=".cg")
@@ -358,48 +371,73 @@ def _denoise_layer_kernel(
                 m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
                 a = tl.exp(m - m_max[None, :])                                     # (SPLITS, BLOCK_R)
                 den = tl.sum(a * l_s, axis=0)
-                inv = 1.0 / tl.where(den > 0, den, 1.0)
+                num = tl.zeros([BLOCK_R, MC], tl.float32)
+                for c in tl.static_range(SPLITS):
+                    a_c = tl.sum(tl.where(splits[:, None] == c, a, 0.0), axis=0)
+                    part = tl.load(pacc_ptr + ((h * SPLITS + c) * BLOCK_R + rows)[:, None] * DH + cols[None, :],
+                                   mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+                    num += a_c[:, None] * part
+                out = num / tl.where(den > 0, den, 1.0)[:, None]
+                tl.store(attn_ptr + rows[:, None] * (H * DH) + h * DH + cols[None, :], out.to(dt), mask=row_ok[:, None])
+        if GRID_SYNC and PHASE_LAST > 3:
+            _grid_sync(counter_ptr, err_ptr, NPROG * 4)
+
+    # ---- 4 o: the O GEMM split over the heads into o_acc
+    if PHASE_FIRST <= 4 and 4 <= PHASE_LAST:
+        for rnd in range(0, _rounds((W // BN_O) * H, NPROG)):
+            t = pid + rnd * NPROG
+            if t < (W // BN_O) * H:
+                h = t % H
+                n = (t // H) * BN_O + tl.arange(0, BN_O)
                 out = tl.zeros([BLOCK_R, BN_O], tl.float32)
-                for kc in range(0, DH, DC):                  # the head's dims in chunks: fewer live registers
-                    dcols = kc + tl.arange(0, DC)
-                    num = tl.zeros([BLOCK_R, DC], tl.float32)
-                    for c in tl.static_range(SPLITS):
-                        a_c = tl.sum(tl.where(splits[:, None] == c, a, 0.0), axis=0)
-                        part = tl.load(pacc_ptr + ((h * SPLITS + c) * BLOCK_R + rows)[:, None] * DH + dcols[None, :],
-                                       mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
-                        num += a_c[:, None] * part
-                    attn = (num * inv[:, None]).to(dt)
-                    w = tl.load(wo_ptr + n[:, None] * (H * DH) + h * DH + dcols[None, :])   # (BN_O, DC)
-                    out += tl.dot(attn, tl.trans(w))
+                for k0 in range(0, DH, OK):
+                    ks = h * DH + k0 + tl.arange(0, OK)
+                    a = tl.load(attn_ptr + rows[:, None] * (H * DH) + ks[None, :], mask=row_ok[:, None], other=0.0,
+                                cache_modifier=".cg")
+                    out += tl.dot(a, tl.trans(tl.load(wo_ptr + n[:, None] * (H * DH) + ks[None, :])))
                 tl.atomic_add(oacc_ptr + rows[:, None] * W + n[None, :], out, mask=row_ok[:, None], sem="relaxed",
                               scope="gpu")
-        if GRID_SYNC and PHASE_LAST > 2:
-            _grid_sync(counter_ptr, err_ptr, nprog * 3)
+        if GRID_SYNC and PHASE_LAST > 4:
+            _grid_sync(counter_ptr, err_ptr, NPROG * 5)
 
-    # ---- D: norm 2, gate/up GEMM, GeGLU
-    if PHASE_FIRST <= 3 and 3 <= PHASE_LAST:
-        for rnd in range(0, (F // BN_GU + NPROG - 1) // NPROG):
+    # ---- 5 norm2: h2 -> residual, xs, the sums of squares
+    if PHASE_FIRST <= 5 and 5 <= PHASE_LAST:
+        if PREFETCH:                  # this program's down tile
+            for rnd in range(0, _rounds((W // BN_D) * KSPLITS, NPROG)):
+                t = pid + rnd * NPROG
+                prefetch_rows_l2(wd_addr + (t % KSPLITS) * KS_D * ESIZE, F * ESIZE, KS_D * ESIZE,
+                                 (t // KSPLITS) * BN_D + tl.arange(0, BN_D), t < (W // BN_D) * KSPLITS)
+        _norm_phase(pid, h1_ptr, oacc_ptr, gate1_ptr, scale2_ptr, res_ptr, xs_ptr, ssq_ptr, oacc_ptr, oacc_ptr,
+                    rows, row_ok, True, W, BK, BLOCK_R, NPROG, False)
+        if GRID_SYNC and PHASE_LAST > 5:
+            _grid_sync(counter_ptr, err_ptr, NPROG * 6)
+
+    # ---- 6 gate_up: the gate/up GEMM, GeGLU
+    if PHASE_FIRST <= 6 and 6 <= PHASE_LAST:
+        for rnd in range(0, _rounds(F // BN_GU, NPROG)):
             t = pid + rnd * NPROG
             if t < F // BN_GU:
                 n1 = t * BN_GU + tl.arange(0, BN_GU)
                 n2 = n1 + F
-                acc1, acc2, ssq = _normed_pair_gemm(h1_ptr, oacc_ptr, gate1_ptr, scale2_ptr, wgu_ptr, rows, row_ok,
-                                                    n1, n2, res_ptr, t == 0, True, W, BK, BLOCK_R, BN_GU)
-                r = tl.rsqrt(ssq / W + eps)[:, None]
+                acc1, acc2 = _pair_gemm(xs_ptr, wgu_ptr, rows, row_ok, n1, n2, W, BKW, BLOCK_R, BN_GU)
+                r = _row_rsqrt(ssq_ptr, rows, eps, W, BK, BLOCK_R)[:, None]
                 g = (acc1 * r + tl.load(bias_gu_ptr + n1)[None, :]).to(dt).to(tl.float32)
                 u = (acc2 * r + tl.load(bias_gu_ptr + n2)[None, :]).to(dt).to(tl.float32)
-                inner = 1.5957691216057308 * (g + 0.044715 * g * g * g)                 # 2 sqrt(2/pi) (g + c g^3)
+                inner = 1.5957691216057308 * (g + 0.044715 * g * g * g)             # 2 sqrt(2/pi) (g + c g^3)
                 act = g / (1.0 + tl.exp(-inner)) * u
                 tl.store(act_ptr + rows[:, None] * F + n1[None, :], act.to(dt), mask=row_ok[:, None])
-        if PREFETCH:
-            _prefetch_qkv_tiles(pid, wqkv_next_addr, W, H, DH, RB, NPROG, ESIZE)
-        if GRID_SYNC and PHASE_LAST > 3:
-            _grid_sync(counter_ptr, err_ptr, nprog * 4)
+        if GRID_SYNC and PHASE_LAST > 6:
+            _grid_sync(counter_ptr, err_ptr, NPROG * 7)
 
-    # ---- E: down GEMM, split over K, into x_out
-    if PHASE_FIRST <= 4 and 4 <= PHASE_LAST:
-        KSPLITS: tl.constexpr = F // KS_D
-        for rnd in range(0, ((W // BN_D) * KSPLITS + NPROG - 1) // NPROG):
+    # ---- 7 down: the down GEMM split over K into x_out
+    if PHASE_FIRST <= 7 and 7 <= PHASE_LAST:
+        if PREFETCH:                  # this program's tile of the next layer's QKV weight
+            for rnd in range(0, _rounds((H + 2) * SUBS, NPROG)):
+                t = pid + rnd * NPROG
+                n = (t // SUBS) * DH + (t % SUBS) * RB + tl.arange(0, RB)
+                prefetch_rows_l2(wqkv_next_addr, W * ESIZE, W * ESIZE, n, t < (H + 2) * SUBS)
+                prefetch_rows_l2(wqkv_next_addr, W * ESIZE, W * ESIZE, n + HALF, t < (H + 2) * SUBS)
+        for rnd in range(0, _rounds((W // BN_D) * KSPLITS, NPROG)):
             t = pid + rnd * NPROG
             if t < (W // BN_D) * KSPLITS:
                 n = (t // KSPLITS) * BN_D + tl.arange(0, BN_D)
@@ -409,20 +447,21 @@ def _denoise_layer_kernel(
                     ks = k_first + kk + tl.arange(0, BK)
                     a = tl.load(act_ptr + rows[:, None] * F + ks[None, :], mask=row_ok[:, None], other=0.0,
                                 cache_modifier=".cg")
-                    w = tl.load(wd_ptr + n[:, None] * F + ks[None, :])
-                    acc += tl.dot(a, tl.trans(w))
+                    acc += tl.dot(a, tl.trans(tl.load(wd_ptr + n[:, None] * F + ks[None, :])))
                 tl.atomic_add(xout_ptr + rows[:, None] * W + n[None, :], acc, mask=row_ok[:, None], sem="relaxed",
                               scope="gpu")
 
 
 @dataclass(frozen=True)
 class LayerConfig:
-    """Tile sizes: bk the K step of every GEMM; bn_o / bn_gu / bn_d the output columns per program of the O,
-    gate/up (each of gate and up) and down GEMMs; ks_d the down GEMM's K per program; block_keys the keys per
-    attention step. Defaults: 80 QKV tiles, 64 attention items (8 key splits), 128 O, gate/up and down tiles for
-    pi0.5's expert (W 1024, H 8, Dh 256, F 4096)."""
+    """Tile sizes: bk the column chunk of a norm phase and the K step of the O and down GEMMs, bk_wide the K step
+    of the QKV and gate/up GEMMs (K = W: fewer, wider steps keep more weight bytes in flight); bn_o / bn_gu / bn_d the output
+    columns per program of the O, gate/up (each of gate and up) and down GEMMs; ks_d the down GEMM's K per program;
+    block_keys the keys per attention step. Defaults, for pi0.5's expert (W 1024, H 8, Dh 256, F 4096): 8 norm
+    chunks, 80 QKV tiles, 64 attention items (8 key splits), 32 merge items, 128 O, gate/up and down tiles."""
 
     bk: int = 128
+    bk_wide: int = 256
     bn_o: int = 64
     bn_gu: int = 32
     bn_d: int = 64
@@ -435,7 +474,7 @@ class LayerConfig:
     def fit(cls, width: int, mlp: int, head_dim: int) -> "LayerConfig":
         """The default tiles, each cut down to a layer narrower than it (the tiny test models)."""
         bk = min(cls.bk, width)
-        return cls(bk=bk, bn_o=min(cls.bn_o, width), bn_gu=min(cls.bn_gu, mlp), bn_d=min(cls.bn_d, width),
+        return cls(bk=bk, bk_wide=min(cls.bk_wide, width), bn_o=min(cls.bn_o, width), bn_gu=min(cls.bn_gu, mlp), bn_d=min(cls.bn_d, width),
                    ks_d=max(bk, min(cls.ks_d, mlp)), rb=min(ROPE_BLOCK, head_dim // 2))
 
 
@@ -456,7 +495,8 @@ def _check(residual, x_prev, tables, weights, k_cache, v_cache, heads, cfg: Laye
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or k_cache.stride(0) != v_cache.stride(0):
         raise ValueError("denoise_layer: k_cache / v_cache must be (L, Dh) with unit column stride, same row stride")
     if (dh // 2) % cfg.rb or W % cfg.bk or W % cfg.bn_o or F % cfg.bn_gu or W % cfg.bn_d or F % cfg.ks_d \
-            or cfg.ks_d % cfg.bk:
+            or cfg.ks_d % cfg.bk or (W // cfg.bk) & (W // cfg.bk - 1) or cfg.bk < 16 or dh % min(cfg.bk, dh) \
+            or W % cfg.bk_wide:
         raise ValueError(f"denoise_layer: tiles {cfg} do not divide W={W}, F={F}, Dh={dh}")
     return S, W, dh, F
 
@@ -482,7 +522,8 @@ def denoise_layer(residual: torch.Tensor, x_prev: torch.Tensor | None, x_out: to
     P = key_bias.shape[0]
     splits = scratch.splits
     keys_per_split = triton.cdiv(triton.cdiv(P + S, splits), cfg.block_keys) * cfg.block_keys
-    items = max((heads + 2) * (dh // 2 // cfg.rb), heads * splits, (W // cfg.bn_o) * heads, F // cfg.bn_gu,
+    items = max(W // cfg.bk, (heads + 2) * (dh // 2 // cfg.rb), heads * splits,
+                heads * max(dh // MERGE_CHUNK, 1), (W // cfg.bn_o) * heads, F // cfg.bn_gu,
                 (W // cfg.bn_d) * (F // cfg.ks_d))
     if programs is None:
         programs = items
@@ -499,15 +540,15 @@ def denoise_layer(residual: torch.Tensor, x_prev: torch.Tensor | None, x_out: to
     if next_qkv.shape != weights.qkv.shape or next_qkv.dtype != weights.qkv.dtype:
         raise ValueError("denoise_layer: next_qkv must be shaped like this layer's QKV weight")
     gate0 = tables.gate0 if tables.gate0 is not None else tables.gate1
-    args = (residual, scratch.h1, x_prev if x_prev is not None else residual, x_out, scratch.o_acc,
-            gate0, tables.scale1p_1, tables.gate1, tables.scale1p_2, tables.bias_qkv, tables.bias_gu,
+    args = (residual, scratch.h1, x_prev if x_prev is not None else residual, x_out, scratch.o_acc, scratch.xs,
+            scratch.ssq, gate0, tables.scale1p_1, tables.gate1, tables.scale1p_2, tables.bias_qkv, tables.bias_gu,
             weights.qkv, weights.o, weights.gate_up, weights.down,
-            k_cache, v_cache, scratch.q, scratch.part_acc, scratch.part_ml, scratch.act,
+            k_cache, v_cache, scratch.q, scratch.attn, scratch.part_acc, scratch.part_ml, scratch.act,
             pos, cos, sin, key_bias, visible, scratch.counters[launch:], scratch.errors,
             weights.o.data_ptr(), weights.gate_up.data_ptr(), weights.down.data_ptr(), next_qkv.data_ptr(),
             S, P, eps, q_scale, k_cache.stride(0))
     consts = dict(GRID_SYNC=grid_sync, HAS_X=x_prev is not None, W=W, H=heads, DH=dh, F=F,
-                  BLOCK_R=block_rows(S), SPLITS=splits, BK=cfg.bk, BN_O=cfg.bn_o, BN_GU=cfg.bn_gu, BN_D=cfg.bn_d,
+                  BLOCK_R=block_rows(S), SPLITS=splits, BK=cfg.bk, BKW=cfg.bk_wide, BN_O=cfg.bn_o, BN_GU=cfg.bn_gu, BN_D=cfg.bn_d,
                   KS_D=cfg.ks_d, BLOCK_KEYS=cfg.block_keys, RB=cfg.rb, NPROG=programs,
                   KEYS_PER_SPLIT=keys_per_split, PREFETCH=prefetch, ESIZE=weights.qkv.element_size(),
                   num_warps=cfg.num_warps)

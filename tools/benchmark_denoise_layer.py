@@ -36,8 +36,8 @@ from tools.denoise_timing import ab_cells, cosine, denoise_actions, denoise_inpu
 FORMS = ("separate", "grid_prefetch", "grid", "phases")
 
 
-BREAKDOWN_CONFIGS = {"default": {}, "warps8": {"num_warps": 8}, "bk256": {"bk": 256}, "bk64": {"bk": 64},
-                     "keys64": {"block_keys": 64}}
+BREAKDOWN_CONFIGS = {"default": {}, "wide128": {"bk_wide": 128}, "wide512": {"bk_wide": 512},
+                     "splits16": {"splits": 16}, "splits4": {"splits": 4}}
 
 
 def phase_breakdown(out_dir: str, launches: int = 18, replays: int = 20) -> None:
@@ -56,12 +56,14 @@ def phase_breakdown(out_dir: str, launches: int = 18, replays: int = 20) -> None
     x_out = torch.empty_like(residual)
     results: dict[str, dict[str, float]] = {}
     for name, change in BREAKDOWN_CONFIGS.items():
+        change = dict(change)
+        splits = change.pop("splits", 8)
         cfg = K.LayerConfig(**{**K.LayerConfig.fit(W, F, dh).__dict__, **change})
-        scratch = K.DenoiseLayerScratch.allocate(S, W, H, dh, F, launches=launches * (replays + 2), dtype=torch.bfloat16,
-                                                 device="cuda")
+        scratch = K.DenoiseLayerScratch.allocate(S, W, H, dh, F, launches=launches, dtype=torch.bfloat16,
+                                                 device="cuda", splits=splits)
         row = {}
         forms = [(p, dict(grid_sync=False, phases=(i, i))) for i, p in enumerate(K.denoise_layer_phases())]
-        forms += [("layer, 5 launches", dict(grid_sync=False)), ("layer, grid", dict(grid_sync=True)),
+        forms += [("layer, a launch per phase", dict(grid_sync=False)), ("layer, grid", dict(grid_sync=True)),
                   ("layer, grid + prefetch", dict(grid_sync=True, prefetch=True))]
         for label, kw in forms:
             def run(base=0):
@@ -115,7 +117,8 @@ def main() -> None:
         from flashrt_core.checkpoint import load_model_weights
         model = load_model_weights(ensure_checkpoint(Path(args.ckpt_root), "pi05"), cfg, dev, torch.bfloat16)
     engine = build_executor(model, cfg, dev, "auto",
-                            EngineOptions(denoise_layer=True, chain_tuning_passes=args.chain_tuning_passes))
+                            EngineOptions(denoise_layer=True, chain_tuning_passes=args.chain_tuning_passes,
+                                          overrides={"denoise_layer": "grid_prefetch"}))
     ops = engine.ops
     if ops.denoise_layer != "grid_prefetch":
         raise SystemExit(f"the persistent layer kernel cannot run here: dispatch {engine.dispatch.summary()}")

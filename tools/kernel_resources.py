@@ -224,9 +224,10 @@ def denoise_step_configs(width: int = 1024) -> list[KernelConfig]:
 
 
 DENOISE_LAYER_SIGNATURE = {
-    **{n: "*fp32" for n in ("res_ptr", "h1_ptr", "xin_ptr", "xout_ptr", "oacc_ptr", "gate0_ptr", "scale1_ptr",
-                            "gate1_ptr", "scale2_ptr", "bias_qkv_ptr", "bias_gu_ptr")},
-    **{n: "*bf16" for n in ("wqkv_ptr", "wo_ptr", "wgu_ptr", "wd_ptr", "k_ptr", "v_ptr", "q_ptr")},
+    **{n: "*fp32" for n in ("res_ptr", "h1_ptr", "xin_ptr", "xout_ptr", "oacc_ptr")},
+    "xs_ptr": "*bf16", "ssq_ptr": "*fp32",
+    **{n: "*fp32" for n in ("gate0_ptr", "scale1_ptr", "gate1_ptr", "scale2_ptr", "bias_qkv_ptr", "bias_gu_ptr")},
+    **{n: "*bf16" for n in ("wqkv_ptr", "wo_ptr", "wgu_ptr", "wd_ptr", "k_ptr", "v_ptr", "q_ptr", "attn_ptr")},
     "pacc_ptr": "*fp32", "pml_ptr": "*fp32", "act_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*fp32",
     "sin_ptr": "*fp32", "kbias_ptr": "*fp32", "vis_ptr": "*i32", "counter_ptr": "*i32", "err_ptr": "*i32",
     "wo_addr": "i64", "wgu_addr": "i64", "wd_addr": "i64", "wqkv_next_addr": "i64",
@@ -242,12 +243,13 @@ def denoise_layer_configs(rows: int = 10, prefix: int = 560) -> list[KernelConfi
     cfg = dl.LayerConfig.fit(width, mlp, dh)
     keys = -(-(-(-(prefix + rows) // splits)) // cfg.block_keys) * cfg.block_keys
     base = {"HAS_X": True, "W": width, "H": heads, "DH": dh, "F": mlp, "BLOCK_R": dl.block_rows(rows),
-            "SPLITS": splits, "BK": cfg.bk, "BN_O": cfg.bn_o, "BN_GU": cfg.bn_gu, "BN_D": cfg.bn_d, "KS_D": cfg.ks_d,
+            "SPLITS": splits, "BK": cfg.bk, "BKW": cfg.bk_wide, "BN_O": cfg.bn_o, "BN_GU": cfg.bn_gu, "BN_D": cfg.bn_d, "KS_D": cfg.ks_d,
             "BLOCK_KEYS": cfg.block_keys, "RB": cfg.rb, "NPROG": 128, "KEYS_PER_SPLIT": keys, "ESIZE": 2}
     addrs = ("P", "stride_kv", "wo_addr", "wgu_addr", "wd_addr", "wqkv_next_addr")
     out = [KernelConfig(f"denoise layer (all phases, grid barriers{', L2 prefetch' if pf else ''})",
                         dl._denoise_layer_kernel, DENOISE_LAYER_SIGNATURE,
-                        {**base, "PHASE_FIRST": 0, "PHASE_LAST": 4, "GRID_SYNC": True, "PREFETCH": pf},
+                        {**base, "PHASE_FIRST": 0, "PHASE_LAST": len(dl.PHASES) - 1, "GRID_SYNC": True,
+                         "PREFETCH": pf},
                         cfg.num_warps, 3, addrs) for pf in (False, True)]
     for i, phase in enumerate(dl.PHASES):
         out.append(KernelConfig(f"denoise layer (phase {phase} alone)", dl._denoise_layer_kernel,

@@ -40,9 +40,9 @@ tests and bug reports:
     FLASHRT_PREFIX_ATTENTION_SPLIT=1  the prefix attention tuning also times kernels/prefix_attention.py's key-split
                                     forms (2 or 3 programs per 64 query rows, merged after; opt-in)
     FLASHRT_DENOISE_LAYER=1         pi0.5's expert layers each in one persistent launch with grid barriers between its
-                                    five phases (kernels/denoise_layer.py; EngineOptions.denoise_layer, opt-in until
-                                    measured); FLASHRT_IMPL_DENOISE_LAYER=phases: a launch per phase instead;
-                                    FLASHRT_DISABLE_DENOISE_LAYER_PREFETCH=1: without its L2 weight prefetch
+                                    eight phases (kernels/denoise_layer.py; EngineOptions.denoise_layer, opt-in:
+                                    measured slower on the H200); FLASHRT_IMPL_DENOISE_LAYER=phases: a launch per
+                                    phase instead, =grid_prefetch: with an L2 prefetch of the later weight tiles
     FLASHRT_FP8_FAST_ACCUM=1        the FP8 GEMMs accumulate in the tensor cores over the whole K loop (less exact for
                                     long K; EngineOptions.fp8_fast_accum, opt-in: no gain measured in the engine)
     FLASHRT_HOST_WAIT=sync|poll|warm  how predict waits for the GPU: the stream's synchronize, an event polled with
@@ -124,7 +124,6 @@ class Switch(str, enum.Enum):
     ADA_NORM_FOLD = "ADA_NORM_FOLD"      # the expert's adaRMSNorms folded into the shared-memory GEMMs around them
     FUSED_DENOISE_STEP = "FUSED_DENOISE_STEP"  # kernels/denoise_step.py at both ends of each pi0.5 denoising step
     DENOISE_LAYER = "DENOISE_LAYER"      # kernels/denoise_layer.py: each pi0.5 expert layer in one launch (opt-in)
-    DENOISE_LAYER_PREFETCH = "DENOISE_LAYER_PREFETCH"  # ... its programs prefetch their later weight tiles into L2
 
 
 # The token-buffer lengths the engine captures a graph for (max_token_len is always added): every 16 tokens up to
@@ -179,9 +178,8 @@ class EngineOptions:
     prefix_attention_wgmma: bool = True      # kernels/prefix_attention.py (Hopper wgmma) joins the prefix
                                              # attention tuning where it serves the GPU
     prefix_attention_split: bool = False     # opt-in (not yet run on a GPU): its key-split forms join it too
-    denoise_layer: bool = False              # opt-in (not yet measured): kernels/denoise_layer.py, each pi0.5
-                                             # expert layer one persistent launch (five phases, grid barriers)
-    denoise_layer_prefetch: bool = True      # its programs bulk-prefetch their later weight tiles into L2 (sm90+)
+    denoise_layer: bool = False              # opt-in (measured slower, session 15): kernels/denoise_layer.py, each
+                                             # pi0.5 expert layer one persistent launch (8 phases, grid barriers)
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     tuning_cache: str = ""                   # a directory: the load-time tuning's picks kept there and reused
                                              # (engine/tuning_cache.py); "" = measure at every load
@@ -468,19 +466,19 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
         Candidate("separate", _ALWAYS, "cast, input GEMM, copy and norm; norm, output GEMM and the Euler kernel"),
     ),
     Op.DENOISE_LAYER: (
-        Candidate("grid_prefetch", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.DENOISE_LAYER)
-                  and o.switch_on(Switch.DENOISE_LAYER_PREFETCH) and _nvidia_sm90_plus(hw),
-                  "the persistent layer below, and at the end of its first phase every program bulk-prefetches "
-                  "into L2 the O, gate/up and down weight tiles it reads later (cp.async.bulk.prefetch.L2, sm90+), "
-                  "and at the end of the gate/up phase its tiles of the next layer's QKV weight: HBM streams them "
-                  "while the attention and the barriers run"),
         Candidate("grid", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.DENOISE_LAYER)
                   and hw.vendor is Vendor.NVIDIA,
                   "pi0.5's expert layer as one persistent launch of one program per SM (kernels/denoise_layer.py): "
-                  "norm + QKV + RoPE, attention splits, their merge + O, norm + gate/up + GeGLU, down, with a grid "
-                  "barrier (an atomic counter) between phases instead of eight dependent launches; each norm's "
-                  "shift passes through the GEMM after it as a bias. Opt-in until measured on the H200; untested "
-                  "on ROCm, so offered on NVIDIA only"),
+                  "eight phases (norm, QKV + RoPE, attention splits, their merge, O, norm, gate/up + GeGLU, down) "
+                  "with a grid barrier (an atomic counter) between them instead of eight dependent launches; each "
+                  "norm's shift passes through the GEMM after it as a bias. Opt-in: on the H200 (session 15) one "
+                  "layer takes 27.9 us against 23.9 us for the tuned chain of separate kernels, the denoise 6.47 "
+                  "ms against 4.54 ms; untested on ROCm, so offered on NVIDIA only"),
+        Candidate("grid_prefetch", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.DENOISE_LAYER)
+                  and _nvidia_sm90_plus(hw),
+                  "the same, and each program bulk-prefetches into L2 the O, gate/up and down weight tiles it reads "
+                  "later and its tile of the next layer's QKV weight (cp.async.bulk.prefetch.L2, sm90+); only when "
+                  "pinned (FLASHRT_IMPL_DENOISE_LAYER=grid_prefetch): measured 7 us per layer slower than `grid`"),
         Candidate("phases", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.DENOISE_LAYER),
                   "the same kernel, one launch per phase (stream order in place of the grid barriers): the "
                   "barriers' A/B and the form Triton's CPU interpreter runs"),

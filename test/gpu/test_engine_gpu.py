@@ -181,7 +181,7 @@ def test_accuracy_gate_full_size(name, precision):
     assert engine.ops.fused_patch_embed == (extra != "no_fused_patch_embed")
     assert engine.ops.ada_fold == (extra == "smem_gemm_ada_fold")
     assert engine.ops.fused_denoise_step == (extra != "no_fused_denoise_step")
-    assert engine.ops.denoise_layer == {"denoise_layer": "grid_prefetch", "denoise_layer_phases": "phases"}.get(
+    assert engine.ops.denoise_layer == {"denoise_layer": "grid", "denoise_layer_phases": "phases"}.get(
         extra, "separate")
     if extra.startswith("smem_gemm") or extra == "split_k_qkv":   # the tuning weighed the TMA GEMMs; force them
         assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
