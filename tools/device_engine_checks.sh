@@ -54,6 +54,10 @@
 #   the host's work before the GPU, the copy in, the wait for the graph launch, the replay, the copy out and the
 #   host after it, and the host steps timed alone and in line (policy_predict_*.json/.md, host.log). Session 14
 #   measured `--host-waits sync poll` and `--spin-sweep` here.
+# layer: kernels/denoise_layer.py (opt-in: each pi0.5 expert layer in one persistent launch): its kernel tests
+#   (pytest_layer_kernel.log), the whole denoise against the separate kernels in one engine
+#   (tools/benchmark_denoise_layer.py --random-init: denoise_layer_*.json/.md, denoise_layer.log) and its three
+#   accuracy gates (pytest_layer_gates.log).
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
 #   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the

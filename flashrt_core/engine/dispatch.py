@@ -177,7 +177,8 @@ class EngineOptions:
     split_k_qkv: bool = False                # opt-in (measured slower): a split-K QKV candidate the attention sums
     prefix_attention_wgmma: bool = True      # kernels/prefix_attention.py (Hopper wgmma) joins the prefix
                                              # attention tuning where it serves the GPU
-    prefix_attention_split: bool = False     # opt-in (not yet run on a GPU): its key-split forms join it too
+    prefix_attention_split: bool = False     # opt-in (measured slower, session 15: 24-26 us against 17.6 us for
+                                             # wgmma): its key-split forms join the tuning too
     denoise_layer: bool = False              # opt-in (measured slower, session 15): kernels/denoise_layer.py, each
                                              # pi0.5 expert layer one persistent launch (8 phases, grid barriers)
     fast_paths: bool = True                  # False: the reference path, whatever else is set
@@ -478,7 +479,8 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   and _nvidia_sm90_plus(hw),
                   "the same, and each program bulk-prefetches into L2 the O, gate/up and down weight tiles it reads "
                   "later and its tile of the next layer's QKV weight (cp.async.bulk.prefetch.L2, sm90+); only when "
-                  "pinned (FLASHRT_IMPL_DENOISE_LAYER=grid_prefetch): measured 7 us per layer slower than `grid`"),
+                  "pinned (FLASHRT_IMPL_DENOISE_LAYER=grid_prefetch): measured 5.4-7.4 us per layer slower than "
+                  "`grid` (session 15)"),
         Candidate("phases", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.DENOISE_LAYER),
                   "the same kernel, one launch per phase (stream order in place of the grid barriers): the "
                   "barriers' A/B and the form Triton's CPU interpreter runs"),

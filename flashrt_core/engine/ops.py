@@ -65,7 +65,7 @@ VISION_ATTENTION_CHECK_ATOL = 3e-2   # tune_vision_attention's check of each bac
 # splits of 32 rows 35.0, one split of 16 rows 28.4.
 # kernels/prefix_attention.py's forms, by name: the launcher's arguments. "wgmma" measured 17.7 us on the H200
 # (session 14) against 25.4 for mqa_split1, "wgmma_overlap" 20.1 (prefix_attention_wgmma); the key-split forms
-# (prefix_attention_split, opt-in until their GPU test has run) run 2 or 3 programs per 64 query rows, each over
+# (prefix_attention_split, opt-in: 24.0-26.1 us in session 15) run 2 or 3 programs per 64 query rows, each over
 # its share of the keys, and merge them in one more launch: the one-split kernel keeps 72 of 132 SMs busy at 2
 # views.
 WGMMA_PREFIX_ATTENTION = {"wgmma": {}, "wgmma_overlap": {"overlap": True}}
@@ -222,7 +222,7 @@ class Ops:
         # kernels/prefix_attention.py (wgmma) among the tuning's prefix attention candidates (on by default:
         # 17.7 us against 25.4 for the mqa kernel on the H200; EngineOptions.prefix_attention_wgmma)
         self.prefix_attention_wgmma = dispatch.options.prefix_attention_wgmma and dispatch.options.fast_paths
-        # its key-split forms too: opt-in (EngineOptions.prefix_attention_split), not yet run on a GPU
+        # its key-split forms too: opt-in (EngineOptions.prefix_attention_split), measured slower (session 15)
         self.prefix_attention_split = dispatch.options.prefix_attention_split and dispatch.options.fast_paths
         self.prefix_attention_timings: dict[str, float] = {}
         self.vision_attention_backend = "default"                   # tune_vision_attention may change it
