@@ -45,12 +45,15 @@ import torch
 
 from ._triton import INTERPRETED, tl, triton
 from .attention import _online_softmax_step
+from .geglu import _K as GELU_K  # noqa: N811
+from .geglu import geglu_reference, gelu_tanh_times
 from .l2_prefetch import prefetch_rows_l2
 
 PHASES = ("norm1", "qkv", "attention", "merge", "o", "norm2", "gate_up", "down")
 MERGE_CHUNK = tl.constexpr(64)   # head-dim columns per program of the merge phase
 MAX_SPINS = 1 << 22          # ~4 s of polling before a barrier gives up (and counts an error)
 _MAX_SPINS = tl.constexpr(MAX_SPINS)
+GELU_KC = tl.constexpr(GELU_K)
 ROPE_BLOCK = 16              # QKV output columns per half-head tile: 16 of the first half, their 16 partners
 
 
@@ -142,10 +145,6 @@ class LayerWeights:
     down: torch.Tensor
 
 
-def _gelu_tanh(g: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.gelu(g, approximate="tanh")
-
-
 def denoise_layer_reference(residual: torch.Tensor, x_prev: torch.Tensor | None, tables: LayerTables,
                             weights: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                             cos: torch.Tensor, sin: torch.Tensor, key_bias: torch.Tensor, visible: torch.Tensor,
@@ -170,9 +169,7 @@ def denoise_layer_reference(residual: torch.Tensor, x_prev: torch.Tensor | None,
                                heads, 1.0).view(S, heads * dh)
     o = (attn.to(dt).float() @ weights.o.float().T).to(dt)
     y2, h2 = ada_rms_norm_reference(o, h1, tables.gate1, tables.scale1p_2, tables.shift_2, eps, out_dtype=dt)
-    gu = (y2.float() @ weights.gate_up.float().T).to(dt).float()
-    gate, up = gu.chunk(2, dim=-1)
-    act = (_gelu_tanh(gate) * up).to(dt)
+    act = geglu_reference((y2.float() @ weights.gate_up.float().T).to(dt))
     residual.copy_(h2)
     return act.float() @ weights.down.float().T
 
@@ -423,8 +420,7 @@ def _denoise_layer_kernel(
                 r = _row_rsqrt(ssq_ptr, rows, eps, W, BK, BLOCK_R)[:, None]
                 g = (acc1 * r + tl.load(bias_gu_ptr + n1)[None, :]).to(dt).to(tl.float32)
                 u = (acc2 * r + tl.load(bias_gu_ptr + n2)[None, :]).to(dt).to(tl.float32)
-                inner = 1.5957691216057308 * (g + 0.044715 * g * g * g)             # 2 sqrt(2/pi) (g + c g^3)
-                act = g / (1.0 + tl.exp(-inner)) * u
+                act = gelu_tanh_times(g, u, GELU_KC)
                 tl.store(act_ptr + rows[:, None] * F + n1[None, :], act.to(dt), mask=row_ok[:, None])
         if GRID_SYNC and PHASE_LAST > 6:
             _grid_sync(counter_ptr, err_ptr, NPROG * 7)

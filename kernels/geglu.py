@@ -33,6 +33,13 @@ def geglu_reference(gu: torch.Tensor, inv_scale: torch.Tensor | None = None,
 
 
 @triton.jit
+def gelu_tanh_times(g, u, K: tl.constexpr):
+    """gelu_tanh(g) * u in fp32 (the sigmoid form above; K = 2 sqrt(2/pi)): the GeGLU of one tile, for the kernels
+    that compute their gate and up columns themselves."""
+    return g * tl.sigmoid(K * (g + 0.044715 * g * g * g)) * u
+
+
+@triton.jit
 def _geglu_kernel(gu_ptr, out_ptr, inv_ptr, F, stride_gu, stride_out, K: tl.constexpr, BLOCK: tl.constexpr,
                   PDL: tl.constexpr, QUANT: tl.constexpr = False, FMAX: tl.constexpr = 448.0):
     release_dependents(PDL)
@@ -44,7 +51,7 @@ def _geglu_kernel(gu_ptr, out_ptr, inv_ptr, F, stride_gu, stride_out, K: tl.cons
     mask = cols < F
     g = tl.load(gu_ptr + row * stride_gu + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + row * stride_gu + F + cols, mask=mask, other=0.0).to(tl.float32)
-    y = g * tl.sigmoid(K * (g + 0.044715 * g * g * g)) * u
+    y = gelu_tanh_times(g, u, K)
     if QUANT:
         y = tl.clamp(y * inv, -FMAX, FMAX)
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)

@@ -23,6 +23,7 @@ import math
 import torch
 
 from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
+from .geglu import gelu_tanh_times
 from .l2_prefetch import check_window, prefetch_chunk, prefetch_l2, prefetch_rows_l2
 
 _K_GELU = 2.0 * math.sqrt(2.0 / math.pi)
@@ -101,7 +102,7 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, s
             acc_up = acc_up * tl.load(s_ptr + rn + F, mask=n_ok, other=0.0)[None, :]
     mask = m_ok[:, None] & n_ok[None, :]
     if GEGLU:
-        acc = acc * tl.sigmoid(KGELU * (acc + 0.044715 * acc * acc * acc)) * acc_up
+        acc = gelu_tanh_times(acc, acc_up, KGELU)
     if SPLIT_K > 1:
         tl.store(y_ptr + pid_k * split_stride + rm[:, None] * N + rn[None, :], acc, mask=mask)
     else:

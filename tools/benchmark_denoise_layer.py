@@ -7,7 +7,7 @@ the actions of each against the separate path, same inputs, and the count of bar
 (must be 0).
 
 Weights: a full-size checkpoint (--ckpt-root, written there when missing), or with --random-init the model's
-parameters drawn on the GPU (tools/benchmark_denoise_step.py random_model).
+parameters drawn on the GPU (tools/denoise_timing.py random_model).
 
     python3 tools/benchmark_denoise_layer.py --random-init --out docs/benchmarks
     python3 tools/benchmark_denoise_layer.py --phase-breakdown --out docs/benchmarks
@@ -27,11 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flashrt_core.config import get_config  # noqa: E402
 from flashrt_core.engine import EngineOptions, build_executor  # noqa: E402
-from tools.benchmark_denoise_step import random_model  # noqa: E402
-from tools.benchmark_engine import env_info, ensure_checkpoint  # noqa: E402
-from tools.denoise_timing import ab_cells, cosine, denoise_actions, denoise_inputs, denoise_ms, write_report  # noqa: E402
+from tools.benchmark_engine import env_info  # noqa: E402
+from tools.denoise_timing import (ab_cells, add_weight_args, cosine, denoise_actions, denoise_inputs,  # noqa: E402
+                                  denoise_ms, pi05_model, write_report)
 
 FORMS = ("separate", "grid_prefetch", "grid", "phases")
 
@@ -98,8 +97,7 @@ def phase_breakdown(out_dir: str, launches: int = 18, replays: int = 20) -> None
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ckpt-root", default="/tmp/full")
-    ap.add_argument("--random-init", action="store_true")
+    add_weight_args(ap)
     ap.add_argument("--out", default="docs/benchmarks")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--replays", type=int, default=30)
@@ -110,12 +108,7 @@ def main() -> None:
         phase_breakdown(args.out)
         return
     dev = torch.device("cuda")
-    cfg = get_config("pi05")
-    if args.random_init:
-        model = random_model(cfg, dev)
-    else:
-        from flashrt_core.checkpoint import load_model_weights
-        model = load_model_weights(ensure_checkpoint(Path(args.ckpt_root), "pi05"), cfg, dev, torch.bfloat16)
+    cfg, model, weights = pi05_model(args, dev)
     engine = build_executor(model, cfg, dev, "auto",
                             EngineOptions(denoise_layer=True, chain_tuning_passes=args.chain_tuning_passes,
                                           overrides={"denoise_layer": "grid_prefetch"}))
@@ -137,7 +130,7 @@ def main() -> None:
 
     info = env_info()
     picks = {k: str(v) for k, v in ops.decoder_impl.items()}
-    result = {"env": info, "weights": "random init, std 0.02" if args.random_init else "checkpoint",
+    result = {"env": info, "weights": weights,
               "denoise_ms": times, "actions_cosine_vs_separate": cosines, "barrier_errors": errors,
               "separate_picks": picks, "launch_policy": ops.launch_policy, "rounds": args.rounds,
               "replays": args.replays}

@@ -23,47 +23,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flashrt_core.config import get_config  # noqa: E402
 from flashrt_core.engine import EngineOptions, build_executor  # noqa: E402
 from flashrt_core.engine.ops import LAUNCH_POLICIES, SmemConfig  # noqa: E402
-from tools.benchmark_engine import env_info, ensure_checkpoint  # noqa: E402
-from tools.denoise_timing import (ab_cells, cosine, denoise_actions, denoise_inputs, denoise_ms,  # noqa: E402
-                                  write_report)
+from tools.benchmark_engine import env_info  # noqa: E402
+from tools.denoise_timing import (ab_cells, add_weight_args, cosine, denoise_actions, denoise_inputs,  # noqa: E402
+                                  denoise_ms, pi05_model, write_report)
 
 POLICIES = ("all", "norms", "none")
 
 
-def random_model(cfg, dev):
-    """PiModel(cfg) with every parameter drawn on the GPU in bf16 (no checkpoint)."""
-    from flashrt_core.model import PiModel
-    with torch.device("meta"):
-        model = PiModel(cfg)
-    model = model.to_empty(device=dev).to(torch.bfloat16)
-    g = torch.Generator(device=dev).manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.02, generator=g)
-        for b in model.buffers():
-            if b.is_floating_point():
-                b.normal_(0.0, 0.02, generator=g)
-    return model.eval()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ckpt-root", default="/tmp/full")
-    ap.add_argument("--random-init", action="store_true")
+    add_weight_args(ap)
     ap.add_argument("--out", default="docs/benchmarks")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--replays", type=int, default=30)
     args = ap.parse_args()
     dev = torch.device("cuda")
-    cfg = get_config("pi05")
-    if args.random_init:
-        model = random_model(cfg, dev)
-    else:
-        from flashrt_core.checkpoint import load_model_weights
-        model = load_model_weights(ensure_checkpoint(Path(args.ckpt_root), "pi05"), cfg, dev, torch.bfloat16)
+    cfg, model, weights = pi05_model(args, dev)
     engine = build_executor(model, cfg, dev, "auto", EngineOptions(chain_tuning=False, fused_denoise_step=True))
     ops = engine.ops
     if not ops.fused_denoise_step:
@@ -85,7 +62,7 @@ def main() -> None:
                 times.setdefault(key, []).append(denoise_ms(engine, inp, args.replays))
 
     info = env_info()
-    result = {"env": info, "weights": "random init, std 0.02" if args.random_init else "checkpoint",
+    result = {"env": info, "weights": weights,
               "denoise_ms": times, "actions_cosine_fused_vs_separate": cos, "rounds": args.rounds,
               "replays": args.replays}
     lines = [f"# Fused denoising-step ends vs separate kernels: {torch.cuda.get_device_name()}", "",

@@ -1,7 +1,8 @@
 """The denoise of an EngineExecutor alone, captured as a CUDA graph: what the A/B benchmarks of the denoiser's
-fusions (tools/benchmark_ada_norm_fold.py, tools/benchmark_denoise_step.py) time and compare. The chain tuning's
-capture (EngineExecutor.capture_denoise), on a 2-view workspace of the tuning's text bucket
-(EngineExecutor.tuning_text_bucket) with random K/V caches."""
+fusions (tools/benchmark_ada_norm_fold.py, tools/benchmark_denoise_step.py, tools/benchmark_denoise_layer.py)
+time and compare. The chain tuning's capture (EngineExecutor.capture_denoise), on a 2-view workspace of the
+tuning's text bucket (EngineExecutor.tuning_text_bucket) with random K/V caches. And the full-size pi0.5 they
+load: a checkpoint, or its parameters drawn on the GPU (add_weight_args, pi05_model)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,41 @@ import torch
 
 from flashrt_core.engine.forward import Workspace
 from flashrt_core.engine.graph_executor import graph_replay_ms
+
+
+def add_weight_args(ap) -> None:
+    """--ckpt-root (a full-size checkpoint there, written when missing) and --random-init (no checkpoint)."""
+    ap.add_argument("--ckpt-root", default="/tmp/full")
+    ap.add_argument("--random-init", action="store_true")
+
+
+def random_model(cfg, dev):
+    """PiModel(cfg) with every parameter drawn on the GPU in bf16 (normal, std 0.02): the timing does not depend
+    on the values, and the load takes seconds instead of a checkpoint write."""
+    from flashrt_core.model import PiModel
+    with torch.device("meta"):
+        model = PiModel(cfg)
+    model = model.to_empty(device=dev).to(torch.bfloat16)
+    g = torch.Generator(device=dev).manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02, generator=g)
+        for b in model.buffers():
+            if b.is_floating_point():
+                b.normal_(0.0, 0.02, generator=g)
+    return model.eval()
+
+
+def pi05_model(args, dev):
+    """Full-size pi0.5 in bf16 on dev, as add_weight_args asked: (config, model, a label of the weights)."""
+    from flashrt_core.config import get_config
+    cfg = get_config("pi05")
+    if args.random_init:
+        return cfg, random_model(cfg, dev), "random init, std 0.02"
+    from flashrt_core.checkpoint import load_model_weights
+    from tools.benchmark_engine import ensure_checkpoint
+    return cfg, load_model_weights(ensure_checkpoint(Path(args.ckpt_root), "pi05"), cfg, dev, torch.bfloat16), \
+        "checkpoint"
 
 
 @dataclass

@@ -483,7 +483,7 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "`grid` (session 15)"),
         Candidate("phases", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.DENOISE_LAYER),
                   "the same kernel, one launch per phase (stream order in place of the grid barriers): the "
-                  "barriers' A/B and the form Triton's CPU interpreter runs"),
+                  "barriers' A/B and the form Triton's CPU interpreter runs; untested on ROCm GPUs"),
         Candidate("separate", _ALWAYS, "the layer's norms, GEMMs and attention as separate ops (the tuned chain)"),
     ),
     Op.VISION_GELU: (

@@ -257,8 +257,8 @@ def _denoise_persistent_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bi
                                smask: KeyMask) -> None:
     """pi0.5's denoising steps with each expert layer in one launch of kernels/denoise_layer.py (ops.denoise_layer
     "grid" or "grid_prefetch", which also prefetches the later weight tiles into L2; "phases": a launch per phase),
-    between the fused step ends. Each layer leaves its down output in
-    x_acc[layer % 2], which the next layer (or the step's end) adds with its gate."""
+    between the fused step ends. Each layer leaves its down output in x_acc[layer % 2], which the next layer (or
+    the step's end) adds with its gate."""
     e = w.config.expert
     scratch = ws.denoise_layer
     layer_weights, tables = w.denoise_layer_inputs(ops.k)
