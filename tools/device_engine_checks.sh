@@ -55,7 +55,8 @@
 #   host after it, and the host steps timed alone and in line (policy_predict_*.json/.md, host.log). Session 14
 #   measured `--host-waits sync poll` and `--spin-sweep` here.
 # layer: kernels/denoise_layer.py (opt-in: each pi0.5 expert layer in one persistent launch): its kernel tests
-#   (pytest_layer_kernel.log), the whole denoise against the separate kernels in one engine
+#   (pytest_layer_kernel.log), each phase timed alone in several tile configurations (denoise_layer_phases_*,
+#   denoise_layer_phases.log), the whole denoise against the separate kernels in one engine
 #   (tools/benchmark_denoise_layer.py --random-init: denoise_layer_*.json/.md, denoise_layer.log) and its three
 #   accuracy gates (pytest_layer_gates.log).
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
@@ -147,6 +148,8 @@ if [ "$PART" = layer ]; then          # not in "all": kernels/denoise_layer.py (
   # bounds a hang), then the denoise A/B in one engine, then its accuracy gates
   timeout 240 "$PY" -m pytest -v test/gpu/test_kernels.py -k denoise_layer > "$OUT/pytest_layer_kernel.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_layer_kernel.log"
+  timeout 150 "$PY" tools/benchmark_denoise_layer.py --phase-breakdown --out "$OUT" > "$OUT/denoise_layer_phases.log" 2>&1
+  echo "benchmark_denoise_layer --phase-breakdown rc=$?" >> "$OUT/denoise_layer_phases.log"
   timeout 240 "$PY" tools/benchmark_denoise_layer.py --random-init --out "$OUT" > "$OUT/denoise_layer.log" 2>&1
   echo "benchmark_denoise_layer rc=$?" >> "$OUT/denoise_layer.log"
   timeout 300 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py -k "accuracy_gate and denoise_layer" \

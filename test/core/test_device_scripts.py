@@ -29,9 +29,9 @@ def test_script_is_valid_bash(script):
 def test_engine_checks_call_existing_tools_with_their_flags():
     script = REPO / "tools" / "device_engine_checks.sh"
     calls = [line for line in _logical_lines(script) if '"$PY" tools/' in line]
-    assert len(calls) == 9      # benchmark_engine (bench, fp8-scopes), profile_engine_timeline (224 and 480x640
+    assert len(calls) == 10     # benchmark_engine (bench, fp8-scopes), profile_engine_timeline (224 and 480x640
                                 # frames), benchmark_wide_gemms, benchmark_policy_predict (load, host),
-                                # benchmark_text_buckets (buckets), benchmark_denoise_layer (layer)
+                                # benchmark_text_buckets (buckets), benchmark_denoise_layer (layer: phases, A/B)
     for line in calls:
         words = shlex.split(line.split('"$PY"', 1)[1].split(">", 1)[0])
         tool = REPO / words[0]
