@@ -241,10 +241,11 @@ def denoise_layer_configs(rows: int = 10, prefix: int = 560) -> list[KernelConfi
     dl = _kernels_module("denoise_layer")
     width, heads, dh, mlp, splits = 1024, 8, 256, 4096, 8
     cfg = dl.LayerConfig.fit(width, mlp, dh)
-    keys = -(-(-(-(prefix + rows) // splits)) // cfg.block_keys) * cfg.block_keys
+    keys = -(-(-(-(prefix + rows) // splits)) // cfg.block_keys) * cfg.block_keys      # the launcher's plan
     base = {"HAS_X": True, "W": width, "H": heads, "DH": dh, "F": mlp, "BLOCK_R": dl.block_rows(rows),
-            "SPLITS": splits, "BK": cfg.bk, "BKW": cfg.bk_wide, "BN_O": cfg.bn_o, "BN_GU": cfg.bn_gu, "BN_D": cfg.bn_d, "KS_D": cfg.ks_d,
-            "BLOCK_KEYS": cfg.block_keys, "RB": cfg.rb, "NPROG": 128, "KEYS_PER_SPLIT": keys, "ESIZE": 2}
+            "SPLITS": splits, "BK": cfg.bk, "BKW": cfg.bk_wide, "BN_O": cfg.bn_o, "BN_GU": cfg.bn_gu,
+            "BN_D": cfg.bn_d, "KS_D": cfg.ks_d, "BLOCK_KEYS": cfg.block_keys, "RB": cfg.rb, "NPROG": 128,
+            "KEYS_PER_SPLIT": keys, "ESIZE": 2}
     addrs = ("P", "stride_kv", "wo_addr", "wgu_addr", "wd_addr", "wqkv_next_addr")
     out = [KernelConfig(f"denoise layer (all phases, grid barriers{', L2 prefetch' if pf else ''})",
                         dl._denoise_layer_kernel, DENOISE_LAYER_SIGNATURE,

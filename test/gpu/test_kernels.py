@@ -819,7 +819,8 @@ def _denoise_layer_case(S: int, P: int, W: int, H: int, dh: int, F: int, has_x: 
     def rnd(*shape, scale=1.0):
         return torch.randn(*shape, device=DEVICE, generator=g) * scale
 
-    weights = K.LayerWeights(qkv=rnd((H + 2) * dh, W, scale=W ** -0.5).to(bf), o=rnd(W, H * dh, scale=(H * dh) ** -0.5).to(bf),
+    weights = K.LayerWeights(qkv=rnd((H + 2) * dh, W, scale=W ** -0.5).to(bf),
+                             o=rnd(W, H * dh, scale=(H * dh) ** -0.5).to(bf),
                              gate_up=rnd(2 * F, W, scale=W ** -0.5).to(bf), down=rnd(W, F, scale=F ** -0.5).to(bf))
     shift_1, shift_2 = rnd(W, scale=0.3), rnd(W, scale=0.3)
     tables = K.LayerTables(gate0=rnd(W, scale=0.5) if has_x else None, scale1p_1=1 + rnd(W, scale=0.2),
