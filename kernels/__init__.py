@@ -13,8 +13,8 @@ from ._triton import EARLY_TRIGGER, HAVE_TRITON, INTERPRETED
 from .ada_rms_norm import ada_rms_norm, ada_rms_norm_reference
 from .attention import (attention, attention_reference, decoder_attention, decoder_attention_reference, merge_splits,
                         merge_splits_reference)
-from .denoise_layer import (DenoiseLayerScratch, LayerConfig, LayerTables, LayerWeights, denoise_layer,
-                            denoise_layer_phases, denoise_layer_reference, fold_shift)
+from .denoise_layer import (DenoiseLayerScratch, LayerConfig, LayerTables, LayerWeights, barriers_per_launch,
+                            denoise_layer, denoise_layer_phases, denoise_layer_reference, fold_shift)
 from .denoise_step import (denoise_step_in, denoise_step_in_reference, denoise_step_out,
                            denoise_step_out_reference)
 from .euler import euler, euler_reference
@@ -35,7 +35,8 @@ __all__ = [
     "ada_rms_norm", "ada_rms_norm_reference",
     "attention", "attention_reference", "decoder_attention", "decoder_attention_reference",
     "merge_splits", "merge_splits_reference",
-    "DenoiseLayerScratch", "LayerConfig", "LayerTables", "LayerWeights", "denoise_layer", "denoise_layer_phases",
+    "DenoiseLayerScratch", "LayerConfig", "LayerTables", "LayerWeights", "barriers_per_launch", "denoise_layer",
+    "denoise_layer_phases",
     "denoise_layer_reference", "fold_shift",
     "denoise_step_in", "denoise_step_in_reference", "denoise_step_out", "denoise_step_out_reference",
     "euler", "euler_reference",

@@ -65,8 +65,9 @@ class DenoiseLayerScratch:
     even / odd layers (the next layer's x_prev); o_acc (S, W) fp32; xs (S, W) engine dtype: the scaled rows a
     norm phase leaves for the GEMM after it, ssq (W / 16, BLOCK_R) fp32 their sums of squares per column chunk;
     q (S, H, Dh), attn (S, H * Dh), act (S, F) engine dtype; part_acc (H, C, BLOCK_R, Dh) and part_ml
-    (H, C, 2, BLOCK_R) fp32: the attention's splits; counters: one int32 per launch of a predict, zeroed before
-    the first (reset_counters); errors (1,) int32."""
+    (H, C, 2, BLOCK_R) fp32: the attention's splits; head_counters (H,) int32: the splits of each head that have
+    finished (LayerConfig.merge_in_attention; the last one sets it back to zero); counters: one int32 per launch of
+    a predict, zeroed before the first (reset_counters); errors (1,) int32."""
 
     h1: torch.Tensor
     x_acc: torch.Tensor
@@ -78,6 +79,7 @@ class DenoiseLayerScratch:
     act: torch.Tensor
     part_acc: torch.Tensor
     part_ml: torch.Tensor
+    head_counters: torch.Tensor
     counters: torch.Tensor
     errors: torch.Tensor
     splits: int
@@ -95,6 +97,7 @@ class DenoiseLayerScratch:
                    act=torch.zeros(rows, mlp, **dt),
                    part_acc=torch.zeros(heads, splits, br, head_dim, **f32),
                    part_ml=torch.zeros(heads, splits, 2, br, **f32),
+                   head_counters=torch.zeros(heads, device=device, dtype=torch.int32),
                    counters=torch.zeros(max(launches, 1), device=device, dtype=torch.int32),
                    errors=torch.zeros(1, device=device, dtype=torch.int32), splits=splits)
 
@@ -106,6 +109,11 @@ class DenoiseLayerScratch:
 def denoise_layer_phases() -> tuple[str, ...]:
     """The kernel's phases in order (what `phases=(i, i)` of the launcher runs)."""
     return PHASES
+
+
+def barriers_per_launch(cfg: "LayerConfig") -> int:
+    """The grid barriers one launch passes: one between two phases, less the merge's with merge_in_attention."""
+    return len(PHASES) - 1 - int(cfg.merge_in_attention)
 
 
 def block_rows(rows: int) -> int:
@@ -247,19 +255,45 @@ def _pair_gemm(x_ptr, w_ptr, rows, row_ok, n1, n2, K: tl.constexpr, BK: tl.const
 
 
 @triton.jit
+def _merge_head_columns(pml_ptr, pacc_ptr, attn_ptr, h, first, rows, row_ok, H: tl.constexpr, DH: tl.constexpr,
+                        SPLITS: tl.constexpr, BLOCK_R: tl.constexpr, MC: tl.constexpr):
+    """Head h's key splits merged for the head-dim columns [first, first + MC): the softmax over all keys from each
+    split's unnormalized output, row maximum and row sum, into attn in its dtype."""
+    splits = tl.arange(0, SPLITS)
+    cols = first + tl.arange(0, MC)
+    ml = pml_ptr + (h * SPLITS + splits)[:, None] * (2 * BLOCK_R) + rows[None, :]
+    m = tl.load(ml, cache_modifier=".cg")                                          # (SPLITS, BLOCK_R)
+    l_s = tl.load(ml + BLOCK_R, cache_modifier=".cg")
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    a = tl.exp(m - m_max[None, :])                                               # (SPLITS, BLOCK_R)
+    den = tl.sum(a * l_s, axis=0)
+    num = tl.zeros([BLOCK_R, MC], tl.float32)
+    for c in tl.static_range(SPLITS):
+        a_c = tl.sum(tl.where(splits[:, None] == c, a, 0.0), axis=0)
+        part = tl.load(pacc_ptr + ((h * SPLITS + c) * BLOCK_R + rows)[:, None] * DH + cols[None, :],
+                       mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+        num += a_c[:, None] * part
+    out = num / tl.where(den > 0, den, 1.0)[:, None]
+    tl.store(attn_ptr + rows[:, None] * (H * DH) + h * DH + cols[None, :], out.to(attn_ptr.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+@triton.jit
 def _denoise_layer_kernel(
         res_ptr, h1_ptr, xin_ptr, xout_ptr, oacc_ptr, xs_ptr, ssq_ptr,
         gate0_ptr, scale1_ptr, gate1_ptr, scale2_ptr, bias_qkv_ptr, bias_gu_ptr,
         wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr,
         k_ptr, v_ptr, q_ptr, attn_ptr, pacc_ptr, pml_ptr, act_ptr,
-        pos_ptr, cos_ptr, sin_ptr, kbias_ptr, vis_ptr, counter_ptr, err_ptr,
+        pos_ptr, cos_ptr, sin_ptr, kbias_ptr, vis_ptr, counter_ptr, err_ptr, head_cnt_ptr,
         wo_addr, wgu_addr, wd_addr, wqkv_next_addr,
         R, P, eps, q_scale, stride_kv,
         PHASE_FIRST: tl.constexpr, PHASE_LAST: tl.constexpr, GRID_SYNC: tl.constexpr, HAS_X: tl.constexpr,
         W: tl.constexpr, H: tl.constexpr, DH: tl.constexpr, F: tl.constexpr, BLOCK_R: tl.constexpr,
         SPLITS: tl.constexpr, BK: tl.constexpr, BKW: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
         BN_D: tl.constexpr, KS_D: tl.constexpr, BLOCK_KEYS: tl.constexpr, RB: tl.constexpr, NPROG: tl.constexpr,
-        KEYS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr = False, ESIZE: tl.constexpr = 2):
+        KEYS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr = False, ESIZE: tl.constexpr = 2,
+        MERGE_IN_ATTENTION: tl.constexpr = False):
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_R)
     row_ok = rows < R
@@ -351,32 +385,27 @@ def _denoise_layer_kernel(
                 tl.store(pacc_ptr + (base * BLOCK_R + rows)[:, None] * DH + dd[None, :], acc, mask=row_ok[:, None])
                 tl.store(pml_ptr + base * 2 * BLOCK_R + rows, m_i)
                 tl.store(pml_ptr + base * 2 * BLOCK_R + BLOCK_R + rows, l_i)
+                if MERGE_IN_ATTENTION:
+                    # the head's last split to arrive merges it (every thread's stores ordered before the arrival by
+                    # the CTA barrier and released by the acq_rel add; the last one's acquire sees the others')
+                    tl.debug_barrier()
+                    arrived = tl.atomic_add(head_cnt_ptr + h, 1, sem="acq_rel", scope="gpu")
+                    if arrived == SPLITS - 1:
+                        for first in range(0, DH, MC):
+                            _merge_head_columns(pml_ptr, pacc_ptr, attn_ptr, h, first, rows, row_ok, H, DH, SPLITS,
+                                                BLOCK_R, MC)
+                        tl.atomic_xchg(head_cnt_ptr + h, 0, sem="relaxed", scope="gpu")   # zero for the next launch
         if GRID_SYNC and PHASE_LAST > 2:
             _grid_sync(counter_ptr, err_ptr, NPROG * 3)
 
-    # ---- 3 merge: the splits of one head, MC columns of its dim per program -> attn
-    if PHASE_FIRST <= 3 and 3 <= PHASE_LAST:
-        splits = tl.arange(0, SPLITS)
+    # ---- 3 merge: the splits of one head, MC columns of its dim per program -> attn (MERGE_IN_ATTENTION: the
+    # attention phase's last program of each head did it)
+    if PHASE_FIRST <= 3 and 3 <= PHASE_LAST and not MERGE_IN_ATTENTION:
         for rnd in range(0, _rounds(H * (DH // MC), NPROG)):
             t = pid + rnd * NPROG
             if t < H * (DH // MC):
-                h = t // (DH // MC)
-                cols = (t % (DH // MC)) * MC + tl.arange(0, MC)
-                ml = pml_ptr + (h * SPLITS + splits)[:, None] * (2 * BLOCK_R) + rows[None, :]
-                m = tl.load(ml, cache_modifier=".cg")                                # (SPLITS, BLOCK_R)
-                l_s = tl.load(ml + BLOCK_R, cache_modifier=".cg")
-                m_max = tl.max(m, axis=0)
-                m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-                a = tl.exp(m - m_max[None, :])                                     # (SPLITS, BLOCK_R)
-                den = tl.sum(a * l_s, axis=0)
-                num = tl.zeros([BLOCK_R, MC], tl.float32)
-                for c in tl.static_range(SPLITS):
-                    a_c = tl.sum(tl.where(splits[:, None] == c, a, 0.0), axis=0)
-                    part = tl.load(pacc_ptr + ((h * SPLITS + c) * BLOCK_R + rows)[:, None] * DH + cols[None, :],
-                                   mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
-                    num += a_c[:, None] * part
-                out = num / tl.where(den > 0, den, 1.0)[:, None]
-                tl.store(attn_ptr + rows[:, None] * (H * DH) + h * DH + cols[None, :], out.to(dt), mask=row_ok[:, None])
+                _merge_head_columns(pml_ptr, pacc_ptr, attn_ptr, t // (DH // MC), (t % (DH // MC)) * MC, rows,
+                                    row_ok, H, DH, SPLITS, BLOCK_R, MC)
         if GRID_SYNC and PHASE_LAST > 3:
             _grid_sync(counter_ptr, err_ptr, NPROG * 4)
 
@@ -396,7 +425,7 @@ def _denoise_layer_kernel(
                 tl.atomic_add(oacc_ptr + rows[:, None] * W + n[None, :], out, mask=row_ok[:, None], sem="relaxed",
                               scope="gpu")
         if GRID_SYNC and PHASE_LAST > 4:
-            _grid_sync(counter_ptr, err_ptr, NPROG * 5)
+            _grid_sync(counter_ptr, err_ptr, NPROG * (5 - MERGE_IN_ATTENTION))
 
     # ---- 5 norm2: h2 -> residual, xs, the sums of squares
     if PHASE_FIRST <= 5 and 5 <= PHASE_LAST:
@@ -408,7 +437,7 @@ def _denoise_layer_kernel(
         _norm_phase(pid, h1_ptr, oacc_ptr, gate1_ptr, scale2_ptr, res_ptr, xs_ptr, ssq_ptr, oacc_ptr, oacc_ptr,
                     rows, row_ok, True, W, BK, BLOCK_R, NPROG, False)
         if GRID_SYNC and PHASE_LAST > 5:
-            _grid_sync(counter_ptr, err_ptr, NPROG * 6)
+            _grid_sync(counter_ptr, err_ptr, NPROG * (6 - MERGE_IN_ATTENTION))
 
     # ---- 6 gate_up: the gate/up GEMM, GeGLU
     if PHASE_FIRST <= 6 and 6 <= PHASE_LAST:
@@ -424,7 +453,7 @@ def _denoise_layer_kernel(
                 act = gelu_tanh_times(g, u, GELU_KC)
                 tl.store(act_ptr + rows[:, None] * F + n1[None, :], act.to(dt), mask=row_ok[:, None])
         if GRID_SYNC and PHASE_LAST > 6:
-            _grid_sync(counter_ptr, err_ptr, NPROG * 7)
+            _grid_sync(counter_ptr, err_ptr, NPROG * (7 - MERGE_IN_ATTENTION))
 
     # ---- 7 down: the down GEMM split over K into x_out
     if PHASE_FIRST <= 7 and 7 <= PHASE_LAST:
@@ -455,7 +484,12 @@ class LayerConfig:
     of the QKV and gate/up GEMMs (K = W: fewer, wider steps keep more weight bytes in flight; 256 measured 0.7 us
     per layer faster than 128, 1.2 us faster than 512, session 15); bn_o / bn_gu / bn_d the output columns per
     program of the O, gate/up (each of gate and up) and down GEMMs; ks_d the down GEMM's K per program;
-    block_keys the keys per attention step. Defaults, for pi0.5's expert (W 1024, H 8, Dh 256, F 4096): 8 norm
+    block_keys the keys per attention step. merge_in_attention: the last split of each head to finish merges it at
+    the end of the attention phase (an atomic count per head), so the merge phase and its barrier drop out.
+    per_sm: programs per SM with grid barriers (2: twice the programs, so smaller tiles have more weight bytes in
+    flight; every program must still be resident at once: the kernel's registers and shared memory must allow it).
+    merge_in_attention and per_sm=2 are written after session 15's device time and not yet measured. Defaults, for
+    pi0.5's expert (W 1024, H 8, Dh 256, F 4096): 8 norm
     chunks, 80 QKV tiles, 64 attention items (8 key splits), 32 merge items, 128 O, gate/up and down tiles."""
 
     bk: int = 128
@@ -467,6 +501,8 @@ class LayerConfig:
     block_keys: int = 32
     num_warps: int = 4
     rb: int = ROPE_BLOCK
+    merge_in_attention: bool = False
+    per_sm: int = 1
 
     @classmethod
     def fit(cls, width: int, mlp: int, head_dim: int) -> "LayerConfig":
@@ -494,7 +530,7 @@ def _check(residual, x_prev, tables, weights, k_cache, v_cache, heads, cfg: Laye
         raise ValueError("denoise_layer: k_cache / v_cache must be (L, Dh) with unit column stride, same row stride")
     if (dh // 2) % cfg.rb or W % cfg.bk or W % cfg.bn_o or F % cfg.bn_gu or W % cfg.bn_d or F % cfg.ks_d \
             or cfg.ks_d % cfg.bk or (W // cfg.bk) & (W // cfg.bk - 1) or cfg.bk < 16 or dh % min(cfg.bk, dh) \
-            or W % cfg.bk_wide:
+            or W % cfg.bk_wide or cfg.per_sm not in (1, 2):
         raise ValueError(f"denoise_layer: tiles {cfg} do not divide W={W}, F={F}, Dh={dh}")
     return S, W, dh, F
 
@@ -524,15 +560,14 @@ def denoise_layer(residual: torch.Tensor, x_prev: torch.Tensor | None, x_out: to
     items = max(W // cfg.bk, (heads + 2) * (dh // 2 // cfg.rb), heads * splits,
                 heads * max(dh // MERGE_CHUNK, 1), (W // cfg.bn_o) * heads, F // cfg.bn_gu,
                 (W // cfg.bn_d) * (F // cfg.ks_d))
+    sms = torch.cuda.get_device_properties(residual.device).multi_processor_count if residual.is_cuda else None
     if programs is None:
-        programs = items
-        if residual.is_cuda:
-            programs = min(items, torch.cuda.get_device_properties(residual.device).multi_processor_count)
+        programs = items if sms is None else min(items, sms * cfg.per_sm)
     if grid_sync and (INTERPRETED or not residual.is_cuda):
         raise ValueError("denoise_layer: grid_sync needs a GPU (the interpreter runs programs one by one)")
-    if grid_sync and residual.is_cuda and \
-            programs > torch.cuda.get_device_properties(residual.device).multi_processor_count:
-        raise ValueError(f"denoise_layer: {programs} programs with grid barriers need as many SMs")
+    if grid_sync and sms is not None and programs > sms * cfg.per_sm:
+        raise ValueError(f"denoise_layer: {programs} programs with grid barriers need {cfg.per_sm} per SM on "
+                         f"{sms} SMs at most")
     if prefetch and (INTERPRETED or not residual.is_cuda or torch.cuda.get_device_capability(residual.device)[0] < 9):
         raise ValueError("denoise_layer: the L2 prefetch (cp.async.bulk.prefetch.L2) needs an sm90+ GPU")
     next_qkv = weights.qkv if next_qkv is None else next_qkv
@@ -543,13 +578,14 @@ def denoise_layer(residual: torch.Tensor, x_prev: torch.Tensor | None, x_out: to
             scratch.ssq, gate0, tables.scale1p_1, tables.gate1, tables.scale1p_2, tables.bias_qkv, tables.bias_gu,
             weights.qkv, weights.o, weights.gate_up, weights.down,
             k_cache, v_cache, scratch.q, scratch.attn, scratch.part_acc, scratch.part_ml, scratch.act,
-            pos, cos, sin, key_bias, visible, scratch.counters[launch:], scratch.errors,
+            pos, cos, sin, key_bias, visible, scratch.counters[launch:], scratch.errors, scratch.head_counters,
             weights.o.data_ptr(), weights.gate_up.data_ptr(), weights.down.data_ptr(), next_qkv.data_ptr(),
             S, P, eps, q_scale, k_cache.stride(0))
     consts = dict(GRID_SYNC=grid_sync, HAS_X=x_prev is not None, W=W, H=heads, DH=dh, F=F,
                   BLOCK_R=block_rows(S), SPLITS=splits, BK=cfg.bk, BKW=cfg.bk_wide, BN_O=cfg.bn_o, BN_GU=cfg.bn_gu,
                   BN_D=cfg.bn_d, KS_D=cfg.ks_d, BLOCK_KEYS=cfg.block_keys, RB=cfg.rb, NPROG=programs,
                   KEYS_PER_SPLIT=keys_per_split, PREFETCH=prefetch, ESIZE=weights.qkv.element_size(),
+                  MERGE_IN_ATTENTION=cfg.merge_in_attention,
                   num_warps=cfg.num_warps)
     if phases is not None:
         _denoise_layer_kernel[(programs,)](*args, PHASE_FIRST=phases[0], PHASE_LAST=phases[1], **consts)
@@ -561,5 +597,5 @@ def denoise_layer(residual: torch.Tensor, x_prev: torch.Tensor | None, x_out: to
     return x_out
 
 
-__all__ = ["PHASES", "denoise_layer_phases", "DenoiseLayerScratch", "LayerConfig", "LayerTables", "LayerWeights",
-           "block_rows", "denoise_layer", "denoise_layer_reference", "fold_shift"]
+__all__ = ["PHASES", "barriers_per_launch", "denoise_layer_phases", "DenoiseLayerScratch", "LayerConfig",
+           "LayerTables", "LayerWeights", "block_rows", "denoise_layer", "denoise_layer_reference", "fold_shift"]

@@ -35,8 +35,11 @@ from tools.denoise_timing import (ab_cells, add_weight_args, cosine, denoise_act
 FORMS = ("separate", "grid_prefetch", "grid", "phases")
 
 
-BREAKDOWN_CONFIGS = {"default": {}, "wide128": {"bk_wide": 128}, "wide512": {"bk_wide": 512},
-                     "splits16": {"splits": 16}, "splits4": {"splits": 4}}
+# Session 15 measured the defaults against 128 / 512-wide K steps for QKV and gate/up and 4 / 16 key splits
+# (docs/benchmarks/denoise_layer_phases_h200_2026-12-01_v3.md); these are the forms written after it.
+_TWO_PER_SM = {"bn_o": 32, "bn_gu": 16, "bn_d": 32, "per_sm": 2, "splits": 16}
+BREAKDOWN_CONFIGS = {"default": {}, "merge_in_attention": {"merge_in_attention": True}, "per_sm2": _TWO_PER_SM,
+                     "per_sm2_merge": {**_TWO_PER_SM, "merge_in_attention": True}}
 
 
 def phase_breakdown(out_dir: str, launches: int = 18, replays: int = 20) -> None:

@@ -840,22 +840,32 @@ def _denoise_layer_case(S: int, P: int, W: int, H: int, dh: int, F: int, has_x: 
     return residual, x_prev, tables, weights, k_cache, v_cache, pos, cos, sin, key_bias, visible
 
 
-@pytest.mark.parametrize("form", ["phases"] if INTERPRET else ["phases", "grid", "grid_prefetch"])
+@pytest.mark.parametrize("form", ["phases", "phases+merge_in_attention"] if INTERPRET else
+                         ["phases", "grid", "grid_prefetch", "grid+merge_in_attention", "grid+per_sm2"])
 @pytest.mark.parametrize("has_x", [False, True])
 def test_denoise_layer(form, has_x):
-    """The persistent expert layer (kernels/denoise_layer.py: five phases, grid barriers or a launch per phase)
+    """The persistent expert layer (kernels/denoise_layer.py: eight phases, grid barriers or a launch per phase)
     against its reference (the engine's separate ops in fp32), at pi0.5's expert shapes on the GPU (10 rows, 560
     prefix keys) and small ones in the interpreter: the residual after the layer, the down output and the cache's
     suffix rows; launched twice on the same scratch (the barrier counters of two launches, no barrier gave up).
-    form: a launch per phase, one launch with grid barriers, and that with the L2 prefetch of the later tiles."""
-    if form == "grid_prefetch" and torch.cuda.get_device_capability()[0] < 9:
+    form: a launch per phase, one launch with grid barriers, that with the L2 prefetch of the later tiles, with
+    each head merged by its last split in the attention phase (head counters back at zero after each launch), and
+    with two programs per SM (halved O, gate/up and down tiles, 16 key splits)."""
+    base, _, extra = form.partition("+")
+    if base == "grid_prefetch" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("cp.async.bulk.prefetch.L2 needs an sm90+ GPU")
     if INTERPRET:
         S, P, W, H, dh, F = 3, 20, 64, 2, 32, 128
-        cfg = K.LayerConfig(bk=32, bk_wide=32, bn_o=32, bn_gu=16, bn_d=32, ks_d=64, block_keys=16)
+        cfg = K.LayerConfig(bk=32, bk_wide=32, bn_o=32, bn_gu=16, bn_d=32, ks_d=64, block_keys=16,
+                            merge_in_attention=extra == "merge_in_attention")
+        splits = 4
     else:
         S, P, W, H, dh, F = 10, 560, 1024, 8, 256, 4096
-        cfg = K.LayerConfig()
+        cfg = K.LayerConfig(merge_in_attention=extra == "merge_in_attention")
+        splits = 8
+        if extra == "per_sm2":
+            cfg = K.LayerConfig(bn_o=32, bn_gu=16, bn_d=32, per_sm=2)
+            splits = 16
     residual, x_prev, tables, weights, k_cache, v_cache, pos, cos, sin, key_bias, visible = _denoise_layer_case(
         S, P, W, H, dh, F, has_x, seed=S + P + int(has_x))
     want_res = residual.clone()
@@ -863,15 +873,15 @@ def test_denoise_layer(form, has_x):
     want_x = K.denoise_layer_reference(want_res, x_prev, tables, weights, want_k, want_v, pos, cos, sin, key_bias,
                                        visible, H, dh ** -0.5)
     scratch = K.DenoiseLayerScratch.allocate(S, W, H, dh, F, launches=2, dtype=SKINNY_DTYPE, device=DEVICE,
-                                             splits=4 if INTERPRET else 8)
+                                             splits=splits)
     for launch in range(2):
         res, kc, vc = residual.clone(), k_cache.clone(), v_cache.clone()
         kc[P:P + S] = float("nan")
         vc[P:P + S] = float("nan")
         x_out = _poison(torch.empty(S, W, device=DEVICE))
         got = K.denoise_layer(res, x_prev, x_out, tables, weights, kc, vc, pos, cos, sin, key_bias, visible, scratch,
-                              launch, H, dh ** -0.5, grid_sync=form != "phases", cfg=cfg,
-                              prefetch=form == "grid_prefetch")
+                              launch, H, dh ** -0.5, grid_sync=base != "phases", cfg=cfg,
+                              prefetch=base == "grid_prefetch")
         assert got is x_out
         assert int(scratch.errors.item()) == 0, "a grid barrier gave up waiting"
         # the kernel rounds h * scale1p to bf16 before its GEMMs, the reference the normalized row: both bf16-exact
@@ -884,9 +894,12 @@ def test_denoise_layer(form, has_x):
         cos_x = torch.nn.functional.cosine_similarity(got.flatten(), want_x.flatten(), dim=0)
         assert cos_x > 0.9995, f"down output cosine {cos_x:.6f}"
         _close(got, want_x, tol[0] * float(want_x.abs().max()), tol[1])
-    # each launch's counter: every program (128 at these shapes, one per SM) arrived at each barrier between phases
-    programs = 0 if form == "phases" else min(128, torch.cuda.get_device_properties(0).multi_processor_count)
-    assert scratch.counters.tolist() == [(len(K.denoise_layer_phases()) - 1) * programs] * 2
+    # each launch's counter: every program (128 at these shapes with one per SM, 256 with two) arrived at each of
+    # its barriers; the head counters are back at zero
+    programs = 0 if base == "phases" else min(128 * cfg.per_sm,
+                                              torch.cuda.get_device_properties(0).multi_processor_count * cfg.per_sm)
+    assert scratch.counters.tolist() == [K.barriers_per_launch(cfg) * programs] * 2
+    assert scratch.head_counters.tolist() == [0] * H
 
 
 def test_denoise_layer_rejects_bad_shapes():
