@@ -32,7 +32,9 @@ from tools.benchmark_engine import env_info  # noqa: E402
 from tools.denoise_timing import (ab_cells, add_weight_args, cosine, denoise_actions, denoise_inputs,  # noqa: E402
                                   denoise_ms, pi05_model, write_report)
 
-FORMS = ("separate", "grid_prefetch", "grid", "phases")
+# the engine's forms: ops.denoise_layer, and for the layer kernel's configurations written after session 15
+# (ops.denoise_layer_config / ops.denoise_layer_splits) "grid" with them
+FORMS = ("separate", "grid_prefetch", "grid", "phases", "grid+merge_in_attention", "grid+per_sm2")
 
 
 # Session 15 measured the defaults against 128 / 512-wide K steps for QKV and gate/up and 4 / 16 key splits
@@ -118,18 +120,35 @@ def main() -> None:
     ops = engine.ops
     if ops.denoise_layer != "grid_prefetch":
         raise SystemExit(f"the persistent layer kernel cannot run here: dispatch {engine.dispatch.summary()}")
-    inp = denoise_inputs(engine, seed=1)            # its workspace holds the layer kernel's scratch
-    scratch = inp.ws.denoise_layer
+    from flashrt_core.engine.kernel_import import load_kernels
+    K = load_kernels()
+    fitted = K.LayerConfig.fit(cfg.expert.width, cfg.expert.mlp_dim, cfg.expert.head_dim).__dict__
+    configs = {"grid+merge_in_attention": ({**fitted, "merge_in_attention": True}, 8),
+               "grid+per_sm2": ({**fitted, **{k: v for k, v in _TWO_PER_SM.items() if k != "splits"}},
+                                _TWO_PER_SM["splits"])}
+    inputs = {}
+
+    def use(form: str):
+        """Set the engine's ops to `form`; its denoise inputs (one workspace per scratch shape, same seed)."""
+        base, _, _ = form.partition("+")
+        ops.denoise_layer = base
+        layer_cfg, splits = configs.get(form, (None, 8))
+        ops.denoise_layer_config = None if layer_cfg is None else K.LayerConfig(**layer_cfg)
+        ops.denoise_layer_splits = splits
+        if splits not in inputs:              # a workspace whose scratch has that many key splits (made while a
+            ops.denoise_layer = "grid"         # layer form is set: the separate form's workspace would have none)
+            inputs[splits] = denoise_inputs(engine, seed=1)
+            ops.denoise_layer = base
+        return inputs[splits]
+
     actions, times = {}, {form: [] for form in FORMS}
     for form in FORMS:
-        ops.denoise_layer = form
-        actions[form] = denoise_actions(engine, inp)
+        actions[form] = denoise_actions(engine, use(form))
     cosines = {form: cosine(actions["separate"], actions[form]) for form in FORMS[1:]}
     for _ in range(args.rounds):
         for form in FORMS:
-            ops.denoise_layer = form
-            times[form].append(denoise_ms(engine, inp, args.replays))
-    errors = int(scratch.errors.item())
+            times[form].append(denoise_ms(engine, use(form), args.replays))
+    errors = sum(int(inp.ws.denoise_layer.errors.item()) for inp in inputs.values())
 
     info = env_info()
     picks = {k: str(v) for k, v in ops.decoder_impl.items()}

@@ -278,7 +278,7 @@ def _denoise_persistent_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bi
                                          ws.k_cache[i, 0], ws.v_cache[i, 0], pos, ws.rope_cos, ws.rope_sin,
                                          key_bias, smask.visible, scratch, step * depth + i, e.num_heads,
                                          e.head_dim ** -0.5, e.eps, grid_sync=grid_sync, prefetch=prefetch,
-                                         next_qkv=layer_weights[(i + 1) % depth].qkv)
+                                         next_qkv=layer_weights[(i + 1) % depth].qkv, cfg=ops.denoise_layer_config)
         ops.denoise_step_out(x_prev, residual, w.tables.norm[step, depth - 1, 1, 2], w.tables.final[step, 0],
                              w.tables.final[step, 1], out_w, out_b, x_t, dt, e.eps)
 

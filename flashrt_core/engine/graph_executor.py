@@ -461,7 +461,8 @@ class EngineExecutor:
             ada_fold=AdaFoldBuffers.allocate(S, cfg.expert.width, self.dtype, dev) if self.ops.ada_fold else None,
             denoise_layer=load_kernels().DenoiseLayerScratch.allocate(
                 S, cfg.expert.width, cfg.expert.num_heads, cfg.expert.head_dim, cfg.expert.mlp_dim,
-                launches=cfg.num_steps * cfg.expert.depth, dtype=self.dtype, device=dev)
+                launches=cfg.num_steps * cfg.expert.depth, dtype=self.dtype, device=dev,
+                splits=self.ops.denoise_layer_splits)
             if self.ops.denoise_layer != "separate" else None)
         out_host = torch.empty(cfg.action_horizon, cfg.max_action_dim, pin_memory=dev.type == "cuda")
         return _Entry(ws, staging, out_host, None)

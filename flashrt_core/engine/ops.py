@@ -251,6 +251,10 @@ class Ops:
         # launch, "phases": a launch per phase) where the workspace has its scratch (GraphExecutor: pi0.5, fused
         # step ends, <= 16 rows)
         self.denoise_layer = dispatch[Op.DENOISE_LAYER]
+        # its tiles (kernels' LayerConfig; None: LayerConfig.fit) and the key splits of its attention phase (the
+        # workspace's scratch is allocated with them): A/B knobs of tools/benchmark_denoise_layer.py, no switch
+        self.denoise_layer_config = None
+        self.denoise_layer_splits = 8
         self.split_k_qkv = dispatch.options.split_k_qkv and dispatch.options.fast_paths   # SMEM_CANDIDATES["qkv"]
         # forward.denoise folds pi0.5's adaRMSNorms into the GEMMs around them where ada_fold_applies()
         self.ada_fold = dispatch[Op.ADA_NORM_FOLD] == "gemm_epilogue"

@@ -160,12 +160,20 @@ def test_fused_denoise_step_ends_match_the_reference(model, monkeypatch):
         assert "denoise_step_in" not in launches and len(launches["euler"]) == steps
 
 
-def test_persistent_denoise_layers_match_the_reference(model, monkeypatch):
+@pytest.mark.parametrize("merge_in_attention", [False, True])
+def test_persistent_denoise_layers_match_the_reference(model, merge_in_attention, monkeypatch):
     """pi0.5 with each expert layer in kernels/denoise_layer.py (a launch per phase: the interpreter runs programs
     one by one, so no grid barrier) between the fused step ends: one denoise_layer launch per step and layer, no
-    expert GEMM, norm or attention launch of their own; the actions are the reference's. pi0 has no such path: its
+    expert GEMM, norm or attention launch of their own; the actions are the reference's, also with the heads merged
+    in the attention phase over 4 key splits (ops.denoise_layer_config / _splits). pi0 has no such path: its
     layers run the separate kernels."""
     engine = _engine(model, "rope_in_attention", denoise_step="fused", denoise_layer="phases")
+    if merge_in_attention:
+        e = model.config.expert
+        k = engine.ops.k
+        engine.ops.denoise_layer_config = k.LayerConfig(**{**k.LayerConfig.fit(e.width, e.mlp_dim, e.head_dim).__dict__,
+                                                           "merge_in_attention": True})
+        engine.ops.denoise_layer_splits = 4
     launches = _record_triton_launches(engine, monkeypatch)
     got, want, inputs = _actions_and_reference(engine, model, 11)
     np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
@@ -178,6 +186,8 @@ def test_persistent_denoise_layers_match_the_reference(model, monkeypatch):
             assert name not in launches, name
         again = engine.predict_observation(*inputs)                  # the same scratch, the counters reset
         np.testing.assert_allclose(again, got, atol=1e-6, rtol=0)
+        scratch = next(iter(engine._entries.values())).ws.denoise_layer
+        assert scratch.splits == (4 if merge_in_attention else 8) and scratch.head_counters.tolist() == [0] * 4
     else:
         assert engine.ops.denoise_layer == "separate" and "denoise_layer" not in launches
 
