@@ -55,6 +55,7 @@ _MERGE_CHUNK = tl.constexpr(MERGE_CHUNK)
 MAX_SPINS = 1 << 22          # ~4 s of polling before a barrier gives up (and counts an error)
 _MAX_SPINS = tl.constexpr(MAX_SPINS)
 GELU_KC = tl.constexpr(GELU_K)
+STAMP_SLOTS = tl.constexpr(16)   # per program: start, (work done, released) per barrier (7), end
 ROPE_BLOCK = 16              # QKV output columns per half-head tile: 16 of the first half, their 16 partners
 
 
@@ -184,11 +185,20 @@ def denoise_layer_reference(residual: torch.Tensor, x_prev: torch.Tensor | None,
 
 
 @triton.jit
-def _grid_sync(counter_ptr, err_ptr, target):
+def _stamp(stamp_ptr, slot, STAMPS: tl.constexpr):
+    """With STAMPS, the GPU's global nanosecond timer into this program's row of stamps, at `slot`."""
+    if STAMPS:
+        tl.store(stamp_ptr + tl.program_id(0) * STAMP_SLOTS + slot, tl.extra.cuda.globaltimer())
+
+
+@triton.jit
+def _grid_sync(counter_ptr, err_ptr, target, stamp_ptr, phase: tl.constexpr, STAMPS: tl.constexpr):
     """Every program of the launch arrives, then waits until `target` arrivals have been counted. The CTA barrier
     before the release orders every thread's writes before the arrival; the acquire poll and the CTA barrier
-    after it make every program's writes visible to every thread here."""
+    after it make every program's writes visible to every thread here. STAMPS: the time of the arrival (this
+    program's work of `phase` done) and of the release, at slots 1 + 2 * phase and 2 + 2 * phase."""
     tl.debug_barrier()
+    _stamp(stamp_ptr, 1 + 2 * phase, STAMPS)
     tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
     seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
     spins = 0
@@ -198,6 +208,7 @@ def _grid_sync(counter_ptr, err_ptr, target):
     if seen < target:
         tl.atomic_add(err_ptr, 1, sem="relaxed", scope="gpu")
     tl.debug_barrier()
+    _stamp(stamp_ptr, 2 + 2 * phase, STAMPS)
 
 
 @triton.jit
@@ -285,7 +296,7 @@ def _denoise_layer_kernel(
         gate0_ptr, scale1_ptr, gate1_ptr, scale2_ptr, bias_qkv_ptr, bias_gu_ptr,
         wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr,
         k_ptr, v_ptr, q_ptr, attn_ptr, pacc_ptr, pml_ptr, act_ptr,
-        pos_ptr, cos_ptr, sin_ptr, kbias_ptr, vis_ptr, counter_ptr, err_ptr, head_cnt_ptr,
+        pos_ptr, cos_ptr, sin_ptr, kbias_ptr, vis_ptr, counter_ptr, err_ptr, head_cnt_ptr, stamp_ptr,
         wo_addr, wgu_addr, wd_addr, wqkv_next_addr,
         R, P, eps, q_scale, stride_kv,
         PHASE_FIRST: tl.constexpr, PHASE_LAST: tl.constexpr, GRID_SYNC: tl.constexpr, HAS_X: tl.constexpr,
@@ -293,7 +304,7 @@ def _denoise_layer_kernel(
         SPLITS: tl.constexpr, BK: tl.constexpr, BKW: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
         BN_D: tl.constexpr, KS_D: tl.constexpr, BLOCK_KEYS: tl.constexpr, RB: tl.constexpr, NPROG: tl.constexpr,
         KEYS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr = False, ESIZE: tl.constexpr = 2,
-        MERGE_IN_ATTENTION: tl.constexpr = False):
+        MERGE_IN_ATTENTION: tl.constexpr = False, STAMPS: tl.constexpr = False):
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_R)
     row_ok = rows < R
@@ -304,12 +315,14 @@ def _denoise_layer_kernel(
     OK: tl.constexpr = BK if BK < DH else DH                  # the O GEMM's K step (its K per program is DH)
     dt = wqkv_ptr.dtype.element_ty
 
+    _stamp(stamp_ptr, 0, STAMPS)
+
     # ---- 0 norm1: h1, xs, the sums of squares; this layer's O and down accumulators zeroed
     if PHASE_FIRST <= 0 and 0 <= PHASE_LAST:
         _norm_phase(pid, res_ptr, xin_ptr, gate0_ptr, scale1_ptr, h1_ptr, xs_ptr, ssq_ptr, oacc_ptr, xout_ptr,
                     rows, row_ok, HAS_X, W, BK, BLOCK_R, NPROG, True)
         if GRID_SYNC and PHASE_LAST > 0:
-            _grid_sync(counter_ptr, err_ptr, NPROG * 1)
+            _grid_sync(counter_ptr, err_ptr, NPROG * 1, stamp_ptr, 0, STAMPS)
 
     # ---- 1 qkv: the QKV GEMM of 16 first-half columns and their 16 partners per program, RoPE, q and suffix K/V
     if PHASE_FIRST <= 1 and 1 <= PHASE_LAST:
@@ -344,7 +357,7 @@ def _denoise_layer_kernel(
                         tl.store(qo, (r1 * q_scale).to(dt), mask=row_ok[:, None])
                         tl.store(qo + HALF, (r2 * q_scale).to(dt), mask=row_ok[:, None])
         if GRID_SYNC and PHASE_LAST > 1:
-            _grid_sync(counter_ptr, err_ptr, NPROG * 2)
+            _grid_sync(counter_ptr, err_ptr, NPROG * 2, stamp_ptr, 1, STAMPS)
 
     # ---- 2 attention, one (head, key split) per program
     if PHASE_FIRST <= 2 and 2 <= PHASE_LAST:
@@ -396,7 +409,7 @@ def _denoise_layer_kernel(
                                                 BLOCK_R, MC)
                         tl.atomic_xchg(head_cnt_ptr + h, 0, sem="relaxed", scope="gpu")   # zero for the next launch
         if GRID_SYNC and PHASE_LAST > 2:
-            _grid_sync(counter_ptr, err_ptr, NPROG * 3)
+            _grid_sync(counter_ptr, err_ptr, NPROG * 3, stamp_ptr, 2, STAMPS)
 
     # ---- 3 merge: the splits of one head, MC columns of its dim per program -> attn (MERGE_IN_ATTENTION: the
     # attention phase's last program of each head did it)
@@ -407,7 +420,7 @@ def _denoise_layer_kernel(
                 _merge_head_columns(pml_ptr, pacc_ptr, attn_ptr, t // (DH // MC), (t % (DH // MC)) * MC, rows,
                                     row_ok, H, DH, SPLITS, BLOCK_R, MC)
         if GRID_SYNC and PHASE_LAST > 3:
-            _grid_sync(counter_ptr, err_ptr, NPROG * 4)
+            _grid_sync(counter_ptr, err_ptr, NPROG * 4, stamp_ptr, 3, STAMPS)
 
     # ---- 4 o: the O GEMM split over the heads into o_acc
     if PHASE_FIRST <= 4 and 4 <= PHASE_LAST:
@@ -425,7 +438,7 @@ def _denoise_layer_kernel(
                 tl.atomic_add(oacc_ptr + rows[:, None] * W + n[None, :], out, mask=row_ok[:, None], sem="relaxed",
                               scope="gpu")
         if GRID_SYNC and PHASE_LAST > 4:
-            _grid_sync(counter_ptr, err_ptr, NPROG * (5 - MERGE_IN_ATTENTION))
+            _grid_sync(counter_ptr, err_ptr, NPROG * (5 - MERGE_IN_ATTENTION), stamp_ptr, 4, STAMPS)
 
     # ---- 5 norm2: h2 -> residual, xs, the sums of squares
     if PHASE_FIRST <= 5 and 5 <= PHASE_LAST:
@@ -437,7 +450,7 @@ def _denoise_layer_kernel(
         _norm_phase(pid, h1_ptr, oacc_ptr, gate1_ptr, scale2_ptr, res_ptr, xs_ptr, ssq_ptr, oacc_ptr, oacc_ptr,
                     rows, row_ok, True, W, BK, BLOCK_R, NPROG, False)
         if GRID_SYNC and PHASE_LAST > 5:
-            _grid_sync(counter_ptr, err_ptr, NPROG * (6 - MERGE_IN_ATTENTION))
+            _grid_sync(counter_ptr, err_ptr, NPROG * (6 - MERGE_IN_ATTENTION), stamp_ptr, 5, STAMPS)
 
     # ---- 6 gate_up: the gate/up GEMM, GeGLU
     if PHASE_FIRST <= 6 and 6 <= PHASE_LAST:
@@ -453,7 +466,7 @@ def _denoise_layer_kernel(
                 act = gelu_tanh_times(g, u, GELU_KC)
                 tl.store(act_ptr + rows[:, None] * F + n1[None, :], act.to(dt), mask=row_ok[:, None])
         if GRID_SYNC and PHASE_LAST > 6:
-            _grid_sync(counter_ptr, err_ptr, NPROG * (7 - MERGE_IN_ATTENTION))
+            _grid_sync(counter_ptr, err_ptr, NPROG * (7 - MERGE_IN_ATTENTION), stamp_ptr, 6, STAMPS)
 
     # ---- 7 down: the down GEMM split over K into x_out
     if PHASE_FIRST <= 7 and 7 <= PHASE_LAST:
@@ -476,6 +489,7 @@ def _denoise_layer_kernel(
                     acc += tl.dot(a, tl.trans(tl.load(wd_ptr + n[:, None] * F + ks[None, :])))
                 tl.atomic_add(xout_ptr + rows[:, None] * W + n[None, :], acc, mask=row_ok[:, None], sem="relaxed",
                               scope="gpu")
+    _stamp(stamp_ptr, STAMP_SLOTS - 1, STAMPS)
 
 
 @dataclass(frozen=True)
@@ -512,6 +526,16 @@ class LayerConfig:
                    bn_d=min(cls.bn_d, width), ks_d=max(bk, min(cls.ks_d, mlp)), rb=min(ROPE_BLOCK, head_dim // 2))
 
 
+def grid_programs(width: int, heads: int, head_dim: int, mlp: int, splits: int, cfg: LayerConfig,
+                  sms: int | None) -> int:
+    """The launcher's default grid: as many programs as the largest phase has items, at most cfg.per_sm per SM
+    (sms None: no limit, the interpreter)."""
+    items = max(width // cfg.bk, (heads + 2) * (head_dim // 2 // cfg.rb), heads * splits,
+                heads * max(head_dim // MERGE_CHUNK, 1), (width // cfg.bn_o) * heads, mlp // cfg.bn_gu,
+                (width // cfg.bn_d) * (mlp // cfg.ks_d))
+    return items if sms is None else min(items, sms * cfg.per_sm)
+
+
 def _check(residual, x_prev, tables, weights, k_cache, v_cache, heads, cfg: LayerConfig) -> tuple[int, ...]:
     S, W = residual.shape
     dh = k_cache.shape[-1]
@@ -541,7 +565,7 @@ def denoise_layer(residual: torch.Tensor, x_prev: torch.Tensor | None, x_out: to
                   scratch: DenoiseLayerScratch, launch: int, heads: int, q_scale: float, eps: float = 1e-6,
                   grid_sync: bool = True, programs: int | None = None, cfg: LayerConfig | None = None,
                   prefetch: bool = False, next_qkv: torch.Tensor | None = None,
-                  phases: tuple[int, int] | None = None) -> torch.Tensor:
+                  phases: tuple[int, int] | None = None, stamps: torch.Tensor | None = None) -> torch.Tensor:
     """Triton launcher; denoise_layer_reference's contract: residual (S, W) fp32 updated in place to h2, the cache
     rows [P, P + S) written, x_out (S, W) fp32 <- the down output. x_prev: the previous layer's x_out or None.
     launch: this launch's barrier counter (scratch.counters[launch], zero before it). prefetch (NVIDIA sm90+): when
@@ -550,19 +574,17 @@ def denoise_layer(residual: torch.Tensor, x_prev: torch.Tensor | None, x_out: to
     layer's). phases: (first, last) indices into PHASES: only those, in one launch (for timing them; what the
     others write is left as it was). programs: the grid (default: the GPU's SM count, at most the largest phase's
     items); with grid_sync every program must be resident at once, so it may not exceed the SM count.
-    Returns x_out."""
+    stamps: an int64 (programs, 16) tensor (NVIDIA; phase_stamps_us reads it): each program writes the GPU's
+    global timer at its start, at each barrier (its work done, the barrier passed) and at its end. Returns x_out."""
     if cfg is None:
         cfg = LayerConfig.fit(residual.shape[1], weights.down.shape[1], k_cache.shape[-1])
     S, W, dh, F = _check(residual, x_prev, tables, weights, k_cache, v_cache, heads, cfg)
     P = key_bias.shape[0]
     splits = scratch.splits
     keys_per_split = triton.cdiv(triton.cdiv(P + S, splits), cfg.block_keys) * cfg.block_keys
-    items = max(W // cfg.bk, (heads + 2) * (dh // 2 // cfg.rb), heads * splits,
-                heads * max(dh // MERGE_CHUNK, 1), (W // cfg.bn_o) * heads, F // cfg.bn_gu,
-                (W // cfg.bn_d) * (F // cfg.ks_d))
     sms = torch.cuda.get_device_properties(residual.device).multi_processor_count if residual.is_cuda else None
     if programs is None:
-        programs = items if sms is None else min(items, sms * cfg.per_sm)
+        programs = grid_programs(W, heads, dh, F, splits, cfg, sms)
     if grid_sync and (INTERPRETED or not residual.is_cuda):
         raise ValueError("denoise_layer: grid_sync needs a GPU (the interpreter runs programs one by one)")
     if grid_sync and sms is not None and programs > sms * cfg.per_sm:
@@ -573,19 +595,23 @@ def denoise_layer(residual: torch.Tensor, x_prev: torch.Tensor | None, x_out: to
     next_qkv = weights.qkv if next_qkv is None else next_qkv
     if next_qkv.shape != weights.qkv.shape or next_qkv.dtype != weights.qkv.dtype:
         raise ValueError("denoise_layer: next_qkv must be shaped like this layer's QKV weight")
+    if stamps is not None and (stamps.dtype != torch.int64 or not stamps.is_cuda
+                               or tuple(stamps.shape) != (programs, int(STAMP_SLOTS))):
+        raise ValueError(f"denoise_layer: stamps must be an int64 CUDA tensor ({programs}, {int(STAMP_SLOTS)})")
     gate0 = tables.gate0 if tables.gate0 is not None else tables.gate1
     args = (residual, scratch.h1, x_prev if x_prev is not None else residual, x_out, scratch.o_acc, scratch.xs,
             scratch.ssq, gate0, tables.scale1p_1, tables.gate1, tables.scale1p_2, tables.bias_qkv, tables.bias_gu,
             weights.qkv, weights.o, weights.gate_up, weights.down,
             k_cache, v_cache, scratch.q, scratch.attn, scratch.part_acc, scratch.part_ml, scratch.act,
             pos, cos, sin, key_bias, visible, scratch.counters[launch:], scratch.errors, scratch.head_counters,
+            stamps if stamps is not None else scratch.errors,
             weights.o.data_ptr(), weights.gate_up.data_ptr(), weights.down.data_ptr(), next_qkv.data_ptr(),
             S, P, eps, q_scale, k_cache.stride(0))
     consts = dict(GRID_SYNC=grid_sync, HAS_X=x_prev is not None, W=W, H=heads, DH=dh, F=F,
                   BLOCK_R=block_rows(S), SPLITS=splits, BK=cfg.bk, BKW=cfg.bk_wide, BN_O=cfg.bn_o, BN_GU=cfg.bn_gu,
                   BN_D=cfg.bn_d, KS_D=cfg.ks_d, BLOCK_KEYS=cfg.block_keys, RB=cfg.rb, NPROG=programs,
                   KEYS_PER_SPLIT=keys_per_split, PREFETCH=prefetch, ESIZE=weights.qkv.element_size(),
-                  MERGE_IN_ATTENTION=cfg.merge_in_attention,
+                  MERGE_IN_ATTENTION=cfg.merge_in_attention, STAMPS=stamps is not None,
                   num_warps=cfg.num_warps)
     if phases is not None:
         _denoise_layer_kernel[(programs,)](*args, PHASE_FIRST=phases[0], PHASE_LAST=phases[1], **consts)
@@ -597,5 +623,24 @@ def denoise_layer(residual: torch.Tensor, x_prev: torch.Tensor | None, x_out: to
     return x_out
 
 
-__all__ = ["PHASES", "barriers_per_launch", "denoise_layer_phases", "DenoiseLayerScratch", "LayerConfig",
-           "LayerTables", "LayerWeights", "block_rows", "denoise_layer", "denoise_layer_reference", "fold_shift"]
+def phase_stamps_us(stamps: torch.Tensor, merge_in_attention: bool = False) -> dict[str, float]:
+    """One grid launch's stamps (denoise_layer's `stamps`) as its critical path, us: per phase, from the last
+    program's release of the barrier before it (the launch's first start for the first phase) to the last
+    program's arrival at the barrier after it (its end for the last phase), and per barrier from the last arrival
+    to the last release."""
+    t = stamps.double().cpu()
+    phases = [i for i, name in enumerate(PHASES) if not (merge_in_attention and name == "merge")]
+    out, ready = {}, t[:, 0].min()
+    for j, i in enumerate(phases):
+        last = j == len(phases) - 1
+        done = t[:, -1].max() if last else t[:, 1 + 2 * i].max()
+        out[PHASES[i]] = float(done - ready) / 1e3
+        if not last:
+            ready = t[:, 2 + 2 * i].max()
+            out[f"barrier after {PHASES[i]}"] = float(ready - done) / 1e3
+    return out
+
+
+__all__ = ["PHASES", "DenoiseLayerScratch", "LayerConfig", "LayerTables", "LayerWeights", "barriers_per_launch",
+           "block_rows", "denoise_layer", "denoise_layer_phases", "denoise_layer_reference", "fold_shift",
+           "grid_programs", "phase_stamps_us"]

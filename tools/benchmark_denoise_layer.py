@@ -59,6 +59,7 @@ def phase_breakdown(out_dir: str, launches: int = 18, replays: int = 20) -> None
         S, P, W, H, dh, F, True, seed=3)
     x_out = torch.empty_like(residual)
     results: dict[str, dict[str, float]] = {}
+    inside: dict[str, dict[str, float]] = {}
     for name, change in BREAKDOWN_CONFIGS.items():
         change = dict(change)
         splits = change.pop("splits", 8)
@@ -86,7 +87,18 @@ def phase_breakdown(out_dir: str, launches: int = 18, replays: int = 20) -> None
             del graph
         row["barrier errors"] = int(scratch.errors.item())
         results[name] = row
-        print(name, row, flush=True)
+        # inside one grid launch: the critical path per phase and barrier from the programs' time stamps
+        programs = K.grid_programs(W, H, dh, F, splits, cfg, torch.cuda.get_device_properties(0).multi_processor_count)
+        stamps = torch.zeros(programs, 16, device="cuda", dtype=torch.int64)
+        per_launch = []
+        for j in range(replays):
+            scratch.counters.zero_()
+            K.denoise_layer(residual, x_prev, x_out, tables, weights, kc, vc, pos, cos, sin, key_bias, visible,
+                            scratch, 0, H, dh ** -0.5, cfg=cfg, grid_sync=True, stamps=stamps)
+            torch.cuda.synchronize()
+            per_launch.append(K.phase_stamps_us(stamps, cfg.merge_in_attention))
+        inside[name] = {k: float(np.median([p[k] for p in per_launch])) for k in per_launch[0]}
+        print(name, row, inside[name], flush=True)
     info = env_info()
     labels = list(next(iter(results.values())))
     lines = [f"# kernels/denoise_layer.py, phase by phase: {torch.cuda.get_device_name()}", "",
@@ -97,7 +109,16 @@ def phase_breakdown(out_dir: str, launches: int = 18, replays: int = 20) -> None
     for label in labels:
         lines.append(f"| {label} | " + " | ".join(f"{results[c][label]:.2f}" if isinstance(results[c][label], float)
                                                   else str(results[c][label]) for c in results) + " |")
-    write_report(out_dir, "denoise_layer_phases", {"env": info, "us_per_launch": results}, lines)
+    lines += ["", "Inside one grid launch (launched alone, its programs' global-timer stamps; median of "
+              f"{replays} launches), us of critical path per phase (from the last program's release of the barrier "
+              "before it to the last arrival at the barrier after it) and per barrier (last arrival to last "
+              "release); the timer's resolution is the GPU's:", "",
+              "| | " + " | ".join(inside) + " |", "|---|" + "---|" * len(inside)]
+    for key in dict.fromkeys(k for row in inside.values() for k in row):
+        lines.append(f"| {key} | " + " | ".join(f"{inside[c][key]:.2f}" if key in inside[c] else "" for c in inside)
+                     + " |")
+    write_report(out_dir, "denoise_layer_phases", {"env": info, "us_per_launch": results,
+                                                   "inside_grid_launch_us": inside}, lines)
 
 
 def main() -> None:

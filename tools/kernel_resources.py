@@ -230,7 +230,8 @@ DENOISE_LAYER_SIGNATURE = {
     **{n: "*bf16" for n in ("wqkv_ptr", "wo_ptr", "wgu_ptr", "wd_ptr", "k_ptr", "v_ptr", "q_ptr", "attn_ptr")},
     "pacc_ptr": "*fp32", "pml_ptr": "*fp32", "act_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*fp32",
     "sin_ptr": "*fp32", "kbias_ptr": "*fp32", "vis_ptr": "*i32", "counter_ptr": "*i32", "err_ptr": "*i32",
-    "head_cnt_ptr": "*i32", "wo_addr": "i64", "wgu_addr": "i64", "wd_addr": "i64", "wqkv_next_addr": "i64",
+    "head_cnt_ptr": "*i32", "stamp_ptr": "*i64",
+    "wo_addr": "i64", "wgu_addr": "i64", "wd_addr": "i64", "wqkv_next_addr": "i64",
     "R": "i32", "P": "i32", "eps": "fp32", "q_scale": "fp32", "stride_kv": "i32"}
 
 
@@ -245,7 +246,8 @@ def denoise_layer_configs(rows: int = 10, prefix: int = 560) -> list[KernelConfi
     base = {"HAS_X": True, "W": width, "H": heads, "DH": dh, "F": mlp, "BLOCK_R": dl.block_rows(rows),
             "SPLITS": splits, "BK": cfg.bk, "BKW": cfg.bk_wide, "BN_O": cfg.bn_o, "BN_GU": cfg.bn_gu,
             "BN_D": cfg.bn_d, "KS_D": cfg.ks_d, "BLOCK_KEYS": cfg.block_keys, "RB": cfg.rb, "NPROG": 128,
-            "KEYS_PER_SPLIT": keys, "ESIZE": 2, "PREFETCH": False, "MERGE_IN_ATTENTION": False}
+            "KEYS_PER_SPLIT": keys, "ESIZE": 2, "PREFETCH": False, "MERGE_IN_ATTENTION": False,
+            "STAMPS": False}
     addrs = ("P", "stride_kv", "wo_addr", "wgu_addr", "wd_addr", "wqkv_next_addr")
     grid = {**base, "PHASE_FIRST": 0, "PHASE_LAST": len(dl.PHASES) - 1, "GRID_SYNC": True}
     out = [KernelConfig(f"denoise layer (all phases, grid barriers{', L2 prefetch' if pf else ''})",
@@ -254,6 +256,8 @@ def denoise_layer_configs(rows: int = 10, prefix: int = 560) -> list[KernelConfi
     out.append(KernelConfig("denoise layer (all phases, grid barriers, merge in the attention phase)",
                             dl._denoise_layer_kernel, DENOISE_LAYER_SIGNATURE,
                             {**grid, "MERGE_IN_ATTENTION": True}, cfg.num_warps, 3, addrs))
+    out.append(KernelConfig("denoise layer (all phases, grid barriers, time stamps)", dl._denoise_layer_kernel,
+                            DENOISE_LAYER_SIGNATURE, {**grid, "STAMPS": True}, cfg.num_warps, 3, addrs))
     two = dl.LayerConfig(bn_o=32, bn_gu=16, bn_d=32, per_sm=2)                  # 256 programs, 16 key splits
     out.append(KernelConfig("denoise layer (all phases, grid barriers, two programs per SM)",
                             dl._denoise_layer_kernel, DENOISE_LAYER_SIGNATURE,

@@ -879,9 +879,17 @@ def test_denoise_layer(form, has_x):
         kc[P:P + S] = float("nan")
         vc[P:P + S] = float("nan")
         x_out = _poison(torch.empty(S, W, device=DEVICE))
+        stamps = None
+        if form == "grid" and launch == 1:            # the second launch also stamps its phases (the same results)
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            stamps = torch.zeros(K.grid_programs(W, H, dh, F, splits, cfg, sms), 16, device=DEVICE, dtype=torch.int64)
         got = K.denoise_layer(res, x_prev, x_out, tables, weights, kc, vc, pos, cos, sin, key_bias, visible, scratch,
                               launch, H, dh ** -0.5, grid_sync=base != "phases", cfg=cfg,
-                              prefetch=base == "grid_prefetch")
+                              prefetch=base == "grid_prefetch", stamps=stamps)
+        if stamps is not None:                        # every program stamped its 16 slots in order
+            assert (stamps > 0).all() and (stamps[:, 1:] >= stamps[:, :-1]).all()
+            path = K.phase_stamps_us(stamps)
+            assert len(path) == 2 * len(K.denoise_layer_phases()) - 1 and all(0 <= us < 1e4 for us in path.values())
         assert got is x_out
         assert int(scratch.errors.item()) == 0, "a grid barrier gave up waiting"
         # the kernel rounds h * scale1p to bf16 before its GEMMs, the reference the normalized row: both bf16-exact
