@@ -266,6 +266,23 @@ def _pair_gemm(x_ptr, w_ptr, rows, row_ok, n1, n2, K: tl.constexpr, BK: tl.const
 
 
 @triton.jit
+def _wo_tile(wo_ptr, t, H: tl.constexpr, DH: tl.constexpr, W: tl.constexpr, BN_O: tl.constexpr):
+    """The O weight tile of O item t (output columns (t // H) * BN_O.., head t % H's inputs): (BN_O, DH)."""
+    n = (t // H) * BN_O + tl.arange(0, BN_O)
+    ok = t < (W // BN_O) * H
+    return tl.load(wo_ptr + n[:, None] * (H * DH) + (t % H) * DH + tl.arange(0, DH)[None, :], mask=ok, other=0.0)
+
+
+@triton.jit
+def _wd_tile(wd_ptr, t, W: tl.constexpr, F: tl.constexpr, BN_D: tl.constexpr, KS_D: tl.constexpr):
+    """The down weight tile of down item t (output columns, one K split): (BN_D, KS_D)."""
+    KSPLITS: tl.constexpr = F // KS_D
+    n = (t // KSPLITS) * BN_D + tl.arange(0, BN_D)
+    ks = (t % KSPLITS) * KS_D + tl.arange(0, KS_D)
+    return tl.load(wd_ptr + n[:, None] * F + ks[None, :], mask=t < (W // BN_D) * KSPLITS, other=0.0)
+
+
+@triton.jit
 def _merge_head_columns(pml_ptr, pacc_ptr, attn_ptr, h, first, rows, row_ok, H: tl.constexpr, DH: tl.constexpr,
                         SPLITS: tl.constexpr, BLOCK_R: tl.constexpr, MC: tl.constexpr):
     """Head h's key splits merged for the head-dim columns [first, first + MC): the softmax over all keys from each
@@ -304,7 +321,7 @@ def _denoise_layer_kernel(
         SPLITS: tl.constexpr, BK: tl.constexpr, BKW: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
         BN_D: tl.constexpr, KS_D: tl.constexpr, BLOCK_KEYS: tl.constexpr, RB: tl.constexpr, NPROG: tl.constexpr,
         KEYS_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr = False, ESIZE: tl.constexpr = 2,
-        MERGE_IN_ATTENTION: tl.constexpr = False, STAMPS: tl.constexpr = False):
+        MERGE_IN_ATTENTION: tl.constexpr = False, STAMPS: tl.constexpr = False, PRELOAD: tl.constexpr = False):
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_R)
     row_ok = rows < R
@@ -361,6 +378,8 @@ def _denoise_layer_kernel(
 
     # ---- 2 attention, one (head, key split) per program
     if PHASE_FIRST <= 2 and 2 <= PHASE_LAST:
+        if PRELOAD and 4 <= PHASE_LAST:   # this program's O tile, in registers until the O phase (one O item each)
+            wo_tile = _wo_tile(wo_ptr, pid, H, DH, W, BN_O)
         if PREFETCH:                  # this program's O and gate/up tiles, while the attention leaves HBM idle
             for rnd in range(0, _rounds((W // BN_O) * H, NPROG)):
                 t = pid + rnd * NPROG
@@ -423,7 +442,17 @@ def _denoise_layer_kernel(
             _grid_sync(counter_ptr, err_ptr, NPROG * 4, stamp_ptr, 3, STAMPS)
 
     # ---- 4 o: the O GEMM split over the heads into o_acc
-    if PHASE_FIRST <= 4 and 4 <= PHASE_LAST:
+    if PHASE_FIRST <= 4 and 4 <= PHASE_LAST and PRELOAD:
+        if PHASE_FIRST > 2:                                  # a launch without the attention phase: load it now
+            wo_tile = _wo_tile(wo_ptr, pid, H, DH, W, BN_O)
+        if pid < (W // BN_O) * H:
+            a = tl.load(attn_ptr + rows[:, None] * (H * DH) + (pid % H) * DH + tl.arange(0, DH)[None, :],
+                        mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+            out = tl.dot(a, tl.trans(wo_tile))
+            n = (pid // H) * BN_O + tl.arange(0, BN_O)
+            tl.atomic_add(oacc_ptr + rows[:, None] * W + n[None, :], out, mask=row_ok[:, None], sem="relaxed",
+                          scope="gpu")
+    if PHASE_FIRST <= 4 and 4 <= PHASE_LAST and not PRELOAD:
         for rnd in range(0, _rounds((W // BN_O) * H, NPROG)):
             t = pid + rnd * NPROG
             if t < (W // BN_O) * H:
@@ -454,6 +483,8 @@ def _denoise_layer_kernel(
 
     # ---- 6 gate_up: the gate/up GEMM, GeGLU
     if PHASE_FIRST <= 6 and 6 <= PHASE_LAST:
+        if PRELOAD and 7 <= PHASE_LAST:   # this program's down tile, in registers until the down phase
+            wd_tile = _wd_tile(wd_ptr, pid, W, F, BN_D, KS_D)
         for rnd in range(0, _rounds(F // BN_GU, NPROG)):
             t = pid + rnd * NPROG
             if t < F // BN_GU:
@@ -476,19 +507,31 @@ def _denoise_layer_kernel(
                 n = (t // SUBS) * DH + (t % SUBS) * RB + tl.arange(0, RB)
                 prefetch_rows_l2(wqkv_next_addr, W * ESIZE, W * ESIZE, n, t < (H + 2) * SUBS)
                 prefetch_rows_l2(wqkv_next_addr, W * ESIZE, W * ESIZE, n + HALF, t < (H + 2) * SUBS)
-        for rnd in range(0, _rounds((W // BN_D) * KSPLITS, NPROG)):
-            t = pid + rnd * NPROG
-            if t < (W // BN_D) * KSPLITS:
-                n = (t // KSPLITS) * BN_D + tl.arange(0, BN_D)
-                k_first = (t % KSPLITS) * KS_D
-                acc = tl.zeros([BLOCK_R, BN_D], tl.float32)
-                for kk in range(0, KS_D, BK):
-                    ks = k_first + kk + tl.arange(0, BK)
-                    a = tl.load(act_ptr + rows[:, None] * F + ks[None, :], mask=row_ok[:, None], other=0.0,
-                                cache_modifier=".cg")
-                    acc += tl.dot(a, tl.trans(tl.load(wd_ptr + n[:, None] * F + ks[None, :])))
+        if PRELOAD:
+            if PHASE_FIRST > 6:                              # a launch without the gate/up phase: load it now
+                wd_tile = _wd_tile(wd_ptr, pid, W, F, BN_D, KS_D)
+            if pid < (W // BN_D) * KSPLITS:
+                ks = (pid % KSPLITS) * KS_D + tl.arange(0, KS_D)
+                a = tl.load(act_ptr + rows[:, None] * F + ks[None, :], mask=row_ok[:, None], other=0.0,
+                            cache_modifier=".cg")
+                acc = tl.dot(a, tl.trans(wd_tile))
+                n = (pid // KSPLITS) * BN_D + tl.arange(0, BN_D)
                 tl.atomic_add(xout_ptr + rows[:, None] * W + n[None, :], acc, mask=row_ok[:, None], sem="relaxed",
                               scope="gpu")
+        if not PRELOAD:
+            for rnd in range(0, _rounds((W // BN_D) * KSPLITS, NPROG)):
+                t = pid + rnd * NPROG
+                if t < (W // BN_D) * KSPLITS:
+                    n = (t // KSPLITS) * BN_D + tl.arange(0, BN_D)
+                    k_first = (t % KSPLITS) * KS_D
+                    acc = tl.zeros([BLOCK_R, BN_D], tl.float32)
+                    for kk in range(0, KS_D, BK):
+                        ks = k_first + kk + tl.arange(0, BK)
+                        a = tl.load(act_ptr + rows[:, None] * F + ks[None, :], mask=row_ok[:, None], other=0.0,
+                                    cache_modifier=".cg")
+                        acc += tl.dot(a, tl.trans(tl.load(wd_ptr + n[:, None] * F + ks[None, :])))
+                    tl.atomic_add(xout_ptr + rows[:, None] * W + n[None, :], acc, mask=row_ok[:, None], sem="relaxed",
+                                  scope="gpu")
     _stamp(stamp_ptr, STAMP_SLOTS - 1, STAMPS)
 
 
@@ -502,9 +545,12 @@ class LayerConfig:
     the end of the attention phase (an atomic count per head), so the merge phase and its barrier drop out.
     per_sm: programs per SM with grid barriers (2: twice the programs, so smaller tiles have more weight bytes in
     flight; every program must still be resident at once: the kernel's registers and shared memory must allow it).
-    merge_in_attention and per_sm=2 are written after session 15's device time and not yet measured. Defaults, for
-    pi0.5's expert (W 1024, H 8, Dh 256, F 4096): 8 norm
-    chunks, 80 QKV tiles, 64 attention items (8 key splits), 32 merge items, 128 O, gate/up and down tiles."""
+    preload: each program loads its O tile into registers when the attention phase starts and its down tile when
+    the gate/up phase starts, so those weights arrive before the barriers (one O and one down item per program:
+    the grid must cover them; with per_sm=2's halved tiles they are 16 and 32 KB).
+    merge_in_attention, per_sm=2 and preload are written after session 15's device time and not yet measured.
+    Defaults, for pi0.5's expert (W 1024, H 8, Dh 256, F 4096): 8 norm chunks, 80 QKV tiles, 64 attention items
+    (8 key splits), 32 merge items, 128 O, gate/up and down tiles."""
 
     bk: int = 128
     bk_wide: int = 256
@@ -517,6 +563,7 @@ class LayerConfig:
     rb: int = ROPE_BLOCK
     merge_in_attention: bool = False
     per_sm: int = 1
+    preload: bool = False
 
     @classmethod
     def fit(cls, width: int, mlp: int, head_dim: int) -> "LayerConfig":
@@ -585,6 +632,8 @@ def denoise_layer(residual: torch.Tensor, x_prev: torch.Tensor | None, x_out: to
     sms = torch.cuda.get_device_properties(residual.device).multi_processor_count if residual.is_cuda else None
     if programs is None:
         programs = grid_programs(W, heads, dh, F, splits, cfg, sms)
+    if cfg.preload and programs < max((W // cfg.bn_o) * heads, (W // cfg.bn_d) * (F // cfg.ks_d)):
+        raise ValueError(f"denoise_layer: preload needs a program per O and down item; {programs} programs")
     if grid_sync and (INTERPRETED or not residual.is_cuda):
         raise ValueError("denoise_layer: grid_sync needs a GPU (the interpreter runs programs one by one)")
     if grid_sync and sms is not None and programs > sms * cfg.per_sm:
@@ -611,7 +660,7 @@ def denoise_layer(residual: torch.Tensor, x_prev: torch.Tensor | None, x_out: to
                   BLOCK_R=block_rows(S), SPLITS=splits, BK=cfg.bk, BKW=cfg.bk_wide, BN_O=cfg.bn_o, BN_GU=cfg.bn_gu,
                   BN_D=cfg.bn_d, KS_D=cfg.ks_d, BLOCK_KEYS=cfg.block_keys, RB=cfg.rb, NPROG=programs,
                   KEYS_PER_SPLIT=keys_per_split, PREFETCH=prefetch, ESIZE=weights.qkv.element_size(),
-                  MERGE_IN_ATTENTION=cfg.merge_in_attention, STAMPS=stamps is not None,
+                  MERGE_IN_ATTENTION=cfg.merge_in_attention, STAMPS=stamps is not None, PRELOAD=cfg.preload,
                   num_warps=cfg.num_warps)
     if phases is not None:
         _denoise_layer_kernel[(programs,)](*args, PHASE_FIRST=phases[0], PHASE_LAST=phases[1], **consts)

@@ -34,14 +34,27 @@ from tools.denoise_timing import (ab_cells, add_weight_args, cosine, denoise_act
 
 # the engine's forms: ops.denoise_layer, and for the layer kernel's configurations written after session 15
 # (ops.denoise_layer_config / ops.denoise_layer_splits) "grid" with them
-FORMS = ("separate", "grid_prefetch", "grid", "phases", "grid+merge_in_attention", "grid+per_sm2")
+FORMS = ("separate", "grid_prefetch", "grid", "phases", "grid+merge_in_attention", "grid+per_sm2",
+         "grid+per_sm2+merge_in_attention+preload")
 
 
 # Session 15 measured the defaults against 128 / 512-wide K steps for QKV and gate/up and 4 / 16 key splits
 # (docs/benchmarks/denoise_layer_phases_h200_2026-12-01_v3.md); these are the forms written after it.
 _TWO_PER_SM = {"bn_o": 32, "bn_gu": 16, "bn_d": 32, "per_sm": 2, "splits": 16}
-BREAKDOWN_CONFIGS = {"default": {}, "merge_in_attention": {"merge_in_attention": True}, "per_sm2": _TWO_PER_SM,
-                     "per_sm2_merge": {**_TWO_PER_SM, "merge_in_attention": True}}
+_FLAGS = {"merge_in_attention": {"merge_in_attention": True}, "per_sm2": _TWO_PER_SM, "preload": {"preload": True}}
+
+
+def config_change(flags: str) -> dict:
+    """LayerConfig fields (and "splits", the scratch's key splits) of "+"-joined flags, e.g. "per_sm2+preload"."""
+    change: dict = {}
+    for flag in filter(None, flags.split("+")):
+        change.update(_FLAGS[flag])
+    return change
+
+
+BREAKDOWN_CONFIGS = {name or "default": config_change(name) for name in
+                     ("", "merge_in_attention", "per_sm2", "per_sm2+merge_in_attention",
+                      "per_sm2+merge_in_attention+preload")}
 
 
 def phase_breakdown(out_dir: str, launches: int = 18, replays: int = 20) -> None:
@@ -144,17 +157,15 @@ def main() -> None:
     from flashrt_core.engine.kernel_import import load_kernels
     K = load_kernels()
     fitted = K.LayerConfig.fit(cfg.expert.width, cfg.expert.mlp_dim, cfg.expert.head_dim).__dict__
-    configs = {"grid+merge_in_attention": ({**fitted, "merge_in_attention": True}, 8),
-               "grid+per_sm2": ({**fitted, **{k: v for k, v in _TWO_PER_SM.items() if k != "splits"}},
-                                _TWO_PER_SM["splits"])}
     inputs = {}
 
     def use(form: str):
         """Set the engine's ops to `form`; its denoise inputs (one workspace per scratch shape, same seed)."""
-        base, _, _ = form.partition("+")
+        base, _, flags = form.partition("+")
         ops.denoise_layer = base
-        layer_cfg, splits = configs.get(form, (None, 8))
-        ops.denoise_layer_config = None if layer_cfg is None else K.LayerConfig(**layer_cfg)
+        change = config_change(flags)
+        splits = change.pop("splits", 8)
+        ops.denoise_layer_config = K.LayerConfig(**{**fitted, **change}) if change else None
         ops.denoise_layer_splits = splits
         if splits not in inputs:              # a workspace whose scratch has that many key splits (made while a
             ops.denoise_layer = "grid"         # layer form is set: the separate form's workspace would have none)

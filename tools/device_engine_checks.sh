@@ -12,7 +12,8 @@
 #   OUT=/path bash tools/device_engine_checks.sh load         # engine load: tuning cache off / stored / read, ~1.5 min
 #   OUT=/path bash tools/device_engine_checks.sh buckets      # replay time per text bucket, bf16 and FP8, ~4.5 min
 #   OUT=/path bash tools/device_engine_checks.sh host         # Policy.predict's host and GPU segments, ~5 min
-#   OUT=/path bash tools/device_engine_checks.sh layer        # the persistent expert layer: tests, A/B, gates
+#   OUT=/path bash tools/device_engine_checks.sh layer        # the persistent expert layer: tests, timings, ~6 min
+#   OUT=/path bash tools/device_engine_checks.sh layer-gates  # its three accuracy gates, ~3.5 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
 # The times were measured in sessions 12-13 (all but gemms and fp8-scopes) or estimated: the
@@ -56,9 +57,9 @@
 #   measured `--host-waits sync poll` and `--spin-sweep` here.
 # layer: kernels/denoise_layer.py (opt-in: each pi0.5 expert layer in one persistent launch): its kernel tests
 #   (pytest_layer_kernel.log), each phase timed alone in several tile configurations (denoise_layer_phases_*,
-#   denoise_layer_phases.log), the whole denoise against the separate kernels in one engine
-#   (tools/benchmark_denoise_layer.py --random-init: denoise_layer_*.json/.md, denoise_layer.log) and its three
-#   accuracy gates (pytest_layer_gates.log).
+#   denoise_layer_phases.log) and the whole denoise against the separate kernels in one engine
+#   (tools/benchmark_denoise_layer.py --random-init: denoise_layer_*.json/.md, denoise_layer.log); layer-gates:
+#   its three accuracy gates (pytest_layer_gates.log).
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
 #   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
@@ -145,14 +146,17 @@ fi
 
 if [ "$PART" = layer ]; then          # not in "all": kernels/denoise_layer.py (opt-in)
   # its kernel tests first (a grid barrier that never completes gives up after ~4 s per barrier: the time limit
-  # bounds a hang), then the denoise A/B in one engine, then its accuracy gates
+  # bounds a hang), then each phase timed alone, then the denoise A/B in one engine (the gates: layer-gates)
   timeout 240 "$PY" -m pytest -v test/gpu/test_kernels.py -k denoise_layer > "$OUT/pytest_layer_kernel.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_layer_kernel.log"
-  timeout 150 "$PY" tools/benchmark_denoise_layer.py --phase-breakdown --out "$OUT" > "$OUT/denoise_layer_phases.log" 2>&1
+  timeout 240 "$PY" tools/benchmark_denoise_layer.py --phase-breakdown --out "$OUT" > "$OUT/denoise_layer_phases.log" 2>&1
   echo "benchmark_denoise_layer --phase-breakdown rc=$?" >> "$OUT/denoise_layer_phases.log"
   timeout 240 "$PY" tools/benchmark_denoise_layer.py --random-init --out "$OUT" > "$OUT/denoise_layer.log" 2>&1
   echo "benchmark_denoise_layer rc=$?" >> "$OUT/denoise_layer.log"
-  timeout 300 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py -k "accuracy_gate and denoise_layer" \
+fi
+
+if [ "$PART" = layer-gates ]; then    # not in "all": the persistent layer's three accuracy gates, ~3.5 min
+  timeout 400 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py -k "accuracy_gate and denoise_layer" \
     > "$OUT/pytest_layer_gates.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_layer_gates.log"
 fi

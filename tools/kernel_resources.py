@@ -247,7 +247,7 @@ def denoise_layer_configs(rows: int = 10, prefix: int = 560) -> list[KernelConfi
             "SPLITS": splits, "BK": cfg.bk, "BKW": cfg.bk_wide, "BN_O": cfg.bn_o, "BN_GU": cfg.bn_gu,
             "BN_D": cfg.bn_d, "KS_D": cfg.ks_d, "BLOCK_KEYS": cfg.block_keys, "RB": cfg.rb, "NPROG": 128,
             "KEYS_PER_SPLIT": keys, "ESIZE": 2, "PREFETCH": False, "MERGE_IN_ATTENTION": False,
-            "STAMPS": False}
+            "STAMPS": False, "PRELOAD": False}
     addrs = ("P", "stride_kv", "wo_addr", "wgu_addr", "wd_addr", "wqkv_next_addr")
     grid = {**base, "PHASE_FIRST": 0, "PHASE_LAST": len(dl.PHASES) - 1, "GRID_SYNC": True}
     out = [KernelConfig(f"denoise layer (all phases, grid barriers{', L2 prefetch' if pf else ''})",
@@ -259,11 +259,14 @@ def denoise_layer_configs(rows: int = 10, prefix: int = 560) -> list[KernelConfi
     out.append(KernelConfig("denoise layer (all phases, grid barriers, time stamps)", dl._denoise_layer_kernel,
                             DENOISE_LAYER_SIGNATURE, {**grid, "STAMPS": True}, cfg.num_warps, 3, addrs))
     two = dl.LayerConfig(bn_o=32, bn_gu=16, bn_d=32, per_sm=2)                  # 256 programs, 16 key splits
+    two_ce = {**grid, "BN_O": two.bn_o, "BN_GU": two.bn_gu, "BN_D": two.bn_d, "NPROG": 256, "SPLITS": 16,
+              "KEYS_PER_SPLIT": -(-(-(-(prefix + rows) // 16)) // cfg.block_keys) * cfg.block_keys}
     out.append(KernelConfig("denoise layer (all phases, grid barriers, two programs per SM)",
-                            dl._denoise_layer_kernel, DENOISE_LAYER_SIGNATURE,
-                            {**grid, "BN_O": two.bn_o, "BN_GU": two.bn_gu, "BN_D": two.bn_d, "NPROG": 256,
-                             "SPLITS": 16, "KEYS_PER_SPLIT": -(-(-(-(prefix + rows) // 16)) // cfg.block_keys)
-                             * cfg.block_keys}, cfg.num_warps, 3, addrs))
+                            dl._denoise_layer_kernel, DENOISE_LAYER_SIGNATURE, two_ce, cfg.num_warps, 3, addrs))
+    out.append(KernelConfig("denoise layer (all phases, grid barriers, two programs per SM, merge in the attention "
+                            "phase, O and down tiles loaded a phase ahead)", dl._denoise_layer_kernel,
+                            DENOISE_LAYER_SIGNATURE, {**two_ce, "MERGE_IN_ATTENTION": True, "PRELOAD": True},
+                            cfg.num_warps, 3, addrs))
     for i, phase in enumerate(dl.PHASES):
         out.append(KernelConfig(f"denoise layer (phase {phase} alone)", dl._denoise_layer_kernel,
                                 DENOISE_LAYER_SIGNATURE, {**base, "PHASE_FIRST": i, "PHASE_LAST": i,

@@ -7,6 +7,7 @@ Outputs are poisoned with NaN before each launch so an unwritten element fails t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -840,8 +841,9 @@ def _denoise_layer_case(S: int, P: int, W: int, H: int, dh: int, F: int, has_x: 
     return residual, x_prev, tables, weights, k_cache, v_cache, pos, cos, sin, key_bias, visible
 
 
-@pytest.mark.parametrize("form", ["phases", "phases+merge_in_attention"] if INTERPRET else
-                         ["phases", "grid", "grid_prefetch", "grid+merge_in_attention", "grid+per_sm2"])
+@pytest.mark.parametrize("form", ["phases", "phases+merge_in_attention", "phases+preload"] if INTERPRET else
+                         ["phases", "grid", "grid_prefetch", "grid+merge_in_attention", "grid+per_sm2",
+                          "grid+per_sm2+merge_in_attention+preload", "phases+preload"])
 @pytest.mark.parametrize("has_x", [False, True])
 def test_denoise_layer(form, has_x):
     """The persistent expert layer (kernels/denoise_layer.py: eight phases, grid barriers or a launch per phase)
@@ -850,22 +852,20 @@ def test_denoise_layer(form, has_x):
     suffix rows; launched twice on the same scratch (the barrier counters of two launches, no barrier gave up).
     form: a launch per phase, one launch with grid barriers, that with the L2 prefetch of the later tiles, with
     each head merged by its last split in the attention phase (head counters back at zero after each launch), and
-    with two programs per SM (halved O, gate/up and down tiles, 16 key splits)."""
-    base, _, extra = form.partition("+")
+    with two programs per SM (halved O, gate/up and down tiles, 16 key splits), and with the O and down tiles loaded
+    a phase ahead (all of them together too)."""
+    base, *extras = form.split("+")
     if base == "grid_prefetch" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("cp.async.bulk.prefetch.L2 needs an sm90+ GPU")
     if INTERPRET:
         S, P, W, H, dh, F = 3, 20, 64, 2, 32, 128
-        cfg = K.LayerConfig(bk=32, bk_wide=32, bn_o=32, bn_gu=16, bn_d=32, ks_d=64, block_keys=16,
-                            merge_in_attention=extra == "merge_in_attention")
+        cfg = K.LayerConfig(bk=32, bk_wide=32, bn_o=32, bn_gu=16, bn_d=32, ks_d=64, block_keys=16)
         splits = 4
     else:
         S, P, W, H, dh, F = 10, 560, 1024, 8, 256, 4096
-        cfg = K.LayerConfig(merge_in_attention=extra == "merge_in_attention")
-        splits = 8
-        if extra == "per_sm2":
-            cfg = K.LayerConfig(bn_o=32, bn_gu=16, bn_d=32, per_sm=2)
-            splits = 16
+        cfg = K.LayerConfig(bn_o=32, bn_gu=16, bn_d=32, per_sm=2) if "per_sm2" in extras else K.LayerConfig()
+        splits = 16 if "per_sm2" in extras else 8
+    cfg = dataclasses.replace(cfg, merge_in_attention="merge_in_attention" in extras, preload="preload" in extras)
     residual, x_prev, tables, weights, k_cache, v_cache, pos, cos, sin, key_bias, visible = _denoise_layer_case(
         S, P, W, H, dh, F, has_x, seed=S + P + int(has_x))
     want_res = residual.clone()
