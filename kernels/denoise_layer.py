@@ -466,8 +466,8 @@ def _denoise_layer_kernel(
                     out += tl.dot(a, tl.trans(tl.load(wo_ptr + n[:, None] * (H * DH) + ks[None, :])))
                 tl.atomic_add(oacc_ptr + rows[:, None] * W + n[None, :], out, mask=row_ok[:, None], sem="relaxed",
                               scope="gpu")
-        if GRID_SYNC and PHASE_LAST > 4:
-            _grid_sync(counter_ptr, err_ptr, NPROG * (5 - MERGE_IN_ATTENTION), stamp_ptr, 4, STAMPS)
+    if PHASE_FIRST <= 4 and 4 <= PHASE_LAST and GRID_SYNC and PHASE_LAST > 4:
+        _grid_sync(counter_ptr, err_ptr, NPROG * (5 - MERGE_IN_ATTENTION), stamp_ptr, 4, STAMPS)
 
     # ---- 5 norm2: h2 -> residual, xs, the sums of squares
     if PHASE_FIRST <= 5 and 5 <= PHASE_LAST:

@@ -76,3 +76,19 @@ def test_phase_stamps_become_the_critical_path():
     assert got["down"] == pytest.approx((1000 + 3000 * n + 500 - (1000 + 3000 * (n - 1) + 810)) / 1e3)
     merged = dl.phase_stamps_us(t, merge_in_attention=True)
     assert "merge" not in merged and len(merged) == 2 * n - 3
+
+
+@pytest.mark.skipif(not load_kernels().HAVE_TRITON, reason="Triton is not installed")
+def test_every_grid_form_compiles_one_barrier_arrival_per_phase_boundary():
+    """The grid forms compiled for sm90 (tools/kernel_resources.py, no GPU needed): each grid barrier is one
+    release add by one thread of each program (`atom.global.gpu.release.add.u32`), so the PTX holds exactly
+    barriers_per_launch of them. The interpreter runs a launch per phase and cannot see a barrier that a form's
+    branch leaves out (which would let a phase read another's output before it is written)."""
+    from tools.kernel_resources import compile_sm90, denoise_layer_configs
+    grids = [c for c in denoise_layer_configs() if c.constexprs["GRID_SYNC"]]
+    assert len(grids) >= 5
+    for cfg in grids:
+        ptx = compile_sm90(cfg).asm["ptx"]
+        want = dl.barriers_per_launch(dl.LayerConfig(merge_in_attention=cfg.constexprs["MERGE_IN_ATTENTION"]))
+        assert ptx.count("atom.global.gpu.release.add.u32") == want, cfg.name
+        assert ptx.count("atom.global.gpu.acq_rel.add") == (1 if cfg.constexprs["MERGE_IN_ATTENTION"] else 0), cfg.name
