@@ -192,7 +192,7 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
     # pi0.5: each step's two ends in one kernel each (kernels/denoise_step.py)
     step_ends = pi05 and ops.fused_denoise_step and len(w.action_in.parts) == 1 and w.action_in.fp8 is None
     if step_ends and ws.denoise_layer is not None and ops.denoise_layer != "separate":
-        _denoise_persistent_layers(ws, w, ops, key_bias, pos, smask)
+        _denoise_persistent_layers(ws, w, ops, key_bias, pos, x_t, residual, y)
         return
     for step, dt in enumerate(w.dts):
         if step_ends:        # input projection + the first layer's norm 1
@@ -254,18 +254,16 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
 
 
 def _denoise_persistent_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, pos: torch.Tensor,
-                               smask: KeyMask) -> None:
+                               x_t: torch.Tensor, residual: torch.Tensor, y: torch.Tensor) -> None:
     """pi0.5's denoising steps with each expert layer in one launch of kernels/denoise_layer.py (ops.denoise_layer
     "grid" or "grid_prefetch", which also prefetches the later weight tiles into L2; "phases": a launch per phase),
-    between the fused step ends. Each layer leaves its down output in x_acc[layer % 2], which the next layer (or
-    the step's end) adds with its gate."""
+    between the fused step ends; x_t, residual and y are denoise's (y takes the step-in's norm, which the layers
+    recompute). Each layer leaves its down output in x_acc[layer % 2], which the next layer (or the step's end)
+    adds with its gate."""
     e = w.config.expert
     scratch = ws.denoise_layer
     layer_weights, tables = w.denoise_layer_inputs(ops.k)
     out_w, out_b = w.action_out
-    residual = torch.empty(ws.suffix_visible.shape[0], e.width, device=key_bias.device)   # (S, We) fp32
-    y = torch.empty(residual.shape, device=residual.device, dtype=w.dtype)                 # the step-in's norm
-    x_t = ws.actions.copy_(ws.noise)
     depth = len(w.expert)
     grid_sync, prefetch = ops.denoise_layer.startswith("grid"), ops.denoise_layer == "grid_prefetch"
     scratch.reset_counters()
@@ -276,7 +274,7 @@ def _denoise_persistent_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bi
         for i in range(depth):
             x_prev = ops.k.denoise_layer(residual, x_prev, scratch.x_acc[i % 2], tables[step][i], layer_weights[i],
                                          ws.k_cache[i, 0], ws.v_cache[i, 0], pos, ws.rope_cos, ws.rope_sin,
-                                         key_bias, smask.visible, scratch, step * depth + i, e.num_heads,
+                                         key_bias, ws.suffix_visible, scratch, step * depth + i, e.num_heads,
                                          e.head_dim ** -0.5, e.eps, grid_sync=grid_sync, prefetch=prefetch,
                                          next_qkv=layer_weights[(i + 1) % depth].qkv, cfg=ops.denoise_layer_config)
         ops.denoise_step_out(x_prev, residual, w.tables.norm[step, depth - 1, 1, 2], w.tables.final[step, 0],
