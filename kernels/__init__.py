@@ -13,8 +13,9 @@ from ._triton import EARLY_TRIGGER, HAVE_TRITON, INTERPRETED
 from .ada_rms_norm import ada_rms_norm, ada_rms_norm_reference
 from .attention import (attention, attention_reference, decoder_attention, decoder_attention_reference, merge_splits,
                         merge_splits_reference)
+from .denoise_layer import PHASES as DENOISE_LAYER_PHASES
 from .denoise_layer import (DenoiseLayerScratch, LayerConfig, LayerTables, LayerWeights, barriers_per_launch,
-                            denoise_layer, denoise_layer_phases, denoise_layer_reference, fold_shift,
+                            denoise_layer, denoise_layer_reference, fold_shift,
                             grid_programs, phase_stamps_us)
 from .denoise_step import (denoise_step_in, denoise_step_in_reference, denoise_step_out,
                            denoise_step_out_reference)
@@ -37,7 +38,7 @@ __all__ = [
     "attention", "attention_reference", "decoder_attention", "decoder_attention_reference",
     "merge_splits", "merge_splits_reference",
     "DenoiseLayerScratch", "LayerConfig", "LayerTables", "LayerWeights", "barriers_per_launch", "denoise_layer",
-    "denoise_layer_phases", "denoise_layer_reference", "fold_shift", "grid_programs", "phase_stamps_us",
+    "DENOISE_LAYER_PHASES", "denoise_layer_reference", "fold_shift", "grid_programs", "phase_stamps_us",
     "denoise_step_in", "denoise_step_in_reference", "denoise_step_out", "denoise_step_out_reference",
     "euler", "euler_reference",
     "fp8_quant", "fp8_quant_reference", "fp8_quant_rows", "fp8_quant_rows_reference",

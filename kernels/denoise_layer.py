@@ -49,7 +49,8 @@ from .geglu import _K as GELU_K  # noqa: N811
 from .geglu import geglu_reference, gelu_tanh_times
 from .l2_prefetch import prefetch_rows_l2
 
-PHASES = ("norm1", "qkv", "attention", "merge", "o", "norm2", "gate_up", "down")
+PHASES = ("norm1", "qkv", "attention", "merge", "o", "norm2", "gate_up", "down")   # in order: `phases=(i, i)`
+# of the launcher runs PHASES[i] (the package exports it as DENOISE_LAYER_PHASES)
 MERGE_CHUNK = 64             # head-dim columns per program of the merge phase
 _MERGE_CHUNK = tl.constexpr(MERGE_CHUNK)
 MAX_SPINS = 1 << 22          # ~4 s of polling before a barrier gives up (and counts an error)
@@ -105,11 +106,6 @@ class DenoiseLayerScratch:
     def reset_counters(self) -> None:
         """Zero the barrier counters: once per predict, before its first layer launch (a memset in the graph)."""
         self.counters.zero_()
-
-
-def denoise_layer_phases() -> tuple[str, ...]:
-    """The kernel's phases in order (what `phases=(i, i)` of the launcher runs)."""
-    return PHASES
 
 
 def barriers_per_launch(cfg: "LayerConfig") -> int:
@@ -691,5 +687,5 @@ def phase_stamps_us(stamps: torch.Tensor, merge_in_attention: bool = False) -> d
 
 
 __all__ = ["PHASES", "DenoiseLayerScratch", "LayerConfig", "LayerTables", "LayerWeights", "barriers_per_launch",
-           "block_rows", "denoise_layer", "denoise_layer_phases", "denoise_layer_reference", "fold_shift",
+           "block_rows", "denoise_layer", "denoise_layer_reference", "fold_shift",
            "grid_programs", "phase_stamps_us"]

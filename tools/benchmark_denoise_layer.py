@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from flashrt_core.engine import EngineOptions, build_executor  # noqa: E402
 from tools.benchmark_engine import env_info  # noqa: E402
 from tools.denoise_timing import (ab_cells, add_weight_args, cosine, denoise_actions, denoise_inputs,  # noqa: E402
-                                  denoise_ms, pi05_model, write_report)
+                                  denoise_ms, pi05_model, random_layer_case, write_report)
 
 # the engine's forms: ops.denoise_layer, and for the layer kernel's configurations written after session 15
 # (ops.denoise_layer_config / ops.denoise_layer_splits) "grid" with them
@@ -65,11 +65,9 @@ def phase_breakdown(out_dir: str, launches: int = 18, replays: int = 20) -> None
     from flashrt_core.engine.graph_executor import graph_replay_ms
     from flashrt_core.engine.kernel_import import load_kernels
     K = load_kernels()
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "test" / "gpu"))
-    import test_kernels as T                       # the kernel test's random layer inputs
     S, P, W, H, dh, F = 10, 560, 1024, 8, 256, 4096
-    residual, x_prev, tables, weights, kc, vc, pos, cos, sin, key_bias, visible = T._denoise_layer_case(
-        S, P, W, H, dh, F, True, seed=3)
+    residual, x_prev, tables, weights, kc, vc, pos, cos, sin, key_bias, visible = random_layer_case(
+        S, P, W, H, dh, F, True, 3, "cuda", torch.bfloat16)
     x_out = torch.empty_like(residual)
     results: dict[str, dict[str, float]] = {}
     inside: dict[str, dict[str, float]] = {}
@@ -80,7 +78,7 @@ def phase_breakdown(out_dir: str, launches: int = 18, replays: int = 20) -> None
         scratch = K.DenoiseLayerScratch.allocate(S, W, H, dh, F, launches=launches, dtype=torch.bfloat16,
                                                  device="cuda", splits=splits)
         row = {}
-        forms = [(p, dict(grid_sync=False, phases=(i, i))) for i, p in enumerate(K.denoise_layer_phases())]
+        forms = [(p, dict(grid_sync=False, phases=(i, i))) for i, p in enumerate(K.DENOISE_LAYER_PHASES)]
         forms += [("layer, a launch per phase", dict(grid_sync=False)), ("layer, grid", dict(grid_sync=True)),
                   ("layer, grid + prefetch", dict(grid_sync=True, prefetch=True))]
         for label, kw in forms:

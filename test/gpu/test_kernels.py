@@ -812,33 +812,10 @@ def test_fp8_quant_rows():
 
 
 def _denoise_layer_case(S: int, P: int, W: int, H: int, dh: int, F: int, has_x: bool, seed: int):
-    """Random pi0.5 expert-layer inputs: weights ~ 1/sqrt(fan-in), a residual of scale ~3, ada tables near their
-    trained ranges, a prefix with some keys masked, K/V caches of P prefix rows (+ S rows the layer writes)."""
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    bf = SKINNY_DTYPE                     # the interpreter has no bf16 tl.dot: fp32 weights and caches there
-
-    def rnd(*shape, scale=1.0):
-        return torch.randn(*shape, device=DEVICE, generator=g) * scale
-
-    weights = K.LayerWeights(qkv=rnd((H + 2) * dh, W, scale=W ** -0.5).to(bf),
-                             o=rnd(W, H * dh, scale=(H * dh) ** -0.5).to(bf),
-                             gate_up=rnd(2 * F, W, scale=W ** -0.5).to(bf), down=rnd(W, F, scale=F ** -0.5).to(bf))
-    shift_1, shift_2 = rnd(W, scale=0.3), rnd(W, scale=0.3)
-    tables = K.LayerTables(gate0=rnd(W, scale=0.5) if has_x else None, scale1p_1=1 + rnd(W, scale=0.2),
-                           shift_1=shift_1, gate1=rnd(W, scale=0.5), scale1p_2=1 + rnd(W, scale=0.2),
-                           shift_2=shift_2, bias_qkv=K.fold_shift(shift_1, weights.qkv),
-                           bias_gu=K.fold_shift(shift_2, weights.gate_up))
-    residual = rnd(S, W, scale=3.0)
-    x_prev = rnd(S, W) if has_x else None
-    k_cache, v_cache = rnd(P + S + 3, dh).to(bf), rnd(P + S + 3, dh).to(bf)
-    key_bias = torch.where(torch.rand(P, device=DEVICE, generator=g) > 0.2, 0.0, float("-inf"))
-    key_bias[0] = 0.0
-    n_valid = int((key_bias == 0).sum())
-    pos = (n_valid + torch.arange(S, device=DEVICE)).to(torch.int64)
-    cos, sin = K.rope_tables(P + S + 8, dh, device=DEVICE)
-    visible = torch.full((S,), S, device=DEVICE, dtype=torch.int32)
-    visible[0] = 1                                                     # one token sees fewer suffix keys
-    return residual, x_prev, tables, weights, k_cache, v_cache, pos, cos, sin, key_bias, visible
+    """tools/denoise_timing.random_layer_case on this test's device, in its GEMM dtype (the interpreter has no bf16
+    tl.dot: fp32 weights and caches there)."""
+    from tools.denoise_timing import random_layer_case
+    return random_layer_case(S, P, W, H, dh, F, has_x, seed, DEVICE, SKINNY_DTYPE)
 
 
 @pytest.mark.parametrize("form", ["phases", "phases+merge_in_attention", "phases+preload"] if INTERPRET else
@@ -889,7 +866,7 @@ def test_denoise_layer(form, has_x):
         if stamps is not None:                        # every program stamped its 16 slots in order
             assert (stamps > 0).all() and (stamps[:, 1:] >= stamps[:, :-1]).all()
             path = K.phase_stamps_us(stamps)
-            assert len(path) == 2 * len(K.denoise_layer_phases()) - 1 and all(0 <= us < 1e4 for us in path.values())
+            assert len(path) == 2 * len(K.DENOISE_LAYER_PHASES) - 1 and all(0 <= us < 1e4 for us in path.values())
         assert got is x_out
         assert int(scratch.errors.item()) == 0, "a grid barrier gave up waiting"
         # the kernel rounds h * scale1p to bf16 before its GEMMs, the reference the normalized row: both bf16-exact
