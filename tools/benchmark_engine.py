@@ -179,7 +179,8 @@ def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
                            "vision_attention": {"choice": engine.ops.vision_attention_backend,
                                                 "timings_us": engine.ops.vision_attention_timings},
                            "timings_us": engine.ops.decoder_timings,
-                           "chain_timings_ms": engine.decoder_chain_timings}
+                           "chain_timings_ms": engine.decoder_chain_timings,
+                           "chain_starts": engine.decoder_chain_starts}
     return row
 
 

@@ -31,10 +31,11 @@
 #   kernels/prefix_attention.py, one split or two (pytest_engine_gates_forced.log).
 # Every pytest log is verbose (-v), so a part cut off by its time limit still names the tests that ran.
 # bench: pi0.5 2 views h10, bf16 and FP8 on the defaults, beside the A/B rows of the wgmma prefix attention left
-#   out of the tuning (bf16, no_prefix_attention_wgmma), of its key-split forms in the tuning (bf16,
-#   with_prefix_attention_split, opt-in) and of the vision MLP unpadded (bf16, vision_mlp_pad=0); the fused step
-#   ends, the 8-row qkv_rope, the one-pass step ends and FP8's fast accumulation were A/B-measured in sessions
-#   13-14: five engines of ~45 s load each
+#   out of the tuning (bf16, no_prefix_attention_wgmma) and of the chain tuning's first pass from three launch
+#   policies (bf16 and FP8, chain_tuning_starts=3, opt-in: its end times per start are in the rows'
+#   decoder_gemm.chain_starts); the fused step ends, the 8-row qkv_rope, the one-pass step ends, FP8's fast
+#   accumulation, the vision MLP padding and the key-split prefix attention were A/B-measured in sessions 13-15:
+#   five engines of ~45-90 s load each
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
 #   (timeline.json, timeline.log: per kernel, what runs before the vision tower, one vision layer, one denoising
 #   layer), and again with 480x640 camera frames resized inside the graph (timeline_480x640.*: the resize's cost).
@@ -110,9 +111,9 @@ if [ "$PART" = bench ] || [ "$PART" = all ]; then
   # the tuning cache outside $OUT (its files would not come back): the timelines' engines read the picks the
   # benchmark's bf16 engine measured, so they profile the same kernels and load in seconds
   export FLASHRT_TUNING_CACHE="${FLASHRT_TUNING_CACHE:-/tmp/flashrt_tuning_cache}"
-  timeout 420 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
+  timeout 450 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate \
-    --ab-switches-off prefix_attention_wgmma --ab-options vision_mlp_pad=0 with_prefix_attention_split \
+    --ab-switches-off prefix_attention_wgmma --ab-options chain_tuning_starts=3 --ab-fp8-options chain_tuning_starts=3 \
     --out-dir "$OUT" --tag device_checks \
     > "$OUT/engine.log" 2>&1
   timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \

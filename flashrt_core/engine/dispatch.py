@@ -20,6 +20,8 @@ tests and bug reports:
     FLASHRT_FP8_SCOPE=all|backbone|backbone_mlp   which wide GEMMs FP8 serves (EngineOptions.fp8_scope)
     FLASHRT_DISABLE_CHAIN_TUNING=1  pick the decoder GEMMs by their time alone, not inside the captured denoiser
     FLASHRT_CHAIN_TUNING_PASSES=N   at most N passes of the chain tuning (EngineOptions.chain_tuning_passes, 2)
+    FLASHRT_CHAIN_TUNING_STARTS=N   the chain tuning's first pass run from the N fastest launch policies, the fastest
+                                    end kept (EngineOptions.chain_tuning_starts; default 1: one start; opt-in)
     FLASHRT_DISABLE_PDL_EARLY_TRIGGER=1  no denoiser kernel releases the next one at its start (launch policy "none")
     FLASHRT_DISABLE_FP8_FUSED_QUANT=1  FP8 down GEMM inputs quantized by their own kernel, not by the GeGLU kernel
     FLASHRT_DISABLE_SMEM_GEMM=1     no shared-memory (TMA, Gluon) decoder GEMM candidates in the tuning
@@ -68,6 +70,10 @@ log = logging.getLogger(__name__)
 # how predict waits for the GPU (engine/host_wait.py): the stream's synchronize, an event polled, or an event polled
 # while the host rehearses its own steps
 HOST_WAITS = ("sync", "poll", "warm")
+
+# EngineOptions.chain_tuning_starts: one start per launch policy at most (len(ops.LAUNCH_POLICIES); a test holds
+# them equal)
+CHAIN_TUNING_MAX_STARTS = 6
 
 
 class Op(str, enum.Enum):
@@ -166,6 +172,8 @@ class EngineOptions:
     fp8_decoder_weights: bool = False        # opt-in (measured slower): weight-only E4M3 for the decoder GEMMs
     chain_tuning: bool = True                # decoder GEMM configurations timed where they run (the denoiser)
     chain_tuning_passes: int = 2             # the chain tuning repeats until a pass changes nothing, at most this
+    chain_tuning_starts: int = 1             # opt-in (not yet measured) > 1: its first pass from that many launch
+                                             # policies, the fastest end kept (graph_executor._chain_starts)
     pdl_early_trigger: bool = True           # denoiser kernels that release the next one at their start (tuned)
     fp8_fused_quant: bool = True             # FP8 path: the GeGLU kernel quantizes the down GEMM's input
     smem_gemm: bool = True                   # kernels/smem_gemm.py candidates in the decoder GEMM tuning
@@ -210,6 +218,9 @@ class EngineOptions:
             raise ValueError(f"vision_mlp_pad must be 0 (off) or a positive multiple of 8, got {self.vision_mlp_pad!r}")
         if not (isinstance(self.chain_tuning_passes, int) and 1 <= self.chain_tuning_passes <= 8):
             raise ValueError(f"chain_tuning_passes must be an int from 1 to 8, got {self.chain_tuning_passes!r}")
+        if not (isinstance(self.chain_tuning_starts, int) and 1 <= self.chain_tuning_starts <= CHAIN_TUNING_MAX_STARTS):
+            raise ValueError(f"chain_tuning_starts must be an int from 1 to {CHAIN_TUNING_MAX_STARTS} (the launch "
+                             f"policies), got {self.chain_tuning_starts!r}")
         if any((not isinstance(b, int)) or b <= 0 for b in self.text_buckets):
             raise ValueError(f"text_buckets must be positive ints, got {self.text_buckets!r}")
         for op, impl in self.overrides.items():
@@ -273,6 +284,8 @@ class EngineOptions:
                                     ("FLASHRT_DENOISE_STEP_BLOCK_D", "denoise_step_block_d",
                                      "a power of two from 64 to 2048"),
                                     ("FLASHRT_CHAIN_TUNING_PASSES", "chain_tuning_passes", "an int from 1 to 8"),
+                                    ("FLASHRT_CHAIN_TUNING_STARTS", "chain_tuning_starts",
+                                     f"an int from 1 to {CHAIN_TUNING_MAX_STARTS}"),
                                     ("FLASHRT_VISION_MLP_PAD", "vision_mlp_pad", "0 or a positive multiple of 8")):
             raw = env.get(name)
             if raw:                                       # integer options; the field checks the range

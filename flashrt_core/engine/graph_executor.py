@@ -132,6 +132,7 @@ class EngineExecutor:
         self._suffix_visible = self._suffix_visibility()
         self.decoder_chain_timings: dict[str, dict[str, float]] = {}   # set by _tune_decoder_in_chain
         self.decoder_chain_passes = 0
+        self.decoder_chain_starts: dict[str, dict] = {}    # set by _chain_starts (options.chain_tuning_starts > 1)
         self._affine = None if action_affine is None else tuple(
             torch.as_tensor(np.asarray(a, dtype=np.float32), device=device) for a in action_affine)
         if self._affine is not None and any(a.shape != (config.max_action_dim,) for a in self._affine):
@@ -219,6 +220,7 @@ class EngineExecutor:
         if cache is not None:
             self.tuning_cache_path = cache.store(key, self.tuning_picks(), {
                 "decoder_us": ops.decoder_timings, "decoder_chain_ms": self.decoder_chain_timings,
+                "decoder_chain_starts": self.decoder_chain_starts,
                 "prefix_attention_us": ops.prefix_attention_timings,
                 "vision_attention_us": ops.vision_attention_timings})
             if self.tuning_cache_path is not None:
@@ -345,6 +347,9 @@ class EngineExecutor:
             return ops.launch_policy, tuple(sorted((k, str(v)) for k, v in ops.decoder_impl.items()))
 
         self.decoder_chain_passes = 0
+        starts = self.dispatch.options.chain_tuning_starts
+        if self.dispatch[Op.KERNEL_LAUNCH] == "pdl_early" and starts > 1:
+            self.decoder_chain_starts = self._chain_starts(starts, capture, timed)
         for _ in range(self.dispatch.options.chain_tuning_passes):
             before = picks()
             self.decoder_chain_passes += 1
@@ -357,6 +362,45 @@ class EngineExecutor:
             if picks() == before:
                 break
         return timings
+
+    def _chain_starts(self, starts: int, capture, timed) -> dict[str, dict]:
+        """The chain tuning's first pass from several launch policies (options.chain_tuning_starts > 1).
+
+        One pass is a coordinate descent: the launch policy first, then each GEMM kind with the others held. Its
+        end depends on where it starts: the policy and the GEMMs that suit it come as a pair (a one-shot down
+        GEMM gains from the kernel ahead releasing it early, the Triton one loses), and a policy timed with the
+        isolated picks may lose to one that would win with its own GEMMs. Seen in session 16 (runs 40 and 43,
+        one machine, the same tuning workspace): one engine ended at "all" with TMA O and down GEMMs, 4.15 ms
+        per denoise in its own timing, another at "norms" with a Triton down GEMM, 4.36 ms, and neither timed
+        the other's pair. So: the launch policies are timed with the isolated picks, and from each of the
+        `starts` fastest the GEMM kinds get one pass under that policy; the ends are captured again and timed
+        in turn, and the fastest becomes the tuning's state, from which the usual passes go on.
+        Returns {policy: {"ms": its end's time, "picks": {kind: impl}, "start_ms": the policy's first time,
+        "kept": whether the tuning went on from it}}."""
+        ops = self.ops
+        first = self._pick_launch_policy(capture, timed)
+        base = dict(ops.decoder_impl)
+        ends: dict[str, dict] = {}
+        for policy in sorted(first, key=first.get)[:starts]:
+            ops.decoder_impl.update(base)
+            ops.launch_policy, ops.early_sites = policy, LAUNCH_POLICIES[policy]
+            for kind in ("down", "o", "gate_up", "qkv"):
+                self._pick_decoder_gemm_in_chain(kind, capture, timed)
+            ends[policy] = {"picks": dict(ops.decoder_impl), "start_ms": first[policy]}
+        graphs = {}
+        for policy, end in ends.items():
+            ops.decoder_impl.update(end["picks"])
+            ops.launch_policy, ops.early_sites = policy, LAUNCH_POLICIES[policy]
+            graphs[policy] = capture()
+        times = timed(graphs)
+        del graphs
+        best = min(times, key=times.get)
+        ops.decoder_impl.update(ends[best]["picks"])
+        ops.launch_policy, ops.early_sites = best, LAUNCH_POLICIES[best]
+        log.info("chain tuning: first pass from %d launch policies, ends (ms per denoise) %s: %s kept",
+                 len(ends), {p: round(t, 3) for p, t in times.items()}, best)
+        return {p: {"ms": times[p], "picks": {k: str(v) for k, v in e["picks"].items()}, "start_ms": e["start_ms"],
+                    "kept": p == best} for p, e in ends.items()}
 
     def capture_denoise(self, ws: Workspace, key_bias: torch.Tensor, n_valid: torch.Tensor) -> torch.cuda.CUDAGraph:
         """The denoise alone (every step and layer) on `ws` with the current ops settings, captured as a CUDA graph

@@ -173,6 +173,7 @@ def test_own_weight_prefetch_needs_sm90_triton_and_pdl(monkeypatch):
     ("qkv_rope_rows", 0, 1, (3,)),
     ("denoise_step_block_d", 0, 256, (100, 4096)),
     ("chain_tuning_passes", 2, 1, (0, 9, 1.5)),
+    ("chain_tuning_starts", 1, 3, (0, 7, 2.0)),
 ])
 def test_integer_options_and_their_env(field, default, env_value, bad_values):
     """Each integer option: its default, its FLASHRT_<FIELD> variable, values out of range refused naming the
@@ -209,6 +210,14 @@ def test_fp8_decoder_weights_opt_in_on_fp8_capable_gpus(monkeypatch):
     env = EngineOptions.from_env(asked, env={"FLASHRT_DISABLE_TRITON": "1"})
     assert resolve(detect_hardware("sm90"), env)[Op.DECODER_WEIGHTS] == "bf16"
     assert resolve(CPU, asked)[Op.DECODER_WEIGHTS] == "bf16"
+
+
+def test_chain_tuning_starts_at_most_one_per_launch_policy():
+    """chain_tuning_starts counts launch policies (graph_executor._chain_starts): its bound is their number."""
+    from flashrt_core.engine.dispatch import CHAIN_TUNING_MAX_STARTS
+    from flashrt_core.engine.ops import LAUNCH_POLICIES
+    assert CHAIN_TUNING_MAX_STARTS == len(LAUNCH_POLICIES)
+    assert EngineOptions(chain_tuning_starts=len(LAUNCH_POLICIES)).chain_tuning_starts == len(LAUNCH_POLICIES)
 
 
 def test_chain_tuning_is_on_with_triton_and_has_its_switch(monkeypatch):

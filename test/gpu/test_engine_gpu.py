@@ -341,3 +341,29 @@ def test_chain_tuning_keeps_the_fastest_candidate_inside_the_denoiser(early):
     assert np.isfinite(engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)).all()
     del engine, model
     torch.cuda.empty_cache()
+
+
+def test_chain_tuning_from_several_launch_policies_keeps_the_fastest_end():
+    """chain_tuning_starts=3: the first pass runs from the three launch policies fastest with the isolated picks,
+    each with its own GEMM picks; the ends are timed again and the fastest is where the usual pass goes on from."""
+    from flashrt_core.engine.ops import LAUNCH_POLICIES
+    cfg = get_config("pi05")
+    model = load_model_weights(_checkpoint("pi05"), cfg, "cuda", torch.bfloat16)
+    engine = build_executor(model, cfg, torch.device("cuda"), "auto",
+                            EngineOptions(chain_tuning_starts=3, **ONE_PASS))
+    starts = engine.decoder_chain_starts
+    assert len(starts) == 3 and set(starts) <= set(LAUNCH_POLICIES), starts
+    for policy, end in starts.items():
+        assert 2.0 < end["ms"] < 100.0 and 2.0 < end["start_ms"] < 100.0, (policy, end)
+        assert {"down", "o", "gate_up", "qkv"} <= set(end["picks"]), (policy, end)
+        for kind in ("down", "o", "gate_up", "qkv"):          # each end pick is one of the kind's candidates
+            assert end["picks"][kind] in engine.ops.decoder_timings[kind], (policy, kind, end)
+    kept = [p for p, end in starts.items() if end["kept"]]
+    assert kept == [min(starts, key=lambda p: starts[p]["ms"])], starts
+    assert engine.decoder_chain_passes == 1
+    policies = engine.decoder_chain_timings["launch_policy"]       # the pass after the starts, as without them
+    assert engine.ops.launch_policy == min(policies, key=policies.get), policies
+    obs = random_observation(cfg, np.random.default_rng(0), views=2, n_text=20, vocab=1024)
+    assert np.isfinite(engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)).all()
+    del engine, model
+    torch.cuda.empty_cache()
