@@ -1,6 +1,6 @@
 """Few-row GEMM whose weight slice is in shared memory before the PDL wait (NVIDIA sm90, Gluon: TMA + wgmma).
 
-    y = x @ W^T                 x (M, K) with M <= 16, W (N, K); each program owns 64 weight rows (N) for all M
+    y = x @ W^T                 x (M, K) with M <= 64, W (N, K); each program owns 64 weight rows (N) for all M
     GeGLU (W = [W_gate; W_up], N = 2F):  y = gelu_tanh(x @ W_gate^T) * (x @ W_up^T)     (M, F); a program owns
                                 32 gate rows and the 32 up rows of the same columns, stacked in one 64-row tile
     split-K: program k of SPLIT_K writes the fp32 partial of its K slice into part[k] (SPLIT_K, M, N), as
@@ -30,6 +30,11 @@ mbarrier) before griddepcontrol.wait, then loads x (TMA, rows past M zero-filled
 tensor cores swapped (the weight rows are wgmma's 64-row M side, the x rows its N = 16 side), so only x's few rows
 and the 64 x 16 accumulator sit in registers.
 
+17-64 rows (a horizon-50 step: 50 or 51 rows; `_smem_gemm_rows_kernel`): the same weight slice before the wait,
+but x in 32- or 64-row boxes does not fit beside a 128 KB slice, so it streams through a ring of 64-column boxes
+(x_ring_stages: as many as fit, at most 8) after the wait, each box multiplied as it lands. No folded-norm
+epilogues there. Opt-in in the engine (EngineOptions.smem_gemm_rows), written without a GPU at hand (session 16).
+
 Provenance: the swap-AB skinny GEMM is the usual small-batch decode layout (the weights as the MMA's M operand);
 the Gluon structure follows Triton's Gluon tutorials (TMA, mbarrier, warpgroup_mma). Written without a GPU at hand
 (session 6): compiled for sm90 ahead of time; its GPU test compares it with skinny_gemm_reference.
@@ -50,20 +55,43 @@ from ._triton import INTERPRETED, launch_options
 
 ROWS = 64            # weight rows per program: wgmma's M
 X_ROWS = 16          # x rows per program (M <= 16): wgmma's N
-SMEM_GEMM_MAX_ROWS = X_ROWS
+SMEM_GEMM_NORM_MAX_ROWS = X_ROWS     # the folded-norm epilogues (norm_in / norm_out): the 16-row kernel only
+SMEM_GEMM_MAX_ROWS = 64              # 17-64 rows: _smem_gemm_rows_kernel (x tiles of 32 or 64 rows, a ring)
 BOX_K = 64           # K per TMA box: 128 bytes of bf16, the 128-byte swizzle
+SMEM_BUDGET = 220 * 1024             # of the 227 KB of shared memory a Hopper SM gives one program
+MAX_X_STAGES = 8     # x boxes in flight in the 17-64-row kernel's ring
 _K_GELU = 2.0 * math.sqrt(2.0 / math.pi)
 
 
+def x_tile_rows(M: int) -> int:
+    """x rows per program (wgmma's N): 16 up to 16 rows, then 32 or 64."""
+    return X_ROWS if M <= X_ROWS else 32 if M <= 32 else 64
+
+
+def x_ring_stages(M: int, k_slice: int, geglu: bool) -> int:
+    """17-64 rows: how many x boxes (x_tile_rows(M) x 64) the ring holds beside the program's whole weight slice
+    (64 x k_slice) and the GeGLU scratch (64 x x rows, fp32) in SMEM_BUDGET; at most MAX_X_STAGES and no more than
+    the slice has boxes; 0 where not even two fit (one where the slice is one box)."""
+    xr = x_tile_rows(M)
+    free = SMEM_BUDGET - ROWS * k_slice * 2 - (4 * ROWS * xr if geglu else 0)
+    stages = min(free // (xr * BOX_K * 2), MAX_X_STAGES, k_slice // BOX_K)
+    return stages if stages >= min(2, k_slice // BOX_K) else 0
+
+
 def smem_gemm_supported(M: int, N: int, K: int, geglu: bool, split_k: int) -> bool:
-    """Shapes this kernel serves: at most 16 rows, whole 64-row (32 with GeGLU) weight tiles, K slices of whole
-    64-column boxes, and a weight + x slice that fits the 227 KB of shared memory of a Hopper SM."""
+    """Shapes this kernel serves: at most 64 rows, whole 64-row (32 with GeGLU) weight tiles, K slices of whole
+    64-column boxes, and a weight slice that fits the 227 KB of shared memory of a Hopper SM beside x: with at
+    most 16 rows the whole x slice, with 17-64 rows a ring of at least two x boxes (x_ring_stages)."""
     rows = ROWS // 2 if geglu else ROWS
-    if M > X_ROWS or K % (split_k * BOX_K) or (geglu and (N % 2 or split_k > 1)):
+    if not 1 <= M <= SMEM_GEMM_MAX_ROWS or K % (split_k * BOX_K) or (geglu and (N % 2 or split_k > 1)):
         return False
     F = N // 2 if geglu else N
     k_slice = K // split_k
-    return F % rows == 0 and (ROWS + X_ROWS) * k_slice * 2 + 4 * ROWS * X_ROWS <= 220 * 1024
+    if F % rows:
+        return False
+    if M > X_ROWS:
+        return x_ring_stages(M, k_slice, geglu) > 0
+    return (ROWS + X_ROWS) * k_slice * 2 + 4 * ROWS * X_ROWS <= SMEM_BUDGET
 
 
 @dataclass(frozen=True)
@@ -139,6 +167,26 @@ def smem_gemm_norm_in_reference(xs: torch.Tensor, w: torch.Tensor, sq: torch.Ten
 
 if HAVE_GLUON:
     @gluon.jit
+    def _weight_slice_then_wait(w_desc, w_smem, bar, n0, k0, F, NK: gl.constexpr, GEGLU: gl.constexpr,
+                                PDL: gl.constexpr):
+        """Both kernels' start: the program's whole weight slice (NK boxes of 64 rows, or of 32 gate + 32 up rows
+        with GeGLU) issued to shared memory on one mbarrier, then the PDL wait (the slice depends on no earlier
+        kernel, so it streams during the kernel ahead's tail)."""
+        BLOCK_W: gl.constexpr = w_desc.block_type.shape[0]
+        mbarrier.expect(bar, NK * 64 * 64 * 2)
+        for i in gl.static_range(NK):
+            if GEGLU:
+                tma.async_copy_global_to_shared(w_desc, [n0, k0 + i * 64], bar, w_smem.index(i).slice(0, BLOCK_W))
+                tma.async_copy_global_to_shared(w_desc, [F + n0, k0 + i * 64], bar,
+                                                w_smem.index(i).slice(BLOCK_W, BLOCK_W))
+            else:
+                tma.async_copy_global_to_shared(w_desc, [n0, k0 + i * 64], bar, w_smem.index(i))
+        if PDL:
+            griddep("griddepcontrol.wait; // dummy $0")
+            if PDL == 1:
+                griddep("griddepcontrol.launch_dependents; // dummy $0")
+
+    @gluon.jit
     def _smem_gemm_kernel(w_desc, x_desc, y_ptr, M, F, stride_y, split_stride,
                           res_ptr, gate_ptr, scale_ptr, xs_ptr, sq_ptr, cnt_ptr, bias_ptr, eps,
                           K_PER_SPLIT: gl.constexpr, GEGLU: gl.constexpr, SPLIT_K: gl.constexpr,
@@ -167,19 +215,7 @@ if HAVE_GLUON:
             b_lo = gl.load(bias_ptr + n0 + r)
             if GEGLU:
                 b_hi = gl.load(bias_ptr + F + n0 + r)
-        mbarrier.expect(bars.index(0), NK * 64 * 64 * 2)
-        for i in gl.static_range(NK):
-            if GEGLU:
-                tma.async_copy_global_to_shared(w_desc, [n0, k0 + i * 64], bars.index(0),
-                                                w_smem.index(i).slice(0, BLOCK_W))
-                tma.async_copy_global_to_shared(w_desc, [F + n0, k0 + i * 64], bars.index(0),
-                                                w_smem.index(i).slice(BLOCK_W, BLOCK_W))
-            else:
-                tma.async_copy_global_to_shared(w_desc, [n0, k0 + i * 64], bars.index(0), w_smem.index(i))
-        if PDL:
-            griddep("griddepcontrol.wait; // dummy $0")
-            if PDL == 1:
-                griddep("griddepcontrol.launch_dependents; // dummy $0")
+        _weight_slice_then_wait(w_desc, w_smem, bars.index(0), n0, k0, F, NK, GEGLU, PDL)
         mbarrier.expect(bars.index(1), NK * 16 * 64 * 2)
         for i in gl.static_range(NK):
             tma.async_copy_global_to_shared(x_desc, [0, k0 + i * 64], bars.index(1), x_smem.index(i))
@@ -239,6 +275,68 @@ if HAVE_GLUON:
                 gl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")     # ready for the next launch
 
 
+    @gluon.jit
+    def _smem_gemm_rows_kernel(w_desc, x_desc, y_ptr, M, F, stride_y, split_stride,
+                               K_PER_SPLIT: gl.constexpr, GEGLU: gl.constexpr, KGELU: gl.constexpr,
+                               PDL: gl.constexpr, X_STAGES: gl.constexpr):
+        """17-64 rows (a horizon-50 denoising step): the weight slice as above, in shared memory before the PDL
+        wait; x, 32 or 64 rows per box, too large beside it at these rows, streams through a ring of X_STAGES boxes
+        (one mbarrier each) after the wait, and each box's product runs on wgmma as it lands (the weight rows its
+        64-row M side, the x rows its N side, as above). No folded-norm epilogues (SMEM_GEMM_NORM_MAX_ROWS)."""
+        BLOCK_W: gl.constexpr = w_desc.block_type.shape[0]         # weight rows per TMA box: 64, or 32 with GeGLU
+        XR: gl.constexpr = x_desc.block_type.shape[0]              # x rows per box: 32 or 64
+        NK: gl.constexpr = K_PER_SPLIT // 64
+        if PDL == 2:                                               # kernels/_triton.py EARLY_TRIGGER
+            griddep("griddepcontrol.launch_dependents; // dummy $0")
+        pid_n = gl.program_id(0)
+        pid_k = gl.program_id(1)
+        n0 = pid_n * BLOCK_W
+        k0 = pid_k * K_PER_SPLIT
+        w_smem = gl.allocate_shared_memory(w_desc.dtype, [NK, 64, 64], w_desc.layout)
+        x_smem = gl.allocate_shared_memory(x_desc.dtype, [X_STAGES, XR, 64], x_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [X_STAGES + 1, 1], mbarrier.MBarrierLayout())  # w, x stages
+        for i in gl.static_range(X_STAGES + 1):
+            mbarrier.init(bars.index(i), count=1)
+        _weight_slice_then_wait(w_desc, w_smem, bars.index(0), n0, k0, F, NK, GEGLU, PDL)
+        for j in gl.static_range(X_STAGES):                        # the ring's first X_STAGES boxes
+            mbarrier.expect(bars.index(1 + j), XR * 64 * 2)
+            tma.async_copy_global_to_shared(x_desc, [0, k0 + j * 64], bars.index(1 + j), x_smem.index(j))
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, XR, 16])
+        acc = gl.zeros((64, XR), dtype=gl.float32, layout=acc_layout)        # (weight rows, x rows) = y^T
+        mbarrier.wait(bars.index(0), phase=0)
+        for i in gl.static_range(NK):
+            # box i sits in stage i % X_STAGES, its (i // X_STAGES)-th fill
+            mbarrier.wait(bars.index(1 + i % X_STAGES), phase=(i // X_STAGES) & 1)
+            acc = warpgroup_mma(w_smem.index(i), x_smem.index(i % X_STAGES).permute((1, 0)), acc, is_async=True)
+            if i + X_STAGES < NK:              # this stage's next box: only after the product that reads it
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                mbarrier.expect(bars.index(1 + i % X_STAGES), XR * 64 * 2)
+                tma.async_copy_global_to_shared(x_desc, [0, k0 + (i + X_STAGES) * 64], bars.index(1 + i % X_STAGES),
+                                                x_smem.index(i % X_STAGES))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        for i in gl.static_range(X_STAGES + 1):
+            mbarrier.invalidate(bars.index(i))
+        out_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[32, 1],
+                                                    warps_per_cta=[1, 4], order=[0, 1])
+        r = gl.arange(0, BLOCK_W, layout=gl.SliceLayout(1, out_layout))
+        m = gl.arange(0, XR, layout=gl.SliceLayout(0, out_layout))
+        if GEGLU:   # gate rows 0..31 and up rows 32..63 sit in different warps: meet in shared memory
+            scratch = gl.allocate_shared_memory(gl.float32, [64, XR],
+                                                gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
+                                                                        order=[1, 0]))
+            scratch.store(acc)
+            gl.thread_barrier()
+            g = scratch.slice(0, BLOCK_W).load(out_layout)
+            u = scratch.slice(BLOCK_W, BLOCK_W).load(out_layout)
+            y = g / (1.0 + gl.exp(-KGELU * (g + 0.044715 * g * g * g))) * u
+        else:
+            y = gl.convert_layout(acc, out_layout)
+        cols = n0 + r
+        ptrs = y_ptr + pid_k * split_stride + m[None, :] * stride_y + cols[:, None]
+        gl.store(ptrs, y.to(y_ptr.dtype.element_ty), mask=(m < M)[None, :] & (cols < F)[:, None])
+
+
 @functools.lru_cache(maxsize=None)
 def _layout(rows: int):
     return gl.NVMMASharedLayout.get_default_for([rows, BOX_K], gl.bfloat16)
@@ -247,7 +345,8 @@ def _layout(rows: int):
 def smem_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1, pdl: bool | int = False,
               out: torch.Tensor | None = None, norm_in: NormIn | None = None,
               norm_out: NormOut | None = None) -> torch.Tensor:
-    """Gluon launcher; the contract of kernels/skinny_gemm.py skinny_gemm_reference (bf16 x and W, M <= 16).
+    """Gluon launcher; the contract of kernels/skinny_gemm.py skinny_gemm_reference (bf16 x and W, M <= 64; the
+    16-row kernel up to 16 rows, _smem_gemm_rows_kernel from 17).
     pdl: False, True or EARLY_TRIGGER (kernels/_triton.py). out: optional preallocated result (with norm_out: the
     (split_k, M, N) fp32 partials, scratch).
     norm_in: x is x' of a folded norm: the result is smem_gemm_norm_in_reference's. norm_out: the result is written
@@ -256,12 +355,15 @@ def smem_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: in
         raise RuntimeError("smem_gemm needs Triton's Gluon and a Hopper GPU (no interpreter)")
     M, K = x.shape
     N = w.shape[0]
+    if (norm_in is not None or norm_out is not None) and M > SMEM_GEMM_NORM_MAX_ROWS:
+        raise ValueError(f"smem_gemm: the folded-norm epilogues serve at most {SMEM_GEMM_NORM_MAX_ROWS} rows, got "
+                         f"{M}")
     if norm_in is not None and split_k > 1:
         raise ValueError(f"smem_gemm: norm_in adds its bias once per result, so it needs split_k=1 "
                          f"(got split_k={split_k})")
     if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or not x.is_contiguous() or not w.is_contiguous() \
             or w.shape[1] != K or not smem_gemm_supported(M, N, K, geglu, split_k):
-        raise ValueError(f"smem_gemm: contiguous bf16 x (M<=16, K) and W (N, K) with whole 64-row tiles and K "
+        raise ValueError(f"smem_gemm: contiguous bf16 x (M<=64, K) and W (N, K) with whole 64-row tiles and K "
                          f"slices of 64; got {tuple(x.shape)} {x.dtype}, {tuple(w.shape)} {w.dtype}, "
                          f"geglu={geglu}, split_k={split_k}")
     F = N // 2 if geglu else N
@@ -281,8 +383,15 @@ def smem_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: in
     # TMA descriptors are built per launch (host work only: a captured graph keeps them); a cache would keep the
     # weights alive after their engine is closed
     w_desc = TensorDescriptor.from_tensor(w, [rows, BOX_K], _layout(rows))
-    x_desc = TensorDescriptor.from_tensor(x, [X_ROWS, BOX_K], _layout(X_ROWS))   # rows past M read as zeros
+    xr = x_tile_rows(M)
+    x_desc = TensorDescriptor.from_tensor(x, [xr, BOX_K], _layout(xr))   # rows past M read as zeros
     grid = (F // rows, split_k)
+    if M > X_ROWS:
+        _smem_gemm_rows_kernel[grid](w_desc, x_desc, out, M, F, out.stride(-2), M * N, K_PER_SPLIT=K // split_k,
+                                     GEGLU=geglu, KGELU=_K_GELU, PDL=int(pdl),
+                                     X_STAGES=x_ring_stages(M, K // split_k, geglu), num_warps=4,
+                                     **launch_options(pdl))
+        return out
     no = norm_out
     fold = dict(res_ptr=no.residual if no else out, gate_ptr=no.gate if no else out,
                 scale_ptr=no.scale1p if no else out, xs_ptr=no.xs if no else x,
@@ -297,5 +406,6 @@ def smem_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: in
     return no.xs if no is not None else out
 
 
-__all__ = ["HAVE_GLUON", "SMEM_GEMM_MAX_ROWS", "NormIn", "NormOut", "smem_gemm", "smem_gemm_norm_in_reference",
-           "smem_gemm_norm_out_reference", "smem_gemm_supported"]
+__all__ = ["HAVE_GLUON", "SMEM_GEMM_MAX_ROWS", "SMEM_GEMM_NORM_MAX_ROWS", "NormIn", "NormOut", "smem_gemm",
+           "smem_gemm_norm_in_reference", "smem_gemm_norm_out_reference", "smem_gemm_supported", "x_ring_stages",
+           "x_tile_rows"]

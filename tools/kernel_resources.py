@@ -193,6 +193,19 @@ def smem_configs() -> list[KernelConfig]:
             for name, extra in ((f"smem GEMM {kind} {c}", {}), (f"smem GEMM {kind} {c}, folded norm", folded)):
                 out.append(KernelConfig(name, smem._smem_gemm_kernel, signature, {**ce, **extra}, 4, 1,
                                         ("F", "stride_y", "split_stride")))
+            for M in (32, 51):                      # 17-64 rows (horizon 50: 50-51): the ring kernel
+                n = {"qkv": 2560, "o": 1024, "gate_up": 8192, "down": 1024}[kind]
+                if not smem.smem_gemm_supported(M, n, EXPERT_K[kind], kind == "gate_up", c.split_k):
+                    continue
+                xr = smem.x_tile_rows(M)
+                xr_layout = gl.NVMMASharedLayout.get_default_for([xr, smem.BOX_K], gl.bfloat16)
+                sig = {"w_desc": signature["w_desc"], "x_desc": f"tensordesc<bf16[{xr}, {smem.BOX_K}],{xr_layout!r}>",
+                       "y_ptr": signature["y_ptr"], "M": "i32", "F": "i32", "stride_y": "i32", "split_stride": "i32"}
+                stages = smem.x_ring_stages(M, EXPERT_K[kind] // c.split_k, kind == "gate_up")
+                out.append(KernelConfig(f"smem GEMM {kind} {c}, {M} rows ({xr}-row x boxes, {stages} stages)",
+                                        smem._smem_gemm_rows_kernel, sig,
+                                        {"K_PER_SPLIT": ce["K_PER_SPLIT"], "GEGLU": ce["GEGLU"], "KGELU": ce["KGELU"],
+                                         "PDL": True, "X_STAGES": stages}, 4, 1, ("F", "stride_y", "split_stride")))
     return out
 
 

@@ -25,6 +25,8 @@ tests and bug reports:
     FLASHRT_DISABLE_PDL_EARLY_TRIGGER=1  no denoiser kernel releases the next one at its start (launch policy "none")
     FLASHRT_DISABLE_FP8_FUSED_QUANT=1  FP8 down GEMM inputs quantized by their own kernel, not by the GeGLU kernel
     FLASHRT_DISABLE_SMEM_GEMM=1     no shared-memory (TMA, Gluon) decoder GEMM candidates in the tuning
+    FLASHRT_SMEM_GEMM_ROWS=1        the shared-memory GEMM candidates at 17-64 rows too (horizon 50; opt-in,
+                                    EngineOptions.smem_gemm_rows)
     FLASHRT_DISABLE_PREFIX_ATTENTION_TUNING=1  the prefix attention runs the mqa implementation, unmeasured
     FLASHRT_DISABLE_VISION_ATTENTION_TUNING=1  the vision attention runs on torch's own choice of SDPA backend
     FLASHRT_DISABLE_FUSED_PATCH_EMBED=1  the patch embedding as torch ops with an fp32 patch GEMM, not the patch rows
@@ -183,6 +185,8 @@ class EngineOptions:
     ada_norm_fold: bool = False              # opt-in (measured slower): pi0.5's adaRMSNorms in the TMA GEMMs
     fused_denoise_step: bool = True          # kernels/denoise_step.py (pi0.5): the step ends, 2 launches not 7
     split_k_qkv: bool = False                # opt-in (measured slower): a split-K QKV candidate the attention sums
+    smem_gemm_rows: bool = False             # opt-in (not yet run on a GPU): kernels/smem_gemm.py candidates at
+                                             # 17-64 rows too (horizon-50 steps), with x streamed through a ring
     prefix_attention_wgmma: bool = True      # kernels/prefix_attention.py (Hopper wgmma) joins the prefix
                                              # attention tuning where it serves the GPU
     prefix_attention_split: bool = False     # opt-in (measured slower, session 15: 24-26 us against 17.6 us for
@@ -259,6 +263,7 @@ class EngineOptions:
                            ("FLASHRT_ADA_NORM_FOLD", "ada_norm_fold"),
                            ("FLASHRT_FUSED_DENOISE_STEP", "fused_denoise_step"),  # the default: 0 = off
                            ("FLASHRT_SPLIT_K_QKV", "split_k_qkv"),
+                           ("FLASHRT_SMEM_GEMM_ROWS", "smem_gemm_rows"),
                            ("FLASHRT_PREFIX_ATTENTION_WGMMA", "prefix_attention_wgmma"),  # the default: 0 = off
                            ("FLASHRT_PREFIX_ATTENTION_SPLIT", "prefix_attention_split"),
                            ("FLASHRT_FP8_FAST_ACCUM", "fp8_fast_accum"),

@@ -139,7 +139,7 @@ class EngineExecutor:
             raise ValueError(f"action_affine must be (scale, offset) of {config.max_action_dim} values each, got "
                              f"shapes {[tuple(a.shape) for a in self._affine]}")
         if self.ops.ada_fold and (self.weights.tables is None or not self.weights.folded
-                                  or self.suffix_len > load_kernels().SMEM_GEMM_MAX_ROWS):
+                                  or self.suffix_len > load_kernels().SMEM_GEMM_NORM_MAX_ROWS):
             self.ops.ada_fold = False                   # pi0, unmerged weights or too many rows: nothing to fold
         if self.ops.ada_fold:
             self.weights.ada_fold_bias()                # the shift @ W^T tables, made before any capture

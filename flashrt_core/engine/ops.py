@@ -217,6 +217,8 @@ class Ops:
         self._euler_triton = triton(Op.EULER)
         self._fp8_fused_quant = dispatch[Op.FP8_INPUT_QUANT] == "fused"
         self.smem_gemm = dispatch[Op.SMEM_GEMM] == "tma"          # kernels/smem_gemm.py joins the GEMM candidates
+        # ... at 17-64 rows too (kernels/smem_gemm.py _smem_gemm_rows_kernel; opt-in: written without a GPU)
+        self.smem_gemm_rows = self.smem_gemm and dispatch.options.smem_gemm_rows
         # the prefix's attention: "mqa" (the Op.MQA implementation) until tune_prefix_attention measures otherwise
         self.prefix_attention_impl = "mqa"
         # kernels/prefix_attention.py (wgmma) among the tuning's prefix attention candidates (on by default:
@@ -367,6 +369,8 @@ class Ops:
         if not (self.smem_gemm and not self.decoder_fp8 and x.is_cuda and x.dtype == torch.bfloat16
                 and x.is_contiguous() and self._few_rows_gemm_ok(x, lin, 1)):
             return False
+        if x.shape[0] > self.k.SMEM_GEMM_NORM_MAX_ROWS and not self.smem_gemm_rows:
+            return False                    # 17-64 rows: _smem_gemm_rows_kernel, opt-in (not yet run on a GPU)
         w = lin.parts[0][0]
         return w.dtype == torch.bfloat16 and self.k.smem_gemm_supported(x.shape[0], w.shape[0], w.shape[1],
                                                                         kind == "gate_up", cfg.split_k)
@@ -375,7 +379,7 @@ class Ops:
         """Whether the denoiser at `rows` rows runs its adaRMSNorms folded into the GEMMs around them
         (Op.ADA_NORM_FOLD): asked for, and every decoder GEMM kind's pick is a shared-memory GEMM that serves
         these rows (only kernels/smem_gemm.py has the norm_out / norm_in epilogues)."""
-        return self.ada_fold and rows <= self.k.SMEM_GEMM_MAX_ROWS and all(
+        return self.ada_fold and rows <= self.k.SMEM_GEMM_NORM_MAX_ROWS and all(
             isinstance(self.decoder_impl[kind], SmemConfig) for kind in ("qkv", "o", "gate_up", "down")) \
             and self.decoder_impl["qkv"].split_k == 1       # norm_in adds its bias once: no split-K QKV
 

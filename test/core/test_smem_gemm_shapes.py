@@ -1,7 +1,7 @@
 """kernels/smem_gemm.py's shape rules, checked where the engine relies on them (no GPU needed): every candidate
-of ops.SMEM_CANDIDATES serves the action expert's GEMMs of pi0.5 and pi0 at their row counts up to 16, and what the
-kernel cannot do (more than 16 rows, K slices that are not whole 64-column boxes, split GeGLU, slices beyond one
-SM's shared memory) is refused, so the tuning never offers it."""
+of ops.SMEM_CANDIDATES serves the action expert's GEMMs of pi0.5 and pi0 at their row counts up to 64 (horizon 10:
+10-11, horizon 50: 50-51), and what the kernel cannot do (more than 64 rows, K slices that are not whole 64-column
+boxes, split GeGLU, slices beyond one SM's shared memory) is refused, so the tuning never offers it."""
 
 from __future__ import annotations
 
@@ -22,17 +22,38 @@ def test_every_candidate_serves_the_expert_shapes(name):
               "gate_up": (2 * e.mlp_dim, e.width), "down": (e.width, e.mlp_dim)}
     for kind, (n, k) in shapes.items():
         for cfg in SMEM_CANDIDATES[kind]:
-            for rows in (1, 10, 11, 16):
+            for rows in (1, 10, 11, 16, 17, 32, 33, 50, 51, 64):
                 assert smem_gemm_supported(rows, n, k, kind == "gate_up", cfg.split_k), (name, kind, cfg, rows)
 
 
+def test_the_ring_kernel_fits_its_x_boxes_beside_the_weight_slice():
+    """17-64 rows: x in 32- or 64-row boxes through a ring beside the whole weight slice (64 x K slice) and the
+    GeGLU scratch, in SMEM_BUDGET; as many stages as fit, at most MAX_X_STAGES, no more than the slice's boxes."""
+    from kernels.smem_gemm import MAX_X_STAGES, SMEM_BUDGET, x_ring_stages, x_tile_rows
+    assert [x_tile_rows(m) for m in (1, 16, 17, 32, 33, 51, 64)] == [16, 16, 32, 32, 64, 64, 64]
+    assert x_ring_stages(51, 1024, False) == MAX_X_STAGES == 8        # 128 KB of weights + 8 x 8 KB boxes
+    assert x_ring_stages(51, 1024, True) == 8                         # + 16 KB of GeGLU scratch: 208 KB
+    assert x_ring_stages(51, 256, False) == 4                         # the slice has only 4 boxes
+    assert x_ring_stages(51, 1600, False) == 2                        # 200 KB of weights: two 8 KB boxes beside
+    assert x_ring_stages(51, 1664, False) == 0                        # 208 KB: not two boxes
+    for m in (17, 33, 64):
+        for k_slice in (64, 256, 512, 1024):
+            for geglu in (False, True):
+                stages = x_ring_stages(m, k_slice, geglu)
+                xr = x_tile_rows(m)
+                used = 64 * k_slice * 2 + stages * xr * 64 * 2 + (4 * 64 * xr if geglu else 0)
+                assert 1 <= stages <= min(MAX_X_STAGES, k_slice // 64) and used <= SMEM_BUDGET, (m, k_slice, geglu)
+
+
 def test_what_the_kernel_cannot_do_is_refused():
-    assert not smem_gemm_supported(17, 1024, 1024, False, 1)            # more rows than wgmma's N = 16
+    assert not smem_gemm_supported(65, 1024, 1024, False, 1)            # more rows than the ring kernel's 64
+    assert not smem_gemm_supported(0, 1024, 1024, False, 1)
     assert not smem_gemm_supported(10, 1024, 1000, False, 1)           # K not whole 64-column boxes
     assert not smem_gemm_supported(10, 1024, 4096, False, 3)           # K slices not whole boxes
     assert not smem_gemm_supported(10, 8192, 1024, True, 2)            # GeGLU needs the whole K in one program
     assert not smem_gemm_supported(10, 1000, 1024, False, 1)           # not whole 64-row weight tiles
     assert not smem_gemm_supported(10, 1024, 4096, False, 1)           # 4096-wide slice: 640 KB of shared memory
+    assert not smem_gemm_supported(51, 1024, 4096, False, 1)           # ... and at 51 rows: 512 KB of weights
 
 
 def test_tuning_leaves_out_a_shared_memory_gemm_that_cannot_run_and_raises_for_others():
@@ -120,3 +141,20 @@ def test_split_k_qkv_is_offered_only_where_the_attention_sums_it(monkeypatch):
     ops.rope_in_attention = False
     assert SmemConfig(2) not in ops.decoder_candidates("qkv", torch.zeros(10, 1024), lin, 256)
     assert SmemConfig(1) in ops.decoder_candidates("qkv", torch.zeros(10, 1024), lin, 256)
+
+
+def test_the_ring_kernel_is_opt_in_and_follows_the_smem_gemm_switch():
+    """17-64-row shared-memory GEMM candidates (horizon 50) only when asked (smem_gemm_rows /
+    FLASHRT_SMEM_GEMM_ROWS=1: written without a GPU, session 16), and never with the shared-memory GEMMs off."""
+    from flashrt_core.engine.dispatch import EngineOptions, Op, resolve
+    from flashrt_core.engine.hardware import detect_hardware
+    from flashrt_core.engine.ops import Ops
+
+    sm90 = detect_hardware("sm90")
+    assert not Ops(resolve(sm90, EngineOptions())).smem_gemm_rows
+    asked = EngineOptions.from_env(env={"FLASHRT_SMEM_GEMM_ROWS": "1"})
+    assert asked.smem_gemm_rows
+    ops = Ops(resolve(sm90, asked))
+    assert ops.smem_gemm_rows == (ops.dispatch[Op.SMEM_GEMM] == "tma")
+    off = EngineOptions.from_env(asked, env={"FLASHRT_DISABLE_SMEM_GEMM": "1"})
+    assert off.smem_gemm_rows and not Ops(resolve(sm90, off)).smem_gemm_rows

@@ -149,6 +149,7 @@ def test_new_prompt_does_not_recapture(tiny):
     ("pi05", "bf16+no_fused_denoise_step"),  # the step ends as separate ops (the fused ones: default)
     ("pi05", "fp8+no_fused_denoise_step"),
     ("pi05", "bf16+split_k_qkv"),           # the TMA GEMMs forced, QKV split-K 2 summed by the attention (opt-in)
+    ("pi0", "bf16+smem_gemm_rows"),         # the TMA GEMMs forced at pi0's 51 rows (horizon 50; x ring, opt-in)
     ("pi05", "bf16+prefix_attention_wgmma"),  # the prefix attention forced to kernels/prefix_attention.py
     ("pi05", "bf16+prefix_attention_split"),  # ... forced to its key-split form (2 programs per row block; opt-in)
     ("pi05", "fp8+fp8_fast_accum"),         # the FP8 GEMMs accumulating in the tensor cores (opt-in)
@@ -169,6 +170,7 @@ def test_accuracy_gate_full_size(name, precision):
                                           ada_norm_fold=extra == "smem_gemm_ada_fold",
                                           fused_denoise_step=extra != "no_fused_denoise_step",
                                           split_k_qkv=extra == "split_k_qkv",
+                                          smem_gemm_rows=extra == "smem_gemm_rows",
                                           fp8_fast_accum=extra == "fp8_fast_accum",
                                           prefix_attention_split=extra == "prefix_attention_split",
                                           denoise_layer=extra.startswith("denoise_layer"),
@@ -193,6 +195,7 @@ def test_accuracy_gate_full_size(name, precision):
             assert engine.ops.decoder_impl["qkv"].split_k == 2
         engine._entries.clear()     # recapture with them
         assert engine.ops.ada_fold_applies(engine.suffix_len) == (extra == "smem_gemm_ada_fold")
+        assert (engine.suffix_len > 16) == (extra == "smem_gemm_rows"), engine.suffix_len    # the ring kernel
     if extra == "prefix_attention_wgmma":   # the tuning (a default candidate) checked it and timed it; force it
         assert {"wgmma", "wgmma_overlap"} <= set(engine.ops.prefix_attention_timings), \
             engine.ops.prefix_attention_timings

@@ -568,10 +568,24 @@ def test_skinny_gemm_every_engine_config(kind, n, k):
 def test_smem_gemm_every_engine_config(kind, n, k):
     """Every kernels/smem_gemm.py configuration the engine may pick (ops.SMEM_CANDIDATES), at the expert's shapes,
     on 1-16 rows (TMA zero-fills the rest of the 16-row tile), in every launch mode."""
+    _check_smem_gemm_configs(kind, n, k, sorted({1, *[r for r in DECODER_ROWS if r <= 16], 16}))
+
+
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
+                    or not K.HAVE_GLUON, reason="kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
+@pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("o", 1024, 2048), ("gate_up", 8192, 1024),
+                                      ("down", 1024, 4096)])
+def test_smem_gemm_rows_kernel_every_engine_config(kind, n, k):
+    """The same on 17-64 rows (_smem_gemm_rows_kernel, EngineOptions.smem_gemm_rows: 32- and 64-row x boxes
+    through a ring of TMA stages; horizon 50's 50-51 rows among them), every box count of the ring's refills."""
+    _check_smem_gemm_configs(kind, n, k, [17, 32, 33, *[r for r in DECODER_ROWS if r > 16], 64])
+
+
+def _check_smem_gemm_configs(kind: str, n: int, k: int, row_counts) -> None:
     from flashrt_core.engine.ops import SMEM_CANDIDATES
     g = torch.Generator(device=DEVICE).manual_seed(n + 3 * k)
     w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(torch.bfloat16)
-    for rows in sorted({1, *[r for r in DECODER_ROWS if r <= 16], 16}):
+    for rows in sorted(set(row_counts)):
         x = torch.randn(rows, k, device=DEVICE, generator=g).to(torch.bfloat16)
         for cfg in SMEM_CANDIDATES[kind]:
             assert K.smem_gemm_supported(rows, n, k, kind == "gate_up", cfg.split_k), cfg
