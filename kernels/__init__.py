@@ -49,6 +49,6 @@ __all__ = [
     "qkv_rope", "qkv_rope_reference", "qkv_rope_rows_per_program", "rope_tables",
     "residual_norm", "residual_norm_reference",
     "skinny_gemm", "skinny_gemm_reference",
-    "HAVE_GLUON", "SMEM_GEMM_MAX_ROWS", "SMEM_GEMM_NORM_MAX_ROWS", "NormIn", "NormOut", "smem_gemm", "smem_gemm_norm_in_reference",
-    "smem_gemm_norm_out_reference", "smem_gemm_supported",
+    "HAVE_GLUON", "SMEM_GEMM_MAX_ROWS", "SMEM_GEMM_NORM_MAX_ROWS", "NormIn", "NormOut", "smem_gemm",
+    "smem_gemm_norm_in_reference", "smem_gemm_norm_out_reference", "smem_gemm_supported",
 ]

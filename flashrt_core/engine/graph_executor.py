@@ -326,6 +326,8 @@ class EngineExecutor:
         The picks depend on each other (session 7: an FP8 engine whose first pass began from other isolated picks
         kept Triton GEMMs that the bf16 engine's pass replaced), so the pass repeats, up to
         options.chain_tuning_passes times, until one changes nothing (self.decoder_chain_passes: how many ran).
+        With options.chain_tuning_starts > 1 (opt-in) the first of them starts from the best of several launch
+        policies' own passes (_chain_starts).
         Returns {kind: {candidate: ms per denoise}} of the last pass."""
         cfg, ops = self.config, self.ops
         views = tuple(range(min(2, len(cfg.view_names))))
