@@ -18,7 +18,7 @@ from .denoise_layer import (DenoiseLayerScratch, LayerConfig, LayerTables, Layer
                             denoise_layer, denoise_layer_reference, fold_shift,
                             grid_programs, phase_stamps_us)
 from .denoise_step import (denoise_step_in, denoise_step_in_reference, denoise_step_out,
-                           denoise_step_out_reference)
+                           denoise_step_out_reference, time_mlp_in, time_mlp_in_reference)
 from .euler import euler, euler_reference
 from .fp8_quant import fp8_quant, fp8_quant_reference, fp8_quant_rows, fp8_quant_rows_reference
 from .geglu import geglu, geglu_reference
@@ -40,6 +40,7 @@ __all__ = [
     "DenoiseLayerScratch", "LayerConfig", "LayerTables", "LayerWeights", "barriers_per_launch", "denoise_layer",
     "DENOISE_LAYER_PHASES", "denoise_layer_reference", "fold_shift", "grid_programs", "phase_stamps_us",
     "denoise_step_in", "denoise_step_in_reference", "denoise_step_out", "denoise_step_out_reference",
+    "time_mlp_in", "time_mlp_in_reference",
     "euler", "euler_reference",
     "fp8_quant", "fp8_quant_reference", "fp8_quant_rows", "fp8_quant_rows_reference",
     "geglu", "geglu_reference",

@@ -1,4 +1,6 @@
-"""The two ends of a pi0.5 denoising step, each one kernel (the action expert's layers run in between).
+"""The two ends of a pi0.5 denoising step, each one kernel (the action expert's layers run in between), and the
+start of a pi0 step up to its time MLP's output GEMM (time_mlp_in; pi0's end is step_out with an identity gate and
+modulation).
 
     step_in:  residual <- x_t @ W_in^T + b_in                       (the action input projection, fp32)
               y        <- rms(residual) * scale1p + shift            (the first layer's adaRMSNorm)
@@ -16,6 +18,13 @@ no PDL), the copy into the residual and the first norm kernel; the final norm ke
 PDL) and the Euler kernel: seven launches, two of them library kernels the dependent-launch chain cannot overlap,
 become two PDL kernels. The sums are fp32
 throughout, where the separate path rounds x_t, the input projection, y and the velocity to the engine dtype.
+
+pi0's step starts with its action-time MLP: suffix rows [state token; time_out(silu(W_ta (W_in x_t + b_in) + W_t
+emb(t) + b_t)) + b_out]. With W_ta W_in and W_ta b_in + W_t emb(t_s) + b_t folded at load (w_fold, c: one table
+row per step), time_mlp_in writes the residual's constant parts (the state token's row, b_out) and the MLP's
+hidden rows h in one kernel; the engine's decoder GEMM multiplies h by W_out, and the first layer's norm adds that
+to the residual. In place of the cast, two library GEMMs, the bias add, the SiLU, the cast back, the output GEMM and
+two copies (nine launches) come one kernel and one few-row GEMM, both dependent launches.
 """
 
 from __future__ import annotations
@@ -62,6 +71,21 @@ def denoise_step_out_reference(x: torch.Tensor, residual: torch.Tensor, gate: to
     if b_out is not None:
         v = v + b_out.float()
     return x_t.add_(dt * v)
+
+
+def time_mlp_in_reference(x_t: torch.Tensor, w_fold: torch.Tensor, c: torch.Tensor, state_token: torch.Tensor,
+                          b_out: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain PyTorch, fp32: pi0's step start up to its time MLP's output GEMM. x_t (H, A); w_fold (D, A) = W_ta @
+    W_in and c (D,) = W_ta @ b_in + the step's time bias (EngineWeights.pi0_step_tables). Returns (residual (H + 1,
+    D) fp32: the state token's row, then b_out in every action row; h (H + 1, D) out_dtype: zeros, then
+    silu(x_t @ w_fold^T + c)), so that residual + h @ W_out^T is the step's suffix."""
+    H, D = x_t.shape[0], w_fold.shape[0]
+    p = x_t.float() @ w_fold.float().T + c.float()
+    h = torch.zeros(H + 1, D, dtype=torch.float32, device=x_t.device)
+    h[1:] = torch.nn.functional.silu(p)
+    residual = torch.cat([state_token.float()[None], b_out.float()[None].expand(H, D)])
+    return residual, h.to(out_dtype)
 
 
 @triton.jit
@@ -130,6 +154,30 @@ def _step_in_kernel(x_ptr, w_ptr, b_ptr, s_ptr, t_ptr, res_ptr, y_ptr, A, eps, s
             s = tl.load(s_ptr + rd, mask=d_ok, other=0.0)
             t = tl.load(t_ptr + rd, mask=d_ok, other=0.0)
             tl.store(y_ptr + row * stride_y + rd, (h * rstd * s + t).to(y_ptr.dtype.element_ty), mask=d_ok)
+
+
+@triton.jit
+def _time_mlp_in_kernel(x_ptr, w_ptr, c_ptr, st_ptr, bo_ptr, res_ptr, h_ptr, A, stride_res, stride_h,
+                        D: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    release_dependents(PDL)
+    row = tl.program_id(0)                  # suffix row: 0 is the state token's, 1.. the actions'
+    ra = tl.arange(0, BLOCK_A)
+    a_ok = ra < A
+    rd = tl.arange(0, BLOCK_D)
+    d_ok = rd < D
+    # the folded weights, the step's bias and the output GEMM's bias are load-time tables: read before the wait
+    w = tl.load(w_ptr + rd[:, None] * A + ra[None, :], mask=d_ok[:, None] & a_ok[None, :], other=0.0)
+    c = tl.load(c_ptr + rd, mask=d_ok, other=0.0)
+    bo = tl.load(bo_ptr + rd, mask=d_ok, other=0.0)
+    wait_for_inputs(PDL)                    # x_t (the last step's Euler) and the state token come from kernels ahead
+    if row == 0:
+        tl.store(res_ptr + rd, tl.load(st_ptr + rd, mask=d_ok, other=0.0), mask=d_ok)
+        tl.store(h_ptr + rd, tl.zeros([BLOCK_D], tl.float32).to(h_ptr.dtype.element_ty), mask=d_ok)
+    else:
+        x = tl.load(x_ptr + (row - 1) * A + ra, mask=a_ok, other=0.0).to(tl.float32)
+        p = tl.sum(w.to(tl.float32) * x[None, :], axis=1) + c
+        tl.store(res_ptr + row * stride_res + rd, bo, mask=d_ok)
+        tl.store(h_ptr + row * stride_h + rd, (p / (1.0 + tl.exp(-p))).to(h_ptr.dtype.element_ty), mask=d_ok)
 
 
 @triton.jit
@@ -246,3 +294,28 @@ def denoise_step_out(x: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor
                            D=D, X_SPLITS=splits, HAS_B=b_out is not None, BLOCK_A=triton.next_power_of_2(A),
                            BLOCK_D=block, PDL=pdl, num_warps=warps, **launch_options(pdl))
     return x_t
+
+
+def time_mlp_in(x_t: torch.Tensor, w_fold: torch.Tensor, c: torch.Tensor, state_token: torch.Tensor,
+                b_out: torch.Tensor, residual: torch.Tensor, h: torch.Tensor, pdl: bool | int = False) -> torch.Tensor:
+    """Triton launcher; time_mlp_in_reference's results into residual (H + 1, D) fp32 and h (H + 1, D), one
+    program per suffix row, the row in registers (D <= ONE_PASS_MAX_D). Returns h."""
+    H, A = x_t.shape
+    D = w_fold.shape[0]
+    if D > ONE_PASS_MAX_D:
+        raise ValueError(f"time_mlp_in: rows of at most {ONE_PASS_MAX_D}, got {D}")
+    if x_t.dtype != torch.float32 or not x_t.is_contiguous() or w_fold.shape != (D, A) \
+            or not w_fold.is_contiguous():
+        raise ValueError(f"time_mlp_in: x_t contiguous fp32 (H, A) and w_fold contiguous (D, A); got "
+                         f"{tuple(x_t.shape)} {x_t.dtype}, {tuple(w_fold.shape)}")
+    if residual.shape != (H + 1, D) or residual.dtype != torch.float32 or h.shape != (H + 1, D) \
+            or residual.stride(1) != 1 or h.stride(1) != 1:
+        raise ValueError(f"time_mlp_in: residual fp32 and h must be ({H + 1}, {D}) with unit column stride; got "
+                         f"{tuple(residual.shape)} {residual.dtype}, {tuple(h.shape)}")
+    for name, v in (("c", c), ("state_token", state_token), ("b_out", b_out)):
+        _check_vector(name, v, D)
+    _time_mlp_in_kernel[(H + 1,)](x_t, w_fold, c, state_token, b_out, residual, h, A, residual.stride(0),
+                                  h.stride(0), D=D, BLOCK_A=triton.next_power_of_2(A),
+                                  BLOCK_D=triton.next_power_of_2(D), PDL=pdl, num_warps=ONE_PASS_WARPS,
+                                  **launch_options(pdl))
+    return h

@@ -14,7 +14,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh host         # Policy.predict's host and GPU segments, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh layer        # the persistent expert layer: tests, timings, ~6 min
 #   OUT=/path bash tools/device_engine_checks.sh layer-gates  # its three accuracy gates, ~3.5 min
-#   OUT=/path bash tools/device_engine_checks.sh h50          # the TMA GEMMs at 17-64 rows: tests, h50 A/B, ~6 min
+#   OUT=/path bash tools/device_engine_checks.sh h50          # horizon 50's opt-ins: tests, A/B rows, ~8 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
 # The times were measured in sessions 12-13 (all but gemms and fp8-scopes) or estimated: the
@@ -62,9 +62,10 @@
 #   denoise_layer_phases.log) and the whole denoise against the separate kernels in one engine
 #   (tools/benchmark_denoise_layer.py --random-init: denoise_layer_*.json/.md, denoise_layer.log); layer-gates:
 #   its three accuracy gates (pytest_layer_gates.log).
-# h50: kernels/smem_gemm.py's ring kernel (17-64 rows, EngineOptions.smem_gemm_rows, opt-in): its kernel tests
-#   alone (pytest_rows_kernel.log), then, if all four passed, pi0.5 and pi0 (bf16) at horizon 50 with
-#   and without it (engine_h50_smem_gemm_rows_*.json/.md, h50.log); its gate is in engine-gates-forced.
+# h50: kernels/smem_gemm.py's ring kernel (17-64 rows, EngineOptions.smem_gemm_rows, opt-in) and pi0's fused step
+#   ends (EngineOptions.fused_denoise_step_pi0, opt-in): their kernel tests alone (pytest_rows_kernel.log), then, if
+#   all six passed, pi0.5 and pi0 (bf16) at horizon 50 with and without them (engine_h50_pi05_*, engine_h50_pi0_*,
+#   h50.log); their gates are in engine-gates-forced and engine-gates.
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
 #   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
@@ -172,15 +173,21 @@ if [ "$PART" = buckets ]; then        # not in "all": two full loads with 13 gra
   echo "benchmark_text_buckets rc=$?" >> "$OUT/buckets.log"
 fi
 
-if [ "$PART" = h50 ]; then            # not in "all": the TMA GEMMs at 17-64 rows (smem_gemm_rows, opt-in)
-  # the ring kernel's tests first and alone (its first GPU run: a hang would be an mbarrier phase error), then the
-  # horizon-50 A/B: pi0.5 and pi0 in bf16, each with and without smem_gemm_rows, in one run
-  timeout 150 "$PY" -m pytest -v test/gpu/test_kernels.py -k rows_kernel > "$OUT/pytest_rows_kernel.log" 2>&1
+if [ "$PART" = h50 ]; then            # not in "all": horizon 50's opt-ins (smem_gemm_rows, fused_denoise_step_pi0)
+  # the ring kernel's tests and pi0's step-start kernel test first and alone (their first GPU run: a hang would
+  # be an mbarrier phase error), then at horizon 50 bf16: pi0.5 with and without smem_gemm_rows, pi0 with neither,
+  # with smem_gemm_rows and with its fused step ends
+  timeout 140 "$PY" -m pytest -v test/gpu/test_kernels.py -k "rows_kernel or time_mlp_in" \
+    > "$OUT/pytest_rows_kernel.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_rows_kernel.log"
-  if grep -q "4 passed" "$OUT/pytest_rows_kernel.log"; then
-    timeout 420 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 pi0 --views 2 \
+  if grep -q "6 passed" "$OUT/pytest_rows_kernel.log"; then
+    timeout 190 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
       --horizons 50 --reference-calls 2 --no-gate --ab-switches-on smem_gemm_rows \
-      --out-dir "$OUT" --tag h50_smem_gemm_rows > "$OUT/h50.log" 2>&1
+      --out-dir "$OUT" --tag h50_pi05 > "$OUT/h50.log" 2>&1
+    echo "benchmark_engine rc=$?" >> "$OUT/h50.log"
+    timeout 250 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi0 --views 2 \
+      --horizons 50 --reference-calls 2 --no-gate --ab-switches-on smem_gemm_rows fused_denoise_step_pi0 \
+      --out-dir "$OUT" --tag h50_pi0 >> "$OUT/h50.log" 2>&1
     echo "benchmark_engine rc=$?" >> "$OUT/h50.log"
   fi
 fi

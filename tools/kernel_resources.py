@@ -217,10 +217,15 @@ STEP_OUT_SIGNATURE = {"x_ptr": "*fp32", "res_ptr": "*fp32", "g_ptr": "*fp32", "s
                       "eps": "fp32", "dt": "fp32", "stride_x": "i32", "split_stride": "i32", "stride_res": "i32"}
 
 
+TIME_MLP_IN_SIGNATURE = {"x_ptr": "*fp32", "w_ptr": "*bf16", "c_ptr": "*fp32", "st_ptr": "*fp32", "bo_ptr": "*fp32",
+                         "res_ptr": "*fp32", "h_ptr": "*bf16", "A": "i32", "stride_res": "i32", "stride_h": "i32"}
+
+
 def denoise_step_configs(width: int = 1024) -> list[KernelConfig]:
     """kernels/denoise_step.py's two kernels at pi0.5's step (32 action dims, the expert's width) as their
     launchers plan them (denoise_step.step_block): the row in one pass (the default) and in two passes of 256-wide
-    blocks; step_out on the last down GEMM's output as split-K partials (4, the tuning's pick) and unsplit."""
+    blocks; step_out on the last down GEMM's output as split-K partials (4, the tuning's pick) and unsplit; and
+    pi0's step start (time_mlp_in) at the same width."""
     step = _kernels_module("denoise_step")
     out = []
     for block_d in (None, 256):
@@ -233,6 +238,10 @@ def denoise_step_configs(width: int = 1024) -> list[KernelConfig]:
             out.append(KernelConfig(f"denoise step_out ({passes}, {splits} partials)", step._step_out_kernel,
                                     STEP_OUT_SIGNATURE, {**ce, "X_SPLITS": splits}, warps, 1,
                                     ("stride_x", "split_stride", "stride_res")))
+    block, warps = step.step_block(width, None)                 # pi0's step start: one pass only
+    out.append(KernelConfig("pi0 time_mlp_in (one pass)", step._time_mlp_in_kernel, TIME_MLP_IN_SIGNATURE,
+                            {"D": width, "BLOCK_A": 32, "BLOCK_D": block, "PDL": True}, warps, 1,
+                            ("stride_res", "stride_h")))
     return out
 
 

@@ -34,6 +34,8 @@ tests and bug reports:
                                     FLASHRT_FUSED_PATCH_EMBED=0 does the same)
     FLASHRT_DISABLE_FUSED_DENOISE_STEP=1  pi0.5's denoising-step ends as separate ops, not kernels/denoise_step.py
                                     (FLASHRT_FUSED_DENOISE_STEP=0 does the same)
+    FLASHRT_FUSED_DENOISE_STEP_PI0=1  pi0's step ends fused too (kernels/denoise_step.py time_mlp_in and step_out;
+                                    opt-in, EngineOptions.fused_denoise_step_pi0)
     FLASHRT_TEXT_BUCKETS=16,32,...  the token-buffer lengths with a graph each (EngineOptions.text_buckets)
     FLASHRT_TUNING_CACHE=DIR        keep the load-time tuning's picks in DIR and reuse them at the next load of the
                                     same model, GPU, software and options (engine/tuning_cache.py); unset or "" = off
@@ -184,6 +186,8 @@ class EngineOptions:
     fused_patch_embed: bool = True           # kernels/patch_embed.py rows + the patch GEMM in the engine dtype
     ada_norm_fold: bool = False              # opt-in (measured slower): pi0.5's adaRMSNorms in the TMA GEMMs
     fused_denoise_step: bool = True          # kernels/denoise_step.py (pi0.5): the step ends, 2 launches not 7
+    fused_denoise_step_pi0: bool = False     # opt-in (not yet run on a GPU): pi0's step ends fused too
+                                             # (time_mlp_in + one few-row GEMM, step_out), 3 launches not 12
     split_k_qkv: bool = False                # opt-in (measured slower): a split-K QKV candidate the attention sums
     smem_gemm_rows: bool = False             # opt-in (not yet run on a GPU): kernels/smem_gemm.py candidates at
                                              # 17-64 rows too (horizon-50 steps), with x streamed through a ring
@@ -262,6 +266,7 @@ class EngineOptions:
                            ("FLASHRT_FUSED_PATCH_EMBED", "fused_patch_embed"),   # the default now: 0 turns it off
                            ("FLASHRT_ADA_NORM_FOLD", "ada_norm_fold"),
                            ("FLASHRT_FUSED_DENOISE_STEP", "fused_denoise_step"),  # the default: 0 = off
+                           ("FLASHRT_FUSED_DENOISE_STEP_PI0", "fused_denoise_step_pi0"),
                            ("FLASHRT_SPLIT_K_QKV", "split_k_qkv"),
                            ("FLASHRT_SMEM_GEMM_ROWS", "smem_gemm_rows"),
                            ("FLASHRT_PREFIX_ATTENTION_WGMMA", "prefix_attention_wgmma"),  # the default: 0 = off

@@ -194,18 +194,28 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
     if step_ends and ws.denoise_layer is not None and ops.denoise_layer != "separate":
         _denoise_persistent_layers(ws, w, ops, key_bias, pos, x_t, residual, y)
         return
+    # pi0: the start of each step up to its time MLP's output GEMM in one kernel, its end in step_out
+    pi0_ends = pi0_fused_step_ends(w, ops)
+    if pi0_ends:
+        tables = w.pi0_step_tables()                 # made when the executor was built, before any capture
+        hidden = torch.empty(S, e.width, device=dev, dtype=w.dtype)
     for step, dt in enumerate(w.dts):
         if step_ends:        # input projection + the first layer's norm 1
             mod = w.tables.norm[step, 0]
             ops.denoise_step_in(x_t, w.action_in, mod[0, 0], mod[0, 1], residual, y, e.eps)
         elif pi05:
             residual.copy_(ops.linear(x_t.to(w.dtype), w.action_in))                   # (horizon, We)
+        elif pi0_ends:
+            # residual = [state token; b_out], hidden = [0; silu(...)]; the first norm adds hidden @ W_out^T
+            ops.time_mlp_in(x_t, tables.w_fold, tables.c[step], state_token[0], tables.b_out, residual, hidden)
         else:
             a = ops.linear(x_t.to(w.dtype), w.action_in)                               # (horizon, We)
             h = torch.nn.functional.silu(ops.linear(a, w.time_in_action).float() + w.time_in_bias[step])
             residual[1:].copy_(ops.linear(h.to(w.dtype), w.time_out))
             residual[:1].copy_(state_token)
         x = gate = None
+        if pi0_ends:
+            x = ops.decoder(hidden, tables.out, "qkv", impl="triton")                 # (S, We): row 0 zeros
         for i, layer in enumerate(w.expert):
             qkv_in, norm_in = y, None
             if pi05:
@@ -245,12 +255,23 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
             ops.denoise_step_out(x, residual, gate, w.tables.final[step, 0], w.tables.final[step, 1], out_w, out_b,
                                  x_t, dt, e.eps)
             continue
+        if pi0_ends:         # pi0's final RMSNorm: a gate of ones, its scale (ones when folded), no shift
+            ops.denoise_step_out(x, residual, tables.ones, tables.final_scale, tables.zeros, out_w, out_b, x_t, dt,
+                                 e.eps)
+            continue
         if pi05:
             ops.ada_norm(x, residual, gate, w.tables.final[step, 0], w.tables.final[step, 1], y, e.eps)
         else:
             ops.norm(x, residual, y, w.expert_final_norm, None, e.eps)
         velocity = torch.nn.functional.linear(y[S - horizon:], out_w)                 # (horizon, A)
         ops.euler(x_t, velocity, out_b, dt)
+
+
+def pi0_fused_step_ends(w: EngineWeights, ops: Ops) -> bool:
+    """Whether denoise runs pi0's fused step ends (ops.fused_denoise_step_pi0, opt-in): pi0 with one unquantized
+    block each for the action input projection and the time MLP's GEMMs."""
+    return (w.tables is None and ops.fused_denoise_step_pi0 and w.time_in_action is not None
+            and all(len(lin.parts) == 1 and lin.fp8 is None for lin in (w.action_in, w.time_in_action, w.time_out)))
 
 
 def _denoise_persistent_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, pos: torch.Tensor,

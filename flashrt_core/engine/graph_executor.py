@@ -27,7 +27,7 @@ from flashrt_core.errors import InputError
 from flashrt_core.model import PiModel
 
 from .dispatch import Dispatch, Op, Switch
-from .forward import AdaFoldBuffers, PhaseTimer, Workspace, denoise, forward, prefix, vision
+from .forward import AdaFoldBuffers, PhaseTimer, Workspace, denoise, forward, pi0_fused_step_ends, prefix, vision
 from .host_wait import HostWait
 from .kernel_import import load_kernels
 from .ops import LAUNCH_POLICIES, PREFIX_ATTENTION_IMPLS, VISION_ATTENTION_BACKENDS, Ops
@@ -143,6 +143,8 @@ class EngineExecutor:
             self.ops.ada_fold = False                   # pi0, unmerged weights or too many rows: nothing to fold
         if self.ops.ada_fold:
             self.weights.ada_fold_bias()                # the shift @ W^T tables, made before any capture
+        if pi0_fused_step_ends(self.weights, self.ops):
+            self.weights.pi0_step_tables()              # pi0's folded time MLP tables, made before any capture
         if self.ops.denoise_layer != "separate" and (
                 self.weights.tables is None or not self.weights.folded or not self.ops.fused_denoise_step
                 or self.ops.decoder_fp8 or self.suffix_len > DENOISE_LAYER_MAX_ROWS):

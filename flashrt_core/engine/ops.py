@@ -249,6 +249,8 @@ class Ops:
         self._gelu_epilogue = dispatch[Op.VISION_GELU] == "gemm_epilogue"
         self.fused_patch_embed = dispatch[Op.PATCH_EMBED] == "fused"     # forward.vision: patch_rows + GEMM
         self.fused_denoise_step = dispatch[Op.DENOISE_STEP] == "fused"   # forward.denoise: denoise_step_in / _out
+        # ... and pi0's (time_mlp_in, a few-row GEMM, denoise_step_out): opt-in, not yet run on a GPU
+        self.fused_denoise_step_pi0 = self.fused_denoise_step and dispatch.options.fused_denoise_step_pi0
         # forward.denoise: each pi0.5 expert layer through kernels/denoise_layer.py ("grid" / "grid_prefetch": one
         # launch, "phases": a launch per phase) where the workspace has its scratch (GraphExecutor: pi0.5, fused
         # step ends, <= 16 rows)
@@ -308,6 +310,12 @@ class Ops:
         on x_t, in one kernel (kernels/denoise_step.py)."""
         return self.k.denoise_step_out(x, residual, gate, scale1p, shift, out_w, out_b, x_t, dt, eps,
                                        pdl=self.launch_mode("other"), block_d=self.step_block_d)
+
+    def time_mlp_in(self, x_t: torch.Tensor, w_fold: torch.Tensor, c: torch.Tensor, state_token: torch.Tensor,
+                    b_out: torch.Tensor, residual: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """pi0's step start (fused_denoise_step_pi0): the residual's constant rows (state token, the time MLP's
+        output bias) and the MLP's hidden rows h in one kernel (kernels/denoise_step.py time_mlp_in). Returns h."""
+        return self.k.time_mlp_in(x_t, w_fold, c, state_token, b_out, residual, h, pdl=self.launch_mode("other"))
 
     # ---------------------------------------------------------------------------------------------- MLP pieces
     def geglu(self, gu: torch.Tensor) -> torch.Tensor:

@@ -117,6 +117,20 @@ def pack_expert(layers: list[GemmaLayer]) -> ExpertArena | None:
     return ExpertArena(buffer, spans)
 
 
+@dataclass(frozen=True)
+class Pi0StepTables:
+    """EngineWeights.pi0_step_tables: w_fold (We, A) engine dtype, c (steps, We) fp32, out (the time MLP's output
+    GEMM, bias-free), b_out (We,) fp32, and step_out's final_scale, gate (ones) and shift (zeros), (We,) fp32."""
+
+    w_fold: torch.Tensor
+    c: torch.Tensor
+    out: Linear
+    b_out: torch.Tensor
+    final_scale: torch.Tensor
+    ones: torch.Tensor
+    zeros: torch.Tensor
+
+
 @dataclass
 class EngineWeights:
     config: ModelConfig
@@ -157,6 +171,33 @@ class EngineWeights:
         return self._patch_gemm
 
     _patch_gemm: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @torch.no_grad()
+    def pi0_step_tables(self) -> Pi0StepTables:
+        """pi0's fused step ends (kernels/denoise_step.py time_mlp_in and step_out): the action input projection
+        folded into the action half of the time MLP's input GEMM, W_ta W_in (We, A) in the engine dtype, and W_ta
+        b_in + the time bias of each step (steps, We) fp32 (both folds in fp32 from the prepared weights); the
+        output GEMM without its bias and the bias apart; the final norm's scale (ones when folded into
+        action_out) and a gate of ones and a shift of zeros for step_out. Made at first use, then kept."""
+        if self.tables is not None or self.time_in_action is None:
+            raise ValueError("pi0_step_tables: only pi0 has a time MLP")
+        if self._pi0_step is None:
+            (w_ta, _), = self.time_in_action.parts
+            (w_in, b_in), = self.action_in.parts
+            (w_out, b_out), = self.time_out.parts
+            w_ta = w_ta.float()
+            c = self.time_in_bias.float() + (w_ta @ b_in.float() if b_in is not None else 0.0)
+            width = w_ta.shape[0]
+            ones = torch.ones(width, device=w_ta.device)
+            scale = self.expert_final_norm.float() if self.expert_final_norm is not None else ones
+            self._pi0_step = Pi0StepTables(
+                w_fold=(w_ta @ w_in.float()).to(self.dtype).contiguous(), c=c.contiguous(),
+                out=Linear([(w_out, None)]),
+                b_out=(b_out.float() if b_out is not None else torch.zeros_like(ones)).contiguous(),
+                final_scale=scale.contiguous(), ones=ones, zeros=torch.zeros_like(ones))
+        return self._pi0_step
+
+    _pi0_step: Pi0StepTables | None = None
 
     @torch.no_grad()
     def ada_fold_bias(self) -> tuple[torch.Tensor, torch.Tensor]:

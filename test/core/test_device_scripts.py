@@ -29,7 +29,7 @@ def test_script_is_valid_bash(script):
 def test_engine_checks_call_existing_tools_with_their_flags():
     script = REPO / "tools" / "device_engine_checks.sh"
     calls = [line for line in _logical_lines(script) if '"$PY" tools/' in line]
-    assert len(calls) == 11     # benchmark_engine (bench, fp8-scopes, h50), profile_engine_timeline (224 and
+    assert len(calls) == 12     # benchmark_engine (bench, fp8-scopes, h50 twice), profile_engine_timeline (224 and
                                 # 480x640 frames), benchmark_wide_gemms, benchmark_policy_predict (load, host),
                                 # benchmark_text_buckets (buckets), benchmark_denoise_layer (layer: phases, A/B)
     for line in calls:
@@ -51,7 +51,7 @@ def test_engine_checks_pytest_selections_select_tests():
     new = next(line for line in lines if line.startswith("NEW=")).split("=", 1)[1].strip('"')
     pytest_lines = [line.replace("$NEW", new) for line in lines if "-m pytest" in line]
     assert len(pytest_lines) == 8       # kernels, engine-new, engine-rest, engine-gates, engine-gates-forced,
-                                        # layer's kernel tests and gates, and h50's ring kernel tests
+                                        # layer's kernel tests and gates, and h50's kernel tests
     engine_ids: list[str] = []
     for line in pytest_lines:
         words = shlex.split(line.split("-m pytest", 1)[1].split(">", 1)[0])

@@ -150,6 +150,7 @@ def test_new_prompt_does_not_recapture(tiny):
     ("pi05", "fp8+no_fused_denoise_step"),
     ("pi05", "bf16+split_k_qkv"),           # the TMA GEMMs forced, QKV split-K 2 summed by the attention (opt-in)
     ("pi0", "bf16+smem_gemm_rows"),         # the TMA GEMMs forced at pi0's 51 rows (horizon 50; x ring, opt-in)
+    ("pi0", "bf16+fused_denoise_step_pi0"),  # pi0's step ends fused (time_mlp_in, step_out; opt-in), horizon 50
     ("pi05", "bf16+prefix_attention_wgmma"),  # the prefix attention forced to kernels/prefix_attention.py
     ("pi05", "bf16+prefix_attention_split"),  # ... forced to its key-split form (2 programs per row block; opt-in)
     ("pi05", "fp8+fp8_fast_accum"),         # the FP8 GEMMs accumulating in the tensor cores (opt-in)
@@ -171,6 +172,7 @@ def test_accuracy_gate_full_size(name, precision):
                                           fused_denoise_step=extra != "no_fused_denoise_step",
                                           split_k_qkv=extra == "split_k_qkv",
                                           smem_gemm_rows=extra == "smem_gemm_rows",
+                                          fused_denoise_step_pi0=extra == "fused_denoise_step_pi0",
                                           fp8_fast_accum=extra == "fp8_fast_accum",
                                           prefix_attention_split=extra == "prefix_attention_split",
                                           denoise_layer=extra.startswith("denoise_layer"),
@@ -183,6 +185,7 @@ def test_accuracy_gate_full_size(name, precision):
     assert engine.ops.fused_patch_embed == (extra != "no_fused_patch_embed")
     assert engine.ops.ada_fold == (extra == "smem_gemm_ada_fold")
     assert engine.ops.fused_denoise_step == (extra != "no_fused_denoise_step")
+    assert engine.ops.fused_denoise_step_pi0 == (extra == "fused_denoise_step_pi0")
     assert engine.ops.denoise_layer == {"denoise_layer": "grid", "denoise_layer_phases": "phases"}.get(
         extra, "separate")
     if extra.startswith("smem_gemm") or extra == "split_k_qkv":   # the tuning weighed the TMA GEMMs; force them

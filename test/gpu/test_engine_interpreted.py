@@ -84,7 +84,8 @@ def _record_triton_launches(engine, monkeypatch) -> dict[str, list]:
     The PyTorch references are not recorded."""
     calls: dict[str, list] = {}
     for name in ("skinny_gemm", "decoder_attention", "attention", "qkv_rope", "ada_rms_norm", "residual_norm",
-                 "euler", "geglu", "patch_rows", "denoise_step_in", "denoise_step_out", "denoise_layer"):
+                 "euler", "geglu", "patch_rows", "denoise_step_in", "denoise_step_out", "denoise_layer",
+                 "time_mlp_in"):
         fn = getattr(engine.ops.k, name)
 
         def recorded(*args, _fn=fn, _name=name, **kwargs):
@@ -158,6 +159,29 @@ def test_fused_denoise_step_ends_match_the_reference(model, monkeypatch):
         assert len(launches["ada_rms_norm"]) == steps * (2 * layers - 1)
     else:
         assert "denoise_step_in" not in launches and len(launches["euler"]) == steps
+
+
+def test_pi0_fused_step_ends_match_the_reference(model, monkeypatch):
+    """pi0 with its step ends fused (fused_denoise_step_pi0, opt-in): one time_mlp_in and one denoise_step_out
+    launch per step (the time MLP's input GEMMs folded into one table at load), no Euler kernel; the actions are
+    the reference's. pi0.5's step ends are its own: the switch changes nothing there."""
+    from flashrt_core.engine.forward import pi0_fused_step_ends
+    engine = _engine(model, "rope_in_attention")
+    engine.ops.fused_denoise_step = engine.ops.fused_denoise_step_pi0 = True
+    launches = _record_triton_launches(engine, monkeypatch)
+    got, want, _ = _actions_and_reference(engine, model, 9)
+    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
+    steps = len(engine.weights.dts)
+    if model.config.model_type == "pi05":
+        assert not pi0_fused_step_ends(engine.weights, engine.ops) and "time_mlp_in" not in launches
+        assert len(launches["denoise_step_in"]) == steps
+    else:
+        assert pi0_fused_step_ends(engine.weights, engine.ops)
+        assert len(launches["time_mlp_in"]) == len(launches["denoise_step_out"]) == steps
+        assert "euler" not in launches and "denoise_step_in" not in launches
+        tables = engine.weights.pi0_step_tables()
+        assert tables.c.shape == (steps, model.config.expert.width) and torch.equal(tables.zeros,
+                                                                                     torch.zeros_like(tables.zeros))
 
 
 @pytest.mark.parametrize("merge_in_attention", [False, True])

@@ -211,6 +211,27 @@ def test_denoise_step_in(bias, block_d):
         _close(y, want_y, BF16_ATOL, BF16_RTOL)
 
 
+@pytest.mark.parametrize("horizon", [10, 50])
+def test_time_mlp_in(horizon):
+    """kernels/denoise_step.py's pi0 step start at pi0's shape (horizon + 1 suffix rows: the state token's, then
+    the actions'; 32 action dims, the expert's width), bf16 folded weights and hidden rows, every launch mode,
+    against time_mlp_in_reference: the residual's rows are the state token and the output bias, the hidden rows
+    zeros and then the SiLU of the folded projection; outputs NaN-poisoned."""
+    rows = horizon if not INTERPRET else 3
+    g = torch.Generator(device=DEVICE).manual_seed(horizon)
+    x_t = torch.randn(rows, 32, device=DEVICE, generator=g)
+    w_fold = (torch.randn(EXPERT_WIDTH, 32, device=DEVICE, generator=g) / 4).to(torch.bfloat16)
+    c, state_token, b_out = (torch.randn(EXPERT_WIDTH, device=DEVICE, generator=g) for _ in range(3))
+    want_res, want_h = K.time_mlp_in_reference(x_t, w_fold, c, state_token, b_out, torch.bfloat16)
+    assert torch.equal(want_h[0], torch.zeros_like(want_h[0])) and want_h[1:].abs().max() > 0
+    for pdl in (False, True, K.EARLY_TRIGGER) if not INTERPRET else (True,):
+        residual = _poison(torch.empty(rows + 1, EXPERT_WIDTH, device=DEVICE))
+        h = _poison(torch.empty(rows + 1, EXPERT_WIDTH, device=DEVICE, dtype=torch.bfloat16))
+        K.time_mlp_in(x_t, w_fold, c, state_token, b_out, residual, h, pdl=pdl)
+        assert torch.equal(residual, want_res)                      # copies of fp32 vectors: exact
+        _close(h, want_h, BF16_ATOL, BF16_RTOL)
+
+
 @pytest.mark.parametrize("splits,block_d", [(0, None), (1, None), (4, None), (4, 256)])
 def test_denoise_step_out(splits, block_d):
     """kernels/denoise_step.py's step end at pi0.5's shape: the last down GEMM's output as one bf16 matrix (0) or
