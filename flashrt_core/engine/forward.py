@@ -215,7 +215,7 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
             residual[:1].copy_(state_token)
         x = gate = None
         if pi0_ends:
-            x = ops.decoder(hidden, tables.out, "qkv", impl="triton")                 # (S, We): row 0 zeros
+            x = ops.decoder(hidden, tables.out, "qkv", impl=ops.plain_pick("qkv"))   # (S, We): row 0 zeros
         for i, layer in enumerate(w.expert):
             qkv_in, norm_in = y, None
             if pi05:

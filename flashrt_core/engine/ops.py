@@ -311,6 +311,13 @@ class Ops:
         return self.k.denoise_step_out(x, residual, gate, scale1p, shift, out_w, out_b, x_t, dt, eps,
                                        pdl=self.launch_mode("other"), block_d=self.step_block_d)
 
+    def plain_pick(self, kind: str) -> str | SkinnyConfig | SmemConfig:
+        """The tuned GEMM of `kind` where it is a plain one (a Triton or shared-memory GEMM without split-K, no RoPE
+        epilogue), else "triton" (the kind's first Triton candidate): for an untuned GEMM of the same K, e.g. pi0's
+        time MLP output (K = the expert's width, as QKV's)."""
+        impl = self.decoder_impl.get(kind)
+        return impl if isinstance(impl, (SkinnyConfig, SmemConfig)) and impl.split_k == 1 else "triton"
+
     def time_mlp_in(self, x_t: torch.Tensor, w_fold: torch.Tensor, c: torch.Tensor, state_token: torch.Tensor,
                     b_out: torch.Tensor, residual: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """pi0's step start (fused_denoise_step_pi0): the residual's constant rows (state token, the time MLP's

@@ -158,3 +158,17 @@ def test_the_ring_kernel_is_opt_in_and_follows_the_smem_gemm_switch():
     assert ops.smem_gemm_rows == (ops.dispatch[Op.SMEM_GEMM] == "tma")
     off = EngineOptions.from_env(asked, env={"FLASHRT_DISABLE_SMEM_GEMM": "1"})
     assert off.smem_gemm_rows and not Ops(resolve(sm90, off)).smem_gemm_rows
+
+
+def test_plain_pick_serves_an_untuned_gemm_of_the_same_k():
+    """Ops.plain_pick: the tuned GEMM of a kind where it is plain (no split-K, no RoPE epilogue), else the kind's
+    first Triton candidate; pi0's time MLP output GEMM runs on QKV's pick this way (forward.denoise)."""
+    from flashrt_core.engine.dispatch import EngineOptions, resolve
+    from flashrt_core.engine.hardware import CPU
+    from flashrt_core.engine.ops import Ops, RopeGemmConfig, SkinnyConfig, SmemConfig
+
+    ops = Ops(resolve(CPU, EngineOptions()))
+    for impl, want in ((SmemConfig(1), SmemConfig(1)), (SkinnyConfig(32, 128, 1, 4), SkinnyConfig(32, 128, 1, 4)),
+                       (SmemConfig(2), "triton"), (RopeGemmConfig(32, 128, 3), "triton"), ("library", "triton")):
+        ops.decoder_impl["qkv"] = impl
+        assert ops.plain_pick("qkv") == want, impl
