@@ -177,15 +177,15 @@ if [ "$PART" = h50 ]; then            # not in "all": horizon 50's opt-ins (smem
   # the ring kernel's tests and pi0's step-start kernel test first and alone (their first GPU run: a hang would
   # be an mbarrier phase error), then at horizon 50 bf16: pi0.5 with and without smem_gemm_rows, pi0 with neither,
   # with smem_gemm_rows and with its fused step ends
-  timeout 140 "$PY" -m pytest -v test/gpu/test_kernels.py -k "rows_kernel or time_mlp_in" \
+  timeout 190 "$PY" -m pytest -v test/gpu/test_kernels.py -k "rows_kernel or time_mlp_in" \
     > "$OUT/pytest_rows_kernel.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_rows_kernel.log"
   if grep -q "6 passed" "$OUT/pytest_rows_kernel.log"; then
-    timeout 190 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
+    timeout 160 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
       --horizons 50 --reference-calls 2 --no-gate --ab-switches-on smem_gemm_rows \
       --out-dir "$OUT" --tag h50_pi05 > "$OUT/h50.log" 2>&1
     echo "benchmark_engine rc=$?" >> "$OUT/h50.log"
-    timeout 250 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi0 --views 2 \
+    timeout 230 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi0 --views 2 \
       --horizons 50 --reference-calls 2 --no-gate --ab-switches-on smem_gemm_rows fused_denoise_step_pi0 \
       --out-dir "$OUT" --tag h50_pi0 >> "$OUT/h50.log" 2>&1
     echo "benchmark_engine rc=$?" >> "$OUT/h50.log"
