@@ -418,22 +418,57 @@ def error_line(text: str) -> str:
     return ((named or lines or ["?"])[-1])[:110].replace("|", "/")
 
 
+MERGE_ENV_FIELDS = ("gpu", "driver", "torch", "cuda", "triton")
+
+
+def merge_results(paths: list[Path]) -> dict:
+    """One result from the JSONs of several runs of this tool on one machine's software (a grid too long for one
+    device call: runs 40-43 of the notes): their rows, gates, errors and notes in order, each row with the run it
+    came from ("source": the file's stem). Runs on another GPU, driver, torch, CUDA or Triton are refused."""
+    if len(paths) < 2:
+        raise ValueError("--merge needs two or more result files")
+    runs = [(Path(p).stem, json.loads(Path(p).read_text())) for p in paths]
+    first_env = runs[0][1]["env"]
+    merged = {"env": dict(first_env), "rows": [], "gates": [], "errors": [], "notes": [],
+              "args": {"merged_from": [name for name, _ in runs],
+                       "text_buckets": runs[0][1].get("args", {}).get("text_buckets", "?")}}
+    for name, d in runs:
+        for field in MERGE_ENV_FIELDS:
+            if d["env"].get(field) != first_env.get(field):
+                raise ValueError(f"--merge: {name} ran on {field} {d['env'].get(field)!r}, {runs[0][0]} on "
+                                 f"{first_env.get(field)!r}")
+        merged["rows"] += [dict(r, source=name) for r in d["rows"]]
+        for kind in ("gates", "errors", "notes"):
+            merged[kind] += d.get(kind, [])
+    times = sorted(d["env"]["time_utc"] for _, d in runs)
+    merged["env"]["time_utc"] = f"{times[0]} to {times[-1]}"
+    return merged
+
+
 def write_markdown(res: Results, path: Path) -> None:
     d = res.data
     env = d["env"]
+    merged = d["args"].get("merged_from")
     lines = [f"# Engine benchmark: {env['gpu']}", "",
              f"GPU {env['gpu']}, driver {env['driver']}, torch {env['torch']} (CUDA {env['cuda']}), triton "
              f"{env['triton']}, {env['time_utc']} UTC. Full-size random weights; prompt {PROMPT_TOKENS} tokens "
              f"(text buckets {d['args'].get('text_buckets', '?')}); "
-             "predict() = uint8 images in host memory -> unnormalized actions in host memory.", "",
+             "predict() = uint8 images in host memory -> unnormalized actions in host memory."
+             + (f" Merged from {len(merged)} runs (each row's run in its last column): {', '.join(merged)}."
+                if merged else ""), "",
              "## Accuracy gate (cosine vs fp32 reference, same weights and noise)", "",
              "| config | precision | min cosine | threshold | pass | per observation |", "|---|---|---|---|---|---|"]
     for g in d["gates"]:
         lines.append(f"| {g['config']} | {g['precision']} | {g['min']:.5f} | {g['threshold']} | {g['pass']} | "
                      f"{', '.join(f'{c:.5f}' for c in g['cosines'])} |")
+    if not d["gates"]:
+        lines += ["", "Not measured in this run (--no-gate): the same gates run as GPU tests "
+                  "(test/gpu/test_engine_gpu.py test_accuracy_gate_full_size, tools/device_engine_checks.sh)."]
     lines += ["", "## Latency (ms)", "",
               "| config | variant | views | horizon | predict median | p90 | p99 | max | replay median | replay p99 |"
-              " kernels/call | vision / prefix / denoise (phase graphs) |", "|---" * 12 + "|"]
+              " kernels/call | vision / prefix / denoise (phase graphs) |" + (" run |" if merged else ""),
+              "|---" * (13 if merged else 12) + "|"]
+    run = (lambda r: f" {r.get('source', '')} |") if merged else (lambda r: "")
     for r in d["rows"]:
         p = r.get("predict_ms")
         if p is None:
@@ -443,14 +478,16 @@ def write_markdown(res: Results, path: Path) -> None:
                 prog = r["progress"]
                 why += (f" (dynamo frames started: {', '.join(prog['frames_started']) or 'none'}; "
                         f"{prog['gemms_autotuned']} GEMMs autotuned; {prog['log']})")
-            lines.append(f"| {r['config']} | {r['variant']} | {r['views']} | {r['horizon']} | {why} | | | | | | | |")
+            lines.append(f"| {r['config']} | {r['variant']} | {r['views']} | {r['horizon']} | {why} | | | | | | | |"
+                         + run(r))
             continue
         rp = r.get("replay_ms", {})
         ph = r.get("phases_ms")
         phs = " / ".join(f"{ph[k]:.2f}" for k in ("vision", "prefix", "denoise")) if ph else ""
         lines.append(f"| {r['config']} | {r['variant']} | {r['views']} | {r['horizon']} | {p['median']:.2f} | "
                      f"{p['p90']:.2f} | {p['p99']:.2f} | {p['max']:.2f} | {rp.get('median', float('nan')):.2f} | "
-                     f"{rp.get('p99', float('nan')):.2f} | {r.get('profile', {}).get('kernels', '')} | {phs} |")
+                     f"{rp.get('p99', float('nan')):.2f} | {r.get('profile', {}).get('kernels', '')} | {phs} |"
+                     + run(r))
     lines += ["", "## Targets (issue 4: pi0.5, 2 views, 10 steps, horizon 10)", ""] + targets(d["rows"], d["gates"])
     if d["errors"]:
         lines += ["", "## Errors", ""]
@@ -506,8 +543,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config-name", help=argparse.SUPPRESS)
     ap.add_argument("--horizon", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", help=argparse.SUPPRESS)
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="no GPU run: merge these result files of one machine's runs into one table "
+                         "(engine_<tag>_<date of the first>.json/.md in --out-dir; --tag names it)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.merge:
+        res = Results.__new__(Results)
+        res.data = merge_results([Path(p) for p in args.merge])
+        stem = f"engine_{args.tag or gpu_tag(res.data['env']['gpu'])}_{res.data['env']['date']}"
+        out_dir = Path(args.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"{stem}.json").write_text(json.dumps(res.data, indent=1))
+        write_markdown(res, out_dir / f"{stem}.md")
+        print((out_dir / f"{stem}.md").read_text())
+        return
     if args.compile_child:
         args.views = args.views[0]
         compile_child(args)

@@ -1,0 +1,50 @@
+"""tools/benchmark_engine.py --merge: one table from several runs of one machine's software (session 16's runs
+40-43, a grid too long for one device call), checked on the committed result files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tools.benchmark_engine import main, merge_results
+
+BENCH = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
+RUNS = [BENCH / f"engine_h200_run{n}_session16_{what}_2026-12-01.json"
+        for n, what in ((40, "views13"), (41, "pi0"), (42, "h50"), (43, "compile"))]
+MERGED = BENCH / "engine_h200_runs40-43_session16_2026-12-01"
+
+
+def test_merge_keeps_every_row_with_its_run():
+    runs = [json.loads(p.read_text()) for p in RUNS]
+    merged = merge_results(RUNS)
+    assert len(merged["rows"]) == sum(len(d["rows"]) for d in runs) == 16
+    assert [r["source"] for r in merged["rows"]] == [p.stem for p, d in zip(RUNS, runs) for _ in d["rows"]]
+    assert merged["args"]["merged_from"] == [p.stem for p in RUNS]
+    first, last = runs[0]["env"]["time_utc"], runs[-1]["env"]["time_utc"]
+    assert merged["env"]["time_utc"] == f"{first} to {last}"
+    grid = {(r["config"], r["views"], r["horizon"]) for r in merged["rows"] if r["variant"] == "engine_bf16"}
+    assert grid == {("pi05", 1, 10), ("pi05", 2, 10), ("pi05", 3, 10), ("pi05", 2, 50), ("pi0", 2, 10)}
+
+
+def test_the_committed_table_is_what_the_merge_writes(tmp_path):
+    main(["--merge", *map(str, RUNS), "--out-dir", str(tmp_path), "--tag", "h200_runs40-43_session16"])
+    written = tmp_path / f"{MERGED.name}.md"
+    assert written.read_text() == MERGED.with_suffix(".md").read_text()
+    assert json.loads((tmp_path / f"{MERGED.name}.json").read_text()) == json.loads(
+        MERGED.with_suffix(".json").read_text())
+    text = written.read_text()
+    assert "vs torch.compile reference 252.2 ms: 24.8x (target >= 3x: met)" in text
+    assert text.count("| engine_h200_run4") == 16                  # every row names its run
+
+
+def test_merge_refuses_runs_of_other_software_and_a_single_file(tmp_path):
+    other = json.loads(RUNS[1].read_text())
+    other["env"]["driver"] = "999.0"
+    path = tmp_path / "other_driver.json"
+    path.write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="driver"):
+        merge_results([RUNS[0], path])
+    with pytest.raises(ValueError, match="two or more"):
+        merge_results(RUNS[:1])
