@@ -186,10 +186,10 @@ class EngineOptions:
     fused_patch_embed: bool = True           # kernels/patch_embed.py rows + the patch GEMM in the engine dtype
     ada_norm_fold: bool = False              # opt-in (measured slower): pi0.5's adaRMSNorms in the TMA GEMMs
     fused_denoise_step: bool = True          # kernels/denoise_step.py (pi0.5): the step ends, 2 launches not 7
-    fused_denoise_step_pi0: bool = False     # opt-in (not yet run on a GPU): pi0's step ends fused too
+    fused_denoise_step_pi0: bool = False     # opt-in (not yet timed on a GPU): pi0's step ends fused too
                                              # (time_mlp_in + one few-row GEMM, step_out), 3 launches not 12
     split_k_qkv: bool = False                # opt-in (measured slower): a split-K QKV candidate the attention sums
-    smem_gemm_rows: bool = False             # opt-in (not yet run on a GPU): kernels/smem_gemm.py candidates at
+    smem_gemm_rows: bool = False             # opt-in (not yet timed on a GPU): kernels/smem_gemm.py candidates at
                                              # 17-64 rows too (horizon-50 steps), with x streamed through a ring
     prefix_attention_wgmma: bool = True      # kernels/prefix_attention.py (Hopper wgmma) joins the prefix
                                              # attention tuning where it serves the GPU
