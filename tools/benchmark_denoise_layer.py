@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flashrt_core.engine import EngineOptions, build_executor  # noqa: E402
 from tools.benchmark_engine import env_info  # noqa: E402
-from tools.denoise_timing import (ab_cells, add_weight_args, cosine, denoise_actions, denoise_inputs,  # noqa: E402
+from tools.denoise_timing import (ab_cells, add_ab_args, cosine, denoise_actions, denoise_inputs,  # noqa: E402
                                   denoise_ms, pi05_model, random_layer_case, write_report)
 
 # the engine's forms: ops.denoise_layer, and for the layer kernel's configurations written after session 15
@@ -134,10 +134,7 @@ def phase_breakdown(out_dir: str, launches: int = 18, replays: int = 20) -> None
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_weight_args(ap)
-    ap.add_argument("--out", default="docs/benchmarks")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--replays", type=int, default=30)
+    add_ab_args(ap)
     ap.add_argument("--chain-tuning-passes", type=int, default=1)
     ap.add_argument("--phase-breakdown", action="store_true")
     args = ap.parse_args()

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from flashrt_core.engine import EngineOptions, build_executor  # noqa: E402
 from flashrt_core.engine.ops import LAUNCH_POLICIES, SmemConfig  # noqa: E402
 from tools.benchmark_engine import env_info  # noqa: E402
-from tools.denoise_timing import (ab_cells, add_weight_args, cosine, denoise_actions, denoise_inputs,  # noqa: E402
+from tools.denoise_timing import (ab_cells, add_ab_args, cosine, denoise_actions, denoise_inputs,  # noqa: E402
                                   denoise_ms, pi05_model, write_report)
 
 POLICIES = ("all", "norms", "none")
@@ -34,10 +34,7 @@ POLICIES = ("all", "norms", "none")
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_weight_args(ap)
-    ap.add_argument("--out", default="docs/benchmarks")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--replays", type=int, default=30)
+    add_ab_args(ap)
     args = ap.parse_args()
     dev = torch.device("cuda")
     cfg, model, weights = pi05_model(args, dev)

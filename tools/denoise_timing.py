@@ -2,7 +2,7 @@
 fusions (tools/benchmark_ada_norm_fold.py, tools/benchmark_denoise_step.py, tools/benchmark_denoise_layer.py)
 time and compare. The chain tuning's capture (EngineExecutor.capture_denoise), on a 2-view workspace of the
 tuning's text bucket (EngineExecutor.tuning_text_bucket) with random K/V caches. And the full-size pi0.5 they
-load: a checkpoint, or its parameters drawn on the GPU (add_weight_args, pi05_model); and random inputs of one
+load: a checkpoint, or its parameters drawn on the GPU (add_ab_args, pi05_model); and random inputs of one
 expert layer for kernels/denoise_layer.py alone (random_layer_case)."""
 
 from __future__ import annotations
@@ -19,10 +19,14 @@ from flashrt_core.engine.forward import Workspace
 from flashrt_core.engine.graph_executor import graph_replay_ms
 
 
-def add_weight_args(ap) -> None:
-    """--ckpt-root (a full-size checkpoint there, written when missing) and --random-init (no checkpoint)."""
+def add_ab_args(ap) -> None:
+    """The denoise A/B tools' arguments: --ckpt-root (a full-size checkpoint there, written when missing),
+    --random-init (no checkpoint), --out (the report's directory), --rounds and --replays (interleaved timing)."""
     ap.add_argument("--ckpt-root", default="/tmp/full")
     ap.add_argument("--random-init", action="store_true")
+    ap.add_argument("--out", default="docs/benchmarks")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--replays", type=int, default=30)
 
 
 def random_model(cfg, dev):
@@ -43,7 +47,7 @@ def random_model(cfg, dev):
 
 
 def pi05_model(args, dev):
-    """Full-size pi0.5 in bf16 on dev, as add_weight_args asked: (config, model, a label of the weights)."""
+    """Full-size pi0.5 in bf16 on dev, as add_ab_args asked: (config, model, a label of the weights)."""
     from flashrt_core.config import get_config
     cfg = get_config("pi05")
     if args.random_init:
