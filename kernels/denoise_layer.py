@@ -544,7 +544,8 @@ class LayerConfig:
     preload: each program loads its O tile into registers when the attention phase starts and its down tile when
     the gate/up phase starts, so those weights arrive before the barriers (one O and one down item per program:
     the grid must cover them; with per_sm=2's halved tiles they are 16 and 32 KB).
-    merge_in_attention, per_sm=2 and preload are written after session 15's device time and not yet measured.
+    merge_in_attention, per_sm=2 and preload were measured on the H200 in session 16: each makes the layer slower
+    (32-44 us against 28.1 us for the defaults; docs/benchmarks/denoise_layer_phases_h200_2026-12-01_v4_session16.md).
     Defaults, for pi0.5's expert (W 1024, H 8, Dh 256, F 4096): 8 norm chunks, 80 QKV tiles, 64 attention items
     (8 key splits), 32 merge items, 128 O, gate/up and down tiles."""
 

@@ -197,7 +197,7 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
     # pi0: the start of each step up to its time MLP's output GEMM in one kernel, its end in step_out
     pi0_ends = pi0_fused_step_ends(w, ops)
     if pi0_ends:
-        tables = w.pi0_step_tables()                 # made when the executor was built, before any capture
+        pi0_tables = w.pi0_step_tables()             # made when the executor was built, before any capture
         hidden = torch.empty(S, e.width, device=dev, dtype=w.dtype)
     for step, dt in enumerate(w.dts):
         if step_ends:        # input projection + the first layer's norm 1
@@ -207,7 +207,8 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
             residual.copy_(ops.linear(x_t.to(w.dtype), w.action_in))                   # (horizon, We)
         elif pi0_ends:
             # residual = [state token; b_out], hidden = [0; silu(...)]; the first norm adds hidden @ W_out^T
-            ops.time_mlp_in(x_t, tables.w_fold, tables.c[step], state_token[0], tables.b_out, residual, hidden)
+            ops.time_mlp_in(x_t, pi0_tables.w_fold, pi0_tables.c[step], state_token[0], pi0_tables.b_out,
+                            residual, hidden)
         else:
             a = ops.linear(x_t.to(w.dtype), w.action_in)                               # (horizon, We)
             h = torch.nn.functional.silu(ops.linear(a, w.time_in_action).float() + w.time_in_bias[step])
@@ -215,7 +216,7 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
             residual[:1].copy_(state_token)
         x = gate = None
         if pi0_ends:
-            x = ops.decoder(hidden, tables.out, "qkv", impl=ops.plain_pick("qkv"))   # (S, We): row 0 zeros
+            x = ops.decoder(hidden, pi0_tables.out, "qkv", impl=ops.plain_pick("qkv"))   # (S, We): row 0 zeros
         for i, layer in enumerate(w.expert):
             qkv_in, norm_in = y, None
             if pi05:
@@ -256,8 +257,8 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
                                  x_t, dt, e.eps)
             continue
         if pi0_ends:         # pi0's final RMSNorm: a gate of ones, its scale (ones when folded), no shift
-            ops.denoise_step_out(x, residual, tables.ones, tables.final_scale, tables.zeros, out_w, out_b, x_t, dt,
-                                 e.eps)
+            ops.denoise_step_out(x, residual, pi0_tables.ones, pi0_tables.final_scale, pi0_tables.zeros, out_w,
+                                 out_b, x_t, dt, e.eps)
             continue
         if pi05:
             ops.ada_norm(x, residual, gate, w.tables.final[step, 0], w.tables.final[step, 1], y, e.eps)
