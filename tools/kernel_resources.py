@@ -100,6 +100,7 @@ ATTN_DIVISIBLE = ("P", "stride_q", "stride_k", "stride_v", "stride_o")
 SKINNY_DIVISIBLE = ("N", "F", "stride_x", "stride_w", "stride_y", "split_stride", "pf_addr", "pf_bytes", "pf_chunk",
                     "w_addr")
 EXPERT_K = {"qkv": 1024, "gate_up": 1024, "o": 2048, "down": 4096}     # the action expert's GEMM K per kind
+EXPERT_N = {"qkv": 2560, "gate_up": 8192, "o": 1024, "down": 1024}     # ... and its N (gate/up: both halves)
 
 
 def _kernels_module(name: str):
@@ -194,8 +195,7 @@ def smem_configs() -> list[KernelConfig]:
                 out.append(KernelConfig(name, smem._smem_gemm_kernel, signature, {**ce, **extra}, 4, 1,
                                         ("F", "stride_y", "split_stride")))
             for M in (32, 51):                      # 17-64 rows (horizon 50: 50-51): the ring kernel
-                n = {"qkv": 2560, "o": 1024, "gate_up": 8192, "down": 1024}[kind]
-                if not smem.smem_gemm_supported(M, n, EXPERT_K[kind], kind == "gate_up", c.split_k):
+                if not smem.smem_gemm_supported(M, EXPERT_N[kind], EXPERT_K[kind], kind == "gate_up", c.split_k):
                     continue
                 xr = smem.x_tile_rows(M)
                 xr_layout = gl.NVMMASharedLayout.get_default_for([xr, smem.BOX_K], gl.bfloat16)
