@@ -32,11 +32,9 @@
 #   kernels/prefix_attention.py, one split or two (pytest_engine_gates_forced.log).
 # Every pytest log is verbose (-v), so a part cut off by its time limit still names the tests that ran.
 # bench: pi0.5 2 views h10, bf16 and FP8 on the defaults, beside the A/B rows of the wgmma prefix attention left
-#   out of the tuning (bf16, no_prefix_attention_wgmma) and of the chain tuning's first pass from three launch
-#   policies (bf16 and FP8, chain_tuning_starts=3, opt-in: its end times per start are in the rows'
-#   decoder_gemm.chain_starts); the fused step ends, the 8-row qkv_rope, the one-pass step ends, FP8's fast
-#   accumulation, the vision MLP padding and the key-split prefix attention were A/B-measured in sessions 13-15:
-#   five engines of ~45-90 s load each
+#   out of the tuning (bf16, no_prefix_attention_wgmma); the fused step ends, the 8-row qkv_rope, the one-pass step
+#   ends, FP8's fast accumulation, the vision MLP padding, the key-split prefix attention and the chain tuning from
+#   three launch policies were A/B-measured in sessions 13-17: three engines of ~45-90 s load each
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
 #   (timeline.json, timeline.log: per kernel, what runs before the vision tower, one vision layer, one denoising
 #   layer), and again with 480x640 camera frames resized inside the graph (timeline_480x640.*: the resize's cost).
@@ -62,10 +60,10 @@
 #   denoise_layer_phases.log) and the whole denoise against the separate kernels in one engine
 #   (tools/benchmark_denoise_layer.py --random-init: denoise_layer_*.json/.md, denoise_layer.log); layer-gates:
 #   its three accuracy gates (pytest_layer_gates.log).
-# h50: kernels/smem_gemm.py's ring kernel (17-64 rows, EngineOptions.smem_gemm_rows, opt-in) and pi0's fused step
-#   ends (EngineOptions.fused_denoise_step_pi0, opt-in): their kernel tests alone (pytest_rows_kernel.log), then, if
-#   all six passed, pi0.5 and pi0 (bf16) at horizon 50 with and without them (engine_h50_pi05_*, engine_h50_pi0_*,
-#   h50.log); their gates are in engine-gates-forced and engine-gates.
+# h50: kernels/smem_gemm.py's ring kernel (17-64 rows, EngineOptions.smem_gemm_rows) and pi0's fused step ends
+#   (EngineOptions.fused_denoise_step_pi0), both defaults since session 17: their kernel tests alone
+#   (pytest_rows_kernel.log), then, if all six passed, pi0.5 and pi0 (bf16) at horizon 50 with each of them off
+#   too (engine_h50_pi05_*, engine_h50_pi0_*, h50.log); their gates are in engine-gates-forced and engine-gates.
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
 #   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
@@ -118,7 +116,7 @@ if [ "$PART" = bench ] || [ "$PART" = all ]; then
   export FLASHRT_TUNING_CACHE="${FLASHRT_TUNING_CACHE:-/tmp/flashrt_tuning_cache}"
   timeout 450 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate \
-    --ab-switches-off prefix_attention_wgmma --ab-options chain_tuning_starts=3 --ab-fp8-options chain_tuning_starts=3 \
+    --ab-switches-off prefix_attention_wgmma \
     --out-dir "$OUT" --tag device_checks \
     > "$OUT/engine.log" 2>&1
   timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \
@@ -173,20 +171,19 @@ if [ "$PART" = buckets ]; then        # not in "all": two full loads with 13 gra
   echo "benchmark_text_buckets rc=$?" >> "$OUT/buckets.log"
 fi
 
-if [ "$PART" = h50 ]; then            # not in "all": horizon 50's opt-ins (smem_gemm_rows, fused_denoise_step_pi0)
-  # the ring kernel's tests and pi0's step-start kernel test first and alone (their first GPU run: a hang would
-  # be an mbarrier phase error), then at horizon 50 bf16: pi0.5 with and without smem_gemm_rows, pi0 with neither,
-  # with smem_gemm_rows and with its fused step ends
+if [ "$PART" = h50 ]; then            # not in "all": horizon 50's defaults of session 17 against them off
+  # the ring kernel's tests and pi0's step-start kernel test first, then at horizon 50 bf16: pi0.5 with and
+  # without smem_gemm_rows, pi0 on the defaults, without smem_gemm_rows and without its fused step ends
   timeout 190 "$PY" -m pytest -v test/gpu/test_kernels.py -k "rows_kernel or time_mlp_in" \
     > "$OUT/pytest_rows_kernel.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_rows_kernel.log"
   if grep -q "6 passed" "$OUT/pytest_rows_kernel.log"; then
     timeout 160 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
-      --horizons 50 --reference-calls 2 --no-gate --ab-switches-on smem_gemm_rows \
+      --horizons 50 --reference-calls 2 --no-gate --ab-switches-off smem_gemm_rows \
       --out-dir "$OUT" --tag h50_pi05 > "$OUT/h50.log" 2>&1
     echo "benchmark_engine rc=$?" >> "$OUT/h50.log"
     timeout 230 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi0 --views 2 \
-      --horizons 50 --reference-calls 2 --no-gate --ab-switches-on smem_gemm_rows fused_denoise_step_pi0 \
+      --horizons 50 --reference-calls 2 --no-gate --ab-switches-off smem_gemm_rows fused_denoise_step_pi0 \
       --out-dir "$OUT" --tag h50_pi0 >> "$OUT/h50.log" 2>&1
     echo "benchmark_engine rc=$?" >> "$OUT/h50.log"
   fi
@@ -217,6 +214,6 @@ fi
   [ -f "$OUT/host.log" ] && { echo "== Policy.predict and its host trace"
     grep -E "^\| (pi05|[0-9]|validate|spin)|rc=" "$OUT/host.log"; }
   [ -f "$OUT/buckets.log" ] && { echo "== text buckets"; grep -E "^(## |\| [0-9])|rc=" "$OUT/buckets.log"; }
-  [ -f "$OUT/h50.log" ] && { echo "== horizon 50, smem_gemm_rows A/B"; grep -hE '^\| pi0' "$OUT"/engine_h50_*.md \
+  [ -f "$OUT/h50.log" ] && { echo "== horizon 50, A/B of smem_gemm_rows and fused_denoise_step_pi0"; grep -hE '^\| pi0' "$OUT"/engine_h50_*.md \
     2>/dev/null || tail -n 5 "$OUT/h50.log"; }
 } | tee "$OUT/summary.txt"

@@ -21,12 +21,13 @@ tests and bug reports:
     FLASHRT_DISABLE_CHAIN_TUNING=1  pick the decoder GEMMs by their time alone, not inside the captured denoiser
     FLASHRT_CHAIN_TUNING_PASSES=N   at most N passes of the chain tuning (EngineOptions.chain_tuning_passes, 2)
     FLASHRT_CHAIN_TUNING_STARTS=N   the chain tuning's first pass run from the N fastest launch policies, the fastest
-                                    end kept (EngineOptions.chain_tuning_starts; default 1: one start; opt-in)
+                                    end kept (EngineOptions.chain_tuning_starts; default 1: one start; opt-in,
+                                    measured no faster on the H200 in session 17)
     FLASHRT_DISABLE_PDL_EARLY_TRIGGER=1  no denoiser kernel releases the next one at its start (launch policy "none")
     FLASHRT_DISABLE_FP8_FUSED_QUANT=1  FP8 down GEMM inputs quantized by their own kernel, not by the GeGLU kernel
     FLASHRT_DISABLE_SMEM_GEMM=1     no shared-memory (TMA, Gluon) decoder GEMM candidates in the tuning
-    FLASHRT_SMEM_GEMM_ROWS=1        the shared-memory GEMM candidates at 17-64 rows too (horizon 50; opt-in,
-                                    EngineOptions.smem_gemm_rows)
+    FLASHRT_DISABLE_SMEM_GEMM_ROWS=1  no shared-memory GEMM candidates at 17-64 rows (horizon 50), only up to 16
+                                    (EngineOptions.smem_gemm_rows; FLASHRT_SMEM_GEMM_ROWS=0 does the same)
     FLASHRT_DISABLE_PREFIX_ATTENTION_TUNING=1  the prefix attention runs the mqa implementation, unmeasured
     FLASHRT_DISABLE_VISION_ATTENTION_TUNING=1  the vision attention runs on torch's own choice of SDPA backend
     FLASHRT_DISABLE_FUSED_PATCH_EMBED=1  the patch embedding as torch ops with an fp32 patch GEMM, not the patch rows
@@ -34,8 +35,9 @@ tests and bug reports:
                                     FLASHRT_FUSED_PATCH_EMBED=0 does the same)
     FLASHRT_DISABLE_FUSED_DENOISE_STEP=1  pi0.5's denoising-step ends as separate ops, not kernels/denoise_step.py
                                     (FLASHRT_FUSED_DENOISE_STEP=0 does the same)
-    FLASHRT_FUSED_DENOISE_STEP_PI0=1  pi0's step ends fused too (kernels/denoise_step.py time_mlp_in and step_out;
-                                    opt-in, EngineOptions.fused_denoise_step_pi0)
+    FLASHRT_DISABLE_FUSED_DENOISE_STEP_PI0=1  pi0's step ends as separate ops, not kernels/denoise_step.py
+                                    time_mlp_in and step_out (EngineOptions.fused_denoise_step_pi0;
+                                    FLASHRT_FUSED_DENOISE_STEP_PI0=0 does the same)
     FLASHRT_TEXT_BUCKETS=16,32,...  the token-buffer lengths with a graph each (EngineOptions.text_buckets)
     FLASHRT_TUNING_CACHE=DIR        keep the load-time tuning's picks in DIR and reuse them at the next load of the
                                     same model, GPU, software and options (engine/tuning_cache.py); unset or "" = off
@@ -133,6 +135,8 @@ class Switch(str, enum.Enum):
     FUSED_PATCH_EMBED = "FUSED_PATCH_EMBED"  # kernels/patch_embed.py + the patch GEMM in the engine dtype
     ADA_NORM_FOLD = "ADA_NORM_FOLD"      # the expert's adaRMSNorms folded into the shared-memory GEMMs around them
     FUSED_DENOISE_STEP = "FUSED_DENOISE_STEP"  # kernels/denoise_step.py at both ends of each pi0.5 denoising step
+    FUSED_DENOISE_STEP_PI0 = "FUSED_DENOISE_STEP_PI0"  # ... and of each pi0 step (time_mlp_in, step_out)
+    SMEM_GEMM_ROWS = "SMEM_GEMM_ROWS"    # the shared-memory decoder GEMM candidates at 17-64 rows (horizon 50)
     DENOISE_LAYER = "DENOISE_LAYER"      # kernels/denoise_layer.py: each pi0.5 expert layer in one launch (opt-in)
 
 
@@ -176,8 +180,8 @@ class EngineOptions:
     fp8_decoder_weights: bool = False        # opt-in (measured slower): weight-only E4M3 for the decoder GEMMs
     chain_tuning: bool = True                # decoder GEMM configurations timed where they run (the denoiser)
     chain_tuning_passes: int = 2             # the chain tuning repeats until a pass changes nothing, at most this
-    chain_tuning_starts: int = 1             # opt-in (not yet measured) > 1: its first pass from that many launch
-                                             # policies, the fastest end kept (graph_executor._chain_starts)
+    chain_tuning_starts: int = 1             # opt-in (measured no faster, session 17) > 1: its first pass from
+                                             # that many launch policies, the fastest end kept (_chain_starts)
     pdl_early_trigger: bool = True           # denoiser kernels that release the next one at their start (tuned)
     fp8_fused_quant: bool = True             # FP8 path: the GeGLU kernel quantizes the down GEMM's input
     smem_gemm: bool = True                   # kernels/smem_gemm.py candidates in the decoder GEMM tuning
@@ -186,11 +190,11 @@ class EngineOptions:
     fused_patch_embed: bool = True           # kernels/patch_embed.py rows + the patch GEMM in the engine dtype
     ada_norm_fold: bool = False              # opt-in (measured slower): pi0.5's adaRMSNorms in the TMA GEMMs
     fused_denoise_step: bool = True          # kernels/denoise_step.py (pi0.5): the step ends, 2 launches not 7
-    fused_denoise_step_pi0: bool = False     # opt-in (not yet timed on a GPU): pi0's step ends fused too
-                                             # (time_mlp_in + one few-row GEMM, step_out), 3 launches not 12
+    fused_denoise_step_pi0: bool = True      # pi0's step ends fused too (time_mlp_in + one few-row GEMM,
+                                             # step_out), 3 launches not 12 (session 17: -0.14 ms at horizon 50)
     split_k_qkv: bool = False                # opt-in (measured slower): a split-K QKV candidate the attention sums
-    smem_gemm_rows: bool = False             # opt-in (not yet timed on a GPU): kernels/smem_gemm.py candidates at
-                                             # 17-64 rows too (horizon-50 steps), with x streamed through a ring
+    smem_gemm_rows: bool = True              # kernels/smem_gemm.py candidates at 17-64 rows too (horizon-50
+                                             # steps), x streamed through a ring (session 17: -0.25 / -0.48 ms)
     prefix_attention_wgmma: bool = True      # kernels/prefix_attention.py (Hopper wgmma) joins the prefix
                                              # attention tuning where it serves the GPU
     prefix_attention_split: bool = False     # opt-in (measured slower, session 15: 24-26 us against 17.6 us for
@@ -266,9 +270,9 @@ class EngineOptions:
                            ("FLASHRT_FUSED_PATCH_EMBED", "fused_patch_embed"),   # the default now: 0 turns it off
                            ("FLASHRT_ADA_NORM_FOLD", "ada_norm_fold"),
                            ("FLASHRT_FUSED_DENOISE_STEP", "fused_denoise_step"),  # the default: 0 = off
-                           ("FLASHRT_FUSED_DENOISE_STEP_PI0", "fused_denoise_step_pi0"),
+                           ("FLASHRT_FUSED_DENOISE_STEP_PI0", "fused_denoise_step_pi0"),  # the default: 0 = off
                            ("FLASHRT_SPLIT_K_QKV", "split_k_qkv"),
-                           ("FLASHRT_SMEM_GEMM_ROWS", "smem_gemm_rows"),
+                           ("FLASHRT_SMEM_GEMM_ROWS", "smem_gemm_rows"),  # the default: 0 = off
                            ("FLASHRT_PREFIX_ATTENTION_WGMMA", "prefix_attention_wgmma"),  # the default: 0 = off
                            ("FLASHRT_PREFIX_ATTENTION_SPLIT", "prefix_attention_split"),
                            ("FLASHRT_FP8_FAST_ACCUM", "fp8_fast_accum"),

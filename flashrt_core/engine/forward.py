@@ -269,7 +269,7 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
 
 
 def pi0_fused_step_ends(w: EngineWeights, ops: Ops) -> bool:
-    """Whether denoise runs pi0's fused step ends (ops.fused_denoise_step_pi0, opt-in): pi0 with one unquantized
+    """Whether denoise runs pi0's fused step ends (ops.fused_denoise_step_pi0, the default): pi0 with one unquantized
     block each for the action input projection and the time MLP's GEMMs."""
     return (w.tables is None and ops.fused_denoise_step_pi0 and w.time_in_action is not None
             and all(len(lin.parts) == 1 and lin.fp8 is None for lin in (w.action_in, w.time_in_action, w.time_out)))

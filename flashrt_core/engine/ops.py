@@ -217,7 +217,7 @@ class Ops:
         self._euler_triton = triton(Op.EULER)
         self._fp8_fused_quant = dispatch[Op.FP8_INPUT_QUANT] == "fused"
         self.smem_gemm = dispatch[Op.SMEM_GEMM] == "tma"          # kernels/smem_gemm.py joins the GEMM candidates
-        # ... at 17-64 rows too (kernels/smem_gemm.py _smem_gemm_rows_kernel; opt-in: written without a GPU)
+        # ... at 17-64 rows too (kernels/smem_gemm.py _smem_gemm_rows_kernel; EngineOptions.smem_gemm_rows)
         self.smem_gemm_rows = self.smem_gemm and dispatch.options.smem_gemm_rows
         # the prefix's attention: "mqa" (the Op.MQA implementation) until tune_prefix_attention measures otherwise
         self.prefix_attention_impl = "mqa"
@@ -249,7 +249,7 @@ class Ops:
         self._gelu_epilogue = dispatch[Op.VISION_GELU] == "gemm_epilogue"
         self.fused_patch_embed = dispatch[Op.PATCH_EMBED] == "fused"     # forward.vision: patch_rows + GEMM
         self.fused_denoise_step = dispatch[Op.DENOISE_STEP] == "fused"   # forward.denoise: denoise_step_in / _out
-        # ... and pi0's (time_mlp_in, a few-row GEMM, denoise_step_out): opt-in, not yet timed on a GPU
+        # ... and pi0's (time_mlp_in, a few-row GEMM, denoise_step_out; EngineOptions.fused_denoise_step_pi0)
         self.fused_denoise_step_pi0 = self.fused_denoise_step and dispatch.options.fused_denoise_step_pi0
         # forward.denoise: each pi0.5 expert layer through kernels/denoise_layer.py ("grid" / "grid_prefetch": one
         # launch, "phases": a launch per phase) where the workspace has its scratch (GraphExecutor: pi0.5, fused
@@ -385,7 +385,7 @@ class Ops:
                 and x.is_contiguous() and self._few_rows_gemm_ok(x, lin, 1)):
             return False
         if x.shape[0] > self.k.SMEM_GEMM_NORM_MAX_ROWS and not self.smem_gemm_rows:
-            return False                    # 17-64 rows: _smem_gemm_rows_kernel, opt-in (not yet timed on a GPU)
+            return False                    # 17-64 rows: _smem_gemm_rows_kernel, unless smem_gemm_rows is off
         w = lin.parts[0][0]
         return w.dtype == torch.bfloat16 and self.k.smem_gemm_supported(x.shape[0], w.shape[0], w.shape[1],
                                                                         kind == "gate_up", cfg.split_k)

@@ -14,6 +14,10 @@ BENCH = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 RUNS = [BENCH / f"engine_h200_run{n}_session16_{what}_2026-12-01.json"
         for n, what in ((40, "views13"), (41, "pi0"), (42, "h50"), (43, "compile"))]
 MERGED = BENCH / "engine_h200_runs40-43_session16_2026-12-01"
+# session 17's runs 44-45 (pi0 at 1 / 3 views and horizons 10 / 50; pi0.5 at 1 / 3 views, horizon 50) join them
+RUNS_17 = RUNS + [BENCH / f"engine_h200_run{n}_session17_{what}_2026-12-01.json"
+                  for n, what in ((44, "pi0_grid"), (45, "pi05_h50"))]
+MERGED_17 = BENCH / "engine_h200_runs40-45_sessions16-17_2026-12-01"
 
 
 def test_merge_keeps_every_row_with_its_run():
@@ -28,15 +32,30 @@ def test_merge_keeps_every_row_with_its_run():
     assert grid == {("pi05", 1, 10), ("pi05", 2, 10), ("pi05", 3, 10), ("pi05", 2, 50), ("pi0", 2, 10)}
 
 
-def test_the_committed_table_is_what_the_merge_writes(tmp_path):
-    main(["--merge", *map(str, RUNS), "--out-dir", str(tmp_path), "--tag", "h200_runs40-43_session16"])
-    written = tmp_path / f"{MERGED.name}.md"
-    assert written.read_text() == MERGED.with_suffix(".md").read_text()
-    assert json.loads((tmp_path / f"{MERGED.name}.json").read_text()) == json.loads(
-        MERGED.with_suffix(".json").read_text())
+@pytest.mark.parametrize("runs,merged,rows", [(RUNS, MERGED, 16), (RUNS_17, MERGED_17, 26)],
+                         ids=["runs40-43", "runs40-45"])
+def test_the_committed_table_is_what_the_merge_writes(tmp_path, runs, merged, rows):
+    tag = merged.name.removeprefix("engine_").removesuffix("_2026-12-01")
+    main(["--merge", *map(str, runs), "--out-dir", str(tmp_path), "--tag", tag])
+    written = tmp_path / f"{merged.name}.md"
+    assert written.read_text() == merged.with_suffix(".md").read_text()
+    assert json.loads((tmp_path / f"{merged.name}.json").read_text()) == json.loads(
+        merged.with_suffix(".json").read_text())
     text = written.read_text()
     assert "vs torch.compile reference 252.2 ms: 24.8x (target >= 3x: met)" in text
-    assert text.count("| engine_h200_run4") == 16                  # every row names its run
+    assert text.count("| engine_h200_run4") == rows                # every row names its run
+
+
+def test_the_grid_of_runs_40_to_45_holds_every_view_count_and_horizon_of_both_models():
+    merged = merge_results(RUNS_17)
+    for variant in ("engine_bf16", "engine_fp8"):
+        grid = {(r["config"], r["views"], r["horizon"]) for r in merged["rows"] if r["variant"] == variant}
+        pi0 = {("pi0", v, h) for v in (1, 2, 3) for h in (10, 50)} - {("pi0", 2, 50)}   # pi0 2 views h50: h50 A/B
+        pi05 = {("pi05", v, 10) for v in (1, 2, 3)} | {("pi05", 2, 50)}
+        assert pi0 | pi05 <= grid, (variant, sorted((pi0 | pi05) - grid))
+    bf16_h50 = {(r["config"], r["views"]) for r in merged["rows"]
+                if r["variant"] == "engine_bf16" and r["horizon"] == 50}
+    assert {("pi05", 1), ("pi05", 3)} <= bf16_h50
 
 
 def test_merge_refuses_runs_of_other_software_and_a_single_file(tmp_path):

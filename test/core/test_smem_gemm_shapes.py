@@ -143,19 +143,23 @@ def test_split_k_qkv_is_offered_only_where_the_attention_sums_it(monkeypatch):
     assert SmemConfig(1) in ops.decoder_candidates("qkv", torch.zeros(10, 1024), lin, 256)
 
 
-def test_the_ring_kernel_is_opt_in_and_follows_the_smem_gemm_switch():
-    """17-64-row shared-memory GEMM candidates (horizon 50) only when asked (smem_gemm_rows /
-    FLASHRT_SMEM_GEMM_ROWS=1: written without a GPU, session 16), and never with the shared-memory GEMMs off."""
+def test_the_ring_kernel_is_the_default_with_switches_off_and_follows_the_smem_gemm_switch():
+    """17-64-row shared-memory GEMM candidates (horizon 50) by default since session 17 (-0.25 ms pi0.5, -0.48 ms
+    pi0 at horizon 50 on the H200), off with FLASHRT_DISABLE_SMEM_GEMM_ROWS=1 or FLASHRT_SMEM_GEMM_ROWS=0, and
+    never with the shared-memory GEMMs off."""
     from flashrt_core.engine.dispatch import EngineOptions, Op, resolve
     from flashrt_core.engine.hardware import detect_hardware
     from flashrt_core.engine.ops import Ops
 
     sm90 = detect_hardware("sm90")
-    assert not Ops(resolve(sm90, EngineOptions())).smem_gemm_rows
-    asked = EngineOptions.from_env(env={"FLASHRT_SMEM_GEMM_ROWS": "1"})
+    asked = EngineOptions()
     assert asked.smem_gemm_rows
     ops = Ops(resolve(sm90, asked))
     assert ops.smem_gemm_rows == (ops.dispatch[Op.SMEM_GEMM] == "tma")
+    for env in ({"FLASHRT_DISABLE_SMEM_GEMM_ROWS": "1"}, {"FLASHRT_SMEM_GEMM_ROWS": "0"}):
+        rows_off = EngineOptions.from_env(env=env)
+        assert not rows_off.smem_gemm_rows and rows_off.smem_gemm, env
+        assert not Ops(resolve(sm90, rows_off)).smem_gemm_rows
     off = EngineOptions.from_env(asked, env={"FLASHRT_DISABLE_SMEM_GEMM": "1"})
     assert off.smem_gemm_rows and not Ops(resolve(sm90, off)).smem_gemm_rows
 

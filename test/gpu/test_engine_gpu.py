@@ -19,6 +19,7 @@ from flashrt_core.config import get_config
 from flashrt_core.engine import EngineOptions, Op, build_executor
 from flashrt_core.engine.gate import GATE_BF16, GATE_FP8, cosine, random_observation, reference_actions
 from flashrt_core.engine.graph_executor import EngineExecutor
+from flashrt_core.engine.forward import pi0_fused_step_ends
 from flashrt_core.engine.fp8 import wide_linears
 from flashrt_core.executor import ReferenceExecutor
 from flashrt_core.fixtures import CONFIG_FILE, write_random_checkpoint
@@ -149,8 +150,8 @@ def test_new_prompt_does_not_recapture(tiny):
     ("pi05", "bf16+no_fused_denoise_step"),  # the step ends as separate ops (the fused ones: default)
     ("pi05", "fp8+no_fused_denoise_step"),
     ("pi05", "bf16+split_k_qkv"),           # the TMA GEMMs forced, QKV split-K 2 summed by the attention (opt-in)
-    ("pi0", "bf16+smem_gemm_rows"),         # the TMA GEMMs forced at pi0's 51 rows (horizon 50; x ring, opt-in)
-    ("pi0", "bf16+fused_denoise_step_pi0"),  # pi0's step ends fused (time_mlp_in, step_out; opt-in), horizon 50
+    ("pi0", "bf16+smem_gemm_rows"),         # the TMA GEMMs forced at pi0's 51 rows (horizon 50; the x ring kernel)
+    ("pi0", "bf16+no_fused_denoise_step_pi0"),  # pi0's step ends as separate ops (fused: the default), horizon 50
     ("pi05", "bf16+prefix_attention_wgmma"),  # the prefix attention forced to kernels/prefix_attention.py
     ("pi05", "bf16+prefix_attention_split"),  # ... forced to its key-split form (2 programs per row block; opt-in)
     ("pi05", "fp8+fp8_fast_accum"),         # the FP8 GEMMs accumulating in the tensor cores (opt-in)
@@ -171,8 +172,7 @@ def test_accuracy_gate_full_size(name, precision):
                                           ada_norm_fold=extra == "smem_gemm_ada_fold",
                                           fused_denoise_step=extra != "no_fused_denoise_step",
                                           split_k_qkv=extra == "split_k_qkv",
-                                          smem_gemm_rows=extra == "smem_gemm_rows",
-                                          fused_denoise_step_pi0=extra == "fused_denoise_step_pi0",
+                                          fused_denoise_step_pi0=extra != "no_fused_denoise_step_pi0",
                                           fp8_fast_accum=extra == "fp8_fast_accum",
                                           prefix_attention_split=extra == "prefix_attention_split",
                                           denoise_layer=extra.startswith("denoise_layer"),
@@ -185,9 +185,15 @@ def test_accuracy_gate_full_size(name, precision):
     assert engine.ops.fused_patch_embed == (extra != "no_fused_patch_embed")
     assert engine.ops.ada_fold == (extra == "smem_gemm_ada_fold")
     assert engine.ops.fused_denoise_step == (extra != "no_fused_denoise_step")
-    assert engine.ops.fused_denoise_step_pi0 == (extra == "fused_denoise_step_pi0")
+    assert engine.ops.fused_denoise_step_pi0 == (extra not in ("no_fused_denoise_step", "no_fused_denoise_step_pi0"))
     assert engine.ops.denoise_layer == {"denoise_layer": "grid", "denoise_layer_phases": "phases"}.get(
         extra, "separate")
+    if name == "pi0":                       # the fused step ends serve pi0 (fp8 leaves its step GEMMs in bf16)
+        assert pi0_fused_step_ends(engine.weights, engine.ops) == engine.ops.fused_denoise_step_pi0
+        if engine.ops.smem_gemm and not engine.ops.decoder_fp8:   # pi0's 51 rows: the ring kernel was weighed
+            assert engine.suffix_len > 16 and engine.ops.smem_gemm_rows
+            assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
+                       for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
     if extra.startswith("smem_gemm") or extra == "split_k_qkv":   # the tuning weighed the TMA GEMMs; force them
         assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
                    for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings

@@ -162,7 +162,7 @@ def test_fused_denoise_step_ends_match_the_reference(model, monkeypatch):
 
 
 def test_pi0_fused_step_ends_match_the_reference(model, monkeypatch):
-    """pi0 with its step ends fused (fused_denoise_step_pi0, opt-in): one time_mlp_in and one denoise_step_out
+    """pi0 with its step ends fused (fused_denoise_step_pi0, the default): one time_mlp_in and one denoise_step_out
     launch per step (the time MLP's input GEMMs folded into one table at load), no Euler kernel; the actions are
     the reference's. pi0.5's step ends are its own: the switch changes nothing there."""
     from flashrt_core.engine.forward import pi0_fused_step_ends
