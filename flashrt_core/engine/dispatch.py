@@ -191,10 +191,10 @@ class EngineOptions:
     ada_norm_fold: bool = False              # opt-in (measured slower): pi0.5's adaRMSNorms in the TMA GEMMs
     fused_denoise_step: bool = True          # kernels/denoise_step.py (pi0.5): the step ends, 2 launches not 7
     fused_denoise_step_pi0: bool = True      # pi0's step ends fused too (time_mlp_in + one few-row GEMM,
-                                             # step_out), 3 launches not 12 (session 17: -0.14 ms at horizon 50)
+                                             # step_out), 3 launches not 12 (session 17: -0.15 ms at horizon 50)
     split_k_qkv: bool = False                # opt-in (measured slower): a split-K QKV candidate the attention sums
     smem_gemm_rows: bool = True              # kernels/smem_gemm.py candidates at 17-64 rows too (horizon-50
-                                             # steps), x streamed through a ring (session 17: -0.25 / -0.48 ms)
+                                             # steps), x streamed through a ring (session 17: -0.25 / -0.49 ms)
     prefix_attention_wgmma: bool = True      # kernels/prefix_attention.py (Hopper wgmma) joins the prefix
                                              # attention tuning where it serves the GPU
     prefix_attention_split: bool = False     # opt-in (measured slower, session 15: 24-26 us against 17.6 us for

@@ -359,7 +359,7 @@ def test_the_eager_cpu_dispatch_runs_every_op_in_plain_pytorch():
 
 def test_pi0_fused_step_ends_are_the_default_with_switches_off_and_need_the_fused_step_ends():
     """pi0's fused step ends (kernels/denoise_step.py time_mlp_in + step_out) on by default since session 17
-    (-0.14 ms at horizon 50 on the H200), off with FLASHRT_DISABLE_FUSED_DENOISE_STEP_PI0=1 or
+    (-0.15 ms at horizon 50 on the H200), off with FLASHRT_DISABLE_FUSED_DENOISE_STEP_PI0=1 or
     FLASHRT_FUSED_DENOISE_STEP_PI0=0, and never with the fused step ends off (FLASHRT_DISABLE_FUSED_DENOISE_STEP=1)."""
     from flashrt_core.engine.ops import Ops
     sm90 = detect_hardware("sm90")

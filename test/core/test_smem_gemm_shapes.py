@@ -144,7 +144,7 @@ def test_split_k_qkv_is_offered_only_where_the_attention_sums_it(monkeypatch):
 
 
 def test_the_ring_kernel_is_the_default_with_switches_off_and_follows_the_smem_gemm_switch():
-    """17-64-row shared-memory GEMM candidates (horizon 50) by default since session 17 (-0.25 ms pi0.5, -0.48 ms
+    """17-64-row shared-memory GEMM candidates (horizon 50) by default since session 17 (-0.25 ms pi0.5, -0.49 ms
     pi0 at horizon 50 on the H200), off with FLASHRT_DISABLE_SMEM_GEMM_ROWS=1 or FLASHRT_SMEM_GEMM_ROWS=0, and
     never with the shared-memory GEMMs off."""
     from flashrt_core.engine.dispatch import EngineOptions, Op, resolve
