@@ -32,9 +32,11 @@
 #   kernels/prefix_attention.py, one split or two (pytest_engine_gates_forced.log).
 # Every pytest log is verbose (-v), so a part cut off by its time limit still names the tests that ran.
 # bench: pi0.5 2 views h10, bf16 and FP8 on the defaults, beside the A/B rows of the wgmma prefix attention left
-#   out of the tuning (bf16, no_prefix_attention_wgmma); the fused step ends, the 8-row qkv_rope, the one-pass step
-#   ends, FP8's fast accumulation, the vision MLP padding, the key-split prefix attention and the chain tuning from
-#   three launch policies were A/B-measured in sessions 13-17: three engines of ~45-90 s load each
+#   out of the tuning (bf16, no_prefix_attention_wgmma) and of the first denoising step beside the prefix (bf16
+#   and FP8, with_overlap_first_step, opt-in, written in session 17); the fused step ends, the 8-row qkv_rope,
+#   the one-pass step ends, FP8's fast accumulation, the vision MLP padding, the key-split prefix attention and
+#   the chain tuning from three launch policies were A/B-measured in sessions 13-17: five engines of ~45-90 s
+#   load each
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
 #   (timeline.json, timeline.log: per kernel, what runs before the vision tower, one vision layer, one denoising
 #   layer), and again with 480x640 camera frames resized inside the graph (timeline_480x640.*: the resize's cost).
@@ -116,7 +118,7 @@ if [ "$PART" = bench ] || [ "$PART" = all ]; then
   export FLASHRT_TUNING_CACHE="${FLASHRT_TUNING_CACHE:-/tmp/flashrt_tuning_cache}"
   timeout 450 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate \
-    --ab-switches-off prefix_attention_wgmma \
+    --ab-switches-off prefix_attention_wgmma --ab-switches-on overlap_first_step \
     --out-dir "$OUT" --tag device_checks \
     > "$OUT/engine.log" 2>&1
   timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \

@@ -13,7 +13,10 @@ slots, P = V*N + T prefix tokens, S suffix tokens, H query heads, one KV head, D
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -141,6 +144,17 @@ def vision(ws: Workspace, w: EngineWeights, ops: Ops) -> torch.Tensor:
 
 def prefix(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Backbone over [image tokens; text] -> fills the K/V caches. Returns (key bias (P,), n_valid (1,))."""
+    layers = prefix_layers(ws, w, ops, image_tokens)
+    key_bias, n_valid = next(layers)
+    for _ in layers:
+        pass
+    return key_bias, n_valid
+
+
+def prefix_layers(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor) -> Iterator:
+    """prefix() a layer at a time: yields (key bias (P,), n_valid (1,)) before its first layer, then i as soon as
+    layer i's K/V are in the caches (before that layer's attention and MLP), which is all the denoiser's layer i
+    reads of the prefix (forward_overlapped)."""
     g = w.config.paligemma
     heads, dh = g.num_heads, g.head_dim
     text = w.embed_tokens[ws.tokens].float() * math.sqrt(g.width)                      # (T, Wg) fp32
@@ -149,6 +163,7 @@ def prefix(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor
     valid = torch.cat([torch.ones(image_tokens.shape[0], dtype=torch.bool, device=text.device), ws.token_mask])
     pos = torch.cumsum(valid, 0) - 1                                                   # (P,) int64
     key_bias = torch.where(valid, 0.0, float("-inf"))                                 # (P,) fp32
+    yield key_bias, valid.sum().view(1)
     mask = KeyMask(key_bias, P, None, heads)
     y = torch.empty(P, g.width, device=text.device, dtype=w.dtype)
     q = torch.empty(P, heads, dh, device=text.device, dtype=w.dtype)
@@ -157,17 +172,26 @@ def prefix(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor
         ops.norm(x, residual, y, layer.norm1, None, g.eps)
         qkv = ops.linear(y, layer.qkv)                                                 # (P, (H+2)*Dh)
         ops.qkv_rope(qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i], 0, heads, 1, dh ** -0.5)
+        yield i
         if layer.o is None:     # last layer: its K/V are all the denoiser needs
             break
         attn = ops.prefix_attention(q, ws.k_cache[i, 0, :P], ws.v_cache[i, 0, :P], mask)         # (P, H*Dh)
         o = ops.linear(attn, layer.o)
         ops.norm(o, residual, y, layer.norm2, None, g.eps)
         x = ops.mlp_down(ops.linear(y, layer.gate_up), layer.down)
-    return key_bias, valid.sum().view(1)
 
 
 def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n_valid: torch.Tensor) -> None:
     """`num_steps` Euler steps of the action expert, unrolled; ws.actions goes from noise to actions."""
+    for _ in denoise_layers(ws, w, ops, key_bias, n_valid):
+        pass
+
+
+def denoise_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor,
+                   n_valid: torch.Tensor) -> Iterator[int]:
+    """denoise() a layer of its first step at a time: yields i before the first step's layer i, the first of its
+    ops to read layer i's prefix K/V (the persistent-layer path yields the last layer once: it reads them all
+    without a yield between layers). The later steps follow without a yield."""
     cfg = w.config
     e = cfg.expert
     heads, dh, horizon = e.num_heads, e.head_dim, ws.actions.shape[0]   # horizon: the executor's, not w.config's
@@ -192,6 +216,7 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
     # pi0.5: each step's two ends in one kernel each (kernels/denoise_step.py)
     step_ends = pi05 and ops.fused_denoise_step and len(w.action_in.parts) == 1 and w.action_in.fp8 is None
     if step_ends and ws.denoise_layer is not None and ops.denoise_layer != "separate":
+        yield len(w.expert) - 1
         _denoise_persistent_layers(ws, w, ops, key_bias, pos, x_t, residual, y)
         return
     # pi0: the start of each step up to its time MLP's output GEMM in one kernel, its end in step_out
@@ -218,6 +243,8 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
         if pi0_ends:
             x = ops.decoder(hidden, pi0_tables.out, "qkv", impl=ops.plain_pick("qkv"))   # (S, We): row 0 zeros
         for i, layer in enumerate(w.expert):
+            if step == 0:
+                yield i
             qkv_in, norm_in = y, None
             if pi05:
                 mod = w.tables.norm[step, i]                                           # (2, 3, We)
@@ -308,10 +335,68 @@ def forward(ws: Workspace, w: EngineWeights, ops: Ops, timer: PhaseTimer | None 
     _mark(timer, "start")
     image_tokens = vision(ws, w, ops)
     _mark(timer, "vision")
-    key_bias, n_valid = prefix(ws, w, ops, image_tokens)
-    _mark(timer, "prefix")
-    denoise(ws, w, ops, key_bias, n_valid)
+    if ops.overlap_first_step and timer is None and ops.calibration is None:
+        forward_overlapped(ws, w, ops, image_tokens)
+    else:
+        key_bias, n_valid = prefix(ws, w, ops, image_tokens)
+        _mark(timer, "prefix")
+        denoise(ws, w, ops, key_bias, n_valid)
     if ws.action_affine is not None:
         scale, offset = ws.action_affine
         torch.addcmul(offset, ws.actions, scale, out=ws.robot_actions)                # unnormalize
     _mark(timer, "denoise")
+
+
+def forward_overlapped(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor) -> None:
+    """prefix() and denoise() with the first denoising step's layers beside the prefix's later ones
+    (ops.overlap_first_step, opt-in): the expert's layer i reads only layer i of the prefix's K/V, so the first
+    step's layer i can run once the prefix's layer i has written them, during that layer's attention and MLP.
+    The prefix stays on the current stream, the denoiser runs on denoise_stream(), each of the first step's
+    layers after an event of the prefix's layer it reads; the current stream waits for the denoiser at the end.
+    Captured, the two streams become branches of one graph. On the CPU (Triton's interpreter, the plain-PyTorch
+    ops) there are no streams: the same interleaved order runs in one."""
+    prefix_steps = prefix_layers(ws, w, ops, image_tokens)
+    key_bias, n_valid = next(prefix_steps)
+    cuda = key_bias.is_cuda
+    main = torch.cuda.current_stream(key_bias.device) if cuda else None
+    side = denoise_stream(key_bias.device) if cuda else None
+    if cuda:
+        side.wait_stream(main)
+        for t in (key_bias, n_valid):        # made on the current stream, read on the denoiser's until its end
+            t.record_stream(side)
+    denoise_steps = denoise_layers(ws, w, ops, key_bias, n_valid)
+    with _on(side):
+        need = next(denoise_steps, None)             # the setup, up to the first layer that reads the caches
+    for written in prefix_steps:
+        if need is None or need > written:
+            continue
+        event = torch.cuda.Event() if cuda else None
+        if cuda:
+            event.record(main)
+        with _on(side):
+            if cuda:
+                side.wait_event(event)
+            while need is not None and need <= written:
+                need = next(denoise_steps, None)
+    with _on(side):
+        for _ in denoise_steps:                      # the later steps (every cache is written by now)
+            pass
+    if cuda:
+        main.wait_stream(side)
+
+
+def _on(stream: torch.cuda.Stream | None):
+    """torch.cuda.stream(stream), or nothing on the CPU."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def denoise_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream the denoiser runs on beside the prefix (forward_overlapped): one per device for the process, like
+    graph_executor.side_stream (cuBLAS keeps a workspace per handle and stream), and another than that one, which
+    the warm-ups before a capture run on."""
+    return _denoise_stream(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _denoise_stream(index: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(torch.device("cuda", index))

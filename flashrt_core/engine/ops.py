@@ -227,6 +227,8 @@ class Ops:
         # its key-split forms too: opt-in (EngineOptions.prefix_attention_split), measured slower (session 15)
         self.prefix_attention_split = dispatch.options.prefix_attention_split and dispatch.options.fast_paths
         self.prefix_attention_timings: dict[str, float] = {}
+        # forward.forward_overlapped: the first denoising step beside the prefix (opt-in, not yet run on a GPU)
+        self.overlap_first_step = dispatch.options.overlap_first_step and dispatch.options.fast_paths
         self.vision_attention_backend = "default"                   # tune_vision_attention may change it
         self.vision_attention_timings: dict[str, float] = {}
         # every Triton launch below passes a launch mode: False (stream order), 1 (PDL) or EARLY_TRIGGER (PDL, the

@@ -214,3 +214,44 @@ def test_padded_vision_mlp_keeps_the_actions(model, fused):
     with pytest.raises(ValueError, match="shared weights .* vision_mlp_pad=0"):
         EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(fused, vision_mlp_pad=48), dtype=torch.float32,
                        weights=plain.weights)
+
+
+def _record_order(engine, monkeypatch) -> list[str]:
+    """The order of the prefix's attention calls ("P") and the denoiser's ("D") in the next forward."""
+    order: list[str] = []
+    for name, tag in (("prefix_attention", "P"), ("decoder_attention", "D")):
+        fn = getattr(engine.ops, name)
+
+        def recorded(*args, _fn=fn, _tag=tag, **kwargs):
+            order.append(_tag)
+            return _fn(*args, **kwargs)
+        monkeypatch.setattr(engine.ops, name, recorded)
+    return order
+
+
+def test_overlapped_first_step_interleaves_with_the_prefix_and_keeps_the_actions(model, monkeypatch):
+    """overlap_first_step (FLASHRT_OVERLAP_FIRST_STEP=1, opt-in): the first denoising step's layer i runs right after
+    the prefix's layer i has written its K/V, before that layer's attention (on the GPU on a second stream; on the
+    CPU in this order in one); the actions are the sequential forward's, bit for bit, and the reference's."""
+    cfg = model.config
+    inputs = _inputs(cfg, np.random.default_rng(5), 11, (0, 1))
+    sequential = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(True), dtype=torch.float32)
+    overlapped = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(True, overlap_first_step=True),
+                                dtype=torch.float32)
+    assert overlapped.ops.overlap_first_step and not sequential.ops.overlap_first_step
+    assert EngineOptions.from_env(env={"FLASHRT_OVERLAP_FIRST_STEP": "1"}).overlap_first_step
+    orders = {}
+    for name, engine in (("sequential", sequential), ("overlapped", overlapped)):
+        orders[name] = _record_order(engine, monkeypatch)
+        got = engine.predict_observation(*inputs)
+        if name == "sequential":
+            want = got
+        else:
+            np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(want, _reference(model, *inputs).numpy(), atol=FP32_ATOL, rtol=0)
+    layers, steps = cfg.expert.depth, len(sequential.weights.dts)
+    prefix_attentions = orders["sequential"].count("P")
+    assert orders["sequential"] == ["P"] * prefix_attentions + ["D"] * layers * steps
+    # overlapped: D before each P (the first step's layer i before the prefix's attention of layer i), the rest after
+    assert orders["overlapped"] == ["D", "P"] * prefix_attentions + ["D"] * (layers * steps - prefix_attentions)
+    assert prefix_attentions == cfg.paligemma.depth - 1 == layers - 1     # the last prefix layer: K/V only

@@ -158,6 +158,8 @@ def test_new_prompt_does_not_recapture(tiny):
     ("pi05", "bf16+denoise_layer"),         # each expert layer one persistent launch, grid barriers (opt-in)
     ("pi05", "fp8+denoise_layer"),
     ("pi05", "bf16+denoise_layer_phases"),  # ... the same kernel, a launch per phase
+    ("pi05", "bf16+overlap_first_step"),    # the first denoising step beside the prefix, two streams (opt-in)
+    ("pi0", "fp8+overlap_first_step"),
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
@@ -176,6 +178,7 @@ def test_accuracy_gate_full_size(name, precision):
                                           fp8_fast_accum=extra == "fp8_fast_accum",
                                           prefix_attention_split=extra == "prefix_attention_split",
                                           denoise_layer=extra.startswith("denoise_layer"),
+                                          overlap_first_step=extra == "overlap_first_step",
                                           overrides={"denoise_layer": "phases"} if extra == "denoise_layer_phases"
                                           else {},
                                           **(ONE_PASS if extra else {})))
@@ -188,6 +191,7 @@ def test_accuracy_gate_full_size(name, precision):
     assert engine.ops.fused_denoise_step_pi0 == (extra not in ("no_fused_denoise_step", "no_fused_denoise_step_pi0"))
     assert engine.ops.denoise_layer == {"denoise_layer": "grid", "denoise_layer_phases": "phases"}.get(
         extra, "separate")
+    assert engine.ops.overlap_first_step == (extra == "overlap_first_step")
     if name == "pi0":                       # the fused step ends serve pi0 (fp8 leaves its step GEMMs in bf16)
         assert pi0_fused_step_ends(engine.weights, engine.ops) == engine.ops.fused_denoise_step_pi0
         if engine.ops.smem_gemm and not engine.ops.decoder_fp8:   # pi0's 51 rows: the ring kernel was weighed

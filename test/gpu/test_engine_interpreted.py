@@ -302,3 +302,19 @@ def test_tuning_cache_entry_is_checked_and_used_or_left_aside(model, tmp_path, m
     assert not engine._use_tuning_picks({**picks, "launch_policy": "sideways"}, True, False, False)
     assert engine.ops.decoder_impl == dict.fromkeys(kinds, "library") and engine.ops.launch_policy == "none"
     assert engine.ops.early_sites == engine_ops.LAUNCH_POLICIES["none"] and engine.tuned_decoder_kinds == ()
+
+
+def test_overlapped_first_step_keeps_the_actions_of_the_sequential_forward(model, monkeypatch):
+    """overlap_first_step (opt-in): the first denoising step's layers interleaved with the prefix's (on the CPU in
+    one stream), with the Triton kernels and the fused step ends (pi0.5's, or pi0's): the actions are the
+    sequential forward's, bit for bit, and the reference's; every decoder attention launch still runs."""
+    engine = _engine(model, "rope_in_attention")
+    engine.ops.fused_denoise_step = engine.ops.fused_denoise_step_pi0 = True
+    launches = _record_triton_launches(engine, monkeypatch)
+    sequential, want, inputs = _actions_and_reference(engine, model, 11)
+    engine.ops.overlap_first_step = True
+    launches.clear()
+    overlapped = engine.predict_observation(*inputs)
+    np.testing.assert_array_equal(overlapped, sequential)
+    np.testing.assert_allclose(overlapped, want, atol=FP32_ATOL, rtol=0)
+    assert len(launches["decoder_attention"]) == len(engine.weights.dts) * model.config.expert.depth
