@@ -138,6 +138,25 @@ def test_new_prompt_does_not_recapture(tiny):
     assert cosine(out, ref) >= GATE_BF16
 
 
+def test_overlapped_first_step_graph_gives_the_sequential_graphs_actions(tiny):
+    """overlap_first_step (opt-in): the captured graph with the denoiser on a second stream (two branches, an event
+    per prefix layer) gives the actions of the sequential graph and passes the bf16 gate against the reference, on
+    several observations, replayed more than once; the quick check before the full-size gates."""
+    cfg = tiny.config
+    engines = {flag: build_executor(tiny, cfg, torch.device("cuda"), "auto", EngineOptions(overlap_first_step=flag))
+               for flag in (False, True)}
+    assert engines[True].ops.overlap_first_step and not engines[False].ops.overlap_first_step
+    reference = ReferenceExecutor(tiny, cfg, torch.device("cuda"))
+    for seed in range(3):
+        obs = random_observation(cfg, np.random.default_rng(seed), views=1 + seed % 2, n_text=7 + 5 * seed)
+        outs = {flag: [e.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
+                       for _ in range(2)] for flag, e in engines.items()}
+        assert all(entry.graph is not None for entry in engines[True]._entries.values())     # captured, replayed
+        np.testing.assert_array_equal(outs[True][0], outs[True][1])                           # replays agree
+        np.testing.assert_allclose(outs[True][0], outs[False][0], atol=2e-3, rtol=0)
+        assert cosine(outs[True][0], reference_actions(reference, obs)) >= GATE_BF16
+
+
 @pytest.mark.parametrize("name,precision", [
     ("pi05", "bf16"), ("pi0", "bf16"),
     ("pi05", "fp8"), ("pi0", "fp8"),        # FP8 on the default scope (backbone MLP), per-tensor static scales
