@@ -14,7 +14,8 @@
 #   OUT=/path bash tools/device_engine_checks.sh host         # Policy.predict's host and GPU segments, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh layer        # the persistent expert layer: tests, timings, ~6 min
 #   OUT=/path bash tools/device_engine_checks.sh layer-gates  # its three accuracy gates, ~3.5 min
-#   OUT=/path bash tools/device_engine_checks.sh h50          # horizon 50's opt-ins: tests, A/B rows, ~8 min
+#   OUT=/path bash tools/device_engine_checks.sh h50          # horizon 50's defaults: tests, A/B rows, ~6.5 min
+#   OUT=/path bash tools/device_engine_checks.sh overlap      # the first step beside the prefix: tests, A/B, ~9 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
 # The times were measured in sessions 12-13 (all but gemms and fp8-scopes) or estimated: the
@@ -32,11 +33,9 @@
 #   kernels/prefix_attention.py, one split or two (pytest_engine_gates_forced.log).
 # Every pytest log is verbose (-v), so a part cut off by its time limit still names the tests that ran.
 # bench: pi0.5 2 views h10, bf16 and FP8 on the defaults, beside the A/B rows of the wgmma prefix attention left
-#   out of the tuning (bf16, no_prefix_attention_wgmma) and of the first denoising step beside the prefix (bf16
-#   and FP8, with_overlap_first_step, opt-in, written in session 17); the fused step ends, the 8-row qkv_rope,
-#   the one-pass step ends, FP8's fast accumulation, the vision MLP padding, the key-split prefix attention and
-#   the chain tuning from three launch policies were A/B-measured in sessions 13-17: five engines of ~45-90 s
-#   load each
+#   out of the tuning (bf16, no_prefix_attention_wgmma); the fused step ends, the 8-row qkv_rope, the one-pass
+#   step ends, FP8's fast accumulation, the vision MLP padding, the key-split prefix attention and the chain tuning
+#   from three launch policies were A/B-measured in sessions 13-17: three engines of ~45-90 s load each
 #   (engine_device_checks_<date>.json/.md, engine.log); then the critical path per kernel of one bf16 replay
 #   (timeline.json, timeline.log: per kernel, what runs before the vision tower, one vision layer, one denoising
 #   layer), and again with 480x640 camera frames resized inside the graph (timeline_480x640.*: the resize's cost).
@@ -66,6 +65,11 @@
 #   (EngineOptions.fused_denoise_step_pi0), both defaults since session 17: their kernel tests alone
 #   (pytest_rows_kernel.log), then, if all six passed, pi0.5 and pi0 (bf16) at horizon 50 with each of them off
 #   too (engine_h50_pi05_*, engine_h50_pi0_*, h50.log); their gates are in engine-gates-forced and engine-gates.
+# overlap: the first denoising step beside the prefix on a second stream (EngineOptions.overlap_first_step,
+#   opt-in, written in session 17 without a GPU): the tiny model's two-stream capture against the sequential
+#   graph first (pytest_overlap.log), then, if it passed, pi0.5 2 views h10 bf16 and FP8 with and without it
+#   (engine_overlap_*, overlap.log), its two accuracy gates (pytest_overlap_gates.log: pi0.5 bf16, pi0 FP8) and a
+#   timeline of the bf16 replay with it (timeline_overlap.json/.log: how the branches share the SMs).
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
 #   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
@@ -93,14 +97,15 @@ if [ "$PART" = engine-new ] || [ "$PART" = all ]; then
 fi
 
 if [ "$PART" = engine-rest ] || [ "$PART" = all ]; then
-  timeout 520 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py -k "not ($NEW) and not accuracy_gate" \
+  timeout 520 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
+    -k "not ($NEW) and not accuracy_gate and not overlapped" \
     > "$OUT/pytest_engine_rest.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_rest.log"
 fi
 
 if [ "$PART" = engine-gates ] || [ "$PART" = all ]; then
   timeout 520 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
-    -k "accuracy_gate and not (smem_gemm or split_k_qkv or prefix_attention_wgmma or prefix_attention_split or denoise_layer)" \
+    -k "accuracy_gate and not (smem_gemm or split_k_qkv or prefix_attention_wgmma or prefix_attention_split or denoise_layer or overlap_first_step)" \
     > "$OUT/pytest_engine_gates.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_gates.log"
 fi
@@ -118,7 +123,7 @@ if [ "$PART" = bench ] || [ "$PART" = all ]; then
   export FLASHRT_TUNING_CACHE="${FLASHRT_TUNING_CACHE:-/tmp/flashrt_tuning_cache}"
   timeout 450 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate \
-    --ab-switches-off prefix_attention_wgmma --ab-switches-on overlap_first_step \
+    --ab-switches-off prefix_attention_wgmma \
     --out-dir "$OUT" --tag device_checks \
     > "$OUT/engine.log" 2>&1
   timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \
@@ -191,6 +196,25 @@ if [ "$PART" = h50 ]; then            # not in "all": horizon 50's defaults of s
   fi
 fi
 
+if [ "$PART" = overlap ]; then        # not in "all": the opt-in overlap_first_step (two streams in one graph)
+  export FLASHRT_TUNING_CACHE="${FLASHRT_TUNING_CACHE:-/tmp/flashrt_tuning_cache}"
+  timeout 100 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py -k "overlapped" \
+    > "$OUT/pytest_overlap.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_overlap.log"
+  if grep -q "1 passed" "$OUT/pytest_overlap.log"; then
+    timeout 270 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
+      --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate --ab-switches-on overlap_first_step \
+      --out-dir "$OUT" --tag overlap > "$OUT/overlap.log" 2>&1
+    echo "benchmark_engine rc=$?" >> "$OUT/overlap.log"
+    timeout 170 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
+      -k "accuracy_gate and overlap_first_step" > "$OUT/pytest_overlap_gates.log" 2>&1
+    echo "pytest rc=$?" >> "$OUT/pytest_overlap_gates.log"
+    timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \
+      --views 2 --precision bf16-with_overlap_first_step --out "$OUT/timeline_overlap.json" \
+      > "$OUT/timeline_overlap.log" 2>&1
+  fi
+fi
+
 if [ "$PART" = fp8-scopes ]; then
   timeout 480 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --fp8-scalings "" "@all" "@backbone" --gate-observations 2 \
@@ -200,7 +224,7 @@ fi
 
 {
   for log in pytest_kernels pytest_engine_new pytest_engine_rest pytest_engine_gates pytest_engine_gates_forced \
-      pytest_rows_kernel; do
+      pytest_rows_kernel pytest_overlap pytest_overlap_gates; do
     [ -f "$OUT/$log.log" ] && { echo "== $log"; grep -E "FAILED|ERROR|passed|failed|rc=" "$OUT/$log.log" | tail -n 20; }
   done
   if [ -f "$OUT/engine.log" ]; then
@@ -216,6 +240,9 @@ fi
   [ -f "$OUT/host.log" ] && { echo "== Policy.predict and its host trace"
     grep -E "^\| (pi05|[0-9]|validate|spin)|rc=" "$OUT/host.log"; }
   [ -f "$OUT/buckets.log" ] && { echo "== text buckets"; grep -E "^(## |\| [0-9])|rc=" "$OUT/buckets.log"; }
+  [ -f "$OUT/overlap.log" ] && { echo "== the first step beside the prefix (overlap_first_step)"
+    grep -hE '^\| pi05' "$OUT"/engine_overlap_*.md 2>/dev/null || tail -n 5 "$OUT/overlap.log"; }
+  [ -f "$OUT/timeline_overlap.log" ] && { echo "== timeline with it"; grep "critical path" "$OUT/timeline_overlap.log"; }
   [ -f "$OUT/h50.log" ] && { echo "== horizon 50, A/B of smem_gemm_rows and fused_denoise_step_pi0"; grep -hE '^\| pi0' "$OUT"/engine_h50_*.md \
     2>/dev/null || tail -n 5 "$OUT/h50.log"; }
 } | tee "$OUT/summary.txt"
