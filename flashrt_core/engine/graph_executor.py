@@ -289,9 +289,7 @@ class EngineExecutor:
                     ops.check_candidate(kind, impl, x, lin)
                     ops.decoder_impl[kind] = impl
                 self.tuned_decoder_kinds = tuple(names)
-            policy = picks.get("launch_policy")
-            ops.early_sites = LAUNCH_POLICIES[pick_by_name(LAUNCH_POLICIES, policy, "launch policy")]
-            ops.launch_policy = policy
+            ops.set_launch_policy(pick_by_name(LAUNCH_POLICIES, picks.get("launch_policy"), "launch policy"))
             if prefix_att:
                 ops.prefix_attention_impl = pick_by_name(PREFIX_ATTENTION_IMPLS, picks.get("prefix_attention"),
                                                          "the prefix attention")
@@ -387,20 +385,20 @@ class EngineExecutor:
         ends: dict[str, dict] = {}
         for policy in sorted(first, key=first.get)[:starts]:
             ops.decoder_impl.update(base)
-            ops.launch_policy, ops.early_sites = policy, LAUNCH_POLICIES[policy]
+            ops.set_launch_policy(policy)
             for kind in ("down", "o", "gate_up", "qkv"):
                 self._pick_decoder_gemm_in_chain(kind, capture, timed)
             ends[policy] = {"picks": dict(ops.decoder_impl), "start_ms": first[policy]}
         graphs = {}
         for policy, end in ends.items():
             ops.decoder_impl.update(end["picks"])
-            ops.launch_policy, ops.early_sites = policy, LAUNCH_POLICIES[policy]
+            ops.set_launch_policy(policy)
             graphs[policy] = capture()
         times = timed(graphs)
         del graphs
         best = min(times, key=times.get)
         ops.decoder_impl.update(ends[best]["picks"])
-        ops.launch_policy, ops.early_sites = best, LAUNCH_POLICIES[best]
+        ops.set_launch_policy(best)
         log.info("chain tuning: first pass from %d launch policies, ends (ms per denoise) %s: %s kept",
                  len(ends), {p: round(t, 3) for p, t in times.items()}, best)
         return {p: {"ms": times[p], "picks": {k: str(v) for k, v in e["picks"].items()}, "start_ms": e["start_ms"],
@@ -426,13 +424,12 @@ class EngineExecutor:
         kept."""
         ops = self.ops
         graphs = {}
-        for name, sites in LAUNCH_POLICIES.items():
-            ops.early_sites = sites
+        for name in LAUNCH_POLICIES:
+            ops.set_launch_policy(name)
             graphs[name] = capture()
         times = timed(graphs)
         del graphs
-        ops.launch_policy = min(times, key=times.get)
-        ops.early_sites = LAUNCH_POLICIES[ops.launch_policy]
+        ops.set_launch_policy(min(times, key=times.get))
         return times
 
     def _pick_decoder_gemm_in_chain(self, kind: str, capture, timed) -> dict[str, float]:

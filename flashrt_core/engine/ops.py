@@ -313,6 +313,10 @@ class Ops:
         return self.k.denoise_step_out(x, residual, gate, scale1p, shift, out_w, out_b, x_t, dt, eps,
                                        pdl=self.launch_mode("other"), block_d=self.step_block_d)
 
+    def set_launch_policy(self, policy: str) -> None:
+        """The denoiser's launch policy by name (LAUNCH_POLICIES) and the sites it releases early, kept together."""
+        self.launch_policy, self.early_sites = policy, LAUNCH_POLICIES[policy]
+
     def plain_pick(self, kind: str) -> str | SkinnyConfig | SmemConfig:
         """The tuned GEMM of `kind` where it is a plain one (a Triton or shared-memory GEMM without split-K, no RoPE
         epilogue), else "triton" (the kind's first Triton candidate): for an untuned GEMM of the same K, e.g. pi0's

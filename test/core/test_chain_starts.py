@@ -10,7 +10,7 @@ from __future__ import annotations
 import types
 
 from flashrt_core.engine.graph_executor import EngineExecutor
-from flashrt_core.engine.ops import LAUNCH_POLICIES
+from flashrt_core.engine.ops import LAUNCH_POLICIES, Ops
 
 POLICY_MS = {"none": 5.0, "all": 4.6, "before_one_shot": 4.9, "attention_block": 4.8, "norms": 4.4,
              "mlp_block": 4.9}
@@ -20,6 +20,7 @@ CANDIDATES = {"down": ["triton", "tma"], "o": ["tma_s2", "tma_s4"], "gate_up": [
 def _search(starts: int):
     ops = types.SimpleNamespace(decoder_impl={"down": "triton", "o": "tma_s4", "gate_up": "tma", "qkv": "tma"},
                                 launch_policy="all", early_sites=LAUNCH_POLICIES["all"])
+    ops.set_launch_policy = types.MethodType(Ops.set_launch_policy, ops)
     seen = []
 
     def cost() -> float:

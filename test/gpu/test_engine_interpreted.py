@@ -242,9 +242,8 @@ def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):
     first norm and its attention release the next kernel at their start (EARLY_TRIGGER), every other kernel after
     its wait (1); the actions are the reference's either way (under the interpreter PDL is a no-op, so this checks
     the modes handed to the launchers and that the kernels take them)."""
-    from flashrt_core.engine.ops import LAUNCH_POLICIES
     engine = _engine(model, "rope_in_attention")
-    engine.ops.launch_policy, engine.ops.early_sites = "before_one_shot", LAUNCH_POLICIES["before_one_shot"]
+    engine.ops.set_launch_policy("before_one_shot")
     modes = _record_triton_launches(engine, monkeypatch)
     got, want, _ = _actions_and_reference(engine, model, 5)
     np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
@@ -295,7 +294,7 @@ def test_tuning_cache_entry_is_checked_and_used_or_left_aside(model, tmp_path, m
     got, want, _ = _actions_and_reference(engine, model, 5)
     np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
     engine.ops.decoder_impl = dict.fromkeys(kinds, "library")
-    engine.ops.launch_policy, engine.ops.early_sites = "none", engine_ops.LAUNCH_POLICIES["none"]
+    engine.ops.set_launch_policy("none")
     bad = {**picks, "decoder": {**picks["decoder"], "gate_up": "triton(n999)"}}     # qkv and o would fit
     assert not engine._use_tuning_picks(bad, True, False, False)
     assert engine.ops.decoder_impl == dict.fromkeys(kinds, "library")              # nothing changed
