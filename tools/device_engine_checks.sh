@@ -4,8 +4,8 @@
 #   OUT=/path bash tools/device_engine_checks.sh kernels      # GPU kernel tests + Policy GPU tests, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh engine-new   # the tuning cache's and the chain tuning's tests, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh engine-rest  # the other engine tests but the gates, ~4 min
-#   OUT=/path bash tools/device_engine_checks.sh engine-gates # the accuracy gates of the defaults and switches, ~6 min
-#   OUT=/path bash tools/device_engine_checks.sh engine-gates-forced  # the gates with TMA GEMMs forced, ~2 min
+#   OUT=/path bash tools/device_engine_checks.sh engine-gates # the gates of the defaults and switches, ~7.5 min
+#   OUT=/path bash tools/device_engine_checks.sh engine-gates-forced  # TMA GEMMs forced, FP8 opt-ins, ~3.5 min
 #   OUT=/path bash tools/device_engine_checks.sh bench        # engine A/B rows + one replay's critical path, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh gemms        # the wide GEMMs in every form, ~3-6 min
 #   OUT=/path bash tools/device_engine_checks.sh fp8-scopes   # gates + rows of FP8 on wider scopes, ~4 min
@@ -15,7 +15,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh layer        # the persistent expert layer: tests, timings, ~6 min
 #   OUT=/path bash tools/device_engine_checks.sh layer-gates  # its three accuracy gates, ~3.5 min
 #   OUT=/path bash tools/device_engine_checks.sh h50          # horizon 50's defaults: tests, A/B rows, ~6.5 min
-#   OUT=/path bash tools/device_engine_checks.sh overlap      # the first step beside the prefix: tests, A/B, ~9 min
+#   OUT=/path bash tools/device_engine_checks.sh overlap      # the first step beside the prefix: A/B rows, ~7 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
 # The times were measured in sessions 12-13 (all but gemms and fp8-scopes) or estimated: the
@@ -28,9 +28,10 @@
 # engine-rest: the rest of test_engine_gpu.py but the gates: replay, the L2 prefetch, the fusion switches, the
 #   vision attention backends (pytest_engine_rest.log).
 # engine-gates: the accuracy gates of pi0.5 and pi0 on the defaults, bf16 and FP8, and of the switches that turn
-#   a default off (pytest_engine_gates.log); engine-gates-forced: the gates with the TMA GEMMs forced, with the
-#   adaRMSNorm fold, with the split-K QKV, with the TMA GEMMs off, and with the prefix attention forced to
-#   kernels/prefix_attention.py, one split or two (pytest_engine_gates_forced.log).
+#   a default off (pytest_engine_gates.log; ten gates, 7.6 min on a warm machine in session 18);
+#   engine-gates-forced: the gates with the TMA GEMMs forced, with the adaRMSNorm fold, with the split-K QKV, with
+#   the TMA GEMMs off, with the prefix attention forced to kernels/prefix_attention.py, one split or two, and of
+#   the FP8 opt-ins (weight-only FP8 decoder GEMMs, fast accumulation) (pytest_engine_gates_forced.log).
 # Every pytest log is verbose (-v), so a part cut off by its time limit still names the tests that ran.
 # bench: pi0.5 2 views h10, bf16 and FP8 on the defaults, beside the A/B rows of the wgmma prefix attention left
 #   out of the tuning (bf16, no_prefix_attention_wgmma); the fused step ends, the 8-row qkv_rope, the one-pass
@@ -65,11 +66,10 @@
 #   (EngineOptions.fused_denoise_step_pi0), both defaults since session 17: their kernel tests alone
 #   (pytest_rows_kernel.log), then, if all six passed, pi0.5 and pi0 (bf16) at horizon 50 with each of them off
 #   too (engine_h50_pi05_*, engine_h50_pi0_*, h50.log); their gates are in engine-gates-forced and engine-gates.
-# overlap: the first denoising step beside the prefix on a second stream (EngineOptions.overlap_first_step,
-#   opt-in, written in session 17 without a GPU): the tiny model's two-stream capture against the sequential
-#   graph first (pytest_overlap.log), then, if it passed, pi0.5 2 views h10 bf16 and FP8 with and without it
-#   (engine_overlap_*, overlap.log), its two accuracy gates (pytest_overlap_gates.log: pi0.5 bf16, pi0 FP8) and a
-#   timeline of the bf16 replay with it (timeline_overlap.json/.log: how the branches share the SMs).
+# overlap: the first denoising step beside the prefix on a second stream (EngineOptions.overlap_first_step, the
+#   default since session 18): pi0.5 2 views h10 bf16 and FP8 with it and without it (engine_overlap_*,
+#   overlap.log), then pi0.5 2 views h50 bf16 both ways (engine_overlap_h50_*, overlap_h50.log). Its tiny
+#   two-stream capture test is in engine-rest, its gates (on and off) in engine-gates.
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
 #   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
@@ -98,21 +98,21 @@ fi
 
 if [ "$PART" = engine-rest ] || [ "$PART" = all ]; then
   timeout 520 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
-    -k "not ($NEW) and not accuracy_gate and not overlapped" \
+    -k "not ($NEW) and not accuracy_gate" \
     > "$OUT/pytest_engine_rest.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_rest.log"
 fi
 
 if [ "$PART" = engine-gates ] || [ "$PART" = all ]; then
   timeout 520 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
-    -k "accuracy_gate and not (smem_gemm or split_k_qkv or prefix_attention_wgmma or prefix_attention_split or denoise_layer or overlap_first_step)" \
+    -k "accuracy_gate and not (smem_gemm or split_k_qkv or prefix_attention_wgmma or prefix_attention_split or denoise_layer or fp8_fast_accum or fp8_decoder_weights)" \
     > "$OUT/pytest_engine_gates.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_gates.log"
 fi
 
 if [ "$PART" = engine-gates-forced ] || [ "$PART" = all ]; then
   timeout 400 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
-    -k "accuracy_gate and (smem_gemm or split_k_qkv or prefix_attention_wgmma or prefix_attention_split)" \
+    -k "accuracy_gate and (smem_gemm or split_k_qkv or prefix_attention_wgmma or prefix_attention_split or fp8_fast_accum or fp8_decoder_weights)" \
     > "$OUT/pytest_engine_gates_forced.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_gates_forced.log"
 fi
@@ -196,23 +196,16 @@ if [ "$PART" = h50 ]; then            # not in "all": horizon 50's defaults of s
   fi
 fi
 
-if [ "$PART" = overlap ]; then        # not in "all": the opt-in overlap_first_step (two streams in one graph)
+if [ "$PART" = overlap ]; then        # not in "all": overlap_first_step on and off (two streams in one graph)
   export FLASHRT_TUNING_CACHE="${FLASHRT_TUNING_CACHE:-/tmp/flashrt_tuning_cache}"
-  timeout 100 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py -k "overlapped" \
-    > "$OUT/pytest_overlap.log" 2>&1
-  echo "pytest rc=$?" >> "$OUT/pytest_overlap.log"
-  if grep -q "1 passed" "$OUT/pytest_overlap.log"; then
-    timeout 270 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
-      --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate --ab-switches-on overlap_first_step \
-      --out-dir "$OUT" --tag overlap > "$OUT/overlap.log" 2>&1
-    echo "benchmark_engine rc=$?" >> "$OUT/overlap.log"
-    timeout 170 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
-      -k "accuracy_gate and overlap_first_step" > "$OUT/pytest_overlap_gates.log" 2>&1
-    echo "pytest rc=$?" >> "$OUT/pytest_overlap_gates.log"
-    timeout 60 "$PY" tools/profile_engine_timeline.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --config pi05 \
-      --views 2 --precision bf16-with_overlap_first_step --out "$OUT/timeline_overlap.json" \
-      > "$OUT/timeline_overlap.log" 2>&1
-  fi
+  timeout 300 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
+    --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate --ab-switches-off overlap_first_step \
+    --ab-fp8-switches-off overlap_first_step --out-dir "$OUT" --tag overlap > "$OUT/overlap.log" 2>&1
+  echo "benchmark_engine rc=$?" >> "$OUT/overlap.log"
+  timeout 200 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
+    --horizons 50 --reference-calls 2 --no-gate --ab-switches-off overlap_first_step \
+    --out-dir "$OUT" --tag overlap_h50 > "$OUT/overlap_h50.log" 2>&1
+  echo "benchmark_engine rc=$?" >> "$OUT/overlap_h50.log"
 fi
 
 if [ "$PART" = fp8-scopes ]; then
@@ -224,7 +217,7 @@ fi
 
 {
   for log in pytest_kernels pytest_engine_new pytest_engine_rest pytest_engine_gates pytest_engine_gates_forced \
-      pytest_rows_kernel pytest_overlap pytest_overlap_gates; do
+      pytest_rows_kernel; do
     [ -f "$OUT/$log.log" ] && { echo "== $log"; grep -E "FAILED|ERROR|passed|failed|rc=" "$OUT/$log.log" | tail -n 20; }
   done
   if [ -f "$OUT/engine.log" ]; then
@@ -240,9 +233,8 @@ fi
   [ -f "$OUT/host.log" ] && { echo "== Policy.predict and its host trace"
     grep -E "^\| (pi05|[0-9]|validate|spin)|rc=" "$OUT/host.log"; }
   [ -f "$OUT/buckets.log" ] && { echo "== text buckets"; grep -E "^(## |\| [0-9])|rc=" "$OUT/buckets.log"; }
-  [ -f "$OUT/overlap.log" ] && { echo "== the first step beside the prefix (overlap_first_step)"
-    grep -hE '^\| pi05' "$OUT"/engine_overlap_*.md 2>/dev/null || tail -n 5 "$OUT/overlap.log"; }
-  [ -f "$OUT/timeline_overlap.log" ] && { echo "== timeline with it"; grep "critical path" "$OUT/timeline_overlap.log"; }
+  [ -f "$OUT/overlap.log" ] && { echo "== the first step beside the prefix (overlap_first_step), on and off"
+    grep -hE '^\| pi05' "$OUT"/engine_overlap*.md 2>/dev/null || tail -n 5 "$OUT/overlap.log" "$OUT/overlap_h50.log"; }
   [ -f "$OUT/h50.log" ] && { echo "== horizon 50, A/B of smem_gemm_rows and fused_denoise_step_pi0"; grep -hE '^\| pi0' "$OUT"/engine_h50_*.md \
     2>/dev/null || tail -n 5 "$OUT/h50.log"; }
 } | tee "$OUT/summary.txt"

@@ -38,8 +38,9 @@ tests and bug reports:
     FLASHRT_DISABLE_FUSED_DENOISE_STEP_PI0=1  pi0's step ends as separate ops, not kernels/denoise_step.py
                                     time_mlp_in and step_out (EngineOptions.fused_denoise_step_pi0;
                                     FLASHRT_FUSED_DENOISE_STEP_PI0=0 does the same)
-    FLASHRT_OVERLAP_FIRST_STEP=1    the first denoising step's layers run beside the prefix's later layers, on a
-                                    second stream (EngineOptions.overlap_first_step; opt-in, not yet run on a GPU)
+    FLASHRT_DISABLE_OVERLAP_FIRST_STEP=1  the first denoising step after the whole prefix, on one stream, not its
+                                    layers beside the prefix's later layers on a second stream
+                                    (EngineOptions.overlap_first_step; FLASHRT_OVERLAP_FIRST_STEP=0 does the same)
     FLASHRT_TEXT_BUCKETS=16,32,...  the token-buffer lengths with a graph each (EngineOptions.text_buckets)
     FLASHRT_TUNING_CACHE=DIR        keep the load-time tuning's picks in DIR and reuse them at the next load of the
                                     same model, GPU, software and options (engine/tuning_cache.py); unset or "" = off
@@ -140,7 +141,7 @@ class Switch(str, enum.Enum):
     FUSED_DENOISE_STEP_PI0 = "FUSED_DENOISE_STEP_PI0"  # ... and of each pi0 step (time_mlp_in, step_out)
     SMEM_GEMM_ROWS = "SMEM_GEMM_ROWS"    # the shared-memory decoder GEMM candidates at 17-64 rows (horizon 50)
     DENOISE_LAYER = "DENOISE_LAYER"      # kernels/denoise_layer.py: each pi0.5 expert layer in one launch (opt-in)
-    OVERLAP_FIRST_STEP = "OVERLAP_FIRST_STEP"  # the first denoising step beside the prefix, two streams (opt-in)
+    OVERLAP_FIRST_STEP = "OVERLAP_FIRST_STEP"  # the first denoising step beside the prefix, two streams
 
 
 # The token-buffer lengths the engine captures a graph for (max_token_len is always added): every 16 tokens up to
@@ -202,8 +203,10 @@ class EngineOptions:
                                              # attention tuning where it serves the GPU
     prefix_attention_split: bool = False     # opt-in (measured slower, session 15: 24-26 us against 17.6 us for
                                              # wgmma): its key-split forms join the tuning too
-    overlap_first_step: bool = False         # opt-in (not yet run on a GPU): the first denoising step's layer i
-                                             # beside the prefix's layers after i (forward.forward_overlapped)
+    overlap_first_step: bool = True          # the first denoising step's layer i beside the prefix's layers
+                                             # after i, two streams (forward.forward_overlapped; session 18:
+                                             # -0.22 ms FP8, -0.19 ms bf16 per predict on average over two A/B
+                                             # pairs, -0.51 ms at horizon 50); not with denoise_layer's grid form
     denoise_layer: bool = False              # opt-in (measured slower, session 15): kernels/denoise_layer.py, each
                                              # pi0.5 expert layer one persistent launch (8 phases, grid barriers)
     fast_paths: bool = True                  # False: the reference path, whatever else is set
@@ -282,7 +285,7 @@ class EngineOptions:
                            ("FLASHRT_PREFIX_ATTENTION_SPLIT", "prefix_attention_split"),
                            ("FLASHRT_FP8_FAST_ACCUM", "fp8_fast_accum"),
                            ("FLASHRT_DENOISE_LAYER", "denoise_layer"),
-                           ("FLASHRT_OVERLAP_FIRST_STEP", "overlap_first_step")):
+                           ("FLASHRT_OVERLAP_FIRST_STEP", "overlap_first_step")):   # the default: 0 = off
             if flag(name) is not None and attr not in changes:
                 changes[attr] = flag(name)
         if env.get("FLASHRT_TUNING_CACHE") is not None:          # a directory; "" turns it off

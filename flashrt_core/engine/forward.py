@@ -349,7 +349,7 @@ def forward(ws: Workspace, w: EngineWeights, ops: Ops, timer: PhaseTimer | None 
 
 def forward_overlapped(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor) -> None:
     """prefix() and denoise() with the first denoising step's layers beside the prefix's later ones
-    (ops.overlap_first_step, opt-in): the expert's layer i reads only layer i of the prefix's K/V, so the first
+    (ops.overlap_first_step, the default): the expert's layer i reads only layer i of the prefix's K/V, so the first
     step's layer i can run once the prefix's layer i has written them, during that layer's attention and MLP.
     The prefix stays on the current stream, the denoiser runs on denoise_stream(), each of the first step's
     layers after an event of the prefix's layer it reads; the current stream waits for the denoiser at the end.

@@ -227,8 +227,6 @@ class Ops:
         # its key-split forms too: opt-in (EngineOptions.prefix_attention_split), measured slower (session 15)
         self.prefix_attention_split = dispatch.options.prefix_attention_split and dispatch.options.fast_paths
         self.prefix_attention_timings: dict[str, float] = {}
-        # forward.forward_overlapped: the first denoising step beside the prefix (opt-in, not yet run on a GPU)
-        self.overlap_first_step = dispatch.options.overlap_first_step and dispatch.options.fast_paths
         self.vision_attention_backend = "default"                   # tune_vision_attention may change it
         self.vision_attention_timings: dict[str, float] = {}
         # every Triton launch below passes a launch mode: False (stream order), 1 (PDL) or EARLY_TRIGGER (PDL, the
@@ -257,6 +255,12 @@ class Ops:
         # launch, "phases": a launch per phase) where the workspace has its scratch (GraphExecutor: pi0.5, fused
         # step ends, <= 16 rows)
         self.denoise_layer = dispatch[Op.DENOISE_LAYER]
+        # forward.forward_overlapped: the first denoising step beside the prefix (the default since session 18:
+        # about -0.2 ms per predict on the H200 at horizon 10, -0.5 ms at 50). Not with the grid-barrier expert
+        # layer: its barrier waits for every program of its grid, which the prefix's kernels beside it could keep
+        # from becoming resident
+        self.overlap_first_step = (dispatch.options.overlap_first_step and dispatch.options.fast_paths
+                                   and not self.denoise_layer.startswith("grid"))
         # its tiles (kernels' LayerConfig; None: LayerConfig.fit) and the key splits of its attention phase (the
         # workspace's scratch is allocated with them): A/B knobs of tools/benchmark_denoise_layer.py, no switch
         self.denoise_layer_config = None

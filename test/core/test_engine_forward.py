@@ -12,8 +12,9 @@ import torch
 
 from flashrt_core.checkpoint import load_model_weights
 from flashrt_core.config import get_config
-from flashrt_core.engine.dispatch import Dispatch, EngineOptions, eager_cpu_dispatch
+from flashrt_core.engine.dispatch import Dispatch, EngineOptions, Op, Switch, eager_cpu_dispatch
 from flashrt_core.engine.graph_executor import EngineExecutor
+from flashrt_core.engine.ops import Ops
 from flashrt_core.executor import ReferenceExecutor
 from flashrt_core.fixtures import write_random_checkpoint
 
@@ -230,16 +231,24 @@ def _record_order(engine, monkeypatch) -> list[str]:
 
 
 def test_overlapped_first_step_interleaves_with_the_prefix_and_keeps_the_actions(model, monkeypatch):
-    """overlap_first_step (FLASHRT_OVERLAP_FIRST_STEP=1, opt-in): the first denoising step's layer i runs right after
-    the prefix's layer i has written its K/V, before that layer's attention (on the GPU on a second stream; on the
-    CPU in this order in one); the actions are the sequential forward's, bit for bit, and the reference's."""
+    """overlap_first_step (the default; FLASHRT_DISABLE_OVERLAP_FIRST_STEP=1 or FLASHRT_OVERLAP_FIRST_STEP=0 turn
+    it off): the first denoising step's layer i runs right after the prefix's layer i has written its K/V, before
+    that layer's attention (on the GPU on a second stream; on the CPU in this order in one); the actions are the
+    sequential forward's, bit for bit, and the reference's."""
     cfg = model.config
     inputs = _inputs(cfg, np.random.default_rng(5), 11, (0, 1))
-    sequential = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(True), dtype=torch.float32)
-    overlapped = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(True, overlap_first_step=True),
+    sequential = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(True, overlap_first_step=False),
                                 dtype=torch.float32)
+    overlapped = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(True), dtype=torch.float32)
     assert overlapped.ops.overlap_first_step and not sequential.ops.overlap_first_step
-    assert EngineOptions.from_env(env={"FLASHRT_OVERLAP_FIRST_STEP": "1"}).overlap_first_step
+    assert EngineOptions().overlap_first_step
+    for env in ({"FLASHRT_OVERLAP_FIRST_STEP": "0"}, {"FLASHRT_DISABLE_OVERLAP_FIRST_STEP": "1"}):
+        assert not EngineOptions.from_env(env=env).overlap_first_step
+    assert not EngineOptions(fast_paths=False).switch_on(Switch.OVERLAP_FIRST_STEP)
+    cpu = eager_cpu_dispatch()
+    for layer, overlaps in (("grid", False), ("grid_prefetch", False), ("phases", True), ("separate", True)):
+        ops = Ops(Dispatch(cpu.hardware, cpu.options, {**cpu.choice, Op.DENOISE_LAYER: layer}))
+        assert ops.overlap_first_step == overlaps, layer       # the grid barrier's layer: one stream
     orders = {}
     for name, engine in (("sequential", sequential), ("overlapped", overlapped)):
         orders[name] = _record_order(engine, monkeypatch)

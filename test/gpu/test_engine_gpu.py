@@ -139,7 +139,7 @@ def test_new_prompt_does_not_recapture(tiny):
 
 
 def test_overlapped_first_step_graph_gives_the_sequential_graphs_actions(tiny):
-    """overlap_first_step (opt-in): the captured graph with the denoiser on a second stream (two branches, an event
+    """overlap_first_step (the default): the captured graph with the denoiser on a second stream (two branches, an event
     per prefix layer) gives the actions of the sequential graph and passes the bf16 gate against the reference, on
     several observations, replayed more than once; the quick check before the full-size gates."""
     cfg = tiny.config
@@ -177,8 +177,8 @@ def test_overlapped_first_step_graph_gives_the_sequential_graphs_actions(tiny):
     ("pi05", "bf16+denoise_layer"),         # each expert layer one persistent launch, grid barriers (opt-in)
     ("pi05", "fp8+denoise_layer"),
     ("pi05", "bf16+denoise_layer_phases"),  # ... the same kernel, a launch per phase
-    ("pi05", "bf16+overlap_first_step"),    # the first denoising step beside the prefix, two streams (opt-in)
-    ("pi0", "fp8+overlap_first_step"),
+    ("pi05", "bf16+no_overlap_first_step"),  # the first denoising step after the prefix, one stream (the
+    ("pi0", "fp8+no_overlap_first_step"),     # default: beside it, two streams)
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
@@ -197,7 +197,7 @@ def test_accuracy_gate_full_size(name, precision):
                                           fp8_fast_accum=extra == "fp8_fast_accum",
                                           prefix_attention_split=extra == "prefix_attention_split",
                                           denoise_layer=extra.startswith("denoise_layer"),
-                                          overlap_first_step=extra == "overlap_first_step",
+                                          overlap_first_step=extra != "no_overlap_first_step",
                                           overrides={"denoise_layer": "phases"} if extra == "denoise_layer_phases"
                                           else {},
                                           **(ONE_PASS if extra else {})))
@@ -210,7 +210,7 @@ def test_accuracy_gate_full_size(name, precision):
     assert engine.ops.fused_denoise_step_pi0 == (extra not in ("no_fused_denoise_step", "no_fused_denoise_step_pi0"))
     assert engine.ops.denoise_layer == {"denoise_layer": "grid", "denoise_layer_phases": "phases"}.get(
         extra, "separate")
-    assert engine.ops.overlap_first_step == (extra == "overlap_first_step")
+    assert engine.ops.overlap_first_step == (extra not in ("no_overlap_first_step", "denoise_layer"))
     if name == "pi0":                       # the fused step ends serve pi0 (fp8 leaves its step GEMMs in bf16)
         assert pi0_fused_step_ends(engine.weights, engine.ops) == engine.ops.fused_denoise_step_pi0
         if engine.ops.smem_gemm and not engine.ops.decoder_fp8:   # pi0's 51 rows: the ring kernel was weighed

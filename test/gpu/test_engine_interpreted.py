@@ -304,10 +304,12 @@ def test_tuning_cache_entry_is_checked_and_used_or_left_aside(model, tmp_path, m
 
 
 def test_overlapped_first_step_keeps_the_actions_of_the_sequential_forward(model, monkeypatch):
-    """overlap_first_step (opt-in): the first denoising step's layers interleaved with the prefix's (on the CPU in
-    one stream), with the Triton kernels and the fused step ends (pi0.5's, or pi0's): the actions are the
+    """overlap_first_step (the default): the first denoising step's layers interleaved with the prefix's (on the
+    CPU in one stream), with the Triton kernels and the fused step ends (pi0.5's, or pi0's): the actions are the
     sequential forward's, bit for bit, and the reference's; every decoder attention launch still runs."""
     engine = _engine(model, "rope_in_attention")
+    assert engine.ops.overlap_first_step                        # the default
+    engine.ops.overlap_first_step = False                       # the sequential forward first
     engine.ops.fused_denoise_step = engine.ops.fused_denoise_step_pi0 = True
     launches = _record_triton_launches(engine, monkeypatch)
     sequential, want, inputs = _actions_and_reference(engine, model, 11)
