@@ -11,8 +11,11 @@ Every launcher's `pdl` takes False, True or `EARLY_TRIGGER` (kernels/_triton.py 
 
 from ._triton import EARLY_TRIGGER, HAVE_TRITON, INTERPRETED
 from .ada_rms_norm import ada_rms_norm, ada_rms_norm_reference
+from .attention import KEY_BLOCKS as ATTENTION_KEY_BLOCKS
+from .attention import ROW_BLOCKS as ATTENTION_ROW_BLOCKS
 from .attention import (attention, attention_reference, decoder_attention, decoder_attention_reference, merge_splits,
                         merge_splits_reference)
+from .attention import split_launch as attention_split_launch
 from .denoise_layer import PHASES as DENOISE_LAYER_PHASES
 from .denoise_layer import (DenoiseLayerScratch, LayerConfig, LayerTables, LayerWeights, barriers_per_launch,
                             denoise_layer, denoise_layer_reference, fold_shift,
@@ -36,7 +39,7 @@ __all__ = [
     "EARLY_TRIGGER", "HAVE_TRITON", "INTERPRETED",
     "ada_rms_norm", "ada_rms_norm_reference",
     "attention", "attention_reference", "decoder_attention", "decoder_attention_reference",
-    "merge_splits", "merge_splits_reference",
+    "merge_splits", "merge_splits_reference", "ATTENTION_KEY_BLOCKS", "ATTENTION_ROW_BLOCKS", "attention_split_launch",
     "DenoiseLayerScratch", "LayerConfig", "LayerTables", "LayerWeights", "barriers_per_launch", "denoise_layer",
     "DENOISE_LAYER_PHASES", "denoise_layer_reference", "fold_shift", "grid_programs", "phase_stamps_us",
     "denoise_step_in", "denoise_step_in_reference", "denoise_step_out", "denoise_step_out_reference",

@@ -251,15 +251,19 @@ def _attn_combine_kernel(acc_ptr, ml_ptr, o_ptr, Mq, stride_o, SPLIT: tl.constex
 KEY_BLOCKS = (16, 32, 64)
 DECODER_KEY_BLOCK = 32              # attention() with suffix keys
 DECODER_PREFIX_KEY_BLOCK = 64       # decoder_attention()
+ROW_BLOCKS = (16, 32, 64)           # query rows per program (a given block_m; else plan's own by the row count)
 
 
-def plan(Mq: int, L: int, sms: int = 132, key_block: int | None = None) -> tuple[int, int, int]:
+def plan(Mq: int, L: int, sms: int = 132, key_block: int | None = None,
+         block_m: int | None = None) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, splits): enough programs to fill `sms` multiprocessors. key_block (a denoising step):
     one block of that many keys per split where that many splits fit the GPU (the early-K/V path under PDL), else
     blocks of that many keys, several per split (with 64-key blocks held across the wait, many-row steps spill:
-    tools/kernel_resources.py). The prefix (no key_block): 64-key blocks, several per split. The plan never
-    depends on PDL, so both launch modes sum alike."""
-    block_m = 16 if Mq <= 128 else (32 if Mq <= 1024 else 64)
+    tools/kernel_resources.py). The prefix (no key_block): 64-key blocks, several per split. block_m: query rows
+    per program (None: 16 up to 128 rows, 32 up to 1024, else 64). The plan never depends on PDL, so both launch
+    modes sum alike."""
+    if block_m is None:
+        block_m = 16 if Mq <= 128 else (32 if Mq <= 1024 else 64)
     programs_m = triton.cdiv(Mq, block_m)
     if key_block:
         splits = triton.cdiv(L, key_block)
@@ -286,19 +290,23 @@ class SplitLaunch:
 
 
 def split_launch(Mq: int, L: int, prefix_len: int, D: int, has_suffix: bool, from_qkv: bool, pdl: bool,
-                 splits: int | None = None, key_block: int | None = None) -> SplitLaunch:
+                 splits: int | None = None, key_block: int | None = None,
+                 block_m: int | None = None) -> SplitLaunch:
     """The split kernel's launch for Mq query rows over L keys (prefix_len of them prefix keys). from_qkv
     (decoder_attention): the splits cover the prefix keys and one more split the L - prefix_len suffix keys; a
     given `splits` counts that suffix split too. key_block: keys per split of a denoising step (None: the
-    defaults above); the prefix (no suffix keys) always uses 64-key blocks, several per split."""
+    defaults above); the prefix (no suffix keys) always uses 64-key blocks, several per split. block_m: query
+    rows per program, one of ROW_BLOCKS (None: plan's pick by the row count)."""
     if key_block is not None and key_block not in KEY_BLOCKS:
         raise ValueError(f"attention: key_block must be one of {KEY_BLOCKS}, got {key_block}")
+    if block_m is not None and block_m not in ROW_BLOCKS:
+        raise ValueError(f"attention: block_m must be one of {ROW_BLOCKS}, got {block_m}")
     keyed = prefix_len if from_qkv else L                         # keys the splits divide
     if not has_suffix:
         key_block = None
     elif key_block is None:
         key_block = DECODER_PREFIX_KEY_BLOCK if from_qkv else DECODER_KEY_BLOCK
-    block_m, block_n, auto_splits = plan(Mq, keyed, key_block=key_block)
+    block_m, block_n, auto_splits = plan(Mq, keyed, key_block=key_block, block_m=block_m)
     if from_qkv and splits is not None:
         splits = max(1, splits - 1)
     splits = splits or auto_splits
@@ -311,13 +319,15 @@ def split_launch(Mq: int, L: int, prefix_len: int, D: int, has_suffix: bool, fro
     return SplitLaunch((triton.cdiv(Mq, block_m), splits), constexprs, 8 if block_m >= 64 else 4)
 
 
-def _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, L, rope=None, key_block=None):
+def _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, L, rope=None, key_block=None,
+            block_m=None):
     """Split kernel (+ combine): q is the queries (Mq, D), or the QKV rows when rope = (pos, cos, sin, q_scale):
     (S, N), or their split-K partials (splits, S, N)."""
     qkv_splits, split_stride_q = (q.shape[0], q.stride(0)) if q.dim() == 3 else (1, 0)
     q_rows = q[0] if q.dim() == 3 else q
     Mq, D = out.shape
-    launch = split_launch(Mq, L, prefix_len, D, visible is not None, rope is not None, pdl, splits, key_block)
+    launch = split_launch(Mq, L, prefix_len, D, visible is not None, rope is not None, pdl, splits, key_block,
+                          block_m)
     acc = ml = out
     if launch.splits > 1:
         acc = torch.empty(launch.splits, Mq, D, device=out.device, dtype=torch.float32)
@@ -356,9 +366,11 @@ def merge_splits(acc: torch.Tensor, ml: torch.Tensor, out: torch.Tensor, pdl: bo
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, prefix_len: int,
               visible: torch.Tensor | None, heads: int, scale: float, out: torch.Tensor,
-              splits: int | None = None, pdl: bool = False, key_block: int | None = None) -> torch.Tensor:
+              splits: int | None = None, pdl: bool = False, key_block: int | None = None,
+              block_m: int | None = None) -> torch.Tensor:
     """Triton launcher; contract of attention_reference, written into out (Mq, D). D must be a power of two.
-    key_block: keys per split of a denoising step (None: DECODER_KEY_BLOCK)."""
+    key_block: keys per split of a denoising step (None: DECODER_KEY_BLOCK); block_m: query rows per program
+    (None: plan's pick)."""
     Mq, D = q.shape
     L = k.shape[0]
     if D & (D - 1) or k.shape != (L, D) or v.shape != (L, D) or out.shape != (Mq, D):
@@ -369,16 +381,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     if (L > prefix_len) != (visible is not None) or bias.shape[0] < prefix_len:
         raise ValueError(f"attention: suffix keys ({L - prefix_len}) need `visible` and bias must cover the "
                          f"{prefix_len} prefix keys")
-    return _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, L, key_block=key_block)
+    return _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, L, key_block=key_block,
+                   block_m=block_m)
 
 
 def decoder_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                       cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor, prefix_len: int,
                       visible: torch.Tensor, heads: int, q_scale: float, out: torch.Tensor,
-                      splits: int | None = None, pdl: bool = False, key_block: int | None = None) -> torch.Tensor:
+                      splits: int | None = None, pdl: bool = False, key_block: int | None = None,
+                      block_m: int | None = None) -> torch.Tensor:
     """Triton launcher; contract of decoder_attention_reference, written into out (S * heads, D). One KV head;
     D a power of two; the caches are read only below prefix_len. key_block: prefix keys per split (None:
-    DECODER_PREFIX_KEY_BLOCK). qkv may be the QKV GEMM's split-K partials (splits, S, N) fp32: summed as they are
+    DECODER_PREFIX_KEY_BLOCK); block_m: query rows per program (None: plan's pick). qkv may be the QKV GEMM's split-K partials (splits, S, N) fp32: summed as they are
     read (the reference's qkv is their sum)."""
     rows = qkv[0] if qkv.dim() == 3 else qkv
     S = rows.shape[0]
@@ -397,4 +411,4 @@ def decoder_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                          f"{prefix_len} prefix keys; got pos {tuple(pos.shape)}, visible {tuple(visible.shape)}, "
                          f"tables {tuple(cos.shape)}, bias {tuple(bias.shape)}")
     return _launch(qkv, k_cache, v_cache, bias, prefix_len, visible, heads, 1.0, out, splits, pdl,
-                   prefix_len + S, rope=(pos, cos, sin, q_scale), key_block=key_block)
+                   prefix_len + S, rope=(pos, cos, sin, q_scale), key_block=key_block, block_m=block_m)

@@ -171,6 +171,7 @@ def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
     row["text_bucket"] = key[3]                      # the token buffer the prompt ran in
     row["decoder_gemm"] = {"choice": {k: str(v) for k, v in engine.ops.decoder_impl.items()},
                            "launch_policy": engine.ops.launch_policy,
+                           "attention_form": engine.ops.decoder_attention_form,    # None: the kernel's plan
                            "tuning_source": engine.tuning_source,       # "measured" or "cache" (tuning_cache)
                            "ada_norm_fold": engine.ops.ada_fold_applies(engine.suffix_len),
                            "failures": engine.ops.decoder_failures,

@@ -16,6 +16,8 @@
 #   OUT=/path bash tools/device_engine_checks.sh layer-gates  # its three accuracy gates, ~3.5 min
 #   OUT=/path bash tools/device_engine_checks.sh h50          # horizon 50's defaults: tests, A/B rows, ~6.5 min
 #   OUT=/path bash tools/device_engine_checks.sh overlap      # the first step beside the prefix: A/B rows, ~7 min
+#   OUT=/path bash tools/device_engine_checks.sh attention-forms        # the step attention's forms: test, A/B, ~7 min
+#   OUT=/path bash tools/device_engine_checks.sh attention-forms-gates  # their two gates, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
 # The times were measured in sessions 12-13 (all but gemms and fp8-scopes) or estimated: the
@@ -70,6 +72,12 @@
 #   default since session 18): pi0.5 2 views h10 bf16 and FP8 with it and without it (engine_overlap_*,
 #   overlap.log), then pi0.5 2 views h50 bf16 both ways (engine_overlap_h50_*, overlap_h50.log). Its tiny
 #   two-stream capture test is in engine-rest, its gates (on and off) in engine-gates.
+# attention-forms: the denoising step's attention forms weighed by the chain tuning (rows per program x keys per
+#   block; EngineOptions.decoder_attention_tuning, opt-in, written in session 18 without a GPU): the kernel test of
+#   every form at real shapes (pytest_attention_forms_kernel.log), then, if both passed, pi0.5 2 views h10 bf16 and
+#   FP8 and h50 bf16, each with the forms tuned too (engine_attention_forms*, attention_forms*.log: the picked form
+#   and the chain's times per form are in the log); attention-forms-gates: `[pi05-bf16+decoder_attention_tuning]`
+#   and `[pi0-bf16+decoder_attention_tuning]` (pytest_attention_forms_gates.log).
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
 #   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
@@ -105,7 +113,7 @@ fi
 
 if [ "$PART" = engine-gates ] || [ "$PART" = all ]; then
   timeout 520 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
-    -k "accuracy_gate and not (smem_gemm or split_k_qkv or prefix_attention_wgmma or prefix_attention_split or denoise_layer or fp8_fast_accum or fp8_decoder_weights)" \
+    -k "accuracy_gate and not (smem_gemm or split_k_qkv or prefix_attention_wgmma or prefix_attention_split or denoise_layer or fp8_fast_accum or fp8_decoder_weights or decoder_attention_tuning)" \
     > "$OUT/pytest_engine_gates.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_gates.log"
 fi
@@ -208,6 +216,28 @@ if [ "$PART" = overlap ]; then        # not in "all": overlap_first_step on and 
   echo "benchmark_engine rc=$?" >> "$OUT/overlap_h50.log"
 fi
 
+if [ "$PART" = attention-forms ]; then   # not in "all": decoder_attention_tuning (opt-in), its kernel test and A/B
+  timeout 120 "$PY" -m pytest -v test/gpu/test_kernels.py -k "every_row_and_key_block" \
+    > "$OUT/pytest_attention_forms_kernel.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_attention_forms_kernel.log"
+  if grep -q "2 passed" "$OUT/pytest_attention_forms_kernel.log"; then
+    timeout 260 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
+      --horizons 10 --fp8-configs pi05 --reference-calls 2 --no-gate --ab-switches-on decoder_attention_tuning \
+      --out-dir "$OUT" --tag attention_forms > "$OUT/attention_forms.log" 2>&1
+    echo "benchmark_engine rc=$?" >> "$OUT/attention_forms.log"
+    timeout 150 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
+      --horizons 50 --reference-calls 2 --no-gate --ab-switches-on decoder_attention_tuning \
+      --out-dir "$OUT" --tag attention_forms_h50 > "$OUT/attention_forms_h50.log" 2>&1
+    echo "benchmark_engine rc=$?" >> "$OUT/attention_forms_h50.log"
+  fi
+fi
+
+if [ "$PART" = attention-forms-gates ]; then
+  timeout 400 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
+    -k "accuracy_gate and decoder_attention_tuning" > "$OUT/pytest_attention_forms_gates.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_attention_forms_gates.log"
+fi
+
 if [ "$PART" = fp8-scopes ]; then
   timeout 480 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --fp8-scalings "" "@all" "@backbone" --gate-observations 2 \
@@ -217,7 +247,7 @@ fi
 
 {
   for log in pytest_kernels pytest_engine_new pytest_engine_rest pytest_engine_gates pytest_engine_gates_forced \
-      pytest_rows_kernel; do
+      pytest_rows_kernel pytest_attention_forms_kernel pytest_attention_forms_gates; do
     [ -f "$OUT/$log.log" ] && { echo "== $log"; grep -E "FAILED|ERROR|passed|failed|rc=" "$OUT/$log.log" | tail -n 20; }
   done
   if [ -f "$OUT/engine.log" ]; then
@@ -235,6 +265,9 @@ fi
   [ -f "$OUT/buckets.log" ] && { echo "== text buckets"; grep -E "^(## |\| [0-9])|rc=" "$OUT/buckets.log"; }
   [ -f "$OUT/overlap.log" ] && { echo "== the first step beside the prefix (overlap_first_step), on and off"
     grep -hE '^\| pi05' "$OUT"/engine_overlap*.md 2>/dev/null || tail -n 5 "$OUT/overlap.log" "$OUT/overlap_h50.log"; }
+  [ -f "$OUT/attention_forms.log" ] && { echo "== the step attention's forms tuned (decoder_attention_tuning)"
+    grep -hE '^\| pi05' "$OUT"/engine_attention_forms*.md 2>/dev/null || tail -n 5 "$OUT/attention_forms.log"
+    grep -h "attention form\|decoder GEMMs in the denoiser" "$OUT"/attention_forms*.log | tail -n 6; }
   [ -f "$OUT/h50.log" ] && { echo "== horizon 50, A/B of smem_gemm_rows and fused_denoise_step_pi0"; grep -hE '^\| pi0' "$OUT"/engine_h50_*.md \
     2>/dev/null || tail -n 5 "$OUT/h50.log"; }
 } | tee "$OUT/summary.txt"

@@ -41,6 +41,9 @@ tests and bug reports:
     FLASHRT_DISABLE_OVERLAP_FIRST_STEP=1  the first denoising step after the whole prefix, on one stream, not its
                                     layers beside the prefix's later layers on a second stream
                                     (EngineOptions.overlap_first_step; FLASHRT_OVERLAP_FIRST_STEP=0 does the same)
+    FLASHRT_DECODER_ATTENTION_TUNING=1  the chain tuning also times the denoising step's attention in each form of
+                                    rows per program (16, 32, 64) and keys per block (16, 32, 64) and keeps the
+                                    fastest (EngineOptions.decoder_attention_tuning; opt-in, not yet run on a GPU)
     FLASHRT_TEXT_BUCKETS=16,32,...  the token-buffer lengths with a graph each (EngineOptions.text_buckets)
     FLASHRT_TUNING_CACHE=DIR        keep the load-time tuning's picks in DIR and reuse them at the next load of the
                                     same model, GPU, software and options (engine/tuning_cache.py); unset or "" = off
@@ -142,6 +145,7 @@ class Switch(str, enum.Enum):
     SMEM_GEMM_ROWS = "SMEM_GEMM_ROWS"    # the shared-memory decoder GEMM candidates at 17-64 rows (horizon 50)
     DENOISE_LAYER = "DENOISE_LAYER"      # kernels/denoise_layer.py: each pi0.5 expert layer in one launch (opt-in)
     OVERLAP_FIRST_STEP = "OVERLAP_FIRST_STEP"  # the first denoising step beside the prefix, two streams
+    DECODER_ATTENTION_TUNING = "DECODER_ATTENTION_TUNING"  # the step attention's row / key blocks timed (opt-in)
 
 
 # The token-buffer lengths the engine captures a graph for (max_token_len is always added): every 16 tokens up to
@@ -207,6 +211,9 @@ class EngineOptions:
                                              # after i, two streams (forward.forward_overlapped; session 18:
                                              # -0.22 ms FP8, -0.19 ms bf16 per predict on average over two A/B
                                              # pairs, -0.51 ms at horizon 50); not with denoise_layer's grid form
+    decoder_attention_tuning: bool = False   # opt-in (not yet run on a GPU): the chain tuning also times the
+                                             # denoising step's attention forms (rows per program x keys per
+                                             # block, Ops.decoder_attention_forms) and keeps the fastest
     denoise_layer: bool = False              # opt-in (measured slower, session 15): kernels/denoise_layer.py, each
                                              # pi0.5 expert layer one persistent launch (8 phases, grid barriers)
     fast_paths: bool = True                  # False: the reference path, whatever else is set
@@ -285,7 +292,8 @@ class EngineOptions:
                            ("FLASHRT_PREFIX_ATTENTION_SPLIT", "prefix_attention_split"),
                            ("FLASHRT_FP8_FAST_ACCUM", "fp8_fast_accum"),
                            ("FLASHRT_DENOISE_LAYER", "denoise_layer"),
-                           ("FLASHRT_OVERLAP_FIRST_STEP", "overlap_first_step")):   # the default: 0 = off
+                           ("FLASHRT_OVERLAP_FIRST_STEP", "overlap_first_step"),   # the default: 0 = off
+                           ("FLASHRT_DECODER_ATTENTION_TUNING", "decoder_attention_tuning")):
             if flag(name) is not None and attr not in changes:
                 changes[attr] = flag(name)
         if env.get("FLASHRT_TUNING_CACHE") is not None:          # a directory; "" turns it off

@@ -30,7 +30,8 @@ from .dispatch import Dispatch, Op, Switch
 from .forward import AdaFoldBuffers, PhaseTimer, Workspace, denoise, forward, pi0_fused_step_ends, prefix, vision
 from .host_wait import HostWait
 from .kernel_import import load_kernels
-from .ops import LAUNCH_POLICIES, PREFIX_ATTENTION_IMPLS, VISION_ATTENTION_BACKENDS, Ops
+from .ops import (LAUNCH_POLICIES, OUT_OF_RESOURCES, PREFIX_ATTENTION_IMPLS, VISION_ATTENTION_BACKENDS,
+                  CandidateMismatch, Ops)
 from .tuning_cache import TUNING_CACHE_FORMAT, TuningCache, code_fingerprint, pick_by_name
 from .weights import EngineWeights, prepare_weights
 
@@ -205,11 +206,12 @@ class EngineExecutor:
                     self.decoder_chain_timings = self._tune_decoder_in_chain()
                 finally:
                     ops.denoise_layer = layers
-                log.info("decoder GEMMs in the denoiser: %s, launch policy %s, after %d passes (ms per denoise, "
-                         "last pass: %s)", {k: str(v) for k, v in ops.decoder_impl.items()},
-                         ops.launch_policy, self.decoder_chain_passes, self.decoder_chain_timings)
+                log.info("decoder GEMMs in the denoiser: %s, launch policy %s, attention form %s, after %d passes "
+                         "(ms per denoise, last pass: %s)", {k: str(v) for k, v in ops.decoder_impl.items()},
+                         ops.launch_policy, ops.decoder_attention_form or "the kernel's plan",
+                         self.decoder_chain_passes, self.decoder_chain_timings)
         if prefix_att:
-            P = min(2, len(config.view_names)) * config.vision.num_patches + self.tuning_text_bucket
+            P = self._tuning_prefix_len()
             g = config.paligemma
             times = ops.tune_prefix_attention(P, g.num_heads, g.head_dim, dtype, device, g.depth - 1)
             log.info("prefix attention: %s (us per layer at %d keys: %s)", ops.prefix_attention_impl, P, times)
@@ -227,6 +229,11 @@ class EngineExecutor:
                 "vision_attention_us": ops.vision_attention_timings})
             if self.tuning_cache_path is not None:
                 log.info("load-time tuning stored in %s", self.tuning_cache_path)
+
+    def _tuning_prefix_len(self) -> int:
+        """The prefix length of the load-time tunings' workspace: two views (or the model's one) and the text
+        bucket of a 48-token prompt."""
+        return min(2, len(self.config.view_names)) * self.config.vision.num_patches + self.tuning_text_bucket
 
     def tuning_key(self, dtype: torch.dtype) -> dict:
         """What the load-time tuning's picks depend on (tuning_cache.py): code, GPU, software versions, model
@@ -259,6 +266,8 @@ class EngineExecutor:
         picks: dict = {"launch_policy": ops.launch_policy}
         if decoder:
             picks["decoder"] = {kind: str(ops.decoder_impl[kind]) for kind in self.tuned_decoder_kinds}
+        if decoder and ops.decoder_attention_form is not None:
+            picks["decoder_attention"] = ops.decoder_attention_form
         if prefix_att:
             picks["prefix_attention"] = ops.prefix_attention_impl
         if vision_att:
@@ -271,7 +280,7 @@ class EngineExecutor:
         Where anything fails, nothing is changed, the reason is logged and False returned (the caller measures)."""
         ops = self.ops
         saved = (dict(ops.decoder_impl), ops.launch_policy, ops.early_sites, ops.prefix_attention_impl,
-                 ops.vision_attention_backend)
+                 ops.vision_attention_backend, ops.decoder_attention_form)
         try:
             if decoder:
                 names = picks.get("decoder")
@@ -290,6 +299,17 @@ class EngineExecutor:
                     ops.decoder_impl[kind] = impl
                 self.tuned_decoder_kinds = tuple(names)
             ops.set_launch_policy(pick_by_name(LAUNCH_POLICIES, picks.get("launch_policy"), "launch policy"))
+            if "decoder_attention" in picks:
+                if not ops.decoder_attention_tuning:
+                    raise ValueError("the entry has an attention form, this engine does not tune it")
+                prefix_len = self._tuning_prefix_len()
+                e = self.config.expert
+                form = pick_by_name(ops.decoder_attention_forms(self.suffix_len, prefix_len, e.num_heads,
+                                                                e.head_dim), picks["decoder_attention"],
+                                    "the denoising step's attention form")
+                ops.check_attention_form(form, self.suffix_len, prefix_len, e.num_heads, e.head_dim, self.dtype,
+                                         self.device)
+                ops.decoder_attention_form = form
             if prefix_att:
                 ops.prefix_attention_impl = pick_by_name(PREFIX_ATTENTION_IMPLS, picks.get("prefix_attention"),
                                                          "the prefix attention")
@@ -299,7 +319,7 @@ class EngineExecutor:
             return True
         except Exception as err:  # noqa: BLE001  a cache entry that does not fit: measure instead, say why
             (decoder_impl, ops.launch_policy, ops.early_sites, ops.prefix_attention_impl,
-             ops.vision_attention_backend) = saved
+             ops.vision_attention_backend, ops.decoder_attention_form) = saved
             ops.decoder_impl.clear()
             ops.decoder_impl.update(decoder_impl)
             self.tuned_decoder_kinds = ()
@@ -328,6 +348,8 @@ class EngineExecutor:
         options.chain_tuning_passes times, until one changes nothing (self.decoder_chain_passes: how many ran).
         With options.chain_tuning_starts > 1 (opt-in) the first of them starts from the best of several launch
         policies' own passes (_chain_starts).
+        With options.decoder_attention_tuning (opt-in) each pass ends with the step attention's forms
+        (_pick_decoder_attention_in_chain, under key "attention").
         Returns {kind: {candidate: ms per denoise}} of the last pass."""
         cfg, ops = self.config, self.ops
         views = tuple(range(min(2, len(cfg.view_names))))
@@ -346,7 +368,8 @@ class EngineExecutor:
         timings: dict[str, dict[str, float]] = {}
 
         def picks() -> tuple:
-            return ops.launch_policy, tuple(sorted((k, str(v)) for k, v in ops.decoder_impl.items()))
+            return (ops.launch_policy, tuple(sorted((k, str(v)) for k, v in ops.decoder_impl.items())),
+                    ops.decoder_attention_form)
 
         self.decoder_chain_passes = 0
         starts = self.dispatch.options.chain_tuning_starts
@@ -361,6 +384,10 @@ class EngineExecutor:
                 times = self._pick_decoder_gemm_in_chain(kind, capture, timed)
                 if times:
                     timings[kind] = times
+            if ops.decoder_attention_tuning:
+                times = self._pick_decoder_attention_in_chain(P, capture, timed)
+                if times:
+                    timings["attention"] = times
             if picks() == before:
                 break
         return timings
@@ -456,6 +483,30 @@ class EngineExecutor:
         del graphs
         ops.decoder_impl[kind] = min(times, key=times.get) if times else current
         return {str(k): v for k, v in times.items()}
+
+    def _pick_decoder_attention_in_chain(self, prefix_len: int, capture, timed) -> dict[str, float]:
+        """One pass of the chain tuning over the denoising step's attention forms (decoder_attention_tuning,
+        opt-in; Ops.decoder_attention_forms at the tuning workspace's prefix_len): each checked against the fp32
+        attention (Ops.check_attention_form), captured with the current GEMM picks and launch policy, all timed in
+        turn, the fastest kept; {} where there is nothing to choose between. A form that disagrees or needs more
+        than this GPU has (Triton's OutOfResources) is logged and left out."""
+        ops, e = self.ops, self.config.expert
+        forms = ops.decoder_attention_forms(self.suffix_len, prefix_len, e.num_heads, e.head_dim)
+        if len(forms) < 2:
+            return {}
+        graphs, current = {}, ops.decoder_attention_form
+        for form in forms:
+            try:
+                ops.check_attention_form(form, self.suffix_len, prefix_len, e.num_heads, e.head_dim, self.dtype,
+                                         self.device)
+                ops.decoder_attention_form = form
+                graphs[form] = capture()
+            except (CandidateMismatch, *OUT_OF_RESOURCES) as err:
+                log.warning("attention form %s left out: %s", form, err)
+        times = timed(graphs) if graphs else {}
+        del graphs
+        ops.decoder_attention_form = min(times, key=times.get) if times else current
+        return times
 
     def _suffix_visibility(self) -> torch.Tensor:
         """Suffix keys each suffix token sees (openpi ar flags; blocks are contiguous, so a count suffices):

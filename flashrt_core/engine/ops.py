@@ -21,9 +21,9 @@ log = logging.getLogger(__name__)
 
 try:
     from triton.runtime.errors import OutOfResources
-    _OUT_OF_RESOURCES: tuple[type[BaseException], ...] = (OutOfResources,)
+    OUT_OF_RESOURCES: tuple[type[BaseException], ...] = (OutOfResources,)
 except ImportError:                     # no Triton: no Triton candidate is ever timed
-    _OUT_OF_RESOURCES = ()
+    OUT_OF_RESOURCES = ()
 
 # Additive mask value for keys a query may not see: finite, so a row never becomes NaN.
 MASKED = -1e30
@@ -32,6 +32,14 @@ MASKED = -1e30
 # of them in one program. Measured on the H200 (tools/benchmark_attention.py, QKV GEMM + RoPE + attention per
 # layer): 10 rows 11.33 us vs 12.88 us for qkv_rope + attention; 50 rows (horizon 50) 21.65 us vs 18.69 us.
 ROPE_IN_ATTENTION_MAX_ROWS = 16
+
+
+def parse_attention_form(form: str) -> tuple[int, int]:
+    """"m<rows>_k<keys>" (Ops.decoder_attention_forms) -> (block_m, key_block); ValueError for anything else."""
+    rows, _, keys = form.partition("_")
+    if not (rows.startswith("m") and keys.startswith("k") and rows[1:].isdigit() and keys[1:].isdigit()):
+        raise ValueError(f"attention form must be 'm<rows per program>_k<keys per block>', got {form!r}")
+    return int(rows[1:]), int(keys[1:])
 
 
 @dataclass(frozen=True)
@@ -238,6 +246,11 @@ class Ops:
         self.own_prefetch = dispatch[Op.WEIGHT_PREFETCH] == "own_slice"
         self.decoder_fp8 = dispatch[Op.DECODER_WEIGHTS] == "fp8"     # Linear.w_fp8 set by fp8.quantize_expert_weights
         self.key_block = dispatch.options.decoder_key_block or None     # None: the attention kernels' defaults
+        # the denoising step's attention form, "m<rows per program>_k<keys per block>" (decoder_attention_forms),
+        # or None: the kernel's own plan (with key_block). The chain tuning sets it where
+        # decoder_attention_tuning is on (opt-in)
+        self.decoder_attention_form: str | None = None
+        self.decoder_attention_tuning = dispatch.options.decoder_attention_tuning and dispatch.options.fast_paths
         self.qkv_rope_rows = dispatch.options.qkv_rope_rows or None     # None: the qkv_rope kernel's own choice
         self.step_block_d = dispatch.options.denoise_step_block_d or None   # None: the step kernels in one pass
         self.l2_prefetch = dispatch[Op.L2_PREFETCH] == "bulk"   # forward passes the windows to decoder_attention
@@ -481,7 +494,7 @@ class Ops:
             out = torch.empty(S * heads, dh, device=x.device, dtype=q_out.dtype)
             return self.k.decoder_attention(qkv, k_cache[0], v_cache[0], pos, cos, sin, mask.bias, mask.prefix_len,
                                             mask.visible, heads, q_scale, out, pdl=self.launch_mode("attention"),
-                                            key_block=self.key_block)
+                                            **self._step_attention_blocks())
         self.decoder_qkv_rope(x, lin, pos, cos, sin, q_out, k_cache, v_cache, mask.prefix_len, heads, 1, q_scale,
                               prefetch=prefetch, norm_in=norm_in)
         return self.mqa(q_out.view(S * heads, dh), k_cache[0], v_cache[0], mask, 1.0, site="attention")
@@ -529,7 +542,7 @@ class Ops:
         try:
             return measure()
         except Exception as err:  # noqa: BLE001  only the kinds of failure below are a candidate's to have
-            if not (isinstance(err, (CandidateMismatch, *_OUT_OF_RESOURCES)) or isinstance(impl, SmemConfig)):
+            if not (isinstance(err, (CandidateMismatch, *OUT_OF_RESOURCES)) or isinstance(impl, SmemConfig)):
                 raise
             log.warning("GEMM candidate %s for %s cannot run on this GPU, left out: %s", impl, kind, err)
             self.decoder_failures.setdefault(kind, {})[str(impl)] = repr(err)
@@ -634,14 +647,78 @@ class Ops:
         splits: key splits of the Triton kernel (None: its plan); the other implementations ignore it."""
         if self._mqa == "triton":
             out = torch.empty_like(q)
+            blocks = self._step_attention_blocks() if site == "attention" else {"key_block": self.key_block}
             return self.k.attention(q, k, v, mask.bias, mask.prefix_len, mask.visible, mask.heads, scale, out,
-                                    splits=splits, pdl=self.launch_mode(site), key_block=self.key_block)
+                                    splits=splits, pdl=self.launch_mode(site), **blocks)
         dense = mask.dense(q.shape[0], k.shape[0], q.dtype)                 # (Mq, L)
         if self._mqa == "sdpa":
             return F.scaled_dot_product_attention(q[None, None], k[None, None], v[None, None],
                                                   attn_mask=dense[None, None], scale=scale)[0, 0]
         logits = (q.float() @ k.float().T) * scale + dense.float()          # (Mq, L) fp32
         return torch.softmax(logits, dim=-1).to(v.dtype) @ v
+
+    def _step_attention_blocks(self) -> dict:
+        """The split attention's key_block and block_m for a denoising step: the tuned form's, else key_block and
+        the kernel's own row blocks."""
+        if self.decoder_attention_form is None:
+            return {"key_block": self.key_block, "block_m": None}
+        block_m, key_block = parse_attention_form(self.decoder_attention_form)
+        return {"key_block": key_block, "block_m": block_m}
+
+    def decoder_attention_forms(self, rows: int, prefix_len: int, heads: int, head_dim: int) -> list[str]:
+        """The denoising step's attention forms the chain tuning weighs (decoder_attention_tuning, opt-in): every
+        rows-per-program block (kernels/attention.py ROW_BLOCKS) with every keys-per-block size (KEY_BLOCKS; only
+        the decoder_key_block option's where it is set), as "m<rows>_k<keys>", one per distinct launch at this
+        step's shape (rows suffix tokens after prefix_len keys), the kernel's own plan first. [] where the step's
+        attention is not the Triton split kernel."""
+        if self._mqa != "triton":
+            return []
+        from_qkv = self._rope_in_attention_for(rows)
+        key_blocks = (self.key_block,) if self.key_block else self.k.ATTENTION_KEY_BLOCKS
+        forms, launches = [], set()
+        for block_m in (None,) + self.k.ATTENTION_ROW_BLOCKS:
+            for key_block in ((self.key_block,) if block_m is None else key_blocks):
+                launch = self.k.attention_split_launch(rows * heads, prefix_len + rows, prefix_len, head_dim, True,
+                                                       from_qkv, True, key_block=key_block, block_m=block_m)
+                signature = (launch.grid, tuple(sorted(launch.constexprs.items())), launch.num_warps)
+                if signature in launches:
+                    continue
+                launches.add(signature)
+                forms.append(f"m{launch.constexprs['BLOCK_M']}_k{launch.constexprs['BLOCK_N']}")
+        return forms
+
+    def check_attention_form(self, form: str, rows: int, prefix_len: int, heads: int, head_dim: int,
+                             dtype: torch.dtype, device: torch.device) -> None:
+        """A denoising step's attention in `form` (decoder_attention_forms) on random inputs of the step's shape,
+        through the path the step takes (decoder_attention from the QKV rows with rope_in_attention, else
+        attention over the caches), against the kernels' fp32 reference within PREFIX_ATTENTION_CHECK_ATOL, the
+        last eighth of the prefix keys masked; CandidateMismatch where it disagrees."""
+        block_m, key_block = parse_attention_form(form)
+        g = torch.Generator(device=device).manual_seed(rows + prefix_len)
+        L = prefix_len + rows
+        k = torch.randn(L, head_dim, device=device, generator=g).to(dtype)
+        v = torch.randn(L, head_dim, device=device, generator=g).to(dtype)
+        bias = torch.zeros(prefix_len, device=device)
+        bias[prefix_len - prefix_len // 8:] = float("-inf")
+        visible = torch.full((rows,), rows, device=device, dtype=torch.int32)
+        out = torch.empty(rows * heads, head_dim, device=device, dtype=dtype)
+        if self._rope_in_attention_for(rows):
+            qkv = torch.randn(rows, (heads + 2) * head_dim, device=device, generator=g).to(dtype)
+            pos = torch.arange(prefix_len, L, device=device)
+            cos, sin = self.k.rope_tables(L, head_dim, 10000.0, device)
+            want = self.k.decoder_attention_reference(qkv.float(), k.float(), v.float(), pos, cos, sin, bias,
+                                                      prefix_len, visible, heads, head_dim ** -0.5)
+            self.k.decoder_attention(qkv, k, v, pos, cos, sin, bias, prefix_len, visible, heads, head_dim ** -0.5,
+                                     out, key_block=key_block, block_m=block_m)
+        else:
+            q = (torch.randn(rows * heads, head_dim, device=device, generator=g) * head_dim ** -0.5).to(dtype)
+            want = self.k.attention_reference(q.float(), k.float(), v.float(), bias, prefix_len, visible, heads, 1.0)
+            self.k.attention(q, k, v, bias, prefix_len, visible, heads, 1.0, out, key_block=key_block,
+                             block_m=block_m)
+        err = float((out.float() - want.float()).abs().max())
+        if not err <= PREFIX_ATTENTION_CHECK_ATOL:
+            raise CandidateMismatch(f"attention form {form} at {rows} rows, {prefix_len} prefix keys is off by "
+                                    f"{err:.3g} against the fp32 attention")
 
     def prefix_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: KeyMask,
                          impl: str | None = None) -> torch.Tensor:

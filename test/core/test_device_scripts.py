@@ -29,7 +29,7 @@ def test_script_is_valid_bash(script):
 def test_engine_checks_call_existing_tools_with_their_flags():
     script = REPO / "tools" / "device_engine_checks.sh"
     calls = [line for line in _logical_lines(script) if '"$PY" tools/' in line]
-    assert len(calls) == 14     # benchmark_engine (bench, fp8-scopes, h50 twice, overlap twice),
+    assert len(calls) == 16     # benchmark_engine (bench, fp8-scopes, h50 twice, overlap twice, attention-forms twice),
                                 # profile_engine_timeline (224 and 480x640 frames), benchmark_wide_gemms,
                                 # benchmark_policy_predict (load, host), benchmark_text_buckets (buckets),
                                 # benchmark_denoise_layer (layer: phases, A/B)
@@ -45,13 +45,15 @@ def test_engine_checks_call_existing_tools_with_their_flags():
 
 def test_engine_checks_pytest_selections_select_tests():
     """Every pytest line of the script collects tests, each -k term of the never-run selection ($NEW) selects
-    one, and the engine parts (new, rest, gates, forced gates, the layer kernel's gates) together select every test of test_engine_gpu.py exactly once."""
+    one, and the engine parts (new, rest, gates, forced gates, the layer kernel's gates, the attention forms'
+    gates) together select every test of test_engine_gpu.py exactly once."""
     script = REPO / "tools" / "device_engine_checks.sh"
     lines = _logical_lines(script)
     new = next(line for line in lines if line.startswith("NEW=")).split("=", 1)[1].strip('"')
     pytest_lines = [line.replace("$NEW", new) for line in lines if "-m pytest" in line]
-    assert len(pytest_lines) == 8       # kernels, engine-new, engine-rest, engine-gates, engine-gates-forced,
-                                        # layer's kernel tests and gates, h50's kernel tests
+    assert len(pytest_lines) == 10      # kernels, engine-new, engine-rest, engine-gates, engine-gates-forced,
+                                        # layer's kernel tests and gates, h50's kernel tests, attention-forms'
+                                        # kernel test and gates
     engine_ids: list[str] = []
     for line in pytest_lines:
         words = shlex.split(line.split("-m pytest", 1)[1].split(">", 1)[0])

@@ -373,3 +373,25 @@ def test_pi0_fused_step_ends_are_the_default_with_switches_off_and_need_the_fuse
     off = EngineOptions.from_env(asked, env={"FLASHRT_DISABLE_FUSED_DENOISE_STEP": "1"})
     assert not Ops(resolve(sm90, off)).fused_denoise_step_pi0
     assert not Ops(resolve(CPU, asked)).fused_denoise_step_pi0          # no Triton kernels on the CPU path
+
+
+def test_decoder_attention_tuning_is_opt_in_and_its_forms_are_named_blocks():
+    """decoder_attention_tuning (FLASHRT_DECODER_ATTENTION_TUNING=1, opt-in, not yet run on a GPU): off by default
+    and with the fast paths off; a form is "m<rows per program>_k<keys per block>", anything else is refused by
+    name; the CPU path (no Triton split attention) has no forms to weigh."""
+    from flashrt_core.engine.dispatch import Switch
+    from flashrt_core.engine.ops import Ops, parse_attention_form
+    assert not EngineOptions().decoder_attention_tuning
+    on = EngineOptions.from_env(env={"FLASHRT_DECODER_ATTENTION_TUNING": "1"})
+    assert on.decoder_attention_tuning and on.switch_on(Switch.DECODER_ATTENTION_TUNING)
+    off = EngineOptions.from_env(on, env={"FLASHRT_DISABLE_DECODER_ATTENTION_TUNING": "1"})
+    assert not off.decoder_attention_tuning
+    ops = Ops(resolve(CPU, on))
+    assert ops.decoder_attention_tuning and ops.decoder_attention_form is None
+    assert ops.decoder_attention_forms(10, 560, 8, 256) == []
+    reference = EngineOptions(fast_paths=False, decoder_attention_tuning=True)
+    assert not Ops(resolve(CPU, reference)).decoder_attention_tuning
+    assert parse_attention_form("m32_k64") == (32, 64)
+    for bad in ("32_64", "m32k64", "mx_k64", "m32_k", ""):
+        with pytest.raises(ValueError, match="attention form"):
+            parse_attention_form(bad)

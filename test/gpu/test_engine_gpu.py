@@ -179,6 +179,8 @@ def test_overlapped_first_step_graph_gives_the_sequential_graphs_actions(tiny):
     ("pi05", "bf16+denoise_layer_phases"),  # ... the same kernel, a launch per phase
     ("pi05", "bf16+no_overlap_first_step"),  # the first denoising step after the prefix, one stream (the
     ("pi0", "fp8+no_overlap_first_step"),     # default: beside it, two streams)
+    ("pi05", "bf16+decoder_attention_tuning"),  # the step attention's forms weighed by the chain tuning (opt-in)
+    ("pi0", "bf16+decoder_attention_tuning"),   # ... at pi0's 51 rows (horizon 50: attention over the caches)
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
@@ -198,6 +200,7 @@ def test_accuracy_gate_full_size(name, precision):
                                           prefix_attention_split=extra == "prefix_attention_split",
                                           denoise_layer=extra.startswith("denoise_layer"),
                                           overlap_first_step=extra != "no_overlap_first_step",
+                                          decoder_attention_tuning=extra == "decoder_attention_tuning",
                                           overrides={"denoise_layer": "phases"} if extra == "denoise_layer_phases"
                                           else {},
                                           **(ONE_PASS if extra else {})))
@@ -211,6 +214,14 @@ def test_accuracy_gate_full_size(name, precision):
     assert engine.ops.denoise_layer == {"denoise_layer": "grid", "denoise_layer_phases": "phases"}.get(
         extra, "separate")
     assert engine.ops.overlap_first_step == (extra not in ("no_overlap_first_step", "denoise_layer"))
+    if extra == "decoder_attention_tuning":    # the chain tuning weighed the forms and kept one of them
+        e = cfg.expert
+        forms = engine.ops.decoder_attention_forms(engine.suffix_len, engine._tuning_prefix_len(), e.num_heads,
+                                                   e.head_dim)
+        assert len(engine.decoder_chain_timings.get("attention", {})) >= 2, engine.decoder_chain_timings
+        assert engine.ops.decoder_attention_form in forms
+    else:
+        assert engine.ops.decoder_attention_form is None
     if name == "pi0":                       # the fused step ends serve pi0 (fp8 leaves its step GEMMs in bf16)
         assert pi0_fused_step_ends(engine.weights, engine.ops) == engine.ops.fused_denoise_step_pi0
         if engine.ops.smem_gemm and not engine.ops.decoder_fp8:   # pi0's 51 rows: the ring kernel was weighed

@@ -264,6 +264,40 @@ def test_fp8_decoder_weights_stay_close_to_the_reference(model):
     assert cosine(got, want) >= FP8_COSINE
 
 
+@pytest.mark.parametrize("decoder_qkv", ["rope_in_attention", "separate"])
+def test_each_attention_form_passes_its_check_and_keeps_the_actions(model, decoder_qkv, monkeypatch):
+    """decoder_attention_tuning (opt-in): the denoising step's attention forms the chain tuning weighs (rows per
+    program x keys per block, Ops.decoder_attention_forms) are distinct launches, the kernel's own plan first;
+    each passes the load-time check against the fp32 attention (Ops.check_attention_form) on the step's path
+    (decoder_attention with the RoPE inside, or attention over the caches); with the widest one set, the forward
+    launches the step's attention with its blocks and gives the reference's actions."""
+    from flashrt_core.engine.ops import parse_attention_form
+    engine = _engine(model, decoder_qkv)
+    e = model.config.expert
+    P = engine._tuning_prefix_len()
+    forms = engine.ops.decoder_attention_forms(engine.suffix_len, P, e.num_heads, e.head_dim)
+    assert len(forms) >= 4 and len(set(forms)) == len(forms), forms
+    blocks = [parse_attention_form(form) for form in forms]
+    assert {m for m, _ in blocks} == {16, 32, 64}
+    for form in forms:
+        engine.ops.check_attention_form(form, engine.suffix_len, P, e.num_heads, e.head_dim, torch.float32,
+                                        torch.device("cpu"))
+    widest = max(forms, key=parse_attention_form)
+    engine.ops.decoder_attention_form = widest
+    name = "decoder_attention" if decoder_qkv == "rope_in_attention" else "attention"
+    sent = []
+    real = getattr(engine.ops.k, name)
+
+    def recorded(*args, **kwargs):
+        sent.append((kwargs.get("block_m"), kwargs.get("key_block")))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(engine.ops.k, name, recorded)
+    got, want, _ = _actions_and_reference(engine, model, 3)
+    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
+    steps = len(engine.weights.dts) * e.depth
+    assert sent.count(parse_attention_form(widest)) == steps, sent      # every step's attention, not the prefix's
+
+
 def test_tuning_cache_entry_is_checked_and_used_or_left_aside(model, tmp_path, monkeypatch):
     """The engine's side of the tuning cache with the real Triton GEMMs (the measuring itself needs a GPU): an
     entry under the engine's own key is read by _tune_at_load, each name mapped to one of the engine's candidates
@@ -301,6 +335,18 @@ def test_tuning_cache_entry_is_checked_and_used_or_left_aside(model, tmp_path, m
     assert not engine._use_tuning_picks({**picks, "launch_policy": "sideways"}, True, False, False)
     assert engine.ops.decoder_impl == dict.fromkeys(kinds, "library") and engine.ops.launch_policy == "none"
     assert engine.ops.early_sites == engine_ops.LAUNCH_POLICIES["none"] and engine.tuned_decoder_kinds == ()
+    # the step attention's form (decoder_attention_tuning, opt-in): kept where the engine tunes it, checked first
+    e = model.config.expert
+    form = engine.ops.decoder_attention_forms(engine.suffix_len, engine._tuning_prefix_len(), e.num_heads,
+                                              e.head_dim)[-1]
+    with_form = {**picks, "decoder_attention": form}
+    assert not engine._use_tuning_picks(with_form, True, False, False)      # this engine does not tune it
+    assert engine.ops.decoder_attention_form is None
+    engine.ops.decoder_attention_tuning = True
+    assert not engine._use_tuning_picks({**with_form, "decoder_attention": "m8_k8"}, True, False, False)
+    assert engine.ops.decoder_attention_form is None and engine.ops.decoder_impl == dict.fromkeys(kinds, "library")
+    assert engine._use_tuning_picks(with_form, True, False, False)
+    assert engine.ops.decoder_attention_form == form and engine.tuning_picks() == with_form
 
 
 def test_overlapped_first_step_keeps_the_actions_of_the_sequential_forward(model, monkeypatch):

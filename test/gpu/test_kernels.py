@@ -430,6 +430,44 @@ def test_decoder_attention(tokens, prefix, suffix_visible, splits):
     assert torch.isnan(k_cache[prefix:]).all(), "decoder_attention wrote the cache's suffix rows"
 
 
+@pytest.mark.parametrize("tokens,from_qkv", [(DECODER_ROWS[0], True), (DECODER_ROWS[-1], False)])
+def test_step_attention_in_every_row_and_key_block(tokens, from_qkv):
+    """The forms the chain tuning may weigh for a denoising step's attention (decoder_attention_tuning: rows per
+    program in ROW_BLOCKS x keys per block in KEY_BLOCKS), both launch modes, against the reference: pi0.5's
+    10-row step through decoder_attention (RoPE inside), pi0's 51-row step through attention over the caches."""
+    heads, dh, prefix = 8, 256, PREFIX_ROWS + 16
+    g = torch.Generator(device=DEVICE).manual_seed(tokens)
+    L = prefix + tokens
+    k = torch.randn(L, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
+    v = torch.randn(L, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
+    valid = torch.rand(prefix, device=DEVICE, generator=g) > 0.2
+    valid[0] = True
+    bias = torch.where(valid, 0.0, float("-inf"))
+    visible = torch.full((tokens,), tokens, device=DEVICE, dtype=torch.int32)
+    visible[0] = 1                                                                   # pi0's state token
+    if from_qkv:
+        qkv = torch.randn(tokens, (heads + 2) * dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
+        pos = int(valid.sum()) + torch.arange(tokens, device=DEVICE)
+        cos, sin = K.rope_tables(L, dh, 10000.0, torch.device(DEVICE))
+        want = K.decoder_attention_reference(qkv, k, v, pos, cos, sin, bias, prefix, visible, heads, dh ** -0.5)
+    else:
+        q = torch.randn(tokens * heads, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
+        want = K.attention_reference(q, k, v, bias, prefix, visible, heads, dh ** -0.5)
+    for block_m in K.ATTENTION_ROW_BLOCKS:
+        for key_block in K.ATTENTION_KEY_BLOCKS:
+            for pdl in (False, True) if not INTERPRET else (True,):
+                out = _poison(torch.empty(tokens * heads, dh, device=DEVICE, dtype=ATTN_DTYPE))
+                if from_qkv:
+                    K.decoder_attention(qkv, k, v, pos, cos, sin, bias, prefix, visible, heads, dh ** -0.5, out,
+                                        pdl=pdl, key_block=key_block, block_m=block_m)
+                else:
+                    K.attention(q, k, v, bias, prefix, visible, heads, dh ** -0.5, out, pdl=pdl,
+                                key_block=key_block, block_m=block_m)
+                _close(out, want, ATTN_BF16_ATOL, BF16_RTOL)
+    with pytest.raises(ValueError, match="block_m"):
+        K.attention(k[:8], k, v, bias, prefix, visible[:1], heads, 1.0, torch.empty_like(k[:8]), block_m=48)
+
+
 @pytest.mark.parametrize("qkv_splits", [2, 4])
 def test_decoder_attention_sums_split_k_qkv_partials(qkv_splits):
     """decoder_attention fed the QKV GEMM's split-K partials (fp32, as a split-K QKV GEMM leaves them) sums them as
