@@ -392,8 +392,8 @@ def decoder_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                       block_m: int | None = None) -> torch.Tensor:
     """Triton launcher; contract of decoder_attention_reference, written into out (S * heads, D). One KV head;
     D a power of two; the caches are read only below prefix_len. key_block: prefix keys per split (None:
-    DECODER_PREFIX_KEY_BLOCK); block_m: query rows per program (None: plan's pick). qkv may be the QKV GEMM's split-K partials (splits, S, N) fp32: summed as they are
-    read (the reference's qkv is their sum)."""
+    DECODER_PREFIX_KEY_BLOCK); block_m: query rows per program (None: plan's pick). qkv may be the QKV GEMM's
+    split-K partials (splits, S, N) fp32: summed as they are read (the reference's qkv is their sum)."""
     rows = qkv[0] if qkv.dim() == 3 else qkv
     S = rows.shape[0]
     D = k_cache.shape[1] if k_cache.dim() == 2 else -1
