@@ -16,6 +16,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh layer-gates  # its three accuracy gates, ~3.5 min
 #   OUT=/path bash tools/device_engine_checks.sh h50          # horizon 50's defaults: tests, A/B rows, ~6.5 min
 #   OUT=/path bash tools/device_engine_checks.sh overlap      # the first step beside the prefix: A/B rows, ~7 min
+#   OUT=/path bash tools/device_engine_checks.sh tune         # tune_engine.py: best of 3 loads stored, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh attention-forms        # the step attention's forms: test, A/B, ~7 min
 #   OUT=/path bash tools/device_engine_checks.sh attention-forms-gates  # their two gates, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
@@ -72,6 +73,9 @@
 #   default since session 18): pi0.5 2 views h10 bf16 and FP8 with it and without it (engine_overlap_*,
 #   overlap.log), then pi0.5 2 views h50 bf16 both ways (engine_overlap_h50_*, overlap_h50.log). Its tiny
 #   two-stream capture test is in engine-rest, its gates (on and off) in engine-gates.
+# tune: tools/tune_engine.py on pi0.5 (2 views, 480x640 frames, bf16): three loads with the tuning measured, their
+#   graphs timed in turn, the fastest load's picks stored in $OUT/tuning_cache, then a load from that entry timed
+#   (tune_engine.json, tune.log): whether the spread between loads comes from the picks (written in session 18).
 # attention-forms: the denoising step's attention forms weighed by the chain tuning (rows per program x keys per
 #   block; EngineOptions.decoder_attention_tuning, opt-in, written in session 18 without a GPU): the kernel test of
 #   every form at real shapes (pytest_attention_forms_kernel.log), then, if both passed, pi0.5 2 views h10 bf16 and
@@ -216,6 +220,14 @@ if [ "$PART" = overlap ]; then        # not in "all": overlap_first_step on and 
   echo "benchmark_engine rc=$?" >> "$OUT/overlap_h50.log"
 fi
 
+if [ "$PART" = tune ]; then           # not in "all": tools/tune_engine.py, the best of three measured loads stored
+  CKPT="$FLASHRT_FULL_CKPT_ROOT/pi05"
+  [ -f "$CKPT/flashrt_config.json" ] || "$PY" -m flashrt_core.fixtures "$CKPT" --config pi05 > "$OUT/tune.log" 2>&1
+  timeout 420 "$PY" tools/tune_engine.py --checkpoint "$CKPT" --tuning-cache "$OUT/tuning_cache" --loads 3 \
+    --out "$OUT/tune_engine.json" >> "$OUT/tune.log" 2>&1
+  echo "tune_engine rc=$?" >> "$OUT/tune.log"
+fi
+
 if [ "$PART" = attention-forms ]; then   # not in "all": decoder_attention_tuning (opt-in), its kernel test and A/B
   timeout 120 "$PY" -m pytest -v test/gpu/test_kernels.py -k "every_row_and_key_block" \
     > "$OUT/pytest_attention_forms_kernel.log" 2>&1
@@ -265,6 +277,8 @@ fi
   [ -f "$OUT/buckets.log" ] && { echo "== text buckets"; grep -E "^(## |\| [0-9])|rc=" "$OUT/buckets.log"; }
   [ -f "$OUT/overlap.log" ] && { echo "== the first step beside the prefix (overlap_first_step), on and off"
     grep -hE '^\| pi05' "$OUT"/engine_overlap*.md 2>/dev/null || tail -n 5 "$OUT/overlap.log" "$OUT/overlap_h50.log"; }
+  [ -f "$OUT/tune.log" ] && { echo "== the best of three measured loads, stored and loaded again"
+    grep -E "^\| |rc=|^stored" "$OUT/tune.log"; }
   [ -f "$OUT/attention_forms.log" ] && { echo "== the step attention's forms tuned (decoder_attention_tuning)"
     grep -hE '^\| pi05' "$OUT"/engine_attention_forms*.md 2>/dev/null || tail -n 5 "$OUT/attention_forms.log"
     grep -h "attention form\|decoder GEMMs in the denoiser" "$OUT"/attention_forms*.log | tail -n 6; }
