@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                        {"tune_engine": {"replay_ms": {str(i): t for i, t in times.items()}, "kept": best}})
     if path is None:
         raise SystemExit(f"tune_engine: could not write the entry into {args.tuning_cache}")
-    del graphs, policies
+    del graphs, policies, policy, engine        # the loads' engines and graphs freed before the load from the cache
     torch.cuda.empty_cache()
 
     t0 = time.perf_counter()
