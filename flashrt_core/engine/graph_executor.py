@@ -416,16 +416,12 @@ class EngineExecutor:
             for kind in ("down", "o", "gate_up", "qkv"):
                 self._pick_decoder_gemm_in_chain(kind, capture, timed)
             ends[policy] = {"picks": dict(ops.decoder_impl), "start_ms": first[policy]}
-        graphs = {}
-        for policy, end in ends.items():
-            ops.decoder_impl.update(end["picks"])
+
+        def apply(policy: str) -> None:
+            ops.decoder_impl.update(ends[policy]["picks"])
             ops.set_launch_policy(policy)
-            graphs[policy] = capture()
-        times = timed(graphs)
-        del graphs
+        times = keep_fastest_in_chain(ends, apply, lambda _: capture(), timed)
         best = min(times, key=times.get)
-        ops.decoder_impl.update(ends[best]["picks"])
-        ops.set_launch_policy(best)
         log.info("chain tuning: first pass from %d launch policies, ends (ms per denoise) %s: %s kept",
                  len(ends), {p: round(t, 3) for p, t in times.items()}, best)
         return {p: {"ms": times[p], "picks": {k: str(v) for k, v in e["picks"].items()}, "start_ms": e["start_ms"],
@@ -449,15 +445,7 @@ class EngineExecutor:
     def _pick_launch_policy(self, capture, timed) -> dict[str, float]:
         """One pass of the chain tuning over the launch policies: each captured, all timed in turn, the fastest
         kept."""
-        ops = self.ops
-        graphs = {}
-        for name in LAUNCH_POLICIES:
-            ops.set_launch_policy(name)
-            graphs[name] = capture()
-        times = timed(graphs)
-        del graphs
-        ops.set_launch_policy(min(times, key=times.get))
-        return times
+        return keep_fastest_in_chain(LAUNCH_POLICIES, self.ops.set_launch_policy, lambda _: capture(), timed)
 
     def _pick_decoder_gemm_in_chain(self, kind: str, capture, timed) -> dict[str, float]:
         """One pass of the chain tuning over one decoder GEMM kind's candidates (those the isolated tuning did not
@@ -471,17 +459,12 @@ class EngineExecutor:
         candidates = ops.decoder_candidates(kind, x, lin, self.config.expert.head_dim)
         if len(candidates) < 2:
             return {}
-        graphs, current = {}, ops.decoder_impl[kind]
-        for impl in candidates:
-            if str(impl) in ops.decoder_failures.get(kind, {}):
-                continue
+        def apply(impl) -> None:
             ops.decoder_impl[kind] = impl
-            graph = ops.time_candidate(kind, impl, capture)
-            if graph is not None:
-                graphs[impl] = graph
-        times = timed(graphs) if graphs else {}
-        del graphs
-        ops.decoder_impl[kind] = min(times, key=times.get) if times else current
+        failed = ops.decoder_failures.get(kind, {})
+        times = keep_fastest_in_chain([impl for impl in candidates if str(impl) not in failed], apply,
+                                      lambda impl: ops.time_candidate(kind, impl, capture), timed,
+                                      fallback=ops.decoder_impl[kind])
         return {str(k): v for k, v in times.items()}
 
     def _pick_decoder_attention_in_chain(self, prefix_len: int, capture, timed) -> dict[str, float]:
@@ -494,19 +477,16 @@ class EngineExecutor:
         forms = ops.decoder_attention_forms(self.suffix_len, prefix_len, e.num_heads, e.head_dim)
         if len(forms) < 2:
             return {}
-        graphs, current = {}, ops.decoder_attention_form
-        for form in forms:
+        def checked_capture(form: str) -> torch.cuda.CUDAGraph | None:
             try:
                 ops.check_attention_form(form, self.suffix_len, prefix_len, e.num_heads, e.head_dim, self.dtype,
                                          self.device)
-                ops.decoder_attention_form = form
-                graphs[form] = capture()
+                return capture()
             except (CandidateMismatch, *OUT_OF_RESOURCES) as err:
                 log.warning("attention form %s left out: %s", form, err)
-        times = timed(graphs) if graphs else {}
-        del graphs
-        ops.decoder_attention_form = min(times, key=times.get) if times else current
-        return times
+                return None
+        return keep_fastest_in_chain(forms, lambda form: setattr(ops, "decoder_attention_form", form),
+                                     checked_capture, timed, fallback=ops.decoder_attention_form)
 
     def _suffix_visibility(self) -> torch.Tensor:
         """Suffix keys each suffix token sees (openpi ar flags; blocks are contiguous, so a count suffices):
@@ -707,6 +687,22 @@ class EngineExecutor:
     def close(self) -> None:
         self._entries.clear()
         self.weights = None
+
+
+def keep_fastest_in_chain(candidates, apply, capture, timed, fallback=None) -> dict:
+    """One choice of the chain tuning: each candidate applied (apply(c)) and the denoiser captured with it
+    (capture(c): a graph, or None where the candidate is left out), all graphs timed in turn (timed: {c: ms}), and
+    the fastest applied, or `fallback` where none could be captured. Returns {candidate: ms}."""
+    graphs = {}
+    for cand in candidates:
+        apply(cand)
+        graph = capture(cand)
+        if graph is not None:
+            graphs[cand] = graph
+    times = timed(graphs) if graphs else {}
+    del graphs
+    apply(min(times, key=times.get) if times else fallback)
+    return times
 
 
 def interleaved_replay_ms(graphs: dict, rounds: int, reps: int) -> dict:

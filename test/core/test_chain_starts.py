@@ -69,3 +69,25 @@ def test_one_start_is_the_fastest_first_policy_with_its_own_gemms():
     ops, ends, _ = _search(1)
     assert list(ends) == ["norms"] and ends["norms"]["kept"]
     assert ops.launch_policy == "norms" and ops.decoder_impl["down"] == "triton"
+
+
+def test_keep_fastest_in_chain_applies_each_candidate_then_the_fastest_or_the_fallback():
+    """The chain tuning's one choice (the launch policy, a GEMM kind, the attention form, the starts' ends): each
+    candidate applied before its capture, a candidate whose capture gives None left out of the timing, the fastest
+    timed one applied last; where none could be captured, the fallback."""
+    from flashrt_core.engine.graph_executor import keep_fastest_in_chain
+    applied, captured = [], []
+    ms = {"a": 3.0, "b": 1.0, "c": 2.0, "broken": 0.5}
+
+    def capture(cand):
+        captured.append((cand, applied[-1]))
+        return None if cand == "broken" else f"graph-{cand}"
+    times = keep_fastest_in_chain(list(ms), applied.append, capture,
+                                  lambda graphs: {c: ms[c] for c, g in graphs.items() if g == f"graph-{c}"},
+                                  fallback="a")
+    assert times == {"a": 3.0, "b": 1.0, "c": 2.0}                   # "broken" left out, not timed
+    assert captured == [(c, c) for c in ms]                           # each captured with itself applied
+    assert applied == ["a", "b", "c", "broken", "b"]                  # the fastest timed one kept
+    applied.clear()
+    assert keep_fastest_in_chain(["x"], applied.append, lambda _: None, lambda g: {}, fallback="kept") == {}
+    assert applied == ["x", "kept"]
