@@ -370,12 +370,9 @@ def forward_overlapped(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: 
     for written in prefix_steps:
         if need is None or need > written:
             continue
-        event = torch.cuda.Event() if cuda else None
         if cuda:
-            event.record(main)
+            side.wait_stream(main)                   # an event after the prefix's layer `written`, waited for
         with _on(side):
-            if cuda:
-                side.wait_event(event)
             while need is not None and need <= written:
                 need = next(denoise_steps, None)
     with _on(side):

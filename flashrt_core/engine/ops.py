@@ -268,16 +268,16 @@ class Ops:
         # launch, "phases": a launch per phase) where the workspace has its scratch (GraphExecutor: pi0.5, fused
         # step ends, <= 16 rows)
         self.denoise_layer = dispatch[Op.DENOISE_LAYER]
+        # its tiles (kernels' LayerConfig; None: LayerConfig.fit) and the key splits of its attention phase (the
+        # workspace's scratch is allocated with them): A/B knobs of tools/benchmark_denoise_layer.py, no switch
+        self.denoise_layer_config = None
+        self.denoise_layer_splits = 8
         # forward.forward_overlapped: the first denoising step beside the prefix (the default since session 18:
         # about -0.2 ms per predict on the H200 at horizon 10, -0.5 ms at 50). Not with the grid-barrier expert
         # layer: its barrier waits for every program of its grid, which the prefix's kernels beside it could keep
         # from becoming resident
         self.overlap_first_step = (dispatch.options.overlap_first_step and dispatch.options.fast_paths
                                    and not self.denoise_layer.startswith("grid"))
-        # its tiles (kernels' LayerConfig; None: LayerConfig.fit) and the key splits of its attention phase (the
-        # workspace's scratch is allocated with them): A/B knobs of tools/benchmark_denoise_layer.py, no switch
-        self.denoise_layer_config = None
-        self.denoise_layer_splits = 8
         self.split_k_qkv = dispatch.options.split_k_qkv and dispatch.options.fast_paths   # SMEM_CANDIDATES["qkv"]
         # forward.denoise folds pi0.5's adaRMSNorms into the GEMMs around them where ada_fold_applies()
         self.ada_fold = dispatch[Op.ADA_NORM_FOLD] == "gemm_epilogue"
