@@ -325,6 +325,32 @@ def test_merge_splits_of_a_key_split_attention_is_the_attention(log2_domain):
         K.merge_splits(acc, ml[:, :-1], out)
 
 
+def _prefix_key_bias(prefix: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A prefix's valid keys with holes anywhere, not only a tail (about one in five masked; the first key always
+    valid), and the additive key bias the attention kernels read: (valid, bias)."""
+    valid = torch.rand(prefix, device=DEVICE, generator=g) > 0.2
+    valid[0] = True
+    return valid, torch.where(valid, 0.0, float("-inf"))
+
+
+def _suffix_visible(tokens: int, pi0: bool) -> torch.Tensor:
+    """Suffix keys each suffix row sees: all of them (pi0.5), or for pi0 the state token (row 0) only itself."""
+    visible = torch.full((tokens,), tokens, device=DEVICE, dtype=torch.int32)
+    if pi0:
+        visible[0] = 1
+    return visible
+
+
+def _prefilled_caches(prefix: int, tokens: int, dh: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """K/V caches of prefix + tokens rows: random prefix rows, the suffix rows NaN (a kernel that should not write
+    them is caught writing them, one that should read them from elsewhere is caught reading them)."""
+    k_cache = _poison(torch.empty(prefix + tokens, dh, device=DEVICE, dtype=ATTN_DTYPE))
+    v_cache = _poison(torch.empty_like(k_cache))
+    k_cache[:prefix] = torch.randn(prefix, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
+    v_cache[:prefix] = torch.randn(prefix, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
+    return k_cache, v_cache
+
+
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
                     or not K.HAVE_GLUON, reason="kernels/prefix_attention.py needs Gluon on a Hopper (sm90) GPU")
 @pytest.mark.parametrize("tokens,holes", [
@@ -344,11 +370,9 @@ def test_prefix_attention_wgmma(tokens, holes):
     k = torch.randn(tokens, dh, device=DEVICE, generator=g).to(torch.bfloat16)
     v = torch.randn(tokens, dh, device=DEVICE, generator=g).to(torch.bfloat16)
     if holes:
-        valid = torch.rand(tokens, device=DEVICE, generator=g) > 0.2
-        valid[0] = True
-    else:
-        valid = torch.arange(tokens, device=DEVICE) < tokens - 16
-    bias = torch.where(valid, 0.0, float("-inf"))
+        _, bias = _prefix_key_bias(tokens, g)
+    else:                                                                   # a padded tail of 16 text slots
+        bias = torch.where(torch.arange(tokens, device=DEVICE) < tokens - 16, 0.0, float("-inf"))
     want = K.attention_reference(q, k, v, bias, tokens, None, heads, 1.0)
     forms = ({}, {"overlap": True}, {"block_n": 32}, {"splits": 2, "block_n": 32}, {"splits": 3, "block_n": 32},
              {"splits": 2, "block_n": 64})
@@ -378,15 +402,8 @@ def test_attention(tokens, prefix, suffix_visible, splits):
     q = torch.randn(tokens * heads, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
     k = torch.randn(L, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
     v = torch.randn(L, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
-    valid = torch.rand(prefix, device=DEVICE, generator=g) > 0.2                    # holes, not only a tail
-    valid[0] = True
-    bias = torch.where(valid, 0.0, float("-inf"))
-    visible = None
-    if suffix_visible == "all":
-        visible = torch.full((tokens,), tokens, device=DEVICE, dtype=torch.int32)
-    elif suffix_visible == "pi0":
-        visible = torch.full((tokens,), tokens, device=DEVICE, dtype=torch.int32)
-        visible[0] = 1
+    _, bias = _prefix_key_bias(prefix, g)
+    visible = _suffix_visible(tokens, suffix_visible == "pi0") if suffix_visible else None
     want = K.attention_reference(q, k, v, bias, prefix, visible, heads, dh ** -0.5)
     # pdl=True with suffix keys and one 64-key block per split: prefix-only blocks are read before the PDL wait
     for pdl in (False, True) if not INTERPRET else (False,):
@@ -407,18 +424,11 @@ def test_decoder_attention(tokens, prefix, suffix_visible, splits):
     heads, dh = 8, 256
     g = torch.Generator(device=DEVICE).manual_seed(7 * tokens + prefix)
     qkv = torch.randn(tokens, (heads + 2) * dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
-    k_cache = _poison(torch.empty(prefix + tokens, dh, device=DEVICE, dtype=ATTN_DTYPE))
-    v_cache = _poison(torch.empty_like(k_cache))
-    k_cache[:prefix] = torch.randn(prefix, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
-    v_cache[:prefix] = torch.randn(prefix, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
-    valid = torch.rand(prefix, device=DEVICE, generator=g) > 0.2
-    valid[0] = True
-    bias = torch.where(valid, 0.0, float("-inf"))
+    k_cache, v_cache = _prefilled_caches(prefix, tokens, dh, g)
+    valid, bias = _prefix_key_bias(prefix, g)
     pos = int(valid.sum()) + torch.arange(tokens, device=DEVICE)
     cos, sin = K.rope_tables(prefix + tokens, dh, 10000.0, torch.device(DEVICE))
-    visible = torch.full((tokens,), tokens, device=DEVICE, dtype=torch.int32)
-    if suffix_visible == "pi0":
-        visible[0] = 1
+    visible = _suffix_visible(tokens, suffix_visible == "pi0")
     want = K.decoder_attention_reference(qkv, k_cache, v_cache, pos, cos, sin, bias, prefix, visible, heads,
                                          dh ** -0.5)
     assert not torch.isnan(want).any()
@@ -440,11 +450,8 @@ def test_step_attention_in_every_row_and_key_block(tokens, from_qkv):
     L = prefix + tokens
     k = torch.randn(L, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
     v = torch.randn(L, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
-    valid = torch.rand(prefix, device=DEVICE, generator=g) > 0.2
-    valid[0] = True
-    bias = torch.where(valid, 0.0, float("-inf"))
-    visible = torch.full((tokens,), tokens, device=DEVICE, dtype=torch.int32)
-    visible[0] = 1                                                                   # pi0's state token
+    valid, bias = _prefix_key_bias(prefix, g)
+    visible = _suffix_visible(tokens, pi0=True)
     if from_qkv:
         qkv = torch.randn(tokens, (heads + 2) * dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
         pos = int(valid.sum()) + torch.arange(tokens, device=DEVICE)
@@ -477,14 +484,11 @@ def test_decoder_attention_sums_split_k_qkv_partials(qkv_splits):
     qkv = torch.randn(tokens, (heads + 2) * dh, device=DEVICE, generator=g)
     parts = torch.randn(qkv_splits, *qkv.shape, device=DEVICE, generator=g)
     parts[0] += qkv - parts.sum(0)                                   # the partials sum to qkv
-    k_cache = _poison(torch.empty(prefix + tokens, dh, device=DEVICE, dtype=ATTN_DTYPE))
-    v_cache = _poison(torch.empty_like(k_cache))
-    k_cache[:prefix] = torch.randn(prefix, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
-    v_cache[:prefix] = torch.randn(prefix, dh, device=DEVICE, generator=g).to(ATTN_DTYPE)
+    k_cache, v_cache = _prefilled_caches(prefix, tokens, dh, g)
     bias = torch.zeros(prefix, device=DEVICE)
     pos = prefix + torch.arange(tokens, device=DEVICE)
     cos, sin = K.rope_tables(prefix + tokens, dh, 10000.0, torch.device(DEVICE))
-    visible = torch.full((tokens,), tokens, device=DEVICE, dtype=torch.int32)
+    visible = _suffix_visible(tokens, pi0=False)
     want = K.decoder_attention_reference(parts, k_cache, v_cache, pos, cos, sin, bias, prefix, visible, heads,
                                          dh ** -0.5)
     for pdl in (False, True):
