@@ -1,6 +1,7 @@
 """Random checkpoint writer: real key layout and dtypes, determinism, norm-stats formats, CLI."""
 
 import json
+import zlib
 
 import numpy as np
 import torch
@@ -49,6 +50,37 @@ def test_seed_determinism(tmp_path):
     ta, tc = read_all(a), read_all(c)
     assert "state_proj.weight" in ta and "time_mlp_in.weight" not in ta
     assert not torch.equal(ta["action_in_proj.weight"], tc["action_in_proj.weight"])
+
+
+def test_streaming_writer_holds_each_tensors_own_draw_in_every_dtype(tmp_path):
+    """write_safetensors_streaming draws every tensor into two reused buffers and writes from them on a thread:
+    what it writes is, tensor by tensor, what safetensors holds for the same tensors drawn afresh
+    (torch.randn(shape) * std and the rest of _random_tensor's formulas, then cast), in bf16, fp16 and fp32 in one
+    file, with a tensor larger and one smaller than the one before it, a scalar and an empty one among them."""
+    from safetensors.torch import save_file
+    names = ["vision_model.encoder.layers.0.layer_norm1.weight", "layers.0.input_layernorm.dense.bias",
+             "embed_tokens.weight", "mlp.down_proj.weight", "model.norm.weight", "x.bias", "empty.weight"]
+    shapes = [(24,), (48,), (300, 16), (32, 24), (), (7,), (0, 5)]
+    dtypes = [torch.float32, torch.bfloat16, torch.bfloat16, torch.float16, torch.float32, torch.bfloat16,
+              torch.bfloat16]
+    plan = {f"t{i}." + name: (shape, dtype, name) for i, (name, shape, dtype) in enumerate(zip(names, shapes, dtypes))}
+    path = tmp_path / "streamed.safetensors"
+    fixtures.write_safetensors_streaming(path, plan, lambda name, shape, out: fixtures._random_tensor(name, shape, 3,
+                                                                                                      out))
+    fresh = {key: fixtures._random_tensor(source, shape, 3).to(dtype) for key, (shape, dtype, source) in plan.items()}
+    save_file(fresh, str(tmp_path / "fresh.safetensors"))
+    with safe_open(str(path), framework="pt") as f, safe_open(str(tmp_path / "fresh.safetensors"), "pt") as g:
+        assert sorted(f.keys()) == sorted(g.keys()) == sorted(plan)
+        for key in plan:
+            got, want = f.get_tensor(key), g.get_tensor(key)
+            assert got.dtype == want.dtype and got.shape == want.shape, key
+            assert torch.equal(got, want), key
+    # the draws of earlier sessions' checkpoints (before the buffers were reused): torch.randn(shape) * fan_in^-1/2
+    gen = torch.Generator().manual_seed(3 * 1_000_003 + zlib.crc32(b"mlp.down_proj.weight"))
+    assert torch.equal(fresh["t3.mlp.down_proj.weight"], (torch.randn((32, 24), generator=gen) * 24**-0.5).half())
+    gate = fresh["t1.layers.0.input_layernorm.dense.bias"].float()
+    assert gate[32:].mean() > 0.9 and gate[:32].abs().mean() < 0.1         # the formulas ran: gate bias ~ 1
+    assert not torch.equal(fresh["t2.embed_tokens.weight"][:2], fresh["t2.embed_tokens.weight"][2:4])
 
 
 def test_lerobot_norm_stats_hold_the_same_values(tmp_path):
