@@ -9,8 +9,9 @@ A fixture directory holds what a real checkpoint directory holds:
 
 Weights are N(0, fan_in^-1/2) for matrices (~0.02 at real widths), Gemma norm weights near 0 so (1 + w) ~ 1,
 LayerNorm weights near 1, adaRMS modulation small with its gate bias at 1 so gated residuals pass signal.
-The safetensors file is streamed tensor by tensor (header first), so a full-size 3B checkpoint needs RAM for
-one tensor at a time, not for the whole model.
+The safetensors file is streamed tensor by tensor (header first), so a full-size checkpoint (4.1 G parameters
+with the lm_heads) needs RAM for two buffer slots of its largest tensor (~6 GB: fp32 draws and their cast, two so
+one is written while the next is drawn), not for the whole model.
 
 CLI:  python -m flashrt_core.fixtures OUT_DIR --config pi05 --seed 0
 """
