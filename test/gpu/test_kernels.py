@@ -478,15 +478,16 @@ def test_step_attention_in_every_row_and_key_block(tokens, from_qkv):
 @pytest.mark.parametrize("qkv_splits", [2, 4])
 def test_decoder_attention_sums_split_k_qkv_partials(qkv_splits):
     """decoder_attention fed the QKV GEMM's split-K partials (fp32, as a split-K QKV GEMM leaves them) sums them as
-    it reads queries, suffix keys and values: against the reference on their sum, pi0.5's step (10 tokens)."""
+    it reads queries, suffix keys and values: against the reference on their sum, pi0.5's step (10 tokens) after a
+    prefix with holes."""
     heads, dh, tokens, prefix = 8, 256, 10 if not INTERPRET else 3, 96 if not INTERPRET else 40
     g = torch.Generator(device=DEVICE).manual_seed(qkv_splits)
     qkv = torch.randn(tokens, (heads + 2) * dh, device=DEVICE, generator=g)
     parts = torch.randn(qkv_splits, *qkv.shape, device=DEVICE, generator=g)
     parts[0] += qkv - parts.sum(0)                                   # the partials sum to qkv
     k_cache, v_cache = _prefilled_caches(prefix, tokens, dh, g)
-    bias = torch.zeros(prefix, device=DEVICE)
-    pos = prefix + torch.arange(tokens, device=DEVICE)
+    valid, bias = _prefix_key_bias(prefix, g)
+    pos = int(valid.sum()) + torch.arange(tokens, device=DEVICE)
     cos, sin = K.rope_tables(prefix + tokens, dh, 10000.0, torch.device(DEVICE))
     visible = _suffix_visible(tokens, pi0=False)
     want = K.decoder_attention_reference(parts, k_cache, v_cache, pos, cos, sin, bias, prefix, visible, heads,
