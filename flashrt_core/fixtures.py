@@ -10,8 +10,8 @@ A fixture directory holds what a real checkpoint directory holds:
 Weights are N(0, fan_in^-1/2) for matrices (~0.02 at real widths), Gemma norm weights near 0 so (1 + w) ~ 1,
 LayerNorm weights near 1, adaRMS modulation small with its gate bias at 1 so gated residuals pass signal.
 The safetensors file is streamed tensor by tensor (header first), so a full-size checkpoint (4.1 G parameters
-with the lm_heads) needs RAM for two buffer slots of its largest tensor (~6 GB: fp32 draws and their cast, two so
-one is written while the next is drawn), not for the whole model.
+with the lm_heads) needs RAM for its largest tensor three times (~4.2 GB in bf16: the fp32 draw and two slots of
+the cast, so one is written while the next is cast), not for the whole model.
 
 CLI:  python -m flashrt_core.fixtures OUT_DIR --config pi05 --seed 0
 """
@@ -89,11 +89,11 @@ def write_safetensors_streaming(path: Path, plan: dict[str, tuple[tuple[int, ...
     """Write a safetensors file whose tensors come from make_tensor(source_name, shape, out) one at a time: fp32
     values of `shape`, in `out` (an fp32 buffer of that shape, reused) or in a tensor it returns.
 
-    Each tensor is drawn into one of two buffer slots (fp32 values and the cast to the file's dtype, of the largest
-    tensor's size) and written from it, without a copy, by a writer thread while the next one is drawn into the
-    other slot. Full-size pi0.5 (4.1 G parameters, 8.3 GB in bf16) on the 2-core development machine: 39 s, where
-    three fresh allocations per tensor (draw, cast, bytes for the write), drawing and writing in turn took 73 s,
-    most of it page faults (2026-12-02); the same bytes."""
+    Each tensor is drawn into one fp32 buffer, cast into one of two buffer slots (per file dtype, of that dtype's
+    largest tensor) and written from it, without a copy, by a writer thread while the next one is drawn and cast
+    into the other slot. Full-size pi0.5 (4.1 G parameters, 8.3 GB in bf16) on the 2-core development machine:
+    37-46 s over five runs (peak RSS 3.9 GB), where three fresh allocations per tensor (draw, cast, bytes for the
+    write), drawing and writing in turn took 73 s, most of it page faults (2026-12-02); the same bytes."""
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, (shape, dtype, _) in plan.items():
@@ -103,10 +103,12 @@ def write_safetensors_streaming(path: Path, plan: dict[str, tuple[tuple[int, ...
         offset += size
     header_bytes = json.dumps(header, separators=(",", ":")).encode()
     header_bytes += b" " * (-len(header_bytes) % 8)  # data section 8-byte aligned
-    largest = max((math.prod(shape) for shape, _, _ in plan.values()), default=0)
-    dtypes = {dtype for _, dtype, _ in plan.values()} - {torch.float32}
-    slots = [{"values": torch.empty(largest), **{dtype: torch.empty(largest, dtype=dtype) for dtype in dtypes},
-              "written": None} for _ in range(2)]
+    largest: dict[torch.dtype, int] = {}
+    for shape, dtype, _ in plan.values():
+        largest[dtype] = max(largest.get(dtype, 0), math.prod(shape))
+    drawn_values = torch.empty(max(largest.values(), default=0))          # fp32 draws, cast into a slot at once
+    slots = [{dtype: torch.empty(n, dtype=dtype) for dtype, n in largest.items()} for _ in range(2)]
+    written: list[concurrent.futures.Future | None] = [None, None]         # each slot's last write
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as f, concurrent.futures.ThreadPoolExecutor(1) as writer:
         f.write(len(header_bytes).to_bytes(8, "little"))
@@ -116,18 +118,16 @@ def write_safetensors_streaming(path: Path, plan: dict[str, tuple[tuple[int, ...
             n = math.prod(shape)
             if n == 0:
                 continue
-            slot = slots[drawn % 2]
+            k = drawn % 2
             drawn += 1
-            if slot["written"] is not None:
-                slot["written"].result()                          # its last tensor is in the file: reuse it
-            tensor = make_tensor(source, shape, slot["values"][:n].view(shape))
-            if dtype != torch.float32:
-                tensor = slot[dtype][:n].view(shape).copy_(tensor)
-            data = tensor.contiguous().view(-1).view(torch.uint8).numpy()
-            slot["written"] = writer.submit(f.write, data)       # in plan order: one writer thread
-        for slot in slots:
-            if slot["written"] is not None:
-                slot["written"].result()
+            if written[k] is not None:
+                written[k].result()                              # its last tensor is in the file: reuse it
+            values = make_tensor(source, shape, drawn_values[:n].view(shape))
+            data = slots[k][dtype][:n].view(shape).copy_(values)
+            written[k] = writer.submit(f.write, data.view(-1).view(torch.uint8).numpy())   # in plan order
+        for future in written:
+            if future is not None:
+                future.result()
     tmp.replace(path)
 
 
