@@ -18,6 +18,10 @@ MERGED = BENCH / "engine_h200_runs40-43_session16_2026-12-01"
 RUNS_17 = RUNS + [BENCH / f"engine_h200_run{n}_session17_{what}_2026-12-01.json"
                   for n, what in ((44, "pi0_grid"), (45, "pi05_h50"))]
 MERGED_17 = BENCH / "engine_h200_runs40-45_sessions16-17_2026-12-01"
+# session 20's runs 46-47 (pi0.5 at 1 / 3 views, horizon 50, FP8 too; pi0 at 2 views, horizon 50) close the grid
+RUNS_20 = RUNS_17 + [BENCH / f"engine_h200_run{n}_session20_{what}_2026-12-02.json"
+                     for n, what in ((46, "pi05_h50"), (47, "pi0_h50"))]
+MERGED_20 = BENCH / "engine_h200_runs40-47_sessions16-20_2026-12-01"
 
 
 def test_merge_keeps_every_row_with_its_run():
@@ -32,8 +36,9 @@ def test_merge_keeps_every_row_with_its_run():
     assert grid == {("pi05", 1, 10), ("pi05", 2, 10), ("pi05", 3, 10), ("pi05", 2, 50), ("pi0", 2, 10)}
 
 
-@pytest.mark.parametrize("runs,merged,rows", [(RUNS, MERGED, 16), (RUNS_17, MERGED_17, 26)],
-                         ids=["runs40-43", "runs40-45"])
+@pytest.mark.parametrize("runs,merged,rows", [(RUNS, MERGED, 16), (RUNS_17, MERGED_17, 26),
+                                              (RUNS_20, MERGED_20, 35)],
+                         ids=["runs40-43", "runs40-45", "runs40-47"])
 def test_the_committed_table_is_what_the_merge_writes(tmp_path, runs, merged, rows):
     tag = merged.name.removeprefix("engine_").removesuffix("_2026-12-01")
     main(["--merge", *map(str, runs), "--out-dir", str(tmp_path), "--tag", tag])
@@ -46,16 +51,23 @@ def test_the_committed_table_is_what_the_merge_writes(tmp_path, runs, merged, ro
     assert text.count("| engine_h200_run4") == rows                # every row names its run
 
 
-def test_the_grid_of_runs_40_to_45_holds_every_view_count_and_horizon_of_both_models():
-    merged = merge_results(RUNS_17)
+def test_the_grid_of_runs_40_to_47_is_the_issues_whole_cross_product():
+    """Both models, 1-3 views, horizons 10 and 50, the engine in bf16 and FP8; an eager reference row in the run of
+    each cell but pi0's at 1 / 3 views (run 44 timed their engines only); the torch.compile reference at pi0.5,
+    2 views, horizon 10. Runs 40-45 lacked pi0.5's FP8 at 1 / 3 views with horizon 50 and pi0 at 2 views with
+    horizon 50 (its horizon-50 A/B ran apart)."""
+    merged = merge_results(RUNS_20)
+    cells = {(c, v, h) for c in ("pi05", "pi0") for v in (1, 2, 3) for h in (10, 50)}
     for variant in ("engine_bf16", "engine_fp8"):
         grid = {(r["config"], r["views"], r["horizon"]) for r in merged["rows"] if r["variant"] == variant}
-        pi0 = {("pi0", v, h) for v in (1, 2, 3) for h in (10, 50)} - {("pi0", 2, 50)}   # pi0 2 views h50: h50 A/B
-        pi05 = {("pi05", v, 10) for v in (1, 2, 3)} | {("pi05", 2, 50)}
-        assert pi0 | pi05 <= grid, (variant, sorted((pi0 | pi05) - grid))
-    bf16_h50 = {(r["config"], r["views"]) for r in merged["rows"]
-                if r["variant"] == "engine_bf16" and r["horizon"] == 50}
-    assert {("pi05", 1), ("pi05", 3)} <= bf16_h50
+        assert grid == cells, (variant, sorted(cells - grid))
+    eager = {(r["config"], r["views"], r["horizon"]) for r in merged["rows"] if r["variant"] == "reference_eager_bf16"}
+    assert eager == cells - {("pi0", v, h) for v in (1, 3) for h in (10, 50)}   # run 44 timed pi0's engines only
+    assert {(r["config"], r["views"], r["horizon"]) for r in merged["rows"]
+            if r["variant"].startswith("reference_compile")} == {("pi05", 2, 10)}
+    merged_17 = merge_results(RUNS_17)
+    assert not {(r["config"], r["views"], r["horizon"]) for r in merged_17["rows"] if r["variant"] == "engine_fp8"} \
+        >= cells                                                             # what runs 46-47 added
 
 
 def test_merge_refuses_runs_of_other_software_and_a_single_file(tmp_path):
