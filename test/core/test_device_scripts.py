@@ -72,3 +72,31 @@ def test_engine_checks_pytest_selections_select_tests():
     everything = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "test/gpu/test_engine_gpu.py"],
                                 capture_output=True, text=True, cwd=REPO).stdout
     assert sorted(engine_ids) == sorted(row for row in everything.splitlines() if "::" in row)
+
+
+def test_engine_checks_name_their_parts_and_refuse_an_unknown_one(tmp_path):
+    """The script's list of parts is the parts it has; a misspelt part stops at once with exit status 2 and the
+    list (before, it ran nothing and its summary's last test set the status)."""
+    script = REPO / "tools" / "device_engine_checks.sh"
+    text = script.read_text()
+    listed = set(re.search(r'^PARTS="([^"]*)"', text, re.M).group(1).split())
+    blocks = set(re.findall(r'^if \[ "\$PART" = ([a-z0-9-]+) \]', text, re.M))
+    assert listed == blocks | {"all"}
+    done = subprocess.run(["bash", str(script), "attention-froms"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)})
+    assert done.returncode == 2
+    assert "no part named 'attention-froms'" in done.stderr and "attention-forms" in done.stderr
+    assert not (tmp_path / "summary.txt").exists()
+
+
+def test_engine_checks_part_without_a_gpu_ends_with_status_zero_and_its_summary(tmp_path):
+    """A part whose tests skip here (no GPU) runs them, writes its log and the summary and exits 0: the exit
+    status no longer comes from the summary's last optional section (a part's log that is absent)."""
+    script = REPO / "tools" / "device_engine_checks.sh"
+    done = subprocess.run(["bash", str(script), "layer-gates"], capture_output=True, text=True, cwd=REPO,
+                          env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "FLASHRT_PYTHON": sys.executable})
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = (tmp_path / "pytest_layer_gates.log").read_text()
+    assert "pytest rc=0" in log and "skipped" in log
+    summary = (tmp_path / "summary.txt").read_text()
+    assert summary.startswith("== pytest_layer_gates") and "pytest rc=0" in summary
