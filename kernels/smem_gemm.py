@@ -44,15 +44,14 @@ the Gluon structure follows Triton's Gluon tutorials (TMA, mbarrier, warpgroup_m
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
 
 from ._gluon import (HAVE_GLUON, TensorDescriptor, gl, gluon, griddep, mbarrier, tma, warpgroup_mma,
                      warpgroup_mma_wait)
-
 from ._triton import INTERPRETED, launch_options
+from .skinny_gemm import _K_GELU     # the tanh GELU's constant, one definition for both GEMMs
 
 ROWS = 64            # weight rows per program: wgmma's M
 X_ROWS = 16          # x rows per program (M <= 16): wgmma's N
@@ -61,7 +60,6 @@ SMEM_GEMM_MAX_ROWS = 64              # 17-64 rows: _smem_gemm_rows_kernel (x til
 BOX_K = 64           # K per TMA box: 128 bytes of bf16, the 128-byte swizzle
 SMEM_BUDGET = 220 * 1024             # of the 227 KB of shared memory a Hopper SM gives one program
 MAX_X_STAGES = 8     # x boxes in flight in the 17-64-row kernel's ring
-_K_GELU = 2.0 * math.sqrt(2.0 / math.pi)
 
 
 def x_tile_rows(M: int) -> int:
@@ -188,6 +186,33 @@ if HAVE_GLUON:
                 griddep("griddepcontrol.launch_dependents; // dummy $0")
 
     @gluon.jit
+    def _program_slice(BLOCK_W: gl.constexpr, K_PER_SPLIT: gl.constexpr, PDL: gl.constexpr):
+        """Both kernels' first steps: the early release of the next kernel where asked (PDL == 2,
+        kernels/_triton.py EARLY_TRIGGER), then this program's (pid_n, pid_k) and its first weight row and K
+        column."""
+        if PDL == 2:
+            griddep("griddepcontrol.launch_dependents; // dummy $0")
+        pid_n = gl.program_id(0)
+        pid_k = gl.program_id(1)
+        return pid_n, pid_k, pid_n * BLOCK_W, pid_k * K_PER_SPLIT
+
+    @gluon.jit
+    def _gate_and_up(acc, out_layout: gl.constexpr, BLOCK_W: gl.constexpr, XR: gl.constexpr):
+        """GeGLU's two halves of the accumulator (weight rows, x rows) in out_layout: the gate rows 0..BLOCK_W-1
+        and the up rows after them sit in different warps, so they meet in shared memory."""
+        scratch = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_W, XR],
+                                            gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+        scratch.store(acc)
+        gl.thread_barrier()
+        return scratch.slice(0, BLOCK_W).load(out_layout), scratch.slice(BLOCK_W, BLOCK_W).load(out_layout)
+
+    @gluon.jit
+    def _tanh_geglu(g, u, KGELU: gl.constexpr):
+        """gelu_tanh(g) * u, with tanh(z) = 2 / (1 + e^(-2z)) - 1 folded: gelu_tanh(g) = g / (1 + e^(-KGELU (g +
+        0.044715 g^3)))."""
+        return g / (1.0 + gl.exp(-KGELU * (g + 0.044715 * g * g * g))) * u
+
+    @gluon.jit
     def _smem_gemm_kernel(w_desc, x_desc, y_ptr, M, F, stride_y, split_stride,
                           res_ptr, gate_ptr, scale_ptr, xs_ptr, sq_ptr, cnt_ptr, bias_ptr, eps,
                           K_PER_SPLIT: gl.constexpr, GEGLU: gl.constexpr, SPLIT_K: gl.constexpr,
@@ -195,12 +220,7 @@ if HAVE_GLUON:
                           NORM_OUT: gl.constexpr = False, TILES: gl.constexpr = 1):
         BLOCK_W: gl.constexpr = w_desc.block_type.shape[0]         # weight rows per TMA box: 64, or 32 with GeGLU
         NK: gl.constexpr = K_PER_SPLIT // 64
-        if PDL == 2:                                               # kernels/_triton.py EARLY_TRIGGER
-            griddep("griddepcontrol.launch_dependents; // dummy $0")
-        pid_n = gl.program_id(0)
-        pid_k = gl.program_id(1)
-        n0 = pid_n * BLOCK_W
-        k0 = pid_k * K_PER_SPLIT
+        pid_n, pid_k, n0, k0 = _program_slice(BLOCK_W, K_PER_SPLIT, PDL)
         w_smem = gl.allocate_shared_memory(w_desc.dtype, [NK, 64, 64], w_desc.layout)
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [NK, 16, 64], x_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -237,18 +257,12 @@ if HAVE_GLUON:
             tm = gl.arange(0, 16, layout=gl.SliceLayout(0, sq_layout))
             sums = gl.sum(gl.load(sq_ptr + t[:, None] * 16 + tm[None, :]), axis=0)
             rstd = gl.convert_layout(gl.rsqrt(sums / (K_PER_SPLIT * SPLIT_K) + eps), gl.SliceLayout(0, out_layout))
-        if GEGLU:   # gate rows 0..31 and up rows 32..63 sit in different warps: meet in shared memory
-            scratch = gl.allocate_shared_memory(gl.float32, [64, 16],
-                                                gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
-                                                                        order=[1, 0]))
-            scratch.store(acc)
-            gl.thread_barrier()
-            g = scratch.slice(0, BLOCK_W).load(out_layout)
-            u = scratch.slice(BLOCK_W, BLOCK_W).load(out_layout)
+        if GEGLU:
+            g, u = _gate_and_up(acc, out_layout, BLOCK_W, 16)
             if NORM_IN:
                 g = g * rstd[None, :] + b_lo[:, None]
                 u = u * rstd[None, :] + b_hi[:, None]
-            y = g / (1.0 + gl.exp(-KGELU * (g + 0.044715 * g * g * g))) * u
+            y = _tanh_geglu(g, u, KGELU)
         else:
             y = gl.convert_layout(acc, out_layout)
             if NORM_IN:
@@ -287,12 +301,7 @@ if HAVE_GLUON:
         BLOCK_W: gl.constexpr = w_desc.block_type.shape[0]         # weight rows per TMA box: 64, or 32 with GeGLU
         XR: gl.constexpr = x_desc.block_type.shape[0]              # x rows per box: 32 or 64
         NK: gl.constexpr = K_PER_SPLIT // 64
-        if PDL == 2:                                               # kernels/_triton.py EARLY_TRIGGER
-            griddep("griddepcontrol.launch_dependents; // dummy $0")
-        pid_n = gl.program_id(0)
-        pid_k = gl.program_id(1)
-        n0 = pid_n * BLOCK_W
-        k0 = pid_k * K_PER_SPLIT
+        pid_n, pid_k, n0, k0 = _program_slice(BLOCK_W, K_PER_SPLIT, PDL)
         w_smem = gl.allocate_shared_memory(w_desc.dtype, [NK, 64, 64], w_desc.layout)
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [X_STAGES, XR, 64], x_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [X_STAGES + 1, 1], mbarrier.MBarrierLayout())  # w, x stages
@@ -322,15 +331,9 @@ if HAVE_GLUON:
                                                     warps_per_cta=[1, 4], order=[0, 1])
         r = gl.arange(0, BLOCK_W, layout=gl.SliceLayout(1, out_layout))
         m = gl.arange(0, XR, layout=gl.SliceLayout(0, out_layout))
-        if GEGLU:   # gate rows 0..31 and up rows 32..63 sit in different warps: meet in shared memory
-            scratch = gl.allocate_shared_memory(gl.float32, [64, XR],
-                                                gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
-                                                                        order=[1, 0]))
-            scratch.store(acc)
-            gl.thread_barrier()
-            g = scratch.slice(0, BLOCK_W).load(out_layout)
-            u = scratch.slice(BLOCK_W, BLOCK_W).load(out_layout)
-            y = g / (1.0 + gl.exp(-KGELU * (g + 0.044715 * g * g * g))) * u
+        if GEGLU:
+            g, u = _gate_and_up(acc, out_layout, BLOCK_W, XR)
+            y = _tanh_geglu(g, u, KGELU)
         else:
             y = gl.convert_layout(acc, out_layout)
         cols = n0 + r
