@@ -9,6 +9,11 @@ every H200 benchmark had run since session 3 (docs/benchmarks/engine_h200_2026-1
 test/core/test_kernel_resources.py keeps the hot paths free of spills.
 
     python tools/kernel_resources.py            # a markdown table, one row per kernel configuration
+    python tools/kernel_resources.py --sass --match "smem GEMM"   # + a digest of each one's machine code
+
+The SASS digest checks a refactor that must not change what runs (helpers pulled out of a Gluon or Triton
+kernel) without a GPU: the table before and after the change has the same digest in every row exactly when every
+configuration compiles to the same instructions.
 
 The configurations are the engine's own: the attention plans of pi0.5 and pi0 denoising steps (1-3 views,
 horizons 10 and 50) and the prefix, and every decoder GEMM candidate the load-time tuning may pick (the Triton
@@ -17,6 +22,8 @@ skinny GEMMs, and the Gluon shared-memory GEMMs of kernels/smem_gemm.py).
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import os
 import re
 import subprocess
@@ -84,6 +91,23 @@ def resources(compiled) -> dict:
         raise RuntimeError(f"cuobjdump -res-usage gave no REG/STACK line:\n{text}")
     return {"registers": int(found.group(1)), "stack_bytes": int(found.group(2)),
             "shared_bytes": int(compiled.metadata.shared)}
+
+
+def sass_digest(compiled) -> str:
+    """16 hex digits of sha256 over the kernel's sm90 instructions (``cuobjdump -sass`` of its cubin, each
+    instruction's text without its address): the same digest, the same machine code."""
+    import triton
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        text = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+    address = re.compile(r"/\*[0-9a-f]{4}\*/")
+    instructions = [address.sub("", line).strip() for line in text.splitlines() if address.search(line)]
+    if not instructions:
+        raise RuntimeError(f"cuobjdump -sass gave no instructions:\n{text[:2000]}")
+    return hashlib.sha256("\n".join(instructions).encode()).hexdigest()[:16]
 
 
 ATTN_SIGNATURE = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "bias_ptr": "*fp32", "vis_ptr": "*i32",
@@ -325,17 +349,32 @@ def prefix_attention_configs() -> list[KernelConfig]:
             + [config(block_n, splits, False, 1) for block_n, splits in ((32, 1), (32, 2), (64, 2))])
 
 
-def main() -> None:
+def all_configs() -> list[KernelConfig]:
+    return (attention_configs() + skinny_configs() + smem_configs() + denoise_step_configs()
+            + prefix_attention_configs() + denoise_layer_configs())
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sass", action="store_true", help="add a digest of each configuration's machine code")
+    ap.add_argument("--match", default="", help="only the configurations whose name holds this text")
+    args = ap.parse_args(argv)
+    configs = [cfg for cfg in all_configs() if args.match in cfg.name]
+    if not configs:
+        raise SystemExit(f"kernel_resources: no configuration's name holds {args.match!r}")
     rows = []
-    for cfg in (attention_configs() + skinny_configs() + smem_configs() + denoise_step_configs()
-                + prefix_attention_configs() + denoise_layer_configs()):
-        r = resources(compile_sm90(cfg))
-        rows.append((cfg.name, cfg.num_warps, r))
+    for cfg in configs:
+        compiled = compile_sm90(cfg)
+        r = resources(compiled)
+        digest = sass_digest(compiled) if args.sass else None
+        rows.append((cfg.name, cfg.num_warps, r, digest))
         print(f"{cfg.name}: {r}", file=sys.stderr, flush=True)
-    print(f"| kernel configuration (sm{TARGET_SM}) | warps | registers | spill stack (bytes) | shared (bytes) |")
-    print("|---|---|---|---|---|")
-    for name, warps, r in rows:
-        print(f"| {name} | {warps} | {r['registers']} | {r['stack_bytes']} | {r['shared_bytes']} |")
+    sass = " SASS digest |" if args.sass else ""
+    print(f"| kernel configuration (sm{TARGET_SM}) | warps | registers | spill stack (bytes) | shared (bytes) |{sass}")
+    print("|---|---|---|---|---|" + ("---|" if args.sass else ""))
+    for name, warps, r, digest in rows:
+        print(f"| {name} | {warps} | {r['registers']} | {r['stack_bytes']} | {r['shared_bytes']} |"
+              + (f" {digest} |" if args.sass else ""))
 
 
 if __name__ == "__main__":

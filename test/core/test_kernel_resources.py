@@ -127,3 +127,20 @@ def test_prefix_attention_on_wgmma_compiles_without_spills_and_runs_both_product
             assert "griddepcontrol" not in ptx
 
 
+
+
+def test_sass_digest_tells_the_same_machine_code_from_other_code(capsys):
+    """The refactor check of tools/kernel_resources.py --sass: a configuration compiled twice has one digest (no
+    addresses, names or dates in it), two configurations that differ in a constexpr have two; the table of
+    --match rows carries it in its last column."""
+    from tools.kernel_resources import compile_sm90, main, sass_digest, skinny_configs
+    qkv = [c for c in skinny_configs() if c.name.startswith("skinny GEMM qkv") and "fp8" not in c.name][:2]
+    first, again, other = sass_digest(compile_sm90(qkv[0])), sass_digest(compile_sm90(qkv[0])), \
+        sass_digest(compile_sm90(qkv[1]))
+    assert first == again and first != other and len(first) == 16
+    main(["--sass", "--match", qkv[0].name])
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].endswith("| SASS digest |") and len(table) == 3
+    assert table[2] == table[2][:table[2].rindex("|", 0, -1)] + f"| {first} |"
+    with pytest.raises(SystemExit, match="no configuration"):
+        main(["--match", "no such kernel"])
