@@ -77,15 +77,19 @@ def compile_sm90(cfg: KernelConfig):
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
 
-def resources(compiled) -> dict:
-    """{"registers", "stack_bytes", "shared_bytes"} of a compiled kernel, read from its cubin by cuobjdump."""
+def cuobjdump(compiled, flag: str) -> str:
+    """What Triton's bundled cuobjdump prints for the compiled kernel's cubin with flag (-res-usage, -sass)."""
     import triton
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
-        text = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True, text=True,
-                              check=True).stdout
+        return subprocess.run([str(tool), flag, str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
+def resources(compiled) -> dict:
+    """{"registers", "stack_bytes", "shared_bytes"} of a compiled kernel, read from its cubin by cuobjdump."""
+    text = cuobjdump(compiled, "-res-usage")
     found = re.search(r"REG:(\d+) STACK:(\d+)", text)
     if found is None:
         raise RuntimeError(f"cuobjdump -res-usage gave no REG/STACK line:\n{text}")
@@ -96,13 +100,7 @@ def resources(compiled) -> dict:
 def sass_digest(compiled) -> str:
     """16 hex digits of sha256 over the kernel's sm90 instructions (``cuobjdump -sass`` of its cubin, each
     instruction's text without its address): the same digest, the same machine code."""
-    import triton
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "kernel.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        text = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True,
-                              check=True).stdout
+    text = cuobjdump(compiled, "-sass")
     address = re.compile(r"/\*[0-9a-f]{4}\*/")
     instructions = [address.sub("", line).strip() for line in text.splitlines() if address.search(line)]
     if not instructions:
