@@ -266,22 +266,47 @@ def compile_variant(args) -> str:
     return f"reference_compile_{args.compile_mode}{scope}"
 
 
-def run_compile(args, res: Results, name: str, views: int, horizon: int) -> None:
-    out = Path(args.out_dir) / f".compile_{name}.json"
+def compile_cells(args) -> list[tuple[str, int, int]]:
+    """The (config, views, horizon) cells the compiled reference is timed at: pi0.5 at 2 views and horizon 10 (the
+    targets' cell), or with --compile-grid every cell of the run (--configs x --views x --horizons)."""
+    if not args.compile_grid:
+        return [("pi05", 2, 10)]
+    return [(name, views, horizon) for name in args.configs for horizon in args.horizons for views in args.views]
+
+
+def run_compile_cells(args, res: Results, t_start: float) -> None:
+    """The compile child for each of compile_cells, each within --compile-timeout and what is left of
+    --deadline-s (a cell with under 60 s left gets a row that says so)."""
+    for name, views, horizon in compile_cells(args):
+        timeout = args.compile_timeout
+        if args.deadline_s is not None:
+            timeout = int(min(timeout, args.deadline_s - (time.perf_counter() - t_start) - 15))
+        if timeout < 60:
+            res.add("rows", {"config": name, "variant": compile_variant(args), "views": views,
+                             "horizon": horizon, "error": f"not run: {timeout} s left of the run's deadline"})
+            continue
+        ensure_checkpoint(Path(args.ckpt_root), name)
+        run_compile(args, res, name, views, horizon, timeout)
+
+
+def run_compile(args, res: Results, name: str, views: int, horizon: int, timeout: int | None = None) -> None:
+    timeout = args.compile_timeout if timeout is None else timeout
+    cell = f"{name}_v{views}_h{horizon}"
+    out = Path(args.out_dir) / f".compile_{cell}.json"
     out.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--compile-child", "--config-name", name, "--views", str(views), "--horizon",
            str(horizon), "--ckpt-root", args.ckpt_root, "--child-out", str(out), "--compile-mode", args.compile_mode,
            "--compile-calls", str(args.compile_calls), "--compile-scope", args.compile_scope]
     meta = {"config": name, "variant": compile_variant(args), "views": views, "horizon": horizon}
-    child_log = Path(args.out_dir) / f"compile_{name}_{args.compile_scope}.log"   # dynamo/inductor progress
+    child_log = Path(args.out_dir) / f"compile_{cell}_{args.compile_scope}.log"   # dynamo/inductor progress
     t0 = time.perf_counter()
     with open(child_log, "w") as log_file:
         try:
-            proc = subprocess.run(cmd, timeout=args.compile_timeout, stdout=log_file, stderr=subprocess.STDOUT)
+            proc = subprocess.run(cmd, timeout=timeout, stdout=log_file, stderr=subprocess.STDOUT)
             if proc.returncode != 0:
                 meta["error"] = f"exit {proc.returncode}, see {child_log.name}"
         except subprocess.TimeoutExpired:
-            meta["did_not_finish_s"] = args.compile_timeout
+            meta["did_not_finish_s"] = timeout
     text = child_log.read_text(errors="replace")
     # where a killed compile was: frames dynamo started ("[frame/recompile]" tags) and GEMMs inductor autotuned
     meta["progress"] = {"frames_started": sorted(set(re.findall(r"\[(\d+)/\d+\]", text)), key=int),
@@ -305,8 +330,10 @@ def bench_config(args, res: Results, name: str) -> None:
                       if prec.startswith("fp8")]
                    + [f"{prec}-{o}" for o in args.ab_fp8_options for prec in precisions if prec.startswith("fp8")]
                    + [f"{prec}-with_{switch}" for switch in args.ab_switches_on for prec in precisions])
+    if args.references_only:
+        precisions, ab_variants = [], []
     # accuracy gate: the fp32 reference vs the engine built from the same fp32 weights
-    if args.gate:
+    if args.gate and precisions:
         model32 = load_model_weights(ckpt, base, dev, torch.float32)
         ref32 = ReferenceExecutor(model32, base, dev)
         for prec in precisions:
@@ -528,7 +555,14 @@ def main(argv: list[str] | None = None) -> None:
                     help="wall-clock budget of the whole run; the compile variant gets what is left")
     ap.add_argument("--no-gate", dest="gate", action="store_false")
     ap.add_argument("--gate-observations", type=int, default=3)
-    ap.add_argument("--compile", action="store_true", help="also torch.compile of the reference (pi05, 2 views)")
+    ap.add_argument("--compile", action="store_true", help="also torch.compile of the reference (pi05, 2 views, h10; "
+                    "every cell with --compile-grid)")
+    ap.add_argument("--compile-grid", action="store_true",
+                    help="with --compile: time the compiled reference at every cell of the run (--configs x --views x "
+                         "--horizons), each within --compile-timeout and --deadline-s, not only pi0.5 at 2 views, h10")
+    ap.add_argument("--references-only", action="store_true",
+                    help="no engine rows and no gate: the eager reference rows (and the compiled ones with "
+                         "--compile) of cells whose engine rows another run measured (--merge joins the runs)")
     ap.add_argument("--compile-first", action="store_true", help="run the compile child before the engine rows")
     ap.add_argument("--compile-mode", default="max-autotune")
     ap.add_argument("--compile-scope", choices=("layers", "stages", "whole"), default="layers",
@@ -574,8 +608,7 @@ def main(argv: list[str] | None = None) -> None:
     res = Results(out_dir / f"{stem}.json")
     res.data["args"] = {k: v for k, v in vars(args).items() if not k.startswith(("compile_child", "child"))}
     if args.compile and args.compile_first:      # its time limit is known up front; the engine rows follow
-        ensure_checkpoint(Path(args.ckpt_root), "pi05")
-        run_compile(args, res, "pi05", 2, 10)
+        run_compile_cells(args, res, t_start)
     for name in args.configs:
         try:
             bench_config(args, res, name)
@@ -583,15 +616,7 @@ def main(argv: list[str] | None = None) -> None:
             res.add("errors", {"where": f"config {name}", "trace": traceback.format_exc()})
         write_markdown(res, out_dir / f"{stem}.md")
     if args.compile and not args.compile_first:
-        timeout = args.compile_timeout
-        if args.deadline_s is not None:
-            timeout = int(min(timeout, args.deadline_s - (time.perf_counter() - t_start) - 15))
-        if timeout < 60:
-            res.add("rows", {"config": "pi05", "variant": compile_variant(args), "views": 2,
-                             "horizon": 10, "error": f"not run: {timeout} s left of the run's deadline"})
-        else:
-            args.compile_timeout = timeout
-            run_compile(args, res, "pi05", 2, 10)
+        run_compile_cells(args, res, t_start)
     write_markdown(res, out_dir / f"{stem}.md")
     print((out_dir / f"{stem}.md").read_text())
 

@@ -70,3 +70,54 @@ def test_region_outputs_are_the_callers_own():
     buf.add_(10)                                              # the "next replay" writes the static buffer
     assert torch.equal(single, torch.arange(4.0)) and torch.equal(pair[0], torch.arange(4.0))
     assert torch.equal(pair[1][0], torch.arange(4.0)) and pair[1][1] == 3
+
+
+def _compile_args(tmp_path, **kw):
+    from argparse import Namespace
+    args = dict(configs=["pi05", "pi0"], views=[1, 2, 3], horizons=[10, 50], compile_grid=False,
+                compile_mode="max-autotune", compile_scope="layers", compile_timeout=240, compile_calls=20,
+                deadline_s=None, ckpt_root=str(tmp_path / "no_checkpoints"), out_dir=str(tmp_path))
+    args.update(kw)
+    return Namespace(**args)
+
+
+def _results(path):
+    """A run's Results without the GPU's env (env_info asks CUDA)."""
+    from tools.benchmark_engine import Results
+    res = Results.__new__(Results)
+    res.path, res.data = path, {"env": {}, "rows": [], "gates": [], "errors": [], "notes": []}
+    return res
+
+
+def test_compile_cells_are_the_targets_cell_or_every_cell_of_the_run(tmp_path):
+    from tools.benchmark_engine import compile_cells
+    assert compile_cells(_compile_args(tmp_path)) == [("pi05", 2, 10)]
+    grid = compile_cells(_compile_args(tmp_path, compile_grid=True, configs=["pi0"], views=[1, 3]))
+    assert grid == [("pi0", 1, 10), ("pi0", 3, 10), ("pi0", 1, 50), ("pi0", 3, 50)]
+
+
+def test_cells_past_the_deadline_get_a_row_that_says_so_and_no_child(tmp_path):
+    import time
+
+    from tools.benchmark_engine import run_compile_cells
+    res = _results(tmp_path / "run.json")
+    args = _compile_args(tmp_path, compile_grid=True, configs=["pi0"], views=[2], deadline_s=70.0)
+    run_compile_cells(args, res, time.perf_counter() - 30.0)             # 70 - 30 - 15 = 25 s left: under 60
+    assert [(r["config"], r["views"], r["horizon"]) for r in res.data["rows"]] == [("pi0", 2, 10), ("pi0", 2, 50)]
+    assert all(r["error"].startswith("not run: 2") and r["variant"] == "reference_compile_max-autotune_layers"
+               for r in res.data["rows"])
+    assert not list(tmp_path.glob("compile_*.log")) and not (tmp_path / "no_checkpoints").exists()
+
+
+def test_a_failed_compile_child_leaves_its_cells_row_and_log(tmp_path):
+    """The child of one cell (here it finds no checkpoint and no GPU) ends in a row naming its own log, one per
+    cell, so the cells of a --compile-grid run do not overwrite each other's logs."""
+    from tools.benchmark_engine import run_compile
+    res = _results(tmp_path / "run.json")
+    run_compile(_compile_args(tmp_path, compile_timeout=120), res, "pi0", 3, 50)
+    (row,) = res.data["rows"]
+    assert (row["config"], row["views"], row["horizon"]) == ("pi0", 3, 50)
+    assert row["error"].startswith("exit ") and row["error"].endswith("see compile_pi0_v3_h50_layers.log")
+    assert (tmp_path / "compile_pi0_v3_h50_layers.log").is_file() and row["progress"]["log"] == \
+        "compile_pi0_v3_h50_layers.log"
+    assert not list(tmp_path.glob(".compile_*.json"))
