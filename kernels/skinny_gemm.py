@@ -18,16 +18,12 @@ Provenance: FlashRT AMD's packed small-M BF16 kernel for QKV, O and merged gate/
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
+from .geglu import _K as _K_GELU  # noqa: N811  the tanh GELU's constant
 from .geglu import gelu_tanh_times
 from .l2_prefetch import check_window, prefetch_chunk, prefetch_l2, prefetch_rows_l2
-
-_K_GELU = 2.0 * math.sqrt(2.0 / math.pi)
-
 
 def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1,
                           w_scale: torch.Tensor | None = None) -> torch.Tensor:

@@ -51,7 +51,7 @@ import torch
 from ._gluon import (HAVE_GLUON, TensorDescriptor, gl, gluon, griddep, mbarrier, tma, warpgroup_mma,
                      warpgroup_mma_wait)
 from ._triton import INTERPRETED, launch_options
-from .skinny_gemm import _K_GELU     # the tanh GELU's constant, one definition for both GEMMs
+from .geglu import _K as _K_GELU  # noqa: N811  the tanh GELU's constant
 
 ROWS = 64            # weight rows per program: wgmma's M
 X_ROWS = 16          # x rows per program (M <= 16): wgmma's N
