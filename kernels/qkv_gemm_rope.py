@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
-from .qkv_rope import qkv_rope_reference
+from .qkv_rope import qkv_rope_reference, rope_and_store_head
 
 
 def qkv_gemm_rope_reference(x: torch.Tensor, w: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
@@ -50,26 +50,8 @@ def _qkv_gemm_rope_kernel(x_ptr, w_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr,
         wb = tl.load(w_ptr + rows_b[:, None] * stride_w + (k + rk)[None, :])
         acc_a += tl.dot(x, tl.trans(wa))
         acc_b += tl.dot(x, tl.trans(wb))
-    mask = m_ok[:, None]
-    cache_rows = (cache_offset + rm)[:, None] * stride_cache_l + d[None, :]
-    if head < H + G:
-        p = tl.load(pos_ptr + rm, mask=m_ok, other=0)
-        c = tl.load(cos_ptr + p[:, None] * HALF + d[None, :], mask=mask, other=0.0)
-        s = tl.load(sin_ptr + p[:, None] * HALF + d[None, :], mask=mask, other=0.0)
-        y1 = acc_a * c - acc_b * s
-        y2 = acc_b * c + acc_a * s
-        if head < H:
-            dst = q_ptr + rm[:, None] * stride_q_m + head * stride_q_h + d[None, :]
-            tl.store(dst, (y1 * q_scale).to(q_ptr.dtype.element_ty), mask=mask)
-            tl.store(dst + HALF, (y2 * q_scale).to(q_ptr.dtype.element_ty), mask=mask)
-        else:
-            dst = k_ptr + (head - H) * stride_cache_g + cache_rows
-            tl.store(dst, y1.to(k_ptr.dtype.element_ty), mask=mask)
-            tl.store(dst + HALF, y2.to(k_ptr.dtype.element_ty), mask=mask)
-    else:
-        dst = v_ptr + (head - H - G) * stride_cache_g + cache_rows
-        tl.store(dst, acc_a.to(v_ptr.dtype.element_ty), mask=mask)
-        tl.store(dst + HALF, acc_b.to(v_ptr.dtype.element_ty), mask=mask)
+    rope_and_store_head(acc_a, acc_b, rm, d, m_ok, head, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr,
+                        cache_offset, q_scale, stride_q_m, stride_q_h, stride_cache_g, stride_cache_l, H, G, HALF)
 
 
 def qkv_gemm_rope(x: torch.Tensor, w: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -52,6 +52,40 @@ def qkv_rope_reference(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, 
 
 
 @triton.jit
+def rope_rotate(x1, x2, p, d, row_ok, cos_ptr, sin_ptr, HALF: tl.constexpr):
+    """The split-half rotation in fp32 of the column pairs (d, d + HALF) of rows at positions p: (x1 cos - x2 sin,
+    x2 cos + x1 sin) with cos / sin from the tables' rows p (zeros where not row_ok). x1, x2: (rows, len(d))."""
+    c = tl.load(cos_ptr + p[:, None] * HALF + d[None, :], mask=row_ok[:, None], other=0.0)
+    s = tl.load(sin_ptr + p[:, None] * HALF + d[None, :], mask=row_ok[:, None], other=0.0)
+    return x1 * c - x2 * s, x2 * c + x1 * s
+
+
+@triton.jit
+def rope_and_store_head(x1, x2, rows, d, row_ok, head, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, cache_offset,
+                        q_scale, stride_q_m, stride_q_h, stride_cache_g, stride_cache_l, H: tl.constexpr,
+                        G: tl.constexpr, HALF: tl.constexpr):
+    """The column pairs (d, d + HALF) of one head of the QKV rows, x1 and x2 in fp32, to where they go: a query head
+    (head < H) rotated and scaled into q_out, a key head (H..H+G-1) rotated into the key cache, a value head as it
+    is into the value cache (cache rows cache_offset + rows). qkv_rope's and qkv_gemm_rope's epilogue."""
+    mask = row_ok[:, None]
+    if head < H + G:
+        p = tl.load(pos_ptr + rows, mask=row_ok, other=0)
+        y1, y2 = rope_rotate(x1, x2, p, d, row_ok, cos_ptr, sin_ptr, HALF)
+        if head < H:
+            dst = q_ptr + rows[:, None] * stride_q_m + head * stride_q_h + d[None, :]
+            tl.store(dst, (y1 * q_scale).to(q_ptr.dtype.element_ty), mask=mask)
+            tl.store(dst + HALF, (y2 * q_scale).to(q_ptr.dtype.element_ty), mask=mask)
+        else:
+            dst = k_ptr + (head - H) * stride_cache_g + (cache_offset + rows[:, None]) * stride_cache_l + d[None, :]
+            tl.store(dst, y1.to(k_ptr.dtype.element_ty), mask=mask)
+            tl.store(dst + HALF, y2.to(k_ptr.dtype.element_ty), mask=mask)
+    else:
+        dst = v_ptr + (head - H - G) * stride_cache_g + (cache_offset + rows[:, None]) * stride_cache_l + d[None, :]
+        tl.store(dst, x1.to(v_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF, x2.to(v_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _qkv_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, M, cache_offset, q_scale,
                      stride_qkv, stride_q_m, stride_q_h, stride_cache_g, stride_cache_l,
                      H: tl.constexpr, G: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -61,28 +95,12 @@ def _qkv_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, M,
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)                     # (BLOCK_M,) rows
     head = tl.program_id(1)                  # 0..H-1: q, H..H+G-1: k, H+G..H+2G-1: v
     i = tl.arange(0, HALF)
-    ok = (m < M)[:, None]
+    row_ok = m < M
     src = qkv_ptr + m[:, None] * stride_qkv + head * (2 * HALF) + i[None, :]      # (BLOCK_M, HALF)
-    x1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF, mask=ok, other=0.0).to(tl.float32)
-    if head < H + G:
-        p = tl.load(pos_ptr + m, mask=m < M, other=0)
-        c = tl.load(cos_ptr + p[:, None] * HALF + i[None, :], mask=ok, other=0.0)
-        s = tl.load(sin_ptr + p[:, None] * HALF + i[None, :], mask=ok, other=0.0)
-        y1 = x1 * c - x2 * s
-        y2 = x2 * c + x1 * s
-        if head < H:
-            dst = q_ptr + m[:, None] * stride_q_m + head * stride_q_h + i[None, :]
-            tl.store(dst, (y1 * q_scale).to(q_ptr.dtype.element_ty), mask=ok)
-            tl.store(dst + HALF, (y2 * q_scale).to(q_ptr.dtype.element_ty), mask=ok)
-        else:
-            dst = k_ptr + (head - H) * stride_cache_g + (cache_offset + m[:, None]) * stride_cache_l + i[None, :]
-            tl.store(dst, y1.to(k_ptr.dtype.element_ty), mask=ok)
-            tl.store(dst + HALF, y2.to(k_ptr.dtype.element_ty), mask=ok)
-    else:
-        dst = v_ptr + (head - H - G) * stride_cache_g + (cache_offset + m[:, None]) * stride_cache_l + i[None, :]
-        tl.store(dst, x1.to(v_ptr.dtype.element_ty), mask=ok)
-        tl.store(dst + HALF, x2.to(v_ptr.dtype.element_ty), mask=ok)
+    x1 = tl.load(src, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    rope_and_store_head(x1, x2, m, i, row_ok, head, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, cache_offset,
+                        q_scale, stride_q_m, stride_q_h, stride_cache_g, stride_cache_l, H, G, HALF)
 
 
 # Rows per program. One row per one-warp program (session 1) moved the prefix's ~6 MB (576 rows) in 7.8 us on the

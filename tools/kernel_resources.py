@@ -16,8 +16,9 @@ kernel) without a GPU: the table before and after the change has the same digest
 configuration compiles to the same instructions.
 
 The configurations are the engine's own: the attention plans of pi0.5 and pi0 denoising steps (1-3 views,
-horizons 10 and 50) and the prefix, and every decoder GEMM candidate the load-time tuning may pick (the Triton
-skinny GEMMs, and the Gluon shared-memory GEMMs of kernels/smem_gemm.py).
+horizons 10 and 50) and the prefix, every decoder GEMM candidate the load-time tuning may pick (the Triton
+skinny GEMMs, and the Gluon shared-memory GEMMs of kernels/smem_gemm.py), the QKV RoPE kernels, the denoising
+step's ends, the prefix attention on wgmma and the persistent expert layer.
 """
 
 from __future__ import annotations
@@ -188,6 +189,42 @@ def skinny_configs(block_m: int | None = 16) -> list[KernelConfig]:
     return out
 
 
+QKV_ROPE_SIGNATURE = {"qkv_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "q_ptr": "*bf16",
+                      "k_ptr": "*bf16", "v_ptr": "*bf16", "M": "i32", "cache_offset": "i32", "q_scale": "fp32",
+                      "stride_qkv": "i32", "stride_q_m": "i32", "stride_q_h": "i32", "stride_cache_g": "i32",
+                      "stride_cache_l": "i32"}
+QKV_GEMM_ROPE_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*fp32",
+                           "sin_ptr": "*fp32", "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "M": "i32",
+                           "K": "i32", "cache_offset": "i32", "q_scale": "fp32", "stride_x": "i32", "stride_w": "i32",
+                           "stride_q_m": "i32", "stride_q_h": "i32", "stride_cache_g": "i32", "stride_cache_l": "i32"}
+ROPE_DIVISIBLE = ("stride_qkv", "stride_x", "stride_w", "stride_q_m", "stride_q_h", "stride_cache_g",
+                  "stride_cache_l", "K")
+
+
+def rope_configs() -> list[KernelConfig]:
+    """kernels/qkv_rope.py as its launcher plans it (the prefix's 560 rows in 8-row programs, a denoising step's
+    10 rows one per program) and kernels/qkv_gemm_rope.py in every candidate of the load-time tuning
+    (ops.ROPE_GEMM_CANDIDATES) at 10 and 51 rows: 8 query heads and one KV head of 256 (pi0.5 / pi0)."""
+    from flashrt_core.engine.ops import ROPE_GEMM_CANDIDATES
+    rope = _kernels_module("qkv_rope")
+    gemm_rope = _kernels_module("qkv_gemm_rope")
+    heads = {"H": 8, "G": 1, "HALF": 128, "PDL": True}
+    out = []
+    for rows in (560, 10):
+        block = rope.qkv_rope_rows_per_program(rows)
+        out.append(KernelConfig(f"qkv_rope ({rows} rows, {block} per program)", rope._qkv_rope_kernel,
+                                QKV_ROPE_SIGNATURE, {**heads, "BLOCK_M": block}, 1 if block == 1 else 4, 1,
+                                ROPE_DIVISIBLE))
+    for c in ROPE_GEMM_CANDIDATES:
+        for rows in (10, 51):
+            block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)           # the launcher's row tile
+            out.append(KernelConfig(f"qkv_gemm_rope {c} ({rows} rows)", gemm_rope._qkv_gemm_rope_kernel,
+                                    QKV_GEMM_ROPE_SIGNATURE, {**heads, "BLOCK_M": block_m, "BLOCK_P": c.block_p,
+                                                              "BLOCK_K": c.block_k}, c.warps, c.stages,
+                                    ROPE_DIVISIBLE))
+    return out
+
+
 def smem_configs() -> list[KernelConfig]:
     """Every kernels/smem_gemm.py candidate of the load-time tuning (ops.SMEM_CANDIDATES) at the expert's shapes,
     with the TMA descriptors the launcher builds, plain and with the folded adaRMSNorm (norm_out on the split-K O and
@@ -348,7 +385,7 @@ def prefix_attention_configs() -> list[KernelConfig]:
 
 
 def all_configs() -> list[KernelConfig]:
-    return (attention_configs() + skinny_configs() + smem_configs() + denoise_step_configs()
+    return (attention_configs() + skinny_configs() + smem_configs() + rope_configs() + denoise_step_configs()
             + prefix_attention_configs() + denoise_layer_configs())
 
 

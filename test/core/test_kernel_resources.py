@@ -3,8 +3,9 @@ ahead-of-time compile, its bundled ptxas and cuobjdump; no GPU needed, skips wit
 
 Session 5 found the denoising step's early-K/V attention compiled to 32 registers and ~9 KB of spills per
 thread (64-key blocks held across the PDL wait), a state every H200 benchmark had run since session 3: this test
-keeps every attention configuration the launchers plan for pi0.5 / pi0 steps and the prefix, and the decoder
-GEMM configurations the H200 tuning picks, at zero spilled bytes.
+keeps every attention configuration the launchers plan for pi0.5 / pi0 steps and the prefix, the decoder GEMM
+configurations the H200 tuning picks, and the QKV RoPE kernels (the prefix's qkv_rope, every qkv_gemm_rope
+candidate), at zero spilled bytes.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ TUNED_ON_H200 = ("triton(n32,k128,s1,st4,w4)", "triton(n32,k128,s4,st4,w4)", "tr
 
 
 def _configs():
-    from tools.kernel_resources import attention_configs, denoise_layer_configs, denoise_step_configs, skinny_configs
+    from tools.kernel_resources import (attention_configs, denoise_layer_configs, denoise_step_configs, rope_configs,
+                                        skinny_configs)
     return attention_configs() + [c for c in skinny_configs()
                                   if c.name.split()[-3] in TUNED_ON_H200 and "fp8" not in c.name] + \
-        denoise_step_configs() + denoise_layer_configs()
+        rope_configs() + denoise_step_configs() + denoise_layer_configs()
 
 
 def test_the_configuration_list_covers_the_engine_paths():
@@ -37,6 +39,8 @@ def test_the_configuration_list_covers_the_engine_paths():
     kinds = {n.split()[2] for n in names if n.startswith("skinny GEMM")}
     assert kinds == {"qkv", "gate_up", "o", "down"}
     assert "denoise step_in (one pass)" in names and "denoise step_out (one pass, 4 partials)" in names
+    assert "qkv_rope (560 rows, 8 per program)" in names                                 # the prefix's
+    assert sum(n.startswith("qkv_gemm_rope") for n in names) == 8                       # 4 candidates x 10 / 51 rows
     assert "denoise layer (all phases, grid barriers, L2 prefetch)" in names
 
 
