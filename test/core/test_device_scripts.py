@@ -101,3 +101,26 @@ def test_engine_checks_part_without_a_gpu_ends_with_status_zero_and_its_summary(
     assert "pytest rc=0" in log and "skipped" in log
     summary = (tmp_path / "summary.txt").read_text()
     assert summary.startswith("== pytest_layer_gates") and "pytest rc=0" in summary
+
+
+def test_kernels_and_layer_parts_split_the_kernel_tests_between_them():
+    """The `kernels` part leaves out the persistent layer's kernel tests (the slow end, opt-in), which the `layer`
+    part runs: together they run every test of test/gpu/test_kernels.py, each once."""
+    lines = _logical_lines(REPO / "tools" / "device_engine_checks.sh")
+
+    def selected(line: str) -> list[str]:
+        words = shlex.split(line.split("-m pytest", 1)[1].split(">", 1)[0])
+        selection = ["-k", words[words.index("-k") + 1]] if "-k" in words else []
+        listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                                 "test/gpu/test_kernels.py", *selection], capture_output=True, text=True,
+                                cwd=REPO).stdout
+        return [row for row in listed.splitlines() if row.startswith("test/gpu/test_kernels.py::")]
+
+    kernels = next(line for line in lines if "-m pytest" in line and "test_policy_gpu.py" in line)
+    layer = next(line for line in lines if "-m pytest" in line and "pytest_layer_kernel.log" in line)
+    ids_kernels, ids_layer = selected(kernels), selected(layer)
+    everything = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "test/gpu/test_kernels.py"],
+                                capture_output=True, text=True, cwd=REPO).stdout
+    all_ids = [row for row in everything.splitlines() if row.startswith("test/gpu/test_kernels.py::")]
+    assert ids_layer and all("denoise_layer" in i for i in ids_layer)
+    assert sorted(ids_kernels + ids_layer) == sorted(all_ids)
