@@ -439,6 +439,30 @@ def targets(rows: list[dict], gates: list[dict] | None = None) -> list[str]:
     return out
 
 
+MODEL_NAMES = {"pi05": "pi0.5"}     # a config's name in prose tables (the README's grid)
+
+
+def grid_table(rows: list[dict]) -> list[str]:
+    """The engine's predict() medians as one markdown table: a row per model and view count, a column per horizon,
+    each cell "bf16 / FP8" in ms ("-" for a precision not measured there); a cell measured in several runs (a
+    merged result) shows the last. The README's grid is this table of the merged runs (a test keeps them equal)."""
+    cells = {}
+    for r in rows:
+        if r["variant"] in ("engine_bf16", "engine_fp8") and "predict_ms" in r:
+            cells[(r["config"], r["views"], r["horizon"], r["variant"])] = r["predict_ms"]["median"]
+    if not cells:
+        return []
+    horizons = sorted({key[2] for key in cells})
+    lines = ["| model, views | " + " | ".join(f"horizon {h}" for h in horizons) + " |",
+             "|---" * (1 + len(horizons)) + "|"]
+    for config in dict.fromkeys(key[0] for key in cells):
+        for views in sorted({key[1] for key in cells if key[0] == config}):
+            medians = [" / ".join(f"{cells[(config, views, h, v)]:.2f}" if (config, views, h, v) in cells else "-"
+                                  for v in ("engine_bf16", "engine_fp8")) for h in horizons]
+            lines.append(f"| {MODEL_NAMES.get(config, config)}, {views} | " + " | ".join(medians) + " |")
+    return lines
+
+
 def error_line(text: str) -> str:
     """The line of a traceback that names the exception (else its last line), shortened for a table cell."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
@@ -516,6 +540,9 @@ def write_markdown(res: Results, path: Path) -> None:
                      f"{p['p90']:.2f} | {p['p99']:.2f} | {p['max']:.2f} | {rp.get('median', float('nan')):.2f} | "
                      f"{rp.get('p99', float('nan')):.2f} | {r.get('profile', {}).get('kernels', '')} | {phs} |"
                      + run(r))
+    grid = grid_table(d["rows"])
+    if grid:
+        lines += ["", "## The grid: predict() medians (ms), bf16 / FP8", ""] + grid
     lines += ["", "## Targets (issue 4: pi0.5, 2 views, 10 steps, horizon 10)", ""] + targets(d["rows"], d["gates"])
     if d["errors"]:
         lines += ["", "## Errors", ""]

@@ -79,3 +79,29 @@ def test_merge_refuses_runs_of_other_software_and_a_single_file(tmp_path):
         merge_results([RUNS[0], path])
     with pytest.raises(ValueError, match="two or more"):
         merge_results(RUNS[:1])
+
+
+def test_the_readmes_grid_is_the_merged_runs_grid():
+    """The README's table of predict() medians (a row per model and view count, bf16 / FP8 per horizon) is
+    grid_table of runs 40-47: its numbers come from the result files, not from a hand copy."""
+    from tools.benchmark_engine import grid_table
+    readme = (BENCH.parents[1] / "README.md").read_text().splitlines()
+    start = readme.index("| model, views | horizon 10 | horizon 50 |")
+    end = readme.index("", start)
+    assert readme[start:end] == grid_table(merge_results(RUNS_20)["rows"])
+    assert len(readme[start:end]) == 2 + 6                                  # pi0.5 and pi0 at 1-3 views
+
+
+def test_grid_table_keeps_the_last_run_of_a_cell_and_marks_what_is_missing():
+    rows = [{"config": "pi05", "variant": "engine_bf16", "views": 2, "horizon": 10, "predict_ms": {"median": 10.0}},
+            {"config": "pi05", "variant": "engine_bf16", "views": 2, "horizon": 10, "predict_ms": {"median": 9.5}},
+            {"config": "pi05", "variant": "engine_fp8", "views": 2, "horizon": 50, "predict_ms": {"median": 11.0}},
+            {"config": "pi05", "variant": "engine_bf16-no_pdl", "views": 2, "horizon": 10,
+             "predict_ms": {"median": 99.0}},
+            {"config": "pi05", "variant": "reference_eager_bf16", "views": 2, "horizon": 10,
+             "predict_ms": {"median": 500.0}},
+            {"config": "pi0", "variant": "engine_fp8", "views": 1, "horizon": 10, "error": "exit 1"}]
+    from tools.benchmark_engine import grid_table
+    assert grid_table(rows) == ["| model, views | horizon 10 | horizon 50 |", "|---|---|---|",
+                                "| pi0.5, 2 | 9.50 / - | - / 11.00 |"]
+    assert grid_table(rows[3:]) == []
