@@ -17,6 +17,7 @@ import torch
 
 from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
 from .qkv_rope import qkv_rope_reference, rope_and_store_head
+from .skinny_gemm import row_tile
 
 
 def qkv_gemm_rope_reference(x: torch.Tensor, w: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
@@ -78,7 +79,7 @@ def qkv_gemm_rope(x: torch.Tensor, w: torch.Tensor, pos: torch.Tensor, cos: torc
                          f"tables {tuple(cos.shape)}, pos {tuple(pos.shape)}")
     if cache_offset + M > L:
         raise ValueError(f"qkv_gemm_rope: rows [{cache_offset}, {cache_offset + M}) exceed cache length {L}")
-    block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
+    block_m = row_tile(M)
     grid = (n_heads * (Dh // 2 // block_p),)
     _qkv_gemm_rope_kernel[grid](
         x, w, pos, cos, sin, q_out, k_cache, v_cache, M, K, cache_offset, q_scale,

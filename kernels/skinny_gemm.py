@@ -25,6 +25,12 @@ from .geglu import _K as _K_GELU  # noqa: N811  the tanh GELU's constant
 from .geglu import gelu_tanh_times
 from .l2_prefetch import check_window, prefetch_chunk, prefetch_l2, prefetch_rows_l2
 
+def row_tile(M: int) -> int:
+    """The rows a program of the few-row GEMMs (this one, kernels/qkv_gemm_rope.py) covers for M <= 64 rows: 16,
+    32 or 64, the smallest that holds them."""
+    return 16 if M <= 16 else (32 if M <= 32 else 64)
+
+
 def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1,
                           w_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Plain PyTorch. (M, N) in x.dtype; (M, N/2) with geglu; (split_k, M, N) fp32 partials with split_k > 1.
@@ -138,7 +144,7 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: 
     elif out.shape != shape or out.dtype != dtype or not out.is_contiguous():
         raise ValueError(f"skinny_gemm: out must be a contiguous {shape} {dtype} tensor, got {tuple(out.shape)} "
                          f"{out.dtype}")
-    block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
+    block_m = row_tile(M)
     grid = (triton.cdiv(F, block_n), split_k)
     pf_addr, pf_bytes, pf_chunk, slots = 0, 0, 0, 0
     if prefetch is not None:

@@ -178,7 +178,7 @@ def skinny_configs(block_m: int | None = 16) -> list[KernelConfig]:
     for fp8 in (False, True):
         for kind, candidates in SKINNY_CANDIDATES.items():
             for c in candidates:
-                tile = block_m or (16 if c.max_rows <= 16 else 32 if c.max_rows <= 32 else 64)
+                tile = block_m or skinny.row_tile(c.max_rows)
                 ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": kind == "gate_up", "SPLIT_K": c.split_k,
                       "KGELU": skinny._K_GELU, "BLOCK_M": tile, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k,
                       "PDL": True, "PREFETCH_SLOTS": 0, "OWN_PREFETCH": False, "W_SCALED": fp8}
@@ -217,11 +217,9 @@ def rope_configs() -> list[KernelConfig]:
                                 ROPE_DIVISIBLE))
     for c in ROPE_GEMM_CANDIDATES:
         for rows in (10, 51):
-            block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)           # the launcher's row tile
+            ce = {**heads, "BLOCK_M": gemm_rope.row_tile(rows), "BLOCK_P": c.block_p, "BLOCK_K": c.block_k}
             out.append(KernelConfig(f"qkv_gemm_rope {c} ({rows} rows)", gemm_rope._qkv_gemm_rope_kernel,
-                                    QKV_GEMM_ROPE_SIGNATURE, {**heads, "BLOCK_M": block_m, "BLOCK_P": c.block_p,
-                                                              "BLOCK_K": c.block_k}, c.warps, c.stages,
-                                    ROPE_DIVISIBLE))
+                                    QKV_GEMM_ROPE_SIGNATURE, ce, c.warps, c.stages, ROPE_DIVISIBLE))
     return out
 
 
