@@ -21,6 +21,22 @@ def _logical_lines(script: Path) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
+def _pytest_call(line: str) -> tuple[list[str], list[str]]:
+    """The test paths and the -k selection (["-k", expression] or []) of one of the script's pytest lines."""
+    words = shlex.split(line.split("-m pytest", 1)[1].split(">", 1)[0])
+    return [w for w in words if w.startswith("test/")], (["-k", words[words.index("-k") + 1]] if "-k" in words else [])
+
+
+def _collected(paths: list[str], selection: list[str] = ()) -> str:
+    """What `pytest --collect-only -q` prints for these paths and -k selection."""
+    return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *paths, *selection],
+                          capture_output=True, text=True, cwd=REPO).stdout
+
+
+def _ids(listed: str) -> list[str]:
+    return [row for row in listed.splitlines() if "::" in row]
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_script_is_valid_bash(script):
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True).returncode == 0
@@ -57,22 +73,17 @@ def test_engine_checks_pytest_selections_select_tests():
                                         # kernel test and gates
     engine_ids: list[str] = []
     for line in pytest_lines:
-        words = shlex.split(line.split("-m pytest", 1)[1].split(">", 1)[0])
-        paths = [w for w in words if w.startswith("test/")]
+        paths, selection = _pytest_call(line)
         assert paths and all((REPO / p).exists() for p in paths), paths
-        selection = ["-k", words[words.index("-k") + 1]] if "-k" in words else []
-        listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *paths, *selection],
-                                capture_output=True, text=True, cwd=REPO).stdout
+        listed = _collected(paths, selection)
         assert re.search(r"^\d+(/\d+)? tests? collected", listed, re.M), (line, listed[-500:])
-        ids = [row for row in listed.splitlines() if "::" in row]
+        ids = _ids(listed)
         if paths == ["test/gpu/test_engine_gpu.py"]:
             engine_ids += ids
         if selection and selection[1] == new:
             for term in selection[1].split(" or "):
                 assert any(term in test_id for test_id in ids), f"-k term {term!r} selects nothing"
-    everything = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "test/gpu/test_engine_gpu.py"],
-                                capture_output=True, text=True, cwd=REPO).stdout
-    assert sorted(engine_ids) == sorted(row for row in everything.splitlines() if "::" in row)
+    assert sorted(engine_ids) == sorted(_ids(_collected(["test/gpu/test_engine_gpu.py"])))
 
 
 def test_engine_checks_name_their_parts_and_refuse_an_unknown_one(tmp_path):
@@ -107,20 +118,10 @@ def test_kernels_and_layer_parts_split_the_kernel_tests_between_them():
     """The `kernels` part leaves out the persistent layer's kernel tests (the slow end, opt-in), which the `layer`
     part runs: together they run every test of test/gpu/test_kernels.py, each once."""
     lines = _logical_lines(REPO / "tools" / "device_engine_checks.sh")
-
-    def selected(line: str) -> list[str]:
-        words = shlex.split(line.split("-m pytest", 1)[1].split(">", 1)[0])
-        selection = ["-k", words[words.index("-k") + 1]] if "-k" in words else []
-        listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                                 "test/gpu/test_kernels.py", *selection], capture_output=True, text=True,
-                                cwd=REPO).stdout
-        return [row for row in listed.splitlines() if row.startswith("test/gpu/test_kernels.py::")]
-
     kernels = next(line for line in lines if "-m pytest" in line and "test_policy_gpu.py" in line)
     layer = next(line for line in lines if "-m pytest" in line and "pytest_layer_kernel.log" in line)
-    ids_kernels, ids_layer = selected(kernels), selected(layer)
-    everything = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "test/gpu/test_kernels.py"],
-                                capture_output=True, text=True, cwd=REPO).stdout
-    all_ids = [row for row in everything.splitlines() if row.startswith("test/gpu/test_kernels.py::")]
+    ids_kernels, ids_layer = (_ids(_collected(["test/gpu/test_kernels.py"], _pytest_call(line)[1]))
+                              for line in (kernels, layer))
+    all_ids = _ids(_collected(["test/gpu/test_kernels.py"]))
     assert ids_layer and all("denoise_layer" in i for i in ids_layer)
     assert sorted(ids_kernels + ids_layer) == sorted(all_ids)
