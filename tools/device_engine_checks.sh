@@ -308,8 +308,8 @@ fi
     grep -hE '^\| pi05' "$OUT"/engine_attention_forms*.md 2>/dev/null || tail -n 5 "$OUT/attention_forms.log"
     grep -h "attention form\|decoder GEMMs in the denoiser" "$OUT"/attention_forms*.log | tail -n 6; }
   [ -f "$OUT/references.log" ] && { echo "== reference rows (eager, compiled)"
-    grep -hE '^\| pi0|rc=' "$OUT"/engine_references*.md "$OUT/references.log" 2>/dev/null; }
-  [ -f "$OUT/h50.log" ] && { echo "== horizon 50, A/B of smem_gemm_rows and fused_denoise_step_pi0"; grep -hE '^\| pi0' "$OUT"/engine_h50_*.md \
+    grep -hE '^\| pi0 \|' "$OUT"/engine_references*.md 2>/dev/null; grep -h 'rc=' "$OUT/references.log"; }
+  [ -f "$OUT/h50.log" ] && { echo "== horizon 50, A/B of smem_gemm_rows and fused_denoise_step_pi0"; grep -hE '^\| pi05? \|' "$OUT"/engine_h50_*.md \
     2>/dev/null || tail -n 5 "$OUT/h50.log"; }
   true   # the summary's exit status is not the checks': a part's absent log is not a failure (each log has its rc)
 } | tee "$OUT/summary.txt"
