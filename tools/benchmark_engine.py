@@ -289,8 +289,8 @@ def run_compile_cells(args, res: Results, t_start: float) -> None:
         run_compile(args, res, name, views, horizon, timeout)
 
 
-def run_compile(args, res: Results, name: str, views: int, horizon: int, timeout: int | None = None) -> None:
-    timeout = args.compile_timeout if timeout is None else timeout
+def run_compile(args, res: Results, name: str, views: int, horizon: int, timeout: int) -> None:
+    """The compile child of one cell, killed after timeout seconds; its row (times, or why not) into res."""
     cell = f"{name}_v{views}_h{horizon}"
     out = Path(args.out_dir) / f".compile_{cell}.json"
     out.unlink(missing_ok=True)

@@ -114,7 +114,7 @@ def test_a_failed_compile_child_leaves_its_cells_row_and_log(tmp_path):
     cell, so the cells of a --compile-grid run do not overwrite each other's logs."""
     from tools.benchmark_engine import run_compile
     res = _results(tmp_path / "run.json")
-    run_compile(_compile_args(tmp_path, compile_timeout=120), res, "pi0", 3, 50)
+    run_compile(_compile_args(tmp_path), res, "pi0", 3, 50, timeout=120)
     (row,) = res.data["rows"]
     assert (row["config"], row["views"], row["horizon"]) == ("pi0", 3, 50)
     assert row["error"].startswith("exit ") and row["error"].endswith("see compile_pi0_v3_h50_layers.log")
