@@ -463,6 +463,50 @@ def grid_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def speedup_table(rows: list[dict]) -> list[str]:
+    """The engine's predict() median (bf16 / FP8) against the eager and the torch.compile references', as times
+    faster, one row per cell that has a reference row; a cell measured in several runs takes the last row of each
+    kind (as grid_table). In a merged result a ratio whose reference ran in another run than the engine row is
+    marked "\\*" (an escaped star): the machines of two runs may differ."""
+    last = {}
+    for r in rows:
+        v = r["variant"]
+        kind = (v if v in ("engine_bf16", "engine_fp8") else "eager" if v.startswith("reference_eager")
+                else "compile" if v.startswith("reference_compile") else None)
+        if kind and "predict_ms" in r:
+            last[(r["config"], r["views"], r["horizon"], kind)] = r
+    cells = {key[:3] for key in last if key[3] in ("eager", "compile")}
+    if not cells:
+        return []
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    lines = ["| model, views, horizon | eager reference | engine x eager, bf16 / FP8 | torch.compile reference | "
+             "engine x compile, bf16 / FP8 |", "|---|---|---|---|---|"]
+    marked = False
+    for cell in sorted(cells, key=lambda c: (configs.index(c[0]), c[1], c[2])):
+        cols = []
+        for ref_kind in ("eager", "compile"):
+            ref = last.get((*cell, ref_kind))
+            if ref is None:
+                cols += ["-", "-"]
+                continue
+            ratios = []
+            for prec in ("engine_bf16", "engine_fp8"):
+                eng = last.get((*cell, prec))
+                if eng is None:
+                    ratios.append("-")
+                    continue
+                other = eng.get("source") != ref.get("source")
+                marked |= other
+                ratios.append(f"{ref['predict_ms']['median'] / eng['predict_ms']['median']:.1f}x"
+                              + ("\\*" if other else ""))
+            cols += [f"{ref['predict_ms']['median']:.1f} ms", " / ".join(ratios)]
+        config, views, horizon = cell
+        lines.append(f"| {MODEL_NAMES.get(config, config)}, {views}, {horizon} | " + " | ".join(cols) + " |")
+    if marked:
+        lines += ["", "\\* the reference ran in another run than the engine row (another machine, maybe)."]
+    return lines
+
+
 def error_line(text: str) -> str:
     """The line of a traceback that names the exception (else its last line), shortened for a table cell."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
@@ -543,6 +587,9 @@ def write_markdown(res: Results, path: Path) -> None:
     grid = grid_table(d["rows"])
     if grid:
         lines += ["", "## The grid: predict() medians (ms), bf16 / FP8", ""] + grid
+    speedups = speedup_table(d["rows"])
+    if speedups:
+        lines += ["", "## Speed-up per cell: the engine's predict() median against the references'", ""] + speedups
     lines += ["", "## Targets (issue 4: pi0.5, 2 views, 10 steps, horizon 10)", ""] + targets(d["rows"], d["gates"])
     if d["errors"]:
         lines += ["", "## Errors", ""]

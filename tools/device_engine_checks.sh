@@ -19,7 +19,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh tune         # tune_engine.py: best of 3 loads stored, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh attention-forms        # the step attention's forms: test, A/B, ~7 min
 #   OUT=/path bash tools/device_engine_checks.sh attention-forms-gates  # their two gates, ~4 min
-#   OUT=/path bash tools/device_engine_checks.sh references   # the grid's missing reference rows, ~6 min
+#   OUT=/path bash tools/device_engine_checks.sh compile-cells  # the compiled reference at 2 more cells, ~8 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
 # The times were measured in sessions 12-13 (all but gemms and fp8-scopes) or estimated: the
@@ -85,10 +85,13 @@
 #   FP8 and h50 bf16, each with the forms tuned too (engine_attention_forms*, attention_forms*.log: the picked form
 #   and the chain's times per form are in the log); attention-forms-gates: `[pi05-bf16+decoder_attention_tuning]`
 #   and `[pi0-bf16+decoder_attention_tuning]` (pytest_attention_forms_gates.log).
-# references: the reference rows the merged grid (runs 40-47) lacks, no engines (--references-only): pi0's eager
-#   reference at 1 / 3 views and horizons 10 / 50 (references_pi0: run 44 timed its engines only), then
-#   torch.compile(mode="max-autotune") of pi0's reference at 2 views, horizon 10 (--compile-grid: the compiled
-#   reference had run at pi0.5's 2-view horizon-10 cell only; ~3.5 min per cell) (references.log).
+# compile-cells: torch.compile(mode="max-autotune") of the reference path, layer by layer, at the cells of the grid
+#   that have no compiled row yet (runs 43 and 49 timed it at the two 2-view horizon-10 cells only), beside an eager
+#   row per cell in the same run, no engines (--references-only --compile-grid): the cells are
+#   $COMPILE_CONFIGS x $COMPILE_VIEWS x $COMPILE_HORIZONS (default pi05 x "1 3" x 10; ~3.5 min per cell, two cells
+#   per call), each within 300 s and what is left of the call's 540 s (engine_compile_cells_*.json/.md,
+#   compile_cells.log, one compile_<cell>_layers.log per cell). Session 21 ran the part this replaced, `references`
+#   (pi0's eager rows at 1 / 3 views, then its compiled reference at 2 views: runs 48-49).
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
 #   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
@@ -98,7 +101,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-test_output/device_engine_checks}"
 PART="${1:-all}"
 PARTS="all kernels engine-new engine-rest engine-gates engine-gates-forced bench gemms fp8-scopes load buckets host layer
-  layer-gates h50 overlap tune attention-forms attention-forms-gates references"
+  layer-gates h50 overlap tune attention-forms attention-forms-gates compile-cells"
 case " $(echo $PARTS) " in
   *" $PART "*) ;;
   *) echo "device_engine_checks.sh: no part named '$PART'; the parts: $(echo $PARTS)" >&2; exit 2;;
@@ -263,15 +266,12 @@ if [ "$PART" = attention-forms-gates ]; then
   echo "pytest rc=$?" >> "$OUT/pytest_attention_forms_gates.log"
 fi
 
-if [ "$PART" = references ]; then     # not in "all": reference rows only, the eager ones then one compiled cell
-  timeout 200 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi0 --views 1 3 \
-    --horizons 10 50 --references-only --reference-calls 3 --no-gate --out-dir "$OUT" --tag references_pi0 \
-    > "$OUT/references.log" 2>&1
-  echo "benchmark_engine rc=$?" >> "$OUT/references.log"
-  timeout 380 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi0 --views 2 \
-    --horizons 10 --references-only --reference-calls 2 --no-gate --compile --compile-grid --compile-timeout 320 \
-    --deadline-s 360 --out-dir "$OUT" --tag references_pi0_compile >> "$OUT/references.log" 2>&1
-  echo "benchmark_engine rc=$?" >> "$OUT/references.log"
+if [ "$PART" = compile-cells ]; then   # not in "all": the compiled reference (and an eager row) per cell
+  timeout 560 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" \
+    --configs ${COMPILE_CONFIGS:-pi05} --views ${COMPILE_VIEWS:-1 3} --horizons ${COMPILE_HORIZONS:-10} \
+    --references-only --reference-calls 2 --no-gate --compile --compile-grid --compile-timeout 300 --deadline-s 540 \
+    --out-dir "$OUT" --tag compile_cells > "$OUT/compile_cells.log" 2>&1
+  echo "benchmark_engine rc=$?" >> "$OUT/compile_cells.log"
 fi
 
 if [ "$PART" = fp8-scopes ]; then
@@ -307,8 +307,8 @@ fi
   [ -f "$OUT/attention_forms.log" ] && { echo "== the step attention's forms tuned (decoder_attention_tuning)"
     grep -hE '^\| pi05' "$OUT"/engine_attention_forms*.md 2>/dev/null || tail -n 5 "$OUT/attention_forms.log"
     grep -h "attention form\|decoder GEMMs in the denoiser" "$OUT"/attention_forms*.log | tail -n 6; }
-  [ -f "$OUT/references.log" ] && { echo "== reference rows (eager, compiled)"
-    grep -hE '^\| pi0 \|' "$OUT"/engine_references*.md 2>/dev/null; grep -h 'rc=' "$OUT/references.log"; }
+  [ -f "$OUT/compile_cells.log" ] && { echo "== reference rows per cell (eager, compiled)"
+    grep -hE '^\| pi05? \| reference' "$OUT"/engine_compile_cells*.md 2>/dev/null; grep -h 'rc=' "$OUT/compile_cells.log"; }
   [ -f "$OUT/h50.log" ] && { echo "== horizon 50, A/B of smem_gemm_rows and fused_denoise_step_pi0"; grep -hE '^\| pi05? \|' "$OUT"/engine_h50_*.md \
     2>/dev/null || tail -n 5 "$OUT/h50.log"; }
   true   # the summary's exit status is not the checks': a part's absent log is not a failure (each log has its rc)

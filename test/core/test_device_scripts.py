@@ -45,8 +45,8 @@ def test_script_is_valid_bash(script):
 def test_engine_checks_call_existing_tools_with_their_flags():
     script = REPO / "tools" / "device_engine_checks.sh"
     calls = [line for line in _logical_lines(script) if '"$PY" tools/' in line]
-    assert len(calls) == 19     # benchmark_engine (bench, fp8-scopes, h50 twice, overlap twice, attention-forms twice,
-                                # references twice),
+    assert len(calls) == 18     # benchmark_engine (bench, fp8-scopes, h50 twice, overlap twice, attention-forms twice,
+                                # compile-cells),
                                 # profile_engine_timeline (224 and 480x640 frames), benchmark_wide_gemms,
                                 # benchmark_policy_predict (load, host), benchmark_text_buckets (buckets),
                                 # benchmark_denoise_layer (layer: phases, A/B), tune_engine (tune)
