@@ -240,6 +240,13 @@ def compile_reference(ref: ReferenceExecutor, mode: str, scope: str, backend: st
     return sample
 
 
+def inductor_cache_counts() -> dict:
+    """This process's counts of inductor's cache lookups (fxgraph_cache_hit / _miss / _bypass and the like): whether
+    a compile child reused the graphs an earlier cell compiled on the machine (inductor's on-disk cache)."""
+    from torch._dynamo.utils import counters
+    return {key: n for key, n in sorted(counters["inductor"].items()) if "cache" in key}
+
+
 def compile_child(args) -> None:
     """Runs in a subprocess (killed by the parent at its time limit): reference under torch.compile."""
     torch._logging.set_logs(dynamo=logging.INFO)         # progress on stderr: the parent keeps its tail
@@ -255,7 +262,7 @@ def compile_child(args) -> None:
     reference_predict(ref, obs, compiled)
     first = time.perf_counter() - t0
     log.info("compiled (%s, scope %s): first call %.1f s", args.compile_mode, args.compile_scope, first)
-    result = {"first_call_s": first, "compile_scope": args.compile_scope}
+    result = {"first_call_s": first, "compile_scope": args.compile_scope, "inductor_cache": inductor_cache_counts()}
     Path(args.child_out).write_text(json.dumps(result))
     result["predict_ms"] = wall_times(lambda: reference_predict(ref, obs, compiled), 3, args.compile_calls)
     Path(args.child_out).write_text(json.dumps(result))
@@ -268,10 +275,13 @@ def compile_variant(args) -> str:
 
 def compile_cells(args) -> list[tuple[str, int, int]]:
     """The (config, views, horizon) cells the compiled reference is timed at: pi0.5 at 2 views and horizon 10 (the
-    targets' cell), or with --compile-grid every cell of the run (--configs x --views x --horizons)."""
+    targets' cell), or with --compile-grid every cell of the run (--configs x --views x --horizons), the horizons
+    of a view count one after the other: their vision tower and prefix have the same shapes, so the later cell
+    can take those graphs from inductor's on-disk cache (run 49's compilation: ~150 of its 187 s were the vision
+    tower's and the prefix's layers, ~35 s the expert's)."""
     if not args.compile_grid:
         return [("pi05", 2, 10)]
-    return [(name, views, horizon) for name in args.configs for horizon in args.horizons for views in args.views]
+    return [(name, views, horizon) for name in args.configs for views in args.views for horizon in args.horizons]
 
 
 def run_compile_cells(args, res: Results, t_start: float) -> None:
@@ -507,6 +517,21 @@ def speedup_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def compile_times(rows: list[dict]) -> list[str]:
+    """A line per compiled-reference row that reached its first call: how long that call took (the compilation of
+    its regions) and inductor's cache lookups in its child (rows written before session 21 have none)."""
+    out = []
+    for r in rows:
+        if r["variant"].startswith("reference_compile") and "first_call_s" in r:
+            caches = r.get("inductor_cache")
+            out.append(f"- {MODEL_NAMES.get(r['config'], r['config'])}, {r['views']} view{'s' * (r['views'] != 1)}, "
+                       f"horizon {r['horizon']}: "
+                       f"{r['first_call_s']:.1f} s"
+                       + ("" if caches is None else "; inductor's caches: " + (
+                           ", ".join(f"{key} {n}" for key, n in caches.items()) or "no lookups")))
+    return out
+
+
 def error_line(text: str) -> str:
     """The line of a traceback that names the exception (else its last line), shortened for a table cell."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
@@ -590,6 +615,9 @@ def write_markdown(res: Results, path: Path) -> None:
     speedups = speedup_table(d["rows"])
     if speedups:
         lines += ["", "## Speed-up per cell: the engine's predict() median against the references'", ""] + speedups
+    compiled = compile_times(d["rows"])
+    if compiled:
+        lines += ["", "## The compiled reference's first call (its compilation), per cell", ""] + compiled
     lines += ["", "## Targets (issue 4: pi0.5, 2 views, 10 steps, horizon 10)", ""] + targets(d["rows"], d["gates"])
     if d["errors"]:
         lines += ["", "## Errors", ""]

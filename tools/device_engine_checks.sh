@@ -19,7 +19,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh tune         # tune_engine.py: best of 3 loads stored, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh attention-forms        # the step attention's forms: test, A/B, ~7 min
 #   OUT=/path bash tools/device_engine_checks.sh attention-forms-gates  # their two gates, ~4 min
-#   OUT=/path bash tools/device_engine_checks.sh compile-cells  # the compiled reference at 2 more cells, ~8 min
+#   OUT=/path bash tools/device_engine_checks.sh compile-cells  # the compiled reference at 2 more cells, ~6-9 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
 # The times were measured in sessions 12-13 (all but gemms and fp8-scopes) or estimated: the
@@ -87,9 +87,11 @@
 #   and `[pi0-bf16+decoder_attention_tuning]` (pytest_attention_forms_gates.log).
 # compile-cells: torch.compile(mode="max-autotune") of the reference path, layer by layer, at the cells of the grid
 #   that have no compiled row yet (runs 43 and 49 timed it at the two 2-view horizon-10 cells only), beside an eager
-#   row per cell in the same run, no engines (--references-only --compile-grid): the cells are
-#   $COMPILE_CONFIGS x $COMPILE_VIEWS x $COMPILE_HORIZONS (default pi05 x "1 3" x 10; ~3.5 min per cell, two cells
-#   per call), each within 300 s and what is left of the call's 540 s (engine_compile_cells_*.json/.md,
+#   row per cell in the same run, no engines (--references-only --compile-grid). The cells are $COMPILE_CONFIGS x
+#   $COMPILE_VIEWS x $COMPILE_HORIZONS (default pi05 x 1 x "10 50"), a view count's horizons in turn: the second
+#   can take the vision tower's and the prefix's graphs from inductor's disk cache (~150 of run 49's 187 s of
+#   compilation), so two cells should fit a call (estimated). Each cell runs within 300 s and what is left of the
+#   call's 540 s (engine_compile_cells_*.json/.md with each cell's compilation time and cache lookups,
 #   compile_cells.log, one compile_<cell>_layers.log per cell). Session 21 ran the part this replaced, `references`
 #   (pi0's eager rows at 1 / 3 views, then its compiled reference at 2 views: runs 48-49).
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
@@ -268,7 +270,7 @@ fi
 
 if [ "$PART" = compile-cells ]; then   # not in "all": the compiled reference (and an eager row) per cell
   timeout 560 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" \
-    --configs ${COMPILE_CONFIGS:-pi05} --views ${COMPILE_VIEWS:-1 3} --horizons ${COMPILE_HORIZONS:-10} \
+    --configs ${COMPILE_CONFIGS:-pi05} --views ${COMPILE_VIEWS:-1} --horizons ${COMPILE_HORIZONS:-10 50} \
     --references-only --reference-calls 2 --no-gate --compile --compile-grid --compile-timeout 300 --deadline-s 540 \
     --out-dir "$OUT" --tag compile_cells > "$OUT/compile_cells.log" 2>&1
   echo "benchmark_engine rc=$?" >> "$OUT/compile_cells.log"
@@ -308,7 +310,8 @@ fi
     grep -hE '^\| pi05' "$OUT"/engine_attention_forms*.md 2>/dev/null || tail -n 5 "$OUT/attention_forms.log"
     grep -h "attention form\|decoder GEMMs in the denoiser" "$OUT"/attention_forms*.log | tail -n 6; }
   [ -f "$OUT/compile_cells.log" ] && { echo "== reference rows per cell (eager, compiled)"
-    grep -hE '^\| pi05? \| reference' "$OUT"/engine_compile_cells*.md 2>/dev/null; grep -h 'rc=' "$OUT/compile_cells.log"; }
+    grep -hE '^\| pi05? \| reference|^- pi0.*: [0-9.]+ s' "$OUT"/engine_compile_cells*.md 2>/dev/null
+    grep -h 'rc=' "$OUT/compile_cells.log"; }
   [ -f "$OUT/h50.log" ] && { echo "== horizon 50, A/B of smem_gemm_rows and fused_denoise_step_pi0"; grep -hE '^\| pi05? \|' "$OUT"/engine_h50_*.md \
     2>/dev/null || tail -n 5 "$OUT/h50.log"; }
   true   # the summary's exit status is not the checks': a part's absent log is not a failure (each log has its rc)

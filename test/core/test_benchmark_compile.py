@@ -93,7 +93,49 @@ def test_compile_cells_are_the_targets_cell_or_every_cell_of_the_run(tmp_path):
     from tools.benchmark_engine import compile_cells
     assert compile_cells(_compile_args(tmp_path)) == [("pi05", 2, 10)]
     grid = compile_cells(_compile_args(tmp_path, compile_grid=True, configs=["pi0"], views=[1, 3]))
-    assert grid == [("pi0", 1, 10), ("pi0", 3, 10), ("pi0", 1, 50), ("pi0", 3, 50)]
+    assert grid == [("pi0", 1, 10), ("pi0", 1, 50), ("pi0", 3, 10), ("pi0", 3, 50)]   # a view count's horizons in turn
+
+
+def test_a_later_process_takes_a_compiled_graph_from_inductors_disk_cache(tmp_path):
+    """What compile_cells' order counts on: a compile child compiling a graph of the shapes an earlier child
+    compiled on the machine takes it from inductor's on-disk cache, though its weights differ (they are the graph's
+    inputs, not its constants); inductor_cache_counts says so in the child's row."""
+    import ast
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import torch\n"
+            "from tools.benchmark_engine import inductor_cache_counts\n"
+            "layer = torch.compile(torch.nn.Linear(16, 16))\n"
+            "with torch.no_grad():\n"
+            "    layer(torch.randn(4, 16))\n"
+            "print(inductor_cache_counts())\n")
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    repo = Path(__file__).resolve().parents[2]
+    counts = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        counts.append(ast.literal_eval(proc.stdout.strip().splitlines()[-1]))
+    first, second = counts
+    assert first.get("fxgraph_cache_miss") == 1 and not first.get("fxgraph_cache_hit"), first
+    assert second.get("fxgraph_cache_hit") == 1 and not second.get("fxgraph_cache_miss"), second
+
+
+def test_compile_times_name_each_cells_compilation_and_its_cache_lookups():
+    from tools.benchmark_engine import compile_times
+    rows = [{"config": "pi05", "variant": "reference_compile_max-autotune_layers", "views": 1, "horizon": 50,
+             "first_call_s": 61.24, "inductor_cache": {"fxgraph_cache_hit": 4, "fxgraph_cache_miss": 2}},
+            {"config": "pi0", "variant": "reference_compile_max-autotune_layers", "views": 2, "horizon": 10,
+             "first_call_s": 186.9},                                          # a row from before session 21
+            {"config": "pi0", "variant": "reference_compile_max-autotune_layers", "views": 3, "horizon": 10,
+             "did_not_finish_s": 300},
+            {"config": "pi0", "variant": "engine_bf16", "views": 2, "horizon": 10, "first_call_s": 0.5}]
+    assert compile_times(rows) == [
+        "- pi0.5, 1 view, horizon 50: 61.2 s; inductor's caches: fxgraph_cache_hit 4, fxgraph_cache_miss 2",
+        "- pi0, 2 views, horizon 10: 186.9 s"]
 
 
 def test_cells_past_the_deadline_get_a_row_that_says_so_and_no_child(tmp_path):
