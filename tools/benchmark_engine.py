@@ -525,8 +525,7 @@ def compile_times(rows: list[dict]) -> list[str]:
         if r["variant"].startswith("reference_compile") and "first_call_s" in r:
             caches = r.get("inductor_cache")
             out.append(f"- {MODEL_NAMES.get(r['config'], r['config'])}, {r['views']} view{'s' * (r['views'] != 1)}, "
-                       f"horizon {r['horizon']}: "
-                       f"{r['first_call_s']:.1f} s"
+                       f"horizon {r['horizon']}: {r['first_call_s']:.1f} s"
                        + ("" if caches is None else "; inductor's caches: " + (
                            ", ".join(f"{key} {n}" for key, n in caches.items()) or "no lookups")))
     return out

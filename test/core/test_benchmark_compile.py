@@ -9,6 +9,12 @@ layers of that kind.
 
 from __future__ import annotations
 
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
@@ -100,11 +106,6 @@ def test_a_later_process_takes_a_compiled_graph_from_inductors_disk_cache(tmp_pa
     """What compile_cells' order counts on: a compile child compiling a graph of the shapes an earlier child
     compiled on the machine takes it from inductor's on-disk cache, though its weights differ (they are the graph's
     inputs, not its constants); inductor_cache_counts says so in the child's row."""
-    import ast
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
     code = ("import torch\n"
             "from tools.benchmark_engine import inductor_cache_counts\n"
             "layer = torch.compile(torch.nn.Linear(16, 16))\n"
