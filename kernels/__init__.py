@@ -34,6 +34,7 @@ from .residual_norm import residual_norm, residual_norm_reference
 from .skinny_gemm import skinny_gemm, skinny_gemm_reference
 from .smem_gemm import (HAVE_GLUON, SMEM_GEMM_MAX_ROWS, SMEM_GEMM_NORM_MAX_ROWS, NormIn, NormOut, smem_gemm,
                         smem_gemm_norm_in_reference, smem_gemm_norm_out_reference, smem_gemm_supported)
+from .smem_mlp import MlpScratch, smem_mlp, smem_mlp_reference, smem_mlp_supported
 
 __all__ = [
     "EARLY_TRIGGER", "HAVE_TRITON", "INTERPRETED",
@@ -55,4 +56,5 @@ __all__ = [
     "skinny_gemm", "skinny_gemm_reference",
     "HAVE_GLUON", "SMEM_GEMM_MAX_ROWS", "SMEM_GEMM_NORM_MAX_ROWS", "NormIn", "NormOut", "smem_gemm",
     "smem_gemm_norm_in_reference", "smem_gemm_norm_out_reference", "smem_gemm_supported",
+    "MlpScratch", "smem_mlp", "smem_mlp_reference", "smem_mlp_supported",
 ]

@@ -9,12 +9,13 @@ from __future__ import annotations
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     HAVE_GLUON = True
 except ImportError:      # Triton without Gluon (or none at all)
     HAVE_GLUON = False
-    gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = None
+    gluon = gl = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = None
 
 if HAVE_GLUON:
     @gluon.jit
@@ -25,5 +26,5 @@ if HAVE_GLUON:
 else:
     griddep = None
 
-__all__ = ["HAVE_GLUON", "TensorDescriptor", "gl", "gluon", "griddep", "mbarrier", "tma", "warpgroup_mma",
-           "warpgroup_mma_wait"]
+__all__ = ["HAVE_GLUON", "TensorDescriptor", "fence_async_shared", "gl", "gluon", "griddep", "mbarrier", "tma",
+           "warpgroup_mma", "warpgroup_mma_wait"]

@@ -213,6 +213,32 @@ if HAVE_GLUON:
         return g / (1.0 + gl.exp(-KGELU * (g + 0.044715 * g * g * g))) * u
 
     @gluon.jit
+    def _x_ring_products(w_smem, x_smem, x_desc, bars, X_BAR: gl.constexpr, k0, NK: gl.constexpr,
+                         X_STAGES: gl.constexpr, XR: gl.constexpr):
+        """The products of a weight slice already on its way to w_smem (NK 64 x 64 boxes, on mbarrier bars[0]) with
+        x streamed through a ring of X_STAGES boxes of XR rows (mbarriers bars[X_BAR:]) from column k0, each box
+        multiplied on wgmma as it lands (the weight rows its 64-row M side, the x rows its N side): the (64, XR)
+        fp32 accumulator, every product done. Used after the PDL wait by _smem_gemm_rows_kernel and
+        kernels/smem_mlp.py."""
+        for j in gl.static_range(X_STAGES):                        # the ring's first X_STAGES boxes
+            mbarrier.expect(bars.index(X_BAR + j), XR * 64 * 2)
+            tma.async_copy_global_to_shared(x_desc, [0, k0 + j * 64], bars.index(X_BAR + j), x_smem.index(j))
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, XR, 16])
+        acc = gl.zeros((64, XR), dtype=gl.float32, layout=acc_layout)        # (weight rows, x rows) = y^T
+        mbarrier.wait(bars.index(0), phase=0)
+        for i in gl.static_range(NK):
+            # box i sits in stage i % X_STAGES, its (i // X_STAGES)-th fill
+            mbarrier.wait(bars.index(X_BAR + i % X_STAGES), phase=(i // X_STAGES) & 1)
+            acc = warpgroup_mma(w_smem.index(i), x_smem.index(i % X_STAGES).permute((1, 0)), acc, is_async=True)
+            if i + X_STAGES < NK:              # this stage's next box: only after the product that reads it
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                mbarrier.expect(bars.index(X_BAR + i % X_STAGES), XR * 64 * 2)
+                tma.async_copy_global_to_shared(x_desc, [0, k0 + (i + X_STAGES) * 64],
+                                                bars.index(X_BAR + i % X_STAGES), x_smem.index(i % X_STAGES))
+        return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+    @gluon.jit
     def _smem_gemm_kernel(w_desc, x_desc, y_ptr, M, F, stride_y, split_stride,
                           res_ptr, gate_ptr, scale_ptr, xs_ptr, sq_ptr, cnt_ptr, bias_ptr, eps,
                           K_PER_SPLIT: gl.constexpr, GEGLU: gl.constexpr, SPLIT_K: gl.constexpr,
@@ -308,23 +334,7 @@ if HAVE_GLUON:
         for i in gl.static_range(X_STAGES + 1):
             mbarrier.init(bars.index(i), count=1)
         _weight_slice_then_wait(w_desc, w_smem, bars.index(0), n0, k0, F, NK, GEGLU, PDL)
-        for j in gl.static_range(X_STAGES):                        # the ring's first X_STAGES boxes
-            mbarrier.expect(bars.index(1 + j), XR * 64 * 2)
-            tma.async_copy_global_to_shared(x_desc, [0, k0 + j * 64], bars.index(1 + j), x_smem.index(j))
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                             instr_shape=[16, XR, 16])
-        acc = gl.zeros((64, XR), dtype=gl.float32, layout=acc_layout)        # (weight rows, x rows) = y^T
-        mbarrier.wait(bars.index(0), phase=0)
-        for i in gl.static_range(NK):
-            # box i sits in stage i % X_STAGES, its (i // X_STAGES)-th fill
-            mbarrier.wait(bars.index(1 + i % X_STAGES), phase=(i // X_STAGES) & 1)
-            acc = warpgroup_mma(w_smem.index(i), x_smem.index(i % X_STAGES).permute((1, 0)), acc, is_async=True)
-            if i + X_STAGES < NK:              # this stage's next box: only after the product that reads it
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                mbarrier.expect(bars.index(1 + i % X_STAGES), XR * 64 * 2)
-                tma.async_copy_global_to_shared(x_desc, [0, k0 + (i + X_STAGES) * 64], bars.index(1 + i % X_STAGES),
-                                                x_smem.index(i % X_STAGES))
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = _x_ring_products(w_smem, x_smem, x_desc, bars, 1, k0, NK, X_STAGES, XR)
         for i in gl.static_range(X_STAGES + 1):
             mbarrier.invalidate(bars.index(i))
         out_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[32, 1],

@@ -20,6 +20,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh attention-forms        # the step attention's forms: test, A/B, ~7 min
 #   OUT=/path bash tools/device_engine_checks.sh attention-forms-gates  # their two gates, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh compile-cells  # the compiled reference at 2 more cells, ~6-9 min
+#   OUT=/path bash tools/device_engine_checks.sh mlp          # the expert MLP in one launch: tests, timing, ~2 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
 # The times were measured in sessions 12-13 (all but gemms and fp8-scopes) or estimated: the
@@ -94,6 +95,10 @@
 #   call's 540 s (engine_compile_cells_*.json/.md with each cell's compilation time and cache lookups,
 #   compile_cells.log, one compile_<cell>_layers.log per cell). Session 21 ran the part this replaced, `references`
 #   (pi0's eager rows at 1 / 3 views, then its compiled reference at 2 views: runs 48-49).
+# mlp: kernels/smem_mlp.py (the expert MLP in one launch: both GEMMs' weights in shared memory before the PDL wait,
+#   one grid barrier; written without a GPU in session 21, a candidate off the engine's path): its two kernel tests
+#   (pytest_mlp_kernel.log), then, if both passed, tools/benchmark_smem_mlp.py: 180 MLPs per graph against the
+#   chain's gate/up + down in every down form the tuning weighs, 10 and 16 rows (smem_mlp.json, smem_mlp.log).
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
 #   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
@@ -103,7 +108,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-test_output/device_engine_checks}"
 PART="${1:-all}"
 PARTS="all kernels engine-new engine-rest engine-gates engine-gates-forced bench gemms fp8-scopes load buckets host layer
-  layer-gates h50 overlap tune attention-forms attention-forms-gates compile-cells"
+  layer-gates h50 overlap tune attention-forms attention-forms-gates compile-cells mlp"
 case " $(echo $PARTS) " in
   *" $PART "*) ;;
   *) echo "device_engine_checks.sh: no part named '$PART'; the parts: $(echo $PARTS)" >&2; exit 2;;
@@ -276,6 +281,16 @@ if [ "$PART" = compile-cells ]; then   # not in "all": the compiled reference (a
   echo "benchmark_engine rc=$?" >> "$OUT/compile_cells.log"
 fi
 
+if [ "$PART" = mlp ]; then            # not in "all": the expert MLP in one launch (a candidate)
+  # a grid barrier that never completes gives up after 2^20 polls: the time limit bounds a hang
+  timeout 180 "$PY" -m pytest -v test/gpu/test_kernels.py -k smem_mlp > "$OUT/pytest_mlp_kernel.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_mlp_kernel.log"
+  if grep -q "2 passed" "$OUT/pytest_mlp_kernel.log"; then
+    timeout 240 "$PY" tools/benchmark_smem_mlp.py --out "$OUT/smem_mlp.json" > "$OUT/smem_mlp.log" 2>&1
+    echo "benchmark_smem_mlp rc=$?" >> "$OUT/smem_mlp.log"
+  fi
+fi
+
 if [ "$PART" = fp8-scopes ]; then
   timeout 480 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --fp8-scalings "" "@all" "@backbone" --gate-observations 2 \
@@ -286,7 +301,7 @@ fi
 {
   for log in pytest_kernels pytest_engine_new pytest_engine_rest pytest_engine_gates pytest_engine_gates_forced \
       pytest_rows_kernel pytest_layer_kernel pytest_layer_gates pytest_attention_forms_kernel \
-      pytest_attention_forms_gates; do
+      pytest_attention_forms_gates pytest_mlp_kernel; do
     [ -f "$OUT/$log.log" ] && { echo "== $log"; grep -E "FAILED|ERROR|passed|failed|rc=" "$OUT/$log.log" | tail -n 20; }
   done
   if [ -f "$OUT/engine.log" ]; then
@@ -309,6 +324,8 @@ fi
   [ -f "$OUT/attention_forms.log" ] && { echo "== the step attention's forms tuned (decoder_attention_tuning)"
     grep -hE '^\| pi05' "$OUT"/engine_attention_forms*.md 2>/dev/null || tail -n 5 "$OUT/attention_forms.log"
     grep -h "attention form\|decoder GEMMs in the denoiser" "$OUT"/attention_forms*.log | tail -n 6; }
+  [ -f "$OUT/smem_mlp.log" ] && { echo "== the expert MLP in one launch against the chain"
+    grep -E "^\| [0-9]|rc=" "$OUT/smem_mlp.log"; }
   [ -f "$OUT/compile_cells.log" ] && { echo "== reference rows per cell (eager, compiled)"
     grep -hE '^\| pi05? \| reference|^- pi0.*: [0-9.]+ s' "$OUT"/engine_compile_cells*.md 2>/dev/null
     grep -h 'rc=' "$OUT/compile_cells.log"; }

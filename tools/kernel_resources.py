@@ -18,7 +18,7 @@ configuration compiles to the same instructions.
 The configurations are the engine's own: the attention plans of pi0.5 and pi0 denoising steps (1-3 views,
 horizons 10 and 50) and the prefix, every decoder GEMM candidate the load-time tuning may pick (the Triton
 skinny GEMMs, and the Gluon shared-memory GEMMs of kernels/smem_gemm.py), the QKV RoPE kernels, the denoising
-step's ends, the prefix attention on wgmma and the persistent expert layer.
+step's ends, the prefix attention on wgmma, the persistent expert layer and the expert MLP in one launch.
 """
 
 from __future__ import annotations
@@ -382,9 +382,34 @@ def prefix_attention_configs() -> list[KernelConfig]:
             + [config(block_n, splits, False, 1) for block_n, splits in ((32, 1), (32, 2), (64, 2))])
 
 
+def smem_mlp_configs() -> list[KernelConfig]:
+    """kernels/smem_mlp.py (the expert MLP in one launch, a candidate) at the expert's W 1024, F 4096 (128
+    programs), with the TMA descriptors its launcher builds, in each launch mode, fp32 and bf16 out; empty where
+    Triton has no Gluon."""
+    mlp = _kernels_module("smem_mlp")
+    if not mlp.HAVE_GLUON:
+        return []
+    from triton.experimental.gluon import language as gl
+    layout = lambda rows, cols: gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)  # noqa: E731
+    W, F, xr, box = EXPERT_K["gate_up"], EXPERT_N["gate_up"] // 2, mlp.X_ROWS, mlp.BOX_K
+    out = []
+    for pdl in (0, 1, 2):
+        for y in ("*fp32", "*bf16"):
+            signature = {"wgu_desc": f"tensordesc<bf16[{mlp.ACT_COLS}, {box}],{layout(mlp.ACT_COLS, box)!r}>",
+                         "wd_desc": f"tensordesc<bf16[{mlp.DOWN_ROWS}, {mlp.ACT_COLS}],"
+                                    f"{layout(mlp.DOWN_ROWS, mlp.ACT_COLS)!r}>",
+                         "x_desc": f"tensordesc<bf16[{xr}, {box}],{layout(xr, box)!r}>", "part_ptr": "*fp32",
+                         "y_ptr": y, "bar_ptr": "*i32", "err_ptr": "*i32", "M": "i32", "F": "i32"}
+            out.append(KernelConfig(f"smem MLP (W {W}, F {F}, PDL {pdl}, {y[1:]} out)", mlp._smem_mlp_kernel,
+                                    signature, {"W": W, "P": mlp.smem_mlp_programs(F), "KGELU": mlp._K_GELU,
+                                                "PDL": pdl, "XS": mlp.X_STAGES, "PB": mlp.PART_BLOCK,
+                                                "SPINS": mlp.MAX_SPINS}, 4, 1, ("F",)))
+    return out
+
+
 def all_configs() -> list[KernelConfig]:
     return (attention_configs() + skinny_configs() + smem_configs() + rope_configs() + denoise_step_configs()
-            + prefix_attention_configs() + denoise_layer_configs())
+            + prefix_attention_configs() + denoise_layer_configs() + smem_mlp_configs())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -83,6 +83,35 @@ def test_smem_gemm_candidates_compile_without_spills_and_fit_shared_memory():
         assert before == boxes * (2 if cfg.constexprs["GEGLU"] else 1) and after == boxes, (cfg.name, before, after)
 
 
+def test_smem_mlp_compiles_without_spills_and_stages_its_weights_before_the_wait():
+    """kernels/smem_mlp.py (a candidate, written without a GPU): every launch mode compiles for sm90 with no spill,
+    its shared memory is at most what smem_mlp_shared_bytes plans (inside one SM's), and the PTX has what the kernel is
+    for: the 16 gate/up boxes (two TMA copies each: gate and up rows) and the 16 down boxes issued before the PDL
+    wait, only x's boxes after it; 16 x 4 gate/up and 16 x 2 down wgmma steps; the grid barrier's gpu-scope
+    arrival (acq_rel), release and acquire polls; the partials read back from L2 (.cg)."""
+    from kernels.smem_mlp import smem_mlp_shared_bytes
+    from tools.kernel_resources import compile_sm90, resources, smem_mlp_configs
+    configs = smem_mlp_configs()
+    if not configs:
+        pytest.skip("Triton has no Gluon here")
+    for cfg in configs:
+        compiled = compile_sm90(cfg)
+        r = resources(compiled)
+        W = cfg.constexprs["W"]
+        assert r["stack_bytes"] == 0 and r["shared_bytes"] <= smem_mlp_shared_bytes(W) <= 227 * 1024, (cfg.name, r)
+        ptx = compiled.asm["ptx"]
+        wait = ptx.find("griddepcontrol.wait") if cfg.constexprs["PDL"] else 0     # no PDL: no wait
+        before, after = ptx[:wait].count("cp.async.bulk.tensor"), ptx[wait:].count("cp.async.bulk.tensor")
+        weights = 2 * W // 64 + W // 64
+        assert (before, after) == ((weights, W // 64) if cfg.constexprs["PDL"] else (0, weights + W // 64)), \
+            (cfg.name, before, after)
+        assert ptx.count("wgmma.mma_async") == (W // 64) * 4 + (W // 64) * 2, cfg.name
+        assert ptx.count("griddepcontrol.launch_dependents") == (1 if cfg.constexprs["PDL"] else 0), cfg.name
+        for op in ("atom.global.gpu.acq_rel.add", "atom.global.gpu.release.add", "ld.global.gpu.acquire",
+                   "fence.proxy.async.shared::cta", "ld.global.cg"):
+            assert op in ptx, (cfg.name, op)
+
+
 def test_every_skinny_candidate_fits_shared_memory_at_the_largest_rows_it_serves():
     """A candidate that overflows an SM's shared memory at the row tile it is offered for fails at launch
     (OutOfResources): at horizon 50 (51-row tiles of 64) two deep gate/up candidates need 256 KB, so they serve

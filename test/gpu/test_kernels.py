@@ -728,6 +728,88 @@ def test_smem_gemm_norm_in_every_engine_config(kind, n, k):
             K.smem_gemm(xs, w, geglu, 2, norm_in=norm)      # split-K partials would each add the bias
 
 
+SMEM_MLP_SKIP = pytest.mark.skipif(INTERPRET or not torch.cuda.is_available()
+                                   or torch.cuda.get_device_capability()[0] != 9 or not K.HAVE_GLUON,
+                                   reason="kernels/smem_mlp.py needs Gluon on a Hopper (sm90) GPU")
+EXPERT_W, EXPERT_F = 1024, 4096          # pi0 / pi0.5 action expert: width, MLP width
+
+
+def _expert_mlp(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    w_gate_up = (torch.randn(2 * EXPERT_F, EXPERT_W, device=DEVICE, generator=g) * EXPERT_W ** -0.5)
+    w_down = (torch.randn(EXPERT_W, EXPERT_F, device=DEVICE, generator=g) * EXPERT_F ** -0.5)
+    return w_gate_up.to(torch.bfloat16), w_down.to(torch.bfloat16)
+
+
+@SMEM_MLP_SKIP
+def test_smem_mlp_matches_the_reference_on_1_to_16_rows():
+    """kernels/smem_mlp.py against smem_mlp_reference at the expert's shapes (128 programs), on 1-16 rows (TMA
+    zero-fills the rest of the 16-row tile), in every launch mode and both output dtypes; two launches give the same
+    bits (the partials are summed in program order) and no grid barrier gives up."""
+    w_gate_up, w_down = _expert_mlp(11)
+    g = torch.Generator(device=DEVICE).manual_seed(12)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for rows in sorted({1, *[r for r in DECODER_ROWS if r <= 16], 11, 16}):
+        assert K.smem_mlp_supported(rows, EXPERT_W, EXPERT_F, sms)
+        x = torch.randn(rows, EXPERT_W, device=DEVICE, generator=g).to(torch.bfloat16)
+        want = K.smem_mlp_reference(x, w_gate_up, w_down)
+        scratch = K.MlpScratch.allocate(rows, EXPERT_W, EXPERT_F, DEVICE)
+        for pdl in (False, True, K.EARLY_TRIGGER):
+            for dtype in (torch.float32, torch.bfloat16):
+                out = _poison(torch.empty(rows, EXPERT_W, device=DEVICE, dtype=dtype))
+                got = K.smem_mlp(x, w_gate_up, w_down, pdl=pdl, out=out, scratch=scratch)
+                assert not torch.isnan(got).any(), "kernel left NaN-poisoned elements unwritten"
+                err = (got.float() - want).norm() / want.norm()
+                assert err < SKINNY_REL_L2, f"rows {rows} pdl={pdl} {dtype}: rel L2 error {err:.2e}"
+                again = K.smem_mlp(x, w_gate_up, w_down, pdl=pdl, out=torch.empty_like(out), scratch=scratch)
+                assert torch.equal(again, got), f"rows {rows} pdl={pdl} {dtype}: a second launch changed bits"
+        torch.cuda.synchronize()
+        assert scratch.errors.item() == 0, "a grid barrier gave up"
+    with pytest.raises(ValueError, match="M<=16"):
+        K.smem_mlp(torch.zeros(17, EXPERT_W, device=DEVICE, dtype=torch.bfloat16), w_gate_up, w_down)
+
+
+@SMEM_MLP_SKIP
+def test_smem_mlp_chain_in_a_cuda_graph_replays_the_eager_chain():
+    """Three MLPs of different weights back to back with PDL and one scratch, as a denoising step would chain
+    them (each one's output the next one's input), captured in a CUDA graph: each replay gives the eager chain's
+    bits, so the grid barrier's count and generation carry over from launch to launch and replay to replay."""
+    layers = [_expert_mlp(20 + i) for i in range(3)]
+    rows = DECODER_ROWS[0]
+    x0 = torch.randn(rows, EXPERT_W, device=DEVICE, generator=torch.Generator(device=DEVICE).manual_seed(5))
+    x0 = x0.to(torch.bfloat16)
+    scratch = K.MlpScratch.allocate(rows, EXPERT_W, EXPERT_F, DEVICE)
+    outs = [torch.empty(rows, EXPERT_W, device=DEVICE, dtype=torch.bfloat16) for _ in layers]
+
+    def chain():
+        x = x0
+        for (w_gate_up, w_down), out in zip(layers, outs):
+            x = K.smem_mlp(x, w_gate_up, w_down, pdl=True, out=out, scratch=scratch)
+
+    chain()
+    eager = [o.clone() for o in outs]
+    want = x0
+    for w_gate_up, w_down in layers:
+        want = K.smem_mlp_reference(want, w_gate_up, w_down).to(torch.bfloat16)
+    err = (eager[-1].float() - want.float()).norm() / want.float().norm()
+    assert err < 3 * SKINNY_REL_L2, f"the chain's rel L2 error {err:.2e}"
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain()                                          # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for _ in range(3):
+        for o in outs:
+            _poison(o)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(o, e) for o, e in zip(outs, eager)), "a replay changed bits"
+    assert scratch.errors.item() == 0, "a grid barrier gave up"
+
+
 def _assert_prefetch_changes_no_bit(kind: str, n: int, k: int, variants: list[tuple[dict, str]], seed: int) -> None:
     """Every engine configuration of one expert GEMM, with and without PDL: the product with each prefetch variant
     (skinny_gemm keyword arguments) is bitwise the product without."""
