@@ -20,7 +20,8 @@
 #   OUT=/path bash tools/device_engine_checks.sh attention-forms        # the step attention's forms: test, A/B, ~7 min
 #   OUT=/path bash tools/device_engine_checks.sh attention-forms-gates  # their two gates, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh compile-cells  # the compiled reference at 2 more cells, ~6-9 min
-#   OUT=/path bash tools/device_engine_checks.sh mlp          # the expert MLP in one launch: tests, timing, ~2 min
+#   OUT=/path bash tools/device_engine_checks.sh mlp          # the expert MLP in one launch: tests, timing, ~5 min
+#   OUT=/path bash tools/device_engine_checks.sh mlp-gates    # its two gates (fused_mlp), ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
 # The times were measured in sessions 12-13 (all but gemms and fp8-scopes) or estimated: the
@@ -98,7 +99,10 @@
 # mlp: kernels/smem_mlp.py (the expert MLP in one launch: both GEMMs' weights in shared memory before the PDL wait,
 #   one grid barrier; written without a GPU in session 21, a candidate off the engine's path): its two kernel tests
 #   (pytest_mlp_kernel.log), then, if both passed, tools/benchmark_smem_mlp.py: 180 MLPs per graph against the
-#   chain's gate/up + down in every down form the tuning weighs, 10 and 16 rows (smem_mlp.json, smem_mlp.log).
+#   chain's gate/up + down in every down form the tuning weighs, 10 and 16 rows (smem_mlp.json, smem_mlp.log), and
+#   pi0.5 2 views h10, bf16 and FP8, with it in the engine (EngineOptions.fused_mlp) and without
+#   (engine_fused_mlp_*, fused_mlp.log); mlp-gates: `[pi05-bf16+fused_mlp]`, `[pi05-fp8+fused_mlp]`
+#   (pytest_mlp_gates.log).
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
 #   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
@@ -108,7 +112,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-test_output/device_engine_checks}"
 PART="${1:-all}"
 PARTS="all kernels engine-new engine-rest engine-gates engine-gates-forced bench gemms fp8-scopes load buckets host layer
-  layer-gates h50 overlap tune attention-forms attention-forms-gates compile-cells mlp"
+  layer-gates h50 overlap tune attention-forms attention-forms-gates compile-cells mlp mlp-gates"
 case " $(echo $PARTS) " in
   *" $PART "*) ;;
   *) echo "device_engine_checks.sh: no part named '$PART'; the parts: $(echo $PARTS)" >&2; exit 2;;
@@ -140,7 +144,7 @@ fi
 
 if [ "$PART" = engine-gates ] || [ "$PART" = all ]; then
   timeout 520 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
-    -k "accuracy_gate and not (smem_gemm or split_k_qkv or prefix_attention_wgmma or prefix_attention_split or denoise_layer or fp8_fast_accum or fp8_decoder_weights or decoder_attention_tuning)" \
+    -k "accuracy_gate and not (smem_gemm or split_k_qkv or prefix_attention_wgmma or prefix_attention_split or denoise_layer or fp8_fast_accum or fp8_decoder_weights or decoder_attention_tuning or fused_mlp)" \
     > "$OUT/pytest_engine_gates.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_gates.log"
 fi
@@ -288,7 +292,17 @@ if [ "$PART" = mlp ]; then            # not in "all": the expert MLP in one laun
   if grep -q "2 passed" "$OUT/pytest_mlp_kernel.log"; then
     timeout 240 "$PY" tools/benchmark_smem_mlp.py --out "$OUT/smem_mlp.json" > "$OUT/smem_mlp.log" 2>&1
     echo "benchmark_smem_mlp rc=$?" >> "$OUT/smem_mlp.log"
+    timeout 240 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
+      --horizons 10 --fp8-configs pi05 --ab-switches-on fused_mlp --reference-calls 2 --no-gate \
+      --out-dir "$OUT" --tag fused_mlp > "$OUT/fused_mlp.log" 2>&1
+    echo "benchmark_engine rc=$?" >> "$OUT/fused_mlp.log"
   fi
+fi
+
+if [ "$PART" = mlp-gates ]; then      # not in "all": its two gates, bf16 and FP8
+  timeout 400 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py -k "accuracy_gate and fused_mlp" \
+    > "$OUT/pytest_mlp_gates.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_mlp_gates.log"
 fi
 
 if [ "$PART" = fp8-scopes ]; then
@@ -301,7 +315,7 @@ fi
 {
   for log in pytest_kernels pytest_engine_new pytest_engine_rest pytest_engine_gates pytest_engine_gates_forced \
       pytest_rows_kernel pytest_layer_kernel pytest_layer_gates pytest_attention_forms_kernel \
-      pytest_attention_forms_gates pytest_mlp_kernel; do
+      pytest_attention_forms_gates pytest_mlp_kernel pytest_mlp_gates; do
     [ -f "$OUT/$log.log" ] && { echo "== $log"; grep -E "FAILED|ERROR|passed|failed|rc=" "$OUT/$log.log" | tail -n 20; }
   done
   if [ -f "$OUT/engine.log" ]; then
@@ -326,6 +340,8 @@ fi
     grep -h "attention form\|decoder GEMMs in the denoiser" "$OUT"/attention_forms*.log | tail -n 6; }
   [ -f "$OUT/smem_mlp.log" ] && { echo "== the expert MLP in one launch against the chain"
     grep -E "^\| [0-9]|rc=" "$OUT/smem_mlp.log"; }
+  [ -f "$OUT/fused_mlp.log" ] && { echo "== pi0.5 2 views h10 with the MLPs in one launch (fused_mlp) and without"
+    grep -hE '^\| pi05' "$OUT"/engine_fused_mlp*.md 2>/dev/null || tail -n 5 "$OUT/fused_mlp.log"; }
   [ -f "$OUT/compile_cells.log" ] && { echo "== reference rows per cell (eager, compiled)"
     grep -hE '^\| pi05? \| reference|^- pi0.*: [0-9.]+ s' "$OUT"/engine_compile_cells*.md 2>/dev/null
     grep -h 'rc=' "$OUT/compile_cells.log"; }

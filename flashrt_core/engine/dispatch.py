@@ -146,6 +146,7 @@ class Switch(str, enum.Enum):
     DENOISE_LAYER = "DENOISE_LAYER"      # kernels/denoise_layer.py: each pi0.5 expert layer in one launch (opt-in)
     OVERLAP_FIRST_STEP = "OVERLAP_FIRST_STEP"  # the first denoising step beside the prefix, two streams
     DECODER_ATTENTION_TUNING = "DECODER_ATTENTION_TUNING"  # the step attention's row / key blocks timed (opt-in)
+    FUSED_MLP = "FUSED_MLP"              # kernels/smem_mlp.py: each expert MLP in one launch (opt-in)
 
 
 # The token-buffer lengths the engine captures a graph for (max_token_len is always added): every 16 tokens up to
@@ -216,6 +217,8 @@ class EngineOptions:
                                              # block, Ops.decoder_attention_forms) and keeps the fastest
     denoise_layer: bool = False              # opt-in (measured slower, session 15): kernels/denoise_layer.py, each
                                              # pi0.5 expert layer one persistent launch (8 phases, grid barriers)
+    fused_mlp: bool = False                  # opt-in (not yet run on a GPU): kernels/smem_mlp.py, each expert
+                                             # MLP (gate/up, GeGLU, down) one launch where it serves the rows
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     tuning_cache: str = ""                   # a directory: the load-time tuning's picks kept there and reused
                                              # (engine/tuning_cache.py); "" = measure at every load
@@ -293,7 +296,8 @@ class EngineOptions:
                            ("FLASHRT_FP8_FAST_ACCUM", "fp8_fast_accum"),
                            ("FLASHRT_DENOISE_LAYER", "denoise_layer"),
                            ("FLASHRT_OVERLAP_FIRST_STEP", "overlap_first_step"),   # the default: 0 = off
-                           ("FLASHRT_DECODER_ATTENTION_TUNING", "decoder_attention_tuning")):
+                           ("FLASHRT_DECODER_ATTENTION_TUNING", "decoder_attention_tuning"),
+                           ("FLASHRT_FUSED_MLP", "fused_mlp")):
             if flag(name) is not None and attr not in changes:
                 changes[attr] = flag(name)
         if env.get("FLASHRT_TUNING_CACHE") is not None:          # a directory; "" turns it off

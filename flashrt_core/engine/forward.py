@@ -278,7 +278,7 @@ def denoise_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Te
                 gate = mod[1, 2]
             else:
                 ops.norm(o, residual, y, layer.norm2, None, e.eps, site="norm2")
-            x = ops.decoder(ops.decoder(y, layer.gate_up, "gate_up"), layer.down, "down")
+            x = ops.decoder_mlp(y, layer.gate_up, layer.down)   # two decoder GEMMs, or one launch (fused_mlp)
         if step_ends:        # the final norm, the output projection and the Euler step
             ops.denoise_step_out(x, residual, gate, w.tables.final[step, 0], w.tables.final[step, 1], out_w, out_b,
                                  x_t, dt, e.eps)

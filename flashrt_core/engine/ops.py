@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .dispatch import Dispatch, Op
+from .dispatch import Dispatch, Op, Switch
 from .kernel_import import load_kernels
 from .weights import Linear
 
@@ -279,6 +279,12 @@ class Ops:
         self.overlap_first_step = (dispatch.options.overlap_first_step and dispatch.options.fast_paths
                                    and not self.denoise_layer.startswith("grid"))
         self.split_k_qkv = dispatch.options.split_k_qkv and dispatch.options.fast_paths   # SMEM_CANDIDATES["qkv"]
+        # forward.denoise: each expert MLP (gate/up, GeGLU, down) in one launch of kernels/smem_mlp.py where it
+        # serves the rows (decoder_mlp_fused_applies; opt-in, written without a GPU in session 21); it needs the
+        # TMA GEMMs' Gluon. Its scratch (the partial sums, the grid barrier) and result, one per row count, are
+        # made on first use
+        self.fused_mlp = dispatch.options.switch_on(Switch.FUSED_MLP) and self.smem_gemm
+        self._mlp_buffers: dict[tuple, tuple] = {}
         # forward.denoise folds pi0.5's adaRMSNorms into the GEMMs around them where ada_fold_applies()
         self.ada_fold = dispatch[Op.ADA_NORM_FOLD] == "gemm_epilogue"
         triton_decoder = dispatch[Op.GEMM_DECODER] == "triton"
@@ -412,6 +418,36 @@ class Ops:
         w = lin.parts[0][0]
         return w.dtype == torch.bfloat16 and self.k.smem_gemm_supported(x.shape[0], w.shape[0], w.shape[1],
                                                                         kind == "gate_up", cfg.split_k)
+
+    def decoder_mlp_fused_applies(self, y: torch.Tensor, gate_up: Linear, down: Linear) -> bool:
+        """Whether decoder_mlp() runs kernels/smem_mlp.py: fused_mlp asked for (and the TMA GEMMs on), bf16
+        weights without bias (not the FP8 copy), a contiguous bf16 y on the GPU, and shapes the kernel serves on
+        this GPU (at most 16 rows, one program per 32 columns of the MLP width, every program resident at once)."""
+        if not (self.fused_mlp and not self.decoder_fp8 and y.is_cuda and y.dtype == torch.bfloat16
+                and y.is_contiguous() and len(gate_up.parts) == 1 and len(down.parts) == 1
+                and gate_up.parts[0][1] is None and down.parts[0][1] is None):
+            return False
+        wg, wd = gate_up.parts[0][0], down.parts[0][0]
+        sms = torch.cuda.get_device_properties(y.device).multi_processor_count
+        return (wg.dtype == wd.dtype == torch.bfloat16 and tuple(wg.shape) == (2 * wd.shape[1], y.shape[1])
+                and self.k.smem_mlp_supported(y.shape[0], y.shape[1], wd.shape[1], sms))
+
+    def decoder_mlp(self, y: torch.Tensor, gate_up: Linear, down: Linear) -> torch.Tensor:
+        """The expert's MLP on y: down(GeGLU(gate_up(y))). Where decoder_mlp_fused_applies, one launch of
+        kernels/smem_mlp.py, (M, W) fp32; else the two decoder GEMMs, whose down result may be the split-K partials
+        the next norm sums. The fused result lives in a buffer per row count that the next launch overwrites: the
+        norm after it reads it first (stream order)."""
+        if not self.decoder_mlp_fused_applies(y, gate_up, down):
+            return self.decoder(self.decoder(y, gate_up, "gate_up"), down, "down")
+        M, W = y.shape
+        F = down.parts[0][0].shape[1]
+        key = (M, W, F, y.device)
+        if key not in self._mlp_buffers:
+            self._mlp_buffers[key] = (self.k.MlpScratch.allocate(M, W, F, y.device),
+                                      torch.empty(M, W, device=y.device, dtype=torch.float32))
+        scratch, out = self._mlp_buffers[key]
+        return self.k.smem_mlp(y, gate_up.parts[0][0], down.parts[0][0], pdl=self.launch_mode("down"), out=out,
+                               scratch=scratch)
 
     def ada_fold_applies(self, rows: int) -> bool:
         """Whether the denoiser at `rows` rows runs its adaRMSNorms folded into the GEMMs around them

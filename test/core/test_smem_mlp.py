@@ -54,3 +54,45 @@ def test_scratch_check_names_the_wrong_tensor():
     bad = MlpScratch(scratch.part, scratch.barrier.to(torch.int64), scratch.errors)
     with pytest.raises(ValueError, match=r"scratch\.barrier"):
         bad.check(10, W, F)
+
+
+def test_fused_mlp_is_an_opt_in_that_needs_the_tma_gemms():
+    """EngineOptions.fused_mlp / FLASHRT_FUSED_MLP=1 turns it on where the TMA GEMMs are (sm90 with Gluon), never
+    without them, never with fast_paths off; off by default (not yet run on a GPU); FLASHRT_FUSED_MLP=0 or
+    FLASHRT_DISABLE_FUSED_MLP=1 turns it off."""
+    from flashrt_core.engine.dispatch import EngineOptions, resolve
+    from flashrt_core.engine.hardware import detect_hardware
+    from flashrt_core.engine.ops import Ops
+    from kernels import HAVE_GLUON
+
+    sm90 = detect_hardware("sm90")
+    assert not Ops(resolve(sm90, EngineOptions())).fused_mlp
+    asked = EngineOptions.from_env(env={"FLASHRT_FUSED_MLP": "1"})
+    assert asked.fused_mlp
+    assert Ops(resolve(sm90, asked)).fused_mlp == HAVE_GLUON
+    assert not Ops(resolve(sm90, EngineOptions(fused_mlp=True, smem_gemm=False))).fused_mlp
+    assert not Ops(resolve(sm90, EngineOptions(fused_mlp=True, fast_paths=False))).fused_mlp
+    assert not EngineOptions.from_env(EngineOptions(fused_mlp=True), env={"FLASHRT_FUSED_MLP": "0"}).fused_mlp
+    assert not EngineOptions.from_env(asked, env={"FLASHRT_DISABLE_FUSED_MLP": "1"}).fused_mlp
+
+
+def test_decoder_mlp_runs_the_two_gemms_where_the_fused_kernel_does_not_apply():
+    """On CPU tensors (or wherever decoder_mlp_fused_applies says no) decoder_mlp is the two decoder GEMMs,
+    gate/up with its GeGLU and down, whatever fused_mlp says."""
+    from flashrt_core.engine.dispatch import EngineOptions, resolve
+    from flashrt_core.engine.hardware import CPU
+    from flashrt_core.engine.ops import Ops
+    from flashrt_core.engine.weights import Linear
+
+    g = torch.Generator().manual_seed(1)
+    y = torch.randn(10, 64, generator=g)
+    gate_up = Linear([(torch.randn(2 * 96, 64, generator=g) / 8, None)])
+    down = Linear([(torch.randn(64, 96, generator=g) / 10, None)])
+    ops = Ops(resolve(CPU, EngineOptions()))
+    ops.fused_mlp = True                                  # asked for, but CPU tensors: the chain
+    assert not ops.decoder_mlp_fused_applies(y, gate_up, down)
+    want = ops.decoder(ops.decoder(y, gate_up, "gate_up"), down, "down")
+    torch.testing.assert_close(ops.decoder_mlp(y, gate_up, down), want, rtol=0, atol=0)
+    gate, up = (y @ gate_up.parts[0][0].T).chunk(2, dim=-1)
+    torch.testing.assert_close(want, (torch.nn.functional.gelu(gate, approximate="tanh") * up) @ down.parts[0][0].T,
+                               rtol=1e-5, atol=1e-5)

@@ -181,6 +181,8 @@ def test_overlapped_first_step_graph_gives_the_sequential_graphs_actions(tiny):
     ("pi0", "fp8+no_overlap_first_step"),     # default: beside it, two streams)
     ("pi05", "bf16+decoder_attention_tuning"),  # the step attention's forms weighed by the chain tuning (opt-in)
     ("pi0", "bf16+decoder_attention_tuning"),   # ... at pi0's 51 rows (horizon 50: attention over the caches)
+    ("pi05", "bf16+fused_mlp"),             # each expert MLP one launch, kernels/smem_mlp.py (opt-in)
+    ("pi05", "fp8+fused_mlp"),
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
@@ -201,6 +203,7 @@ def test_accuracy_gate_full_size(name, precision):
                                           denoise_layer=extra.startswith("denoise_layer"),
                                           overlap_first_step=extra != "no_overlap_first_step",
                                           decoder_attention_tuning=extra == "decoder_attention_tuning",
+                                          fused_mlp=extra == "fused_mlp",
                                           overrides={"denoise_layer": "phases"} if extra == "denoise_layer_phases"
                                           else {},
                                           **(ONE_PASS if extra else {})))
@@ -214,6 +217,11 @@ def test_accuracy_gate_full_size(name, precision):
     assert engine.ops.denoise_layer == {"denoise_layer": "grid", "denoise_layer_phases": "phases"}.get(
         extra, "separate")
     assert engine.ops.overlap_first_step == (extra not in ("no_overlap_first_step", "denoise_layer"))
+    assert engine.ops.fused_mlp == (extra == "fused_mlp")
+    if extra == "fused_mlp":                # the denoiser's MLPs at its rows run kernels/smem_mlp.py
+        layer = engine.weights.expert[0]
+        y = torch.empty(engine.suffix_len, cfg.expert.width, device="cuda", dtype=torch.bfloat16)
+        assert engine.ops.decoder_mlp_fused_applies(y, layer.gate_up, layer.down), engine.suffix_len
     if extra == "decoder_attention_tuning":    # the chain tuning weighed the forms and kept one of them
         e = cfg.expert
         forms = engine.ops.decoder_attention_forms(engine.suffix_len, engine._tuning_prefix_len(), e.num_heads,
