@@ -30,7 +30,8 @@ checks the count stays zero), so a program that was never made resident cannot h
 
 Written without a GPU at hand (session 21): compiled for sm90 ahead of time here (tools/kernel_resources.py); its
 GPU test compares it with smem_mlp_reference at the expert's shapes, and tools/benchmark_smem_mlp.py times it
-against the chain's two launches. Not on the engine's path until it measures faster.
+against the chain's two launches. The engine runs it only when asked (EngineOptions.fused_mlp, FLASHRT_FUSED_MLP=1:
+Ops.decoder_mlp) until it measures faster.
 """
 
 from __future__ import annotations
