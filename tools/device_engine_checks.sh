@@ -20,7 +20,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh attention-forms        # the step attention's forms: test, A/B, ~7 min
 #   OUT=/path bash tools/device_engine_checks.sh attention-forms-gates  # their two gates, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh compile-cells  # the compiled reference at 2 more cells, ~6-9 min
-#   OUT=/path bash tools/device_engine_checks.sh mlp          # the expert MLP in one launch: tests, timing, ~5 min
+#   OUT=/path bash tools/device_engine_checks.sh mlp          # the expert MLP in one launch: tests, timing, ~8 min
 #   OUT=/path bash tools/device_engine_checks.sh mlp-gates    # its two gates (fused_mlp), ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
@@ -292,7 +292,7 @@ if [ "$PART" = mlp ]; then            # not in "all": the expert MLP in one laun
   if grep -q "2 passed" "$OUT/pytest_mlp_kernel.log"; then
     timeout 240 "$PY" tools/benchmark_smem_mlp.py --out "$OUT/smem_mlp.json" > "$OUT/smem_mlp.log" 2>&1
     echo "benchmark_smem_mlp rc=$?" >> "$OUT/smem_mlp.log"
-    timeout 240 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
+    timeout 400 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
       --horizons 10 --fp8-configs pi05 --ab-switches-on fused_mlp --reference-calls 2 --no-gate \
       --out-dir "$OUT" --tag fused_mlp > "$OUT/fused_mlp.log" 2>&1
     echo "benchmark_engine rc=$?" >> "$OUT/fused_mlp.log"
