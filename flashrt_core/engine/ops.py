@@ -272,19 +272,19 @@ class Ops:
         # workspace's scratch is allocated with them): A/B knobs of tools/benchmark_denoise_layer.py, no switch
         self.denoise_layer_config = None
         self.denoise_layer_splits = 8
-        # forward.forward_overlapped: the first denoising step beside the prefix (the default since session 18:
-        # about -0.2 ms per predict on the H200 at horizon 10, -0.5 ms at 50). Not with the grid-barrier expert
-        # layer: its barrier waits for every program of its grid, which the prefix's kernels beside it could keep
-        # from becoming resident
-        self.overlap_first_step = (dispatch.options.overlap_first_step and dispatch.options.fast_paths
-                                   and not self.denoise_layer.startswith("grid"))
-        self.split_k_qkv = dispatch.options.split_k_qkv and dispatch.options.fast_paths   # SMEM_CANDIDATES["qkv"]
         # forward.denoise: each expert MLP (gate/up, GeGLU, down) in one launch of kernels/smem_mlp.py where it
         # serves the rows (decoder_mlp_fused_applies; opt-in, written without a GPU in session 21); it needs the
         # TMA GEMMs' Gluon. Its scratch (the partial sums, the grid barrier) and result, one per row count, are
         # made on first use
         self.fused_mlp = dispatch.options.switch_on(Switch.FUSED_MLP) and self.smem_gemm
         self._mlp_buffers: dict[tuple, tuple] = {}
+        # forward.forward_overlapped: the first denoising step beside the prefix (the default since session 18:
+        # about -0.2 ms per predict on the H200 at horizon 10, -0.5 ms at 50). Not with the grid-barrier expert
+        # layer or MLP: their barrier waits for every program of their grid, which the prefix's kernels beside them
+        # could keep from becoming resident
+        self.overlap_first_step = (dispatch.options.overlap_first_step and dispatch.options.fast_paths
+                                   and not self.denoise_layer.startswith("grid") and not self.fused_mlp)
+        self.split_k_qkv = dispatch.options.split_k_qkv and dispatch.options.fast_paths   # SMEM_CANDIDATES["qkv"]
         # forward.denoise folds pi0.5's adaRMSNorms into the GEMMs around them where ada_fold_applies()
         self.ada_fold = dispatch[Op.ADA_NORM_FOLD] == "gemm_epilogue"
         triton_decoder = dispatch[Op.GEMM_DECODER] == "triton"

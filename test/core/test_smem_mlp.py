@@ -59,7 +59,7 @@ def test_scratch_check_names_the_wrong_tensor():
 def test_fused_mlp_is_an_opt_in_that_needs_the_tma_gemms():
     """EngineOptions.fused_mlp / FLASHRT_FUSED_MLP=1 turns it on where the TMA GEMMs are (sm90 with Gluon), never
     without them, never with fast_paths off; off by default (not yet run on a GPU); FLASHRT_FUSED_MLP=0 or
-    FLASHRT_DISABLE_FUSED_MLP=1 turns it off."""
+    FLASHRT_DISABLE_FUSED_MLP=1 turns it off. With it the first denoising step does not overlap the prefix."""
     from flashrt_core.engine.dispatch import EngineOptions, resolve
     from flashrt_core.engine.hardware import detect_hardware
     from flashrt_core.engine.ops import Ops
@@ -74,6 +74,9 @@ def test_fused_mlp_is_an_opt_in_that_needs_the_tma_gemms():
     assert not Ops(resolve(sm90, EngineOptions(fused_mlp=True, fast_paths=False))).fused_mlp
     assert not EngineOptions.from_env(EngineOptions(fused_mlp=True), env={"FLASHRT_FUSED_MLP": "0"}).fused_mlp
     assert not EngineOptions.from_env(asked, env={"FLASHRT_DISABLE_FUSED_MLP": "1"}).fused_mlp
+    # its grid barrier needs every program resident: the first step does not run beside the prefix with it
+    assert Ops(resolve(sm90, EngineOptions())).overlap_first_step
+    assert Ops(resolve(sm90, asked)).overlap_first_step == (not HAVE_GLUON)
 
 
 def test_decoder_mlp_runs_the_two_gemms_where_the_fused_kernel_does_not_apply():

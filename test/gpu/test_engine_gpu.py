@@ -216,7 +216,7 @@ def test_accuracy_gate_full_size(name, precision):
     assert engine.ops.fused_denoise_step_pi0 == (extra not in ("no_fused_denoise_step", "no_fused_denoise_step_pi0"))
     assert engine.ops.denoise_layer == {"denoise_layer": "grid", "denoise_layer_phases": "phases"}.get(
         extra, "separate")
-    assert engine.ops.overlap_first_step == (extra not in ("no_overlap_first_step", "denoise_layer"))
+    assert engine.ops.overlap_first_step == (extra not in ("no_overlap_first_step", "denoise_layer", "fused_mlp"))
     assert engine.ops.fused_mlp == (extra == "fused_mlp")
     if extra == "fused_mlp":                # the denoiser's MLPs at its rows run kernels/smem_mlp.py
         layer = engine.weights.expert[0]
