@@ -452,14 +452,26 @@ def targets(rows: list[dict], gates: list[dict] | None = None) -> list[str]:
 MODEL_NAMES = {"pi05": "pi0.5"}     # a config's name in prose tables (the README's grid)
 
 
+def last_rows_per_cell(rows: list[dict]) -> dict[tuple, dict]:
+    """(config, views, horizon, kind) -> the last timed row of that kind in the cell, kind "engine_bf16",
+    "engine_fp8", "eager" (reference_eager_*) or "compile" (reference_compile_*); A/B variants and rows without a
+    time left out. A merged result's later run wins (grid_table, speedup_table)."""
+    last = {}
+    for r in rows:
+        v = r["variant"]
+        kind = (v if v in ("engine_bf16", "engine_fp8") else "eager" if v.startswith("reference_eager")
+                else "compile" if v.startswith("reference_compile") else None)
+        if kind and "predict_ms" in r:
+            last[(r["config"], r["views"], r["horizon"], kind)] = r
+    return last
+
+
 def grid_table(rows: list[dict]) -> list[str]:
     """The engine's predict() medians as one markdown table: a row per model and view count, a column per horizon,
     each cell "bf16 / FP8" in ms ("-" for a precision not measured there); a cell measured in several runs (a
     merged result) shows the last. The README's grid is this table of the merged runs (a test keeps them equal)."""
-    cells = {}
-    for r in rows:
-        if r["variant"] in ("engine_bf16", "engine_fp8") and "predict_ms" in r:
-            cells[(r["config"], r["views"], r["horizon"], r["variant"])] = r["predict_ms"]["median"]
+    cells = {key: r["predict_ms"]["median"] for key, r in last_rows_per_cell(rows).items()
+             if key[3] in ("engine_bf16", "engine_fp8")}
     if not cells:
         return []
     horizons = sorted({key[2] for key in cells})
@@ -478,13 +490,7 @@ def speedup_table(rows: list[dict]) -> list[str]:
     faster, one row per cell that has a reference row; a cell measured in several runs takes the last row of each
     kind (as grid_table). In a merged result a ratio whose reference ran in another run than the engine row is
     marked "\\*" (an escaped star): the machines of two runs may differ."""
-    last = {}
-    for r in rows:
-        v = r["variant"]
-        kind = (v if v in ("engine_bf16", "engine_fp8") else "eager" if v.startswith("reference_eager")
-                else "compile" if v.startswith("reference_compile") else None)
-        if kind and "predict_ms" in r:
-            last[(r["config"], r["views"], r["horizon"], kind)] = r
+    last = last_rows_per_cell(rows)
     cells = {key[:3] for key in last if key[3] in ("eager", "compile")}
     if not cells:
         return []
