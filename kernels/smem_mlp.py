@@ -137,14 +137,15 @@ if HAVE_GLUON:
                          W: gl.constexpr, P: gl.constexpr, KGELU: gl.constexpr, PDL: gl.constexpr,
                          XS: gl.constexpr, PB: gl.constexpr, SPINS: gl.constexpr):
         NK: gl.constexpr = W // 64                                   # x / gate-up boxes along W
-        ND: gl.constexpr = W // wd_desc.block_type.shape[0]          # down boxes (64 output columns each)
+        DR: gl.constexpr = wd_desc.block_type.shape[0]               # output columns per down box: 64
+        ND: gl.constexpr = W // DR                                   # down boxes
         AC: gl.constexpr = wgu_desc.block_type.shape[0]              # act columns per program: 32
         if PDL == 2:                       # EARLY_TRIGGER: the next kernel may launch now (it waits for this one)
             griddep("griddepcontrol.launch_dependents; // dummy $0")
         pid = gl.program_id(0)
         n0 = pid * AC
         wgu_smem = gl.allocate_shared_memory(wgu_desc.dtype, [NK, 64, 64], wgu_desc.layout)
-        wd_smem = gl.allocate_shared_memory(wd_desc.dtype, [ND, wd_desc.block_type.shape[0], AC], wd_desc.layout)
+        wd_smem = gl.allocate_shared_memory(wd_desc.dtype, [ND, DR, AC], wd_desc.layout)
         x_smem = gl.allocate_shared_memory(x_desc.dtype, [XS, 16, 64], x_desc.layout)
         act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([16, AC], gl.bfloat16)
         act_smem = gl.allocate_shared_memory(gl.bfloat16, [16, AC], act_layout)
@@ -152,10 +153,9 @@ if HAVE_GLUON:
         for i in gl.static_range(XS + 2):
             mbarrier.init(bars.index(i), count=1)
         # 1: the down columns, then the gate/up rows and the PDL wait (both depend on no earlier kernel)
-        mbarrier.expect(bars.index(1), ND * wd_desc.block_type.shape[0] * AC * 2)
+        mbarrier.expect(bars.index(1), ND * DR * AC * 2)
         for t in gl.static_range(ND):
-            tma.async_copy_global_to_shared(wd_desc, [t * wd_desc.block_type.shape[0], n0], bars.index(1),
-                                            wd_smem.index(t))
+            tma.async_copy_global_to_shared(wd_desc, [t * DR, n0], bars.index(1), wd_smem.index(t))
         _weight_slice_then_wait(wgu_desc, wgu_smem, bars.index(0), n0, 0, F, NK, True, PDL)
         # 2: x through the ring, gate/up on wgmma as each box lands (after the down columns' barrier: index 2 on)
         acc = _x_ring_products(wgu_smem, x_smem, x_desc, bars, 2, 0, NK, XS, 16)   # (gate; up rows, x rows)
@@ -170,14 +170,14 @@ if HAVE_GLUON:
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, 16, 16])
         mbarrier.wait(bars.index(1), phase=0)
-        r = gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
+        r = gl.arange(0, DR, layout=gl.SliceLayout(1, out_layout))
         m = gl.arange(0, 16, layout=gl.SliceLayout(0, out_layout))
         row_ok = (m < M)[None, :]
         for t in gl.static_range(ND):
-            d = gl.zeros((64, 16), dtype=gl.float32, layout=acc_layout)     # (output columns, x rows)
+            d = gl.zeros((DR, 16), dtype=gl.float32, layout=acc_layout)     # (output columns, x rows)
             d = warpgroup_mma(wd_smem.index(t), act_smem.permute((1, 0)), d, is_async=True)
             d = warpgroup_mma_wait(num_outstanding=0, deps=(d,))
-            cols = t * 64 + r
+            cols = t * DR + r
             gl.store(part_ptr + pid * M * W + m[None, :] * W + cols[:, None], gl.convert_layout(d, out_layout),
                      mask=row_ok)
         for i in gl.static_range(XS + 2):
