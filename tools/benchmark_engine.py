@@ -452,6 +452,12 @@ def targets(rows: list[dict], gates: list[dict] | None = None) -> list[str]:
 MODEL_NAMES = {"pi05": "pi0.5"}     # a config's name in prose tables (the README's grid)
 
 
+def reference_kind(row: dict) -> str | None:
+    """"eager" for a reference_eager_* row, "compile" for a reference_compile_* row, else None."""
+    v = row["variant"]
+    return "eager" if v.startswith("reference_eager") else "compile" if v.startswith("reference_compile") else None
+
+
 def last_rows_per_cell(rows: list[dict]) -> dict[tuple, dict]:
     """(config, views, horizon, kind) -> the last timed row of that kind in the cell, kind "engine_bf16",
     "engine_fp8", "eager" (reference_eager_*) or "compile" (reference_compile_*); A/B variants and rows without a
@@ -459,8 +465,7 @@ def last_rows_per_cell(rows: list[dict]) -> dict[tuple, dict]:
     last = {}
     for r in rows:
         v = r["variant"]
-        kind = (v if v in ("engine_bf16", "engine_fp8") else "eager" if v.startswith("reference_eager")
-                else "compile" if v.startswith("reference_compile") else None)
+        kind = v if v in ("engine_bf16", "engine_fp8") else reference_kind(r)
         if kind and "predict_ms" in r:
             last[(r["config"], r["views"], r["horizon"], kind)] = r
     return last
@@ -487,10 +492,15 @@ def grid_table(rows: list[dict]) -> list[str]:
 
 def speedup_table(rows: list[dict]) -> list[str]:
     """The engine's predict() median (bf16 / FP8) against the eager and the torch.compile references', as times
-    faster, one row per cell that has a reference row; a cell measured in several runs takes the last row of each
-    kind (as grid_table). In a merged result a ratio whose reference ran in another run than the engine row is
-    marked "\\*" (an escaped star): the machines of two runs may differ."""
+    faster, one row per cell that has a reference row; a cell measured in several runs takes the last engine row of
+    each precision (as grid_table) and, of each reference kind, the row of the engine bf16 row's run where that run
+    timed one (a ratio within one run, as the issue asks), else the last. In a merged result a ratio whose
+    reference ran in another run than the engine row is marked "\\*" (an escaped star): the machines of two runs
+    may differ."""
     last = last_rows_per_cell(rows)
+    same_run = {}                                    # (config, views, horizon, kind, source) -> its last row
+    for key, r in ((key, r) for r in rows for key in [reference_kind(r)] if key and "predict_ms" in r):
+        same_run[(r["config"], r["views"], r["horizon"], key, r.get("source"))] = r
     cells = {key[:3] for key in last if key[3] in ("eager", "compile")}
     if not cells:
         return []
@@ -501,7 +511,9 @@ def speedup_table(rows: list[dict]) -> list[str]:
     for cell in sorted(cells, key=lambda c: (configs.index(c[0]), c[1], c[2])):
         cols = []
         for ref_kind in ("eager", "compile"):
-            ref = last.get((*cell, ref_kind))
+            eng_bf16 = last.get((*cell, "engine_bf16"))
+            ref = (same_run.get((*cell, ref_kind, eng_bf16.get("source"))) if eng_bf16 else None) \
+                or last.get((*cell, ref_kind))
             if ref is None:
                 cols += ["-", "-"]
                 continue
@@ -525,13 +537,15 @@ def speedup_table(rows: list[dict]) -> list[str]:
 
 def compile_times(rows: list[dict]) -> list[str]:
     """A line per compiled-reference row that reached its first call: how long that call took (the compilation of
-    its regions) and inductor's cache lookups in its child (rows written before session 21 have none)."""
+    its regions; in a merged result, then the run it came from) and inductor's cache lookups in its child (rows
+    written before session 21 have none)."""
     out = []
     for r in rows:
         if r["variant"].startswith("reference_compile") and "first_call_s" in r:
             caches = r.get("inductor_cache")
             out.append(f"- {MODEL_NAMES.get(r['config'], r['config'])}, {r['views']} view{'s' * (r['views'] != 1)}, "
                        f"horizon {r['horizon']}: {r['first_call_s']:.1f} s"
+                       + (f" ({r['source']})" if "source" in r else "")
                        + ("" if caches is None else "; inductor's caches: " + (
                            ", ".join(f"{key} {n}" for key, n in caches.items()) or "no lookups")))
     return out
