@@ -28,10 +28,13 @@ adds, where the persistent layer's down phase made 82 K in ~2 us.
 A barrier that waited MAX_SPINS polls gives up and counts itself in `errors` (the result is then wrong; the test
 checks the count stays zero), so a program that was never made resident cannot hang the GPU.
 
-Written without a GPU at hand (session 21): compiled for sm90 ahead of time here (tools/kernel_resources.py); its
-GPU test compares it with smem_mlp_reference at the expert's shapes, and tools/benchmark_smem_mlp.py times it
-against the chain's two launches. The engine runs it only when asked (EngineOptions.fused_mlp, FLASHRT_FUSED_MLP=1:
-Ops.decoder_mlp) until it measures faster.
+Measured on the H200 (session 22): correct (its GPU tests and the engine's gates with it pass) but slower, 16.2 us
+per MLP at 10 rows against 8.4 us for the chain (tools/benchmark_smem_mlp.py), and pi0.5's predict 9.73 -> 11.24 ms
+in bf16. Without PDL it takes 18.3 us against the chain's 12.5, so the kernel itself is slower (suspects: the
+5.2 MB of partials through L2, the ordered sum, the barrier); and PDL saves it 2.0 us where it saves the chain 4.1,
+since a program's 206 KB of shared memory keeps it off an SM until the kernel ahead has left it
+(docs/benchmarks/engine_h200_2026-11-29_notes.md, session 22). The engine runs it only when asked
+(EngineOptions.fused_mlp, FLASHRT_FUSED_MLP=1: Ops.decoder_mlp).
 """
 
 from __future__ import annotations

@@ -217,8 +217,8 @@ class EngineOptions:
                                              # block, Ops.decoder_attention_forms) and keeps the fastest
     denoise_layer: bool = False              # opt-in (measured slower, session 15): kernels/denoise_layer.py, each
                                              # pi0.5 expert layer one persistent launch (8 phases, grid barriers)
-    fused_mlp: bool = False                  # opt-in (not yet run on a GPU): kernels/smem_mlp.py, each expert
-                                             # MLP (gate/up, GeGLU, down) one launch where it serves the rows
+    fused_mlp: bool = False                  # opt-in (measured slower, session 22): kernels/smem_mlp.py, each
+                                             # expert MLP (gate/up, GeGLU, down) one launch where it serves the rows
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     tuning_cache: str = ""                   # a directory: the load-time tuning's picks kept there and reused
                                              # (engine/tuning_cache.py); "" = measure at every load

@@ -273,7 +273,7 @@ class Ops:
         self.denoise_layer_config = None
         self.denoise_layer_splits = 8
         # forward.denoise: each expert MLP (gate/up, GeGLU, down) in one launch of kernels/smem_mlp.py where it
-        # serves the rows (decoder_mlp_fused_applies; opt-in, written without a GPU in session 21); it needs the
+        # serves the rows (decoder_mlp_fused_applies; opt-in, measured slower in session 22); it needs the
         # TMA GEMMs' Gluon. Its scratch (the partial sums, the grid barrier) and result, one per row count, are
         # made on first use
         self.fused_mlp = dispatch.options.switch_on(Switch.FUSED_MLP) and self.smem_gemm

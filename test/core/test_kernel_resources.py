@@ -84,10 +84,10 @@ def test_smem_gemm_candidates_compile_without_spills_and_fit_shared_memory():
 
 
 def test_smem_mlp_compiles_without_spills_and_stages_its_weights_before_the_wait():
-    """kernels/smem_mlp.py (a candidate, written without a GPU): every launch mode compiles for sm90 with no spill,
-    its shared memory is at most what smem_mlp_shared_bytes plans (inside one SM's), and the PTX has what the kernel is
-    for: the 16 gate/up boxes (two TMA copies each: gate and up rows) and the 16 down boxes issued before the PDL
-    wait, only x's boxes after it; 16 x 4 gate/up and 16 x 2 down wgmma steps; the grid barrier's gpu-scope
+    """kernels/smem_mlp.py (an opt-in, measured slower in session 22): every launch mode compiles for sm90 with no
+    spill, its shared memory is at most what smem_mlp_shared_bytes plans (inside one SM's), and the PTX has what the
+    kernel is for: the 16 gate/up boxes (two TMA copies each: gate and up rows) and the 16 down boxes issued before
+    the PDL wait, only x's boxes after it; 16 x 4 gate/up and 16 x 2 down wgmma steps; the grid barrier's gpu-scope
     arrival (acq_rel), release and acquire polls; the partials read back from L2 (.cg)."""
     from kernels.smem_mlp import smem_mlp_shared_bytes
     from tools.kernel_resources import compile_sm90, resources, smem_mlp_configs

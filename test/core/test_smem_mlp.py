@@ -58,7 +58,7 @@ def test_scratch_check_names_the_wrong_tensor():
 
 def test_fused_mlp_is_an_opt_in_that_needs_the_tma_gemms():
     """EngineOptions.fused_mlp / FLASHRT_FUSED_MLP=1 turns it on where the TMA GEMMs are (sm90 with Gluon), never
-    without them, never with fast_paths off; off by default (not yet run on a GPU); FLASHRT_FUSED_MLP=0 or
+    without them, never with fast_paths off; off by default (measured slower, session 22); FLASHRT_FUSED_MLP=0 or
     FLASHRT_DISABLE_FUSED_MLP=1 turns it off. With it the first denoising step does not overlap the prefix."""
     from flashrt_core.engine.dispatch import EngineOptions, resolve
     from flashrt_core.engine.hardware import detect_hardware
