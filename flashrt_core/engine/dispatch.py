@@ -212,7 +212,7 @@ class EngineOptions:
                                              # after i, two streams (forward.forward_overlapped; session 18:
                                              # -0.22 ms FP8, -0.19 ms bf16 per predict on average over two A/B
                                              # pairs, -0.51 ms at horizon 50); not with denoise_layer's grid form
-    decoder_attention_tuning: bool = False   # opt-in (not yet run on a GPU): the chain tuning also times the
+    decoder_attention_tuning: bool = False   # opt-in (no gain, session 20): the chain tuning also times the
                                              # denoising step's attention forms (rows per program x keys per
                                              # block, Ops.decoder_attention_forms) and keeps the fastest
     denoise_layer: bool = False              # opt-in (measured slower, session 15): kernels/denoise_layer.py, each

@@ -376,7 +376,7 @@ def test_pi0_fused_step_ends_are_the_default_with_switches_off_and_need_the_fuse
 
 
 def test_decoder_attention_tuning_is_opt_in_and_its_forms_are_named_blocks():
-    """decoder_attention_tuning (FLASHRT_DECODER_ATTENTION_TUNING=1, opt-in, not yet run on a GPU): off by default
+    """decoder_attention_tuning (FLASHRT_DECODER_ATTENTION_TUNING=1, opt-in, no gain on the H200): off by default
     and with the fast paths off; a form is "m<rows per program>_k<keys per block>", anything else is refused by
     name; the CPU path (no Triton split attention) has no forms to weigh."""
     from flashrt_core.engine.dispatch import Switch
