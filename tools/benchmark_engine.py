@@ -458,16 +458,17 @@ def reference_kind(row: dict) -> str | None:
     return "eager" if v.startswith("reference_eager") else "compile" if v.startswith("reference_compile") else None
 
 
-def last_rows_per_cell(rows: list[dict]) -> dict[tuple, dict]:
+def last_rows_per_cell(rows: list[dict], per_run: bool = False) -> dict[tuple, dict]:
     """(config, views, horizon, kind) -> the last timed row of that kind in the cell, kind "engine_bf16",
     "engine_fp8", "eager" (reference_eager_*) or "compile" (reference_compile_*); A/B variants and rows without a
-    time left out. A merged result's later run wins (grid_table, speedup_table)."""
+    time left out. A merged result's later run wins (grid_table, speedup_table). per_run: the key ends with the
+    row's run too ("source"; None outside a merged result), the last row of each run."""
     last = {}
     for r in rows:
         v = r["variant"]
         kind = v if v in ("engine_bf16", "engine_fp8") else reference_kind(r)
         if kind and "predict_ms" in r:
-            last[(r["config"], r["views"], r["horizon"], kind)] = r
+            last[(r["config"], r["views"], r["horizon"], kind) + ((r.get("source"),) if per_run else ())] = r
     return last
 
 
@@ -498,9 +499,7 @@ def speedup_table(rows: list[dict]) -> list[str]:
     reference ran in another run than the engine row is marked "\\*" (an escaped star): the machines of two runs
     may differ."""
     last = last_rows_per_cell(rows)
-    same_run = {}                                    # (config, views, horizon, kind, source) -> its last row
-    for key, r in ((key, r) for r in rows for key in [reference_kind(r)] if key and "predict_ms" in r):
-        same_run[(r["config"], r["views"], r["horizon"], key, r.get("source"))] = r
+    per_run = last_rows_per_cell(rows, per_run=True)
     cells = {key[:3] for key in last if key[3] in ("eager", "compile")}
     if not cells:
         return []
@@ -510,9 +509,9 @@ def speedup_table(rows: list[dict]) -> list[str]:
     marked = False
     for cell in sorted(cells, key=lambda c: (configs.index(c[0]), c[1], c[2])):
         cols = []
+        eng_bf16 = last.get((*cell, "engine_bf16"))
         for ref_kind in ("eager", "compile"):
-            eng_bf16 = last.get((*cell, "engine_bf16"))
-            ref = (same_run.get((*cell, ref_kind, eng_bf16.get("source"))) if eng_bf16 else None) \
+            ref = (per_run.get((*cell, ref_kind, eng_bf16.get("source"))) if eng_bf16 else None) \
                 or last.get((*cell, ref_kind))
             if ref is None:
                 cols += ["-", "-"]
