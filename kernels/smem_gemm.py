@@ -352,8 +352,9 @@ if HAVE_GLUON:
 
 
 @functools.lru_cache(maxsize=None)
-def _layout(rows: int):
-    return gl.NVMMASharedLayout.get_default_for([rows, BOX_K], gl.bfloat16)
+def _layout(rows: int, cols: int = BOX_K):
+    """The NVMMA shared layout of a bf16 TMA box (rows, cols); kernels/smem_mlp.py's boxes too."""
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
 
 
 def smem_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1, pdl: bool | int = False,

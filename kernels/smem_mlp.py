@@ -39,7 +39,6 @@ since a program's 206 KB of shared memory keeps it off an SM until the kernel ah
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -48,7 +47,7 @@ from ._gluon import (HAVE_GLUON, TensorDescriptor, fence_async_shared, gl, gluon
                      warpgroup_mma, warpgroup_mma_wait)
 from ._triton import INTERPRETED, launch_options
 from .geglu import _K as _K_GELU  # noqa: N811  the tanh GELU's constant
-from .smem_gemm import BOX_K, SMEM_BUDGET, X_ROWS
+from .smem_gemm import BOX_K, SMEM_BUDGET, X_ROWS, _layout
 
 ACT_COLS = 32        # act columns per program: 32 gate + 32 up weight rows make wgmma's 64-row M side
 DOWN_ROWS = 64       # W_down rows (output columns) per TMA box and per down wgmma
@@ -200,11 +199,6 @@ if HAVE_GLUON:
             ptrs = part_ptr + (b * PB + p)[:, None] * (M * W) + (em * W + ec)[None, :]
             total += gl.sum(gl.load(ptrs, mask=ok[None, :], other=0.0, cache_modifier=".cg"), axis=0)
         gl.store(y_ptr + em * W + ec, total.to(y_ptr.dtype.element_ty), mask=ok)
-
-
-@functools.lru_cache(maxsize=None)
-def _layout(rows: int, cols: int):
-    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
 
 
 def smem_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, pdl: bool | int = False,
