@@ -4,7 +4,8 @@ Every module opens with the formula it computes. `<name>(...)` launches the Trit
 `<name>_reference(...)` is the PyTorch definition that the GPU tests compare against. Without Triton the
 references still import; `HAVE_TRITON` says which case this is. `INTERPRETED`: Triton's CPU interpreter runs
 the kernels (TRITON_INTERPRET=1), on CPU tensors. `HAVE_GLUON`: Triton's Gluon is importable
-(kernels/smem_gemm.py, which also carries the adaRMSNorm folded into the GEMMs around it: NormIn / NormOut;
+(kernels/smem_gemm.py, which also carries the adaRMSNorm folded into the GEMMs around it: NormIn / NormOut, and its
+FP8 form kernels/smem_gemm_fp8.py;
 kernels/prefix_attention.py, the prefix attention on wgmma, whose reference is attention_reference).
 Every launcher's `pdl` takes False, True or `EARLY_TRIGGER` (kernels/_triton.py says what each means).
 """
@@ -34,6 +35,7 @@ from .residual_norm import residual_norm, residual_norm_reference
 from .skinny_gemm import skinny_gemm, skinny_gemm_reference
 from .smem_gemm import (HAVE_GLUON, SMEM_GEMM_MAX_ROWS, SMEM_GEMM_NORM_MAX_ROWS, NormIn, NormOut, smem_gemm,
                         smem_gemm_norm_in_reference, smem_gemm_norm_out_reference, smem_gemm_supported)
+from .smem_gemm_fp8 import SMEM_GEMM_FP8_MAX_ROWS, smem_gemm_fp8, smem_gemm_fp8_reference, smem_gemm_fp8_supported
 from .smem_mlp import MlpScratch, smem_mlp, smem_mlp_reference, smem_mlp_supported
 
 __all__ = [
@@ -56,5 +58,6 @@ __all__ = [
     "skinny_gemm", "skinny_gemm_reference",
     "HAVE_GLUON", "SMEM_GEMM_MAX_ROWS", "SMEM_GEMM_NORM_MAX_ROWS", "NormIn", "NormOut", "smem_gemm",
     "smem_gemm_norm_in_reference", "smem_gemm_norm_out_reference", "smem_gemm_supported",
+    "SMEM_GEMM_FP8_MAX_ROWS", "smem_gemm_fp8", "smem_gemm_fp8_reference", "smem_gemm_fp8_supported",
     "MlpScratch", "smem_mlp", "smem_mlp_reference", "smem_mlp_supported",
 ]

@@ -167,12 +167,13 @@ def smem_gemm_norm_in_reference(xs: torch.Tensor, w: torch.Tensor, sq: torch.Ten
 if HAVE_GLUON:
     @gluon.jit
     def _weight_slice_then_wait(w_desc, w_smem, bar, n0, k0, F, NK: gl.constexpr, GEGLU: gl.constexpr,
-                                PDL: gl.constexpr):
-        """Both kernels' start: the program's whole weight slice (NK boxes of 64 rows, or of 32 gate + 32 up rows
-        with GeGLU) issued to shared memory on one mbarrier, then the PDL wait (the slice depends on no earlier
-        kernel, so it streams during the kernel ahead's tail)."""
+                                PDL: gl.constexpr, W_BYTES: gl.constexpr = 2):
+        """Both kernels' start (and kernels/smem_gemm_fp8.py's, W_BYTES=1 for E4M3): the program's whole weight
+        slice (NK boxes of 64 rows x 64 columns, or of 32 gate + 32 up rows with GeGLU) issued to shared memory on
+        one mbarrier, then the PDL wait (the slice depends on no earlier kernel, so it streams during the kernel
+        ahead's tail)."""
         BLOCK_W: gl.constexpr = w_desc.block_type.shape[0]
-        mbarrier.expect(bar, NK * 64 * 64 * 2)
+        mbarrier.expect(bar, NK * 64 * 64 * W_BYTES)
         for i in gl.static_range(NK):
             if GEGLU:
                 tma.async_copy_global_to_shared(w_desc, [n0, k0 + i * 64], bar, w_smem.index(i).slice(0, BLOCK_W))

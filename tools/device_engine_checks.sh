@@ -22,6 +22,8 @@
 #   OUT=/path bash tools/device_engine_checks.sh compile-cells  # the compiled reference at 2 more cells, ~6-9 min
 #   OUT=/path bash tools/device_engine_checks.sh mlp          # the expert MLP in one launch: tests, timing, ~8 min
 #   OUT=/path bash tools/device_engine_checks.sh mlp-gates    # its two gates (fused_mlp), ~4 min
+#   OUT=/path bash tools/device_engine_checks.sh fp8-decoder  # the FP8 TMA decoder GEMMs: test, A/B rows, ~8 min
+#   OUT=/path bash tools/device_engine_checks.sh fp8-decoder-gates  # their three gates (fp8_decoder_weights), ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
 # The times were measured in sessions 12-13 (all but gemms and fp8-scopes) or estimated: the
@@ -39,7 +41,7 @@
 #   a default off (pytest_engine_gates.log; ten gates, 7.6 min on a warm machine in session 18);
 #   engine-gates-forced: the gates with the TMA GEMMs forced, with the adaRMSNorm fold, with the split-K QKV, with
 #   the TMA GEMMs off, with the prefix attention forced to kernels/prefix_attention.py, one split or two, and of
-#   the FP8 opt-ins (weight-only FP8 decoder GEMMs, fast accumulation) (pytest_engine_gates_forced.log).
+#   FP8's fast accumulation (pytest_engine_gates_forced.log; the FP8 decoder GEMM weights' gates: fp8-decoder-gates).
 # Every pytest log is verbose (-v), so a part cut off by its time limit still names the tests that ran.
 # bench: pi0.5 2 views h10, bf16 and FP8 on the defaults, beside the A/B rows of the wgmma prefix attention left
 #   out of the tuning (bf16, no_prefix_attention_wgmma); the fused step ends, the 8-row qkv_rope, the one-pass
@@ -103,6 +105,11 @@
 #   pi0.5 2 views h10, bf16 and FP8, with it in the engine (EngineOptions.fused_mlp) and without
 #   (engine_fused_mlp_*, fused_mlp.log); mlp-gates: `[pi05-bf16+fused_mlp]`, `[pi05-fp8+fused_mlp]`
 #   (pytest_mlp_gates.log).
+# fp8-decoder: kernels/smem_gemm_fp8.py (the TMA decoder GEMMs in FP8 with fp8_decoder_weights; written without a
+#   GPU in session 23): its kernel test (pytest_fp8_decoder_kernel.log), then, if it passed, pi0.5 2 views h10 in
+#   bf16 and FP8 with fp8_decoder_weights (the FP8 TMA GEMMs weighed by the tuning) and without, and FP8 with the
+#   weight-only Triton GEMMs alone (smem_gemm_fp8 off) (engine_fp8_decoder_*, fp8_decoder.log);
+#   fp8-decoder-gates: `[pi05-fp8+fp8_decoder_weights*]` (pytest_fp8_decoder_gates.log).
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
 #   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
@@ -112,7 +119,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-test_output/device_engine_checks}"
 PART="${1:-all}"
 PARTS="all kernels engine-new engine-rest engine-gates engine-gates-forced bench gemms fp8-scopes load buckets host layer
-  layer-gates h50 overlap tune attention-forms attention-forms-gates compile-cells mlp mlp-gates"
+  layer-gates h50 overlap tune attention-forms attention-forms-gates compile-cells mlp mlp-gates fp8-decoder
+  fp8-decoder-gates"
 case " $(echo $PARTS) " in
   *" $PART "*) ;;
   *) echo "device_engine_checks.sh: no part named '$PART'; the parts: $(echo $PARTS)" >&2; exit 2;;
@@ -151,7 +159,7 @@ fi
 
 if [ "$PART" = engine-gates-forced ] || [ "$PART" = all ]; then
   timeout 400 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py \
-    -k "accuracy_gate and (smem_gemm or split_k_qkv or prefix_attention_wgmma or prefix_attention_split or fp8_fast_accum or fp8_decoder_weights)" \
+    -k "accuracy_gate and (smem_gemm or split_k_qkv or prefix_attention_wgmma or prefix_attention_split or fp8_fast_accum)" \
     > "$OUT/pytest_engine_gates_forced.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_engine_gates_forced.log"
 fi
@@ -305,6 +313,24 @@ if [ "$PART" = mlp-gates ]; then      # not in "all": its two gates, bf16 and FP
   echo "pytest rc=$?" >> "$OUT/pytest_mlp_gates.log"
 fi
 
+if [ "$PART" = fp8-decoder ]; then    # not in "all": the FP8 TMA decoder GEMMs (opt-in fp8_decoder_weights)
+  timeout 180 "$PY" -m pytest -v test/gpu/test_kernels.py -k smem_gemm_fp8 > "$OUT/pytest_fp8_decoder_kernel.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_fp8_decoder_kernel.log"
+  if grep -q "4 passed" "$OUT/pytest_fp8_decoder_kernel.log"; then
+    timeout 420 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
+      --horizons 10 --fp8-configs pi05 --ab-switches-on fp8_decoder_weights \
+      --ab-fp8-options with_fp8_decoder_weights-no_smem_gemm_fp8 --reference-calls 2 --no-gate \
+      --out-dir "$OUT" --tag fp8_decoder > "$OUT/fp8_decoder.log" 2>&1
+    echo "benchmark_engine rc=$?" >> "$OUT/fp8_decoder.log"
+  fi
+fi
+
+if [ "$PART" = fp8-decoder-gates ]; then   # not in "all": its gates, the FP8 TMA GEMMs weighed, forced and off
+  timeout 400 "$PY" -m pytest -v --durations=0 test/gpu/test_engine_gpu.py -k "accuracy_gate and fp8_decoder_weights" \
+    > "$OUT/pytest_fp8_decoder_gates.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_fp8_decoder_gates.log"
+fi
+
 if [ "$PART" = fp8-scopes ]; then
   timeout 480 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
     --horizons 10 --fp8-configs pi05 --fp8-scalings "" "@all" "@backbone" --gate-observations 2 \
@@ -315,7 +341,8 @@ fi
 {
   for log in pytest_kernels pytest_engine_new pytest_engine_rest pytest_engine_gates pytest_engine_gates_forced \
       pytest_rows_kernel pytest_layer_kernel pytest_layer_gates pytest_attention_forms_kernel \
-      pytest_attention_forms_gates pytest_mlp_kernel pytest_mlp_gates; do
+      pytest_attention_forms_gates pytest_mlp_kernel pytest_mlp_gates pytest_fp8_decoder_kernel \
+      pytest_fp8_decoder_gates; do
     [ -f "$OUT/$log.log" ] && { echo "== $log"; grep -E "FAILED|ERROR|passed|failed|rc=" "$OUT/$log.log" | tail -n 20; }
   done
   if [ -f "$OUT/engine.log" ]; then
@@ -342,6 +369,18 @@ fi
     grep -E "^\| [0-9]|rc=" "$OUT/smem_mlp.log"; }
   [ -f "$OUT/fused_mlp.log" ] && { echo "== pi0.5 2 views h10 with the MLPs in one launch (fused_mlp) and without"
     grep -hE '^\| pi05' "$OUT"/engine_fused_mlp*.md 2>/dev/null || tail -n 5 "$OUT/fused_mlp.log"; }
+  [ -f "$OUT/fp8_decoder.log" ] && { echo "== pi0.5 2 views h10 with FP8 decoder GEMM weights (fp8_decoder_weights)"
+    grep -hE '^\| pi05' "$OUT"/engine_fp8_decoder*.md 2>/dev/null || tail -n 5 "$OUT/fp8_decoder.log"
+    "$PY" - "$OUT" <<'PYEOF' 2>/dev/null
+import glob, json, sys
+for path in sorted(glob.glob(sys.argv[1] + "/engine_fp8_decoder*.json")):
+    for r in json.load(open(path))["rows"]:
+        d = r.get("decoder_gemm")
+        if d:   # each engine's picks and the denoise (ms) of each kind's candidates in the chain tuning's last pass
+            chain = {k: {c: round(t, 3) for c, t in v.items()} for k, v in d.get("chain_timings_ms", {}).items()}
+            print(r["variant"], d["choice"], d.get("launch_policy"), chain)
+PYEOF
+  }
   [ -f "$OUT/compile_cells.log" ] && { echo "== reference rows per cell (eager, compiled)"
     grep -hE '^\| pi05? \| reference|^- pi0.*: [0-9.]+ s' "$OUT"/engine_compile_cells*.md 2>/dev/null
     grep -h 'rc=' "$OUT/compile_cells.log"; }

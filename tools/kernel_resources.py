@@ -266,6 +266,30 @@ def smem_configs() -> list[KernelConfig]:
     return out
 
 
+def smem_fp8_configs() -> list[KernelConfig]:
+    """kernels/smem_gemm_fp8.py (the TMA GEMM candidates with fp8_decoder_weights) at the expert's shapes, one per
+    ops.SMEM_CANDIDATES entry it serves (16 rows); empty where Triton has no Gluon."""
+    from flashrt_core.engine.ops import SMEM_CANDIDATES
+    fp8 = _kernels_module("smem_gemm_fp8")
+    if not fp8.HAVE_GLUON:
+        return []
+    out = []
+    for kind, candidates in SMEM_CANDIDATES.items():
+        for c in candidates:
+            geglu = kind == "gate_up"
+            if not fp8.smem_gemm_fp8_supported(10, EXPERT_N[kind], EXPERT_K[kind], geglu, c.split_k):
+                continue
+            rows = fp8.ROWS // 2 if geglu else fp8.ROWS
+            signature = {"w_desc": f"tensordesc<fp8e4nv[{rows}, {fp8.BOX_K}],{fp8._layout_e4m3(rows)!r}>",
+                         "x_ptr": "*bf16", "y_ptr": "*fp32" if c.split_k > 1 else "*bf16", "ws_ptr": "*fp32",
+                         "M": "i32", "F": "i32", "stride_x": "i32", "stride_y": "i32", "split_stride": "i32"}
+            ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": geglu, "KGELU": fp8._K_GELU,
+                  "FMAX": fp8.E4M3_MAX, "PDL": True, "X8_LAYOUT": fp8._layout_e4m3(fp8.X_ROWS)}
+            out.append(KernelConfig(f"smem GEMM fp8 {kind} {c}", fp8._smem_gemm_fp8_kernel, signature, ce, 4, 1,
+                                    ("F", "stride_x", "stride_y", "split_stride")))
+    return out
+
+
 STEP_IN_SIGNATURE = {"x_ptr": "*fp32", "w_ptr": "*bf16", "b_ptr": "*bf16", "s_ptr": "*fp32", "t_ptr": "*fp32",
                      "res_ptr": "*fp32", "y_ptr": "*bf16", "A": "i32", "eps": "fp32", "stride_res": "i32",
                      "stride_y": "i32"}
@@ -408,7 +432,8 @@ def smem_mlp_configs() -> list[KernelConfig]:
 
 
 def all_configs() -> list[KernelConfig]:
-    return (attention_configs() + skinny_configs() + smem_configs() + rope_configs() + denoise_step_configs()
+    return (attention_configs() + skinny_configs() + smem_configs() + smem_fp8_configs() + rope_configs()
+            + denoise_step_configs()
             + prefix_attention_configs() + denoise_layer_configs() + smem_mlp_configs())
 
 

@@ -15,7 +15,11 @@ tests and bug reports:
                                     row per program, as before session 12)
     FLASHRT_DENOISE_STEP_BLOCK_D=N  the fused denoising-step kernels in two passes of N-wide blocks (256: before
                                     session 12) instead of one pass over the row (EngineOptions.denoise_step_block_d)
-    FLASHRT_FP8_DECODER_WEIGHTS=1   ask for weight-only FP8 decoder GEMMs (EngineOptions(fp8_decoder_weights=True))
+    FLASHRT_FP8_DECODER_WEIGHTS=1   ask for FP8 decoder GEMM weights (EngineOptions(fp8_decoder_weights=True)): the
+                                    TMA GEMM candidates run in FP8 on wgmma (kernels/smem_gemm_fp8.py), the Triton
+                                    ones widen the weights to bf16 (weight-only)
+    FLASHRT_DISABLE_SMEM_GEMM_FP8=1  with them, no FP8 TMA GEMM candidates: only the weight-only Triton GEMMs (and
+                                    the library GEMM on the bf16 weights) are weighed, as before session 23
     FLASHRT_FP8_SCALING=tensor|row  FP8 scale granularity (EngineOptions.fp8_scaling)
     FLASHRT_FP8_SCOPE=all|backbone|backbone_mlp   which wide GEMMs FP8 serves (EngineOptions.fp8_scope)
     FLASHRT_DISABLE_CHAIN_TUNING=1  pick the decoder GEMMs by their time alone, not inside the captured denoiser
@@ -147,6 +151,7 @@ class Switch(str, enum.Enum):
     OVERLAP_FIRST_STEP = "OVERLAP_FIRST_STEP"  # the first denoising step beside the prefix, two streams
     DECODER_ATTENTION_TUNING = "DECODER_ATTENTION_TUNING"  # the step attention's row / key blocks timed (opt-in)
     FUSED_MLP = "FUSED_MLP"              # kernels/smem_mlp.py: each expert MLP in one launch (opt-in)
+    SMEM_GEMM_FP8 = "SMEM_GEMM_FP8"      # with fp8_decoder_weights: the TMA GEMM candidates in FP8 (smem_gemm_fp8)
 
 
 # The token-buffer lengths the engine captures a graph for (max_token_len is always added): every 16 tokens up to
@@ -186,7 +191,11 @@ class EngineOptions:
     denoise_step_block_d: int = 0            # the fused step kernels' row blocks; 0: the whole row in one pass
     vision_mlp_pad: int = 128                # the vision MLP width (4304) rounded up to a multiple of this at load
                                              # (zero rows / columns: the same output); 0: as is
-    fp8_decoder_weights: bool = False        # opt-in (measured slower): weight-only E4M3 for the decoder GEMMs
+    fp8_decoder_weights: bool = False        # opt-in: E4M3 decoder GEMM weights, one scale per row (the Triton
+                                             # GEMMs weight-only: measured slower, session 6; the TMA GEMMs in
+                                             # FP8, smem_gemm_fp8: not yet measured)
+    smem_gemm_fp8: bool = True               # with fp8_decoder_weights: kernels/smem_gemm_fp8.py (E4M3 x rows
+                                             # quantized in the kernel, wgmma in FP8) among the decoder candidates
     chain_tuning: bool = True                # decoder GEMM configurations timed where they run (the denoiser)
     chain_tuning_passes: int = 2             # the chain tuning repeats until a pass changes nothing, at most this
     chain_tuning_starts: int = 1             # opt-in (measured no faster, session 17) > 1: its first pass from
@@ -475,8 +484,10 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     ),
     Op.DECODER_WEIGHTS: (
         Candidate("fp8", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.FP8_DECODER_WEIGHTS) and _fp8_capable(hw),
-                  "weight-only E4M3 (one scale per row, fp8.quantize_expert_weights) streamed by the Triton decoder "
-                  "GEMMs, widened to bf16 in registers: half the bytes; opt-in: measured slower on the H200"),
+                  "E4M3 weights (one scale per row, fp8.quantize_expert_weights): half the bytes. The Triton "
+                  "decoder GEMMs widen them to bf16 in registers (weight-only; measured slower on the H200, session "
+                  "6); the TMA GEMM candidates (kernels/smem_gemm_fp8.py, with smem_gemm_fp8 on, NVIDIA Hopper) "
+                  "quantize their x rows to E4M3 (per row, in the kernel) and multiply on wgmma in FP8; opt-in"),
         Candidate("bf16", _ALWAYS, "the prepared bf16 weights"),
     ),
     Op.PATCH_EMBED: (

@@ -245,6 +245,8 @@ class Ops:
         self._qkv_fused = dispatch[Op.DECODER_QKV] == "fused_rope"
         self.own_prefetch = dispatch[Op.WEIGHT_PREFETCH] == "own_slice"
         self.decoder_fp8 = dispatch[Op.DECODER_WEIGHTS] == "fp8"     # Linear.w_fp8 set by fp8.quantize_expert_weights
+        # ... and the TMA GEMM candidates then run kernels/smem_gemm_fp8.py (E4M3 x rows, wgmma in FP8) on w_fp8
+        self.smem_gemm_fp8 = self.decoder_fp8 and self.smem_gemm and dispatch.options.switch_on(Switch.SMEM_GEMM_FP8)
         self.key_block = dispatch.options.decoder_key_block or None     # None: the attention kernels' defaults
         # the denoising step's attention form, "m<rows per program>_k<keys per block>" (decoder_attention_forms),
         # or None: the kernel's own plan (with key_block). The chain tuning sets it where
@@ -409,10 +411,16 @@ class Ops:
         return x.shape[0] <= cfg.max_rows and self._few_rows_gemm_ok(x, lin, cfg.split_k * cfg.block_k)
 
     def _smem_ok(self, x: torch.Tensor, lin: Linear, kind: str, cfg: SmemConfig) -> bool:
-        """kernels/smem_gemm.py's conditions: bf16 weights (not the FP8 copy), a contiguous bf16 x on the GPU."""
-        if not (self.smem_gemm and not self.decoder_fp8 and x.is_cuda and x.dtype == torch.bfloat16
+        """kernels/smem_gemm.py's conditions: bf16 weights, a contiguous bf16 x on the GPU. With decoder_weights=fp8
+        kernels/smem_gemm_fp8.py's instead (smem_gemm_fp8 on, the FP8 copy made, at most 16 rows)."""
+        if not (self.smem_gemm and x.is_cuda and x.dtype == torch.bfloat16
                 and x.is_contiguous() and self._few_rows_gemm_ok(x, lin, 1)):
             return False
+        if self.decoder_fp8:
+            w_q = lin.w_fp8[0] if lin.w_fp8 is not None else None
+            return (self.smem_gemm_fp8 and w_q is not None and w_q.dtype == torch.float8_e4m3fn
+                    and self.k.smem_gemm_fp8_supported(x.shape[0], w_q.shape[0], w_q.shape[1], kind == "gate_up",
+                                                       cfg.split_k))
         if x.shape[0] > self.k.SMEM_GEMM_NORM_MAX_ROWS and not self.smem_gemm_rows:
             return False                    # 17-64 rows: _smem_gemm_rows_kernel, unless smem_gemm_rows is off
         w = lin.parts[0][0]
@@ -453,7 +461,7 @@ class Ops:
         """Whether the denoiser at `rows` rows runs its adaRMSNorms folded into the GEMMs around them
         (Op.ADA_NORM_FOLD): asked for, and every decoder GEMM kind's pick is a shared-memory GEMM that serves
         these rows (only kernels/smem_gemm.py has the norm_out / norm_in epilogues)."""
-        return self.ada_fold and rows <= self.k.SMEM_GEMM_NORM_MAX_ROWS and all(
+        return self.ada_fold and not self.decoder_fp8 and rows <= self.k.SMEM_GEMM_NORM_MAX_ROWS and all(
             isinstance(self.decoder_impl[kind], SmemConfig) for kind in ("qkv", "o", "gate_up", "down")) \
             and self.decoder_impl["qkv"].split_k == 1       # norm_in adds its bias once: no split-K QKV
 
@@ -474,12 +482,18 @@ class Ops:
         if impl == "triton":
             impl = SKINNY_DEFAULT[kind]
         if norm_in is not None or norm_out is not None:
+            if self.decoder_fp8:
+                raise ValueError("the folded adaRMSNorm runs in the bf16 shared-memory GEMM only, not with "
+                                 "fp8_decoder_weights (ada_fold_applies is False there)")
             if not (isinstance(impl, SmemConfig) and self._smem_ok(x, lin, kind, impl)):
                 raise ValueError(f"the folded adaRMSNorm needs the shared-memory GEMM; {kind} runs {impl} at "
                                  f"{tuple(x.shape)}")
             return self.k.smem_gemm(x, lin.parts[0][0], geglu=kind == "gate_up", split_k=impl.split_k,
                                     pdl=self.launch_mode(kind), norm_in=norm_in, norm_out=norm_out)
         if isinstance(impl, SmemConfig) and self._smem_ok(x, lin, kind, impl):
+            if self.decoder_fp8:
+                return self.k.smem_gemm_fp8(x, *lin.w_fp8, geglu=kind == "gate_up", split_k=impl.split_k,
+                                            pdl=self.launch_mode(kind))
             return self.k.smem_gemm(x, lin.parts[0][0], geglu=kind == "gate_up", split_k=impl.split_k,
                                     pdl=self.launch_mode(kind))
         if isinstance(impl, SkinnyConfig) and self._skinny_ok(x, lin, impl):

@@ -45,8 +45,8 @@ def test_script_is_valid_bash(script):
 def test_engine_checks_call_existing_tools_with_their_flags():
     script = REPO / "tools" / "device_engine_checks.sh"
     calls = [line for line in _logical_lines(script) if '"$PY" tools/' in line]
-    assert len(calls) == 20     # benchmark_engine (bench, fp8-scopes, h50 twice, overlap twice, attention-forms twice,
-                                # compile-cells, mlp), benchmark_smem_mlp (mlp),
+    assert len(calls) == 21     # benchmark_engine (bench, fp8-scopes, h50 twice, overlap twice, attention-forms twice,
+                                # compile-cells, mlp, fp8-decoder), benchmark_smem_mlp (mlp),
                                 # profile_engine_timeline (224 and 480x640 frames), benchmark_wide_gemms,
                                 # benchmark_policy_predict (load, host), benchmark_text_buckets (buckets),
                                 # benchmark_denoise_layer (layer: phases, A/B), tune_engine (tune)
@@ -68,9 +68,9 @@ def test_engine_checks_pytest_selections_select_tests():
     lines = _logical_lines(script)
     new = next(line for line in lines if line.startswith("NEW=")).split("=", 1)[1].strip('"')
     pytest_lines = [line.replace("$NEW", new) for line in lines if "-m pytest" in line]
-    assert len(pytest_lines) == 12      # kernels, engine-new, engine-rest, engine-gates, engine-gates-forced,
+    assert len(pytest_lines) == 14      # kernels, engine-new, engine-rest, engine-gates, engine-gates-forced,
                                         # layer's kernel tests and gates, h50's kernel tests, attention-forms'
-                                        # kernel test and gates, mlp's kernel tests and gates
+                                        # kernel test and gates, mlp's and fp8-decoder's kernel tests and gates
     engine_ids: list[str] = []
     for line in pytest_lines:
         paths, selection = _pytest_call(line)

@@ -160,7 +160,9 @@ def test_overlapped_first_step_graph_gives_the_sequential_graphs_actions(tiny):
 @pytest.mark.parametrize("name,precision", [
     ("pi05", "bf16"), ("pi0", "bf16"),
     ("pi05", "fp8"), ("pi0", "fp8"),        # FP8 on the default scope (backbone MLP), per-tensor static scales
-    ("pi05", "fp8+fp8_decoder_weights"),    # + weight-only FP8 decoder GEMMs (opt-in)
+    ("pi05", "fp8+fp8_decoder_weights"),    # + FP8 decoder GEMM weights (opt-in): the TMA ones in FP8 weighed
+    ("pi05", "fp8+fp8_decoder_weights_smem"),  # ... the FP8 TMA GEMMs (kernels/smem_gemm_fp8.py) forced
+    ("pi05", "fp8+fp8_decoder_weights_weight_only"),  # ... without them (smem_gemm_fp8 off): weight-only Triton
     ("pi05", "bf16+smem_gemm"),             # every decoder GEMM forced to the shared-memory (TMA) kernels, no fold
     ("pi05", "bf16+no_smem_gemm"),          # the shared-memory GEMMs and early PDL triggers off (as session 6)
     ("pi05", "bf16+no_fused_patch_embed"),  # the patch embedding as torch ops, fp32 GEMM (the fused one: default)
@@ -190,7 +192,8 @@ def test_accuracy_gate_full_size(name, precision):
     reference = ReferenceExecutor(model, cfg, torch.device("cuda"))
     prec, _, extra = precision.partition("+")
     engine = build_executor(model, cfg, torch.device("cuda"), "auto",
-                            EngineOptions(fp8=prec == "fp8", fp8_decoder_weights=extra == "fp8_decoder_weights",
+                            EngineOptions(fp8=prec == "fp8", fp8_decoder_weights=extra.startswith("fp8_decoder"),
+                                          smem_gemm_fp8=extra != "fp8_decoder_weights_weight_only",
                                           smem_gemm=extra != "no_smem_gemm",
                                           pdl_early_trigger=extra != "no_smem_gemm",
                                           fused_patch_embed=extra != "no_fused_patch_embed",
@@ -209,7 +212,8 @@ def test_accuracy_gate_full_size(name, precision):
                                           **(ONE_PASS if extra else {})))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
     assert engine.name.endswith(prec)
-    assert engine.ops.decoder_fp8 == (extra == "fp8_decoder_weights")
+    assert engine.ops.decoder_fp8 == extra.startswith("fp8_decoder_weights")
+    assert engine.ops.smem_gemm_fp8 == (extra in ("fp8_decoder_weights", "fp8_decoder_weights_smem"))
     assert engine.ops.fused_patch_embed == (extra != "no_fused_patch_embed")
     assert engine.ops.ada_fold == (extra == "smem_gemm_ada_fold")
     assert engine.ops.fused_denoise_step == (extra != "no_fused_denoise_step")
@@ -238,7 +242,8 @@ def test_accuracy_gate_full_size(name, precision):
             assert engine.suffix_len > 16 and engine.ops.smem_gemm_rows
             assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
                        for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
-    if extra.startswith("smem_gemm") or extra == "split_k_qkv":   # the tuning weighed the TMA GEMMs; force them
+    if extra.startswith("smem_gemm") or extra in ("split_k_qkv", "fp8_decoder_weights_smem"):
+        # the tuning weighed the TMA GEMMs (the FP8 ones with fp8_decoder_weights); force them
         assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
                    for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
         from flashrt_core.engine.ops import SMEM_CANDIDATES

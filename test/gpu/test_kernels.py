@@ -645,6 +645,50 @@ def test_smem_gemm_rows_kernel_every_engine_config(kind, n, k):
     _check_smem_gemm_configs(kind, n, k, [17, 32, 33, *[r for r in DECODER_ROWS if r > 16], 64])
 
 
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
+                    or not K.HAVE_GLUON, reason="kernels/smem_gemm_fp8.py needs Gluon on a Hopper (sm90) GPU")
+@pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("o", 1024, 2048), ("gate_up", 8192, 1024),
+                                      ("down", 1024, 4096)])
+def test_smem_gemm_fp8_every_engine_config(kind, n, k):
+    """kernels/smem_gemm_fp8.py (the TMA GEMM candidates with fp8_decoder_weights) at the expert's shapes, 1-16 rows,
+    every split-K candidate it serves and every launch mode: equal to smem_gemm_fp8_reference (the same E4M3
+    arithmetic in PyTorch) up to fp32 summation order and the bf16 result, and within the engine's FP8 candidate
+    bound (ops.DECODER_CHECK_REL_L2_FP8) of the bf16 GEMM on the unquantized weights. Weights and rows random,
+    rows of different magnitudes (the per-row scales), one row all zeros (a zero scale must not give NaN)."""
+    from flashrt_core.engine.fp8 import quantize_rows
+    from flashrt_core.engine.ops import DECODER_CHECK_REL_L2_FP8, SMEM_CANDIDATES
+    g = torch.Generator(device=DEVICE).manual_seed(n + 5 * k)
+    w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(torch.bfloat16)
+    w_q, w_scale = quantize_rows(w, torch.float8_e4m3fn)
+    geglu = kind == "gate_up"
+    checked = 0
+    for rows in (1, *[r for r in DECODER_ROWS if r <= 16], 16):
+        x = torch.randn(rows, k, device=DEVICE, generator=g) * torch.logspace(-2, 2, rows, device=DEVICE)[:, None]
+        x = x.to(torch.bfloat16)
+        if rows > 2:
+            x[1] = 0.0
+        for cfg in SMEM_CANDIDATES[kind]:
+            if not K.smem_gemm_fp8_supported(rows, n, k, geglu, cfg.split_k):
+                continue
+            want = K.smem_gemm_fp8_reference(x, w_q, w_scale, geglu, cfg.split_k).float()
+            exact = K.skinny_gemm_reference(x, w, geglu, 1).float()
+            for pdl in (False, True, K.EARLY_TRIGGER):
+                got = K.smem_gemm_fp8(x, w_q, w_scale, geglu, cfg.split_k, pdl=pdl).float()
+                if cfg.split_k > 1:
+                    assert got.shape == (cfg.split_k, rows, n), (cfg, got.shape)
+                    got = got.sum(0)
+                assert got.shape == want.shape and torch.isfinite(got).all(), (cfg, pdl, rows)
+                err = (got - want).norm() / want.norm()
+                assert err < 1e-2, f"{cfg} pdl={pdl} rows {rows}: rel L2 error {err:.2e} against the reference"
+                err_bf16 = (got - exact).norm() / exact.norm()
+                assert err_bf16 < DECODER_CHECK_REL_L2_FP8, \
+                    f"{cfg} pdl={pdl} rows {rows}: rel L2 error {err_bf16:.2e} against the bf16 GEMM"
+                if rows > 2:
+                    assert got[1].abs().max() == 0, (cfg, pdl, rows)
+                checked += 1
+    assert checked >= 6, checked
+
+
 def _check_smem_gemm_configs(kind: str, n: int, k: int, row_counts) -> None:
     from flashrt_core.engine.ops import SMEM_CANDIDATES
     g = torch.Generator(device=DEVICE).manual_seed(n + 3 * k)
