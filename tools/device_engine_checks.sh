@@ -106,9 +106,10 @@
 #   (engine_fused_mlp_*, fused_mlp.log); mlp-gates: `[pi05-bf16+fused_mlp]`, `[pi05-fp8+fused_mlp]`
 #   (pytest_mlp_gates.log).
 # fp8-decoder: kernels/smem_gemm_fp8.py (the TMA decoder GEMMs in FP8 with fp8_decoder_weights; written without a
-#   GPU in session 23): its kernel test (pytest_fp8_decoder_kernel.log), then, if it passed, pi0.5 2 views h10 in
-#   bf16 and FP8 with fp8_decoder_weights (the FP8 TMA GEMMs weighed by the tuning) and without, and FP8 with the
-#   weight-only Triton GEMMs alone (smem_gemm_fp8 off) (engine_fp8_decoder_*, fp8_decoder.log);
+#   GPU in session 23): its kernel test (pytest_fp8_decoder_kernel.log), then, if it passed, pi0.5 2 views h10:
+#   bf16 and FP8 on the defaults, FP8 with fp8_decoder_weights (the FP8 TMA GEMMs weighed by the tuning) and FP8
+#   with the weight-only Triton GEMMs alone (smem_gemm_fp8 off) (engine_fp8_decoder_*, fp8_decoder.log), and each
+#   engine's picks;
 #   fp8-decoder-gates: `[pi05-fp8+fp8_decoder_weights*]` (pytest_fp8_decoder_gates.log).
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
 #   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
@@ -318,8 +319,8 @@ if [ "$PART" = fp8-decoder ]; then    # not in "all": the FP8 TMA decoder GEMMs 
   echo "pytest rc=$?" >> "$OUT/pytest_fp8_decoder_kernel.log"
   if grep -q "4 passed" "$OUT/pytest_fp8_decoder_kernel.log"; then
     timeout 420 "$PY" tools/benchmark_engine.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --configs pi05 --views 2 \
-      --horizons 10 --fp8-configs pi05 --ab-switches-on fp8_decoder_weights \
-      --ab-fp8-options with_fp8_decoder_weights-no_smem_gemm_fp8 --reference-calls 2 --no-gate \
+      --horizons 10 --fp8-configs pi05 \
+      --ab-fp8-options with_fp8_decoder_weights with_fp8_decoder_weights-no_smem_gemm_fp8 --reference-calls 2 --no-gate \
       --out-dir "$OUT" --tag fp8_decoder > "$OUT/fp8_decoder.log" 2>&1
     echo "benchmark_engine rc=$?" >> "$OUT/fp8_decoder.log"
   fi
