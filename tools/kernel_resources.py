@@ -281,12 +281,13 @@ def smem_fp8_configs() -> list[KernelConfig]:
                 continue
             rows = fp8.ROWS // 2 if geglu else fp8.ROWS
             signature = {"w_desc": f"tensordesc<fp8e4nv[{rows}, {fp8.BOX_K}],{fp8._layout_e4m3(rows)!r}>",
-                         "x_ptr": "*bf16", "y_ptr": "*fp32" if c.split_k > 1 else "*bf16", "ws_ptr": "*fp32",
-                         "M": "i32", "F": "i32", "stride_x": "i32", "stride_y": "i32", "split_stride": "i32"}
+                         "x_desc": f"tensordesc<bf16[{fp8.X_ROWS}, {fp8.BOX_K}],{fp8._layout(fp8.X_ROWS)!r}>",
+                         "y_ptr": "*fp32" if c.split_k > 1 else "*bf16", "ws_ptr": "*fp32",
+                         "M": "i32", "F": "i32", "stride_y": "i32", "split_stride": "i32"}
             ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": geglu, "KGELU": fp8._K_GELU,
                   "FMAX": fp8.E4M3_MAX, "PDL": True, "X8_LAYOUT": fp8._layout_e4m3(fp8.X_ROWS)}
             out.append(KernelConfig(f"smem GEMM fp8 {kind} {c}", fp8._smem_gemm_fp8_kernel, signature, ce, 4, 1,
-                                    ("F", "stride_x", "stride_y", "split_stride")))
+                                    ("F", "stride_y", "split_stride")))
     return out
 
 

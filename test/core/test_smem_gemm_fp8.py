@@ -86,8 +86,8 @@ def test_shape_rules_refuse_what_the_kernel_cannot_do():
     assert not smem_gemm_fp8_supported(10, 1000, 1024, False, 1)        # whole 64-row weight tiles
     assert not smem_gemm_fp8_supported(10, 8192, 1024, True, 2)         # no split-K with GeGLU
     assert not smem_gemm_fp8_supported(10, 1024, 16384, False, 1)       # 1 MB of E4M3: beyond shared memory
-    assert smem_gemm_fp8_supported(10, 1024, 2048, False, 1)            # 160 KB of weight and x slices: fits
-    assert not smem_gemm_fp8_supported(10, 1024, 4096, False, 1)        # 320 KB: does not
+    assert smem_gemm_fp8_supported(10, 1024, 1024, False, 1)            # 112 KB of weight and x slices: fits
+    assert not smem_gemm_fp8_supported(10, 1024, 2048, False, 1)        # 224 KB: does not
 
 
 @pytest.mark.skipif(not HAVE_GLUON, reason="Triton has no Gluon here")
@@ -107,8 +107,8 @@ def test_launcher_names_a_wrong_input():
 
 def test_kernel_compiles_for_sm90_as_designed():
     """Every candidate compiles for sm90 with no spill and within one SM's shared memory; its PTX issues the E4M3
-    weight slice (one TMA copy per box, two with GeGLU: gate and up rows) before the PDL wait and no TMA copy
-    after it (x is quantized from global memory), and multiplies on wgmma's E4M3 form, two k32 steps per box."""
+    weight slice (one TMA copy per box, two with GeGLU: gate and up rows) before the PDL wait and x's boxes after
+    it, quantizes x after the wait and multiplies on wgmma's E4M3 form, two k32 steps per box."""
     pytest.importorskip("triton")
     from tools.kernel_resources import compile_sm90, resources, smem_fp8_configs
     configs = smem_fp8_configs()
@@ -123,6 +123,6 @@ def test_kernel_compiles_for_sm90_as_designed():
         wait = ptx.index("griddepcontrol.wait")
         boxes = cfg.constexprs["K_PER_SPLIT"] // 64
         before, after = ptx[:wait].count("cp.async.bulk.tensor"), ptx[wait:].count("cp.async.bulk.tensor")
-        assert before == boxes * (2 if cfg.constexprs["GEGLU"] else 1) and after == 0, (cfg.name, before, after)
+        assert before == boxes * (2 if cfg.constexprs["GEGLU"] else 1) and after == boxes, (cfg.name, before, after)
         assert ptx.count("wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3") == 2 * boxes, cfg.name
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx[wait:], cfg.name
