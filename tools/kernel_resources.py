@@ -286,7 +286,8 @@ def smem_fp8_configs() -> list[KernelConfig]:
                          "M": "i32", "F": "i32", "stride_y": "i32", "split_stride": "i32"}
             ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": geglu, "KGELU": fp8._K_GELU,
                   "FMAX": fp8.E4M3_MAX, "PDL": True, "X8_LAYOUT": fp8._layout_e4m3(fp8.X_ROWS)}
-            out.append(KernelConfig(f"smem GEMM fp8 {kind} {c}", fp8._smem_gemm_fp8_kernel, signature, ce, 4, 1,
+            out.append(KernelConfig(f"smem GEMM fp8 {kind} {type(c)(c.split_k, fp8=True)}",
+                                    fp8._smem_gemm_fp8_kernel, signature, ce, 4, 1,
                                     ("F", "stride_y", "split_stride")))
     return out
 

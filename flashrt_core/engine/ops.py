@@ -89,12 +89,14 @@ PREFIX_ATTENTION_CHECK_ATOL = 3e-2
 
 @dataclass(frozen=True)
 class SmemConfig:
-    """Launch configuration of kernels/smem_gemm.py (the weight slice in shared memory before the PDL wait)."""
+    """Launch configuration of kernels/smem_gemm.py (the weight slice in shared memory before the PDL wait); with
+    fp8, of kernels/smem_gemm_fp8.py on the E4M3 copy of the weights (decoder_weights=fp8, Ops.smem_candidates)."""
 
     split_k: int
+    fp8: bool = False
 
     def __str__(self) -> str:
-        return f"gluon_smem(s{self.split_k})"
+        return f"gluon_smem{'_fp8' if self.fp8 else ''}(s{self.split_k})"
 
 
 # kernels/smem_gemm.py candidates per kind (smem_gemm=tma, the default on sm90 with Gluon): 64 weight rows per program (32 + 32 with GeGLU);
@@ -245,7 +247,8 @@ class Ops:
         self._qkv_fused = dispatch[Op.DECODER_QKV] == "fused_rope"
         self.own_prefetch = dispatch[Op.WEIGHT_PREFETCH] == "own_slice"
         self.decoder_fp8 = dispatch[Op.DECODER_WEIGHTS] == "fp8"     # Linear.w_fp8 set by fp8.quantize_expert_weights
-        # ... and the TMA GEMM candidates then run kernels/smem_gemm_fp8.py (E4M3 x rows, wgmma in FP8) on w_fp8
+        # ... and the TMA GEMM candidates then include kernels/smem_gemm_fp8.py's (E4M3 x rows, wgmma in FP8) on
+        # w_fp8, beside the bf16 ones: the tuning picks per kind (smem_candidates)
         self.smem_gemm_fp8 = self.decoder_fp8 and self.smem_gemm and dispatch.options.switch_on(Switch.SMEM_GEMM_FP8)
         self.key_block = dispatch.options.decoder_key_block or None     # None: the attention kernels' defaults
         # the denoising step's attention form, "m<rows per program>_k<keys per block>" (decoder_attention_forms),
@@ -345,8 +348,11 @@ class Ops:
     def plain_pick(self, kind: str) -> str | SkinnyConfig | SmemConfig:
         """The tuned GEMM of `kind` where it is a plain one (a Triton or shared-memory GEMM without split-K, no RoPE
         epilogue), else "triton" (the kind's first Triton candidate): for an untuned GEMM of the same K, e.g. pi0's
-        time MLP output (K = the expert's width, as QKV's)."""
+        time MLP output (K = the expert's width, as QKV's), whose weight has no FP8 copy: an FP8 shared-memory pick
+        gives its bf16 twin."""
         impl = self.decoder_impl.get(kind)
+        if isinstance(impl, SmemConfig) and impl.fp8:
+            impl = SmemConfig(impl.split_k)
         return impl if isinstance(impl, (SkinnyConfig, SmemConfig)) and impl.split_k == 1 else "triton"
 
     def time_mlp_in(self, x_t: torch.Tensor, w_fold: torch.Tensor, c: torch.Tensor, state_token: torch.Tensor,
@@ -410,13 +416,19 @@ class Ops:
     def _skinny_ok(self, x: torch.Tensor, lin: Linear, cfg: SkinnyConfig) -> bool:
         return x.shape[0] <= cfg.max_rows and self._few_rows_gemm_ok(x, lin, cfg.split_k * cfg.block_k)
 
+    def smem_candidates(self, kind: str) -> list[SmemConfig]:
+        """The shared-memory GEMM configurations the tuning weighs for one kind: SMEM_CANDIDATES, and with
+        smem_gemm_fp8 (decoder_weights=fp8) each of them on the E4M3 weights too."""
+        bf16 = SMEM_CANDIDATES[kind]
+        return bf16 + [SmemConfig(c.split_k, fp8=True) for c in bf16] if self.smem_gemm_fp8 else list(bf16)
+
     def _smem_ok(self, x: torch.Tensor, lin: Linear, kind: str, cfg: SmemConfig) -> bool:
-        """kernels/smem_gemm.py's conditions: bf16 weights, a contiguous bf16 x on the GPU. With decoder_weights=fp8
-        kernels/smem_gemm_fp8.py's instead (smem_gemm_fp8 on, the FP8 copy made, at most 16 rows)."""
+        """kernels/smem_gemm.py's conditions: bf16 weights, a contiguous bf16 x on the GPU. An fp8 configuration:
+        kernels/smem_gemm_fp8.py's (smem_gemm_fp8 on, the FP8 copy made, at most 16 rows)."""
         if not (self.smem_gemm and x.is_cuda and x.dtype == torch.bfloat16
                 and x.is_contiguous() and self._few_rows_gemm_ok(x, lin, 1)):
             return False
-        if self.decoder_fp8:
+        if cfg.fp8:
             w_q = lin.w_fp8[0] if lin.w_fp8 is not None else None
             return (self.smem_gemm_fp8 and w_q is not None and w_q.dtype == torch.float8_e4m3fn
                     and self.k.smem_gemm_fp8_supported(x.shape[0], w_q.shape[0], w_q.shape[1], kind == "gate_up",
@@ -483,15 +495,15 @@ class Ops:
             impl = SKINNY_DEFAULT[kind]
         if norm_in is not None or norm_out is not None:
             if self.decoder_fp8:
-                raise ValueError("the folded adaRMSNorm runs in the bf16 shared-memory GEMM only, not with "
-                                 "fp8_decoder_weights (ada_fold_applies is False there)")
+                raise ValueError("the folded adaRMSNorm is not offered with fp8_decoder_weights "
+                                 "(ada_fold_applies is False there)")
             if not (isinstance(impl, SmemConfig) and self._smem_ok(x, lin, kind, impl)):
                 raise ValueError(f"the folded adaRMSNorm needs the shared-memory GEMM; {kind} runs {impl} at "
                                  f"{tuple(x.shape)}")
             return self.k.smem_gemm(x, lin.parts[0][0], geglu=kind == "gate_up", split_k=impl.split_k,
                                     pdl=self.launch_mode(kind), norm_in=norm_in, norm_out=norm_out)
         if isinstance(impl, SmemConfig) and self._smem_ok(x, lin, kind, impl):
-            if self.decoder_fp8:
+            if impl.fp8:
                 return self.k.smem_gemm_fp8(x, *lin.w_fp8, geglu=kind == "gate_up", split_k=impl.split_k,
                                             pdl=self.launch_mode(kind))
             return self.k.smem_gemm(x, lin.parts[0][0], geglu=kind == "gate_up", split_k=impl.split_k,
@@ -576,7 +588,7 @@ class Ops:
         """The implementations the load-time tuning times for one decoder GEMM kind at x's shape: the library
         GEMM, every Triton configuration that fits, and for qkv the RoPE-epilogue GEMMs where they may run."""
         candidates = ["library"] + [c for c in SKINNY_CANDIDATES[kind] if self._skinny_ok(x, lin, c)]
-        candidates += [c for c in SMEM_CANDIDATES[kind] if self._smem_ok(x, lin, kind, c)]
+        candidates += [c for c in self.smem_candidates(kind) if self._smem_ok(x, lin, kind, c)]
         if kind == "qkv" and not (self.split_k_qkv and self._rope_in_attention_for(x.shape[0])):
             candidates = [c for c in candidates if getattr(c, "split_k", 1) == 1]    # only the attention sums them
         if kind == "qkv":

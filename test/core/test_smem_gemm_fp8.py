@@ -126,3 +126,53 @@ def test_kernel_compiles_for_sm90_as_designed():
         assert before == boxes * (2 if cfg.constexprs["GEGLU"] else 1) and after == boxes, (cfg.name, before, after)
         assert ptx.count("wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3") == 2 * boxes, cfg.name
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx[wait:], cfg.name
+
+
+def test_tuning_weighs_the_fp8_kernel_beside_the_bf16_one_and_runs_each_on_its_weights(monkeypatch):
+    """With FP8 decoder GEMM weights and smem_gemm_fp8, each kind's shared-memory candidates are the bf16 ones and
+    their FP8 twins (the tuning keeps the faster per kind); an FP8 pick runs kernels/smem_gemm_fp8.py on the E4M3
+    copy (checked against the library GEMM like every candidate), a bf16 pick kernels/smem_gemm.py on the bf16
+    weights; pi0's untuned time-MLP GEMM, which has no E4M3 copy, gets an FP8 pick's bf16 twin. The fold of the
+    adaRMSNorm is not offered with FP8 decoder weights."""
+    import types
+
+    from flashrt_core.engine.dispatch import EngineOptions, resolve
+    from flashrt_core.engine.hardware import CPU
+    from flashrt_core.engine.ops import Ops, SmemConfig
+    from flashrt_core.engine.weights import Linear
+
+    ops = Ops(resolve(CPU, EngineOptions()))
+    assert not ops.smem_gemm_fp8 and ops.smem_candidates("o") == SMEM_CANDIDATES["o"]     # bf16 weights: no twins
+    ops.smem_gemm = ops.decoder_fp8 = ops.smem_gemm_fp8 = True           # what resolve() gives on an H200
+    assert [str(c) for c in ops.smem_candidates("o")] == ["gluon_smem(s2)", "gluon_smem(s4)", "gluon_smem(s8)",
+                                                          "gluon_smem_fp8(s2)", "gluon_smem_fp8(s4)",
+                                                          "gluon_smem_fp8(s8)"]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(10, 256, generator=g).to(torch.bfloat16)
+    w = (torch.randn(128, 256, generator=g) / 16).to(torch.bfloat16)
+    lin = Linear([(w, None)])
+    lin.w_fp8 = quantize_rows(w, torch.float8_e4m3fn)
+    calls = []
+    ops.k = types.SimpleNamespace(**{n: getattr(ops.k, n) for n in ops.k.__all__})     # this Ops' own kernels
+
+    def fp8_kernel(x, w_q, w_scale, geglu=False, split_k=1, pdl=False):
+        calls.append(("fp8", w_q.dtype))
+        y = smem_gemm_fp8_reference(x, w_q, w_scale, geglu, split_k)
+        return y if split_k == 1 else torch.stack([y.float()] + [torch.zeros_like(y.float())] * (split_k - 1))
+
+    def bf16_kernel(x, w, geglu=False, split_k=1, pdl=False):
+        calls.append(("bf16", w.dtype))
+        return ops.k.skinny_gemm_reference(x, w, geglu, split_k)
+    ops.k.smem_gemm_fp8, ops.k.smem_gemm = fp8_kernel, bf16_kernel
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))    # the GPU-only conditions, on the CPU
+    assert ops._smem_ok(x, lin, "o", SmemConfig(4, fp8=True)) and ops._smem_ok(x, lin, "o", SmemConfig(4))
+    ops.check_candidate("o", SmemConfig(4, fp8=True), x, lin)            # within the FP8 bound of the library GEMM
+    ops.decoder(x, lin, "o", SmemConfig(4))
+    assert calls == [("fp8", torch.float8_e4m3fn), ("bf16", torch.bfloat16)]
+    no_copy = Linear([(w, None)])
+    assert not ops._smem_ok(x, no_copy, "o", SmemConfig(4, fp8=True))   # no E4M3 copy: not a candidate
+    ops.decoder_impl["qkv"] = SmemConfig(1, fp8=True)
+    assert ops.plain_pick("qkv") == SmemConfig(1)
+    ops.ada_fold = True
+    ops.decoder_impl.update({k: SmemConfig(c[0].split_k) for k, c in SMEM_CANDIDATES.items()})
+    assert not ops.ada_fold_applies(10)

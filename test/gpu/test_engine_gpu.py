@@ -246,8 +246,13 @@ def test_accuracy_gate_full_size(name, precision):
         # the tuning weighed the TMA GEMMs (the FP8 ones with fp8_decoder_weights); force them
         assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
                    for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
-        from flashrt_core.engine.ops import SMEM_CANDIDATES
-        engine.ops.decoder_impl.update({kind: cands[0] for kind, cands in SMEM_CANDIDATES.items()})
+        from flashrt_core.engine.ops import SMEM_CANDIDATES, SmemConfig
+        fp8 = extra == "fp8_decoder_weights_smem"
+        if fp8:
+            assert all(any(c.startswith("gluon_smem_fp8") for c in engine.ops.decoder_timings[kind])
+                       for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
+        engine.ops.decoder_impl.update({kind: SmemConfig(cands[0].split_k, fp8=fp8)
+                                        for kind, cands in SMEM_CANDIDATES.items()})
         if extra == "split_k_qkv":
             engine.ops.decoder_impl["qkv"] = SMEM_CANDIDATES["qkv"][1]
             assert engine.ops.decoder_impl["qkv"].split_k == 2
