@@ -108,9 +108,10 @@
 # fp8-decoder: kernels/smem_gemm_fp8.py (the TMA decoder GEMMs in FP8 with fp8_decoder_weights; written without a
 #   GPU in session 23): its kernel test (pytest_fp8_decoder_kernel.log), then, if it passed, pi0.5 2 views h10:
 #   bf16 and FP8 on the defaults, FP8 with fp8_decoder_weights (the FP8 TMA GEMMs weighed by the tuning) and FP8
-#   with the weight-only Triton GEMMs alone (smem_gemm_fp8 off) (engine_fp8_decoder_*, fp8_decoder.log), and each
-#   engine's picks;
-#   fp8-decoder-gates: `[pi05-fp8+fp8_decoder_weights*]` (pytest_fp8_decoder_gates.log).
+#   without the FP8 TMA GEMMs (smem_gemm_fp8 off: the bf16 and weight-only ones weighed) (engine_fp8_decoder_*,
+#   fp8_decoder.log), and each engine's picks;
+#   fp8-decoder-gates: `[pi05-fp8+fp8_decoder_weights*]`: tuned, the FP8 TMA GEMMs forced, the weight-only Triton
+#   GEMMs forced (pytest_fp8_decoder_gates.log).
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
 #   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the

@@ -18,8 +18,9 @@ tests and bug reports:
     FLASHRT_FP8_DECODER_WEIGHTS=1   ask for FP8 decoder GEMM weights (EngineOptions(fp8_decoder_weights=True)): the
                                     TMA GEMM candidates run in FP8 on wgmma (kernels/smem_gemm_fp8.py), the Triton
                                     ones widen the weights to bf16 (weight-only)
-    FLASHRT_DISABLE_SMEM_GEMM_FP8=1  with them, no FP8 TMA GEMM candidates: only the weight-only Triton GEMMs (and
-                                    the library GEMM on the bf16 weights) are weighed, as before session 23
+    FLASHRT_DISABLE_SMEM_GEMM_FP8=1  with them, no FP8 TMA GEMM candidates: the tuning weighs the weight-only
+                                    Triton GEMMs, the bf16 TMA GEMMs and the library GEMM (the A/B of the FP8 ones;
+                                    before session 23 the TMA GEMMs were not offered with FP8 decoder weights)
     FLASHRT_FP8_SCALING=tensor|row  FP8 scale granularity (EngineOptions.fp8_scaling)
     FLASHRT_FP8_SCOPE=all|backbone|backbone_mlp   which wide GEMMs FP8 serves (EngineOptions.fp8_scope)
     FLASHRT_DISABLE_CHAIN_TUNING=1  pick the decoder GEMMs by their time alone, not inside the captured denoiser

@@ -162,7 +162,8 @@ def test_overlapped_first_step_graph_gives_the_sequential_graphs_actions(tiny):
     ("pi05", "fp8"), ("pi0", "fp8"),        # FP8 on the default scope (backbone MLP), per-tensor static scales
     ("pi05", "fp8+fp8_decoder_weights"),    # + FP8 decoder GEMM weights (opt-in): the TMA ones in FP8 weighed
     ("pi05", "fp8+fp8_decoder_weights_smem"),  # ... the FP8 TMA GEMMs (kernels/smem_gemm_fp8.py) forced
-    ("pi05", "fp8+fp8_decoder_weights_weight_only"),  # ... without them (smem_gemm_fp8 off): weight-only Triton
+    ("pi05", "fp8+fp8_decoder_weights_weight_only"),  # ... without them (smem_gemm_fp8 off), the weight-only
+                                                      # Triton GEMMs forced (the tuning may keep bf16 TMA ones)
     ("pi05", "bf16+smem_gemm"),             # every decoder GEMM forced to the shared-memory (TMA) kernels, no fold
     ("pi05", "bf16+no_smem_gemm"),          # the shared-memory GEMMs and early PDL triggers off (as session 6)
     ("pi05", "bf16+no_fused_patch_embed"),  # the patch embedding as torch ops, fp32 GEMM (the fused one: default)
@@ -259,6 +260,15 @@ def test_accuracy_gate_full_size(name, precision):
         engine._entries.clear()     # recapture with them
         assert engine.ops.ada_fold_applies(engine.suffix_len) == (extra == "smem_gemm_ada_fold")
         assert (engine.suffix_len > 16) == (extra == "smem_gemm_rows"), engine.suffix_len    # the ring kernel
+    if extra == "fp8_decoder_weights_weight_only":   # every decoder GEMM on the Triton kernel that widens E4M3
+        from flashrt_core.engine.ops import SKINNY_DEFAULT, SkinnyConfig
+        assert not any("gluon_smem_fp8" in c for kind in ("qkv", "o", "gate_up", "down")
+                       for c in engine.ops.decoder_timings[kind]), engine.ops.decoder_timings
+        engine.ops.decoder_impl.update(SKINNY_DEFAULT)
+        engine._entries.clear()     # recapture with them
+        layer = engine.weights.expert[0]
+        assert all(isinstance(engine.ops.decoder_impl[kind], SkinnyConfig) and getattr(layer, kind).w_fp8 is not None
+                   for kind in ("qkv", "o", "gate_up", "down"))
     if extra == "prefix_attention_wgmma":   # the tuning (a default candidate) checked it and timed it; force it
         assert {"wgmma", "wgmma_overlap"} <= set(engine.ops.prefix_attention_timings), \
             engine.ops.prefix_attention_timings
