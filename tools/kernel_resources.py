@@ -98,6 +98,14 @@ def resources(compiled) -> dict:
             "shared_bytes": int(compiled.metadata.shared)}
 
 
+def tma_copies_around_pdl_wait(ptx: str) -> tuple[int, int]:
+    """How many TMA copies (cp.async.bulk.tensor) a kernel's PTX issues before and after its PDL wait
+    (griddepcontrol.wait; a kernel without one: all after). The shared-memory GEMMs are written to issue their
+    weight boxes before it, so that they stream beside the kernel ahead, and only x's after it."""
+    wait = max(ptx.find("griddepcontrol.wait"), 0)
+    return ptx[:wait].count("cp.async.bulk.tensor"), ptx[wait:].count("cp.async.bulk.tensor")
+
+
 def sass_digest(compiled) -> str:
     """16 hex digits of sha256 over the kernel's sm90 instructions (``cuobjdump -sass`` of its cubin, each
     instruction's text without its address): the same digest, the same machine code."""
