@@ -22,7 +22,7 @@ import torch
 
 from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
 from .geglu import _K as _K_GELU  # noqa: N811  the tanh GELU's constant
-from .geglu import gelu_tanh_times
+from .geglu import geglu_reference, gelu_tanh_times
 from .l2_prefetch import check_window, prefetch_chunk, prefetch_l2, prefetch_rows_l2
 
 def row_tile(M: int) -> int:
@@ -43,10 +43,7 @@ def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, geglu: bool = False,
         ws = w.float().view(w.shape[0], split_k, K // split_k).transpose(0, 1)        # (S, N, K/S)
         return xs @ ws.transpose(1, 2)                                                # (S, M, N)
     y = x.float() @ w.float().T
-    if geglu:
-        gate, up = y.chunk(2, dim=-1)
-        y = torch.nn.functional.gelu(gate, approximate="tanh") * up
-    return y.to(x.dtype)
+    return (geglu_reference(y) if geglu else y).to(x.dtype)
 
 
 @triton.jit

@@ -52,6 +52,7 @@ from ._gluon import (HAVE_GLUON, TensorDescriptor, gl, gluon, griddep, mbarrier,
                      warpgroup_mma_wait)
 from ._triton import INTERPRETED, launch_options
 from .geglu import _K as _K_GELU  # noqa: N811  the tanh GELU's constant
+from .geglu import geglu_reference
 
 ROWS = 64            # weight rows per program: wgmma's M
 X_ROWS = 16          # x rows per program (M <= 16): wgmma's N
@@ -158,10 +159,7 @@ def smem_gemm_norm_in_reference(xs: torch.Tensor, w: torch.Tensor, sq: torch.Ten
     M, K = xs.shape
     r = torch.rsqrt(sq.float()[:, :M].sum(0) / K + eps)
     y = (xs.float() @ w.float().T) * r[:, None] + bias.float()
-    if geglu:
-        gate, up = y.chunk(2, dim=-1)
-        y = torch.nn.functional.gelu(gate, approximate="tanh") * up
-    return y.to(xs.dtype)
+    return (geglu_reference(y) if geglu else y).to(xs.dtype)
 
 
 if HAVE_GLUON:

@@ -42,6 +42,7 @@ from ._gluon import (HAVE_GLUON, TensorDescriptor, fence_async_shared, gl, gluon
                      warpgroup_mma_wait)
 from ._triton import INTERPRETED, launch_options
 from .geglu import _K as _K_GELU  # noqa: N811  the tanh GELU's constant
+from .geglu import geglu_reference
 from .smem_gemm import BOX_K, ROWS, SMEM_BUDGET, X_ROWS, _layout
 
 E4M3_MAX = 448.0                  # the largest finite E4M3 (OCP e4m3fn) value: x rows are scaled onto it
@@ -77,10 +78,7 @@ def smem_gemm_fp8_reference(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.T
     wq = w_q.float().view(w_q.shape[0], split_k, ks)
     y = torch.einsum("msk,nsk->msn", xq, wq) * (amax / E4M3_MAX)                    # (M, split_k, N)
     y = y.sum(dim=1) * w_scale.float()[None, :]
-    if geglu:
-        gate, up = y.chunk(2, dim=-1)
-        y = torch.nn.functional.gelu(gate, approximate="tanh") * up
-    return y.to(x.dtype)
+    return (geglu_reference(y) if geglu else y).to(x.dtype)
 
 
 if HAVE_GLUON:
