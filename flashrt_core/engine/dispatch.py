@@ -194,7 +194,7 @@ class EngineOptions:
                                              # (zero rows / columns: the same output); 0: as is
     fp8_decoder_weights: bool = False        # opt-in: E4M3 decoder GEMM weights, one scale per row (the Triton
                                              # GEMMs weight-only: measured slower, session 6; with the TMA GEMMs
-                                             # in FP8, smem_gemm_fp8: even with FP8's defaults, session 23)
+                                             # in FP8 too, smem_gemm_fp8: a tie, sessions 23-24)
     smem_gemm_fp8: bool = True               # with fp8_decoder_weights: kernels/smem_gemm_fp8.py (E4M3 x rows
                                              # quantized in the kernel, wgmma in FP8) among the decoder candidates
     chain_tuning: bool = True                # decoder GEMM configurations timed where they run (the denoiser)
