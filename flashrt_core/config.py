@@ -83,6 +83,13 @@ class GemmaConfig:
     eps: float = 1e-6
     rope_max_wavelength: float = 10_000.0
 
+    def layer_gemm_shapes(self) -> dict[str, tuple[int, int]]:
+        """(N, K) of a layer's four GEMMs as the engine merges them: QKV (the query heads, then K and V), the
+        attention output, gate/up (both halves, 2 x mlp_dim rows) and down."""
+        q = self.num_heads * self.head_dim
+        return {"qkv": (q + 2 * self.num_kv_heads * self.head_dim, self.width), "o": (self.width, q),
+                "gate_up": (2 * self.mlp_dim, self.width), "down": (self.width, self.mlp_dim)}
+
     def validate(self, prefix: str) -> None:
         for name in ("width", "depth", "num_heads", "num_kv_heads", "head_dim", "mlp_dim", "vocab_size"):
             value = getattr(self, name)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flashrt_core.config import GEMMA_300M  # noqa: E402
 
 TARGET_SM = 90
 
@@ -130,8 +131,8 @@ SKINNY_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "M": "
 ATTN_DIVISIBLE = ("P", "stride_q", "stride_k", "stride_v", "stride_o")
 SKINNY_DIVISIBLE = ("N", "F", "stride_x", "stride_w", "stride_y", "split_stride", "pf_addr", "pf_bytes", "pf_chunk",
                     "w_addr")
-EXPERT_K = {"qkv": 1024, "gate_up": 1024, "o": 2048, "down": 4096}     # the action expert's GEMM K per kind
-EXPERT_N = {"qkv": 2560, "gate_up": 8192, "o": 1024, "down": 1024}     # ... and its N (gate/up: both halves)
+EXPERT_N = {kind: n for kind, (n, _) in GEMMA_300M.layer_gemm_shapes().items()}   # the action expert's GEMM N
+EXPERT_K = {kind: k for kind, (_, k) in GEMMA_300M.layer_gemm_shapes().items()}   # ... and K per kind
 
 
 def _kernels_module(name: str):

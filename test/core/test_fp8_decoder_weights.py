@@ -1,7 +1,8 @@
 """Weight-only FP8 of the action expert's GEMMs (fp8.quantize_rows / quantize_expert_weights), on the CPU: the
 quantized copy sits beside the bf16 weight and dequantizes to it within E4M3's precision. The kernel that streams
 it is checked against its reference in test/gpu/test_kernels.py (GPU, and on the CPU under Triton's interpreter);
-the accuracy gate with it in test/gpu/test_engine_gpu.py."""
+the accuracy gate with it in test/gpu/test_engine_gpu.py. Also: the prepared layers' GEMM shapes, which the
+kernels' tests and shape rules take from the config."""
 
 from __future__ import annotations
 
@@ -52,3 +53,17 @@ def test_every_expert_gemm_gets_a_weight_only_copy_once(weights):
     assert quantize_expert_weights(weights, "e4m3fn") == n and lins[0].w_fp8 is first    # shared: not redone
     for layer in weights.backbone:                                                         # the prefix untouched
         assert all(lin is None or lin.w_fp8 is None for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+
+
+
+def test_the_prepared_layers_have_the_gemm_shapes_the_config_names(weights):
+    """GemmaConfig.layer_gemm_shapes (what the kernel tests, tools/kernel_resources.py and the shape rules take as
+    a layer's GEMMs) is the (N, K) of the merged weights prepare_weights makes, for the expert and the backbone
+    (whose last layer keeps only QKV)."""
+    cfg = weights.config
+    for layers, gemma in ((weights.expert, cfg.expert), (weights.backbone, cfg.paligemma)):
+        want = gemma.layer_gemm_shapes()
+        kept = [(kind, getattr(layer, kind)) for layer in layers for kind in want if getattr(layer, kind) is not None]
+        assert len(kept) == 4 * len(layers) - 3 * (layers is weights.backbone)
+        for kind, lin in kept:
+            assert tuple(lin.parts[0][0].shape) == want[kind], (cfg.name, kind)

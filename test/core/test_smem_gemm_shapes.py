@@ -16,11 +16,7 @@ from kernels.smem_gemm import smem_gemm_supported  # noqa: E402
 
 @pytest.mark.parametrize("name", ["pi05", "pi0"])
 def test_every_candidate_serves_the_expert_shapes(name):
-    e = get_config(name).expert
-    shapes = {"qkv": ((e.num_heads + 2 * e.num_kv_heads) * e.head_dim, e.width),
-              "o": (e.width, e.num_heads * e.head_dim),
-              "gate_up": (2 * e.mlp_dim, e.width), "down": (e.width, e.mlp_dim)}
-    for kind, (n, k) in shapes.items():
+    for kind, (n, k) in get_config(name).expert.layer_gemm_shapes().items():
         for cfg in SMEM_CANDIDATES[kind]:
             for rows in (1, 10, 11, 16, 17, 32, 33, 50, 51, 64):
                 assert smem_gemm_supported(rows, n, k, kind == "gate_up", cfg.split_k), (name, kind, cfg, rows)

@@ -13,6 +13,7 @@ import os
 import pytest
 import torch
 
+from flashrt_core.config import GEMMA_300M
 from flashrt_core.engine.kernel_import import load_kernels
 
 K = load_kernels()
@@ -33,6 +34,8 @@ FP8_REL_L2 = 4e-2  # E4M3 round-to-nearest: ~2.7e-2 relative L2 error on normal 
 PREFIX_ROWS = 560 if not INTERPRET else 7
 VISION_ROWS = 512 if not INTERPRET else 5
 DECODER_ROWS = (10, 51) if not INTERPRET else (3,)
+# the action expert's four GEMMs (pi0 and pi0.5): (kind, N, K), as the engine merges them
+EXPERT_GEMMS = [(kind, n, k) for kind, (n, k) in GEMMA_300M.layer_gemm_shapes().items()]
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> None:
@@ -606,8 +609,7 @@ def test_fp8_quant(dtype_name):
 
 
 @pytest.mark.skipif(INTERPRET, reason="real shapes only (the interpreter test above covers the logic)")
-@pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("o", 1024, 2048), ("gate_up", 8192, 1024),
-                                      ("down", 1024, 4096)])
+@pytest.mark.parametrize("kind,n,k", EXPERT_GEMMS)
 def test_skinny_gemm_every_engine_config(kind, n, k):
     """Every launch configuration the engine may pick at load (ops.SKINNY_CANDIDATES), at the expert's shapes."""
     from flashrt_core.engine.ops import SKINNY_CANDIDATES
@@ -627,8 +629,7 @@ def test_skinny_gemm_every_engine_config(kind, n, k):
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
                     or not K.HAVE_GLUON, reason="kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
-@pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("o", 1024, 2048), ("gate_up", 8192, 1024),
-                                      ("down", 1024, 4096)])
+@pytest.mark.parametrize("kind,n,k", EXPERT_GEMMS)
 def test_smem_gemm_every_engine_config(kind, n, k):
     """Every kernels/smem_gemm.py configuration the engine may pick (ops.SMEM_CANDIDATES), at the expert's shapes,
     on 1-16 rows (TMA zero-fills the rest of the 16-row tile), in every launch mode."""
@@ -637,8 +638,7 @@ def test_smem_gemm_every_engine_config(kind, n, k):
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
                     or not K.HAVE_GLUON, reason="kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
-@pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("o", 1024, 2048), ("gate_up", 8192, 1024),
-                                      ("down", 1024, 4096)])
+@pytest.mark.parametrize("kind,n,k", EXPERT_GEMMS)
 def test_smem_gemm_rows_kernel_every_engine_config(kind, n, k):
     """The same on 17-64 rows (_smem_gemm_rows_kernel, EngineOptions.smem_gemm_rows: 32- and 64-row x boxes
     through a ring of TMA stages; horizon 50's 50-51 rows among them), every box count of the ring's refills."""
@@ -647,8 +647,7 @@ def test_smem_gemm_rows_kernel_every_engine_config(kind, n, k):
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
                     or not K.HAVE_GLUON, reason="kernels/smem_gemm_fp8.py needs Gluon on a Hopper (sm90) GPU")
-@pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("o", 1024, 2048), ("gate_up", 8192, 1024),
-                                      ("down", 1024, 4096)])
+@pytest.mark.parametrize("kind,n,k", EXPERT_GEMMS)
 def test_smem_gemm_fp8_every_engine_config(kind, n, k):
     """kernels/smem_gemm_fp8.py (the TMA GEMM candidates with fp8_decoder_weights) at the expert's shapes, 1-16 rows,
     every split-K candidate it serves and every launch mode: equal to smem_gemm_fp8_reference (the same E4M3
@@ -886,8 +885,7 @@ def test_skinny_gemm_with_l2_prefetch_is_bitwise_the_same(kind, n, k):
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="cp.async.bulk.prefetch.L2 needs an sm90+ GPU")
-@pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("o", 1024, 2048), ("gate_up", 8192, 1024),
-                                      ("down", 1024, 4096)])
+@pytest.mark.parametrize("kind,n,k", EXPERT_GEMMS)
 def test_skinny_gemm_with_own_prefetch_is_bitwise_the_same(kind, n, k):
     """own_prefetch (each program prefetches its own weight rows into L2 before the wait) changes no bit of the
     product, for every engine configuration of the four expert GEMMs (split-K slices included)."""
