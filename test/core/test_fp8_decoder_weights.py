@@ -55,7 +55,6 @@ def test_every_expert_gemm_gets_a_weight_only_copy_once(weights):
         assert all(lin is None or lin.w_fp8 is None for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
 
 
-
 def test_the_prepared_layers_have_the_gemm_shapes_the_config_names(weights):
     """GemmaConfig.layer_gemm_shapes (what the kernel tests, tools/kernel_resources.py and the shape rules take as
     a layer's GEMMs) is the (N, K) of the merged weights prepare_weights makes, for the expert and the backbone

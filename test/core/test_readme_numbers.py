@@ -44,7 +44,6 @@ def test_the_engine_rows_quote_the_default_engines_of_sessions_18_and_20():
                                               f"{_span([s['p99'] for s in stats])} ms"], (starts, cells)
 
 
-
 def test_the_fp8_decoder_row_quotes_run_57_and_its_pair():
     """The opt-in FP8 decoder GEMMs' row and its claim of a tie quote run 57's two engines built alike but for the
     FP8 candidates (smem_gemm_fp8 on / off), and the targets' line its median."""
