@@ -11,7 +11,7 @@ ROOT = Path(__file__).parent
 core_packages = find_packages(include=["flashrt_core", "flashrt_core.*"])
 ros_packages = find_packages(include=["flashrt_ros", "flashrt_ros.*"])
 kernel_packages = ["flashrt_kernels"] + [
-    "flashrt_kernels." + p for p in find_packages(where="kernels")
+    "flashrt_kernels." + p for p in find_packages(where="kernels/flashrt_kernels")
 ]
 
 setup(
@@ -23,32 +23,38 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=core_packages + ros_packages + kernel_packages,
-    package_dir={"flashrt_kernels": "kernels"},
+    package_dir={"flashrt_kernels": "kernels/flashrt_kernels"},
     package_data={"flashrt_core": ["data/*"]},
-    # the .msg files travel with the Python package so the bag tools can register the types without a ROS build
-    data_files=[("share/flashrt_ros/msg", ["msg/ActionChunk.msg", "msg/PolicyStatus.msg"])],
+    # the .msg files travel with the Python package so the bag tools can register the types without a ROS build;
+    # the parameter files and the launch file sit where a ROS install keeps them (share/flashrt_ros)
+    data_files=[("share/flashrt_ros/msg", ["msg/ActionChunk.msg", "msg/PolicyStatus.msg"]),
+                ("share/flashrt_ros/config", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "config").glob("*.yaml"))),
+                ("share/flashrt_ros/launch", ["launch/policy_node.launch.py"])],
+    # upper bounds: the next major versions are untested (tools/constraints.txt has the versions CI runs)
     install_requires=[
-        "numpy>=1.26",
-        "safetensors>=0.4",
-        "sentencepiece>=0.2",
-        "torch>=2.4",
-        "pyyaml>=6",
-        "opencv-python-headless>=4.9",
+        "numpy>=1.26,<3",
+        "safetensors>=0.4,<1",
+        "sentencepiece>=0.2,<1",
+        "torch>=2.4,<3",
+        "pyyaml>=6,<7",
+        "opencv-python-headless>=4.9,<6",
     ],
     extras_require={
         "bags": ["rosbags>=0.10,<0.12"],
-        "test": ["pytest>=8", "transformers>=4.45"],
+        "test": ["pytest>=8,<10", "transformers>=4.45,<6"],
     },
+    # each through flashrt_ros.console_scripts, which names a missing optional part (ROS 2, the messages, the
+    # bag library) and how to get it instead of ending in a traceback
     entry_points={
         "console_scripts": [
-            "flashrt-policy-node=flashrt_ros.policy_node:main",
-            "flashrt-demo=flashrt_ros.demo_main:main",
-            "flashrt-bag-player=flashrt_ros.bag_player:main",
-            "flashrt-bag-recorder=flashrt_ros.bag_recorder:main",
-            "flashrt-bag-evaluator=flashrt_ros.bag_evaluator:main",
-            "flashrt-bag-regression=flashrt_ros.bag_regression:main",
-            "flashrt-demo-bag=flashrt_ros.demo_bag:main",
-            "flashrt-fixture=flashrt_core.fixtures:main",
+            "flashrt-policy-node=flashrt_ros.console_scripts:policy_node",
+            "flashrt-demo=flashrt_ros.console_scripts:demo",
+            "flashrt-bag-player=flashrt_ros.console_scripts:bag_player",
+            "flashrt-bag-recorder=flashrt_ros.console_scripts:bag_recorder",
+            "flashrt-bag-evaluator=flashrt_ros.console_scripts:bag_evaluator",
+            "flashrt-bag-regression=flashrt_ros.console_scripts:bag_regression",
+            "flashrt-demo-bag=flashrt_ros.console_scripts:demo_bag",
+            "flashrt-fixture=flashrt_ros.console_scripts:fixture",
         ]
     },
 )

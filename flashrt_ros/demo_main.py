@@ -206,7 +206,8 @@ class ChunkPrinter:
 
 
 def default_params_file() -> Path:
-    """config/demo_two_cameras.yaml of the source checkout, else of the installed package (share/flashrt_ros)."""
+    """config/demo_two_cameras.yaml of the source checkout, else of the installed package: share/flashrt_ros of
+    the ROS install (ament index), else of the Python prefix (`pip install .` puts it there)."""
     in_checkout = REPO_ROOT / "config" / PARAMS_FILE_NAME
     if in_checkout.is_file():
         return in_checkout
@@ -214,7 +215,7 @@ def default_params_file() -> Path:
         from ament_index_python.packages import get_package_share_directory
         return Path(get_package_share_directory("flashrt_ros")) / "config" / PARAMS_FILE_NAME
     except (ImportError, LookupError):
-        return in_checkout
+        return Path(sys.prefix) / "share" / "flashrt_ros" / "config" / PARAMS_FILE_NAME
 
 
 def default_workdir() -> Path:
@@ -241,7 +242,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.rate <= 0:
         parser.error(f"--rate must be > 0, got {args.rate}")
     if not args.params.is_file():
-        parser.error(f"--params: no such file {args.params}")
+        parser.error(f"--params: no such file {args.params}; pass --params PATH to a node parameter file "
+                     f"(the source's config/{PARAMS_FILE_NAME} is the demo's)")
     return args
 
 

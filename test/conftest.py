@@ -17,8 +17,15 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TEST_OUTPUT = REPO_ROOT / "test_output"
 
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+# Import roots of the suite: the checkout's packages (flashrt_core, flashrt_ros), its kernels package
+# (kernels/flashrt_kernels) and the test helpers, imported by module name (`from node_harness import ...`). None of
+# these folders holds a top-level name that an installed package also uses (test_import_roots.py checks it): the
+# repository root has no `kernels` or `test` package that could hide the third-party or standard-library one.
+IMPORT_ROOTS = [REPO_ROOT, REPO_ROOT / "kernels", REPO_ROOT / "test", REPO_ROOT / "test" / "core",
+                REPO_ROOT / "test" / "ros"]
+for _root in reversed(IMPORT_ROOTS):
+    if str(_root) not in sys.path:
+        sys.path.insert(0, str(_root))
 
 from flashrt_ros.loopback_dds import apply_loopback_dds  # noqa: E402  (needs REPO_ROOT on sys.path)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from checked_run import run_checked
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
@@ -35,9 +35,8 @@ def test_ci_runs_the_readme_test_command():
 def test_readme_demo_command_runs_the_node(tmp_path):
     """`tools/run_demo.sh` bootstraps (a no-op here) and runs the node on the embedded default."""
     env = dict(os.environ)
-    result = subprocess.run(["tools/run_demo.sh", "--duration", "2", "--quiet", "--workdir", str(tmp_path)],
-                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    result = run_checked(["tools/run_demo.sh", "--duration", "2", "--quiet", "--workdir", str(tmp_path)],
+                         cwd=REPO_ROOT, env=env, timeout=COMMAND_TIMEOUT_S)
     match = re.search(r"^(\d+) chunks \(sequence 0\.\.(\d+)\)$", result.stdout, re.M)
     assert match and int(match.group(1)) >= 1, result.stdout
     assert "staleness" in result.stdout and "node state: finalized" in result.stdout
@@ -50,19 +49,17 @@ def test_readme_core_snippet_predicts_a_chunk(tmp_path):
     assert len(snippets) == 1, snippets
     code = snippets[0][len("python -c "):].strip('"')
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=COMMAND_TIMEOUT_S)
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = run_checked([sys.executable, "-c", code], cwd=tmp_path, env=env, timeout=COMMAND_TIMEOUT_S)
     assert re.fullmatch(r"\(\d+, \d+\)", out.stdout.strip()), out.stdout
 
 
 def test_pip_route_installs_core_kernels_and_node_code(tmp_path):
     """`pip install .` (here without dependencies, into a folder) gives importable flashrt_core,
-    flashrt_kernels (from kernels/) and flashrt_ros, with no ROS on the path."""
+    flashrt_kernels (from kernels/flashrt_kernels/) and flashrt_ros, with no ROS on the path, and the flashrt-*
+    commands."""
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(REPO_ROOT)], check=True, timeout=COMMAND_TIMEOUT_S,
-                   capture_output=True, cwd=tmp_path)
+    run_checked([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                 "--target", str(target), str(REPO_ROOT)], timeout=COMMAND_TIMEOUT_S, cwd=tmp_path)
     for package in ("flashrt_core", "flashrt_kernels", "flashrt_ros"):
         assert (target / package / "__init__.py").is_file(), f"{package} not installed"
     probe = ("import flashrt_core, flashrt_kernels, sys; "
@@ -70,7 +67,10 @@ def test_pip_route_installs_core_kernels_and_node_code(tmp_path):
              "print(any(name.startswith('rclpy') for name in sys.modules))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(target)
-    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = run_checked([sys.executable, "-c", probe], env=env, cwd=tmp_path).stdout.split()
     assert out[0].startswith(str(target)) and out[1].startswith(str(target)), out
     assert out[2] == "False", "importing flashrt_core pulled in rclpy"
+    # the console scripts run the tools, and the demo's parameter file is where flashrt-demo looks for it
+    assert (target / "share" / "flashrt_ros" / "config" / "demo_two_cameras.yaml").is_file()
+    usage = run_checked([str(target / "bin" / "flashrt-demo-bag"), "--help"], env=env, cwd=tmp_path).stdout
+    assert usage.startswith("usage:") and "--joints" in usage, usage

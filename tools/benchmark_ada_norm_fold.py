@@ -1,6 +1,6 @@
 """The adaRMSNorm folded into the decoder GEMMs around it (Op.ADA_NORM_FOLD), measured against the separate norm
 kernels in one engine: the whole denoise of full-size pi0.5 (10 steps, 18 layers, 2 views, bf16), captured as a
-graph, with every decoder GEMM forced to the shared-memory TMA kernels (kernels/smem_gemm.py, where the fold
+graph, with every decoder GEMM forced to the shared-memory TMA kernels (kernels/flashrt_kernels/smem_gemm.py, where the fold
 lives), for each launch policy (ops.LAUNCH_POLICIES) and split-K of the O / down GEMMs, fold on and off, the
 configurations interleaved over several rounds. Then each half alone over the expert's 18 layers: the O GEMM with
 norm_out against the O GEMM + ada_rms_norm, the gate/up GEMM with norm_in against the plain one. Also the cosine of

@@ -1,4 +1,4 @@
-"""Each pi0.5 expert layer in one persistent launch (Op.DENOISE_LAYER, kernels/denoise_layer.py) against the tuned
+"""Each pi0.5 expert layer in one persistent launch (Op.DENOISE_LAYER, kernels/flashrt_kernels/denoise_layer.py) against the tuned
 chain of separate kernels, in one engine: the whole denoise of full-size pi0.5 (10 steps, 2 views, horizon 10,
 bf16) captured as a graph three ways, interleaved over several rounds: the separate kernels the load-time tuning
 picked ("separate", the default), the layer kernel with grid barriers between its phases and its L2 weight
@@ -58,7 +58,7 @@ BREAKDOWN_CONFIGS = {name or "default": config_change(name) for name in
 
 
 def phase_breakdown(out_dir: str, launches: int = 18, replays: int = 20) -> None:
-    """Each phase of kernels/denoise_layer.py alone, and the whole layer (grid barriers, with and without the L2
+    """Each phase of kernels/flashrt_kernels/denoise_layer.py alone, and the whole layer (grid barriers, with and without the L2
     prefetch), us per launch: `launches` launches captured in one graph, median of `replays` replays."""
     import numpy as np
 
@@ -112,7 +112,7 @@ def phase_breakdown(out_dir: str, launches: int = 18, replays: int = 20) -> None
         print(name, row, inside[name], flush=True)
     info = env_info()
     labels = list(next(iter(results.values())))
-    lines = [f"# kernels/denoise_layer.py, phase by phase: {torch.cuda.get_device_name()}", "",
+    lines = [f"# kernels/flashrt_kernels/denoise_layer.py, phase by phase: {torch.cuda.get_device_name()}", "",
              f"{info}. pi0.5's expert layer at 10 rows, 560 prefix keys, random bf16 inputs; us per launch (a graph "
              f"of {launches} launches, median of {replays} replays). Configurations: LayerConfig.fit with "
              f"{BREAKDOWN_CONFIGS}.", "",

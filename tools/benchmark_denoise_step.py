@@ -1,4 +1,4 @@
-"""The fused denoising-step ends (Op.DENOISE_STEP, kernels/denoise_step.py) against the separate kernels, in one
+"""The fused denoising-step ends (Op.DENOISE_STEP, kernels/flashrt_kernels/denoise_step.py) against the separate kernels, in one
 engine: the whole denoise of full-size pi0.5 (10 steps, 2 views, horizon 10, bf16) captured as a graph, every
 decoder GEMM on the shared-memory TMA kernels (split-K 2 for O, 4 for down) under each launch policy, fused and
 separate interleaved over several rounds; and the cosine of the actions, fused against separate, same inputs.

@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flashrt_core.engine.graph_executor import graph_replay_ms  # noqa: E402
-from kernels._triton import launch_options, tl, triton, wait_for_inputs  # noqa: E402
+from flashrt_kernels._triton import launch_options, tl, triton, wait_for_inputs  # noqa: E402
 
 
 @triton.jit

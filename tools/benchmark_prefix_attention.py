@@ -5,7 +5,7 @@ The prefix attention of the pi0.5 / pi0 backbone: P prefix tokens (2 views x 256
 8 query heads, one K/V head, head dim 256, bidirectional, the text padding masked out of the keys. The engine runs
 it through `Ops.prefix_attention`, whose implementations (`PREFIX_ATTENTION_IMPLS`: the Triton MQA kernel with
 0, 1 or 4 key splits, torch SDPA in three forms, and with `prefix_attention_wgmma` the Hopper kernel of
-kernels/prefix_attention.py in two forms, with `prefix_attention_split` also in three key-split forms) are timed
+kernels/flashrt_kernels/prefix_attention.py in two forms, with `prefix_attention_split` also in three key-split forms) are timed
 at load and the fastest kept. This tool times all of them, whatever the switches, beside FlashAttention-2
 (torch's `aten._flash_attention_forward`, its variable-length form) over the first n valid keys, which is exact
 only where the valid keys come first (image tokens, prompt, padding):
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashrt_core.engine.dispatch import EngineOptions, resolve  # noqa: E402
 from flashrt_core.engine.hardware import detect_hardware  # noqa: E402
 from flashrt_core.engine.ops import PREFIX_ATTENTION_IMPLS, KeyMask, Ops  # noqa: E402
-from kernels.attention import attention_reference  # noqa: E402
+from flashrt_kernels.attention import attention_reference  # noqa: E402
 
 LAYERS, HEADS, DH = 18, 8, 256
 
@@ -55,7 +55,7 @@ def flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_valid: tor
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_valid: int) -> torch.Tensor:
     """fp32 softmax attention of every query over the keys [0, n_valid) -> (P, H * Dh): the kernels' own
-    reference (kernels/attention.py, heads stacked on the query axis) on fp32 copies of the inputs."""
+    reference (kernels/flashrt_kernels/attention.py, heads stacked on the query axis) on fp32 copies of the inputs."""
     P, H, Dh = q.shape
     bias = torch.zeros(P, device=q.device)
     bias[n_valid:] = float("-inf")

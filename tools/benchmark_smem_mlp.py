@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""The action expert's MLP in one launch (kernels/smem_mlp.py, a candidate) against the chain's two launches, at
+"""The action expert's MLP in one launch (kernels/flashrt_kernels/smem_mlp.py, a candidate) against the chain's two launches, at
 the denoiser's shapes, as a chain of MLPs in one CUDA graph.
 
 A denoise runs 180 expert MLPs (10 steps x 18 layers) of 10 rows (horizon 10) on W 1024, F 4096. The engine runs
-each as two launches with PDL: gate/up with its GeGLU epilogue (kernels/smem_gemm.py, the weight slice in shared
-memory before the wait) and down (the load-time tuning's pick among kernels/skinny_gemm.py and smem_gemm's split-K
+each as two launches with PDL: gate/up with its GeGLU epilogue (kernels/flashrt_kernels/smem_gemm.py, the weight slice in shared
+memory before the wait) and down (the load-time tuning's pick among kernels/flashrt_kernels/skinny_gemm.py and smem_gemm's split-K
 forms, whose fp32 partials the next norm sums). Here each variant runs `--mlps` MLPs back to back in one graph, the
 weights of 18 layers in turn (so they stream from HBM, as in a predict: 18 x 25 MB is far over the 50 MB of L2):
 
     chain <down form>   smem_gemm gate/up + GeGLU, then the down form (partials left for the norm after it)
-    smem_mlp            kernels/smem_mlp.py: both GEMMs, the partials summed after a grid barrier
+    smem_mlp            kernels/flashrt_kernels/smem_mlp.py: both GEMMs, the partials summed after a grid barrier
 
 The result is GPU time per MLP (median graph replay / mlps). Each variant's result is checked against
 smem_mlp_reference first (relative L2 error; the chain's partials summed here), so a wrong kernel is reported as

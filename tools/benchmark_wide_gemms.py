@@ -11,7 +11,7 @@ in a CUDA graph and replayed (GPU time per call, no launch overhead):
     linear_nobias   F.linear(x, w) then x += b: the bias as its own kernel
     addmm           torch.addmm(b, x, w.t())
     epilogue        fc1 only: torch._addmm_activation(b, x, w.t(), use_gelu=True), ops.linear_gelu's path;
-                    gate/up only: F.linear then the engine's Triton GeGLU kernel (kernels/geglu.py)
+                    gate/up only: F.linear then the engine's Triton GeGLU kernel (kernels/flashrt_kernels/geglu.py)
     fp8             torch._scaled_mm, E4M3 weights and activations, per-tensor static scales (quantization of x not
                     timed: the engine's FP8 path quantizes in the kernel ahead where it can)
     fp8_fast        the same with use_fast_accum: the tensor cores accumulate the whole K loop (no fp32 promotion
@@ -27,7 +27,7 @@ in a CUDA graph and replayed (GPU time per call, no launch overhead):
 
 Prints a markdown table (us per call and TFLOP/s); the JSON holds the same with GPU, driver and versions.
 On a machine without CUDA, `--device cpu` runs every form once on small shapes (a check that the tool works).
-Session 7 also timed a hand-written tiled Triton GEMM (kernels/wide_gemm.py) here; on the H200 it lost to cuBLAS by
+Session 7 also timed a hand-written tiled Triton GEMM (kernels/flashrt_kernels/wide_gemm.py) here; on the H200 it lost to cuBLAS by
 1.3-3.4x at every shape and was removed (docs/benchmarks/engine_h200_2026-11-29_notes.md, session 8).
 """
 

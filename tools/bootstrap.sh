@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
 # Make a fresh Debian/Ubuntu machine ready, without a ROS install: a venv (.venv) with the ROS 2 Kilted
-# Python wheels, PyTorch (CPU build unless FLASHRT_TORCH=cuda), the rest of tools/requirements-venv.txt,
-# the CMake path fix for the wheels, and this package's messages + Python code built and installed into the venv.
+# Python wheels, PyTorch (CPU build unless FLASHRT_TORCH=cuda), the rest of tools/requirements-venv.txt at the
+# exact versions of tools/constraints.txt, the CMake path fix for the wheels, and this package's messages + Python
+# code built and installed into the venv.
 # Idempotent: a second run only re-checks and re-installs what changed (seconds).
 #
-#   tools/bootstrap.sh            # then: . .venv/bin/activate
-#   FLASHRT_TORCH=cuda tools/bootstrap.sh   # the default (CUDA) torch build instead of the CPU one
+#   tools/bootstrap.sh                                  # then: . .venv/bin/activate
+#   FLASHRT_TORCH=cuda tools/bootstrap.sh               # the CUDA torch build instead of the CPU one
+#   FLASHRT_DEPENDENCIES=newest tools/bootstrap.sh      # the newest releases instead of the pins, in .venv-newest
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${FLASHRT_VENV:-$REPO/.venv}"
+DEPENDENCIES="${FLASHRT_DEPENDENCIES:-pinned}"
+case "$DEPENDENCIES" in
+  pinned) VENV="${FLASHRT_VENV:-$REPO/.venv}";;
+  newest) VENV="${FLASHRT_VENV:-$REPO/.venv-newest}";;
+  *) printf '[bootstrap] FLASHRT_DEPENDENCIES=%s: use pinned (tools/constraints.txt) or newest\n' "$DEPENDENCIES" >&2; exit 2;;
+esac
 PYTHON="${FLASHRT_PYTHON:-python3}"
-log() { printf '[bootstrap] %s\n' "$*" >&2; }
+CONSTRAINTS="$REPO/tools/constraints.txt"
+REQUIREMENTS="$REPO/tools/requirements-venv.txt"
+START=$SECONDS
+log() { printf '[bootstrap %3ds] %s\n' "$((SECONDS - START))" "$*" >&2; }
 
 # 1. System tools: cmake and a C compiler build the message typesupport.
 missing=()
@@ -31,28 +41,70 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 export VIRTUAL_ENV="$VENV" PIP_DISABLE_PIP_VERSION_CHECK=1
-pip_install() { "$PY" -m pip install -q "$@"; }
+# pinned: every install is held to tools/constraints.txt; newest: the newest releases the requirements admit.
+if [ "$DEPENDENCIES" = pinned ]; then PIN_ARGS=(-c "$CONSTRAINTS"); else PIN_ARGS=(--upgrade --upgrade-strategy eager); fi
+# pip's own lines about find-links folders that do not exist on this machine say nothing about the install.
+pip_install() {
+  "$PY" -m pip install -q "${PIN_ARGS[@]}" "$@" \
+    2> >(grep -v "^WARNING: Location '.*' is ignored: it is neither a file nor a directory\.$" >&2)
+}
+# A line every 30 s while a long step runs, so a quiet pip is not mistaken for a hung one.
+with_heartbeat() {
+  local what="$1"; shift
+  ( while sleep 30; do log "  ... still installing $what"; done ) &
+  local beat=$!
+  local rc=0
+  "$@" || rc=$?
+  kill "$beat" 2>/dev/null; wait "$beat" 2>/dev/null || true
+  return "$rc"
+}
+# The requirement lines of one "## set:" section of requirements-venv.txt.
+requirement_set() { awk -v n="$1" '/^## set:/ {i++; next} i == n && NF && !/^#/' "$REQUIREMENTS"; }
+set_title() { awk -v n="$1" '/^## set:/ {i++; if (i == n) {sub(/^## set: /, ""); print}}' "$REQUIREMENTS"; }
+set_count="$(grep -c '^## set:' "$REQUIREMENTS")"
 
-# 3. Python packages, re-run only when the requirements change.
-req_hash="$(cat "$REPO/tools/requirements-venv.txt" "$REPO/tools/bootstrap.sh" | sha256sum | cut -c1-16)-${FLASHRT_TORCH:-cpu}"
+# 3. Python packages, re-run only when the requirements, the pins or this script change.
+req_hash="$(cat "$REQUIREMENTS" "$CONSTRAINTS" "$REPO/tools/bootstrap.sh" | sha256sum | cut -c1-16)-${FLASHRT_TORCH:-cpu}-$DEPENDENCIES"
 stamp="$VENV/.flashrt_requirements"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$req_hash" ]; then
-  log "installing Python packages into $VENV"
+  steps=$((set_count + 2))
+  log "installing Python packages into $VENV ($DEPENDENCIES versions, $steps steps, 3-6 min on a fresh machine)"
+  log "step 1/$steps: pip, wheel, setuptools"
   pip_install --upgrade pip wheel "setuptools>=70,<80"
-  if ! "$PY" -c 'import torch' 2>/dev/null; then
+  if [ "$DEPENDENCIES" = newest ] || ! "$PY" -c 'import torch' 2>/dev/null; then
     if [ "${FLASHRT_TORCH:-cpu}" = cuda ]; then
-      pip_install torch
+      log "step 2/$steps: PyTorch, CUDA build (~3 GB with its CUDA libraries, several minutes)"
+      with_heartbeat "PyTorch (CUDA)" pip_install torch
     else
-      # CPU build: a local +cpu wheel where the machine has one, else PyTorch's CPU index, else the default build.
-      pip_install "torch==2.13.0+cpu" 2>/dev/null \
-        || pip_install torch --index-url "${FLASHRT_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" 2>/dev/null \
-        || pip_install torch
+      log "step 2/$steps: PyTorch, CPU build (~200 MB, under a minute from a local wheel, 1-3 min downloaded)"
+      # A local +cpu wheel where the machine has one, else PyTorch's CPU index, else the default build. The
+      # newest versions look at PyTorch's CPU index first.
+      torch_pin="$(grep -E '^torch==' "$CONSTRAINTS" | cut -d= -f3)"
+      cpu_index="${FLASHRT_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+      if [ "$DEPENDENCIES" = newest ]; then
+        # The newest CPU build comes from PyTorch's CPU index; where that is out of reach, the pinned CPU build
+        # stays (the default index's newest torch is the CUDA build, several GB).
+        with_heartbeat "PyTorch (CPU)" pip_install torch --index-url "$cpu_index" 2>/dev/null \
+          || { log "  PyTorch's CPU index is out of reach: keeping the pinned CPU build torch==${torch_pin}+cpu"
+               "$PY" -m pip install -q "torch==${torch_pin}+cpu"; }
+      else
+        with_heartbeat "PyTorch (CPU)" pip_install "torch==${torch_pin}+cpu" 2>/dev/null \
+          || with_heartbeat "PyTorch (CPU)" pip_install torch --index-url "$cpu_index" 2>/dev/null \
+          || with_heartbeat "PyTorch" pip_install torch
+      fi
     fi
+  else
+    log "step 2/$steps: PyTorch $("$PY" -c 'import torch; print(torch.__version__)') already installed"
   fi
-  pip_install -r "$REPO/tools/requirements-venv.txt"
+  for ((i = 1; i <= set_count; i++)); do
+    log "step $((i + 2))/$steps: $(set_title "$i")"
+    mapfile -t requirements < <(requirement_set "$i")
+    with_heartbeat "$(set_title "$i" | cut -d'(' -f1 | sed 's/ *$//')" pip_install "${requirements[@]}"
+  done
   echo "$req_hash" > "$stamp"
+  log "Python packages installed"
 else
-  log "Python packages up to date"
+  log "Python packages up to date ($DEPENDENCIES versions)"
 fi
 
 # 4. The ROS wheels' exported CMake files carry their build machine's Python and numpy include paths:
@@ -69,8 +121,9 @@ done
 # 5. Build the messages and install the package (messages, Python packages, executables, launch, config)
 #    into the venv prefix, exactly as colcon would into install/.
 export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV"
-build_dir="$REPO/build/venv"
+build_dir="$REPO/build/$(basename "$VENV")"
 mkdir -p "$REPO/build"
+log "building the messages and installing the package into $VENV (~30 s the first time)"
 if [ ! -f "$build_dir/CMakeCache.txt" ]; then
   log "configuring the message build"
   cmake -S "$REPO" -B "$build_dir" -DCMAKE_PREFIX_PATH="$VENV" -DCMAKE_INSTALL_PREFIX="$VENV" \

@@ -3,7 +3,7 @@ fusions (tools/benchmark_ada_norm_fold.py, tools/benchmark_denoise_step.py, tool
 time and compare. The chain tuning's capture (EngineExecutor.capture_denoise), on a 2-view workspace of the
 tuning's text bucket (EngineExecutor.tuning_text_bucket) with random K/V caches. And the full-size pi0.5 they
 load: a checkpoint, or its parameters drawn on the GPU (add_ab_args, pi05_model); and random inputs of one
-expert layer for kernels/denoise_layer.py alone (random_layer_case)."""
+expert layer for kernels/flashrt_kernels/denoise_layer.py alone (random_layer_case)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def random_layer_case(S: int, P: int, W: int, H: int, dh: int, F: int, has_x: bo
                       device: torch.device | str, dtype: torch.dtype):
     """Random pi0.5 expert-layer inputs: weights ~ 1/sqrt(fan-in), a residual of scale ~3, ada tables near their
     trained ranges, a prefix with some keys masked, K/V caches of P prefix rows (+ S rows the layer writes); the
-    weights and caches in `dtype`. kernels/denoise_layer.py's argument order: (residual, x_prev, tables, weights,
+    weights and caches in `dtype`. kernels/flashrt_kernels/denoise_layer.py's argument order: (residual, x_prev, tables, weights,
     k_cache, v_cache, pos, cos, sin, key_bias, visible). Shared by its GPU test and tools/benchmark_denoise_layer.py."""
     from flashrt_core.engine.kernel_import import load_kernels
     K = load_kernels()

@@ -40,7 +40,7 @@
 # engine-gates: the accuracy gates of pi0.5 and pi0 on the defaults, bf16 and FP8, and of the switches that turn
 #   a default off (pytest_engine_gates.log; ten gates, 7.6 min on a warm machine in session 18);
 #   engine-gates-forced: the gates with the TMA GEMMs forced, with the adaRMSNorm fold, with the split-K QKV, with
-#   the TMA GEMMs off, with the prefix attention forced to kernels/prefix_attention.py, one split or two, and of
+#   the TMA GEMMs off, with the prefix attention forced to kernels/flashrt_kernels/prefix_attention.py, one split or two, and of
 #   FP8's fast accumulation (pytest_engine_gates_forced.log; the FP8 decoder GEMM weights' gates: fp8-decoder-gates).
 # Every pytest log is verbose (-v), so a part cut off by its time limit still names the tests that ran.
 # bench: pi0.5 2 views h10, bf16 and FP8 on the defaults, beside the A/B rows of the wgmma prefix attention left
@@ -67,12 +67,12 @@
 #   the host's work before the GPU, the copy in, the wait for the graph launch, the replay, the copy out and the
 #   host after it, and the host steps timed alone and in line (policy_predict_*.json/.md, host.log). Session 14
 #   measured `--host-waits sync poll` and `--spin-sweep` here.
-# layer: kernels/denoise_layer.py (opt-in: each pi0.5 expert layer in one persistent launch): its kernel tests
+# layer: kernels/flashrt_kernels/denoise_layer.py (opt-in: each pi0.5 expert layer in one persistent launch): its kernel tests
 #   (pytest_layer_kernel.log), each phase timed alone in several tile configurations (denoise_layer_phases_*,
 #   denoise_layer_phases.log) and the whole denoise against the separate kernels in one engine
 #   (tools/benchmark_denoise_layer.py --random-init: denoise_layer_*.json/.md, denoise_layer.log); layer-gates:
 #   its three accuracy gates (pytest_layer_gates.log).
-# h50: kernels/smem_gemm.py's ring kernel (17-64 rows, EngineOptions.smem_gemm_rows) and pi0's fused step ends
+# h50: kernels/flashrt_kernels/smem_gemm.py's ring kernel (17-64 rows, EngineOptions.smem_gemm_rows) and pi0's fused step ends
 #   (EngineOptions.fused_denoise_step_pi0), both defaults since session 17: their kernel tests alone
 #   (pytest_rows_kernel.log), then, if all six passed, pi0.5 and pi0 (bf16) at horizon 50 with each of them off
 #   too (engine_h50_pi05_*, engine_h50_pi0_*, h50.log); their gates are in engine-gates-forced and engine-gates.
@@ -98,14 +98,14 @@
 #   call's 540 s (engine_compile_cells_*.json/.md with each cell's compilation time and cache lookups,
 #   compile_cells.log, one compile_<cell>_layers.log per cell). Session 21 ran the part this replaced, `references`
 #   (pi0's eager rows at 1 / 3 views, then its compiled reference at 2 views: runs 48-49).
-# mlp: kernels/smem_mlp.py (the expert MLP in one launch: both GEMMs' weights in shared memory before the PDL wait,
+# mlp: kernels/flashrt_kernels/smem_mlp.py (the expert MLP in one launch: both GEMMs' weights in shared memory before the PDL wait,
 #   one grid barrier; written without a GPU in session 21, a candidate off the engine's path): its two kernel tests
 #   (pytest_mlp_kernel.log), then, if both passed, tools/benchmark_smem_mlp.py: 180 MLPs per graph against the
 #   chain's gate/up + down in every down form the tuning weighs, 10 and 16 rows (smem_mlp.json, smem_mlp.log), and
 #   pi0.5 2 views h10, bf16 and FP8, with it in the engine (EngineOptions.fused_mlp) and without
 #   (engine_fused_mlp_*, fused_mlp.log); mlp-gates: `[pi05-bf16+fused_mlp]`, `[pi05-fp8+fused_mlp]`
 #   (pytest_mlp_gates.log).
-# fp8-decoder: kernels/smem_gemm_fp8.py (the TMA decoder GEMMs in FP8 with fp8_decoder_weights; written without a
+# fp8-decoder: kernels/flashrt_kernels/smem_gemm_fp8.py (the TMA decoder GEMMs in FP8 with fp8_decoder_weights; written without a
 #   GPU in session 23): its kernel test (pytest_fp8_decoder_kernel.log), then, if it passed, pi0.5 2 views h10:
 #   bf16 and FP8 on the defaults, FP8 with fp8_decoder_weights (the FP8 TMA GEMMs weighed by the tuning) and FP8
 #   without the FP8 TMA GEMMs (smem_gemm_fp8 off: the bf16 and weight-only ones weighed) (engine_fp8_decoder_*,
@@ -204,7 +204,7 @@ if [ "$PART" = host ]; then           # not in "all": two full loads of pi0.5 (t
   echo "benchmark_policy_predict rc=$?" >> "$OUT/host.log"
 fi
 
-if [ "$PART" = layer ]; then          # not in "all": kernels/denoise_layer.py (opt-in)
+if [ "$PART" = layer ]; then          # not in "all": kernels/flashrt_kernels/denoise_layer.py (opt-in)
   # its kernel tests first (a grid barrier that never completes gives up after ~4 s per barrier: the time limit
   # bounds a hang), then each phase timed alone, then the denoise A/B in one engine (the gates: layer-gates)
   timeout 240 "$PY" -m pytest -v test/gpu/test_kernels.py -k denoise_layer > "$OUT/pytest_layer_kernel.log" 2>&1

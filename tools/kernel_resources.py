@@ -17,7 +17,7 @@ configuration compiles to the same instructions.
 
 The configurations are the engine's own: the attention plans of pi0.5 and pi0 denoising steps (1-3 views,
 horizons 10 and 50) and the prefix, every decoder GEMM candidate the load-time tuning may pick (the Triton
-skinny GEMMs, and the Gluon shared-memory GEMMs of kernels/smem_gemm.py), the QKV RoPE kernels, the denoising
+skinny GEMMs, and the Gluon shared-memory GEMMs of kernels/flashrt_kernels/smem_gemm.py), the QKV RoPE kernels, the denoising
 step's ends, the prefix attention on wgmma, the persistent expert layer and the expert MLP in one launch.
 """
 
@@ -71,7 +71,7 @@ def compile_sm90(cfg: KernelConfig):
 
     signature = {**cfg.signature, **{name: "constexpr" for name in cfg.constexprs}}
     source = ASTSource
-    if getattr(cfg.kernel, "is_gluon", lambda: False)():          # kernels/smem_gemm.py
+    if getattr(cfg.kernel, "is_gluon", lambda: False)():          # kernels/flashrt_kernels/smem_gemm.py
         from triton.experimental.gluon._runtime import GluonASTSource as source
     return triton.compile(source(fn=cfg.kernel, signature=signature, constexprs=cfg.constexprs,
                                  attrs=specialization(cfg)),
@@ -211,8 +211,8 @@ ROPE_DIVISIBLE = ("stride_qkv", "stride_x", "stride_w", "stride_q_m", "stride_q_
 
 
 def rope_configs() -> list[KernelConfig]:
-    """kernels/qkv_rope.py as its launcher plans it (the prefix's 560 rows in 8-row programs, a denoising step's
-    10 rows one per program) and kernels/qkv_gemm_rope.py in every candidate of the load-time tuning
+    """kernels/flashrt_kernels/qkv_rope.py as its launcher plans it (the prefix's 560 rows in 8-row programs, a denoising step's
+    10 rows one per program) and kernels/flashrt_kernels/qkv_gemm_rope.py in every candidate of the load-time tuning
     (ops.ROPE_GEMM_CANDIDATES) at 10 and 51 rows: 8 query heads and one KV head of 256 (pi0.5 / pi0)."""
     from flashrt_core.engine.ops import ROPE_GEMM_CANDIDATES
     rope = _kernels_module("qkv_rope")
@@ -233,7 +233,7 @@ def rope_configs() -> list[KernelConfig]:
 
 
 def smem_configs() -> list[KernelConfig]:
-    """Every kernels/smem_gemm.py candidate of the load-time tuning (ops.SMEM_CANDIDATES) at the expert's shapes,
+    """Every kernels/flashrt_kernels/smem_gemm.py candidate of the load-time tuning (ops.SMEM_CANDIDATES) at the expert's shapes,
     with the TMA descriptors the launcher builds, plain and with the folded adaRMSNorm (norm_out on the split-K O and
     down GEMMs, norm_in on QKV and gate/up); empty where Triton has no Gluon."""
     from flashrt_core.engine.ops import SMEM_CANDIDATES
@@ -276,7 +276,7 @@ def smem_configs() -> list[KernelConfig]:
 
 
 def smem_fp8_configs() -> list[KernelConfig]:
-    """kernels/smem_gemm_fp8.py (the TMA GEMM candidates with fp8_decoder_weights) at the expert's shapes, one per
+    """kernels/flashrt_kernels/smem_gemm_fp8.py (the TMA GEMM candidates with fp8_decoder_weights) at the expert's shapes, one per
     ops.SMEM_CANDIDATES entry it serves (16 rows); empty where Triton has no Gluon."""
     from flashrt_core.engine.ops import SMEM_CANDIDATES
     fp8 = _kernels_module("smem_gemm_fp8")
@@ -314,7 +314,7 @@ TIME_MLP_IN_SIGNATURE = {"x_ptr": "*fp32", "w_ptr": "*bf16", "c_ptr": "*fp32", "
 
 
 def denoise_step_configs(width: int = 1024) -> list[KernelConfig]:
-    """kernels/denoise_step.py's two kernels at pi0.5's step (32 action dims, the expert's width) as their
+    """kernels/flashrt_kernels/denoise_step.py's two kernels at pi0.5's step (32 action dims, the expert's width) as their
     launchers plan them (denoise_step.step_block): the row in one pass (the default) and in two passes of 256-wide
     blocks; step_out on the last down GEMM's output as split-K partials (4, the tuning's pick) and unsplit; and
     pi0's step start (time_mlp_in) at the same width."""
@@ -350,7 +350,7 @@ DENOISE_LAYER_SIGNATURE = {
 
 
 def denoise_layer_configs(rows: int = 10, prefix: int = 560) -> list[KernelConfig]:
-    """kernels/denoise_layer.py at pi0.5's expert (10 rows, 2 views and a 48-token prompt: 560 prefix keys) as its
+    """kernels/flashrt_kernels/denoise_layer.py at pi0.5's expert (10 rows, 2 views and a 48-token prompt: 560 prefix keys) as its
     launcher plans it (LayerConfig.fit, 128 programs): every phase with the grid barriers, and each phase alone (the
     per-phase launches)."""
     dl = _kernels_module("denoise_layer")
@@ -390,7 +390,7 @@ def denoise_layer_configs(rows: int = 10, prefix: int = 560) -> list[KernelConfi
 
 
 def prefix_attention_configs() -> list[KernelConfig]:
-    """kernels/prefix_attention.py (the prefix attention on wgmma) at the backbone's head dim 256, with the TMA
+    """kernels/flashrt_kernels/prefix_attention.py (the prefix attention on wgmma) at the backbone's head dim 256, with the TMA
     descriptors its launcher builds: the one-split forms (64-key blocks, both forms, both launch modes) and the
     key-split forms (32- or 64-key blocks, 2 splits, PDL); empty where Triton has no Gluon."""
     pa = _kernels_module("prefix_attention")
@@ -418,7 +418,7 @@ def prefix_attention_configs() -> list[KernelConfig]:
 
 
 def smem_mlp_configs() -> list[KernelConfig]:
-    """kernels/smem_mlp.py (the expert MLP in one launch, a candidate) at the expert's W 1024, F 4096 (128
+    """kernels/flashrt_kernels/smem_mlp.py (the expert MLP in one launch, a candidate) at the expert's W 1024, F 4096 (128
     programs), with the TMA descriptors its launcher builds, in each launch mode, fp32 and bf16 out; empty where
     Triton has no Gluon."""
     mlp = _kernels_module("smem_mlp")

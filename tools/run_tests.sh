@@ -6,11 +6,16 @@
 # the CPU through Triton's interpreter (TRITON_INTERPRET=1), so the kernels' logic and the engine's wiring of them
 # are checked against the PyTorch references even where no GPU is; on a GPU the first pass runs the kernels for
 # real.
+#
+# FLASHRT_DEPENDENCIES=newest tools/run_tests.sh runs the same suite in .venv-newest, made with the newest releases
+# that tools/requirements-venv.txt admits instead of the pins of tools/constraints.txt: the check to run before
+# bumping the pins (then tools/write_constraints.py in that venv writes the new ones).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 tools/bootstrap.sh
-PY=.venv/bin/python
+if [ "${FLASHRT_DEPENDENCIES:-pinned}" = newest ]; then VENV="${FLASHRT_VENV:-$REPO/.venv-newest}"; else VENV="${FLASHRT_VENV:-$REPO/.venv}"; fi
+PY="$VENV/bin/python"
 if (($#)); then
   exec "$PY" -m pytest -q "$@"
 fi

@@ -16,7 +16,7 @@ tests and bug reports:
     FLASHRT_DENOISE_STEP_BLOCK_D=N  the fused denoising-step kernels in two passes of N-wide blocks (256: before
                                     session 12) instead of one pass over the row (EngineOptions.denoise_step_block_d)
     FLASHRT_FP8_DECODER_WEIGHTS=1   ask for FP8 decoder GEMM weights (EngineOptions(fp8_decoder_weights=True)): the
-                                    TMA GEMM candidates run in FP8 on wgmma (kernels/smem_gemm_fp8.py), the Triton
+                                    TMA GEMM candidates run in FP8 on wgmma (kernels/flashrt_kernels/smem_gemm_fp8.py), the Triton
                                     ones widen the weights to bf16 (weight-only)
     FLASHRT_DISABLE_SMEM_GEMM_FP8=1  with them, no FP8 TMA GEMM candidates: the tuning weighs the weight-only
                                     Triton GEMMs, the bf16 TMA GEMMs and the library GEMM (the A/B of the FP8 ones;
@@ -36,11 +36,11 @@ tests and bug reports:
     FLASHRT_DISABLE_PREFIX_ATTENTION_TUNING=1  the prefix attention runs the mqa implementation, unmeasured
     FLASHRT_DISABLE_VISION_ATTENTION_TUNING=1  the vision attention runs on torch's own choice of SDPA backend
     FLASHRT_DISABLE_FUSED_PATCH_EMBED=1  the patch embedding as torch ops with an fp32 patch GEMM, not the patch rows
-                                    of kernels/patch_embed.py and the GEMM in the engine dtype (the older
+                                    of kernels/flashrt_kernels/patch_embed.py and the GEMM in the engine dtype (the older
                                     FLASHRT_FUSED_PATCH_EMBED=0 does the same)
-    FLASHRT_DISABLE_FUSED_DENOISE_STEP=1  pi0.5's denoising-step ends as separate ops, not kernels/denoise_step.py
+    FLASHRT_DISABLE_FUSED_DENOISE_STEP=1  pi0.5's denoising-step ends as separate ops, not kernels/flashrt_kernels/denoise_step.py
                                     (FLASHRT_FUSED_DENOISE_STEP=0 does the same)
-    FLASHRT_DISABLE_FUSED_DENOISE_STEP_PI0=1  pi0's step ends as separate ops, not kernels/denoise_step.py
+    FLASHRT_DISABLE_FUSED_DENOISE_STEP_PI0=1  pi0's step ends as separate ops, not kernels/flashrt_kernels/denoise_step.py
                                     time_mlp_in and step_out (EngineOptions.fused_denoise_step_pi0;
                                     FLASHRT_FUSED_DENOISE_STEP_PI0=0 does the same)
     FLASHRT_DISABLE_OVERLAP_FIRST_STEP=1  the first denoising step after the whole prefix, on one stream, not its
@@ -54,12 +54,12 @@ tests and bug reports:
                                     same model, GPU, software and options (engine/tuning_cache.py); unset or "" = off
     FLASHRT_VISION_MLP_PAD=N        the vision MLP's width rounded up to a multiple of N at load (zero rows of fc1, zero
                                     columns of fc2: the same output; EngineOptions.vision_mlp_pad, default 128; 0: off)
-    FLASHRT_PREFIX_ATTENTION_WGMMA=0  the prefix attention tuning leaves out kernels/prefix_attention.py (wgmma; on by
+    FLASHRT_PREFIX_ATTENTION_WGMMA=0  the prefix attention tuning leaves out kernels/flashrt_kernels/prefix_attention.py (wgmma; on by
                                     default where Gluon and an sm90+ GPU serve it)
-    FLASHRT_PREFIX_ATTENTION_SPLIT=1  the prefix attention tuning also times kernels/prefix_attention.py's key-split
+    FLASHRT_PREFIX_ATTENTION_SPLIT=1  the prefix attention tuning also times kernels/flashrt_kernels/prefix_attention.py's key-split
                                     forms (2 or 3 programs per 64 query rows, merged after; opt-in)
     FLASHRT_DENOISE_LAYER=1         pi0.5's expert layers each in one persistent launch with grid barriers between its
-                                    eight phases (kernels/denoise_layer.py; EngineOptions.denoise_layer, opt-in:
+                                    eight phases (kernels/flashrt_kernels/denoise_layer.py; EngineOptions.denoise_layer, opt-in:
                                     measured slower on the H200); FLASHRT_IMPL_DENOISE_LAYER=phases: a launch per
                                     phase instead, =grid_prefetch: with an L2 prefetch of the later weight tiles
     FLASHRT_FP8_FAST_ACCUM=1        the FP8 GEMMs accumulate in the tensor cores over the whole K loop (less exact for
@@ -143,15 +143,15 @@ class Switch(str, enum.Enum):
     SMEM_GEMM = "SMEM_GEMM"              # the TMA / shared-memory decoder GEMM candidates
     PREFIX_ATTENTION_TUNING = "PREFIX_ATTENTION_TUNING"  # the prefix attention picked by its time at load
     VISION_ATTENTION_TUNING = "VISION_ATTENTION_TUNING"  # the vision attention's SDPA backend picked by its time
-    FUSED_PATCH_EMBED = "FUSED_PATCH_EMBED"  # kernels/patch_embed.py + the patch GEMM in the engine dtype
+    FUSED_PATCH_EMBED = "FUSED_PATCH_EMBED"  # kernels/flashrt_kernels/patch_embed.py + the patch GEMM in the engine dtype
     ADA_NORM_FOLD = "ADA_NORM_FOLD"      # the expert's adaRMSNorms folded into the shared-memory GEMMs around them
-    FUSED_DENOISE_STEP = "FUSED_DENOISE_STEP"  # kernels/denoise_step.py at both ends of each pi0.5 denoising step
+    FUSED_DENOISE_STEP = "FUSED_DENOISE_STEP"  # kernels/flashrt_kernels/denoise_step.py at both ends of each pi0.5 denoising step
     FUSED_DENOISE_STEP_PI0 = "FUSED_DENOISE_STEP_PI0"  # ... and of each pi0 step (time_mlp_in, step_out)
     SMEM_GEMM_ROWS = "SMEM_GEMM_ROWS"    # the shared-memory decoder GEMM candidates at 17-64 rows (horizon 50)
-    DENOISE_LAYER = "DENOISE_LAYER"      # kernels/denoise_layer.py: each pi0.5 expert layer in one launch (opt-in)
+    DENOISE_LAYER = "DENOISE_LAYER"      # kernels/flashrt_kernels/denoise_layer.py: each pi0.5 expert layer in one launch (opt-in)
     OVERLAP_FIRST_STEP = "OVERLAP_FIRST_STEP"  # the first denoising step beside the prefix, two streams
     DECODER_ATTENTION_TUNING = "DECODER_ATTENTION_TUNING"  # the step attention's row / key blocks timed (opt-in)
-    FUSED_MLP = "FUSED_MLP"              # kernels/smem_mlp.py: each expert MLP in one launch (opt-in)
+    FUSED_MLP = "FUSED_MLP"              # kernels/flashrt_kernels/smem_mlp.py: each expert MLP in one launch (opt-in)
     SMEM_GEMM_FP8 = "SMEM_GEMM_FP8"      # with fp8_decoder_weights: the TMA GEMM candidates in FP8 (smem_gemm_fp8)
 
 
@@ -195,7 +195,7 @@ class EngineOptions:
     fp8_decoder_weights: bool = False        # opt-in: E4M3 decoder GEMM weights, one scale per row (the Triton
                                              # GEMMs weight-only: measured slower, session 6; with the TMA GEMMs
                                              # in FP8 too, smem_gemm_fp8: a tie, sessions 23-24)
-    smem_gemm_fp8: bool = True               # with fp8_decoder_weights: kernels/smem_gemm_fp8.py (E4M3 x rows
+    smem_gemm_fp8: bool = True               # with fp8_decoder_weights: kernels/flashrt_kernels/smem_gemm_fp8.py (E4M3 x rows
                                              # quantized in the kernel, wgmma in FP8) among the decoder candidates
     chain_tuning: bool = True                # decoder GEMM configurations timed where they run (the denoiser)
     chain_tuning_passes: int = 2             # the chain tuning repeats until a pass changes nothing, at most this
@@ -203,18 +203,18 @@ class EngineOptions:
                                              # that many launch policies, the fastest end kept (_chain_starts)
     pdl_early_trigger: bool = True           # denoiser kernels that release the next one at their start (tuned)
     fp8_fused_quant: bool = True             # FP8 path: the GeGLU kernel quantizes the down GEMM's input
-    smem_gemm: bool = True                   # kernels/smem_gemm.py candidates in the decoder GEMM tuning
+    smem_gemm: bool = True                   # kernels/flashrt_kernels/smem_gemm.py candidates in the decoder GEMM tuning
     prefix_attention_tuning: bool = True     # the prefix attention: the mqa kernel or SDPA, whichever is faster
     vision_attention_tuning: bool = True     # the vision attention: the fastest SDPA backend at its shape
-    fused_patch_embed: bool = True           # kernels/patch_embed.py rows + the patch GEMM in the engine dtype
+    fused_patch_embed: bool = True           # kernels/flashrt_kernels/patch_embed.py rows + the patch GEMM in the engine dtype
     ada_norm_fold: bool = False              # opt-in (measured slower): pi0.5's adaRMSNorms in the TMA GEMMs
-    fused_denoise_step: bool = True          # kernels/denoise_step.py (pi0.5): the step ends, 2 launches not 7
+    fused_denoise_step: bool = True          # kernels/flashrt_kernels/denoise_step.py (pi0.5): the step ends, 2 launches not 7
     fused_denoise_step_pi0: bool = True      # pi0's step ends fused too (time_mlp_in + one few-row GEMM,
                                              # step_out), 3 launches not 12 (session 17: -0.15 ms at horizon 50)
     split_k_qkv: bool = False                # opt-in (measured slower): a split-K QKV candidate the attention sums
-    smem_gemm_rows: bool = True              # kernels/smem_gemm.py candidates at 17-64 rows too (horizon-50
+    smem_gemm_rows: bool = True              # kernels/flashrt_kernels/smem_gemm.py candidates at 17-64 rows too (horizon-50
                                              # steps), x streamed through a ring (session 17: -0.25 / -0.49 ms)
-    prefix_attention_wgmma: bool = True      # kernels/prefix_attention.py (Hopper wgmma) joins the prefix
+    prefix_attention_wgmma: bool = True      # kernels/flashrt_kernels/prefix_attention.py (Hopper wgmma) joins the prefix
                                              # attention tuning where it serves the GPU
     prefix_attention_split: bool = False     # opt-in (measured slower, session 15: 24-26 us against 17.6 us for
                                              # wgmma): its key-split forms join the tuning too
@@ -225,9 +225,9 @@ class EngineOptions:
     decoder_attention_tuning: bool = False   # opt-in (no gain, session 20): the chain tuning also times the
                                              # denoising step's attention forms (rows per program x keys per
                                              # block, Ops.decoder_attention_forms) and keeps the fastest
-    denoise_layer: bool = False              # opt-in (measured slower, session 15): kernels/denoise_layer.py, each
+    denoise_layer: bool = False              # opt-in (measured slower, session 15): kernels/flashrt_kernels/denoise_layer.py, each
                                              # pi0.5 expert layer one persistent launch (8 phases, grid barriers)
-    fused_mlp: bool = False                  # opt-in (measured slower, session 22): kernels/smem_mlp.py, each
+    fused_mlp: bool = False                  # opt-in (measured slower, session 22): kernels/flashrt_kernels/smem_mlp.py, each
                                              # expert MLP (gate/up, GeGLU, down) one launch where it serves the rows
     fast_paths: bool = True                  # False: the reference path, whatever else is set
     tuning_cache: str = ""                   # a directory: the load-time tuning's picks kept there and reused
@@ -372,7 +372,7 @@ def _nvidia_sm90_plus(hw: Hardware) -> bool:
 
 
 def _nvidia_hopper(hw: Hardware) -> bool:
-    """Hopper (sm90): wgmma, which the Gluon kernels (kernels/smem_gemm.py, kernels/prefix_attention.py) run on;
+    """Hopper (sm90): wgmma, which the Gluon kernels (kernels/flashrt_kernels/smem_gemm.py, kernels/flashrt_kernels/prefix_attention.py) run on;
     Blackwell has tcgen05 instead, so they are not offered there."""
     return hw.vendor is Vendor.NVIDIA and hw.sm is not None and hw.sm // 10 == 9
 
@@ -405,7 +405,7 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
         Candidate("math", _ALWAYS, "matmul + fp32 softmax + matmul"),
     ),
     Op.MQA: (
-        Candidate("triton", _triton, "kernels/attention.py: flash-style, key mask as a vector, split over keys"),
+        Candidate("triton", _triton, "kernels/flashrt_kernels/attention.py: flash-style, key mask as a vector, split over keys"),
         Candidate("sdpa", lambda hw, o: _gpu(hw, o) and o.switch_on(Switch.FLASH_ATTENTION),
                   "torch SDPA with a dense additive mask (cuDNN / memory-efficient)"),
         Candidate("math", _ALWAYS, "matmul + fp32 softmax + matmul, dense mask"),
@@ -416,7 +416,7 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
         Candidate("bf16", _ALWAYS, "cuBLAS / hipBLASLt through torch.matmul"),
     ),
     Op.GEMM_DECODER: (
-        Candidate("triton", _triton, "kernels/skinny_gemm.py (GeGLU epilogue, split-K into the norms); per GEMM "
+        Candidate("triton", _triton, "kernels/flashrt_kernels/skinny_gemm.py (GeGLU epilogue, split-K into the norms); per GEMM "
                   "shape only where it measures faster than cuBLAS at load"),
         Candidate("bf16", _ALWAYS, "cuBLAS / hipBLASLt: FP8 is slower at 10-50 rows (seed project finding)"),
         Candidate("fp8", lambda hw, o: _gpu(hw, o) and _fp8_capable(hw), "only when pinned, for A/B tests"),
@@ -427,31 +427,31 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
         Candidate("e4m3fn", _ALWAYS, "OCP E4M3 (NVIDIA sm89+, MI350X gfx950)"),
     ),
     Op.NORM: (
-        Candidate("triton", _triton, "kernels/residual_norm.py"),
+        Candidate("triton", _triton, "kernels/flashrt_kernels/residual_norm.py"),
         Candidate("torch", _ALWAYS, "plain torch ops"),
     ),
     Op.ADA_NORM: (
-        Candidate("triton", _triton, "kernels/ada_rms_norm.py"),
+        Candidate("triton", _triton, "kernels/flashrt_kernels/ada_rms_norm.py"),
         Candidate("torch", _ALWAYS, "plain torch ops"),
     ),
     Op.GEGLU: (
-        Candidate("triton", _triton, "kernels/geglu.py"),
+        Candidate("triton", _triton, "kernels/flashrt_kernels/geglu.py"),
         Candidate("torch", _ALWAYS, "plain torch ops"),
     ),
     Op.QKV_ROPE: (
-        Candidate("triton", _triton, "kernels/qkv_rope.py"),
+        Candidate("triton", _triton, "kernels/flashrt_kernels/qkv_rope.py"),
         Candidate("torch", _ALWAYS, "plain torch ops"),
     ),
     Op.EULER: (
-        Candidate("triton", _triton, "kernels/euler.py"),
+        Candidate("triton", _triton, "kernels/flashrt_kernels/euler.py"),
         Candidate("torch", _ALWAYS, "plain torch ops"),
     ),
     Op.DECODER_QKV: (
         Candidate("rope_in_attention", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.ROPE_IN_ATTENTION),
-                  "the QKV GEMM writes raw Q/K/V; kernels/attention.py decoder_attention applies RoPE and the q scale "
+                  "the QKV GEMM writes raw Q/K/V; kernels/flashrt_kernels/attention.py decoder_attention applies RoPE and the q scale "
                   "to the queries and the suffix keys itself (no qkv_rope launch, no suffix KV-cache write); needs "
                   "mqa=triton, else the engine runs `separate`"),
-        Candidate("fused_rope", _triton, "kernels/qkv_gemm_rope.py: RoPE, q scale and KV write in the QKV GEMM's "
+        Candidate("fused_rope", _triton, "kernels/flashrt_kernels/qkv_gemm_rope.py: RoPE, q scale and KV write in the QKV GEMM's "
                   "epilogue; kept at load only where it measures faster than the GEMM + qkv_rope pair"),
         Candidate("separate", _ALWAYS, "the decoder GEMM, then the qkv_rope op"),
     ),
@@ -460,7 +460,7 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   and o.switch_on(Switch.PDL_EARLY_TRIGGER) and o.switch_on(Switch.CHAIN_TUNING)
                   and _nvidia_sm90_plus(hw),
                   "programmatic dependent launch where chosen Triton kernels let the next one launch at their start "
-                  "(kernels/_triton.py release_dependents), not after their wait, so the kernel ahead can be "
+                  "(kernels/flashrt_kernels/_triton.py release_dependents), not after their wait, so the kernel ahead can be "
                   "resident and streaming its weights: the chain tuning times the denoiser sites of each "
                   "ops.LAUNCH_POLICIES entry ('none' among them) and keeps the fastest (NVIDIA sm90+)"),
         Candidate("pdl", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.PDL) and _nvidia_sm90_plus(hw),
@@ -470,7 +470,7 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     ),
     Op.L2_PREFETCH: (
         Candidate("bulk", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.L2_PREFETCH) and _nvidia_sm90_plus(hw),
-                  "kernels/l2_prefetch.py: the decoder's Triton QKV GEMM prefetches the rest of the layer's and the "
+                  "kernels/flashrt_kernels/l2_prefetch.py: the decoder's Triton QKV GEMM prefetches the rest of the layer's and the "
                   "next layer's QKV weights into L2 (cp.async.bulk.prefetch.L2, NVIDIA sm90+); opt-in: measured "
                   "slower on the H200"),
         Candidate("none", _ALWAYS, "every GEMM reads its weights when it runs"),
@@ -478,7 +478,7 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     Op.WEIGHT_PREFETCH: (
         Candidate("own_slice", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.WEIGHT_PREFETCH)
                   and o.switch_on(Switch.PDL) and _nvidia_sm90_plus(hw),
-                  "kernels/skinny_gemm.py: every program of a decoder Triton GEMM issues cp.async.bulk.prefetch.L2 "
+                  "kernels/flashrt_kernels/skinny_gemm.py: every program of a decoder Triton GEMM issues cp.async.bulk.prefetch.L2 "
                   "for its own weight rows before its PDL wait, so they stream into L2 while the kernel ahead "
                   "runs (NVIDIA sm90+, with PDL); opt-in: measured slower on the H200"),
         Candidate("none", _ALWAYS, "each program streams its weights from HBM after the wait"),
@@ -487,14 +487,14 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
         Candidate("fp8", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.FP8_DECODER_WEIGHTS) and _fp8_capable(hw),
                   "E4M3 weights (one scale per row, fp8.quantize_expert_weights): half the bytes. The Triton "
                   "decoder GEMMs widen them to bf16 in registers (weight-only; measured slower on the H200, session "
-                  "6); the TMA GEMM candidates (kernels/smem_gemm_fp8.py, with smem_gemm_fp8 on, NVIDIA Hopper) "
+                  "6); the TMA GEMM candidates (kernels/flashrt_kernels/smem_gemm_fp8.py, with smem_gemm_fp8 on, NVIDIA Hopper) "
                   "quantize their x rows to E4M3 (per row, in the kernel) and multiply on wgmma in FP8; opt-in"),
         Candidate("bf16", _ALWAYS, "the prepared bf16 weights"),
     ),
     Op.PATCH_EMBED: (
         Candidate("fused", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.FUSED_PATCH_EMBED),
                   "each present uint8 view at the model's image size becomes its patch rows in the engine dtype in "
-                  "one kernels/patch_embed.py launch (HWC gather, scaling to [-1, 1]; other sizes are resized as "
+                  "one kernels/flashrt_kernels/patch_embed.py launch (HWC gather, scaling to [-1, 1]; other sizes are resized as "
                   "before, then converted to the rows in one copy); the patch GEMM runs in the "
                   "engine dtype (rows padded to a multiple of 8 columns) and one add puts the position embedding "
                   "and the bias (summed at load) on it; measured on the H200 (run 30): -0.08 ms bf16 per predict, "
@@ -506,7 +506,7 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
         Candidate("gemm_epilogue", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.ADA_NORM_FOLD)
                   and o.switch_on(Switch.SMEM_GEMM) and _nvidia_hopper(hw) and _gluon_available(),
                   "pi0.5's expert: each adaRMSNorm after the split-K O and down GEMMs runs in the GEMMs on either "
-                  "side of it (kernels/smem_gemm.py norm_out / norm_in): the last split program of each 64-column "
+                  "side of it (kernels/flashrt_kernels/smem_gemm.py norm_out / norm_in): the last split program of each 64-column "
                   "tile writes the gated residual, x' = h * (1 + scale) and its rows' sums of squares; the QKV / "
                   "gate-up GEMM after it scales its rows by rsqrt(mean(h^2) + eps) and adds shift @ W^T "
                   "(precomputed per step and layer) in its epilogue: two launches fewer per layer. Applies where "
@@ -514,11 +514,11 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "norm of each step and the final norm keep their kernel. Opt-in: on the H200 (session 10, "
                   "tools/benchmark_ada_norm_fold.py) the denoise took 4.77 ms at best with it against 4.24 ms with "
                   "the separate norms, which overlap the next GEMM's weight stream under the early PDL triggers"),
-        Candidate("separate", _ALWAYS, "kernels/ada_rms_norm.py (or torch) between the GEMMs"),
+        Candidate("separate", _ALWAYS, "kernels/flashrt_kernels/ada_rms_norm.py (or torch) between the GEMMs"),
     ),
     Op.DENOISE_STEP: (
         Candidate("fused", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.FUSED_DENOISE_STEP),
-                  "pi0.5: kernels/denoise_step.py, one Triton kernel at each end of a denoising step: the action "
+                  "pi0.5: kernels/flashrt_kernels/denoise_step.py, one Triton kernel at each end of a denoising step: the action "
                   "input projection with the first adaRMSNorm, and the final adaRMSNorm with the output "
                   "projection and the Euler step (seven launches, two of them cuBLAS GEMMs outside the dependent-"
                   "launch chain, become two PDL kernels; fp32 throughout). The default since session 11: its full-size "
@@ -529,7 +529,7 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     Op.DENOISE_LAYER: (
         Candidate("grid", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.DENOISE_LAYER)
                   and hw.vendor is Vendor.NVIDIA,
-                  "pi0.5's expert layer as one persistent launch of one program per SM (kernels/denoise_layer.py): "
+                  "pi0.5's expert layer as one persistent launch of one program per SM (kernels/flashrt_kernels/denoise_layer.py): "
                   "eight phases (norm, QKV + RoPE, attention splits, their merge, O, norm, gate/up + GeGLU, down) "
                   "with a grid barrier (an atomic counter) between them instead of eight dependent launches; each "
                   "norm's shift passes through the GEMM after it as a bias. Opt-in: on the H200 (session 15) one "
@@ -562,14 +562,14 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     Op.FP8_INPUT_QUANT: (
         Candidate("fused", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.FP8_FUSED_QUANT),
                   "a per-tensor FP8 down GEMM's input is quantized by the GeGLU kernel that produces it "
-                  "(kernels/geglu.py with an FP8 out): no bf16 activation written and read back, no quantization "
+                  "(kernels/flashrt_kernels/geglu.py with an FP8 out): no bf16 activation written and read back, no quantization "
                   "launch; row-wise FP8 keeps its per-token quantization kernel"),
-        Candidate("separate", _ALWAYS, "the GeGLU output in bf16, then kernels/fp8_quant.py"),
+        Candidate("separate", _ALWAYS, "the GeGLU output in bf16, then kernels/flashrt_kernels/fp8_quant.py"),
     ),
     Op.SMEM_GEMM: (
         Candidate("tma", lambda hw, o: _triton(hw, o) and o.switch_on(Switch.SMEM_GEMM) and _nvidia_hopper(hw)
                   and _gluon_available(),
-                  "kernels/smem_gemm.py (Triton Gluon): each program's whole weight slice goes to shared memory by "
+                  "kernels/flashrt_kernels/smem_gemm.py (Triton Gluon): each program's whole weight slice goes to shared memory by "
                   "TMA before the PDL wait, and the product runs on wgmma with the weights as the 64-row side; "
                   "offered to the decoder GEMM tuning beside the Triton and library GEMMs (NVIDIA Hopper: wgmma)"),
         Candidate("none", _ALWAYS, "the decoder GEMM tuning picks among the Triton and library GEMMs"),

@@ -56,7 +56,7 @@ class AdaFoldBuffers:
     """Static buffers of the adaRMSNorms folded into the GEMMs around them (ops.Op.ADA_NORM_FOLD), one set per norm
     site of an expert layer (0: before QKV, fed by the previous layer's down GEMM; 1: before gate/up, fed by O):
     xs (S, We) engine dtype, the next GEMM's input x' = h * (1 + scale); sq (We / 64, 16) fp32, per-tile row sums
-    of h^2; counter (We / 64,) int32, zero between launches (kernels/smem_gemm.py NormOut)."""
+    of h^2; counter (We / 64,) int32, zero between launches (kernels/flashrt_kernels/smem_gemm.py NormOut)."""
 
     xs: tuple[torch.Tensor, torch.Tensor]
     sq: tuple[torch.Tensor, torch.Tensor]
@@ -103,7 +103,7 @@ def vision(ws: Workspace, w: EngineWeights, ops: Ops) -> torch.Tensor:
         pixels = resize_views_torch(ws.images, size)                                   # (V, 3, S, S) fp32
     views = len(ws.images) if pixels is None else pixels.shape[0]
     if ops.fused_patch_embed:
-        # patch rows in the engine dtype: straight from the uint8 views at the model's size (kernels/patch_embed.py),
+        # patch rows in the engine dtype: straight from the uint8 views at the model's size (kernels/flashrt_kernels/patch_embed.py),
         # else from the pixels in one converting copy; then the patch GEMM in the engine dtype
         # (the rows as wide as the padded GEMM weight, their extra columns zeros)
         dev = ws.images[0].device if pixels is None else pixels.device
@@ -213,7 +213,7 @@ def denoise_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Te
     # pi0.5: the adaRMSNorms after O and down folded into the GEMMs around them, where the picks allow it
     fold = ws.ada_fold if pi05 and ws.ada_fold is not None and ops.ada_fold_applies(S) else None
     fold_bias = w.ada_fold_bias() if fold is not None else None          # (qkv, gate_up): (steps, layers, N)
-    # pi0.5: each step's two ends in one kernel each (kernels/denoise_step.py)
+    # pi0.5: each step's two ends in one kernel each (kernels/flashrt_kernels/denoise_step.py)
     step_ends = pi05 and ops.fused_denoise_step and len(w.action_in.parts) == 1 and w.action_in.fp8 is None
     if step_ends and ws.denoise_layer is not None and ops.denoise_layer != "separate":
         yield len(w.expert) - 1
@@ -304,7 +304,7 @@ def pi0_fused_step_ends(w: EngineWeights, ops: Ops) -> bool:
 
 def _denoise_persistent_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, pos: torch.Tensor,
                                x_t: torch.Tensor, residual: torch.Tensor, y: torch.Tensor) -> None:
-    """pi0.5's denoising steps with each expert layer in one launch of kernels/denoise_layer.py (ops.denoise_layer
+    """pi0.5's denoising steps with each expert layer in one launch of kernels/flashrt_kernels/denoise_layer.py (ops.denoise_layer
     "grid" or "grid_prefetch", which also prefetches the later weight tiles into L2; "phases": a launch per phase),
     between the fused step ends; x_t, residual and y are denoise's (y takes the step-in's norm, which the layers
     recompute). Each layer leaves its down output in x_acc[layer % 2], which the next layer (or the step's end)

@@ -14,11 +14,11 @@ few K steps (its slow, exact accumulation); `fast_accum` (EngineOptions.fp8_fast
 accuracy gate and the bench part's A/B row) lets the tensor cores accumulate the whole K loop themselves
 (torch._scaled_mm's use_fast_accum), which is faster and less exact for long K (the down GEMM: K = 16384).
 Scaling "row": per-output-channel weight scales s_w[n] and per-token activation scales s_x[m] computed in the
-graph by kernels/fp8_quant.py (rowwise torch._scaled_mm): y[m, n] = (x_q @ W_q^T)[m, n] * s_x[m] * s_w[n] + b[n].
+graph by kernels/flashrt_kernels/fp8_quant.py (rowwise torch._scaled_mm): y[m, n] = (x_q @ W_q^T)[m, n] * s_x[m] * s_w[n] + b[n].
 
 The 10-51-row decoder GEMMs keep bf16 activations: they are bound by reading the weights and FP8 activations add
 a quantization pass (the seed project measured FP8 slower there). Opt-in `fp8_decoder_weights` stores their
-weights in E4M3 with one scale per row (weight-only: `quantize_expert_weights`, kernels/skinny_gemm.py widens the
+weights in E4M3 with one scale per row (weight-only: `quantize_expert_weights`, kernels/flashrt_kernels/skinny_gemm.py widens the
 tiles), halving the bytes they stream. fmax: 448 for OCP e4m3fn (NVIDIA sm89+, gfx950), 240 for e4m3fnuz
 (gfx942). Calibration runs the bf16 engine eagerly once on the first observation, recording each GEMM input's amax.
 """
@@ -41,7 +41,7 @@ SCALINGS = ("tensor", "row")
 
 
 class Fp8Linear:
-    """y = x @ W^T + b through torch._scaled_mm with static scales; x is quantized by kernels/fp8_quant.py."""
+    """y = x @ W^T + b through torch._scaled_mm with static scales; x is quantized by kernels/flashrt_kernels/fp8_quant.py."""
 
     def __init__(self, lin: Linear, x_amax: float, dtype: torch.dtype, scaling: str = "tensor",
                  fast_accum: bool = False):

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 _ALIGN = 256  # bytes between fields of the staging blob
 # rounds of the chain tuning's interleaved timing (interleaved_replay_ms), 3 replays of one denoise each
 CHAIN_TUNING_ROUNDS = 7
-# the most suffix rows kernels/denoise_layer.py serves: its row tile (16) holds them all (pi0.5 horizon 10 yes, 50 no)
+# the most suffix rows kernels/flashrt_kernels/denoise_layer.py serves: its row tile (16) holds them all (pi0.5 horizon 10 yes, 50 no)
 DENOISE_LAYER_MAX_ROWS = 16
 TUNING_PROMPT_TOKENS = 48           # the load-time tunings time the text bucket that holds a prompt this long
 

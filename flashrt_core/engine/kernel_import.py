@@ -1,9 +1,9 @@
 """Import the kernels package `flashrt_kernels` that belongs to this flashrt_core.
 
-In a source checkout it is the top-level kernels/ directory beside flashrt_core/, loaded here under that name
-(registered in sys.modules so its relative imports work). In a colcon/pip install there is no such directory
-beside the installed flashrt_core, and the installed `flashrt_kernels` package is imported. The checkout wins
-when both exist, so a stale install (colcon copies kernels/ at build time) never shadows the source being run.
+In a source checkout it is kernels/flashrt_kernels/ beside flashrt_core/, loaded here from its path (registered in
+sys.modules so its relative imports work). In a colcon/pip install there is no such directory beside the installed
+flashrt_core, and the installed `flashrt_kernels` package is imported. The checkout wins when both exist, so a stale
+install (colcon copies kernels/flashrt_kernels/ at build time) never shadows the source being run.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from types import ModuleType
 log = logging.getLogger(__name__)
 
 PACKAGE = "flashrt_kernels"
-SOURCE_DIR = Path(__file__).resolve().parents[2] / "kernels"
+SOURCE_DIR = Path(__file__).resolve().parents[2] / "kernels" / PACKAGE
 
 
 @functools.lru_cache(maxsize=None)

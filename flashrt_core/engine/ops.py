@@ -44,7 +44,7 @@ def parse_attention_form(form: str) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class SkinnyConfig:
-    """Launch configuration of kernels/skinny_gemm.py (split_k > 1 only where the consumer sums partials).
+    """Launch configuration of kernels/flashrt_kernels/skinny_gemm.py (split_k > 1 only where the consumer sums partials).
     block_k == K / split_k makes one-shot programs: the whole weight slice is loaded before the wait for x."""
 
     block_n: int
@@ -62,7 +62,7 @@ class SkinnyConfig:
 # "default" leaves the choice to torch (on the H200, torch 2.11: cuDNN's flash kernel). Measured at load on the H200
 # (session 9, 2026-12-01, us per layer at 2 views): torch's choice 8.98-9.63, cuDNN 9.11-9.61, memory-efficient
 # 11.3-11.5, flash 13.5-13.7; the pick flips between cuDNN and torch's choice. A Triton flash-attention candidate
-# (kernels/vision_attention.py, session 8) measured 11.6-11.8 us there, slower than torch's choice and cuDNN, so it
+# (kernels/flashrt_kernels/vision_attention.py, session 8) measured 11.6-11.8 us there, slower than torch's choice and cuDNN, so it
 # was never picked and was removed: a hand-written kernel stays only where it measures faster than the library.
 VISION_ATTENTION_BACKENDS = ("default", "flash", "efficient", "cudnn")
 VISION_ATTENTION_CHECK_ATOL = 3e-2   # tune_vision_attention's check of each backend: bf16 output of |v| ~ 1 values
@@ -71,7 +71,7 @@ VISION_ATTENTION_CHECK_ATOL = 3e-2   # tune_vision_attention's check of each bac
 # on the H200 at 576 keys (session 7, us per layer): mqa 36.8, mqa_split1 25.3 (picked), mqa_split4 29.5, SDPA
 # 45.0-53.1; also measured and dropped: one split with 32-row query blocks (144 programs, 2 per SM) 29.7 us, two
 # splits of 32 rows 35.0, one split of 16 rows 28.4.
-# kernels/prefix_attention.py's forms, by name: the launcher's arguments. "wgmma" measured 17.7 us on the H200
+# kernels/flashrt_kernels/prefix_attention.py's forms, by name: the launcher's arguments. "wgmma" measured 17.7 us on the H200
 # (session 14) against 25.4 for mqa_split1, "wgmma_overlap" 20.1 (prefix_attention_wgmma); the key-split forms
 # (prefix_attention_split, opt-in: 24.0-26.1 us in session 15) run 2 or 3 programs per 64 query rows, each over
 # its share of the keys, and merge them in one more launch: the one-split kernel keeps 72 of 132 SMs busy at 2
@@ -89,8 +89,8 @@ PREFIX_ATTENTION_CHECK_ATOL = 3e-2
 
 @dataclass(frozen=True)
 class SmemConfig:
-    """Launch configuration of kernels/smem_gemm.py (the weight slice in shared memory before the PDL wait); with
-    fp8, of kernels/smem_gemm_fp8.py on the E4M3 copy of the weights (decoder_weights=fp8, Ops.smem_candidates)."""
+    """Launch configuration of kernels/flashrt_kernels/smem_gemm.py (the weight slice in shared memory before the PDL wait); with
+    fp8, of kernels/flashrt_kernels/smem_gemm_fp8.py on the E4M3 copy of the weights (decoder_weights=fp8, Ops.smem_candidates)."""
 
     split_k: int
     fp8: bool = False
@@ -99,14 +99,14 @@ class SmemConfig:
         return f"gluon_smem{'_fp8' if self.fp8 else ''}(s{self.split_k})"
 
 
-# kernels/smem_gemm.py candidates per kind (smem_gemm=tma, the default on sm90 with Gluon): 64 weight rows per program (32 + 32 with GeGLU);
+# kernels/flashrt_kernels/smem_gemm.py candidates per kind (smem_gemm=tma, the default on sm90 with Gluon): 64 weight rows per program (32 + 32 with GeGLU);
 # split-K only where the consumer sums partials. Each gives 40-128 programs at the expert's shapes.
 # Split-K 8 for O and 16 for down (session 10): 128 / 256 programs, as many as gate/up's 128, which alone among the
 # four streams its weights at ~4.2 TB/s on the H200 (O with 32 programs: 1.5 TB/s); the norm after them sums more
 # partials, so the tuning decides. Session 11 (runs 32-33, 10 engines): the chain tuning never picked them; in the
 # captured denoiser O s8 cost 0.1-0.2 ms and down s16 0.3-0.5 ms more than O s2 / down s4.
 # Split-K 2 for QKV (80 programs instead of 40) only where the attention reads the QKV output itself
-# (rope_in_attention): kernels/attention.py decoder_attention sums the partials as it loads them. Opt-in
+# (rope_in_attention): kernels/flashrt_kernels/attention.py decoder_attention sums the partials as it loads them. Opt-in
 # (EngineOptions.split_k_qkv, FLASHRT_SPLIT_K_QKV=1), measured slower: its kernel tests and gate pass on the H200,
 # but the denoise took 0.3-0.5 ms more with it than with the unsplit QKV (run 32, 4 engines).
 SMEM_CANDIDATES = {"qkv": [SmemConfig(1), SmemConfig(2)], "gate_up": [SmemConfig(1)],
@@ -151,7 +151,7 @@ SKINNY_DEFAULT = {kind: cands[0] for kind, cands in SKINNY_CANDIDATES.items()}
 # Measured on the H200 (session 6, all sites): the one-shot GEMMs after the first norm and after the attention gain
 # 1-2 us each, the gate/up GEMM and the attention lose as much to the weight streams of the kernels ahead. With
 # pdl_early_trigger (the default) the chain tuning times these policies in the denoiser and keeps the fastest:
-# "all" with the shared-memory GEMMs of kernels/smem_gemm.py (session 7: 5.22 -> 4.86 ms per denoise).
+# "all" with the shared-memory GEMMs of kernels/flashrt_kernels/smem_gemm.py (session 7: 5.22 -> 4.86 ms per denoise).
 LAUNCH_SITES = ("norm1", "qkv", "attention", "o", "norm2", "gate_up", "down", "other")
 LAUNCH_POLICIES = {
     "none": frozenset(),
@@ -165,7 +165,7 @@ LAUNCH_POLICIES = {
 
 @dataclass(frozen=True)
 class RopeGemmConfig:
-    """Launch configuration of kernels/qkv_gemm_rope.py (the decoder QKV GEMM with the RoPE epilogue)."""
+    """Launch configuration of kernels/flashrt_kernels/qkv_gemm_rope.py (the decoder QKV GEMM with the RoPE epilogue)."""
 
     block_p: int
     block_k: int
@@ -226,12 +226,12 @@ class Ops:
         self._rope_triton = triton(Op.QKV_ROPE)
         self._euler_triton = triton(Op.EULER)
         self._fp8_fused_quant = dispatch[Op.FP8_INPUT_QUANT] == "fused"
-        self.smem_gemm = dispatch[Op.SMEM_GEMM] == "tma"          # kernels/smem_gemm.py joins the GEMM candidates
-        # ... at 17-64 rows too (kernels/smem_gemm.py _smem_gemm_rows_kernel; EngineOptions.smem_gemm_rows)
+        self.smem_gemm = dispatch[Op.SMEM_GEMM] == "tma"          # kernels/flashrt_kernels/smem_gemm.py joins the GEMM candidates
+        # ... at 17-64 rows too (kernels/flashrt_kernels/smem_gemm.py _smem_gemm_rows_kernel; EngineOptions.smem_gemm_rows)
         self.smem_gemm_rows = self.smem_gemm and dispatch.options.smem_gemm_rows
         # the prefix's attention: "mqa" (the Op.MQA implementation) until tune_prefix_attention measures otherwise
         self.prefix_attention_impl = "mqa"
-        # kernels/prefix_attention.py (wgmma) among the tuning's prefix attention candidates (on by default:
+        # kernels/flashrt_kernels/prefix_attention.py (wgmma) among the tuning's prefix attention candidates (on by default:
         # 17.7 us against 25.4 for the mqa kernel on the H200; EngineOptions.prefix_attention_wgmma)
         self.prefix_attention_wgmma = dispatch.options.prefix_attention_wgmma and dispatch.options.fast_paths
         # its key-split forms too: opt-in (EngineOptions.prefix_attention_split), measured slower (session 15)
@@ -247,7 +247,7 @@ class Ops:
         self._qkv_fused = dispatch[Op.DECODER_QKV] == "fused_rope"
         self.own_prefetch = dispatch[Op.WEIGHT_PREFETCH] == "own_slice"
         self.decoder_fp8 = dispatch[Op.DECODER_WEIGHTS] == "fp8"     # Linear.w_fp8 set by fp8.quantize_expert_weights
-        # ... and the TMA GEMM candidates then include kernels/smem_gemm_fp8.py's (E4M3 x rows, wgmma in FP8) on
+        # ... and the TMA GEMM candidates then include kernels/flashrt_kernels/smem_gemm_fp8.py's (E4M3 x rows, wgmma in FP8) on
         # w_fp8, beside the bf16 ones: the tuning picks per kind (smem_candidates)
         self.smem_gemm_fp8 = self.decoder_fp8 and self.smem_gemm and dispatch.options.switch_on(Switch.SMEM_GEMM_FP8)
         self.key_block = dispatch.options.decoder_key_block or None     # None: the attention kernels' defaults
@@ -269,7 +269,7 @@ class Ops:
         self.fused_denoise_step = dispatch[Op.DENOISE_STEP] == "fused"   # forward.denoise: denoise_step_in / _out
         # ... and pi0's (time_mlp_in, a few-row GEMM, denoise_step_out; EngineOptions.fused_denoise_step_pi0)
         self.fused_denoise_step_pi0 = self.fused_denoise_step and dispatch.options.fused_denoise_step_pi0
-        # forward.denoise: each pi0.5 expert layer through kernels/denoise_layer.py ("grid" / "grid_prefetch": one
+        # forward.denoise: each pi0.5 expert layer through kernels/flashrt_kernels/denoise_layer.py ("grid" / "grid_prefetch": one
         # launch, "phases": a launch per phase) where the workspace has its scratch (GraphExecutor: pi0.5, fused
         # step ends, <= 16 rows)
         self.denoise_layer = dispatch[Op.DENOISE_LAYER]
@@ -277,7 +277,7 @@ class Ops:
         # workspace's scratch is allocated with them): A/B knobs of tools/benchmark_denoise_layer.py, no switch
         self.denoise_layer_config = None
         self.denoise_layer_splits = 8
-        # forward.denoise: each expert MLP (gate/up, GeGLU, down) in one launch of kernels/smem_mlp.py where it
+        # forward.denoise: each expert MLP (gate/up, GeGLU, down) in one launch of kernels/flashrt_kernels/smem_mlp.py where it
         # serves the rows (decoder_mlp_fused_applies; opt-in, measured slower in session 22); it needs the
         # TMA GEMMs' Gluon. Its scratch (the partial sums, the grid barrier) and result, one per row count, are
         # made on first use
@@ -328,7 +328,7 @@ class Ops:
     def denoise_step_in(self, x_t: torch.Tensor, lin: Linear, scale1p: torch.Tensor, shift: torch.Tensor,
                         residual: torch.Tensor, out: torch.Tensor, eps: float) -> torch.Tensor:
         """pi0.5's step start: residual = x_t @ W_in^T + b_in (fp32), out = adaRMSNorm(residual) (the first layer's
-        norm 1), in one kernel (kernels/denoise_step.py)."""
+        norm 1), in one kernel (kernels/flashrt_kernels/denoise_step.py)."""
         (w, b), = lin.parts
         return self.k.denoise_step_in(x_t, w, b, scale1p, shift, residual, out, eps, pdl=self.launch_mode("norm1"),
                                       block_d=self.step_block_d)
@@ -337,7 +337,7 @@ class Ops:
                          shift: torch.Tensor, out_w: torch.Tensor, out_b: torch.Tensor, x_t: torch.Tensor,
                          dt: float, eps: float) -> torch.Tensor:
         """pi0.5's step end: the final adaRMSNorm of residual + x * gate, the output projection and the Euler step
-        on x_t, in one kernel (kernels/denoise_step.py)."""
+        on x_t, in one kernel (kernels/flashrt_kernels/denoise_step.py)."""
         return self.k.denoise_step_out(x, residual, gate, scale1p, shift, out_w, out_b, x_t, dt, eps,
                                        pdl=self.launch_mode("other"), block_d=self.step_block_d)
 
@@ -358,7 +358,7 @@ class Ops:
     def time_mlp_in(self, x_t: torch.Tensor, w_fold: torch.Tensor, c: torch.Tensor, state_token: torch.Tensor,
                     b_out: torch.Tensor, residual: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """pi0's step start (fused_denoise_step_pi0): the residual's constant rows (state token, the time MLP's
-        output bias) and the MLP's hidden rows h in one kernel (kernels/denoise_step.py time_mlp_in). Returns h."""
+        output bias) and the MLP's hidden rows h in one kernel (kernels/flashrt_kernels/denoise_step.py time_mlp_in). Returns h."""
         return self.k.time_mlp_in(x_t, w_fold, c, state_token, b_out, residual, h, pdl=self.launch_mode("other"))
 
     # ---------------------------------------------------------------------------------------------- MLP pieces
@@ -370,7 +370,7 @@ class Ops:
 
     def _triton_geglu(self, gu: torch.Tensor, dtype: torch.dtype, inv_scale: torch.Tensor | None = None
                       ) -> torch.Tensor:
-        """kernels/geglu.py into a new (M, F) tensor of dtype (FP8 with inv_scale: quantized on the way out)."""
+        """kernels/flashrt_kernels/geglu.py into a new (M, F) tensor of dtype (FP8 with inv_scale: quantized on the way out)."""
         out = torch.empty(gu.shape[0], gu.shape[1] // 2, device=gu.device, dtype=dtype)
         return self.k.geglu(gu, out, pdl=self.launch_mode("other"), inv_scale=inv_scale)
 
@@ -393,7 +393,7 @@ class Ops:
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
     def patch_rows(self, img: torch.Tensor, patch: int, out: torch.Tensor) -> torch.Tensor:
-        """One present uint8 view (S, S, 3) -> its patch rows in out (kernels/patch_embed.py)."""
+        """One present uint8 view (S, S, 3) -> its patch rows in out (kernels/flashrt_kernels/patch_embed.py)."""
         return self.k.patch_rows(img, patch, out)
 
     def linear_gelu(self, x: torch.Tensor, lin: Linear) -> torch.Tensor:
@@ -423,8 +423,8 @@ class Ops:
         return bf16 + [SmemConfig(c.split_k, fp8=True) for c in bf16] if self.smem_gemm_fp8 else list(bf16)
 
     def _smem_ok(self, x: torch.Tensor, lin: Linear, kind: str, cfg: SmemConfig) -> bool:
-        """kernels/smem_gemm.py's conditions: bf16 weights, a contiguous bf16 x on the GPU. An fp8 configuration:
-        kernels/smem_gemm_fp8.py's (smem_gemm_fp8 on, the FP8 copy made, at most 16 rows)."""
+        """kernels/flashrt_kernels/smem_gemm.py's conditions: bf16 weights, a contiguous bf16 x on the GPU. An fp8 configuration:
+        kernels/flashrt_kernels/smem_gemm_fp8.py's (smem_gemm_fp8 on, the FP8 copy made, at most 16 rows)."""
         if not (self.smem_gemm and x.is_cuda and x.dtype == torch.bfloat16
                 and x.is_contiguous() and self._few_rows_gemm_ok(x, lin, 1)):
             return False
@@ -440,7 +440,7 @@ class Ops:
                                                                         kind == "gate_up", cfg.split_k)
 
     def decoder_mlp_fused_applies(self, y: torch.Tensor, gate_up: Linear, down: Linear) -> bool:
-        """Whether decoder_mlp() runs kernels/smem_mlp.py: fused_mlp asked for (and the TMA GEMMs on), bf16
+        """Whether decoder_mlp() runs kernels/flashrt_kernels/smem_mlp.py: fused_mlp asked for (and the TMA GEMMs on), bf16
         weights without bias (not the FP8 copy), a contiguous bf16 y on the GPU, and shapes the kernel serves on
         this GPU (at most 16 rows, one program per 32 columns of the MLP width, every program resident at once)."""
         if not (self.fused_mlp and not self.decoder_fp8 and y.is_cuda and y.dtype == torch.bfloat16
@@ -454,7 +454,7 @@ class Ops:
 
     def decoder_mlp(self, y: torch.Tensor, gate_up: Linear, down: Linear) -> torch.Tensor:
         """The expert's MLP on y: down(GeGLU(gate_up(y))). Where decoder_mlp_fused_applies, one launch of
-        kernels/smem_mlp.py, (M, W) fp32; else the two decoder GEMMs, whose down result may be the split-K partials
+        kernels/flashrt_kernels/smem_mlp.py, (M, W) fp32; else the two decoder GEMMs, whose down result may be the split-K partials
         the next norm sums. The fused result lives in a buffer per row count that the next launch overwrites: the
         norm after it reads it first (stream order)."""
         if not self.decoder_mlp_fused_applies(y, gate_up, down):
@@ -472,7 +472,7 @@ class Ops:
     def ada_fold_applies(self, rows: int) -> bool:
         """Whether the denoiser at `rows` rows runs its adaRMSNorms folded into the GEMMs around them
         (Op.ADA_NORM_FOLD): asked for, and every decoder GEMM kind's pick is a shared-memory GEMM that serves
-        these rows (only kernels/smem_gemm.py has the norm_out / norm_in epilogues)."""
+        these rows (only kernels/flashrt_kernels/smem_gemm.py has the norm_out / norm_in epilogues)."""
         return self.ada_fold and not self.decoder_fp8 and rows <= self.k.SMEM_GEMM_NORM_MAX_ROWS and all(
             isinstance(self.decoder_impl[kind], SmemConfig) for kind in ("qkv", "o", "gate_up", "down")) \
             and self.decoder_impl["qkv"].split_k == 1       # norm_in adds its bias once: no split-K QKV
@@ -487,7 +487,7 @@ class Ops:
         bf16 weights.
         prefetch: (address, bytes) the Triton GEMM bulk-prefetches into L2 first (l2_prefetch); the library GEMM
         ignores it.
-        norm_in / norm_out (kernels/smem_gemm.py NormIn / NormOut): the folded adaRMSNorm's halves (see
+        norm_in / norm_out (kernels/flashrt_kernels/smem_gemm.py NormIn / NormOut): the folded adaRMSNorm's halves (see
         ada_fold_applies); only the shared-memory GEMM has them, any other pick raises ValueError. With norm_out
         the result is the next GEMM's input x' (norm_out.xs)."""
         impl = impl or self.decoder_impl[kind]
@@ -729,7 +729,7 @@ class Ops:
 
     def decoder_attention_forms(self, rows: int, prefix_len: int, heads: int, head_dim: int) -> list[str]:
         """The denoising step's attention forms the chain tuning weighs (decoder_attention_tuning, opt-in): every
-        rows-per-program block (kernels/attention.py ROW_BLOCKS) with every keys-per-block size (KEY_BLOCKS; only
+        rows-per-program block (kernels/flashrt_kernels/attention.py ROW_BLOCKS) with every keys-per-block size (KEY_BLOCKS; only
         the decoder_key_block option's where it is set), as "m<rows>_k<keys>", one per distinct launch at this
         step's shape (rows suffix tokens after prefix_len keys), the kernel's own plan first. [] where the step's
         attention is not the Triton split kernel."""
@@ -786,16 +786,16 @@ class Ops:
                          impl: str | None = None) -> torch.Tensor:
         """The prefix's bidirectional one-KV-head attention: q (P, H, Dh) (RoPE and scale applied), k / v (P, Dh),
         keys masked by mask.key_valid() -> (P, H * Dh), the O projection's input.
-        impl "mqa": ops.mqa with the heads stacked on the query axis (kernels/attention.py with mqa=triton; the
+        impl "mqa": ops.mqa with the heads stacked on the query axis (kernels/flashrt_kernels/attention.py with mqa=triton; the
         plan splits the keys in two at the prefix's 4,608-9,216 query rows and merges); "mqa_split1" / "mqa_split4":
         the same kernel with one key split (no merge) or four;
         "sdpa_gqa" / "sdpa_expand" / "sdpa_repeat": torch's scaled_dot_product_attention over (1, H, P, Dh) with a
         boolean key mask, the one K/V head shared by enable_gqa, by a stride-0 view, or by a copy per head: which
         of torch's fused backends accepts which form differs, so the tuning times all three;
-        "wgmma" / "wgmma_overlap": kernels/prefix_attention.py (Gluon, sm90), the heads stacked on the query axis;
+        "wgmma" / "wgmma_overlap": kernels/flashrt_kernels/prefix_attention.py (Gluon, sm90), the heads stacked on the query axis;
         with _overlap the next key block's q @ k^T runs on the tensor cores during this block's softmax;
         "wgmma_split2" / "wgmma_split3" / "wgmma_split2_bn64": the same kernel with 2 or 3 programs per 64 query
-        rows over their shares of the keys (32- or 64-key blocks), merged by kernels/attention.py's merge_splits.
+        rows over their shares of the keys (32- or 64-key blocks), merged by kernels/flashrt_kernels/attention.py's merge_splits.
         None: the choice of tune_prefix_attention."""
         P, H, Dh = q.shape
         impl = impl or self.prefix_attention_impl

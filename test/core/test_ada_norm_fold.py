@@ -1,4 +1,4 @@
-"""pi0.5's adaRMSNorm folded into the GEMMs around it (kernels/smem_gemm.py norm_out / norm_in, Op.ADA_NORM_FOLD),
+"""pi0.5's adaRMSNorm folded into the GEMMs around it (kernels/flashrt_kernels/smem_gemm.py norm_out / norm_in, Op.ADA_NORM_FOLD),
 on the CPU: the algebra of the two halves against the norm followed by the GEMM, their argument checks, the switch,
 and the denoiser's wiring of them (which modulation vector goes to which GEMM) through the plain-PyTorch references.
 The Gluon kernels themselves run in test/gpu/test_kernels.py and the engine's accuracy gate in
@@ -97,7 +97,7 @@ def test_fold_is_opt_in_with_the_tma_gemms_and_has_its_switches(monkeypatch):
 
 
 def _smem_gemm_by_reference(x, w, geglu=False, split_k=1, pdl=False, out=None, norm_in=None, norm_out=None):
-    """kernels/smem_gemm.py's contract in plain PyTorch, buffers included, for the CPU wiring test."""
+    """kernels/flashrt_kernels/smem_gemm.py's contract in plain PyTorch, buffers included, for the CPU wiring test."""
     if norm_out is not None:
         h, xs, sq = K.smem_gemm_norm_out_reference(x, w, norm_out.residual, norm_out.gate, norm_out.scale1p)
         norm_out.residual.copy_(h)
@@ -123,7 +123,7 @@ def wide_expert_model(tmp_path_factory):
 def test_denoiser_wires_the_fold_like_the_separate_norms(wide_expert_model, monkeypatch):
     """The same engine (CPU, fp32) with the fold and without: the fold's GEMMs run as their references, so any
     difference beyond the bf16 rounding of x' is the forward passing a wrong gate, scale, shift or buffer."""
-    from test.core.test_engine_forward import _dispatch, _inputs
+    from test_engine_forward import _dispatch, _inputs
     model = wide_expert_model
     cfg = model.config
     images, tokens, mask, state, noise = _inputs(cfg, np.random.default_rng(2), 7, (0, 1))

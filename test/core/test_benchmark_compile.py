@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,8 +19,9 @@ import torch
 from torch._dynamo.testing import CompileCounter
 
 from flashrt_core.executor import ReferenceExecutor
-from test.core.test_model_pi import inputs, random_model
+from test_model_pi import inputs, random_model
 from tools.benchmark_engine import COMPILED_STAGES, compile_reference
+from checked_run import run_checked
 
 # Same ops in the same order: only dynamo's graph breaks separate the two paths.
 COMPILED_VS_EAGER_TOL = 1e-5
@@ -116,9 +116,7 @@ def test_a_later_process_takes_a_compiled_graph_from_inductors_disk_cache(tmp_pa
     repo = Path(__file__).resolve().parents[2]
     counts = []
     for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True,
-                              timeout=600)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        proc = run_checked([sys.executable, "-c", code], env=env, cwd=repo, timeout=600)
         counts.append(ast.literal_eval(proc.stdout.strip().splitlines()[-1]))
     first, second = counts
     assert first.get("fxgraph_cache_miss") == 1 and not first.get("fxgraph_cache_hit"), first

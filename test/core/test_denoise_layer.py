@@ -1,4 +1,4 @@
-"""kernels/denoise_layer.py's host-side planning, on the CPU: the grid it launches, the barriers a launch passes,
+"""kernels/flashrt_kernels/denoise_layer.py's host-side planning, on the CPU: the grid it launches, the barriers a launch passes,
 the tiles it fits to a layer, the shapes it refuses, and how a grid launch's time stamps become its critical path.
 The kernel itself is checked against its reference in test/gpu/test_kernels.py (GPU, and Triton's interpreter)."""
 

@@ -1,4 +1,4 @@
-"""pi0.5's fused denoising-step ends (kernels/denoise_step.py, Op.DENOISE_STEP), on the CPU: the references equal
+"""pi0.5's fused denoising-step ends (kernels/flashrt_kernels/denoise_step.py, Op.DENOISE_STEP), on the CPU: the references equal
 the separate ops they replace (input projection, copy and first adaRMSNorm; final adaRMSNorm, output projection
 and Euler step), the launchers name bad arguments, and the switch. The Triton kernels run in
 test/gpu/test_kernels.py (GPU, and the CPU interpreter in CI's second pass) and the engine's wiring of them in

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from checked_run import failure_report, run_checked
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((REPO / "tools").glob("device_*.sh"))
@@ -29,8 +30,7 @@ def _pytest_call(line: str) -> tuple[list[str], list[str]]:
 
 def _collected(paths: list[str], selection: list[str] = ()) -> str:
     """What `pytest --collect-only -q` prints for these paths and -k selection."""
-    return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *paths, *selection],
-                          capture_output=True, text=True, cwd=REPO).stdout
+    return run_checked([sys.executable, "-m", "pytest", "--collect-only", "-q", *paths, *selection], cwd=REPO).stdout
 
 
 def _ids(listed: str) -> list[str]:
@@ -39,7 +39,7 @@ def _ids(listed: str) -> list[str]:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_script_is_valid_bash(script):
-    assert subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True).returncode == 0
+    run_checked(["bash", "-n", str(script)])
 
 
 def test_engine_checks_call_existing_tools_with_their_flags():
@@ -54,8 +54,7 @@ def test_engine_checks_call_existing_tools_with_their_flags():
         words = shlex.split(line.split('"$PY"', 1)[1].split(">", 1)[0])
         tool = REPO / words[0]
         assert tool.is_file(), tool
-        help_text = subprocess.run([sys.executable, str(tool), "--help"], capture_output=True, text=True,
-                                   cwd=REPO).stdout
+        help_text = run_checked([sys.executable, str(tool), "--help"], cwd=REPO).stdout
         for flag in (w for w in words[1:] if w.startswith("--")):
             assert flag in help_text, f"{tool.name} has no {flag}"
 
@@ -96,7 +95,7 @@ def test_engine_checks_name_their_parts_and_refuse_an_unknown_one(tmp_path):
     assert listed == blocks | {"all"}
     done = subprocess.run(["bash", str(script), "attention-froms"], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)})
-    assert done.returncode == 2
+    assert done.returncode == 2, failure_report(done)
     assert "no part named 'attention-froms'" in done.stderr and "attention-forms" in done.stderr
     assert not (tmp_path / "summary.txt").exists()
 
@@ -105,9 +104,8 @@ def test_engine_checks_part_without_a_gpu_ends_with_status_zero_and_its_summary(
     """A part whose tests skip here (no GPU) runs them, writes its log and the summary and exits 0: the exit
     status no longer comes from the summary's last optional section (a part's log that is absent)."""
     script = REPO / "tools" / "device_engine_checks.sh"
-    done = subprocess.run(["bash", str(script), "layer-gates"], capture_output=True, text=True, cwd=REPO,
-                          env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "FLASHRT_PYTHON": sys.executable})
-    assert done.returncode == 0, done.stdout + done.stderr
+    run_checked(["bash", str(script), "layer-gates"], cwd=REPO,
+                env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "FLASHRT_PYTHON": sys.executable})
     log = (tmp_path / "pytest_layer_gates.log").read_text()
     assert "pytest rc=0" in log and "skipped" in log
     summary = (tmp_path / "summary.txt").read_text()

@@ -330,7 +330,7 @@ def test_every_switch_has_its_field_and_env_flag():
 
 
 def test_the_wgmma_kernels_are_offered_on_hopper_only(monkeypatch):
-    """kernels/smem_gemm.py (and the adaRMSNorm fold in it) run on wgmma, which Hopper (sm90) has and Blackwell
+    """kernels/flashrt_kernels/smem_gemm.py (and the adaRMSNorm fold in it) run on wgmma, which Hopper (sm90) has and Blackwell
     (sm100, sm120) does not: their dispatch offers them on sm90 only, while PDL stays on every sm90+ GPU."""
     import flashrt_core.engine.dispatch as dispatch
     import flashrt_core.engine.kernel_import as ki
@@ -358,7 +358,7 @@ def test_the_eager_cpu_dispatch_runs_every_op_in_plain_pytorch():
 
 
 def test_pi0_fused_step_ends_are_the_default_with_switches_off_and_need_the_fused_step_ends():
-    """pi0's fused step ends (kernels/denoise_step.py time_mlp_in + step_out) on by default since session 17
+    """pi0's fused step ends (kernels/flashrt_kernels/denoise_step.py time_mlp_in + step_out) on by default since session 17
     (-0.15 ms at horizon 50 on the H200), off with FLASHRT_DISABLE_FUSED_DENOISE_STEP_PI0=1 or
     FLASHRT_FUSED_DENOISE_STEP_PI0=0, and never with the fused step ends off (FLASHRT_DISABLE_FUSED_DENOISE_STEP=1)."""
     from flashrt_core.engine.ops import Ops

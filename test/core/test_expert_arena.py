@@ -15,8 +15,8 @@ from flashrt_core.engine.graph_executor import EngineExecutor
 from flashrt_core.engine.hardware import detect_hardware
 from flashrt_core.engine.weights import ARENA_ALIGN, EXPERT_GEMMS, prepare_weights
 from flashrt_core.fixtures import write_random_checkpoint
-from kernels.l2_prefetch import GRANULE, check_window, prefetch_chunk
-from kernels.skinny_gemm import skinny_gemm
+from flashrt_kernels.l2_prefetch import GRANULE, check_window, prefetch_chunk
+from flashrt_kernels.skinny_gemm import skinny_gemm
 
 
 @pytest.fixture(scope="module", params=["pi05_tiny", "pi0_tiny"])
@@ -66,7 +66,7 @@ def test_unmerged_weights_are_not_packed(model):
 
 def test_engine_forward_on_packed_weights_matches_the_reference(model):
     """The forward reads the expert through the arena's views exactly as through separate tensors."""
-    from test.core.test_engine_forward import FP32_ATOL, _dispatch, _inputs, _reference
+    from test_engine_forward import FP32_ATOL, _dispatch, _inputs, _reference
     packed = prepare_weights(model, torch.float32, fold=True, pack_expert_weights=True,
                              vision_mlp_pad=EngineOptions.vision_mlp_pad)     # as the executor's options pad it
     assert packed.expert_arena is not None
@@ -79,7 +79,7 @@ def test_engine_forward_on_packed_weights_matches_the_reference(model):
 
 
 def test_prefetching_engine_refuses_shared_weights_without_an_arena(model):
-    from test.core.test_engine_forward import _dispatch
+    from test_engine_forward import _dispatch
     dispatch = _dispatch(True)
     prefetching = Dispatch(dispatch.hardware, dispatch.options, {**dispatch.choice, Op.L2_PREFETCH: "bulk"})
     plain = prepare_weights(model, torch.float32, fold=True, vision_mlp_pad=EngineOptions.vision_mlp_pad)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels import HAVE_TRITON
+from flashrt_kernels import HAVE_TRITON
 
 pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed")
 
@@ -18,7 +18,7 @@ PREFETCH = "cp.async.bulk.prefetch.L2.global"
 
 
 def _ptx(slots: int, pdl: bool, num_warps: int, own: bool = False, geglu: bool = False) -> str:
-    from kernels.skinny_gemm import _K_GELU, _skinny_kernel
+    from flashrt_kernels.skinny_gemm import _K_GELU, _skinny_kernel
     from tools.kernel_resources import SKINNY_SIGNATURE, KernelConfig, compile_sm90
 
     constexprs = {"K_PER_SPLIT": 1024, "GEGLU": geglu, "SPLIT_K": 1, "KGELU": _K_GELU, "BLOCK_M": 16,
@@ -57,11 +57,11 @@ QKV_ROPE_SIGNATURE = {"qkv_ptr": "*bf16", "pos_ptr": "*i32", "cos_ptr": "*fp32",
 
 
 def test_qkv_rope_row_blocks_move_16_bytes_per_access():
-    """The prefix's qkv_rope programs (8 rows, 4 warps: kernels/qkv_rope.py) compile for sm90 with 16-byte global
+    """The prefix's qkv_rope programs (8 rows, 4 warps: kernels/flashrt_kernels/qkv_rope.py) compile for sm90 with 16-byte global
     loads and stores of the bf16 rows (v4.b32: 8 values per thread), where the one-row programs load 8 bytes."""
     import re
 
-    from kernels.qkv_rope import QKV_ROPE_BLOCK_ROWS, _qkv_rope_kernel
+    from flashrt_kernels.qkv_rope import QKV_ROPE_BLOCK_ROWS, _qkv_rope_kernel
     from tools.kernel_resources import KernelConfig, compile_sm90
 
     def ptx(block_m: int, num_warps: int) -> str:

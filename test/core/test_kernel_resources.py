@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels import HAVE_TRITON
+from flashrt_kernels import HAVE_TRITON
 
 pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed")
 
@@ -64,7 +64,7 @@ def test_fp8_weight_gemm_has_a_candidate_without_spills(kind):
 
 
 def test_smem_gemm_candidates_compile_without_spills_and_fit_shared_memory():
-    """kernels/smem_gemm.py (on by default on sm90+): every candidate compiles for sm90 with no spill, its
+    """kernels/flashrt_kernels/smem_gemm.py (on by default on sm90+): every candidate compiles for sm90 with no spill, its
     weight slice and x rows fit one SM's shared memory, and the weight TMA copies are issued before the PDL wait,
     the x copies after it (what the kernel is for)."""
     from tools.kernel_resources import compile_sm90, resources, smem_configs, tma_copies_around_pdl_wait
@@ -84,12 +84,12 @@ def test_smem_gemm_candidates_compile_without_spills_and_fit_shared_memory():
 
 
 def test_smem_mlp_compiles_without_spills_and_stages_its_weights_before_the_wait():
-    """kernels/smem_mlp.py (an opt-in, measured slower in session 22): every launch mode compiles for sm90 with no
+    """kernels/flashrt_kernels/smem_mlp.py (an opt-in, measured slower in session 22): every launch mode compiles for sm90 with no
     spill, its shared memory is at most what smem_mlp_shared_bytes plans (inside one SM's), and the PTX has what the
     kernel is for: the 16 gate/up boxes (two TMA copies each: gate and up rows) and the 16 down boxes issued before
     the PDL wait, only x's boxes after it; 16 x 4 gate/up and 16 x 2 down wgmma steps; the grid barrier's gpu-scope
     arrival (acq_rel), release and acquire polls; the partials read back from L2 (.cg)."""
-    from kernels.smem_mlp import smem_mlp_shared_bytes
+    from flashrt_kernels.smem_mlp import smem_mlp_shared_bytes
     from tools.kernel_resources import compile_sm90, resources, smem_mlp_configs, tma_copies_around_pdl_wait
     configs = smem_mlp_configs()
     if not configs:
@@ -125,7 +125,7 @@ def test_every_skinny_candidate_fits_shared_memory_at_the_largest_rows_it_serves
 
 
 def test_prefix_attention_on_wgmma_compiles_without_spills_and_runs_both_products_on_tensor_cores():
-    """kernels/prefix_attention.py at head dim 256, every form and launch mode: compiles for sm90 with no spill
+    """kernels/flashrt_kernels/prefix_attention.py at head dim 256, every form and launch mode: compiles for sm90 with no spill
     inside one SM's shared memory, and the PTX has what the kernel is for: the 16 + 16 wgmma instructions of one
     key block (q @ k^T over four 64-wide K steps; p @ v into four 64-column chunks, in 64-key blocks 4 k16 steps
     each, in 32-key blocks 2 k16 steps of two n32 halves), TMA copies of q and of K / V, and no trip of p through

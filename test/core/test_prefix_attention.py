@@ -39,7 +39,7 @@ def test_sdpa_and_mqa_prefix_attention_agree_with_padded_keys(impl):
 
 
 def test_the_wgmma_kernel_joins_the_tuning_only_where_switched_on_and_served():
-    """kernels/prefix_attention.py is a candidate by default (EngineOptions.prefix_attention_wgmma; off with
+    """kernels/flashrt_kernels/prefix_attention.py is a candidate by default (EngineOptions.prefix_attention_wgmma; off with
     FLASHRT_PREFIX_ATTENTION_WGMMA=0) that also needs Gluon on a Hopper GPU: on the CPU it is never a candidate,
     switched on or not, and every other implementation stays one."""
     cpu = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""kernels/smem_gemm_fp8.py without a GPU: its PyTorch reference is the arithmetic the engine relies on (E4M3 x rows
+"""kernels/flashrt_kernels/smem_gemm_fp8.py without a GPU: its PyTorch reference is the arithmetic the engine relies on (E4M3 x rows
 scaled per row and K slice onto the format's maximum, E4M3 weights with one scale per row), its shape rules serve
 every TMA GEMM candidate of the action expert at horizon 10 and refuse what the kernel cannot do, its launcher names
 a wrong input, and the kernel compiles for sm90 as designed (the E4M3 weight slice issued before the PDL wait, the
@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from flashrt_core.config import get_config  # noqa: E402
 from flashrt_core.engine.fp8 import quantize_rows  # noqa: E402
 from flashrt_core.engine.ops import DECODER_CHECK_REL_L2_FP8, SMEM_CANDIDATES  # noqa: E402
-from kernels.smem_gemm_fp8 import (E4M3_MAX, HAVE_GLUON, smem_gemm_fp8, smem_gemm_fp8_reference,  # noqa: E402
+from flashrt_kernels.smem_gemm_fp8 import (E4M3_MAX, HAVE_GLUON, smem_gemm_fp8, smem_gemm_fp8_reference,  # noqa: E402
                                    smem_gemm_fp8_supported)
 
 
@@ -126,8 +126,8 @@ def test_kernel_compiles_for_sm90_as_designed():
 
 def test_tuning_weighs_the_fp8_kernel_beside_the_bf16_one_and_runs_each_on_its_weights(monkeypatch):
     """With FP8 decoder GEMM weights and smem_gemm_fp8, each kind's shared-memory candidates are the bf16 ones and
-    their FP8 twins (the tuning keeps the faster per kind); an FP8 pick runs kernels/smem_gemm_fp8.py on the E4M3
-    copy (checked against the library GEMM like every candidate), a bf16 pick kernels/smem_gemm.py on the bf16
+    their FP8 twins (the tuning keeps the faster per kind); an FP8 pick runs kernels/flashrt_kernels/smem_gemm_fp8.py on the E4M3
+    copy (checked against the library GEMM like every candidate), a bf16 pick kernels/flashrt_kernels/smem_gemm.py on the bf16
     weights; pi0's untuned time-MLP GEMM, which has no E4M3 copy, gets an FP8 pick's bf16 twin. The fold of the
     adaRMSNorm is not offered with FP8 decoder weights."""
     import types

@@ -1,4 +1,4 @@
-"""kernels/smem_gemm.py's shape rules, checked where the engine relies on them (no GPU needed): every candidate
+"""kernels/flashrt_kernels/smem_gemm.py's shape rules, checked where the engine relies on them (no GPU needed): every candidate
 of ops.SMEM_CANDIDATES serves the action expert's GEMMs of pi0.5 and pi0 at their row counts up to 64 (horizon 10:
 10-11, horizon 50: 50-51), and what the kernel cannot do (more than 64 rows, K slices that are not whole 64-column
 boxes, split GeGLU, slices beyond one SM's shared memory) is refused, so the tuning never offers it."""
@@ -11,7 +11,7 @@ from flashrt_core.config import get_config
 from flashrt_core.engine.ops import SMEM_CANDIDATES
 
 pytest.importorskip("torch")
-from kernels.smem_gemm import smem_gemm_supported  # noqa: E402
+from flashrt_kernels.smem_gemm import smem_gemm_supported  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["pi05", "pi0"])
@@ -25,7 +25,7 @@ def test_every_candidate_serves_the_expert_shapes(name):
 def test_the_ring_kernel_fits_its_x_boxes_beside_the_weight_slice():
     """17-64 rows: x in 32- or 64-row boxes through a ring beside the whole weight slice (64 x K slice) and the
     GeGLU scratch, in SMEM_BUDGET; as many stages as fit, at most MAX_X_STAGES, no more than the slice's boxes."""
-    from kernels.smem_gemm import MAX_X_STAGES, SMEM_BUDGET, x_ring_stages, x_tile_rows
+    from flashrt_kernels.smem_gemm import MAX_X_STAGES, SMEM_BUDGET, x_ring_stages, x_tile_rows
     assert [x_tile_rows(m) for m in (1, 16, 17, 32, 33, 51, 64)] == [16, 16, 32, 32, 64, 64, 64]
     assert x_ring_stages(51, 1024, False) == MAX_X_STAGES == 8        # 128 KB of weights + 8 x 8 KB boxes
     assert x_ring_stages(51, 1024, True) == 8                         # + 16 KB of GeGLU scratch: 208 KB

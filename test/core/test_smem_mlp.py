@@ -1,4 +1,4 @@
-"""kernels/smem_mlp.py on the CPU: its reference is the chain's two GEMMs (gate/up + GeGLU rounded to bf16, then
+"""kernels/flashrt_kernels/smem_mlp.py on the CPU: its reference is the chain's two GEMMs (gate/up + GeGLU rounded to bf16, then
 down), the shapes it serves, and the scratch it checks. The kernel itself needs a Hopper GPU
 (test/gpu/test_kernels.py) and compiles here in test_kernel_resources."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import skinny_gemm_reference
-from kernels.smem_mlp import (MlpScratch, smem_mlp_programs, smem_mlp_reference, smem_mlp_shared_bytes,
+from flashrt_kernels import skinny_gemm_reference
+from flashrt_kernels.smem_mlp import (MlpScratch, smem_mlp_programs, smem_mlp_reference, smem_mlp_shared_bytes,
                               smem_mlp_supported)
-from kernels.smem_gemm import SMEM_BUDGET
+from flashrt_kernels.smem_gemm import SMEM_BUDGET
 
 W, F, H200_SMS = 1024, 4096, 132
 
@@ -63,7 +63,7 @@ def test_fused_mlp_is_an_opt_in_that_needs_the_tma_gemms():
     from flashrt_core.engine.dispatch import EngineOptions, resolve
     from flashrt_core.engine.hardware import detect_hardware
     from flashrt_core.engine.ops import Ops
-    from kernels import HAVE_GLUON
+    from flashrt_kernels import HAVE_GLUON
 
     sm90 = detect_hardware("sm90")
     assert not Ops(resolve(sm90, EngineOptions())).fused_mlp

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checked_run import failure_report
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "tune_engine.py"
@@ -21,12 +22,12 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 def test_one_load_is_refused_by_name(tmp_path):
     done = _run("--checkpoint", str(tmp_path), "--tuning-cache", str(tmp_path / "cache"), "--loads", "1")
-    assert done.returncode == 2 and "--loads must be at least 2" in done.stderr
+    assert done.returncode == 2 and "--loads must be at least 2" in done.stderr, failure_report(done)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a CUDA GPU")
 def test_without_a_gpu_it_says_so_and_writes_nothing(tmp_path):
     cache = tmp_path / "cache"
     done = _run("--checkpoint", str(tmp_path), "--tuning-cache", str(cache), "--out", str(tmp_path / "out.json"))
-    assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr
+    assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr, failure_report(done)
     assert not cache.exists() and not (tmp_path / "out.json").exists()

@@ -98,7 +98,7 @@ def test_a_pick_is_found_by_its_name_or_named_in_the_error():
 def test_the_fingerprint_covers_the_engine_and_the_kernels_sources(tmp_path, monkeypatch):
     fingerprint = tc.code_fingerprint.__wrapped__            # the uncached function
     assert fingerprint() == tc.code_fingerprint() and len(fingerprint()) == 64
-    kernels = tmp_path / "kernels"
+    kernels = tmp_path / "flashrt_kernels"
     shutil.copytree(load_kernels().__file__.rsplit("/", 1)[0], kernels,
                     ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr("flashrt_core.engine.kernel_import.load_kernels",

@@ -161,7 +161,7 @@ def test_overlapped_first_step_graph_gives_the_sequential_graphs_actions(tiny):
     ("pi05", "bf16"), ("pi0", "bf16"),
     ("pi05", "fp8"), ("pi0", "fp8"),        # FP8 on the default scope (backbone MLP), per-tensor static scales
     ("pi05", "fp8+fp8_decoder_weights"),    # + FP8 decoder GEMM weights (opt-in): the TMA ones in FP8 weighed
-    ("pi05", "fp8+fp8_decoder_weights_smem"),  # ... the FP8 TMA GEMMs (kernels/smem_gemm_fp8.py) forced
+    ("pi05", "fp8+fp8_decoder_weights_smem"),  # ... the FP8 TMA GEMMs (kernels/flashrt_kernels/smem_gemm_fp8.py) forced
     ("pi05", "fp8+fp8_decoder_weights_weight_only"),  # ... without them (smem_gemm_fp8 off), the weight-only
                                                       # Triton GEMMs forced (the tuning may keep bf16 TMA ones)
     ("pi05", "bf16+smem_gemm"),             # every decoder GEMM forced to the shared-memory (TMA) kernels, no fold
@@ -174,7 +174,7 @@ def test_overlapped_first_step_graph_gives_the_sequential_graphs_actions(tiny):
     ("pi05", "bf16+split_k_qkv"),           # the TMA GEMMs forced, QKV split-K 2 summed by the attention (opt-in)
     ("pi0", "bf16+smem_gemm_rows"),         # the TMA GEMMs forced at pi0's 51 rows (horizon 50; the x ring kernel)
     ("pi0", "bf16+no_fused_denoise_step_pi0"),  # pi0's step ends as separate ops (fused: the default), horizon 50
-    ("pi05", "bf16+prefix_attention_wgmma"),  # the prefix attention forced to kernels/prefix_attention.py
+    ("pi05", "bf16+prefix_attention_wgmma"),  # the prefix attention forced to kernels/flashrt_kernels/prefix_attention.py
     ("pi05", "bf16+prefix_attention_split"),  # ... forced to its key-split form (2 programs per row block; opt-in)
     ("pi05", "fp8+fp8_fast_accum"),         # the FP8 GEMMs accumulating in the tensor cores (opt-in)
     ("pi05", "bf16+denoise_layer"),         # each expert layer one persistent launch, grid barriers (opt-in)
@@ -184,7 +184,7 @@ def test_overlapped_first_step_graph_gives_the_sequential_graphs_actions(tiny):
     ("pi0", "fp8+no_overlap_first_step"),     # default: beside it, two streams)
     ("pi05", "bf16+decoder_attention_tuning"),  # the step attention's forms weighed by the chain tuning (opt-in)
     ("pi0", "bf16+decoder_attention_tuning"),   # ... at pi0's 51 rows (horizon 50: attention over the caches)
-    ("pi05", "bf16+fused_mlp"),             # each expert MLP one launch, kernels/smem_mlp.py (opt-in)
+    ("pi05", "bf16+fused_mlp"),             # each expert MLP one launch, kernels/flashrt_kernels/smem_mlp.py (opt-in)
     ("pi05", "fp8+fused_mlp"),
 ])
 def test_accuracy_gate_full_size(name, precision):
@@ -223,7 +223,7 @@ def test_accuracy_gate_full_size(name, precision):
         extra, "separate")
     assert engine.ops.overlap_first_step == (extra not in ("no_overlap_first_step", "denoise_layer", "fused_mlp"))
     assert engine.ops.fused_mlp == (extra == "fused_mlp")
-    if extra == "fused_mlp":                # the denoiser's MLPs at its rows run kernels/smem_mlp.py
+    if extra == "fused_mlp":                # the denoiser's MLPs at its rows run kernels/flashrt_kernels/smem_mlp.py
         layer = engine.weights.expert[0]
         y = torch.empty(engine.suffix_len, cfg.expert.width, device="cuda", dtype=torch.bfloat16)
         assert engine.ops.decoder_mlp_fused_applies(y, layer.gate_up, layer.down), engine.suffix_len

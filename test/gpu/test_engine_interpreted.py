@@ -74,7 +74,7 @@ def _engine(model, decoder_qkv: str, fp8_weights: bool = False, tuning_cache: st
 def _actions_and_reference(engine, model, seed: int, n_text: int = 9, views: tuple = (0, 1)):
     """The engine's actions and the reference executor's on one random observation (test_engine_forward._inputs
     with `seed`), and that observation's inputs."""
-    from test.core.test_engine_forward import _inputs, _reference
+    from test_engine_forward import _inputs, _reference
     inputs = _inputs(model.config, np.random.default_rng(seed), n_text, views)
     return engine.predict_observation(*inputs), _reference(model, *inputs).numpy(), inputs
 
@@ -114,7 +114,7 @@ def test_engine_with_triton_kernels_matches_the_reference(model, decoder_qkv, mo
 
 @pytest.mark.parametrize("views", [(0, 1), (1,)])
 def test_fused_patch_embedding_matches_the_reference(model, views, monkeypatch):
-    """The fused patch embedding (kernels/patch_embed.py per present view, the patch GEMM in the engine dtype, the
+    """The fused patch embedding (kernels/flashrt_kernels/patch_embed.py per present view, the patch GEMM in the engine dtype, the
     position embedding + bias added in one step): the actions are the reference's, one patch_rows launch per
     present view; without it the torch path runs and launches none."""
     engine = _engine(model, "rope_in_attention")
@@ -130,9 +130,9 @@ def test_fused_patch_embedding_matches_the_reference(model, views, monkeypatch):
 
 
 def test_fused_patch_embedding_pads_588_wide_patch_rows(tmp_path_factory, monkeypatch):
-    """kernels/patch_embed.py at SigLIP's patch size (14 px: 588-wide rows, padded to 592 with zeros for the patch
+    """kernels/flashrt_kernels/patch_embed.py at SigLIP's patch size (14 px: 588-wide rows, padded to 592 with zeros for the patch
     GEMM), two present 56 x 56 views: the actions are the reference's."""
-    from test.core.test_engine_forward import tiny_model_with_14px_patches
+    from test_engine_forward import tiny_model_with_14px_patches
     model = tiny_model_with_14px_patches(tmp_path_factory.mktemp("pi05_tiny_14px"))
     engine = _engine(model, "rope_in_attention")
     engine.ops.fused_patch_embed = True
@@ -144,7 +144,7 @@ def test_fused_patch_embedding_pads_588_wide_patch_rows(tmp_path_factory, monkey
 
 
 def test_fused_denoise_step_ends_match_the_reference(model, monkeypatch):
-    """pi0.5 with each denoising step's ends fused (kernels/denoise_step.py): one denoise_step_in and one
+    """pi0.5 with each denoising step's ends fused (kernels/flashrt_kernels/denoise_step.py): one denoise_step_in and one
     denoise_step_out launch per step, no Euler kernel and only the later layers' first norms as ada_rms_norm
     launches; the actions are the reference's. pi0 has no such path: the switch changes nothing there."""
     engine = _engine(model, "rope_in_attention")
@@ -186,7 +186,7 @@ def test_pi0_fused_step_ends_match_the_reference(model, monkeypatch):
 
 @pytest.mark.parametrize("merge_in_attention", [False, True])
 def test_persistent_denoise_layers_match_the_reference(model, merge_in_attention, monkeypatch):
-    """pi0.5 with each expert layer in kernels/denoise_layer.py (a launch per phase: the interpreter runs programs
+    """pi0.5 with each expert layer in kernels/flashrt_kernels/denoise_layer.py (a launch per phase: the interpreter runs programs
     one by one, so no grid barrier) between the fused step ends: one denoise_layer launch per step and layer, no
     expert GEMM, norm or attention launch of their own; the actions are the reference's, also with the heads merged
     in the attention phase over 4 key splits (ops.denoise_layer_config / _splits). pi0 has no such path: its

@@ -195,7 +195,7 @@ EXPERT_WIDTH = 1024 if not INTERPRET else 320      # pi0.5's expert; the interpr
 
 @pytest.mark.parametrize("bias,block_d", [(True, None), (False, None), (True, 256)])
 def test_denoise_step_in(bias, block_d):
-    """kernels/denoise_step.py's step start at pi0.5's shape (10 rows, 32 action dims, the expert's width), bf16
+    """kernels/flashrt_kernels/denoise_step.py's step start at pi0.5's shape (10 rows, 32 action dims, the expert's width), bf16
     projection weights and output, every launch mode, against denoise_step_in_reference; outputs NaN-poisoned.
     block_d None: the row in one pass (the default); 256: two passes over 256-wide blocks (before session 12)."""
     rows = 10 if not INTERPRET else 3
@@ -216,7 +216,7 @@ def test_denoise_step_in(bias, block_d):
 
 @pytest.mark.parametrize("horizon", [10, 50])
 def test_time_mlp_in(horizon):
-    """kernels/denoise_step.py's pi0 step start at pi0's shape (horizon + 1 suffix rows: the state token's, then
+    """kernels/flashrt_kernels/denoise_step.py's pi0 step start at pi0's shape (horizon + 1 suffix rows: the state token's, then
     the actions'; 32 action dims, the expert's width), bf16 folded weights and hidden rows, every launch mode,
     against time_mlp_in_reference: the residual's rows are the state token and the output bias, the hidden rows
     zeros and then the SiLU of the folded projection; outputs NaN-poisoned."""
@@ -237,7 +237,7 @@ def test_time_mlp_in(horizon):
 
 @pytest.mark.parametrize("splits,block_d", [(0, None), (1, None), (4, None), (4, 256)])
 def test_denoise_step_out(splits, block_d):
-    """kernels/denoise_step.py's step end at pi0.5's shape: the last down GEMM's output as one bf16 matrix (0) or
+    """kernels/flashrt_kernels/denoise_step.py's step end at pi0.5's shape: the last down GEMM's output as one bf16 matrix (0) or
     fp32 split-K partials (1, 4), the final norm, the bf16 output projection and the Euler step on x_t in place,
     every launch mode, against denoise_step_out_reference; the residual is left untouched. block_d as in
     test_denoise_step_in."""
@@ -262,7 +262,7 @@ def test_denoise_step_out(splits, block_d):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_patch_rows(dtype):
-    """kernels/patch_embed.py at the SigLIP shape (224 x 224 uint8, 14-pixel patches: 256 rows of 588; the
+    """kernels/flashrt_kernels/patch_embed.py at the SigLIP shape (224 x 224 uint8, 14-pixel patches: 256 rows of 588; the
     interpreter: 28 x 28, 4 rows), every row written, against the PyTorch gather: exact (the same formula in fp32,
     then one round-to-nearest to bf16); the rows padded to 592 columns as the engine's GEMM reads them, the padding
     zeros. Random pixels over the whole uint8 range, so channel or pixel order mistakes show."""
@@ -294,7 +294,7 @@ def test_merge_splits_of_a_key_split_attention_is_the_attention(log2_domain):
     """merge_splits (the second launch of every key-split attention) against the softmax attention over all keys,
     from partials built by definition on random inputs: per split the unnormalized p @ v, the row maximum and the
     row sum, one split's keys all masked for some rows (max -inf, sum 0). log2_domain: the partials as
-    kernels/prefix_attention.py makes them (scores scaled by log2(e), exp2, the maximum stored divided by log2(e))."""
+    kernels/flashrt_kernels/prefix_attention.py makes them (scores scaled by log2(e), exp2, the maximum stored divided by log2(e))."""
     rows, keys, dh, splits = (96, 200, 256, 3) if not INTERPRET else (8, 24, 16, 3)
     g = torch.Generator(device=DEVICE).manual_seed(rows + keys)
     q = torch.randn(rows, dh, device=DEVICE, generator=g) * dh ** -0.5
@@ -355,7 +355,7 @@ def _prefilled_caches(prefix: int, tokens: int, dh: int, g: torch.Generator) -> 
 
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
-                    or not K.HAVE_GLUON, reason="kernels/prefix_attention.py needs Gluon on a Hopper (sm90) GPU")
+                    or not K.HAVE_GLUON, reason="kernels/flashrt_kernels/prefix_attention.py needs Gluon on a Hopper (sm90) GPU")
 @pytest.mark.parametrize("tokens,holes", [
     (576, False),     # 2 views + 64 text slots, the last 16 padded: the engine's prefix
     (561, True),      # keys masked anywhere; rows past the last 64-row block; the last key block partly past P
@@ -363,7 +363,7 @@ def _prefilled_caches(prefix: int, tokens: int, dh: int, g: torch.Generator) -> 
     (320, True),      # 1 view
 ])
 def test_prefix_attention_wgmma(tokens, holes):
-    """kernels/prefix_attention.py, every form (the next block's scores during the softmax or after it; 32-key
+    """kernels/flashrt_kernels/prefix_attention.py, every form (the next block's scores during the softmax or after it; 32-key
     blocks; 2 or 3 programs per row block over their shares of the keys, merged by the combine kernel) against
     attention_reference at the backbone's shapes (8 heads stacked on the query axis, one K/V head, head dim 256, q
     scaled), random inputs; every row of the output written, each launch mode bitwise the same."""
@@ -628,16 +628,16 @@ def test_skinny_gemm_every_engine_config(kind, n, k):
 
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
-                    or not K.HAVE_GLUON, reason="kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
+                    or not K.HAVE_GLUON, reason="kernels/flashrt_kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
 @pytest.mark.parametrize("kind,n,k", EXPERT_GEMMS)
 def test_smem_gemm_every_engine_config(kind, n, k):
-    """Every kernels/smem_gemm.py configuration the engine may pick (ops.SMEM_CANDIDATES), at the expert's shapes,
+    """Every kernels/flashrt_kernels/smem_gemm.py configuration the engine may pick (ops.SMEM_CANDIDATES), at the expert's shapes,
     on 1-16 rows (TMA zero-fills the rest of the 16-row tile), in every launch mode."""
     _check_smem_gemm_configs(kind, n, k, sorted({1, *[r for r in DECODER_ROWS if r <= 16], 16}))
 
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
-                    or not K.HAVE_GLUON, reason="kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
+                    or not K.HAVE_GLUON, reason="kernels/flashrt_kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
 @pytest.mark.parametrize("kind,n,k", EXPERT_GEMMS)
 def test_smem_gemm_rows_kernel_every_engine_config(kind, n, k):
     """The same on 17-64 rows (_smem_gemm_rows_kernel, EngineOptions.smem_gemm_rows: 32- and 64-row x boxes
@@ -646,10 +646,10 @@ def test_smem_gemm_rows_kernel_every_engine_config(kind, n, k):
 
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
-                    or not K.HAVE_GLUON, reason="kernels/smem_gemm_fp8.py needs Gluon on a Hopper (sm90) GPU")
+                    or not K.HAVE_GLUON, reason="kernels/flashrt_kernels/smem_gemm_fp8.py needs Gluon on a Hopper (sm90) GPU")
 @pytest.mark.parametrize("kind,n,k", EXPERT_GEMMS)
 def test_smem_gemm_fp8_every_engine_config(kind, n, k):
-    """kernels/smem_gemm_fp8.py (the TMA GEMM candidates with fp8_decoder_weights) at the expert's shapes, 1-16 rows,
+    """kernels/flashrt_kernels/smem_gemm_fp8.py (the TMA GEMM candidates with fp8_decoder_weights) at the expert's shapes, 1-16 rows,
     every split-K candidate it serves and every launch mode: equal to smem_gemm_fp8_reference (the same E4M3
     arithmetic in PyTorch) up to fp32 summation order and the bf16 result, and within the engine's FP8 candidate
     bound (ops.DECODER_CHECK_REL_L2_FP8) of the bf16 GEMM on the unquantized weights. Weights and rows random,
@@ -705,7 +705,7 @@ def _check_smem_gemm_configs(kind: str, n: int, k: int, row_counts) -> None:
 
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
-                    or not K.HAVE_GLUON, reason="kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
+                    or not K.HAVE_GLUON, reason="kernels/flashrt_kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
 @pytest.mark.parametrize("kind,n,k", [("o", 1024, 2048), ("down", 1024, 4096)])
 def test_smem_gemm_norm_out_every_engine_config(kind, n, k):
     """The norm_out half of the folded adaRMSNorm (the split-K O and down GEMMs of pi0.5's expert) against
@@ -743,7 +743,7 @@ def test_smem_gemm_norm_out_every_engine_config(kind, n, k):
 
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
-                    or not K.HAVE_GLUON, reason="kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
+                    or not K.HAVE_GLUON, reason="kernels/flashrt_kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
 @pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("gate_up", 8192, 1024)])
 def test_smem_gemm_norm_in_every_engine_config(kind, n, k):
     """The norm_in half (QKV and gate/up after a folded adaRMSNorm) against smem_gemm_norm_in_reference at the
@@ -773,7 +773,7 @@ def test_smem_gemm_norm_in_every_engine_config(kind, n, k):
 
 SMEM_MLP_SKIP = pytest.mark.skipif(INTERPRET or not torch.cuda.is_available()
                                    or torch.cuda.get_device_capability()[0] != 9 or not K.HAVE_GLUON,
-                                   reason="kernels/smem_mlp.py needs Gluon on a Hopper (sm90) GPU")
+                                   reason="kernels/flashrt_kernels/smem_mlp.py needs Gluon on a Hopper (sm90) GPU")
 EXPERT_W, EXPERT_F = 1024, 4096          # pi0 / pi0.5 action expert: width, MLP width
 
 
@@ -786,7 +786,7 @@ def _expert_mlp(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 @SMEM_MLP_SKIP
 def test_smem_mlp_matches_the_reference_on_1_to_16_rows():
-    """kernels/smem_mlp.py against smem_mlp_reference at the expert's shapes (128 programs), on 1-16 rows (TMA
+    """kernels/flashrt_kernels/smem_mlp.py against smem_mlp_reference at the expert's shapes (128 programs), on 1-16 rows (TMA
     zero-fills the rest of the 16-row tile), in every launch mode and both output dtypes; two launches give the same
     bits (the partials are summed in program order) and no grid barrier gives up."""
     w_gate_up, w_down = _expert_mlp(11)
@@ -875,7 +875,7 @@ def _assert_prefetch_changes_no_bit(kind: str, n: int, k: int, variants: list[tu
                     reason="cp.async.bulk.prefetch.L2 needs an sm90+ GPU")
 @pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("gate_up", 8192, 1024)])
 def test_skinny_gemm_with_l2_prefetch_is_bitwise_the_same(kind, n, k):
-    """The bulk L2 prefetch (kernels/l2_prefetch.py) only fetches: with a window of the size the engine uses
+    """The bulk L2 prefetch (kernels/flashrt_kernels/l2_prefetch.py) only fetches: with a window of the size the engine uses
     (~35 MB, the rest of a pi0.5 expert layer + the next QKV), odd-sized and not chunk-aligned windows, and with
     and without PDL, the product is bitwise the product without it."""
     later = torch.randn(35 * 1024 * 1024 // 2 + 8, device=DEVICE).to(torch.bfloat16)           # a window
@@ -1025,7 +1025,7 @@ def _denoise_layer_case(S: int, P: int, W: int, H: int, dh: int, F: int, has_x: 
                           "grid+per_sm2+merge_in_attention+preload", "phases+preload"])
 @pytest.mark.parametrize("has_x", [False, True])
 def test_denoise_layer(form, has_x):
-    """The persistent expert layer (kernels/denoise_layer.py: eight phases, grid barriers or a launch per phase)
+    """The persistent expert layer (kernels/flashrt_kernels/denoise_layer.py: eight phases, grid barriers or a launch per phase)
     against its reference (the engine's separate ops in fp32), at pi0.5's expert shapes on the GPU (10 rows, 560
     prefix keys) and small ones in the interpreter: the residual after the layer, the down output and the cache's
     suffix rows; launched twice on the same scratch (the barrier counters of two launches, no barrier gave up).

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from test.ros.ros_processes import start_python
+from ros_processes import start_python
 
 pytestmark = pytest.mark.ros
 

@@ -23,7 +23,7 @@ from flashrt_ros.bag_regression import replay_through_node
 from flashrt_ros.demo_bag import (BASE_CAMERA_TOPIC, INSTRUCTION_TOPIC, JOINT_STATE_TOPIC, WRIST_CAMERA_TOPIC,
                                   DemoBagConfig, write_demo_bag)
 from flashrt_ros.pinned_noise import observation_noise
-from test.ros.node_harness import BorrowedPolicy, shared_policy
+from node_harness import BorrowedPolicy, shared_policy
 
 pytestmark = pytest.mark.ros
 

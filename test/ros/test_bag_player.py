@@ -14,8 +14,8 @@ from flashrt_ros.bag_player import DEFAULT_CLOCK_HZ, BagPlayer, PlayerConfig
 from flashrt_ros.demo_bag import (BASE_CAMERA_TOPIC, INSTRUCTION_TOPIC, JOINT_STATE_TOPIC, TOPIC_TYPES,
                                   WRIST_CAMERA_TOPIC, DemoBagConfig, write_demo_bag)
 from flashrt_ros.waiting import wait_until
-from test.ros.bag_testing import RosHarness, bag_messages
-from test.ros.ros_processes import start_python
+from bag_testing import RosHarness, bag_messages
+from ros_processes import start_python
 
 pytestmark = pytest.mark.ros
 

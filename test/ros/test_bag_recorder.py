@@ -10,7 +10,7 @@ from rosbags.rosbag2 import Reader
 from flashrt_ros.bag_common import ACTION_CHUNK_TYPE, POLICY_STATUS_TYPE, BagError, bag_typestore
 from flashrt_ros.bag_recorder import BagRecorder, RecorderConfig
 from flashrt_ros.waiting import wait_until
-from test.ros.bag_testing import RosHarness
+from bag_testing import RosHarness
 
 pytestmark = pytest.mark.ros
 
@@ -137,7 +137,7 @@ def test_cli_records_until_sigint(tmp_path):
     import time
 
     from flashrt_ros.msg import ActionChunk
-    from test.ros.ros_processes import start_python
+    from ros_processes import start_python
 
     out = tmp_path / "cli"
     recorder = start_python("from flashrt_ros.bag_recorder import main; raise SystemExit(main())", str(out),

@@ -8,7 +8,7 @@ import weakref
 import pytest
 
 from flashrt_ros.gc_pauses import GcPauses, freeze_objects, unfreeze_objects
-from test.ros.node_harness import NodeHarness, wait_until
+from node_harness import NodeHarness, wait_until
 
 pytestmark = pytest.mark.ros
 

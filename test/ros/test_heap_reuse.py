@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from checked_run import run_checked
 
 from flashrt_ros.heap_reuse import APPLIED, heap_reuse_state
-from test.ros.node_harness import NodeHarness, wait_until
+from node_harness import NodeHarness, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,8 +40,8 @@ print(*faults)
 
 def run_probe(mode: str, **env: str) -> tuple[str, list[int]]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    out = subprocess.run([sys.executable, "-c", FAULT_PROBE, mode], cwd=REPO_ROOT, env={**clean, **env},
-                         capture_output=True, text=True, timeout=120, check=True).stdout.split("\n")
+    out = run_checked([sys.executable, "-c", FAULT_PROBE, mode], cwd=REPO_ROOT, env={**clean, **env},
+                      timeout=120).stdout.split("\n")
     return out[0], [int(v) for v in out[1].split()]
 
 

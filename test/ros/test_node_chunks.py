@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from flashrt_ros.inference_worker import DEFAULT_HANDOVER_TIMEOUT_S
-from test.ros.node_harness import BorrowedPolicy, NodeHarness, shared_policy, wait_until
+from node_harness import BorrowedPolicy, NodeHarness, shared_policy, wait_until
 
 pytestmark = pytest.mark.ros
 
@@ -153,7 +153,7 @@ def test_staleness_follows_sim_time_and_survives_time_going_backwards(harness_fa
 
 def test_pinned_noise_chunk_equals_a_direct_policy_call_on_the_same_inputs(harness_factory):
     from flashrt_ros.pinned_noise import observation_noise
-    from test.ros.node_harness import pattern_frame
+    from node_harness import pattern_frame
     policy = shared_policy()
     h = harness_factory({"noise_seed": 7})
     stamp = h.now_ns()

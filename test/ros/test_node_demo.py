@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
-from test.ros.ros_processes import REPO_ROOT
+from ros_processes import REPO_ROOT
+from checked_run import run_checked
 
 pytestmark = pytest.mark.ros
 
@@ -19,10 +19,8 @@ DEMO_TIMEOUT_S = 300.0
 def test_demo_prints_chunks_and_a_staleness_summary(tmp_path):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, "-m", "flashrt_ros.demo_main", "--duration", "3",
-                             "--workdir", str(tmp_path)], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                            timeout=DEMO_TIMEOUT_S)
-    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    result = run_checked([sys.executable, "-m", "flashrt_ros.demo_main", "--duration", "3", "--workdir",
+                          str(tmp_path)], cwd=REPO_ROOT, env=env, timeout=DEMO_TIMEOUT_S)
     chunk_lines = re.findall(r"^chunk +(\d+) +stamp (\d+)\.(\d{9}) +shape \((\d+), (\d+)\) +first row \[.*\] .*"
                              r"inference +([\d.]+) ms +staleness +([\d.]+) ms$", result.stdout, re.M)
     assert len(chunk_lines) >= 2, result.stdout

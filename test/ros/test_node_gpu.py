@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from test.ros.node_harness import NodeHarness, wait_until
+from node_harness import NodeHarness, wait_until
 
 pytestmark = [pytest.mark.ros, pytest.mark.gpu]
 

@@ -16,7 +16,7 @@ from sensor_msgs.msg import CompressedImage, Image
 
 from flashrt_ros.image_conversion import rgb_to_image_fields
 from flashrt_ros.node_parameters import PARAMETERS
-from test.ros.node_harness import BorrowedPolicy, NodeHarness, shared_policy, pattern_frame, wait_until
+from node_harness import BorrowedPolicy, NodeHarness, shared_policy, pattern_frame, wait_until
 
 pytestmark = pytest.mark.ros
 

@@ -9,8 +9,8 @@ import pytest
 from diagnostic_msgs.msg import DiagnosticStatus
 
 from flashrt_core.fixtures import write_random_checkpoint
-from test.ros.node_harness import DISCOVERY_TIMEOUT_S, BorrowedPolicy, NodeHarness, shared_policy, wait_until
-from test.ros.ros_processes import start_python
+from node_harness import DISCOVERY_TIMEOUT_S, BorrowedPolicy, NodeHarness, shared_policy, wait_until
+from ros_processes import start_python
 
 pytestmark = pytest.mark.ros
 
@@ -161,7 +161,7 @@ def test_lifecycle_client_asks_again_until_the_node_first_answers():
     from rclpy.task import Future
 
     from flashrt_ros.demo_main import FIRST_ANSWER_RETRY_S, LifecycleClient
-    from test.ros.bag_testing import RosHarness
+    from bag_testing import RosHarness
 
     never = Future()
     asked = []

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
-from test.ros.ros_processes import REPO_ROOT
+from ros_processes import REPO_ROOT
+from checked_run import run_checked
 
 pytestmark = pytest.mark.ros
 
@@ -22,11 +22,9 @@ def test_transport_only_reports_every_floor_and_the_publish_time(tmp_path, seria
     report = tmp_path / "floor.md"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, "tools/benchmark_node_overhead.py", "--transport-only", "--baseline",
-                             "2", "--width", "320", "--height", "240", "--output", str(report)]
-                            + (["--feeder-serialized"] if serialized else []),
-                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
+    run_checked([sys.executable, "tools/benchmark_node_overhead.py", "--transport-only", "--baseline", "2",
+                 "--width", "320", "--height", "240", "--output", str(report)]
+                + (["--feeder-serialized"] if serialized else []), cwd=REPO_ROOT, env=env, timeout=240)
     rows = dict(re.findall(r"^\| ([^|]+?) \| ([\d.]+) \| [\d.]+ \| [\d.]+ \|$", report.read_text(), re.M))
     floors = {name: float(v) for name, v in rows.items() if "subscriber" in name}
     assert set(floors) == {"plain subscriber, glibc", "raw CDR (rosbags) subscriber, glibc",

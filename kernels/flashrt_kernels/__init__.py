@@ -4,10 +4,10 @@ Every module opens with the formula it computes. `<name>(...)` launches the Trit
 `<name>_reference(...)` is the PyTorch definition that the GPU tests compare against. Without Triton the
 references still import; `HAVE_TRITON` says which case this is. `INTERPRETED`: Triton's CPU interpreter runs
 the kernels (TRITON_INTERPRET=1), on CPU tensors. `HAVE_GLUON`: Triton's Gluon is importable
-(kernels/smem_gemm.py, which also carries the adaRMSNorm folded into the GEMMs around it: NormIn / NormOut, and its
-FP8 form kernels/smem_gemm_fp8.py;
-kernels/prefix_attention.py, the prefix attention on wgmma, whose reference is attention_reference).
-Every launcher's `pdl` takes False, True or `EARLY_TRIGGER` (kernels/_triton.py says what each means).
+(kernels/flashrt_kernels/smem_gemm.py, which also carries the adaRMSNorm folded into the GEMMs around it: NormIn / NormOut, and its
+FP8 form kernels/flashrt_kernels/smem_gemm_fp8.py;
+kernels/flashrt_kernels/prefix_attention.py, the prefix attention on wgmma, whose reference is attention_reference).
+Every launcher's `pdl` takes False, True or `EARLY_TRIGGER` (kernels/flashrt_kernels/_triton.py says what each means).
 """
 
 from ._triton import EARLY_TRIGGER, HAVE_TRITON, INTERPRETED

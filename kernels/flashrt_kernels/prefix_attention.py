@@ -4,7 +4,7 @@
                                          applied), k / v (P, D) the one K/V head, bias (P,) 0 / -inf: the key
                                          padding; every query sees every unmasked key (the prefix is bidirectional)
 
-Why: the engine's Triton kernel (kernels/attention.py, one key split) and FlashAttention-2 both take ~25 us per
+Why: the engine's Triton kernel (kernels/flashrt_kernels/attention.py, one key split) and FlashAttention-2 both take ~25 us per
 backbone layer at 560 keys on the H200 for ~2.7 GFLOP (docs/benchmarks/prefix_attention_h200_2026-12-01.md): ~15%
 of the tensor cores' rate, ~0.45 ms per predict over 18 layers. This kernel runs both products on wgmma.
 
@@ -22,7 +22,7 @@ Key splits (`splits` 2-4, written after session 14's device time, not yet run on
 blocks leave 60 of the H200's 132 SMs idle, and each program walks its 9 key blocks one after another (17.7 us
 measured against ~5 us of tensor-core work per program). With splits, `splits` programs per row block each take
 a contiguous share of the key blocks and write their unnormalized output, row maximum and row sum in fp32; the
-combine kernel of kernels/attention.py merges them (flash-decoding's merge; one more launch). With 32-key blocks
+combine kernel of kernels/flashrt_kernels/attention.py merges them (flash-decoding's merge; one more launch). With 32-key blocks
 a program needs 96 KB of shared memory, so two fit one SM and the 144-216 programs run in one wave; the scores'
 wgmma is then m64n32, and the output chunks use the same accumulator layout (n32 instructions twice), so the
 row statistics need no layout conversion.
@@ -30,8 +30,8 @@ row statistics need no layout conversion.
 Provenance: the online softmax is FlashAttention's (Dao et al.); the Gluon structure (TMA descriptors, mbarriers,
 warpgroup_mma with the A operand in registers) follows Triton's Gluon tutorials. Written without a GPU at hand
 (session 13): compiled for sm90 ahead of time (tools/kernel_resources.py); its GPU test compares it with
-kernels/attention.py attention_reference. Measured on the H200 in session 14: 17.7 us per call at 576 tokens (560
-valid keys), against 25.4 us for the Triton kernel of kernels/attention.py; `wgmma_overlap` 20.1 us.
+kernels/flashrt_kernels/attention.py attention_reference. Measured on the H200 in session 14: 17.7 us per call at 576 tokens (560
+valid keys), against 25.4 us for the Triton kernel of kernels/flashrt_kernels/attention.py; `wgmma_overlap` 20.1 us.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ if HAVE_GLUON:
         BN: gl.constexpr = k_desc.block_type.shape[0]
         C: gl.constexpr = q_desc.block_type.shape[1]
         KV_BYTES: gl.constexpr = 2 * NCHUNK * BN * C * 2                  # one stage: K and V blocks, bf16
-        if PDL == 2:                                                      # kernels/_triton.py EARLY_TRIGGER
+        if PDL == 2:                                                      # kernels/flashrt_kernels/_triton.py EARLY_TRIGGER
             griddep("griddepcontrol.launch_dependents; // dummy $0")
         off_m = gl.program_id(0) * BM
         # with SPLITS > 1 this program takes key blocks [first, first + blocks_per_split) (the last split fewer)
@@ -193,7 +193,7 @@ if HAVE_GLUON:
                 gl.store(base + 3 * C, (o3 * inv[:, None]).to(gl.bfloat16), mask=ok)
         else:
             # this split's unnormalized output, row maximum (natural log units) and row sum, in the layout
-            # kernels/attention.py's merge_splits merges: acc (SPLITS, Mq, D) fp32, ml (SPLITS, Mq, 2)
+            # kernels/flashrt_kernels/attention.py's merge_splits merges: acc (SPLITS, Mq, D) fp32, ml (SPLITS, Mq, 2)
             part = gl.program_id(1) * Mq + rows
             base = acc_ptr + part[:, None] * (NCHUNK * C) + gl.arange(0, C, layout=col_l)[None, :]
             gl.store(base, o0, mask=ok)
@@ -216,11 +216,11 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
                      out: torch.Tensor | None = None, pdl: bool | int = False, overlap: bool = False,
                      splits: int = 1, block_n: int = BLOCK_N) -> torch.Tensor:
     """q (Mq, D) bf16 (scaled), k / v (P, D) bf16, bias (P,) fp32 0 / -inf -> (Mq, D) bf16: the contract of
-    kernels/attention.py attention_reference with prefix_len = P, no suffix keys and scale 1. pdl: False, True or
-    EARLY_TRIGGER (kernels/_triton.py). overlap: the next key block's q @ k^T is issued before this block's
+    kernels/flashrt_kernels/attention.py attention_reference with prefix_len = P, no suffix keys and scale 1. pdl: False, True or
+    EARLY_TRIGGER (kernels/flashrt_kernels/_triton.py). overlap: the next key block's q @ k^T is issued before this block's
     softmax, so the tensor cores compute it while the warps do the softmax (one extra, unused product per
     program after the last block). splits > 1: that many programs per 64 query rows, each over its share of the
-    key blocks, writing fp32 partials that kernels/attention.py's merge_splits merges (one more launch):
+    key blocks, writing fp32 partials that kernels/flashrt_kernels/attention.py's merge_splits merges (one more launch):
     at 2 views the 72 row blocks leave 60 of the H200's 132 SMs idle with one split. block_n: keys per block
     (32: 96 KB of shared memory, so two programs fit one SM; 64: 160 KB)."""
     Mq, D = q.shape

@@ -5,7 +5,7 @@
     gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) = g * sigmoid(2 sqrt(2/pi) (g + 0.044715 g^3))
 
 The sigmoid form avoids a tanh intrinsic, so the kernel is the same on CUDA and ROCm. Math in fp32.
-With an FP8 `out` (the input of a per-tensor FP8 down GEMM) the kernel also quantizes, as kernels/fp8_quant.py
+With an FP8 `out` (the input of a per-tensor FP8 down GEMM) the kernel also quantizes, as kernels/flashrt_kernels/fp8_quant.py
 does, from the fp32 product (no bf16 rounding in between):
     out = clamp(gelu_tanh(gate) * up * inv_scale, -fmax, fmax) cast to E4M3
 Provenance: Gemma MLP (down(gelu_tanh(gate(x)) * up(x))); FlashRT merges gate/up into one GEMM the same way.

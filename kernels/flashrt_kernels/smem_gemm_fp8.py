@@ -1,6 +1,6 @@
 """Few-row GEMM in FP8 on wgmma, its E4M3 weight slice in shared memory before the PDL wait (NVIDIA sm90, Gluon).
 
-The FP8 form of kernels/smem_gemm.py's 16-row kernel, for the action expert's decoder GEMMs with
+The FP8 form of kernels/flashrt_kernels/smem_gemm.py's 16-row kernel, for the action expert's decoder GEMMs with
 EngineOptions.fp8_decoder_weights (weights quantized once at load, one scale per output row:
 flashrt_core/engine/fp8.py quantize_rows):
 
@@ -16,7 +16,7 @@ half the shared memory (gate/up: 64 instead of 128 KB), which leaves room on the
 programs to stage their weights during this one (the PDL overlap that session 22's fused MLP lost,
 docs/benchmarks/engine_h200_2026-11-29_notes.md). The activations are quantized in the kernel, per row of the
 program's K slice with the slice's exact maximum (no calibration): wgmma multiplies E4M3 by E4M3 only, and
-widening the weights to bf16 in registers instead (the weight-only form, kernels/skinny_gemm.py's w_scale) costs
+widening the weights to bf16 in registers instead (the weight-only form, kernels/flashrt_kernels/skinny_gemm.py's w_scale) costs
 ~1.5 instructions per weight element after the wait, which session 6 measured slower. After the wait each
 program takes its x slice by TMA (as the bf16 kernel does) and reads it twice from shared memory: once for the
 rows' maxima, once to write the E4M3 rows that wgmma reads; every program quantizes the same rows (16 x K slice
@@ -25,7 +25,7 @@ values, against its 64 x K slice weights).
 Differences from the bf16 kernel: the weight boxes are 64 rows x 64 E4M3 columns (64-byte swizzle), the product
 runs on wgmma's m64n16k32 E4M3 form, and there are no folded-norm epilogues (NormIn / NormOut) and no 17-64-row
 form. Provenance: per-row (token) activation and per-channel weight scales are the usual FP8 inference GEMM
-scaling (as torch._scaled_mm's rowwise mode); the kernel structure is kernels/smem_gemm.py's. Written without a GPU
+scaling (as torch._scaled_mm's rowwise mode); the kernel structure is kernels/flashrt_kernels/smem_gemm.py's. Written without a GPU
 at hand (session 23): compiled for sm90 ahead of time (tools/kernel_resources.py); its GPU test compares it with
 smem_gemm_fp8_reference. Its first form read x twice from global memory (the maxima, then the quantization) and
 measured slower than the bf16 kernel at K slices of 512-1024 on the H200 (session 23: QKV 4.50 against 2.59 us per
@@ -154,7 +154,7 @@ def smem_gemm_fp8(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, geg
                   pdl: bool | int = False, out: torch.Tensor | None = None) -> torch.Tensor:
     """Gluon launcher; the contract of smem_gemm_fp8_reference: bf16 x (M <= 16, K), E4M3 (float8_e4m3fn) W_q
     (N, K) and its fp32 row scales (N,). Returns (M, N) or GeGLU's (M, N / 2) in bf16, or with split_k > 1 the
-    (split_k, M, N) fp32 partials. pdl: False, True or EARLY_TRIGGER (kernels/_triton.py). out: optional
+    (split_k, M, N) fp32 partials. pdl: False, True or EARLY_TRIGGER (kernels/flashrt_kernels/_triton.py). out: optional
     preallocated result."""
     if not HAVE_GLUON or INTERPRETED:
         raise RuntimeError("smem_gemm_fp8 needs Triton's Gluon and a Hopper GPU (no interpreter)")

@@ -19,12 +19,12 @@ counter in global memory) instead of a kernel boundary:
     down     x_out += act[:, k-split] @ Wd[:, k-split]^T                (fp32 atomics, per K split)
 
 Each norm's shift passes through the GEMM after it as a bias (EngineWeights.ada_fold_bias: shift @ W^T in fp32)
-and its rsqrt multiplies that GEMM's output (the algebra of kernels/smem_gemm.py's NormIn), so the norm phases
+and its rsqrt multiplies that GEMM's output (the algebra of kernels/flashrt_kernels/smem_gemm.py's NormIn), so the norm phases
 only scale and sum and the GEMM phases are plain weight streams. x_out and o_acc are sums of fp32 atomics: the
 order of the additions varies between runs (last-bit differences).
 
 With `prefetch` (NVIDIA sm90+) every program bulk-prefetches into L2 the weight tiles it reads later, fire and
-forget (kernels/l2_prefetch.py): its O and gate/up tiles when the attention starts, its down tile when norm2 starts,
+forget (kernels/flashrt_kernels/l2_prefetch.py): its O and gate/up tiles when the attention starts, its down tile when norm2 starts,
 its tile of the next layer's QKV weight when the down phase starts, so HBM streams while the short phases run.
 
 Grid barriers need every program resident at once: the launcher asks for at most one program per SM. With

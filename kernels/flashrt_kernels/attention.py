@@ -354,7 +354,7 @@ def merge_splits_reference(acc: torch.Tensor, ml: torch.Tensor) -> torch.Tensor:
 
 def merge_splits(acc: torch.Tensor, ml: torch.Tensor, out: torch.Tensor, pdl: bool | int = False) -> torch.Tensor:
     """Triton launcher; contract of merge_splits_reference, written into out (Mq, D) in out's dtype. The second
-    launch of a key-split attention (this file's split kernel, kernels/prefix_attention.py with splits > 1)."""
+    launch of a key-split attention (this file's split kernel, kernels/flashrt_kernels/prefix_attention.py with splits > 1)."""
     splits, Mq, D = acc.shape
     if ml.shape != (splits, Mq, 2) or out.shape != (Mq, D) or acc.dtype != torch.float32 or D & (D - 1):
         raise ValueError(f"merge_splits: acc (S, Mq, D) fp32 with D a power of two, ml (S, Mq, 2), out (Mq, D); "

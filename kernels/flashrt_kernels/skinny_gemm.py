@@ -12,7 +12,7 @@
 Each program owns BLOCK_N output columns (both gate and up columns with the epilogue) for all M rows, so every
 weight byte is read once. Before it waits for its inputs (PDL), a program may bulk-prefetch into L2 its own weight
 slice (`own_prefetch`: the bytes it is about to stream, fetched while the kernel ahead still runs) and/or a window
-of later kernels' weights (`prefetch`), both through kernels/l2_prefetch.py.
+of later kernels' weights (`prefetch`), both through kernels/flashrt_kernels/l2_prefetch.py.
 Provenance: FlashRT AMD's packed small-M BF16 kernel for QKV, O and merged gate/up.
 """
 
@@ -26,7 +26,7 @@ from .geglu import geglu_reference, gelu_tanh_times
 from .l2_prefetch import check_window, prefetch_chunk, prefetch_l2, prefetch_rows_l2
 
 def row_tile(M: int) -> int:
-    """The rows a program of the few-row GEMMs (this one, kernels/qkv_gemm_rope.py) covers for M <= 64 rows: 16,
+    """The rows a program of the few-row GEMMs (this one, kernels/flashrt_kernels/qkv_gemm_rope.py) covers for M <= 64 rows: 16,
     32 or 64, the smallest that holds them."""
     return 16 if M <= 16 else (32 if M <= 32 else 64)
 

@@ -4,7 +4,7 @@
     GeGLU (W = [W_gate; W_up], N = 2F):  y = gelu_tanh(x @ W_gate^T) * (x @ W_up^T)     (M, F); a program owns
                                 32 gate rows and the 32 up rows of the same columns, stacked in one 64-row tile
     split-K: program k of SPLIT_K writes the fp32 partial of its K slice into part[k] (SPLIT_K, M, N), as
-             kernels/skinny_gemm.py does; the norm after it sums them.
+             kernels/flashrt_kernels/skinny_gemm.py does; the norm after it sums them.
 
 The adaRMSNorm of the pi0.5 action expert folded into the GEMMs on either side of it (`norm_out` / `norm_in`):
 with h the gated residual row, r = rsqrt(mean(h^2) + eps), s = 1 + scale and t = shift (the step's modulation),
@@ -21,7 +21,7 @@ with h the gated residual row, r = rsqrt(mean(h^2) + eps), s = 1 + scale and t =
              b = t @ W^T precomputed at load for every (step, layer).
 That takes the norm's own kernel out of the chain: two launches fewer per expert layer.
 
-Why: in a denoising step each decoder GEMM (kernels/skinny_gemm.py) starts streaming its weights only after its PDL
+Why: in a denoising step each decoder GEMM (kernels/flashrt_kernels/skinny_gemm.py) starts streaming its weights only after its PDL
 wait, so HBM idles while the norms and the attention run (docs/benchmarks/engine_h200_2026-11-29_notes.md,
 session 6: the four GEMMs move 34.6 MB per layer at 1.7 TB/s). The one-shot Triton configurations that load their
 slice before the wait hold it in registers, which caps the slice at ~32 KB per program; the gate/up GEMM needs
@@ -166,7 +166,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _weight_slice_then_wait(w_desc, w_smem, bar, n0, k0, F, NK: gl.constexpr, GEGLU: gl.constexpr,
                                 PDL: gl.constexpr, W_BYTES: gl.constexpr = 2):
-        """Both kernels' start (and kernels/smem_gemm_fp8.py's, W_BYTES=1 for E4M3): the program's whole weight
+        """Both kernels' start (and kernels/flashrt_kernels/smem_gemm_fp8.py's, W_BYTES=1 for E4M3): the program's whole weight
         slice (NK boxes of 64 rows x 64 columns, or of 32 gate + 32 up rows with GeGLU) issued to shared memory on
         one mbarrier, then the PDL wait (the slice depends on no earlier kernel, so it streams during the kernel
         ahead's tail)."""
@@ -187,7 +187,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _program_slice(BLOCK_W: gl.constexpr, K_PER_SPLIT: gl.constexpr, PDL: gl.constexpr):
         """Both kernels' first steps: the early release of the next kernel where asked (PDL == 2,
-        kernels/_triton.py EARLY_TRIGGER), then this program's (pid_n, pid_k) and its first weight row and K
+        kernels/flashrt_kernels/_triton.py EARLY_TRIGGER), then this program's (pid_n, pid_k) and its first weight row and K
         column."""
         if PDL == 2:
             griddep("griddepcontrol.launch_dependents; // dummy $0")
@@ -218,7 +218,7 @@ if HAVE_GLUON:
         x streamed through a ring of X_STAGES boxes of XR rows (mbarriers bars[X_BAR:]) from column k0, each box
         multiplied on wgmma as it lands (the weight rows its 64-row M side, the x rows its N side): the (64, XR)
         fp32 accumulator, every product done. Used after the PDL wait by _smem_gemm_rows_kernel and
-        kernels/smem_mlp.py."""
+        kernels/flashrt_kernels/smem_mlp.py."""
         for j in gl.static_range(X_STAGES):                        # the ring's first X_STAGES boxes
             mbarrier.expect(bars.index(X_BAR + j), XR * 64 * 2)
             tma.async_copy_global_to_shared(x_desc, [0, k0 + j * 64], bars.index(X_BAR + j), x_smem.index(j))
@@ -352,16 +352,16 @@ if HAVE_GLUON:
 
 @functools.lru_cache(maxsize=None)
 def _layout(rows: int, cols: int = BOX_K):
-    """The NVMMA shared layout of a bf16 TMA box (rows, cols); kernels/smem_mlp.py's boxes too."""
+    """The NVMMA shared layout of a bf16 TMA box (rows, cols); kernels/flashrt_kernels/smem_mlp.py's boxes too."""
     return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
 
 
 def smem_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1, pdl: bool | int = False,
               out: torch.Tensor | None = None, norm_in: NormIn | None = None,
               norm_out: NormOut | None = None) -> torch.Tensor:
-    """Gluon launcher; the contract of kernels/skinny_gemm.py skinny_gemm_reference (bf16 x and W, M <= 64; the
+    """Gluon launcher; the contract of kernels/flashrt_kernels/skinny_gemm.py skinny_gemm_reference (bf16 x and W, M <= 64; the
     16-row kernel up to 16 rows, _smem_gemm_rows_kernel from 17).
-    pdl: False, True or EARLY_TRIGGER (kernels/_triton.py). out: optional preallocated result (with norm_out: the
+    pdl: False, True or EARLY_TRIGGER (kernels/flashrt_kernels/_triton.py). out: optional preallocated result (with norm_out: the
     (split_k, M, N) fp32 partials, scratch).
     norm_in: x is x' of a folded norm: the result is smem_gemm_norm_in_reference's. norm_out: the result is written
     into norm_out's residual / xs / sq (smem_gemm_norm_out_reference) and norm_out.xs is returned."""

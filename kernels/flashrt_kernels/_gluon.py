@@ -1,5 +1,5 @@
 """Triton's Gluon for NVIDIA Hopper (TMA, mbarrier, wgmma), where this Triton has it, and the one PTX helper the
-Gluon kernels share (kernels/smem_gemm.py, kernels/prefix_attention.py).
+Gluon kernels share (kernels/flashrt_kernels/smem_gemm.py, kernels/flashrt_kernels/prefix_attention.py).
 
 `HAVE_GLUON` says whether the imports below exist; without them the names are None and the kernels that need them
 are not offered (their `*_supported` functions say False)."""

@@ -1,14 +1,14 @@
 """Decoder QKV projection with the RoPE / q-scale / KV-cache write as its epilogue, one launch per layer and step.
 
     qkv = x @ W_qkv^T           x (M, K) with few rows (the denoising steps), W_qkv ((H + 2*KVH) * Dh, K)
-    then exactly kernels/qkv_rope.py on qkv:  q_out = rope(q) * q_scale, k_cache[offset + m] = rope(k),
+    then exactly kernels/flashrt_kernels/qkv_rope.py on qkv:  q_out = rope(q) * q_scale, k_cache[offset + m] = rope(k),
                                               v_cache[offset + m] = v
 
 RoPE (split-half form) pairs column i of a head with column i + Dh/2. Program (head, chunk) accumulates both
 column blocks of its BLOCK_P pairs, so the rotation is applied to the fp32 accumulators and the projection output
 never goes to memory: the separate QKV GEMM + qkv_rope pair of launches becomes one, and the qkv tensor is not
 rounded to bf16 in between (the reference below keeps fp32 there too).
-Provenance: FlashRT fuses the QKV boundary (split + RoPE + cache write); the GEMM part is kernels/skinny_gemm.py's.
+Provenance: FlashRT fuses the QKV boundary (split + RoPE + cache write); the GEMM part is kernels/flashrt_kernels/skinny_gemm.py's.
 """
 
 from __future__ import annotations

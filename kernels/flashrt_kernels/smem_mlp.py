@@ -11,14 +11,14 @@ W_down (W x 32), and no other program's act:
     1  the program's gate/up rows (128 KB at W = 1024) and down columns (64 KB) issued to shared memory with TMA
        before griddepcontrol.wait: they depend on no earlier kernel, so they stream during the kernel ahead's tail
     2  after the wait, x streams in 64-column boxes through a small ring; gate/up on wgmma (the weight rows its
-       64-row M side, x's rows its 16-row N side, as kernels/smem_gemm.py); GeGLU; act^T into shared memory
+       64-row M side, x's rows its 16-row N side, as kernels/flashrt_kernels/smem_gemm.py); GeGLU; act^T into shared memory
     3  the program's down partial, act[:, own 32 columns] @ W_down[:, own 32 columns]^T (M, W) fp32, on wgmma,
        into part[j] (P, M, W) in global memory
     4  a grid barrier (an arrival count and a generation number in global memory: every program must be resident,
        so P <= the SM count); then program j sums the P partials of its W / P columns, in program order (a replay
        gives the same bits), into y
 
-Why: in a denoising step the chain runs gate/up (kernels/smem_gemm.py, GeGLU epilogue) and down as two launches,
+Why: in a denoising step the chain runs gate/up (kernels/flashrt_kernels/smem_gemm.py, GeGLU epilogue) and down as two launches,
 3.4 + 4.0 us of a 23.4-us expert layer on the H200 (docs/benchmarks/timeline_h200_2026-12-01_bf16_session17.json).
 Here the down weights are in shared memory before the wait too, and the kernel boundary between the two GEMMs
 becomes a grid barrier (0.8-1.0 us in the persistent layer's time stamps, session 16). The partial sums cross
@@ -206,7 +206,7 @@ def smem_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, pdl
     """Gluon launcher; the contract of smem_mlp_reference: bf16 x (M <= 16, W), W_gate_up (2F, W) gate rows first,
     W_down (W, F). out: optional preallocated (M, W) result, bf16 or fp32 (default fp32). scratch: the partial
     sums and the barrier (MlpScratch.allocate; a launch allocates its own when None). pdl: False, True or
-    EARLY_TRIGGER (kernels/_triton.py)."""
+    EARLY_TRIGGER (kernels/flashrt_kernels/_triton.py)."""
     if not HAVE_GLUON or INTERPRETED:
         raise RuntimeError("smem_mlp needs Triton's Gluon and a Hopper GPU (no interpreter)")
     M, W = x.shape
@@ -225,7 +225,7 @@ def smem_mlp(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, pdl
     if scratch is None:
         scratch = MlpScratch.allocate(M, W, F, x.device)
     scratch.check(M, W, F)
-    # TMA descriptors per launch (host work only: a captured graph keeps them), as kernels/smem_gemm.py builds them
+    # TMA descriptors per launch (host work only: a captured graph keeps them), as kernels/flashrt_kernels/smem_gemm.py builds them
     wgu_desc = TensorDescriptor.from_tensor(w_gate_up, [ACT_COLS, BOX_K], _layout(ACT_COLS, BOX_K))
     wd_desc = TensorDescriptor.from_tensor(w_down, [DOWN_ROWS, ACT_COLS], _layout(DOWN_ROWS, ACT_COLS))
     x_desc = TensorDescriptor.from_tensor(x, [X_ROWS, BOX_K], _layout(X_ROWS, BOX_K))   # rows past M read as zeros
