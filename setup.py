@@ -48,6 +48,7 @@ setup(
     entry_points={
         "console_scripts": [
             "flashrt-policy-node=flashrt_ros.console_scripts:policy_node",
+            "flashrt-action-executor=flashrt_ros.console_scripts:action_executor",
             "flashrt-demo=flashrt_ros.console_scripts:demo",
             "flashrt-bag-player=flashrt_ros.console_scripts:bag_player",
             "flashrt-bag-recorder=flashrt_ros.console_scripts:bag_recorder",

@@ -39,6 +39,7 @@ MISSING_PARTS = {
 # Executable name (as `ros2 run flashrt_ros <name>` knows it) -> the module whose main() it runs.
 TOOLS = {
     "policy_node": "flashrt_ros.policy_node",
+    "action_executor": "flashrt_ros.action_executor",
     "demo": "flashrt_ros.demo_main",
     "bag_player": "flashrt_ros.bag_player",
     "bag_recorder": "flashrt_ros.bag_recorder",
@@ -73,6 +74,10 @@ def run(tool: str) -> int:
 
 def policy_node() -> int:
     return run("policy_node")
+
+
+def action_executor() -> int:
+    return run("action_executor")
 
 
 def demo() -> int:

@@ -1,0 +1,161 @@
+"""Every parameter of the action executor node, declared in one place and converted once to ExecutorSettings.
+
+The same ParamSpec as the policy node (flashrt_ros.node_parameters): default, description, range or choices,
+read_only (here: read at configure, changeable only while the node is unconfigured). docs/action_executor.md's parameter table is generated from PARAMETERS
+(``python -m flashrt_ros.executor_parameters``) and a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+from typing import Any, Sequence
+
+from rcl_interfaces.msg import ParameterType, SetParametersResult
+from rclpy.parameter import Parameter
+
+from flashrt_ros.chunk_schedule import Switching
+from flashrt_ros.node_parameters import ParamSpec, SettingsError
+
+
+class OutputType(enum.Enum):
+    FLOAT_ARRAY = "float_array"            # std_msgs/Float64MultiArray: the action, as a forward command controller
+    JOINT_STATE = "joint_state"            # sensor_msgs/JointState: names + positions, stamped now
+    JOINT_TRAJECTORY = "joint_trajectory"  # trajectory_msgs/JointTrajectory: one point, reached in one period
+
+
+class DeadlineMiss(enum.Enum):
+    HOLD = "hold"      # repeat the last command
+    STOP = "stop"      # publish nothing until a chunk covers the time again
+
+
+STRING_ARRAY = ParameterType.PARAMETER_STRING_ARRAY
+
+PARAMETERS: tuple[ParamSpec, ...] = (
+    ParamSpec("input_topic", "action_chunk", "flashrt_ros/ActionChunk input (the policy node's output_topic)."),
+    ParamSpec("output_topic", "joint_command", "Where the command for now is published."),
+    ParamSpec("output_type", OutputType.FLOAT_ARRAY.value, "Message type of output_topic: float_array "
+              "(std_msgs/Float64MultiArray, e.g. a forward command controller), joint_state (sensor_msgs/JointState "
+              "positions) or joint_trajectory (trajectory_msgs/JointTrajectory, one point to reach in one control "
+              "period).", choices=tuple(m.value for m in OutputType)),
+    ParamSpec("joint_names", [], "Joint names of joint_state / joint_trajectory outputs, one per action dimension; "
+              "empty = the chunks' action_names.", type=STRING_ARRAY),
+    ParamSpec("control_rate_hz", 100.0, "Rate of the commands [Hz], on the node's clock (sim time under "
+              "use_sim_time).", float_range=(1.0, 1000.0)),
+    ParamSpec("switching", Switching.LATEST.value, "How the command moves from one chunk to the next: latest (the "
+              "newest observation's chunk at once) or temporal_fusion (the mean of every chunk that covers now, "
+              "weighted exp(-fusion_decay * observation age relative to the newest)).",
+              choices=tuple(m.value for m in Switching), read_only=False),
+    ParamSpec("fusion_decay", 10.0, "temporal_fusion: decay rate [1/s] of a chunk's weight with how much older its "
+              "observation is than the newest; 0 = plain mean.", float_range=(0.0, 1000.0), read_only=False),
+    ParamSpec("interpolate", True, "Interpolate linearly between a chunk's rows; false = hold each row for dt.",
+              read_only=False),
+    ParamSpec("on_deadline_miss", DeadlineMiss.HOLD.value, "When no chunk covers now (the policy fell behind): "
+              "hold = repeat the last command; stop = publish nothing until a chunk covers now again.",
+              choices=tuple(m.value for m in DeadlineMiss), read_only=False),
+    ParamSpec("diagnostics_period", 1.0, "Period [s] of /diagnostics.", float_range=(0.05, 60.0)),
+)
+
+SPECS: dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
+RUNTIME_PARAMETERS = tuple(spec.name for spec in PARAMETERS if not spec.read_only)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutorSettings:
+    input_topic: str
+    output_topic: str
+    output_type: OutputType
+    joint_names: tuple[str, ...]
+    control_rate_hz: float
+    switching: Switching
+    fusion_decay: float
+    interpolate: bool
+    on_deadline_miss: DeadlineMiss
+    diagnostics_period: float
+
+    @property
+    def control_period_s(self) -> float:
+        return 1.0 / self.control_rate_hz
+
+
+def declare_parameters(node) -> None:
+    """Declare every parameter with its descriptor. None is read-only to ROS: a configure-time parameter
+    (read_only in its spec) can be corrected while the node is unconfigured, and the node's on-set callback refuses
+    it once configured. rclpy infers an empty list default as a byte array, so empty-list parameters are declared
+    by type (unset until given a value; parameter_value reads the default)."""
+    for spec in PARAMETERS:
+        default = spec.default
+        if isinstance(default, list) and not default:
+            default = Parameter.Type(spec.param_type())
+        descriptor = spec.descriptor()
+        descriptor.read_only = False
+        node.declare_parameter(spec.name, default, descriptor)
+
+
+def parameter_value(node, name: str) -> Any:
+    parameter = node.get_parameter_or(name, None)
+    if parameter is None or parameter.type_ == Parameter.Type.NOT_SET:
+        return SPECS[name].default
+    return parameter.value
+
+
+def validate(name: str, value: Any) -> str | None:
+    """Reason why ``value`` is invalid for parameter ``name``, or None."""
+    spec = SPECS.get(name)
+    if spec is None:
+        return None
+    if spec.choices and value not in spec.choices:
+        return f"{name}={value!r} is not one of {list(spec.choices)}"
+    if spec.float_range is not None:
+        low, high = spec.float_range
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and low <= value <= high):
+            return f"{name}={value!r} is outside [{low}, {high}]"
+    if name in ("input_topic", "output_topic") and not value:
+        return f"{name} must not be empty"
+    if name == "joint_names" and (any(not n for n in value) or len(set(value)) != len(value)):
+        return f"joint_names must be distinct non-empty names, got {list(value)}"
+    return None
+
+
+def on_set_parameters(parameters: Sequence) -> SetParametersResult:
+    reasons = [reason for parameter in parameters if (reason := validate(parameter.name, parameter.value))]
+    return SetParametersResult(successful=not reasons, reason="; ".join(reasons))
+
+
+def settings_from_values(values: dict[str, Any]) -> ExecutorSettings:
+    problems = [reason for name in SPECS if (reason := validate(name, values[name]))]
+    if problems:
+        raise SettingsError("invalid parameters: " + "; ".join(problems))
+    return ExecutorSettings(
+        input_topic=values["input_topic"], output_topic=values["output_topic"],
+        output_type=OutputType(values["output_type"]), joint_names=tuple(values["joint_names"]),
+        control_rate_hz=float(values["control_rate_hz"]), switching=Switching(values["switching"]),
+        fusion_decay=float(values["fusion_decay"]), interpolate=bool(values["interpolate"]),
+        on_deadline_miss=DeadlineMiss(values["on_deadline_miss"]),
+        diagnostics_period=float(values["diagnostics_period"]))
+
+
+def read_settings(node) -> ExecutorSettings:
+    return settings_from_values({name: parameter_value(node, name) for name in SPECS})
+
+
+def markdown_table() -> str:
+    """The parameter reference of docs/action_executor.md (a test keeps the doc equal to it)."""
+    rows = ["| name | default | range / choices | changeable at runtime | description |", "|---|---|---|---|---|"]
+    for spec in PARAMETERS:
+        bounds = spec.float_range or spec.int_range
+        limits = f"{bounds[0]} .. {bounds[1]}" if bounds else ", ".join(spec.choices)
+        rows.append(f"| `{spec.name}` | `{json.dumps(spec.default)}` | {limits} | "
+                    f"{'no' if spec.read_only else 'yes'} | {spec.description} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())
+
+
+__all__ = ["DeadlineMiss", "ExecutorSettings", "OutputType", "PARAMETERS", "RUNTIME_PARAMETERS", "SPECS",
+           "declare_parameters", "markdown_table", "on_set_parameters", "read_settings", "settings_from_values",
+           "validate"]
