@@ -41,6 +41,7 @@ setup(
     ],
     extras_require={
         "bags": ["rosbags>=0.10,<0.12"],
+        "plots": ["rosbags>=0.10,<0.12", "matplotlib>=3.7,<4"],
         "test": ["pytest>=8,<10", "transformers>=4.45,<6"],
     },
     # each through flashrt_ros.console_scripts, which names a missing optional part (ROS 2, the messages, the
@@ -55,6 +56,7 @@ setup(
             "flashrt-bag-evaluator=flashrt_ros.console_scripts:bag_evaluator",
             "flashrt-bag-regression=flashrt_ros.console_scripts:bag_regression",
             "flashrt-demo-bag=flashrt_ros.console_scripts:demo_bag",
+            "flashrt-chunk-plots=flashrt_ros.console_scripts:chunk_plots",
             "flashrt-fixture=flashrt_ros.console_scripts:fixture",
         ]
     },

@@ -71,6 +71,7 @@ class Chunk:
     inference_time_s: float = 0.0
     staleness_s: float = 0.0
     sequence: int = 0
+    dt: float = 0.0  # time between the chunk's rows [s] (ActionChunk.dt; 0 where not read from a bag)
 
 
 @dataclass
@@ -371,7 +372,7 @@ def read_chunk_bag(bag: Path, topic: str | None = None) -> list[Chunk]:
                                 view_stamps_ns=tuple(_stamp_ns(s) for s in msg.view_stamps),
                                 state_stamp_ns=_stamp_ns(msg.state_stamp), actions=actions, receive_ns=receive_ns,
                                 inference_time_s=msg.inference_time, staleness_s=msg.staleness,
-                                sequence=msg.sequence))
+                                sequence=msg.sequence, dt=msg.dt))
     return chunks
 
 

@@ -2,9 +2,9 @@
 CMakeLists.txt writes into lib/flashrt_ros. Each imports its tool's module and runs its main().
 
 `pip install .` gives the Python code of both packages but not ROS 2 (rclpy, the message packages), not this
-package's messages (built by colcon or tools/bootstrap.sh) and not the bag library unless asked for
-(`pip install .[bags]`). Where a tool's import fails for want of one of those parts, the executable says which part
-is missing and how to get it, and exits with status 2, instead of ending in a traceback."""
+package's messages (built by colcon or tools/bootstrap.sh) and not the bag or plotting libraries unless asked for
+(`pip install .[bags]`, `.[plots]`). Where a tool's import fails for want of one of those parts, the executable
+says which part is missing and how to get it, and exits with status 2, instead of ending in a traceback."""
 
 from __future__ import annotations
 
@@ -18,12 +18,15 @@ ROS_2 = ("ROS 2 (rclpy and the standard message packages): source a ROS 2 instal
          "which has the ROS 2 Kilted Python wheels")
 BAG_LIBRARY = ("the rosbags library, which reads and writes the bags: `pip install 'flashrt-ros[bags]'` "
                "(from the source folder: `pip install '.[bags]'`)")
+PLOTTING = ("matplotlib, which draws the plots: `pip install 'flashrt-ros[plots]'` (from the source folder: "
+            "`pip install '.[plots]'`)")
 MESSAGES = ("this package's ROS messages (flashrt_ros.msg), which `pip install .` does not build: build the "
             "package in a ROS 2 workspace (`colcon build --packages-select flashrt_ros`, then "
             "`source install/setup.bash`) or run tools/bootstrap.sh")
 # The top-level module a tool imports -> the part that provides it.
 MISSING_PARTS = {
     "rosbags": BAG_LIBRARY,
+    "matplotlib": PLOTTING,
     "rclpy": ROS_2,
     "builtin_interfaces": ROS_2,
     "diagnostic_msgs": ROS_2,
@@ -46,6 +49,7 @@ TOOLS = {
     "bag_evaluator": "flashrt_ros.bag_evaluator",
     "bag_regression": "flashrt_ros.bag_regression",
     "demo_bag": "flashrt_ros.demo_bag",
+    "chunk_plots": "flashrt_ros.chunk_plots",
     "fixture": "flashrt_core.fixtures",
 }
 
@@ -102,6 +106,10 @@ def bag_regression() -> int:
 
 def demo_bag() -> int:
     return run("demo_bag")
+
+
+def chunk_plots() -> int:
+    return run("chunk_plots")
 
 
 def fixture() -> int:

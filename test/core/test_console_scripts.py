@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from checked_run import failure_report
 
@@ -53,6 +54,20 @@ def test_ros_tools_without_rclpy_say_where_ros_comes_from(tool):
     assert done.returncode == EXIT_MISSING_PART, failure_report(done)
     assert "cannot import 'rclpy" in done.stderr and "ROS 2" in done.stderr and "tools/bootstrap.sh" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_plots_without_matplotlib_say_how_to_install_it(tmp_path):
+    from flashrt_ros.bag_evaluator import Chunk, write_chunk_bag
+    from flashrt_ros.node_parameters import SPECS, settings_from_values
+    settings = settings_from_values({name: spec.default for name, spec in SPECS.items()})
+    chunk = Chunk(stamp_ns=10**10, view_stamps_ns=(10**10,), state_stamp_ns=0, actions=np.zeros((4, 2), np.float32),
+                  receive_ns=10**10 + 5 * 10**7, dt=0.02)
+    write_chunk_bag(tmp_path / "bag", [chunk], settings, ["base"], "test-model")
+    done = run_tool("chunk_plots", str(tmp_path / "bag"), "--out-dir", str(tmp_path / "plots"),
+                    blocked=("matplotlib",))
+    assert done.returncode == EXIT_MISSING_PART, failure_report(done)
+    assert "cannot import 'matplotlib'" in done.stderr and "pip install 'flashrt-ros[plots]'" in done.stderr
+    assert not (tmp_path / "plots").exists() or not any((tmp_path / "plots").iterdir())
 
 
 def test_node_without_the_built_messages_says_to_build_them():
