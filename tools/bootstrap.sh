@@ -78,18 +78,25 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$req_hash" ]; then
     else
       log "step 2/$steps: PyTorch, CPU build (~200 MB, under a minute from a local wheel, 1-3 min downloaded)"
       # A local +cpu wheel where the machine has one, else PyTorch's CPU index, else the default build. The
-      # newest versions look at PyTorch's CPU index first.
+      # newest versions look at PyTorch's CPU index first. A failed try's pip output goes to torch-install.log.
       torch_pin="$(grep -E '^torch==' "$CONSTRAINTS" | cut -d= -f3)"
       cpu_index="${FLASHRT_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+      torch_log="$VENV/torch-install.log"
+      # PyTorch's CPU index alone (--isolated: no extra index from the user's pip configuration, whose newest
+      # torch may be a CUDA build), failing in seconds where it is out of reach
+      from_cpu_index() {
+        pip_install --isolated --timeout 15 --retries 1 torch --index-url "$cpu_index" 2>>"$torch_log"
+      }
+      pinned_cpu_wheel() { pip_install "torch==${torch_pin}+cpu" 2>>"$torch_log"; }
       if [ "$DEPENDENCIES" = newest ]; then
-        # The newest CPU build comes from PyTorch's CPU index; where that is out of reach, the pinned CPU build
-        # stays (the default index's newest torch is the CUDA build, several GB).
-        with_heartbeat "PyTorch (CPU)" pip_install torch --index-url "$cpu_index" 2>/dev/null \
-          || { log "  PyTorch's CPU index is out of reach: keeping the pinned CPU build torch==${torch_pin}+cpu"
+        # where PyTorch's CPU index is out of reach the pinned CPU build stays (the default index's newest torch
+        # is the CUDA build, several GB)
+        with_heartbeat "PyTorch (CPU)" from_cpu_index \
+          || { log "  PyTorch's CPU index is out of reach (see $torch_log): keeping torch==${torch_pin}+cpu"
                "$PY" -m pip install -q "torch==${torch_pin}+cpu"; }
       else
-        with_heartbeat "PyTorch (CPU)" pip_install "torch==${torch_pin}+cpu" 2>/dev/null \
-          || with_heartbeat "PyTorch (CPU)" pip_install torch --index-url "$cpu_index" 2>/dev/null \
+        with_heartbeat "PyTorch (CPU)" pinned_cpu_wheel \
+          || with_heartbeat "PyTorch (CPU)" from_cpu_index \
           || with_heartbeat "PyTorch" pip_install torch
       fi
     fi
