@@ -3,7 +3,11 @@
 Two steps, so the node can reject bad frames cheaply in the subscription callback and decode only
 the frames that reach the policy (on the inference thread):
 
-- ``check_image(msg)``: O(1) checks of encoding, sizes and buffer length (raw) or format (compressed).
+- ``check_image(msg)``: O(1) checks of encoding, sizes and buffer length (raw), or format and framing
+  (compressed: a JPEG must start with its SOI marker and end with its EOI marker, a PNG must start with its
+  signature and end with its IEND chunk). The framing check rejects truncated or zero-filled data before
+  libjpeg sees it: libjpeg reports such data with a warning line written straight to stderr, outside the ROS
+  logger, for every frame. Data that is corrupt between intact markers still reaches the decoder.
 - ``to_rgb(msg)``: the conversion (zero-copy view for rgb8 when possible, cv2 for the rest).
 
 Both raise ``ImageConversionError`` (a ValueError) with a message naming the problem.
@@ -50,6 +54,11 @@ class RawEncoding(enum.Enum):
 
 
 COMPRESSED_FORMATS = ("jpeg", "jpg", "png")
+JPEG_SOI, JPEG_EOI = b"\xff\xd8", b"\xff\xd9"
+JPEG_EOI_SEARCH = 32        # bytes at the end searched for EOI (some encoders pad after it)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_IEND = b"IEND"
+PNG_IEND_SEARCH = 16
 
 
 def is_compressed(msg) -> bool:
@@ -60,9 +69,10 @@ def is_compressed(msg) -> bool:
 def check_image(msg) -> None:
     """Cheap validity checks without decoding; raises ImageConversionError."""
     if is_compressed(msg):
-        _compressed_kind(msg.format)
+        kind = _compressed_kind(msg.format)
         if len(msg.data) == 0:
             raise ImageConversionError("compressed image has no data")
+        _check_framing(kind, msg.data)
         return
     encoding = RawEncoding.parse(msg.encoding)
     height, width, step = int(msg.height), int(msg.width), int(msg.step)
@@ -91,6 +101,20 @@ def _compressed_kind(fmt: str) -> str:
         if kind in lowered:
             return kind
     raise ImageConversionError(f"unsupported compressed format {fmt!r}; supported: jpeg, png")
+
+
+def _check_framing(kind: str, data) -> None:
+    """The start and end markers of a compressed image (O(1): a few bytes at each end)."""
+    size = len(data)
+    head, tail = bytes(data[:8]), bytes(data[max(0, size - max(JPEG_EOI_SEARCH, PNG_IEND_SEARCH)):])
+    if kind == "png":
+        if not head.startswith(PNG_SIGNATURE) or PNG_IEND not in tail[-PNG_IEND_SEARCH:]:
+            raise ImageConversionError(f"png data ({size} bytes) lacks its signature or IEND chunk: truncated "
+                                       "or not png")
+        return
+    if not head.startswith(JPEG_SOI) or JPEG_EOI not in tail[-JPEG_EOI_SEARCH:]:
+        raise ImageConversionError(f"jpeg data ({size} bytes) lacks its start (SOI) or end (EOI) marker: "
+                                   "truncated or not jpeg")
 
 
 def _decode_compressed(msg) -> np.ndarray:

@@ -63,7 +63,7 @@ def test_failed_configure_leaves_the_node_up_and_configurable_again(harnesses, t
     ({"camera_views": ["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"]}, "camera_views has 3 entries"),
     ({"camera_views": ["base_0_rgb", "top_rgb"]}, "not views of the model"),
     ({"action_names": ["a", "b"]}, "action_names has 2 names"),
-    ({"state_topic": ""}, "state is required"),       # the demo pi0.5 puts the state in its prompt
+    ({"state_topic": ""}, "state_topic is empty"),    # the demo pi0.5 puts the state in its prompt
 ])
 def test_configure_fails_with_a_reason_on_inconsistent_settings(harnesses, parameters, reason):
     h = harnesses(dict(parameters, warmup_iterations=1),
