@@ -89,9 +89,27 @@ def test_cheap_checks_name_the_problem(message, match):
         to_rgb(message)
 
 
-def test_corrupt_jpeg_passes_cheap_check_but_fails_decoding():
+def test_truncated_compressed_images_fail_the_cheap_check_before_any_decoder_sees_them(capfd):
+    """A truncated or zero-filled transfer lacks the end marker: rejected without decoding, so libjpeg writes
+    nothing to stderr."""
     ok, encoded = cv2.imencode(".jpg", smooth_rgb())
-    corrupt = CompressedImage(format="jpeg", data=encoded.tobytes()[:40] + bytes(200))
+    truncated = CompressedImage(format="jpeg", data=encoded.tobytes()[:40] + bytes(200))
+    with pytest.raises(ImageConversionError, match="lacks its start .SOI. or end .EOI. marker"):
+        check_image(truncated)
+    with pytest.raises(ImageConversionError, match="not jpeg"):
+        to_rgb(CompressedImage(format="jpeg", data=b"GIF89a" + bytes(100)))
+    ok, png = cv2.imencode(".png", smooth_rgb())
+    with pytest.raises(ImageConversionError, match="IEND"):
+        check_image(CompressedImage(format="png", data=png.tobytes()[:-20]))
+    check_image(CompressedImage(format="png", data=png.tobytes()))
+    check_image(CompressedImage(format="jpeg", data=encoded.tobytes() + bytes(8)))    # padding after EOI is fine
+    assert capfd.readouterr().err == ""
+
+
+def test_corrupt_jpeg_with_intact_markers_passes_the_cheap_check_but_fails_decoding():
+    ok, encoded = cv2.imencode(".jpg", smooth_rgb())
+    data = encoded.tobytes()
+    corrupt = CompressedImage(format="jpeg", data=data[:40] + bytes(200) + data[-2:])
     check_image(corrupt)
     with pytest.raises(ImageConversionError, match="cannot decode jpeg"):
         to_rgb(corrupt)
