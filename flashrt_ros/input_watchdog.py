@@ -2,8 +2,9 @@
 
 Pure Python (no rclpy): the node reports each frame (received, accepted or rejected, and for compressed frames
 whether the inference thread could decode it), each completed observation and its newest valid state; a timer
-calls ``check`` and turns the faults into /diagnostics, logs and counters. Times are wall seconds
-(time.monotonic) except the state's age, which is on the node clock like its stamp.
+calls ``check`` and turns the faults into /diagnostics, logs and counters. Times are seconds of the node clock
+(ROS time: under use_sim_time the bag's clock, so a slowed-down replay is judged at the bag's pace and a paused one
+raises no fault); the clock going backwards (a looping bag) starts the watch afresh.
 
 Faults (each one means no chunk can be computed; ``check`` returns every one that holds):
 
@@ -80,7 +81,7 @@ class InputWatchdog:
     def reset(self, now_s: float) -> None:
         """Start watching afresh (activation): every limit counts from ``now_s``."""
         with self._lock:
-            self._since_s = now_s
+            self._since_s = self._checked_s = now_s
             self._cameras = [_Camera() for _ in self.camera_topics]
             self._completed_s: float | None = None
             self._all_usable_since_s: float | None = None
@@ -117,7 +118,10 @@ class InputWatchdog:
               state_age_s: float | None = None) -> tuple[Fault, ...]:
         """The faults that hold at ``now_s``. ``state_age_s``: age of the newest valid state on the node clock,
         None when there is none (only looked at with a ``state_topic``)."""
+        if now_s < self._checked_s:
+            self.reset(now_s)            # time went backwards: what was seen before is from another timeline
         with self._lock:
+            self._checked_s = now_s
             faults = []
             usable = True
             for topic, camera in zip(self.camera_topics, self._cameras):

@@ -200,12 +200,12 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "is used as it is (a chunk's staleness can then be negative by up to this much); beyond it the "
               "message is rejected, counted (rejected_future_stamp) and logged (throttled).",
               changeable=RUNTIME, float_range=(0.0, 10.0)),
-    ParamSpec("camera_timeout", 0.5, "A camera that sends no frame for this long [s] (wall time) while the node is "
+    ParamSpec("camera_timeout", 0.5, "A camera that sends no frame for this long [s] (node clock) while the node is "
               "active, or whose every frame in this time is rejected (bad image, stamp in the future or too old, "
               "undecodable), turns /diagnostics ERROR with the reason, logged once (throttled) and counted.",
               changeable=RUNTIME, float_range=(0.01, 60.0)),
     ParamSpec("pairing_timeout", 0.5, "While every camera delivers usable frames, no complete observation for this "
-              "long [s] (wall time: their stamps never come within sync_slop, e.g. one camera's clock is off) is a "
+              "long [s] (node clock: their stamps never come within sync_slop, e.g. one camera's clock is off) is a "
               "pairing stall: /diagnostics ERROR naming the stamp offset, logged once (throttled) and counted.",
               changeable=RUNTIME, float_range=(0.01, 60.0)),
     ParamSpec("max_state_age", 0.5, "With state_topic: the newest valid state may be at most this old [s] (node "

@@ -231,7 +231,7 @@ class PolicyNode(LifecycleNode):
             self._trigger_timer = self.create_timer(1.0 / settings.inference_rate_hz, self._worker.notify,
                                                     callback_group=self._timer_group)
         self._faults = ()
-        self._watchdog.reset(time.monotonic())
+        self._watchdog.reset(self._clock_s())
         shortest = min(settings.camera_timeout, settings.pairing_timeout, settings.max_state_age)
         low, high = WATCH_PERIOD_LIMITS_S
         self._watch_timer = self.create_timer(min(max(shortest / 5.0, low), high), self._watch_inputs,
@@ -405,14 +405,14 @@ class PolicyNode(LifecycleNode):
         if buffer is None or worker is None or settings is None or watchdog is None:
             return
         self._statistics.record_frame(topic)
-        received_s = time.monotonic()
+        now_ns = self.get_clock().now().nanoseconds
+        received_s = now_ns * 1e-9
         watchdog.frame_received(index, received_s)
         try:
             check_image(msg)
         except ImageConversionError as error:
             self._reject_frame(index, "bad_image", f"{topic}: {error}")
             return
-        now_ns = self.get_clock().now().nanoseconds
         stamp_ns = Time.from_msg(msg.header.stamp).nanoseconds
         if stamp_ns - now_ns > seconds_to_ns(settings.max_future_stamp):
             ahead_s = (stamp_ns - now_ns) * 1e-9
@@ -541,10 +541,9 @@ class PolicyNode(LifecycleNode):
             return None
         if state is not None and now_ns - state.stamp_ns > seconds_to_ns(settings.max_state_age):
             # never a chunk from an old state: the observation is skipped (the state topic stopped, or only
-            # invalid states arrived since); the watchdog shows it in /diagnostics
-            self._reject("stale_state", f"{settings.state_topic}: newest valid state is "
-                         f"{(now_ns - state.stamp_ns) * 1e-9:.2f} s old (max_state_age {settings.max_state_age} s): "
-                         "observation skipped")
+            # invalid states arrived since); counted here, logged and shown in /diagnostics by the watchdog
+            self._reject("stale_state", f"observation skipped: its state is {(now_ns - state.stamp_ns) * 1e-9:.2f} s "
+                         f"old (max_state_age {settings.max_state_age} s)", log=False)
             return None
         images = {}
         for index, (view, frame, topic) in enumerate(zip(self._view_names, observation.frames,
@@ -561,7 +560,7 @@ class PolicyNode(LifecycleNode):
     def _report_decoding(self, index: int, error: str | None) -> None:
         watchdog = self._watchdog
         if watchdog is not None:
-            watchdog.frame_decoded(index, time.monotonic(), None if error is None else bounded(error))
+            watchdog.frame_decoded(index, self._clock_s(), None if error is None else bounded(error))
 
     def _predict(self, job: InferenceJob) -> np.ndarray:
         state = job.state.values if job.state is not None else None
@@ -670,10 +669,15 @@ class PolicyNode(LifecycleNode):
             self._buffer.set_limits(seconds_to_ns(settings.sync_slop), seconds_to_ns(settings.max_observation_age))
         self.get_logger().info(f"parameters changed: {values}")
 
-    def _reject(self, reason: str, message: str) -> None:
+    def _clock_s(self) -> float:
+        """The node clock [s] (sim time under use_sim_time)."""
+        return self.get_clock().now().nanoseconds * 1e-9
+
+    def _reject(self, reason: str, message: str, log: bool = True) -> None:
         message = bounded(message)
         self._statistics.record_rejection(reason, message)
-        self._log.warning(f"reject:{reason}", message)
+        if log:
+            self._log.warning(f"reject:{reason}", message)
 
     # -- input watchdog (timer while active) -------------------------------------------------------------
     def _watch_inputs(self) -> None:
@@ -687,13 +691,13 @@ class PolicyNode(LifecycleNode):
             state_age_s = (self.get_clock().now().nanoseconds - state.stamp_ns) * 1e-9
         limits = WatchLimits(settings.camera_timeout, settings.pairing_timeout, settings.max_state_age,
                              settings.sync_slop)
-        faults = watchdog.check(time.monotonic(), limits, settings.state_topic, state_age_s)
+        faults = watchdog.check(self._clock_s(), limits, settings.state_topic, state_age_s)
         before = {fault.key for fault in self._faults}
         after = {fault.key for fault in faults}
         for fault in faults:
             if fault.key not in before:
                 self._statistics.record_fault(fault.kind.value, fault.message)
-                self._log.error(f"fault:{fault.key}", fault.message)
+                self._log.warning(f"fault:{fault.key}", fault.message)
         for fault in self._faults:
             if fault.key not in after:
                 self._log.info(f"recovered:{fault.key}", f"recovered: {fault.message.split(':')[0]} "
