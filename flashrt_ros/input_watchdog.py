@@ -68,6 +68,7 @@ class _Camera:
     rejected_reason: str = ""                # why the last rejected frame was rejected
     undecodable_s: float | None = None       # last frame that failed to decode on the inference thread
     decoded_s: float | None = None           # last frame that decoded
+    usable_since_s: float | None = None      # first accepted frame since the camera was last found at fault
 
 
 class InputWatchdog:
@@ -84,7 +85,6 @@ class InputWatchdog:
             self._since_s = self._checked_s = now_s
             self._cameras = [_Camera() for _ in self.camera_topics]
             self._completed_s: float | None = None
-            self._all_usable_since_s: float | None = None
 
     # -- reports -------------------------------------------------------------------------------------------
     def frame_received(self, index: int, now_s: float) -> None:
@@ -95,6 +95,8 @@ class InputWatchdog:
         with self._lock:
             camera = self._cameras[index]
             camera.accepted_s, camera.stamp_ns = now_s, int(stamp_ns)
+            if camera.usable_since_s is None:
+                camera.usable_since_s = now_s
 
     def frame_rejected(self, index: int, reason: str) -> None:
         with self._lock:
@@ -123,17 +125,12 @@ class InputWatchdog:
         with self._lock:
             self._checked_s = now_s
             faults = []
-            usable = True
             for topic, camera in zip(self.camera_topics, self._cameras):
                 fault = self._camera_fault(topic, camera, now_s, limits.camera_timeout_s)
                 if fault is not None:
                     faults.append(fault)
-                    usable = False
-            if not usable:
-                self._all_usable_since_s = None
-            elif self._all_usable_since_s is None:
-                self._all_usable_since_s = now_s
-            if usable:
+                    camera.usable_since_s = None
+            if not faults:
                 stall = self._pairing_fault(now_s, limits)
                 if stall is not None:
                     faults.append(stall)
@@ -158,10 +155,14 @@ class InputWatchdog:
         return None
 
     def _pairing_fault(self, now_s: float, limits: WatchLimits) -> Fault | None:
-        since = max(self._completed_s or self._since_s, self._since_s, self._all_usable_since_s or now_s)
+        """A stall counts from the last completed observation, or from when the last camera became usable."""
+        stamps = [camera.stamp_ns for camera in self._cameras]
+        usable_since = [camera.usable_since_s for camera in self._cameras]
+        if None in stamps or None in usable_since:
+            return None
+        since = max(self._completed_s or self._since_s, self._since_s, *usable_since)
         if now_s - since <= limits.pairing_timeout_s:
             return None
-        stamps = [camera.stamp_ns for camera in self._cameras]
         oldest = min(stamps)
         offsets = ", ".join(f"{topic} {(stamp - oldest) * 1e-9:+.3f} s"
                             for topic, stamp in zip(self.camera_topics, stamps))
