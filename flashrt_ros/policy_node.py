@@ -32,6 +32,7 @@ from builtin_interfaces.msg import Duration as DurationMsg
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.executors import ExternalShutdownException
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.time import Time
 from sensor_msgs.msg import CompressedImage, Image, JointState
@@ -344,9 +345,16 @@ class PolicyNode(LifecycleNode):
         # Instruction and state first: an executor hands out ready messages in subscription order, so a state
         # that arrived together with the frame completing an observation is taken before that frame's callback
         # wakes the inference thread (which, with yield_to_inference_thread, starts at once).
-        for qos in (qos_profiles.instruction_qos(), qos_profiles.instruction_volatile_qos()):
-            self._input_subscriptions.append(self.create_subscription(
-                String, settings.instruction_topic, self._on_instruction, qos, callback_group=self._input_group))
+        # Latched and volatile publishers both reach the node (qos_profiles): a volatile publisher is incompatible
+        # with the transient-local subscription only, and its messages arrive through the volatile one, so rclpy's
+        # default "incompatible QoS: no messages will be received" warning would be wrong here and is not logged.
+        ignore_incompatible = SubscriptionEventCallbacks(incompatible_qos=lambda event: None)
+        self._input_subscriptions.append(self.create_subscription(
+            String, settings.instruction_topic, self._on_instruction, qos_profiles.instruction_qos(),
+            callback_group=self._input_group, event_callbacks=ignore_incompatible))
+        self._input_subscriptions.append(self.create_subscription(
+            String, settings.instruction_topic, self._on_instruction, qos_profiles.instruction_volatile_qos(),
+            callback_group=self._input_group))
         if settings.state_topic:
             msg_type = JointState if settings.state_type is StateInput.JOINT_STATE else Float64MultiArray
             self._input_subscriptions.append(self.create_subscription(
