@@ -189,6 +189,7 @@ class PolicyNode(LifecycleNode):
                                            handover_timeout_s=settings.inference_handover_timeout)
             self._worker.start()
             # Warm-up (and graph capture on GPU) on the inference thread: all model calls on one thread.
+            self.get_logger().info(f"model loaded: warming up ({settings.warmup_iterations} passes)")
             self._worker.run_on_thread(lambda: self._warm_up(settings))
             if settings.freeze_gc_after_configure:
                 self._gc_frozen = True
