@@ -442,6 +442,6 @@ if __name__ == "__main__":
     print(markdown_table())
 
 
-__all__ = ["CONFIGURE_PARAMETERS", "PARAMETERS", "RUNTIME_PARAMETERS", "SPECS", "Changeable", "NodeSettings", "ParamSpec", "SettingsError",
-           "StateInput", "TriggerMode", "declare_parameters", "on_set_parameters", "read_settings",
+__all__ = ["CONFIGURE_PARAMETERS", "PARAMETERS", "RUNTIME_PARAMETERS", "SPECS", "Changeable", "NodeSettings",
+           "ParamSpec", "SettingsError", "StateInput", "TriggerMode", "declare_parameters", "on_set_parameters", "read_settings",
            "parameter_value", "settings_from_values", "validate", "markdown_table"]

@@ -5,17 +5,22 @@ Lifecycle (REP-2003 style, as in ros2/demos lifecycle_py):
 - ``on_configure``: read parameters (NodeSettings), load the model through flashrt_core, warm it up (and
   capture, on GPU), start the inference thread, create the (inactive) output publishers.
   Any failure -> FAILURE with a log naming the problem; everything half-built is released and the node stays
-  unconfigured, ready to be configured again.
-- ``on_activate``: counters and sequence reset, subscriptions created, outputs live, inference enabled.
+  unconfigured, ready to be configured again. SIGINT during it: the configure stops at its next step and the
+  process exits quietly (``ShuttingDown``).
+- ``on_activate``: counters and sequence reset, subscriptions created, the input watchdog started
+  (flashrt_ros.input_watchdog: silent cameras, rejected frames, pairing stalls, stale state), outputs live,
+  inference enabled.
 - ``on_deactivate``: inference disabled first (nothing computed before is published later), subscriptions
   destroyed, outputs inactive.
 - ``on_cleanup``: inference thread stopped, model closed (weights and GPU memory released), publishers destroyed.
 - ``on_shutdown`` / ``on_error``: release whatever exists, from any state.
+- ``autostart`` parameter: configure, then activate, once after start-up (the launch file sets it).
 
 Data path: subscription callbacks do O(1) checks and hand the message to the ObservationBuffer (pairing by
 stamp, newest complete observation only); the InferenceWorker thread converts the images of that one
 observation, runs ``policy.predict`` and publishes. /diagnostics and ~/status are published every
-``diagnostics_period`` in every lifecycle state.
+``diagnostics_period`` in every lifecycle state, and at once when an input fault appears or clears. Every log
+line that input can cause is throttled and bounded (flashrt_ros.node_logging).
 """
 
 from __future__ import annotations
