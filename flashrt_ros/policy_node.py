@@ -714,8 +714,8 @@ class PolicyNode(LifecycleNode):
                 self._log.warning(f"fault:{fault.key}", fault.message)
         for fault in self._faults:
             if fault.key not in after:
-                self._log.info(f"recovered:{fault.key}", f"recovered: {fault.message.split(':')[0]} "
-                               f"({fault.kind.value.replace('_', ' ')} over)")
+                self._log.info(f"recovered:{fault.key}",
+                               f"recovered: {fault.subject}: {fault.kind.value.replace('_', ' ')} over")
         self._faults = faults
         if before != after:
             self._publish_diagnostics()

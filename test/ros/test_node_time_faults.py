@@ -102,7 +102,7 @@ def test_frames_that_never_pair_are_a_pairing_stall_until_the_clocks_agree(activ
         assert log.count("no complete observation") == 1                # logged once
         stream.offsets_s[1] = 0.003                                      # the clocks agree again
         assert wait_until(lambda: h.chunks and latest(h)[2].get("input_faults") == "", timeout_s=CHUNK_TIMEOUT_S)
-    assert wait_until(lambda: log.count("recovered") >= 1)
+    assert wait_until(lambda: log.count("recovered: cameras: pairing stall over") == 1)
     assert latest(h)[2]["faults_pairing_stall"] == "1"
 
 
