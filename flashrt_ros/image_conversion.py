@@ -5,10 +5,11 @@ the frames that reach the policy (on the inference thread):
 
 - ``check_image(msg)``: O(1) checks of encoding, sizes and buffer length (raw), or format and framing
   (compressed: a JPEG must start with its SOI marker and end with its EOI marker, a PNG must start with its
-  signature and end with its IEND chunk). The framing check rejects truncated or zero-filled data before
-  libjpeg sees it: libjpeg reports such data with a warning line written straight to stderr, outside the ROS
-  logger, for every frame. Data that is corrupt between intact markers still reaches the decoder.
-- ``to_rgb(msg)``: the conversion (zero-copy view for rgb8 when possible, cv2 for the rest).
+  signature and end with its IEND chunk), so truncated or zero-filled data is rejected without decoding.
+- ``to_rgb(msg, decoder_messages)``: the conversion (zero-copy view for rgb8 when possible, cv2 for the rest).
+  libjpeg and libpng report corrupt data with warning lines written straight to stderr, outside any logger;
+  ``to_rgb`` takes them (flashrt_ros.stderr_capture) and hands them to the caller in ``decoder_messages``, so the
+  node logs them through ROS, throttled.
 
 Both raise ``ImageConversionError`` (a ValueError) with a message naming the problem.
 Duck-typed on the message fields, so rclpy messages and rosbags messages both work.
@@ -20,6 +21,8 @@ import enum
 
 import cv2
 import numpy as np
+
+from flashrt_ros.stderr_capture import capture_stderr
 
 # Largest side accepted, to reject garbage sizes before allocating anything.
 MAX_IMAGE_SIDE = 16384
@@ -59,6 +62,10 @@ JPEG_EOI_SEARCH = 32        # bytes at the end searched for EOI (some encoders p
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PNG_IEND = b"IEND"
 PNG_IEND_SEARCH = 16
+# Beginnings of the warning lines libjpeg (jerror.h) and libpng write to stderr while decoding
+DECODER_MESSAGE_PREFIXES = ("Corrupt JPEG data", "Premature end of JPEG file", "Invalid SOS parameters",
+                            "Inconsistent progression sequence", "Warning: unknown JFIF revision",
+                            "Warning: thumbnail image size", "libpng warning", "libpng error")
 
 
 def is_compressed(msg) -> bool:
@@ -86,11 +93,12 @@ def check_image(msg) -> None:
             f"image data has {len(msg.data)} bytes, expected step*height = {step * height}")
 
 
-def to_rgb(msg) -> np.ndarray:
-    """Convert an Image or CompressedImage message to an HxWx3 uint8 RGB array."""
+def to_rgb(msg, decoder_messages: list[str] | None = None) -> np.ndarray:
+    """Convert an Image or CompressedImage message to an HxWx3 uint8 RGB array. The decoder's warning lines
+    (corrupt JPEG data) are appended to ``decoder_messages`` when given, never written to stderr."""
     check_image(msg)
     if is_compressed(msg):
-        return _decode_compressed(msg)
+        return _decode_compressed(msg, decoder_messages)
     return _convert_raw(msg)
 
 
@@ -117,11 +125,15 @@ def _check_framing(kind: str, data) -> None:
                                    "truncated or not jpeg")
 
 
-def _decode_compressed(msg) -> np.ndarray:
+def _decode_compressed(msg, decoder_messages: list[str] | None) -> np.ndarray:
     buffer = np.frombuffer(msg.data, dtype=np.uint8)
-    decoded = cv2.imdecode(buffer, cv2.IMREAD_COLOR)       # HxWx3 BGR, None when corrupt
+    with capture_stderr(DECODER_MESSAGE_PREFIXES) as lines:
+        decoded = cv2.imdecode(buffer, cv2.IMREAD_COLOR)   # HxWx3 BGR, None when corrupt
+    if decoder_messages is not None:
+        decoder_messages.extend(lines)
     if decoded is None or decoded.size == 0:
-        raise ImageConversionError(f"cannot decode {_compressed_kind(msg.format)} data ({buffer.size} bytes)")
+        reason = f": {lines[-1]}" if lines else ""
+        raise ImageConversionError(f"cannot decode {_compressed_kind(msg.format)} data ({buffer.size} bytes){reason}")
     return cv2.cvtColor(decoded, cv2.COLOR_BGR2RGB)
 
 

@@ -562,13 +562,16 @@ class PolicyNode(LifecycleNode):
         images = {}
         for index, (view, frame, topic) in enumerate(zip(self._view_names, observation.frames,
                                                          settings.camera_topics)):
+            decoder_messages: list[str] = []
             try:
-                images[view] = to_rgb(frame.payload)
+                images[view] = to_rgb(frame.payload, decoder_messages)
             except ImageConversionError as error:
                 self._report_decoding(index, f"{topic}: {error}")
                 self._reject("bad_image", f"{topic}: {error}")
                 return None
             self._report_decoding(index, None)
+            for line in decoder_messages:      # libjpeg's warnings about a frame it still decoded
+                self._log.warning(f"decoder:{topic}", f"{topic}: {line}")
         return InferenceJob(observation, images, prompt, state, taken_ns=now_ns)
 
     def _report_decoding(self, index: int, error: str | None) -> None:

@@ -106,13 +106,37 @@ def test_truncated_compressed_images_fail_the_cheap_check_before_any_decoder_see
     assert capfd.readouterr().err == ""
 
 
-def test_corrupt_jpeg_with_intact_markers_passes_the_cheap_check_but_fails_decoding():
+def test_corrupt_jpeg_with_intact_markers_passes_the_cheap_check_but_fails_decoding(capfd):
+    """libjpeg's warning line is taken from stderr and becomes part of the error."""
     ok, encoded = cv2.imencode(".jpg", smooth_rgb())
     data = encoded.tobytes()
     corrupt = CompressedImage(format="jpeg", data=data[:40] + bytes(200) + data[-2:])
     check_image(corrupt)
-    with pytest.raises(ImageConversionError, match="cannot decode jpeg"):
+    with pytest.raises(ImageConversionError, match="cannot decode jpeg data .* Corrupt JPEG data"):
         to_rgb(corrupt)
+    assert capfd.readouterr().err == ""
+
+
+def test_libjpeg_warnings_about_a_frame_it_still_decodes_go_to_the_caller_not_stderr(capfd):
+    from flashrt_ros.image_conversion import DECODER_MESSAGE_PREFIXES
+    ok, encoded = cv2.imencode(".jpg", smooth_rgb())
+    data = encoded.tobytes()
+    padded = CompressedImage(format="jpeg", data=data[:len(data) // 2] + bytes(10) + data[len(data) // 2:])
+    messages = []
+    assert to_rgb(padded, messages).shape == smooth_rgb().shape
+    assert len(messages) == 1 and messages[0].startswith(DECODER_MESSAGE_PREFIXES), messages
+    to_rgb(padded)                                        # without a list: taken from stderr all the same
+    assert capfd.readouterr().err == ""
+
+
+def test_other_stderr_output_during_a_capture_passes_through(capfd):
+    import os
+
+    from flashrt_ros.stderr_capture import capture_stderr
+    with capture_stderr(("Corrupt JPEG data",)) as lines:
+        os.write(2, b"[INFO] another thread's log line\nCorrupt JPEG data: 3 extraneous bytes\npartial")
+    assert lines == ["Corrupt JPEG data: 3 extraneous bytes"]
+    assert capfd.readouterr().err == "[INFO] another thread's log line\npartial"
 
 
 def test_rgb_to_image_fields_round_trips():

@@ -26,6 +26,7 @@ class InputStream:
         self.offsets_s = list(offsets_s)
         self.cameras = set(range(len(harness.camera_publishers)))
         self.bad_cameras: set[int] = set()        # these send an image of an unsupported encoding
+        self.images: dict = {}                    # camera -> the message it sends (restamped) instead of a pattern
         self.send_state = True
         self.nan_state = False                    # True: every state sent is NaN (invalid)
         self.period_s = 1.0 / rate_hz
@@ -48,7 +49,7 @@ class InputStream:
                 values = [math.nan] * h.node.policy.state_dim if self.nan_state else None
                 h.send_state(now, values)
             for camera in sorted(self.cameras):
-                image = None
+                image = self.images.get(camera)
                 if camera in self.bad_cameras:
                     image = Image(height=4, width=4, encoding="yuv422", step=8, data=bytes(32))
                 h.send_frame(camera, now + int(round(self.offsets_s[camera] * 1e9)), image)

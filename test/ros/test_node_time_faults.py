@@ -7,9 +7,12 @@ from __future__ import annotations
 import re
 import time
 
+import cv2
+import numpy as np
 import pytest
 from diagnostic_msgs.msg import DiagnosticStatus
 from rclpy.time import Time
+from sensor_msgs.msg import CompressedImage
 
 from test.ros.node_harness import BorrowedPolicy, NodeHarness, shared_policy, wait_until
 from test.ros.node_streams import InputStream, RosoutLines, seconds_since
@@ -26,8 +29,8 @@ DETECTION_SLACK_S = 0.7         # watchdog period, diagnostics transport and pol
 def active_harness():
     created = []
 
-    def make(parameters=None):
-        harness = NodeHarness(parameters, policy_factory=lambda s: BorrowedPolicy(shared_policy()))
+    def make(parameters=None, **kwargs):
+        harness = NodeHarness(parameters, policy_factory=lambda s: BorrowedPolicy(shared_policy()), **kwargs)
         created.append(harness)
         assert harness.lifecycle.change("configure") and harness.lifecycle.change("activate")
         harness.wait_for_subscribers()
@@ -73,7 +76,8 @@ def test_stamps_from_the_future_are_rejected_beyond_the_tolerance_and_used_withi
     h.send_state(h.now_ns() + 10_000 * MS)                                 # a JointState from the future
     assert wait_until(lambda: h.node._statistics.snapshot().rejected.get("future_stamp") == 3)
     assert wait_until(lambda: "in the future" in latest(h)[1] and latest(h)[0] >= DiagnosticStatus.WARN)
-    assert int(latest(h)[2]["frames_future_stamped_in_window"]) == 2 and latest(h)[2]["rejected_future_stamp"] == "3"
+    assert wait_until(lambda: latest(h)[2].get("frames_future_stamped_in_window") == "2"
+                      and latest(h)[2].get("rejected_future_stamp") == "3", timeout_s=5.0), latest(h)[2]
     assert not h.chunks
     # within the tolerance: used as stamped; the +10 s frame left no trace in the buffer (no time reset)
     now = h.now_ns()
@@ -139,6 +143,32 @@ def test_a_camera_whose_every_frame_is_rejected_is_an_error_naming_the_reason(ac
         count = len(h.chunks)
         time.sleep(0.5)
         assert len(h.chunks) <= count + 1, "no chunks while camera 1 sends only bad frames"   # one may be in flight
+
+
+def test_a_compressed_camera_whose_frames_fail_to_decode_is_an_error_logged_through_ros(active_harness, capfd):
+    """JPEGs with intact markers but corrupt data pass the cheap check, pair, and fail to decode on the inference
+    thread: libjpeg's own stderr line becomes part of the reason in /diagnostics and the (throttled) ROS log."""
+    h = active_harness({"camera_timeout": LIMIT_S}, cameras=("camera_0/image_raw", "camera_1/image_raw/compressed"))
+    log = RosoutLines(h)
+    ok, encoded = cv2.imencode(".jpg", np.full((120, 160, 3), 90, np.uint8))
+    data = encoded.tobytes()
+    h.send_instruction()
+    stream = InputStream(h)
+    stream.images[1] = CompressedImage(format="jpeg", data=data[:40] + bytes(200) + data[-2:])
+    with stream:
+        assert wait_until(lambda: latest(h)[0] == DiagnosticStatus.ERROR
+                          and "camera_1/image_raw/compressed: its frames fail to decode" in latest(h)[1],
+                          timeout_s=10.0), latest(h)[1]
+        assert "Corrupt JPEG data" in latest(h)[1] and not h.chunks
+        assert int(latest(h)[2]["rejected_bad_image"]) >= 1
+    def lines_starting(prefix: str) -> int:
+        return sum(line.startswith(prefix) for line in log.with_text(prefix))
+
+    rejected, fault = ("camera_1/image_raw/compressed: cannot decode jpeg data",
+                       "camera_1/image_raw/compressed: its frames fail to decode")
+    assert wait_until(lambda: lines_starting(rejected) >= 1 and lines_starting(fault) >= 1)
+    assert lines_starting(rejected) == 1 and lines_starting(fault) == 1, log.with_text("decode")   # throttled
+    assert not [line for line in capfd.readouterr().err.splitlines() if line.startswith("Corrupt JPEG data")]
 
 
 def test_no_chunk_from_a_state_older_than_max_state_age(active_harness):
