@@ -4,7 +4,8 @@ Pure Python (no rclpy): the node reports each frame (received, accepted or rejec
 whether the inference thread could decode it), each completed observation and its newest valid state; a timer
 calls ``check`` and turns the faults into /diagnostics, logs and counters. Times are seconds of the node clock
 (ROS time: under use_sim_time the bag's clock, so a slowed-down replay is judged at the bag's pace and a paused one
-raises no fault); the clock going backwards (a looping bag) starts the watch afresh.
+raises no fault); the clock going backwards (a looping bag), or starting (sim time reads 0 until the first /clock),
+starts the watch afresh.
 
 Faults (each one means no chunk can be computed; ``check`` returns every one that holds):
 
@@ -79,10 +80,12 @@ class InputWatchdog:
         self._lock = threading.Lock()
         self.reset(0.0)
 
-    def reset(self, now_s: float) -> None:
-        """Start watching afresh (activation): every limit counts from ``now_s``."""
+    def reset(self, now_s: float | None) -> None:
+        """Start watching afresh (activation): every limit counts from ``now_s``; None: the clock has not started
+        (sim time before the first /clock), the limits count from the first check."""
         with self._lock:
-            self._since_s = self._checked_s = now_s
+            self._since_s: float | None = now_s
+            self._checked_s = now_s if now_s is not None else float("-inf")
             self._cameras = [_Camera() for _ in self.camera_topics]
             self._completed_s: float | None = None
 
@@ -120,8 +123,8 @@ class InputWatchdog:
               state_age_s: float | None = None) -> tuple[Fault, ...]:
         """The faults that hold at ``now_s``. ``state_age_s``: age of the newest valid state on the node clock,
         None when there is none (only looked at with a ``state_topic``)."""
-        if now_s < self._checked_s:
-            self.reset(now_s)            # time went backwards: what was seen before is from another timeline
+        if self._since_s is None or now_s < self._checked_s:
+            self.reset(now_s)            # the clock started, or went backwards: another timeline
         with self._lock:
             self._checked_s = now_s
             faults = []
@@ -141,10 +144,10 @@ class InputWatchdog:
             return tuple(faults)
 
     def _camera_fault(self, topic: str, camera: _Camera, now_s: float, timeout_s: float) -> Fault | None:
-        if now_s - max(camera.received_s or self._since_s, self._since_s) > timeout_s:
+        if now_s - _latest(camera.received_s, self._since_s) > timeout_s:
             what = "since activation" if camera.received_s is None else f"for {now_s - camera.received_s:.2f} s"
             return Fault(FaultKind.CAMERA_SILENT, topic, f"{topic}: no frame {what} (camera_timeout {timeout_s} s)")
-        last_usable = max(camera.accepted_s or self._since_s, self._since_s)
+        last_usable = _latest(camera.accepted_s, self._since_s)
         if now_s - last_usable > timeout_s:
             return Fault(FaultKind.CAMERA_REJECTED, topic, f"{topic}: every frame of the last {timeout_s} s "
                          f"rejected (last: {camera.rejected_reason or 'unknown reason'})")
@@ -160,7 +163,7 @@ class InputWatchdog:
         usable_since = [camera.usable_since_s for camera in self._cameras]
         if None in stamps or None in usable_since:
             return None
-        since = max(self._completed_s or self._since_s, self._since_s, *usable_since)
+        since = _latest(self._completed_s, self._since_s, *usable_since)
         if now_s - since <= limits.pairing_timeout_s:
             return None
         oldest = min(stamps)
@@ -179,6 +182,11 @@ class InputWatchdog:
             return Fault(FaultKind.STATE_STALE, topic, f"{topic}: newest valid state is {age_s:.2f} s old "
                          f"(max_state_age {max_age_s} s)")
         return None
+
+
+def _latest(*times: float | None) -> float:
+    """The latest of the times given (None: not seen)."""
+    return max(t for t in times if t is not None)
 
 
 __all__ = ["Fault", "FaultKind", "InputWatchdog", "WatchLimits"]

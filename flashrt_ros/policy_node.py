@@ -238,7 +238,8 @@ class PolicyNode(LifecycleNode):
             self._trigger_timer = self.create_timer(1.0 / settings.inference_rate_hz, self._worker.notify,
                                                     callback_group=self._timer_group)
         self._faults = ()
-        self._watchdog.reset(self._clock_s())
+        now_s = self._clock_s()
+        self._watchdog.reset(now_s if now_s > 0.0 else None)      # 0: sim time before the first /clock
         shortest = min(settings.camera_timeout, settings.pairing_timeout, settings.max_state_age)
         low, high = WATCH_PERIOD_LIMITS_S
         self._watch_timer = self.create_timer(min(max(shortest / 5.0, low), high), self._watch_inputs,
@@ -428,7 +429,7 @@ class PolicyNode(LifecycleNode):
             self._reject_frame(index, "bad_image", f"{topic}: {error}")
             return
         stamp_ns = Time.from_msg(msg.header.stamp).nanoseconds
-        if stamp_ns - now_ns > seconds_to_ns(settings.max_future_stamp):
+        if now_ns > 0 and stamp_ns - now_ns > seconds_to_ns(settings.max_future_stamp):   # 0: no /clock yet
             ahead_s = (stamp_ns - now_ns) * 1e-9
             self._statistics.record_future_stamp(ahead_s)
             self._reject_frame(index, "future_stamp", f"{topic}: frame stamped {ahead_s:.3f} s in the future "
@@ -504,8 +505,9 @@ class PolicyNode(LifecycleNode):
     def _state_sample(self, msg, settings: NodeSettings) -> StateSample:
         if settings.state_type is StateInput.JOINT_STATE:
             stamp_ns = Time.from_msg(msg.header.stamp).nanoseconds
-            ahead_ns = stamp_ns - self.get_clock().now().nanoseconds
-            if ahead_ns > seconds_to_ns(settings.max_future_stamp):
+            now_ns = self.get_clock().now().nanoseconds
+            ahead_ns = stamp_ns - now_ns
+            if now_ns > 0 and ahead_ns > seconds_to_ns(settings.max_future_stamp):   # 0: no /clock yet
                 raise FutureStampError(f"JointState stamped {ahead_ns * 1e-9:.3f} s in the future "
                                        f"(max_future_stamp {settings.max_future_stamp} s)")
             if len(msg.position) != len(msg.name):

@@ -98,3 +98,12 @@ def test_a_camera_back_from_silence_gets_a_full_pairing_timeout_and_time_going_b
     feed(watchdog, 1.45, completed=False)
     assert kinds(watchdog.check(1.45, LIMITS)) == [(FaultKind.PAIRING_STALL, "cameras")]
     assert watchdog.check(0.2, LIMITS) == ()          # a looping bag: the clock went back, the watch restarts
+
+
+def test_the_watch_starts_with_the_clock_under_sim_time():
+    """Activated before the first /clock (sim time reads 0): the limits count from the first time seen."""
+    watchdog = InputWatchdog(TOPICS)
+    watchdog.reset(None)
+    assert watchdog.check(1_767_225_600.0, LIMITS, "joint_states", None) == ()
+    faults = watchdog.check(1_767_225_600.6, LIMITS, "joint_states", None)
+    assert kinds(faults)[0] == (FaultKind.CAMERA_SILENT, "cam0") and "since activation" in faults[0].message

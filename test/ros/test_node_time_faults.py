@@ -192,3 +192,21 @@ def test_no_chunk_from_a_state_older_than_max_state_age(active_harness):
         assert wait_until(lambda: len(h.chunks) > count + 1, timeout_s=CHUNK_TIMEOUT_S), "chunks resume"
     for chunk in h.chunks:                          # each chunk's state was at most max_state_age old at its start
         assert ns(chunk.header.stamp) - ns(chunk.state_stamp) <= LIMIT_S * 1e9, chunk.sequence
+
+
+def test_under_sim_time_the_watch_follows_the_bag_clock(active_harness):
+    """Activated before the first /clock, with a paused clock: no fault (no time passed); the limits count on the
+    bag's clock once it runs, and no frame is 'from the future' before /clock starts."""
+    h = active_harness({"use_sim_time": True, "camera_timeout": LIMIT_S, "pairing_timeout": LIMIT_S,
+                        "max_state_age": LIMIT_S})
+    h.send_instruction()
+    sim = 1_767_225_600 * 1_000_000_000
+    h.send_observation(sim, offsets_ns=(0, 0))                 # before any /clock: the node clock reads 0
+    assert wait_until(lambda: h.node._buffer.counters().completed == 1)
+    assert "future_stamp" not in h.node._statistics.snapshot().rejected
+    assert wait_until(lambda: (h.send_clock(sim) or True) and h.node.get_clock().now().nanoseconds == sim)
+    time.sleep(1.0)                                            # wall time passes, the bag's clock stands still
+    assert h.node._faults == ()
+    late = sim + 2 * int(LIMIT_S * 1e9)                        # the bag's clock runs on, no input
+    assert wait_until(lambda: (h.send_clock(late) or True) and h.node._faults, timeout_s=10.0)
+    assert {fault.kind.value for fault in h.node._faults} == {"camera_silent", "state_stale"}
