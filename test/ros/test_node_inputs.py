@@ -60,7 +60,7 @@ def test_bad_and_stale_inputs_are_skipped_counted_and_the_node_keeps_working(act
     assert wait_until(lambda: h.node._statistics.snapshot().rejected.get("bad_state") == 2
                       and h.node._statistics.snapshot().rejected.get("bad_image") == 2)
     assert h.node._state is None
-    # a corrupt jpeg passes the cheap check, pairs, and fails decoding on the inference thread
+    # a truncated jpeg (no end marker) fails the cheap check in the callback, before any decoder sees it
     h.send_state(now)
     now = h.now_ns()
     h.send_frame(0, now)
