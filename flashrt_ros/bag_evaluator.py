@@ -8,7 +8,9 @@ No DDS and no timing noise: the bag is read in receive-time order and fed throug
   out-of-order / stale / time-jump rules), with "now" = the bag's receive time of each message, which is what the
   node's clock reads when the bag is replayed with /clock;
 - frames are checked and decoded by ``flashrt_ros.image_conversion`` (a corrupt frame is a counted rejection);
-- the state is the newest valid sample received before the observation is taken (the node's rule);
+- a frame or JointState stamped more than ``max_future_stamp`` after its receive time is rejected (the node's rule);
+- the state is the newest valid sample received before the observation is taken, and an observation whose state
+  is older than ``max_state_age`` then is skipped (the node's rules);
 - the flow noise is pinned per observation: ``flashrt_ros.pinned_noise.observation_noise(seed, stamp)``, the
   node's own rule when its ``noise_seed`` parameter is >= 0.
 
@@ -184,6 +186,7 @@ class _Evaluator:
         self.state_topic = absolute_topic(settings.state_topic, namespace) if settings.state_topic else ""
         self.buffer: ObservationBuffer = ObservationBuffer(self.view_names, seconds_to_ns(settings.sync_slop),
                                                            seconds_to_ns(settings.max_observation_age))
+        self.max_future_ns = seconds_to_ns(settings.max_future_stamp)
         self.instruction: str | None = None
         self.state: tuple[int, np.ndarray] | None = None
         self.result = Evaluation()
@@ -209,6 +212,9 @@ class _Evaluator:
             except ValueError:
                 self.result.rejected["bad_state"] += 1
                 return
+            if _stamp_ns(msg.header.stamp) - receive_ns > self.max_future_ns:
+                self.result.rejected["future_stamp"] += 1
+                return
             first, self.state = self.state is None, (_stamp_ns(msg.header.stamp), values)
             if first:
                 self._take(receive_ns)
@@ -220,6 +226,9 @@ class _Evaluator:
         except ImageConversionError:
             self.result.rejected["bad_image"] += 1
             return
+        if _stamp_ns(msg.header.stamp) - receive_ns > self.max_future_ns:
+            self.result.rejected["future_stamp"] += 1
+            return
         added = self.buffer.add_frame(self.camera_index[topic], _stamp_ns(msg.header.stamp), msg, receive_ns)
         if added in (AddResult.COMPLETED, AddResult.RESET):
             self._take(receive_ns)
@@ -230,8 +239,12 @@ class _Evaluator:
             return  # the observation stays pending, as in the node, until the missing input arrives
         self.buffer.note_time(now_ns)
         observation = self.buffer.take(now_ns)
-        if observation is not None:
-            self._infer(observation, prompt, now_ns)
+        if observation is None:
+            return
+        if self.state_topic and now_ns - self.state[0] > seconds_to_ns(self.settings.max_state_age):
+            self.result.rejected["stale_state"] += 1
+            return
+        self._infer(observation, prompt, now_ns)
 
     def _infer(self, observation: Observation, prompt: str, now_ns: int) -> None:
         try:

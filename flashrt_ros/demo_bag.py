@@ -13,7 +13,8 @@ Header stamps are capture times (with jitter); the bag's receive timestamps are 
 as a recorder on the robot would see them. Faults (``--faults``) that a policy node must survive:
 
 - the wrist camera drops out for a while (no frames at all),
-- out-of-order stamps: some base-camera frames arrive with a stamp older than the previous frame's,
+- out-of-order delivery: some base-camera frames arrive late, just after the next frame, so their stamp is older
+  than the previous frame's (their stamps stay true capture times: none lies in the future),
 - a corrupt JPEG frame (a truncated transfer that no decoder can read).
 
 What was generated, including the exact faults, is written as JSON into the bag's ``custom_data`` under
@@ -72,7 +73,7 @@ class DemoBagConfig:
     # Faults (used when ``faults`` is True).
     faults: bool = False
     dropout_s: tuple[float, float] = (1.5, 2.1)  # wrist camera publishes nothing in [start, end)
-    out_of_order_frames: tuple[int, ...] = (20, 50)  # base frame k+1 gets a stamp older than frame k
+    out_of_order_frames: tuple[int, ...] = (20, 50)  # base frame k arrives after frame k+1
     corrupt_frames: tuple[int, ...] = (40,)  # wrist frame indices replaced by a truncated JPEG
 
     def __post_init__(self) -> None:
@@ -195,19 +196,19 @@ def build_messages(cfg: DemoBagConfig) -> tuple[list[_Message], Manifest]:
 
     # Base camera: raw rgb8 Image.
     base_stamps = _camera_stamps(cfg, rng, phase_s=0.0)
-    header_stamps = base_stamps.copy()
-    out_of_order = []
+    base_log_ns = [log_time(capture, cfg.raw_latency_s) for capture in base_stamps]
+    out_of_order = []      # positions, in arrival order, of the frames whose stamp is older than the previous one's
     if cfg.faults:
         for k in cfg.out_of_order_frames:
-            if k + 1 < len(header_stamps):
-                header_stamps[[k, k + 1]] = header_stamps[[k + 1, k]]  # frame k+1 now carries the older stamp
+            if k + 1 < len(base_stamps):
+                base_log_ns[k] = base_log_ns[k + 1] + 1_000     # frame k is delivered late, 1 us after frame k+1
                 out_of_order.append(k + 1)
     for k, capture in enumerate(base_stamps):
         rgb = render_view(capture, cfg.width, cfg.height, center=(0.5, 0.5), zoom=1.0, background=background)
-        msg = image_type(header=_header(store, t0 + int(round(header_stamps[k] * 1e9)), "base_camera"),
+        msg = image_type(header=_header(store, t0 + int(round(capture * 1e9)), "base_camera"),
                          height=cfg.height, width=cfg.width, encoding="rgb8", is_bigendian=0,
                          step=cfg.width * 3, data=rgb.reshape(-1))
-        msgs.append(_Message(BASE_CAMERA_TOPIC, log_time(capture, cfg.raw_latency_s),
+        msgs.append(_Message(BASE_CAMERA_TOPIC, base_log_ns[k],
                              bytes(store.serialize_cdr(msg, image_type.__msgtype__))))
 
     # Wrist camera: JPEG CompressedImage, following the gripper, with dropout and corrupt frames.

@@ -3,8 +3,13 @@
 Two steps, so the node can reject bad frames cheaply in the subscription callback and decode only
 the frames that reach the policy (on the inference thread):
 
-- ``check_image(msg)``: O(1) checks of encoding, sizes and buffer length (raw) or format (compressed).
-- ``to_rgb(msg)``: the conversion (zero-copy view for rgb8 when possible, cv2 for the rest).
+- ``check_image(msg)``: O(1) checks of encoding, sizes and buffer length (raw), or format and framing
+  (compressed: a JPEG must start with its SOI marker and end with its EOI marker, a PNG must start with its
+  signature and end with its IEND chunk), so truncated or zero-filled data is rejected without decoding.
+- ``to_rgb(msg, decoder_messages)``: the conversion (zero-copy view for rgb8 when possible, cv2 for the rest).
+  libjpeg and libpng report corrupt data with warning lines written straight to stderr, outside any logger;
+  ``to_rgb`` takes them (flashrt_ros.stderr_capture) and hands them to the caller in ``decoder_messages``, so the
+  node logs them through ROS, throttled.
 
 Both raise ``ImageConversionError`` (a ValueError) with a message naming the problem.
 Duck-typed on the message fields, so rclpy messages and rosbags messages both work.
@@ -16,6 +21,8 @@ import enum
 
 import cv2
 import numpy as np
+
+from flashrt_ros.stderr_capture import capture_stderr
 
 # Largest side accepted, to reject garbage sizes before allocating anything.
 MAX_IMAGE_SIDE = 16384
@@ -50,6 +57,15 @@ class RawEncoding(enum.Enum):
 
 
 COMPRESSED_FORMATS = ("jpeg", "jpg", "png")
+JPEG_SOI, JPEG_EOI = b"\xff\xd8", b"\xff\xd9"
+JPEG_EOI_SEARCH = 32        # bytes at the end searched for EOI (some encoders pad after it)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_IEND = b"IEND"
+PNG_IEND_SEARCH = 16
+# Beginnings of the warning lines libjpeg (jerror.h) and libpng write to stderr while decoding
+DECODER_MESSAGE_PREFIXES = ("Corrupt JPEG data", "Premature end of JPEG file", "Invalid SOS parameters",
+                            "Inconsistent progression sequence", "Warning: unknown JFIF revision",
+                            "Warning: thumbnail image size", "libpng warning", "libpng error")
 
 
 def is_compressed(msg) -> bool:
@@ -60,9 +76,10 @@ def is_compressed(msg) -> bool:
 def check_image(msg) -> None:
     """Cheap validity checks without decoding; raises ImageConversionError."""
     if is_compressed(msg):
-        _compressed_kind(msg.format)
+        kind = _compressed_kind(msg.format)
         if len(msg.data) == 0:
             raise ImageConversionError("compressed image has no data")
+        _check_framing(kind, msg.data)
         return
     encoding = RawEncoding.parse(msg.encoding)
     height, width, step = int(msg.height), int(msg.width), int(msg.step)
@@ -76,11 +93,12 @@ def check_image(msg) -> None:
             f"image data has {len(msg.data)} bytes, expected step*height = {step * height}")
 
 
-def to_rgb(msg) -> np.ndarray:
-    """Convert an Image or CompressedImage message to an HxWx3 uint8 RGB array."""
+def to_rgb(msg, decoder_messages: list[str] | None = None) -> np.ndarray:
+    """Convert an Image or CompressedImage message to an HxWx3 uint8 RGB array. The decoder's warning lines
+    (corrupt JPEG data) are appended to ``decoder_messages`` when given, never written to stderr."""
     check_image(msg)
     if is_compressed(msg):
-        return _decode_compressed(msg)
+        return _decode_compressed(msg, decoder_messages)
     return _convert_raw(msg)
 
 
@@ -93,11 +111,29 @@ def _compressed_kind(fmt: str) -> str:
     raise ImageConversionError(f"unsupported compressed format {fmt!r}; supported: jpeg, png")
 
 
-def _decode_compressed(msg) -> np.ndarray:
+def _check_framing(kind: str, data) -> None:
+    """The start and end markers of a compressed image (O(1): a few bytes at each end)."""
+    size = len(data)
+    head, tail = bytes(data[:8]), bytes(data[max(0, size - max(JPEG_EOI_SEARCH, PNG_IEND_SEARCH)):])
+    if kind == "png":
+        if not head.startswith(PNG_SIGNATURE) or PNG_IEND not in tail[-PNG_IEND_SEARCH:]:
+            raise ImageConversionError(f"png data ({size} bytes) lacks its signature or IEND chunk: truncated "
+                                       "or not png")
+        return
+    if not head.startswith(JPEG_SOI) or JPEG_EOI not in tail[-JPEG_EOI_SEARCH:]:
+        raise ImageConversionError(f"jpeg data ({size} bytes) lacks its start (SOI) or end (EOI) marker: "
+                                   "truncated or not jpeg")
+
+
+def _decode_compressed(msg, decoder_messages: list[str] | None) -> np.ndarray:
     buffer = np.frombuffer(msg.data, dtype=np.uint8)
-    decoded = cv2.imdecode(buffer, cv2.IMREAD_COLOR)       # HxWx3 BGR, None when corrupt
+    with capture_stderr(DECODER_MESSAGE_PREFIXES) as lines:
+        decoded = cv2.imdecode(buffer, cv2.IMREAD_COLOR)   # HxWx3 BGR, None when corrupt
+    if decoder_messages is not None:
+        decoder_messages.extend(lines)
     if decoded is None or decoded.size == 0:
-        raise ImageConversionError(f"cannot decode {_compressed_kind(msg.format)} data ({buffer.size} bytes)")
+        reason = f": {lines[-1]}" if lines else ""
+        raise ImageConversionError(f"cannot decode {_compressed_kind(msg.format)} data ({buffer.size} bytes){reason}")
     return cv2.cvtColor(decoded, cv2.COLOR_BGR2RGB)
 
 

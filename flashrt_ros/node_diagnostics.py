@@ -19,6 +19,8 @@ import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
 from flashrt_ros.gc_pauses import GcPauses
+from flashrt_ros.input_watchdog import Fault
+from flashrt_ros.node_logging import quoted
 from flashrt_ros.observation_buffer import BufferCounters
 
 HARDWARE_ID = "flashrt_policy"
@@ -88,6 +90,9 @@ class StatisticsSnapshot:
     rejected: dict[str, int]                # reason -> count (bad frames, NaN state, ...)
     last_error: str
     window_s: float
+    future_stamps: Summary = Summary()      # how far ahead [s] the frames rejected for future stamps were
+    faults: dict[str, int] = dataclasses.field(default_factory=dict)   # input fault kind -> times it appeared
+    instruction_changes: int = 0
 
     @property
     def inputs_rejected(self) -> int:
@@ -115,6 +120,8 @@ class NodeStatistics:
             self._input_latency = WindowedSamples(self.window_s)
             self._in_node = WindowedSamples(self.window_s)
             self._frames = {topic: WindowedSamples(self.window_s) for topic in self.camera_topics}
+            self._future = WindowedSamples(self.window_s)
+            self._faults: collections.Counter = collections.Counter()
             self._counts: collections.Counter = collections.Counter()
             self._rejected: collections.Counter = collections.Counter()
             self._last_error = ""
@@ -153,6 +160,21 @@ class NodeStatistics:
             self._rejected[reason] += 1
             self._last_error = message
 
+    def record_future_stamp(self, ahead_s: float) -> None:
+        """A frame stamped ``ahead_s`` seconds in the future was rejected (record_rejection counts it too)."""
+        with self._lock:
+            self._future.add(ahead_s, time.monotonic())
+
+    def record_fault(self, kind: str, message: str) -> None:
+        """An input fault (flashrt_ros.input_watchdog.FaultKind value) appeared."""
+        with self._lock:
+            self._faults[kind] += 1
+            self._last_error = message
+
+    def record_instruction_change(self) -> None:
+        with self._lock:
+            self._counts["instruction_changes"] += 1
+
     def set_last_error(self, message: str) -> None:
         """An error outside inference (e.g. a failed configure), shown as last_error."""
         with self._lock:
@@ -185,6 +207,9 @@ class NodeStatistics:
                 rejected=dict(self._rejected),
                 last_error=self._last_error,
                 window_s=self.window_s,
+                future_stamps=Summary.of(self._future.values(now)),
+                faults=dict(self._faults),
+                instruction_changes=self._counts["instruction_changes"],
             )
 
 
@@ -214,6 +239,9 @@ class DiagnosticsContext:
     has_instruction: bool
     heap_reuse: str = ""                    # flashrt_ros.heap_reuse state ("" before the first configure)
     handover_timeouts: int = 0              # InferenceWorker hand-over waits that ended at their timeout
+    instruction: str = ""                   # the current instruction (shown cut to a bounded length)
+    faults: tuple[Fault, ...] = ()          # input faults that hold now (flashrt_ros.input_watchdog)
+    max_future_stamp: float = 0.0           # [s] the parameter, quoted by the future-stamp warning
 
 
 def diagnostic_status(snapshot: StatisticsSnapshot, context: DiagnosticsContext) -> DiagnosticStatus:
@@ -256,12 +284,18 @@ def diagnostic_status(snapshot: StatisticsSnapshot, context: DiagnosticsContext)
         "inference_handover_timeouts": str(context.handover_timeouts),
         "inputs_rejected": str(rejected_total(snapshot, context.buffer)),
         "has_instruction": str(context.has_instruction).lower(),
+        "instruction": quoted(context.instruction) if context.instruction else "",
+        "instruction_changes": str(snapshot.instruction_changes),
+        "input_faults": "; ".join(fault.message for fault in context.faults),
+        "frames_future_stamped_in_window": str(snapshot.future_stamps.count),
         "gpu_memory": gpu_memory_text(context.device),
         "heap_reuse": context.heap_reuse or "not configured",
         "last_error": snapshot.last_error,
     }
     for reason, count in sorted(snapshot.rejected.items()):
         values[f"rejected_{reason}"] = str(count)
+    for kind, count in sorted(snapshot.faults.items()):
+        values[f"faults_{kind}"] = str(count)
     for topic, rate in snapshot.input_rates_hz.items():
         values[f"input_rate_hz[{topic}]"] = f"{rate:.2f}"
     return DiagnosticStatus(level=level, name=f"{context.node_name}: policy", message=message,
@@ -281,14 +315,17 @@ def _level(snapshot: StatisticsSnapshot, context: DiagnosticsContext) -> tuple[b
         if snapshot.last_error.startswith(TRANSITION_FAILURE_PREFIXES):
             return DiagnosticStatus.ERROR, f"{context.lifecycle_state}: {snapshot.last_error}"
         return DiagnosticStatus.OK, f"{context.lifecycle_state}: not publishing"
+    if context.faults:         # each fault stops the chunks
+        return DiagnosticStatus.ERROR, "; ".join(fault.message for fault in context.faults)
     if snapshot.staleness.count and snapshot.staleness.p99 > context.staleness_warn_threshold:
         return DiagnosticStatus.WARN, (f"staleness p99 {snapshot.staleness.p99 * 1e3:.1f} ms > threshold "
                                        f"{context.staleness_warn_threshold * 1e3:.1f} ms")
     if not context.has_instruction:
         return DiagnosticStatus.WARN, "no instruction yet"
-    dead = [topic for topic, rate in snapshot.input_rates_hz.items() if rate == 0.0]
-    if dead:
-        return DiagnosticStatus.WARN, f"no frames in the last {snapshot.window_s:.0f} s from {dead}"
+    if snapshot.future_stamps.count:
+        return DiagnosticStatus.WARN, (f"{snapshot.future_stamps.count} frames stamped up to "
+                                       f"{snapshot.future_stamps.max:.3f} s in the future rejected in the last "
+                                       f"{snapshot.window_s:.0f} s (max_future_stamp {context.max_future_stamp} s)")
     if snapshot.inference_errors:
         return DiagnosticStatus.WARN, f"{snapshot.inference_errors} inference errors: {snapshot.last_error}"
     return DiagnosticStatus.OK, f"active: {snapshot.chunks_published} chunks"

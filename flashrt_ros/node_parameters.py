@@ -1,11 +1,15 @@
 """Every parameter of the policy node, declared in one place, validated, converted once to NodeSettings.
 
-- ``PARAMETERS``: one ``ParamSpec`` per parameter (default, description, range or choices, read_only).
-  read_only marks what a change would need a new configure for; ROS fixes those for the life of the process,
-  so they are set at start-up (params file / overrides). The others can change at runtime.
-- ``declare_parameters(node)``: declares them with descriptors.
+- ``PARAMETERS``: one ``ParamSpec`` per parameter (default, description, range or choices, ``changeable``).
+  ``changeable`` says when a new value takes effect (``Changeable``): STARTUP parameters are read when the process
+  starts and are read-only; CONFIGURE parameters are read at configure, so they can be set while the node is
+  unconfigured (e.g. a new checkpoint after a failed configure) and are refused while it is configured;
+  RUNTIME parameters apply at once in every state.
+- ``declare_parameters(node)``: declares them with descriptors, each with a typed value (empty lists included),
+  so ``ros2 param dump`` / GetParameters answer every one of them.
 - ``validate(name, value)``: the reason a value is invalid, or None. ``on_set_parameters`` wraps it as
-  the node's on-set callback, so ``ros2 param set`` with a bad value is rejected with that reason.
+  the node's on-set callback, so ``ros2 param set`` with a bad value (or a configure-time parameter while the
+  node is configured) is rejected with that reason.
 - ``read_settings(node)``: reads and cross-checks all values into a frozen ``NodeSettings``; raises
   ``SettingsError`` naming every problem (the node turns it into a configure FAILURE).
 """
@@ -37,6 +41,14 @@ class TriggerMode(enum.Enum):
     RATE = "rate"                       # infer at inference_rate_hz on the newest observation
 
 
+class Changeable(enum.Enum):
+    """When a new value of a parameter takes effect (the "changeable" column of docs/node.md)."""
+
+    STARTUP = "at start-up"           # read once when the process starts: read-only
+    CONFIGURE = "while unconfigured"  # read at configure: settable while unconfigured, refused while configured
+    RUNTIME = "any time"              # applied at once
+
+
 class StateInput(enum.Enum):
     JOINT_STATE = "joint_state"         # sensor_msgs/JointState, picked by state_joint_names
     FLOAT_ARRAY = "float_array"         # std_msgs/Float64MultiArray, used as is
@@ -54,7 +66,7 @@ class ParamSpec:
     name: str
     default: Any
     description: str
-    read_only: bool = True
+    changeable: Changeable = Changeable.CONFIGURE
     type: int = ParameterType.PARAMETER_NOT_SET      # inferred from default when NOT_SET
     float_range: tuple[float, float] | None = None
     int_range: tuple[int, int] | None = None
@@ -62,6 +74,8 @@ class ParamSpec:
 
     def descriptor(self) -> ParameterDescriptor:
         descriptor = ParameterDescriptor(name=self.name, type=self.param_type(), read_only=self.read_only)
+        if self.changeable is Changeable.CONFIGURE:
+            descriptor.additional_constraints = "read at configure: settable while the node is unconfigured"
         text = self.description
         if self.choices:
             text += f" One of: {', '.join(self.choices)}."
@@ -73,6 +87,12 @@ class ParamSpec:
             descriptor.integer_range = [IntegerRange(
                 from_value=int(self.int_range[0]), to_value=int(self.int_range[1]), step=1)]
         return descriptor
+
+    @property
+    def read_only(self) -> bool:
+        """ROS read-only: only start-up parameters (the others are refused by the on-set callback when their
+        value would not take effect)."""
+        return self.changeable is Changeable.STARTUP
 
     def param_type(self) -> int:
         if self.type != ParameterType.PARAMETER_NOT_SET:
@@ -88,6 +108,7 @@ class ParamSpec:
         raise TypeError(f"{self.name}: give an explicit type for default {self.default!r}")
 
 
+STARTUP, RUNTIME = Changeable.STARTUP, Changeable.RUNTIME
 STRING_ARRAY = ParameterType.PARAMETER_STRING_ARRAY
 INTEGER_ARRAY = ParameterType.PARAMETER_INTEGER_ARRAY
 
@@ -127,7 +148,11 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("executor", DEFAULT_EXECUTOR, "rclpy executor that spins the node in its executables "
               "(flashrt_ros.node_executor): single_threaded; multi_threaded (4 threads: its spin loop "
               "busy-waits while a camera callback runs, which starved the process on the GPU benchmark "
-              "machine; A/B only).", choices=EXECUTORS),
+              "machine; A/B only). Read at start-up.", choices=EXECUTORS, changeable=STARTUP),
+    ParamSpec("autostart", False, "Configure and then activate the node once, right after start-up (the launch "
+              "file sets it from its autostart argument); a transition that fails leaves the node where it stopped, "
+              "and later transitions are the user's (ros2 lifecycle set): nothing re-activates the node. false = "
+              "start unconfigured.", changeable=STARTUP),
     ParamSpec("yield_to_inference_thread", True, "A callback that completes an observation gives up the Python "
               "GIL once (time.sleep(0)) when the inference thread is idle, so inference starts at once instead of "
               "after the interpreter's next thread switch (up to 5 ms); measured: the queue wait fell from 1.1 to "
@@ -160,16 +185,34 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "order.", type=STRING_ARRAY),
     ParamSpec("instruction_topic", "instruction", "std_msgs/String task instruction (reliable, transient local)."),
     ParamSpec("default_instruction", "", "Instruction used until one arrives on instruction_topic; empty = wait.",
-              read_only=False),
+              changeable=RUNTIME),
     ParamSpec("state_topic", "", "Robot state topic; empty = the model gets no state."),
     ParamSpec("state_type", StateInput.JOINT_STATE.value, "Message type of state_topic.",
               choices=tuple(m.value for m in StateInput)),
     ParamSpec("state_joint_names", [], "joint_state: joint names picked in this order (empty = all, as sent).",
               type=STRING_ARRAY),
     ParamSpec("sync_slop", 0.02, "Largest stamp difference [s] between the frames of one observation.",
-              read_only=False, float_range=(0.0, 1.0)),
+              changeable=RUNTIME, float_range=(0.0, 1.0)),
     ParamSpec("max_observation_age", 0.5, "Observations older than this [s] (node clock) are not used.",
-              read_only=False, float_range=(0.001, 60.0)),
+              changeable=RUNTIME, float_range=(0.001, 60.0)),
+    ParamSpec("max_future_stamp", 0.05, "Largest amount [s] by which a camera frame's or a JointState's header "
+              "stamp may lie ahead of the node clock (clock offset between machines, jitter). Within it the stamp "
+              "is used as it is (a chunk's staleness can then be negative by up to this much); beyond it the "
+              "message is rejected, counted (rejected_future_stamp) and logged (throttled).",
+              changeable=RUNTIME, float_range=(0.0, 10.0)),
+    ParamSpec("camera_timeout", 0.5, "A camera that sends no frame for this long [s] (node clock) while the node is "
+              "active, or whose every frame in this time is rejected (bad image, stamp in the future or too old, "
+              "undecodable), turns /diagnostics ERROR with the reason, logged once (throttled) and counted.",
+              changeable=RUNTIME, float_range=(0.01, 60.0)),
+    ParamSpec("pairing_timeout", 0.5, "While every camera delivers usable frames, no complete observation for this "
+              "long [s] (node clock: their stamps never come within sync_slop, e.g. one camera's clock is off) is a "
+              "pairing stall: /diagnostics ERROR naming the stamp offset, logged once (throttled) and counted.",
+              changeable=RUNTIME, float_range=(0.01, 60.0)),
+    ParamSpec("max_state_age", 0.5, "With state_topic: the newest valid state may be at most this old [s] (node "
+              "clock minus its stamp; a Float64MultiArray is stamped on arrival) when the inference thread takes an "
+              "observation. An older one (the state topic stopped, or only NaN states since) is never used: the "
+              "observation is skipped and counted (rejected_stale_state), /diagnostics turns ERROR and the node "
+              "logs it once (throttled).", changeable=RUNTIME, float_range=(0.001, 60.0)),
     # triggering
     ParamSpec("trigger", TriggerMode.ON_OBSERVATION.value, "When to run inference.",
               choices=tuple(m.value for m in TriggerMode)),
@@ -183,27 +226,34 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               type=STRING_ARRAY),
     # diagnostics
     ParamSpec("staleness_warn_threshold", 0.2, "Diagnostics turn WARN when the staleness p99 passes this [s].",
-              read_only=False, float_range=(0.0, 60.0)),
+              changeable=RUNTIME, float_range=(0.0, 60.0)),
     ParamSpec("diagnostics_window", 10.0, "Window [s] of the latency / staleness / rate statistics.",
               float_range=(1.0, 600.0)),
-    ParamSpec("diagnostics_period", 1.0, "Period [s] of /diagnostics and ~/status.", float_range=(0.05, 60.0)),
+    ParamSpec("diagnostics_period", 1.0, "Period [s] of /diagnostics and ~/status (also published at once when an "
+              "input fault appears or clears). Read at start-up.", float_range=(0.05, 60.0), changeable=STARTUP),
 )
 
 SPECS: dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
-RUNTIME_PARAMETERS = tuple(spec.name for spec in PARAMETERS if not spec.read_only)
+RUNTIME_PARAMETERS = tuple(spec.name for spec in PARAMETERS if spec.changeable is Changeable.RUNTIME)
+CONFIGURE_PARAMETERS = tuple(spec.name for spec in PARAMETERS if spec.changeable is Changeable.CONFIGURE)
+UNCONFIGURED = "unconfigured"     # the lifecycle state in which configure-time parameters can be set
 
 
 def declare_parameters(node) -> None:
-    """Declare every parameter of PARAMETERS on ``node`` with its descriptor.
+    """Declare every parameter of PARAMETERS on ``node`` with its descriptor and a typed default.
 
-    rclpy infers an empty list default as a byte array, so empty-list parameters are declared by type only
-    (unset until given a value); ``parameter_value`` then reads them as their default.
+    rclpy infers an empty list as a byte array, so an empty-list parameter is declared by its type and, unless an
+    override gave it a value, then set to a typed empty list. Left NOT_SET, Kilted would answer any GetParameters
+    request that names it (``ros2 param dump``) with no values at all.
     """
     for spec in PARAMETERS:
-        default = spec.default
-        if isinstance(default, list) and not default:
-            default = Parameter.Type(spec.param_type())
-        node.declare_parameter(spec.name, default, spec.descriptor())
+        if not (isinstance(spec.default, list) and not spec.default):
+            node.declare_parameter(spec.name, spec.default, spec.descriptor())
+            continue
+        kind = Parameter.Type(spec.param_type())
+        node.declare_parameter(spec.name, kind, spec.descriptor())
+        if node.get_parameter_or(spec.name).type_ == Parameter.Type.NOT_SET:
+            node.set_parameters([Parameter(spec.name, kind, [])])
 
 
 def parameter_value(node, name: str) -> Any:
@@ -247,9 +297,14 @@ def validate(name: str, value: Any) -> str | None:
     return None
 
 
-def on_set_parameters(parameters: Sequence) -> SetParametersResult:
-    """rclpy on-set callback: reject the whole set if any value is invalid, with the reason."""
+def on_set_parameters(parameters: Sequence, lifecycle_state: str = UNCONFIGURED) -> SetParametersResult:
+    """rclpy on-set callback: reject the whole set if any value is invalid, or if it sets a configure-time
+    parameter while the node is not unconfigured (the value would silently not apply); the reason names each."""
     reasons = [reason for parameter in parameters if (reason := validate(parameter.name, parameter.value))]
+    if lifecycle_state != UNCONFIGURED:
+        reasons += [f"{parameter.name} is read at configure: set it while the node is unconfigured (it is "
+                    f"{lifecycle_state}; deactivate and cleanup first)"
+                    for parameter in parameters if parameter.name in CONFIGURE_PARAMETERS]
     return SetParametersResult(successful=not reasons, reason="; ".join(reasons))
 
 
@@ -275,6 +330,7 @@ class NodeSettings:
     engine_text_buckets: tuple[int, ...]
     engine_host_wait: str
     executor: str
+    autostart: bool
     yield_to_inference_thread: bool
     inference_handover_timeout: float
     freeze_gc_after_configure: bool
@@ -289,6 +345,10 @@ class NodeSettings:
     state_joint_names: tuple[str, ...]
     sync_slop: float
     max_observation_age: float
+    max_future_stamp: float
+    camera_timeout: float
+    pairing_timeout: float
+    max_state_age: float
     trigger: TriggerMode
     inference_rate_hz: float
     output_topic: str
@@ -354,7 +414,8 @@ def settings_from_values(values: dict[str, Any]) -> NodeSettings:
     kwargs["engine_text_buckets"] = tuple(int(v) for v in kwargs["engine_text_buckets"])
     kwargs["state_type"] = StateInput(kwargs["state_type"])
     kwargs["trigger"] = TriggerMode(kwargs["trigger"])
-    for name in ("sync_slop", "max_observation_age", "inference_rate_hz", "action_dt", "inference_handover_timeout",
+    for name in ("sync_slop", "max_observation_age", "max_future_stamp", "camera_timeout", "pairing_timeout",
+                 "max_state_age", "inference_rate_hz", "action_dt", "inference_handover_timeout",
                  "staleness_warn_threshold", "diagnostics_window", "diagnostics_period"):
         kwargs[name] = float(kwargs[name])
     return NodeSettings(**kwargs)
@@ -367,12 +428,12 @@ def read_settings(node) -> NodeSettings:
 
 def markdown_table() -> str:
     """The parameter reference of docs/node.md, generated from PARAMETERS (a test keeps the doc equal to it)."""
-    rows = ["| name | default | range / choices | changeable at runtime | description |", "|---|---|---|---|---|"]
+    rows = ["| name | default | range / choices | changeable | description |", "|---|---|---|---|---|"]
     for spec in PARAMETERS:
         bounds = spec.float_range or spec.int_range
         limits = f"{bounds[0]} .. {bounds[1]}" if bounds else ", ".join(spec.choices)
         default = json.dumps(spec.default)
-        rows.append(f"| `{spec.name}` | `{default}` | {limits} | {'no' if spec.read_only else 'yes'} | "
+        rows.append(f"| `{spec.name}` | `{default}` | {limits} | {spec.changeable.value} | "
                     f"{spec.description} |")
     return "\n".join(rows)
 
@@ -381,6 +442,6 @@ if __name__ == "__main__":
     print(markdown_table())
 
 
-__all__ = ["PARAMETERS", "RUNTIME_PARAMETERS", "SPECS", "NodeSettings", "ParamSpec", "SettingsError",
-           "StateInput", "TriggerMode", "declare_parameters", "on_set_parameters", "read_settings",
+__all__ = ["CONFIGURE_PARAMETERS", "PARAMETERS", "RUNTIME_PARAMETERS", "SPECS", "Changeable", "NodeSettings",
+           "ParamSpec", "SettingsError", "StateInput", "TriggerMode", "declare_parameters", "on_set_parameters", "read_settings",
            "parameter_value", "settings_from_values", "validate", "markdown_table"]

@@ -5,23 +5,28 @@ Lifecycle (REP-2003 style, as in ros2/demos lifecycle_py):
 - ``on_configure``: read parameters (NodeSettings), load the model through flashrt_core, warm it up (and
   capture, on GPU), start the inference thread, create the (inactive) output publishers.
   Any failure -> FAILURE with a log naming the problem; everything half-built is released and the node stays
-  unconfigured, ready to be configured again.
-- ``on_activate``: counters and sequence reset, subscriptions created, outputs live, inference enabled.
+  unconfigured, ready to be configured again. SIGINT during it: the configure stops at its next step and the
+  process exits quietly (``ShuttingDown``).
+- ``on_activate``: counters and sequence reset, subscriptions created, the input watchdog started
+  (flashrt_ros.input_watchdog: silent cameras, rejected frames, pairing stalls, stale state), outputs live,
+  inference enabled.
 - ``on_deactivate``: inference disabled first (nothing computed before is published later), subscriptions
   destroyed, outputs inactive.
 - ``on_cleanup``: inference thread stopped, model closed (weights and GPU memory released), publishers destroyed.
 - ``on_shutdown`` / ``on_error``: release whatever exists, from any state.
+- ``autostart`` parameter: configure, then activate, once after start-up (the launch file sets it).
 
 Data path: subscription callbacks do O(1) checks and hand the message to the ObservationBuffer (pairing by
 stamp, newest complete observation only); the InferenceWorker thread converts the images of that one
 observation, runs ``policy.predict`` and publishes. /diagnostics and ~/status are published every
-``diagnostics_period`` in every lifecycle state.
+``diagnostics_period`` in every lifecycle state, and at once when an input fault appears or clears. Every log
+line that input can cause is throttled and bounded (flashrt_ros.node_logging).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import math
 import threading
 import time
 from typing import Any, Callable
@@ -32,6 +37,7 @@ from builtin_interfaces.msg import Duration as DurationMsg
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.executors import ExternalShutdownException
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.time import Time
 from sensor_msgs.msg import CompressedImage, Image, JointState
@@ -43,9 +49,11 @@ from flashrt_ros.gc_pauses import GcPauses, freeze_objects, unfreeze_objects
 from flashrt_ros.heap_reuse import heap_reuse_state, keep_large_buffers_on_heap
 from flashrt_ros.image_conversion import ImageConversionError, check_image, to_rgb
 from flashrt_ros.inference_worker import InferenceResult, InferenceWorker
+from flashrt_ros.input_watchdog import Fault, InputWatchdog, WatchLimits
 from flashrt_ros.msg import ActionChunk, PolicyStatus
 from flashrt_ros.node_diagnostics import (DiagnosticsContext, NodeStatistics, diagnostic_array, status_fields)
 from flashrt_ros.node_executor import make_executor
+from flashrt_ros.node_logging import PythonLogBridge, ThrottledLog, bounded, quoted
 from flashrt_ros.node_parameters import (RUNTIME_PARAMETERS, NodeSettings, SettingsError, StateInput,
                                          TriggerMode, declare_parameters, on_set_parameters, read_settings)
 from flashrt_ros.observation_buffer import (AddResult, BufferCounters, Observation, ObservationBuffer,
@@ -56,6 +64,8 @@ NODE_NAME = "policy_node"
 WARMUP_PROMPT = "pick up the object and place it in the bin"
 LOG_THROTTLE_S = 2.0
 WORKER_STOP_TIMEOUT_S = 60.0
+INSTRUCTION_SAMPLES_KEPT = 8           # (publisher, sequence number) of the last instructions, to handle each once
+WATCH_PERIOD_LIMITS_S = (0.01, 0.1)     # the input watchdog checks 5 times per shortest detection limit, within these
 
 
 def load_policy(settings: NodeSettings):
@@ -64,6 +74,18 @@ def load_policy(settings: NodeSettings):
     return flashrt_core.load_model(checkpoint=settings.checkpoint or None, config=settings.config,
                                    device=settings.device, dtype=settings.dtype, hardware=settings.hardware,
                                    engine_options=settings.engine_options())
+
+
+class ShuttingDown(BaseException):
+    """The process is stopping (SIGINT, context shut down) while a configure runs.
+
+    A BaseException on purpose: it leaves the transition callback like the KeyboardInterrupt of SIGINT does,
+    instead of returning a result that rclpy would turn into a transition event published (and an error logged)
+    on a context that is already shut down. main() ends on it quietly."""
+
+
+class FutureStampError(ValueError):
+    """A message stamped further in the future than max_future_stamp."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +110,7 @@ class PolicyNode(LifecycleNode):
                  **kwargs):
         super().__init__(node_name, **kwargs)
         declare_parameters(self)
-        self.add_on_set_parameters_callback(on_set_parameters)
+        self.add_on_set_parameters_callback(lambda parameters: on_set_parameters(parameters, self.lifecycle_state()))
         self.add_post_set_parameters_callback(self._on_parameters_set)
         self._policy_factory = policy_factory
         self._input_group = MutuallyExclusiveCallbackGroup()      # instruction and state
@@ -107,8 +129,12 @@ class PolicyNode(LifecycleNode):
         # Built by on_activate, released by on_deactivate.
         self._input_subscriptions: list = []
         self._trigger_timer = None
+        self._watch_timer = None
+        self._watchdog: InputWatchdog | None = None
+        self._faults: tuple[Fault, ...] = ()        # input faults of the last watchdog check (active only)
         # Inputs shared between callbacks and the inference thread (single attribute writes).
         self._instruction: str | None = None
+        self._instruction_samples: collections.deque = collections.deque(maxlen=INSTRUCTION_SAMPLES_KEPT)
         self._state: StateSample | None = None
         self._sequence = 0
         self._statistics = NodeStatistics((), window_s=10.0)
@@ -120,12 +146,24 @@ class PolicyNode(LifecycleNode):
         self._diagnostics_timer = self.create_timer(period, self._publish_diagnostics,
                                                     callback_group=self._timer_group)
         self._release_lock = threading.Lock()
-        self._last_logged: dict[str, float] = {}
+        self._transition_lock = threading.Lock()     # a configure and release() from main() never overlap
+        self._log = ThrottledLog(self.get_logger(), LOG_THROTTLE_S)
+        self._python_logs = PythonLogBridge(self._log)
+        self._python_logs.install()
         self._heap_reuse = ""                  # flashrt_ros.heap_reuse state, set at configure
+        self._shutting_down = False            # SIGINT / context shutdown seen: transitions end quietly
+        self._autostart_timer = None
+        if self.get_parameter("autostart").value:
+            self._autostart_timer = self.create_timer(0.0, self._autostart, callback_group=self._timer_group)
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """Load and warm up the model. SUCCESS -> inactive; FAILURE -> stays unconfigured (all released)."""
+        """Load and warm up the model. SUCCESS -> inactive; FAILURE -> stays unconfigured (all released).
+        Shutdown (SIGINT) during it: FAILURE at the next step, quietly (``release`` waits for it)."""
+        with self._transition_lock:
+            return self._configure()
+
+    def _configure(self) -> TransitionCallbackReturn:
         try:
             settings = read_settings(self)
         except SettingsError as error:
@@ -141,12 +179,14 @@ class PolicyNode(LifecycleNode):
                 earlier = heap_reuse_state()
                 self._heap_reuse = "off" if earlier is None else f"{earlier} (applied earlier in this process)"
             self._policy = self._policy_factory(settings)
+            self._stop_if_shutting_down()
             self._view_names = self._check_model_fits(settings, self._policy)
             self._settings = settings
             self._buffer = ObservationBuffer(self._view_names, seconds_to_ns(settings.sync_slop),
                                              seconds_to_ns(settings.max_observation_age))
             self._gc_pauses = GcPauses(settings.diagnostics_window)
             self._statistics = NodeStatistics(settings.camera_topics, settings.diagnostics_window, self._gc_pauses)
+            self._watchdog = InputWatchdog(settings.camera_topics)
             self._worker = InferenceWorker(self._prepare_job, self._predict, self._publish_result,
                                            self._on_inference_error,
                                            on_discard=lambda _: self._statistics.record_discarded(),
@@ -154,21 +194,26 @@ class PolicyNode(LifecycleNode):
                                            handover_timeout_s=settings.inference_handover_timeout)
             self._worker.start()
             # Warm-up (and graph capture on GPU) on the inference thread: all model calls on one thread.
+            self.get_logger().info(f"model loaded: warming up ({settings.warmup_iterations} passes)")
             self._worker.run_on_thread(lambda: self._warm_up(settings))
             if settings.freeze_gc_after_configure:
                 self._gc_frozen = True
                 frozen = freeze_objects()
                 self.get_logger().info(f"{frozen} Python objects frozen out of garbage collection (gc.freeze)")
             self._gc_pauses.install()         # from here: the collections that run while the node serves
+            self._stop_if_shutting_down()
+            self._config_id = settings.config_id()
+            self._chunk_publisher = self.create_lifecycle_publisher(ActionChunk, settings.output_topic,
+                                                                    qos_profiles.output_qos())
+            if settings.trajectory_topic:
+                self._trajectory_publisher = self.create_lifecycle_publisher(
+                    JointTrajectory, settings.trajectory_topic, qos_profiles.output_qos())
+        except ShuttingDown:
+            self._release()
+            raise
         except Exception as error:   # missing checkpoint, out of memory, mismatch...: FAILURE, never a crash
             self._release()
             return self._configure_failed(f"{type(error).__name__}: {error}")
-        self._config_id = settings.config_id()
-        self._chunk_publisher = self.create_lifecycle_publisher(ActionChunk, settings.output_topic,
-                                                                qos_profiles.output_qos())
-        if settings.trajectory_topic:
-            self._trajectory_publisher = self.create_lifecycle_publisher(
-                JointTrajectory, settings.trajectory_topic, qos_profiles.output_qos())
         self.get_logger().info(
             f"configured: model {self._policy.model_id} on {self._policy.device}, views {list(self._view_names)}, "
             f"horizon {self._policy.horizon} x {self._policy.action_dim}, config_id {self._config_id}")
@@ -192,6 +237,13 @@ class PolicyNode(LifecycleNode):
         if settings.trigger is TriggerMode.RATE:
             self._trigger_timer = self.create_timer(1.0 / settings.inference_rate_hz, self._worker.notify,
                                                     callback_group=self._timer_group)
+        self._faults = ()
+        now_s = self._clock_s()
+        self._watchdog.reset(now_s if now_s > 0.0 else None)      # 0: sim time before the first /clock
+        shortest = min(settings.camera_timeout, settings.pairing_timeout, settings.max_state_age)
+        low, high = WATCH_PERIOD_LIMITS_S
+        self._watch_timer = self.create_timer(min(max(shortest / 5.0, low), high), self._watch_inputs,
+                                              callback_group=self._timer_group)
         result = super().on_activate(state)      # activates the lifecycle publishers
         self._worker.enable()
         self.get_logger().info(f"active: publishing on {self._chunk_publisher.topic_name}")
@@ -217,7 +269,8 @@ class PolicyNode(LifecycleNode):
 
     def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
         """After an exception in a transition: release everything. SUCCESS -> unconfigured."""
-        self.get_logger().error(f"error in a transition from {state.label}: releasing everything")
+        if self.context.ok() and not self._shutting_down:
+            self.get_logger().error(f"error in a transition from {state.label}: releasing everything")
         self._release()
         return TransitionCallbackReturn.SUCCESS
 
@@ -231,15 +284,29 @@ class PolicyNode(LifecycleNode):
         return self._policy
 
     def release(self) -> None:
-        """Stop inference and free the model, whatever the state (used by main() on SIGINT)."""
-        self._release()
+        """Stop inference and free the model, whatever the state (used by main() on SIGINT). A configure running
+        on another thread ends at its next step; this waits for it."""
+        self._shutting_down = True
+        with self._transition_lock:
+            self._release()
+
+    def destroy_node(self) -> None:
+        self._python_logs.uninstall()
+        super().destroy_node()
 
     # -- configure helpers ------------------------------------------------------------------------------
     def _configure_failed(self, reason: str) -> TransitionCallbackReturn:
-        message = f"configure failed: {reason}"
+        if self._shutting_down or not self.context.ok():
+            return TransitionCallbackReturn.FAILURE       # SIGINT: nothing to report, nobody to report to
+        message = bounded(f"configure failed: {reason}")
         self.get_logger().error(message)
         self._statistics.set_last_error(message)
         return TransitionCallbackReturn.FAILURE
+
+    def _stop_if_shutting_down(self) -> None:
+        """Raise ShuttingDown when the process is stopping (a configure ends at its next step)."""
+        if self._shutting_down or not self.context.ok():
+            raise ShuttingDown("the node is shutting down")
 
     def _check_model_fits(self, settings: NodeSettings, policy) -> tuple[str, ...]:
         model_views = tuple(policy.view_names)
@@ -250,6 +317,10 @@ class PolicyNode(LifecycleNode):
         unknown = [view for view in views if view not in model_views]
         if unknown:
             raise SettingsError(f"camera_views {unknown} are not views of the model {list(model_views)}")
+        if not settings.state_topic and getattr(policy, "requires_state", False):
+            raise SettingsError(f"state_topic is empty, but the model {policy.model_id} needs the robot state "
+                                f"({policy.state_dim} values): set state_topic (a parameter file is ignored unless "
+                                f"its top-level key is /** or this node's full name {self.get_fully_qualified_name()})")
         if settings.action_names and len(settings.action_names) != policy.action_dim:
             raise SettingsError(f"action_names has {len(settings.action_names)} names, the model's action_dim "
                                 f"is {policy.action_dim}")
@@ -268,6 +339,7 @@ class PolicyNode(LifecycleNode):
         state = np.zeros(self._policy.state_dim, np.float32) if settings.state_topic else None
         prompt = settings.default_instruction or WARMUP_PROMPT
         for _ in range(settings.warmup_iterations):
+            self._stop_if_shutting_down()
             self._policy.predict(images, prompt, state=state)
         warm_up_buckets = getattr(self._policy, "warm_up_text_buckets", None)   # flashrt_core.Policy has it
         if settings.warmup_iterations and settings.warmup_all_text_buckets and warm_up_buckets is not None:
@@ -280,8 +352,15 @@ class PolicyNode(LifecycleNode):
         # Instruction and state first: an executor hands out ready messages in subscription order, so a state
         # that arrived together with the frame completing an observation is taken before that frame's callback
         # wakes the inference thread (which, with yield_to_inference_thread, starts at once).
+        # Latched and volatile publishers both reach the node (qos_profiles): a volatile publisher is incompatible
+        # with the transient-local subscription only, and its messages arrive through the volatile one, so rclpy's
+        # default "incompatible QoS: no messages will be received" warning would be wrong here and is not logged.
+        ignore_incompatible = SubscriptionEventCallbacks(incompatible_qos=lambda event: None)
         self._input_subscriptions.append(self.create_subscription(
             String, settings.instruction_topic, self._on_instruction, qos_profiles.instruction_qos(),
+            callback_group=self._input_group, event_callbacks=ignore_incompatible))
+        self._input_subscriptions.append(self.create_subscription(
+            String, settings.instruction_topic, self._on_instruction, qos_profiles.instruction_volatile_qos(),
             callback_group=self._input_group))
         if settings.state_topic:
             msg_type = JointState if settings.state_type is StateInput.JOINT_STATE else Float64MultiArray
@@ -300,9 +379,11 @@ class PolicyNode(LifecycleNode):
         for subscription in self._input_subscriptions:
             self.destroy_subscription(subscription)
         self._input_subscriptions = []
-        if self._trigger_timer is not None:
-            self.destroy_timer(self._trigger_timer)
-            self._trigger_timer = None
+        for timer in (self._trigger_timer, self._watch_timer):
+            if timer is not None:
+                self.destroy_timer(timer)
+        self._trigger_timer = self._watch_timer = None
+        self._faults = ()
 
     def _release(self) -> None:
         with self._release_lock:
@@ -329,39 +410,70 @@ class PolicyNode(LifecycleNode):
                 self._policy = None
             self._settings = None
             self._buffer = None
+            self._watchdog = None
             self._instruction = None
             self._state = None
 
     # -- input callbacks (never block on inference) ------------------------------------------------------
     def _on_image(self, msg, index: int, topic: str) -> None:
-        buffer, worker, settings = self._buffer, self._worker, self._settings
-        if buffer is None or worker is None or settings is None:
+        buffer, worker, settings, watchdog = self._buffer, self._worker, self._settings, self._watchdog
+        if buffer is None or worker is None or settings is None or watchdog is None:
             return
         self._statistics.record_frame(topic)
+        now_ns = self.get_clock().now().nanoseconds
+        received_s = now_ns * 1e-9
+        watchdog.frame_received(index, received_s)
         try:
             check_image(msg)
         except ImageConversionError as error:
-            self._reject("bad_image", f"{topic}: {error}")
+            self._reject_frame(index, "bad_image", f"{topic}: {error}")
             return
-        now_ns = self.get_clock().now().nanoseconds
-        result = buffer.add_frame(index, Time.from_msg(msg.header.stamp).nanoseconds, msg, now_ns)
+        stamp_ns = Time.from_msg(msg.header.stamp).nanoseconds
+        if now_ns > 0 and stamp_ns - now_ns > seconds_to_ns(settings.max_future_stamp):   # 0: no /clock yet
+            ahead_s = (stamp_ns - now_ns) * 1e-9
+            self._statistics.record_future_stamp(ahead_s)
+            self._reject_frame(index, "future_stamp", f"{topic}: frame stamped {ahead_s:.3f} s in the future "
+                               f"(max_future_stamp {settings.max_future_stamp} s): is the camera's clock synchronised "
+                               "with this node's?")
+            return
+        result = buffer.add_frame(index, stamp_ns, msg, now_ns)
         if result is AddResult.STALE:
-            self._log_throttled(f"stale:{topic}", f"{topic}: frame older than max_observation_age "
-                                f"({settings.max_observation_age} s) skipped")
-        elif result is AddResult.OUT_OF_ORDER:
-            self._log_throttled(f"order:{topic}", f"{topic}: frame not newer than the previous one, skipped")
-        elif result is AddResult.RESET:
-            self._log_throttled(f"reset:{topic}", f"{topic}: time jumped backwards; observation buffer reset")
+            watchdog.frame_rejected(index, f"stamped {(now_ns - stamp_ns) * 1e-9:.3f} s ago, older than "
+                                    f"max_observation_age {settings.max_observation_age} s")
+            self._log.warning(f"stale:{topic}", f"{topic}: frame stamped {(now_ns - stamp_ns) * 1e-9:.3f} s ago, "
+                              f"older than max_observation_age ({settings.max_observation_age} s), skipped")
+            return
+        if result is AddResult.OUT_OF_ORDER:
+            watchdog.frame_rejected(index, "not newer than the previous frame")
+            self._log.warning(f"order:{topic}", f"{topic}: frame not newer than the previous one, skipped")
+            return
+        watchdog.frame_accepted(index, stamp_ns, received_s)
+        if result is AddResult.RESET:
+            self._log.warning(f"reset:{topic}", f"{topic}: time jumped backwards; observation buffer reset")
+        if result is AddResult.COMPLETED or (result is AddResult.RESET and buffer.has_pending()):
+            watchdog.observation_completed(received_s)
         if settings.trigger is TriggerMode.ON_OBSERVATION and result in (AddResult.COMPLETED, AddResult.RESET):
             worker.notify()
 
-    def _on_instruction(self, msg: String) -> None:
+    def _reject_frame(self, index: int, reason: str, message: str) -> None:
+        watchdog = self._watchdog
+        if watchdog is not None:
+            watchdog.frame_rejected(index, bounded(message))
+        self._reject(reason, message)
+
+    def _on_instruction(self, msg: String, info: dict) -> None:
+        # A latched publisher reaches both instruction subscriptions: its message is handled once.
+        sample = (str(info.get("publisher_gid")), info.get("publication_sequence_number"), info.get("source_timestamp"))
+        if sample in self._instruction_samples:
+            return
+        self._instruction_samples.append(sample)
         text = msg.data.strip()
         if not text:
             self._reject("empty_instruction", "empty instruction ignored")
             return
         if text != self._instruction:
-            self.get_logger().info(f"instruction: {text!r}")
+            self._statistics.record_instruction_change()
+            self._log.info("instruction", f"instruction: {quoted(text)}")
         first = self._instruction is None
         self._instruction = text
         if first:
@@ -373,6 +485,9 @@ class PolicyNode(LifecycleNode):
             return
         try:
             sample = self._state_sample(msg, settings)
+        except FutureStampError as error:
+            self._reject("future_stamp", f"{settings.state_topic}: {error}")
+            return
         except ValueError as error:
             self._reject("bad_state", f"{settings.state_topic}: {error}")
             return
@@ -390,13 +505,18 @@ class PolicyNode(LifecycleNode):
     def _state_sample(self, msg, settings: NodeSettings) -> StateSample:
         if settings.state_type is StateInput.JOINT_STATE:
             stamp_ns = Time.from_msg(msg.header.stamp).nanoseconds
+            now_ns = self.get_clock().now().nanoseconds
+            ahead_ns = stamp_ns - now_ns
+            if now_ns > 0 and ahead_ns > seconds_to_ns(settings.max_future_stamp):   # 0: no /clock yet
+                raise FutureStampError(f"JointState stamped {ahead_ns * 1e-9:.3f} s in the future "
+                                       f"(max_future_stamp {settings.max_future_stamp} s)")
             if len(msg.position) != len(msg.name):
                 raise ValueError(f"JointState has {len(msg.name)} names but {len(msg.position)} positions")
             if settings.state_joint_names:
                 by_name = dict(zip(msg.name, msg.position))
                 missing = [name for name in settings.state_joint_names if name not in by_name]
                 if missing:
-                    raise ValueError(f"JointState lacks joints {missing}")
+                    raise ValueError(bounded(f"JointState lacks joints {missing}"))
                 values = [by_name[name] for name in settings.state_joint_names]
             else:
                 values = list(msg.position)
@@ -422,27 +542,44 @@ class PolicyNode(LifecycleNode):
         prompt = self._instruction or settings.default_instruction
         if not prompt:
             if buffer.has_pending():
-                self._log_throttled("no_instruction", "no instruction yet: waiting for one on "
-                                    f"{settings.instruction_topic} (or set default_instruction)")
+                self._log.warning("no_instruction", "no instruction yet: waiting for one on "
+                                  f"{settings.instruction_topic} (or set default_instruction)")
             return None
         state = self._state if settings.state_topic else None
         if settings.state_topic and state is None:
             if buffer.has_pending():
-                self._log_throttled("no_state", f"no valid state yet on {settings.state_topic}")
+                self._log.warning("no_state", f"no valid state yet on {settings.state_topic}")
             return None
         now_ns = self.get_clock().now().nanoseconds
         buffer.note_time(now_ns)
         observation = buffer.take(now_ns)
         if observation is None:
             return None
+        if state is not None and now_ns - state.stamp_ns > seconds_to_ns(settings.max_state_age):
+            # never a chunk from an old state: the observation is skipped (the state topic stopped, or only
+            # invalid states arrived since); counted here, logged and shown in /diagnostics by the watchdog
+            self._reject("stale_state", f"observation skipped: its state is {(now_ns - state.stamp_ns) * 1e-9:.2f} s "
+                         f"old (max_state_age {settings.max_state_age} s)", log=False)
+            return None
         images = {}
-        for view, frame, topic in zip(self._view_names, observation.frames, settings.camera_topics):
+        for index, (view, frame, topic) in enumerate(zip(self._view_names, observation.frames,
+                                                         settings.camera_topics)):
+            decoder_messages: list[str] = []
             try:
-                images[view] = to_rgb(frame.payload)
+                images[view] = to_rgb(frame.payload, decoder_messages)
             except ImageConversionError as error:
+                self._report_decoding(index, f"{topic}: {error}")
                 self._reject("bad_image", f"{topic}: {error}")
                 return None
+            self._report_decoding(index, None)
+            for line in decoder_messages:      # libjpeg's warnings about a frame it still decoded
+                self._log.warning(f"decoder:{topic}", f"{topic}: {line}")
         return InferenceJob(observation, images, prompt, state, taken_ns=now_ns)
+
+    def _report_decoding(self, index: int, error: str | None) -> None:
+        watchdog = self._watchdog
+        if watchdog is not None:
+            watchdog.frame_decoded(index, self._clock_s(), None if error is None else bounded(error))
 
     def _predict(self, job: InferenceJob) -> np.ndarray:
         state = job.state.values if job.state is not None else None
@@ -498,9 +635,9 @@ class PolicyNode(LifecycleNode):
         return trajectory
 
     def _on_inference_error(self, what: str, error: BaseException) -> None:
-        message = f"{what}: {type(error).__name__}: {error}"
+        message = bounded(f"{what}: {type(error).__name__}: {error}")
         self._statistics.record_inference_error(message)
-        self._log_throttled(f"error:{what}", message, error=True)
+        self._log.error(f"error:{what}", message)
         self._publish_status()
 
     # -- diagnostics -------------------------------------------------------------------------------------
@@ -514,6 +651,9 @@ class PolicyNode(LifecycleNode):
             device=str(policy.device) if policy is not None else None, staleness_warn_threshold=threshold,
             buffer=buffer.counters() if buffer is not None else BufferCounters(),
             has_instruction=bool(self._instruction or (settings and settings.default_instruction)),
+            instruction=self._instruction or (settings.default_instruction if settings else ""),
+            faults=self._faults,
+            max_future_stamp=settings.max_future_stamp if settings else 0.0,
             heap_reuse=self._heap_reuse,
             handover_timeouts=self._worker.handover_timeouts if self._worker is not None else 0)
 
@@ -548,21 +688,52 @@ class PolicyNode(LifecycleNode):
             self._buffer.set_limits(seconds_to_ns(settings.sync_slop), seconds_to_ns(settings.max_observation_age))
         self.get_logger().info(f"parameters changed: {values}")
 
-    def _reject(self, reason: str, message: str) -> None:
-        self._statistics.record_rejection(reason, message)
-        self._log_throttled(f"reject:{reason}", message)
+    def _clock_s(self) -> float:
+        """The node clock [s] (sim time under use_sim_time)."""
+        return self.get_clock().now().nanoseconds * 1e-9
 
-    def _log_throttled(self, key: str, message: str, error: bool = False) -> None:
-        """Log at most once per LOG_THROTTLE_S per key (a bad stream must not flood the log)."""
-        now = time.monotonic()
-        if now - self._last_logged.get(key, -math.inf) < LOG_THROTTLE_S:
+    def _reject(self, reason: str, message: str, log: bool = True) -> None:
+        message = bounded(message)
+        self._statistics.record_rejection(reason, message)
+        if log:
+            self._log.warning(f"reject:{reason}", message)
+
+    # -- input watchdog (timer while active) -------------------------------------------------------------
+    def _watch_inputs(self) -> None:
+        """Check the inputs; a fault that appears is logged (throttled) and counted, one that clears is logged;
+        any change publishes /diagnostics at once."""
+        settings, watchdog = self._settings, self._watchdog
+        if settings is None or watchdog is None:
             return
-        self._last_logged[key] = now
-        # rclpy fixes the severity per call site: one call site per severity
-        if error:
-            self.get_logger().error(message)
-        else:
-            self.get_logger().warning(message)
+        state, state_age_s = self._state, None
+        if state is not None:
+            state_age_s = (self.get_clock().now().nanoseconds - state.stamp_ns) * 1e-9
+        limits = WatchLimits(settings.camera_timeout, settings.pairing_timeout, settings.max_state_age,
+                             settings.sync_slop)
+        faults = watchdog.check(self._clock_s(), limits, settings.state_topic, state_age_s)
+        before = {fault.key for fault in self._faults}
+        after = {fault.key for fault in faults}
+        for fault in faults:
+            if fault.key not in before:
+                self._statistics.record_fault(fault.kind.value, fault.message)
+                self._log.warning(f"fault:{fault.key}", fault.message)
+        for fault in self._faults:
+            if fault.key not in after:
+                self._log.info(f"recovered:{fault.key}",
+                               f"recovered: {fault.subject}: {fault.kind.value.replace('_', ' ')} over")
+        self._faults = faults
+        if before != after:
+            self._publish_diagnostics()
+
+    def _autostart(self) -> None:
+        """autostart: configure, then activate, once (a failed transition leaves the node where it stopped)."""
+        self.destroy_timer(self._autostart_timer)
+        self._autostart_timer = None
+        self.get_logger().info("autostart: configuring")
+        if self.trigger_configure() != TransitionCallbackReturn.SUCCESS or self._shutting_down:
+            return
+        self.get_logger().info("autostart: activating")
+        self.trigger_activate()
 
 
 def main(args: list[str] | None = None) -> int:
@@ -579,7 +750,7 @@ def main(args: list[str] | None = None) -> int:
                 node.release()
                 executor.shutdown(timeout_sec=1.0)
                 node.destroy_node()
-    except (KeyboardInterrupt, ExternalShutdownException):
+    except (KeyboardInterrupt, ExternalShutdownException, ShuttingDown):
         pass
     return 0
 

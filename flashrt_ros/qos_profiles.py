@@ -2,8 +2,11 @@
 
 - cameras: sensor data (best effort, volatile, keep last ``CAMERA_DEPTH``): a late frame is useless,
   and a small depth means no backlog builds up in the middleware.
-- instruction: reliable + transient local, depth 1: a node started later still receives the current
-  task from a latched publisher.
+- instruction: two subscriptions on the one topic, both reliable, depth 1: transient local, so a node started
+  later still receives the current task from a latched publisher; and volatile, because a transient-local
+  subscription does not match a volatile publisher (e.g. ``ros2 topic pub`` without ``--qos-durability
+  transient_local``), whose messages would otherwise never arrive. A latched publisher matches both; the node
+  handles each message once (flashrt_ros.policy_node deduplicates by publisher and sequence number).
 - robot state: sensor data, like the cameras.
 - outputs (action chunks, joint trajectory, status): reliable, volatile, keep last ``OUTPUT_DEPTH``.
 - diagnostics: reliable, keep last, like diagnostic_updater does.
@@ -29,6 +32,11 @@ def instruction_qos() -> QoSProfile:
                       reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
 
+def instruction_volatile_qos() -> QoSProfile:
+    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
+                      reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE)
+
+
 def state_qos() -> QoSProfile:
     return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=STATE_DEPTH,
                       reliability=ReliabilityPolicy.BEST_EFFORT, durability=DurabilityPolicy.VOLATILE)
@@ -44,5 +52,6 @@ def diagnostics_qos() -> QoSProfile:
                       reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE)
 
 
-__all__ = ["camera_qos", "instruction_qos", "state_qos", "output_qos", "diagnostics_qos",
+__all__ = ["camera_qos", "instruction_qos", "instruction_volatile_qos", "state_qos", "output_qos",
+           "diagnostics_qos",
            "CAMERA_DEPTH", "STATE_DEPTH", "OUTPUT_DEPTH", "DIAGNOSTICS_DEPTH"]

@@ -1,24 +1,24 @@
-"""Start the flashrt_ros policy node as a lifecycle node and bring it to active (configure, then activate).
+"""Start the flashrt_ros policy node as a lifecycle node; with autostart it configures and activates itself once.
 
     ros2 launch flashrt_ros policy_node.launch.py \
         params_file:=$(ros2 pkg prefix flashrt_ros)/share/flashrt_ros/config/demo_two_cameras.yaml
 
-Arguments: params_file (node parameters, one YAML per setup in config/), namespace, node_name, use_sim_time
-(true when replaying a bag with /clock), autostart (false leaves the node unconfigured for
-``ros2 lifecycle set``), log_level.
+Arguments: params_file (node parameters, one YAML per setup in config/; their `/**` key applies them under any
+node name and namespace), namespace, node_name, use_sim_time (true when replaying a bag with /clock), autostart
+(false leaves the node unconfigured for ``ros2 lifecycle set``), log_level.
+
+autostart is the node's own ``autostart`` parameter: the node configures and then activates itself once, right
+after it starts. The launch file sends no lifecycle transitions, so nothing re-activates the node after a later
+manual deactivate / cleanup / configure.
 """
 
 import os
 
 import launch
 import launch.actions
-import launch.conditions
-import launch.events
 import launch.substitutions
 import launch_ros.actions
-import launch_ros.event_handlers
-import launch_ros.events.lifecycle
-import lifecycle_msgs.msg
+import launch_ros.parameter_descriptions
 from ament_index_python.packages import get_package_share_directory
 
 PACKAGE = "flashrt_ros"
@@ -42,11 +42,11 @@ def generate_launch_description() -> launch.LaunchDescription:
         launch.actions.DeclareLaunchArgument("namespace", default_value="", description="Node namespace."),
         launch.actions.DeclareLaunchArgument(
             "node_name", default_value="policy_node",
-            description="Node name; must match the top-level key of params_file (or use /** there)."),
+            description="Node name; params_file applies when its top-level key is /** (as in config/) or this name."),
         launch.actions.DeclareLaunchArgument(
             "use_sim_time", default_value="false", description="Follow /clock (bag replay)."),
         launch.actions.DeclareLaunchArgument(
-            "autostart", default_value="true", description="Configure and activate the node at start."),
+            "autostart", default_value="true", description="Configure and activate the node once at start."),
         launch.actions.DeclareLaunchArgument("log_level", default_value="info", description="Logging level."),
     ]
 
@@ -57,26 +57,11 @@ def generate_launch_description() -> launch.LaunchDescription:
         namespace=namespace,
         output="screen",
         emulate_tty=True,
-        parameters=[params_file, {"use_sim_time": use_sim_time}],
+        parameters=[params_file, {
+            "use_sim_time": launch_ros.parameter_descriptions.ParameterValue(use_sim_time, value_type=bool),
+            "autostart": launch_ros.parameter_descriptions.ParameterValue(autostart, value_type=bool),
+        }],
         arguments=["--ros-args", "--log-level", log_level],
     )
 
-    is_policy_node = launch.events.matches_action(policy_node)
-    configure = launch.actions.EmitEvent(
-        event=launch_ros.events.lifecycle.ChangeState(
-            lifecycle_node_matcher=is_policy_node,
-            transition_id=lifecycle_msgs.msg.Transition.TRANSITION_CONFIGURE),
-        condition=launch.conditions.IfCondition(autostart))
-    # Activate once configure succeeded (loading and warm-up can take a while on a large checkpoint).
-    activate_when_inactive = launch.actions.RegisterEventHandler(
-        launch_ros.event_handlers.OnStateTransition(
-            target_lifecycle_node=policy_node,
-            start_state="configuring",
-            goal_state="inactive",
-            entities=[launch.actions.EmitEvent(
-                event=launch_ros.events.lifecycle.ChangeState(
-                    lifecycle_node_matcher=is_policy_node,
-                    transition_id=lifecycle_msgs.msg.Transition.TRANSITION_ACTIVATE))]),
-        condition=launch.conditions.IfCondition(autostart))
-
-    return launch.LaunchDescription(arguments + [policy_node, activate_when_inactive, configure])
+    return launch.LaunchDescription(arguments + [policy_node])

@@ -89,12 +89,54 @@ def test_cheap_checks_name_the_problem(message, match):
         to_rgb(message)
 
 
-def test_corrupt_jpeg_passes_cheap_check_but_fails_decoding():
+def test_truncated_compressed_images_fail_the_cheap_check_before_any_decoder_sees_them(capfd):
+    """A truncated or zero-filled transfer lacks the end marker: rejected without decoding, so libjpeg writes
+    nothing to stderr."""
     ok, encoded = cv2.imencode(".jpg", smooth_rgb())
-    corrupt = CompressedImage(format="jpeg", data=encoded.tobytes()[:40] + bytes(200))
+    truncated = CompressedImage(format="jpeg", data=encoded.tobytes()[:40] + bytes(200))
+    with pytest.raises(ImageConversionError, match="lacks its start .SOI. or end .EOI. marker"):
+        check_image(truncated)
+    with pytest.raises(ImageConversionError, match="not jpeg"):
+        to_rgb(CompressedImage(format="jpeg", data=b"GIF89a" + bytes(100)))
+    ok, png = cv2.imencode(".png", smooth_rgb())
+    with pytest.raises(ImageConversionError, match="IEND"):
+        check_image(CompressedImage(format="png", data=png.tobytes()[:-20]))
+    check_image(CompressedImage(format="png", data=png.tobytes()))
+    check_image(CompressedImage(format="jpeg", data=encoded.tobytes() + bytes(8)))    # padding after EOI is fine
+    assert capfd.readouterr().err == ""
+
+
+def test_corrupt_jpeg_with_intact_markers_passes_the_cheap_check_but_fails_decoding(capfd):
+    """libjpeg's warning line is taken from stderr and becomes part of the error."""
+    ok, encoded = cv2.imencode(".jpg", smooth_rgb())
+    data = encoded.tobytes()
+    corrupt = CompressedImage(format="jpeg", data=data[:40] + bytes(200) + data[-2:])
     check_image(corrupt)
-    with pytest.raises(ImageConversionError, match="cannot decode jpeg"):
+    with pytest.raises(ImageConversionError, match="cannot decode jpeg data .* Corrupt JPEG data"):
         to_rgb(corrupt)
+    assert capfd.readouterr().err == ""
+
+
+def test_libjpeg_warnings_about_a_frame_it_still_decodes_go_to_the_caller_not_stderr(capfd):
+    from flashrt_ros.image_conversion import DECODER_MESSAGE_PREFIXES
+    ok, encoded = cv2.imencode(".jpg", smooth_rgb())
+    data = encoded.tobytes()
+    padded = CompressedImage(format="jpeg", data=data[:len(data) // 2] + bytes(10) + data[len(data) // 2:])
+    messages = []
+    assert to_rgb(padded, messages).shape == smooth_rgb().shape
+    assert len(messages) == 1 and messages[0].startswith(DECODER_MESSAGE_PREFIXES), messages
+    to_rgb(padded)                                        # without a list: taken from stderr all the same
+    assert capfd.readouterr().err == ""
+
+
+def test_other_stderr_output_during_a_capture_passes_through(capfd):
+    import os
+
+    from flashrt_ros.stderr_capture import capture_stderr
+    with capture_stderr(("Corrupt JPEG data",)) as lines:
+        os.write(2, b"[INFO] another thread's log line\nCorrupt JPEG data: 3 extraneous bytes\npartial")
+    assert lines == ["Corrupt JPEG data: 3 extraneous bytes"]
+    assert capfd.readouterr().err == "[INFO] another thread's log line\npartial"
 
 
 def test_rgb_to_image_fields_round_trips():

@@ -116,19 +116,28 @@ def test_launch_file_parameter_names_exist(launch_tree):
     assert not unknown, f"parameters not declared by node_parameters.py: {unknown}"
 
 
-def test_launch_file_autostarts_configure_then_activate(launch_tree):
-    transitions = [ast.unparse(keyword(c, "transition_id")) for c in calls_named(launch_tree, "ChangeState")]
-    assert any(t.endswith("TRANSITION_CONFIGURE") for t in transitions)
-    assert any(t.endswith("TRANSITION_ACTIVATE") for t in transitions)
-    handler = calls_named(launch_tree, "OnStateTransition")[0]
-    assert resolve(keyword(handler, "goal_state"), {}) == "inactive"
+def test_launch_file_autostart_is_the_nodes_own_parameter_and_sends_no_transitions(launch_tree):
+    """The node configures and activates itself once (its autostart parameter, tested over DDS in
+    test/ros/test_node_ros_usage.py); a launch-side event handler would re-activate it after every later manual
+    configure, so the launch file sends no transition at all."""
+    node = calls_named(launch_tree, "LifecycleNode")[0]
+    inline = [item for item in keyword(node, "parameters").elts if isinstance(item, ast.Dict)][0]
+    values = {resolve(key, {}): value for key, value in zip(inline.keys, inline.values)}
+    assert ast.unparse(values["autostart"]) == \
+        "launch_ros.parameter_descriptions.ParameterValue(autostart, value_type=bool)"
+    assigned = {target.id: node_value for node_value in ast.walk(launch_tree) if isinstance(node_value, ast.Assign)
+                for target in node_value.targets if isinstance(target, ast.Name)}
+    assert "LaunchConfiguration" in ast.unparse(assigned["autostart"]) and "'autostart'" in ast.unparse(
+        assigned["autostart"])
+    for name in ("ChangeState", "OnStateTransition", "RegisterEventHandler", "EmitEvent"):
+        assert not calls_named(launch_tree, name), f"the launch file must not send lifecycle transitions ({name})"
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=[p.name for p in CONFIG_FILES])
 def test_config_files_use_only_declared_parameters_with_valid_values(path):
     document = yaml.safe_load(path.read_text())
-    assert list(document) == ["policy_node"], f"{path.name}: top-level key must be the node name policy_node"
-    values = document["policy_node"]["ros__parameters"]
+    assert list(document) == ["/**"], f"{path.name}: top-level key must be /** (any node name and namespace)"
+    values = document["/**"]["ros__parameters"]
     unknown = set(values) - set(SPECS) - ROS_BUILTIN_PARAMETERS
     assert not unknown, f"{path.name}: parameters not declared by node_parameters.py: {sorted(unknown)}"
     merged = {name: spec.default for name, spec in SPECS.items()}
@@ -141,7 +150,7 @@ def test_config_files_use_only_declared_parameters_with_valid_values(path):
 
 
 def test_demo_config_has_two_cameras_and_aloha_three():
-    load = lambda name: yaml.safe_load((REPO_ROOT / "config" / name).read_text())["policy_node"][  # noqa: E731
+    load = lambda name: yaml.safe_load((REPO_ROOT / "config" / name).read_text())["/**"][  # noqa: E731
         "ros__parameters"]
     assert len(load("demo_two_cameras.yaml")["camera_topics"]) == 2
     assert load("demo_two_cameras.yaml")["checkpoint"] == ""

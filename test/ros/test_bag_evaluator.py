@@ -72,7 +72,8 @@ def test_evaluator_applies_the_node_rules_to_a_faulty_bag(fault_evaluation, bags
     assert ev.rejected == {"bad_image": 1}, "the corrupt JPEG is the only rejected decode"
     assert ev.buffer["out_of_order"] == 2 and ev.buffer["stale"] == 0 and ev.buffer["time_resets"] == 0
     assert ev.inputs_rejected == 3
-    assert len(ev.chunks) == ev.buffer["taken"] - 1, "every taken observation but the corrupt one gives a chunk"
+    assert len(ev.chunks) == ev.buffer["taken"], "the corrupt JPEG is rejected before pairing: every taken " \
+        "observation gives a chunk"
     start_ns = CLEAN_BAG.start_time_ns
     for chunk in ev.chunks:
         assert chunk.stamp_ns == min(chunk.view_stamps_ns), "chunk stamp = oldest camera stamp"

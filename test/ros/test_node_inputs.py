@@ -60,7 +60,7 @@ def test_bad_and_stale_inputs_are_skipped_counted_and_the_node_keeps_working(act
     assert wait_until(lambda: h.node._statistics.snapshot().rejected.get("bad_state") == 2
                       and h.node._statistics.snapshot().rejected.get("bad_image") == 2)
     assert h.node._state is None
-    # a corrupt jpeg passes the cheap check, pairs, and fails decoding on the inference thread
+    # a truncated jpeg (no end marker) fails the cheap check in the callback, before any decoder sees it
     h.send_state(now)
     now = h.now_ns()
     h.send_frame(0, now)
@@ -106,20 +106,22 @@ def test_an_input_the_model_refuses_counts_as_inference_error_and_is_skipped(act
     assert h.chunks[0].sequence == 0 and h.lifecycle.state() == "active"
 
 
-def test_a_camera_that_stops_shows_in_diagnostics(active_harness):
+def test_a_camera_that_never_sends_shows_in_diagnostics(active_harness):
     h = active_harness({"diagnostics_window": 1.0})
     h.send_instruction()
     for _ in range(10):
         h.send_frame(0, h.now_ns())        # camera 1 never sends
         time.sleep(0.03)
-    assert wait_until(lambda: h.diagnostics and h.diagnostics[-1].level == DiagnosticStatus.WARN
-                      and "camera_1/image_raw" in h.diagnostics[-1].message, timeout_s=5.0)
+    assert wait_until(lambda: h.diagnostics and h.diagnostics[-1].level == DiagnosticStatus.ERROR
+                      and "camera_1/image_raw: no frame since activation" in h.diagnostics[-1].message, timeout_s=5.0)
     assert float(h.latest_diagnostics()["input_rate_hz[camera_1/image_raw]"]) == 0.0
     assert not h.chunks
 
 
 def test_diagnostics_content_and_staleness_warning(active_harness):
-    h = active_harness({"staleness_warn_threshold": 30.0})
+    # the inputs stop after four observations: detection limits far beyond the test keep the level on staleness
+    h = active_harness({"staleness_warn_threshold": 30.0, "camera_timeout": 60.0, "pairing_timeout": 60.0,
+                        "max_state_age": 60.0})
     h.send_instruction()
     for _ in range(4):
         h.send_observation(h.now_ns())
@@ -186,8 +188,9 @@ def test_parameters_have_descriptors_and_invalid_values_are_rejected_with_a_reas
         assert not set_one("sync_slop", 5.0).successful                      # outside [0, 1]
         assert not set_one("max_observation_age", -1.0).successful
         assert not set_one("max_observation_age", float("nan")).successful
-        rejected = set_one("checkpoint", "/somewhere/else")                    # needs reconfigure
+        rejected = set_one("executor", "multi_threaded")                       # read at start-up
         assert not rejected.successful and "read-only" in rejected.reason
+        assert set_one("checkpoint", "/somewhere/else").successful              # unconfigured: read at configure
         assert not set_one("sync_slop", "fast").successful                      # wrong type
         accepted = set_one("sync_slop", 0.05)
         assert accepted.successful, accepted.reason

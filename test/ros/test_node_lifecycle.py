@@ -63,7 +63,7 @@ def test_failed_configure_leaves_the_node_up_and_configurable_again(harnesses, t
     ({"camera_views": ["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"]}, "camera_views has 3 entries"),
     ({"camera_views": ["base_0_rgb", "top_rgb"]}, "not views of the model"),
     ({"action_names": ["a", "b"]}, "action_names has 2 names"),
-    ({"state_topic": ""}, "state is required"),       # the demo pi0.5 puts the state in its prompt
+    ({"state_topic": ""}, "state_topic is empty"),    # the demo pi0.5 puts the state in its prompt
 ])
 def test_configure_fails_with_a_reason_on_inconsistent_settings(harnesses, parameters, reason):
     h = harnesses(dict(parameters, warmup_iterations=1),
@@ -213,3 +213,36 @@ def test_sigint_exits_cleanly_from_every_state(harnesses, target_state):
     assert process.returncode == 0, f"exit code {process.returncode}\n{out}\n{err}"
     assert "Traceback" not in err, err
 
+
+
+@pytest.mark.parametrize("executor, phase", [("single_threaded", "configuring:"),
+                                             ("multi_threaded", "model loaded: warming up")])
+def test_sigint_during_configure_exits_quietly(executor, phase):
+    """SIGINT while the autostart configure loads the model (single-threaded executor: the configure runs on the
+    main thread, which SIGINT interrupts) or warms it up (multi-threaded: on a worker thread, which stops before
+    its next warm-up pass): exit code 0 within seconds, no error, no errorprocessing transition, nothing
+    published on the context SIGINT shut down (rosout)."""
+    namespace = f"/sigint_configure_{executor}_{int(time.time() * 1000) % 100000}"
+    process = start_python(NODE_PROCESS, "--ros-args", "-r", f"__ns:={namespace}", "-p", "autostart:=true",
+                           "-p", "warmup_iterations:=100", "-p", "state_topic:=joint_states",
+                           "-p", f"executor:={executor}")
+    lines = []
+    try:
+        for line in process.stderr:             # the node logs to stderr
+            lines.append(line)
+            if phase in line:
+                break
+        time.sleep(0.5)                         # loading, or warming up (100 passes take several seconds)
+        process.send_signal(signal.SIGINT)
+        signalled = time.monotonic()
+        out, err = process.communicate(timeout=PROCESS_EXIT_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    err = "".join(lines) + err
+    assert process.returncode == 0, f"exit code {process.returncode}\n{out}\n{err}"
+    assert time.monotonic() - signalled < 15.0
+    assert "configuring:" in err and "configured:" not in err, err       # the signal came during configure
+    for text in ("rosout", "[ERROR]", "error in a transition", "Failed", "Traceback"):
+        assert text not in err, err

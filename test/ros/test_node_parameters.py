@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 from rclpy.parameter import Parameter
 
-from flashrt_ros.node_parameters import (PARAMETERS, RUNTIME_PARAMETERS, SPECS, SettingsError, StateInput,
-                                         TriggerMode, on_set_parameters, settings_from_values, validate)
+from flashrt_ros.node_parameters import (CONFIGURE_PARAMETERS, PARAMETERS, RUNTIME_PARAMETERS, SPECS, Changeable,
+                                         SettingsError, StateInput, TriggerMode, on_set_parameters,
+                                         settings_from_values, validate)
 
 DEFAULTS = {spec.name: spec.default for spec in PARAMETERS}
 
@@ -20,7 +21,13 @@ def test_every_parameter_is_described_and_its_default_is_valid():
         descriptor = spec.descriptor()
         assert descriptor.read_only == spec.read_only and descriptor.type == spec.param_type()
     assert set(RUNTIME_PARAMETERS) == {"default_instruction", "sync_slop", "max_observation_age",
-                                       "staleness_warn_threshold"}
+                                       "staleness_warn_threshold", "max_future_stamp", "camera_timeout",
+                                       "pairing_timeout", "max_state_age"}
+    startup = {spec.name for spec in PARAMETERS if spec.changeable is Changeable.STARTUP}
+    assert startup == {"executor", "autostart", "diagnostics_period"}
+    assert all(spec.read_only == (spec.name in startup) for spec in PARAMETERS)
+    for name in ("camera_timeout", "pairing_timeout", "max_state_age"):     # detection well under a second
+        assert SPECS[name].default < 1.0, name
     settings = settings_from_values(DEFAULTS)
     assert settings.trigger is TriggerMode.ON_OBSERVATION and settings.state_type is StateInput.JOINT_STATE
     assert settings.config is None and settings.dtype is None      # auto -> flashrt_core picks
@@ -58,6 +65,17 @@ def test_on_set_callback_rejects_the_whole_set_with_all_reasons():
     assert not result.successful
     assert "trigger='never'" in result.reason and "device='tpu'" in result.reason
     assert on_set_parameters([Parameter("sync_slop", value=0.01), Parameter("use_sim_time", value=True)]).successful
+
+
+@pytest.mark.parametrize("state", ["inactive", "active", "configuring"])
+def test_configure_time_parameters_are_refused_with_a_reason_unless_unconfigured(state):
+    checkpoint = Parameter("checkpoint", value="/new/checkpoint")
+    assert "checkpoint" in CONFIGURE_PARAMETERS
+    assert on_set_parameters([checkpoint], "unconfigured").successful
+    refused = on_set_parameters([checkpoint, Parameter("sync_slop", value=0.01)], state)
+    assert not refused.successful
+    assert "checkpoint is read at configure" in refused.reason and state in refused.reason
+    assert on_set_parameters([Parameter("sync_slop", value=0.01)], state).successful      # runtime: any state
 
 
 def test_settings_error_lists_every_problem_and_cross_checks():
