@@ -11,7 +11,7 @@ publishing. Under ``use_sim_time`` the timer and "now" follow /clock, so a bag r
 
 Lifecycle: configure reads the parameters and creates the command publisher (a lifecycle publisher: silent while
 inactive) and /diagnostics; activate subscribes and starts the control timer; deactivate stops both and forgets
-the chunks; cleanup destroys the publishers.
+the chunks; cleanup destroys the publishers. ``autostart`` configures and activates once after start-up.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from flashrt_ros import qos_profiles
 from flashrt_ros.chunk_schedule import ChunkRejected, ChunkSchedule, Command, timed_chunk
-from flashrt_ros.executor_parameters import (RUNTIME_PARAMETERS, SPECS, DeadlineMiss, ExecutorSettings,
-                                             OutputType, declare_parameters, on_set_parameters, read_settings)
+from flashrt_ros.executor_parameters import (RUNTIME_PARAMETERS, DeadlineMiss, ExecutorSettings, OutputType,
+                                             declare_parameters, on_set_parameters, read_settings)
 from flashrt_ros.msg import ActionChunk
 from flashrt_ros.node_parameters import SettingsError
 
@@ -87,6 +87,16 @@ class ActionExecutor(LifecycleNode):
         self._joint_names: tuple[str, ...] = ()
         self._active = False
         self.counters = ExecutionCounters()
+        self._autostart_timer = None
+        if self.get_parameter("autostart").value:
+            self._autostart_timer = self.create_timer(0.0, self._autostart)
+
+    def _autostart(self) -> None:
+        """autostart: configure, then activate, once (a failed configure leaves the node unconfigured)."""
+        self.destroy_timer(self._autostart_timer)
+        self._autostart_timer = None
+        if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
+            self.trigger_activate()
 
     # lifecycle -------------------------------------------------------------------------------------------------
 
@@ -268,15 +278,15 @@ class ActionExecutor(LifecycleNode):
         """Chunks the schedule holds now (0 before configure)."""
         return self._schedule.chunk_count if self._schedule is not None else 0
 
+    def lifecycle_state(self) -> str:
+        """unconfigured, inactive or active."""
+        if self._settings is None:
+            return "unconfigured"
+        return "active" if self._active else "inactive"
+
     def _check_parameters(self, parameters) -> SetParametersResult:
-        """On-set callback: every value valid, and a configure-time parameter only while unconfigured (it is read
-        at the next configure; changing it while configured would silently not apply)."""
-        result = on_set_parameters(parameters)
-        frozen = [p.name for p in parameters if p.name in SPECS and p.name not in RUNTIME_PARAMETERS]
-        if result.successful and frozen and self._settings is not None:
-            return SetParametersResult(successful=False, reason=f"{', '.join(frozen)} read at configure: clean the "
-                                       "node up (lifecycle cleanup) to change it")
-        return result
+        """On-set callback: every value valid, a configure-time parameter only while unconfigured."""
+        return on_set_parameters(parameters, self.lifecycle_state())
 
     def _on_parameters_set(self, parameters) -> None:
         """Runtime parameters take effect at once; the stored chunks stay."""

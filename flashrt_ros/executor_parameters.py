@@ -1,23 +1,23 @@
 """Every parameter of the action executor node, declared in one place and converted once to ExecutorSettings.
 
-The same ParamSpec as the policy node (flashrt_ros.node_parameters): default, description, range or choices,
-read_only (here: read at configure, changeable only while the node is unconfigured). docs/action_executor.md's parameter table is generated from PARAMETERS
-(``python -m flashrt_ros.executor_parameters``) and a test keeps the two equal.
+The same ParamSpec as the policy node (flashrt_ros.node_parameters): default, description, range or choices, and
+when a change takes effect (configure-time parameters are settable while the node is unconfigured and refused
+once it is configured; runtime ones apply at once). docs/action_executor.md's parameter table is generated from
+PARAMETERS (``python -m flashrt_ros.executor_parameters``) and a test keeps the two equal.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import json
-import math
 from typing import Any, Sequence
 
 from rcl_interfaces.msg import ParameterType, SetParametersResult
 from rclpy.parameter import Parameter
 
 from flashrt_ros.chunk_schedule import Switching
-from flashrt_ros.node_parameters import ParamSpec, SettingsError
+from flashrt_ros.node_parameters import (UNCONFIGURED, Changeable, ParamSpec, SettingsError, check_spec_value,
+                                         declare_specs, spec_markdown_table)
 
 
 class OutputType(enum.Enum):
@@ -47,19 +47,22 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("switching", Switching.LATEST.value, "How the command moves from one chunk to the next: latest (the "
               "newest observation's chunk at once) or temporal_fusion (the mean of every chunk that covers now, "
               "weighted exp(-fusion_decay * observation age relative to the newest)).",
-              choices=tuple(m.value for m in Switching), read_only=False),
+              choices=tuple(m.value for m in Switching), changeable=Changeable.RUNTIME),
     ParamSpec("fusion_decay", 10.0, "temporal_fusion: decay rate [1/s] of a chunk's weight with how much older its "
-              "observation is than the newest; 0 = plain mean.", float_range=(0.0, 1000.0), read_only=False),
+              "observation is than the newest; 0 = plain mean.", float_range=(0.0, 1000.0), changeable=Changeable.RUNTIME),
     ParamSpec("interpolate", True, "Interpolate linearly between a chunk's rows; false = hold each row for dt.",
-              read_only=False),
+              changeable=Changeable.RUNTIME),
     ParamSpec("on_deadline_miss", DeadlineMiss.HOLD.value, "When no chunk covers now (the policy fell behind): "
               "hold = repeat the last command; stop = publish nothing until a chunk covers now again.",
-              choices=tuple(m.value for m in DeadlineMiss), read_only=False),
+              choices=tuple(m.value for m in DeadlineMiss), changeable=Changeable.RUNTIME),
     ParamSpec("diagnostics_period", 1.0, "Period [s] of /diagnostics.", float_range=(0.05, 60.0)),
+    ParamSpec("autostart", False, "Configure, then activate, once after start-up (the launch file sets it).",
+              changeable=Changeable.STARTUP),
 )
 
 SPECS: dict[str, ParamSpec] = {spec.name: spec for spec in PARAMETERS}
-RUNTIME_PARAMETERS = tuple(spec.name for spec in PARAMETERS if not spec.read_only)
+RUNTIME_PARAMETERS = tuple(spec.name for spec in PARAMETERS if spec.changeable is Changeable.RUNTIME)
+CONFIGURE_PARAMETERS = tuple(spec.name for spec in PARAMETERS if spec.changeable is Changeable.CONFIGURE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +77,7 @@ class ExecutorSettings:
     interpolate: bool
     on_deadline_miss: DeadlineMiss
     diagnostics_period: float
+    autostart: bool
 
     @property
     def control_period_s(self) -> float:
@@ -81,17 +85,8 @@ class ExecutorSettings:
 
 
 def declare_parameters(node) -> None:
-    """Declare every parameter with its descriptor. None is read-only to ROS: a configure-time parameter
-    (read_only in its spec) can be corrected while the node is unconfigured, and the node's on-set callback refuses
-    it once configured. rclpy infers an empty list default as a byte array, so empty-list parameters are declared
-    by type (unset until given a value; parameter_value reads the default)."""
-    for spec in PARAMETERS:
-        default = spec.default
-        if isinstance(default, list) and not default:
-            default = Parameter.Type(spec.param_type())
-        descriptor = spec.descriptor()
-        descriptor.read_only = False
-        node.declare_parameter(spec.name, default, descriptor)
+    """Declare every parameter of the executor (PARAMETERS) with its descriptor and a typed default."""
+    declare_specs(node, PARAMETERS)
 
 
 def parameter_value(node, name: str) -> Any:
@@ -105,22 +100,24 @@ def validate(name: str, value: Any) -> str | None:
     """Reason why ``value`` is invalid for parameter ``name``, or None."""
     spec = SPECS.get(name)
     if spec is None:
-        return None
-    if spec.choices and value not in spec.choices:
-        return f"{name}={value!r} is not one of {list(spec.choices)}"
-    if spec.float_range is not None:
-        low, high = spec.float_range
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and low <= value <= high):
-            return f"{name}={value!r} is outside [{low}, {high}]"
+        return None                 # not ours (use_sim_time, qos overrides...)
+    if (reason := check_spec_value(spec, value)) is not None:
+        return reason
     if name in ("input_topic", "output_topic") and not value:
         return f"{name} must not be empty"
-    if name == "joint_names" and (any(not n for n in value) or len(set(value)) != len(value)):
-        return f"joint_names must be distinct non-empty names, got {list(value)}"
+    if name == "joint_names" and len(set(value)) != len(value):
+        return f"joint_names has duplicate entries: {list(value)}"
     return None
 
 
-def on_set_parameters(parameters: Sequence) -> SetParametersResult:
+def on_set_parameters(parameters: Sequence, lifecycle_state: str = UNCONFIGURED) -> SetParametersResult:
+    """rclpy on-set callback: every value valid, and a configure-time parameter only while the node is
+    unconfigured (it is read at the next configure; set later, it would silently not apply)."""
     reasons = [reason for parameter in parameters if (reason := validate(parameter.name, parameter.value))]
+    if lifecycle_state != UNCONFIGURED:
+        reasons += [f"{parameter.name} is read at configure: set it while the node is unconfigured (it is "
+                    f"{lifecycle_state}; deactivate and cleanup first)"
+                    for parameter in parameters if parameter.name in CONFIGURE_PARAMETERS]
     return SetParametersResult(successful=not reasons, reason="; ".join(reasons))
 
 
@@ -134,7 +131,7 @@ def settings_from_values(values: dict[str, Any]) -> ExecutorSettings:
         control_rate_hz=float(values["control_rate_hz"]), switching=Switching(values["switching"]),
         fusion_decay=float(values["fusion_decay"]), interpolate=bool(values["interpolate"]),
         on_deadline_miss=DeadlineMiss(values["on_deadline_miss"]),
-        diagnostics_period=float(values["diagnostics_period"]))
+        diagnostics_period=float(values["diagnostics_period"]), autostart=bool(values["autostart"]))
 
 
 def read_settings(node) -> ExecutorSettings:
@@ -143,13 +140,7 @@ def read_settings(node) -> ExecutorSettings:
 
 def markdown_table() -> str:
     """The parameter reference of docs/action_executor.md (a test keeps the doc equal to it)."""
-    rows = ["| name | default | range / choices | changeable at runtime | description |", "|---|---|---|---|---|"]
-    for spec in PARAMETERS:
-        bounds = spec.float_range or spec.int_range
-        limits = f"{bounds[0]} .. {bounds[1]}" if bounds else ", ".join(spec.choices)
-        rows.append(f"| `{spec.name}` | `{json.dumps(spec.default)}` | {limits} | "
-                    f"{'no' if spec.read_only else 'yes'} | {spec.description} |")
-    return "\n".join(rows)
+    return spec_markdown_table(PARAMETERS)
 
 
 if __name__ == "__main__":

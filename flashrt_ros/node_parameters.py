@@ -239,14 +239,14 @@ CONFIGURE_PARAMETERS = tuple(spec.name for spec in PARAMETERS if spec.changeable
 UNCONFIGURED = "unconfigured"     # the lifecycle state in which configure-time parameters can be set
 
 
-def declare_parameters(node) -> None:
-    """Declare every parameter of PARAMETERS on ``node`` with its descriptor and a typed default.
+def declare_specs(node, specs: Sequence[ParamSpec]) -> None:
+    """Declare every parameter of ``specs`` on ``node`` with its descriptor and a typed default.
 
     rclpy infers an empty list as a byte array, so an empty-list parameter is declared by its type and, unless an
     override gave it a value, then set to a typed empty list. Left NOT_SET, Kilted would answer any GetParameters
     request that names it (``ros2 param dump``) with no values at all.
     """
-    for spec in PARAMETERS:
+    for spec in specs:
         if not (isinstance(spec.default, list) and not spec.default):
             node.declare_parameter(spec.name, spec.default, spec.descriptor())
             continue
@@ -254,6 +254,11 @@ def declare_parameters(node) -> None:
         node.declare_parameter(spec.name, kind, spec.descriptor())
         if node.get_parameter_or(spec.name).type_ == Parameter.Type.NOT_SET:
             node.set_parameters([Parameter(spec.name, kind, [])])
+
+
+def declare_parameters(node) -> None:
+    """Declare every parameter of the policy node (PARAMETERS)."""
+    declare_specs(node, PARAMETERS)
 
 
 def parameter_value(node, name: str) -> Any:
@@ -264,11 +269,10 @@ def parameter_value(node, name: str) -> Any:
     return parameter.value
 
 
-def validate(name: str, value: Any) -> str | None:
-    """Reason why ``value`` is invalid for parameter ``name``, or None (ranges are checked by rclpy too)."""
-    spec = SPECS.get(name)
-    if spec is None:
-        return None    # not ours (use_sim_time, qos overrides...)
+def check_spec_value(spec: ParamSpec, value: Any) -> str | None:
+    """What every parameter's spec says of a value: one of its choices, inside its range, no empty entry in a
+    string array. The reason it fails, or None."""
+    name = spec.name
     if spec.choices and value not in spec.choices:
         return f"{name}={value!r} is not one of {list(spec.choices)}"
     if spec.float_range is not None:
@@ -279,6 +283,18 @@ def validate(name: str, value: Any) -> str | None:
         low, high = spec.int_range
         if not low <= value <= high:
             return f"{name}={value!r} is outside [{low}, {high}]"
+    if spec.type == STRING_ARRAY and any(not item for item in value):
+        return f"{name} has an empty entry: {list(value)}"
+    return None
+
+
+def validate(name: str, value: Any) -> str | None:
+    """Reason why ``value`` is invalid for parameter ``name``, or None (ranges are checked by rclpy too)."""
+    spec = SPECS.get(name)
+    if spec is None:
+        return None    # not ours (use_sim_time, qos overrides...)
+    if (reason := check_spec_value(spec, value)) is not None:
+        return reason
     if name == "warmup_image_size" and not (len(value) == 2 and all(1 <= int(v) <= 16384 for v in value)):
         return f"warmup_image_size={list(value)}: expected [width, height], each in 1..16384"
     if name == "engine_text_buckets" and any(not 1 <= int(v) <= 4096 for v in value):
@@ -289,8 +305,6 @@ def validate(name: str, value: Any) -> str | None:
         return f"device={value!r}: expected auto, cpu, cuda or cuda:N"
     if name in ("camera_topics", "instruction_topic", "output_topic") and not value:
         return f"{name} must not be empty"
-    if spec.type == STRING_ARRAY and any(not item for item in value):
-        return f"{name} has an empty entry: {list(value)}"
     if name in ("camera_topics", "camera_views", "state_joint_names", "action_names") and \
             len(set(value)) != len(value):
         return f"{name} has duplicate entries: {list(value)}"
@@ -426,10 +440,10 @@ def read_settings(node) -> NodeSettings:
     return settings_from_values({name: parameter_value(node, name) for name in SPECS})
 
 
-def markdown_table() -> str:
-    """The parameter reference of docs/node.md, generated from PARAMETERS (a test keeps the doc equal to it)."""
+def spec_markdown_table(specs: Sequence[ParamSpec]) -> str:
+    """A parameter reference table (name, default, range or choices, when a change takes effect, description)."""
     rows = ["| name | default | range / choices | changeable | description |", "|---|---|---|---|---|"]
-    for spec in PARAMETERS:
+    for spec in specs:
         bounds = spec.float_range or spec.int_range
         limits = f"{bounds[0]} .. {bounds[1]}" if bounds else ", ".join(spec.choices)
         default = json.dumps(spec.default)
@@ -438,10 +452,16 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
+def markdown_table() -> str:
+    """The parameter reference of docs/node.md, generated from PARAMETERS (a test keeps the doc equal to it)."""
+    return spec_markdown_table(PARAMETERS)
+
+
 if __name__ == "__main__":
     print(markdown_table())
 
 
 __all__ = ["CONFIGURE_PARAMETERS", "PARAMETERS", "RUNTIME_PARAMETERS", "SPECS", "Changeable", "NodeSettings",
-           "ParamSpec", "SettingsError", "StateInput", "TriggerMode", "declare_parameters", "on_set_parameters", "read_settings",
-           "parameter_value", "settings_from_values", "validate", "markdown_table"]
+           "ParamSpec", "SettingsError", "StateInput", "TriggerMode", "check_spec_value", "declare_parameters",
+           "declare_specs", "markdown_table", "on_set_parameters", "parameter_value", "read_settings",
+           "settings_from_values", "spec_markdown_table", "validate"]

@@ -11,12 +11,7 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DEPENDENCIES="${FLASHRT_DEPENDENCIES:-pinned}"
-case "$DEPENDENCIES" in
-  pinned) VENV="${FLASHRT_VENV:-$REPO/.venv}";;
-  newest) VENV="${FLASHRT_VENV:-$REPO/.venv-newest}";;
-  *) printf '[bootstrap] FLASHRT_DEPENDENCIES=%s: use pinned (tools/constraints.txt) or newest\n' "$DEPENDENCIES" >&2; exit 2;;
-esac
+. "$REPO/tools/venv.sh"
 PYTHON="${FLASHRT_PYTHON:-python3}"
 CONSTRAINTS="$REPO/tools/constraints.txt"
 REQUIREMENTS="$REPO/tools/requirements-venv.txt"
@@ -93,7 +88,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$req_hash" ]; then
         # is the CUDA build, several GB)
         with_heartbeat "PyTorch (CPU)" from_cpu_index \
           || { log "  PyTorch's CPU index is out of reach (see $torch_log): keeping torch==${torch_pin}+cpu"
-               "$PY" -m pip install -q "torch==${torch_pin}+cpu"; }
+               pip_install "torch==${torch_pin}+cpu"; }
       else
         with_heartbeat "PyTorch (CPU)" pinned_cpu_wheel \
           || with_heartbeat "PyTorch (CPU)" from_cpu_index \

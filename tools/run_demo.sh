@@ -7,4 +7,5 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 tools/bootstrap.sh
-exec .venv/bin/python -m flashrt_ros.demo_main "$@"
+. tools/venv.sh
+exec "$VENV/bin/python" -m flashrt_ros.demo_main "$@"

@@ -14,7 +14,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 tools/bootstrap.sh
-if [ "${FLASHRT_DEPENDENCIES:-pinned}" = newest ]; then VENV="${FLASHRT_VENV:-$REPO/.venv-newest}"; else VENV="${FLASHRT_VENV:-$REPO/.venv}"; fi
+. tools/venv.sh
 PY="$VENV/bin/python"
 if (($#)); then
   exec "$PY" -m pytest -q "$@"

@@ -18,7 +18,8 @@ from flashrt_ros.node_parameters import SPECS, settings_from_values
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_FILE = REPO_ROOT / "launch" / "policy_node.launch.py"
-CONFIG_FILES = sorted((REPO_ROOT / "config").glob("*.yaml"))
+EXECUTOR_CONFIG = "action_executor.yaml"           # the action executor's (test_executor_launch_file.py)
+CONFIG_FILES = sorted(p for p in (REPO_ROOT / "config").glob("*.yaml") if p.name != EXECUTOR_CONFIG)
 ROS_BUILTIN_PARAMETERS = {"use_sim_time"}
 
 

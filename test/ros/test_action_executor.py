@@ -248,3 +248,12 @@ def test_configure_time_parameters_are_writable_only_while_unconfigured(harness_
     assert harness.node.set_parameters([Parameter("switching", value="temporal_fusion")])[0].successful
     bad = harness.node.set_parameters([Parameter("switching", value="newest")])[0]
     assert not bad.successful and "not one of" in bad.reason
+
+
+def test_autostart_configures_and_activates_once(harness_factory):
+    harness = harness_factory({"autostart": True})
+    assert wait_until(lambda: harness.node.lifecycle_state() == "active", timeout_s=10.0)
+    assert harness.lifecycle.change("deactivate") and harness.lifecycle.change("cleanup")
+    assert harness.lifecycle.change("configure")
+    time.sleep(0.3)
+    assert harness.node.lifecycle_state() == "inactive"      # nothing activates it again

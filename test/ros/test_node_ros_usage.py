@@ -25,8 +25,8 @@ from flashrt_ros.node_executor import make_executor
 from flashrt_ros.node_logging import MAX_LOG_CHARS
 from flashrt_ros.node_parameters import PARAMETERS
 from flashrt_ros.policy_node import PolicyNode
-from test.ros.node_harness import DISCOVERY_TIMEOUT_S, BorrowedPolicy, NodeHarness, shared_policy, wait_until
-from test.ros.node_streams import RosoutLines
+from node_harness import DISCOVERY_TIMEOUT_S, BorrowedPolicy, NodeHarness, shared_policy, wait_until
+from node_streams import RosoutLines
 
 pytestmark = pytest.mark.ros
 

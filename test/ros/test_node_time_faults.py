@@ -14,8 +14,8 @@ from diagnostic_msgs.msg import DiagnosticStatus
 from rclpy.time import Time
 from sensor_msgs.msg import CompressedImage
 
-from test.ros.node_harness import BorrowedPolicy, NodeHarness, shared_policy, wait_until
-from test.ros.node_streams import InputStream, RosoutLines, seconds_since
+from node_harness import BorrowedPolicy, NodeHarness, shared_policy, wait_until
+from node_streams import InputStream, RosoutLines, seconds_since
 
 pytestmark = pytest.mark.ros
 
