@@ -247,7 +247,7 @@ def _attn_combine_kernel(acc_ptr, ml_ptr, o_ptr, Mq, stride_o, SPLIT: tl.constex
 # (`attention`), a 64-key block of 256-wide K and V compiles for sm90 to 32 registers and ~9 KB of spills per
 # thread; 32 keys fit (250 registers, no spills): 14.07 -> 12.88 us per layer for GEMM + qkv_rope + attention.
 # decoder_attention loads prefix keys only and 64 keys fit (237 registers, no spills): 11.33 us, vs 11.67 us with
-# 32. The engine's decoder_key_block option (FLASHRT_DECODER_KEY_BLOCK) sets both, for A/B runs.
+# 32. A launcher's key_block argument sets either, for kernel benchmarks.
 KEY_BLOCKS = (16, 32, 64)
 DECODER_KEY_BLOCK = 32              # attention() with suffix keys
 DECODER_PREFIX_KEY_BLOCK = 64       # decoder_attention()
