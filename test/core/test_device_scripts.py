@@ -116,3 +116,21 @@ def test_kernels_part_runs_every_kernel_test():
     kernels = next(line for line in lines if "-m pytest" in line and "test_policy_gpu.py" in line)
     paths, selection = _pytest_call(kernels)
     assert "test/gpu/test_kernels.py" in paths and not selection
+
+
+def test_before_after_uses_flags_the_benchmark_has_and_refuses_without_an_earlier_tree(tmp_path):
+    """tools/device_before_after.sh passes each side's benchmark only flags this benchmark_engine.py has (the earlier
+    tree's is the one of its commit), and stops at once with exit status 2, naming the folder, when the earlier tree
+    is missing (before any device time goes into a checkpoint)."""
+    script = REPO / "tools" / "device_before_after.sh"
+    flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]+)", "\n".join(
+        line for line in _logical_lines(script) if "GRID=" in line or "benchmark_engine.py" in line)))
+    assert {"--configs", "--horizons", "--fp8-configs", "--no-gate", "--tag"} <= flags
+    help_text = run_checked([sys.executable, str(REPO / "tools" / "benchmark_engine.py"), "--help"], cwd=REPO).stdout
+    assert all(flag in help_text for flag in flags), sorted(f for f in flags if f not in help_text)
+    done = subprocess.run(["bash", str(script), "pi05"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+                               "BEFORE_TREE": str(tmp_path / "missing")})
+    assert done.returncode == 2, failure_report(done)
+    assert f"no earlier tree at {tmp_path / 'missing'}" in done.stderr
+    assert not (tmp_path / "out").exists()
