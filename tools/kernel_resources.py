@@ -121,8 +121,7 @@ def sass_digest(compiled) -> str:
 ATTN_SIGNATURE = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "bias_ptr": "*fp32", "vis_ptr": "*i32",
                   "o_ptr": "*bf16", "acc_ptr": "*fp32", "ml_ptr": "*fp32", "pos_ptr": "*i64", "cos_ptr": "*fp32",
                   "sin_ptr": "*fp32", "Mq": "i32", "L": "i32", "P": "i32", "heads": "i32", "scale": "fp32",
-                  "q_scale": "fp32", "stride_q": "i32", "stride_k": "i32", "stride_v": "i32", "stride_o": "i32",
-                  "split_stride_q": "i32"}
+                  "q_scale": "fp32", "stride_q": "i32", "stride_k": "i32", "stride_v": "i32", "stride_o": "i32"}
 SKINNY_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "N": "i32", "F": "i32",
                     "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "split_stride": "i32"}
 # At the expert's shapes every size and stride of these launches is a multiple of 16 except the row counts (M, Mq,
@@ -151,7 +150,7 @@ def attention_configs() -> list[KernelConfig]:
     configs: dict[tuple, KernelConfig] = {}
 
     def add(name: str, launch) -> None:
-        constexprs = {**launch.constexprs, "QKV_SPLITS": 1}            # the QKV rows as they are, no partials
+        constexprs = dict(launch.constexprs)
         key = tuple(sorted(constexprs.items())) + (launch.num_warps,)
         configs.setdefault(key, KernelConfig(name, attn._attn_split_kernel, ATTN_SIGNATURE, constexprs,
                                              launch.num_warps, launch.num_stages, ATTN_DIVISIBLE))

@@ -477,30 +477,6 @@ def test_step_attention_in_every_row_and_key_block(tokens, from_qkv):
         K.attention(k[:8], k, v, bias, prefix, visible[:1], heads, 1.0, torch.empty_like(k[:8]), block_m=48)
 
 
-@pytest.mark.parametrize("qkv_splits", [2, 4])
-def test_decoder_attention_sums_split_k_qkv_partials(qkv_splits):
-    """decoder_attention fed the QKV GEMM's split-K partials (fp32, as a split-K QKV GEMM leaves them) sums them as
-    it reads queries, suffix keys and values: against the reference on their sum, pi0.5's step (10 tokens) after a
-    prefix with holes."""
-    heads, dh, tokens, prefix = 8, 256, 10 if not INTERPRET else 3, 96 if not INTERPRET else 40
-    g = torch.Generator(device=DEVICE).manual_seed(qkv_splits)
-    qkv = torch.randn(tokens, (heads + 2) * dh, device=DEVICE, generator=g)
-    parts = torch.randn(qkv_splits, *qkv.shape, device=DEVICE, generator=g)
-    parts[0] += qkv - parts.sum(0)                                   # the partials sum to qkv
-    k_cache, v_cache = _prefilled_caches(prefix, tokens, dh, g)
-    valid, bias = _prefix_key_bias(prefix, g)
-    pos = int(valid.sum()) + torch.arange(tokens, device=DEVICE)
-    cos, sin = K.rope_tables(prefix + tokens, dh, 10000.0, torch.device(DEVICE))
-    visible = _suffix_visible(tokens, pi0=False)
-    want = K.decoder_attention_reference(parts, k_cache, v_cache, pos, cos, sin, bias, prefix, visible, heads,
-                                         dh ** -0.5)
-    for pdl in (False, True):
-        out = _poison(torch.empty(tokens * heads, dh, device=DEVICE, dtype=ATTN_DTYPE))
-        K.decoder_attention(parts, k_cache, v_cache, pos, cos, sin, bias, prefix, visible, heads, dh ** -0.5, out,
-                            pdl=pdl)
-        _close(out, want, ATTN_BF16_ATOL, BF16_RTOL)
-
-
 @pytest.mark.skipif(INTERPRET, reason="a BLAS epilogue, not a Triton kernel: GPU only")
 def test_vision_fc1_gelu_epilogue_is_the_tanh_gelu():
     """Ops.linear_gelu's GEMM epilogue (torch._addmm_activation on the GPU) at the SigLIP fc1 shape (2 views x 256
