@@ -2,7 +2,7 @@
 
 After ~10 ms away from them, predict's host steps (validation, prompt and state encoding, the noise draw, the
 frames' copy, the slice of the actions) run several times slower than back to back: measured on the H200 machine
-(session 13) and on the CPU machine, whether the thread spun or slept meanwhile (engine/host_wait.py). With
+and on the CPU machine, whether the thread spun or slept meanwhile (engine/host_wait.py). With
 `host_wait="warm"` the engine's wait runs a rehearsal every 0.5 ms until the GPU is done; this one repeats the last
 call's steps on that call's inputs so that the next call finds their code and data in the caches, and changes
 nothing anyone can see:

@@ -134,15 +134,14 @@ def reference_predict(ref: ReferenceExecutor, obs, compiled=None):
 
 
 def engine_options(prec: str, args) -> EngineOptions:
-    """bf16 | fp8 (per-tensor static scales) | fp8row (per-token / per-channel), env switches applied;
-    "fp8row@backbone_mlp": FP8 on that scope only (dispatch.FP8_SCOPES);
-    a suffix "-no_<switch>" turns that EngineOptions switch off, "-with_<switch>" turns an opt-in one on, and
-    "-<option>=<int>" sets an integer option (A/B rows: "bf16-no_pdl", "bf16-with_l2_prefetch",
-    "bf16-decoder_key_block=32")."""
+    """bf16 | fp8 (per-tensor static scales on the backbone's MLP), env switches applied;
+    a suffix "-no_<switch>" turns that EngineOptions switch off, "-with_<switch>" turns one on, and
+    "-<option>=<int>" sets an integer option (A/B rows: "bf16-no_pdl", "fp8-no_fp8_fused_quant",
+    "bf16-chain_tuning_passes=1")."""
     prec, *suffixes = prec.split("-")
     switches = {}
     for suffix in suffixes:
-        if "=" in suffix:                       # an integer option: "bf16-decoder_key_block=32"
+        if "=" in suffix:                       # an integer option: "bf16-chain_tuning_passes=1"
             name, _, value = suffix.partition("=")
             switches[name] = int(value)
             continue
@@ -150,11 +149,10 @@ def engine_options(prec: str, args) -> EngineOptions:
         if state not in ("no", "with") or not switch:
             raise ValueError(f"variant suffix must be no_<switch> or with_<switch>, got {suffix!r}")
         switches[switch] = state == "with"
-    prec, _, scope = prec.partition("@")
-    return EngineOptions.from_env(EngineOptions(fp8=prec.startswith("fp8"),
-                                                fp8_scaling="row" if prec == "fp8row" else "tensor",
-                                                fp8_scope=scope or EngineOptions.fp8_scope,
-                                                text_buckets=tuple(args.text_buckets), **switches))
+    if prec not in ("bf16", "fp8"):
+        raise ValueError(f"precision must be bf16 or fp8, got {prec!r}")
+    return EngineOptions.from_env(EngineOptions(fp8=prec == "fp8", text_buckets=tuple(args.text_buckets),
+                                                **switches))
 
 
 def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
@@ -171,17 +169,14 @@ def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
     row["text_bucket"] = key[3]                      # the token buffer the prompt ran in
     row["decoder_gemm"] = {"choice": {k: str(v) for k, v in engine.ops.decoder_impl.items()},
                            "launch_policy": engine.ops.launch_policy,
-                           "attention_form": engine.ops.decoder_attention_form,    # None: the kernel's plan
                            "tuning_source": engine.tuning_source,       # "measured" or "cache" (tuning_cache)
-                           "ada_norm_fold": engine.ops.ada_fold_applies(engine.suffix_len),
                            "failures": engine.ops.decoder_failures,
                            "prefix_attention": {"choice": engine.ops.prefix_attention_impl,
                                                 "timings_us": engine.ops.prefix_attention_timings},
                            "vision_attention": {"choice": engine.ops.vision_attention_backend,
                                                 "timings_us": engine.ops.vision_attention_timings},
                            "timings_us": engine.ops.decoder_timings,
-                           "chain_timings_ms": engine.decoder_chain_timings,
-                           "chain_starts": engine.decoder_chain_starts}
+                           "chain_timings_ms": engine.decoder_chain_timings}
     return row
 
 
@@ -334,7 +329,7 @@ def bench_config(args, res: Results, name: str) -> None:
     base = get_config(name)
     dev = torch.device("cuda")
     hw = detect_hardware("auto", dev)
-    precisions = ["bf16"] + ([f"fp8{s}" for s in args.fp8_scalings] if name in args.fp8_configs else [])
+    precisions = ["bf16"] + (["fp8"] if name in args.fp8_configs else [])
     ab_variants = ([f"bf16-no_{switch}" for switch in args.ab_switches_off] + [f"bf16-{o}" for o in args.ab_options]
                    + [f"{prec}-no_{switch}" for switch in args.ab_fp8_switches_off for prec in precisions
                       if prec.startswith("fp8")]
@@ -423,7 +418,7 @@ def targets(rows: list[dict], gates: list[dict] | None = None) -> list[str]:
     out = []
     eager, comp = pick("reference_eager"), pick("reference_compile")
     measured = [r["variant"][len("engine_"):] for r in rows if r["variant"].startswith("engine_")
-                and "-" not in r["variant"]]       # A/B variants ("-no_pdl", "-with_l2_prefetch") have no target
+                and "-" not in r["variant"]]       # A/B variants ("-no_pdl") have no target
     for prec in ["bf16"] + [p for p in dict.fromkeys(measured) if p != "bf16"]:
         eng = pick(f"engine_{prec}")
         if eng is None:
@@ -657,14 +652,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--text-buckets", nargs="*", type=int, default=list(DEFAULT_TEXT_BUCKETS),
                     help="the engine's text buckets (default: the engine's own)")
     ap.add_argument("--fp8-configs", nargs="*", default=[], help="configs also run with the FP8 engine")
-    ap.add_argument("--fp8-scalings", nargs="*", default=[""],
-                    help="'' (per-tensor, static) and/or 'row', each optionally '@<scope>' (e.g. row@backbone_mlp)")
     ap.add_argument("--ab-switches-off", nargs="*", default=[],
                     help="EngineOptions switches (e.g. pdl) each measured off too, bf16, as 'engine_bf16-no_<name>'")
     ap.add_argument("--ab-options", nargs="*", default=[],
-                    help="bf16 A/B rows with an integer EngineOptions field set, e.g. decoder_key_block=32")
+                    help="bf16 A/B rows with an integer EngineOptions field set, e.g. chain_tuning_passes=1")
     ap.add_argument("--ab-switches-on", nargs="*", default=[],
-                    help="opt-in EngineOptions switches (e.g. l2_prefetch) each measured on too, for every precision, "
+                    help="EngineOptions switches each measured on too, for every precision, "
                          "as 'engine_<precision>-with_<name>'")
     ap.add_argument("--ab-fp8-switches-off", nargs="*", default=[],
                     help="EngineOptions switches turned off in extra FP8 rows (fp8-no_<switch>), e.g. fp8_fused_quant")

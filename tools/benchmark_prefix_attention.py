@@ -5,7 +5,7 @@ The prefix attention of the pi0.5 / pi0 backbone: P prefix tokens (2 views x 256
 8 query heads, one K/V head, head dim 256, bidirectional, the text padding masked out of the keys. The engine runs
 it through `Ops.prefix_attention`, whose implementations (`PREFIX_ATTENTION_IMPLS`: the Triton MQA kernel with
 0, 1 or 4 key splits, torch SDPA in three forms, and with `prefix_attention_wgmma` the Hopper kernel of
-kernels/flashrt_kernels/prefix_attention.py in two forms, with `prefix_attention_split` also in three key-split forms) are timed
+kernels/flashrt_kernels/prefix_attention.py in two forms) are timed
 at load and the fastest kept. This tool times all of them, whatever the switches, beside FlashAttention-2
 (torch's `aten._flash_attention_forward`, its variable-length form) over the first n valid keys, which is exact
 only where the valid keys come first (image tokens, prompt, padding):

@@ -15,7 +15,7 @@ in a CUDA graph and replayed (GPU time per call, no launch overhead):
     fp8             torch._scaled_mm, E4M3 weights and activations, per-tensor static scales (quantization of x not
                     timed: the engine's FP8 path quantizes in the kernel ahead where it can)
     fp8_fast        the same with use_fast_accum: the tensor cores accumulate the whole K loop (no fp32 promotion
-                    every few K steps; EngineOptions.fp8_fast_accum)
+                    every few K steps; faster alone, no gain in the engine: docs/engine.md, "Tried and rejected")
     inductor        torch.compile(mode="max-autotune-no-cudagraphs") of the same function (linear, + GELU for fc1,
                     + GeGLU for gate/up): Inductor's Triton GEMM templates with fused epilogues, autotuned against
                     cuBLAS; whether a Triton GEMM beats the library at these shapes (--no-inductor skips it)

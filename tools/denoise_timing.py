@@ -1,9 +1,8 @@
-"""The denoise of an EngineExecutor alone, captured as a CUDA graph: what the A/B benchmarks of the denoiser's
-fusions (tools/benchmark_ada_norm_fold.py, tools/benchmark_denoise_step.py, tools/benchmark_denoise_layer.py)
-time and compare. The chain tuning's capture (EngineExecutor.capture_denoise), on a 2-view workspace of the
-tuning's text bucket (EngineExecutor.tuning_text_bucket) with random K/V caches. And the full-size pi0.5 they
-load: a checkpoint, or its parameters drawn on the GPU (add_ab_args, pi05_model); and random inputs of one
-expert layer for kernels/flashrt_kernels/denoise_layer.py alone (random_layer_case)."""
+"""The denoise of an EngineExecutor alone, captured as a CUDA graph: what the A/B benchmark of the denoiser's
+fused step ends (tools/benchmark_denoise_step.py) times and compares. The chain tuning's capture
+(EngineExecutor.capture_denoise), on a 2-view workspace of the tuning's text bucket
+(EngineExecutor.tuning_text_bucket) with random K/V caches. And the full-size pi0.5 it loads: a checkpoint, or its
+parameters drawn on the GPU (add_ab_args, pi05_model)."""
 
 from __future__ import annotations
 
@@ -56,41 +55,6 @@ def pi05_model(args, dev):
     from tools.benchmark_engine import ensure_checkpoint
     return cfg, load_model_weights(ensure_checkpoint(Path(args.ckpt_root), "pi05"), cfg, dev, torch.bfloat16), \
         "checkpoint"
-
-
-def random_layer_case(S: int, P: int, W: int, H: int, dh: int, F: int, has_x: bool, seed: int,
-                      device: torch.device | str, dtype: torch.dtype):
-    """Random pi0.5 expert-layer inputs: weights ~ 1/sqrt(fan-in), a residual of scale ~3, ada tables near their
-    trained ranges, a prefix with some keys masked, K/V caches of P prefix rows (+ S rows the layer writes); the
-    weights and caches in `dtype`. kernels/flashrt_kernels/denoise_layer.py's argument order: (residual, x_prev, tables, weights,
-    k_cache, v_cache, pos, cos, sin, key_bias, visible). Shared by its GPU test and tools/benchmark_denoise_layer.py."""
-    from flashrt_core.engine.kernel_import import load_kernels
-    K = load_kernels()
-    g = torch.Generator(device=device).manual_seed(seed)
-    bf = dtype
-
-    def rnd(*shape, scale=1.0):
-        return torch.randn(*shape, device=device, generator=g) * scale
-
-    weights = K.LayerWeights(qkv=rnd((H + 2) * dh, W, scale=W ** -0.5).to(bf),
-                             o=rnd(W, H * dh, scale=(H * dh) ** -0.5).to(bf),
-                             gate_up=rnd(2 * F, W, scale=W ** -0.5).to(bf), down=rnd(W, F, scale=F ** -0.5).to(bf))
-    shift_1, shift_2 = rnd(W, scale=0.3), rnd(W, scale=0.3)
-    tables = K.LayerTables(gate0=rnd(W, scale=0.5) if has_x else None, scale1p_1=1 + rnd(W, scale=0.2),
-                           shift_1=shift_1, gate1=rnd(W, scale=0.5), scale1p_2=1 + rnd(W, scale=0.2),
-                           shift_2=shift_2, bias_qkv=K.fold_shift(shift_1, weights.qkv),
-                           bias_gu=K.fold_shift(shift_2, weights.gate_up))
-    residual = rnd(S, W, scale=3.0)
-    x_prev = rnd(S, W) if has_x else None
-    k_cache, v_cache = rnd(P + S + 3, dh).to(bf), rnd(P + S + 3, dh).to(bf)
-    key_bias = torch.where(torch.rand(P, device=device, generator=g) > 0.2, 0.0, float("-inf"))
-    key_bias[0] = 0.0
-    n_valid = int((key_bias == 0).sum())
-    pos = (n_valid + torch.arange(S, device=device)).to(torch.int64)
-    cos, sin = K.rope_tables(P + S + 8, dh, device=device)
-    visible = torch.full((S,), S, device=device, dtype=torch.int32)
-    visible[0] = 1                                                     # one token sees fewer suffix keys
-    return residual, x_prev, tables, weights, k_cache, v_cache, pos, cos, sin, key_bias, visible
 
 
 @dataclass

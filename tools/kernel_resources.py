@@ -5,7 +5,7 @@ Triton lowers each kernel ahead of time for an H100/H200 (``GPUTarget("cuda", 90
 assembles the cubin, and its bundled ``cuobjdump -res-usage`` reads back registers per thread, the local-memory
 stack (spills) and shared memory. Only Triton is needed, so this runs in CI. It found that the denoiser's early-K/V
 attention (64-key blocks held across the PDL wait) compiled to 32 registers and ~9 KB of spills per thread, a path
-every H200 benchmark had run since session 3 (docs/benchmarks/engine_h200_2026-11-29_notes.md, session 5);
+every earlier H200 benchmark had run (docs/benchmarks/engine_h200_2026-11-29_notes.md);
 test/core/test_kernel_resources.py keeps the hot paths free of spills.
 
     python tools/kernel_resources.py            # a markdown table, one row per kernel configuration
@@ -18,7 +18,7 @@ configuration compiles to the same instructions.
 The configurations are the engine's own: the attention plans of pi0.5 and pi0 denoising steps (1-3 views,
 horizons 10 and 50) and the prefix, every decoder GEMM candidate the load-time tuning may pick (the Triton
 skinny GEMMs, and the Gluon shared-memory GEMMs of kernels/flashrt_kernels/smem_gemm.py), the QKV RoPE kernels, the denoising
-step's ends, the prefix attention on wgmma, the persistent expert layer and the expert MLP in one launch.
+step's ends and the prefix attention on wgmma.
 """
 
 from __future__ import annotations
@@ -121,16 +121,13 @@ def sass_digest(compiled) -> str:
 ATTN_SIGNATURE = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "bias_ptr": "*fp32", "vis_ptr": "*i32",
                   "o_ptr": "*bf16", "acc_ptr": "*fp32", "ml_ptr": "*fp32", "pos_ptr": "*i64", "cos_ptr": "*fp32",
                   "sin_ptr": "*fp32", "Mq": "i32", "L": "i32", "P": "i32", "heads": "i32", "scale": "fp32",
-                  "q_scale": "fp32", "stride_q": "i32", "stride_k": "i32", "stride_v": "i32", "stride_o": "i32",
-                  "split_stride_q": "i32"}
+                  "q_scale": "fp32", "stride_q": "i32", "stride_k": "i32", "stride_v": "i32", "stride_o": "i32"}
 SKINNY_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "N": "i32", "F": "i32",
-                    "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "split_stride": "i32",
-                    "pf_addr": "i64", "pf_bytes": "i32", "pf_chunk": "i32", "w_addr": "i64", "s_ptr": "*fp32"}
+                    "stride_x": "i32", "stride_w": "i32", "stride_y": "i32", "split_stride": "i32"}
 # At the expert's shapes every size and stride of these launches is a multiple of 16 except the row counts (M, Mq,
 # L: 10-51 rows, 8 heads) and the head count.
 ATTN_DIVISIBLE = ("P", "stride_q", "stride_k", "stride_v", "stride_o")
-SKINNY_DIVISIBLE = ("N", "F", "stride_x", "stride_w", "stride_y", "split_stride", "pf_addr", "pf_bytes", "pf_chunk",
-                    "w_addr")
+SKINNY_DIVISIBLE = ("N", "F", "stride_x", "stride_w", "stride_y", "split_stride")
 EXPERT_N = {kind: n for kind, (n, _) in GEMMA_300M.layer_gemm_shapes().items()}   # the action expert's GEMM N
 EXPERT_K = {kind: k for kind, (_, k) in GEMMA_300M.layer_gemm_shapes().items()}   # ... and K per kind
 
@@ -152,8 +149,8 @@ def attention_configs() -> list[KernelConfig]:
     heads, dh = 8, 256
     configs: dict[tuple, KernelConfig] = {}
 
-    def add(name: str, launch, qkv_splits: int = 1) -> None:
-        constexprs = {**launch.constexprs, "QKV_SPLITS": qkv_splits}   # 1: the QKV rows as they are; else partials
+    def add(name: str, launch) -> None:
+        constexprs = dict(launch.constexprs)
         key = tuple(sorted(constexprs.items())) + (launch.num_warps,)
         configs.setdefault(key, KernelConfig(name, attn._attn_split_kernel, ATTN_SIGNATURE, constexprs,
                                              launch.num_warps, launch.num_stages, ATTN_DIVISIBLE))
@@ -167,8 +164,6 @@ def attention_configs() -> list[KernelConfig]:
                 path = ("decoder_attention" if from_qkv else "attention") + (
                     ", early K/V" if launch.constexprs["EARLY_KV"] else ", key loop")
                 add(f"{path} ({model}, {rows} rows, {views} views)", launch)
-                if from_qkv:           # the split-K QKV GEMM candidate's partials (ops.SMEM_CANDIDATES["qkv"])
-                    add(f"{path} ({model}, {rows} rows, {views} views, QKV in 2 split-K partials)", launch, 2)
         add(f"prefix attention ({views} views)", attn.split_launch(prefix * heads, prefix, prefix, dh, False, False,
                                                                      True))
         for splits in (1, 4):          # the prefix attention's other candidates (ops.PREFIX_ATTENTION_IMPLS)
@@ -178,23 +173,20 @@ def attention_configs() -> list[KernelConfig]:
 
 
 def skinny_configs(block_m: int | None = 16) -> list[KernelConfig]:
-    """Every decoder GEMM candidate of the load-time tuning (ops.SKINNY_CANDIDATES) at the expert's K, with bf16
-    weights and with weight-only FP8 (E4M3 OCP) weights; row tiles of block_m (16: the 10-16-row steps of horizon
-    10), or None: the largest tile each candidate serves (64 rows for a candidate allowed 17-64 rows, horizon 50)."""
+    """Every decoder GEMM candidate of the load-time tuning (ops.SKINNY_CANDIDATES) at the expert's K; row tiles of
+    block_m (16: the 10-16-row steps of horizon 10), or None: the largest tile each candidate serves (64 rows for a
+    candidate allowed 17-64 rows, horizon 50)."""
     from flashrt_core.engine.ops import SKINNY_CANDIDATES
     skinny = _kernels_module("skinny_gemm")
     out = []
-    for fp8 in (False, True):
-        for kind, candidates in SKINNY_CANDIDATES.items():
-            for c in candidates:
-                tile = block_m or skinny.row_tile(c.max_rows)
-                ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": kind == "gate_up", "SPLIT_K": c.split_k,
-                      "KGELU": skinny._K_GELU, "BLOCK_M": tile, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k,
-                      "PDL": True, "PREFETCH_SLOTS": 0, "OWN_PREFETCH": False, "W_SCALED": fp8}
-                signature = dict(SKINNY_SIGNATURE, y_ptr="*fp32" if c.split_k > 1 else "*bf16",
-                                 w_ptr="*fp8e4nv" if fp8 else "*bf16")
-                out.append(KernelConfig(f"skinny GEMM {kind}{' fp8 weights' if fp8 else ''} {c} ({tile}-row tile)",
-                                        skinny._skinny_kernel, signature, ce, c.warps, c.stages, SKINNY_DIVISIBLE))
+    for kind, candidates in SKINNY_CANDIDATES.items():
+        for c in candidates:
+            tile = block_m or skinny.row_tile(c.max_rows)
+            ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": kind == "gate_up", "SPLIT_K": c.split_k,
+                  "KGELU": skinny._K_GELU, "BLOCK_M": tile, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "PDL": True}
+            signature = dict(SKINNY_SIGNATURE, y_ptr="*fp32" if c.split_k > 1 else "*bf16")
+            out.append(KernelConfig(f"skinny GEMM {kind} {c} ({tile}-row tile)",
+                                    skinny._skinny_kernel, signature, ce, c.warps, c.stages, SKINNY_DIVISIBLE))
     return out
 
 
@@ -234,8 +226,7 @@ def rope_configs() -> list[KernelConfig]:
 
 def smem_configs() -> list[KernelConfig]:
     """Every kernels/flashrt_kernels/smem_gemm.py candidate of the load-time tuning (ops.SMEM_CANDIDATES) at the expert's shapes,
-    with the TMA descriptors the launcher builds, plain and with the folded adaRMSNorm (norm_out on the split-K O and
-    down GEMMs, norm_in on QKV and gate/up); empty where Triton has no Gluon."""
+    with the TMA descriptors the launcher builds; empty where Triton has no Gluon."""
     from flashrt_core.engine.ops import SMEM_CANDIDATES
     smem = _kernels_module("smem_gemm")
     if not smem.HAVE_GLUON:
@@ -250,16 +241,11 @@ def smem_configs() -> list[KernelConfig]:
             signature = {"w_desc": f"tensordesc<bf16[{rows}, {smem.BOX_K}],{w_layout!r}>",
                          "x_desc": f"tensordesc<bf16[{smem.X_ROWS}, {smem.BOX_K}],{x_layout!r}>",
                          "y_ptr": "*fp32" if c.split_k > 1 else "*bf16", "M": "i32", "F": "i32", "stride_y": "i32",
-                         "split_stride": "i32", "res_ptr": "*fp32", "gate_ptr": "*fp32", "scale_ptr": "*fp32",
-                         "xs_ptr": "*bf16", "sq_ptr": "*fp32", "cnt_ptr": "*i32", "bias_ptr": "*fp32",
-                         "eps": "fp32"}
-            ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": kind == "gate_up", "SPLIT_K": c.split_k,
-                  "KGELU": smem._K_GELU, "PDL": True}
-            folded = ({"NORM_OUT": True} if kind in ("o", "down")
-                      else {"NORM_IN": True, "TILES": EXPERT_K[kind] // smem.ROWS})
-            for name, extra in ((f"smem GEMM {kind} {c}", {}), (f"smem GEMM {kind} {c}, folded norm", folded)):
-                out.append(KernelConfig(name, smem._smem_gemm_kernel, signature, {**ce, **extra}, 4, 1,
-                                        ("F", "stride_y", "split_stride")))
+                         "split_stride": "i32"}
+            ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": kind == "gate_up", "KGELU": smem._K_GELU,
+                  "PDL": True}
+            out.append(KernelConfig(f"smem GEMM {kind} {c}", smem._smem_gemm_kernel, signature, ce, 4, 1,
+                                    ("F", "stride_y", "split_stride")))
             for M in (32, 51):                      # 17-64 rows (horizon 50: 50-51): the ring kernel
                 if not smem.smem_gemm_supported(M, EXPERT_N[kind], EXPERT_K[kind], kind == "gate_up", c.split_k):
                     continue
@@ -272,32 +258,6 @@ def smem_configs() -> list[KernelConfig]:
                                         smem._smem_gemm_rows_kernel, sig,
                                         {"K_PER_SPLIT": ce["K_PER_SPLIT"], "GEGLU": ce["GEGLU"], "KGELU": ce["KGELU"],
                                          "PDL": True, "X_STAGES": stages}, 4, 1, ("F", "stride_y", "split_stride")))
-    return out
-
-
-def smem_fp8_configs() -> list[KernelConfig]:
-    """kernels/flashrt_kernels/smem_gemm_fp8.py (the TMA GEMM candidates with fp8_decoder_weights) at the expert's shapes, one per
-    ops.SMEM_CANDIDATES entry it serves (16 rows); empty where Triton has no Gluon."""
-    from flashrt_core.engine.ops import SMEM_CANDIDATES
-    fp8 = _kernels_module("smem_gemm_fp8")
-    if not fp8.HAVE_GLUON:
-        return []
-    out = []
-    for kind, candidates in SMEM_CANDIDATES.items():
-        for c in candidates:
-            geglu = kind == "gate_up"
-            if not fp8.smem_gemm_fp8_supported(10, EXPERT_N[kind], EXPERT_K[kind], geglu, c.split_k):
-                continue
-            rows = fp8.ROWS // 2 if geglu else fp8.ROWS
-            signature = {"w_desc": f"tensordesc<fp8e4nv[{rows}, {fp8.BOX_K}],{fp8._layout_e4m3(rows)!r}>",
-                         "x_desc": f"tensordesc<bf16[{fp8.X_ROWS}, {fp8.BOX_K}],{fp8._layout(fp8.X_ROWS)!r}>",
-                         "y_ptr": "*fp32" if c.split_k > 1 else "*bf16", "ws_ptr": "*fp32",
-                         "M": "i32", "F": "i32", "stride_y": "i32", "split_stride": "i32"}
-            ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": geglu, "KGELU": fp8._K_GELU,
-                  "FMAX": fp8.E4M3_MAX, "PDL": True, "X8_LAYOUT": fp8._layout_e4m3(fp8.X_ROWS)}
-            out.append(KernelConfig(f"smem GEMM fp8 {kind} {type(c)(c.split_k, fp8=True)}",
-                                    fp8._smem_gemm_fp8_kernel, signature, ce, 4, 1,
-                                    ("F", "stride_y", "split_stride")))
     return out
 
 
@@ -337,62 +297,10 @@ def denoise_step_configs(width: int = 1024) -> list[KernelConfig]:
     return out
 
 
-DENOISE_LAYER_SIGNATURE = {
-    **{n: "*fp32" for n in ("res_ptr", "h1_ptr", "xin_ptr", "xout_ptr", "oacc_ptr")},
-    "xs_ptr": "*bf16", "ssq_ptr": "*fp32",
-    **{n: "*fp32" for n in ("gate0_ptr", "scale1_ptr", "gate1_ptr", "scale2_ptr", "bias_qkv_ptr", "bias_gu_ptr")},
-    **{n: "*bf16" for n in ("wqkv_ptr", "wo_ptr", "wgu_ptr", "wd_ptr", "k_ptr", "v_ptr", "q_ptr", "attn_ptr")},
-    "pacc_ptr": "*fp32", "pml_ptr": "*fp32", "act_ptr": "*bf16", "pos_ptr": "*i64", "cos_ptr": "*fp32",
-    "sin_ptr": "*fp32", "kbias_ptr": "*fp32", "vis_ptr": "*i32", "counter_ptr": "*i32", "err_ptr": "*i32",
-    "head_cnt_ptr": "*i32", "stamp_ptr": "*i64",
-    "wo_addr": "i64", "wgu_addr": "i64", "wd_addr": "i64", "wqkv_next_addr": "i64",
-    "R": "i32", "P": "i32", "eps": "fp32", "q_scale": "fp32", "stride_kv": "i32"}
-
-
-def denoise_layer_configs(rows: int = 10, prefix: int = 560) -> list[KernelConfig]:
-    """kernels/flashrt_kernels/denoise_layer.py at pi0.5's expert (10 rows, 2 views and a 48-token prompt: 560 prefix keys) as its
-    launcher plans it (LayerConfig.fit, 128 programs): every phase with the grid barriers, and each phase alone (the
-    per-phase launches)."""
-    dl = _kernels_module("denoise_layer")
-    width, heads, dh, mlp, splits = 1024, 8, 256, 4096, 8
-    cfg = dl.LayerConfig.fit(width, mlp, dh)
-    keys = -(-(-(-(prefix + rows) // splits)) // cfg.block_keys) * cfg.block_keys      # the launcher's plan
-    base = {"HAS_X": True, "W": width, "H": heads, "DH": dh, "F": mlp, "BLOCK_R": dl.block_rows(rows),
-            "SPLITS": splits, "BK": cfg.bk, "BKW": cfg.bk_wide, "BN_O": cfg.bn_o, "BN_GU": cfg.bn_gu,
-            "BN_D": cfg.bn_d, "KS_D": cfg.ks_d, "BLOCK_KEYS": cfg.block_keys, "RB": cfg.rb, "NPROG": 128,
-            "KEYS_PER_SPLIT": keys, "ESIZE": 2, "PREFETCH": False, "MERGE_IN_ATTENTION": False,
-            "STAMPS": False, "PRELOAD": False}
-    addrs = ("P", "stride_kv", "wo_addr", "wgu_addr", "wd_addr", "wqkv_next_addr")
-    grid = {**base, "PHASE_FIRST": 0, "PHASE_LAST": len(dl.PHASES) - 1, "GRID_SYNC": True}
-    out = [KernelConfig(f"denoise layer (all phases, grid barriers{', L2 prefetch' if pf else ''})",
-                        dl._denoise_layer_kernel, DENOISE_LAYER_SIGNATURE, {**grid, "PREFETCH": pf},
-                        cfg.num_warps, 3, addrs) for pf in (False, True)]
-    out.append(KernelConfig("denoise layer (all phases, grid barriers, merge in the attention phase)",
-                            dl._denoise_layer_kernel, DENOISE_LAYER_SIGNATURE,
-                            {**grid, "MERGE_IN_ATTENTION": True}, cfg.num_warps, 3, addrs))
-    out.append(KernelConfig("denoise layer (all phases, grid barriers, time stamps)", dl._denoise_layer_kernel,
-                            DENOISE_LAYER_SIGNATURE, {**grid, "STAMPS": True}, cfg.num_warps, 3, addrs))
-    two = dl.LayerConfig(bn_o=32, bn_gu=16, bn_d=32, per_sm=2)                  # 256 programs, 16 key splits
-    two_ce = {**grid, "BN_O": two.bn_o, "BN_GU": two.bn_gu, "BN_D": two.bn_d, "NPROG": 256, "SPLITS": 16,
-              "KEYS_PER_SPLIT": -(-(-(-(prefix + rows) // 16)) // cfg.block_keys) * cfg.block_keys}
-    out.append(KernelConfig("denoise layer (all phases, grid barriers, two programs per SM)",
-                            dl._denoise_layer_kernel, DENOISE_LAYER_SIGNATURE, two_ce, cfg.num_warps, 3, addrs))
-    out.append(KernelConfig("denoise layer (all phases, grid barriers, two programs per SM, merge in the attention "
-                            "phase, O and down tiles loaded a phase ahead)", dl._denoise_layer_kernel,
-                            DENOISE_LAYER_SIGNATURE, {**two_ce, "MERGE_IN_ATTENTION": True, "PRELOAD": True},
-                            cfg.num_warps, 3, addrs))
-    for i, phase in enumerate(dl.PHASES):
-        out.append(KernelConfig(f"denoise layer (phase {phase} alone)", dl._denoise_layer_kernel,
-                                DENOISE_LAYER_SIGNATURE, {**base, "PHASE_FIRST": i, "PHASE_LAST": i,
-                                                          "GRID_SYNC": False, "PREFETCH": False}, cfg.num_warps, 3,
-                                addrs))
-    return out
-
-
 def prefix_attention_configs() -> list[KernelConfig]:
     """kernels/flashrt_kernels/prefix_attention.py (the prefix attention on wgmma) at the backbone's head dim 256, with the TMA
-    descriptors its launcher builds: the one-split forms (64-key blocks, both forms, both launch modes) and the
-    key-split forms (32- or 64-key blocks, 2 splits, PDL); empty where Triton has no Gluon."""
+    descriptors its launcher builds: the forms the engine's tuning weighs (64-key blocks, both forms, both launch
+    modes); empty where Triton has no Gluon."""
     pa = _kernels_module("prefix_attention")
     if not pa.HAVE_GLUON:
         return []
@@ -413,39 +321,12 @@ def prefix_attention_configs() -> list[KernelConfig]:
                             {"NCHUNK": 256 // pa.CHUNK, "LOG2E": pa.LOG2E, "PDL": pdl, "OVERLAP": overlap,
                              "SPLITS": splits}, 4, 1, ("stride_o",))
 
-    return ([config(pa.BLOCK_N, 1, overlap, pdl) for overlap in (False, True) for pdl in (0, 1)]
-            + [config(block_n, splits, False, 1) for block_n, splits in ((32, 1), (32, 2), (64, 2))])
-
-
-def smem_mlp_configs() -> list[KernelConfig]:
-    """kernels/flashrt_kernels/smem_mlp.py (the expert MLP in one launch, a candidate) at the expert's W 1024, F 4096 (128
-    programs), with the TMA descriptors its launcher builds, in each launch mode, fp32 and bf16 out; empty where
-    Triton has no Gluon."""
-    mlp = _kernels_module("smem_mlp")
-    if not mlp.HAVE_GLUON:
-        return []
-    from triton.experimental.gluon import language as gl
-    layout = lambda rows, cols: gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)  # noqa: E731
-    W, F, xr, box = EXPERT_K["gate_up"], EXPERT_N["gate_up"] // 2, mlp.X_ROWS, mlp.BOX_K
-    out = []
-    for pdl in (0, 1, 2):
-        for y in ("*fp32", "*bf16"):
-            signature = {"wgu_desc": f"tensordesc<bf16[{mlp.ACT_COLS}, {box}],{layout(mlp.ACT_COLS, box)!r}>",
-                         "wd_desc": f"tensordesc<bf16[{mlp.DOWN_ROWS}, {mlp.ACT_COLS}],"
-                                    f"{layout(mlp.DOWN_ROWS, mlp.ACT_COLS)!r}>",
-                         "x_desc": f"tensordesc<bf16[{xr}, {box}],{layout(xr, box)!r}>", "part_ptr": "*fp32",
-                         "y_ptr": y, "bar_ptr": "*i32", "err_ptr": "*i32", "M": "i32", "F": "i32"}
-            out.append(KernelConfig(f"smem MLP (W {W}, F {F}, PDL {pdl}, {y[1:]} out)", mlp._smem_mlp_kernel,
-                                    signature, {"W": W, "P": mlp.smem_mlp_programs(F), "KGELU": mlp._K_GELU,
-                                                "PDL": pdl, "XS": mlp.X_STAGES, "PB": mlp.PART_BLOCK,
-                                                "SPINS": mlp.MAX_SPINS}, 4, 1, ("F",)))
-    return out
+    return [config(pa.BLOCK_N, 1, overlap, pdl) for overlap in (False, True) for pdl in (0, 1)]
 
 
 def all_configs() -> list[KernelConfig]:
-    return (attention_configs() + skinny_configs() + smem_configs() + smem_fp8_configs() + rope_configs()
-            + denoise_step_configs()
-            + prefix_attention_configs() + denoise_layer_configs() + smem_mlp_configs())
+    return (attention_configs() + skinny_configs() + smem_configs() + rope_configs() + denoise_step_configs()
+            + prefix_attention_configs())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -46,50 +46,7 @@ class Workspace:
     rope_cos: torch.Tensor                       # (P + S, Dh / 2) fp32
     rope_sin: torch.Tensor
     suffix_visible: torch.Tensor                 # (S,) int32: suffix keys each suffix token may see
-    ada_fold: AdaFoldBuffers | None = None       # pi0.5 with ops.ada_fold: the folded norms' buffers
-    denoise_layer: object | None = None          # pi0.5 with ops.denoise_layer: kernels' DenoiseLayerScratch
     extras: dict = field(default_factory=dict)
-
-
-@dataclass
-class AdaFoldBuffers:
-    """Static buffers of the adaRMSNorms folded into the GEMMs around them (ops.Op.ADA_NORM_FOLD), one set per norm
-    site of an expert layer (0: before QKV, fed by the previous layer's down GEMM; 1: before gate/up, fed by O):
-    xs (S, We) engine dtype, the next GEMM's input x' = h * (1 + scale); sq (We / 64, 16) fp32, per-tile row sums
-    of h^2; counter (We / 64,) int32, zero between launches (kernels/flashrt_kernels/smem_gemm.py NormOut)."""
-
-    xs: tuple[torch.Tensor, torch.Tensor]
-    sq: tuple[torch.Tensor, torch.Tensor]
-    counter: tuple[torch.Tensor, torch.Tensor]
-
-    @classmethod
-    def allocate(cls, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> "AdaFoldBuffers":
-        """Made outside any graph capture: the counters must start at zero and stay allocated."""
-        tiles = width // 64
-        return cls(xs=tuple(torch.empty(rows, width, device=device, dtype=dtype) for _ in range(2)),
-                   sq=tuple(torch.zeros(tiles, 16, device=device) for _ in range(2)),
-                   counter=tuple(torch.zeros(tiles, device=device, dtype=torch.int32) for _ in range(2)))
-
-
-class PhaseTimer:
-    """CUDA events at phase boundaries (eager runs only): vision, prefix, denoise."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, torch.cuda.Event]] = []
-
-    def mark(self, name: str) -> None:
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        self.events.append((name, ev))
-
-    def durations_ms(self) -> dict[str, float]:
-        torch.cuda.synchronize()
-        return {name: start.elapsed_time(end) for (_, start), (name, end) in zip(self.events, self.events[1:])}
-
-
-def _mark(timer: PhaseTimer | None, name: str) -> None:
-    if timer is not None:
-        timer.mark(name)
 
 
 def vision(ws: Workspace, w: EngineWeights, ops: Ops) -> torch.Tensor:
@@ -190,8 +147,7 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
 def denoise_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor,
                    n_valid: torch.Tensor) -> Iterator[int]:
     """denoise() a layer of its first step at a time: yields i before the first step's layer i, the first of its
-    ops to read layer i's prefix K/V (the persistent-layer path yields the last layer once: it reads them all
-    without a yield between layers). The later steps follow without a yield."""
+    ops to read layer i's prefix K/V. The later steps follow without a yield."""
     cfg = w.config
     e = cfg.expert
     heads, dh, horizon = e.num_heads, e.head_dim, ws.actions.shape[0]   # horizon: the executor's, not w.config's
@@ -207,18 +163,8 @@ def denoise_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Te
     x_t = ws.actions.copy_(ws.noise)                                                   # (horizon, A) fp32
     out_w, out_b = w.action_out
     state_token = None if pi05 else ops.linear(ws.state[None].to(w.dtype), w.state_proj).float()   # (1, We)
-    # per layer: the window of later weights its QKV GEMM may prefetch into L2 (ops applies l2_prefetch), or None
-    arena = w.expert_arena
-    windows = [arena.prefetch_window(i) if arena is not None else None for i in range(len(w.expert))]
-    # pi0.5: the adaRMSNorms after O and down folded into the GEMMs around them, where the picks allow it
-    fold = ws.ada_fold if pi05 and ws.ada_fold is not None and ops.ada_fold_applies(S) else None
-    fold_bias = w.ada_fold_bias() if fold is not None else None          # (qkv, gate_up): (steps, layers, N)
     # pi0.5: each step's two ends in one kernel each (kernels/flashrt_kernels/denoise_step.py)
     step_ends = pi05 and ops.fused_denoise_step and len(w.action_in.parts) == 1 and w.action_in.fp8 is None
-    if step_ends and ws.denoise_layer is not None and ops.denoise_layer != "separate":
-        yield len(w.expert) - 1
-        _denoise_persistent_layers(ws, w, ops, key_bias, pos, x_t, residual, y)
-        return
     # pi0: the start of each step up to its time MLP's output GEMM in one kernel, its end in step_out
     pi0_ends = pi0_fused_step_ends(w, ops)
     if pi0_ends:
@@ -245,40 +191,21 @@ def denoise_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Te
         for i, layer in enumerate(w.expert):
             if step == 0:
                 yield i
-            qkv_in, norm_in = y, None
             if pi05:
                 mod = w.tables.norm[step, i]                                           # (2, 3, We)
-                if fold is not None and i > 0:       # the previous down GEMM left x' and the sums of squares
-                    qkv_in = fold.xs[0]
-                    norm_in = ops.k.NormIn(fold.sq[0], fold_bias[0][step, i], e.eps)
-                elif not (step_ends and i == 0):
+                if not (step_ends and i == 0):
                     ops.ada_norm(x, residual, gate, mod[0, 0], mod[0, 1], y, e.eps, site="norm1")
             else:
                 ops.norm(x, residual, y, layer.norm1, None, e.eps, site="norm1")
-            attn = ops.decoder_attention(qkv_in, layer.qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i],
-                                         ws.v_cache[i], smask, heads, dh ** -0.5, prefetch=windows[i],
-                                         norm_in=norm_in)                              # (S*H, Dh)
-            if fold is not None:
-                # O's split-K partials -> residual, x' and the sums of squares; gate/up normalizes in its epilogue
-                ops.decoder(attn.view(S, heads * dh), layer.o, "o",
-                            norm_out=ops.k.NormOut(residual, mod[0, 2], mod[1, 0], fold.xs[1], fold.sq[1],
-                                                   fold.counter[1]))
-                g = ops.decoder(fold.xs[1], layer.gate_up, "gate_up",
-                                norm_in=ops.k.NormIn(fold.sq[1], fold_bias[1][step, i], e.eps))
-                if i + 1 < len(w.expert):            # the next layer's first norm, folded the same way
-                    ops.decoder(g, layer.down, "down",
-                                norm_out=ops.k.NormOut(residual, mod[1, 2], w.tables.norm[step, i + 1, 0, 0],
-                                                       fold.xs[0], fold.sq[0], fold.counter[0]))
-                else:                                # the final norm keeps its kernel
-                    x, gate = ops.decoder(g, layer.down, "down"), mod[1, 2]
-                continue
+            attn = ops.decoder_attention(y, layer.qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i],
+                                         ws.v_cache[i], smask, heads, dh ** -0.5)       # (S*H, Dh)
             o = ops.decoder(attn.view(S, heads * dh), layer.o, "o")                       # (M, N) or partials
             if pi05:
                 ops.ada_norm(o, residual, mod[0, 2], mod[1, 0], mod[1, 1], y, e.eps, site="norm2")
                 gate = mod[1, 2]
             else:
                 ops.norm(o, residual, y, layer.norm2, None, e.eps, site="norm2")
-            x = ops.decoder_mlp(y, layer.gate_up, layer.down)   # two decoder GEMMs, or one launch (fused_mlp)
+            x = ops.decoder_mlp(y, layer.gate_up, layer.down)
         if step_ends:        # the final norm, the output projection and the Euler step
             ops.denoise_step_out(x, residual, gate, w.tables.final[step, 0], w.tables.final[step, 1], out_w, out_b,
                                  x_t, dt, e.eps)
@@ -302,49 +229,17 @@ def pi0_fused_step_ends(w: EngineWeights, ops: Ops) -> bool:
             and all(len(lin.parts) == 1 and lin.fp8 is None for lin in (w.action_in, w.time_in_action, w.time_out)))
 
 
-def _denoise_persistent_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, pos: torch.Tensor,
-                               x_t: torch.Tensor, residual: torch.Tensor, y: torch.Tensor) -> None:
-    """pi0.5's denoising steps with each expert layer in one launch of kernels/flashrt_kernels/denoise_layer.py (ops.denoise_layer
-    "grid" or "grid_prefetch", which also prefetches the later weight tiles into L2; "phases": a launch per phase),
-    between the fused step ends; x_t, residual and y are denoise's (y takes the step-in's norm, which the layers
-    recompute). Each layer leaves its down output in x_acc[layer % 2], which the next layer (or the step's end)
-    adds with its gate."""
-    e = w.config.expert
-    scratch = ws.denoise_layer
-    layer_weights, tables = w.denoise_layer_inputs(ops.k)
-    out_w, out_b = w.action_out
-    depth = len(w.expert)
-    grid_sync, prefetch = ops.denoise_layer.startswith("grid"), ops.denoise_layer == "grid_prefetch"
-    scratch.reset_counters()
-    for step, dt in enumerate(w.dts):
-        mod = w.tables.norm[step, 0]
-        ops.denoise_step_in(x_t, w.action_in, mod[0, 0], mod[0, 1], residual, y, e.eps)
-        x_prev = None
-        for i in range(depth):
-            x_prev = ops.k.denoise_layer(residual, x_prev, scratch.x_acc[i % 2], tables[step][i], layer_weights[i],
-                                         ws.k_cache[i, 0], ws.v_cache[i, 0], pos, ws.rope_cos, ws.rope_sin,
-                                         key_bias, ws.suffix_visible, scratch, step * depth + i, e.num_heads,
-                                         e.head_dim ** -0.5, e.eps, grid_sync=grid_sync, prefetch=prefetch,
-                                         next_qkv=layer_weights[(i + 1) % depth].qkv, cfg=ops.denoise_layer_config)
-        ops.denoise_step_out(x_prev, residual, w.tables.norm[step, depth - 1, 1, 2], w.tables.final[step, 0],
-                             w.tables.final[step, 1], out_w, out_b, x_t, dt, e.eps)
-
-
-def forward(ws: Workspace, w: EngineWeights, ops: Ops, timer: PhaseTimer | None = None) -> None:
+def forward(ws: Workspace, w: EngineWeights, ops: Ops) -> None:
     """The whole predict over ws: inputs already in ws, normalized actions left in ws.actions."""
-    _mark(timer, "start")
     image_tokens = vision(ws, w, ops)
-    _mark(timer, "vision")
-    if ops.overlap_first_step and timer is None and ops.calibration is None:
+    if ops.overlap_first_step and ops.calibration is None:
         forward_overlapped(ws, w, ops, image_tokens)
     else:
         key_bias, n_valid = prefix(ws, w, ops, image_tokens)
-        _mark(timer, "prefix")
         denoise(ws, w, ops, key_bias, n_valid)
     if ws.action_affine is not None:
         scale, offset = ws.action_affine
         torch.addcmul(offset, ws.actions, scale, out=ws.robot_actions)                # unnormalize
-    _mark(timer, "denoise")
 
 
 def forward_overlapped(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor) -> None:

@@ -1,12 +1,12 @@
 """How the host waits for the GPU at the end of a predict.
 
-Measured on the H200 machine (session 13, tools/host_trace.py): after `Policy.predict` waits ~10.6 ms in
+Measured on the H200 machine (tools/host_trace.py): after `Policy.predict` waits ~10.6 ms in
 `cudaStreamSynchronize`, the host's own steps run 2-8x slower than the same steps in a tight loop (the whole host
 share 0.78 ms instead of 0.23 ms). The way of waiting is not the cause: on the project's CPU machine the same steps
 slow down as much after any 10 ms pause, spinning or sleeping, and polling measured the same as the synchronize on
-the GPU machine (session 14: 11.58 against 11.66 ms). Running the steps' code again during the pause keeps them
+the GPU machine (11.58 against 11.66 ms). Running the steps' code again during the pause keeps them
 fast: on the CPU machine, rehearsing them every 0.5 ms through a 10.6 ms pause takes the steps after it from 690 us
-to 268 us (100 us back to back; session 14, docs/benchmarks/host_rehearsal_cpu_2026-12-01.md). Three ways to wait:
+to 268 us (100 us back to back; docs/benchmarks/host_rehearsal_cpu_2026-12-01.md). Three ways to wait:
 
     sync   the stream's synchronize (the CUDA driver's wait; the default)
     poll   an event recorded after the copy out, queried until it completes, the GIL given up between queries
@@ -32,8 +32,8 @@ from .dispatch import HOST_WAITS
 
 log = logging.getLogger(__name__)
 
-WARM_INTERVAL_S = 0.5e-3     # between rehearsals (CPU machine, session 14, a first look: every 0.5 ms kept the steps
-                             # at 306 us after a 10.6 ms pause, every 1 ms at 345 us, a bare spin 594 us)
+WARM_INTERVAL_S = 0.5e-3     # between rehearsals (CPU machine: every 0.5 ms keeps the steps
+                             # at 306 us after a 10.6 ms pause, every 1 ms at 345 us, a bare spin at 594 us)
 
 
 def poll_until(done: Callable[[], bool], between: Callable[[], None] | None = None,

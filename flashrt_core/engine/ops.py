@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .dispatch import Dispatch, Op, Switch
+from .dispatch import Dispatch, Op
 from .kernel_import import load_kernels
 from .weights import Linear
 
@@ -34,14 +34,6 @@ MASKED = -1e30
 ROPE_IN_ATTENTION_MAX_ROWS = 16
 
 
-def parse_attention_form(form: str) -> tuple[int, int]:
-    """"m<rows>_k<keys>" (Ops.decoder_attention_forms) -> (block_m, key_block); ValueError for anything else."""
-    rows, _, keys = form.partition("_")
-    if not (rows.startswith("m") and keys.startswith("k") and rows[1:].isdigit() and keys[1:].isdigit()):
-        raise ValueError(f"attention form must be 'm<rows per program>_k<keys per block>', got {form!r}")
-    return int(rows[1:]), int(keys[1:])
-
-
 @dataclass(frozen=True)
 class SkinnyConfig:
     """Launch configuration of kernels/flashrt_kernels/skinny_gemm.py (split_k > 1 only where the consumer sums partials).
@@ -60,28 +52,20 @@ class SkinnyConfig:
 
 # The SDPA backends the vision attention may run on (Ops.attention), timed at load by tune_vision_attention;
 # "default" leaves the choice to torch (on the H200, torch 2.11: cuDNN's flash kernel). Measured at load on the H200
-# (session 9, 2026-12-01, us per layer at 2 views): torch's choice 8.98-9.63, cuDNN 9.11-9.61, memory-efficient
-# 11.3-11.5, flash 13.5-13.7; the pick flips between cuDNN and torch's choice. A Triton flash-attention candidate
-# (kernels/flashrt_kernels/vision_attention.py, session 8) measured 11.6-11.8 us there, slower than torch's choice and cuDNN, so it
-# was never picked and was removed: a hand-written kernel stays only where it measures faster than the library.
+# (us per layer at 2 views): torch's choice 8.98-9.63, cuDNN 9.11-9.61, memory-efficient 11.3-11.5, flash
+# 13.5-13.7; the pick flips between cuDNN and torch's choice.
 VISION_ATTENTION_BACKENDS = ("default", "flash", "efficient", "cudnn")
 VISION_ATTENTION_CHECK_ATOL = 3e-2   # tune_vision_attention's check of each backend: bf16 output of |v| ~ 1 values
 
 # The prefix attention's implementations (Ops.prefix_attention), timed at load by tune_prefix_attention. Measured
-# on the H200 at 576 keys (session 7, us per layer): mqa 36.8, mqa_split1 25.3 (picked), mqa_split4 29.5, SDPA
+# on the H200 at 576 keys (us per layer): mqa 36.8, mqa_split1 25.3 (picked), mqa_split4 29.5, SDPA
 # 45.0-53.1; also measured and dropped: one split with 32-row query blocks (144 programs, 2 per SM) 29.7 us, two
 # splits of 32 rows 35.0, one split of 16 rows 28.4.
-# kernels/flashrt_kernels/prefix_attention.py's forms, by name: the launcher's arguments. "wgmma" measured 17.7 us on the H200
-# (session 14) against 25.4 for mqa_split1, "wgmma_overlap" 20.1 (prefix_attention_wgmma); the key-split forms
-# (prefix_attention_split, opt-in: 24.0-26.1 us in session 15) run 2 or 3 programs per 64 query rows, each over
-# its share of the keys, and merge them in one more launch: the one-split kernel keeps 72 of 132 SMs busy at 2
-# views.
+# kernels/flashrt_kernels/prefix_attention.py's forms, by name: the launcher's arguments. "wgmma" measured 17.7 us on the
+# H200 against 25.4 for mqa_split1, "wgmma_overlap" 20.1 (prefix_attention_wgmma).
 WGMMA_PREFIX_ATTENTION = {"wgmma": {}, "wgmma_overlap": {"overlap": True}}
-WGMMA_SPLIT_PREFIX_ATTENTION = {"wgmma_split2": {"splits": 2, "block_n": 32},
-                                "wgmma_split3": {"splits": 3, "block_n": 32},
-                                "wgmma_split2_bn64": {"splits": 2, "block_n": 64}}
 PREFIX_ATTENTION_IMPLS = ("mqa", "mqa_split1", "mqa_split4", "sdpa_gqa", "sdpa_expand", "sdpa_repeat",
-                          *WGMMA_PREFIX_ATTENTION, *WGMMA_SPLIT_PREFIX_ATTENTION)
+                          *WGMMA_PREFIX_ATTENTION)
 # tune_prefix_attention's check of each implementation against the fp32 softmax attention before it is timed: bf16
 # outputs of |v| ~ 1 values, as VISION_ATTENTION_CHECK_ATOL
 PREFIX_ATTENTION_CHECK_ATOL = 3e-2
@@ -89,34 +73,27 @@ PREFIX_ATTENTION_CHECK_ATOL = 3e-2
 
 @dataclass(frozen=True)
 class SmemConfig:
-    """Launch configuration of kernels/flashrt_kernels/smem_gemm.py (the weight slice in shared memory before the PDL wait); with
-    fp8, of kernels/flashrt_kernels/smem_gemm_fp8.py on the E4M3 copy of the weights (decoder_weights=fp8, Ops.smem_candidates)."""
+    """Launch configuration of kernels/flashrt_kernels/smem_gemm.py (the weight slice in shared memory before the PDL
+    wait)."""
 
     split_k: int
-    fp8: bool = False
 
     def __str__(self) -> str:
-        return f"gluon_smem{'_fp8' if self.fp8 else ''}(s{self.split_k})"
+        return f"gluon_smem(s{self.split_k})"
 
 
-# kernels/flashrt_kernels/smem_gemm.py candidates per kind (smem_gemm=tma, the default on sm90 with Gluon): 64 weight rows per program (32 + 32 with GeGLU);
-# split-K only where the consumer sums partials. Each gives 40-128 programs at the expert's shapes.
-# Split-K 8 for O and 16 for down (session 10): 128 / 256 programs, as many as gate/up's 128, which alone among the
-# four streams its weights at ~4.2 TB/s on the H200 (O with 32 programs: 1.5 TB/s); the norm after them sums more
-# partials, so the tuning decides. Session 11 (runs 32-33, 10 engines): the chain tuning never picked them; in the
-# captured denoiser O s8 cost 0.1-0.2 ms and down s16 0.3-0.5 ms more than O s2 / down s4.
-# Split-K 2 for QKV (80 programs instead of 40) only where the attention reads the QKV output itself
-# (rope_in_attention): kernels/flashrt_kernels/attention.py decoder_attention sums the partials as it loads them. Opt-in
-# (EngineOptions.split_k_qkv, FLASHRT_SPLIT_K_QKV=1), measured slower: its kernel tests and gate pass on the H200,
-# but the denoise took 0.3-0.5 ms more with it than with the unsplit QKV (run 32, 4 engines).
-SMEM_CANDIDATES = {"qkv": [SmemConfig(1), SmemConfig(2)], "gate_up": [SmemConfig(1)],
+# kernels/flashrt_kernels/smem_gemm.py candidates per kind (smem_gemm=tma, the default on sm90 with Gluon): 64 weight
+# rows per program (32 + 32 with GeGLU); split-K only where the consumer sums partials (the norms after O and down).
+# Each gives 40-128 programs at the expert's shapes. Split-K 8 for O and 16 for down give 128 / 256 programs, as
+# many as gate/up's 128, which alone among the four streams its weights at ~4.2 TB/s on the H200 (O with 32
+# programs: 1.5 TB/s); the norm after them sums more partials, so the tuning decides.
+SMEM_CANDIDATES = {"qkv": [SmemConfig(1)], "gate_up": [SmemConfig(1)],
                    "o": [SmemConfig(2), SmemConfig(4), SmemConfig(8)],
                    "down": [SmemConfig(4), SmemConfig(8), SmemConfig(16)]}
 
 # tune_decoder checks each candidate's product against the library GEMM on the same input before timing it
-# (relative L2 error): bf16 rounding and summation order; weight-only FP8 (decoder_weights=fp8) adds E4M3 rounding.
+# (relative L2 error): bf16 rounding and summation order.
 DECODER_CHECK_REL_L2 = 2e-2
-DECODER_CHECK_REL_L2_FP8 = 8e-2
 
 
 class CandidateMismatch(RuntimeError):
@@ -129,7 +106,7 @@ class CandidateMismatch(RuntimeError):
 # H200 and dropped: one-shot with 8 warps (qkv 8.4 us vs 3.9; gate_up 56 us, its two 16x1024 slices spill).
 # The K loops stage their weight tiles through shared memory (cp.async), `stages` deep: the deeper candidates of
 # qkv and gate_up (up to 140 KB of a program's 128-256 KB slice in flight, no spills: tools/kernel_resources.py)
-# are there for the chain tuning to weigh against the ~6 us the gate/up GEMM takes in the denoiser (session 6).
+# are there for the chain tuning to weigh against the ~6 us the gate/up GEMM takes in the denoiser.
 # Two of them need 256 KB of shared memory with the 64-row x tiles of 17-64 rows (h50), so they serve 16 rows at most.
 SKINNY_CANDIDATES = {
     "qkv": [SkinnyConfig(16, 256, 1, 4), SkinnyConfig(16, 128, 1, 6), SkinnyConfig(32, 128, 1, 4),
@@ -148,10 +125,10 @@ SKINNY_DEFAULT = {kind: cands[0] for kind, cands in SKINNY_CANDIDATES.items()}
 # Where the denoiser launches its Triton kernels, one site per kernel of an expert layer (a site's kernel is the one
 # that releases the next), and "other" for every other Triton kernel of the predict. A launch policy is the set of
 # sites whose kernels let the next kernel launch at their start (EARLY_TRIGGER) instead of after their PDL wait.
-# Measured on the H200 (session 6, all sites): the one-shot GEMMs after the first norm and after the attention gain
-# 1-2 us each, the gate/up GEMM and the attention lose as much to the weight streams of the kernels ahead. With
+# Measured on the H200 (all sites early): the one-shot GEMMs after the first norm and after the attention gain 1-2 us
+# each, the gate/up GEMM and the attention lose as much to the weight streams of the kernels ahead. With
 # pdl_early_trigger (the default) the chain tuning times these policies in the denoiser and keeps the fastest:
-# "all" with the shared-memory GEMMs of kernels/flashrt_kernels/smem_gemm.py (session 7: 5.22 -> 4.86 ms per denoise).
+# "all" with the shared-memory GEMMs of kernels/flashrt_kernels/smem_gemm.py (5.22 -> 4.86 ms per denoise).
 LAUNCH_SITES = ("norm1", "qkv", "attention", "o", "norm2", "gate_up", "down", "other")
 LAUNCH_POLICIES = {
     "none": frozenset(),
@@ -234,8 +211,6 @@ class Ops:
         # kernels/flashrt_kernels/prefix_attention.py (wgmma) among the tuning's prefix attention candidates (on by default:
         # 17.7 us against 25.4 for the mqa kernel on the H200; EngineOptions.prefix_attention_wgmma)
         self.prefix_attention_wgmma = dispatch.options.prefix_attention_wgmma and dispatch.options.fast_paths
-        # its key-split forms too: opt-in (EngineOptions.prefix_attention_split), measured slower (session 15)
-        self.prefix_attention_split = dispatch.options.prefix_attention_split and dispatch.options.fast_paths
         self.prefix_attention_timings: dict[str, float] = {}
         self.vision_attention_backend = "default"                   # tune_vision_attention may change it
         self.vision_attention_timings: dict[str, float] = {}
@@ -245,53 +220,18 @@ class Ops:
         self.launch_policy = "all" if dispatch[Op.KERNEL_LAUNCH] == "pdl_early" else "none"   # chain tuning may change
         self.early_sites = LAUNCH_POLICIES[self.launch_policy]
         self._qkv_fused = dispatch[Op.DECODER_QKV] == "fused_rope"
-        self.own_prefetch = dispatch[Op.WEIGHT_PREFETCH] == "own_slice"
-        self.decoder_fp8 = dispatch[Op.DECODER_WEIGHTS] == "fp8"     # Linear.w_fp8 set by fp8.quantize_expert_weights
-        # ... and the TMA GEMM candidates then include kernels/flashrt_kernels/smem_gemm_fp8.py's (E4M3 x rows, wgmma in FP8) on
-        # w_fp8, beside the bf16 ones: the tuning picks per kind (smem_candidates)
-        self.smem_gemm_fp8 = self.decoder_fp8 and self.smem_gemm and dispatch.options.switch_on(Switch.SMEM_GEMM_FP8)
-        self.key_block = dispatch.options.decoder_key_block or None     # None: the attention kernels' defaults
-        # the denoising step's attention form, "m<rows per program>_k<keys per block>" (decoder_attention_forms),
-        # or None: the kernel's own plan (with key_block). The chain tuning sets it where
-        # decoder_attention_tuning is on (opt-in)
-        self.decoder_attention_form: str | None = None
-        self.decoder_attention_tuning = dispatch.options.decoder_attention_tuning and dispatch.options.fast_paths
-        self.qkv_rope_rows = dispatch.options.qkv_rope_rows or None     # None: the qkv_rope kernel's own choice
-        self.step_block_d = dispatch.options.denoise_step_block_d or None   # None: the step kernels in one pass
-        self.l2_prefetch = dispatch[Op.L2_PREFETCH] == "bulk"   # forward passes the windows to decoder_attention
         self._sdpa = dispatch[Op.ATTENTION] == "sdpa"
         self._mqa = dispatch[Op.MQA]
         # the denoiser's attention applies RoPE itself: only the Triton attention can
         self.rope_in_attention = dispatch[Op.DECODER_QKV] == "rope_in_attention" and self._mqa == "triton"
-        self.fp8_prefix = dispatch[Op.GEMM_PREFIX] == "fp8"
         self._gelu_epilogue = dispatch[Op.VISION_GELU] == "gemm_epilogue"
         self.fused_patch_embed = dispatch[Op.PATCH_EMBED] == "fused"     # forward.vision: patch_rows + GEMM
         self.fused_denoise_step = dispatch[Op.DENOISE_STEP] == "fused"   # forward.denoise: denoise_step_in / _out
         # ... and pi0's (time_mlp_in, a few-row GEMM, denoise_step_out; EngineOptions.fused_denoise_step_pi0)
         self.fused_denoise_step_pi0 = self.fused_denoise_step and dispatch.options.fused_denoise_step_pi0
-        # forward.denoise: each pi0.5 expert layer through kernels/flashrt_kernels/denoise_layer.py ("grid" / "grid_prefetch": one
-        # launch, "phases": a launch per phase) where the workspace has its scratch (GraphExecutor: pi0.5, fused
-        # step ends, <= 16 rows)
-        self.denoise_layer = dispatch[Op.DENOISE_LAYER]
-        # its tiles (kernels' LayerConfig; None: LayerConfig.fit) and the key splits of its attention phase (the
-        # workspace's scratch is allocated with them): A/B knobs of tools/benchmark_denoise_layer.py, no switch
-        self.denoise_layer_config = None
-        self.denoise_layer_splits = 8
-        # forward.denoise: each expert MLP (gate/up, GeGLU, down) in one launch of kernels/flashrt_kernels/smem_mlp.py where it
-        # serves the rows (decoder_mlp_fused_applies; opt-in, measured slower in session 22); it needs the
-        # TMA GEMMs' Gluon. Its scratch (the partial sums, the grid barrier) and result, one per row count, are
-        # made on first use
-        self.fused_mlp = dispatch.options.switch_on(Switch.FUSED_MLP) and self.smem_gemm
-        self._mlp_buffers: dict[tuple, tuple] = {}
-        # forward.forward_overlapped: the first denoising step beside the prefix (the default since session 18:
-        # about -0.2 ms per predict on the H200 at horizon 10, -0.5 ms at 50). Not with the grid-barrier expert
-        # layer or MLP: their barrier waits for every program of their grid, which the prefix's kernels beside them
-        # could keep from becoming resident
-        self.overlap_first_step = (dispatch.options.overlap_first_step and dispatch.options.fast_paths
-                                   and not self.denoise_layer.startswith("grid") and not self.fused_mlp)
-        self.split_k_qkv = dispatch.options.split_k_qkv and dispatch.options.fast_paths   # SMEM_CANDIDATES["qkv"]
-        # forward.denoise folds pi0.5's adaRMSNorms into the GEMMs around them where ada_fold_applies()
-        self.ada_fold = dispatch[Op.ADA_NORM_FOLD] == "gemm_epilogue"
+        # forward.forward_overlapped: the first denoising step beside the prefix (about -0.2 ms per predict on the
+        # H200 at horizon 10, -0.5 ms at 50)
+        self.overlap_first_step = dispatch.options.overlap_first_step and dispatch.options.fast_paths
         triton_decoder = dispatch[Op.GEMM_DECODER] == "triton"
         # decoder GEMM kind -> "triton" | "library"; tune_decoder() keeps Triton only where it measures faster
         self.decoder_impl: dict[str, str | SkinnyConfig | SmemConfig | RopeGemmConfig] = {
@@ -330,8 +270,7 @@ class Ops:
         """pi0.5's step start: residual = x_t @ W_in^T + b_in (fp32), out = adaRMSNorm(residual) (the first layer's
         norm 1), in one kernel (kernels/flashrt_kernels/denoise_step.py)."""
         (w, b), = lin.parts
-        return self.k.denoise_step_in(x_t, w, b, scale1p, shift, residual, out, eps, pdl=self.launch_mode("norm1"),
-                                      block_d=self.step_block_d)
+        return self.k.denoise_step_in(x_t, w, b, scale1p, shift, residual, out, eps, pdl=self.launch_mode("norm1"))
 
     def denoise_step_out(self, x: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor, scale1p: torch.Tensor,
                          shift: torch.Tensor, out_w: torch.Tensor, out_b: torch.Tensor, x_t: torch.Tensor,
@@ -339,7 +278,7 @@ class Ops:
         """pi0.5's step end: the final adaRMSNorm of residual + x * gate, the output projection and the Euler step
         on x_t, in one kernel (kernels/flashrt_kernels/denoise_step.py)."""
         return self.k.denoise_step_out(x, residual, gate, scale1p, shift, out_w, out_b, x_t, dt, eps,
-                                       pdl=self.launch_mode("other"), block_d=self.step_block_d)
+                                       pdl=self.launch_mode("other"))
 
     def set_launch_policy(self, policy: str) -> None:
         """The denoiser's launch policy by name (LAUNCH_POLICIES) and the sites it releases early, kept together."""
@@ -348,11 +287,8 @@ class Ops:
     def plain_pick(self, kind: str) -> str | SkinnyConfig | SmemConfig:
         """The tuned GEMM of `kind` where it is a plain one (a Triton or shared-memory GEMM without split-K, no RoPE
         epilogue), else "triton" (the kind's first Triton candidate): for an untuned GEMM of the same K, e.g. pi0's
-        time MLP output (K = the expert's width, as QKV's), whose weight has no FP8 copy: an FP8 shared-memory pick
-        gives its bf16 twin."""
+        time MLP output (K = the expert's width, as QKV's)."""
         impl = self.decoder_impl.get(kind)
-        if isinstance(impl, SmemConfig) and impl.fp8:
-            impl = SmemConfig(impl.split_k)
         return impl if isinstance(impl, (SkinnyConfig, SmemConfig)) and impl.split_k == 1 else "triton"
 
     def time_mlp_in(self, x_t: torch.Tensor, w_fold: torch.Tensor, c: torch.Tensor, state_token: torch.Tensor,
@@ -378,8 +314,7 @@ class Ops:
         """down(gelu_tanh(gate) * up) of a merged gate/up output gu (M, 2F). When the down GEMM is FP8 with a static
         per-tensor input scale and fp8_fused_quant is on, the GeGLU kernel writes its FP8 input directly (no bf16
         activation, no separate quantization pass)."""
-        if self._fp8_fused_quant and self._geglu_triton and self.calibration is None and lin.fp8 is not None \
-                and lin.fp8.static_input:
+        if self._fp8_fused_quant and self._geglu_triton and self.calibration is None and lin.fp8 is not None:
             return lin.fp8.matmul_quantized(self._triton_geglu(gu, lin.fp8.dtype, lin.fp8.x_inv))
         return self.linear(self.geglu(gu), lin)
 
@@ -416,153 +351,77 @@ class Ops:
     def _skinny_ok(self, x: torch.Tensor, lin: Linear, cfg: SkinnyConfig) -> bool:
         return x.shape[0] <= cfg.max_rows and self._few_rows_gemm_ok(x, lin, cfg.split_k * cfg.block_k)
 
-    def smem_candidates(self, kind: str) -> list[SmemConfig]:
-        """The shared-memory GEMM configurations the tuning weighs for one kind: SMEM_CANDIDATES, and with
-        smem_gemm_fp8 (decoder_weights=fp8) each of them on the E4M3 weights too."""
-        bf16 = SMEM_CANDIDATES[kind]
-        return bf16 + [SmemConfig(c.split_k, fp8=True) for c in bf16] if self.smem_gemm_fp8 else list(bf16)
-
     def _smem_ok(self, x: torch.Tensor, lin: Linear, kind: str, cfg: SmemConfig) -> bool:
-        """kernels/flashrt_kernels/smem_gemm.py's conditions: bf16 weights, a contiguous bf16 x on the GPU. An fp8 configuration:
-        kernels/flashrt_kernels/smem_gemm_fp8.py's (smem_gemm_fp8 on, the FP8 copy made, at most 16 rows)."""
+        """kernels/flashrt_kernels/smem_gemm.py's conditions: bf16 weights, a contiguous bf16 x on the GPU."""
         if not (self.smem_gemm and x.is_cuda and x.dtype == torch.bfloat16
                 and x.is_contiguous() and self._few_rows_gemm_ok(x, lin, 1)):
             return False
-        if cfg.fp8:
-            w_q = lin.w_fp8[0] if lin.w_fp8 is not None else None
-            return (self.smem_gemm_fp8 and w_q is not None and w_q.dtype == torch.float8_e4m3fn
-                    and self.k.smem_gemm_fp8_supported(x.shape[0], w_q.shape[0], w_q.shape[1], kind == "gate_up",
-                                                       cfg.split_k))
-        if x.shape[0] > self.k.SMEM_GEMM_NORM_MAX_ROWS and not self.smem_gemm_rows:
+        if x.shape[0] > self.k.SMEM_GEMM_X_ROWS and not self.smem_gemm_rows:
             return False                    # 17-64 rows: _smem_gemm_rows_kernel, unless smem_gemm_rows is off
         w = lin.parts[0][0]
         return w.dtype == torch.bfloat16 and self.k.smem_gemm_supported(x.shape[0], w.shape[0], w.shape[1],
                                                                         kind == "gate_up", cfg.split_k)
 
-    def decoder_mlp_fused_applies(self, y: torch.Tensor, gate_up: Linear, down: Linear) -> bool:
-        """Whether decoder_mlp() runs kernels/flashrt_kernels/smem_mlp.py: fused_mlp asked for (and the TMA GEMMs on), bf16
-        weights without bias (not the FP8 copy), a contiguous bf16 y on the GPU, and shapes the kernel serves on
-        this GPU (at most 16 rows, one program per 32 columns of the MLP width, every program resident at once)."""
-        if not (self.fused_mlp and not self.decoder_fp8 and y.is_cuda and y.dtype == torch.bfloat16
-                and y.is_contiguous() and len(gate_up.parts) == 1 and len(down.parts) == 1
-                and gate_up.parts[0][1] is None and down.parts[0][1] is None):
-            return False
-        wg, wd = gate_up.parts[0][0], down.parts[0][0]
-        sms = torch.cuda.get_device_properties(y.device).multi_processor_count
-        return (wg.dtype == wd.dtype == torch.bfloat16 and tuple(wg.shape) == (2 * wd.shape[1], y.shape[1])
-                and self.k.smem_mlp_supported(y.shape[0], y.shape[1], wd.shape[1], sms))
-
     def decoder_mlp(self, y: torch.Tensor, gate_up: Linear, down: Linear) -> torch.Tensor:
-        """The expert's MLP on y: down(GeGLU(gate_up(y))). Where decoder_mlp_fused_applies, one launch of
-        kernels/flashrt_kernels/smem_mlp.py, (M, W) fp32; else the two decoder GEMMs, whose down result may be the split-K partials
-        the next norm sums. The fused result lives in a buffer per row count that the next launch overwrites: the
-        norm after it reads it first (stream order)."""
-        if not self.decoder_mlp_fused_applies(y, gate_up, down):
-            return self.decoder(self.decoder(y, gate_up, "gate_up"), down, "down")
-        M, W = y.shape
-        F = down.parts[0][0].shape[1]
-        key = (M, W, F, y.device)
-        if key not in self._mlp_buffers:
-            self._mlp_buffers[key] = (self.k.MlpScratch.allocate(M, W, F, y.device),
-                                      torch.empty(M, W, device=y.device, dtype=torch.float32))
-        scratch, out = self._mlp_buffers[key]
-        return self.k.smem_mlp(y, gate_up.parts[0][0], down.parts[0][0], pdl=self.launch_mode("down"), out=out,
-                               scratch=scratch)
+        """The expert's MLP on y: down(GeGLU(gate_up(y))), two decoder GEMMs; the down result may be the split-K
+        partials the next norm sums."""
+        return self.decoder(self.decoder(y, gate_up, "gate_up"), down, "down")
 
-    def ada_fold_applies(self, rows: int) -> bool:
-        """Whether the denoiser at `rows` rows runs its adaRMSNorms folded into the GEMMs around them
-        (Op.ADA_NORM_FOLD): asked for, and every decoder GEMM kind's pick is a shared-memory GEMM that serves
-        these rows (only kernels/flashrt_kernels/smem_gemm.py has the norm_out / norm_in epilogues)."""
-        return self.ada_fold and not self.decoder_fp8 and rows <= self.k.SMEM_GEMM_NORM_MAX_ROWS and all(
-            isinstance(self.decoder_impl[kind], SmemConfig) for kind in ("qkv", "o", "gate_up", "down")) \
-            and self.decoder_impl["qkv"].split_k == 1       # norm_in adds its bias once: no split-K QKV
-
-    def decoder(self, x: torch.Tensor, lin: Linear, kind: str, impl: str | SkinnyConfig | None = None,
-                prefetch: tuple[int, int] | None = None, norm_in=None, norm_out=None) -> torch.Tensor:
+    def decoder(self, x: torch.Tensor, lin: Linear, kind: str, impl: str | SkinnyConfig | None = None
+                ) -> torch.Tensor:
         """Decoder GEMM (few rows). kind "gate_up" returns the GeGLU activation (M, F); "o"/"down" may return
-        split-K partials (S, M, N) fp32 that the next norm sums; "qkv" returns (M, N), or partials that
-        decoder_attention sums (a split-K candidate, offered only where rope_in_attention serves the rows).
-        impl: "library" (cuBLAS/hipBLASLt), a SkinnyConfig (Triton), None = the tuned choice for this kind. With
-        decoder_weights=fp8 the Triton GEMM streams the weight-only FP8 copy (Linear.w_fp8); the library GEMM the
-        bf16 weights.
-        prefetch: (address, bytes) the Triton GEMM bulk-prefetches into L2 first (l2_prefetch); the library GEMM
-        ignores it.
-        norm_in / norm_out (kernels/flashrt_kernels/smem_gemm.py NormIn / NormOut): the folded adaRMSNorm's halves (see
-        ada_fold_applies); only the shared-memory GEMM has them, any other pick raises ValueError. With norm_out
-        the result is the next GEMM's input x' (norm_out.xs)."""
+        split-K partials (S, M, N) fp32 that the next norm sums; "qkv" returns (M, N).
+        impl: "library" (cuBLAS/hipBLASLt), a SkinnyConfig (Triton), a SmemConfig (Gluon), None = the tuned choice
+        for this kind."""
         impl = impl or self.decoder_impl[kind]
         if impl == "triton":
             impl = SKINNY_DEFAULT[kind]
-        if norm_in is not None or norm_out is not None:
-            if self.decoder_fp8:
-                raise ValueError("the folded adaRMSNorm is not offered with fp8_decoder_weights "
-                                 "(ada_fold_applies is False there)")
-            if not (isinstance(impl, SmemConfig) and self._smem_ok(x, lin, kind, impl)):
-                raise ValueError(f"the folded adaRMSNorm needs the shared-memory GEMM; {kind} runs {impl} at "
-                                 f"{tuple(x.shape)}")
-            return self.k.smem_gemm(x, lin.parts[0][0], geglu=kind == "gate_up", split_k=impl.split_k,
-                                    pdl=self.launch_mode(kind), norm_in=norm_in, norm_out=norm_out)
         if isinstance(impl, SmemConfig) and self._smem_ok(x, lin, kind, impl):
-            if impl.fp8:
-                return self.k.smem_gemm_fp8(x, *lin.w_fp8, geglu=kind == "gate_up", split_k=impl.split_k,
-                                            pdl=self.launch_mode(kind))
             return self.k.smem_gemm(x, lin.parts[0][0], geglu=kind == "gate_up", split_k=impl.split_k,
                                     pdl=self.launch_mode(kind))
         if isinstance(impl, SkinnyConfig) and self._skinny_ok(x, lin, impl):
-            w, w_scale = lin.w_fp8 if self.decoder_fp8 and lin.w_fp8 is not None else (lin.parts[0][0], None)
-            return self.k.skinny_gemm(x, w, geglu=kind == "gate_up", split_k=impl.split_k,
+            return self.k.skinny_gemm(x, lin.parts[0][0], geglu=kind == "gate_up", split_k=impl.split_k,
                                       block_n=impl.block_n, block_k=impl.block_k, num_stages=impl.stages,
-                                      num_warps=impl.warps, pdl=self.launch_mode(kind),
-                                      prefetch=prefetch if self.l2_prefetch else None,
-                                      own_prefetch=self.own_prefetch, w_scale=w_scale)
+                                      num_warps=impl.warps, pdl=self.launch_mode(kind))
         y = self.linear(x, lin)
         return self.geglu(y) if kind == "gate_up" else y
 
     def decoder_qkv_rope(self, x: torch.Tensor, lin: Linear, pos, cos, sin, q_out, k_cache, v_cache, offset: int,
                          heads: int, kv_heads: int, q_scale: float,
-                         impl: str | SkinnyConfig | RopeGemmConfig | None = None,
-                         prefetch: tuple[int, int] | None = None, norm_in=None) -> None:
+                         impl: str | SkinnyConfig | RopeGemmConfig | None = None) -> None:
         """Decoder QKV projection, RoPE, q scale and KV-cache write (contract of qkv_rope on x @ W^T): one kernel
-        with a RopeGemmConfig (decoder_qkv=fused_rope), else the decoder GEMM then qkv_rope. prefetch: see
-        `decoder` (with l2_prefetch on, the fused-RoPE kernel, which has no prefetch, is not a candidate).
-        norm_in: see `decoder` (not with a RopeGemmConfig)."""
+        with a RopeGemmConfig (decoder_qkv=fused_rope), else the decoder GEMM then qkv_rope."""
         impl = impl or self.decoder_impl["qkv"]
-        if isinstance(impl, RopeGemmConfig) and norm_in is None:
+        if isinstance(impl, RopeGemmConfig):
             (w, _), = lin.parts
             self.k.qkv_gemm_rope(x, w, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale,
                                  block_p=impl.block_p, block_k=impl.block_k, num_stages=impl.stages,
                                  num_warps=impl.warps, pdl=self.launch_mode("qkv"))
             return
-        qkv = self.decoder(x, lin, "qkv", impl, prefetch, norm_in=norm_in)
-        if qkv.dim() == 3:
-            raise ValueError(f"decoder QKV {impl} leaves split-K partials, which only rope_in_attention's attention "
-                             f"sums; this step of {x.shape[0]} rows runs qkv_rope")
+        qkv = self.decoder(x, lin, "qkv", impl)
         self.qkv_rope(qkv, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale, site="qkv")
 
     def _rope_in_attention_for(self, rows: int) -> bool:
         return self.rope_in_attention and rows <= ROPE_IN_ATTENTION_MAX_ROWS
 
     def decoder_attention(self, x: torch.Tensor, lin: Linear, pos, cos, sin, q_out, k_cache, v_cache,
-                          mask: KeyMask, heads: int, q_scale: float, prefetch: tuple[int, int] | None = None,
-                          norm_in=None) -> torch.Tensor:
+                          mask: KeyMask, heads: int, q_scale: float) -> torch.Tensor:
         """One denoising step's attention block up to the O projection: x (S, W) -> (S * heads, Dh).
         With rope_in_attention and S <= ROPE_IN_ATTENTION_MAX_ROWS: the QKV GEMM, then the attention kernel applies
         RoPE and the q scale and reads the suffix K/V from the GEMM's output (q_out and the cache's suffix rows stay
         untouched). Else decoder_qkv_rope (q_out and the suffix rows written), then mqa.
-        k_cache/v_cache: (1, P + S, Dh). norm_in: x is x' of a folded adaRMSNorm (see `decoder`)."""
+        k_cache/v_cache: (1, P + S, Dh)."""
         S, dh = x.shape[0], q_out.shape[-1]
         if self._rope_in_attention_for(S):
-            qkv = self.decoder(x, lin, "qkv", prefetch=prefetch, norm_in=norm_in)
+            qkv = self.decoder(x, lin, "qkv")
             out = torch.empty(S * heads, dh, device=x.device, dtype=q_out.dtype)
             return self.k.decoder_attention(qkv, k_cache[0], v_cache[0], pos, cos, sin, mask.bias, mask.prefix_len,
-                                            mask.visible, heads, q_scale, out, pdl=self.launch_mode("attention"),
-                                            **self._step_attention_blocks())
-        self.decoder_qkv_rope(x, lin, pos, cos, sin, q_out, k_cache, v_cache, mask.prefix_len, heads, 1, q_scale,
-                              prefetch=prefetch, norm_in=norm_in)
+                                            mask.visible, heads, q_scale, out, pdl=self.launch_mode("attention"))
+        self.decoder_qkv_rope(x, lin, pos, cos, sin, q_out, k_cache, v_cache, mask.prefix_len, heads, 1, q_scale)
         return self.mqa(q_out.view(S * heads, dh), k_cache[0], v_cache[0], mask, 1.0, site="attention")
 
     def _rope_gemm_ok(self, x: torch.Tensor, lin: Linear, cfg: RopeGemmConfig, head_dim: int) -> bool:
-        return (self._qkv_fused and not self.l2_prefetch and self._few_rows_gemm_ok(x, lin, cfg.block_k)
+        return (self._qkv_fused and self._few_rows_gemm_ok(x, lin, cfg.block_k)
                 and (head_dim // 2) % cfg.block_p == 0)
 
     @staticmethod
@@ -588,9 +447,7 @@ class Ops:
         """The implementations the load-time tuning times for one decoder GEMM kind at x's shape: the library
         GEMM, every Triton configuration that fits, and for qkv the RoPE-epilogue GEMMs where they may run."""
         candidates = ["library"] + [c for c in SKINNY_CANDIDATES[kind] if self._skinny_ok(x, lin, c)]
-        candidates += [c for c in self.smem_candidates(kind) if self._smem_ok(x, lin, kind, c)]
-        if kind == "qkv" and not (self.split_k_qkv and self._rope_in_attention_for(x.shape[0])):
-            candidates = [c for c in candidates if getattr(c, "split_k", 1) == 1]    # only the attention sums them
+        candidates += [c for c in SMEM_CANDIDATES[kind] if self._smem_ok(x, lin, kind, c)]
         if kind == "qkv":
             candidates += [c for c in ROPE_GEMM_CANDIDATES if self._rope_gemm_ok(x, lin, c, head_dim)]
         return candidates
@@ -613,8 +470,8 @@ class Ops:
     def check_candidate(self, kind: str, impl, x: torch.Tensor, lin: Linear,
                         want: torch.Tensor | None = None) -> None:
         """Raise CandidateMismatch when a Triton or shared-memory GEMM candidate's product on x (its split-K
-        partials summed) is off the library GEMM's by more than DECODER_CHECK_REL_L2 (relative L2; the FP8 bound
-        with decoder_weights=fp8), so that no candidate is picked for its speed alone. The RoPE-epilogue GEMMs
+        partials summed) is off the library GEMM's by more than DECODER_CHECK_REL_L2 (relative L2), so that no
+        candidate is picked for its speed alone. The RoPE-epilogue GEMMs
         (RopeGemmConfig) write Q / K / V where the attention reads them and are not checked here.
         want: the library product on x in fp32, when the caller has it (the tuning computes it once per kind)."""
         if impl == "library" or isinstance(impl, RopeGemmConfig):
@@ -623,7 +480,7 @@ class Ops:
             want = self.decoder(x, lin, kind, "library").float()
         got = self.decoder(x, lin, kind, impl)
         got = got.float().sum(0) if got.dim() == 3 else got.float()
-        bound = DECODER_CHECK_REL_L2_FP8 if self.decoder_fp8 else DECODER_CHECK_REL_L2
+        bound = DECODER_CHECK_REL_L2
         if got.shape != want.shape:
             raise CandidateMismatch(f"{kind} {impl}: product {tuple(got.shape)}, library {tuple(want.shape)}")
         err = float((got - want).norm() / want.norm().clamp_min(1e-30))
@@ -682,7 +539,7 @@ class Ops:
                  q_scale: float, site: str = "other") -> None:
         if self._rope_triton:
             self.k.qkv_rope(qkv, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale,
-                            pdl=self.launch_mode(site), rows_per_program=self.qkv_rope_rows)
+                            pdl=self.launch_mode(site))
         else:
             self.k.qkv_rope_reference(qkv, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale)
 
@@ -709,78 +566,14 @@ class Ops:
         splits: key splits of the Triton kernel (None: its plan); the other implementations ignore it."""
         if self._mqa == "triton":
             out = torch.empty_like(q)
-            blocks = self._step_attention_blocks() if site == "attention" else {"key_block": self.key_block}
             return self.k.attention(q, k, v, mask.bias, mask.prefix_len, mask.visible, mask.heads, scale, out,
-                                    splits=splits, pdl=self.launch_mode(site), **blocks)
+                                    splits=splits, pdl=self.launch_mode(site))
         dense = mask.dense(q.shape[0], k.shape[0], q.dtype)                 # (Mq, L)
         if self._mqa == "sdpa":
             return F.scaled_dot_product_attention(q[None, None], k[None, None], v[None, None],
                                                   attn_mask=dense[None, None], scale=scale)[0, 0]
         logits = (q.float() @ k.float().T) * scale + dense.float()          # (Mq, L) fp32
         return torch.softmax(logits, dim=-1).to(v.dtype) @ v
-
-    def _step_attention_blocks(self) -> dict:
-        """The split attention's key_block and block_m for a denoising step: the tuned form's, else key_block and
-        the kernel's own row blocks."""
-        if self.decoder_attention_form is None:
-            return {"key_block": self.key_block, "block_m": None}
-        block_m, key_block = parse_attention_form(self.decoder_attention_form)
-        return {"key_block": key_block, "block_m": block_m}
-
-    def decoder_attention_forms(self, rows: int, prefix_len: int, heads: int, head_dim: int) -> list[str]:
-        """The denoising step's attention forms the chain tuning weighs (decoder_attention_tuning, opt-in): every
-        rows-per-program block (kernels/flashrt_kernels/attention.py ROW_BLOCKS) with every keys-per-block size (KEY_BLOCKS; only
-        the decoder_key_block option's where it is set), as "m<rows>_k<keys>", one per distinct launch at this
-        step's shape (rows suffix tokens after prefix_len keys), the kernel's own plan first. [] where the step's
-        attention is not the Triton split kernel."""
-        if self._mqa != "triton":
-            return []
-        from_qkv = self._rope_in_attention_for(rows)
-        key_blocks = (self.key_block,) if self.key_block else self.k.ATTENTION_KEY_BLOCKS
-        forms, launches = [], set()
-        for block_m in (None,) + self.k.ATTENTION_ROW_BLOCKS:
-            for key_block in ((self.key_block,) if block_m is None else key_blocks):
-                launch = self.k.attention_split_launch(rows * heads, prefix_len + rows, prefix_len, head_dim, True,
-                                                       from_qkv, True, key_block=key_block, block_m=block_m)
-                signature = (launch.grid, tuple(sorted(launch.constexprs.items())), launch.num_warps)
-                if signature in launches:
-                    continue
-                launches.add(signature)
-                forms.append(f"m{launch.constexprs['BLOCK_M']}_k{launch.constexprs['BLOCK_N']}")
-        return forms
-
-    def check_attention_form(self, form: str, rows: int, prefix_len: int, heads: int, head_dim: int,
-                             dtype: torch.dtype, device: torch.device) -> None:
-        """A denoising step's attention in `form` (decoder_attention_forms) on random inputs of the step's shape,
-        through the path the step takes (decoder_attention from the QKV rows with rope_in_attention, else
-        attention over the caches), against the kernels' fp32 reference within PREFIX_ATTENTION_CHECK_ATOL, the
-        last eighth of the prefix keys masked; CandidateMismatch where it disagrees."""
-        block_m, key_block = parse_attention_form(form)
-        g = torch.Generator(device=device).manual_seed(rows + prefix_len)
-        L = prefix_len + rows
-        k = torch.randn(L, head_dim, device=device, generator=g).to(dtype)
-        v = torch.randn(L, head_dim, device=device, generator=g).to(dtype)
-        bias = torch.zeros(prefix_len, device=device)
-        bias[prefix_len - prefix_len // 8:] = float("-inf")
-        visible = torch.full((rows,), rows, device=device, dtype=torch.int32)
-        out = torch.empty(rows * heads, head_dim, device=device, dtype=dtype)
-        if self._rope_in_attention_for(rows):
-            qkv = torch.randn(rows, (heads + 2) * head_dim, device=device, generator=g).to(dtype)
-            pos = torch.arange(prefix_len, L, device=device)
-            cos, sin = self.k.rope_tables(L, head_dim, 10000.0, device)
-            want = self.k.decoder_attention_reference(qkv.float(), k.float(), v.float(), pos, cos, sin, bias,
-                                                      prefix_len, visible, heads, head_dim ** -0.5)
-            self.k.decoder_attention(qkv, k, v, pos, cos, sin, bias, prefix_len, visible, heads, head_dim ** -0.5,
-                                     out, key_block=key_block, block_m=block_m)
-        else:
-            q = (torch.randn(rows * heads, head_dim, device=device, generator=g) * head_dim ** -0.5).to(dtype)
-            want = self.k.attention_reference(q.float(), k.float(), v.float(), bias, prefix_len, visible, heads, 1.0)
-            self.k.attention(q, k, v, bias, prefix_len, visible, heads, 1.0, out, key_block=key_block,
-                             block_m=block_m)
-        err = float((out.float() - want.float()).abs().max())
-        if not err <= PREFIX_ATTENTION_CHECK_ATOL:
-            raise CandidateMismatch(f"attention form {form} at {rows} rows, {prefix_len} prefix keys is off by "
-                                    f"{err:.3g} against the fp32 attention")
 
     def prefix_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: KeyMask,
                          impl: str | None = None) -> torch.Tensor:
@@ -793,13 +586,11 @@ class Ops:
         boolean key mask, the one K/V head shared by enable_gqa, by a stride-0 view, or by a copy per head: which
         of torch's fused backends accepts which form differs, so the tuning times all three;
         "wgmma" / "wgmma_overlap": kernels/flashrt_kernels/prefix_attention.py (Gluon, sm90), the heads stacked on the query axis;
-        with _overlap the next key block's q @ k^T runs on the tensor cores during this block's softmax;
-        "wgmma_split2" / "wgmma_split3" / "wgmma_split2_bn64": the same kernel with 2 or 3 programs per 64 query
-        rows over their shares of the keys (32- or 64-key blocks), merged by kernels/flashrt_kernels/attention.py's merge_splits.
+        with _overlap the next key block's q @ k^T runs on the tensor cores during this block's softmax.
         None: the choice of tune_prefix_attention."""
         P, H, Dh = q.shape
         impl = impl or self.prefix_attention_impl
-        form = WGMMA_PREFIX_ATTENTION.get(impl, WGMMA_SPLIT_PREFIX_ATTENTION.get(impl))
+        form = WGMMA_PREFIX_ATTENTION.get(impl)
         if form is not None:
             return self.k.prefix_attention(q.reshape(P * H, Dh), k, v, mask.bias[:P], pdl=self.launch_mode("other"),
                                            **form).view(P, H * Dh)
@@ -818,8 +609,7 @@ class Ops:
 
     def prefix_attention_candidates(self, P: int, heads: int, head_dim: int, device: torch.device) -> list[str]:
         """The implementations tune_prefix_attention times: all but the wgmma kernel's forms, which join where they
-        are switched on (prefix_attention_wgmma; the key-split forms also prefix_attention_split) and the kernel
-        serves this shape and device with that form's splits and key blocks."""
+        are switched on (prefix_attention_wgmma) and the kernel serves this shape and device."""
         def served(form: dict) -> bool:
             return self.k.prefix_attention_supported(P * heads, P, head_dim, device, form.get("splits", 1),
                                                      form.get("block_n", self.k.PREFIX_ATTENTION_BLOCK_N))
@@ -828,10 +618,6 @@ class Ops:
         for impl in PREFIX_ATTENTION_IMPLS:
             if impl in WGMMA_PREFIX_ATTENTION:
                 if not (self.prefix_attention_wgmma and served(WGMMA_PREFIX_ATTENTION[impl])):
-                    continue
-            elif impl in WGMMA_SPLIT_PREFIX_ATTENTION:
-                if not (self.prefix_attention_wgmma and self.prefix_attention_split
-                        and served(WGMMA_SPLIT_PREFIX_ATTENTION[impl])):
                     continue
             out.append(impl)
         return out

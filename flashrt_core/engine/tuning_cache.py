@@ -3,7 +3,7 @@ and options reuses them instead of measuring again (opt-in: EngineOptions.tuning
 
 What is kept: the picks of the decoder GEMM tuning (each kind's configuration by name, the launch policy), of the
 prefix attention and of the vision attention's SDPA backend. On the H200 the measuring took 36-41 s per engine
-load, nearly all of it the chain tuning (session 11, run 33); a robot's node pays that at every configure.
+load, nearly all of it the chain tuning; a robot's node pays that at every configure.
 Reused picks also make two loads of one setup run the same kernels.
 
 A cache entry is a JSON file named by the SHA-256 of its key: the format, a fingerprint of the engine's and the

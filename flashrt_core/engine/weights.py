@@ -9,9 +9,6 @@
   gate of every layer and step is computed once: `ExpertTables` (steps x layers x 2 norms x 3 x width, fp32).
 - pi0: the time half of action_time_mlp_in is precomputed per step as a bias.
 - The last backbone layer only needs its K/V (the prefix output is unused), so its o/MLP weights are not kept.
-- With the L2 prefetch (`l2_prefetch`), the action expert's GEMM weights live in one buffer, layer after layer in
-  the order the step reads them (qkv, o, gate_up, down): `ExpertArena`. What a layer reads after its QKV GEMM, up
-  to the next layer's QKV weights, is then one contiguous window that the QKV GEMM prefetches into L2.
 Folds are computed in fp32 and rounded once to the engine dtype.
 """
 
@@ -35,8 +32,7 @@ class Linear:
     """y = x @ W^T + b over one or more row blocks of W (several blocks = unmerged GEMMs, concatenated)."""
 
     parts: list[tuple[torch.Tensor, torch.Tensor | None]]  # [(W (N_i, K), b (N_i,) or None)]
-    fp8: object | None = None                               # Fp8Linear, set by fp8.quantize_prefix when asked
-    w_fp8: tuple[torch.Tensor, torch.Tensor] | None = None  # (W_q E4M3 (N, K), s (N,)): weight-only FP8 decoder GEMM
+    fp8: object | None = None                               # Fp8Linear, set by fp8.quantize_wide when asked
 
     @property
     def out_features(self) -> int:
@@ -69,52 +65,6 @@ class ExpertTables:
 
     norm: torch.Tensor         # (steps, layers, 2, 3, W) fp32
     final: torch.Tensor        # (steps, 2, W) fp32: (scale1p, shift) of the final norm
-
-
-EXPERT_GEMMS = ("qkv", "o", "gate_up", "down")      # in the order a denoising step reads them
-ARENA_ALIGN = 128                                    # elements: every weight starts 256-byte aligned in bf16
-
-
-@dataclass
-class ExpertArena:
-    """The expert's GEMM weights in one buffer; each layer's Linear weights are views into it.
-
-    spans[i][name] = (start, end) element offsets of layer i's weight `name` (EXPERT_GEMMS)."""
-
-    buffer: torch.Tensor                          # (n,) flat, engine dtype
-    spans: list[dict[str, tuple[int, int]]]
-
-    def prefetch_window(self, layer: int) -> tuple[int, int]:
-        """(address, bytes) of what layer `layer` reads after its QKV GEMM: its o, gate_up and down weights and
-        the next layer's QKV weights (the last layer: its own three)."""
-        start = self.spans[layer]["o"][0]
-        end = self.spans[layer + 1]["qkv"][1] if layer + 1 < len(self.spans) else self.spans[layer]["down"][1]
-        size = self.buffer.element_size()
-        return self.buffer.data_ptr() + start * size, (end - start) * size
-
-
-def pack_expert(layers: list[GemmaLayer]) -> ExpertArena | None:
-    """Move the expert's single-block, bias-free GEMM weights into one ExpertArena (the layers' Linears then hold
-    views into it). None, changing nothing, when a weight is split into blocks, has a bias, or the dtypes differ
-    (unmerged weights, `fused_weights=False`)."""
-    weights = [getattr(layer, name) for layer in layers for name in EXPERT_GEMMS]
-    if any(lin is None or len(lin.parts) != 1 or lin.parts[0][1] is not None for lin in weights):
-        return None
-    tensors = [lin.parts[0][0] for lin in weights]
-    if len({(t.dtype, t.device) for t in tensors}) != 1:
-        return None
-    offsets, total = [], 0
-    for t in tensors:
-        offsets.append(total)
-        total += -(-t.numel() // ARENA_ALIGN) * ARENA_ALIGN
-    buffer = torch.empty(total, dtype=tensors[0].dtype, device=tensors[0].device)
-    spans: list[dict[str, tuple[int, int]]] = [{} for _ in layers]
-    for k, (lin, t, off) in enumerate(zip(weights, tensors, offsets)):
-        view = buffer[off:off + t.numel()].view(t.shape)
-        view.copy_(t)
-        lin.parts[0] = (view, None)
-        spans[k // len(EXPERT_GEMMS)][EXPERT_GEMMS[k % len(EXPERT_GEMMS)]] = (off, off + t.numel())
-    return ExpertArena(buffer, spans)
 
 
 @dataclass(frozen=True)
@@ -154,7 +104,6 @@ class EngineWeights:
     time_in_bias: torch.Tensor | None         # pi0: (steps, We) fp32 = W_time @ emb(t_s) + b
     time_out: Linear | None                   # pi0: action_time_mlp_out
     dts: list[float]                          # Euler step sizes (all -1/steps)
-    expert_arena: ExpertArena | None = None   # the expert's GEMM weights in one buffer (None: not asked/packable)
     vision_mlp_pad: int = 0                   # the vision MLP width rounded up to a multiple of this (0: as is)
 
     def patch_gemm_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,54 +147,6 @@ class EngineWeights:
         return self._pi0_step
 
     _pi0_step: Pi0StepTables | None = None
-
-    @torch.no_grad()
-    def ada_fold_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """pi0.5 with the adaRMSNorm folded into the GEMM after it (ops.Op.ADA_NORM_FOLD): the shift of each norm
-        through that GEMM, shift @ W^T in fp32, for every step and layer: (qkv (steps, layers, N_qkv),
-        gate_up (steps, layers, N_gate_up)); made at first use (the executor asks before any capture), then kept."""
-        if self._ada_fold_bias is None:
-            if self.tables is None:
-                raise ValueError("ada_fold_bias: only pi0.5's adaptive norms have a shift to fold")
-            shifts = self.tables.norm[:, :, :, 1]                                       # (steps, layers, 2, We)
-            out = []
-            for site, name in ((0, "qkv"), (1, "gate_up")):
-                per_layer = []
-                for i, layer in enumerate(self.expert):
-                    (w, b), = getattr(layer, name).parts
-                    if b is not None:
-                        raise ValueError(f"ada_fold_bias: expert {name} GEMM has a bias of its own")
-                    per_layer.append(shifts[:, i, site] @ w.float().T)                 # (steps, N)
-                out.append(torch.stack(per_layer, 1).contiguous())
-            self._ada_fold_bias = (out[0], out[1])
-        return self._ada_fold_bias
-
-    _ada_fold_bias: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def denoise_layer_inputs(self, kernels) -> tuple[list, list[list]]:
-        """pi0.5's expert layers as kernels/flashrt_kernels/denoise_layer.py takes them: (per layer LayerWeights, per step and
-        layer LayerTables), views of the merged weights, the ada tables and ada_fold_bias (made at first use).
-        `kernels`: the loaded kernel package."""
-        if self.tables is None or not self.folded:
-            raise ValueError("denoise_layer_inputs: only pi0.5's expert with merged QKV and gate/up weights")
-        if self._denoise_layer is None:
-            lw = []
-            for layer in self.expert:
-                parts = [getattr(layer, name).parts for name in ("qkv", "o", "gate_up", "down")]
-                if any(len(p) != 1 or p[0][1] is not None for p in parts):
-                    raise ValueError("denoise_layer_inputs: expert GEMMs must be single unbiased weights")
-                lw.append(kernels.LayerWeights(*(p[0][0] for p in parts)))
-            bias_qkv, bias_gu = self.ada_fold_bias()                      # (steps, layers, N)
-            norm = self.tables.norm                                       # (steps, layers, 2, 3, We)
-            tables = [[kernels.LayerTables(gate0=norm[s, i - 1, 1, 2] if i > 0 else None,
-                                           scale1p_1=norm[s, i, 0, 0], shift_1=norm[s, i, 0, 1],
-                                           gate1=norm[s, i, 0, 2], scale1p_2=norm[s, i, 1, 0],
-                                           shift_2=norm[s, i, 1, 1], bias_qkv=bias_qkv[s, i], bias_gu=bias_gu[s, i])
-                       for i in range(len(self.expert))] for s in range(norm.shape[0])]
-            self._denoise_layer = (lw, tables)
-        return self._denoise_layer
-
-    _denoise_layer: tuple[list, list[list]] | None = None
 
 
 def _f32(t: torch.Tensor) -> torch.Tensor:
@@ -360,9 +261,8 @@ def _pi05_tables(model: PiModel, times: list[float]) -> ExpertTables:
 
 @torch.no_grad()
 def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: bool = True,
-                    pack_expert_weights: bool = False, vision_mlp_pad: int = 0) -> EngineWeights:
+                    vision_mlp_pad: int = 0) -> EngineWeights:
     """Engine weights from a loaded PiModel (any dtype): folded, merged, precomputed, cast to `dtype`;
-    `pack_expert_weights`: the expert's GEMM weights in one ExpertArena (what the L2 prefetch reads);
     `vision_mlp_pad`: the vision MLP's hidden width rounded up to a multiple of it (pad_mlp_width; 0: as is)."""
     cfg = model.config
     times = time_schedule(cfg.num_steps)
@@ -388,7 +288,6 @@ def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: b
     out_w, out_b = _f32(model.action_out_proj.weight), _f32(model.action_out_proj.bias)
     if not is_pi05 and fold:   # pi0's final RMSNorm (1 + w) folds into action_out_proj
         out_w = out_w * (1.0 + _f32(model.expert.norm.weight))[None, :]
-    expert = _gemma(model.expert, dtype, fold, adaptive=is_pi05, kv_only_last=False)
     weights = EngineWeights(
         config=cfg, dtype=dtype, folded=fold,
         patch_w=_f32(vis.patch_embedding.weight).flatten(1).contiguous(),
@@ -397,13 +296,11 @@ def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: b
         vision=vision_layers, post_ln=post_ln, projector=projector,
         embed_tokens=model.embed_tokens.weight,
         backbone=_gemma(model.paligemma, dtype, fold, adaptive=False, kv_only_last=True),
-        expert=expert,
+        expert=_gemma(model.expert, dtype, fold, adaptive=is_pi05, kv_only_last=False),
         expert_final_norm=expert_final,
         action_in=_linear(model.action_in_proj, dtype),
         action_out=(out_w.to(dtype).contiguous(), out_b),
         tables=tables, state_proj=state_proj, time_in_action=time_in_action, time_in_bias=time_in_bias,
-        time_out=time_out, dts=[-1.0 / cfg.num_steps] * cfg.num_steps,
-        expert_arena=pack_expert(expert) if pack_expert_weights else None, vision_mlp_pad=vision_mlp_pad)
-    log.info("engine weights prepared (%s, folded=%s, expert arena %s)", dtype, fold,
-             "packed" if weights.expert_arena is not None else "not packed")
+        time_out=time_out, dts=[-1.0 / cfg.num_steps] * cfg.num_steps, vision_mlp_pad=vision_mlp_pad)
+    log.info("engine weights prepared (%s, folded=%s)", dtype, fold)
     return weights

@@ -4,9 +4,7 @@ Every module opens with the formula it computes. `<name>(...)` launches the Trit
 `<name>_reference(...)` is the PyTorch definition that the GPU tests compare against. Without Triton the
 references still import; `HAVE_TRITON` says which case this is. `INTERPRETED`: Triton's CPU interpreter runs
 the kernels (TRITON_INTERPRET=1), on CPU tensors. `HAVE_GLUON`: Triton's Gluon is importable
-(kernels/flashrt_kernels/smem_gemm.py, which also carries the adaRMSNorm folded into the GEMMs around it: NormIn / NormOut, and its
-FP8 form kernels/flashrt_kernels/smem_gemm_fp8.py;
-kernels/flashrt_kernels/prefix_attention.py, the prefix attention on wgmma, whose reference is attention_reference).
+(kernels/flashrt_kernels/smem_gemm.py; kernels/flashrt_kernels/prefix_attention.py, the prefix attention on wgmma, whose reference is attention_reference).
 Every launcher's `pdl` takes False, True or `EARLY_TRIGGER` (kernels/flashrt_kernels/_triton.py says what each means).
 """
 
@@ -17,14 +15,10 @@ from .attention import ROW_BLOCKS as ATTENTION_ROW_BLOCKS
 from .attention import (attention, attention_reference, decoder_attention, decoder_attention_reference, merge_splits,
                         merge_splits_reference)
 from .attention import split_launch as attention_split_launch
-from .denoise_layer import PHASES as DENOISE_LAYER_PHASES
-from .denoise_layer import (DenoiseLayerScratch, LayerConfig, LayerTables, LayerWeights, barriers_per_launch,
-                            denoise_layer, denoise_layer_reference, fold_shift,
-                            grid_programs, phase_stamps_us)
 from .denoise_step import (denoise_step_in, denoise_step_in_reference, denoise_step_out,
                            denoise_step_out_reference, time_mlp_in, time_mlp_in_reference)
 from .euler import euler, euler_reference
-from .fp8_quant import fp8_quant, fp8_quant_reference, fp8_quant_rows, fp8_quant_rows_reference
+from .fp8_quant import fp8_quant, fp8_quant_reference
 from .geglu import geglu, geglu_reference
 from .patch_embed import patch_rows, patch_rows_reference
 from .prefix_attention import BLOCK_N as PREFIX_ATTENTION_BLOCK_N
@@ -33,22 +27,18 @@ from .qkv_gemm_rope import qkv_gemm_rope, qkv_gemm_rope_reference
 from .qkv_rope import qkv_rope, qkv_rope_reference, qkv_rope_rows_per_program, rope_tables
 from .residual_norm import residual_norm, residual_norm_reference
 from .skinny_gemm import skinny_gemm, skinny_gemm_reference
-from .smem_gemm import (HAVE_GLUON, SMEM_GEMM_MAX_ROWS, SMEM_GEMM_NORM_MAX_ROWS, NormIn, NormOut, smem_gemm,
-                        smem_gemm_norm_in_reference, smem_gemm_norm_out_reference, smem_gemm_supported)
-from .smem_gemm_fp8 import SMEM_GEMM_FP8_MAX_ROWS, smem_gemm_fp8, smem_gemm_fp8_reference, smem_gemm_fp8_supported
-from .smem_mlp import MlpScratch, smem_mlp, smem_mlp_reference, smem_mlp_supported
+from .smem_gemm import HAVE_GLUON, SMEM_GEMM_MAX_ROWS, smem_gemm, smem_gemm_supported
+from .smem_gemm import X_ROWS as SMEM_GEMM_X_ROWS
 
 __all__ = [
     "EARLY_TRIGGER", "HAVE_TRITON", "INTERPRETED",
     "ada_rms_norm", "ada_rms_norm_reference",
     "attention", "attention_reference", "decoder_attention", "decoder_attention_reference",
     "merge_splits", "merge_splits_reference", "ATTENTION_KEY_BLOCKS", "ATTENTION_ROW_BLOCKS", "attention_split_launch",
-    "DenoiseLayerScratch", "LayerConfig", "LayerTables", "LayerWeights", "barriers_per_launch", "denoise_layer",
-    "DENOISE_LAYER_PHASES", "denoise_layer_reference", "fold_shift", "grid_programs", "phase_stamps_us",
     "denoise_step_in", "denoise_step_in_reference", "denoise_step_out", "denoise_step_out_reference",
     "time_mlp_in", "time_mlp_in_reference",
     "euler", "euler_reference",
-    "fp8_quant", "fp8_quant_reference", "fp8_quant_rows", "fp8_quant_rows_reference",
+    "fp8_quant", "fp8_quant_reference",
     "geglu", "geglu_reference",
     "patch_rows", "patch_rows_reference",
     "PREFIX_ATTENTION_BLOCK_N", "prefix_attention", "prefix_attention_supported",
@@ -56,8 +46,5 @@ __all__ = [
     "qkv_rope", "qkv_rope_reference", "qkv_rope_rows_per_program", "rope_tables",
     "residual_norm", "residual_norm_reference",
     "skinny_gemm", "skinny_gemm_reference",
-    "HAVE_GLUON", "SMEM_GEMM_MAX_ROWS", "SMEM_GEMM_NORM_MAX_ROWS", "NormIn", "NormOut", "smem_gemm",
-    "smem_gemm_norm_in_reference", "smem_gemm_norm_out_reference", "smem_gemm_supported",
-    "SMEM_GEMM_FP8_MAX_ROWS", "smem_gemm_fp8", "smem_gemm_fp8_reference", "smem_gemm_fp8_supported",
-    "MlpScratch", "smem_mlp", "smem_mlp_reference", "smem_mlp_supported",
+    "HAVE_GLUON", "SMEM_GEMM_MAX_ROWS", "SMEM_GEMM_X_ROWS", "smem_gemm", "smem_gemm_supported",
 ]

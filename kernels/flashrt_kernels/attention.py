@@ -44,12 +44,9 @@ def decoder_attention_reference(qkv: torch.Tensor, k_cache: torch.Tensor, v_cach
                                 cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor, prefix_len: int,
                                 visible: torch.Tensor, heads: int, q_scale: float) -> torch.Tensor:
     """Plain PyTorch, by definition qkv_rope then attention on copies of the caches.
-    qkv (S, (heads + 2) * D) of S suffix tokens, or its split-K partials (splits, S, (heads + 2) * D), summed
-    and rounded to the caches' dtype; k_cache/v_cache (>= prefix_len + S, D) with the prefix keys in
+    qkv (S, (heads + 2) * D) of S suffix tokens; k_cache/v_cache (>= prefix_len + S, D) with the prefix keys in
     rows < prefix_len, pos (S,) -> (S * heads, D)."""
     from .qkv_rope import qkv_rope_reference
-    if qkv.dim() == 3:
-        qkv = qkv.float().sum(0).to(k_cache.dtype)
     S, D = qkv.shape[0], k_cache.shape[1]
     L = prefix_len + S
     q = torch.empty(S, heads, D, device=qkv.device, dtype=qkv.dtype)
@@ -77,21 +74,17 @@ def _online_softmax_step(q, k, v, cols, col_ok, bias_ptr, P, vis, m_i, l_i, acc,
 
 
 @triton.jit
-def _summed_rows(base, cols, row_ok, split_stride, SPLITS: tl.constexpr):
-    """Rows base[r] + cols in fp32, summed over SPLITS split-K partials split_stride apart (1: the rows as they are)."""
-    x = tl.load(base + cols, mask=row_ok[:, None], other=0.0).to(tl.float32)
-    for sp in tl.static_range(1, SPLITS):
-        x += tl.load(base + sp * split_stride + cols, mask=row_ok[:, None], other=0.0).to(tl.float32)
-    return x
+def _rows_f32(base, cols, row_ok):
+    """Rows base[r] + cols in fp32 (zeros where not row_ok)."""
+    return tl.load(base + cols, mask=row_ok[:, None], other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _rope_rows(base, d, row_ok, p, cos_ptr, sin_ptr, split_stride, D: tl.constexpr, SPLITS: tl.constexpr):
-    """RoPE (split-half form) of rows base[r] + d, in fp32: x * cos + rotate_half(x) * sin, position p[r]; the rows
-    summed over SPLITS split-K partials first."""
+def _rope_rows(base, d, row_ok, p, cos_ptr, sin_ptr, D: tl.constexpr):
+    """RoPE (split-half form) of rows base[r] + d, in fp32: x * cos + rotate_half(x) * sin, position p[r]."""
     HALF: tl.constexpr = D // 2
-    x = _summed_rows(base, d[None, :], row_ok, split_stride, SPLITS)
-    x_swap = _summed_rows(base, ((d + HALF) % D)[None, :], row_ok, split_stride, SPLITS)
+    x = _rows_f32(base, d[None, :], row_ok)
+    x_swap = _rows_f32(base, ((d + HALF) % D)[None, :], row_ok)
     table = p[:, None] * HALF + (d % HALF)[None, :]
     c = tl.load(cos_ptr + table, mask=row_ok[:, None], other=0.0)
     sn = tl.load(sin_ptr + table, mask=row_ok[:, None], other=0.0)
@@ -100,14 +93,14 @@ def _rope_rows(base, d, row_ok, p, cos_ptr, sin_ptr, split_stride, D: tl.constex
 
 
 @triton.jit
-def _rope_queries(qkv_ptr, rows, row_ok, d, stride_qkv, split_stride, heads, pos_ptr, cos_ptr, sin_ptr, q_scale,
-                  q_dtype, D: tl.constexpr, SPLITS: tl.constexpr):
+def _rope_queries(qkv_ptr, rows, row_ok, d, stride_qkv, heads, pos_ptr, cos_ptr, sin_ptr, q_scale, q_dtype,
+                  D: tl.constexpr):
     """Query rows (BLOCK_M, D) from the QKV rows (token r // heads, head r % heads) with RoPE and the q scale
     applied (qkv_rope's rounding: fp32, scaled, then q_dtype, the caches' dtype)."""
     tok = rows // heads
     p = tl.load(pos_ptr + tok, mask=row_ok, other=0)
     base = qkv_ptr + tok[:, None] * stride_qkv + (rows % heads)[:, None] * D
-    return (_rope_rows(base, d, row_ok, p, cos_ptr, sin_ptr, split_stride, D, SPLITS) * q_scale).to(q_dtype)
+    return (_rope_rows(base, d, row_ok, p, cos_ptr, sin_ptr, D) * q_scale).to(q_dtype)
 
 
 @triton.jit
@@ -126,25 +119,24 @@ def _cached_keys(q, k_ptr, v_ptr, start, end, d, stride_k, stride_v, bias_ptr, P
 
 
 @triton.jit
-def _load_suffix_kv(qkv_ptr, cols, ok, d, P, stride_qkv, split_stride, heads, pos_ptr, cos_ptr, sin_ptr, k_dtype,
-                    D: tl.constexpr, SPLITS: tl.constexpr):
+def _load_suffix_kv(qkv_ptr, cols, ok, d, P, stride_qkv, heads, pos_ptr, cos_ptr, sin_ptr, k_dtype, D: tl.constexpr):
     """Suffix keys (RoPE applied) and values of key columns cols >= P, read from the QKV rows cols - P
-    (zeros where not ok), summed over SPLITS split-K partials, in the caches' dtype."""
+    (zeros where not ok), in the caches' dtype."""
     srow = tl.where(ok, cols - P, 0)
     p = tl.load(pos_ptr + srow, mask=ok, other=0)
     base = qkv_ptr + srow[:, None] * stride_qkv + heads * D
-    k = _rope_rows(base, d, ok, p, cos_ptr, sin_ptr, split_stride, D, SPLITS).to(k_dtype)
-    v = _summed_rows(base + D, d[None, :], ok, split_stride, SPLITS).to(k_dtype)
+    k = _rope_rows(base, d, ok, p, cos_ptr, sin_ptr, D).to(k_dtype)
+    v = _rows_f32(base + D, d[None, :], ok).to(k_dtype)
     return k, v
 
 
 @triton.jit
 def _attn_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, vis_ptr, o_ptr, acc_ptr, ml_ptr, pos_ptr, cos_ptr, sin_ptr,
                        Mq, L, P, heads, scale, q_scale,
-                       stride_q, stride_k, stride_v, stride_o, split_stride_q,
+                       stride_q, stride_k, stride_v, stride_o,
                        HAS_SUFFIX: tl.constexpr, SPLIT: tl.constexpr, KEYS_PER_SPLIT: tl.constexpr, D: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, EARLY_KV: tl.constexpr,
-                       FROM_QKV: tl.constexpr, BLOCK_S: tl.constexpr, QKV_SPLITS: tl.constexpr = 1):
+                       FROM_QKV: tl.constexpr, BLOCK_S: tl.constexpr):
     release_dependents(PDL)
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -167,14 +159,14 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, vis_ptr, o_ptr, acc_ptr, m
             k = tl.load(k_ptr + cols[:, None] * stride_k + d[None, :], mask=col_ok[:, None], other=0.0)
             v = tl.load(v_ptr + cols[:, None] * stride_v + d[None, :], mask=col_ok[:, None], other=0.0)
         wait_for_inputs(PDL)
-        q = _rope_queries(q_ptr, rows, row_ok, d, stride_q, split_stride_q, heads, pos_ptr, cos_ptr, sin_ptr,
-                          q_scale, k_ptr.dtype.element_ty, D, QKV_SPLITS)
+        q = _rope_queries(q_ptr, rows, row_ok, d, stride_q, heads, pos_ptr, cos_ptr, sin_ptr, q_scale,
+                          k_ptr.dtype.element_ty, D)
         vis = tl.load(vis_ptr + rows // heads, mask=row_ok, other=0)
         if pid_s == SPLIT - 1:
             cols_s = P + tl.arange(0, BLOCK_S)
             ok_s = cols_s < L
-            k_s, v_s = _load_suffix_kv(q_ptr, cols_s, ok_s, d, P, stride_q, split_stride_q, heads, pos_ptr, cos_ptr,
-                                       sin_ptr, k_ptr.dtype.element_ty, D, QKV_SPLITS)
+            k_s, v_s = _load_suffix_kv(q_ptr, cols_s, ok_s, d, P, stride_q, heads, pos_ptr, cos_ptr, sin_ptr,
+                                       k_ptr.dtype.element_ty, D)
             m_i, l_i, acc = _online_softmax_step(q, k_s, v_s, cols_s, ok_s, bias_ptr, P, vis, m_i, l_i, acc, scale,
                                                  HAS_SUFFIX)
         else:
@@ -247,7 +239,7 @@ def _attn_combine_kernel(acc_ptr, ml_ptr, o_ptr, Mq, stride_o, SPLIT: tl.constex
 # (`attention`), a 64-key block of 256-wide K and V compiles for sm90 to 32 registers and ~9 KB of spills per
 # thread; 32 keys fit (250 registers, no spills): 14.07 -> 12.88 us per layer for GEMM + qkv_rope + attention.
 # decoder_attention loads prefix keys only and 64 keys fit (237 registers, no spills): 11.33 us, vs 11.67 us with
-# 32. The engine's decoder_key_block option (FLASHRT_DECODER_KEY_BLOCK) sets both, for A/B runs.
+# 32. A launcher's key_block argument sets either, for kernel benchmarks.
 KEY_BLOCKS = (16, 32, 64)
 DECODER_KEY_BLOCK = 32              # attention() with suffix keys
 DECODER_PREFIX_KEY_BLOCK = 64       # decoder_attention()
@@ -321,10 +313,8 @@ def split_launch(Mq: int, L: int, prefix_len: int, D: int, has_suffix: bool, fro
 
 def _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, L, rope=None, key_block=None,
             block_m=None):
-    """Split kernel (+ combine): q is the queries (Mq, D), or the QKV rows when rope = (pos, cos, sin, q_scale):
-    (S, N), or their split-K partials (splits, S, N)."""
-    qkv_splits, split_stride_q = (q.shape[0], q.stride(0)) if q.dim() == 3 else (1, 0)
-    q_rows = q[0] if q.dim() == 3 else q
+    """Split kernel (+ combine): q is the queries (Mq, D), or the QKV rows (S, N) when rope = (pos, cos, sin,
+    q_scale)."""
     Mq, D = out.shape
     launch = split_launch(Mq, L, prefix_len, D, visible is not None, rope is not None, pdl, splits, key_block,
                           block_m)
@@ -335,8 +325,7 @@ def _launch(q, k, v, bias, prefix_len, visible, heads, scale, out, splits, pdl, 
     pos, cos, sin, q_scale = rope if rope is not None else (bias, bias, bias, 1.0)
     _attn_split_kernel[launch.grid](q, k, v, bias, visible if visible is not None else bias, out, acc, ml, pos, cos,
                                     sin, Mq, L, prefix_len, heads, scale, q_scale,
-                                    q_rows.stride(0), k.stride(0), v.stride(0), out.stride(0), split_stride_q,
-                                    QKV_SPLITS=qkv_splits, **launch.constexprs,
+                                    q.stride(0), k.stride(0), v.stride(0), out.stride(0), **launch.constexprs,
                                     num_warps=launch.num_warps, num_stages=launch.num_stages, **launch_options(pdl))
     if launch.splits > 1:
         merge_splits(acc, ml, out, pdl)
@@ -392,12 +381,11 @@ def decoder_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                       block_m: int | None = None) -> torch.Tensor:
     """Triton launcher; contract of decoder_attention_reference, written into out (S * heads, D). One KV head;
     D a power of two; the caches are read only below prefix_len. key_block: prefix keys per split (None:
-    DECODER_PREFIX_KEY_BLOCK); block_m: query rows per program (None: plan's pick). qkv may be the QKV GEMM's
-    split-K partials (splits, S, N) fp32: summed as they are read (the reference's qkv is their sum)."""
-    rows = qkv[0] if qkv.dim() == 3 else qkv
-    S = rows.shape[0]
+    DECODER_PREFIX_KEY_BLOCK); block_m: query rows per program (None: plan's pick)."""
+    S = qkv.shape[0]
     D = k_cache.shape[1] if k_cache.dim() == 2 else -1
-    if D <= 0 or D & (D - 1) or rows.shape[1] != (heads + 2) * D or min(rows.stride(1), k_cache.stride(1)) != 1:
+    if D <= 0 or D & (D - 1) or qkv.dim() != 2 or qkv.shape[1] != (heads + 2) * D or \
+            min(qkv.stride(1), k_cache.stride(1)) != 1:
         raise ValueError(f"decoder_attention: qkv (S, (heads + 2) * D) and caches (L, D) with D a power of two "
                          f"and contiguous rows; got qkv {tuple(qkv.shape)}, k_cache {tuple(k_cache.shape)}, "
                          f"{heads} heads")

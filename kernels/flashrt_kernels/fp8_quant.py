@@ -36,38 +36,3 @@ def fp8_quant(x: torch.Tensor, inv_scale: torch.Tensor, dtype: torch.dtype, bloc
     _fp8_quant_kernel[(triton.cdiv(n, block),)](x, inv_scale, q, n, FMAX=float(torch.finfo(dtype).max),
                                                BLOCK=block, num_warps=8)
     return q
-
-
-# ------------------------------------------------------------------------------------------- per-row (dynamic)
-#   scale[m] = max(amax(x[m, :]), tiny) / fmax            q[m, :] = x[m, :] / scale[m]     (one program per row)
-# Per-token dynamic scales: no calibration, and one outlier token no longer costs every other token its precision.
-
-def fp8_quant_rows_reference(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    fmax = torch.finfo(dtype).max
-    scale = x.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / fmax            # (M, 1)
-    return (x.float() / scale).clamp(-fmax, fmax).to(dtype), scale
-
-
-@triton.jit
-def _fp8_quant_rows_kernel(x_ptr, q_ptr, scale_ptr, K, stride_x, stride_q, FMAX: tl.constexpr,
-                           BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < K
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / FMAX
-    tl.store(scale_ptr + row, scale)
-    tl.store(q_ptr + row * stride_q + cols, tl.clamp(x / scale, -FMAX, FMAX).to(q_ptr.dtype.element_ty), mask=mask)
-
-
-def fp8_quant_rows(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton launcher. x (M, K) with unit column stride -> (q (M, K) FP8, scale (M, 1) fp32)."""
-    M, K = x.shape
-    if x.stride(1) != 1:
-        raise ValueError("fp8_quant_rows: x must have unit column stride")
-    q = torch.empty(M, K, device=x.device, dtype=dtype)
-    scale = torch.empty(M, 1, device=x.device, dtype=torch.float32)
-    block = triton.next_power_of_2(K)
-    _fp8_quant_rows_kernel[(M,)](x, q, scale, K, x.stride(0), q.stride(0), FMAX=float(torch.finfo(dtype).max),
-                                 BLOCK=block, num_warps=8 if block >= 4096 else 4)
-    return q, scale

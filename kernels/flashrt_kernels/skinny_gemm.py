@@ -4,15 +4,9 @@
     GeGLU epilogue (W = [W_gate; W_up], N = 2F):  y = gelu_tanh(x @ W_gate^T) * (x @ W_up^T)     (M, F)
     split-K: program k of SPLIT_K writes the fp32 partial x[:, Kk] @ W[:, Kk]^T into part[k] (SPLIT_K, M, N);
              the consumer (the residual norm kernels) sums the partials, so no reduction kernel runs.
-    FP8 weights (weight-only): W = W_q * s[:, None] with W_q E4M3 (N, K) and one fp32 scale per output row; each
-             weight tile is widened to x's dtype (exact) before the dot, and the fp32 products are scaled per
-             column: y = (x @ W_q^T) * s (gate and up columns each by their own row's scale, before GeGLU). Half
-             the bytes of bf16 to stream, which is what these GEMMs wait on.
 
 Each program owns BLOCK_N output columns (both gate and up columns with the epilogue) for all M rows, so every
-weight byte is read once. Before it waits for its inputs (PDL), a program may bulk-prefetch into L2 its own weight
-slice (`own_prefetch`: the bytes it is about to stream, fetched while the kernel ahead still runs) and/or a window
-of later kernels' weights (`prefetch`), both through kernels/flashrt_kernels/l2_prefetch.py.
+weight byte is read once.
 Provenance: FlashRT AMD's packed small-M BF16 kernel for QKV, O and merged gate/up.
 """
 
@@ -23,7 +17,7 @@ import torch
 from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
 from .geglu import _K as _K_GELU  # noqa: N811  the tanh GELU's constant
 from .geglu import geglu_reference, gelu_tanh_times
-from .l2_prefetch import check_window, prefetch_chunk, prefetch_l2, prefetch_rows_l2
+
 
 def row_tile(M: int) -> int:
     """The rows a program of the few-row GEMMs (this one, kernels/flashrt_kernels/qkv_gemm_rope.py) covers for M <= 64 rows: 16,
@@ -31,12 +25,8 @@ def row_tile(M: int) -> int:
     return 16 if M <= 16 else (32 if M <= 32 else 64)
 
 
-def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1,
-                          w_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Plain PyTorch. (M, N) in x.dtype; (M, N/2) with geglu; (split_k, M, N) fp32 partials with split_k > 1.
-    w_scale (N,) fp32: w holds FP8 weights, the GEMM's weight is w * w_scale[:, None]."""
-    if w_scale is not None:
-        w = w.float() * w_scale.float()[:, None]
+def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1) -> torch.Tensor:
+    """Plain PyTorch. (M, N) in x.dtype; (M, N/2) with geglu; (split_k, M, N) fp32 partials with split_k > 1."""
     if split_k > 1:
         K = x.shape[1]
         xs = x.float().view(x.shape[0], split_k, K // split_k).transpose(0, 1)        # (S, M, K/S)
@@ -48,13 +38,9 @@ def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, geglu: bool = False,
 
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, split_stride,
-                   pf_addr, pf_bytes, pf_chunk, w_addr, s_ptr,
                    K_PER_SPLIT: tl.constexpr, GEGLU: tl.constexpr, SPLIT_K: tl.constexpr, KGELU: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                   PREFETCH_SLOTS: tl.constexpr, OWN_PREFETCH: tl.constexpr, W_SCALED: tl.constexpr = False):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     release_dependents(PDL)
-    if PREFETCH_SLOTS > 0:          # later kernels' weights into L2: independent of the inputs, so before the wait
-        prefetch_l2(pf_addr, pf_bytes, pf_chunk, PREFETCH_SLOTS)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
@@ -64,12 +50,6 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, s
     n_out = F if GEGLU else N
     n_ok = rn < n_out
     k0 = pid_k * K_PER_SPLIT
-    if OWN_PREFETCH:                # this program's weight rows [k0, k0 + K_PER_SPLIT) into L2, before the wait
-        ELEM: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-        base = w_addr + k0 * ELEM
-        prefetch_rows_l2(base, stride_w * ELEM, K_PER_SPLIT * ELEM, rn, n_ok)   # row r at r * stride_w elements
-        if GEGLU:
-            prefetch_rows_l2(base, stride_w * ELEM, K_PER_SPLIT * ELEM, rn + F, n_ok)
     if BLOCK_K == K_PER_SPLIT:
         # One shot: the program's whole weight slice is loaded before waiting for x, so with PDL the weight stream
         # overlaps the end of the kernel ahead (the weights are the only bytes that matter at this size).
@@ -95,10 +75,6 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, s
                 wu = tl.load(w_ptr + (rn + F)[:, None] * stride_w + (k + rk)[None, :], mask=n_ok[:, None],
                              other=0.0)
                 acc_up += tl.dot(x, tl.trans(wu.to(x.dtype)))
-    if W_SCALED:                    # FP8 weights: one scale per weight row, i.e. per output column
-        acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
-        if GEGLU:
-            acc_up = acc_up * tl.load(s_ptr + rn + F, mask=n_ok, other=0.0)[None, :]
     mask = m_ok[:, None] & n_ok[None, :]
     if GEGLU:
         acc = gelu_tanh_times(acc, acc_up, KGELU)
@@ -110,30 +86,18 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, s
 
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1, block_n: int = 16,
                 block_k: int = 256, num_stages: int = 4, num_warps: int = 4, pdl: bool = False,
-                out: torch.Tensor | None = None, prefetch: tuple[int, int] | None = None,
-                own_prefetch: bool = False, w_scale: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """Triton launcher; contract of skinny_gemm_reference. x (M, K) with M <= 64 and unit column stride.
     block_k == K / split_k: one-shot programs (the weight slice is loaded at once, before the wait for x).
     pdl: launch with programmatic dependent launch (sm90+; see _triton.wait_for_inputs).
-    out: optional preallocated result of the shape and dtype described above.
-    prefetch: (address, bytes) of a window of device memory to bulk-prefetch into L2 (sm90+), e.g. the weights
-    of the GEMMs that follow; None = no prefetch. own_prefetch: each program first bulk-prefetches its own weight
-    slice into L2 (sm90+; rows and slices must be 16-byte multiples). The result depends on neither.
-    w_scale: (N,) fp32 per-row scales of FP8 weights w (weight-only FP8; x stays bf16)."""
+    out: optional preallocated result of the shape and dtype described above."""
     M, K = x.shape
     N = w.shape[0]
-    if (w_scale is not None) != (w.element_size() == 1) or (w_scale is not None and (
-            w_scale.shape != (N,) or w_scale.dtype != torch.float32 or not w_scale.is_contiguous())):
-        raise ValueError(f"skinny_gemm: FP8 weights need w_scale ({N},) fp32 and only they take one; got weights "
-                         f"{w.dtype}, scale {None if w_scale is None else (tuple(w_scale.shape), w_scale.dtype)}")
     if M > 64 or w.shape[1] != K or x.stride(1) != 1 or not w.is_contiguous():
         raise ValueError(f"skinny_gemm: x (M<=64, K) and contiguous W (N, K); got {tuple(x.shape)}, {tuple(w.shape)}")
     if K % (split_k * block_k) or (geglu and (N % 2 or split_k > 1)):
         raise ValueError(f"skinny_gemm: K={K} must divide into split_k={split_k} x block_k={block_k}; GeGLU needs "
                          "an even N and no split")
-    if own_prefetch and ((K // split_k) * w.element_size() % 16 or w.stride(0) * w.element_size() % 16
-                         or w.data_ptr() % 16):
-        raise ValueError("skinny_gemm: own_prefetch needs 16-byte aligned weight rows and K slices")
     F = N // 2 if geglu else N
     shape, dtype = ((split_k, M, N), torch.float32) if split_k > 1 else ((M, F), x.dtype)
     if out is None:
@@ -143,15 +107,8 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: 
                          f"{out.dtype}")
     block_m = row_tile(M)
     grid = (triton.cdiv(F, block_n), split_k)
-    pf_addr, pf_bytes, pf_chunk, slots = 0, 0, 0, 0
-    if prefetch is not None:
-        pf_addr, pf_bytes = prefetch
-        check_window(pf_addr, pf_bytes)
-        pf_chunk, slots = prefetch_chunk(pf_bytes, grid[0] * grid[1], num_warps), 32 * num_warps
     _skinny_kernel[grid](x, w, out, M, N, F, x.stride(0), w.stride(0), out.stride(-2), M * N,
-                         pf_addr, pf_bytes, pf_chunk, w.data_ptr(), w_scale if w_scale is not None else out,
                          K_PER_SPLIT=K // split_k, GEGLU=geglu, SPLIT_K=split_k, KGELU=_K_GELU,
-                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, PREFETCH_SLOTS=slots,
-                         OWN_PREFETCH=own_prefetch, W_SCALED=w_scale is not None,
+                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl,
                          num_warps=num_warps, num_stages=num_stages, **launch_options(pdl))
     return out

@@ -45,11 +45,10 @@ def test_script_is_valid_bash(script):
 def test_engine_checks_call_existing_tools_with_their_flags():
     script = REPO / "tools" / "device_engine_checks.sh"
     calls = [line for line in _logical_lines(script) if '"$PY" tools/' in line]
-    assert len(calls) == 21     # benchmark_engine (bench, fp8-scopes, h50 twice, overlap twice, attention-forms twice,
-                                # compile-cells, mlp, fp8-decoder), benchmark_smem_mlp (mlp),
+    assert len(calls) == 14     # benchmark_engine (bench, grid-*, h50 twice, overlap twice, compile-cells),
                                 # profile_engine_timeline (224 and 480x640 frames), benchmark_wide_gemms,
                                 # benchmark_policy_predict (load, host), benchmark_text_buckets (buckets),
-                                # benchmark_denoise_layer (layer: phases, A/B), tune_engine (tune)
+                                # tune_engine (tune)
     for line in calls:
         words = shlex.split(line.split('"$PY"', 1)[1].split(">", 1)[0])
         tool = REPO / words[0]
@@ -60,16 +59,15 @@ def test_engine_checks_call_existing_tools_with_their_flags():
 
 
 def test_engine_checks_pytest_selections_select_tests():
-    """Every pytest line of the script collects tests, each -k term of the never-run selection ($NEW) selects
-    one, and the engine parts (new, rest, gates, forced gates, the layer kernel's gates, the attention forms'
-    gates) together select every test of test_engine_gpu.py exactly once."""
+    """Every pytest line of the script collects tests, each -k term of the engine-new selection ($NEW) selects
+    one, and the engine parts (new, rest, gates, forced gates) together select every test of test_engine_gpu.py
+    exactly once."""
     script = REPO / "tools" / "device_engine_checks.sh"
     lines = _logical_lines(script)
     new = next(line for line in lines if line.startswith("NEW=")).split("=", 1)[1].strip('"')
     pytest_lines = [line.replace("$NEW", new) for line in lines if "-m pytest" in line]
-    assert len(pytest_lines) == 14      # kernels, engine-new, engine-rest, engine-gates, engine-gates-forced,
-                                        # layer's kernel tests and gates, h50's kernel tests, attention-forms'
-                                        # kernel test and gates, mlp's and fp8-decoder's kernel tests and gates
+    assert len(pytest_lines) == 6       # kernels, engine-new, engine-rest, engine-gates, engine-gates-forced,
+                                        # h50's kernel tests
     engine_ids: list[str] = []
     for line in pytest_lines:
         paths, selection = _pytest_call(line)
@@ -93,10 +91,10 @@ def test_engine_checks_name_their_parts_and_refuse_an_unknown_one(tmp_path):
     listed = set(re.search(r'^PARTS="([^"]*)"', text, re.M).group(1).split())
     blocks = set(re.findall(r'^if \[ "\$PART" = ([a-z0-9-]+) \]', text, re.M))
     assert listed == blocks | {"all"}
-    done = subprocess.run(["bash", str(script), "attention-froms"], capture_output=True, text=True,
+    done = subprocess.run(["bash", str(script), "gird-pi05"], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)})
     assert done.returncode == 2, failure_report(done)
-    assert "no part named 'attention-froms'" in done.stderr and "attention-forms" in done.stderr
+    assert "no part named 'gird-pi05'" in done.stderr and "grid-pi05" in done.stderr
     assert not (tmp_path / "summary.txt").exists()
 
 
@@ -104,22 +102,35 @@ def test_engine_checks_part_without_a_gpu_ends_with_status_zero_and_its_summary(
     """A part whose tests skip here (no GPU) runs them, writes its log and the summary and exits 0: the exit
     status no longer comes from the summary's last optional section (a part's log that is absent)."""
     script = REPO / "tools" / "device_engine_checks.sh"
-    run_checked(["bash", str(script), "layer-gates"], cwd=REPO,
+    run_checked(["bash", str(script), "engine-gates-forced"], cwd=REPO,
                 env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "FLASHRT_PYTHON": sys.executable})
-    log = (tmp_path / "pytest_layer_gates.log").read_text()
+    log = (tmp_path / "pytest_engine_gates_forced.log").read_text()
     assert "pytest rc=0" in log and "skipped" in log
     summary = (tmp_path / "summary.txt").read_text()
-    assert summary.startswith("== pytest_layer_gates") and "pytest rc=0" in summary
+    assert summary.startswith("== pytest_engine_gates_forced") and "pytest rc=0" in summary
 
 
-def test_kernels_and_layer_parts_split_the_kernel_tests_between_them():
-    """The `kernels` part leaves out the persistent layer's kernel tests (the slow end, opt-in), which the `layer`
-    part runs: together they run every test of test/gpu/test_kernels.py, each once."""
+def test_kernels_part_runs_every_kernel_test():
+    """The `kernels` part runs every test of test/gpu/test_kernels.py (no -k selection leaves one out)."""
     lines = _logical_lines(REPO / "tools" / "device_engine_checks.sh")
     kernels = next(line for line in lines if "-m pytest" in line and "test_policy_gpu.py" in line)
-    layer = next(line for line in lines if "-m pytest" in line and "pytest_layer_kernel.log" in line)
-    ids_kernels, ids_layer = (_ids(_collected(["test/gpu/test_kernels.py"], _pytest_call(line)[1]))
-                              for line in (kernels, layer))
-    all_ids = _ids(_collected(["test/gpu/test_kernels.py"]))
-    assert ids_layer and all("denoise_layer" in i for i in ids_layer)
-    assert sorted(ids_kernels + ids_layer) == sorted(all_ids)
+    paths, selection = _pytest_call(kernels)
+    assert "test/gpu/test_kernels.py" in paths and not selection
+
+
+def test_before_after_uses_flags_the_benchmark_has_and_refuses_without_an_earlier_tree(tmp_path):
+    """tools/device_before_after.sh passes each side's benchmark only flags this benchmark_engine.py has (the earlier
+    tree's is the one of its commit), and stops at once with exit status 2, naming the folder, when the earlier tree
+    is missing (before any device time goes into a checkpoint)."""
+    script = REPO / "tools" / "device_before_after.sh"
+    flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]+)", "\n".join(
+        line for line in _logical_lines(script) if "GRID=" in line or "benchmark_engine.py" in line)))
+    assert {"--configs", "--horizons", "--fp8-configs", "--no-gate", "--tag"} <= flags
+    help_text = run_checked([sys.executable, str(REPO / "tools" / "benchmark_engine.py"), "--help"], cwd=REPO).stdout
+    assert all(flag in help_text for flag in flags), sorted(f for f in flags if f not in help_text)
+    done = subprocess.run(["bash", str(script), "pi05"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+                               "BEFORE_TREE": str(tmp_path / "missing")})
+    assert done.returncode == 2, failure_report(done)
+    assert f"no earlier tree at {tmp_path / 'missing'}" in done.stderr
+    assert not (tmp_path / "out").exists()

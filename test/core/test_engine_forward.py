@@ -12,7 +12,7 @@ import torch
 
 from flashrt_core.checkpoint import load_model_weights
 from flashrt_core.config import get_config
-from flashrt_core.engine.dispatch import Dispatch, EngineOptions, Op, Switch, eager_cpu_dispatch
+from flashrt_core.engine.dispatch import Dispatch, EngineOptions, Switch, eager_cpu_dispatch
 from flashrt_core.engine.graph_executor import EngineExecutor
 from flashrt_core.engine.ops import Ops
 from flashrt_core.executor import ReferenceExecutor
@@ -138,22 +138,6 @@ def test_shared_weights_serve_another_horizon(model):
     np.testing.assert_allclose(got, want.numpy(), atol=FP32_ATOL, rtol=0)
 
 
-def test_fp8_scope_selects_the_wide_gemms(model):
-    """FP8 scopes (dispatch.FP8_SCOPES): all = vision + projector + backbone; backbone; backbone_mlp = gate/up, down."""
-    from flashrt_core.engine.fp8 import wide_linears
-    from flashrt_core.engine.weights import prepare_weights
-    w = prepare_weights(model, torch.float32, fold=True)
-    backbone = [lin for layer in w.backbone for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
-                if lin is not None]
-    mlp = [lin for layer in w.backbone for lin in (layer.gate_up, layer.down) if lin is not None]   # last: K/V only
-    assert [id(x) for x in wide_linears(w, "backbone")] == [id(x) for x in backbone]
-    assert [id(x) for x in wide_linears(w, "backbone_mlp")] == [id(x) for x in mlp]
-    assert len(wide_linears(w, "all")) == len(backbone) + 4 * len(w.vision) + 1
-    with pytest.raises(ValueError, match="fp8_scope must be one of"):
-        EngineOptions(fp8_scope="vision")
-    assert EngineOptions.from_env(env={"FLASHRT_FP8_SCOPE": "backbone_mlp"}).fp8_scope == "backbone_mlp"
-
-
 def tiny_model_with_14px_patches(ckpt_dir):
     """Tiny pi0.5 with SigLIP's real patch size (14 px, 3 x 14 x 14 = 588 columns per patch row, not a multiple of
     8) on 56 x 56 views, so the fused patch embedding's padding to 592 columns is exercised."""
@@ -245,10 +229,8 @@ def test_overlapped_first_step_interleaves_with_the_prefix_and_keeps_the_actions
     for env in ({"FLASHRT_OVERLAP_FIRST_STEP": "0"}, {"FLASHRT_DISABLE_OVERLAP_FIRST_STEP": "1"}):
         assert not EngineOptions.from_env(env=env).overlap_first_step
     assert not EngineOptions(fast_paths=False).switch_on(Switch.OVERLAP_FIRST_STEP)
-    cpu = eager_cpu_dispatch()
-    for layer, overlaps in (("grid", False), ("grid_prefetch", False), ("phases", True), ("separate", True)):
-        ops = Ops(Dispatch(cpu.hardware, cpu.options, {**cpu.choice, Op.DENOISE_LAYER: layer}))
-        assert ops.overlap_first_step == overlaps, layer       # the grid barrier's layer: one stream
+    assert Ops(eager_cpu_dispatch()).overlap_first_step
+    assert not Ops(eager_cpu_dispatch(EngineOptions(overlap_first_step=False))).overlap_first_step
     orders = {}
     for name, engine in (("sequential", sequential), ("overlapped", overlapped)):
         orders[name] = _record_order(engine, monkeypatch)

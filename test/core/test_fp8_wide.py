@@ -1,7 +1,7 @@
 """FP8 of the wide GEMMs (fp8.Fp8Linear / quantize_wide) on the CPU, where torch._scaled_mm runs too: the per-tensor
-static path equals x @ W^T + b within E4M3's rounding, the accumulation mode (EngineOptions.fp8_fast_accum) reaches
-every layer, and shared weights quantized with the other mode are refused by name. Speed and the accuracy gate of
-fast accumulation are GPU checks (tools/device_engine_checks.sh: bench, engine-gates)."""
+static path equals x @ W^T + b within E4M3's rounding, quantize_wide serves the backbone's gate/up and down GEMMs
+and nothing else, and weights quantized already (shared with another executor) are kept. Speed and the accuracy
+gate are GPU checks (tools/device_engine_checks.sh: bench, engine-gates)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import torch
 
 from flashrt_core.checkpoint import load_model_weights
 from flashrt_core.config import get_config
-from flashrt_core.engine.dispatch import EngineOptions
 from flashrt_core.engine.fp8 import Fp8Linear, quantize_wide, wide_linears
 from flashrt_core.engine.weights import Linear, prepare_weights
 from flashrt_core.fixtures import write_random_checkpoint
@@ -25,13 +24,13 @@ def _layer(seed: int, n: int = 48, k: int = 256) -> Linear:
     return Linear([(w, b)])
 
 
-@pytest.mark.parametrize("fast_accum", [False, True])
-def test_per_tensor_fp8_matches_the_bf16_product(fast_accum):
+def test_per_tensor_fp8_matches_the_bf16_product():
     lin = _layer(0)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(16, 256, generator=g).to(torch.bfloat16)
-    fp8 = Fp8Linear(lin, float(x.float().abs().max()), E4M3, "tensor", fast_accum=fast_accum)
-    assert fp8.fast_accum is fast_accum
+    fp8 = Fp8Linear(lin, float(x.float().abs().max()), E4M3)
+    with pytest.raises(ValueError, match="takes a torch.float8_e4m3fn input"):
+        fp8.matmul_quantized(x)                                  # bf16, not quantized
     xq = (x.float() * fp8.x_inv).clamp(-448, 448).to(E4M3)       # the input as the producer kernels quantize it
     got = fp8.matmul_quantized(xq).float()
     (w, b), = lin.parts
@@ -49,17 +48,24 @@ def weights(tmp_path_factory):
     return prepare_weights(load_model_weights(path, cfg, "cpu", torch.bfloat16), torch.bfloat16, fold=True)
 
 
-def test_the_accumulation_mode_reaches_every_layer_and_shared_weights_must_agree(weights):
-    assert EngineOptions().fp8_fast_accum is False                                # opt-in until measured
-    assert EngineOptions.from_env(env={"FLASHRT_FP8_FAST_ACCUM": "1"}).fp8_fast_accum
-    linears = wide_linears(weights, "backbone_mlp")
+def test_quantize_wide_serves_the_backbone_mlp_only_and_keeps_shared_weights(weights):
+    linears = wide_linears(weights)
+    want = [lin for layer in weights.backbone for lin in (layer.gate_up, layer.down) if lin is not None]
+    assert [id(lin) for lin in linears] == [id(lin) for lin in want] and linears
     amax = {id(lin): 1.0 for lin in linears}
     try:
-        assert quantize_wide(weights, amax, "e4m3fn", fast_accum=True) == len(linears) > 0
-        assert all(lin.fp8.fast_accum for lin in linears)
-        assert quantize_wide(weights, amax, "e4m3fn", fast_accum=True) == len(linears)   # shared: kept as is
-        with pytest.raises(ValueError, match="fp8_fast_accum=True, this executor needs fp8_fast_accum=False"):
-            quantize_wide(weights, amax, "e4m3fn", fast_accum=False)
+        with pytest.raises(ValueError, match="did not see every wide GEMM"):
+            quantize_wide(weights, dict(list(amax.items())[1:]), "e4m3fn")
+        for lin in linears:
+            lin.fp8 = None
+        assert quantize_wide(weights, amax, "e4m3fn") == len(linears)
+        first = [lin.fp8 for lin in linears]
+        assert all(isinstance(f, Fp8Linear) and f.dtype == E4M3 for f in first)
+        assert quantize_wide(weights, amax, "e4m3fn") == len(linears)                 # shared: kept as is
+        assert all(lin.fp8 is f for lin, f in zip(linears, first))
+        others = [lin for layer in weights.backbone for lin in (layer.qkv, layer.o) if lin is not None]
+        others += [lin for layer in weights.vision for lin in (layer.qkv, layer.out, layer.fc1, layer.fc2)]
+        assert all(lin.fp8 is None for lin in others + [weights.projector])
     finally:
         for lin in linears:
             lin.fp8 = None

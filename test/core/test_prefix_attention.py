@@ -51,12 +51,6 @@ def test_the_wgmma_kernel_joins_the_tuning_only_where_switched_on_and_served():
         assert ops.prefix_attention_wgmma == options.prefix_attention_wgmma
         assert ops.prefix_attention_candidates(576, 8, 256, cpu) == others
     assert not EngineOptions.from_env(env={"FLASHRT_PREFIX_ATTENTION_WGMMA": "0"}).prefix_attention_wgmma
-    # the key-split forms: opt-in on top of it, and not on the CPU either
-    assert not EngineOptions().prefix_attention_split
-    assert EngineOptions.from_env(env={"FLASHRT_PREFIX_ATTENTION_SPLIT": "1"}).prefix_attention_split
-    ops = Ops(resolve(CPU, EngineOptions(prefix_attention_split=True)))
-    assert ops.prefix_attention_split and ops.prefix_attention_candidates(576, 8, 256, cpu) == others
-    assert {"wgmma_split2", "wgmma_split3", "wgmma_split2_bn64"} <= set(PREFIX_ATTENTION_IMPLS)
     assert not Ops(resolve(CPU, EngineOptions(prefix_attention_wgmma=True, fast_paths=False))).prefix_attention_wgmma
 
 
@@ -69,27 +63,22 @@ def test_the_wgmma_launcher_refuses_what_it_cannot_serve_by_name():
         K.prefix_attention(q, k, k, torch.zeros(128))
 
 
-def test_each_wgmma_form_joins_the_tuning_by_its_switches_where_the_kernel_serves_it(monkeypatch):
-    """Where the kernel serves the shape (faked here: the CPU has no sm90), the one-split forms join with
-    prefix_attention_wgmma, the key-split forms only with prefix_attention_split as well, and a form the kernel
-    does not serve at this prefix length (too few key blocks per split) stays out."""
+def test_the_wgmma_forms_join_the_tuning_by_their_switch_where_the_kernel_serves_them(monkeypatch):
+    """Where the kernel serves the shape (faked here: the CPU has no sm90), both wgmma forms join with
+    prefix_attention_wgmma and none without it; at a prefix length the kernel does not serve (one key block) they
+    stay out."""
     from flashrt_core.engine.kernel_import import load_kernels
-    from flashrt_core.engine.ops import WGMMA_PREFIX_ATTENTION, WGMMA_SPLIT_PREFIX_ATTENTION
+    from flashrt_core.engine.ops import WGMMA_PREFIX_ATTENTION
     K = load_kernels()
     split_blocks = sys.modules[K.__name__ + ".prefix_attention"].split_blocks
     monkeypatch.setattr(K, "prefix_attention_supported",
                         lambda Mq, P, D, device, splits=1, block_n=64: split_blocks(P, splits, block_n) > 0)
     cpu = torch.device("cpu")
     base = [i for i in PREFIX_ATTENTION_IMPLS if not i.startswith("wgmma")]
-    for wgmma, split, want in ((True, False, base + list(WGMMA_PREFIX_ATTENTION)),
-                               (True, True, base + list(WGMMA_PREFIX_ATTENTION) + list(WGMMA_SPLIT_PREFIX_ATTENTION)),
-                               (False, True, base)):
-        ops = Ops(resolve(CPU, EngineOptions(prefix_attention_wgmma=wgmma, prefix_attention_split=split)))
-        assert ops.prefix_attention_candidates(576, 8, 256, cpu) == want, (wgmma, split)
-    # 192 keys: 6 blocks of 32 (3 splits of 2: served), 3 blocks of 64 (2 splits would leave the last one block)
-    ops = Ops(resolve(CPU, EngineOptions(prefix_attention_split=True)))
-    assert "wgmma_split3" in ops.prefix_attention_candidates(192, 8, 256, cpu)
-    assert "wgmma_split2_bn64" not in ops.prefix_attention_candidates(192, 8, 256, cpu)
+    for wgmma, want in ((True, base + list(WGMMA_PREFIX_ATTENTION)), (False, base)):
+        ops = Ops(resolve(CPU, EngineOptions(prefix_attention_wgmma=wgmma)))
+        assert ops.prefix_attention_candidates(576, 8, 256, cpu) == want, wgmma
+    assert Ops(resolve(CPU, EngineOptions())).prefix_attention_candidates(64, 8, 256, cpu) == base
 
 
 def test_split_blocks_gives_every_program_at_least_two_key_blocks():

@@ -14,7 +14,6 @@ SESSION18_PAIR1 = "engine_h200_session18_overlap_ab1_2026-12-02.json"
 SESSION18_PAIR2 = "engine_h200_session18_overlap_ab2_2026-12-02.json"
 SESSION20 = "engine_h200_session20_attention_forms_2026-12-02.json"
 RUN43 = "engine_h200_run43_session16_compile_2026-12-01.json"
-RUN57 = "engine_h200_run57_session24_fp8_decoder_2026-12-03.json"
 POLICY = "policy_predict_h200_2026-12-01_host_session16.json"
 
 
@@ -42,18 +41,6 @@ def test_the_engine_rows_quote_the_default_engines_of_sessions_18_and_20():
         cells = _row(starts).split("|")[2:4]
         assert [c.strip() for c in cells] == [f"{_span([s['median'] for s in stats])} ms",
                                               f"{_span([s['p99'] for s in stats])} ms"], (starts, cells)
-
-
-def test_the_fp8_decoder_row_quotes_run_57_and_its_pair():
-    """The opt-in FP8 decoder GEMMs' row and its claim of a tie quote run 57's two engines built alike but for the
-    FP8 candidates (smem_gemm_fp8 on / off), and the targets' line its median."""
-    on = _engine(RUN57, "engine_fp8-with_fp8_decoder_weights")
-    off = _engine(RUN57, "engine_fp8-with_fp8_decoder_weights-no_smem_gemm_fp8")
-    row = _row("the same with the action expert's GEMMs in FP8")
-    assert [c.strip() for c in row.split("|")[2:4]] == [f"{on['median']:.2f} ms", f"{on['p99']:.2f} ms"]
-    assert f"{off['median']:.2f} ms without its FP8 GEMMs in the same run" in row
-    assert abs(on["median"] - off["median"]) < 0.1, "no longer a tie: the row's words and the docs need a change"
-    assert f"{on['median']:.2f} ms with the opt-in FP8 decoder GEMMs" in (REPO / "README.md").read_text()
 
 
 def test_the_reference_rows_quote_run_43():

@@ -114,10 +114,9 @@ def test_tuning_leaves_out_a_candidate_whose_product_is_wrong(monkeypatch):
     assert "relative L2 error" in ops.decoder_failures["o"]["gluon_smem(s4)"]
 
 
-def test_split_k_qkv_is_offered_only_where_the_attention_sums_it(monkeypatch):
-    """The split-K QKV candidate leaves partials that only rope_in_attention's attention sums: offered, when asked
-    for (split_k_qkv, opt-in), at rows it serves (pi0.5's 10), not where the step runs qkv_rope (51 rows, or
-    rope_in_attention off)."""
+def test_qkv_and_gate_up_have_no_split_k_candidate(monkeypatch):
+    """QKV feeds RoPE or the attention and gate/up the GeGLU epilogue, neither of which sums split-K partials: their
+    shared-memory candidates are whole-K only, at the rows of either RoPE placement; O and down offer split-K."""
     import torch
 
     from flashrt_core.engine.dispatch import EngineOptions, resolve
@@ -128,20 +127,23 @@ def test_split_k_qkv_is_offered_only_where_the_attention_sums_it(monkeypatch):
     ops = Ops(resolve(CPU, EngineOptions()))
     monkeypatch.setattr(Ops, "_smem_ok", lambda self, x, lin, kind, c: True)
     lin = Linear([(torch.zeros(2560, 1024), None)])
-    ops.rope_in_attention = True
-    assert not ops.split_k_qkv and SmemConfig(2) not in ops.decoder_candidates("qkv", torch.zeros(10, 1024), lin, 256)
-    assert Ops(resolve(CPU, EngineOptions.from_env(env={"FLASHRT_SPLIT_K_QKV": "1"}))).split_k_qkv
-    ops.split_k_qkv = True
-    assert SmemConfig(2) in ops.decoder_candidates("qkv", torch.zeros(10, 1024), lin, 256)
-    assert SmemConfig(2) not in ops.decoder_candidates("qkv", torch.zeros(51, 1024), lin, 256)
-    ops.rope_in_attention = False
-    assert SmemConfig(2) not in ops.decoder_candidates("qkv", torch.zeros(10, 1024), lin, 256)
-    assert SmemConfig(1) in ops.decoder_candidates("qkv", torch.zeros(10, 1024), lin, 256)
+    for rope_in_attention in (True, False):
+        ops.rope_in_attention = rope_in_attention
+        for rows in (10, 51):
+            smem = [c for c in ops.decoder_candidates("qkv", torch.zeros(rows, 1024), lin, 256)
+                    if isinstance(c, SmemConfig)]
+            assert smem == [SmemConfig(1)], (rope_in_attention, rows, smem)
+    gate_up = Linear([(torch.zeros(8192, 1024), None)])
+    assert [c for c in ops.decoder_candidates("gate_up", torch.zeros(10, 1024), gate_up, 256)
+            if isinstance(c, SmemConfig)] == [SmemConfig(1)]
+    o = Linear([(torch.zeros(1024, 2048), None)])
+    assert {c.split_k for c in ops.decoder_candidates("o", torch.zeros(10, 2048), o, 256)
+            if isinstance(c, SmemConfig)} == {2, 4, 8}
 
 
 def test_the_ring_kernel_is_the_default_with_switches_off_and_follows_the_smem_gemm_switch():
-    """17-64-row shared-memory GEMM candidates (horizon 50) by default since session 17 (-0.25 ms pi0.5, -0.49 ms
-    pi0 at horizon 50 on the H200), off with FLASHRT_DISABLE_SMEM_GEMM_ROWS=1 or FLASHRT_SMEM_GEMM_ROWS=0, and
+    """17-64-row shared-memory GEMM candidates (horizon 50) by default (-0.25 ms pi0.5, -0.49 ms pi0 at horizon 50
+    on the H200), off with FLASHRT_DISABLE_SMEM_GEMM_ROWS=1 or FLASHRT_SMEM_GEMM_ROWS=0, and
     never with the shared-memory GEMMs off."""
     from flashrt_core.engine.dispatch import EngineOptions, Op, resolve
     from flashrt_core.engine.hardware import detect_hardware

@@ -31,10 +31,9 @@ REPLAY_ATOL = 0.0  # the same kernels on the same inputs: bitwise equal
 FUSION_COSINE = 0.99995  # a fusion on vs off: same math, bf16 roundings in other places (gate: 0.999 vs fp32)
 FUSION_COSINE_FP8 = 0.9995  # the FP8 quantization moved into GeGLU: a few down-GEMM inputs land one E4M3 step away
                             # (no bf16 rounding before quantizing), far inside the FP8 gate (0.998 vs fp32)
-# Engines whose checks do not depend on the chain tuning's picks (the variant gates, the switch flips, the L2
-# prefetch) tune in one pass instead of the default two: since session 11 a pass takes ~17-20 s per full-size
-# engine (interleaved timing), and these 21 engines would otherwise spend ~13 minutes of device time in the tuning
-# alone. The default gates and the tuning's own tests keep the default.
+# Engines whose checks do not depend on the chain tuning's picks (the variant gates, the switch flips) tune in one
+# pass instead of the default two: a pass takes ~17-20 s per full-size engine (interleaved timing). The default
+# gates and the tuning's own tests keep the default.
 ONE_PASS = {"chain_tuning_passes": 1}
 
 
@@ -74,38 +73,12 @@ def test_graph_replay_equals_eager_engine(tiny):
         np.testing.assert_allclose(got, want, atol=REPLAY_ATOL, rtol=0)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
-                    reason="the bulk L2 prefetch needs an sm90+ GPU")
-def test_l2_prefetch_changes_no_result():
-    """l2_prefetch only moves weights into L2 ahead of their GEMMs: on the full-size pi0.5 expert (whose QKV GEMM
-    runs the Triton kernel that carries the windows) the graph replay with it equals the one without, bitwise."""
-    from flashrt_core.engine.ops import SKINNY_DEFAULT, SkinnyConfig
-    cfg = get_config("pi05")
-    model = load_model_weights(_checkpoint("pi05"), cfg, "cuda", torch.bfloat16)
-    plain = build_executor(model, cfg, torch.device("cuda"), "auto", EngineOptions(**ONE_PASS))
-    fetching = build_executor(model, cfg, torch.device("cuda"), "auto", EngineOptions(l2_prefetch=True, **ONE_PASS))
-    assert fetching.ops.l2_prefetch and not plain.ops.l2_prefetch
-    assert fetching.weights.expert_arena is not None
-    plain.ops.decoder_impl["qkv"] = SKINNY_DEFAULT["qkv"]          # the Triton QKV GEMM on both sides
-    fetching.ops.decoder_impl = dict(plain.ops.decoder_impl)        # same GEMM configurations on both sides
-    assert isinstance(fetching.ops.decoder_impl["qkv"], SkinnyConfig)
-    for seed in range(2):
-        obs = random_observation(cfg, np.random.default_rng(seed), views=2, n_text=20 + seed, vocab=1024)
-        args = (obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
-        np.testing.assert_allclose(fetching.predict_observation(*args), plain.predict_observation(*args),
-                                   atol=REPLAY_ATOL, rtol=0)
-    del plain, fetching, model
-    torch.cuda.empty_cache()
-
-
-@pytest.mark.parametrize("switch", ["rope_in_attention", "gemm_epilogue", "weight_prefetch", "fp8_fused_quant",
-                                    "prefix_attention_tuning"])
+@pytest.mark.parametrize("switch", ["rope_in_attention", "gemm_epilogue", "fp8_fused_quant", "prefix_attention_tuning"])
 def test_fusion_switch_keeps_the_actions(switch):
     """Full-size pi0.5, the graph engine with one switch at its default and flipped: the fusion moves work between
     kernels (RoPE into the attention; bias + GELU into the fc1 GEMM's epilogue; the FP8 quantization of the down
-    GEMM's input into the GeGLU kernel, FP8 engines; the prefix attention to SDPA where it measured faster) or
-    only when bytes arrive (the weight prefetch; the GEMM tuning may then pick other configurations), so the
-    actions agree to bf16 rounding (one FP8 step on a few values for the quantization), far inside the accuracy
+    GEMM's input into the GeGLU kernel, FP8 engines; the prefix attention to SDPA where it measured faster), so
+    the actions agree to bf16 rounding (one FP8 step on a few values for the quantization), far inside the accuracy
     gate, and the switch really changes the dispatch."""
     cfg = get_config("pi05")
     model = load_model_weights(_checkpoint("pi05"), cfg, "cuda", torch.bfloat16)
@@ -113,8 +86,8 @@ def test_fusion_switch_keeps_the_actions(switch):
     fused = build_executor(model, cfg, torch.device("cuda"), "auto", EngineOptions(fp8=fp8, **ONE_PASS))
     plain = build_executor(model, cfg, torch.device("cuda"), "auto",                 # the switch flipped
                            EngineOptions(fp8=fp8, **ONE_PASS, **{switch: not getattr(EngineOptions(), switch)}))
-    op = {"rope_in_attention": "decoder_qkv", "gemm_epilogue": "vision_gelu", "weight_prefetch": "weight_prefetch",
-          "fp8_fused_quant": "fp8_input_quant", "prefix_attention_tuning": "prefix_attention"}[switch]
+    op = {"rope_in_attention": "decoder_qkv", "gemm_epilogue": "vision_gelu", "fp8_fused_quant": "fp8_input_quant",
+          "prefix_attention_tuning": "prefix_attention"}[switch]
     assert fused.dispatch.summary() != plain.dispatch.summary(), op
     for seed in range(2):
         obs = random_observation(cfg, np.random.default_rng(seed), views=2, n_text=20 + seed, vocab=1024)
@@ -160,32 +133,16 @@ def test_overlapped_first_step_graph_gives_the_sequential_graphs_actions(tiny):
 @pytest.mark.parametrize("name,precision", [
     ("pi05", "bf16"), ("pi0", "bf16"),
     ("pi05", "fp8"), ("pi0", "fp8"),        # FP8 on the default scope (backbone MLP), per-tensor static scales
-    ("pi05", "fp8+fp8_decoder_weights"),    # + FP8 decoder GEMM weights (opt-in): the TMA ones in FP8 weighed
-    ("pi05", "fp8+fp8_decoder_weights_smem"),  # ... the FP8 TMA GEMMs (kernels/flashrt_kernels/smem_gemm_fp8.py) forced
-    ("pi05", "fp8+fp8_decoder_weights_weight_only"),  # ... without them (smem_gemm_fp8 off), the weight-only
-                                                      # Triton GEMMs forced (the tuning may keep bf16 TMA ones)
-    ("pi05", "bf16+smem_gemm"),             # every decoder GEMM forced to the shared-memory (TMA) kernels, no fold
-    ("pi05", "bf16+no_smem_gemm"),          # the shared-memory GEMMs and early PDL triggers off (as session 6)
+    ("pi05", "bf16+smem_gemm"),             # every decoder GEMM forced to the shared-memory (TMA) kernels
+    ("pi05", "bf16+no_smem_gemm"),          # the shared-memory GEMMs and early PDL triggers off
     ("pi05", "bf16+no_fused_patch_embed"),  # the patch embedding as torch ops, fp32 GEMM (the fused one: default)
-    ("pi05", "bf16+smem_gemm_ada_fold"),    # the TMA GEMMs forced with the adaRMSNorms folded into them (opt-in)
-    ("pi05", "fp8+smem_gemm_ada_fold"),
     ("pi05", "bf16+no_fused_denoise_step"),  # the step ends as separate ops (the fused ones: default)
     ("pi05", "fp8+no_fused_denoise_step"),
-    ("pi05", "bf16+split_k_qkv"),           # the TMA GEMMs forced, QKV split-K 2 summed by the attention (opt-in)
     ("pi0", "bf16+smem_gemm_rows"),         # the TMA GEMMs forced at pi0's 51 rows (horizon 50; the x ring kernel)
     ("pi0", "bf16+no_fused_denoise_step_pi0"),  # pi0's step ends as separate ops (fused: the default), horizon 50
     ("pi05", "bf16+prefix_attention_wgmma"),  # the prefix attention forced to kernels/flashrt_kernels/prefix_attention.py
-    ("pi05", "bf16+prefix_attention_split"),  # ... forced to its key-split form (2 programs per row block; opt-in)
-    ("pi05", "fp8+fp8_fast_accum"),         # the FP8 GEMMs accumulating in the tensor cores (opt-in)
-    ("pi05", "bf16+denoise_layer"),         # each expert layer one persistent launch, grid barriers (opt-in)
-    ("pi05", "fp8+denoise_layer"),
-    ("pi05", "bf16+denoise_layer_phases"),  # ... the same kernel, a launch per phase
     ("pi05", "bf16+no_overlap_first_step"),  # the first denoising step after the prefix, one stream (the
     ("pi0", "fp8+no_overlap_first_step"),     # default: beside it, two streams)
-    ("pi05", "bf16+decoder_attention_tuning"),  # the step attention's forms weighed by the chain tuning (opt-in)
-    ("pi0", "bf16+decoder_attention_tuning"),   # ... at pi0's 51 rows (horizon 50: attention over the caches)
-    ("pi05", "bf16+fused_mlp"),             # each expert MLP one launch, kernels/flashrt_kernels/smem_mlp.py (opt-in)
-    ("pi05", "fp8+fused_mlp"),
 ])
 def test_accuracy_gate_full_size(name, precision):
     cfg = get_config(name)
@@ -193,103 +150,46 @@ def test_accuracy_gate_full_size(name, precision):
     reference = ReferenceExecutor(model, cfg, torch.device("cuda"))
     prec, _, extra = precision.partition("+")
     engine = build_executor(model, cfg, torch.device("cuda"), "auto",
-                            EngineOptions(fp8=prec == "fp8", fp8_decoder_weights=extra.startswith("fp8_decoder"),
-                                          smem_gemm_fp8=extra != "fp8_decoder_weights_weight_only",
+                            EngineOptions(fp8=prec == "fp8",
                                           smem_gemm=extra != "no_smem_gemm",
                                           pdl_early_trigger=extra != "no_smem_gemm",
                                           fused_patch_embed=extra != "no_fused_patch_embed",
-                                          ada_norm_fold=extra == "smem_gemm_ada_fold",
                                           fused_denoise_step=extra != "no_fused_denoise_step",
-                                          split_k_qkv=extra == "split_k_qkv",
                                           fused_denoise_step_pi0=extra != "no_fused_denoise_step_pi0",
-                                          fp8_fast_accum=extra == "fp8_fast_accum",
-                                          prefix_attention_split=extra == "prefix_attention_split",
-                                          denoise_layer=extra.startswith("denoise_layer"),
                                           overlap_first_step=extra != "no_overlap_first_step",
-                                          decoder_attention_tuning=extra == "decoder_attention_tuning",
-                                          fused_mlp=extra == "fused_mlp",
-                                          overrides={"denoise_layer": "phases"} if extra == "denoise_layer_phases"
-                                          else {},
                                           **(ONE_PASS if extra else {})))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
     assert engine.name.endswith(prec)
-    assert engine.ops.decoder_fp8 == extra.startswith("fp8_decoder_weights")
-    assert engine.ops.smem_gemm_fp8 == (extra in ("fp8_decoder_weights", "fp8_decoder_weights_smem"))
     assert engine.ops.fused_patch_embed == (extra != "no_fused_patch_embed")
-    assert engine.ops.ada_fold == (extra == "smem_gemm_ada_fold")
     assert engine.ops.fused_denoise_step == (extra != "no_fused_denoise_step")
     assert engine.ops.fused_denoise_step_pi0 == (extra not in ("no_fused_denoise_step", "no_fused_denoise_step_pi0"))
-    assert engine.ops.denoise_layer == {"denoise_layer": "grid", "denoise_layer_phases": "phases"}.get(
-        extra, "separate")
-    assert engine.ops.overlap_first_step == (extra not in ("no_overlap_first_step", "denoise_layer", "fused_mlp"))
-    assert engine.ops.fused_mlp == (extra == "fused_mlp")
-    if extra == "fused_mlp":                # the denoiser's MLPs at its rows run kernels/flashrt_kernels/smem_mlp.py
-        layer = engine.weights.expert[0]
-        y = torch.empty(engine.suffix_len, cfg.expert.width, device="cuda", dtype=torch.bfloat16)
-        assert engine.ops.decoder_mlp_fused_applies(y, layer.gate_up, layer.down), engine.suffix_len
-    if extra == "decoder_attention_tuning":    # the chain tuning weighed the forms and kept one of them
-        e = cfg.expert
-        forms = engine.ops.decoder_attention_forms(engine.suffix_len, engine._tuning_prefix_len(), e.num_heads,
-                                                   e.head_dim)
-        times = engine.decoder_chain_timings.get("attention", {})
-        assert len(times) >= 2 and set(times) <= set(forms), engine.decoder_chain_timings
-        assert engine.ops.decoder_attention_form == min(times, key=times.get)   # the last of a pass: its pick
-        assert engine.tuning_picks()["decoder_attention"] == engine.ops.decoder_attention_form
-    else:
-        assert engine.ops.decoder_attention_form is None
+    assert engine.ops.overlap_first_step == (extra != "no_overlap_first_step")
     if name == "pi0":                       # the fused step ends serve pi0 (fp8 leaves its step GEMMs in bf16)
         assert pi0_fused_step_ends(engine.weights, engine.ops) == engine.ops.fused_denoise_step_pi0
-        if engine.ops.smem_gemm and not engine.ops.decoder_fp8:   # pi0's 51 rows: the ring kernel was weighed
+        if engine.ops.smem_gemm:            # pi0's 51 rows: the ring kernel was weighed
             assert engine.suffix_len > 16 and engine.ops.smem_gemm_rows
             assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
                        for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
-    if extra.startswith("smem_gemm") or extra in ("split_k_qkv", "fp8_decoder_weights_smem"):
-        # the tuning weighed the TMA GEMMs (the FP8 ones with fp8_decoder_weights); force them
+    if extra.startswith("smem_gemm"):       # the tuning weighed the TMA GEMMs; force them
         assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
                    for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
         from flashrt_core.engine.ops import SMEM_CANDIDATES, SmemConfig
-        fp8 = extra == "fp8_decoder_weights_smem"
-        if fp8:
-            assert all(any(c.startswith("gluon_smem_fp8") for c in engine.ops.decoder_timings[kind])
-                       for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
-        engine.ops.decoder_impl.update({kind: SmemConfig(cands[0].split_k, fp8=fp8)
-                                        for kind, cands in SMEM_CANDIDATES.items()})
-        if extra == "split_k_qkv":
-            engine.ops.decoder_impl["qkv"] = SMEM_CANDIDATES["qkv"][1]
-            assert engine.ops.decoder_impl["qkv"].split_k == 2
+        engine.ops.decoder_impl.update({kind: SmemConfig(cands[0].split_k) for kind, cands in SMEM_CANDIDATES.items()})
         engine._entries.clear()     # recapture with them
-        assert engine.ops.ada_fold_applies(engine.suffix_len) == (extra == "smem_gemm_ada_fold")
         assert (engine.suffix_len > 16) == (extra == "smem_gemm_rows"), engine.suffix_len    # the ring kernel
-    if extra == "fp8_decoder_weights_weight_only":   # every decoder GEMM on the Triton kernel that widens E4M3
-        from flashrt_core.engine.ops import SKINNY_DEFAULT, SkinnyConfig
-        assert not any("gluon_smem_fp8" in c for kind in ("qkv", "o", "gate_up", "down")
-                       for c in engine.ops.decoder_timings[kind]), engine.ops.decoder_timings
-        engine.ops.decoder_impl.update(SKINNY_DEFAULT)
-        engine._entries.clear()     # recapture with them
-        layer = engine.weights.expert[0]
-        assert all(isinstance(engine.ops.decoder_impl[kind], SkinnyConfig) and getattr(layer, kind).w_fp8 is not None
-                   for kind in ("qkv", "o", "gate_up", "down"))
     if extra == "prefix_attention_wgmma":   # the tuning (a default candidate) checked it and timed it; force it
         assert {"wgmma", "wgmma_overlap"} <= set(engine.ops.prefix_attention_timings), \
             engine.ops.prefix_attention_timings
         engine.ops.prefix_attention_impl = "wgmma"
         engine._entries.clear()
-    if extra == "prefix_attention_split":   # the tuning checked and timed the key-split forms; force one
-        assert {"wgmma_split2", "wgmma_split3", "wgmma_split2_bn64"} <= set(engine.ops.prefix_attention_timings), \
-            engine.ops.prefix_attention_timings
-        engine.ops.prefix_attention_impl = "wgmma_split2"
-        engine._entries.clear()
     cosines = []
     for seed in range(GATE_OBSERVATIONS):
-        if seed == 1 and prec == "fp8":     # calibrated on the first observation: each FP8 GEMM accumulates as asked
-            assert {lin.fp8.fast_accum for lin in wide_linears(engine.weights)} == {extra == "fp8_fast_accum"}
+        if seed == 1 and prec == "fp8":     # calibrated on the first observation: every backbone MLP GEMM in FP8
+            assert all(lin.fp8 is not None for lin in wide_linears(engine.weights))
         obs = random_observation(cfg, np.random.default_rng(seed), views=2 + seed % 2, n_text=20 + 13 * seed,
                                  vocab=1024)
         got = engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
         cosines.append(cosine(got[:, :cfg.action_dim], reference_actions(reference, obs)[:, :cfg.action_dim]))
-    if extra.startswith("denoise_layer"):   # every grid barrier of every layer launch was passed, none gave up
-        assert [int(e.ws.denoise_layer.errors.item()) for e in engine._entries.values()] == \
-            [0] * len(engine._entries)
     del engine, reference, model
     torch.cuda.empty_cache()
     gate = GATE_FP8 if precision.startswith("fp8") else GATE_BF16
@@ -413,32 +313,6 @@ def test_chain_tuning_keeps_the_fastest_candidate_inside_the_denoiser(early):
         assert set(times) == set(engine.ops.decoder_timings[kind]), kind       # the same candidates as alone
         assert all(2.0 < ms < 100.0 for ms in times.values()), (kind, times)   # a whole denoise: milliseconds
         assert str(engine.ops.decoder_impl[kind]) == min(times, key=times.get), (kind, times)
-    obs = random_observation(cfg, np.random.default_rng(0), views=2, n_text=20, vocab=1024)
-    assert np.isfinite(engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)).all()
-    del engine, model
-    torch.cuda.empty_cache()
-
-
-def test_chain_tuning_from_several_launch_policies_keeps_the_fastest_end():
-    """chain_tuning_starts=3: the first pass runs from the three launch policies fastest with the isolated picks,
-    each with its own GEMM picks; the ends are timed again and the fastest is where the usual pass goes on from."""
-    from flashrt_core.engine.ops import LAUNCH_POLICIES
-    cfg = get_config("pi05")
-    model = load_model_weights(_checkpoint("pi05"), cfg, "cuda", torch.bfloat16)
-    engine = build_executor(model, cfg, torch.device("cuda"), "auto",
-                            EngineOptions(chain_tuning_starts=3, **ONE_PASS))
-    starts = engine.decoder_chain_starts
-    assert len(starts) == 3 and set(starts) <= set(LAUNCH_POLICIES), starts
-    for policy, end in starts.items():
-        assert 2.0 < end["ms"] < 100.0 and 2.0 < end["start_ms"] < 100.0, (policy, end)
-        assert {"down", "o", "gate_up", "qkv"} <= set(end["picks"]), (policy, end)
-        for kind in ("down", "o", "gate_up", "qkv"):          # each end pick is one of the kind's candidates
-            assert end["picks"][kind] in engine.ops.decoder_timings[kind], (policy, kind, end)
-    kept = [p for p, end in starts.items() if end["kept"]]
-    assert kept == [min(starts, key=lambda p: starts[p]["ms"])], starts
-    assert engine.decoder_chain_passes == 1
-    policies = engine.decoder_chain_timings["launch_policy"]       # the pass after the starts, as without them
-    assert engine.ops.launch_policy == min(policies, key=policies.get), policies
     obs = random_observation(cfg, np.random.default_rng(0), views=2, n_text=20, vocab=1024)
     assert np.isfinite(engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)).all()
     del engine, model

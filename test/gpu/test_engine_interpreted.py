@@ -2,8 +2,7 @@
 
 test/gpu/test_kernels.py checks each kernel alone; this checks how the engine wires them (dispatch -> ops ->
 forward): RoPE inside the attention or before it, the suffix keys read from the QKV output, split-K partials
-summed by the norms, the GeGLU epilogue, weight-only FP8 decoder weights, PDL launches (a no-op wait in the
-interpreter). Tiny pi0.5 / pi0 configurations in fp32 (the interpreter has no bf16 dot), eager engine (no CUDA
+summed by the norms, the GeGLU epilogue, PDL launches (a no-op wait in the interpreter). Tiny pi0.5 / pi0 configurations in fp32 (the interpreter has no bf16 dot), eager engine (no CUDA
 graph on the CPU), decoder GEMM configurations that fit the tiny widths.
 
 Runs only under TRITON_INTERPRET=1 with Triton installed and no GPU: `tools/run_tests.sh` does that in its second
@@ -25,21 +24,17 @@ INTERPRET = (os.environ.get("TRITON_INTERPRET") == "1" and load_kernels().HAVE_T
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="runs the Triton kernels under TRITON_INTERPRET=1 on a CPU")
 
 FP32_ATOL = 5e-5            # fp32 throughout; the kernels sum in another order than the reference
-FP8_COSINE = 0.99           # weight-only E4M3 decoder weights on a 2-layer tiny expert
 
 
-def _triton_dispatch(decoder_qkv: str, fp8_weights: bool, tuning_cache: str = "", **picks):
+def _triton_dispatch(decoder_qkv: str, tuning_cache: str = "", **picks):
     from flashrt_core.engine.dispatch import Dispatch, EngineOptions, Op
     from flashrt_core.engine.hardware import detect_hardware
     choice = {Op.EXECUTOR: "eager_engine", Op.ATTENTION: "math", Op.MQA: "triton", Op.GEMM_PREFIX: "bf16",
               Op.GEMM_DECODER: "triton", Op.FP8_FORMAT: "e4m3fn", Op.NORM: "triton", Op.ADA_NORM: "triton",
               Op.GEGLU: "triton", Op.QKV_ROPE: "triton", Op.DECODER_QKV: decoder_qkv, Op.EULER: "triton",
-              Op.KERNEL_LAUNCH: "pdl", Op.L2_PREFETCH: "none", Op.WEIGHT_PREFETCH: "none",
-              Op.DECODER_WEIGHTS: "fp8" if fp8_weights else "bf16", Op.VISION_GELU: "separate",
-              Op.DECODER_TUNING: "isolated", Op.FP8_INPUT_QUANT: "fused",
-              Op.SMEM_GEMM: "none", Op.PREFIX_ATTENTION: "mqa", Op.VISION_ATTENTION: "default",
-              Op.PATCH_EMBED: "reference", Op.ADA_NORM_FOLD: "separate", Op.DENOISE_STEP: "separate",
-              Op.DENOISE_LAYER: "separate"}
+              Op.KERNEL_LAUNCH: "pdl", Op.VISION_GELU: "separate", Op.DECODER_TUNING: "isolated",
+              Op.FP8_INPUT_QUANT: "fused", Op.SMEM_GEMM: "none", Op.PREFIX_ATTENTION: "mqa",
+              Op.VISION_ATTENTION: "default", Op.PATCH_EMBED: "reference", Op.DENOISE_STEP: "separate"}
     choice.update({Op(op): impl for op, impl in picks.items()})
     assert set(choice) == set(Op), "every op needs a choice here"
     return Dispatch(detect_hardware("sm90"), EngineOptions(text_buckets=(16, 32), tuning_cache=tuning_cache), choice)
@@ -58,11 +53,11 @@ def model(request, tmp_path_factory):
     return load_model_weights(ckpt, cfg.replace(action_horizon=10, num_steps=3), "cpu", torch.float32)
 
 
-def _engine(model, decoder_qkv: str, fp8_weights: bool = False, tuning_cache: str = "", **picks):
+def _engine(model, decoder_qkv: str, tuning_cache: str = "", **picks):
     from flashrt_core.engine.graph_executor import EngineExecutor
     from flashrt_core.engine.ops import SkinnyConfig
     engine = EngineExecutor(model, model.config, torch.device("cpu"),
-                            _triton_dispatch(decoder_qkv, fp8_weights, tuning_cache, **picks), dtype=torch.float32)
+                            _triton_dispatch(decoder_qkv, tuning_cache, **picks), dtype=torch.float32)
     e = model.config.expert
     # the tiny expert's K: width 32 (qkv, gate_up), heads x head_dim 64 (o), mlp 64 (down); o and down split-K
     engine.ops.decoder_impl = {"qkv": SkinnyConfig(16, 32, 1, 2), "gate_up": SkinnyConfig(16, 32, 1, 2),
@@ -84,8 +79,7 @@ def _record_triton_launches(engine, monkeypatch) -> dict[str, list]:
     The PyTorch references are not recorded."""
     calls: dict[str, list] = {}
     for name in ("skinny_gemm", "decoder_attention", "attention", "qkv_rope", "ada_rms_norm", "residual_norm",
-                 "euler", "geglu", "patch_rows", "denoise_step_in", "denoise_step_out", "denoise_layer",
-                 "time_mlp_in"):
+                 "euler", "geglu", "patch_rows", "denoise_step_in", "denoise_step_out", "time_mlp_in"):
         fn = getattr(engine.ops.k, name)
 
         def recorded(*args, _fn=fn, _name=name, **kwargs):
@@ -184,59 +178,6 @@ def test_pi0_fused_step_ends_match_the_reference(model, monkeypatch):
                                                                                      torch.zeros_like(tables.zeros))
 
 
-@pytest.mark.parametrize("merge_in_attention", [False, True])
-def test_persistent_denoise_layers_match_the_reference(model, merge_in_attention, monkeypatch):
-    """pi0.5 with each expert layer in kernels/flashrt_kernels/denoise_layer.py (a launch per phase: the interpreter runs programs
-    one by one, so no grid barrier) between the fused step ends: one denoise_layer launch per step and layer, no
-    expert GEMM, norm or attention launch of their own; the actions are the reference's, also with the heads merged
-    in the attention phase over 4 key splits (ops.denoise_layer_config / _splits). pi0 has no such path: its
-    layers run the separate kernels."""
-    engine = _engine(model, "rope_in_attention", denoise_step="fused", denoise_layer="phases")
-    if merge_in_attention:
-        e = model.config.expert
-        k = engine.ops.k
-        engine.ops.denoise_layer_config = k.LayerConfig(**{**k.LayerConfig.fit(e.width, e.mlp_dim, e.head_dim).__dict__,
-                                                           "merge_in_attention": True})
-        engine.ops.denoise_layer_splits = 4
-    launches = _record_triton_launches(engine, monkeypatch)
-    got, want, inputs = _actions_and_reference(engine, model, 11)
-    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
-    steps, layers = len(engine.weights.dts), model.config.expert.depth
-    if model.config.model_type == "pi05":
-        assert engine.ops.denoise_layer == "phases"
-        assert launches["denoise_layer"] == [None] * (steps * layers)
-        assert len(launches["denoise_step_in"]) == len(launches["denoise_step_out"]) == steps
-        for name in ("skinny_gemm", "decoder_attention", "ada_rms_norm"):
-            assert name not in launches, name
-        again = engine.predict_observation(*inputs)                  # the same scratch, the counters reset
-        np.testing.assert_allclose(again, got, atol=1e-6, rtol=0)
-        scratch = next(iter(engine._entries.values())).ws.denoise_layer
-        assert scratch.splits == (4 if merge_in_attention else 8) and scratch.head_counters.tolist() == [0] * 4
-    else:
-        assert engine.ops.denoise_layer == "separate" and "denoise_layer" not in launches
-
-
-def test_split_k_qkv_partials_are_summed_by_the_attention(model, monkeypatch):
-    """A split-K QKV GEMM (what ops.SMEM_CANDIDATES["qkv"] offers where rope_in_attention serves the step): the
-    attention sums its fp32 partials as it reads Q / K / V, and the actions are the reference's; where the step
-    runs qkv_rope instead, the partials are refused with an error that says why."""
-    from flashrt_core.engine.ops import SkinnyConfig
-    engine = _engine(model, "rope_in_attention")
-    engine.ops.decoder_impl["qkv"] = SkinnyConfig(16, 16, 2, 2)          # K = 32: two 16-wide slices
-    shapes = []
-    real = engine.ops.k.decoder_attention
-    monkeypatch.setattr(engine.ops.k, "decoder_attention",
-                        lambda qkv, *a, **kw: shapes.append(tuple(qkv.shape)) or real(qkv, *a, **kw))
-    got, want, inputs = _actions_and_reference(engine, model, 9)
-    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
-    steps, layers = len(engine.weights.dts), model.config.expert.depth
-    assert len(shapes) == steps * layers and all(len(shape) == 3 and shape[0] == 2 for shape in shapes)
-    separate = _engine(model, "separate")
-    separate.ops.decoder_impl["qkv"] = SkinnyConfig(16, 16, 2, 2)
-    with pytest.raises(ValueError, match="only rope_in_attention's attention sums"):
-        separate.predict_observation(*inputs)
-
-
 def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):
     """A launch policy (ops.LAUNCH_POLICIES) sets the PDL mode per kernel site: under "before_one_shot" the expert's
     first norm and its attention release the next kernel at their start (EARLY_TRIGGER), every other kernel after
@@ -253,49 +194,6 @@ def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):
     assert set(modes["skinny_gemm"]) == {1} and set(modes["euler"]) == {1}
     norms = modes["ada_rms_norm"] if model.config.model_type == "pi05" else modes["residual_norm"]
     assert norms.count(early) == steps * layers                                 # each layer's first norm
-
-
-def test_fp8_decoder_weights_stay_close_to_the_reference(model):
-    from flashrt_core.engine.gate import cosine
-    engine = _engine(model, "rope_in_attention", fp8_weights=True)
-    assert engine.ops.decoder_fp8 and engine.weights.expert[0].qkv.w_fp8 is not None
-    got, want, _ = _actions_and_reference(engine, model, 3, 12, (0, 2))
-    assert not np.allclose(got, want, atol=FP32_ATOL, rtol=0)              # the FP8 weights were used
-    assert cosine(got, want) >= FP8_COSINE
-
-
-@pytest.mark.parametrize("decoder_qkv", ["rope_in_attention", "separate"])
-def test_each_attention_form_passes_its_check_and_keeps_the_actions(model, decoder_qkv, monkeypatch):
-    """decoder_attention_tuning (opt-in): the denoising step's attention forms the chain tuning weighs (rows per
-    program x keys per block, Ops.decoder_attention_forms) are distinct launches, the kernel's own plan first;
-    each passes the load-time check against the fp32 attention (Ops.check_attention_form) on the step's path
-    (decoder_attention with the RoPE inside, or attention over the caches); with the widest one set, the forward
-    launches the step's attention with its blocks and gives the reference's actions."""
-    from flashrt_core.engine.ops import parse_attention_form
-    engine = _engine(model, decoder_qkv)
-    e = model.config.expert
-    P = engine._tuning_prefix_len()
-    forms = engine.ops.decoder_attention_forms(engine.suffix_len, P, e.num_heads, e.head_dim)
-    assert len(forms) >= 4 and len(set(forms)) == len(forms), forms
-    blocks = [parse_attention_form(form) for form in forms]
-    assert {m for m, _ in blocks} == {16, 32, 64}
-    for form in forms:
-        engine.ops.check_attention_form(form, engine.suffix_len, P, e.num_heads, e.head_dim, torch.float32,
-                                        torch.device("cpu"))
-    widest = max(forms, key=parse_attention_form)
-    engine.ops.decoder_attention_form = widest
-    name = "decoder_attention" if decoder_qkv == "rope_in_attention" else "attention"
-    sent = []
-    real = getattr(engine.ops.k, name)
-
-    def recorded(*args, **kwargs):
-        sent.append((kwargs.get("block_m"), kwargs.get("key_block")))
-        return real(*args, **kwargs)
-    monkeypatch.setattr(engine.ops.k, name, recorded)
-    got, want, _ = _actions_and_reference(engine, model, 3)
-    np.testing.assert_allclose(got, want, atol=FP32_ATOL, rtol=0)
-    steps = len(engine.weights.dts) * e.depth
-    assert sent.count(parse_attention_form(widest)) == steps, sent      # every step's attention, not the prefix's
 
 
 def test_tuning_cache_entry_is_checked_and_used_or_left_aside(model, tmp_path, monkeypatch):
@@ -335,18 +233,6 @@ def test_tuning_cache_entry_is_checked_and_used_or_left_aside(model, tmp_path, m
     assert not engine._use_tuning_picks({**picks, "launch_policy": "sideways"}, True, False, False)
     assert engine.ops.decoder_impl == dict.fromkeys(kinds, "library") and engine.ops.launch_policy == "none"
     assert engine.ops.early_sites == engine_ops.LAUNCH_POLICIES["none"] and engine.tuned_decoder_kinds == ()
-    # the step attention's form (decoder_attention_tuning, opt-in): kept where the engine tunes it, checked first
-    e = model.config.expert
-    form = engine.ops.decoder_attention_forms(engine.suffix_len, engine._tuning_prefix_len(), e.num_heads,
-                                              e.head_dim)[-1]
-    with_form = {**picks, "decoder_attention": form}
-    assert not engine._use_tuning_picks(with_form, True, False, False)      # this engine does not tune it
-    assert engine.ops.decoder_attention_form is None
-    engine.ops.decoder_attention_tuning = True
-    assert not engine._use_tuning_picks({**with_form, "decoder_attention": "m8_k8"}, True, False, False)
-    assert engine.ops.decoder_attention_form is None and engine.ops.decoder_impl == dict.fromkeys(kinds, "library")
-    assert engine._use_tuning_picks(with_form, True, False, False)
-    assert engine.ops.decoder_attention_form == form and engine.tuning_picks() == with_form
 
 
 def test_overlapped_first_step_keeps_the_actions_of_the_sequential_forward(model, monkeypatch):

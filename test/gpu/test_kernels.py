@@ -7,7 +7,6 @@ Outputs are poisoned with NaN before each launch so an unwritten element fails t
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import pytest
@@ -135,7 +134,7 @@ def test_geglu_with_fp8_out_quantizes_the_product():
 
 @pytest.mark.parametrize("rows,offset,rows_per_program", [
     (PREFIX_ROWS, 0, None), (DECODER_ROWS[0], PREFIX_ROWS, None), (DECODER_ROWS[-1], 48, None),
-    (PREFIX_ROWS, 0, 1),                    # the one-row programs of before session 12 (FLASHRT_QKV_ROPE_ROWS=1)
+    (PREFIX_ROWS, 0, 1),                    # one row per program, pinned
     (DECODER_ROWS[-1], 48, 8),              # 8-row programs over a row count they do not divide
 ])
 def test_qkv_rope(rows, offset, rows_per_program):
@@ -197,7 +196,7 @@ EXPERT_WIDTH = 1024 if not INTERPRET else 320      # pi0.5's expert; the interpr
 def test_denoise_step_in(bias, block_d):
     """kernels/flashrt_kernels/denoise_step.py's step start at pi0.5's shape (10 rows, 32 action dims, the expert's width), bf16
     projection weights and output, every launch mode, against denoise_step_in_reference; outputs NaN-poisoned.
-    block_d None: the row in one pass (the default); 256: two passes over 256-wide blocks (before session 12)."""
+    block_d None: the row in one pass (the default); 256: two passes over 256-wide blocks."""
     rows = 10 if not INTERPRET else 3
     g = torch.Generator(device=DEVICE).manual_seed(rows + bias)
     x_t = torch.randn(rows, 32, device=DEVICE, generator=g)
@@ -445,9 +444,9 @@ def test_decoder_attention(tokens, prefix, suffix_visible, splits):
 
 @pytest.mark.parametrize("tokens,from_qkv", [(DECODER_ROWS[0], True), (DECODER_ROWS[-1], False)])
 def test_step_attention_in_every_row_and_key_block(tokens, from_qkv):
-    """The forms the chain tuning may weigh for a denoising step's attention (decoder_attention_tuning: rows per
-    program in ROW_BLOCKS x keys per block in KEY_BLOCKS), both launch modes, against the reference: pi0.5's
-    10-row step through decoder_attention (RoPE inside), pi0's 51-row step through attention over the caches."""
+    """Every launch form the split attention kernels take for a denoising step (rows per program in ROW_BLOCKS x
+    keys per block in KEY_BLOCKS), both launch modes, against the reference: pi0.5's 10-row step through
+    decoder_attention (RoPE inside), pi0's 51-row step through attention over the caches."""
     heads, dh, prefix = 8, 256, PREFIX_ROWS + 16
     g = torch.Generator(device=DEVICE).manual_seed(tokens)
     L = prefix + tokens
@@ -476,30 +475,6 @@ def test_step_attention_in_every_row_and_key_block(tokens, from_qkv):
                 _close(out, want, ATTN_BF16_ATOL, BF16_RTOL)
     with pytest.raises(ValueError, match="block_m"):
         K.attention(k[:8], k, v, bias, prefix, visible[:1], heads, 1.0, torch.empty_like(k[:8]), block_m=48)
-
-
-@pytest.mark.parametrize("qkv_splits", [2, 4])
-def test_decoder_attention_sums_split_k_qkv_partials(qkv_splits):
-    """decoder_attention fed the QKV GEMM's split-K partials (fp32, as a split-K QKV GEMM leaves them) sums them as
-    it reads queries, suffix keys and values: against the reference on their sum, pi0.5's step (10 tokens) after a
-    prefix with holes."""
-    heads, dh, tokens, prefix = 8, 256, 10 if not INTERPRET else 3, 96 if not INTERPRET else 40
-    g = torch.Generator(device=DEVICE).manual_seed(qkv_splits)
-    qkv = torch.randn(tokens, (heads + 2) * dh, device=DEVICE, generator=g)
-    parts = torch.randn(qkv_splits, *qkv.shape, device=DEVICE, generator=g)
-    parts[0] += qkv - parts.sum(0)                                   # the partials sum to qkv
-    k_cache, v_cache = _prefilled_caches(prefix, tokens, dh, g)
-    valid, bias = _prefix_key_bias(prefix, g)
-    pos = int(valid.sum()) + torch.arange(tokens, device=DEVICE)
-    cos, sin = K.rope_tables(prefix + tokens, dh, 10000.0, torch.device(DEVICE))
-    visible = _suffix_visible(tokens, pi0=False)
-    want = K.decoder_attention_reference(parts, k_cache, v_cache, pos, cos, sin, bias, prefix, visible, heads,
-                                         dh ** -0.5)
-    for pdl in (False, True):
-        out = _poison(torch.empty(tokens * heads, dh, device=DEVICE, dtype=ATTN_DTYPE))
-        K.decoder_attention(parts, k_cache, v_cache, pos, cos, sin, bias, prefix, visible, heads, dh ** -0.5, out,
-                            pdl=pdl)
-        _close(out, want, ATTN_BF16_ATOL, BF16_RTOL)
 
 
 @pytest.mark.skipif(INTERPRET, reason="a BLAS epilogue, not a Triton kernel: GPU only")
@@ -544,33 +519,6 @@ def test_skinny_gemm(rows, n, k, geglu, split):
     assert got.shape == want.shape and not torch.isnan(got).any()
     err = (got - want).norm() / want.norm()
     assert err < SKINNY_REL_L2, f"rel L2 error {err:.2e}"
-
-
-@pytest.mark.parametrize("rows", DECODER_ROWS)
-@pytest.mark.parametrize("n,k,geglu,split", [
-    (2560, 1024, False, 1), (1024, 2048, False, 2), (8192, 1024, True, 1), (1024, 4096, False, 4),
-])
-@pytest.mark.parametrize("fp8_name", ["float8_e4m3fn", "float8_e4m3fnuz"])
-def test_skinny_gemm_fp8_weights(rows, n, k, geglu, split, fp8_name):
-    """Weight-only FP8 (E4M3 rows with one fp32 scale each; x stays in its dtype) against the reference on the
-    same quantized weights: the widening to bf16 is exact, so only accumulation order and the output rounding
-    differ. Both E4M3 flavours: OCP (NVIDIA, gfx950) and FNUZ (gfx942)."""
-    from flashrt_core.engine.fp8 import quantize_rows
-    if fp8_name.endswith("fnuz") and torch.version.hip is None:
-        pytest.skip("FNUZ E4M3 is the MI300X (gfx942) format; Triton has it only on ROCm")
-    if INTERPRET:
-        n, k = n // 16, k // 4
-    g = torch.Generator(device=DEVICE).manual_seed(3 * n + k + rows)
-    x = torch.randn(rows, k, device=DEVICE, generator=g).to(SKINNY_DTYPE)
-    w = torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5
-    w_q, scale = quantize_rows(w, getattr(torch, fp8_name))
-    want = K.skinny_gemm_reference(x, w_q, geglu, split, w_scale=scale).float()
-    got = K.skinny_gemm(x, w_q, geglu, split, block_k=64 if INTERPRET else 256, w_scale=scale).float()
-    assert got.shape == want.shape and not torch.isnan(got).any()
-    err = (got - want).norm() / want.norm()
-    assert err < SKINNY_REL_L2, f"rel L2 error {err:.2e}"
-    plain = K.skinny_gemm_reference(x, w.to(SKINNY_DTYPE), geglu, split).float()   # what FP8 weights cost
-    assert (got - plain).norm() / plain.norm() < 0.08
 
 
 @pytest.mark.parametrize("splits", [2, 4, 8, 16])     # the TMA candidates: O split-K 2-8, down 4-16
@@ -645,49 +593,6 @@ def test_smem_gemm_rows_kernel_every_engine_config(kind, n, k):
     _check_smem_gemm_configs(kind, n, k, [17, 32, 33, *[r for r in DECODER_ROWS if r > 16], 64])
 
 
-@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
-                    or not K.HAVE_GLUON, reason="kernels/flashrt_kernels/smem_gemm_fp8.py needs Gluon on a Hopper (sm90) GPU")
-@pytest.mark.parametrize("kind,n,k", EXPERT_GEMMS)
-def test_smem_gemm_fp8_every_engine_config(kind, n, k):
-    """kernels/flashrt_kernels/smem_gemm_fp8.py (the TMA GEMM candidates with fp8_decoder_weights) at the expert's shapes, 1-16 rows,
-    every split-K candidate it serves and every launch mode: equal to smem_gemm_fp8_reference (the same E4M3
-    arithmetic in PyTorch) up to fp32 summation order and the bf16 result, and within the engine's FP8 candidate
-    bound (ops.DECODER_CHECK_REL_L2_FP8) of the bf16 GEMM on the unquantized weights. Weights and rows random,
-    rows of different magnitudes (the per-row scales), one row all zeros (a zero scale must not give NaN)."""
-    from flashrt_core.engine.fp8 import quantize_rows
-    from flashrt_core.engine.ops import DECODER_CHECK_REL_L2_FP8, SMEM_CANDIDATES
-    g = torch.Generator(device=DEVICE).manual_seed(n + 5 * k)
-    w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(torch.bfloat16)
-    w_q, w_scale = quantize_rows(w, torch.float8_e4m3fn)
-    geglu = kind == "gate_up"
-    checked = 0
-    for rows in (1, *[r for r in DECODER_ROWS if r <= 16], 16):
-        x = torch.randn(rows, k, device=DEVICE, generator=g) * torch.logspace(-2, 2, rows, device=DEVICE)[:, None]
-        x = x.to(torch.bfloat16)
-        if rows > 2:
-            x[1] = 0.0
-        for cfg in SMEM_CANDIDATES[kind]:
-            if not K.smem_gemm_fp8_supported(rows, n, k, geglu, cfg.split_k):
-                continue
-            want = K.smem_gemm_fp8_reference(x, w_q, w_scale, geglu, cfg.split_k).float()
-            exact = K.skinny_gemm_reference(x, w, geglu, 1).float()
-            for pdl in (False, True, K.EARLY_TRIGGER):
-                got = K.smem_gemm_fp8(x, w_q, w_scale, geglu, cfg.split_k, pdl=pdl).float()
-                if cfg.split_k > 1:
-                    assert got.shape == (cfg.split_k, rows, n), (cfg, got.shape)
-                    got = got.sum(0)
-                assert got.shape == want.shape and torch.isfinite(got).all(), (cfg, pdl, rows)
-                err = (got - want).norm() / want.norm()
-                assert err < 1e-2, f"{cfg} pdl={pdl} rows {rows}: rel L2 error {err:.2e} against the reference"
-                err_bf16 = (got - exact).norm() / exact.norm()
-                assert err_bf16 < DECODER_CHECK_REL_L2_FP8, \
-                    f"{cfg} pdl={pdl} rows {rows}: rel L2 error {err_bf16:.2e} against the bf16 GEMM"
-                if rows > 2:
-                    assert got[1].abs().max() == 0, (cfg, pdl, rows)
-                checked += 1
-    assert checked >= 6, checked
-
-
 def _check_smem_gemm_configs(kind: str, n: int, k: int, row_counts) -> None:
     from flashrt_core.engine.ops import SMEM_CANDIDATES
     g = torch.Generator(device=DEVICE).manual_seed(n + 3 * k)
@@ -702,194 +607,6 @@ def _check_smem_gemm_configs(kind: str, n: int, k: int, row_counts) -> None:
                 err = (got - want).norm() / want.norm()
                 assert got.shape == want.shape and err < SKINNY_REL_L2, \
                     f"{cfg} pdl={pdl} rows {rows}: rel L2 error {err:.2e}"
-
-
-@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
-                    or not K.HAVE_GLUON, reason="kernels/flashrt_kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
-@pytest.mark.parametrize("kind,n,k", [("o", 1024, 2048), ("down", 1024, 4096)])
-def test_smem_gemm_norm_out_every_engine_config(kind, n, k):
-    """The norm_out half of the folded adaRMSNorm (the split-K O and down GEMMs of pi0.5's expert) against
-    smem_gemm_norm_out_reference at the expert's shapes, 1-16 rows, every split-K candidate and launch mode: the
-    residual, x' and the per-tile sums of squares; launched twice on the same buffers, so the tile counters must be
-    back at zero after each launch, and the second launch (same inputs) must give bitwise what the first gave."""
-    from flashrt_core.engine.ops import SMEM_CANDIDATES
-    g = torch.Generator(device=DEVICE).manual_seed(n + k)
-    w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(torch.bfloat16)
-    gate, scale1p = torch.randn(n, device=DEVICE, generator=g), 1 + torch.randn(n, device=DEVICE, generator=g) / 2
-    tiles = n // 64
-    for rows in sorted({1, *[r for r in DECODER_ROWS if r <= 16], 16}):
-        x = torch.randn(rows, k, device=DEVICE, generator=g).to(torch.bfloat16)
-        residual0 = torch.randn(rows, n, device=DEVICE, generator=g) * 3
-        want_h, want_xs, want_sq = K.smem_gemm_norm_out_reference(x, w, residual0, gate, scale1p)
-        for cfg in SMEM_CANDIDATES[kind]:
-            for pdl in (False, True, K.EARLY_TRIGGER):
-                buffers = dict(xs=torch.full((rows, n), float("nan"), device=DEVICE, dtype=torch.bfloat16),
-                               sq=torch.full((tiles, 16), float("nan"), device=DEVICE),
-                               counter=torch.zeros(tiles, device=DEVICE, dtype=torch.int32))
-                results = []
-                for _ in range(2):
-                    norm = K.NormOut(residual=residual0.clone(), gate=gate, scale1p=scale1p, **buffers)
-                    got = K.smem_gemm(x, w, split_k=cfg.split_k, pdl=pdl, norm_out=norm)
-                    torch.cuda.synchronize()
-                    assert got is norm.xs
-                    assert torch.equal(norm.counter, torch.zeros_like(norm.counter)), f"{cfg} counters left set"
-                    results.append((norm.residual.clone(), norm.xs.clone(), norm.sq[:, :rows].clone()))
-                (h, xs, sq), again = results
-                label = f"{kind} {cfg} pdl={pdl} rows {rows}"
-                torch.testing.assert_close(h, want_h, rtol=1e-4, atol=1e-3, msg=label)
-                torch.testing.assert_close(xs.float(), want_xs.float(), rtol=2e-2, atol=2e-2, msg=label)
-                torch.testing.assert_close(sq, want_sq, rtol=1e-4, atol=1e-2, msg=label)
-                assert all(torch.equal(a, b) for a, b in zip(results[0], again)), f"{label}: replays differ"
-
-
-@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
-                    or not K.HAVE_GLUON, reason="kernels/flashrt_kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
-@pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("gate_up", 8192, 1024)])
-def test_smem_gemm_norm_in_every_engine_config(kind, n, k):
-    """The norm_in half (QKV and gate/up after a folded adaRMSNorm) against smem_gemm_norm_in_reference at the
-    expert's shapes, 1-16 rows, every launch mode, with sums of squares from a real residual row and a random
-    bias; the 16-row sums buffer holds garbage past the rows in use, which must not matter."""
-    from flashrt_core.engine.ops import SMEM_CANDIDATES
-    g = torch.Generator(device=DEVICE).manual_seed(n + 7 * k)
-    w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(torch.bfloat16)
-    bias = torch.randn(n, device=DEVICE, generator=g)
-    geglu = kind == "gate_up"
-    for rows in sorted({1, *[r for r in DECODER_ROWS if r <= 16], 16}):
-        h = torch.randn(rows, k, device=DEVICE, generator=g) * 3
-        xs = (h * (1 + torch.randn(k, device=DEVICE, generator=g) / 2)).to(torch.bfloat16)
-        sq = torch.rand(k // 64, 16, device=DEVICE, generator=g) * 1e4          # rows past `rows`: garbage
-        sq[:, :rows] = h.pow(2).view(rows, -1, 64).sum(-1).T
-        norm = K.NormIn(sq=sq, bias=bias, eps=1e-6)
-        want = K.smem_gemm_norm_in_reference(xs, w, sq, bias, 1e-6, geglu).float()
-        for cfg in [c for c in SMEM_CANDIDATES[kind] if c.split_k == 1]:     # norm_in adds its bias once
-            for pdl in (False, True, K.EARLY_TRIGGER):
-                got = K.smem_gemm(xs, w, geglu, cfg.split_k, pdl=pdl, norm_in=norm).float()
-                err = (got - want).norm() / want.norm()
-                assert got.shape == want.shape and err < SKINNY_REL_L2, \
-                    f"{kind} {cfg} pdl={pdl} rows {rows}: rel L2 error {err:.2e}"
-        with pytest.raises(ValueError, match="norm_in adds its bias once"):
-            K.smem_gemm(xs, w, geglu, 2, norm_in=norm)      # split-K partials would each add the bias
-
-
-SMEM_MLP_SKIP = pytest.mark.skipif(INTERPRET or not torch.cuda.is_available()
-                                   or torch.cuda.get_device_capability()[0] != 9 or not K.HAVE_GLUON,
-                                   reason="kernels/flashrt_kernels/smem_mlp.py needs Gluon on a Hopper (sm90) GPU")
-EXPERT_W, EXPERT_F = 1024, 4096          # pi0 / pi0.5 action expert: width, MLP width
-
-
-def _expert_mlp(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    w_gate_up = (torch.randn(2 * EXPERT_F, EXPERT_W, device=DEVICE, generator=g) * EXPERT_W ** -0.5)
-    w_down = (torch.randn(EXPERT_W, EXPERT_F, device=DEVICE, generator=g) * EXPERT_F ** -0.5)
-    return w_gate_up.to(torch.bfloat16), w_down.to(torch.bfloat16)
-
-
-@SMEM_MLP_SKIP
-def test_smem_mlp_matches_the_reference_on_1_to_16_rows():
-    """kernels/flashrt_kernels/smem_mlp.py against smem_mlp_reference at the expert's shapes (128 programs), on 1-16 rows (TMA
-    zero-fills the rest of the 16-row tile), in every launch mode and both output dtypes; two launches give the same
-    bits (the partials are summed in program order) and no grid barrier gives up."""
-    w_gate_up, w_down = _expert_mlp(11)
-    g = torch.Generator(device=DEVICE).manual_seed(12)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for rows in sorted({1, *[r for r in DECODER_ROWS if r <= 16], 11, 16}):
-        assert K.smem_mlp_supported(rows, EXPERT_W, EXPERT_F, sms)
-        x = torch.randn(rows, EXPERT_W, device=DEVICE, generator=g).to(torch.bfloat16)
-        want = K.smem_mlp_reference(x, w_gate_up, w_down)
-        scratch = K.MlpScratch.allocate(rows, EXPERT_W, EXPERT_F, DEVICE)
-        for pdl in (False, True, K.EARLY_TRIGGER):
-            for dtype in (torch.float32, torch.bfloat16):
-                out = _poison(torch.empty(rows, EXPERT_W, device=DEVICE, dtype=dtype))
-                got = K.smem_mlp(x, w_gate_up, w_down, pdl=pdl, out=out, scratch=scratch)
-                assert not torch.isnan(got).any(), "kernel left NaN-poisoned elements unwritten"
-                err = (got.float() - want).norm() / want.norm()
-                assert err < SKINNY_REL_L2, f"rows {rows} pdl={pdl} {dtype}: rel L2 error {err:.2e}"
-                again = K.smem_mlp(x, w_gate_up, w_down, pdl=pdl, out=torch.empty_like(out), scratch=scratch)
-                assert torch.equal(again, got), f"rows {rows} pdl={pdl} {dtype}: a second launch changed bits"
-        torch.cuda.synchronize()
-        assert scratch.errors.item() == 0, "a grid barrier gave up"
-    with pytest.raises(ValueError, match="M<=16"):
-        K.smem_mlp(torch.zeros(17, EXPERT_W, device=DEVICE, dtype=torch.bfloat16), w_gate_up, w_down)
-
-
-@SMEM_MLP_SKIP
-def test_smem_mlp_chain_in_a_cuda_graph_replays_the_eager_chain():
-    """Three MLPs of different weights back to back with PDL and one scratch, as a denoising step would chain
-    them (each one's output the next one's input), captured in a CUDA graph: each replay gives the eager chain's
-    bits, so the grid barrier's count and generation carry over from launch to launch and replay to replay."""
-    layers = [_expert_mlp(20 + i) for i in range(3)]
-    rows = DECODER_ROWS[0]
-    x0 = torch.randn(rows, EXPERT_W, device=DEVICE, generator=torch.Generator(device=DEVICE).manual_seed(5))
-    x0 = x0.to(torch.bfloat16)
-    scratch = K.MlpScratch.allocate(rows, EXPERT_W, EXPERT_F, DEVICE)
-    outs = [torch.empty(rows, EXPERT_W, device=DEVICE, dtype=torch.bfloat16) for _ in layers]
-
-    def chain():
-        x = x0
-        for (w_gate_up, w_down), out in zip(layers, outs):
-            x = K.smem_mlp(x, w_gate_up, w_down, pdl=True, out=out, scratch=scratch)
-
-    chain()
-    eager = [o.clone() for o in outs]
-    want = x0
-    for w_gate_up, w_down in layers:
-        want = K.smem_mlp_reference(want, w_gate_up, w_down).to(torch.bfloat16)
-    err = (eager[-1].float() - want.float()).norm() / want.float().norm()
-    assert err < 3 * SKINNY_REL_L2, f"the chain's rel L2 error {err:.2e}"
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        chain()                                          # warm-up on the capture stream
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        chain()
-    for _ in range(3):
-        for o in outs:
-            _poison(o)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert all(torch.equal(o, e) for o, e in zip(outs, eager)), "a replay changed bits"
-    assert scratch.errors.item() == 0, "a grid barrier gave up"
-
-
-def _assert_prefetch_changes_no_bit(kind: str, n: int, k: int, variants: list[tuple[dict, str]], seed: int) -> None:
-    """Every engine configuration of one expert GEMM, with and without PDL: the product with each prefetch variant
-    (skinny_gemm keyword arguments) is bitwise the product without."""
-    from flashrt_core.engine.ops import SKINNY_CANDIDATES
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    for rows in DECODER_ROWS:
-        x = torch.randn(rows, k, device=DEVICE, generator=g).to(torch.bfloat16)
-        w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(torch.bfloat16)
-        for cfg in (c for c in SKINNY_CANDIDATES[kind] if rows <= c.max_rows):
-            for pdl in (False, True):
-                args = (x, w, kind == "gate_up", cfg.split_k, cfg.block_n, cfg.block_k, cfg.stages, cfg.warps, pdl)
-                want = K.skinny_gemm(*args)
-                for kwargs, label in variants:
-                    got = K.skinny_gemm(*args, **kwargs)
-                    torch.cuda.synchronize()
-                    assert torch.equal(got, want), f"{cfg} pdl={pdl} rows {rows} {label}"
-
-
-@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
-                    reason="cp.async.bulk.prefetch.L2 needs an sm90+ GPU")
-@pytest.mark.parametrize("kind,n,k", [("qkv", 2560, 1024), ("gate_up", 8192, 1024)])
-def test_skinny_gemm_with_l2_prefetch_is_bitwise_the_same(kind, n, k):
-    """The bulk L2 prefetch (kernels/flashrt_kernels/l2_prefetch.py) only fetches: with a window of the size the engine uses
-    (~35 MB, the rest of a pi0.5 expert layer + the next QKV), odd-sized and not chunk-aligned windows, and with
-    and without PDL, the product is bitwise the product without it."""
-    later = torch.randn(35 * 1024 * 1024 // 2 + 8, device=DEVICE).to(torch.bfloat16)           # a window
-    windows = [(later.data_ptr(), later.numel() * 2), (later.data_ptr() + 4096, 12_345 * 16), (later.data_ptr(), 16)]
-    _assert_prefetch_changes_no_bit(kind, n, k, [({"prefetch": w}, f"window {w[1]} B") for w in windows], seed=n)
-
-
-@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
-                    reason="cp.async.bulk.prefetch.L2 needs an sm90+ GPU")
-@pytest.mark.parametrize("kind,n,k", EXPERT_GEMMS)
-def test_skinny_gemm_with_own_prefetch_is_bitwise_the_same(kind, n, k):
-    """own_prefetch (each program prefetches its own weight rows into L2 before the wait) changes no bit of the
-    product, for every engine configuration of the four expert GEMMs (split-K slices included)."""
-    _assert_prefetch_changes_no_bit(kind, n, k, [({"own_prefetch": True}, "own prefetch")], seed=n + k)
 
 
 @pytest.mark.skipif(INTERPRET, reason="real shapes only")
@@ -994,110 +711,3 @@ def test_dependent_launch_chain_in_a_cuda_graph_matches_stream_order(rope, launc
         torch.cuda.synchronize()
         for name in ("residual", "partials", "k", "v", "y", "attn"):
             assert torch.equal(graph_state[name], fresh[name]), f"{name} differs between PDL graph and stream order"
-
-
-@pytest.mark.skipif(INTERPRET, reason="Triton's interpreter casts to FP8 without round-to-nearest")
-def test_fp8_quant_rows():
-    g = torch.Generator(device=DEVICE).manual_seed(12)
-    x = (torch.randn(PREFIX_ROWS, 16384, device=DEVICE, generator=g) * 3).to(torch.bfloat16)
-    x[3] *= 100                                                              # an outlier token
-    q, scale = K.fp8_quant_rows(x, torch.float8_e4m3fn)
-    want_q, want_scale = K.fp8_quant_rows_reference(x, torch.float8_e4m3fn)
-    torch.testing.assert_close(scale, want_scale, rtol=1e-6, atol=0)
-    # Triton's fp32 division is not IEEE-exact: a few values on a rounding boundary land one FP8 step away
-    differ = q.float() != want_q.float()
-    assert differ.float().mean() < FP8_BOUNDARY_FRACTION, f"{int(differ.sum())} values differ"
-    step = (want_q.float()[differ].abs() * 2.0 ** -3).clamp(min=2.0 ** -9)
-    assert ((q.float() - want_q.float())[differ].abs() <= step * 1.0001).all(), "a value moved more than one step"
-    err = (q.float() * scale - x.float()).norm() / x.float().norm()
-    assert err < FP8_REL_L2, f"dequantized rel L2 error {err:.3e}"
-
-
-def _denoise_layer_case(S: int, P: int, W: int, H: int, dh: int, F: int, has_x: bool, seed: int):
-    """tools/denoise_timing.random_layer_case on this test's device, in its GEMM dtype (the interpreter has no bf16
-    tl.dot: fp32 weights and caches there)."""
-    from tools.denoise_timing import random_layer_case
-    return random_layer_case(S, P, W, H, dh, F, has_x, seed, DEVICE, SKINNY_DTYPE)
-
-
-@pytest.mark.parametrize("form", ["phases", "phases+merge_in_attention", "phases+preload"] if INTERPRET else
-                         ["phases", "grid", "grid_prefetch", "grid+merge_in_attention", "grid+per_sm2",
-                          "grid+per_sm2+merge_in_attention+preload", "phases+preload"])
-@pytest.mark.parametrize("has_x", [False, True])
-def test_denoise_layer(form, has_x):
-    """The persistent expert layer (kernels/flashrt_kernels/denoise_layer.py: eight phases, grid barriers or a launch per phase)
-    against its reference (the engine's separate ops in fp32), at pi0.5's expert shapes on the GPU (10 rows, 560
-    prefix keys) and small ones in the interpreter: the residual after the layer, the down output and the cache's
-    suffix rows; launched twice on the same scratch (the barrier counters of two launches, no barrier gave up).
-    form: a launch per phase, one launch with grid barriers, that with the L2 prefetch of the later tiles, with
-    each head merged by its last split in the attention phase (head counters back at zero after each launch), and
-    with two programs per SM (halved O, gate/up and down tiles, 16 key splits), and with the O and down tiles loaded
-    a phase ahead (all of them together too)."""
-    base, *extras = form.split("+")
-    if base == "grid_prefetch" and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("cp.async.bulk.prefetch.L2 needs an sm90+ GPU")
-    if INTERPRET:
-        S, P, W, H, dh, F = 3, 20, 64, 2, 32, 128
-        cfg = K.LayerConfig(bk=32, bk_wide=32, bn_o=32, bn_gu=16, bn_d=32, ks_d=64, block_keys=16)
-        splits = 4
-    else:
-        S, P, W, H, dh, F = 10, 560, 1024, 8, 256, 4096
-        cfg = K.LayerConfig(bn_o=32, bn_gu=16, bn_d=32, per_sm=2) if "per_sm2" in extras else K.LayerConfig()
-        splits = 16 if "per_sm2" in extras else 8
-    cfg = dataclasses.replace(cfg, merge_in_attention="merge_in_attention" in extras, preload="preload" in extras)
-    residual, x_prev, tables, weights, k_cache, v_cache, pos, cos, sin, key_bias, visible = _denoise_layer_case(
-        S, P, W, H, dh, F, has_x, seed=S + P + int(has_x))
-    want_res = residual.clone()
-    want_k, want_v = k_cache.clone(), v_cache.clone()
-    want_x = K.denoise_layer_reference(want_res, x_prev, tables, weights, want_k, want_v, pos, cos, sin, key_bias,
-                                       visible, H, dh ** -0.5)
-    scratch = K.DenoiseLayerScratch.allocate(S, W, H, dh, F, launches=2, dtype=SKINNY_DTYPE, device=DEVICE,
-                                             splits=splits)
-    for launch in range(2):
-        res, kc, vc = residual.clone(), k_cache.clone(), v_cache.clone()
-        kc[P:P + S] = float("nan")
-        vc[P:P + S] = float("nan")
-        x_out = _poison(torch.empty(S, W, device=DEVICE))
-        stamps = None
-        if form == "grid" and launch == 1:            # the second launch also stamps its phases (the same results)
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
-            stamps = torch.zeros(K.grid_programs(W, H, dh, F, splits, cfg, sms), 16, device=DEVICE, dtype=torch.int64)
-        got = K.denoise_layer(res, x_prev, x_out, tables, weights, kc, vc, pos, cos, sin, key_bias, visible, scratch,
-                              launch, H, dh ** -0.5, grid_sync=base != "phases", cfg=cfg,
-                              prefetch=base == "grid_prefetch", stamps=stamps)
-        if stamps is not None:                        # every program stamped its 16 slots in order
-            assert (stamps > 0).all() and (stamps[:, 1:] >= stamps[:, :-1]).all()
-            path = K.phase_stamps_us(stamps)
-            assert len(path) == 2 * len(K.DENOISE_LAYER_PHASES) - 1 and all(0 <= us < 1e4 for us in path.values())
-        assert got is x_out
-        assert int(scratch.errors.item()) == 0, "a grid barrier gave up waiting"
-        # the kernel rounds h * scale1p to bf16 before its GEMMs, the reference the normalized row: both bf16-exact
-        # to ~2^-8 of a row's scale, summed over the K of each GEMM (fp32 in the interpreter: the order of sums)
-        tol = (1e-4, 1e-4) if INTERPRET else (6e-2, 3e-2)
-        _close(res, want_res, *tol)
-        _close(kc[P:P + S], want_k[P:P + S], *tol)
-        _close(vc[P:P + S], want_v[P:P + S], *tol)
-        assert torch.equal(kc[:P], k_cache[:P]) and torch.equal(kc[P + S:], k_cache[P + S:])
-        cos_x = torch.nn.functional.cosine_similarity(got.flatten(), want_x.flatten(), dim=0)
-        assert cos_x > 0.9995, f"down output cosine {cos_x:.6f}"
-        _close(got, want_x, tol[0] * float(want_x.abs().max()), tol[1])
-    # each launch's counter: every program (128 at these shapes with one per SM, 256 with two) arrived at each of
-    # its barriers; the head counters are back at zero
-    programs = 0 if base == "phases" else min(128 * cfg.per_sm,
-                                              torch.cuda.get_device_properties(0).multi_processor_count * cfg.per_sm)
-    assert scratch.counters.tolist() == [K.barriers_per_launch(cfg) * programs] * 2
-    assert scratch.head_counters.tolist() == [0] * H
-
-
-def test_denoise_layer_rejects_bad_shapes():
-    S, P, W, H, dh, F = 3, 20, 64, 2, 32, 128
-    residual, x_prev, tables, weights, k_cache, v_cache, pos, cos, sin, key_bias, visible = _denoise_layer_case(
-        S, P, W, H, dh, F, True, seed=1)
-    scratch = K.DenoiseLayerScratch.allocate(S, W, H, dh, F, launches=1, dtype=SKINNY_DTYPE, device=DEVICE)
-    bad = K.LayerWeights(qkv=weights.qkv[:-1], o=weights.o, gate_up=weights.gate_up, down=weights.down)
-    with pytest.raises(ValueError, match="weight qkv"):
-        K.denoise_layer(residual, x_prev, torch.empty_like(residual), tables, bad, k_cache, v_cache, pos, cos, sin,
-                        key_bias, visible, scratch, 0, H, 1.0, grid_sync=False)
-    with pytest.raises(ValueError, match="tiles"):
-        K.denoise_layer(residual, x_prev, torch.empty_like(residual), tables, weights, k_cache, v_cache, pos, cos,
-                        sin, key_bias, visible, scratch, 0, H, 1.0, grid_sync=False, cfg=K.LayerConfig(bk=48))
