@@ -203,23 +203,68 @@ def _resolve_names(file_keys: set[str], entries: dict[str, WeightEntry]) -> tupl
     return resolved, duplicates
 
 
+class SafetensorsTensors:
+    """The tensors of one model.safetensors, memory-mapped (safe_open, no pickle): names, shapes, tensors."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self._handle = safe_open(str(path), framework="pt", device="cpu")
+        except Exception as exc:  # safetensors raises its own error types for corrupt headers
+            raise CheckpointError(f"cannot read {path}: {exc}") from exc
+
+    def keys(self) -> list[str]:
+        return list(self._handle.keys())
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._handle.get_slice(key).get_shape())
+
+    def get(self, key: str) -> torch.Tensor:
+        return self._handle.get_tensor(key)  # may be an unaligned view of the file mapping
+
+    def close(self) -> None:
+        self._handle = None
+
+    def __enter__(self) -> SafetensorsTensors:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_tensors(checkpoint_dir: str | Path) -> SafetensorsTensors:
+    """The checkpoint's tensors (model.safetensors). Raises CheckpointError naming what is missing."""
+    path = Path(checkpoint_dir) / WEIGHTS_FILE
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file missing: {path}")
+    return SafetensorsTensors(path)
+
+
+def model_type_of(checkpoint_dir: str | Path) -> ModelType:
+    """pi0 or pi0.5, from the weight names: pi0.5 has time_mlp_in, pi0 has state_proj."""
+    with open_tensors(checkpoint_dir) as tensors:
+        names = {key[len(OPTIONAL_PREFIX):] if key.startswith(OPTIONAL_PREFIX) else key for key in tensors.keys()}
+        where = tensors.path
+    found = [t for t, marker in ((ModelType.PI05, "time_mlp_in.weight"), (ModelType.PI0, "state_proj.weight"))
+             if marker in names]
+    if len(found) != 1:
+        raise CheckpointError(f"cannot tell pi0 from pi0.5 by the weights of {where}: it has "
+                              f"{'both' if found else 'neither'} time_mlp_in.weight (pi0.5) and state_proj.weight "
+                              "(pi0); pass config='pi05' or 'pi0'")
+    return found[0]
+
+
 def load_model_weights(checkpoint_dir: str | Path, config: ModelConfig, device: torch.device | str = "cpu",
                        dtype: torch.dtype = torch.float32) -> PiModel:
-    """Build PiModel(config) on the meta device and fill it from checkpoint_dir/model.safetensors.
+    """Build PiModel(config) on the meta device and fill it from the checkpoint's tensors (open_tensors).
 
     Every tensor is cast to `dtype`, except the rows marked keep_fp32 when `dtype` is a 16-bit type.
     Raises CheckpointError naming the file or every missing / unexpected / mis-shaped tensor.
     """
-    path = Path(checkpoint_dir) / WEIGHTS_FILE
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint file missing: {path}")
     entries = weight_entries(config)
     device = torch.device(device)
-    try:
-        handle = safe_open(str(path), framework="pt", device="cpu")
-    except Exception as exc:  # safetensors raises its own error types for corrupt headers
-        raise CheckpointError(f"cannot read {path}: {exc}") from exc
-    with handle as f:
+    with open_tensors(checkpoint_dir) as f:
+        path = f.path
         file_names, duplicates = _resolve_names(set(f.keys()), entries)
         if EMBED_TOKENS not in file_names and TIED_LM_HEAD in file_names:
             log.info("%s has no %s; using the tied %s", path, EMBED_TOKENS, TIED_LM_HEAD)
@@ -230,7 +275,7 @@ def load_model_weights(checkpoint_dir: str | Path, config: ModelConfig, device: 
         misshaped = []
         for name, entry in entries.items():
             if name in file_names:
-                found = tuple(f.get_slice(file_names[name]).get_shape())
+                found = f.shape(file_names[name])
                 if found != entry.shape:
                     misshaped.append(f"{file_names[name]} {found} (expected {entry.shape})")
         problems = []
@@ -247,7 +292,7 @@ def load_model_weights(checkpoint_dir: str | Path, config: ModelConfig, device: 
         state = {}
         for name, entry in entries.items():
             target = torch.float32 if (entry.keep_fp32 and keep_fp32_ok) else dtype
-            source = f.get_tensor(file_names[name])  # may be an unaligned view of the file mapping
+            source = f.get(file_names[name])
             # Fresh (aligned) memory: numerics must not depend on where a tensor sat in the file.
             state[entry.param] = torch.empty(entry.shape, dtype=target, device=device).copy_(source)
             del source
