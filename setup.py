@@ -41,6 +41,7 @@ setup(
     ],
     extras_require={
         "bags": ["rosbags>=0.10,<0.12"],
+        "hub": ["huggingface_hub>=0.34,<3"],
         "test": ["pytest>=8,<10", "transformers>=4.45,<6"],
     },
     # each through flashrt_ros.console_scripts, which names a missing optional part (ROS 2, the messages, the
@@ -55,6 +56,8 @@ setup(
             "flashrt-bag-regression=flashrt_ros.console_scripts:bag_regression",
             "flashrt-demo-bag=flashrt_ros.console_scripts:demo_bag",
             "flashrt-fixture=flashrt_ros.console_scripts:fixture",
+            "flashrt-inspect=flashrt_ros.console_scripts:inspect",
+            "flashrt-convert=flashrt_ros.console_scripts:convert",
         ]
     },
 )

@@ -28,7 +28,7 @@ import torch
 
 from flashrt_core import hub, normalization, preprocess
 from flashrt_core.checkpoint import load_model_weights
-from flashrt_core.checkpoint_config import fit_robot_dims, resolve_config
+from flashrt_core.checkpoint_config import declares_no_stats, fit_robot_dims, resolve_config
 from flashrt_core.config import ModelConfig, ModelType, PromptMode
 from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.executor import ReferenceExecutor
@@ -349,7 +349,7 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     location = normalization.locate_norm_stats(ckpt_dir, asset_id)
     stats = normalization.load_norm_stats(ckpt_dir, asset_id)
     if stats is None:
-        if require_norm_stats:
+        if require_norm_stats and not declares_no_stats(ckpt_dir):
             raise CheckpointError(f"{ckpt_dir} has no normalization statistics: {location.note}. To supply them, "
                                   f"{normalization.SUPPLY_STATS}; or pass require_norm_stats=False to run "
                                   "unnormalized (what lerobot does with an empty normalizer)")

@@ -11,7 +11,10 @@ Resolution order (first match wins):
        "action_expert_variant", "action_horizon", "action_dim", "precision"): it does not record pi0 vs pi0.5,
        so the model type comes from the weight names (time_mlp_in: pi0.5, state_proj: pi0); pi0.5 takes the
        discrete-state prompt, openpi's default (openpi's pi05_libero turns it off: override prompt_mode there);
-  4. the "pi05" preset.
+  4. the preset whose tensor names and shapes the weights match (openpi's Orbax checkpoints and a bare
+     model.safetensors record no config: the preset's action_horizon and prompt mode are assumed, so give the
+     training config's with `flashrt-convert --set action_horizon=N`);
+  5. the "pi05" preset.
 The preset is the one whose model type and Gemma sizes match the variants (OPENPI_VARIANTS). state_dim /
 action_dim are then taken from the norm stats unless they were set explicitly (a ModelConfig, or
 flashrt_config.json overrides): released checkpoints carry the robot's dimensions only in their statistics.
@@ -33,6 +36,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CONFIG = "pi05"
 FLASHRT_CONFIG_FILE = "flashrt_config.json"
 LEROBOT_CONFIG_FILE = "config.json"
+NORM_STATS_KEY, NO_STATS = "norm_stats", "none"  # flashrt_config.json: the folder has no statistics on purpose
 ROBOT_DIMS = frozenset({"state_dim", "action_dim"})
 LEROBOT_IMAGE_PREFIX = "observation.images."
 _LEROBOT_NORM = {"QUANTILES": NormMode.QUANTILE, "MEAN_STD": NormMode.ZSCORE}
@@ -81,8 +85,21 @@ def resolve_config(config: str | ModelConfig | None, checkpoint_dir: Path) -> tu
                 return get_config(preset, **overrides), frozenset()
             except ValueError as exc:
                 raise CheckpointError(f"unsupported {config_path}: {exc}") from exc
+    from flashrt_core.checkpoint import preset_from_weights
+    preset = preset_from_weights(checkpoint_dir)
+    if preset is not None:
+        log.info("%s records no config; its weights are those of preset %r (its action_horizon %d and prompt "
+                 "mode are assumed)", checkpoint_dir, preset, PRESETS[preset].action_horizon)
+        return get_config(preset), frozenset()
     log.info("%s has no %s; using config %r", checkpoint_dir, FLASHRT_CONFIG_FILE, DEFAULT_CONFIG)
     return get_config(DEFAULT_CONFIG), frozenset()
+
+
+def declares_no_stats(checkpoint_dir: Path) -> bool:
+    """Whether the folder's flashrt_config.json says it runs without statistics on purpose ("norm_stats": "none",
+    written by `flashrt-convert --allow-no-stats`, e.g. for lerobot/pi05_base whose normalizer is empty)."""
+    path = checkpoint_dir / FLASHRT_CONFIG_FILE
+    return path.is_file() and _read_json(path).get(NORM_STATS_KEY) == NO_STATS
 
 
 def _read_json(path: Path) -> dict:

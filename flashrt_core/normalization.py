@@ -253,7 +253,7 @@ def load_norm_stats(checkpoint_dir: str | Path, asset_id: str | None = None) -> 
     the identity)."""
     location = locate_norm_stats(checkpoint_dir, asset_id)
     if location.format == "openpi":
-        return _load_openpi(location.files[0])
+        return load_openpi_file(location.files[0])
     if location.format == "lerobot":
         return _load_lerobot(list(location.files))
     logger.info("no normalization statistics in %s (%s): states and actions pass through unchanged",
@@ -261,7 +261,9 @@ def load_norm_stats(checkpoint_dir: str | Path, asset_id: str | None = None) -> 
     return None
 
 
-def _load_openpi(path: Path) -> NormStats:
+def load_openpi_file(path: str | Path) -> NormStats:
+    """openpi's norm_stats.json at `path`."""
+    path = Path(path)
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

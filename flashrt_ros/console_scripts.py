@@ -46,6 +46,8 @@ TOOLS = {
     "bag_regression": "flashrt_ros.bag_regression",
     "demo_bag": "flashrt_ros.demo_bag",
     "fixture": "flashrt_core.fixtures",
+    "inspect": "flashrt_core.checkpoint_inspect",
+    "convert": "flashrt_core.checkpoint_convert",
 }
 
 
@@ -101,3 +103,11 @@ def demo_bag() -> int:
 
 def fixture() -> int:
     return run("fixture")
+
+
+def inspect() -> int:
+    return run("inspect")
+
+
+def convert() -> int:
+    return run("convert")
