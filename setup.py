@@ -42,6 +42,7 @@ setup(
     extras_require={
         "bags": ["rosbags>=0.10,<0.12"],
         "hub": ["huggingface_hub>=0.34,<3"],
+        "orbax": ["tensorstore>=0.1.70,<0.2"],
         "test": ["pytest>=8,<10", "transformers>=4.45,<6"],
     },
     # each through flashrt_ros.console_scripts, which names a missing optional part (ROS 2, the messages, the

@@ -297,35 +297,39 @@ class OrbaxTensors:
         self.close()
 
 
-def write_random_params(checkpoint_dir: str | Path, config: ModelConfig, seed: int,
-                        value_suffix: bool = False) -> Path:
-    """A params/ tree in Orbax's OCDBT layout (zarr v2 arrays named by tree path, zstd) holding
-    fixtures.write_random_weights' tensors for `config`, arranged as openpi's JAX model holds them (scanned
-    layers, einsum kernels): the fixture of the openpi_jax layout. value_suffix: paths end in "value", as
-    checkpoints saved during openpi training. Returns the params directory."""
-    import ml_dtypes  # tensorstore's dependency: numpy's bfloat16
-
+def random_source_arrays(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """openpi tree path ("PaliGemma/llm/...") -> the source array holding fixtures.write_random_weights' tensors
+    for `config`, arranged as openpi's JAX model holds them (scanned layers, einsum kernels), in their dtypes."""
     from flashrt_core.fixtures import _random_tensor
-    ts = _tensorstore()
-    params = Path(checkpoint_dir) / PARAMS_DIR
-    params.mkdir(parents=True, exist_ok=True)
     spec = weight_spec(config, torch.bfloat16)
     depth = {"vision": config.vision.depth, "paligemma": config.paligemma.depth, "expert": config.expert.depth}
-    kv = {"driver": "ocdbt", "base": {"driver": "file", "path": str(params.resolve()) + "/"}}
-    tree_metadata = {}
+    arrays = {}
     for row in orbax_table(config):
         def source_of(i):
             names = [t.format(i=i) if i is not None else t for t in row.targets]
-            parts = [_random_tensor(n, spec[n][0], seed).to(spec[n][1]) for n in names]
-            return row.join(parts, config), spec[names[0]][1]
+            return row.join([_random_tensor(n, spec[n][0], seed).to(spec[n][1]) for n in names], config)
         layers = [source_of(i) for i in range(depth[row.layers_of])] if row.layers_of else [source_of(None)]
-        array = torch.stack([a for a, _ in layers]) if row.layers_of else layers[0][0]
-        dtype = layers[0][1]
-        path = [TREE_ROOT, *row.source.split("/")] + ([NNX_VALUE] if value_suffix else [])
-        data = array.contiguous()
-        data = data.view(torch.uint16).numpy().view(ml_dtypes.bfloat16) if dtype == torch.bfloat16 else data.numpy()
+        arrays[row.source] = (torch.stack(layers) if row.layers_of else layers[0]).contiguous()
+    return arrays
+
+
+def write_random_params(checkpoint_dir: str | Path, config: ModelConfig, seed: int,
+                        value_suffix: bool = False) -> Path:
+    """params/ in Orbax's OCDBT layout (zarr v2 arrays named by tree path, zstd, and a _METADATA tree record)
+    holding random_source_arrays: the fixture of the openpi_jax layout. value_suffix: paths end in "value", as
+    in checkpoints saved during openpi training. Returns the params directory."""
+    import ml_dtypes  # tensorstore's dependency: numpy's bfloat16
+    ts = _tensorstore()
+    params = Path(checkpoint_dir) / PARAMS_DIR
+    params.mkdir(parents=True, exist_ok=True)
+    kv = {"driver": "ocdbt", "base": {"driver": "file", "path": str(params.resolve()) + "/"}}
+    tree_metadata = {}
+    for source, array in random_source_arrays(config, seed).items():
+        path = [TREE_ROOT, *source.split("/")] + ([NNX_VALUE] if value_suffix else [])
+        bf16 = array.dtype == torch.bfloat16
+        data = array.view(torch.uint16).numpy().view(ml_dtypes.bfloat16) if bf16 else array.numpy()
         store = ts.open({"driver": "zarr", "kvstore": {**kv, "path": ".".join(path) + "/"},
-                         "dtype": "bfloat16" if dtype == torch.bfloat16 else "float32",
+                         "dtype": "bfloat16" if bf16 else "float32",
                          "metadata": {"shape": list(data.shape), "chunks": list(data.shape),
                                       "compressor": {"id": "zstd"}},
                          "create": True}).result()
@@ -336,4 +340,3 @@ def write_random_params(checkpoint_dir: str | Path, config: ModelConfig, seed: i
                                "write_shape": list(data.shape)}}
     (params / ORBAX_METADATA).write_text(json.dumps({"tree_metadata": tree_metadata, "use_zarr3": False}))
     return params
-
