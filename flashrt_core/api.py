@@ -367,7 +367,8 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     normalizer = normalization.Normalizer(stats, cfg.norm_mode.value)  # identity when stats is None
     executor = build_executor(model, cfg, dev, hardware, engine_options,
                               action_affine=normalizer.action_affine(cfg.max_action_dim))
-    model_id = f"{cfg.name}:{ckpt_dir.resolve().name}"
+    from_hub = checkpoint is not None and ckpt_dir != Path(checkpoint)
+    model_id = f"{cfg.name}:{checkpoint if from_hub else ckpt_dir.resolve().name}"    # hub: its id, not the commit
     log.info("loaded %s on %s (%s, executor %s)", model_id, dev, torch_dtype, getattr(executor, "name", executor))
     # The graph engine keeps its own merged / folded / cast weights and never reads the model again: without
     # this reference the model's tensors that the engine does not share (Q/K/V and gate/up before merging,
