@@ -152,7 +152,7 @@ def _parse_set(items: list[str]) -> dict:
     return overrides
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flashrt-convert", description=(
         "Convert a pi0 / pi0.5 checkpoint (lerobot folder, openpi PyTorch conversion, openpi Orbax checkpoint, "
         "flashrt folder, or a hub id such as lerobot/pi05_base) into a self-contained folder: model.safetensors, "
@@ -170,7 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="cast the weights (default: keep the source's)")
     parser.add_argument("--allow-no-stats", action="store_true", help="convert a folder without statistics")
     parser.add_argument("--force", action="store_true", help="replace a non-empty DST")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         dst = convert(args.src, args.dst, tokenizer=args.tokenizer, norm_stats=args.norm_stats,

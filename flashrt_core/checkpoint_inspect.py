@@ -142,7 +142,7 @@ def format_inspection(report: Inspection) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flashrt-inspect", description=(
         "Say what a pi0 / pi0.5 checkpoint folder (or hub id) is: layout, model, dimensions, statistics, and what "
         "is missing to load it. Exit status 0 when it loads as it is."))
@@ -151,7 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--asset-id", help="which assets/<asset_id>/norm_stats.json of an openpi checkpoint")
     parser.add_argument("--tokenizer", help="the PaliGemma tokenizer.model you would pass to load_model")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         report = inspect_checkpoint(args.checkpoint, args.config, args.asset_id, args.tokenizer)

@@ -1,12 +1,13 @@
 """Which of the known layouts a checkpoint folder is in, by the files it holds.
 
-| layout         | what marks it                                        | weights                      | statistics |
-|----------------|------------------------------------------------------|------------------------------|------------|
-| flashrt        | flashrt_config.json (flashrt-convert, the fixtures) | model.safetensors            | norm_stats.json |
-| lerobot        | config.json with "type": "pi0" / "pi05"              | model.safetensors ("model.") | policy_*processor*.safetensors named by policy_*processor.json |
-| openpi_pytorch | config.json with paligemma_variant, action_expert_variant, action_horizon (openpi's converter) | model.safetensors | assets/<asset_id>/norm_stats.json |
-| openpi_jax     | params/ (Orbax, OCDBT)                               | params/ (flashrt_core.orbax_params) | assets/<asset_id>/norm_stats.json |
-| safetensors    | model.safetensors alone                              | model.safetensors            | whatever is beside it |
+- flashrt: flashrt_config.json (written by flashrt-convert and the fixtures), model.safetensors, norm_stats.json,
+  tokenizer.model.
+- lerobot: config.json with "type": "pi0" / "pi05"; model.safetensors (names with "model."); statistics in
+  policy_*processor*.safetensors, named by policy_preprocessor.json / policy_postprocessor.json.
+- openpi_pytorch: config.json with paligemma_variant, action_expert_variant and action_horizon (openpi's
+  converter); model.safetensors; statistics in assets/<asset_id>/norm_stats.json.
+- openpi_jax: params/ in Orbax's layout (flashrt_core.orbax_params); statistics in assets/<asset_id>/.
+- safetensors: model.safetensors alone, with whatever statistics lie beside it.
 
 None of them but flashrt holds the PaliGemma tokenizer (flashrt_core.api.find_tokenizer says where it is looked for).
 """
@@ -62,5 +63,6 @@ def detect_layout(directory: str | Path) -> Layout:
         return Layout.SAFETENSORS
     if (directory / ORBAX_PARAMS_DIR).is_dir():
         return Layout.OPENPI_JAX
+    contents = sorted(p.name for p in directory.iterdir())[:20]
     raise CheckpointError(f"{directory} is no pi0 / pi0.5 checkpoint folder: it has neither {WEIGHTS_FILE} nor an "
-                          f"openpi {ORBAX_PARAMS_DIR}/ directory (contents: {sorted(p.name for p in directory.iterdir())[:20]})")
+                          f"openpi {ORBAX_PARAMS_DIR}/ directory (contents: {contents})")

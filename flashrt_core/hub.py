@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 
 # org/name with an optional @revision; names as the hub allows them (letters, digits, "-", "_", ".")
 HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?")
-INSTALL_HUB = "huggingface_hub, which resolves hub ids: `pip install 'flashrt-ros[hub]'` (or `pip install huggingface_hub`)"
+INSTALL_HUB = ("huggingface_hub, which resolves hub ids: `pip install 'flashrt-ros[hub]'` "
+               "(or `pip install huggingface_hub`)")
 
 
 def is_hub_id(text: str) -> bool:

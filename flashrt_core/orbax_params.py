@@ -146,7 +146,8 @@ def _gemma_rows(suffix: str, prefix: str, stack: str, adaptive: bool) -> list[Or
         OrbaxRow(f"{llm}/layers/attn/attn_vec_einsum{suffix}/w", (layer + "self_attn.o_proj.weight",),
                  lambda x: [x.reshape(-1, x.shape[-1]).T], lambda p, c: p[0].T.reshape(*heads(c), -1), stack),
         # gating_einsum [2, width, mlp] -> gate, up [mlp, width]
-        OrbaxRow(f"{llm}/layers/mlp{suffix}/gating_einsum", (layer + "mlp.gate_proj.weight", layer + "mlp.up_proj.weight"),
+        OrbaxRow(f"{llm}/layers/mlp{suffix}/gating_einsum",
+                 (layer + "mlp.gate_proj.weight", layer + "mlp.up_proj.weight"),
                  lambda x: [x[0].T, x[1].T], lambda p, c: torch.stack([p[0].T, p[1].T]), stack),
         # linear [mlp, width] -> down [width, mlp]
         OrbaxRow(f"{llm}/layers/mlp{suffix}/linear", (layer + "mlp.down_proj.weight",), _kernel, _kernel_back, stack),

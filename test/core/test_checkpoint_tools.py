@@ -120,3 +120,20 @@ def test_convert_supplies_statistics_or_declares_none(folders, tmp_path):
     policy = load_model(without, device="cpu")                    # the folder says so: no require_norm_stats=False
     assert policy.normalizer.stats is None
     policy.close()
+
+
+def test_the_readme_commands_are_the_tools_options():
+    """Every flashrt-inspect / flashrt-convert line of the README's checkpoint section parses with the tool's own
+    options (their runs on fixture folders are the tests above)."""
+    import shlex
+    from pathlib import Path
+
+    from flashrt_core import checkpoint_convert, checkpoint_inspect
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### Your checkpoint and the tokenizer", 1)[1].split("\n## ", 1)[0]
+    commands = [shlex.split(line.strip()) for line in section.splitlines() if line.startswith("    flashrt-")]
+    parsers = {"flashrt-inspect": checkpoint_inspect.build_parser(), "flashrt-convert": checkpoint_convert.build_parser()}
+    assert sorted({command[0] for command in commands}) == sorted(parsers) and len(commands) == 3
+    for command in commands:
+        args = parsers[command[0]].parse_args(command[1:])
+        assert args.checkpoint if command[0] == "flashrt-inspect" else (args.src and args.dst), command
