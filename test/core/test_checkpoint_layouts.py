@@ -95,35 +95,3 @@ def test_a_missing_tokenizer_says_where_to_get_it(written, monkeypatch, tmp_path
                  "tokenizer=PATH", "FLASHRT_TOKENIZER", "flashrt-convert"):
         assert text in str(info.value)
 
-
-def test_orbax_paths_ending_in_value_load_the_same(tmp_path, tokenizer):
-    """Checkpoints saved during openpi training end every tree path in "value" (nnx.State)."""
-    from flashrt_core import orbax_params
-    from flashrt_core.config import get_config
-    plain = write_layout(tmp_path / "plain", Layout.OPENPI_JAX, seed=5)
-    suffixed = tmp_path / "suffixed"
-    orbax_params.write_random_params(suffixed, get_config("pi05_tiny", state_dim=STATE_DIM, action_dim=ACTION_DIM),
-                                     seed=5, value_suffix=True)
-    (suffixed / "assets").symlink_to(plain / "assets")
-    np.testing.assert_array_equal(chunk(suffixed, tokenizer, "pi05_tiny"), chunk(plain, tokenizer, "pi05_tiny"))
-
-
-def test_orbax_arrays_outside_the_table_are_refused_by_tree_path(tmp_path, tokenizer):
-    """A LoRA adapter (openpi's *_lora variants) has no place in the model: named, never dropped silently."""
-    import tensorstore as ts
-    from flashrt_core.orbax_params import PARAMS_DIR
-    folder = write_layout(tmp_path / "lora", Layout.OPENPI_JAX, seed=5)
-    kv = {"driver": "ocdbt", "base": {"driver": "file", "path": str(folder / PARAMS_DIR) + "/"}}
-    extra = ts.open({"driver": "zarr", "kvstore": {**kv, "path": "params.PaliGemma.llm.layers.attn.q_einsum.lora_a/"},
-                     "dtype": "float32", "metadata": {"shape": [2, 4, 64, 16], "chunks": [2, 4, 64, 16]},
-                     "create": True}).result()
-    extra.write(np.zeros((2, 4, 64, 16), np.float32)).result()
-    with pytest.raises(CheckpointError, match="1 unexpected: openpi:PaliGemma/llm/layers/attn/q_einsum/lora_a"):
-        load_model(folder, config="pi05_tiny", device="cpu", tokenizer=tokenizer)
-
-
-def test_orbax_without_tensorstore_says_how_to_install_it(tmp_path, monkeypatch, tokenizer):
-    folder = write_layout(tmp_path / "jax", Layout.OPENPI_JAX, seed=5)
-    monkeypatch.setitem(__import__("sys").modules, "tensorstore", None)
-    with pytest.raises(CheckpointError, match=r"needs tensorstore.*pip install 'flashrt-ros\[orbax\]'"):
-        load_model(folder, config="pi05_tiny", device="cpu", tokenizer=tokenizer)

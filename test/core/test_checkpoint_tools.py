@@ -132,7 +132,8 @@ def test_the_readme_commands_are_the_tools_options():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme.split("### Your checkpoint and the tokenizer", 1)[1].split("\n## ", 1)[0]
     commands = [shlex.split(line.strip()) for line in section.splitlines() if line.startswith("    flashrt-")]
-    parsers = {"flashrt-inspect": checkpoint_inspect.build_parser(), "flashrt-convert": checkpoint_convert.build_parser()}
+    parsers = {"flashrt-inspect": checkpoint_inspect.build_parser(),
+               "flashrt-convert": checkpoint_convert.build_parser()}
     assert sorted({command[0] for command in commands}) == sorted(parsers) and len(commands) == 3
     for command in commands:
         args = parsers[command[0]].parse_args(command[1:])
