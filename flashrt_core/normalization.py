@@ -208,21 +208,23 @@ def locate_norm_stats(checkpoint_dir: str | Path, asset_id: str | None = None) -
 
 
 def lerobot_stats_files(directory: Path) -> tuple[list[Path], list[Path], list[str]]:
-    """(normalizer files, unnormalizer files, empty normalizer steps) of a lerobot folder: named by the steps of
-    policy_preprocessor.json / policy_postprocessor.json where those exist, else found by the file name pattern."""
+    """(normalizer files, unnormalizer files, empty normalizer steps) of a lerobot folder: named by the normalizer
+    steps of policy_preprocessor.json / policy_postprocessor.json where those name them by registry name, else
+    found by the file name pattern."""
     found: list[list[Path]] = []
     empty: list[str] = []
     for config_name, pattern in ((LEROBOT_PRE_CONFIG, LEROBOT_PRE_GLOB), (LEROBOT_POST_CONFIG, LEROBOT_POST_GLOB)):
         config_path = directory / config_name
-        if not config_path.is_file():
+        steps = _processor_steps(config_path) if config_path.is_file() else []
+        if not any(step.get("registry_name") in LEROBOT_NORMALIZER_STEPS for step in steps):
             matches = sorted(directory.glob(pattern))
             if len(matches) > 1:
-                raise CheckpointError(f"several files match {pattern} and there is no {config_name} to choose: "
-                                      f"{[p.name for p in matches]}")
+                raise CheckpointError(f"several files match {pattern} and no normalizer step of {config_name} "
+                                      f"names one: {[p.name for p in matches]}")
             found.append(matches)
             continue
         files = []
-        for index, step in enumerate(_processor_steps(config_path)):
+        for index, step in enumerate(steps):
             if step.get("registry_name") not in LEROBOT_NORMALIZER_STEPS:
                 continue
             if not step.get("state_file"):

@@ -277,5 +277,13 @@ def test_several_normalizer_files_without_the_json_are_refused(tmp_path, stats):
     stats.save_lerobot(tmp_path)
     (tmp_path / LEROBOT_PRE_FILE).rename(tmp_path / "policy_preprocessor_step_4_normalizer_processor.safetensors")
     stats.save_lerobot(tmp_path)
-    with pytest.raises(CheckpointError, match="several files match .* no policy_preprocessor.json"):
+    with pytest.raises(CheckpointError, match="several files match .* no normalizer step of policy_preprocessor.json"):
         load_norm_stats(tmp_path)
+
+
+def test_processor_json_without_normalizer_registry_names_falls_back_to_the_file_names(tmp_path, stats):
+    """Steps saved by class path instead of registry name name no normalizer: the files are found by pattern."""
+    stats.save_lerobot(tmp_path)
+    processor(tmp_path, "policy_preprocessor", [{"class": "my_pkg.MyNormalizer", "config": {},
+                                                 "state_file": LEROBOT_PRE_FILE}])
+    assert_stats_equal(load_norm_stats(tmp_path), stats, rtol=FLOAT32_RTOL)
