@@ -346,11 +346,11 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     if not ckpt_dir.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {ckpt_dir}")
     cfg, explicit_dims = resolve_config(config, ckpt_dir)
-    location = normalization.locate_norm_stats(ckpt_dir, asset_id)
     stats = normalization.load_norm_stats(ckpt_dir, asset_id)
     if stats is None:
+        location = normalization.locate_norm_stats(ckpt_dir, asset_id)           # why there are none
         if require_norm_stats and not declares_no_stats(ckpt_dir):
-            raise CheckpointError(f"{ckpt_dir} has no normalization statistics: {location.note}. To supply them, "
+            raise CheckpointError(f"{ckpt_dir} has no normalization stats ({location.note}). To supply them, "
                                   f"{normalization.SUPPLY_STATS}; or pass require_norm_stats=False to run "
                                   "unnormalized (what lerobot does with an empty normalizer)")
         log.warning("%s has no normalization stats (%s): states and actions are used unnormalized", ckpt_dir,

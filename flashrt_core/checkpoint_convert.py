@@ -97,7 +97,7 @@ def convert(src: str | Path, dst: str | Path, *, tokenizer: str | Path | None = 
         stats, origin = normalization.load_norm_stats(src_dir, asset_id), src_dir
         if stats is None and not allow_no_stats:
             note = normalization.locate_norm_stats(src_dir, asset_id).note
-            raise CheckpointError(f"{src_dir} has no normalization statistics: {note}. To supply them, "
+            raise CheckpointError(f"{src_dir} has no normalization stats ({note}). To supply them, "
                                   f"{normalization.SUPPLY_STATS}; or pass --allow-no-stats to convert without "
                                   "(the policy then runs unnormalized)")
     cfg = fit_robot_dims(cfg, stats, explicit, origin)
