@@ -23,6 +23,7 @@ from flashrt_core.checkpoint_config import FLASHRT_CONFIG_FILE, LEROBOT_CONFIG_F
 from flashrt_core.errors import CheckpointError
 
 ORBAX_PARAMS_DIR = "params"
+ORBAX_MARKERS = ("manifest.ocdbt", "_METADATA")  # what an Orbax params/ folder holds
 
 
 class Layout(enum.StrEnum):
@@ -63,6 +64,9 @@ def detect_layout(directory: str | Path) -> Layout:
         return Layout.SAFETENSORS
     if (directory / ORBAX_PARAMS_DIR).is_dir():
         return Layout.OPENPI_JAX
+    if any((directory / marker).is_file() for marker in ORBAX_MARKERS):
+        raise CheckpointError(f"{directory} is the {ORBAX_PARAMS_DIR}/ folder of an openpi checkpoint: pass the folder "
+                              f"above it ({directory.parent}), which holds {ORBAX_PARAMS_DIR}/ and assets/")
     contents = sorted(p.name for p in directory.iterdir())[:20]
     raise CheckpointError(f"{directory} is no pi0 / pi0.5 checkpoint folder: it has neither {WEIGHTS_FILE} nor an "
                           f"openpi {ORBAX_PARAMS_DIR}/ directory (contents: {contents})")

@@ -95,3 +95,9 @@ def test_a_missing_tokenizer_says_where_to_get_it(written, monkeypatch, tmp_path
                  "tokenizer=PATH", "FLASHRT_TOKENIZER", "flashrt-convert"):
         assert text in str(info.value)
 
+
+
+def test_the_params_folder_itself_is_named_and_its_parent_suggested(written):
+    _, folders = written
+    with pytest.raises(CheckpointError, match="is the params/ folder of an openpi checkpoint: pass the folder above"):
+        detect_layout(folders[Layout.OPENPI_JAX] / "params")
