@@ -26,7 +26,7 @@ of one source), and the peak memory is the largest source array (the backbone's 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -298,20 +298,19 @@ class OrbaxTensors:
         self.close()
 
 
-def random_source_arrays(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """openpi tree path ("PaliGemma/llm/...") -> the source array holding fixtures.write_random_weights' tensors
-    for `config`, arranged as openpi's JAX model holds them (scanned layers, einsum kernels), in their dtypes."""
+def random_source_arrays(config: ModelConfig, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """(openpi tree path "PaliGemma/llm/...", source array) pairs, one array at a time: fixtures.write_random_weights'
+    tensors for `config` arranged as openpi's JAX model holds them (scanned layers, einsum kernels), in their
+    dtypes."""
     from flashrt_core.fixtures import _random_tensor
     spec = weight_spec(config, torch.bfloat16)
     depth = {"vision": config.vision.depth, "paligemma": config.paligemma.depth, "expert": config.expert.depth}
-    arrays = {}
     for row in orbax_table(config):
         def source_of(i):
             names = [t.format(i=i) if i is not None else t for t in row.targets]
             return row.join([_random_tensor(n, spec[n][0], seed).to(spec[n][1]) for n in names], config)
         layers = [source_of(i) for i in range(depth[row.layers_of])] if row.layers_of else [source_of(None)]
-        arrays[row.source] = (torch.stack(layers) if row.layers_of else layers[0]).contiguous()
-    return arrays
+        yield row.source, (torch.stack(layers) if row.layers_of else layers[0]).contiguous()
 
 
 def write_random_params(checkpoint_dir: str | Path, config: ModelConfig, seed: int,
@@ -325,7 +324,7 @@ def write_random_params(checkpoint_dir: str | Path, config: ModelConfig, seed: i
     params.mkdir(parents=True, exist_ok=True)
     kv = {"driver": "ocdbt", "base": {"driver": "file", "path": str(params.resolve()) + "/"}}
     tree_metadata = {}
-    for source, array in random_source_arrays(config, seed).items():
+    for source, array in random_source_arrays(config, seed):
         path = [TREE_ROOT, *source.split("/")] + ([NNX_VALUE] if value_suffix else [])
         bf16 = array.dtype == torch.bfloat16
         data = array.view(torch.uint16).numpy().view(ml_dtypes.bfloat16) if bf16 else array.numpy()

@@ -49,7 +49,7 @@ def step_write(layout: str, folder: Path, config: str) -> dict:
     import orbax.checkpoint as ocp
     tree: dict = {}
     for source, array in random_source_arrays(get_config(config, state_dim=STATE_DIM, action_dim=ACTION_DIM),
-                                              SEED).items():
+                                              SEED):
         node = tree
         parts = source.split("/")
         for part in parts[:-1]:

@@ -77,7 +77,7 @@ def cross_check(orbax_python: str, workdir: Path) -> bool:
         arrays = random_source_arrays(get_config(config, state_dim=STATE_DIM, action_dim=ACTION_DIM), SEED)
         tree = workdir / f"{config}_tree.npz"
         np.savez(tree, **{source.replace("/", "|") + ("#bf16" if a.dtype == torch.bfloat16 else "#f32"):
-                          a.float().numpy() for source, a in arrays.items()})
+                          a.float().numpy() for source, a in arrays})
         folders = [workdir / f"{config}_orbax", workdir / f"{config}_orbax_value"]
         done = subprocess.run([orbax_python, "-c", SAVE_WITH_ORBAX, str(tree),
                                *(str(f / "params") for f in folders)], capture_output=True, text=True)
