@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from flashrt_core.checkpoint import EXPERT, LANGUAGE, PALIGEMMA, VISION, weight_spec
-from flashrt_core.config import ModelConfig
+from flashrt_core.config import ModelConfig, get_config
 from flashrt_core.errors import CheckpointError
 
 PARAMS_DIR = "params"
@@ -230,10 +230,9 @@ class OrbaxTensors:
             tree["/".join(parts)] = name
         self._arrays: dict[str, object] = {}
         pi05 = "time_mlp_in/kernel" in tree
-        from flashrt_core.config import get_config  # shapes come from the arrays; the rows only need the type
         self._names: dict[str, tuple[OrbaxRow, int | None, int]] = {}       # WEIGHT_TABLE name -> where
         known = set()
-        for row in orbax_table(get_config("pi05" if pi05 else "pi0")):
+        for row in orbax_table(get_config("pi05" if pi05 else "pi0")):     # the rows of the tree's model type
             if row.source not in tree:
                 continue
             known.add(row.source)
