@@ -42,6 +42,8 @@ setup(
     extras_require={
         "bags": ["rosbags>=0.10,<0.12"],
         "plots": ["rosbags>=0.10,<0.12", "matplotlib>=3.7,<4"],
+        "hub": ["huggingface_hub>=0.34,<3"],
+        "orbax": ["tensorstore>=0.1.70,<0.2"],
         "test": ["pytest>=8,<10", "transformers>=4.45,<6"],
     },
     # each through flashrt_ros.console_scripts, which names a missing optional part (ROS 2, the messages, the
@@ -58,6 +60,8 @@ setup(
             "flashrt-demo-bag=flashrt_ros.console_scripts:demo_bag",
             "flashrt-chunk-plots=flashrt_ros.console_scripts:chunk_plots",
             "flashrt-fixture=flashrt_ros.console_scripts:fixture",
+            "flashrt-inspect=flashrt_ros.console_scripts:inspect",
+            "flashrt-convert=flashrt_ros.console_scripts:convert",
         ]
     },
 )

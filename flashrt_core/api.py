@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashrt_core import normalization, preprocess
+from flashrt_core import hub, normalization, preprocess
 from flashrt_core.checkpoint import load_model_weights
-from flashrt_core.checkpoint_config import fit_robot_dims, resolve_config
+from flashrt_core.checkpoint_config import declares_no_stats, fit_robot_dims, resolve_config
 from flashrt_core.config import ModelConfig, ModelType, PromptMode
 from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.executor import ReferenceExecutor
@@ -38,6 +38,10 @@ from flashrt_core.tokenizer import PromptTokenizer, build_prompt
 
 log = logging.getLogger(__name__)
 
+SUPPLY_TOKENIZER = ("Released checkpoints do not ship it: download the PaliGemma sentencepiece model "
+                    "(tokenizer.model of the Hugging Face repository google/paligemma-3b-pt-224, or openpi's "
+                    "gs://big_vision/paligemma_tokenizer.model) and pass tokenizer=PATH, set FLASHRT_TOKENIZER, or "
+                    "copy it into the folder with `flashrt-convert SRC DST --tokenizer PATH`")
 DEMO_CONFIG = "pi05_tiny"
 DEMO_SEED = 0
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -124,7 +128,7 @@ def find_tokenizer(checkpoint_dir: Path) -> Path:
         if path.is_file():
             return path
     raise CheckpointError("PaliGemma tokenizer model not found; tried " + ", ".join(map(str, candidates))
-                          + " (pass tokenizer=PATH or set FLASHRT_TOKENIZER)")
+                          + f". {SUPPLY_TOKENIZER}")
 
 
 class Policy:
@@ -319,8 +323,13 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
                device: str | torch.device = "auto", dtype: str | torch.dtype | None = None,
                hardware: str = "auto", tokenizer: str | Path | PromptTokenizer | None = None,
                require_norm_stats: bool = True, engine_options=None, gpu_preprocess: bool | None = None,
-               gpu_unnormalize: bool | None = None) -> Policy:
-    """Load a checkpoint directory (None: the demo checkpoint) into a ready Policy.
+               gpu_unnormalize: bool | None = None, asset_id: str | None = None) -> Policy:
+    """Load a checkpoint directory, or a Hugging Face hub id such as "lerobot/pi05_base" (flashrt_core.hub:
+    through huggingface_hub's cache), into a ready Policy; None loads the demo checkpoint.
+
+    The folder may be a flashrt folder (flashrt-convert's output), a lerobot policy folder, openpi's PyTorch
+    conversion or an openpi checkpoint (flashrt_core.checkpoint_layout); asset_id picks one of several
+    assets/<asset_id>/norm_stats.json.
 
     The robot's state_dim / action_dim come from the config when it sets them (a ModelConfig, or overrides in
     flashrt_config.json), else from the checkpoint's norm stats. A checkpoint without norm stats is refused
@@ -333,17 +342,19 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     """
     gpu_preprocess = _env_switch("FLASHRT_GPU_PREPROCESS") if gpu_preprocess is None else gpu_preprocess
     gpu_unnormalize = _env_switch("FLASHRT_GPU_UNNORMALIZE") if gpu_unnormalize is None else gpu_unnormalize
-    ckpt_dir = ensure_demo_checkpoint() if checkpoint is None else Path(checkpoint)
+    ckpt_dir = ensure_demo_checkpoint() if checkpoint is None else hub.checkpoint_path(checkpoint)
     if not ckpt_dir.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {ckpt_dir}")
     cfg, explicit_dims = resolve_config(config, ckpt_dir)
-    stats = normalization.load_norm_stats(ckpt_dir)
+    stats = normalization.load_norm_stats(ckpt_dir, asset_id)
     if stats is None:
-        if require_norm_stats:
-            raise CheckpointError(f"{ckpt_dir} has no normalization stats ({normalization.OPENPI_FILE}, "
-                                  f"assets/*/{normalization.OPENPI_FILE} or lerobot normalizer safetensors); "
-                                  "pass require_norm_stats=False to run unnormalized")
-        log.warning("%s has no normalization stats: states and actions are used unnormalized", ckpt_dir)
+        location = normalization.locate_norm_stats(ckpt_dir, asset_id)           # why there are none
+        if require_norm_stats and not declares_no_stats(ckpt_dir):
+            raise CheckpointError(f"{ckpt_dir} has no normalization stats ({location.note}). To supply them, "
+                                  f"{normalization.SUPPLY_STATS}; or pass require_norm_stats=False to run "
+                                  "unnormalized (what lerobot does with an empty normalizer)")
+        log.warning("%s has no normalization stats (%s): states and actions are used unnormalized", ckpt_dir,
+                    location.note)
     cfg = fit_robot_dims(cfg, stats, explicit_dims, ckpt_dir)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -356,7 +367,8 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     normalizer = normalization.Normalizer(stats, cfg.norm_mode.value)  # identity when stats is None
     executor = build_executor(model, cfg, dev, hardware, engine_options,
                               action_affine=normalizer.action_affine(cfg.max_action_dim))
-    model_id = f"{cfg.name}:{ckpt_dir.resolve().name}"
+    from_hub = checkpoint is not None and ckpt_dir != Path(checkpoint)
+    model_id = f"{cfg.name}:{checkpoint if from_hub else ckpt_dir.resolve().name}"    # hub: its id, not the commit
     log.info("loaded %s on %s (%s, executor %s)", model_id, dev, torch_dtype, getattr(executor, "name", executor))
     # The graph engine keeps its own merged / folded / cast weights and never reads the model again: without
     # this reference the model's tensors that the engine does not share (Q/K/V and gate/up before merging,

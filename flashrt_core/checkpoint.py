@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from flashrt_core.config import ModelConfig, ModelType
+from flashrt_core.config import PRESETS, ModelConfig, ModelType
 from flashrt_core.errors import CheckpointError
 from flashrt_core.model import PiModel
 
@@ -48,6 +48,8 @@ LEGACY_PREFIXES = (
     (PALIGEMMA + "vision_tower.", PALIGEMMA + "model.vision_tower."),
     (PALIGEMMA + "multi_modal_projector.", PALIGEMMA + "model.multi_modal_projector."),
 )
+
+SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
 
 Shape = Callable[[ModelConfig], tuple[int, ...]]
 
@@ -203,51 +205,138 @@ def _resolve_names(file_keys: set[str], entries: dict[str, WeightEntry]) -> tupl
     return resolved, duplicates
 
 
+class SafetensorsTensors:
+    """The tensors of one model.safetensors, memory-mapped (safe_open, no pickle): names, shapes, tensors."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self._handle = safe_open(str(path), framework="pt", device="cpu")
+        except Exception as exc:  # safetensors raises its own error types for corrupt headers
+            raise CheckpointError(f"cannot read {path}: {exc}") from exc
+
+    def keys(self) -> list[str]:
+        return list(self._handle.keys())
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._handle.get_slice(key).get_shape())
+
+    def dtype(self, key: str) -> torch.dtype:
+        return SAFETENSORS_DTYPES[self._handle.get_slice(key).get_dtype()]
+
+    def get(self, key: str) -> torch.Tensor:
+        return self._handle.get_tensor(key)  # may be an unaligned view of the file mapping
+
+    def close(self) -> None:
+        self._handle = None
+
+    def __enter__(self) -> SafetensorsTensors:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_tensors(checkpoint_dir: str | Path):
+    """The checkpoint's tensors: model.safetensors (SafetensorsTensors), else openpi's Orbax params/
+    (flashrt_core.orbax_params.OrbaxTensors, whose names are already WEIGHT_TABLE's). Raises CheckpointError
+    naming what is missing."""
+    directory = Path(checkpoint_dir)
+    path = directory / WEIGHTS_FILE
+    if path.is_file():
+        return SafetensorsTensors(path)
+    from flashrt_core import orbax_params  # tensorstore only for the layout that needs it
+    if orbax_params.is_orbax_checkpoint(directory):
+        return orbax_params.OrbaxTensors(directory)
+    raise CheckpointError(f"checkpoint file missing: {path} (and no openpi Orbax {orbax_params.PARAMS_DIR}/ "
+                          f"beside it)")
+
+
+def model_type_of(checkpoint_dir: str | Path) -> ModelType:
+    """pi0 or pi0.5, from the weight names: pi0.5 has time_mlp_in, pi0 has state_proj."""
+    with open_tensors(checkpoint_dir) as tensors:
+        names = {key[len(OPTIONAL_PREFIX):] if key.startswith(OPTIONAL_PREFIX) else key for key in tensors.keys()}
+        where = tensors.path
+    found = [t for t, marker in ((ModelType.PI05, "time_mlp_in.weight"), (ModelType.PI0, "state_proj.weight"))
+             if marker in names]
+    if len(found) != 1:
+        raise CheckpointError(f"cannot tell pi0 from pi0.5 by the weights of {where}: it has "
+                              f"{'both' if found else 'neither'} time_mlp_in.weight (pi0.5) and state_proj.weight "
+                              "(pi0); pass config='pi05' or 'pi0'")
+    return found[0]
+
+
+def match_tensors(f, config: ModelConfig) -> dict[str, str]:
+    """Checkpoint name of WEIGHT_TABLE -> the tensor's name in `f` (open_tensors), for every entry of `config`.
+    Raises CheckpointError listing every missing, unexpected, mis-shaped or doubled tensor."""
+    entries = weight_entries(config)
+    path = f.path
+    file_names, duplicates = _resolve_names(set(f.keys()), entries)
+    if EMBED_TOKENS not in file_names and TIED_LM_HEAD in file_names:
+        log.info("%s has no %s; using the tied %s", path, EMBED_TOKENS, TIED_LM_HEAD)
+        file_names[EMBED_TOKENS] = file_names[TIED_LM_HEAD]
+    missing = [name for name in entries if name not in file_names]
+    unexpected = [name for name in file_names if name not in entries and name not in KNOWN_UNUSED
+                  and name != TIED_LM_HEAD]
+    misshaped = []
+    for name, entry in entries.items():
+        if name in file_names:
+            found = f.shape(file_names[name])
+            if found != entry.shape:
+                misshaped.append(f"{file_names[name]} {found} (expected {entry.shape})")
+    problems = []
+    for label, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped),
+                         ("given twice (with and without 'model.' or in two layouts)", duplicates)):
+        if names:
+            problems.append(f"{len(names)} {label}: {_names_listing(names)}")
+    if problems:
+        raise CheckpointError(f"{path} does not match config {config.name!r}: " + "; ".join(problems))
+    return {name: file_names[name] for name in entries}
+
+
+def check_weights(checkpoint_dir: str | Path, config: ModelConfig) -> dict[str, str]:
+    """match_tensors on the checkpoint's tensors, without reading them: name -> name in the file."""
+    with open_tensors(checkpoint_dir) as f:
+        return match_tensors(f, config)
+
+
+def preset_from_weights(checkpoint_dir: str | Path) -> str | None:
+    """The preset whose every tensor name and shape the checkpoint's weights match (model type from the names),
+    or None when there are no weights or none fits: for folders that record no config (openpi's Orbax
+    checkpoints, a bare model.safetensors)."""
+    try:
+        model_type = model_type_of(checkpoint_dir)
+    except CheckpointError:
+        return None
+    with open_tensors(checkpoint_dir) as f:
+        for name, preset in PRESETS.items():
+            if preset.model_type == model_type:
+                try:
+                    match_tensors(f, preset)
+                    return name
+                except CheckpointError:
+                    continue
+    return None
+
+
 def load_model_weights(checkpoint_dir: str | Path, config: ModelConfig, device: torch.device | str = "cpu",
                        dtype: torch.dtype = torch.float32) -> PiModel:
-    """Build PiModel(config) on the meta device and fill it from checkpoint_dir/model.safetensors.
+    """Build PiModel(config) on the meta device and fill it from the checkpoint's tensors (open_tensors).
 
     Every tensor is cast to `dtype`, except the rows marked keep_fp32 when `dtype` is a 16-bit type.
     Raises CheckpointError naming the file or every missing / unexpected / mis-shaped tensor.
     """
-    path = Path(checkpoint_dir) / WEIGHTS_FILE
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint file missing: {path}")
     entries = weight_entries(config)
     device = torch.device(device)
-    try:
-        handle = safe_open(str(path), framework="pt", device="cpu")
-    except Exception as exc:  # safetensors raises its own error types for corrupt headers
-        raise CheckpointError(f"cannot read {path}: {exc}") from exc
-    with handle as f:
-        file_names, duplicates = _resolve_names(set(f.keys()), entries)
-        if EMBED_TOKENS not in file_names and TIED_LM_HEAD in file_names:
-            log.info("%s has no %s; using the tied %s", path, EMBED_TOKENS, TIED_LM_HEAD)
-            file_names[EMBED_TOKENS] = file_names[TIED_LM_HEAD]
-        missing = [name for name in entries if name not in file_names]
-        unexpected = [name for name in file_names if name not in entries and name not in KNOWN_UNUSED
-                      and name != TIED_LM_HEAD]
-        misshaped = []
-        for name, entry in entries.items():
-            if name in file_names:
-                found = tuple(f.get_slice(file_names[name]).get_shape())
-                if found != entry.shape:
-                    misshaped.append(f"{file_names[name]} {found} (expected {entry.shape})")
-        problems = []
-        for label, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped),
-                             ("given twice (with and without 'model.' or in two layouts)", duplicates)):
-            if names:
-                problems.append(f"{len(names)} {label}: {_names_listing(names)}")
-        if problems:
-            raise CheckpointError(f"{path} does not match config {config.name!r}: " + "; ".join(problems))
-
+    with open_tensors(checkpoint_dir) as f:
+        file_names = match_tensors(f, config)
         with torch.device("meta"):
             model = PiModel(config)
         keep_fp32_ok = dtype in (torch.bfloat16, torch.float16)
         state = {}
         for name, entry in entries.items():
             target = torch.float32 if (entry.keep_fp32 and keep_fp32_ok) else dtype
-            source = f.get_tensor(file_names[name])  # may be an unaligned view of the file mapping
+            source = f.get(file_names[name])
             # Fresh (aligned) memory: numerics must not depend on where a tensor sat in the file.
             state[entry.param] = torch.empty(entry.shape, dtype=target, device=device).copy_(source)
             del source

@@ -131,6 +131,18 @@ def write_safetensors_streaming(path: Path, plan: dict[str, tuple[tuple[int, ...
     tmp.replace(path)
 
 
+def write_random_weights(path: Path, config: ModelConfig, seed: int, prefix_model: bool = True,
+                         drop_embed_tokens: bool = False, dtype: torch.dtype = torch.bfloat16,
+                         include_lm_heads: bool = True) -> dict:
+    """model.safetensors alone: every tensor of the config's weight spec, deterministic per (seed, name);
+    returns the plan written (name -> shape, dtype, source name)."""
+    plan = _tensor_plan(config, dtype, drop_embed_tokens, include_lm_heads)
+    if prefix_model:
+        plan = {OPTIONAL_PREFIX + name: value for name, value in plan.items()}
+    write_safetensors_streaming(path, plan, lambda name, shape, values: _random_tensor(name, shape, seed, values))
+    return plan
+
+
 def write_random_checkpoint(out_dir: str | Path, config: str | ModelConfig = "pi05_tiny", seed: int = 0,
                             norm_stats: str = "openpi", prefix_model: bool = True, drop_embed_tokens: bool = False,
                             dtype: torch.dtype = torch.bfloat16, include_lm_heads: bool = True,
@@ -150,11 +162,8 @@ def write_random_checkpoint(out_dir: str | Path, config: str | ModelConfig = "pi
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    plan = _tensor_plan(cfg, dtype, drop_embed_tokens, include_lm_heads)
-    if prefix_model:
-        plan = {OPTIONAL_PREFIX + name: value for name, value in plan.items()}
-    write_safetensors_streaming(out / WEIGHTS_FILE, plan,
-                                lambda name, shape, values: _random_tensor(name, shape, seed, values))
+    plan = write_random_weights(out / WEIGHTS_FILE, cfg, seed, prefix_model, drop_embed_tokens, dtype,
+                                include_lm_heads)
 
     stats = normalization.random_norm_stats(cfg.state_dim, cfg.action_dim, seed)
     if norm_stats == "openpi":

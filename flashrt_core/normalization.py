@@ -16,7 +16,14 @@ Files:
   checkpoint directory or under ``assets/<asset_id>/`` (openpi copies the training assets there);
 - lerobot >= 0.4: ``policy_preprocessor_step_<i>_normalizer_processor.safetensors`` (keys
   ``observation.state.<stat>`` and ``action.<stat>``) and ``policy_postprocessor_step_<i>_unnormalizer_processor
-  .safetensors`` (``action.<stat>``); pi0.5 uses step 2 and step 0.
+  .safetensors`` (``action.<stat>``). The step index moves between lerobot versions, so the file names are read
+  from ``policy_preprocessor.json`` / ``policy_postprocessor.json`` (each normalizer step's ``state_file``); a
+  folder without those JSON files is searched by the file name pattern.
+
+A lerobot normalizer step without a ``state_file`` holds no statistics: lerobot applies it as the identity
+(``lerobot/pi05_base`` ships such an empty normalizer). ``load_norm_stats`` returns None for it, as for a folder
+with no statistics at all, and ``locate_norm_stats`` says which of the two it is, so that ``load_model`` refuses
+with that reason and the ways to supply statistics (or ``require_norm_stats=False`` to run as lerobot does).
 """
 
 from __future__ import annotations
@@ -43,8 +50,12 @@ LEROBOT_PRE_FILE = "policy_preprocessor_step_2_normalizer_processor.safetensors"
 LEROBOT_POST_FILE = "policy_postprocessor_step_0_unnormalizer_processor.safetensors"
 LEROBOT_KEYS = {"state": "observation.state", "actions": "action"}  # our key -> lerobot feature name
 STAT_NAMES = ("mean", "std", "q01", "q99")
-
-
+LEROBOT_PRE_CONFIG = "policy_preprocessor.json"
+LEROBOT_POST_CONFIG = "policy_postprocessor.json"
+LEROBOT_NORMALIZER_STEPS = ("normalizer_processor", "unnormalizer_processor")  # lerobot's registry names
+SUPPLY_STATS = ("put the training data's statistics into the folder as norm_stats.json (openpi's format: "
+                '{"norm_stats": {"state": {mean, std, q01, q99}, "actions": {...}}}), or make a ready folder with '
+                "`flashrt-convert SRC DST --norm-stats FILE`")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,17 +167,24 @@ def random_norm_stats(state_dim: int, action_dim: int, seed: int = 0) -> NormSta
 # Loading
 
 
-def load_norm_stats(checkpoint_dir: str | Path, asset_id: str | None = None) -> NormStats | None:
-    """Statistics of a checkpoint directory, or None when it has none (the normalizer is then the identity).
+@dataclasses.dataclass(frozen=True)
+class StatsLocation:
+    """Where a checkpoint keeps its statistics: format ("openpi" | "lerobot" | None), the files, and a note
+    (which files, or why there are none)."""
 
-    Looks for ``norm_stats.json``, then ``assets/**/norm_stats.json`` (``asset_id`` picks one of several, e.g.
-    ``"physical-intelligence/libero"``), then lerobot's processor safetensors.
-    """
+    format: str | None
+    files: tuple[Path, ...]
+    note: str
+
+
+def locate_norm_stats(checkpoint_dir: str | Path, asset_id: str | None = None) -> StatsLocation:
+    """Find the statistics files: ``norm_stats.json``, then ``assets/**/norm_stats.json`` (``asset_id`` picks one
+    of several, e.g. ``"physical-intelligence/libero"``), then lerobot's normalizer safetensors."""
     directory = Path(checkpoint_dir)
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {directory}")
     if (directory / OPENPI_FILE).is_file():
-        return _load_openpi(directory / OPENPI_FILE)
+        return StatsLocation("openpi", (directory / OPENPI_FILE,), f"openpi {OPENPI_FILE}")
     assets = directory / "assets"
     candidates = sorted(assets.rglob(OPENPI_FILE)) if assets.is_dir() else []
     if asset_id is not None:
@@ -177,16 +195,77 @@ def load_norm_stats(checkpoint_dir: str | Path, asset_id: str | None = None) -> 
         names = [str(c.parent.relative_to(assets)) for c in candidates]
         raise CheckpointError(f"several {OPENPI_FILE} under {assets}: {names}; choose one with asset_id")
     if candidates:
-        return _load_openpi(candidates[0])
-    pre = sorted(directory.glob(LEROBOT_PRE_GLOB))
-    post = sorted(directory.glob(LEROBOT_POST_GLOB))
+        return StatsLocation("openpi", (candidates[0],),
+                             f"openpi assets/{candidates[0].parent.relative_to(assets)}/{OPENPI_FILE}")
+    pre, post, empty = lerobot_stats_files(directory)
     if pre or post:
-        return _load_lerobot(pre, post)
-    logger.info("no normalization statistics in %s: states and actions pass through unchanged", directory)
+        files = tuple(pre + post)
+        return StatsLocation("lerobot", files, "lerobot normalizer " + ", ".join(p.name for p in files))
+    if empty:
+        return StatsLocation(None, (), f"its lerobot normalizer steps ({', '.join(empty)}) hold no statistics "
+                                       "(lerobot applies them as the identity)")
+    return StatsLocation(None, (), f"no {OPENPI_FILE}, assets/*/{OPENPI_FILE} or lerobot normalizer safetensors")
+
+
+def lerobot_stats_files(directory: Path) -> tuple[list[Path], list[Path], list[str]]:
+    """(normalizer files, unnormalizer files, empty normalizer steps) of a lerobot folder: named by the normalizer
+    steps of policy_preprocessor.json / policy_postprocessor.json where those name them by registry name, else
+    found by the file name pattern."""
+    found: list[list[Path]] = []
+    empty: list[str] = []
+    for config_name, pattern in ((LEROBOT_PRE_CONFIG, LEROBOT_PRE_GLOB), (LEROBOT_POST_CONFIG, LEROBOT_POST_GLOB)):
+        config_path = directory / config_name
+        steps = _processor_steps(config_path) if config_path.is_file() else []
+        if not any(step.get("registry_name") in LEROBOT_NORMALIZER_STEPS for step in steps):
+            matches = sorted(directory.glob(pattern))
+            if len(matches) > 1:
+                raise CheckpointError(f"several files match {pattern} and no normalizer step of {config_name} "
+                                      f"names one: {[p.name for p in matches]}")
+            found.append(matches)
+            continue
+        files = []
+        for index, step in enumerate(steps):
+            if step.get("registry_name") not in LEROBOT_NORMALIZER_STEPS:
+                continue
+            if not step.get("state_file"):
+                empty.append(f"{config_name} step {index} {step['registry_name']}")
+                continue
+            path = directory / step["state_file"]
+            if not path.is_file():
+                raise CheckpointError(f"{config_path} step {index} names the statistics file {step['state_file']}, "
+                                      f"which is not in {directory}")
+            files.append(path)
+        found.append(files)
+    return found[0], found[1], empty
+
+
+def _processor_steps(path: Path) -> list[dict]:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON: {exc}") from exc
+    steps = record.get("steps") if isinstance(record, dict) else None
+    if not isinstance(steps, list) or not all(isinstance(step, dict) for step in steps):
+        raise CheckpointError(f"{path}: expected a lerobot processor pipeline (an object with a list 'steps')")
+    return steps
+
+
+def load_norm_stats(checkpoint_dir: str | Path, asset_id: str | None = None) -> NormStats | None:
+    """Statistics of a checkpoint directory (locate_norm_stats), or None when it has none (the normalizer is then
+    the identity)."""
+    location = locate_norm_stats(checkpoint_dir, asset_id)
+    if location.format == "openpi":
+        return load_openpi_file(location.files[0])
+    if location.format == "lerobot":
+        return _load_lerobot(list(location.files))
+    logger.info("no normalization statistics in %s (%s): states and actions pass through unchanged",
+                checkpoint_dir, location.note)
     return None
 
 
-def _load_openpi(path: Path) -> NormStats:
+def load_openpi_file(path: str | Path) -> NormStats:
+    """openpi's norm_stats.json at `path`."""
+    path = Path(path)
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -208,13 +287,11 @@ def _load_openpi(path: Path) -> NormStats:
     return NormStats(**features)
 
 
-def _load_lerobot(pre: list[Path], post: list[Path]) -> NormStats:
-    for found, pattern in ((pre, LEROBOT_PRE_GLOB), (post, LEROBOT_POST_GLOB)):
-        if len(found) > 1:
-            raise CheckpointError(f"several files match {pattern}: {[p.name for p in found]}")
-    # The unnormalizer's action stats are the ones applied to outputs; they win over the normalizer's copy.
+def _load_lerobot(files: list[Path]) -> NormStats:
+    """Normalizer files first, then the unnormalizer's: its action stats are the ones applied to outputs, so
+    they win over the normalizer's copy."""
     tensors: dict[str, tuple[np.ndarray, Path]] = {}
-    for path in pre + post:
+    for path in files:
         try:
             for name, value in load_file(str(path)).items():
                 tensors[name] = (value, path)
@@ -231,7 +308,8 @@ def _load_lerobot(pre: list[Path], post: list[Path]) -> NormStats:
         )
     if not features:
         names = sorted(tensors)
-        raise CheckpointError(f"{pre + post}: no 'observation.state.*' or 'action.*' statistics (keys: {names})")
+        raise CheckpointError(f"{[str(p) for p in files]}: no 'observation.state.*' or 'action.*' statistics "
+                              f"(keys: {names})")
     logger.info("loaded lerobot norm stats (%s)", ", ".join(f"{k} {v.dim}" for k, v in features.items()))
     return NormStats(**features)
 

@@ -51,6 +51,8 @@ TOOLS = {
     "demo_bag": "flashrt_ros.demo_bag",
     "chunk_plots": "flashrt_ros.chunk_plots",
     "fixture": "flashrt_core.fixtures",
+    "inspect": "flashrt_core.checkpoint_inspect",
+    "convert": "flashrt_core.checkpoint_convert",
 }
 
 
@@ -114,3 +116,11 @@ def chunk_plots() -> int:
 
 def fixture() -> int:
     return run("fixture")
+
+
+def inspect() -> int:
+    return run("inspect")
+
+
+def convert() -> int:
+    return run("convert")

@@ -82,3 +82,43 @@ def test_robot_dims_follow_the_stats_unless_explicit(tmp_path):
     with pytest.raises(CheckpointError, match="config action_dim=9 but the norm stats"):
         fit_robot_dims(get_config("pi05", action_dim=9), stats, frozenset({"action_dim"}), tmp_path)
     assert fit_robot_dims(get_config("pi05"), None, frozenset(), tmp_path).state_dim == 32
+
+
+# openpi's examples/convert_jax_model_to_pytorch.py writes exactly these fields.
+OPENPI_CONVERTED = {"action_dim": 32, "action_horizon": 15, "paligemma_variant": "gemma_2b",
+                    "action_expert_variant": "gemma_300m", "precision": "bfloat16"}
+
+
+def test_openpi_converted_config_takes_its_type_from_the_weights(tmp_path):
+    from flashrt_core.fixture_layouts import write_layout
+    pi0 = write_layout(tmp_path / "pi0", "openpi_pytorch", "pi0_tiny", seed=1)
+    cfg, explicit = resolve_config(None, pi0)
+    assert (cfg.name, cfg.action_horizon, cfg.norm_mode) == ("pi0_tiny", 50, NormMode.ZSCORE) and not explicit
+    full = write(tmp_path / "full", "config.json", OPENPI_CONVERTED)
+    with pytest.raises(CheckpointError, match="model.safetensors"):    # no weights: pi0 or pi0.5 is unknown
+        resolve_config(None, full)
+
+
+def test_openpi_converted_config_fields(tmp_path):
+    from flashrt_core.checkpoint_config import openpi_converted_overrides
+    from flashrt_core.config import ModelType
+    preset, overrides = openpi_converted_overrides(OPENPI_CONVERTED, ModelType.PI05, tmp_path)
+    assert (preset, overrides) == ("pi05", {"action_horizon": 15, "max_action_dim": 32})
+    assert openpi_converted_overrides(dict(OPENPI_CONVERTED, paligemma_variant="gemma_2b_lora"), ModelType.PI0,
+                                      tmp_path)[0] == "pi0"
+    with pytest.raises(CheckpointError, match="paligemma_variant 'gemma_7b'; known:"):
+        openpi_converted_overrides(dict(OPENPI_CONVERTED, paligemma_variant="gemma_7b"), ModelType.PI05, tmp_path)
+    with pytest.raises(CheckpointError, match="no pi05 preset has a gemma_300m backbone"):
+        openpi_converted_overrides(dict(OPENPI_CONVERTED, paligemma_variant="gemma_300m"), ModelType.PI05, tmp_path)
+
+
+def test_lerobot_variants_pick_the_preset(tmp_path):
+    write(tmp_path, "config.json", dict(LEROBOT_PI05, paligemma_variant="flashrt_tiny",
+                                        action_expert_variant="flashrt_tiny_expert"))
+    assert resolve_config(None, tmp_path)[0].name == "pi05_tiny"
+
+
+def test_weights_name_the_preset_where_nothing_else_does(tmp_path):
+    from flashrt_core.fixtures import write_random_weights
+    write_random_weights(tmp_path / "model.safetensors", get_config("pi0_tiny"), seed=0)
+    assert resolve_config(None, tmp_path)[0].name == "pi0_tiny"

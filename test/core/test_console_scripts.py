@@ -33,7 +33,7 @@ def run_tool(tool: str, *args: str, blocked: tuple[str, ...] = ()) -> subprocess
 
 def test_every_executable_runs_through_the_table():
     """CMakeLists.txt's executables and setup.py's console scripts are the tools of console_scripts.TOOLS."""
-    cmake = dict(re.findall(r'"(\w+):(flashrt_ros\.\w+):main"', (REPO_ROOT / "CMakeLists.txt").read_text()))
+    cmake = dict(re.findall(r'"(\w+):(flashrt_(?:ros|core)\.\w+):main"', (REPO_ROOT / "CMakeLists.txt").read_text()))
     assert cmake == {name: module for name, module in TOOLS.items() if name != "fixture"}
     console = re.findall(r'"flashrt-([\w-]+)=flashrt_ros\.console_scripts:(\w+)"', (REPO_ROOT / "setup.py").read_text())
     assert sorted(function for _, function in console) == sorted(TOOLS)

@@ -82,11 +82,11 @@ def test_launch_file_executable_is_installed_and_importable(launch_tree):
     assert executable in executables, f"{executable!r} is not installed by CMakeLists.txt: {sorted(executables)}"
     module, function = executables[executable]
     assert callable(getattr(importlib.import_module(module), function))
-    # the installed executable and the pip console script both run the module through console_scripts
+    # the pip console script runs the same module, through flashrt_ros.console_scripts' table of tools
     from flashrt_ros.console_scripts import TOOLS
-    assert TOOLS[executable] == module
     setup_py = (REPO_ROOT / "setup.py").read_text()
-    assert f"flashrt_ros.console_scripts:{executable}\"" in setup_py, "setup.py has no console script for it"
+    assert TOOLS[executable] == module, "console_scripts.TOOLS does not run the executable's module"
+    assert f"=flashrt_ros.console_scripts:{executable}\"" in setup_py, "setup.py has no console script for it"
 
 
 def test_launch_file_default_params_file_exists_and_is_installed(launch_tree):

@@ -235,3 +235,55 @@ def test_malformed_lerobot_files(tmp_path):
     save_file({"observation.images.base.mean": np.zeros(3, np.float32)}, str(tmp_path / LEROBOT_PRE_FILE))
     with pytest.raises(CheckpointError, match="no 'observation.state.\\*' or 'action.\\*' statistics"):
         load_norm_stats(tmp_path)
+
+
+def processor(directory, name, steps):
+    (directory / f"{name}.json").write_text(json.dumps({"name": name, "steps": steps}))
+
+
+def test_lerobot_statistics_files_are_named_by_the_processor_json(tmp_path, stats):
+    """Newer lerobot versions insert steps, so the normalizer's file name comes from the JSON, not a pattern."""
+    written = stats.save_lerobot(tmp_path / "src")
+    (written[0]).rename(tmp_path / "policy_preprocessor_step_5_normalizer_processor.safetensors")
+    (written[1]).rename(tmp_path / "policy_postprocessor_step_0_unnormalizer_processor.safetensors")
+    save_file({"action.mean": np.zeros(7, np.float32), "action.std": np.ones(7, np.float32)},
+              str(tmp_path / "policy_preprocessor_step_2_normalizer_processor.safetensors"))   # a stale file
+    processor(tmp_path, "policy_preprocessor", [{"registry_name": "to_batch_processor", "config": {}}] * 5 + [
+        {"registry_name": "normalizer_processor", "config": {},
+         "state_file": "policy_preprocessor_step_5_normalizer_processor.safetensors"}])
+    processor(tmp_path, "policy_postprocessor", [
+        {"registry_name": "unnormalizer_processor", "config": {},
+         "state_file": "policy_postprocessor_step_0_unnormalizer_processor.safetensors"}])
+    assert_stats_equal(load_norm_stats(tmp_path), stats, rtol=FLOAT32_RTOL)
+    (tmp_path / "policy_postprocessor_step_0_unnormalizer_processor.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="step 0 names the statistics file policy_postprocessor_step_0_"):
+        load_norm_stats(tmp_path)
+
+
+def test_an_empty_lerobot_normalizer_is_no_statistics_and_says_so(tmp_path):
+    from flashrt_core.normalization import locate_norm_stats
+    processor(tmp_path, "policy_preprocessor", [{"registry_name": "normalizer_processor", "config": {}}])
+    processor(tmp_path, "policy_postprocessor", [{"registry_name": "unnormalizer_processor", "config": {}}])
+    assert load_norm_stats(tmp_path) is None
+    location = locate_norm_stats(tmp_path)
+    assert location.format is None and "policy_preprocessor.json step 0 normalizer_processor" in location.note
+    assert "hold no statistics" in location.note
+    (tmp_path / "policy_preprocessor.json").write_text("{\"steps\": 3}")
+    with pytest.raises(CheckpointError, match="expected a lerobot processor pipeline"):
+        load_norm_stats(tmp_path)
+
+
+def test_several_normalizer_files_without_the_json_are_refused(tmp_path, stats):
+    stats.save_lerobot(tmp_path)
+    (tmp_path / LEROBOT_PRE_FILE).rename(tmp_path / "policy_preprocessor_step_4_normalizer_processor.safetensors")
+    stats.save_lerobot(tmp_path)
+    with pytest.raises(CheckpointError, match="several files match .* no normalizer step of policy_preprocessor.json"):
+        load_norm_stats(tmp_path)
+
+
+def test_processor_json_without_normalizer_registry_names_falls_back_to_the_file_names(tmp_path, stats):
+    """Steps saved by class path instead of registry name name no normalizer: the files are found by pattern."""
+    stats.save_lerobot(tmp_path)
+    processor(tmp_path, "policy_preprocessor", [{"class": "my_pkg.MyNormalizer", "config": {},
+                                                 "state_file": LEROBOT_PRE_FILE}])
+    assert_stats_equal(load_norm_stats(tmp_path), stats, rtol=FLOAT32_RTOL)
