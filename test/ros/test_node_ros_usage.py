@@ -32,7 +32,8 @@ pytestmark = pytest.mark.ros
 
 CHUNK_TIMEOUT_S = 60.0
 SERVICE_TIMEOUT_S = 20.0
-CONFIG_FILES = sorted((Path(__file__).resolve().parents[2] / "config").glob("*.yaml"))
+CONFIG_FILES = sorted(p for p in (Path(__file__).resolve().parents[2] / "config").glob("*.yaml")
+                      if p.name != "action_executor.yaml")      # the policy node's (the executor has its own)
 # what `ros2 topic pub` uses unless told otherwise: reliable, volatile
 TOPIC_PUB_QOS = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE)
 
