@@ -13,11 +13,10 @@ import enum
 from typing import Any, Sequence
 
 from rcl_interfaces.msg import ParameterType, SetParametersResult
-from rclpy.parameter import Parameter
 
 from flashrt_ros.chunk_schedule import Switching
 from flashrt_ros.node_parameters import (UNCONFIGURED, Changeable, ParamSpec, SettingsError, check_spec_value,
-                                         declare_specs, spec_markdown_table)
+                                         declare_specs, set_parameters_result, spec_markdown_table, spec_value)
 
 
 class OutputType(enum.Enum):
@@ -89,11 +88,6 @@ def declare_parameters(node) -> None:
     declare_specs(node, PARAMETERS)
 
 
-def parameter_value(node, name: str) -> Any:
-    parameter = node.get_parameter_or(name, None)
-    if parameter is None or parameter.type_ == Parameter.Type.NOT_SET:
-        return SPECS[name].default
-    return parameter.value
 
 
 def validate(name: str, value: Any) -> str | None:
@@ -113,12 +107,7 @@ def validate(name: str, value: Any) -> str | None:
 def on_set_parameters(parameters: Sequence, lifecycle_state: str = UNCONFIGURED) -> SetParametersResult:
     """rclpy on-set callback: every value valid, and a configure-time parameter only while the node is
     unconfigured (it is read at the next configure; set later, it would silently not apply)."""
-    reasons = [reason for parameter in parameters if (reason := validate(parameter.name, parameter.value))]
-    if lifecycle_state != UNCONFIGURED:
-        reasons += [f"{parameter.name} is read at configure: set it while the node is unconfigured (it is "
-                    f"{lifecycle_state}; deactivate and cleanup first)"
-                    for parameter in parameters if parameter.name in CONFIGURE_PARAMETERS]
-    return SetParametersResult(successful=not reasons, reason="; ".join(reasons))
+    return set_parameters_result(parameters, lifecycle_state, validate, CONFIGURE_PARAMETERS)
 
 
 def settings_from_values(values: dict[str, Any]) -> ExecutorSettings:
@@ -135,7 +124,7 @@ def settings_from_values(values: dict[str, Any]) -> ExecutorSettings:
 
 
 def read_settings(node) -> ExecutorSettings:
-    return settings_from_values({name: parameter_value(node, name) for name in SPECS})
+    return settings_from_values({spec.name: spec_value(node, spec) for spec in PARAMETERS})
 
 
 def markdown_table() -> str:

@@ -13,7 +13,7 @@ time (docs/benchmarks/node_overhead_h200_2026-11-29.md, stall watch and native s
 
 rclpy's experimental EventsExecutor is not offered: in the node-overhead benchmark on the 2-core development
 machine (Kilted wheels, 2026-11-29) its process spun at 100% CPU, never finished a run and ignored SIGTERM.
-Tried again in session 4: same result, with the busy thread inside rclpy's native events executor reading the
+A second try gave the same result, with the busy thread inside rclpy's native events executor reading the
 clock in a loop (gdb), while a plain subscriber node under it received 640x480 pairs ~0.5 ms sooner than under
 the SingleThreadedExecutor. Worth another look when rclpy's implementation changes.
 """

@@ -261,12 +261,17 @@ def declare_parameters(node) -> None:
     declare_specs(node, PARAMETERS)
 
 
-def parameter_value(node, name: str) -> Any:
-    """Value of parameter ``name`` of ``node``; the spec's default where the parameter is unset."""
-    parameter = node.get_parameter_or(name, None)
+def spec_value(node, spec: ParamSpec) -> Any:
+    """Value of the parameter of ``spec`` on ``node``; the spec's default where the parameter is unset."""
+    parameter = node.get_parameter_or(spec.name, None)
     if parameter is None or parameter.type_ == Parameter.Type.NOT_SET:
-        return SPECS[name].default
+        return spec.default
     return parameter.value
+
+
+def parameter_value(node, name: str) -> Any:
+    """Value of the policy node's parameter ``name``; its default where the parameter is unset."""
+    return spec_value(node, SPECS[name])
 
 
 def check_spec_value(spec: ParamSpec, value: Any) -> str | None:
@@ -314,11 +319,18 @@ def validate(name: str, value: Any) -> str | None:
 def on_set_parameters(parameters: Sequence, lifecycle_state: str = UNCONFIGURED) -> SetParametersResult:
     """rclpy on-set callback: reject the whole set if any value is invalid, or if it sets a configure-time
     parameter while the node is not unconfigured (the value would silently not apply); the reason names each."""
-    reasons = [reason for parameter in parameters if (reason := validate(parameter.name, parameter.value))]
+    return set_parameters_result(parameters, lifecycle_state, validate, CONFIGURE_PARAMETERS)
+
+
+def set_parameters_result(parameters: Sequence, lifecycle_state: str, validate_value,
+                          configure_names: Sequence[str]) -> SetParametersResult:
+    """The on-set answer of a lifecycle node: every value valid by ``validate_value(name, value)``, and none of
+    ``configure_names`` (read at configure) set unless the node is unconfigured; the reason names each problem."""
+    reasons = [reason for parameter in parameters if (reason := validate_value(parameter.name, parameter.value))]
     if lifecycle_state != UNCONFIGURED:
         reasons += [f"{parameter.name} is read at configure: set it while the node is unconfigured (it is "
                     f"{lifecycle_state}; deactivate and cleanup first)"
-                    for parameter in parameters if parameter.name in CONFIGURE_PARAMETERS]
+                    for parameter in parameters if parameter.name in configure_names]
     return SetParametersResult(successful=not reasons, reason="; ".join(reasons))
 
 
@@ -464,4 +476,4 @@ if __name__ == "__main__":
 __all__ = ["CONFIGURE_PARAMETERS", "PARAMETERS", "RUNTIME_PARAMETERS", "SPECS", "Changeable", "NodeSettings",
            "ParamSpec", "SettingsError", "StateInput", "TriggerMode", "check_spec_value", "declare_parameters",
            "declare_specs", "markdown_table", "on_set_parameters", "parameter_value", "read_settings",
-           "settings_from_values", "spec_markdown_table", "validate"]
+           "set_parameters_result", "settings_from_values", "spec_markdown_table", "spec_value", "validate"]

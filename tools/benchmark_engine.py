@@ -206,7 +206,7 @@ def compile_reference(ref: ReferenceExecutor, mode: str, scope: str, backend: st
     """The reference's sample_actions under torch.compile; same signature, run it under torch.no_grad().
 
     scope "whole": the whole sample_actions, the 10 Euler steps unrolled into one graph (did not finish compiling
-    in 420 s on the H200, session 4). scope "stages": the model's three stages compiled one by one (COMPILED_STAGES);
+    in 420 s on the H200). scope "stages": the model's three stages compiled one by one (COMPILED_STAGES);
     the denoise step is traced once and reused by the 10 Euler steps, which stay a Python loop, as in the eager
     reference (did not finish in 390 s). scope "layers": PyTorch's regional compilation, each transformer layer
     compiled on its own (SigLIP layers whole, Gemma layers as their qkv and finish halves around the joint
@@ -272,7 +272,7 @@ def compile_cells(args) -> list[tuple[str, int, int]]:
     """The (config, views, horizon) cells the compiled reference is timed at: pi0.5 at 2 views and horizon 10 (the
     targets' cell), or with --compile-grid every cell of the run (--configs x --views x --horizons), the horizons
     of a view count one after the other: their vision tower and prefix have the same shapes, so the later cell
-    can take those graphs from inductor's on-disk cache (run 49's compilation: ~150 of its 187 s were the vision
+    can take those graphs from inductor's on-disk cache (in one measured compilation ~150 of 187 s were the vision
     tower's and the prefix's layers, ~35 s the expert's)."""
     if not args.compile_grid:
         return [("pi05", 2, 10)]
@@ -532,7 +532,7 @@ def speedup_table(rows: list[dict]) -> list[str]:
 def compile_times(rows: list[dict]) -> list[str]:
     """A line per compiled-reference row that reached its first call: how long that call took (the compilation of
     its regions; in a merged result, then the run it came from) and inductor's cache lookups in its child (rows
-    written before session 21 have none)."""
+    written by older versions of this tool have none)."""
     out = []
     for r in rows:
         if r["variant"].startswith("reference_compile") and "first_call_s" in r:

@@ -21,14 +21,14 @@ in a CUDA graph and replayed (GPU time per call, no launch overhead):
                     cuBLAS; whether a Triton GEMM beats the library at these shapes (--no-inductor skips it)
     fp8_inductor    the fp8_fast GEMM under the same torch.compile: Inductor's Triton scaled-mm templates against
                     cuBLASLt's FP8 kernel, which runs the 576-row gate/up with its GeGLU at 590-650 TFLOP/s
-                    (session 14), a third of the H200's dense FP8 peak
+                    on the H200, a third of its dense FP8 peak
 
     python tools/benchmark_wide_gemms.py --views 2 --out docs/benchmarks/wide_gemms_<gpu>_<date>.json
 
 Prints a markdown table (us per call and TFLOP/s); the JSON holds the same with GPU, driver and versions.
 On a machine without CUDA, `--device cpu` runs every form once on small shapes (a check that the tool works).
-Session 7 also timed a hand-written tiled Triton GEMM (kernels/flashrt_kernels/wide_gemm.py) here; on the H200 it lost to cuBLAS by
-1.3-3.4x at every shape and was removed (docs/benchmarks/engine_h200_2026-11-29_notes.md, session 8).
+A hand-written tiled Triton GEMM lost to cuBLAS by 1.3-3.4x at every shape on the H200 and is not among the forms
+(docs/benchmarks/engine_h200_2026-11-29_notes.md).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@
 #   that have no compiled row yet (runs 43 and 49 timed it at the two 2-view horizon-10 cells only), beside an eager
 #   row per cell in the same run, no engines (--references-only --compile-grid). The cells are $COMPILE_CONFIGS x
 #   $COMPILE_VIEWS x $COMPILE_HORIZONS (default pi05 x 1 x "10 50"), a view count's horizons in turn: the second
-#   can take the vision tower's and the prefix's graphs from inductor's disk cache (~150 of run 49's 187 s of
+#   can take the vision tower's and the prefix's graphs from inductor's disk cache (~150 of one measured run's 187 s of
 #   compilation), so two cells should fit a call (estimated). Each cell runs within 300 s and what is left of the
 #   call's 540 s (engine_compile_cells_*.json/.md with each cell's compilation time and cache lookups,
 #   compile_cells.log, one compile_<cell>_layers.log per cell).
