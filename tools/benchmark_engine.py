@@ -9,7 +9,7 @@ For each config (pi05, pi0), number of views (1/2/3) and horizon (10/50) on full
 plus the accuracy gate (cosine vs the fp32 reference, same weights and noise) per config.
 Writes <out-dir>/engine_<gpu>_<date>.json (updated after every measurement) and .md.
 
-  python tools/benchmark_engine.py --ckpt-root /tmp/ckpt --out-dir docs/benchmarks
+  python tools/benchmark_engine.py --ckpt-root /tmp/ckpt --out-dir docs/benchmarks/$(date +%F)
 """
 
 from __future__ import annotations

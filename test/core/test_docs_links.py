@@ -78,3 +78,22 @@ def test_the_benchmark_index_names_every_result_file():
         sibling_linked = any(p.parent == f.parent and p.stem == f.stem for p in linked)
         assert f.resolve() in linked or f.name in named or sibling_linked, \
             f"docs/benchmarks/README.md does not name {f.relative_to(BENCH)}"
+
+
+# Where code, tools and tests cite a result file by its path. (flashrt_core joins this list once its comments cite
+# the dated folders.)
+SOURCES = ["README.md", "docs", "tools", "flashrt_ros", "kernels", "test"]
+CITED = re.compile(r"docs/benchmarks/([A-Za-z0-9_./-]+\.(?:md|json|log|txt))")
+
+
+def test_every_result_file_cited_by_path_exists():
+    missing = []
+    for root in SOURCES:
+        paths = [REPO / root] if root.endswith(".md") else sorted((REPO / root).rglob("*"))
+        for path in paths:
+            if path.suffix not in (".py", ".md", ".sh") or not path.is_file():
+                continue
+            for name in CITED.findall(path.read_text(errors="replace")):
+                if not (BENCH / name).is_file():
+                    missing.append(f"{path.relative_to(REPO)}: docs/benchmarks/{name}")
+    assert not missing, f"cited result files that are not there: {missing}"
