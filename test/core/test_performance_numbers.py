@@ -58,6 +58,9 @@ def test_the_targets_and_gates_quote_the_latest_engine_calls():
     assert (f"pi0.5 {cos['pi0.5', 'bf16']} bf16 / {cos['pi0.5', 'fp8']} FP8, "
             f"pi0 {cos['pi0', 'bf16']} / {cos['pi0', 'fp8']}") in " ".join(PAGE.split())
     assert f"{cos['pi0.5', 'bf16']} / {cos['pi0.5', 'fp8']} | met" in PAGE
+    fp8 = sorted(cos[m, "fp8"] for m in ENGINE)
+    assert cos["pi0.5", "bf16"] == cos["pi0", "bf16"]
+    assert f"{cos['pi0', 'bf16']} in bf16, {fp8[0]}-{fp8[1]} with FP8" in " ".join(README.split())
 
 
 def test_the_compile_row_quotes_the_call_that_timed_it_beside_the_engine():
