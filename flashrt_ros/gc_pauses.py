@@ -3,7 +3,7 @@
 A full (generation 2) collection walks every container object the interpreter tracks, with the GIL held: no
 callback, no inference thread, no publisher of the process runs meanwhile. A loaded model brings torch, Triton,
 the engine and rclpy: hundreds of thousands to millions of long-lived objects. On the GPU benchmark machine
-(docs/benchmarks/node_overhead_h200_2026-11-29.md) full collections under a 60 Hz camera stream took
+(tools/benchmark_node_overhead.py, 2026-11-29) full collections under a 60 Hz camera stream took
 169 ms median / 230 ms p99 without the freeze and 2.3 / 129 ms with it. (The longer 0.1-2.9 s stalls of those
 runs were the multi-threaded executor's spin loop, flashrt_ros.node_executor, not the collector.)
 ``freeze_objects`` moves everything alive after configure into the permanent generation (``gc.freeze``), so later

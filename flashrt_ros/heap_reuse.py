@@ -12,7 +12,7 @@ zero again: a few hundred page faults per frame per buffer, on the callback's cr
 mapped and the next frame reuses them. Measured with ``tools/benchmark_node_overhead.py`` (its transport floor: a
 plain subscriber, capture -> the later frame of a 640x480 pair, before and after this call in one process): on the
 H200 machine 4.42 -> 2.13 ms median, 5.81 -> 2.90 ms p99; on the 2-core dev machine 8.61 -> 4.19 ms median
-(docs/benchmarks/node_overhead_h200_2026-11-29.md, node_overhead_2026-11-29.md). The price: up to 256 MiB of
+(2026-11-29). The price: up to 256 MiB of
 freed memory stays with the process instead of going back to the kernel.
 
 Process-wide and one-way (glibc has no "back to the dynamic defaults"): the node applies it at configure when its

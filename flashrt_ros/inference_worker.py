@@ -12,7 +12,7 @@ once it returns, nothing computed before it is ever delivered, even after a late
 idle, so the thread starts on the observation at once instead of waiting until the callback's thread next
 blocks or the interpreter's switch interval (5 ms) forces a switch. On the 2-core development machine (CPU
 inference, 3 Hz camera pairs, so every observation finds the thread idle) the wait of a complete observation for
-the thread fell from 1.13 ms to 0.20-0.25 ms median (docs/benchmarks/node_overhead_2026-11-29.md).
+the thread fell from 1.13 ms to 0.20-0.25 ms median (tools/benchmark_node_overhead.py, 2026-11-29).
 
 ``handover_timeout_s`` (> 0; 0 = off): a notifying callback that finds the thread idle then waits, with the GIL
 released, until the thread has taken the job and ``prepare()`` has built it, at most this long. The yield above
@@ -22,7 +22,7 @@ conversion do not compete with the executor for the GIL. The callback never wait
 wait ends when ``prepare()`` returns, or at the timeout.
 
 The node's default is ``DEFAULT_HANDOVER_TIMEOUT_S``. On the GPU benchmark machine (H200 host, 16 cores, 2026-12-01,
-docs/benchmarks/node_handover_h200_2026-12-01.md) it cut the queue wait p99 from 1.18 to 0.35 ms and the node's own
+docs/benchmarks/2026-12-01/node_handover_h200.md) it cut the queue wait p99 from 1.18 to 0.35 ms and the node's own
 share p99 from 1.48 to 0.68 ms, medians unchanged; on the 2-core development machine p99 1.0-2.1 -> 0.5-0.8 ms.
 
 ``run_on_thread(fn)`` runs other model work (warm-up, graph capture) on the same thread, so every call into

@@ -5,7 +5,7 @@ one thread spins them all. rclpy's MultiThreadedExecutor is the wrong tool for s
 a mutually exclusive group runs on a worker, the group's next message keeps the wait set ready, and the spin
 thread loops in Python without blocking. On the GPU benchmark machine (16 cores) that loop took a whole CPU and
 the GIL with it: every other thread of the process, the inference thread included, stopped for 0.1-2.9 s at a
-time (docs/benchmarks/node_overhead_h200_2026-11-29.md, stall watch and native stacks).
+time (tools/benchmark_node_overhead.py's stall watch and native stacks, 2026-11-29).
 
 - ``single_threaded`` (default): rclpy's SingleThreadedExecutor; a ready callback runs at once, the spin thread
   blocks in the middleware's wait when nothing is ready.

@@ -11,7 +11,7 @@ for each key block of the decoder's early-K/V path (the launchers' key_block). E
 the block over 18 layers (their own weights and caches, as the denoiser does), launched with programmatic dependent
 launch, captured in a CUDA graph and replayed; the time is GPU time per layer (CUDA events around the replays).
 
-    python tools/benchmark_attention.py --out docs/benchmarks/attention_<gpu>_<date>.json
+    python tools/benchmark_attention.py --out docs/benchmarks/<date>/attention_<gpu>.json
 
 Prints a markdown table; the JSON holds the same numbers with the GPU, driver, torch and Triton versions.
 """

@@ -3,7 +3,7 @@
 seams at chunk switches and missed deadlines for naive execution (each chunk from its first row at arrival),
 stamp-aware `latest` and `temporal_fusion`, with the observation-to-chunk delay swept over 0-300 ms.
 
-    python tools/benchmark_chunk_execution.py --out docs/benchmarks/chunk_execution_cpu_<date>.md
+    python tools/benchmark_chunk_execution.py --out docs/benchmarks/<date>/chunk_execution_cpu.md
 
 The chunk source is scripted (closed_loop_sim.scripted_chunk): the target trajectory planned from the observed
 plant, the tracking error fed back, and a constant offset drawn per chunk as model error."""

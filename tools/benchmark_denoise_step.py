@@ -7,7 +7,7 @@ Weights: a full-size checkpoint (--ckpt-root, written there when missing), or wi
 parameters filled in place on the GPU (normal, std 0.02: the timing does not depend on the values, and the load
 takes seconds instead of a checkpoint write).
 
-    python3 tools/benchmark_denoise_step.py --random-init --out docs/benchmarks
+    python3 tools/benchmark_denoise_step.py --random-init --out docs/benchmarks/$(date +%F)
 
 Writes denoise_step_<gpu>_<date>.json / .md into --out; prints the table last.
 """

@@ -9,7 +9,7 @@ For each config (pi05, pi0), number of views (1/2/3) and horizon (10/50) on full
 plus the accuracy gate (cosine vs the fp32 reference, same weights and noise) per config.
 Writes <out-dir>/engine_<gpu>_<date>.json (updated after every measurement) and .md.
 
-  python tools/benchmark_engine.py --ckpt-root /tmp/ckpt --out-dir docs/benchmarks
+  python tools/benchmark_engine.py --ckpt-root /tmp/ckpt --out-dir docs/benchmarks/$(date +%F)
 """
 
 from __future__ import annotations
@@ -557,7 +557,7 @@ MERGE_ENV_FIELDS = ("gpu", "driver", "torch", "cuda", "triton")
 
 def merge_results(paths: list[Path]) -> dict:
     """One result from the JSONs of several runs of this tool on one machine's software (a grid too long for one
-    device call: runs 40-43 of the notes): their rows, gates, errors and notes in order, each row with the run it
+    device call): their rows, gates, errors and notes in order, each row with the run it
     came from ("source": the file's stem). Runs on another GPU, driver, torch, CUDA or Triton are refused."""
     if len(paths) < 2:
         raise ValueError("--merge needs two or more result files")

@@ -2,7 +2,7 @@
 """Benchmark: policy node overhead = staleness - inference time, two 640x480 cameras at 30 Hz.
 
     .venv/bin/python tools/benchmark_node_overhead.py [--duration 30] [--device auto] [--encoding rgb8]
-        [--output docs/benchmarks/node_overhead_<date>.md]
+        [--output docs/benchmarks/<date>/node_overhead.md]
 
 Two processes over loopback DDS, as on a robot: this one runs the policy node (embedded demo checkpoint,
 parameters from config/demo_two_cameras.yaml); a child process (``--feeder``) is the camera driver: it
@@ -35,7 +35,7 @@ capture stamp into the header bytes and hands rclpy the bytes (one copy into the
 driver that fills its message and publishes would. The default feeder publishes rclpy Image messages, which rclpy
 converts from Python and serializes on every publish. Measured on the development machine, both cost the same
 ~1.1 ms per 640x480 frame, about half of it only once a subscriber is matched (the report's last row: the same
-publish() to a topic no one reads): docs/benchmarks/transport_floor_devmachine_2026-11-30_session8.md.
+publish() to a topic no one reads): docs/benchmarks/2026-11-30/transport_floor_devmachine.md.
 """
 
 from __future__ import annotations

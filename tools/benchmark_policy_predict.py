@@ -7,7 +7,7 @@ actions in host memory. tools/benchmark_engine.py measures the engine alone; thi
 Each row names the prompt's token count and the text bucket it runs in: pi0.5's prompt carries the state as 32
 numbers in text (142 tokens with the fixtures' tokenizer), far longer than the engine benchmark's 48.
 
-    python tools/benchmark_policy_predict.py --checkpoint DIR [--views 2] [--calls 200] [--out docs/benchmarks]
+    python tools/benchmark_policy_predict.py --checkpoint DIR [--views 2] [--calls 200] [--out docs/benchmarks/<date>]
         [--tuning-cache DIR]
 
 --tuning-cache DIR (an empty directory) measures the load with the engine's tuning cache instead: three loads with

@@ -17,7 +17,7 @@ Every form is first checked against the fp32 softmax attention on the same input
 printed), then timed: 18 calls (one per backbone layer) captured in a CUDA graph, the graph replayed, GPU time per
 call (median over replays). A form that cannot run here is listed with its error.
 
-    python tools/benchmark_prefix_attention.py --out docs/benchmarks/prefix_attention_<gpu>_<date>.json
+    python tools/benchmark_prefix_attention.py --out docs/benchmarks/<date>/prefix_attention_<gpu>.json
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ drift for every bucket), plus each bucket's capture seconds (what warming it up 
 pi0.5's prompt carries the discretized state (32 numbers in text), so real pi0.5 prompts run past 128 tokens;
 with the buckets (64, 128) they all pay for max_token_len (200). The table says what finer buckets would save.
 
-    python tools/benchmark_text_buckets.py --ckpt-root /tmp/full --config pi05 --views 2 --out-dir docs/benchmarks
+    python tools/benchmark_text_buckets.py --ckpt-root /tmp/full --config pi05 --views 2 --out-dir docs/benchmarks/$(date +%F)
 """
 
 from __future__ import annotations

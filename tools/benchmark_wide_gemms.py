@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark of the wide GEMMs (hundreds of rows) of the vision tower and the prefix, each form the engine could run.
 
-Session 7's timeline of a bf16 replay (docs/benchmarks/engine_h200_2026-11-29_notes.md) put the vision tower at
+A timeline of a bf16 replay (tools/profile_engine_timeline.py, 2026-11-30) put the vision tower at
 ~25 % of the H200's dense bf16 peak: its 512-row GEMMs take 10-12 us each, whatever their FLOPs. This tool times
 every wide GEMM shape of pi0.5 (vision: QKV, O, fc1 with its tanh GELU, fc2 at 256 rows per view; prefix: QKV, O,
 gate/up with its GeGLU, down at 256 rows per view + 64 text slots) in the forms below, each captured `--reps` times
@@ -23,12 +23,12 @@ in a CUDA graph and replayed (GPU time per call, no launch overhead):
                     cuBLASLt's FP8 kernel, which runs the 576-row gate/up with its GeGLU at 590-650 TFLOP/s
                     on the H200, a third of its dense FP8 peak
 
-    python tools/benchmark_wide_gemms.py --views 2 --out docs/benchmarks/wide_gemms_<gpu>_<date>.json
+    python tools/benchmark_wide_gemms.py --views 2 --out docs/benchmarks/<date>/wide_gemms_<gpu>.json
 
 Prints a markdown table (us per call and TFLOP/s); the JSON holds the same with GPU, driver and versions.
 On a machine without CUDA, `--device cpu` runs every form once on small shapes (a check that the tool works).
 A hand-written tiled Triton GEMM lost to cuBLAS by 1.3-3.4x at every shape on the H200 and is not among the forms
-(docs/benchmarks/engine_h200_2026-11-29_notes.md).
+(docs/engine.md, "Tried and rejected").
 """
 
 from __future__ import annotations

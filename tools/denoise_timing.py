@@ -23,7 +23,7 @@ def add_ab_args(ap) -> None:
     --random-init (no checkpoint), --out (the report's directory), --rounds and --replays (interleaved timing)."""
     ap.add_argument("--ckpt-root", default="/tmp/full")
     ap.add_argument("--random-init", action="store_true")
-    ap.add_argument("--out", default="docs/benchmarks")
+    ap.add_argument("--out", default=f"docs/benchmarks/{datetime.date.today().isoformat()}")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--replays", type=int, default=30)
 

@@ -5,7 +5,7 @@ Triton lowers each kernel ahead of time for an H100/H200 (``GPUTarget("cuda", 90
 assembles the cubin, and its bundled ``cuobjdump -res-usage`` reads back registers per thread, the local-memory
 stack (spills) and shared memory. Only Triton is needed, so this runs in CI. It found that the denoiser's early-K/V
 attention (64-key blocks held across the PDL wait) compiled to 32 registers and ~9 KB of spills per thread, a path
-every earlier H200 benchmark had run (docs/benchmarks/engine_h200_2026-11-29_notes.md);
+every earlier H200 benchmark had run (2026-11-29);
 test/core/test_kernel_resources.py keeps the hot paths free of spills.
 
     python tools/kernel_resources.py            # a markdown table, one row per kernel configuration

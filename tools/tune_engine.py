@@ -5,7 +5,7 @@ as fast.
 The load-time tuning (the decoder GEMMs in the captured denoiser, the launch policy, the prefix and vision
 attention) ends in other picks from one load to the next: on the H200, twelve engines of pi0.5
 ended in four launch policies, and two engines with the same options differed by up to ~0.4 ms per predict
-(docs/benchmarks/engine_h200_2026-11-29_notes.md). A robot's node reads its picks from the tuning cache
+(2026-12-01). A robot's node reads its picks from the tuning cache
 (flashrt_ros parameter engine_tuning_cache), so whichever load wrote the entry decides every later start. This
 command loads the policy --loads times with the tuning measured, captures each load's graph for the same camera
 frames and prompt, times all those graphs in turn (interleaved rounds: the same clock and memory drift for each),

@@ -5,7 +5,7 @@
                                          padding; every query sees every unmasked key (the prefix is bidirectional)
 
 Why: the engine's Triton kernel (kernels/flashrt_kernels/attention.py, one key split) and FlashAttention-2 both take ~25 us per
-backbone layer at 560 keys on the H200 for ~2.7 GFLOP (docs/benchmarks/prefix_attention_h200_2026-12-01.md): ~15%
+backbone layer at 560 keys on the H200 for ~2.7 GFLOP (tools/benchmark_prefix_attention.py, 2026-12-01): ~15%
 of the tensor cores' rate, ~0.45 ms per predict over 18 layers. This kernel runs both products on wgmma.
 
 How: one program per 64 query rows (one warpgroup; 70 programs at 2 views). Its q rows sit in shared memory for the

@@ -7,7 +7,7 @@
              kernels/flashrt_kernels/skinny_gemm.py does; the norm after it sums them.
 
 Why: in a denoising step each decoder GEMM (kernels/flashrt_kernels/skinny_gemm.py) starts streaming its weights only after its PDL
-wait, so HBM idles while the norms and the attention run (docs/benchmarks/engine_h200_2026-11-29_notes.md: the
+wait, so HBM idles while the norms and the attention run (tools/profile_engine_timeline.py, 2026-11-30: the
 four GEMMs move 34.6 MB per layer at 1.7 TB/s). The one-shot Triton configurations that load their
 slice before the wait hold it in registers, which caps the slice at ~32 KB per program; the gate/up GEMM needs
 128 KB. Here every program issues its whole weight slice to shared memory with TMA (cp.async.bulk.tensor, one

@@ -220,7 +220,7 @@ def test_cli_plays_with_remap(small_bag):
     # process exits right after playing and now waits for the acks first (--ack-timeout). --wait-for sees the
     # sink from the player's side of discovery only; a sample sent before the sink's side has matched the player
     # is acknowledged but never delivered (a volatile reader starts at the writer's next sample): 1 run in ~30
-    # "received 199" of 200 with every sample acknowledged (session 7). --delay 1 lets discovery finish.
+    # "received 199" of 200 with every sample acknowledged. --delay 1 lets discovery finish.
     expected = len(_expected(small_bag)[JOINT_STATE_TOPIC])
     sink = start_python(SUBSCRIBER, "/cli/joints", str(expected))
     player = start_python("from flashrt_ros.bag_player import main; raise SystemExit(main())", str(small_bag),

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.ros, pytest.mark.gpu]
 CHUNK_TIMEOUT_S = 120.0     # first forward passes on a fresh GPU process include compilation / capture
 # What one configure/cleanup cycle may leave behind for good. The process keeps some memory for its lifetime
 # whatever the model: the CUDA context, and cuBLAS workspaces per handle and stream. Measured on the H200
-# (docs/benchmarks/node_overhead_h200_2026-11-29.md, run 6): load/predict/close cycles on one thread end at the
+# (tools/benchmark_node_overhead.py, 2026-11-29): load/predict/close cycles on one thread end at the
 # same allocation every time; the first cycle on a second thread adds ~99 MiB once (that thread's cuBLAS handles
 # and workspaces), later threads none. Each configure starts a new inference thread, so the comparison is between
 # the second and third cycle. A model that is not freed leaves its weights, static buffers and graph pools, far

@@ -1,0 +1,104 @@
+"""The numbers of docs/performance.md and of the README's performance table are quoted from the result files in
+docs/benchmarks/<date>/: each is read here from the JSON the benchmark wrote and must stand in the page as it prints
+them. A number typed by hand, or left behind when its result file changed, fails here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "docs" / "benchmarks"
+PAGE = (REPO / "docs" / "performance.md").read_text()
+README = (REPO / "README.md").read_text()
+ENGINE = {"pi0.5": BENCH / "2026-12-04" / "engine_after_pi05_2026-12-04.json",
+          "pi0": BENCH / "2026-12-04" / "engine_after_pi0_2026-12-04.json"}
+GRID = BENCH / "2026-12-02" / "engine_grid_h200.json"
+POLICY = BENCH / "2026-12-01" / "policy_predict_h200.json"
+NODE = BENCH / "2026-12-01" / "node_overhead_h200_raw.json"
+
+
+def _engine(model: str, variant: str, horizon: int) -> dict:
+    rows = json.loads(ENGINE[model].read_text())["rows"]
+    return next(r for r in rows if r["variant"] == variant and r["views"] == 2 and r["horizon"] == horizon)
+
+
+def _row(text: str, starts: str) -> list[str]:
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(f"| {starts} |")]
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def _ms(stats: dict) -> str:
+    return f"{stats['median']:.2f} ms ({stats['p99']:.2f})"
+
+
+@pytest.mark.parametrize("model,horizon", [("pi0.5", 10), ("pi0.5", 50), ("pi0", 10), ("pi0", 50)])
+def test_the_engine_rows_quote_the_latest_engine_calls(model, horizon):
+    bf16, fp8 = (_engine(model, f"engine_{p}", horizon)["predict_ms"] for p in ("bf16", "fp8"))
+    eager = _engine(model, "reference_eager_bf16", horizon)["predict_ms"]["median"]
+    speedups = f"{eager / bf16['median']:.1f}x / {eager / fp8['median']:.1f}x"
+    assert _row(PAGE, f"{model} | {horizon} | {_ms(bf16)}") == [model, str(horizon), _ms(bf16), _ms(fp8), f"{eager:.0f} ms",
+                                                   speedups]
+    assert _row(README, f"{model}, {horizon}") == [f"{model}, {horizon}", _ms(bf16), _ms(fp8), f"{eager:.0f} ms"]
+
+
+def test_the_targets_and_gates_quote_the_latest_engine_calls():
+    bf16, fp8 = (_engine("pi0.5", f"engine_{p}", 10)["predict_ms"] for p in ("bf16", "fp8"))
+    assert _row(PAGE, "median <= 6 ms in bf16")[1:] == [f"{bf16['median']:.2f} ms", "missed"]
+    assert _row(PAGE, "median <= 4.5 ms in FP8")[1:] == [f"{fp8['median']:.2f} ms", "missed"]
+    ratios = [s["p99"] / s["median"] for s in (bf16, fp8)]
+    assert all(r <= 1.05 for r in ratios)
+    assert _row(PAGE, "p99 <= 1.05 x the median")[1:] == [f"{ratios[0]:.2f} x (bf16), {ratios[1]:.2f} x (FP8)", "met"]
+    gates = {(m, g["precision"]): g for m, path in ENGINE.items() for g in json.loads(path.read_text())["gates"]}
+    assert all(g["pass"] for g in gates.values()) and len(gates) == 4
+    cos = {k: f"{g['min']:.5f}" for k, g in gates.items()}
+    assert (f"pi0.5 {cos['pi0.5', 'bf16']} bf16 / {cos['pi0.5', 'fp8']} FP8, "
+            f"pi0 {cos['pi0', 'bf16']} / {cos['pi0', 'fp8']}") in " ".join(PAGE.split())
+    assert f"{cos['pi0.5', 'bf16']} / {cos['pi0.5', 'fp8']} | met" in PAGE
+    fp8 = sorted(cos[m, "fp8"] for m in ENGINE)
+    assert cos["pi0.5", "bf16"] == cos["pi0", "bf16"]
+    assert f"{cos['pi0', 'bf16']} in bf16, {fp8[0]}-{fp8[1]} with FP8" in " ".join(README.split())
+
+
+def test_the_compile_row_quotes_the_call_that_timed_it_beside_the_engine():
+    rows = [r for r in json.loads(GRID.read_text())["rows"] if r["views"] == 2 and r["horizon"] == 10
+            and r["config"] == "pi05" and "predict_ms" in r]
+    compiled = next(r for r in rows if r["variant"] == "reference_compile_max-autotune_layers"
+                    and any(e["source"] == r["source"] and e["variant"] == "engine_bf16" for e in rows))
+    engines = [next(e for e in rows if e["source"] == compiled["source"] and e["variant"] == f"engine_{p}")
+               ["predict_ms"]["median"] for p in ("bf16", "fp8")]
+    c = compiled["predict_ms"]
+    assert _row(PAGE, "pi0.5 | 10 | " + f"{c['median']:.0f} ms ({c['p99']:.0f})")[2:] == [
+        f"{c['median']:.0f} ms ({c['p99']:.0f})", f"{engines[0]:.2f} / {engines[1]:.2f} ms",
+        f"{c['median'] / engines[0]:.1f}x / {c['median'] / engines[1]:.1f}x"]
+
+
+def test_the_policy_predict_rows_quote_their_result_file():
+    rows = json.loads(POLICY.read_text())["rows"]
+    graph = next(r for r in rows if r["host_wait"] == "sync" and r["gpu_unnormalize"] and r["gpu_preprocess"])
+    host = next(r for r in rows if not r["gpu_preprocess"])
+    for starts, r in (("`Policy.predict`, frames resized in the graph (the default)", graph),
+                      ("the same, frames resized on the host", host)):
+        assert _row(PAGE, starts)[1:] == [f"{r['median_ms']:.2f} ms", f"{r['p99_ms']:.2f} ms"]
+    assert f"({graph['prompt_tokens']} tokens in the {graph['text_bucket']}-token bucket)" in PAGE
+    assert f"The graph replay alone takes {graph['replay_median_ms']:.2f} ms of the {graph['median_ms']:.2f}" in PAGE
+    cached = min(r["load_s"] for r in rows if r["tuning"] == "cache")
+    text = " ".join(PAGE.split())
+    assert f"Loading the engine took {graph['load_s']:.1f} s when it measured its kernel choices and {cached:.1f} s" \
+        in text
+    assert f"{cached:.1f} s instead of {graph['load_s']:.1f} s on the H200" in " ".join(README.split())
+
+
+def test_the_node_rows_quote_the_raw_samples():
+    raw = json.loads(NODE.read_text())
+    chunks = np.array(raw["chunks"][raw["skip"]:])
+    col = {name: chunks[:, i] * 1e3 for i, name in enumerate(raw["columns"])}
+    for starts, values in (("staleness (node clock at publish - capture stamp)", col["staleness_s"]),
+                           ("inference", col["inference_s"]),
+                           ("bare transport of the two frames between two processes (no node, heap kept)",
+                            np.array(raw["transport_floor_heap_reuse_s"]) * 1e3)):
+        assert _row(PAGE, starts)[1] == f"{np.median(values):.2f} ms", starts
+    assert len(chunks) == 954 and "954\nchunks" in PAGE
