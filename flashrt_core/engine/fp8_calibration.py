@@ -161,6 +161,13 @@ def calibrate(executor, runs: Iterable[Callable[[], object]]) -> list[float]:
     return amax
 
 
+def calibrate_executor(executor, observations) -> list[float]:
+    """Explicit calibration of an executor on engine-level observations (engine/gate.py's Observation: images,
+    tokens, token_mask, state, noise), for the engine's tests and tools; Policy.calibrate is the product's path."""
+    return calibrate(executor, [lambda o=o: executor.predict_observation(o.images, o.tokens, o.token_mask, o.state,
+                                                                          o.noise) for o in observations])
+
+
 def scale_summary(amax: list[float], fmt: str) -> dict:
     """Per-GEMM input scales in brief: count, amax min / median / max, and the scales (amax * margin / fmax)."""
     fmax = float(torch.finfo(FP8_DTYPES[fmt]).max)
@@ -282,5 +289,5 @@ def _key_digest(key: dict) -> str:
     return hashlib.sha256(json.dumps(_canonical(key), sort_keys=True).encode()).hexdigest()
 
 
-__all__ = ["Fp8Calibration", "Fp8NotCalibrated", "ScaleCache", "calibrate", "checkpoint_digest",
+__all__ = ["Fp8Calibration", "Fp8NotCalibrated", "ScaleCache", "calibrate", "calibrate_executor", "checkpoint_digest",
            "observations_digest", "scale_key", "scale_summary", "weight_files"]
