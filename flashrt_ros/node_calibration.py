@@ -99,6 +99,16 @@ def calibrate_from_bag(policy, bag: str | Path, settings, calibrate_count: int, 
                             scale_cache=scale_cache or None)
 
 
+def calibrate_offline(policy, settings, bag: str | Path, namespace: str = "/"):
+    """An FP8 policy of the offline tools (bag_evaluator, bag_regression), calibrated as the node calibrates with
+    calibration_bag: on that bag, or on the evaluated `bag` where none is set (a live node with live calibration
+    sees other observations, so its scales differ). None for other policies."""
+    if not getattr(policy, "fp8", False):
+        return None
+    return calibrate_from_bag(policy, settings.calibration_bag or bag, settings, settings.calibration_observations,
+                              settings.calibration_gate_observations, settings.fp8_scale_cache, namespace)
+
+
 class _Enough(Exception):
     """Enough observations were read from the bag."""
 
