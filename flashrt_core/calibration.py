@@ -25,15 +25,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from flashrt_core import preprocess
-from flashrt_core.errors import InputError
+from flashrt_core.errors import Fp8GateError, InputError
 
 log = logging.getLogger(__name__)
 
 GATE_NOISE_SEED = 0          # the held-out observations' pinned flow noise
-
-
-class Fp8GateError(RuntimeError):
-    """The FP8 engine's actions on the held-out observations are below the accuracy gate after calibration."""
 
 
 @dataclasses.dataclass(frozen=True)

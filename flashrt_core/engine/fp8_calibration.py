@@ -40,6 +40,8 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
+from flashrt_core.errors import Fp8NotCalibrated
+
 from .fp8 import CALIB_MARGIN, FP8_DTYPES, quantize_wide, wide_linears
 from .weights import EngineWeights
 
@@ -49,10 +51,6 @@ SCALE_CACHE_FORMAT = 1
 WEIGHT_FILES = ("model.safetensors",)      # the weights of a safetensors layout; else an Orbax params/ folder
 ORBAX_PARAMS_DIR = "params"
 _HASH_CHUNK = 16 << 20
-
-
-class Fp8NotCalibrated(RuntimeError):
-    """An FP8 engine was asked for actions before its activation scales were set from real observations."""
 
 
 class Fp8Calibration:

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import flashrt_core
+from flashrt_core import Fp8GateError, Fp8NotCalibrated
 from flashrt_core.api import resolve_precision
-from flashrt_core.calibration import Fp8GateError
 from flashrt_core.engine import EngineOptions
 from flashrt_core.engine.fp8 import CALIB_MARGIN, wide_linears
-from flashrt_core.engine.fp8_calibration import Fp8NotCalibrated, checkpoint_digest
+from flashrt_core.engine.fp8_calibration import checkpoint_digest
 from flashrt_core.engine.gate import cosine
 from flashrt_core.fixtures import write_random_checkpoint
 from fp8_testing import cpu_engine_policy

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import flashrt_core
+from flashrt_core import Fp8NotCalibrated
 from flashrt_core.engine import EngineOptions
-from flashrt_core.engine.fp8_calibration import Fp8NotCalibrated
 from flashrt_core.engine.gate import GATE_FP8
 from flashrt_core.fixtures import CONFIG_FILE, write_random_checkpoint
 

@@ -116,3 +116,12 @@ def test_calibration_bag_calibrates_at_configure_and_reuses_the_cached_scales(ha
     second = made[-1].calibration
     assert second.source == "cache" and second.cache_path == first.cache_path
     assert second.observations_sha256 == first.observations_sha256
+
+
+def test_a_missing_calibration_bag_fails_the_configure_naming_it(harnesses, tmp_path):
+    missing = tmp_path / "no_such_bag"
+    made: list = []
+    h = harnesses({**CALIBRATION, "calibration_bag": str(missing)}, policy_factory=_fp8_policy_factory(made))
+    assert not h.lifecycle.change("configure") and h.lifecycle.state() == "unconfigured"
+    assert wait_until(lambda: h.diagnostics and f"calibration_bag {missing} does not exist" in
+                      h.latest_diagnostics()["last_error"])
