@@ -2,16 +2,22 @@
 on the CPU), and an FP8 policy (the graph engine's executor with FP8 GEMMs, eager on the CPU: fp8_testing.py) is
 never calibrated on the warm-up's frames: live, the node publishes nothing until it has collected its first real
 observations (counted in /diagnostics), calibrates, passes the gate and then publishes; with a failed gate it
-publishes nothing; from calibration_bag it calibrates at configure and keeps the scales in fp8_scale_cache."""
+publishes nothing; from calibration_bag it calibrates at configure and keeps the scales in fp8_scale_cache; the
+offline evaluator calibrates on the bag's first complete observations as the node does."""
 
 from __future__ import annotations
 
 import pytest
 from diagnostic_msgs.msg import DiagnosticStatus
 
+from flashrt_core import Fp8NotCalibrated
 from flashrt_core.api import demo_checkpoint_dir
+from flashrt_core.calibration import engine_inputs
+from flashrt_core.engine.fp8_calibration import observations_digest
+from flashrt_ros.bag_evaluator import evaluate_bag, load_node_settings
 from flashrt_ros.demo_bag import (BASE_CAMERA_TOPIC, INSTRUCTION_TOPIC, JOINT_STATE_TOPIC, WRIST_CAMERA_TOPIC,
                                   DemoBagConfig, write_demo_bag)
+from flashrt_ros.node_calibration import bag_observations, calibrate_offline
 from fp8_testing import cpu_engine_policy
 from node_harness import NodeHarness, shared_policy, wait_until
 
@@ -98,13 +104,17 @@ def test_a_failed_gate_publishes_nothing_and_shows_an_error(harnesses, monkeypat
     assert not h.chunks
 
 
+BAG = DemoBagConfig(duration_s=1.0, width=160, height=120, camera_hz=10.0, joint_count=32)
+BAG_TOPICS = {"camera_topics": [BASE_CAMERA_TOPIC, WRIST_CAMERA_TOPIC],
+              "camera_views": ["base_0_rgb", "left_wrist_0_rgb"], "instruction_topic": INSTRUCTION_TOPIC,
+              "state_topic": JOINT_STATE_TOPIC}
+
+
 def test_calibration_bag_calibrates_at_configure_and_reuses_the_cached_scales(harnesses, tmp_path):
     bag = tmp_path / "calibration_bag"
-    write_demo_bag(bag, DemoBagConfig(duration_s=1.0, width=160, height=120, camera_hz=10.0, joint_count=32))
+    write_demo_bag(bag, BAG)
     parameters = {**CALIBRATION, "calibration_bag": str(bag), "fp8_scale_cache": str(tmp_path / "scales"),
-                  "camera_topics": [BASE_CAMERA_TOPIC, WRIST_CAMERA_TOPIC],
-                  "camera_views": ["base_0_rgb", "left_wrist_0_rgb"], "instruction_topic": INSTRUCTION_TOPIC,
-                  "state_topic": JOINT_STATE_TOPIC}
+                  **BAG_TOPICS}
     made: list = []
     h = harnesses(parameters, policy_factory=_fp8_policy_factory(made))
     assert h.lifecycle.change("configure")
@@ -125,3 +135,20 @@ def test_a_missing_calibration_bag_fails_the_configure_naming_it(harnesses, tmp_
     assert not h.lifecycle.change("configure") and h.lifecycle.state() == "unconfigured"
     assert wait_until(lambda: h.diagnostics and f"calibration_bag {missing} does not exist" in
                       h.latest_diagnostics()["last_error"])
+
+
+def test_the_offline_evaluator_calibrates_an_fp8_policy_on_the_bags_first_observations(tmp_path):
+    bag = tmp_path / "bag"
+    write_demo_bag(bag, BAG)
+    settings = load_node_settings(overrides={**BAG_TOPICS, "calibration_observations": 3,
+                                             "calibration_gate_observations": 1, "fp8_scale_cache": ""})
+    policy = cpu_engine_policy(shared_policy())
+    with pytest.raises(Fp8NotCalibrated):
+        evaluate_bag(bag, policy, settings, noise_seed=3)
+    report = calibrate_offline(policy, settings, bag)
+    first = bag_observations(bag, policy, settings, 3)
+    assert [tuple(images) for images, _, _ in first] == [("base_0_rgb", "left_wrist_0_rgb")] * 3
+    assert all(images["base_0_rgb"].shape == (BAG.height, BAG.width, 3) for images, _, _ in first)
+    assert report.observations == 3 and len(report.gate_cosines) == 1
+    assert report.observations_sha256 == observations_digest([engine_inputs(policy, *obs) for obs in first])
+    assert len(evaluate_bag(bag, policy, settings, noise_seed=3).chunks) >= 4
