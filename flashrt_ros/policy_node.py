@@ -52,9 +52,9 @@ from flashrt_ros.image_conversion import ImageConversionError, check_image, to_r
 from flashrt_ros.inference_worker import InferenceResult, InferenceWorker
 from flashrt_ros.input_watchdog import Fault, InputWatchdog, WatchLimits
 from flashrt_ros.msg import ActionChunk, PolicyStatus
+from flashrt_ros.node_calibration import CalibrationState, LiveCalibration, calibrate_from_bag
 from flashrt_ros.node_diagnostics import (DiagnosticsContext, NodeStatistics, diagnostic_array, status_fields)
 from flashrt_ros.node_executor import make_executor
-from flashrt_ros.node_calibration import CalibrationState, LiveCalibration, calibrate_from_bag
 from flashrt_ros.node_logging import PythonLogBridge, ThrottledLog, bounded, quoted
 from flashrt_ros.node_parameters import (RUNTIME_PARAMETERS, NodeSettings, SettingsError, StateInput,
                                          TriggerMode, declare_parameters, on_set_parameters, read_settings)
@@ -700,7 +700,7 @@ class PolicyNode(LifecycleNode):
 
     # -- diagnostics -------------------------------------------------------------------------------------
     def _diagnostics_context(self) -> DiagnosticsContext:
-        settings, buffer, policy = self._settings, self._buffer, self._policy
+        settings, buffer, policy, calibration = self._settings, self._buffer, self._policy, self._calibration
         threshold = settings.staleness_warn_threshold if settings else self.get_parameter(
             "staleness_warn_threshold").value
         return DiagnosticsContext(
@@ -715,7 +715,7 @@ class PolicyNode(LifecycleNode):
             heap_reuse=self._heap_reuse,
             handover_timeouts=self._worker.handover_timeouts if self._worker is not None else 0,
             fp8_calibration=self._calibration_status,
-            calibration_state=self._calibration.state.value if self._calibration is not None else "")
+            calibration_state=calibration.state.value if calibration is not None else "")
 
     def _publish_diagnostics(self) -> None:
         try:
