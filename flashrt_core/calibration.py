@@ -43,6 +43,7 @@ class CalibrationReport:
     checkpoint_sha256: str | None = None
     gate_cosines: tuple[float, ...] = ()   # FP8 vs bf16 engine, one per held-out observation
     gate: float | None = None              # the threshold the cosines were held to
+    amax: tuple[float, ...] = ()           # each wide GEMM's calibrated input amax (engine/fp8.py wide_linears order)
 
     @property
     def gate_min(self) -> float | None:
@@ -51,6 +52,7 @@ class CalibrationReport:
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out["gate_cosines"] = list(self.gate_cosines)
+        out["amax"] = list(self.amax)
         out["gate_min"] = self.gate_min
         return out
 
@@ -118,7 +120,8 @@ def calibrate_policy(policy, observations: Sequence, held_out: Sequence = (), sc
         cosines = tuple(gate_cosines(policy, [unpack_observation(o) for o in held_out]))
     cache_path = cache.path(key) if cache is not None else None
     report = CalibrationReport(len(observations), source, summary, time.perf_counter() - start, obs_digest,
-                               None if cache_path is None else str(cache_path), checkpoint_sha, cosines, threshold)
+                               None if cache_path is None else str(cache_path), checkpoint_sha, cosines, threshold,
+                               tuple(amax))
     if cache is not None and source == "measured":
         written = cache.store(key, amax, report.as_dict())
         report = dataclasses.replace(report, cache_path=None if written is None else str(written))

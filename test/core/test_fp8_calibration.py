@@ -114,6 +114,7 @@ def test_calibration_takes_the_max_amax_over_the_observations_and_sets_the_scale
     # gate/up and down of every backbone layer but the last (its MLP output feeds no key or value)
     assert report.observations == 3 and report.scales["gemms"] == len(lins) == 2 * (policy.config.paligemma.depth - 1)
     assert report.scales["amax_max"] == max(amax) and report.scales["amax_min"] == min(amax)
+    assert list(report.amax) == amax
     fmax = torch.finfo(torch.float8_e4m3fn).max
     for lin, a in zip(lins, amax):
         assert lin.fp8.x_scale.item() == pytest.approx(a * CALIB_MARGIN / fmax, rel=1e-6)
