@@ -4,7 +4,7 @@ Never imports rclpy or any ROS module.
 """
 
 from flashrt_core.config import ModelConfig, get_config
-from flashrt_core.errors import CheckpointError, FlashRTError, InputError
+from flashrt_core.errors import CheckpointError, FlashRTError, Fp8GateError, Fp8NotCalibrated, InputError
 
 
 def __getattr__(name: str):
@@ -16,4 +16,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'flashrt_core' has no attribute {name!r}")
 
 
-__all__ = ["CheckpointError", "FlashRTError", "InputError", "ModelConfig", "Policy", "get_config", "load_model"]
+__all__ = ["CheckpointError", "FlashRTError", "Fp8GateError", "Fp8NotCalibrated", "InputError", "ModelConfig", "Policy",
+           "get_config", "load_model"]

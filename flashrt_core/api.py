@@ -5,6 +5,10 @@ padding to [-1, 1], prompt tokenized with the state bins for pi0.5, state normal
 executor (the eager ReferenceExecutor, or the graph engine on CUDA), unnormalizes the actions and returns
 float32 (horizon, action_dim) in robot units.
 
+precision ("fp32", "bf16", "fp16" or "fp8"; resolve_precision is the one place that maps it to the weights'
+dtype and the engine's FP8 option) picks what the executor computes in. An FP8 policy refuses predict until
+Policy.calibrate(observations) has set its activation scales from real observations (flashrt_core/calibration.py).
+
 The tokenizer is the checkpoint's tokenizer.model (or paligemma_tokenizer.model), else $FLASHRT_TOKENIZER, else
 openpi's download cache; `tokenizer=` overrides.
 
@@ -14,6 +18,8 @@ $FLASHRT_CACHE_DIR/demo_pi05_tiny (default ~/.cache/flashrt/demo_pi05_tiny) and 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import gc
 import importlib
 import importlib.util
@@ -46,6 +52,11 @@ DEMO_CONFIG = "pi05_tiny"
 DEMO_SEED = 0
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
+# precision -> (weights dtype, FP8 GEMMs); "auto": the dtype argument and the engine options decide
+PRECISIONS = {"auto": (None, None), **{name: (dtype, False) for name, dtype in _DTYPES.items()},
+              "fp8": (torch.bfloat16, True)}
+FP8_NEEDS = ("FP8 runs in the graph engine on a CUDA GPU with FP8 tensor cores (NVIDIA sm89+, AMD gfx942 / "
+             "gfx950)")
 
 
 def demo_checkpoint_dir() -> Path:
@@ -93,6 +104,41 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if isinstance(dtype, str) and dtype in _DTYPES:
         return _DTYPES[dtype]
     raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_DTYPES)} or a torch dtype")
+
+
+def resolve_precision(precision: str | None, dtype, engine_options, device: torch.device, hardware: str):
+    """The one place that maps load_model's precision to (weights dtype, engine options). precision None / "auto"
+    leaves dtype and engine_options (and the FLASHRT_* environment) as they are. "fp8" asks the engine for FP8
+    GEMMs: refused on the CPU and the reference path, and where engine_options or the environment turn FP8 or the
+    fast paths off. "fp32" / "bf16" / "fp16" refuse FP8 asked elsewhere. A dtype that names another dtype than the
+    precision is refused. Returns (dtype, engine_options, fp8 asked)."""
+    key = "auto" if precision is None else precision
+    if key not in PRECISIONS:
+        raise ValueError(f"unsupported precision {precision!r}; use one of {sorted(PRECISIONS)}")
+    want_dtype, fp8 = PRECISIONS[key]
+    if fp8 is None:
+        return dtype, engine_options, False
+    if dtype is not None and resolve_dtype(dtype, device) != want_dtype:
+        raise ValueError(f"precision={precision!r} computes in {want_dtype} but dtype={dtype!r} was given: give one "
+                         "of them")
+    from flashrt_core.engine import EngineOptions
+    options = EngineOptions.from_env(engine_options)
+    if not fp8:
+        if options.fp8 and options.fast_paths:
+            raise ValueError(f"precision={precision!r} conflicts with FP8 asked by engine_options.fp8=True or "
+                             "FLASHRT_FP8=1: drop one of them")
+        return want_dtype, options, False
+    if device.type != "cuda" or hardware == "reference":
+        where = f"device {device}" if device.type != "cuda" else "hardware='reference' (the eager reference path)"
+        raise ValueError(f"precision='fp8' cannot run on {where}: {FP8_NEEDS}. Use precision 'bf16' or 'fp32' there")
+    off = [what for what, on in (("FLASHRT_DISABLE_FP8=1", os.environ.get("FLASHRT_DISABLE_FP8") == "1"),
+                                 ("FLASHRT_FP8=0", os.environ.get("FLASHRT_FP8") == "0"),
+                                 ("fast paths off", not options.fast_paths),
+                                 ("gemm_prefix pinned to bf16", options.overrides.get("gemm_prefix") == "bf16"))
+           if on]
+    if off:
+        raise ValueError(f"precision='fp8' conflicts with the engine options: {', '.join(off)} turn FP8 off")
+    return want_dtype, dataclasses.replace(options, fp8=True), True
 
 
 def build_executor(model, config: ModelConfig, device: torch.device, hardware: str, engine_options=None,
@@ -159,6 +205,13 @@ class Policy:
         self.normalizer = normalizer
         self.device = device
         self.model_id = model_id
+        self.checkpoint_dir: Path | None = None       # set by load_model: the scale cache's key reads its weights
+        self.fp8 = getattr(executor, "fp8_calibration", None) is not None
+        dtype = getattr(executor, "dtype", None)           # the engine's; the reference runs in the model's
+        if dtype is None and model is not None:
+            dtype = next((p.dtype for p in model.parameters()), None)
+        self.precision = "fp8" if self.fp8 else str(dtype).replace("torch.", "")   # what predict computes in
+        self.calibration = None                       # the last CalibrationReport (FP8 policies)
 
     horizon = property(lambda self: self.config.action_horizon)
     action_dim = property(lambda self: self.config.action_dim)
@@ -179,8 +232,36 @@ class Policy:
 
     def predict(self, images, prompt: str, state=None, noise=None) -> np.ndarray:
         """Images (list in view order or dict by view name), prompt, optional state and pinned noise
-        -> actions float32 (horizon, action_dim) in robot units."""
+        -> actions float32 (horizon, action_dim) in robot units. An FP8 policy raises Fp8NotCalibrated until
+        calibrate() has run."""
         return self._predict(images, prompt, state, noise)
+
+    @property
+    def fp8_calibrated(self) -> bool:
+        """An FP8 policy whose activation scales are set (False for other precisions)."""
+        return bool(getattr(self.executor, "fp8_calibrated", False))
+
+    def calibrate(self, observations, held_out=(), scale_cache=None, gate: float | None = None):
+        """Set an FP8 policy's activation scales from real observations: a list of (images, prompt, state) or
+        dicts with those keys, as predict takes them. The engine's bf16 forward runs on each, the amax per GEMM
+        input is the max over them; graphs captured before read the new scales (nothing is re-captured).
+        held_out: observations for the accuracy gate that follows (FP8 vs bf16 engine, cosine >= gate, default
+        engine/gate.py's GATE_FP8; below it Fp8GateError). scale_cache: a directory keeping the scales under a key
+        of the checkpoint's weight content, the configuration and these observations (reused when they match).
+        Returns a CalibrationReport (observations, per-GEMM scale summary, gate cosines);
+        flashrt_core/calibration.py."""
+        from flashrt_core.calibration import calibrate_policy
+        if self.executor is None:
+            raise RuntimeError("Policy.calibrate called after close()")
+        self.calibration = calibrate_policy(self, observations, held_out, scale_cache, gate)
+        return self.calibration
+
+    def warming_up(self):
+        """A context whose predict calls are warm-up passes, their actions discarded: an FP8 policy not calibrated
+        yet runs them with placeholder scales, so the engine captures its FP8 graphs before the calibration
+        (the node's warm-up). Outside it, an uncalibrated FP8 policy refuses predict."""
+        calibration = getattr(self.executor, "fp8_calibration", None)
+        return calibration.warm_up() if calibration is not None else contextlib.nullcontext()
 
     def reachable_text_buckets(self, state=None) -> tuple[int, ...]:
         """The text buckets some instruction can land in: those that hold the shortest prompt
@@ -214,8 +295,9 @@ class Policy:
         costs a capture. A graph depends on the bucket, not on the token values; the actions are discarded.
         Returns the buckets run ([] when there are none)."""
         buckets = list(self.reachable_text_buckets(state))
-        for slots in buckets:
-            self._predict(images, prompt, state, None, text_slots=slots)
+        with self.warming_up():
+            for slots in buckets:
+                self._predict(images, prompt, state, None, text_slots=slots)
         return buckets
 
     def _predict(self, images, prompt: str, state, noise, text_slots: int | None = None) -> np.ndarray:
@@ -323,7 +405,8 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
                device: str | torch.device = "auto", dtype: str | torch.dtype | None = None,
                hardware: str = "auto", tokenizer: str | Path | PromptTokenizer | None = None,
                require_norm_stats: bool = True, engine_options=None, gpu_preprocess: bool | None = None,
-               gpu_unnormalize: bool | None = None, asset_id: str | None = None) -> Policy:
+               gpu_unnormalize: bool | None = None, asset_id: str | None = None,
+               precision: str | None = None) -> Policy:
     """Load a checkpoint directory, or a Hugging Face hub id such as "lerobot/pi05_base" (flashrt_core.hub:
     through huggingface_hub's cache), into a ready Policy; None loads the demo checkpoint.
 
@@ -334,6 +417,9 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     The robot's state_dim / action_dim come from the config when it sets them (a ModelConfig, or overrides in
     flashrt_config.json), else from the checkpoint's norm stats. A checkpoint without norm stats is refused
     unless require_norm_stats=False (then states and actions pass through unnormalized).
+
+    precision: "fp32", "bf16", "fp16" or "fp8" (resolve_precision; None / "auto": dtype and engine_options decide).
+    An FP8 policy refuses predict until Policy.calibrate(observations) ran on real observations.
 
     engine_options (flashrt_core.engine.EngineOptions) tunes the graph engine (FP8, switches); gpu_preprocess
     None reads FLASHRT_GPU_PREPROCESS (default 1): with the graph engine, images are resized inside its graph;
@@ -357,6 +443,7 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
                     location.note)
     cfg = fit_robot_dims(cfg, stats, explicit_dims, ckpt_dir)
     dev = resolve_device(device)
+    dtype, engine_options, fp8 = resolve_precision(precision, dtype, engine_options, dev, hardware)
     torch_dtype = resolve_dtype(dtype, dev)
     if not isinstance(tokenizer, PromptTokenizer):
         tokenizer = PromptTokenizer(tokenizer if tokenizer is not None else find_tokenizer(ckpt_dir))
@@ -367,6 +454,13 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     normalizer = normalization.Normalizer(stats, cfg.norm_mode.value)  # identity when stats is None
     executor = build_executor(model, cfg, dev, hardware, engine_options,
                               action_affine=normalizer.action_affine(cfg.max_action_dim))
+    if fp8 and getattr(executor, "fp8_calibration", None) is None:
+        dispatch = getattr(executor, "dispatch", None)
+        picked = getattr(executor, "name", type(executor).__name__)
+        if hasattr(executor, "close"):
+            executor.close()
+        raise ValueError(f"precision='fp8' but the engine picked {picked} on "
+                         f"{dispatch.hardware.describe() if dispatch is not None else dev}: {FP8_NEEDS}")
     from_hub = checkpoint is not None and ckpt_dir != Path(checkpoint)
     model_id = f"{cfg.name}:{checkpoint if from_hub else ckpt_dir.resolve().name}"    # hub: its id, not the commit
     log.info("loaded %s on %s (%s, executor %s)", model_id, dev, torch_dtype, getattr(executor, "name", executor))
@@ -375,7 +469,9 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     # folded layers) are freed, instead of doubling the weight memory.
     keep = model if getattr(executor, "uses_model", True) else None
     del model
-    return Policy(keep, cfg, executor, tokenizer, normalizer, dev, model_id, gpu_preprocess, gpu_unnormalize)
+    policy = Policy(keep, cfg, executor, tokenizer, normalizer, dev, model_id, gpu_preprocess, gpu_unnormalize)
+    policy.checkpoint_dir = ckpt_dir
+    return policy
 
 
 def _env_switch(name: str) -> bool:

@@ -2,7 +2,8 @@
 
 ``InputError`` is a ``ValueError``: bad observations, prompts, states or noise handed to ``predict``.
 ``CheckpointError`` covers missing, malformed or inconsistent checkpoint files (weights, norm stats,
-tokenizer). Messages always name the offending input, file or key.
+tokenizer). ``Fp8NotCalibrated``: an FP8 policy asked for actions before its calibration; ``Fp8GateError``: its
+actions failed the accuracy gate after it. Messages always name the offending input, file or key.
 """
 
 
@@ -16,3 +17,11 @@ class InputError(FlashRTError, ValueError):
 
 class CheckpointError(FlashRTError, RuntimeError):
     """A checkpoint directory is missing files, or its tensors do not match the model's weight spec."""
+
+
+class Fp8NotCalibrated(FlashRTError, RuntimeError):
+    """An FP8 engine was asked for actions before its activation scales were set from real observations."""
+
+
+class Fp8GateError(FlashRTError, RuntimeError):
+    """The FP8 engine's actions on the held-out observations are below the accuracy gate after calibration."""

@@ -492,10 +492,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--out {args.out} exists already")
     settings = load_node_settings(args.params_file, overrides, args.node_name)
 
+    from flashrt_ros.node_calibration import calibrate_offline
     from flashrt_ros.policy_node import load_policy  # the node's own model loading
 
     policy = load_policy(settings)
     try:
+        calibrate_offline(policy, settings, args.bag, args.namespace)      # an FP8 policy, as the node does
         evaluation = evaluate_bag(args.bag, policy, settings, args.noise_seed, args.namespace)
         view_names = settings.camera_views or tuple(policy.view_names)[:len(settings.camera_topics)]
         if args.out is not None:

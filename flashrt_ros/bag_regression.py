@@ -37,6 +37,7 @@ from flashrt_ros.bag_evaluator import (COMPARE_ATOL, COMPARE_RTOL, Chunk, Compar
                                        check_live_chunks, compare_chunks, evaluate_bag, load_node_values,
                                        parse_param_overrides,
                                        read_chunk_bag, settings_for_values, write_chunk_bag)
+from flashrt_ros.node_calibration import calibrate_offline
 from flashrt_ros.node_parameters import SPECS
 from flashrt_ros.waiting import wait_until
 
@@ -157,6 +158,7 @@ def run_regression(bag: Path, out_dir: Path, values: dict[str, Any], rate: float
         from flashrt_ros.policy_node import load_policy as policy_factory
     policy = policy_factory(settings)
     try:
+        calibrate_offline(policy, settings, bag)          # an FP8 policy, as the node does with calibration_bag
         reference = evaluate_bag(bag, policy, settings)
         views = settings.camera_views or tuple(policy.view_names)[:len(settings.camera_topics)]
         write_chunk_bag(out_dir / "reference", reference.chunks, settings, views, str(policy.model_id))

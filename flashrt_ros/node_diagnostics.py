@@ -242,6 +242,8 @@ class DiagnosticsContext:
     instruction: str = ""                   # the current instruction (shown cut to a bounded length)
     faults: tuple[Fault, ...] = ()          # input faults that hold now (flashrt_ros.input_watchdog)
     max_future_stamp: float = 0.0           # [s] the parameter, quoted by the future-stamp warning
+    fp8_calibration: str = ""               # an FP8 policy's calibration progress or outcome (node_calibration)
+    calibration_state: str = ""             # live calibration: "collecting", "done", "failed" ("" = none)
 
 
 def diagnostic_status(snapshot: StatisticsSnapshot, context: DiagnosticsContext) -> DiagnosticStatus:
@@ -290,6 +292,7 @@ def diagnostic_status(snapshot: StatisticsSnapshot, context: DiagnosticsContext)
         "frames_future_stamped_in_window": str(snapshot.future_stamps.count),
         "gpu_memory": gpu_memory_text(context.device),
         "heap_reuse": context.heap_reuse or "not configured",
+        "fp8_calibration": context.fp8_calibration or "none",
         "last_error": snapshot.last_error,
     }
     for reason, count in sorted(snapshot.rejected.items()):
@@ -317,6 +320,10 @@ def _level(snapshot: StatisticsSnapshot, context: DiagnosticsContext) -> tuple[b
         return DiagnosticStatus.OK, f"{context.lifecycle_state}: not publishing"
     if context.faults:         # each fault stops the chunks
         return DiagnosticStatus.ERROR, "; ".join(fault.message for fault in context.faults)
+    if context.calibration_state == "failed":          # publishes nothing until configured again
+        return DiagnosticStatus.ERROR, f"FP8 calibration {context.fp8_calibration}"
+    if context.calibration_state == "collecting":
+        return DiagnosticStatus.WARN, f"FP8 calibration: {context.fp8_calibration}; not publishing yet"
     if snapshot.staleness.count and snapshot.staleness.p99 > context.staleness_warn_threshold:
         return DiagnosticStatus.WARN, (f"staleness p99 {snapshot.staleness.p99 * 1e3:.1f} ms > threshold "
                                        f"{context.staleness_warn_threshold * 1e3:.1f} ms")

@@ -55,8 +55,9 @@ class StateInput(enum.Enum):
 
 
 MODEL_CONFIGS = ("auto", "pi05", "pi0", "pi05_tiny", "pi0_tiny")
-PRECISIONS = ("auto", "float32", "bfloat16", "float16")
+PRECISIONS = ("auto", "float32", "bfloat16", "float16", "fp8")   # flashrt_core.api.PRECISIONS' names
 DEFAULT_TUNING_CACHE = "~/.cache/flashrt/tuning"
+DEFAULT_FP8_SCALE_CACHE = "~/.cache/flashrt/fp8_scales"
 HOST_WAITS = ("sync", "poll", "warm")     # flashrt_core.engine.dispatch.HOST_WAITS (no torch import here)
 HARDWARE_PATTERN = re.compile(r"^(auto|reference|cpu|sm\d{2,3}|gfx[0-9a-f]{3,4})$")
 
@@ -114,12 +115,33 @@ INTEGER_ARRAY = ParameterType.PARAMETER_INTEGER_ARRAY
 
 PARAMETERS: tuple[ParamSpec, ...] = (
     # model
-    ParamSpec("checkpoint", "", "Checkpoint directory; empty = the embedded demo checkpoint of flashrt_core."),
+    ParamSpec("checkpoint", "", "Checkpoint directory (a flashrt, lerobot or openpi folder), or a Hugging Face hub "
+              "id such as lerobot/pi05_base (org/name[@revision], resolved through huggingface_hub's cache: "
+              "downloaded once, read offline with HF_HUB_OFFLINE=1); empty = the embedded demo checkpoint of "
+              "flashrt_core."),
+    ParamSpec("asset_id", "", "Which assets/<asset_id>/norm_stats.json holds the statistics, for an openpi "
+              "checkpoint with several (e.g. physical-intelligence/libero); empty = the only one there is."),
     ParamSpec("model_config", "auto", "flashrt_core config preset; auto = the one recorded in the checkpoint "
               "(flashrt_config.json), else pi05.", choices=MODEL_CONFIGS),
     ParamSpec("device", "auto", "Inference device: auto, cpu, cuda or cuda:N."),
-    ParamSpec("precision", "auto", "Weights/activations dtype; auto = bf16 on GPU, fp32 on CPU.",
-              choices=PRECISIONS),
+    ParamSpec("precision", "auto", "What inference computes in (flashrt_core.load_model's precision): auto = bf16 "
+              "on GPU, fp32 on CPU; fp8 = the GPU engine's FP8 GEMMs on the backbone's MLP (CUDA GPU with FP8 tensor "
+              "cores, refused elsewhere), calibrated on real observations before the node publishes "
+              "(calibration_observations, calibration_bag).", choices=PRECISIONS),
+    ParamSpec("calibration_observations", 8, "precision fp8: real observations the FP8 scales are calibrated on. "
+              "Without calibration_bag, the first complete observations after activation: the node publishes nothing "
+              "until it has them (and the gate's), then calibrates and starts publishing; the warm-up's frames never "
+              "count. Progress in the log and /diagnostics (fp8_calibration).", int_range=(1, 1000)),
+    ParamSpec("calibration_gate_observations", 2, "precision fp8: further real observations held out for the "
+              "accuracy gate after the calibration (FP8 vs the bf16 engine, cosine >= 0.998; below it the node "
+              "publishes nothing and /diagnostics shows ERROR); 0 = no gate.", int_range=(0, 100)),
+    ParamSpec("calibration_bag", "", "precision fp8: a rosbag2 whose first complete observations (paired by this "
+              "node's topics and rules) calibrate at configure instead of live ones; empty = live observations."),
+    ParamSpec("fp8_scale_cache", DEFAULT_FP8_SCALE_CACHE, "With calibration_bag: directory where the FP8 scales are "
+              "kept under a key of the checkpoint's weight content (SHA-256 of its weight files: 5-11 s for pi0.5's "
+              "6.7 GB of bf16 weights on a 2-core CPU), the model configuration and the bag's observations, and read "
+              "at the next configure with the same ones instead of calibrating. A leading ~ is the user's home. "
+              "Empty = calibrate at every configure."),
     ParamSpec("hardware", "auto", "Engine dispatch target: auto (detected), reference (the eager reference path), "
               "cpu, smXY (e.g. sm90) or gfxNNN (e.g. gfx942)."),
     ParamSpec("warmup_iterations", 2, "Forward passes run at configure (warm-up and graph capture).",
@@ -345,9 +367,14 @@ class NodeSettings:
     """Parameter values as the node uses them (seconds as floats, enums instead of strings)."""
 
     checkpoint: str
+    asset_id: str
     model_config: str
     device: str
     precision: str
+    calibration_observations: int
+    calibration_gate_observations: int
+    calibration_bag: str
+    fp8_scale_cache: str
     hardware: str
     warmup_iterations: int
     warmup_image_size: tuple[int, int]
@@ -392,8 +419,8 @@ class NodeSettings:
         return None if self.model_config == "auto" else self.model_config
 
     @property
-    def dtype(self) -> str | None:
-        """The ``dtype`` argument of flashrt_core.load_model."""
+    def load_precision(self) -> str | None:
+        """The ``precision`` argument of flashrt_core.load_model (None: auto)."""
         return None if self.precision == "auto" else self.precision
 
     def engine_options(self):
@@ -411,7 +438,8 @@ class NodeSettings:
     def config_id(self) -> str:
         """Short hash of the settings that change what the model computes."""
         fields = {name: getattr(self, name) for name in (
-            "checkpoint", "model_config", "device", "precision", "hardware", "camera_views", "state_joint_names",
+            "checkpoint", "asset_id", "model_config", "device", "precision", "hardware", "camera_views",
+            "state_joint_names",
             "action_dt", "noise_seed")}
         fields["camera_count"] = len(self.camera_topics)
         digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()

@@ -26,6 +26,7 @@ line that input can cause is throttled and bounded (flashrt_ros.node_logging).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import threading
 import time
@@ -51,6 +52,7 @@ from flashrt_ros.image_conversion import ImageConversionError, check_image, to_r
 from flashrt_ros.inference_worker import InferenceResult, InferenceWorker
 from flashrt_ros.input_watchdog import Fault, InputWatchdog, WatchLimits
 from flashrt_ros.msg import ActionChunk, PolicyStatus
+from flashrt_ros.node_calibration import CalibrationState, LiveCalibration, calibrate_from_bag
 from flashrt_ros.node_diagnostics import (DiagnosticsContext, NodeStatistics, diagnostic_array, status_fields)
 from flashrt_ros.node_executor import make_executor
 from flashrt_ros.node_logging import PythonLogBridge, ThrottledLog, bounded, quoted
@@ -72,8 +74,9 @@ def load_policy(settings: NodeSettings):
     """Default policy factory: flashrt_core.load_model with the node's settings."""
     import flashrt_core   # imported here: the node module stays importable without torch for tooling
     return flashrt_core.load_model(checkpoint=settings.checkpoint or None, config=settings.config,
-                                   device=settings.device, dtype=settings.dtype, hardware=settings.hardware,
-                                   engine_options=settings.engine_options())
+                                   device=settings.device, precision=settings.load_precision,
+                                   hardware=settings.hardware, engine_options=settings.engine_options(),
+                                   asset_id=settings.asset_id or None)
 
 
 class ShuttingDown(BaseException):
@@ -126,6 +129,8 @@ class PolicyNode(LifecycleNode):
         self._chunk_publisher = None
         self._trajectory_publisher = None
         self._config_id = ""
+        self._calibration: LiveCalibration | None = None     # an FP8 policy's live calibration (node_calibration)
+        self._calibration_status = ""                          # shown in /diagnostics (fp8_calibration)
         # Built by on_activate, released by on_deactivate.
         self._input_subscriptions: list = []
         self._trigger_timer = None
@@ -196,6 +201,8 @@ class PolicyNode(LifecycleNode):
             # Warm-up (and graph capture on GPU) on the inference thread: all model calls on one thread.
             self.get_logger().info(f"model loaded: warming up ({settings.warmup_iterations} passes)")
             self._worker.run_on_thread(lambda: self._warm_up(settings))
+            self._stop_if_shutting_down()
+            self._prepare_calibration(settings)
             if settings.freeze_gc_after_configure:
                 self._gc_frozen = True
                 frozen = freeze_objects()
@@ -338,14 +345,58 @@ class PolicyNode(LifecycleNode):
         images = {view: np.full((height, width, 3), 128, np.uint8) for view in self._view_names}   # (H, W, 3)
         state = np.zeros(self._policy.state_dim, np.float32) if settings.state_topic else None
         prompt = settings.default_instruction or WARMUP_PROMPT
-        for _ in range(settings.warmup_iterations):
-            self._stop_if_shutting_down()
-            self._policy.predict(images, prompt, state=state)
+        warming_up = getattr(self._policy, "warming_up", contextlib.nullcontext)   # FP8: never calibrates on these
+        with warming_up():
+            for _ in range(settings.warmup_iterations):
+                self._stop_if_shutting_down()
+                self._policy.predict(images, prompt, state=state)
         warm_up_buckets = getattr(self._policy, "warm_up_text_buckets", None)   # flashrt_core.Policy has it
         if settings.warmup_iterations and settings.warmup_all_text_buckets and warm_up_buckets is not None:
             buckets = warm_up_buckets(images, prompt, state=state)
             if buckets:
                 self.get_logger().info(f"warmed up text buckets {buckets} (token slots)")
+
+    def _prepare_calibration(self, settings: NodeSettings) -> None:
+        """An FP8 policy's calibration (flashrt_ros.node_calibration): from calibration_bag now, on the inference
+        thread; else live, on the first real observations after activation."""
+        self._calibration, self._calibration_status = None, ""
+        if not getattr(self._policy, "fp8", False):
+            return
+        if settings.calibration_bag:
+            self.get_logger().info(f"FP8: calibrating on {settings.calibration_bag}")
+            report = self._worker.run_on_thread(lambda: calibrate_from_bag(
+                self._policy, settings.calibration_bag, settings, settings.calibration_observations,
+                settings.calibration_gate_observations, settings.fp8_scale_cache,
+                self.get_namespace()))
+            self._calibration_status = report.summary()
+            self.get_logger().info(self._calibration_status)
+            return
+        self._calibration = LiveCalibration(settings.calibration_observations, settings.calibration_gate_observations)
+        self._calibration_status = self._calibration.status
+        self.get_logger().info(f"FP8: calibrating on the first {self._calibration.needed} real observations after "
+                               "activation; nothing is published until then")
+
+    def _calibrate_live(self, job: InferenceJob) -> None:
+        """Keep a live observation for the calibration; with enough, calibrate (on the inference thread)."""
+        calibration = self._calibration
+        state = job.state.values if job.state is not None else None
+        if calibration.add(job.images, job.prompt, state):
+            self._calibration_status = f"calibrating on {calibration.calibrate_count} observations"
+            try:
+                calibration.run(self._policy)
+            except Exception as error:          # the gate, or anything else: nothing is published
+                self._calibration_status = calibration.status
+                message = bounded(f"FP8 calibration failed, publishing nothing until configured again: "
+                                  f"{type(error).__name__}: {error}")
+                self._statistics.record_inference_error(message)
+                self._log.error("fp8_calibration", message)
+                self._publish_diagnostics()
+                return
+            self.get_logger().info(calibration.status)
+        else:
+            self._log.info("fp8_calibration", f"FP8 calibration: {calibration.status}")
+        self._calibration_status = calibration.status
+        self._publish_diagnostics()
 
     # -- activation helpers -----------------------------------------------------------------------------
     def _create_subscriptions(self, settings: NodeSettings) -> None:
@@ -409,6 +460,7 @@ class PolicyNode(LifecycleNode):
                     self.get_logger().warning(f"closing the model failed: {error}")
                 self._policy = None
             self._settings = None
+            self._calibration, self._calibration_status = None, ""
             self._buffer = None
             self._watchdog = None
             self._instruction = None
@@ -574,7 +626,13 @@ class PolicyNode(LifecycleNode):
             self._report_decoding(index, None)
             for line in decoder_messages:      # libjpeg's warnings about a frame it still decoded
                 self._log.warning(f"decoder:{topic}", f"{topic}: {line}")
-        return InferenceJob(observation, images, prompt, state, taken_ns=now_ns)
+        job = InferenceJob(observation, images, prompt, state, taken_ns=now_ns)
+        calibration = self._calibration
+        if calibration is not None and not calibration.publishing:
+            if calibration.state is CalibrationState.COLLECTING:
+                self._calibrate_live(job)
+            return None                         # calibrating (or failed): nothing inferred, nothing published
+        return job
 
     def _report_decoding(self, index: int, error: str | None) -> None:
         watchdog = self._watchdog
@@ -642,7 +700,7 @@ class PolicyNode(LifecycleNode):
 
     # -- diagnostics -------------------------------------------------------------------------------------
     def _diagnostics_context(self) -> DiagnosticsContext:
-        settings, buffer, policy = self._settings, self._buffer, self._policy
+        settings, buffer, policy, calibration = self._settings, self._buffer, self._policy, self._calibration
         threshold = settings.staleness_warn_threshold if settings else self.get_parameter(
             "staleness_warn_threshold").value
         return DiagnosticsContext(
@@ -655,7 +713,9 @@ class PolicyNode(LifecycleNode):
             faults=self._faults,
             max_future_stamp=settings.max_future_stamp if settings else 0.0,
             heap_reuse=self._heap_reuse,
-            handover_timeouts=self._worker.handover_timeouts if self._worker is not None else 0)
+            handover_timeouts=self._worker.handover_timeouts if self._worker is not None else 0,
+            fp8_calibration=self._calibration_status,
+            calibration_state=calibration.state.value if calibration is not None else "")
 
     def _publish_diagnostics(self) -> None:
         try:

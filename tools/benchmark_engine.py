@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashrt_core.checkpoint import load_model_weights  # noqa: E402
 from flashrt_core.config import get_config  # noqa: E402
 from flashrt_core.engine import EngineOptions, build_executor, detect_hardware, resolve  # noqa: E402
+from flashrt_core.engine.fp8_calibration import calibrate_executor  # noqa: E402
 from flashrt_core.engine.dispatch import DEFAULT_TEXT_BUCKETS  # noqa: E402
 from flashrt_core.engine.gate import GATE_BF16, GATE_FP8, cosine, random_observation, reference_actions  # noqa: E402
 from flashrt_core.engine.graph_executor import EngineExecutor, graph_replay_ms  # noqa: E402
@@ -156,6 +157,8 @@ def engine_options(prec: str, args) -> EngineOptions:
 
 
 def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
+    if engine.fp8_calibration is not None and not engine.fp8_calibrated:
+        calibrate_executor(engine, [obs])             # an FP8 engine's scales from the timed observation
     run = lambda: engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise,  # noqa
                                              unnormalize=True)
     row = dict(meta)
@@ -348,6 +351,9 @@ def bench_config(args, res: Results, name: str) -> None:
                 if not isinstance(eng, EngineExecutor) or not eng.name.endswith(prec):
                     raise RuntimeError(f"build_executor gave {getattr(eng, 'name', eng)} for {prec}")
                 cos = []
+                if prec.startswith("fp8"):        # scales from the first gate observation
+                    calibrate_executor(eng, [random_observation(base, np.random.default_rng(100), views=1, n_text=12,
+                                                                vocab=1024)])
                 for seed in range(args.gate_observations):
                     obs = random_observation(base, np.random.default_rng(100 + seed), views=1 + seed % 3,
                                              n_text=12 + 17 * seed, vocab=1024)

@@ -35,6 +35,7 @@ from flashrt_core.checkpoint import load_model_weights  # noqa: E402
 from flashrt_core.config import get_config  # noqa: E402
 from flashrt_core.engine import detect_hardware, resolve  # noqa: E402
 from flashrt_core.engine.dispatch import DEFAULT_TEXT_BUCKETS  # noqa: E402
+from flashrt_core.engine.fp8_calibration import calibrate_executor  # noqa: E402
 from flashrt_core.engine.gate import random_observation  # noqa: E402
 from flashrt_core.engine.graph_executor import EngineExecutor  # noqa: E402
 
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     eng = EngineExecutor(model, cfg, dev, resolve(detect_hardware("auto", dev), opts))
     obs = random_observation(cfg, np.random.default_rng(args.views), views=args.views, n_text=PROMPT_TOKENS,
                              image_hw=tuple(args.image_hw) if args.image_hw else None, vocab=1024)
+    if eng.fp8_calibration is not None:
+        calibrate_executor(eng, [obs])                # an FP8 engine's scales from the profiled observation
     eng.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
     entry = next(e for k, e in eng._entries.items() if len(k[1]) == args.views)
     runs = [critical_path(k) for k in profile_replay(entry.graph, args.replays)]

@@ -49,7 +49,9 @@ def load(checkpoint: str, fp8: bool, tuning_cache: str):
 
 def captured_graph(policy, images, state) -> torch.cuda.CUDAGraph:
     """One predict on the frames (which captures the graph for their shapes and the prompt's text bucket) and
-    that graph."""
+    that graph. An FP8 policy is calibrated on the same frames first."""
+    if policy.fp8 and not policy.fp8_calibrated:
+        policy.calibrate([(images, PROMPT, state)])
     policy.predict(images, PROMPT, state)
     graphs = [entry.graph for entry in policy.executor._entries.values() if entry.graph is not None]
     if len(graphs) != 1:

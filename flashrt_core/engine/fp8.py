@@ -11,8 +11,10 @@ cuBLASLt's FP8 GEMM on Hopper moves the tensor cores' partial sums into fp32 reg
 accumulation; the down GEMM has K = 16384).
 
 The 10-51-row decoder GEMMs stay bf16: they are bound by reading the weights. fmax: 448 for OCP e4m3fn (NVIDIA
-sm89+, gfx950), 240 for e4m3fnuz (gfx942). Calibration runs the bf16 engine eagerly once on the first
-observation, recording each GEMM input's amax.
+sm89+, gfx950), 240 for e4m3fnuz (gfx942). The activation scales come from real observations
+(engine/fp8_calibration.py): the bf16 engine runs eagerly on each, recording each GEMM input's amax. Until then the
+layers hold placeholder scales (`calibrated` False) so that graphs can be captured; setting the scales writes the
+scale tensors in place, which captured graphs read at replay.
 """
 
 from __future__ import annotations
@@ -34,19 +36,42 @@ class Fp8Linear:
     """y = x @ W^T + b through torch._scaled_mm with static per-tensor scales; x is quantized by
     kernels/flashrt_kernels/fp8_quant.py, or by the kernel that produces it (matmul_quantized)."""
 
-    def __init__(self, lin: Linear, x_amax: float, dtype: torch.dtype):
+    def __init__(self, lin: Linear, x_amax: float | None, dtype: torch.dtype):
+        """x_amax: the calibrated amax of the layer's input; None = a placeholder scale (calibrated False) that
+        set_input_amax replaces."""
         (w, b), = lin.parts
         fmax = torch.finfo(dtype).max
         w32 = w.float()
         w_scale = w32.abs().max().clamp(min=1e-12) / fmax
         self.w_scale = w_scale.reshape(()).float()
         self.w_q = (w32 / w_scale).clamp(-fmax, fmax).to(dtype)
-        x_scale = max(x_amax, 1e-6) * CALIB_MARGIN / fmax
-        self.x_scale = torch.tensor(x_scale, device=w.device, dtype=torch.float32)
-        self.x_inv = torch.tensor([1.0 / x_scale], device=w.device, dtype=torch.float32)
+        with torch.inference_mode():         # inference tensors wherever this runs: set_input_amax updates them
+            self.x_scale = torch.ones((), device=w.device, dtype=torch.float32)
+            self.x_inv = torch.ones(1, device=w.device, dtype=torch.float32)
+        self.x_amax: float | None = None
         self.bias = None if b is None else b.to(torch.bfloat16)
         self.dtype = dtype
-        self._quant = load_kernels().fp8_quant
+        kernels = load_kernels()
+        # the Triton kernel on a GPU (or under Triton's interpreter); the same math in torch ops on the CPU
+        self._quant = kernels.fp8_quant if w.device.type != "cpu" or kernels.INTERPRETED \
+            else kernels.fp8_quant_reference
+        if x_amax is not None:
+            self.set_input_amax(x_amax)
+
+    @property
+    def calibrated(self) -> bool:
+        return self.x_amax is not None
+
+    def set_input_amax(self, x_amax: float) -> None:
+        """The input's static scale from its calibrated amax, written into the scale tensors in place: graphs
+        captured before (with a placeholder or older scale) read the new one at their next replay."""
+        if not (x_amax >= 0.0 and x_amax < float("inf")):
+            raise ValueError(f"FP8 calibration amax must be finite and >= 0, got {x_amax!r}")
+        x_scale = max(float(x_amax), 1e-6) * CALIB_MARGIN / torch.finfo(self.dtype).max
+        with torch.inference_mode():
+            self.x_scale.fill_(x_scale)
+            self.x_inv.fill_(1.0 / x_scale)
+        self.x_amax = float(x_amax)
 
     def matmul_quantized(self, xq: torch.Tensor) -> torch.Tensor:
         """y for an x already quantized with this layer's static scale: xq = clamp(x * x_inv) in self.dtype
@@ -68,21 +93,22 @@ def wide_linears(w: EngineWeights) -> list[Linear]:
     return out
 
 
-def quantize_wide(w: EngineWeights, amax: dict[int, float], fmt: str) -> int:
-    """Attach Fp8Linear to every GEMM of wide_linears whose input amax was calibrated. Returns how many.
-    Weights shared with an executor that quantized them already keep its Fp8Linear."""
+def quantize_wide(w: EngineWeights, amax: dict[int, float] | None, fmt: str) -> int:
+    """Attach Fp8Linear to every GEMM of wide_linears, with the input amax calibrated for it (amax: id(Linear) ->
+    amax), or placeholder scales where amax is None. Returns how many. Weights shared with an executor that
+    quantized them already keep its Fp8Linear."""
     dtype = FP8_DTYPES[fmt]
     count = 0
     for lin in wide_linears(w):
-        if lin.fp8 is not None:          # weights shared with an executor that calibrated them already
+        if lin.fp8 is not None:          # weights shared with an executor that quantized them already
             count += 1
             continue
-        if id(lin) not in amax:
+        if amax is not None and id(lin) not in amax:
             raise ValueError("FP8 calibration did not see every wide GEMM; run it on a full observation")
         if len(lin.parts) != 1:
             raise ValueError("FP8 needs merged weights (fused_weights on)")
-        lin.fp8 = Fp8Linear(lin, amax[id(lin)], dtype)
+        lin.fp8 = Fp8Linear(lin, None if amax is None else amax[id(lin)], dtype)
         count += 1
-    log.info("FP8 %s (per-tensor static scales) on %d backbone MLP GEMMs (activation margin %.2f)", fmt, count,
-             CALIB_MARGIN)
+    log.info("FP8 %s (per-tensor static scales%s) on %d backbone MLP GEMMs (activation margin %.2f)", fmt,
+             "" if amax is not None else ", placeholders until calibrated", count, CALIB_MARGIN)
     return count

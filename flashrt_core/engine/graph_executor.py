@@ -28,6 +28,7 @@ from flashrt_core.model import PiModel
 
 from .dispatch import Dispatch, Op, Switch
 from .forward import Workspace, denoise, forward, pi0_fused_step_ends, prefix, vision
+from .fp8_calibration import Fp8Calibration
 from .host_wait import HostWait
 from .kernel_import import load_kernels
 from .ops import LAUNCH_POLICIES, PREFIX_ATTENTION_IMPLS, VISION_ATTENTION_BACKENDS, Ops
@@ -136,7 +137,8 @@ class EngineExecutor:
         self._pool = torch.cuda.graph_pool_handle() if self.use_graph else None
         self.capture_seconds: dict[tuple, float] = {}
         self._host_wait = HostWait(dispatch.options.host_wait, self.device)
-        self.fp8_calibrated = False
+        self.fp8_calibration = (Fp8Calibration(dispatch[Op.FP8_FORMAT])
+                                if dispatch[Op.GEMM_PREFIX] == "fp8" else None)   # engine/fp8_calibration.py
         log.info("engine ready: %s, text buckets %s, dispatch %s", self.name, self.text_buckets, dispatch.summary())
 
     # ---------------------------------------------------------------------------------------------- set-up
@@ -442,20 +444,21 @@ class EngineExecutor:
         return self._entries[key]
 
     @torch.inference_mode()
-    def _calibrate_fp8(self, entry: _Entry) -> None:
-        """Run the bf16 forward once on this (real) observation, record GEMM input amax, quantize the wide GEMMs."""
-        from .fp8 import quantize_wide
-        self.ops.calibration = {}
-        try:
-            forward(entry.ws, self.weights, self.ops)
-        finally:
-            amax, self.ops.calibration = self.ops.calibration, None
-        quantize_wide(self.weights, amax, self.dispatch[Op.FP8_FORMAT])
-        self.fp8_calibrated = True
+    def _calibrate_fp8(self, entry: _Entry) -> bool:
+        """An FP8 engine's scales before a run (engine/fp8_calibration.py): True when a calibration (or bf16) forward
+        ran eagerly on this entry and its actions are the output; False when the run goes on; Fp8NotCalibrated
+        when no scales were set from real observations (outside a warm-up)."""
+        return self.fp8_calibration.before_run(self.ops, self.weights,
+                                               lambda: forward(entry.ws, self.weights, self.ops))
+
+    @property
+    def fp8_calibrated(self) -> bool:
+        """An FP8 engine whose activation scales are set (always False for a bf16 engine)."""
+        return self.fp8_calibration is not None and self.fp8_calibration.calibrated(self.weights)
 
     def _run(self, key: tuple, entry: _Entry) -> None:
-        if self.dispatch[Op.GEMM_PREFIX] == "fp8" and not self.fp8_calibrated:
-            self._calibrate_fp8(entry)
+        if self.fp8_calibration is not None and self._calibrate_fp8(entry):
+            return
         if self.use_graph:
             if entry.graph is None:
                 self._capture(key, entry)   # the capture's own warm-up already ran forward() on these inputs

@@ -21,6 +21,7 @@ from flashrt_core.engine.gate import GATE_BF16, GATE_FP8, cosine, random_observa
 from flashrt_core.engine.graph_executor import EngineExecutor
 from flashrt_core.engine.forward import pi0_fused_step_ends
 from flashrt_core.engine.fp8 import wide_linears
+from flashrt_core.engine.fp8_calibration import calibrate_executor
 from flashrt_core.executor import ReferenceExecutor
 from flashrt_core.fixtures import CONFIG_FILE, write_random_checkpoint
 
@@ -89,6 +90,10 @@ def test_fusion_switch_keeps_the_actions(switch):
     op = {"rope_in_attention": "decoder_qkv", "gemm_epilogue": "vision_gelu", "fp8_fused_quant": "fp8_input_quant",
           "prefix_attention_tuning": "prefix_attention"}[switch]
     assert fused.dispatch.summary() != plain.dispatch.summary(), op
+    if fp8:                     # both calibrated on the same observation: the same scales
+        calibration = random_observation(cfg, np.random.default_rng(7), views=2, n_text=20, vocab=1024)
+        for engine in (fused, plain):
+            calibrate_executor(engine, [calibration])
     for seed in range(2):
         obs = random_observation(cfg, np.random.default_rng(seed), views=2, n_text=20 + seed, vocab=1024)
         args = (obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
@@ -183,9 +188,11 @@ def test_accuracy_gate_full_size(name, precision):
         engine.ops.prefix_attention_impl = "wgmma"
         engine._entries.clear()
     cosines = []
+    if prec == "fp8":                       # calibrated on the first gate observation: every backbone MLP GEMM in FP8
+        calibrate_executor(engine, [random_observation(cfg, np.random.default_rng(0), views=2, n_text=20,
+                                                       vocab=1024)])
+        assert all(lin.fp8 is not None and lin.fp8.calibrated for lin in wide_linears(engine.weights))
     for seed in range(GATE_OBSERVATIONS):
-        if seed == 1 and prec == "fp8":     # calibrated on the first observation: every backbone MLP GEMM in FP8
-            assert all(lin.fp8 is not None for lin in wide_linears(engine.weights))
         obs = random_observation(cfg, np.random.default_rng(seed), views=2 + seed % 2, n_text=20 + 13 * seed,
                                  vocab=1024)
         got = engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)

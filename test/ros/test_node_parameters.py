@@ -30,7 +30,7 @@ def test_every_parameter_is_described_and_its_default_is_valid():
         assert SPECS[name].default < 1.0, name
     settings = settings_from_values(DEFAULTS)
     assert settings.trigger is TriggerMode.ON_OBSERVATION and settings.state_type is StateInput.JOINT_STATE
-    assert settings.config is None and settings.dtype is None      # auto -> flashrt_core picks
+    assert settings.config is None and settings.load_precision is None      # auto -> flashrt_core picks
 
 
 @pytest.mark.parametrize("name, value, reason", [
