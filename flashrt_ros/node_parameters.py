@@ -57,7 +57,7 @@ class StateInput(enum.Enum):
 MODEL_CONFIGS = ("auto", "pi05", "pi0", "pi05_tiny", "pi0_tiny")
 PRECISIONS = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_TUNING_CACHE = "~/.cache/flashrt/tuning"
-HOST_WAITS = ("sync", "poll", "warm")     # flashrt_core.engine.dispatch.HOST_WAITS (no torch import here)
+HOST_WAITS = ("sync", "poll", "warm")     # flashrt_core.engine.options.HOST_WAITS (no torch import here)
 HARDWARE_PATTERN = re.compile(r"^(auto|reference|cpu|sm\d{2,3}|gfx[0-9a-f]{3,4})$")
 
 

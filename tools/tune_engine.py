@@ -51,7 +51,7 @@ def captured_graph(policy, images, state) -> torch.cuda.CUDAGraph:
     """One predict on the frames (which captures the graph for their shapes and the prompt's text bucket) and
     that graph."""
     policy.predict(images, PROMPT, state)
-    graphs = [entry.graph for entry in policy.executor._entries.values() if entry.graph is not None]
+    graphs = [entry.graph for entry in policy.executor.entries.values() if entry.graph is not None]
     if len(graphs) != 1:
         raise RuntimeError(f"expected one captured graph after one predict, found {len(graphs)}")
     return graphs[0]
@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("tune_engine: needs a CUDA GPU (the load-time tuning and the graphs run only there)", file=sys.stderr)
         return 2
-    from flashrt_core.engine.graph_executor import EngineExecutor, graph_replay_ms, interleaved_replay_ms
+    from flashrt_core.engine import EngineExecutor
+    from flashrt_core.engine.timing import graph_replay_ms, interleaved_replay_ms
     from flashrt_core.engine.tuning_cache import TuningCache
 
     rng = np.random.default_rng(0)

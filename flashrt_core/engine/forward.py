@@ -284,7 +284,7 @@ def _on(stream: torch.cuda.Stream | None):
 
 def denoise_stream(device: torch.device) -> torch.cuda.Stream:
     """The stream the denoiser runs on beside the prefix (forward_overlapped): one per device for the process, like
-    graph_executor.side_stream (cuBLAS keeps a workspace per handle and stream), and another than that one, which
+    timing.side_stream (cuBLAS keeps a workspace per handle and stream), and another than that one, which
     the warm-ups before a capture run on."""
     return _denoise_stream(device.index if device.index is not None else torch.cuda.current_device())
 
