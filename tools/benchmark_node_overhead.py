@@ -35,7 +35,7 @@ capture stamp into the header bytes and hands rclpy the bytes (one copy into the
 driver that fills its message and publishes would. The default feeder publishes rclpy Image messages, which rclpy
 converts from Python and serializes on every publish. Measured on the development machine, both cost the same
 ~1.1 ms per 640x480 frame, about half of it only once a subscriber is matched (the report's last row: the same
-publish() to a topic no one reads): docs/benchmarks/transport_floor_devmachine_2026-11-30_session8.md.
+publish() to a topic no one reads): the transport floor report of 2026-11-30 in docs/benchmarks/.
 """
 
 from __future__ import annotations

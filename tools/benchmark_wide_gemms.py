@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark of the wide GEMMs (hundreds of rows) of the vision tower and the prefix, each form the engine could run.
 
-Session 7's timeline of a bf16 replay (docs/benchmarks/engine_h200_2026-11-29_notes.md) put the vision tower at
+The timeline of a bf16 replay (docs/benchmarks/engine_h200_2026-11-29_notes.md) puts the vision tower at
 ~25 % of the H200's dense bf16 peak: its 512-row GEMMs take 10-12 us each, whatever their FLOPs. This tool times
 every wide GEMM shape of pi0.5 (vision: QKV, O, fc1 with its tanh GELU, fc2 at 256 rows per view; prefix: QKV, O,
 gate/up with its GeGLU, down at 256 rows per view + 64 text slots) in the forms below, each captured `--reps` times

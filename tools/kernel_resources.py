@@ -173,7 +173,7 @@ def attention_configs() -> list[KernelConfig]:
 
 
 def skinny_configs(block_m: int | None = 16) -> list[KernelConfig]:
-    """Every decoder GEMM candidate of the load-time tuning (ops.SKINNY_CANDIDATES) at the expert's K; row tiles of
+    """Every decoder GEMM candidate of the load-time tuning (kernel_configs.SKINNY_CANDIDATES) at the expert's K; row tiles of
     block_m (16: the 10-16-row steps of horizon 10), or None: the largest tile each candidate serves (64 rows for a
     candidate allowed 17-64 rows, horizon 50)."""
     from flashrt_core.engine.kernel_configs import SKINNY_CANDIDATES
@@ -225,7 +225,7 @@ def rope_configs() -> list[KernelConfig]:
 
 
 def smem_configs() -> list[KernelConfig]:
-    """Every kernels/flashrt_kernels/smem_gemm.py candidate of the load-time tuning (ops.SMEM_CANDIDATES) at the expert's shapes,
+    """Every kernels/flashrt_kernels/smem_gemm.py candidate of the load-time tuning (kernel_configs.SMEM_CANDIDATES) at the expert's shapes,
     with the TMA descriptors the launcher builds; empty where Triton has no Gluon."""
     from flashrt_core.engine.kernel_configs import SMEM_CANDIDATES
     smem = _kernels_module("smem_gemm")

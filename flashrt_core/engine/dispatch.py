@@ -109,7 +109,8 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
         Candidate("math", _ALWAYS, "matmul + fp32 softmax + matmul"),
     ),
     Op.MQA: (
-        Candidate("triton", _triton, "kernels/flashrt_kernels/attention.py: flash-style, key mask as a vector, split over keys"),
+        Candidate("triton", _triton, "flashrt_kernels/attention.py: flash-style, key mask as a vector, split "
+                  "over keys"),
         Candidate("sdpa", lambda hw, o: _gpu(hw, o) and o.flash_attention,
                   "torch SDPA with a dense additive mask (cuDNN / memory-efficient)"),
         Candidate("math", _ALWAYS, "matmul + fp32 softmax + matmul, dense mask"),
@@ -120,8 +121,8 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
         Candidate("bf16", _ALWAYS, "cuBLAS / hipBLASLt through torch.matmul"),
     ),
     Op.GEMM_DECODER: (
-        Candidate("triton", _triton, "kernels/flashrt_kernels/skinny_gemm.py (GeGLU epilogue, split-K into the norms); per GEMM "
-                  "shape only where it measures faster than cuBLAS at load"),
+        Candidate("triton", _triton, "flashrt_kernels/skinny_gemm.py (GeGLU epilogue, split-K into the norms); per "
+                  "GEMM shape only where it measures faster than cuBLAS at load"),
         Candidate("bf16", _ALWAYS, "cuBLAS / hipBLASLt: FP8 is slower at 10-50 rows (bound by reading the weights)"),
     ),
     Op.FP8_FORMAT: (
@@ -152,11 +153,11 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     Op.DECODER_QKV: (
         Candidate("rope_in_attention", lambda hw, o: _triton(hw, o) and o.rope_in_attention
                   and o.impl.get(Op.MQA.value, "triton") == "triton",
-                  "the QKV GEMM writes raw Q/K/V; kernels/flashrt_kernels/attention.py decoder_attention applies RoPE and the q scale "
-                  "to the queries and the suffix keys itself (no qkv_rope launch, no suffix KV-cache write); needs "
-                  "mqa=triton, else the engine runs `separate`"),
-        Candidate("fused_rope", _triton, "kernels/flashrt_kernels/qkv_gemm_rope.py: RoPE, q scale and KV write in the QKV GEMM's "
-                  "epilogue; kept at load only where it measures faster than the GEMM + qkv_rope pair"),
+                  "the QKV GEMM writes raw Q/K/V; flashrt_kernels/attention.py decoder_attention applies RoPE and "
+                  "the q scale to the queries and the suffix keys itself (no qkv_rope launch, no suffix KV-cache "
+                  "write); a pinned mqa other than triton leaves it out"),
+        Candidate("fused_rope", _triton, "flashrt_kernels/qkv_gemm_rope.py: RoPE, q scale and KV write in the QKV "
+                  "GEMM's epilogue; kept at load only where it measures faster than the GEMM + qkv_rope pair"),
         Candidate("separate", _ALWAYS, "the decoder GEMM, then the qkv_rope op"),
     ),
     Op.KERNEL_LAUNCH: (
@@ -164,9 +165,9 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   and o.pdl_early_trigger and o.chain_tuning
                   and _nvidia_sm90_plus(hw),
                   "programmatic dependent launch where chosen Triton kernels let the next one launch at their start "
-                  "(kernels/flashrt_kernels/_triton.py release_dependents), not after their wait, so the kernel ahead can be "
+                  "(flashrt_kernels/_triton.py release_dependents), not after their wait, so the kernel ahead can be "
                   "resident and streaming its weights: the chain tuning times the denoiser sites of each "
-                  "ops.LAUNCH_POLICIES entry ('none' among them) and keeps the fastest (NVIDIA sm90+)"),
+                  "kernel_configs.LAUNCH_POLICIES entry ('none' among them) and keeps the fastest (NVIDIA sm90+)"),
         Candidate("pdl", lambda hw, o: _triton(hw, o) and o.pdl and _nvidia_sm90_plus(hw),
                   "programmatic dependent launch: a Triton kernel starts while the one before it finishes, "
                   "streams its weights, then waits for its inputs (griddepcontrol, NVIDIA sm90+)"),
@@ -175,8 +176,8 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     Op.FUSED_PATCH_EMBED: (
         Candidate("fused", lambda hw, o: _triton(hw, o) and o.fused_patch_embed,
                   "each present uint8 view at the model's image size becomes its patch rows in the engine dtype in "
-                  "one kernels/flashrt_kernels/patch_embed.py launch (HWC gather, scaling to [-1, 1]; other sizes are resized as "
-                  "before, then converted to the rows in one copy); the patch GEMM runs in the "
+                  "one flashrt_kernels/patch_embed.py launch (HWC gather, scaling to [-1, 1]; other sizes are "
+                  "resized first, then converted to the rows in one copy); the patch GEMM runs in the "
                   "engine dtype (rows padded to a multiple of 8 columns) and one add puts the position embedding "
                   "and the bias (summed at load) on it (on the H200: -0.08 ms bf16 per predict)"),
         Candidate("reference", _ALWAYS, "torch: permute, float conversion and scaling per view, the patch "
@@ -184,11 +185,11 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     ),
     Op.FUSED_DENOISE_STEP: (
         Candidate("fused", lambda hw, o: _triton(hw, o) and o.fused_denoise_step,
-                  "pi0.5: kernels/flashrt_kernels/denoise_step.py, one Triton kernel at each end of a denoising step: the action "
-                  "input projection with the first adaRMSNorm, and the final adaRMSNorm with the output "
+                  "pi0.5: flashrt_kernels/denoise_step.py, one Triton kernel at each end of a denoising step: the "
+                  "action input projection with the first adaRMSNorm, and the final adaRMSNorm with the output "
                   "projection and the Euler step (seven launches, two of them cuBLAS GEMMs outside the dependent-"
-                  "launch chain, become two PDL kernels; fp32 throughout). Its full-size gates pass (bf16, FP8); on the "
-                  "H200 it saves 0.02-0.04 ms per denoise with the same picks (tools/benchmark_denoise_step.py)"),
+                  "launch chain, become two PDL kernels; fp32 throughout). Its full-size gates pass (bf16, FP8); on "
+                  "the H200 it saves 0.02-0.04 ms per denoise with the same picks (tools/benchmark_denoise_step.py)"),
         Candidate("separate", _ALWAYS, "cast, input GEMM, copy and norm; norm, output GEMM and the Euler kernel"),
     ),
     Op.GEMM_EPILOGUE: (
@@ -207,15 +208,16 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
     Op.FP8_FUSED_QUANT: (
         Candidate("fused", lambda hw, o: _triton(hw, o) and o.fp8_fused_quant,
                   "a per-tensor FP8 down GEMM's input is quantized by the GeGLU kernel that produces it "
-                  "(kernels/flashrt_kernels/geglu.py with an FP8 out): no bf16 activation written and read back, no quantization "
-                  "launch; row-wise FP8 keeps its per-token quantization kernel"),
+                  "(flashrt_kernels/geglu.py with an FP8 out): no bf16 activation written and read back, no "
+                  "quantization launch; row-wise FP8 keeps its per-token quantization kernel"),
         Candidate("separate", _ALWAYS, "the GeGLU output in bf16, then kernels/flashrt_kernels/fp8_quant.py"),
     ),
     Op.SMEM_GEMM: (
         Candidate("tma", _smem_gemm,
-                  "kernels/flashrt_kernels/smem_gemm.py (Triton Gluon): each program's whole weight slice goes to shared memory by "
-                  "TMA before the PDL wait, and the product runs on wgmma with the weights as the 64-row side; "
-                  "offered to the decoder GEMM tuning beside the Triton and library GEMMs (NVIDIA Hopper: wgmma)"),
+                  "flashrt_kernels/smem_gemm.py (Triton Gluon): each program's whole weight slice goes to shared "
+                  "memory by TMA before the PDL wait, and the product runs on wgmma with the weights as the 64-row "
+                  "side; offered to the decoder GEMM tuning beside the Triton and library GEMMs (NVIDIA Hopper: "
+                  "wgmma)"),
         Candidate("none", _ALWAYS, "the decoder GEMM tuning picks among the Triton and library GEMMs"),
     ),
     Op.PREFIX_ATTENTION_TUNING: (

@@ -13,7 +13,7 @@ ROPE_IN_ATTENTION_MAX_ROWS = 16
 
 @dataclass(frozen=True)
 class SkinnyConfig:
-    """Launch configuration of kernels/flashrt_kernels/skinny_gemm.py (split_k > 1 only where the consumer sums partials).
+    """Launch configuration of flashrt_kernels/skinny_gemm.py (split_k > 1 only where the consumer sums partials).
     block_k == K / split_k makes one-shot programs: the whole weight slice is loaded before the wait for x."""
 
     block_n: int
@@ -27,18 +27,18 @@ class SkinnyConfig:
         return f"triton(n{self.block_n},k{self.block_k},s{self.split_k},st{self.stages},w{self.warps})"
 
 
-# The SDPA backends the vision attention may run on (Ops.attention), timed at load by tune_vision_attention;
+# The SDPA backends the vision attention may run on (Ops.attention), timed at load by tuning.tune_vision_attention;
 # "default" leaves the choice to torch (on the H200, torch 2.11: cuDNN's flash kernel). Measured at load on the H200
 # (us per layer at 2 views): torch's choice 8.98-9.63, cuDNN 9.11-9.61, memory-efficient 11.3-11.5, flash
 # 13.5-13.7; the pick flips between cuDNN and torch's choice.
 VISION_ATTENTION_BACKENDS = ("default", "flash", "efficient", "cudnn")
 
-# The prefix attention's implementations (Ops.prefix_attention), timed at load by tune_prefix_attention. Measured
-# on the H200 at 576 keys (us per layer): mqa 36.8, mqa_split1 25.3 (picked), mqa_split4 29.5, SDPA
-# 45.0-53.1; also measured and dropped: one split with 32-row query blocks (144 programs, 2 per SM) 29.7 us, two
-# splits of 32 rows 35.0, one split of 16 rows 28.4.
-# kernels/flashrt_kernels/prefix_attention.py's forms, by name: the launcher's arguments. "wgmma" measured 17.7 us on the
-# H200 against 25.4 for mqa_split1, "wgmma_overlap" 20.1 (prefix_attention_wgmma).
+# The prefix attention's implementations (Ops.prefix_attention), timed at load by tuning.tune_prefix_attention. On
+# the H200 at 576 keys (us per layer): mqa 36.8, mqa_split1 25.3, mqa_split4 29.5, SDPA 45.0-53.1. Forms that are
+# slower and not offered: one split with 32-row query blocks (144 programs, 2 per SM) 29.7 us, two splits of 32
+# rows 35.0, one split of 16 rows 28.4.
+# kernels/flashrt_kernels/prefix_attention.py's forms, by name: the launcher's arguments. "wgmma" takes 17.7 us on
+# the H200 against 25.4 for mqa_split1, "wgmma_overlap" 20.1 (prefix_attention_wgmma).
 WGMMA_PREFIX_ATTENTION = {"wgmma": {}, "wgmma_overlap": {"overlap": True}}
 PREFIX_ATTENTION_IMPLS = ("mqa", "mqa_split1", "mqa_split4", "sdpa_gqa", "sdpa_expand", "sdpa_repeat",
                           *WGMMA_PREFIX_ATTENTION)
@@ -66,8 +66,8 @@ SMEM_CANDIDATES = {"qkv": [SmemConfig(1)], "gate_up": [SmemConfig(1)],
 
 # Candidates measured at load for each decoder GEMM kind (qkv feeds RoPE and gate_up has the GeGLU epilogue:
 # no split-K there; o and down feed the residual norms, which sum split-K partials). The expert's K is 1024
-# (qkv, gate_up), 2048 (o) and 4096 (down): the one-shot candidates split K into 1024-wide slices. Measured on the
-# H200 and dropped: one-shot with 8 warps (qkv 8.4 us vs 3.9; gate_up 56 us, its two 16x1024 slices spill).
+# (qkv, gate_up), 2048 (o) and 4096 (down): the one-shot candidates split K into 1024-wide slices. One-shot with 8
+# warps is not offered: on the H200 qkv takes 8.4 us against 3.9, gate_up 56 us (its two 16x1024 slices spill).
 # The K loops stage their weight tiles through shared memory (cp.async), `stages` deep: the deeper candidates of
 # qkv and gate_up (up to 140 KB of a program's 128-256 KB slice in flight, no spills: tools/kernel_resources.py)
 # are there for the chain tuning to weigh against the ~6 us the gate/up GEMM takes in the denoiser.
@@ -106,7 +106,7 @@ LAUNCH_POLICIES = {
 
 @dataclass(frozen=True)
 class RopeGemmConfig:
-    """Launch configuration of kernels/flashrt_kernels/qkv_gemm_rope.py (the decoder QKV GEMM with the RoPE epilogue)."""
+    """Launch configuration of flashrt_kernels/qkv_gemm_rope.py (the decoder QKV GEMM with the RoPE epilogue)."""
 
     block_p: int
     block_k: int

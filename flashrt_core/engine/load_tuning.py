@@ -181,7 +181,7 @@ def tune_decoder_in_chain(ex: EngineExecutor, rounds: int = CHAIN_TUNING_ROUNDS,
     The candidates of one kind are all captured first and then replayed in turn, `rounds` rounds of `reps`
     replays each, in a rotating order (interleaved_replay_ms): the same denoise drifts by up to 0.4 ms between
     captures timed one after the other, more than most candidates differ by.
-    With kernel_launch=pdl_early (pdl_early_trigger, the default), the launch policy (ops.LAUNCH_POLICIES:
+    With kernel_launch=pdl_early (pdl_early_trigger, the default), the launch policy (kernel_configs.LAUNCH_POLICIES:
     which kernels release the next one at their start) is timed the same way first, under key "launch_policy".
     The picks depend on each other (an engine whose first pass begins from other isolated picks can keep GEMMs
     that another's pass replaces), so the pass repeats, up to options.chain_tuning_passes times, until one
@@ -230,7 +230,7 @@ def pick_launch_policy(ex: EngineExecutor, capture, timed) -> dict[str, float]:
 def pick_decoder_gemm_in_chain(ex: EngineExecutor, kind: str, capture, timed) -> dict[str, float]:
     """One pass of the chain tuning over one decoder GEMM kind's candidates (those the isolated tuning did not
     leave out): each captured, all timed in turn, the fastest kept; {} where the kind has nothing to choose
-    between. A candidate that fails to capture is left out as ops.time_candidate says."""
+    between. A candidate that fails to capture is left out as tuning.time_candidate says."""
     ops = ex.ops
     lin = getattr(ex.weights.expert[0], kind)
     if kind not in ops.decoder_timings or lin is None:      # not tuned alone: pinned or library-only

@@ -96,7 +96,7 @@ class Ops:
         self.decoder_impl: dict[str, str | SkinnyConfig | SmemConfig | RopeGemmConfig] = {
             kind: "triton" if triton_decoder else "library" for kind in SKINNY_CANDIDATES}
         self.decoder_timings: dict[str, dict[str, float]] = {}
-        self.decoder_failures: dict[str, dict[str, str]] = {}    # candidates left out of the tuning (tuning.time_candidate)
+        self.decoder_failures: dict[str, dict[str, str]] = {}    # left out of the tuning (tuning.time_candidate)
         self.calibration: dict[int, float] | None = None   # set by the FP8 calibration run
 
     # ---------------------------------------------------------------------------------------------- norms
@@ -153,7 +153,8 @@ class Ops:
     def time_mlp_in(self, x_t: torch.Tensor, w_fold: torch.Tensor, c: torch.Tensor, state_token: torch.Tensor,
                     b_out: torch.Tensor, residual: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """pi0's step start (fused_denoise_step_pi0): the residual's constant rows (state token, the time MLP's
-        output bias) and the MLP's hidden rows h in one kernel (kernels/flashrt_kernels/denoise_step.py time_mlp_in). Returns h."""
+        output bias) and the MLP's hidden rows h in one kernel (flashrt_kernels/denoise_step.py time_mlp_in).
+        Returns h."""
         return self.k.time_mlp_in(x_t, w_fold, c, state_token, b_out, residual, h, pdl=self.launch_mode("other"))
 
     # ---------------------------------------------------------------------------------------------- MLP pieces
@@ -165,7 +166,7 @@ class Ops:
 
     def _triton_geglu(self, gu: torch.Tensor, dtype: torch.dtype, inv_scale: torch.Tensor | None = None
                       ) -> torch.Tensor:
-        """kernels/flashrt_kernels/geglu.py into a new (M, F) tensor of dtype (FP8 with inv_scale: quantized on the way out)."""
+        """flashrt_kernels/geglu.py into a new (M, F) tensor of dtype (FP8 with inv_scale: quantized on the way out)."""
         out = torch.empty(gu.shape[0], gu.shape[1] // 2, device=gu.device, dtype=dtype)
         return self.k.geglu(gu, out, pdl=self.launch_mode("other"), inv_scale=inv_scale)
 
@@ -327,13 +328,14 @@ class Ops:
                          impl: str | None = None) -> torch.Tensor:
         """The prefix's bidirectional one-KV-head attention: q (P, H, Dh) (RoPE and scale applied), k / v (P, Dh),
         keys masked by mask.key_valid() -> (P, H * Dh), the O projection's input.
-        impl "mqa": ops.mqa with the heads stacked on the query axis (kernels/flashrt_kernels/attention.py with mqa=triton; the
+        impl "mqa": ops.mqa with the heads stacked on the query axis (flashrt_kernels/attention.py with mqa=triton; the
         plan splits the keys in two at the prefix's 4,608-9,216 query rows and merges); "mqa_split1" / "mqa_split4":
         the same kernel with one key split (no merge) or four;
         "sdpa_gqa" / "sdpa_expand" / "sdpa_repeat": torch's scaled_dot_product_attention over (1, H, P, Dh) with a
         boolean key mask, the one K/V head shared by enable_gqa, by a stride-0 view, or by a copy per head: which
         of torch's fused backends accepts which form differs, so the tuning times all three;
-        "wgmma" / "wgmma_overlap": kernels/flashrt_kernels/prefix_attention.py (Gluon, sm90), the heads stacked on the query axis;
+        "wgmma" / "wgmma_overlap": flashrt_kernels/prefix_attention.py (Gluon, sm90), the heads stacked on the query
+        axis;
         with _overlap the next key block's q @ k^T runs on the tensor cores during this block's softmax.
         None: the pick of tuning.tune_prefix_attention."""
         P, H, Dh = q.shape

@@ -39,7 +39,7 @@ def test_keep_fastest_in_chain_applies_each_candidate_then_the_fastest_or_the_fa
 
 
 def test_launch_policy_pick_captures_every_policy_under_its_own_sites_and_keeps_the_fastest():
-    """pick_launch_policy: every ops.LAUNCH_POLICIES entry set (its name and early sites together) before its
+    """pick_launch_policy: every kernel_configs.LAUNCH_POLICIES entry set (its name and early sites together) before its
     capture, all timed, the fastest set last."""
     ops = types.SimpleNamespace(launch_policy="all", early_sites=LAUNCH_POLICIES["all"])
     ops.set_launch_policy = types.MethodType(Ops.set_launch_policy, ops)
@@ -50,7 +50,8 @@ def test_launch_policy_pick_captures_every_policy_under_its_own_sites_and_keeps_
     def capture():
         captured.append((ops.launch_policy, ops.early_sites))
         return f"graph-{ops.launch_policy}"
-    times = load_tuning.pick_launch_policy(ex, capture, lambda graphs: {p: ms[p] for p, g in graphs.items() if g == f"graph-{p}"})
+    times = load_tuning.pick_launch_policy(ex, capture,
+                                           lambda graphs: {p: ms[p] for p, g in graphs.items() if g == f"graph-{p}"})
     assert times == ms
     assert captured == [(p, LAUNCH_POLICIES[p]) for p in LAUNCH_POLICIES]
     assert ops.launch_policy == "norms" and ops.early_sites == LAUNCH_POLICIES["norms"]
@@ -110,11 +111,12 @@ def test_gemm_pick_times_every_runnable_candidate_keeps_the_fastest_and_records_
 
 
 def test_gemm_pick_keeps_the_current_pick_when_no_candidate_captures(monkeypatch):
-    ops = _gemm_ops(["library", "skinny"], {}, monkeypatch)                           # the pick before the pass: "library"
+    ops = _gemm_ops(["library", "skinny"], {}, monkeypatch)              # the pick before the pass: "library"
     ex = _picking_executor(ops)
 
     def capture():
         raise CandidateMismatch("every candidate disagrees")
-    assert load_tuning.pick_decoder_gemm_in_chain(ex, "down", capture, lambda graphs: pytest.fail("nothing to time")) == {}
+    nothing_to_time = lambda graphs: pytest.fail("nothing to time")  # noqa: E731
+    assert load_tuning.pick_decoder_gemm_in_chain(ex, "down", capture, nothing_to_time) == {}
     assert ops.decoder_impl["down"] == "library"                        # not the last one applied
     assert set(ops.decoder_failures["down"]) == {"library", "skinny"}

@@ -228,7 +228,8 @@ def test_vision_attention_backend_is_measured_on_gpus_and_has_its_switch():
         assert resolve(detect_hardware(arch), EngineOptions())[Op.VISION_ATTENTION_TUNING] == "measured"
     off = _env(FLASHRT_VISION_ATTENTION_TUNING=0)
     assert resolve(detect_hardware("sm90"), off)[Op.VISION_ATTENTION_TUNING] == "default"
-    assert resolve(detect_hardware("sm90"), EngineOptions(flash_attention=False))[Op.VISION_ATTENTION_TUNING] == "default"
+    no_sdpa = EngineOptions(flash_attention=False)
+    assert resolve(detect_hardware("sm90"), no_sdpa)[Op.VISION_ATTENTION_TUNING] == "default"
     assert resolve(detect_hardware("sm90"), _env(FLASHRT_FAST_PATHS=0))[Op.VISION_ATTENTION_TUNING] == "default"
     assert resolve(CPU, EngineOptions())[Op.VISION_ATTENTION_TUNING] == "default"
 
@@ -258,7 +259,7 @@ def test_prefix_attention_is_measured_with_triton_and_has_its_switch(monkeypatch
 
 
 def test_the_wgmma_kernels_are_offered_on_hopper_only(monkeypatch):
-    """kernels/flashrt_kernels/smem_gemm.py runs on wgmma, which Hopper (sm90) has and Blackwell (sm100, sm120) does not:
+    """flashrt_kernels/smem_gemm.py runs on wgmma, which Hopper (sm90) has and Blackwell (sm100, sm120) does not:
     its dispatch offers it on sm90 only, while PDL stays on every sm90+ GPU."""
     import flashrt_core.engine.dispatch as dispatch
     import flashrt_core.engine.kernel_import as ki

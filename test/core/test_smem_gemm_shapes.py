@@ -1,5 +1,5 @@
 """kernels/flashrt_kernels/smem_gemm.py's shape rules, checked where the engine relies on them (no GPU needed): every candidate
-of ops.SMEM_CANDIDATES serves the action expert's GEMMs of pi0.5 and pi0 at their row counts up to 64 (horizon 10:
+of kernel_configs.SMEM_CANDIDATES serves the action expert's GEMMs of pi0.5 and pi0 at their row counts up to 64 (horizon 10:
 10-11, horizon 50: 50-51), and what the kernel cannot do (more than 64 rows, K slices that are not whole 64-column
 boxes, split GeGLU, slices beyond one SM's shared memory) is refused, so the tuning never offers it."""
 

@@ -33,8 +33,8 @@ def _triton_dispatch(decoder_qkv: str, tuning_cache: str = "", **picks):
               Op.GEGLU: "triton", Op.QKV_ROPE: "triton", Op.DECODER_QKV: decoder_qkv, Op.EULER: "triton",
               Op.KERNEL_LAUNCH: "pdl", Op.GEMM_EPILOGUE: "separate", Op.CHAIN_TUNING: "isolated",
               Op.FP8_FUSED_QUANT: "fused", Op.SMEM_GEMM: "none", Op.PREFIX_ATTENTION_TUNING: "mqa",
-              Op.VISION_ATTENTION_TUNING: "default", Op.FUSED_PATCH_EMBED: "reference", Op.FUSED_DENOISE_STEP: "separate",
-              Op.FUSED_DENOISE_STEP_PI0: "separate", Op.SMEM_GEMM_ROWS: "none", Op.PREFIX_ATTENTION_WGMMA: "none",
+              Op.VISION_ATTENTION_TUNING: "default", Op.FUSED_PATCH_EMBED: "reference",
+              Op.FUSED_DENOISE_STEP: "separate", Op.FUSED_DENOISE_STEP_PI0: "separate", Op.SMEM_GEMM_ROWS: "none", Op.PREFIX_ATTENTION_WGMMA: "none",
               Op.OVERLAP_FIRST_STEP: "two_streams"}
     choice.update({Op(op): impl for op, impl in picks.items()})
     assert set(choice) == set(Op), "every op needs a choice here"
@@ -109,7 +109,7 @@ def test_engine_with_triton_kernels_matches_the_reference(model, decoder_qkv, mo
 
 @pytest.mark.parametrize("views", [(0, 1), (1,)])
 def test_fused_patch_embedding_matches_the_reference(model, views, monkeypatch):
-    """The fused patch embedding (kernels/flashrt_kernels/patch_embed.py per present view, the patch GEMM in the engine dtype, the
+    """The fused patch embedding (flashrt_kernels/patch_embed.py per present view, the patch GEMM in the engine dtype, the
     position embedding + bias added in one step): the actions are the reference's, one patch_rows launch per
     present view; without it the torch path runs and launches none."""
     engine = _engine(model, "rope_in_attention")
@@ -125,7 +125,7 @@ def test_fused_patch_embedding_matches_the_reference(model, views, monkeypatch):
 
 
 def test_fused_patch_embedding_pads_588_wide_patch_rows(tmp_path_factory, monkeypatch):
-    """kernels/flashrt_kernels/patch_embed.py at SigLIP's patch size (14 px: 588-wide rows, padded to 592 with zeros for the patch
+    """flashrt_kernels/patch_embed.py at SigLIP's patch size (14 px: 588-wide rows, padded to 592 with zeros for the patch
     GEMM), two present 56 x 56 views: the actions are the reference's."""
     from test_engine_forward import tiny_model_with_14px_patches
     model = tiny_model_with_14px_patches(tmp_path_factory.mktemp("pi05_tiny_14px"))
@@ -139,7 +139,7 @@ def test_fused_patch_embedding_pads_588_wide_patch_rows(tmp_path_factory, monkey
 
 
 def test_fused_denoise_step_ends_match_the_reference(model, monkeypatch):
-    """pi0.5 with each denoising step's ends fused (kernels/flashrt_kernels/denoise_step.py): one denoise_step_in and one
+    """pi0.5 with each denoising step's ends fused (flashrt_kernels/denoise_step.py): one denoise_step_in and one
     denoise_step_out launch per step, no Euler kernel and only the later layers' first norms as ada_rms_norm
     launches; the actions are the reference's. pi0 has no such path: the switch changes nothing there."""
     engine = _engine(model, "rope_in_attention")
@@ -180,7 +180,7 @@ def test_pi0_fused_step_ends_match_the_reference(model, monkeypatch):
 
 
 def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):
-    """A launch policy (ops.LAUNCH_POLICIES) sets the PDL mode per kernel site: under "before_one_shot" the expert's
+    """A launch policy (kernel_configs.LAUNCH_POLICIES) sets the PDL mode per kernel site: under "before_one_shot" the expert's
     first norm and its attention release the next kernel at their start (EARLY_TRIGGER), every other kernel after
     its wait (1); the actions are the reference's either way (under the interpreter PDL is a no-op, so this checks
     the modes handed to the launchers and that the kernels take them)."""

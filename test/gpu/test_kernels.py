@@ -559,7 +559,7 @@ def test_fp8_quant(dtype_name):
 @pytest.mark.skipif(INTERPRET, reason="real shapes only (the interpreter test above covers the logic)")
 @pytest.mark.parametrize("kind,n,k", EXPERT_GEMMS)
 def test_skinny_gemm_every_engine_config(kind, n, k):
-    """Every launch configuration the engine may pick at load (ops.SKINNY_CANDIDATES), at the expert's shapes."""
+    """Every launch configuration the engine may pick at load (kernel_configs.SKINNY_CANDIDATES), at the expert's shapes."""
     from flashrt_core.engine.kernel_configs import SKINNY_CANDIDATES
     g = torch.Generator(device=DEVICE).manual_seed(n + k)
     for rows in DECODER_ROWS:
@@ -579,7 +579,7 @@ def test_skinny_gemm_every_engine_config(kind, n, k):
                     or not K.HAVE_GLUON, reason="kernels/flashrt_kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
 @pytest.mark.parametrize("kind,n,k", EXPERT_GEMMS)
 def test_smem_gemm_every_engine_config(kind, n, k):
-    """Every kernels/flashrt_kernels/smem_gemm.py configuration the engine may pick (ops.SMEM_CANDIDATES), at the expert's shapes,
+    """Every kernels/flashrt_kernels/smem_gemm.py configuration the engine may pick (kernel_configs.SMEM_CANDIDATES), at the expert's shapes,
     on 1-16 rows (TMA zero-fills the rest of the 16-row tile), in every launch mode."""
     _check_smem_gemm_configs(kind, n, k, sorted({1, *[r for r in DECODER_ROWS if r <= 16], 16}))
 
