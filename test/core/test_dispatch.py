@@ -304,3 +304,27 @@ def test_pi0_fused_step_ends_are_the_default_with_switches_off_and_need_the_fuse
     off = EngineOptions.from_env(asked, env={"FLASHRT_FUSED_DENOISE_STEP": "0"})
     assert not Ops(resolve(sm90, off)).fused_denoise_step_pi0
     assert not Ops(resolve(CPU, asked)).fused_denoise_step_pi0          # no Triton kernels on the CPU path
+
+
+def test_the_choices_ops_forward_and_the_executor_read_are_table_entries(monkeypatch):
+    """The choices Ops, forward and the executor read are resolved in the table: the chain tuning
+    needs the CUDA graph it times, RoPE inside the attention needs the Triton mqa (a pinned other mqa leaves it
+    out), the 17-64-row shared-memory GEMMs need the shared-memory GEMMs, and the wgmma prefix attention and the
+    overlapped first step follow their options."""
+    import flashrt_core.engine.dispatch as dispatch
+    import flashrt_core.engine.kernel_import as ki
+    monkeypatch.setattr(ki, "triton_available", lambda: True)
+    monkeypatch.setattr(dispatch, "_gluon_available", lambda: True)
+    sm90 = detect_hardware("sm90")
+    d = resolve(sm90, EngineOptions())
+    assert (d[Op.CHAIN_TUNING], d[Op.SMEM_GEMM_ROWS], d[Op.PREFIX_ATTENTION_WGMMA], d[Op.OVERLAP_FIRST_STEP]) == \
+        ("chain", "tma", "wgmma", "two_streams")
+    assert resolve(sm90, EngineOptions(cuda_graph=False))[Op.CHAIN_TUNING] == "isolated"
+    assert resolve(sm90, EngineOptions(impl={"mqa": "sdpa"}))[Op.DECODER_QKV] == "fused_rope"
+    with pytest.raises(ValueError, match="decoder_qkv=rope_in_attention"):
+        resolve(sm90, EngineOptions(impl={"mqa": "math", "decoder_qkv": "rope_in_attention"}))
+    assert resolve(sm90, EngineOptions(smem_gemm=False))[Op.SMEM_GEMM_ROWS] == "none"
+    assert resolve(sm90, EngineOptions(smem_gemm_rows=False))[Op.SMEM_GEMM_ROWS] == "none"
+    assert resolve(sm90, EngineOptions(prefix_attention_wgmma=False))[Op.PREFIX_ATTENTION_WGMMA] == "none"
+    assert resolve(sm90, EngineOptions(overlap_first_step=False))[Op.OVERLAP_FIRST_STEP] == "one_stream"
+    assert resolve(sm90, EngineOptions(fast_paths=False))[Op.OVERLAP_FIRST_STEP] == "one_stream"
