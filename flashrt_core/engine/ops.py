@@ -71,7 +71,7 @@ class Ops:
         self._mqa = dispatch[Op.MQA]
         self._qkv_fused = dispatch[Op.DECODER_QKV] == "fused_rope"
         # the choices forward.py and the tuning read, each named as its op
-        self.fp8_fused_quant = dispatch[Op.FP8_FUSED_QUANT] == "fused"
+        self._fp8_fused_quant = dispatch[Op.FP8_FUSED_QUANT] == "fused"
         self.gemm_epilogue = dispatch[Op.GEMM_EPILOGUE] == "gemm_epilogue"
         self.smem_gemm = dispatch[Op.SMEM_GEMM] == "tma"
         self.smem_gemm_rows = dispatch[Op.SMEM_GEMM_ROWS] == "tma"
@@ -174,7 +174,7 @@ class Ops:
         """down(gelu_tanh(gate) * up) of a merged gate/up output gu (M, 2F). When the down GEMM is FP8 with a static
         per-tensor input scale and fp8_fused_quant is on, the GeGLU kernel writes its FP8 input directly (no bf16
         activation, no separate quantization pass)."""
-        if self.fp8_fused_quant and self._geglu_triton and self.calibration is None and lin.fp8 is not None:
+        if self._fp8_fused_quant and self._geglu_triton and self.calibration is None and lin.fp8 is not None:
             return lin.fp8.matmul_quantized(self._triton_geglu(gu, lin.fp8.dtype, lin.fp8.x_inv))
         return self.linear(self.geglu(gu), lin)
 
