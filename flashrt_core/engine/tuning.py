@@ -50,8 +50,8 @@ def decoder_candidates(ops: Ops, kind: str, x: torch.Tensor, lin: Linear, head_d
 def time_candidate(ops: Ops, kind: str, impl, measure) -> float | None:
     """measure() for one tuning candidate. A candidate that needs more shared memory or registers than this
     GPU has (Triton's OutOfResources), one whose product disagrees with the library GEMM's
-    (CandidateMismatch, check_candidate), and a shared-memory GEMM (SmemConfig: Gluon, run only on the H200
-    so far) that fails to compile or launch, is left out and recorded in decoder_failures (under `kind`); any
+    (CandidateMismatch, check_candidate), and a shared-memory GEMM (SmemConfig: Gluon, whose compiler is checked
+    on the H200 only) that fails to compile or launch, is left out and recorded in decoder_failures (under `kind`); any
     other failure is raised."""
     try:
         return measure()
@@ -114,7 +114,7 @@ def tune_decoder(ops: Ops, rows: int, layers, heads: int, head_dim: int, reps: i
             for lin in lins:
                 if kind == "qkv" and not ops.rope_in_attention_for(rows):
                     ops.decoder_qkv_rope(x, lin, *rope[:3], rope[3], cache[0], cache[1], 0, heads, 1, 1.0,
-                                          impl=impl)
+                                         impl=impl)
                 else:
                     ops.decoder(x, lin, kind, impl)
         want = ops.decoder(x, lins[0], kind, "library").float()      # what every candidate is checked against
@@ -137,7 +137,7 @@ def prefix_attention_candidates(ops: Ops, P: int, heads: int, head_dim: int, dev
     are switched on (prefix_attention_wgmma) and the kernel serves this shape and device."""
     def served(form: dict) -> bool:
         return ops.k.prefix_attention_supported(P * heads, P, head_dim, device, form.get("splits", 1),
-                                                 form.get("block_n", ops.k.PREFIX_ATTENTION_BLOCK_N))
+                                                form.get("block_n", ops.k.PREFIX_ATTENTION_BLOCK_N))
 
     out = []
     for impl in PREFIX_ATTENTION_IMPLS:
@@ -164,18 +164,18 @@ def tune_prefix_attention(ops: Ops, P: int, heads: int, head_dim: int, dtype: to
     bias[P - P // 8:] = float("-inf")
     mask = KeyMask(bias, P, None, heads)
     want = ops.k.attention_reference(q.float().reshape(P * heads, head_dim), k.float(), v.float(), bias, P,
-                                      None, heads, 1.0).reshape(P, heads * head_dim)    # fp32, heads stacked
+                                     None, heads, 1.0).reshape(P, heads * head_dim)    # fp32, heads stacked
     candidates = prefix_attention_candidates(ops, P, heads, head_dim, device)
     times = checked_times(ops, f"prefix attention (P={P})", candidates,
-                                lambda impl: ops.prefix_attention(q, k, v, mask, impl), want,
-                                PREFIX_ATTENTION_CHECK_ATOL, layers, reps)
+                          lambda impl: ops.prefix_attention(q, k, v, mask, impl), want,
+                          PREFIX_ATTENTION_CHECK_ATOL, layers, reps)
     ops.prefix_attention_impl = min(times, key=times.get)
     ops.prefix_attention_timings = times
     return times
 
 
 def checked_times(ops: Ops, what: str, candidates, run: Callable[[str], torch.Tensor], want: torch.Tensor,
-                   atol: float, layers: int, reps: int) -> dict[str, float]:
+                  atol: float, layers: int, reps: int) -> dict[str, float]:
     """For each candidate: run(candidate) checked against `want` (the fp32 softmax attention, within atol), then
     timed as `layers` calls graph-captured, us per call. One that disagrees is logged and left out, never timed;
     one that cannot run here (a RuntimeError: no kernel for this shape, dtype or layout) is left out."""
@@ -207,8 +207,8 @@ def tune_vision_attention(ops: Ops, views: int, tokens: int, heads: int, head_di
     scale = head_dim ** -0.5
     want = torch.softmax((q.float() @ k.float().transpose(-1, -2)) * scale, dim=-1) @ v.float()   # fp32
     times = checked_times(ops, "vision attention backend", VISION_ATTENTION_BACKENDS,
-                                lambda backend: ops.attention(q, k, v, scale, backend), want,
-                                VISION_ATTENTION_CHECK_ATOL, layers, reps)
+                          lambda backend: ops.attention(q, k, v, scale, backend), want,
+                          VISION_ATTENTION_CHECK_ATOL, layers, reps)
     ops.vision_attention_backend = min(times, key=times.get)
     ops.vision_attention_timings = times
     return times

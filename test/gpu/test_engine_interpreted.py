@@ -176,7 +176,7 @@ def test_pi0_fused_step_ends_match_the_reference(model, monkeypatch):
         assert "euler" not in launches and "denoise_step_in" not in launches
         tables = engine.weights.pi0_step_tables()
         assert tables.c.shape == (steps, model.config.expert.width) and torch.equal(tables.zeros,
-                                                                                     torch.zeros_like(tables.zeros))
+                                                                                    torch.zeros_like(tables.zeros))
 
 
 def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):
@@ -213,7 +213,7 @@ def test_tuning_cache_entry_is_checked_and_used_or_left_aside(model, tmp_path, m
     x = {kind: torch.zeros(engine.suffix_len, getattr(engine.weights.expert[0], kind).parts[0][0].shape[1])
          for kind in kinds}
     candidates = {kind: tuning.decoder_candidates(engine.ops, kind, x[kind], getattr(engine.weights.expert[0], kind),
-                                                      model.config.expert.head_dim) for kind in kinds}
+                                                  model.config.expert.head_dim) for kind in kinds}
     assert all(str(c[-1]).startswith("triton(") for c in candidates.values()), candidates
     picks = {"launch_policy": "all", "decoder": {kind: str(c[-1]) for kind, c in candidates.items()}}
     key = engine.tuning_key(torch.float32)
