@@ -21,10 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import importlib
-import importlib.util
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -37,7 +34,8 @@ from flashrt_core.checkpoint import load_model_weights
 from flashrt_core.checkpoint_config import declares_no_stats, fit_robot_dims, resolve_config
 from flashrt_core.config import ModelConfig, ModelType, PromptMode
 from flashrt_core.errors import CheckpointError, InputError
-from flashrt_core.executor import ReferenceExecutor
+from flashrt_core.engine import EngineOptions, build_executor
+from flashrt_core.engine.options import read_path, read_switch
 from flashrt_core.fixtures import CONFIG_FILE, TOKENIZER_FILE, write_random_checkpoint
 from flashrt_core.host_rehearsal import HostRehearsal
 from flashrt_core.tokenizer import PromptTokenizer, build_prompt
@@ -60,7 +58,7 @@ FP8_NEEDS = ("FP8 runs in the graph engine on a CUDA GPU with FP8 tensor cores (
 
 
 def demo_checkpoint_dir() -> Path:
-    root = Path(os.environ.get("FLASHRT_CACHE_DIR") or Path.home() / ".cache" / "flashrt")
+    root = Path(read_path("FLASHRT_CACHE_DIR") or Path.home() / ".cache" / "flashrt")
     return root / f"demo_{DEMO_CONFIG}"
 
 
@@ -121,7 +119,6 @@ def resolve_precision(precision: str | None, dtype, engine_options, device: torc
     if dtype is not None and resolve_dtype(dtype, device) != want_dtype:
         raise ValueError(f"precision={precision!r} computes in {want_dtype} but dtype={dtype!r} was given: give one "
                          "of them")
-    from flashrt_core.engine import EngineOptions
     options = EngineOptions.from_env(engine_options)
     if not fp8:
         if options.fp8 and options.fast_paths:
@@ -131,39 +128,21 @@ def resolve_precision(precision: str | None, dtype, engine_options, device: torc
     if device.type != "cuda" or hardware == "reference":
         where = f"device {device}" if device.type != "cuda" else "hardware='reference' (the eager reference path)"
         raise ValueError(f"precision='fp8' cannot run on {where}: {FP8_NEEDS}. Use precision 'bf16' or 'fp32' there")
-    off = [what for what, on in (("FLASHRT_DISABLE_FP8=1", os.environ.get("FLASHRT_DISABLE_FP8") == "1"),
-                                 ("FLASHRT_FP8=0", os.environ.get("FLASHRT_FP8") == "0"),
+    env_off = not EngineOptions.from_env(dataclasses.replace(options, fp8=True)).fp8   # FLASHRT_FP8=0 set
+    off = [what for what, on in (("FLASHRT_FP8=0", env_off),
                                  ("fast paths off", not options.fast_paths),
-                                 ("gemm_prefix pinned to bf16", options.overrides.get("gemm_prefix") == "bf16"))
+                                 ("gemm_prefix pinned to bf16", options.impl.get("gemm_prefix") == "bf16"))
            if on]
     if off:
         raise ValueError(f"precision='fp8' conflicts with the engine options: {', '.join(off)} turn FP8 off")
     return want_dtype, dataclasses.replace(options, fp8=True), True
 
 
-def build_executor(model, config: ModelConfig, device: torch.device, hardware: str, engine_options=None,
-                   action_affine=None):
-    """The graph engine on CUDA when available (hardware != "reference"), else the eager reference path.
-    engine_options: a flashrt_core.engine.EngineOptions (FP8, switches, text buckets); None = defaults + env.
-    action_affine: (scale, offset) of the action unnormalization, for the graph engine to apply in its graph."""
-    if hardware == "reference":
-        return ReferenceExecutor(model, config, device)
-    engine_available = importlib.util.find_spec("flashrt_core.engine") is not None
-    if device.type == "cuda" and engine_available:
-        engine = importlib.import_module("flashrt_core.engine")
-        if hasattr(engine, "build_executor"):
-            return engine.build_executor(model, config, device, hardware, engine_options, action_affine)
-    if hardware != "auto":
-        raise ValueError(f"hardware={hardware!r} needs a CUDA device and flashrt_core.engine.build_executor "
-                         f"(device {device}, engine available: {engine_available})")
-    return ReferenceExecutor(model, config, device)
-
-
 def tokenizer_candidates(checkpoint_dir: Path) -> list[Path]:
     """Where the PaliGemma sentencepiece model is looked for, in order (released checkpoints do not ship it)."""
     candidates = [checkpoint_dir / TOKENIZER_FILE, checkpoint_dir / "paligemma_tokenizer.model"]
-    if os.environ.get("FLASHRT_TOKENIZER"):
-        candidates.append(Path(os.environ["FLASHRT_TOKENIZER"]))
+    if read_path("FLASHRT_TOKENIZER"):
+        candidates.append(Path(read_path("FLASHRT_TOKENIZER")))
     candidates.append(Path.home() / ".cache" / "openpi" / "big_vision" / "paligemma_tokenizer.model")  # openpi's
     return candidates
 
@@ -421,13 +400,14 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     precision: "fp32", "bf16", "fp16" or "fp8" (resolve_precision; None / "auto": dtype and engine_options decide).
     An FP8 policy refuses predict until Policy.calibrate(observations) ran on real observations.
 
-    engine_options (flashrt_core.engine.EngineOptions) tunes the graph engine (FP8, switches); gpu_preprocess
+    engine_options (flashrt_core.engine.EngineOptions) tunes the graph engine (FP8, switches; None: the defaults
+    with the environment on top, docs/engine_options.md); gpu_preprocess
     None reads FLASHRT_GPU_PREPROCESS (default 1): with the graph engine, images are resized inside its graph;
     gpu_unnormalize None reads FLASHRT_GPU_UNNORMALIZE (default 1): with the GPU preprocessing, the actions are
     unnormalized inside the graph too (Policy.__init__).
     """
-    gpu_preprocess = _env_switch("FLASHRT_GPU_PREPROCESS") if gpu_preprocess is None else gpu_preprocess
-    gpu_unnormalize = _env_switch("FLASHRT_GPU_UNNORMALIZE") if gpu_unnormalize is None else gpu_unnormalize
+    gpu_preprocess = read_switch("FLASHRT_GPU_PREPROCESS") if gpu_preprocess is None else gpu_preprocess
+    gpu_unnormalize = read_switch("FLASHRT_GPU_UNNORMALIZE") if gpu_unnormalize is None else gpu_unnormalize
     ckpt_dir = ensure_demo_checkpoint() if checkpoint is None else hub.checkpoint_path(checkpoint)
     if not ckpt_dir.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {ckpt_dir}")
@@ -472,14 +452,6 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     policy = Policy(keep, cfg, executor, tokenizer, normalizer, dev, model_id, gpu_preprocess, gpu_unnormalize)
     policy.checkpoint_dir = ckpt_dir
     return policy
-
-
-def _env_switch(name: str) -> bool:
-    """A 0 / 1 environment switch that is on when unset."""
-    raw = os.environ.get(name, "1")
-    if raw not in ("0", "1"):
-        raise ValueError(f"{name} must be 0 or 1, got {raw!r}")
-    return raw == "1"
 
 
 def _same_affine(held, wanted) -> bool:

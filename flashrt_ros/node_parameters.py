@@ -58,7 +58,7 @@ MODEL_CONFIGS = ("auto", "pi05", "pi0", "pi05_tiny", "pi0_tiny")
 PRECISIONS = ("auto", "float32", "bfloat16", "float16", "fp8")   # flashrt_core.api.PRECISIONS' names
 DEFAULT_TUNING_CACHE = "~/.cache/flashrt/tuning"
 DEFAULT_FP8_SCALE_CACHE = "~/.cache/flashrt/fp8_scales"
-HOST_WAITS = ("sync", "poll", "warm")     # flashrt_core.engine.dispatch.HOST_WAITS (no torch import here)
+HOST_WAITS = ("sync", "poll", "warm")     # flashrt_core.engine.options.HOST_WAITS (no torch import here)
 HARDWARE_PATTERN = re.compile(r"^(auto|reference|cpu|sm\d{2,3}|gfx[0-9a-f]{3,4})$")
 
 

@@ -29,7 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
-from flashrt_core.engine.ops import SKINNY_DEFAULT, Ops  # noqa: E402
+from flashrt_core.engine.kernel_configs import SKINNY_DEFAULT  # noqa: E402
+from flashrt_core.engine.timing import graph_time_us  # noqa: E402
 
 LAYERS, ROWS, HEADS, DH, WIDTH = 18, 10, 8, 256, 1024
 
@@ -74,7 +75,7 @@ def block(st: dict, i: int, fused: bool, key_block: int) -> None:
 
 def time_us(st: dict, fused: bool, key_block: int, reps: int, replays: int) -> float:
     """GPU time per layer: `reps` passes over the 18 layers in one graph, the median of `replays` replays."""
-    return Ops.graph_time_us(lambda: [block(st, i, fused, key_block) for i in range(LAYERS)], reps,
+    return graph_time_us(lambda: [block(st, i, fused, key_block) for i in range(LAYERS)], reps,
                              replays) / LAYERS
 
 

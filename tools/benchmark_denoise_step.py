@@ -1,4 +1,4 @@
-"""The fused denoising-step ends (Op.DENOISE_STEP, kernels/flashrt_kernels/denoise_step.py) against the separate kernels, in one
+"""The fused denoising-step ends (Op.FUSED_DENOISE_STEP, kernels/flashrt_kernels/denoise_step.py) against the separate kernels, in one
 engine: the whole denoise of full-size pi0.5 (10 steps, 2 views, horizon 10, bf16) captured as a graph, every
 decoder GEMM on the shared-memory TMA kernels (split-K 2 for O, 4 for down) under each launch policy, fused and
 separate interleaved over several rounds; and the cosine of the actions, fused against separate, same inputs.
@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flashrt_core.engine import EngineOptions, build_executor  # noqa: E402
-from flashrt_core.engine.ops import LAUNCH_POLICIES, SmemConfig  # noqa: E402
+from flashrt_core.engine.kernel_configs import LAUNCH_POLICIES, SmemConfig  # noqa: E402
 from tools.benchmark_engine import env_info  # noqa: E402
 from tools.denoise_timing import (ab_cells, add_ab_args, cosine, denoise_actions, denoise_inputs,  # noqa: E402
                                   denoise_ms, pi05_model, write_report)

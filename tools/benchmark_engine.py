@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flashrt_core.checkpoint import load_model_weights  # noqa: E402
 from flashrt_core.config import get_config  # noqa: E402
-from flashrt_core.engine import EngineOptions, build_executor, detect_hardware, resolve  # noqa: E402
+from flashrt_core.engine import (DEFAULT_TEXT_BUCKETS, EngineExecutor, EngineOptions, build_executor,  # noqa: E402
+                                 detect_hardware, resolve)
 from flashrt_core.engine.fp8_calibration import calibrate_executor  # noqa: E402
-from flashrt_core.engine.dispatch import DEFAULT_TEXT_BUCKETS  # noqa: E402
 from flashrt_core.engine.gate import GATE_BF16, GATE_FP8, cosine, random_observation, reference_actions  # noqa: E402
-from flashrt_core.engine.graph_executor import EngineExecutor, graph_replay_ms  # noqa: E402
+from flashrt_core.engine.timing import graph_replay_ms  # noqa: E402
 from flashrt_core.executor import ReferenceExecutor  # noqa: E402
 from flashrt_core.fixtures import CONFIG_FILE, write_random_checkpoint  # noqa: E402
 
@@ -163,10 +163,10 @@ def engine_row(engine: EngineExecutor, obs, args, meta: dict) -> dict:
                                              unnormalize=True)
     row = dict(meta)
     row["predict_ms"] = wall_times(run, args.warmup, args.calls)
-    entry = next(e for k, e in engine._entries.items() if k[0] == "uint8" and len(k[1]) == meta["views"])
+    entry = next(e for k, e in engine.entries.items() if k[0] == "uint8" and len(k[1]) == meta["views"])
     row["replay_ms"] = replay_times(entry.graph, args.calls)
     row["profile"] = kernel_profile(run)
-    key = next(k for k in engine._entries if k[0] == "uint8" and len(k[1]) == meta["views"])
+    key = next(k for k in engine.entries if k[0] == "uint8" and len(k[1]) == meta["views"])
     row["phases_ms"] = engine.phase_times(key)
     row["capture_s"] = {str(k): v for k, v in engine.capture_seconds.items()}
     row["text_bucket"] = key[3]                      # the token buffer the prompt ran in

@@ -51,8 +51,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import flashrt_core  # noqa: E402
-from flashrt_core.engine import EngineOptions  # noqa: E402
-from flashrt_core.engine.dispatch import HOST_WAITS  # noqa: E402
+from flashrt_core.engine import EngineOptions, HOST_WAITS  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from host_trace import SEGMENTS, host_steps_us, spin_sweep_us, summarize, trace_calls  # noqa: E402
@@ -71,8 +70,8 @@ def cpu_engine_policy(policy, options: EngineOptions, gpu_preprocess: bool, gpu_
     ops and the normalizer's action affine (as load_model gives it on a GPU); `policy` (the CPU reference path)
     keeps the model."""
     from flashrt_core.api import Policy
-    from flashrt_core.engine.dispatch import eager_cpu_dispatch
-    from flashrt_core.engine.graph_executor import EngineExecutor
+    from flashrt_core.engine import eager_cpu_dispatch
+    from flashrt_core.engine import EngineExecutor
 
     if policy.device.type != "cpu" or policy.model is None:
         raise SystemExit("--cpu-engine needs --device cpu")
@@ -87,11 +86,11 @@ def replay_median_ms(executor, bucket: int | None, calls: int) -> float | None:
     """GPU time of the captured graph that served the calls (the graph engine's entry of this text bucket),
     median of `calls` replays; None without one (the reference path, the CPU). predict minus this is what the
     host adds: validation, tokenization, staging the frames, the copies in and out."""
-    entries = getattr(executor, "_entries", {})
+    entries = getattr(executor, "entries", {})
     graphs = [e.graph for key, e in entries.items() if key[3] == bucket and e.graph is not None]
     if len(graphs) != 1:
         return None
-    from flashrt_core.engine.graph_executor import graph_replay_ms
+    from flashrt_core.engine.timing import graph_replay_ms
     return float(np.median(graph_replay_ms(graphs[0], calls)))
 
 

@@ -32,9 +32,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flashrt_core.engine.dispatch import EngineOptions, resolve  # noqa: E402
-from flashrt_core.engine.hardware import detect_hardware  # noqa: E402
-from flashrt_core.engine.ops import PREFIX_ATTENTION_IMPLS, KeyMask, Ops  # noqa: E402
+from flashrt_core.engine import EngineOptions, detect_hardware, resolve  # noqa: E402
+
+from flashrt_core.engine.kernel_configs import PREFIX_ATTENTION_IMPLS  # noqa: E402
+from flashrt_core.engine.timing import graph_time_us  # noqa: E402
+from flashrt_core.engine.ops import KeyMask, Ops  # noqa: E402
 from flashrt_kernels.attention import attention_reference  # noqa: E402
 
 LAYERS, HEADS, DH = 18, 8, 256
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, fn in forms.items():
         try:
             err = (fn().float() - want).abs().max().item()
-            us = Ops.graph_time_us(lambda: [fn() for _ in range(LAYERS)], 1, args.replays) / LAYERS
+            us = graph_time_us(lambda: [fn() for _ in range(LAYERS)], 1, args.replays) / LAYERS
             rows.append({"form": name, "us_per_call": us, "max_abs_err": err})
         except Exception as e:           # no kernel for this form here, or one that does not build: report, go on
             rows.append({"form": name, "error": str(e).splitlines()[0][:160]})

@@ -31,10 +31,10 @@ from benchmark_engine import engine_options, ensure_checkpoint, env_info, gpu_ta
 
 from flashrt_core.checkpoint import load_model_weights  # noqa: E402
 from flashrt_core.config import get_config  # noqa: E402
-from flashrt_core.engine import detect_hardware, resolve  # noqa: E402
+from flashrt_core.engine import EngineExecutor, detect_hardware, resolve  # noqa: E402
 from flashrt_core.engine.fp8_calibration import calibrate_executor  # noqa: E402
 from flashrt_core.engine.gate import random_observation  # noqa: E402
-from flashrt_core.engine.graph_executor import EngineExecutor, interleaved_replay_ms  # noqa: E402
+from flashrt_core.engine.timing import interleaved_replay_ms  # noqa: E402
 
 
 def bucket_grid(step: int, max_len: int) -> list[int]:
@@ -53,7 +53,7 @@ def bucket_rows(engine: EngineExecutor, cfg, views: int, rounds: int, reps: int)
         if engine.fp8_calibration is not None and not engine.fp8_calibrated:
             calibrate_executor(engine, [obs])         # an FP8 engine's scales from the first bucket's observation
         engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
-        key, entry = next((k, e) for k, e in engine._entries.items() if k[3] == bucket and len(k[1]) == views)
+        key, entry = next((k, e) for k, e in engine.entries.items() if k[3] == bucket and len(k[1]) == views)
         graphs[bucket], captures[bucket] = entry.graph, engine.capture_seconds[key]
     times = interleaved_replay_ms(graphs, rounds, reps)
     return [{"bucket": b, "prefix_tokens": views * cfg.vision.num_patches + b, "replay_ms": times[b],

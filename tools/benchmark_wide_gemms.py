@@ -148,7 +148,7 @@ def time_us(fn: Callable[[], torch.Tensor], device: torch.device, reps: int, rep
             fn()
             samples.append((time.perf_counter() - t0) * 1e6)
         return float(sorted(samples)[len(samples) // 2])
-    from flashrt_core.engine.graph_executor import graph_replay_ms, side_stream
+    from flashrt_core.engine.timing import graph_replay_ms, side_stream
     stream = side_stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):

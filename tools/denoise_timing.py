@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from flashrt_core.engine.forward import Workspace
-from flashrt_core.engine.graph_executor import graph_replay_ms
+from flashrt_core.engine.timing import graph_replay_ms
 
 
 def add_ab_args(ap) -> None:
@@ -67,7 +67,7 @@ class DenoiseInputs:
 
 def denoise_inputs(engine, seed: int = 0) -> DenoiseInputs:
     dev = engine.device
-    ws = engine._make_entry((0, 1), None, engine.tuning_text_bucket).ws
+    ws = engine.make_entry((0, 1), None, engine.tuning_text_bucket).ws
     P = ws.k_cache.shape[2] - engine.suffix_len
     g = torch.Generator(device=dev).manual_seed(seed)
     ws.k_cache.normal_(generator=g)

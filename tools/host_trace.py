@@ -136,11 +136,11 @@ def host_steps(policy, images, prompt: str, state) -> list[tuple[str, Callable[[
 def _engine_entry(policy, prompt: str, state):
     """The graph engine's entry (staging blob, graph) that predict uses for this prompt, or None off the engine."""
     ex = policy.executor
-    if not getattr(policy, "gpu_preprocess", False) or not hasattr(ex, "_entries"):
+    if not getattr(policy, "gpu_preprocess", False) or not hasattr(ex, "entries"):
         return None
     _, mask, _ = policy._encode_prompt_and_state(prompt, state)
     bucket = ex._bucket(int(np.flatnonzero(mask)[-1]))
-    entries = [e for k, e in ex._entries.items() if k[0] == "uint8" and k[3] == bucket]
+    entries = [e for k, e in ex.entries.items() if k[0] == "uint8" and k[3] == bucket]
     return entries[0] if len(entries) == 1 and entries[0].graph is not None else None
 
 
@@ -182,7 +182,7 @@ def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, f
     replay, copy out, the engine's wait: `host_wait`) timed alone (median us of `calls`, no profiler) and stamped
     in line, in predict's order (the `inline_` keys); beside them the whole predict and the replay alone, back to
     back and after 0.5 ms of host work (does an idle GPU replay slower?)."""
-    from flashrt_core.engine.graph_executor import graph_replay_ms
+    from flashrt_core.engine.timing import graph_replay_ms
     ex = policy.executor
     policy.predict(images, prompt, state)
     entry = _engine_entry(policy, prompt, state)

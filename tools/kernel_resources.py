@@ -144,7 +144,7 @@ def attention_configs() -> list[KernelConfig]:
     one-KV-head Gemma attention (8 heads, head dim 256), the denoising steps of pi0.5 (10 / 50 suffix rows) and
     pi0 (11 / 51), with the RoPE inside (up to ops.ROPE_IN_ATTENTION_MAX_ROWS rows) or before the attention, and
     the prefix; 1-3 views of 256 tokens + 64 text slots; launched with PDL, as on sm90."""
-    from flashrt_core.engine.ops import ROPE_IN_ATTENTION_MAX_ROWS
+    from flashrt_core.engine.kernel_configs import ROPE_IN_ATTENTION_MAX_ROWS
     attn = _kernels_module("attention")
     heads, dh = 8, 256
     configs: dict[tuple, KernelConfig] = {}
@@ -173,10 +173,10 @@ def attention_configs() -> list[KernelConfig]:
 
 
 def skinny_configs(block_m: int | None = 16) -> list[KernelConfig]:
-    """Every decoder GEMM candidate of the load-time tuning (ops.SKINNY_CANDIDATES) at the expert's K; row tiles of
+    """Every decoder GEMM candidate of the load-time tuning (kernel_configs.SKINNY_CANDIDATES) at the expert's K; row tiles of
     block_m (16: the 10-16-row steps of horizon 10), or None: the largest tile each candidate serves (64 rows for a
     candidate allowed 17-64 rows, horizon 50)."""
-    from flashrt_core.engine.ops import SKINNY_CANDIDATES
+    from flashrt_core.engine.kernel_configs import SKINNY_CANDIDATES
     skinny = _kernels_module("skinny_gemm")
     out = []
     for kind, candidates in SKINNY_CANDIDATES.items():
@@ -206,7 +206,7 @@ def rope_configs() -> list[KernelConfig]:
     """kernels/flashrt_kernels/qkv_rope.py as its launcher plans it (the prefix's 560 rows in 8-row programs, a denoising step's
     10 rows one per program) and kernels/flashrt_kernels/qkv_gemm_rope.py in every candidate of the load-time tuning
     (ops.ROPE_GEMM_CANDIDATES) at 10 and 51 rows: 8 query heads and one KV head of 256 (pi0.5 / pi0)."""
-    from flashrt_core.engine.ops import ROPE_GEMM_CANDIDATES
+    from flashrt_core.engine.kernel_configs import ROPE_GEMM_CANDIDATES
     rope = _kernels_module("qkv_rope")
     gemm_rope = _kernels_module("qkv_gemm_rope")
     heads = {"H": 8, "G": 1, "HALF": 128, "PDL": True}
@@ -225,9 +225,9 @@ def rope_configs() -> list[KernelConfig]:
 
 
 def smem_configs() -> list[KernelConfig]:
-    """Every kernels/flashrt_kernels/smem_gemm.py candidate of the load-time tuning (ops.SMEM_CANDIDATES) at the expert's shapes,
+    """Every kernels/flashrt_kernels/smem_gemm.py candidate of the load-time tuning (kernel_configs.SMEM_CANDIDATES) at the expert's shapes,
     with the TMA descriptors the launcher builds; empty where Triton has no Gluon."""
-    from flashrt_core.engine.ops import SMEM_CANDIDATES
+    from flashrt_core.engine.kernel_configs import SMEM_CANDIDATES
     smem = _kernels_module("smem_gemm")
     if not smem.HAVE_GLUON:
         return []

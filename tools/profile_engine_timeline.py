@@ -33,11 +33,9 @@ from benchmark_engine import PROMPT_TOKENS, engine_options, ensure_checkpoint  #
 
 from flashrt_core.checkpoint import load_model_weights  # noqa: E402
 from flashrt_core.config import get_config  # noqa: E402
-from flashrt_core.engine import detect_hardware, resolve  # noqa: E402
-from flashrt_core.engine.dispatch import DEFAULT_TEXT_BUCKETS  # noqa: E402
+from flashrt_core.engine import DEFAULT_TEXT_BUCKETS, EngineExecutor, detect_hardware, resolve  # noqa: E402
 from flashrt_core.engine.fp8_calibration import calibrate_executor  # noqa: E402
 from flashrt_core.engine.gate import random_observation  # noqa: E402
-from flashrt_core.engine.graph_executor import EngineExecutor  # noqa: E402
 
 
 def critical_path(kernels: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
@@ -114,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     if eng.fp8_calibration is not None:
         calibrate_executor(eng, [obs])                # an FP8 engine's scales from the profiled observation
     eng.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
-    entry = next(e for k, e in eng._entries.items() if len(k[1]) == args.views)
+    entry = next(e for k, e in eng.entries.items() if len(k[1]) == args.views)
     runs = [critical_path(k) for k in profile_replay(entry.graph, args.replays)]
     n = len(runs[0])
     if any(len(r) != n for r in runs):

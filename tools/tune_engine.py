@@ -53,7 +53,7 @@ def captured_graph(policy, images, state) -> torch.cuda.CUDAGraph:
     if policy.fp8 and not policy.fp8_calibrated:
         policy.calibrate([(images, PROMPT, state)])
     policy.predict(images, PROMPT, state)
-    graphs = [entry.graph for entry in policy.executor._entries.values() if entry.graph is not None]
+    graphs = [entry.graph for entry in policy.executor.entries.values() if entry.graph is not None]
     if len(graphs) != 1:
         raise RuntimeError(f"expected one captured graph after one predict, found {len(graphs)}")
     return graphs[0]
@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("tune_engine: needs a CUDA GPU (the load-time tuning and the graphs run only there)", file=sys.stderr)
         return 2
-    from flashrt_core.engine.graph_executor import EngineExecutor, graph_replay_ms, interleaved_replay_ms
+    from flashrt_core.engine import EngineExecutor
+    from flashrt_core.engine.timing import graph_replay_ms, interleaved_replay_ms
     from flashrt_core.engine.tuning_cache import TuningCache
 
     rng = np.random.default_rng(0)

@@ -1,8 +1,9 @@
 """The inference engine: hardware detection, one dispatch table, prepared weights, CUDA-graph replay.
 
-`build_executor(model, config, device, hardware)` returns an object with the executor contract of
+`build_executor(model, config, device, hardware, options)` returns an object with the executor contract of
 flashrt_core.executor (sample_actions / close): the graph engine where the dispatch table picks it (a CUDA or
-ROCm GPU with fast paths on), otherwise the eager reference executor. See docs/engine.md.
+ROCm GPU with fast paths on), otherwise the eager reference executor. See docs/engine.md and, for every option,
+docs/engine_options.md.
 """
 
 from __future__ import annotations
@@ -10,23 +11,34 @@ from __future__ import annotations
 import torch
 
 from flashrt_core.config import ModelConfig
+from flashrt_core.executor import ReferenceExecutor
 
-from .dispatch import Dispatch, EngineOptions, Op, Switch, resolve
+from .dispatch import Dispatch, Op, eager_cpu_dispatch, resolve
+from .graph_executor import EngineExecutor
 from .hardware import Hardware, detect_hardware
+from .options import DEFAULT_TEXT_BUCKETS, HOST_WAITS, EngineOptions
 
-__all__ = ["Dispatch", "EngineOptions", "Hardware", "Op", "Switch", "build_executor", "detect_hardware", "resolve"]
+__all__ = ["DEFAULT_TEXT_BUCKETS", "Dispatch", "EngineExecutor", "EngineOptions", "HOST_WAITS", "Hardware", "Op",
+           "build_executor", "detect_hardware", "eager_cpu_dispatch", "resolve"]
 
 
 def build_executor(model, config: ModelConfig, device: torch.device | str, hardware: str | Hardware = "auto",
                    options: EngineOptions | None = None, action_affine=None):
-    """The executor the dispatch table picks for this device, hardware setting and options (env vars applied).
-    action_affine: (scale, offset) of the action unnormalization (Normalizer.action_affine), which the graph
-    engine can apply inside its graph (predict_observation(unnormalize=True)); the reference executor ignores it."""
+    """The executor for this device, hardware setting and options: the reference executor for
+    hardware="reference" or a CPU device, else the one the dispatch table picks.
+    options: None reads the defaults with the environment on top (EngineOptions.from_env, once per load); given
+    options are used as they are. action_affine: (scale, offset) of the action unnormalization
+    (Normalizer.action_affine), which the graph engine applies inside its graph
+    (predict_observation(unnormalize=True)); the reference executor ignores it."""
     device = torch.device(device)
-    hw = detect_hardware(hardware, device)
-    dispatch = resolve(hw, EngineOptions.from_env(options))
-    if dispatch[Op.EXECUTOR] == "reference" or device.type != "cuda":
-        from flashrt_core.executor import ReferenceExecutor
+    if hardware == "reference":
         return ReferenceExecutor(model, config, device)
-    from .graph_executor import EngineExecutor
+    if device.type != "cuda":
+        if hardware != "auto":
+            raise ValueError(f"hardware={hardware!r} needs a CUDA device, got {device}")
+        return ReferenceExecutor(model, config, device)
+    options = EngineOptions.from_env() if options is None else options
+    dispatch = resolve(detect_hardware(hardware, device), options)
+    if dispatch[Op.EXECUTOR] == "reference":
+        return ReferenceExecutor(model, config, device)
     return EngineExecutor(model, config, device, dispatch, action_affine=action_affine)

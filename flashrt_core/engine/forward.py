@@ -60,9 +60,9 @@ def vision(ws: Workspace, w: EngineWeights, ops: Ops) -> torch.Tensor:
         pixels = resize_views_torch(ws.images, size)                                   # (V, 3, S, S) fp32
     views = len(ws.images) if pixels is None else pixels.shape[0]
     if ops.fused_patch_embed:
-        # patch rows in the engine dtype: straight from the uint8 views at the model's size (kernels/flashrt_kernels/patch_embed.py),
-        # else from the pixels in one converting copy; then the patch GEMM in the engine dtype
-        # (the rows as wide as the padded GEMM weight, their extra columns zeros)
+        # patch rows in the engine dtype: straight from the uint8 views at the model's size
+        # (flashrt_kernels/patch_embed.py), else from the pixels in one converting copy; then the patch GEMM in the
+        # engine dtype (the rows as wide as the padded GEMM weight, their extra columns zeros)
         dev = ws.images[0].device if pixels is None else pixels.device
         patch_w, pos_bias = w.patch_gemm_tables()                                      # (Wv, Kp), (N, Wv)
         if fused_rows:
@@ -284,7 +284,7 @@ def _on(stream: torch.cuda.Stream | None):
 
 def denoise_stream(device: torch.device) -> torch.cuda.Stream:
     """The stream the denoiser runs on beside the prefix (forward_overlapped): one per device for the process, like
-    graph_executor.side_stream (cuBLAS keeps a workspace per handle and stream), and another than that one, which
+    timing.side_stream (cuBLAS keeps a workspace per handle and stream), and another than that one, which
     the warm-ups before a capture run on."""
     return _denoise_stream(device.index if device.index is not None else torch.cuda.current_device())
 

@@ -11,8 +11,6 @@ graph and never forces a recapture. All graphs share one memory pool (they never
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 import math
 import time
@@ -26,20 +24,19 @@ from flashrt_core.config import ModelConfig
 from flashrt_core.errors import InputError
 from flashrt_core.model import PiModel
 
-from .dispatch import Dispatch, Op, Switch
+from . import load_tuning
+from .dispatch import Dispatch, Op
 from .forward import Workspace, denoise, forward, pi0_fused_step_ends, prefix, vision
 from .fp8_calibration import Fp8Calibration
 from .host_wait import HostWait
 from .kernel_import import load_kernels
-from .ops import LAUNCH_POLICIES, PREFIX_ATTENTION_IMPLS, VISION_ATTENTION_BACKENDS, Ops
-from .tuning_cache import TUNING_CACHE_FORMAT, TuningCache, code_fingerprint, pick_by_name
+from .ops import Ops
+from .timing import graph_replay_ms, side_stream
 from .weights import EngineWeights, prepare_weights
 
 log = logging.getLogger(__name__)
 
 _ALIGN = 256  # bytes between fields of the staging blob
-# rounds of the chain tuning's interleaved timing (interleaved_replay_ms), 3 replays of one denoise each
-CHAIN_TUNING_ROUNDS = 7
 TUNING_PROMPT_TOKENS = 48           # the load-time tunings time the text bucket that holds a prompt this long
 
 
@@ -95,19 +92,10 @@ class EngineExecutor:
         self.dtype = dtype
         self.dispatch = dispatch
         self.use_graph = dispatch[Op.EXECUTOR] == "graph"
-        opts = dispatch.options
         self.name = "engine-" + ("graph" if self.use_graph else "eager") + (
             "-fp8" if dispatch[Op.GEMM_PREFIX] == "fp8" else "-bf16")
         self.ops = Ops(dispatch)
-        fold = dispatch.options.switch_on(Switch.FUSED_WEIGHTS)
-        mlp_pad = dispatch.options.vision_mlp_pad if dispatch.options.fast_paths else 0
-        if weights is not None and (weights.dtype != dtype or weights.folded != fold
-                                    or weights.vision_mlp_pad != mlp_pad):
-            raise ValueError(f"shared weights are {weights.dtype} folded={weights.folded} vision_mlp_pad="
-                             f"{weights.vision_mlp_pad}, this executor needs {dtype} folded={fold} "
-                             f"vision_mlp_pad={mlp_pad}")
-        self.weights = weights if weights is not None else prepare_weights(model, dtype, fold=fold,
-                                                                            vision_mlp_pad=mlp_pad)
+        self.weights = self._weights(model, weights)
         buckets = {b for b in dispatch.options.text_buckets if b < config.max_token_len} | {config.max_token_len}
         buckets = sorted(buckets)
         self.text_buckets = tuple(buckets)
@@ -119,7 +107,7 @@ class EngineExecutor:
                                               device)
         self._rope = (cos, sin)
         self._suffix_visible = self._suffix_visibility()
-        self.decoder_chain_timings: dict[str, dict[str, float]] = {}   # set by _tune_decoder_in_chain
+        self.decoder_chain_timings: dict[str, dict[str, float]] = {}   # set by load_tuning.tune_decoder_in_chain
         self.decoder_chain_passes = 0
         self._affine = None if action_affine is None else tuple(
             torch.as_tensor(np.asarray(a, dtype=np.float32), device=device) for a in action_affine)
@@ -132,7 +120,7 @@ class EngineExecutor:
         self.tuned_decoder_kinds: tuple[str, ...] = ()                 # the decoder GEMM kinds with a pick
         self.tuning_cache_path: Path | None = None
         if device.type == "cuda":
-            self._tune_at_load(dtype)
+            load_tuning.tune_at_load(self, dtype)
         self._entries: dict[tuple, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graph else None
         self.capture_seconds: dict[tuple, float] = {}
@@ -142,194 +130,32 @@ class EngineExecutor:
         log.info("engine ready: %s, text buckets %s, dispatch %s", self.name, self.text_buckets, dispatch.summary())
 
     # ---------------------------------------------------------------------------------------------- set-up
-    def _tunings(self) -> tuple[bool, bool, bool]:
-        """Which load-time tunings this engine runs: the decoder GEMMs (unless pinned), the prefix attention, the
-        vision attention."""
-        d = self.dispatch
-        decoder = d[Op.GEMM_DECODER] == "triton" and d.options.overrides.get(Op.GEMM_DECODER.value) != "triton"
-        return decoder, d[Op.PREFIX_ATTENTION] == "measured", d[Op.VISION_ATTENTION] == "measured"
-
-    def _tune_at_load(self, dtype: torch.dtype) -> None:
-        """The load-time tunings: the decoder GEMMs alone (ops.tune_decoder), then in the captured denoiser
-        (_tune_decoder_in_chain), the prefix attention and the vision attention's SDPA backend. Where
-        options.tuning_cache names a directory that holds this engine's key (tuning_key), its picks are checked
-        and used instead (no measuring); else the measured picks are stored there."""
-        decoder, prefix_att, vision_att = self._tunings()
-        if not (decoder or prefix_att or vision_att):
-            return
-        cache = TuningCache(self.dispatch.options.tuning_cache) if self.dispatch.options.tuning_cache else None
-        key = self.tuning_key(dtype) if cache is not None else None
-        if cache is not None:
-            picks = cache.load(key)
-            if picks is not None and self._use_tuning_picks(picks, decoder, prefix_att, vision_att):
-                self.tuning_source, self.tuning_cache_path = "cache", cache.path(key)
-                log.info("load-time tuning from the cache %s: %s", self.tuning_cache_path, self.tuning_picks())
-                return
-        config, device, ops = self.config, self.device, self.ops
-        if decoder:
-            timings = ops.tune_decoder(self.suffix_len, self.weights.expert, config.expert.num_heads,
-                                       config.expert.head_dim)
-            self.tuned_decoder_kinds = tuple(timings)
-            log.info("decoder GEMMs: %s (us: %s)", {k: str(v) for k, v in ops.decoder_impl.items()}, timings)
-            if self.dispatch[Op.DECODER_TUNING] == "chain" and self.use_graph:
-                self.decoder_chain_timings = self._tune_decoder_in_chain()
-                log.info("decoder GEMMs in the denoiser: %s, launch policy %s, after %d passes (ms per denoise, "
-                         "last pass: %s)", {k: str(v) for k, v in ops.decoder_impl.items()}, ops.launch_policy,
-                         self.decoder_chain_passes, self.decoder_chain_timings)
-        if prefix_att:
-            P = self._tuning_prefix_len()
-            g = config.paligemma
-            times = ops.tune_prefix_attention(P, g.num_heads, g.head_dim, dtype, device, g.depth - 1)
-            log.info("prefix attention: %s (us per layer at %d keys: %s)", ops.prefix_attention_impl, P, times)
-        if vision_att:
-            vc = config.vision
-            times = ops.tune_vision_attention(min(2, len(config.view_names)), vc.num_patches, vc.num_heads,
-                                              vc.head_dim, dtype, device, vc.depth)
-            log.info("vision attention: SDPA backend %s (us per layer: %s)", ops.vision_attention_backend, times)
-        self.tuning_source = "measured"
-        if cache is not None:
-            self.tuning_cache_path = cache.store(key, self.tuning_picks(), {
-                "decoder_us": ops.decoder_timings, "decoder_chain_ms": self.decoder_chain_timings,
-                "prefix_attention_us": ops.prefix_attention_timings,
-                "vision_attention_us": ops.vision_attention_timings})
-            if self.tuning_cache_path is not None:
-                log.info("load-time tuning stored in %s", self.tuning_cache_path)
-
-    def _tuning_prefix_len(self) -> int:
-        """The prefix length of the load-time tunings' workspace: two views (or the model's one) and the text
-        bucket of a 48-token prompt."""
-        return min(2, len(self.config.view_names)) * self.config.vision.num_patches + self.tuning_text_bucket
+    def _weights(self, model: PiModel, shared: EngineWeights | None) -> EngineWeights:
+        """The prepared weights: `shared` where it was prepared the way this executor needs, else from `model`."""
+        options = self.dispatch.options
+        fold = options.enabled("fused_weights")
+        mlp_pad = options.vision_mlp_pad if options.fast_paths else 0
+        if shared is None:
+            return prepare_weights(model, self.dtype, fold=fold, vision_mlp_pad=mlp_pad)
+        if shared.dtype != self.dtype or shared.folded != fold or shared.vision_mlp_pad != mlp_pad:
+            raise ValueError(f"shared weights are {shared.dtype} folded={shared.folded} vision_mlp_pad="
+                             f"{shared.vision_mlp_pad}, this executor needs {self.dtype} folded={fold} "
+                             f"vision_mlp_pad={mlp_pad}")
+        return shared
 
     def tuning_key(self, dtype: torch.dtype) -> dict:
-        """What the load-time tuning's picks depend on (tuning_cache.py): code, GPU, software versions, model
-        configuration, dtype, the tuning's rows and workspace, the options (but the cache directory) and the
-        dispatch table."""
-        if self.device.type == "cuda":
-            props = torch.cuda.get_device_properties(self.device)
-            gpu = {"name": props.name, "capability": f"{props.major}.{props.minor}",
-                   "sms": props.multi_processor_count}
-        else:                                   # nothing is tuned on the CPU; the key is still defined there
-            gpu = {"name": self.device.type}
-        try:
-            import triton
-            triton_version = triton.__version__
-        except ImportError:
-            triton_version = None
-        options = {k: v for k, v in dataclasses.asdict(self.dispatch.options).items()
-                   if k not in ("tuning_cache", "host_wait")}           # neither changes what the tuning picks
-        return {"format": TUNING_CACHE_FORMAT, "code": code_fingerprint(), "gpu": gpu, "torch": torch.__version__,
-                "cuda": torch.version.cuda, "hip": torch.version.hip, "triton": triton_version,
-                "model": dataclasses.asdict(self.config), "dtype": str(dtype),
-                "rows": self.suffix_len, "text_bucket": self.tuning_text_bucket,
-                "views": min(2, len(self.config.view_names)),
-                "options": options, "dispatch": self.dispatch.summary()}
+        """What the load-time tuning's picks depend on (load_tuning.tuning_key)."""
+        return load_tuning.tuning_key(self, dtype)
 
     def tuning_picks(self) -> dict:
-        """The load-time tunings' picks by name, as the tuning cache stores them."""
-        decoder, prefix_att, vision_att = self._tunings()
-        ops = self.ops
-        picks: dict = {"launch_policy": ops.launch_policy}
-        if decoder:
-            picks["decoder"] = {kind: str(ops.decoder_impl[kind]) for kind in self.tuned_decoder_kinds}
-        if prefix_att:
-            picks["prefix_attention"] = ops.prefix_attention_impl
-        if vision_att:
-            picks["vision_attention"] = ops.vision_attention_backend
-        return picks
+        """The load-time tunings' picks by name, as the tuning cache stores them (load_tuning.tuning_picks)."""
+        return load_tuning.tuning_picks(self)
 
-    def _use_tuning_picks(self, picks: dict, decoder: bool, prefix_att: bool, vision_att: bool) -> bool:
-        """Set the picks of a tuning cache entry: each name must be one of this engine's own candidates, and each
-        decoder GEMM pick's product is checked against the library GEMM's on random rows (ops.check_candidate).
-        Where anything fails, nothing is changed, the reason is logged and False returned (the caller measures)."""
-        ops = self.ops
-        saved = (dict(ops.decoder_impl), ops.launch_policy, ops.early_sites, ops.prefix_attention_impl,
-                 ops.vision_attention_backend)
-        try:
-            if decoder:
-                names = picks.get("decoder")
-                if not isinstance(names, dict) or not names:
-                    raise ValueError("the entry has no decoder GEMM picks")
-                g = torch.Generator(device=self.device).manual_seed(0)
-                for kind, name in names.items():
-                    lin = getattr(self.weights.expert[0], kind, None) if kind in ops.decoder_impl else None
-                    if lin is None:
-                        raise ValueError(f"decoder GEMM kind {kind!r} is not tuned in this engine")
-                    w = lin.parts[0][0]
-                    x = torch.randn(self.suffix_len, w.shape[1], device=w.device, dtype=w.dtype, generator=g)
-                    impl = pick_by_name(ops.decoder_candidates(kind, x, lin, self.config.expert.head_dim), name,
-                                        f"the {kind} GEMM")
-                    ops.check_candidate(kind, impl, x, lin)
-                    ops.decoder_impl[kind] = impl
-                self.tuned_decoder_kinds = tuple(names)
-            ops.set_launch_policy(pick_by_name(LAUNCH_POLICIES, picks.get("launch_policy"), "launch policy"))
-            if prefix_att:
-                ops.prefix_attention_impl = pick_by_name(PREFIX_ATTENTION_IMPLS, picks.get("prefix_attention"),
-                                                         "the prefix attention")
-            if vision_att:
-                ops.vision_attention_backend = pick_by_name(VISION_ATTENTION_BACKENDS,
-                                                            picks.get("vision_attention"), "the vision attention")
-            return True
-        except Exception as err:  # noqa: BLE001  a cache entry that does not fit: measure instead, say why
-            (decoder_impl, ops.launch_policy, ops.early_sites, ops.prefix_attention_impl,
-             ops.vision_attention_backend) = saved
-            ops.decoder_impl.clear()
-            ops.decoder_impl.update(decoder_impl)
-            self.tuned_decoder_kinds = ()
-            log.warning("tuning cache entry not used, measuring instead: %s", err)
-            return False
-
-    @torch.inference_mode()
-    def _tune_decoder_in_chain(self, rounds: int = CHAIN_TUNING_ROUNDS, reps: int = 3
-                               ) -> dict[str, dict[str, float]]:
-        """Time each decoder GEMM kind's candidates where they run: inside the denoiser, captured as a graph.
-
-        Timed alone, a GEMM cannot show what it costs its neighbours: a one-shot configuration streams its
-        weights before its PDL wait, overlapping the norm or attention ahead of it, and a wider split-K hands the
-        norm after it more partials to sum. So, after tune_decoder's isolated pick, one pass over the kinds
-        (down, o, gate_up, qkv) captures the whole denoise (every step and layer, on a workspace of two views and
-        the text bucket of a 48-token prompt, zero K/V caches) once per candidate of that kind, the other kinds at their
-        current pick, and keeps the candidate with the lowest time.
-        The candidates of one kind are all captured first and then replayed in turn, `rounds` rounds of `reps`
-        replays each, in a rotating order (interleaved_replay_ms): the same denoise drifts by up to 0.4 ms between
-        captures timed one after the other, more than most candidates differ by.
-        With kernel_launch=pdl_early (pdl_early_trigger, the default), the launch policy (ops.LAUNCH_POLICIES:
-        which kernels release the next one at their start) is timed the same way first, under key "launch_policy".
-        The picks depend on each other (an engine whose first pass begins from other isolated picks can keep GEMMs
-        that another's pass replaces), so the pass repeats, up to options.chain_tuning_passes times, until one
-        changes nothing (self.decoder_chain_passes: how many ran).
-        Returns {kind: {candidate: ms per denoise}} of the last pass."""
-        cfg, ops = self.config, self.ops
-        views = tuple(range(min(2, len(cfg.view_names))))
-        ws = self._make_entry(views, None, self.tuning_text_bucket).ws
-        P = ws.k_cache.shape[2] - self.suffix_len
-        key_bias = torch.zeros(P, device=self.device)
-        n_valid = torch.full((1,), P, device=self.device, dtype=torch.int64)
-        ws.noise.normal_()
-
-        def capture() -> torch.cuda.CUDAGraph:
-            return self.capture_denoise(ws, key_bias, n_valid)
-
-        def timed(graphs: dict) -> dict:
-            return interleaved_replay_ms(graphs, rounds, reps)
-
-        timings: dict[str, dict[str, float]] = {}
-
-        def picks() -> tuple:
-            return ops.launch_policy, tuple(sorted((k, str(v)) for k, v in ops.decoder_impl.items()))
-
-        self.decoder_chain_passes = 0
-        for _ in range(self.dispatch.options.chain_tuning_passes):
-            before = picks()
-            self.decoder_chain_passes += 1
-            if self.dispatch[Op.KERNEL_LAUNCH] == "pdl_early":
-                timings["launch_policy"] = self._pick_launch_policy(capture, timed)
-            for kind in ("down", "o", "gate_up", "qkv"):
-                times = self._pick_decoder_gemm_in_chain(kind, capture, timed)
-                if times:
-                    timings[kind] = times
-            if picks() == before:
-                break
-        return timings
+    @property
+    def entries(self) -> dict[tuple, _Entry]:
+        """The captured signatures: (input kind, present views, image sizes, text bucket) -> its buffers and
+        graph (read-only use: benchmarks and tests)."""
+        return self._entries
 
     def capture_denoise(self, ws: Workspace, key_bias: torch.Tensor, n_valid: torch.Tensor) -> torch.cuda.CUDAGraph:
         """The denoise alone (every step and layer) on `ws` with the current ops settings, captured as a CUDA graph
@@ -345,31 +171,6 @@ class EngineExecutor:
             denoise(ws, self.weights, self.ops, key_bias, n_valid)
         graph.replay()
         return graph
-
-    def _pick_launch_policy(self, capture, timed) -> dict[str, float]:
-        """One pass of the chain tuning over the launch policies: each captured, all timed in turn, the fastest
-        kept."""
-        return keep_fastest_in_chain(LAUNCH_POLICIES, self.ops.set_launch_policy, lambda _: capture(), timed)
-
-    def _pick_decoder_gemm_in_chain(self, kind: str, capture, timed) -> dict[str, float]:
-        """One pass of the chain tuning over one decoder GEMM kind's candidates (those the isolated tuning did not
-        leave out): each captured, all timed in turn, the fastest kept; {} where the kind has nothing to choose
-        between. A candidate that fails to capture is left out as ops.time_candidate says."""
-        ops = self.ops
-        lin = getattr(self.weights.expert[0], kind)
-        if kind not in ops.decoder_timings or lin is None:      # not tuned alone: pinned or library-only
-            return {}
-        x = torch.empty(self.suffix_len, lin.parts[0][0].shape[1], device=self.device, dtype=self.dtype)
-        candidates = ops.decoder_candidates(kind, x, lin, self.config.expert.head_dim)
-        if len(candidates) < 2:
-            return {}
-        def apply(impl) -> None:
-            ops.decoder_impl[kind] = impl
-        failed = ops.decoder_failures.get(kind, {})
-        times = keep_fastest_in_chain([impl for impl in candidates if str(impl) not in failed], apply,
-                                      lambda impl: ops.time_candidate(kind, impl, capture), timed,
-                                      fallback=ops.decoder_impl[kind])
-        return {str(k): v for k, v in times.items()}
 
     def _suffix_visibility(self) -> torch.Tensor:
         """Suffix keys each suffix token sees (openpi ar flags; blocks are contiguous, so a count suffices):
@@ -389,7 +190,7 @@ class EngineExecutor:
         raise InputError(f"prompt needs {last_valid + 1} token slots, more than max_token_len "
                          f"{self.config.max_token_len}")
 
-    def _make_entry(self, views: tuple[int, ...], image_shapes: tuple | None, text_len: int) -> _Entry:
+    def make_entry(self, views: tuple[int, ...], image_shapes: tuple | None, text_len: int) -> _Entry:
         cfg, dev = self.config, self.device
         n = cfg.vision.num_patches
         size = cfg.vision.image_size
@@ -440,7 +241,7 @@ class EngineExecutor:
 
     def _entry(self, key: tuple, views, image_shapes, text_len) -> _Entry:
         if key not in self._entries:
-            self._entries[key] = self._make_entry(views, image_shapes, text_len)
+            self._entries[key] = self.make_entry(views, image_shapes, text_len)
         return self._entries[key]
 
     @torch.inference_mode()
@@ -562,56 +363,3 @@ class EngineExecutor:
     def close(self) -> None:
         self._entries.clear()
         self.weights = None
-
-
-def keep_fastest_in_chain(candidates, apply, capture, timed, fallback=None) -> dict:
-    """One choice of the chain tuning: each candidate applied (apply(c)) and the denoiser captured with it
-    (capture(c): a graph, or None where the candidate is left out), all graphs timed in turn (timed: {c: ms}), and
-    the fastest applied, or `fallback` where none could be captured. Returns {candidate: ms}."""
-    graphs = {}
-    for cand in candidates:
-        apply(cand)
-        graph = capture(cand)
-        if graph is not None:
-            graphs[cand] = graph
-    times = timed(graphs) if graphs else {}
-    del graphs
-    apply(min(times, key=times.get) if times else fallback)
-    return times
-
-
-def interleaved_replay_ms(graphs: dict, rounds: int, reps: int) -> dict:
-    """{key: ms} for captured graphs timed in turn: `rounds` rounds, each replaying every graph `reps` times
-    (graph_replay_ms), the order rotated by one each round; a graph's time is the median of its rounds' medians.
-    Timed in turn, graphs see the same clock and memory drift, which a graph timed after another does not."""
-    keys = list(graphs)
-    per_round: dict = {k: [] for k in keys}
-    for r in range(rounds):
-        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
-            per_round[k].append(float(np.median(graph_replay_ms(graphs[k], reps))))
-    return {k: float(np.median(v)) for k, v in per_round.items()}
-
-
-def graph_replay_ms(graph: torch.cuda.CUDAGraph, reps: int) -> list[float]:
-    """GPU time of `reps` single replays of a captured graph (CUDA events around each), in ms."""
-    samples = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return samples
-
-
-def side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The one stream per device that warm-ups before a capture and load-time timings run on. cuBLAS keeps a
-    workspace per (handle, stream) for the life of the process, so a new stream per capture would grow the memory
-    that a closed engine cannot give back."""
-    return _side_stream(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _side_stream(index: int) -> torch.cuda.Stream:
-    return torch.cuda.Stream(torch.device("cuda", index))

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from .dispatch import HOST_WAITS
+from .options import HOST_WAITS
 
 log = logging.getLogger(__name__)
 

@@ -107,7 +107,7 @@ class EngineWeights:
     vision_mlp_pad: int = 0                   # the vision MLP width rounded up to a multiple of this (0: as is)
 
     def patch_gemm_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fused patch embedding's (kernels/flashrt_kernels/patch_embed.py) GEMM weight in the engine dtype, (Wv, 3 * p * p)
+        """The fused patch embedding's (flashrt_kernels/patch_embed.py) GEMM weight in the engine dtype, (Wv, 3 * p * p)
         with zero columns up to a multiple of 8 (16-byte rows: cuBLAS runs an unaligned bf16 operand, 588 wide for
         SigLIP, on slower kernels), and its fp32 (N, Wv) addend, the position embedding plus the conv bias; made at
         first use, then kept."""
@@ -123,7 +123,7 @@ class EngineWeights:
 
     @torch.no_grad()
     def pi0_step_tables(self) -> Pi0StepTables:
-        """pi0's fused step ends (kernels/flashrt_kernels/denoise_step.py time_mlp_in and step_out): the action input projection
+        """pi0's fused step ends (flashrt_kernels/denoise_step.py time_mlp_in and step_out): the action input projection
         folded into the action half of the time MLP's input GEMM, W_ta W_in (We, A) in the engine dtype, and W_ta
         b_in + the time bias of each step (steps, We) fp32 (both folds in fp32 from the prepared weights); the
         output GEMM without its bias and the bias apart; the final norm's scale (ones when folded into

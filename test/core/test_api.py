@@ -203,7 +203,8 @@ def test_load_options_are_validated_and_close_releases(ckpt_dir):
 def _cpu_engine(policy, text_buckets=(64, 128), action_affine=None, host_wait="sync"):
     """The graph engine's executor over the policy's model, eager on the CPU with the plain-PyTorch ops;
     action_affine: the unnormalization it can apply itself (None: none)."""
-    from flashrt_core.engine.dispatch import EngineOptions, eager_cpu_dispatch
+    from flashrt_core.engine.options import EngineOptions
+    from flashrt_core.engine.dispatch import eager_cpu_dispatch
     from flashrt_core.engine.graph_executor import EngineExecutor
 
     return EngineExecutor(policy.model, policy.config, torch.device("cpu"),
@@ -329,16 +330,16 @@ def test_warm_up_text_buckets_prepares_every_bucket_once(demo, ckpt_dir, monkeyp
     cold = _with_executor(plain, _cpu_engine(plain, text_buckets=(16, 64)))
     for prompt in prompts:
         cold.predict(images, prompt, noise=NOISE)
-    assert sorted(key[3] for key in cold.executor._entries) == slots
+    assert sorted(key[3] for key in cold.executor.entries) == slots
     engine = _cpu_engine(plain, text_buckets=(16, 64))
     policy = _with_executor(plain, engine)
     assert policy.text_buckets == tuple(slots)
     assert policy.warm_up_text_buckets(images, "pick") == slots
-    assert sorted(key[3] for key in engine._entries) == slots
+    assert sorted(key[3] for key in engine.entries) == slots
     for prompt in prompts:
         np.testing.assert_allclose(policy.predict(images, prompt, noise=NOISE),
                                    cold.predict(images, prompt, noise=NOISE), atol=ENGINE_TOL, rtol=0)
-    assert len(engine._entries) == 3
+    assert len(engine.entries) == 3
 
     # pi0.5's discrete-state prompt carries the state bins: short buckets can never serve an instruction
     stated = _with_executor(demo, _cpu_engine(demo, text_buckets=(16, 64)))
@@ -357,10 +358,10 @@ def test_warm_up_text_buckets_prepares_every_bucket_once(demo, ckpt_dir, monkeyp
     assert fine.shortest_prompt_tokens(state) <= int(low_mask.sum())
     warmed = fine.warm_up_text_buckets(_model_sized_images(demo), "pick", state)
     assert warmed == list(fine.reachable_text_buckets(state)) and min(warmed) > 16
-    entries = set(fine.executor._entries)
+    entries = set(fine.executor.entries)
     for st in (low, state, np.full_like(state, 5.0)):
         fine.predict(_model_sized_images(demo), "pick", st, noise=NOISE)
-    assert set(fine.executor._entries) == entries                        # no bucket left for later
+    assert set(fine.executor.entries) == entries                        # no bucket left for later
 
     passes = []
     real_sample_actions = demo.executor.sample_actions
@@ -385,7 +386,7 @@ def test_the_host_rehearsal_repeats_the_last_call_and_changes_nothing_visible(de
     state = np.linspace(-0.5, 0.5, 32)
     torch.manual_seed(3)
     first = policy.predict(images, "pick up the red block", state=state)
-    staging = {k: v.clone() for e in engine._entries.values() for k, v in e.staging.host_views.items()}
+    staging = {k: v.clone() for e in engine.entries.values() for k, v in e.staging.host_views.items()}
     cache = policy.tokenizer._cached_tokens.cache_info()
     rng = torch.get_rng_state()
     for _ in range(3):
@@ -393,7 +394,7 @@ def test_the_host_rehearsal_repeats_the_last_call_and_changes_nothing_visible(de
     assert rehearsal.runs == 3
     assert torch.equal(torch.get_rng_state(), rng)
     assert policy.tokenizer._cached_tokens.cache_info() == cache
-    after = {k: v for e in engine._entries.values() for k, v in e.staging.host_views.items()}
+    after = {k: v for e in engine.entries.values() for k, v in e.staging.host_views.items()}
     assert all(torch.equal(after[k], v) for k, v in staging.items())
     views = [v for v in images[:len(demo.config.view_names)] if v is not None]
     assert len(rehearsal._scratch) == len(views)

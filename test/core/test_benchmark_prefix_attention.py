@@ -15,7 +15,9 @@ sys.path.insert(0, str(REPO_ROOT / "tools"))
 
 import benchmark_prefix_attention as bench  # noqa: E402
 
-from flashrt_core.engine.dispatch import EngineOptions, resolve  # noqa: E402
+from flashrt_core.engine.options import EngineOptions  # noqa: E402
+
+from flashrt_core.engine.dispatch import resolve  # noqa: E402
 from flashrt_core.engine.hardware import CPU  # noqa: E402
 from flashrt_core.engine.ops import KeyMask, Ops  # noqa: E402
 

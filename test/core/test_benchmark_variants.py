@@ -19,7 +19,7 @@ ARGS = SimpleNamespace(text_buckets=[64, 128])
     ("fp8-no_pdl-with_pdl", True, True, True),
 ])
 def test_variant_names_give_their_options(variant, fp8, pdl, fused_quant, monkeypatch):
-    for name in ("FLASHRT_FP8", "FLASHRT_DISABLE_PDL", "FLASHRT_DISABLE_FP8_FUSED_QUANT"):
+    for name in ("FLASHRT_FP8", "FLASHRT_PDL", "FLASHRT_FP8_FUSED_QUANT"):
         monkeypatch.delenv(name, raising=False)
     o = engine_options(variant, ARGS)
     assert (o.fp8, o.pdl, o.fp8_fused_quant) == (fp8, pdl, fused_quant)

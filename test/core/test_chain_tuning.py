@@ -1,4 +1,4 @@
-"""The chain tuning's search (EngineExecutor: _pick_launch_policy, _pick_decoder_gemm_in_chain,
+"""The chain tuning's search (engine/load_tuning.py: pick_launch_policy, pick_decoder_gemm_in_chain,
 keep_fastest_in_chain). The chain tuning times captured denoisers on the GPU; here the same methods run with a cost
 function in place of the capture and the timer, so what is checked is the search: which candidates it captures under
 which settings, what it leaves out, and what it keeps."""
@@ -10,8 +10,12 @@ import types
 import pytest
 import torch
 
-from flashrt_core.engine.graph_executor import EngineExecutor, keep_fastest_in_chain
-from flashrt_core.engine.ops import LAUNCH_POLICIES, CandidateMismatch, Ops
+from flashrt_core.engine import load_tuning, tuning
+from flashrt_core.engine.kernel_configs import LAUNCH_POLICIES
+from flashrt_core.engine.load_tuning import keep_fastest_in_chain
+from flashrt_core.engine.ops import Ops
+from flashrt_core.engine.tuning import CandidateMismatch
+
 
 def test_keep_fastest_in_chain_applies_each_candidate_then_the_fastest_or_the_fallback():
     """The chain tuning's one choice (the launch policy, a GEMM kind): each
@@ -35,19 +39,19 @@ def test_keep_fastest_in_chain_applies_each_candidate_then_the_fastest_or_the_fa
 
 
 def test_launch_policy_pick_captures_every_policy_under_its_own_sites_and_keeps_the_fastest():
-    """_pick_launch_policy: every ops.LAUNCH_POLICIES entry set (its name and early sites together) before its
+    """pick_launch_policy: every kernel_configs.LAUNCH_POLICIES entry set (its name and early sites together) before its
     capture, all timed, the fastest set last."""
     ops = types.SimpleNamespace(launch_policy="all", early_sites=LAUNCH_POLICIES["all"])
     ops.set_launch_policy = types.MethodType(Ops.set_launch_policy, ops)
     ex = types.SimpleNamespace(ops=ops)
-    ex._pick_launch_policy = types.MethodType(EngineExecutor._pick_launch_policy, ex)
     ms = {"none": 5.0, "all": 4.6, "before_one_shot": 4.9, "attention_block": 4.8, "norms": 4.4, "mlp_block": 4.9}
     captured = []
 
     def capture():
         captured.append((ops.launch_policy, ops.early_sites))
         return f"graph-{ops.launch_policy}"
-    times = ex._pick_launch_policy(capture, lambda graphs: {p: ms[p] for p, g in graphs.items() if g == f"graph-{p}"})
+    times = load_tuning.pick_launch_policy(ex, capture,
+                                           lambda graphs: {p: ms[p] for p, g in graphs.items() if g == f"graph-{p}"})
     assert times == ms
     assert captured == [(p, LAUNCH_POLICIES[p]) for p in LAUNCH_POLICIES]
     assert ops.launch_policy == "norms" and ops.early_sites == LAUNCH_POLICIES["norms"]
@@ -61,25 +65,24 @@ def _picking_executor(ops) -> types.SimpleNamespace:
     ex = types.SimpleNamespace(ops=ops, weights=types.SimpleNamespace(expert=[expert]), suffix_len=10,
                                device=torch.device("cpu"), dtype=torch.float32,
                                config=types.SimpleNamespace(expert=types.SimpleNamespace(num_heads=8, head_dim=256)))
-    ex._pick_decoder_gemm_in_chain = types.MethodType(EngineExecutor._pick_decoder_gemm_in_chain, ex)
     return ex
 
 
-def _gemm_ops(candidates: list[str], failed_before: dict[str, str]) -> types.SimpleNamespace:
-    ops = types.SimpleNamespace(decoder_impl={"down": "library", "o": "library"}, decoder_timings={"down": {}},
-                                decoder_failures={"down": dict(failed_before)},
-                                decoder_candidates=lambda kind, x, lin, head_dim: list(candidates))
-    ops.time_candidate = types.MethodType(Ops.time_candidate, ops)                 # the real failure handling
-    return ops
+def _gemm_ops(candidates: list[str], failed_before: dict[str, str], monkeypatch) -> types.SimpleNamespace:
+    """Ops state of a decoder GEMM pick with these candidates; tuning.time_candidate (the real failure handling)
+    runs on it."""
+    monkeypatch.setattr(tuning, "decoder_candidates", lambda ops, kind, x, lin, head_dim: list(candidates))
+    return types.SimpleNamespace(decoder_impl={"down": "library", "o": "library"}, decoder_timings={"down": {}},
+                                 decoder_failures={"down": dict(failed_before)})
 
 
-def test_gemm_pick_times_every_runnable_candidate_keeps_the_fastest_and_records_a_capture_failure():
-    """_pick_decoder_gemm_in_chain: the candidates the isolated tuning recorded as failed are never applied, one
+def test_gemm_pick_times_every_runnable_candidate_keeps_the_fastest_and_records_a_capture_failure(monkeypatch):
+    """pick_decoder_gemm_in_chain: the candidates the isolated tuning recorded as failed are never applied, one
     whose capture raises a candidate's failure (CandidateMismatch) is left out and recorded, the others are captured
     with themselves applied and timed, and the fastest is kept; the kinds the isolated tuning did not tune, and
     those without weights, are left as they are."""
     ops = _gemm_ops(["library", "skinny", "tma_failed_alone", "tma_mismatch", "tma_fast"],
-                    {"tma_failed_alone": "OutOfResources(...)"})
+                    {"tma_failed_alone": "OutOfResources(...)"}, monkeypatch)
     ms = {"library": 4.6, "skinny": 4.4, "tma_fast": 4.3}
     ex = _picking_executor(ops)
     captured = []
@@ -90,29 +93,30 @@ def test_gemm_pick_times_every_runnable_candidate_keeps_the_fastest_and_records_
         if impl == "tma_mismatch":
             raise CandidateMismatch("off by 0.3 against the library GEMM")
         return f"graph-{impl}"
-    times = ex._pick_decoder_gemm_in_chain("down", capture, lambda graphs: {c: ms[c] for c in graphs})
+    times = load_tuning.pick_decoder_gemm_in_chain(ex, "down", capture, lambda graphs: {c: ms[c] for c in graphs})
     assert times == ms
     assert captured == ["library", "skinny", "tma_mismatch", "tma_fast"]
     assert ops.decoder_impl["down"] == "tma_fast"
     assert set(ops.decoder_failures["down"]) == {"tma_failed_alone", "tma_mismatch"}
-    assert ex._pick_decoder_gemm_in_chain("o", capture, None) == {}          # not tuned alone: pinned
-    assert ex._pick_decoder_gemm_in_chain("qkv", capture, None) == {}        # no weights of that kind
+    assert load_tuning.pick_decoder_gemm_in_chain(ex, "o", capture, None) == {}          # not tuned alone: pinned
+    assert load_tuning.pick_decoder_gemm_in_chain(ex, "qkv", capture, None) == {}        # no weights of that kind
     assert ops.decoder_impl == {"down": "tma_fast", "o": "library"}
 
     other = RuntimeError("an engine bug, not a candidate's failure")
     def broken():
         raise other
     with pytest.raises(RuntimeError) as raised:                             # raised, never swallowed
-        ex._pick_decoder_gemm_in_chain("down", broken, None)
+        load_tuning.pick_decoder_gemm_in_chain(ex, "down", broken, None)
     assert raised.value is other
 
 
-def test_gemm_pick_keeps_the_current_pick_when_no_candidate_captures():
-    ops = _gemm_ops(["library", "skinny"], {})                           # the pick before the pass: "library"
+def test_gemm_pick_keeps_the_current_pick_when_no_candidate_captures(monkeypatch):
+    ops = _gemm_ops(["library", "skinny"], {}, monkeypatch)              # the pick before the pass: "library"
     ex = _picking_executor(ops)
 
     def capture():
         raise CandidateMismatch("every candidate disagrees")
-    assert ex._pick_decoder_gemm_in_chain("down", capture, lambda graphs: pytest.fail("nothing to time")) == {}
+    nothing_to_time = lambda graphs: pytest.fail("nothing to time")  # noqa: E731
+    assert load_tuning.pick_decoder_gemm_in_chain(ex, "down", capture, nothing_to_time) == {}
     assert ops.decoder_impl["down"] == "library"                        # not the last one applied
     assert set(ops.decoder_failures["down"]) == {"library", "skinny"}

@@ -1,4 +1,4 @@
-"""pi0.5's fused denoising-step ends (kernels/flashrt_kernels/denoise_step.py, Op.DENOISE_STEP), on the CPU: the references equal
+"""pi0.5's fused denoising-step ends (kernels/flashrt_kernels/denoise_step.py, Op.FUSED_DENOISE_STEP), on the CPU: the references equal
 the separate ops they replace (input projection, copy and first adaRMSNorm; final adaRMSNorm, output projection
 and Euler step), the launchers name bad arguments, and the switch. The Triton kernels run in
 test/gpu/test_kernels.py (GPU, and the CPU interpreter in CI's second pass) and the engine's wiring of them in
@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashrt_core.engine.dispatch import EngineOptions, Op, resolve
+from flashrt_core.engine.options import EngineOptions
+
+from flashrt_core.engine.dispatch import Op, resolve
 from flashrt_core.engine.hardware import detect_hardware
 from flashrt_core.engine.kernel_import import load_kernels
 
@@ -67,11 +69,11 @@ def test_launchers_name_bad_arguments():
 def test_fused_denoise_step_is_the_default_with_triton_and_has_its_switches(monkeypatch):
     monkeypatch.setattr("flashrt_core.engine.dispatch._triton", lambda hw, o: hw.is_gpu and o.fast_paths)
     sm90 = detect_hardware("sm90")
-    assert resolve(sm90)[Op.DENOISE_STEP] == "fused"
-    assert resolve(sm90, EngineOptions(fused_denoise_step=False))[Op.DENOISE_STEP] == "separate"
-    for env in ({"FLASHRT_FUSED_DENOISE_STEP": "0"}, {"FLASHRT_DISABLE_FUSED_DENOISE_STEP": "1"},
-                {"FLASHRT_FUSED_DENOISE_STEP": "1", "FLASHRT_DISABLE_FUSED_DENOISE_STEP": "1"}):
-        assert resolve(sm90, EngineOptions.from_env(env=env))[Op.DENOISE_STEP] == "separate", env
-    assert resolve(sm90, EngineOptions.from_env(env={"FLASHRT_FUSED_DENOISE_STEP": "1"}))[Op.DENOISE_STEP] == "fused"
-    assert resolve(sm90, EngineOptions(fast_paths=False))[Op.DENOISE_STEP] == "separate"
-    assert resolve(detect_hardware("cpu"), EngineOptions(fused_denoise_step=True))[Op.DENOISE_STEP] == "separate"
+    assert resolve(sm90)[Op.FUSED_DENOISE_STEP] == "fused"
+    assert resolve(sm90, EngineOptions(fused_denoise_step=False))[Op.FUSED_DENOISE_STEP] == "separate"
+    for env in ({"FLASHRT_FUSED_DENOISE_STEP": "0"}, {"FLASHRT_FUSED_DENOISE_STEP": "0"},
+                {"FLASHRT_FUSED_DENOISE_STEP": "1", "FLASHRT_FUSED_DENOISE_STEP": "0"}):
+        assert resolve(sm90, EngineOptions.from_env(env=env))[Op.FUSED_DENOISE_STEP] == "separate", env
+    assert resolve(sm90, EngineOptions.from_env(env={"FLASHRT_FUSED_DENOISE_STEP": "1"}))[Op.FUSED_DENOISE_STEP] == "fused"
+    assert resolve(sm90, EngineOptions(fast_paths=False))[Op.FUSED_DENOISE_STEP] == "separate"
+    assert resolve(detect_hardware("cpu"), EngineOptions(fused_denoise_step=True))[Op.FUSED_DENOISE_STEP] == "separate"

@@ -12,7 +12,8 @@ import torch
 
 from flashrt_core.checkpoint import load_model_weights
 from flashrt_core.config import get_config
-from flashrt_core.engine.dispatch import Dispatch, EngineOptions, Switch, eager_cpu_dispatch
+from flashrt_core.engine.dispatch import Dispatch, Op, eager_cpu_dispatch
+from flashrt_core.engine.options import EngineOptions
 from flashrt_core.engine.graph_executor import EngineExecutor
 from flashrt_core.engine.ops import Ops
 from flashrt_core.executor import ReferenceExecutor
@@ -80,7 +81,7 @@ def test_new_prompt_reuses_the_bucket(model):
         outs.append(engine.predict_observation(images, tokens, mask, state, noise))
         np.testing.assert_allclose(outs[-1], _reference(model, images, tokens, mask, state, noise).numpy(),
                                    atol=FP32_ATOL, rtol=0)
-    assert len(engine._entries) == 1
+    assert len(engine.entries) == 1
     assert not np.allclose(outs[0], outs[1])
 
 
@@ -215,8 +216,7 @@ def _record_order(engine, monkeypatch) -> list[str]:
 
 
 def test_overlapped_first_step_interleaves_with_the_prefix_and_keeps_the_actions(model, monkeypatch):
-    """overlap_first_step (the default; FLASHRT_DISABLE_OVERLAP_FIRST_STEP=1 or FLASHRT_OVERLAP_FIRST_STEP=0 turn
-    it off): the first denoising step's layer i runs right after the prefix's layer i has written its K/V, before
+    """overlap_first_step (the default; FLASHRT_OVERLAP_FIRST_STEP=0 turns it off): the first denoising step's layer i runs right after the prefix's layer i has written its K/V, before
     that layer's attention (on the GPU on a second stream; on the CPU in this order in one); the actions are the
     sequential forward's, bit for bit, and the reference's."""
     cfg = model.config
@@ -226,9 +226,8 @@ def test_overlapped_first_step_interleaves_with_the_prefix_and_keeps_the_actions
     overlapped = EngineExecutor(model, cfg, torch.device("cpu"), _dispatch(True), dtype=torch.float32)
     assert overlapped.ops.overlap_first_step and not sequential.ops.overlap_first_step
     assert EngineOptions().overlap_first_step
-    for env in ({"FLASHRT_OVERLAP_FIRST_STEP": "0"}, {"FLASHRT_DISABLE_OVERLAP_FIRST_STEP": "1"}):
-        assert not EngineOptions.from_env(env=env).overlap_first_step
-    assert not EngineOptions(fast_paths=False).switch_on(Switch.OVERLAP_FIRST_STEP)
+    assert not EngineOptions.from_env(env={"FLASHRT_OVERLAP_FIRST_STEP": "0"}).overlap_first_step
+    assert eager_cpu_dispatch(EngineOptions(fast_paths=False))[Op.OVERLAP_FIRST_STEP] == "one_stream"
     assert Ops(eager_cpu_dispatch()).overlap_first_step
     assert not Ops(eager_cpu_dispatch(EngineOptions(overlap_first_step=False))).overlap_first_step
     orders = {}

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from flashrt_core.engine.dispatch import HOST_WAITS, EngineOptions
+from flashrt_core.engine.options import HOST_WAITS, EngineOptions
 from flashrt_core.engine.host_wait import HostWait, poll_until
 
 

@@ -10,9 +10,13 @@ import sys
 import pytest
 import torch
 
-from flashrt_core.engine.dispatch import EngineOptions, resolve
+from flashrt_core.engine import tuning
+from flashrt_core.engine.options import EngineOptions
+
+from flashrt_core.engine.dispatch import resolve
 from flashrt_core.engine.hardware import CPU
-from flashrt_core.engine.ops import PREFIX_ATTENTION_IMPLS, KeyMask, Ops
+from flashrt_core.engine.kernel_configs import PREFIX_ATTENTION_IMPLS
+from flashrt_core.engine.ops import KeyMask, Ops
 
 
 @pytest.mark.parametrize("impl", [i for i in PREFIX_ATTENTION_IMPLS if i.startswith("sdpa")])
@@ -49,7 +53,7 @@ def test_the_wgmma_kernel_joins_the_tuning_only_where_switched_on_and_served():
     for options in (EngineOptions(), EngineOptions(prefix_attention_wgmma=False)):
         ops = Ops(resolve(CPU, options))
         assert ops.prefix_attention_wgmma == options.prefix_attention_wgmma
-        assert ops.prefix_attention_candidates(576, 8, 256, cpu) == others
+        assert tuning.prefix_attention_candidates(ops, 576, 8, 256, cpu) == others
     assert not EngineOptions.from_env(env={"FLASHRT_PREFIX_ATTENTION_WGMMA": "0"}).prefix_attention_wgmma
     assert not Ops(resolve(CPU, EngineOptions(prefix_attention_wgmma=True, fast_paths=False))).prefix_attention_wgmma
 
@@ -68,7 +72,7 @@ def test_the_wgmma_forms_join_the_tuning_by_their_switch_where_the_kernel_serves
     prefix_attention_wgmma and none without it; at a prefix length the kernel does not serve (one key block) they
     stay out."""
     from flashrt_core.engine.kernel_import import load_kernels
-    from flashrt_core.engine.ops import WGMMA_PREFIX_ATTENTION
+    from flashrt_core.engine.kernel_configs import WGMMA_PREFIX_ATTENTION
     K = load_kernels()
     split_blocks = sys.modules[K.__name__ + ".prefix_attention"].split_blocks
     monkeypatch.setattr(K, "prefix_attention_supported",
@@ -77,8 +81,8 @@ def test_the_wgmma_forms_join_the_tuning_by_their_switch_where_the_kernel_serves
     base = [i for i in PREFIX_ATTENTION_IMPLS if not i.startswith("wgmma")]
     for wgmma, want in ((True, base + list(WGMMA_PREFIX_ATTENTION)), (False, base)):
         ops = Ops(resolve(CPU, EngineOptions(prefix_attention_wgmma=wgmma)))
-        assert ops.prefix_attention_candidates(576, 8, 256, cpu) == want, wgmma
-    assert Ops(resolve(CPU, EngineOptions())).prefix_attention_candidates(64, 8, 256, cpu) == base
+        assert tuning.prefix_attention_candidates(ops, 576, 8, 256, cpu) == want, wgmma
+    assert tuning.prefix_attention_candidates(Ops(resolve(CPU, EngineOptions())), 64, 8, 256, cpu) == base
 
 
 def test_split_blocks_gives_every_program_at_least_two_key_blocks():

@@ -1,5 +1,5 @@
 """kernels/flashrt_kernels/smem_gemm.py's shape rules, checked where the engine relies on them (no GPU needed): every candidate
-of ops.SMEM_CANDIDATES serves the action expert's GEMMs of pi0.5 and pi0 at their row counts up to 64 (horizon 10:
+of kernel_configs.SMEM_CANDIDATES serves the action expert's GEMMs of pi0.5 and pi0 at their row counts up to 64 (horizon 10:
 10-11, horizon 50: 50-51), and what the kernel cannot do (more than 64 rows, K slices that are not whole 64-column
 boxes, split GeGLU, slices beyond one SM's shared memory) is refused, so the tuning never offers it."""
 
@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from flashrt_core.config import get_config
-from flashrt_core.engine.ops import SMEM_CANDIDATES
+from flashrt_core.engine import tuning
+from flashrt_core.engine.kernel_configs import SMEM_CANDIDATES
 
 pytest.importorskip("torch")
 from flashrt_kernels.smem_gemm import smem_gemm_supported  # noqa: E402
@@ -55,32 +56,36 @@ def test_what_the_kernel_cannot_do_is_refused():
 def test_tuning_leaves_out_a_shared_memory_gemm_that_cannot_run_and_raises_for_others():
     """The Gluon GEMM has run only on the H200: a compile or launch error of it drops that candidate from
     the load-time tuning with the reason recorded; the same error from a default candidate still stops the build."""
-    from flashrt_core.engine.dispatch import EngineOptions, resolve
+    from flashrt_core.engine.options import EngineOptions
+    from flashrt_core.engine.dispatch import resolve
     from flashrt_core.engine.hardware import CPU
-    from flashrt_core.engine.ops import Ops, SkinnyConfig, SmemConfig
+    from flashrt_core.engine.ops import Ops
+    from flashrt_core.engine.kernel_configs import SkinnyConfig, SmemConfig
 
     ops = Ops(resolve(CPU, EngineOptions()))
 
     def broken():
         raise RuntimeError("PassManager::run failed")
-    assert ops.time_candidate("gate_up", SmemConfig(1), broken) is None
+    assert tuning.time_candidate(ops, "gate_up", SmemConfig(1), broken) is None
     assert "PassManager" in ops.decoder_failures["gate_up"]["gluon_smem(s1)"]
-    assert ops.time_candidate("gate_up", SmemConfig(1), lambda: 4.5) == 4.5
+    assert tuning.time_candidate(ops, "gate_up", SmemConfig(1), lambda: 4.5) == 4.5
     with pytest.raises(RuntimeError, match="PassManager"):
-        ops.time_candidate("gate_up", SkinnyConfig(32, 128, 1, 4), broken)
+        tuning.time_candidate(ops, "gate_up", SkinnyConfig(32, 128, 1, 4), broken)
 
 
 def test_tuning_leaves_out_a_candidate_that_does_not_fit_the_gpu():
     triton_errors = pytest.importorskip("triton.runtime.errors")
-    from flashrt_core.engine.dispatch import EngineOptions, resolve
+    from flashrt_core.engine.options import EngineOptions
+    from flashrt_core.engine.dispatch import resolve
     from flashrt_core.engine.hardware import CPU
-    from flashrt_core.engine.ops import Ops, SkinnyConfig
+    from flashrt_core.engine.ops import Ops
+    from flashrt_core.engine.kernel_configs import SkinnyConfig
 
     ops = Ops(resolve(CPU, EngineOptions()))
 
     def too_big():
         raise triton_errors.OutOfResources(262144, 232448, "shared memory")
-    assert ops.time_candidate("gate_up", SkinnyConfig(32, 128, 1, 8), too_big) is None
+    assert tuning.time_candidate(ops, "gate_up", SkinnyConfig(32, 128, 1, 8), too_big) is None
     assert "shared memory" in ops.decoder_failures["gate_up"]["triton(n32,k128,s1,st8,w4)"]
 
 
@@ -92,25 +97,29 @@ def test_tuning_leaves_out_a_candidate_whose_product_is_wrong(monkeypatch):
 
     import torch
 
-    from flashrt_core.engine.dispatch import EngineOptions, resolve
+    from flashrt_core.engine.options import EngineOptions
+
+    from flashrt_core.engine.dispatch import resolve
     from flashrt_core.engine.hardware import CPU
-    from flashrt_core.engine.ops import CandidateMismatch, Ops, SmemConfig
+    from flashrt_core.engine.tuning import CandidateMismatch
+    from flashrt_core.engine.ops import Ops
+    from flashrt_core.engine.kernel_configs import SmemConfig
     from flashrt_core.engine.weights import Linear
 
     ops = Ops(resolve(CPU, EngineOptions()))
     g = torch.Generator().manual_seed(0)
     x = torch.randn(10, 256, generator=g)
     lin = Linear([(torch.randn(128, 256, generator=g) / 16, None)])
-    monkeypatch.setattr(Ops, "_smem_ok", lambda self, x, lin, kind, c: True)
+    monkeypatch.setattr(Ops, "smem_fits", lambda self, x, lin, kind, c: True)
     def right(x, w, geglu=False, split_k=1, pdl=False):
         return ops.k.skinny_gemm_reference(x, w, geglu, split_k)
     ops.k = types.SimpleNamespace(**{n: getattr(ops.k, n) for n in ops.k.__all__})     # this Ops' own kernels
     ops.k.smem_gemm = right
-    ops.check_candidate("o", SmemConfig(4), x, lin)                      # four partials, summed: the product
+    tuning.check_candidate(ops, "o", SmemConfig(4), x, lin)                      # four partials, summed: the product
     ops.k.smem_gemm = lambda x, w, geglu=False, split_k=1, pdl=False: right(x, w, geglu, split_k)[:1]
     with pytest.raises(CandidateMismatch, match="relative L2 error"):  # one of the four partials only
-        ops.check_candidate("o", SmemConfig(4), x, lin)
-    assert ops.time_candidate("o", SmemConfig(4), lambda: ops.check_candidate("o", SmemConfig(4), x, lin)) is None
+        tuning.check_candidate(ops, "o", SmemConfig(4), x, lin)
+    assert tuning.time_candidate(ops, "o", SmemConfig(4), lambda: tuning.check_candidate(ops, "o", SmemConfig(4), x, lin)) is None
     assert "relative L2 error" in ops.decoder_failures["o"]["gluon_smem(s4)"]
 
 
@@ -119,33 +128,37 @@ def test_qkv_and_gate_up_have_no_split_k_candidate(monkeypatch):
     shared-memory candidates are whole-K only, at the rows of either RoPE placement; O and down offer split-K."""
     import torch
 
-    from flashrt_core.engine.dispatch import EngineOptions, resolve
+    from flashrt_core.engine.options import EngineOptions
+
+    from flashrt_core.engine.dispatch import resolve
     from flashrt_core.engine.hardware import CPU
-    from flashrt_core.engine.ops import Ops, SmemConfig
+    from flashrt_core.engine.ops import Ops
+    from flashrt_core.engine.kernel_configs import SmemConfig
     from flashrt_core.engine.weights import Linear
 
     ops = Ops(resolve(CPU, EngineOptions()))
-    monkeypatch.setattr(Ops, "_smem_ok", lambda self, x, lin, kind, c: True)
+    monkeypatch.setattr(Ops, "smem_fits", lambda self, x, lin, kind, c: True)
     lin = Linear([(torch.zeros(2560, 1024), None)])
     for rope_in_attention in (True, False):
         ops.rope_in_attention = rope_in_attention
         for rows in (10, 51):
-            smem = [c for c in ops.decoder_candidates("qkv", torch.zeros(rows, 1024), lin, 256)
+            smem = [c for c in tuning.decoder_candidates(ops, "qkv", torch.zeros(rows, 1024), lin, 256)
                     if isinstance(c, SmemConfig)]
             assert smem == [SmemConfig(1)], (rope_in_attention, rows, smem)
     gate_up = Linear([(torch.zeros(8192, 1024), None)])
-    assert [c for c in ops.decoder_candidates("gate_up", torch.zeros(10, 1024), gate_up, 256)
+    assert [c for c in tuning.decoder_candidates(ops, "gate_up", torch.zeros(10, 1024), gate_up, 256)
             if isinstance(c, SmemConfig)] == [SmemConfig(1)]
     o = Linear([(torch.zeros(1024, 2048), None)])
-    assert {c.split_k for c in ops.decoder_candidates("o", torch.zeros(10, 2048), o, 256)
+    assert {c.split_k for c in tuning.decoder_candidates(ops, "o", torch.zeros(10, 2048), o, 256)
             if isinstance(c, SmemConfig)} == {2, 4, 8}
 
 
 def test_the_ring_kernel_is_the_default_with_switches_off_and_follows_the_smem_gemm_switch():
     """17-64-row shared-memory GEMM candidates (horizon 50) by default (-0.25 ms pi0.5, -0.49 ms pi0 at horizon 50
-    on the H200), off with FLASHRT_DISABLE_SMEM_GEMM_ROWS=1 or FLASHRT_SMEM_GEMM_ROWS=0, and
+    on the H200), off with FLASHRT_SMEM_GEMM_ROWS=0 or FLASHRT_SMEM_GEMM_ROWS=0, and
     never with the shared-memory GEMMs off."""
-    from flashrt_core.engine.dispatch import EngineOptions, Op, resolve
+    from flashrt_core.engine.options import EngineOptions
+    from flashrt_core.engine.dispatch import Op, resolve
     from flashrt_core.engine.hardware import detect_hardware
     from flashrt_core.engine.ops import Ops
 
@@ -154,20 +167,22 @@ def test_the_ring_kernel_is_the_default_with_switches_off_and_follows_the_smem_g
     assert asked.smem_gemm_rows
     ops = Ops(resolve(sm90, asked))
     assert ops.smem_gemm_rows == (ops.dispatch[Op.SMEM_GEMM] == "tma")
-    for env in ({"FLASHRT_DISABLE_SMEM_GEMM_ROWS": "1"}, {"FLASHRT_SMEM_GEMM_ROWS": "0"}):
+    for env in ({"FLASHRT_SMEM_GEMM_ROWS": "0"}, {"FLASHRT_SMEM_GEMM_ROWS": "0"}):
         rows_off = EngineOptions.from_env(env=env)
         assert not rows_off.smem_gemm_rows and rows_off.smem_gemm, env
         assert not Ops(resolve(sm90, rows_off)).smem_gemm_rows
-    off = EngineOptions.from_env(asked, env={"FLASHRT_DISABLE_SMEM_GEMM": "1"})
+    off = EngineOptions.from_env(asked, env={"FLASHRT_SMEM_GEMM": "0"})
     assert off.smem_gemm_rows and not Ops(resolve(sm90, off)).smem_gemm_rows
 
 
 def test_plain_pick_serves_an_untuned_gemm_of_the_same_k():
     """Ops.plain_pick: the tuned GEMM of a kind where it is plain (no split-K, no RoPE epilogue), else the kind's
     first Triton candidate; pi0's time MLP output GEMM runs on QKV's pick this way (forward.denoise)."""
-    from flashrt_core.engine.dispatch import EngineOptions, resolve
+    from flashrt_core.engine.options import EngineOptions
+    from flashrt_core.engine.dispatch import resolve
     from flashrt_core.engine.hardware import CPU
-    from flashrt_core.engine.ops import Ops, RopeGemmConfig, SkinnyConfig, SmemConfig
+    from flashrt_core.engine.ops import Ops
+    from flashrt_core.engine.kernel_configs import RopeGemmConfig, SkinnyConfig, SmemConfig
 
     ops = Ops(resolve(CPU, EngineOptions()))
     for impl, want in ((SmemConfig(1), SmemConfig(1)), (SkinnyConfig(32, 128, 1, 4), SkinnyConfig(32, 128, 1, 4)),

@@ -7,9 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashrt_core.engine.dispatch import EngineOptions, Op, resolve
+from flashrt_core.engine import tuning
+from flashrt_core.engine.options import EngineOptions
+
+from flashrt_core.engine.dispatch import Op, resolve
 from flashrt_core.engine.hardware import CPU, detect_hardware
-from flashrt_core.engine.ops import VISION_ATTENTION_BACKENDS, Ops
+from flashrt_core.engine.kernel_configs import VISION_ATTENTION_BACKENDS
+from flashrt_core.engine.ops import Ops
 
 
 def _strided_qkv(views=2, tokens=24, heads=3, dh=8, seed=0):
@@ -45,7 +49,7 @@ def test_the_tuned_backend_is_the_one_attention_runs():
 
 def test_the_cpu_reference_ignores_the_backend():
     ops = Ops(resolve(CPU, EngineOptions()))
-    assert resolve(CPU, EngineOptions())[Op.VISION_ATTENTION] == "default"
+    assert resolve(CPU, EngineOptions())[Op.VISION_ATTENTION_TUNING] == "default"
     q, k, v = _strided_qkv(seed=2)
     torch.testing.assert_close(ops.attention(q, k, v, 0.35, "cudnn"), _softmax_attention(q, k, v, 0.35),
                                atol=1e-5, rtol=1e-5)
@@ -86,7 +90,7 @@ def test_the_tuning_leaves_out_a_backend_whose_output_is_wrong(monkeypatch):
         timed.append(len(timed))
         return 100.0 - len(timed)
     monkeypatch.setattr(ops, "attention", attention)
-    monkeypatch.setattr(ops, "graph_time_us", graph_time_us)
-    times = ops.tune_vision_attention(2, 24, 3, 8, torch.float32, torch.device("cpu"), layers=2)
+    monkeypatch.setattr(tuning, "graph_time_us", graph_time_us)
+    times = tuning.tune_vision_attention(ops, 2, 24, 3, 8, torch.float32, torch.device("cpu"), layers=2)
     assert set(times) == {"default"}           # flash rejected; efficient and cudnn have no CPU kernel
     assert ops.vision_attention_backend == "default" and len(timed) == 1

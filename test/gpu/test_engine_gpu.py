@@ -16,6 +16,7 @@ import torch
 
 from flashrt_core.checkpoint import load_model_weights
 from flashrt_core.config import get_config
+from flashrt_core.engine import tuning
 from flashrt_core.engine import EngineOptions, Op, build_executor
 from flashrt_core.engine.gate import GATE_BF16, GATE_FP8, cosine, random_observation, reference_actions
 from flashrt_core.engine.graph_executor import EngineExecutor
@@ -108,10 +109,10 @@ def test_new_prompt_does_not_recapture(tiny):
     engine = build_executor(tiny, cfg, torch.device("cuda"), "auto")
     obs = random_observation(cfg, np.random.default_rng(0), views=2, n_text=9)
     engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
-    graphs = {k: e.graph for k, e in engine._entries.items()}
+    graphs = {k: e.graph for k, e in engine.entries.items()}
     obs2 = random_observation(cfg, np.random.default_rng(1), views=2, n_text=15)
     out = engine.predict_observation(obs2.images, obs2.tokens, obs2.token_mask, obs2.state, obs2.noise)
-    assert {k: e.graph for k, e in engine._entries.items()} == graphs
+    assert {k: e.graph for k, e in engine.entries.items()} == graphs
     ref = reference_actions(ReferenceExecutor(tiny, cfg, torch.device("cuda")), obs2)
     assert cosine(out, ref) >= GATE_BF16
 
@@ -129,7 +130,7 @@ def test_overlapped_first_step_graph_gives_the_sequential_graphs_actions(tiny):
         obs = random_observation(cfg, np.random.default_rng(seed), views=1 + seed % 2, n_text=7 + 5 * seed)
         outs = {flag: [e.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
                        for _ in range(2)] for flag, e in engines.items()}
-        assert all(entry.graph is not None for entry in engines[True]._entries.values())     # captured, replayed
+        assert all(entry.graph is not None for entry in engines[True].entries.values())     # captured, replayed
         np.testing.assert_array_equal(outs[True][0], outs[True][1])                           # replays agree
         np.testing.assert_allclose(outs[True][0], outs[False][0], atol=2e-3, rtol=0)
         assert cosine(outs[True][0], reference_actions(reference, obs)) >= GATE_BF16
@@ -178,7 +179,7 @@ def test_accuracy_gate_full_size(name, precision):
     if extra.startswith("smem_gemm"):       # the tuning weighed the TMA GEMMs; force them
         assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
                    for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
-        from flashrt_core.engine.ops import SMEM_CANDIDATES, SmemConfig
+        from flashrt_core.engine.kernel_configs import SMEM_CANDIDATES, SmemConfig
         engine.ops.decoder_impl.update({kind: SmemConfig(cands[0].split_k) for kind, cands in SMEM_CANDIDATES.items()})
         engine._entries.clear()     # recapture with them
         assert (engine.suffix_len > 16) == (extra == "smem_gemm_rows"), engine.suffix_len    # the ring kernel
@@ -209,7 +210,8 @@ def test_vision_attention_backends_match_the_softmax_attention_and_the_fastest_i
     against the fp32 softmax attention; then the tuning times exactly the backends that run and keeps the
     fastest."""
     from flashrt_core.engine import detect_hardware, resolve
-    from flashrt_core.engine.ops import VISION_ATTENTION_BACKENDS, Ops
+    from flashrt_core.engine.kernel_configs import VISION_ATTENTION_BACKENDS
+    from flashrt_core.engine.ops import Ops
     dev = torch.device("cuda")
     vc = get_config("pi05").vision
     ops = Ops(resolve(detect_hardware("auto", dev), EngineOptions()))
@@ -227,7 +229,7 @@ def test_vision_attention_backends_match_the_softmax_attention_and_the_fastest_i
         torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
         ran.append(backend)
     assert "default" in ran and len(ran) >= 2, ran
-    times = ops.tune_vision_attention(2, vc.num_patches, vc.num_heads, vc.head_dim, torch.bfloat16, dev, vc.depth)
+    times = tuning.tune_vision_attention(ops, 2, vc.num_patches, vc.num_heads, vc.head_dim, torch.bfloat16, dev, vc.depth)
     assert set(times) == set(ran)
     assert ops.vision_attention_backend == min(times, key=times.get)
     assert all(0.5 < us < 500 for us in times.values()), times
@@ -274,7 +276,7 @@ def test_chain_tuning_times_graphs_in_turn_and_ranks_them_by_their_work():
     """interleaved_replay_ms, the chain tuning's timer: every graph gets a time, and of two captured graphs that
     differ only in how much they do (4 and 16 dependent 2048x2048 GEMMs on random inputs), the bigger one is
     timed slower, by about its work."""
-    from flashrt_core.engine.graph_executor import interleaved_replay_ms, side_stream
+    from flashrt_core.engine.timing import interleaved_replay_ms, side_stream
     g = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(2048, 2048, device="cuda", generator=g, dtype=torch.bfloat16) / 45
     stream = side_stream(torch.device("cuda"))
@@ -300,11 +302,11 @@ def test_chain_tuning_keeps_the_fastest_candidate_inside_the_denoiser(early):
     """The decoder GEMMs are picked by the captured denoiser's time: every kind the isolated tuning measured with
     more than one candidate is timed again in the chain, each of its candidates, and the fastest there is kept.
     With pdl_early_trigger (the default), the launch policy is picked the same way first."""
-    from flashrt_core.engine.ops import LAUNCH_POLICIES
+    from flashrt_core.engine.kernel_configs import LAUNCH_POLICIES
     cfg = get_config("pi05")
     model = load_model_weights(_checkpoint("pi05"), cfg, "cuda", torch.bfloat16)
     engine = build_executor(model, cfg, torch.device("cuda"), "auto", EngineOptions(pdl_early_trigger=early))
-    assert engine.dispatch[Op.DECODER_TUNING] == "chain"
+    assert engine.dispatch[Op.CHAIN_TUNING] == "chain"
     assert 1 <= engine.decoder_chain_passes <= engine.dispatch.options.chain_tuning_passes == 2
     chain = dict(engine.decoder_chain_timings)
     if early:

@@ -27,14 +27,15 @@ FP32_ATOL = 5e-5            # fp32 throughout; the kernels sum in another order 
 
 
 def _triton_dispatch(decoder_qkv: str, tuning_cache: str = "", **picks):
-    from flashrt_core.engine.dispatch import Dispatch, EngineOptions, Op
-    from flashrt_core.engine.hardware import detect_hardware
+    from flashrt_core.engine import Dispatch, EngineOptions, Op, detect_hardware
     choice = {Op.EXECUTOR: "eager_engine", Op.ATTENTION: "math", Op.MQA: "triton", Op.GEMM_PREFIX: "bf16",
               Op.GEMM_DECODER: "triton", Op.FP8_FORMAT: "e4m3fn", Op.NORM: "triton", Op.ADA_NORM: "triton",
               Op.GEGLU: "triton", Op.QKV_ROPE: "triton", Op.DECODER_QKV: decoder_qkv, Op.EULER: "triton",
-              Op.KERNEL_LAUNCH: "pdl", Op.VISION_GELU: "separate", Op.DECODER_TUNING: "isolated",
-              Op.FP8_INPUT_QUANT: "fused", Op.SMEM_GEMM: "none", Op.PREFIX_ATTENTION: "mqa",
-              Op.VISION_ATTENTION: "default", Op.PATCH_EMBED: "reference", Op.DENOISE_STEP: "separate"}
+              Op.KERNEL_LAUNCH: "pdl", Op.GEMM_EPILOGUE: "separate", Op.CHAIN_TUNING: "isolated",
+              Op.FP8_FUSED_QUANT: "fused", Op.SMEM_GEMM: "none", Op.PREFIX_ATTENTION_TUNING: "mqa",
+              Op.VISION_ATTENTION_TUNING: "default", Op.FUSED_PATCH_EMBED: "reference",
+              Op.FUSED_DENOISE_STEP: "separate", Op.FUSED_DENOISE_STEP_PI0: "separate", Op.SMEM_GEMM_ROWS: "none", Op.PREFIX_ATTENTION_WGMMA: "none",
+              Op.OVERLAP_FIRST_STEP: "two_streams"}
     choice.update({Op(op): impl for op, impl in picks.items()})
     assert set(choice) == set(Op), "every op needs a choice here"
     return Dispatch(detect_hardware("sm90"), EngineOptions(text_buckets=(16, 32), tuning_cache=tuning_cache), choice)
@@ -55,7 +56,7 @@ def model(request, tmp_path_factory):
 
 def _engine(model, decoder_qkv: str, tuning_cache: str = "", **picks):
     from flashrt_core.engine.graph_executor import EngineExecutor
-    from flashrt_core.engine.ops import SkinnyConfig
+    from flashrt_core.engine.kernel_configs import SkinnyConfig
     engine = EngineExecutor(model, model.config, torch.device("cpu"),
                             _triton_dispatch(decoder_qkv, tuning_cache, **picks), dtype=torch.float32)
     e = model.config.expert
@@ -108,7 +109,7 @@ def test_engine_with_triton_kernels_matches_the_reference(model, decoder_qkv, mo
 
 @pytest.mark.parametrize("views", [(0, 1), (1,)])
 def test_fused_patch_embedding_matches_the_reference(model, views, monkeypatch):
-    """The fused patch embedding (kernels/flashrt_kernels/patch_embed.py per present view, the patch GEMM in the engine dtype, the
+    """The fused patch embedding (flashrt_kernels/patch_embed.py per present view, the patch GEMM in the engine dtype, the
     position embedding + bias added in one step): the actions are the reference's, one patch_rows launch per
     present view; without it the torch path runs and launches none."""
     engine = _engine(model, "rope_in_attention")
@@ -124,7 +125,7 @@ def test_fused_patch_embedding_matches_the_reference(model, views, monkeypatch):
 
 
 def test_fused_patch_embedding_pads_588_wide_patch_rows(tmp_path_factory, monkeypatch):
-    """kernels/flashrt_kernels/patch_embed.py at SigLIP's patch size (14 px: 588-wide rows, padded to 592 with zeros for the patch
+    """flashrt_kernels/patch_embed.py at SigLIP's patch size (14 px: 588-wide rows, padded to 592 with zeros for the patch
     GEMM), two present 56 x 56 views: the actions are the reference's."""
     from test_engine_forward import tiny_model_with_14px_patches
     model = tiny_model_with_14px_patches(tmp_path_factory.mktemp("pi05_tiny_14px"))
@@ -138,7 +139,7 @@ def test_fused_patch_embedding_pads_588_wide_patch_rows(tmp_path_factory, monkey
 
 
 def test_fused_denoise_step_ends_match_the_reference(model, monkeypatch):
-    """pi0.5 with each denoising step's ends fused (kernels/flashrt_kernels/denoise_step.py): one denoise_step_in and one
+    """pi0.5 with each denoising step's ends fused (flashrt_kernels/denoise_step.py): one denoise_step_in and one
     denoise_step_out launch per step, no Euler kernel and only the later layers' first norms as ada_rms_norm
     launches; the actions are the reference's. pi0 has no such path: the switch changes nothing there."""
     engine = _engine(model, "rope_in_attention")
@@ -175,11 +176,11 @@ def test_pi0_fused_step_ends_match_the_reference(model, monkeypatch):
         assert "euler" not in launches and "denoise_step_in" not in launches
         tables = engine.weights.pi0_step_tables()
         assert tables.c.shape == (steps, model.config.expert.width) and torch.equal(tables.zeros,
-                                                                                     torch.zeros_like(tables.zeros))
+                                                                                    torch.zeros_like(tables.zeros))
 
 
 def test_launch_policy_reaches_each_denoiser_kernel(model, monkeypatch):
-    """A launch policy (ops.LAUNCH_POLICIES) sets the PDL mode per kernel site: under "before_one_shot" the expert's
+    """A launch policy (kernel_configs.LAUNCH_POLICIES) sets the PDL mode per kernel site: under "before_one_shot" the expert's
     first norm and its attention release the next kernel at their start (EARLY_TRIGGER), every other kernel after
     its wait (1); the actions are the reference's either way (under the interpreter PDL is a no-op, so this checks
     the modes handed to the launchers and that the kernels take them)."""
@@ -202,24 +203,24 @@ def test_tuning_cache_entry_is_checked_and_used_or_left_aside(model, tmp_path, m
     and product-checked, and the forward then runs those picks and matches the reference; an entry naming a
     candidate the engine does not have is refused and leaves every pick as it was. The full-size candidates do
     not fit the tiny expert's widths, so each kind is offered one Triton configuration that does."""
-    from flashrt_core.engine import ops as engine_ops
+    from flashrt_core.engine import kernel_configs, load_tuning, tuning
     from flashrt_core.engine.tuning_cache import TuningCache
     for kind, split in (("qkv", 1), ("gate_up", 1), ("o", 2), ("down", 2)):
-        monkeypatch.setitem(engine_ops.SKINNY_CANDIDATES, kind, [engine_ops.SkinnyConfig(16, 16, split, 2)])
+        monkeypatch.setitem(kernel_configs.SKINNY_CANDIDATES, kind, [kernel_configs.SkinnyConfig(16, 16, split, 2)])
     engine = _engine(model, "rope_in_attention", tuning_cache=str(tmp_path))
     assert engine.tuning_source == "none"                     # a CPU engine measures nothing at load
     kinds = ("qkv", "o", "gate_up", "down")
     x = {kind: torch.zeros(engine.suffix_len, getattr(engine.weights.expert[0], kind).parts[0][0].shape[1])
          for kind in kinds}
-    candidates = {kind: engine.ops.decoder_candidates(kind, x[kind], getattr(engine.weights.expert[0], kind),
-                                                      model.config.expert.head_dim) for kind in kinds}
+    candidates = {kind: tuning.decoder_candidates(engine.ops, kind, x[kind], getattr(engine.weights.expert[0], kind),
+                                                  model.config.expert.head_dim) for kind in kinds}
     assert all(str(c[-1]).startswith("triton(") for c in candidates.values()), candidates
     picks = {"launch_policy": "all", "decoder": {kind: str(c[-1]) for kind, c in candidates.items()}}
     key = engine.tuning_key(torch.float32)
     assert key["gpu"] == {"name": "cpu"} and "tuning_cache" not in key["options"]
     TuningCache(tmp_path).store(key, picks)
     before = dict(engine.ops.decoder_impl)
-    engine._tune_at_load(torch.float32)
+    load_tuning.tune_at_load(engine, torch.float32)
     assert engine.tuning_source == "cache" and engine.tuning_cache_path == TuningCache(tmp_path).path(key)
     assert engine.tuning_picks() == picks and engine.ops.early_sites                  # policy "all": sites set
     assert {k: str(v) for k, v in engine.ops.decoder_impl.items()} != {k: str(v) for k, v in before.items()}
@@ -228,11 +229,11 @@ def test_tuning_cache_entry_is_checked_and_used_or_left_aside(model, tmp_path, m
     engine.ops.decoder_impl = dict.fromkeys(kinds, "library")
     engine.ops.set_launch_policy("none")
     bad = {**picks, "decoder": {**picks["decoder"], "gate_up": "triton(n999)"}}     # qkv and o would fit
-    assert not engine._use_tuning_picks(bad, True, False, False)
+    assert not load_tuning.use_tuning_picks(engine, bad, True, False, False)
     assert engine.ops.decoder_impl == dict.fromkeys(kinds, "library")              # nothing changed
-    assert not engine._use_tuning_picks({**picks, "launch_policy": "sideways"}, True, False, False)
+    assert not load_tuning.use_tuning_picks(engine, {**picks, "launch_policy": "sideways"}, True, False, False)
     assert engine.ops.decoder_impl == dict.fromkeys(kinds, "library") and engine.ops.launch_policy == "none"
-    assert engine.ops.early_sites == engine_ops.LAUNCH_POLICIES["none"] and engine.tuned_decoder_kinds == ()
+    assert engine.ops.early_sites == kernel_configs.LAUNCH_POLICIES["none"] and engine.tuned_decoder_kinds == ()
 
 
 def test_overlapped_first_step_keeps_the_actions_of_the_sequential_forward(model, monkeypatch):

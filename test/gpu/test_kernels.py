@@ -490,7 +490,7 @@ def test_vision_fc1_gelu_epilogue_is_the_tanh_gelu():
     lin = Linear([((torch.randn(4304, 1152, device=DEVICE, generator=g) * 1152 ** -0.5).bfloat16(),
                    torch.randn(4304, device=DEVICE, generator=g).bfloat16())])
     ops = Ops(resolve(detect_hardware("auto", torch.device(DEVICE))))
-    assert ops.dispatch[Op.VISION_GELU] == "gemm_epilogue"
+    assert ops.dispatch[Op.GEMM_EPILOGUE] == "gemm_epilogue"
     got = ops.linear_gelu(x, lin)
     pre = torch.nn.functional.linear(x, *lin.parts[0]).float()
     tanh_gelu = torch.nn.functional.gelu(pre, approximate="tanh")
@@ -559,8 +559,8 @@ def test_fp8_quant(dtype_name):
 @pytest.mark.skipif(INTERPRET, reason="real shapes only (the interpreter test above covers the logic)")
 @pytest.mark.parametrize("kind,n,k", EXPERT_GEMMS)
 def test_skinny_gemm_every_engine_config(kind, n, k):
-    """Every launch configuration the engine may pick at load (ops.SKINNY_CANDIDATES), at the expert's shapes."""
-    from flashrt_core.engine.ops import SKINNY_CANDIDATES
+    """Every launch configuration the engine may pick at load (kernel_configs.SKINNY_CANDIDATES), at the expert's shapes."""
+    from flashrt_core.engine.kernel_configs import SKINNY_CANDIDATES
     g = torch.Generator(device=DEVICE).manual_seed(n + k)
     for rows in DECODER_ROWS:
         x = torch.randn(rows, k, device=DEVICE, generator=g).to(torch.bfloat16)
@@ -579,7 +579,7 @@ def test_skinny_gemm_every_engine_config(kind, n, k):
                     or not K.HAVE_GLUON, reason="kernels/flashrt_kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
 @pytest.mark.parametrize("kind,n,k", EXPERT_GEMMS)
 def test_smem_gemm_every_engine_config(kind, n, k):
-    """Every kernels/flashrt_kernels/smem_gemm.py configuration the engine may pick (ops.SMEM_CANDIDATES), at the expert's shapes,
+    """Every kernels/flashrt_kernels/smem_gemm.py configuration the engine may pick (kernel_configs.SMEM_CANDIDATES), at the expert's shapes,
     on 1-16 rows (TMA zero-fills the rest of the 16-row tile), in every launch mode."""
     _check_smem_gemm_configs(kind, n, k, sorted({1, *[r for r in DECODER_ROWS if r <= 16], 16}))
 
@@ -594,7 +594,7 @@ def test_smem_gemm_rows_kernel_every_engine_config(kind, n, k):
 
 
 def _check_smem_gemm_configs(kind: str, n: int, k: int, row_counts) -> None:
-    from flashrt_core.engine.ops import SMEM_CANDIDATES
+    from flashrt_core.engine.kernel_configs import SMEM_CANDIDATES
     g = torch.Generator(device=DEVICE).manual_seed(n + 3 * k)
     w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(torch.bfloat16)
     for rows in sorted(set(row_counts)):
@@ -614,7 +614,7 @@ def _check_smem_gemm_configs(kind: str, n: int, k: int, row_counts) -> None:
 def test_qkv_gemm_rope_every_engine_config(rows):
     """The decoder QKV GEMM with the RoPE / KV-write epilogue against the fp32 product + qkv_rope reference, pi0.5
     expert shapes (8 q heads, 1 KV head, Dh 256, K 1024), suffix rows written after 590 cached prefix rows."""
-    from flashrt_core.engine.ops import ROPE_GEMM_CANDIDATES
+    from flashrt_core.engine.kernel_configs import ROPE_GEMM_CANDIDATES
     heads, dh, width, offset = 8, 256, 1024, 590
     g = torch.Generator(device=DEVICE).manual_seed(rows)
     x = torch.randn(rows, width, device=DEVICE, generator=g).to(torch.bfloat16)
@@ -647,7 +647,7 @@ def test_dependent_launch_chain_in_a_cuda_graph_matches_stream_order(rope, launc
     it would differ). Real expert shapes, 10 rows, 600 cached keys. pdl_early_trigger: every kernel lets the next
     one launch at its start, so several kernels of the layer are resident at once."""
     mode = K.EARLY_TRIGGER if launch == "pdl_early_trigger" else True
-    from flashrt_core.engine.ops import SKINNY_DEFAULT
+    from flashrt_core.engine.kernel_configs import SKINNY_DEFAULT
     g = torch.Generator(device=DEVICE).manual_seed(5)
     rows, width, heads, dh, prefix, mlp = 10, 1024, 8, 256, 590, 4096
     bf = torch.bfloat16

@@ -110,7 +110,8 @@ def _policy_run_by(executor_factory):
 def _cpu_engine(policy, text_buckets=None):
     """The graph engine's executor (default text buckets), eager on the CPU with the plain-PyTorch ops."""
     import torch
-    from flashrt_core.engine.dispatch import EngineOptions, eager_cpu_dispatch
+    from flashrt_core.engine.options import EngineOptions
+    from flashrt_core.engine.dispatch import eager_cpu_dispatch
     from flashrt_core.engine.graph_executor import EngineExecutor
     options = EngineOptions() if text_buckets is None else EngineOptions(text_buckets=text_buckets)
     return EngineExecutor(policy.model, policy.config, torch.device("cpu"), eager_cpu_dispatch(options),
@@ -127,7 +128,7 @@ def test_configure_warms_up_every_text_bucket(harnesses, all_buckets):
     h = harnesses({"warmup_iterations": 1, "warmup_all_text_buckets": all_buckets},
                   policy_factory=lambda settings: policy)
     assert h.lifecycle.change("configure")
-    built = sorted(key[3] for key in engine._entries)
+    built = sorted(key[3] for key in engine.entries)
     assert engine.text_buckets == (150, 180, policy.config.max_token_len)
     if all_buckets:
         assert built == list(engine.text_buckets)

@@ -131,7 +131,7 @@ def test_engine_tuning_cache_reaches_the_engine_options(tmp_path, monkeypatch):
 def test_engine_text_buckets_reach_the_engine_options(monkeypatch):
     """engine_text_buckets becomes EngineOptions.text_buckets (empty: the engine's default), FLASHRT_TEXT_BUCKETS
     winning; a bucket outside 1..4096 is rejected with its reason."""
-    from flashrt_core.engine.dispatch import DEFAULT_TEXT_BUCKETS
+    from flashrt_core.engine.options import DEFAULT_TEXT_BUCKETS
     monkeypatch.delenv("FLASHRT_TEXT_BUCKETS", raising=False)
     assert settings_from_values(DEFAULTS).engine_options().text_buckets == DEFAULT_TEXT_BUCKETS
     settings = settings_from_values(dict(DEFAULTS, engine_tuning_cache="", engine_text_buckets=[64, 128]))
@@ -146,7 +146,7 @@ def test_engine_text_buckets_reach_the_engine_options(monkeypatch):
 def test_engine_host_wait_reaches_the_engine_options(monkeypatch):
     """engine_host_wait becomes EngineOptions.host_wait (sync: the engine's default, no engine_options needed),
     FLASHRT_HOST_WAIT winning; its choices are the engine's."""
-    from flashrt_core.engine.dispatch import HOST_WAITS
+    from flashrt_core.engine.options import HOST_WAITS
     from flashrt_ros.node_parameters import HOST_WAITS as NODE_HOST_WAITS
     assert NODE_HOST_WAITS == HOST_WAITS
     monkeypatch.delenv("FLASHRT_HOST_WAIT", raising=False)
