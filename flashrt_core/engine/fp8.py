@@ -1,6 +1,6 @@
 """FP8 E4M3 for the backbone's MLP GEMMs (gate/up and down: ~85% of the backbone's FLOPs).
 
-Measured on the H200 with full-size random weights (docs/benchmarks/engine_h200_2026-11-29_notes.md), this scope
+Measured on the H200 with full-size random weights (docs/engine.md, "Tried and rejected"), this scope
 passes the 0.998 accuracy gate at cosine 0.9995; wider scopes do not (docs/engine.md, "Tried and rejected").
 
 Per-tensor static scales:

@@ -6,7 +6,8 @@ share 0.78 ms instead of 0.23 ms). The way of waiting is not the cause: on the p
 slow down as much after any 10 ms pause, spinning or sleeping, and polling measured the same as the synchronize on
 the GPU machine (11.58 against 11.66 ms). Running the steps' code again during the pause keeps them
 fast: on the CPU machine, rehearsing them every 0.5 ms through a 10.6 ms pause takes the steps after it from 690 us
-to 268 us (100 us back to back; docs/benchmarks/host_rehearsal_cpu_2026-12-01.md). Three ways to wait:
+to 268 us (100 us back to back; tools/benchmark_policy_predict.py --spin-sweep 0 10.6 --rehearse, 2026-12-01).
+Three ways to wait:
 
     sync   the stream's synchronize (the CUDA driver's wait; the default)
     poll   an event recorded after the copy out, queried until it completes, the GIL given up between queries

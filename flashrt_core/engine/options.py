@@ -25,7 +25,7 @@ HOST_WAITS = ("sync", "poll", "warm")
 
 # The token-buffer lengths the engine captures a graph for (max_token_len is always added): every 16 tokens up to
 # 176. A prompt pays for the padding of its bucket: on the H200 (pi0.5, 2 views,
-# docs/benchmarks/text_buckets_h200_2026-12-01.md) a replay costs ~0.3 ms more per 64 tokens of buffer (bf16), so
+# docs/benchmarks/2026-12-01/text_buckets_h200.md) a replay costs ~0.3 ms more per 64 tokens of buffer (bf16), so
 # coarse buckets make pi0.5's discretized-state prompts (129-200 tokens) pay for 200. 192 is left out: its replay
 # is slower than 200's in bf16 and FP8 (12.03 vs 11.54 ms, 10.33 vs 10.18 ms). Each bucket costs one capture
 # (0.4-3 s) when it is first used or warmed up.

@@ -82,7 +82,7 @@ def test_the_benchmark_index_names_every_result_file():
 
 # Where code, tools and tests cite a result file by its path. (flashrt_core joins this list once its comments cite
 # the dated folders.)
-SOURCES = ["README.md", "docs", "tools", "flashrt_ros", "kernels", "test"]
+SOURCES = ["README.md", "docs", "tools", "flashrt_core", "flashrt_ros", "kernels", "test"]
 CITED = re.compile(r"docs/benchmarks/([A-Za-z0-9_./-]+\.(?:md|json|log|txt))")
 
 
