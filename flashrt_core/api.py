@@ -1,9 +1,10 @@
-"""Public API: load_model(...) -> Policy; Policy.predict(images, prompt, state, noise) -> actions.
+"""Public API: load_model(...) -> Policy; Policy.predict(images, prompt, state, noise, rtc) -> actions.
 
 Policy.predict validates its inputs (InputError naming the problem), preprocesses them (images resized with
 padding to [-1, 1], prompt tokenized with the state bins for pi0.5, state normalized for pi0), runs an
 executor (the eager ReferenceExecutor, or the graph engine on CUDA), unnormalizes the actions and returns
-float32 (horizon, action_dim) in robot units.
+float32 (horizon, action_dim) in robot units. rtc (a flashrt_core.rtc_request.RtcRequest) conditions the chunk on
+the previous one (real-time chunking, flashrt_core/rtc.py).
 
 The tokenizer is the checkpoint's tokenizer.model (or paligemma_tokenizer.model), else $FLASHRT_TOKENIZER, else
 openpi's download cache; `tokenizer=` overrides.
@@ -34,6 +35,7 @@ from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.executor import ReferenceExecutor
 from flashrt_core.fixtures import CONFIG_FILE, TOKENIZER_FILE, write_random_checkpoint
 from flashrt_core.host_rehearsal import HostRehearsal
+from flashrt_core.rtc_request import RtcRequest
 from flashrt_core.tokenizer import PromptTokenizer, build_prompt
 
 log = logging.getLogger(__name__)
@@ -177,10 +179,19 @@ class Policy:
         smallest that holds it); () when it has none (the reference path)."""
         return tuple(getattr(self.executor, "text_buckets", None) or ())
 
-    def predict(self, images, prompt: str, state=None, noise=None) -> np.ndarray:
+    def predict(self, images, prompt: str, state=None, noise=None, rtc: RtcRequest | None = None) -> np.ndarray:
         """Images (list in view order or dict by view name), prompt, optional state and pinned noise
-        -> actions float32 (horizon, action_dim) in robot units."""
-        return self._predict(images, prompt, state, noise)
+        -> actions float32 (horizon, action_dim) in robot units.
+        rtc: real-time chunking, the chunk conditioned on the previous one (RtcRequest: the previous chunk in robot
+        units, the delay in steps, the mode); None predicts without it (the plain sampler, unchanged)."""
+        return self._predict(images, prompt, state, noise, rtc=rtc)
+
+    def rtc_plan(self, rtc: RtcRequest):
+        """The request in model space (flashrt_core.rtc.RtcPlan): the previous chunk normalized and padded."""
+        if not isinstance(rtc, RtcRequest):
+            raise InputError(f"rtc must be a flashrt_core.rtc_request.RtcRequest or None, got {type(rtc).__name__}")
+        cfg = self.config
+        return rtc.plan(self.normalizer, cfg.action_horizon, cfg.action_dim, cfg.max_action_dim)
 
     def reachable_text_buckets(self, state=None) -> tuple[int, ...]:
         """The text buckets some instruction can land in: those that hold the shortest prompt
@@ -218,10 +229,15 @@ class Policy:
             self._predict(images, prompt, state, None, text_slots=slots)
         return buckets
 
-    def _predict(self, images, prompt: str, state, noise, text_slots: int | None = None) -> np.ndarray:
+    def _predict(self, images, prompt: str, state, noise, text_slots: int | None = None,
+                 rtc: RtcRequest | None = None) -> np.ndarray:
         """predict; text_slots marks the first text_slots token positions valid (warm-up of one text bucket)."""
         if self.executor is None:
             raise RuntimeError("Policy.predict called after close()")
+        plan = None if rtc is None else self.rtc_plan(rtc)
+        if plan is not None and not hasattr(self.executor, "sample_actions_rtc"):
+            raise InputError(f"the {getattr(self.executor, 'name', 'current')} executor has no real-time chunking; "
+                             "load the policy with hardware='reference'")
         if self.gpu_preprocess:
             views = preprocess.validate_images(images, self.config.view_names)
             tokens, token_masks, state_padded = self._encode_prompt_and_state(prompt, state, text_slots)
@@ -230,12 +246,15 @@ class Policy:
             actions = self.executor.predict_observation(  # [horizon, 32] numpy, in robot units with gpu_unnormalize
                 views, tokens, token_masks, None if state_padded is None else state_padded.numpy(),
                 self._host_noise(noise),  # stays on the host: the executor stages it into its pinned blob
-                unnormalize=self.gpu_unnormalize)
+                unnormalize=self.gpu_unnormalize, **({} if plan is None else {"rtc": plan}))
             if self.gpu_unnormalize:
                 return np.ascontiguousarray(actions[:, :self.config.action_dim])   # float32, unnormalized
             return self.postprocess(torch.from_numpy(actions))
         inputs = self._prepare_inputs(images, prompt, state, noise, text_slots)
-        actions = self.executor.sample_actions(*inputs)  # [1, horizon, 32] normalized
+        if plan is None:
+            actions = self.executor.sample_actions(*inputs)  # [1, horizon, 32] normalized
+        else:
+            actions = self.executor.sample_actions_rtc(*inputs, plan.to(self.device))
         return self.postprocess(actions[0])
 
     def prepare_inputs(self, images, prompt: str, state=None, noise=None):
