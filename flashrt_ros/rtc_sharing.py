@@ -31,6 +31,7 @@ class PendingActions:
     start_s: float
     dt: float
     actions: np.ndarray          # [rows, action_dim] float64
+    sequence: int = -1           # the policy node's sequence of the newest chunk they include
 
     @property
     def end_s(self) -> float:
@@ -47,7 +48,7 @@ class PendingActions:
         return (1.0 - fraction) * self.actions[row] + fraction * self.actions[row + 1]
 
 
-def pending_actions(start_s: float, dt: float, actions: np.ndarray) -> PendingActions | None:
+def pending_actions(start_s: float, dt: float, actions: np.ndarray, sequence: int = -1) -> PendingActions | None:
     """PendingActions from message fields, or None when there are none (no chunk covers the executor's now) or the
     fields are unusable (a non-positive dt, non-finite values)."""
     actions = np.asarray(actions, dtype=np.float64)
@@ -55,7 +56,7 @@ def pending_actions(start_s: float, dt: float, actions: np.ndarray) -> PendingAc
         return None
     if not (math.isfinite(start_s) and np.all(np.isfinite(actions))):
         return None
-    return PendingActions(float(start_s), float(dt), actions)
+    return PendingActions(float(start_s), float(dt), actions, int(sequence))
 
 
 def rtc_prefix(pending: PendingActions | None, observation_s: float, ready_s: float, dt: float,
@@ -96,4 +97,65 @@ class LatencyEstimate:
         return max(self._recent) + self.margin_s if self._recent else None
 
 
-__all__ = ["LatencyEstimate", "PendingActions", "pending_actions", "rtc_prefix"]
+class PolicyRtc:
+    """The policy node's side in an rtc mode: the newest pending actions of the executor, the measured latency, and
+    the RtcRequest (flashrt_core.rtc_request) of each inference. Pending actions arrive on a subscription callback
+    and are read on the inference thread: one attribute, replaced whole.
+
+    The inference thread takes the next observation as soon as it has published a chunk, usually before the
+    executor's pending actions for that chunk come back. Until they do (their sequence is older than the node's
+    last chunk), the node's last chunk itself stands for them: under `latest` switching it is what the executor
+    executes from its arrival on."""
+
+    def __init__(self, mode: str, execution_horizon: int = 0, max_guidance_weight: float = 10.0,
+                 latency_margin_s: float = 0.0, latency_window: int = 10):
+        self.mode = mode
+        self.execution_horizon = int(execution_horizon)
+        self.max_guidance_weight = float(max_guidance_weight)
+        self.latency = LatencyEstimate(latency_window, latency_margin_s)
+        self._pending: PendingActions | None = None
+        self._published: PendingActions | None = None      # the node's own last chunk
+        self.requests = 0          # inferences conditioned on pending actions
+        self.skipped = 0           # inferences without: no latency measured yet, no pending actions reaching them
+
+    def clear(self) -> None:
+        self._pending = self._published = None
+
+    def on_pending(self, start_s: float, dt: float, horizon: int, action_dim: int, actions, sequence: int) -> None:
+        """An executor's pending actions (ActionChunk fields); unusable ones clear the held ones."""
+        values = np.asarray(actions, dtype=np.float64)
+        if horizon * action_dim != values.size or action_dim < 1:
+            self._pending = None
+            return
+        self._pending = pending_actions(start_s, dt, values.reshape(horizon, action_dim), sequence)
+
+    def on_published(self, stamp_s: float, dt: float, actions: np.ndarray, sequence: int) -> None:
+        """The node's own chunk, as published (observation stamp, row spacing, robot-unit actions)."""
+        self._published = pending_actions(stamp_s, dt, actions, sequence)
+
+    def newest(self) -> PendingActions | None:
+        """The executor's pending actions, or the node's last chunk where the executor has not answered it yet."""
+        pending, published = self._pending, self._published
+        if published is not None and (pending is None or pending.sequence < published.sequence):
+            return published
+        return pending
+
+    def request(self, observation_s: float, start_s: float, dt: float, horizon: int, action_dim: int):
+        """The RtcRequest for an inference on the observation stamped ``observation_s`` starting at ``start_s``,
+        or None (then it runs without RTC): before the first measured latency, without pending actions that reach
+        the observation, or with pending actions of another width."""
+        latency = self.latency.value()
+        pending = self.newest()
+        prefix = None
+        if latency is not None and pending is not None and pending.actions.shape[1] == action_dim:
+            prefix = rtc_prefix(pending, observation_s, start_s + latency, dt, horizon)
+        if prefix is None:
+            self.skipped += 1
+            return None
+        from flashrt_core.rtc_request import RtcRequest   # here: this module stays importable without torch
+        self.requests += 1
+        return RtcRequest(prefix[0], prefix[1], self.mode, execution_horizon=self.execution_horizon or None,
+                          max_guidance_weight=self.max_guidance_weight)
+
+
+__all__ = ["LatencyEstimate", "PendingActions", "PolicyRtc", "pending_actions", "rtc_prefix"]

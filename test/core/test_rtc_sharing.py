@@ -10,7 +10,7 @@ import pytest
 import flashrt_core
 from flashrt_core.rtc_request import RtcRequest
 from flashrt_ros.chunk_schedule import ChunkSchedule, Switching, timed_chunk
-from flashrt_ros.rtc_sharing import LatencyEstimate, pending_actions, rtc_prefix
+from flashrt_ros.rtc_sharing import LatencyEstimate, PolicyRtc, pending_actions, rtc_prefix
 
 DT = 0.02
 
@@ -64,6 +64,28 @@ def test_latency_estimate_is_the_largest_recent_measurement_plus_a_margin():
     assert estimate.value() == pytest.approx(0.07)
     with pytest.raises(ValueError):
         LatencyEstimate(window=0)
+
+
+def test_policy_side_uses_the_newest_of_the_executors_pending_actions_and_its_own_last_chunk():
+    rtc = PolicyRtc("guided", execution_horizon=6, max_guidance_weight=5.0)
+    own = np.arange(20, dtype=np.float64).reshape(10, 2)
+    assert rtc.request(10.0, 10.01, DT, 10, 2) is None and rtc.skipped == 1       # no latency measured yet
+    rtc.latency.record(0.05)
+    rtc.on_published(10.0, DT, own, sequence=4)          # the executor has not answered chunk 4 yet
+    request = rtc.request(10.04, 10.045, DT, 10, 2)
+    assert request.mode == "guided" and request.execution_horizon == 6 and request.max_guidance_weight == 5.0
+    assert request.delay_steps == 3                      # (10.045 + 0.05 - 10.04) / DT = 2.75 rows
+    np.testing.assert_allclose(request.previous_chunk, own[2:])     # its chunk from the observation on
+    rtc.on_pending(10.03, DT, 3, 2, np.full(6, 7.0), sequence=4)   # the executor's answer to chunk 4 wins
+    np.testing.assert_allclose(rtc.request(10.04, 10.045, DT, 10, 2).previous_chunk, np.full((2, 2), 7.0))
+    rtc.on_pending(10.03, DT, 3, 2, np.full(6, 1.0), sequence=3)   # an older answer: the own chunk again
+    np.testing.assert_allclose(rtc.request(10.04, 10.045, DT, 10, 2).previous_chunk, own[2:])
+    assert rtc.request(10.04, 10.045, DT, 10, 3) is None                     # another action width
+    rtc.on_pending(10.03, DT, 3, 2, np.zeros(5), sequence=9)                 # malformed: dropped
+    assert rtc.newest().sequence == 4
+    rtc.clear()
+    assert rtc.request(10.04, 10.045, DT, 10, 2) is None
+    assert rtc.requests == 3 and rtc.skipped == 3
 
 
 def _closed_loop(policy, mode: str | None, latency_s: float = 0.05, period_s: float = 0.1, chunks: int = 8):
