@@ -195,6 +195,9 @@ class PolicyNode(LifecycleNode):
                                            yield_after_notify=settings.yield_to_inference_thread,
                                            handover_timeout_s=settings.inference_handover_timeout)
             self._worker.start()
+            if settings.rtc != "off":
+                self._rtc = PolicyRtc(settings.rtc, settings.rtc_execution_horizon, settings.rtc_max_guidance_weight,
+                                      settings.rtc_latency_margin)
             # Warm-up (and graph capture on GPU) on the inference thread: all model calls on one thread.
             self.get_logger().info(f"model loaded: warming up ({settings.warmup_iterations} passes)")
             self._worker.run_on_thread(lambda: self._warm_up(settings))
@@ -205,9 +208,6 @@ class PolicyNode(LifecycleNode):
             self._gc_pauses.install()         # from here: the collections that run while the node serves
             self._stop_if_shutting_down()
             self._config_id = settings.config_id()
-            if settings.rtc != "off":
-                self._rtc = PolicyRtc(settings.rtc, settings.rtc_execution_horizon, settings.rtc_max_guidance_weight,
-                                      settings.rtc_latency_margin)
             self._chunk_publisher = self.create_lifecycle_publisher(ActionChunk, settings.output_topic,
                                                                     qos_profiles.output_qos())
             if settings.trajectory_topic:
@@ -348,6 +348,10 @@ class PolicyNode(LifecycleNode):
         for _ in range(settings.warmup_iterations):
             self._stop_if_shutting_down()
             self._policy.predict(images, prompt, state=state)
+        if settings.warmup_iterations and self._rtc is not None:     # the engine's RTC graph of this signature
+            from flashrt_core.rtc_request import RtcRequest
+            previous = np.zeros((self._policy.horizon, self._policy.action_dim), np.float32)
+            self._policy.predict(images, prompt, state=state, rtc=RtcRequest(previous, 1, settings.rtc))
         warm_up_buckets = getattr(self._policy, "warm_up_text_buckets", None)   # flashrt_core.Policy has it
         if settings.warmup_iterations and settings.warmup_all_text_buckets and warm_up_buckets is not None:
             buckets = warm_up_buckets(images, prompt, state=state)

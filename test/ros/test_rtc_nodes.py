@@ -46,7 +46,8 @@ class RtcRecordingPolicy(BorrowedPolicy):
 @pytest.fixture
 def rtc_loop():
     policy = RtcRecordingPolicy(shared_policy())
-    harness = NodeHarness({"action_dt": ACTION_DT, "rtc": "hard_prefix"}, policy_factory=lambda _: policy)
+    harness = NodeHarness({"action_dt": ACTION_DT, "rtc": "hard_prefix", "warmup_iterations": 1},
+                          policy_factory=lambda _: policy)
     executor_node = ActionExecutor(namespace=harness.namespace, context=harness.context, parameter_overrides=[
         Parameter("autostart", value=True), Parameter("control_rate_hz", value=100.0)])
     harness.executor.add_node(executor_node)
@@ -76,7 +77,9 @@ def test_chunks_are_conditioned_on_what_the_executor_will_still_execute(rtc_loop
     assert all(msg.dt == pytest.approx(ACTION_DT) and msg.action_dim == policy.action_dim
                and len(msg.actions) == msg.horizon * msg.action_dim for msg in pending)
     with policy._lock:
-        requests = list(policy.requests)
+        warm_up, requests = policy.requests[:2], policy.requests[2:]
+    # the warm-up runs a plain pass, then one with RTC (the engine captures its RTC graph at configure)
+    assert warm_up[0][0] is None and warm_up[1][0].mode == "hard_prefix" and warm_up[1][0].delay_steps == 1
     conditioned = [(request, actions) for request, actions in requests if request is not None]
     # the first inference has no measured latency and nothing pending: it runs plain; the later ones are
     # conditioned (on the executor's pending actions, or the node's last chunk until they come back)
