@@ -45,6 +45,7 @@ def test_normalize_actions_inverts_unnormalize_actions(mode):
 
 
 def test_disabled_is_plain_predict_bit_for_bit(policy):
+    assert flashrt_core.RtcRequest is RtcRequest                      # exported beside load_model
     images, state, noises = _observation(policy, 0)
     plain = policy.predict(images, PROMPT, state, noises[0])
     np.testing.assert_array_equal(policy.predict(images, PROMPT, state, noises[0], rtc=None), plain)
