@@ -218,15 +218,18 @@ class Policy:
                                        for b in range(-1, preprocess.STATE_BINS)))      # openpi's bins: -1..255
         return shortest
 
-    def warm_up_text_buckets(self, images, prompt: str, state=None) -> list[int]:
+    def warm_up_text_buckets(self, images, prompt: str, state=None, rtc: RtcRequest | None = None) -> list[int]:
         """One forward pass per reachable text bucket (`reachable_text_buckets`) with these images, prompt and
         state, the prompt's token mask stretched over the whole bucket, so that the graph engine captures the
         graph of every bucket an instruction can land in now and no later instruction, whatever its length,
         costs a capture. A graph depends on the bucket, not on the token values; the actions are discarded.
+        rtc: also a pass with it per bucket (the graph engine's RTC graph of each bucket).
         Returns the buckets run ([] when there are none)."""
         buckets = list(self.reachable_text_buckets(state))
         for slots in buckets:
             self._predict(images, prompt, state, None, text_slots=slots)
+            if rtc is not None:
+                self._predict(images, prompt, state, None, text_slots=slots, rtc=rtc)
         return buckets
 
     def _predict(self, images, prompt: str, state, noise, text_slots: int | None = None,

@@ -348,13 +348,15 @@ class PolicyNode(LifecycleNode):
         for _ in range(settings.warmup_iterations):
             self._stop_if_shutting_down()
             self._policy.predict(images, prompt, state=state)
+        rtc = None
         if settings.warmup_iterations and self._rtc is not None:     # the engine's RTC graph of this signature
             from flashrt_core.rtc_request import RtcRequest
             previous = np.zeros((self._policy.horizon, self._policy.action_dim), np.float32)
-            self._policy.predict(images, prompt, state=state, rtc=RtcRequest(previous, 1, settings.rtc))
+            rtc = RtcRequest(previous, 1, settings.rtc)
+            self._policy.predict(images, prompt, state=state, rtc=rtc)
         warm_up_buckets = getattr(self._policy, "warm_up_text_buckets", None)   # flashrt_core.Policy has it
         if settings.warmup_iterations and settings.warmup_all_text_buckets and warm_up_buckets is not None:
-            buckets = warm_up_buckets(images, prompt, state=state)
+            buckets = warm_up_buckets(images, prompt, state=state, **({} if rtc is None else {"rtc": rtc}))
             if buckets:
                 self.get_logger().info(f"warmed up text buckets {buckets} (token slots)")
 

@@ -141,3 +141,26 @@ def test_the_engine_runs_the_hard_prefix_in_its_forward(policy):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
     with pytest.raises(InputError, match="hardware='reference'"):
         on_engine.predict(images, PROMPT, state, noises[1], rtc=RtcRequest(prev, 3, "guided"))
+
+
+def test_warm_up_prepares_the_rtc_workspace_of_every_text_bucket(policy):
+    """warm_up_text_buckets(..., rtc=...) also runs a pass with RTC per bucket: the engine's RTC workspaces (on a GPU,
+    its RTC graphs) exist for every reachable bucket, and no later conditioned prediction makes another."""
+    from flashrt_core.engine.dispatch import EngineOptions, eager_cpu_dispatch
+    from flashrt_core.engine.graph_executor import EngineExecutor
+
+    engine = EngineExecutor(policy.model, policy.config, torch.device("cpu"),
+                            eager_cpu_dispatch(EngineOptions(text_buckets=(16, 64))), dtype=torch.float32)
+    on_engine = Policy(policy.model, policy.config, engine, policy.tokenizer, policy.normalizer, policy.device,
+                       policy.model_id)
+    size = policy.config.vision.image_size
+    images = [np.full((size, size, 3), 128, np.uint8) for _ in policy.view_names]
+    _, state, noises = _observation(policy, 6)
+    request = RtcRequest(np.zeros((policy.horizon, policy.action_dim)), 1, "hard_prefix")
+    warmed = on_engine.warm_up_text_buckets(images, "pick", state, rtc=request)
+    assert warmed and sorted(k[3] for k in engine._entries if k[-1] == "rtc") == sorted(warmed)
+    assert sorted(k[3] for k in engine._entries if k[-1] != "rtc") == sorted(warmed)
+    entries = set(engine._entries)
+    prev = policy.predict(images, PROMPT, state, noises[0])
+    on_engine.predict(images, PROMPT, state, noises[1], rtc=RtcRequest(prev, 2, "hard_prefix"))
+    assert set(engine._entries) == entries
