@@ -13,8 +13,12 @@ def __getattr__(name: str):
         from flashrt_core import api
 
         return getattr(api, name)
+    if name == "RtcRequest":
+        from flashrt_core.rtc_request import RtcRequest
+
+        return RtcRequest
     raise AttributeError(f"module 'flashrt_core' has no attribute {name!r}")
 
 
-__all__ = ["CheckpointError", "FlashRTError", "Fp8GateError", "Fp8NotCalibrated", "InputError", "ModelConfig", "Policy",
-           "get_config", "load_model"]
+__all__ = ["CheckpointError", "FlashRTError", "Fp8GateError", "Fp8NotCalibrated", "InputError", "ModelConfig",
+           "Policy", "RtcRequest", "get_config", "load_model"]

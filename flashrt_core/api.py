@@ -1,9 +1,10 @@
-"""Public API: load_model(...) -> Policy; Policy.predict(images, prompt, state, noise) -> actions.
+"""Public API: load_model(...) -> Policy; Policy.predict(images, prompt, state, noise, rtc) -> actions.
 
 Policy.predict validates its inputs (InputError naming the problem), preprocesses them (images resized with
 padding to [-1, 1], prompt tokenized with the state bins for pi0.5, state normalized for pi0), runs an
 executor (the eager ReferenceExecutor, or the graph engine on CUDA), unnormalizes the actions and returns
-float32 (horizon, action_dim) in robot units.
+float32 (horizon, action_dim) in robot units. rtc (a flashrt_core.rtc_request.RtcRequest) conditions the chunk on
+the previous one (real-time chunking, flashrt_core/rtc.py).
 
 precision ("fp32", "bf16", "fp16" or "fp8"; resolve_precision is the one place that maps it to the weights'
 dtype and the engine's FP8 option) picks what the executor computes in. An FP8 policy refuses predict until
@@ -38,6 +39,7 @@ from flashrt_core.engine import EngineOptions, build_executor
 from flashrt_core.engine.options import read_path, read_switch
 from flashrt_core.fixtures import CONFIG_FILE, TOKENIZER_FILE, write_random_checkpoint
 from flashrt_core.host_rehearsal import HostRehearsal
+from flashrt_core.rtc_request import RtcRequest
 from flashrt_core.tokenizer import PromptTokenizer, build_prompt
 
 log = logging.getLogger(__name__)
@@ -209,11 +211,20 @@ class Policy:
         smallest that holds it); () when it has none (the reference path)."""
         return tuple(getattr(self.executor, "text_buckets", None) or ())
 
-    def predict(self, images, prompt: str, state=None, noise=None) -> np.ndarray:
+    def predict(self, images, prompt: str, state=None, noise=None, rtc: RtcRequest | None = None) -> np.ndarray:
         """Images (list in view order or dict by view name), prompt, optional state and pinned noise
         -> actions float32 (horizon, action_dim) in robot units. An FP8 policy raises Fp8NotCalibrated until
-        calibrate() has run."""
-        return self._predict(images, prompt, state, noise)
+        calibrate() has run.
+        rtc: real-time chunking, the chunk conditioned on the previous one (RtcRequest: the previous chunk in robot
+        units, the delay in steps, the mode); None predicts without it (the plain sampler, unchanged)."""
+        return self._predict(images, prompt, state, noise, rtc=rtc)
+
+    def rtc_plan(self, rtc: RtcRequest):
+        """The request in model space (flashrt_core.rtc.RtcPlan): the previous chunk normalized and padded."""
+        if not isinstance(rtc, RtcRequest):
+            raise InputError(f"rtc must be a flashrt_core.rtc_request.RtcRequest or None, got {type(rtc).__name__}")
+        cfg = self.config
+        return rtc.plan(self.normalizer, cfg.action_horizon, cfg.action_dim, cfg.max_action_dim)
 
     @property
     def fp8_calibrated(self) -> bool:
@@ -267,22 +278,30 @@ class Policy:
                                        for b in range(-1, preprocess.STATE_BINS)))      # openpi's bins: -1..255
         return shortest
 
-    def warm_up_text_buckets(self, images, prompt: str, state=None) -> list[int]:
+    def warm_up_text_buckets(self, images, prompt: str, state=None, rtc: RtcRequest | None = None) -> list[int]:
         """One forward pass per reachable text bucket (`reachable_text_buckets`) with these images, prompt and
         state, the prompt's token mask stretched over the whole bucket, so that the graph engine captures the
         graph of every bucket an instruction can land in now and no later instruction, whatever its length,
         costs a capture. A graph depends on the bucket, not on the token values; the actions are discarded.
+        rtc: also a pass with it per bucket (the graph engine's RTC graph of each bucket).
         Returns the buckets run ([] when there are none)."""
         buckets = list(self.reachable_text_buckets(state))
         with self.warming_up():
             for slots in buckets:
                 self._predict(images, prompt, state, None, text_slots=slots)
+                if rtc is not None:
+                    self._predict(images, prompt, state, None, text_slots=slots, rtc=rtc)
         return buckets
 
-    def _predict(self, images, prompt: str, state, noise, text_slots: int | None = None) -> np.ndarray:
+    def _predict(self, images, prompt: str, state, noise, text_slots: int | None = None,
+                 rtc: RtcRequest | None = None) -> np.ndarray:
         """predict; text_slots marks the first text_slots token positions valid (warm-up of one text bucket)."""
         if self.executor is None:
             raise RuntimeError("Policy.predict called after close()")
+        plan = None if rtc is None else self.rtc_plan(rtc)
+        if plan is not None and not hasattr(self.executor, "sample_actions_rtc"):
+            raise InputError(f"the {getattr(self.executor, 'name', 'current')} executor has no real-time chunking; "
+                             "load the policy with hardware='reference'")
         if self.gpu_preprocess:
             views = preprocess.validate_images(images, self.config.view_names)
             tokens, token_masks, state_padded = self._encode_prompt_and_state(prompt, state, text_slots)
@@ -291,12 +310,15 @@ class Policy:
             actions = self.executor.predict_observation(  # [horizon, 32] numpy, in robot units with gpu_unnormalize
                 views, tokens, token_masks, None if state_padded is None else state_padded.numpy(),
                 self._host_noise(noise),  # stays on the host: the executor stages it into its pinned blob
-                unnormalize=self.gpu_unnormalize)
+                unnormalize=self.gpu_unnormalize, **({} if plan is None else {"rtc": plan}))
             if self.gpu_unnormalize:
                 return np.ascontiguousarray(actions[:, :self.config.action_dim])   # float32, unnormalized
             return self.postprocess(torch.from_numpy(actions))
         inputs = self._prepare_inputs(images, prompt, state, noise, text_slots)
-        actions = self.executor.sample_actions(*inputs)  # [1, horizon, 32] normalized
+        if plan is None:
+            actions = self.executor.sample_actions(*inputs)  # [1, horizon, 32] normalized
+        else:
+            actions = self.executor.sample_actions_rtc(*inputs, plan.to(self.device))
         return self.postprocess(actions[0])
 
     def prepare_inputs(self, images, prompt: str, state=None, noise=None):

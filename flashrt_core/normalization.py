@@ -398,6 +398,13 @@ class Normalizer:
             offset[:n] = feature.q01[:n] + scale[:n]
         return scale, offset
 
+    def normalize_actions(self, actions: np.ndarray) -> np.ndarray:
+        """Robot-unit actions [..., D] -> model space float32 [..., D]: the inverse of unnormalize_actions
+        (x - offset) / scale with action_affine(D), e.g. a previous chunk that conditions the next one (RTC)."""
+        x = np.asarray(actions, dtype=np.float64)
+        scale, offset = self.action_affine(x.shape[-1])
+        return ((x - offset) / scale).astype(np.float32)
+
     def unnormalize_actions(self, actions: np.ndarray, action_dim: int | None = None) -> np.ndarray:
         """Normalized actions [..., A] -> robot units float32 [..., A], then sliced to ``action_dim`` if given."""
         x = np.asarray(actions, dtype=np.float64)

@@ -7,7 +7,9 @@ observation, rows whose time has passed skipped, switching ``latest`` or ``tempo
 JointTrajectory) -> /diagnostics (commands, missed deadlines, seams, chunk age at a switch).
 
 When no chunk covers now the policy has missed its deadline: ``on_deadline_miss`` holds the last command or stops
-publishing. Under ``use_sim_time`` the timer and "now" follow /clock, so a bag replay executes as on the robot.
+publishing. After every chunk it accepts, the node publishes the actions it will still command on ``pending_topic``
+(ChunkSchedule.preview), for a policy node that conditions its next chunk on them (real-time chunking,
+flashrt_ros/rtc_sharing.py). Under ``use_sim_time`` the timer and "now" follow /clock, so a bag replay executes as on the robot.
 
 Lifecycle: configure reads the parameters and creates the command publisher (a lifecycle publisher: silent while
 inactive) and /diagnostics; activate subscribes and starts the control timer; deactivate stops both and forgets
@@ -80,6 +82,7 @@ class ActionExecutor(LifecycleNode):
         self._settings: ExecutorSettings | None = None
         self._schedule: ChunkSchedule | None = None
         self._command_publisher = None
+        self._pending_publisher = None
         self._diagnostics_publisher = None
         self._diagnostics_timer = None
         self._subscription = None
@@ -114,6 +117,9 @@ class ActionExecutor(LifecycleNode):
                         OutputType.JOINT_TRAJECTORY: JointTrajectory}[settings.output_type]
         self._command_publisher = self.create_lifecycle_publisher(message_type, settings.output_topic,
                                                                   qos_profiles.output_qos())
+        if settings.pending_topic:
+            self._pending_publisher = self.create_lifecycle_publisher(ActionChunk, settings.pending_topic,
+                                                                      qos_profiles.output_qos())
         self._diagnostics_publisher = self.create_publisher(DiagnosticArray, "/diagnostics",
                                                             qos_profiles.diagnostics_qos())
         # /diagnostics on the steady clock: it keeps reporting while sim time is paused (a stopped bag)
@@ -164,10 +170,10 @@ class ActionExecutor(LifecycleNode):
         if self._diagnostics_timer is not None:
             self.destroy_timer(self._diagnostics_timer)
             self._diagnostics_timer = None
-        for publisher in (self._command_publisher, self._diagnostics_publisher):
+        for publisher in (self._command_publisher, self._pending_publisher, self._diagnostics_publisher):
             if publisher is not None:
                 self.destroy_publisher(publisher)
-        self._command_publisher = self._diagnostics_publisher = None
+        self._command_publisher = self._pending_publisher = self._diagnostics_publisher = None
         self._settings = self._schedule = None
 
     # inputs and the control loop --------------------------------------------------------------------------------
@@ -190,6 +196,25 @@ class ActionExecutor(LifecycleNode):
             self.counters.last_rejection = str(error)[:REASON_CHARS]
             self.get_logger().warning(f"chunk {msg.sequence} rejected: {self.counters.last_rejection}",
                                       throttle_duration_sec=LOG_THROTTLE_S)
+            return
+        if self._pending_publisher is not None:
+            self._publish_pending(msg, chunk)
+
+    def _publish_pending(self, msg: ActionChunk, chunk) -> None:
+        """The actions the schedule will command from now on, every dt of the accepted chunk, as far as its chunks
+        reach (rtc_sharing: what a policy in rtc mode conditions its next chunk on)."""
+        now = self.get_clock().now()
+        actions = self._schedule.preview(now.nanoseconds * 1e-9, chunk.dt, len(chunk.actions))
+        pending = ActionChunk()
+        pending.header.stamp = now.to_msg()
+        pending.header.frame_id = msg.header.frame_id
+        pending.sequence = msg.sequence
+        pending.horizon, pending.action_dim = actions.shape[0], chunk.actions.shape[1]
+        pending.dt = chunk.dt
+        pending.action_names = list(msg.action_names)
+        pending.actions = actions.astype(np.float32).reshape(-1)
+        pending.model_id, pending.config_id = msg.model_id, msg.config_id
+        self._pending_publisher.publish(pending)
 
     def _check_joint_names(self, msg: ActionChunk, action_dim: int) -> None:
         """Joint-named outputs need one name per action dimension: the parameter's, else the chunk's."""

@@ -154,6 +154,21 @@ class ChunkSchedule:
         self._last_action = action
         return Command(action.copy(), newest.sequence, switched, seam, t - newest.stamp_s)
 
+    def preview(self, start_s: float, dt: float, max_rows: int) -> np.ndarray:
+        """The actions the schedule would command at ``start_s + i * dt`` with the chunks it holds now, for i from 0
+        while a chunk covers that time (at most ``max_rows``): [rows, action_dim], rows 0 where nothing covers
+        ``start_s``. Changes nothing (no chunk dropped, no switch recorded): what the executor will still execute,
+        for a policy that conditions its next chunk on it (real-time chunking, flashrt_ros/rtc_sharing.py)."""
+        rows = []
+        for i in range(max(0, int(max_rows))):
+            t = start_s + i * dt
+            covering = [c for c in self._chunks if c.covers(t)]
+            if not covering:
+                break
+            rows.append(self._mix(covering, t))
+        width = self._chunks[-1].actions.shape[1] if self._chunks else 0
+        return np.stack(rows) if rows else np.zeros((0, width))
+
     def _mix(self, covering: list[TimedChunk], t: float) -> np.ndarray:
         """The action of the covering chunks (ascending stamp) under the switching mode."""
         if self.switching is Switching.LATEST or len(covering) == 1:

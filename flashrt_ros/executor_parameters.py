@@ -54,6 +54,10 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("on_deadline_miss", DeadlineMiss.HOLD.value, "When no chunk covers now (the policy fell behind): "
               "hold = repeat the last command; stop = publish nothing until a chunk covers now again.",
               choices=tuple(m.value for m in DeadlineMiss), changeable=Changeable.RUNTIME),
+    ParamSpec("pending_topic", "pending_actions", "flashrt_ros/ActionChunk of the actions this node will still "
+              "command, published after every chunk it accepts (stamped now, rows every dt of the chunk): the policy "
+              "node's rtc mode conditions its next chunk on them (docs/action_executor.md, RTC); empty = not "
+              "published."),
     ParamSpec("diagnostics_period", 1.0, "Period [s] of /diagnostics.", float_range=(0.05, 60.0)),
     ParamSpec("autostart", False, "Configure, then activate, once after start-up (the launch file sets it).",
               changeable=Changeable.STARTUP),
@@ -75,6 +79,7 @@ class ExecutorSettings:
     fusion_decay: float
     interpolate: bool
     on_deadline_miss: DeadlineMiss
+    pending_topic: str
     diagnostics_period: float
     autostart: bool
 
@@ -119,7 +124,7 @@ def settings_from_values(values: dict[str, Any]) -> ExecutorSettings:
         output_type=OutputType(values["output_type"]), joint_names=tuple(values["joint_names"]),
         control_rate_hz=float(values["control_rate_hz"]), switching=Switching(values["switching"]),
         fusion_decay=float(values["fusion_decay"]), interpolate=bool(values["interpolate"]),
-        on_deadline_miss=DeadlineMiss(values["on_deadline_miss"]),
+        on_deadline_miss=DeadlineMiss(values["on_deadline_miss"]), pending_topic=values["pending_topic"],
         diagnostics_period=float(values["diagnostics_period"]), autostart=bool(values["autostart"]))
 
 

@@ -58,6 +58,7 @@ MODEL_CONFIGS = ("auto", "pi05", "pi0", "pi05_tiny", "pi0_tiny")
 PRECISIONS = ("auto", "float32", "bfloat16", "float16", "fp8")   # flashrt_core.api.PRECISIONS' names
 DEFAULT_TUNING_CACHE = "~/.cache/flashrt/tuning"
 DEFAULT_FP8_SCALE_CACHE = "~/.cache/flashrt/fp8_scales"
+RTC_MODES = ("off", "guided", "hard_prefix", "training_time")    # "off" and flashrt_core.rtc.MODES
 HOST_WAITS = ("sync", "poll", "warm")     # flashrt_core.engine.options.HOST_WAITS (no torch import here)
 HARDWARE_PATTERN = re.compile(r"^(auto|reference|cpu|sm\d{2,3}|gfx[0-9a-f]{3,4})$")
 
@@ -246,6 +247,20 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("action_dt", 0.02, "Time between consecutive actions of a chunk [s].", float_range=(1e-4, 10.0)),
     ParamSpec("action_names", [], "Name of each action dimension (length action_dim), or empty.",
               type=STRING_ARRAY),
+    # real-time chunking (docs/action_executor.md, RTC)
+    ParamSpec("rtc", "off", "Real-time chunking: condition each chunk on the actions the action executor will "
+              "still execute (its pending_topic), the rows executed during the inference (from the measured "
+              "latency) kept: guided (soft mask + guidance, reference path), hard_prefix (cheap, also in the graph "
+              "engine), training_time (checkpoints trained for it, reference path); off = plain chunks.",
+              choices=RTC_MODES),
+    ParamSpec("rtc_pending_topic", "pending_actions", "rtc: the action executor's pending_topic "
+              "(flashrt_ros/ActionChunk)."),
+    ParamSpec("rtc_execution_horizon", 0, "rtc guided: the row at which the soft mask reaches 0; 0 = as far as the "
+              "pending actions reach.", int_range=(0, 100000)),
+    ParamSpec("rtc_max_guidance_weight", 10.0, "rtc guided: the clip of the guidance weight (the paper's beta).",
+              float_range=(1e-3, 1000.0)),
+    ParamSpec("rtc_latency_margin", 0.005, "rtc: added [s] to the measured latency (the largest of the last 10 "
+              "inferences, taken to published) when the frozen rows are counted.", float_range=(0.0, 10.0)),
     # diagnostics
     ParamSpec("staleness_warn_threshold", 0.2, "Diagnostics turn WARN when the staleness p99 passes this [s].",
               changeable=RUNTIME, float_range=(0.0, 60.0)),
@@ -330,7 +345,7 @@ def validate(name: str, value: Any) -> str | None:
         return f"hardware={value!r}: expected auto, reference, cpu, smXY or gfxNNN"
     if name == "device" and not _valid_device(value):
         return f"device={value!r}: expected auto, cpu, cuda or cuda:N"
-    if name in ("camera_topics", "instruction_topic", "output_topic") and not value:
+    if name in ("camera_topics", "instruction_topic", "output_topic", "rtc_pending_topic") and not value:
         return f"{name} must not be empty"
     if name in ("camera_topics", "camera_views", "state_joint_names", "action_names") and \
             len(set(value)) != len(value):
@@ -409,6 +424,11 @@ class NodeSettings:
     frame_id: str
     action_dt: float
     action_names: tuple[str, ...]
+    rtc: str
+    rtc_pending_topic: str
+    rtc_execution_horizon: int
+    rtc_max_guidance_weight: float
+    rtc_latency_margin: float
     staleness_warn_threshold: float
     diagnostics_window: float
     diagnostics_period: float
@@ -440,7 +460,7 @@ class NodeSettings:
         fields = {name: getattr(self, name) for name in (
             "checkpoint", "asset_id", "model_config", "device", "precision", "hardware", "camera_views",
             "state_joint_names",
-            "action_dt", "noise_seed")}
+            "action_dt", "noise_seed", "rtc")}
         fields["camera_count"] = len(self.camera_topics)
         digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
         return digest[:12]
@@ -470,7 +490,8 @@ def settings_from_values(values: dict[str, Any]) -> NodeSettings:
     kwargs["trigger"] = TriggerMode(kwargs["trigger"])
     for name in ("sync_slop", "max_observation_age", "max_future_stamp", "camera_timeout", "pairing_timeout",
                  "max_state_age", "inference_rate_hz", "action_dt", "inference_handover_timeout",
-                 "staleness_warn_threshold", "diagnostics_window", "diagnostics_period"):
+                 "staleness_warn_threshold", "diagnostics_window", "diagnostics_period", "rtc_max_guidance_weight",
+                 "rtc_latency_margin"):
         kwargs[name] = float(kwargs[name])
     return NodeSettings(**kwargs)
 

@@ -61,6 +61,7 @@ from flashrt_ros.node_parameters import (RUNTIME_PARAMETERS, NodeSettings, Setti
 from flashrt_ros.observation_buffer import (AddResult, BufferCounters, Observation, ObservationBuffer,
                                            seconds_to_ns)
 from flashrt_ros.pinned_noise import NO_SEED, observation_noise
+from flashrt_ros.rtc_sharing import PolicyRtc
 
 NODE_NAME = "policy_node"
 WARMUP_PROMPT = "pick up the object and place it in the bin"
@@ -131,6 +132,7 @@ class PolicyNode(LifecycleNode):
         self._config_id = ""
         self._calibration: LiveCalibration | None = None     # an FP8 policy's live calibration (node_calibration)
         self._calibration_status = ""                          # shown in /diagnostics (fp8_calibration)
+        self._rtc: PolicyRtc | None = None       # rtc mode: the executor's pending actions, the measured latency
         # Built by on_activate, released by on_deactivate.
         self._input_subscriptions: list = []
         self._trigger_timer = None
@@ -198,6 +200,9 @@ class PolicyNode(LifecycleNode):
                                            yield_after_notify=settings.yield_to_inference_thread,
                                            handover_timeout_s=settings.inference_handover_timeout)
             self._worker.start()
+            if settings.rtc != "off":
+                self._rtc = PolicyRtc(settings.rtc, settings.rtc_execution_horizon, settings.rtc_max_guidance_weight,
+                                      settings.rtc_latency_margin)
             # Warm-up (and graph capture on GPU) on the inference thread: all model calls on one thread.
             self.get_logger().info(f"model loaded: warming up ({settings.warmup_iterations} passes)")
             self._worker.run_on_thread(lambda: self._warm_up(settings))
@@ -233,6 +238,8 @@ class PolicyNode(LifecycleNode):
         self._statistics.reset()
         self._buffer.clear()
         self._buffer.reset_counters()
+        if self._rtc is not None:
+            self._rtc.clear()
         try:
             self._create_subscriptions(settings)
         except Exception as error:      # e.g. a topic already used with another type in this process
@@ -350,9 +357,15 @@ class PolicyNode(LifecycleNode):
             for _ in range(settings.warmup_iterations):
                 self._stop_if_shutting_down()
                 self._policy.predict(images, prompt, state=state)
+            rtc = None
+            if settings.warmup_iterations and self._rtc is not None:     # the engine's RTC graph of this signature
+                from flashrt_core.rtc_request import RtcRequest
+                previous = np.zeros((self._policy.horizon, self._policy.action_dim), np.float32)
+                rtc = RtcRequest(previous, 1, settings.rtc)
+                self._policy.predict(images, prompt, state=state, rtc=rtc)
         warm_up_buckets = getattr(self._policy, "warm_up_text_buckets", None)   # flashrt_core.Policy has it
         if settings.warmup_iterations and settings.warmup_all_text_buckets and warm_up_buckets is not None:
-            buckets = warm_up_buckets(images, prompt, state=state)
+            buckets = warm_up_buckets(images, prompt, state=state, **({} if rtc is None else {"rtc": rtc}))
             if buckets:
                 self.get_logger().info(f"warmed up text buckets {buckets} (token slots)")
 
@@ -418,6 +431,10 @@ class PolicyNode(LifecycleNode):
             self._input_subscriptions.append(self.create_subscription(
                 msg_type, settings.state_topic, self._on_state, qos_profiles.state_qos(),
                 callback_group=self._input_group))
+        if self._rtc is not None:
+            self._input_subscriptions.append(self.create_subscription(
+                ActionChunk, settings.rtc_pending_topic, self._on_pending_actions, qos_profiles.output_qos(),
+                callback_group=self._input_group))
         # One mutually exclusive group per camera: frames of one camera in order (cameras in parallel only under
         # the multi_threaded executor).
         for index, topic in enumerate(settings.camera_topics):
@@ -461,6 +478,7 @@ class PolicyNode(LifecycleNode):
                 self._policy = None
             self._settings = None
             self._calibration, self._calibration_status = None, ""
+            self._rtc = None
             self._buffer = None
             self._watchdog = None
             self._instruction = None
@@ -639,11 +657,23 @@ class PolicyNode(LifecycleNode):
         if watchdog is not None:
             watchdog.frame_decoded(index, self._clock_s(), None if error is None else bounded(error))
 
+    def _on_pending_actions(self, msg: ActionChunk) -> None:
+        rtc = self._rtc
+        if rtc is not None:
+            rtc.on_pending(Time.from_msg(msg.header.stamp).nanoseconds * 1e-9, msg.dt, msg.horizon, msg.action_dim,
+                           msg.actions, msg.sequence)
+
     def _predict(self, job: InferenceJob) -> np.ndarray:
         state = job.state.values if job.state is not None else None
         noise = None
         if self._settings.noise_seed != NO_SEED:       # (horizon, 32) pinned to the observation stamp
             noise = observation_noise(self._settings.noise_seed, job.observation.stamp_ns, self._policy.horizon)
+        rtc = self._rtc
+        if rtc is not None:      # conditioned on what the executor will still execute (flashrt_ros/rtc_sharing.py)
+            request = rtc.request(job.observation.stamp_ns * 1e-9, job.taken_ns * 1e-9, self._settings.action_dt,
+                                  self._policy.horizon, self._policy.action_dim)
+            if request is not None:
+                return self._policy.predict(job.images, job.prompt, state=state, noise=noise, rtc=request)
         return self._policy.predict(job.images, job.prompt, state=state, noise=noise)   # (horizon, action_dim)
 
     def _publish_result(self, result: InferenceResult[InferenceJob]) -> None:
@@ -673,6 +703,9 @@ class PolicyNode(LifecycleNode):
         msg.staleness = staleness_ns * 1e-9
         build_time_s = time.perf_counter() - result.finished_at
         self._chunk_publisher.publish(msg)
+        if self._rtc is not None:        # the time from taking the observation to its chunk going out
+            self._rtc.latency.record((self.get_clock().now().nanoseconds - job.taken_ns) * 1e-9)
+            self._rtc.on_published(job.observation.stamp_ns * 1e-9, msg.dt, actions, msg.sequence)
         self._sequence += 1
         self._statistics.record_chunk(msg.inference_time, msg.staleness,
                                       (job.taken_ns - job.observation.completed_ns) * 1e-9,

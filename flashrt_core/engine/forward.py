@@ -23,6 +23,7 @@ import torch
 
 from flashrt_core.preprocess import resize_views_torch
 
+from . import rtc_blend
 from .ops import KeyMask, Ops
 from .weights import EngineWeights
 
@@ -46,7 +47,7 @@ class Workspace:
     rope_cos: torch.Tensor                       # (P + S, Dh / 2) fp32
     rope_sin: torch.Tensor
     suffix_visible: torch.Tensor                 # (S,) int32: suffix keys each suffix token may see
-    extras: dict = field(default_factory=dict)
+    extras: dict = field(default_factory=dict)  # "rtc": rtc_blend.RtcBuffers of an RTC workspace
 
 
 def vision(ws: Workspace, w: EngineWeights, ops: Ops) -> torch.Tensor:
@@ -170,7 +171,10 @@ def denoise_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Te
     if pi0_ends:
         pi0_tables = w.pi0_step_tables()             # made when the executor was built, before any capture
         hidden = torch.empty(S, e.width, device=dev, dtype=w.dtype)
+    rtc = ws.extras.get("rtc")                       # real-time chunking's hard prefix (rtc_blend), or None
     for step, dt in enumerate(w.dts):
+        if rtc is not None:
+            rtc_blend.blend_step(x_t, ws.noise, rtc, step)
         if step_ends:        # input projection + the first layer's norm 1
             mod = w.tables.norm[step, 0]
             ops.denoise_step_in(x_t, w.action_in, mod[0, 0], mod[0, 1], residual, y, e.eps)
@@ -220,6 +224,8 @@ def denoise_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Te
             ops.norm(x, residual, y, w.expert_final_norm, None, e.eps)
         velocity = torch.nn.functional.linear(y[S - horizon:], out_w)                 # (horizon, A)
         ops.euler(x_t, velocity, out_b, dt)
+    if rtc is not None:
+        rtc_blend.blend_final(x_t, rtc)
 
 
 def pi0_fused_step_ends(w: EngineWeights, ops: Ops) -> bool:

@@ -6,7 +6,9 @@ the actions back. Nothing is allocated and nothing syncs inside the replay.
 
 A graph is captured per signature: which views are present, their image sizes, and the text bucket (the smallest
 of `EngineOptions.text_buckets` that holds the prompt; padding tokens are masked), so a new instruction reuses a
-graph and never forces a recapture. All graphs share one memory pool (they never run at the same time).
+graph and never forces a recapture. A call with real-time chunking's hard prefix (rtc_blend) has a graph of its own
+per signature, which serves every delay and previous chunk. All graphs share one memory pool (they never run at the
+same time).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import torch
 from flashrt_core.config import ModelConfig
 from flashrt_core.errors import InputError
 from flashrt_core.model import PiModel
+from flashrt_core.rtc import RtcPlan
 
-from . import load_tuning
+from . import load_tuning, rtc_blend
 from .dispatch import Dispatch, Op
 from .forward import Workspace, denoise, forward, pi0_fused_step_ends, prefix, vision
 from .fp8_calibration import Fp8Calibration
@@ -190,7 +193,9 @@ class EngineExecutor:
         raise InputError(f"prompt needs {last_valid + 1} token slots, more than max_token_len "
                          f"{self.config.max_token_len}")
 
-    def make_entry(self, views: tuple[int, ...], image_shapes: tuple | None, text_len: int) -> _Entry:
+    def make_entry(self, views: tuple[int, ...], image_shapes: tuple | None, text_len: int,
+                   rtc: bool = False) -> _Entry:
+        """rtc: the workspace also holds real-time chunking's hard-prefix buffers (rtc_blend)."""
         cfg, dev = self.config, self.device
         n = cfg.vision.num_patches
         size = cfg.vision.image_size
@@ -201,6 +206,8 @@ class EngineExecutor:
             fields += [(f"image{i}", (h, w, 3), torch.uint8) for i, (h, w) in enumerate(image_shapes)]
         else:
             fields += [("pixels", (len(views), 3, size, size), torch.float32)]
+        if rtc:
+            fields += rtc_blend.staging_fields(cfg.action_horizon, cfg.max_action_dim)
         staging = StagingBlob(fields, dev)
         dv = staging.device_views
         P = len(views) * n + text_len
@@ -218,6 +225,8 @@ class EngineExecutor:
             k_cache=torch.zeros(cache_shape, device=dev, dtype=self.dtype),
             v_cache=torch.zeros(cache_shape, device=dev, dtype=self.dtype),
             rope_cos=self._rope[0], rope_sin=self._rope[1], suffix_visible=self._suffix_visible)
+        if rtc:
+            ws.extras["rtc"] = rtc_blend.make_buffers(dv, len(self.weights.dts))
         out_host = torch.empty(cfg.action_horizon, cfg.max_action_dim, pin_memory=dev.type == "cuda")
         return _Entry(ws, staging, out_host, None)
 
@@ -241,7 +250,7 @@ class EngineExecutor:
 
     def _entry(self, key: tuple, views, image_shapes, text_len) -> _Entry:
         if key not in self._entries:
-            self._entries[key] = self.make_entry(views, image_shapes, text_len)
+            self._entries[key] = self.make_entry(views, image_shapes, text_len, rtc=key[-1] == "rtc")
         return self._entries[key]
 
     @torch.inference_mode()
@@ -289,19 +298,23 @@ class EngineExecutor:
         sv["token_mask"].numpy()[:] = token_mask[:text_len]
 
     def predict_observation(self, images: list[np.ndarray | None], tokens: np.ndarray, token_mask: np.ndarray,
-                            state: np.ndarray | None, noise: np.ndarray, unnormalize: bool = False) -> np.ndarray:
+                            state: np.ndarray | None, noise: np.ndarray, unnormalize: bool = False,
+                            rtc: RtcPlan | None = None) -> np.ndarray:
         """uint8 HxWx3 images per view (None = missing), tokens/mask (L,), normalized padded state (A,) or None,
         noise (horizon, A) -> actions (horizon, A) float32, normalized or (unnormalize=True, with the
-        action_affine given at construction) in robot units. Preprocessing runs on the GPU."""
+        action_affine given at construction) in robot units. Preprocessing runs on the GPU.
+        rtc: real-time chunking's hard prefix (rtc_blend), in a graph of its own; None: the plain forward."""
         if unnormalize and self._affine is None:
             raise ValueError("unnormalize=True needs action_affine at construction")
+        if rtc is not None:
+            rtc_blend.check_mode(rtc)
         present = tuple(i for i, img in enumerate(images) if img is not None)
         if not present:
             raise InputError("no images given: at least one view is required")
         valid_idx = np.flatnonzero(token_mask)
         text_len = self._bucket(int(valid_idx[-1]) if valid_idx.size else 0)
         shapes = tuple(images[i].shape[:2] for i in present)
-        key = ("uint8", present, shapes, text_len)
+        key = ("uint8", present, shapes, text_len) + (() if rtc is None else ("rtc",))
         entry = self._entry(key, present, shapes, text_len)
         sv = entry.staging.host_views
         for j, i in enumerate(present):
@@ -309,6 +322,8 @@ class EngineExecutor:
         self._stage_text(sv, tokens, token_mask, text_len)
         sv["state"].numpy()[:] = 0.0 if state is None else state
         sv["noise"].numpy()[:] = noise
+        if rtc is not None:
+            rtc_blend.stage(sv, rtc)
         entry.staging.upload()
         self._run(key, entry)
         entry.out_host.copy_(entry.ws.robot_actions if unnormalize else entry.ws.actions, non_blocking=True)
@@ -319,6 +334,16 @@ class EngineExecutor:
     def sample_actions(self, pixels: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
                        token_masks: torch.Tensor, state: torch.Tensor | None, noise: torch.Tensor) -> torch.Tensor:
         """Same contract as ReferenceExecutor.sample_actions (batch 1): preprocessed tensors -> (1, horizon, A)."""
+        return self._sample_actions(pixels, image_masks, tokens, token_masks, state, noise, None)
+
+    def sample_actions_rtc(self, pixels: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
+                           token_masks: torch.Tensor, state: torch.Tensor | None, noise: torch.Tensor,
+                           rtc: RtcPlan) -> torch.Tensor:
+        """ReferenceExecutor.sample_actions_rtc's contract, for the modes the engine runs (rtc_blend)."""
+        rtc_blend.check_mode(rtc)
+        return self._sample_actions(pixels, image_masks, tokens, token_masks, state, noise, rtc)
+
+    def _sample_actions(self, pixels, image_masks, tokens, token_masks, state, noise, rtc) -> torch.Tensor:
         if pixels.shape[0] != 1:
             raise InputError(f"the engine runs batch 1, got a batch of {pixels.shape[0]}")
         masks = image_masks[0].cpu().numpy()
@@ -328,7 +353,7 @@ class EngineExecutor:
         tmask = token_masks[0].cpu().numpy()
         valid_idx = np.flatnonzero(tmask)
         text_len = self._bucket(int(valid_idx[-1]) if valid_idx.size else 0)
-        key = ("pixels", present, None, text_len)
+        key = ("pixels", present, None, text_len) + (() if rtc is None else ("rtc",))
         entry = self._entry(key, present, None, text_len)
         ws = entry.ws
         ws.pixels.copy_(pixels[0, list(present)])
@@ -339,6 +364,9 @@ class EngineExecutor:
         else:
             ws.state.zero_()
         ws.noise.copy_(noise[0])
+        if rtc is not None:
+            ws.extras["rtc"].target.copy_(rtc.target[0])
+            ws.extras["rtc"].rows.copy_(rtc.prefix_rows()[:, None])
         self._run(key, entry)
         return ws.actions.clone()[None]
 

@@ -52,11 +52,13 @@ class AdaRMSNorm(nn.Module):
         self.dense = nn.Linear(cond_dim, 3 * width)
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        # x: [B, S, W], cond: [B, C] -> (y [B, S, W], gate [B, 1, W]) both in x.dtype
+        # x: [B, S, W], cond: [B, C] or per token [B, S, C] -> (y [B, S, W], gate [B, 1 or S, W]) in x.dtype
         if cond is None:
             raise ValueError("AdaRMSNorm needs the time conditioning `cond`")
-        modulation = self.dense(cond.to(self.dense.weight.dtype))  # [B, 3W]
-        scale, shift, gate = modulation[:, None, :].float().chunk(3, dim=-1)  # each [B, 1, W]
+        modulation = self.dense(cond.to(self.dense.weight.dtype))  # [B, 3W] or [B, S, 3W]
+        if modulation.dim() == 2:
+            modulation = modulation[:, None, :]
+        scale, shift, gate = modulation.float().chunk(3, dim=-1)  # each [B, 1 or S, W]
         y = rms(x, self.eps) * (1.0 + scale) + shift
         return y.to(x.dtype), gate.to(x.dtype)
 

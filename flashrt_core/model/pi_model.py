@@ -40,10 +40,11 @@ def make_attention_mask(valid: torch.Tensor, ar: torch.Tensor) -> torch.Tensor:
 
 
 def sincos_time_embedding(t: torch.Tensor, dim: int, min_period: float, max_period: float) -> torch.Tensor:
-    """t: [B] -> [B, dim] fp32; [sin, cos] of 2*pi*t/period, periods geometric in [min, max] (fp64 math)."""
+    """t: [B] (or per token [B, H]) -> [B, dim] ([B, H, dim]) fp32; [sin, cos] of 2*pi*t/period, periods
+    geometric in [min, max] (fp64 math)."""
     fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float64, device=t.device)
     period = min_period * (max_period / min_period) ** fraction  # [dim/2]
-    angles = t.double()[:, None] * (2.0 * math.pi / period)[None, :]  # [B, dim/2]
+    angles = t.double()[..., None] * (2.0 * math.pi / period)  # [B, dim/2] or [B, H, dim/2]
     return torch.cat([angles.sin(), angles.cos()], dim=-1).float()
 
 
@@ -106,15 +107,17 @@ class PiModel(nn.Module):
         return ar
 
     def time_conditioning(self, t: torch.Tensor) -> torch.Tensor:
-        """pi0.5 adaRMS conditioning. t: [B] -> cond [B, We] = swish(out(swish(in(sincos(t)))))"""
+        """pi0.5 adaRMS conditioning. t: [B] -> cond [B, We] = swish(out(swish(in(sincos(t))))); a per-token
+        time [B, H] (training-time RTC) -> cond [B, H, We], one per action token"""
         cfg = self.config
         emb = sincos_time_embedding(t, cfg.expert.width, cfg.time_min_period, cfg.time_max_period)
         emb = emb.to(self.time_mlp_in.weight.dtype)
         return F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(emb))))
 
     def embed_suffix(self, state: torch.Tensor | None, x_t: torch.Tensor, t: torch.Tensor):
-        """state: [B, A] normalized padded state (pi0 only), x_t: [B, H, A], t: [B]
-        -> (embeddings [B, S, We], cond [B, We] for pi0.5 / None for pi0)"""
+        """state: [B, A] normalized padded state (pi0 only), x_t: [B, H, A], t: [B] or per token [B, H]
+        (training-time RTC: the clean prefix at time 0) -> (embeddings [B, S, We], cond [B, We] or per token
+        [B, H, We] for pi0.5 / None for pi0)"""
         cfg = self.config
         actions = self.action_in_proj(x_t.to(self.action_in_proj.weight.dtype))  # [B, H, We]
         if self.is_pi05:
@@ -123,7 +126,8 @@ class PiModel(nn.Module):
             raise ValueError("pi0 needs the robot state for its state token")
         state_token = self.state_proj(state.to(self.state_proj.weight.dtype))[:, None, :]  # [B, 1, We]
         emb = sincos_time_embedding(t, cfg.expert.width, cfg.time_min_period, cfg.time_max_period)
-        emb = emb.to(actions.dtype)[:, None, :].expand_as(actions)  # [B, H, We]
+        emb = emb.to(actions.dtype)
+        emb = (emb if t.dim() == 2 else emb[:, None, :]).expand_as(actions)  # [B, H, We]
         fused = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat([actions, emb], dim=-1))))
         return torch.cat([state_token.to(fused.dtype), fused], dim=1), None
 
@@ -140,7 +144,7 @@ class PiModel(nn.Module):
 
     def denoise_step(self, cache: PrefixCache, state: torch.Tensor | None, x_t: torch.Tensor,
                      t: torch.Tensor) -> torch.Tensor:
-        """Velocity at (x_t, t). x_t: [B, H, A] fp32, t: [B] -> v [B, H, A] fp32"""
+        """Velocity at (x_t, t). x_t: [B, H, A] fp32, t: [B] or per token [B, H] -> v [B, H, A] fp32"""
         embs, cond = self.embed_suffix(state, x_t, t)  # [B, S, We]
         positions, mask = self.suffix_positions_and_mask(cache.valid)
         out, _ = self.expert(embs.to(self.compute_dtype), positions, mask, past_kv=cache.kv, cond=cond)

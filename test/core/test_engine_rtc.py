@@ -1,0 +1,103 @@
+"""Real-time chunking in the engine's forward (rtc_blend's hard prefix, a masked blend per denoise step from
+static buffers) against the reference sampler, on the CPU with the plain-PyTorch ops, tiny configs, fp32.
+
+The capture itself needs a GPU (test/gpu/test_engine_gpu.py::test_rtc_hard_prefix_in_the_graph); everything it
+captures is checked here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flashrt_core.checkpoint import load_model_weights
+from flashrt_core.config import get_config
+from flashrt_core.engine.dispatch import EngineOptions, eager_cpu_dispatch
+from flashrt_core.engine.graph_executor import EngineExecutor
+from flashrt_core.errors import InputError
+from flashrt_core.executor import ReferenceExecutor
+from flashrt_core.fixtures import write_random_checkpoint
+from flashrt_core.rtc import RtcPlan, prefix_weights
+
+FP32_ATOL = 2e-5  # test_engine_forward's: the same math in fp32, another op order
+
+
+@pytest.fixture(scope="module", params=["pi05_tiny", "pi0_tiny"])
+def model(request, tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp(request.param)
+    write_random_checkpoint(ckpt, request.param, seed=3)
+    return load_model_weights(ckpt, get_config(request.param), "cpu", torch.float32)
+
+
+def _engine(model, fused: bool = True, overlap: bool = True) -> EngineExecutor:
+    engine = EngineExecutor(model, model.config, torch.device("cpu"),
+                            eager_cpu_dispatch(EngineOptions(fused_weights=fused, text_buckets=(16, 32))),
+                            dtype=torch.float32)
+    engine.ops.overlap_first_step = overlap
+    return engine
+
+
+def _inputs(cfg, seed: int):
+    rng = np.random.default_rng(seed)
+    size = cfg.vision.image_size
+    images = [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in cfg.view_names]
+    tokens = np.zeros(cfg.max_token_len, dtype=np.int64)
+    tokens[:7] = rng.integers(1, cfg.paligemma.vocab_size, 7)
+    mask = np.arange(cfg.max_token_len) < 7
+    state = rng.standard_normal(cfg.max_action_dim).astype(np.float32)
+    noise = rng.standard_normal((cfg.action_horizon, cfg.max_action_dim)).astype(np.float32)
+    return images, tokens, mask, state, noise
+
+
+def _tensors(images, tokens, mask, state, noise):
+    pixels = torch.stack([torch.from_numpy(img).permute(2, 0, 1).float() / 255 * 2 - 1 for img in images])
+    return (pixels[None], torch.ones(1, len(images), dtype=torch.bool), torch.from_numpy(tokens)[None],
+            torch.from_numpy(mask)[None], torch.from_numpy(state)[None], torch.from_numpy(noise)[None])
+
+
+def _plan(cfg, mode: str, delay: int, seed: int) -> RtcPlan:
+    target = torch.from_numpy(np.random.default_rng(seed).standard_normal(
+        (1, cfg.action_horizon, cfg.max_action_dim)).astype(np.float32))
+    return RtcPlan(mode, target, prefix_weights(delay, delay, cfg.action_horizon, "zeros"), delay)
+
+
+@pytest.mark.parametrize("fused,overlap", [(True, True), (False, False)])
+def test_hard_prefix_in_the_forward_matches_the_reference(model, fused, overlap):
+    cfg = model.config
+    engine = _engine(model, fused, overlap)
+    ref = ReferenceExecutor(model, cfg, torch.device("cpu"))
+    for seed, delay in ((1, 3), (2, 0), (3, cfg.action_horizon - 1)):    # one RTC workspace serves every delay
+        inputs = _inputs(cfg, seed)
+        plan = _plan(cfg, "hard_prefix", delay, seed)
+        want = ref.sample_actions_rtc(*_tensors(*inputs), plan)[0]
+        got = engine.predict_observation(*inputs, rtc=plan)
+        np.testing.assert_allclose(got, want.numpy(), atol=FP32_ATOL, rtol=0)
+        np.testing.assert_array_equal(got[:delay], plan.target[0, :delay].numpy())     # frozen exactly
+        torch.testing.assert_close(engine.sample_actions_rtc(*_tensors(*inputs), plan)[0], want,
+                                   atol=FP32_ATOL, rtol=0)
+    assert sum(key[-1] == "rtc" for key in engine._entries) == 2      # uint8 and pixel inputs, one each
+
+
+def test_rtc_workspaces_leave_the_plain_forward_alone(model):
+    """A call with RTC runs in a workspace (a graph) of its own: the plain forward's actions do not change."""
+    cfg = model.config
+    engine = _engine(model)
+    inputs = _inputs(cfg, 4)
+    before = engine.predict_observation(*inputs)
+    engine.predict_observation(*inputs, rtc=_plan(cfg, "hard_prefix", 4, 4))
+    after = engine.predict_observation(*inputs)
+    np.testing.assert_array_equal(after, before)
+    plain_keys = [key for key in engine._entries if key[-1] != "rtc"]
+    assert len(plain_keys) == 1 and "rtc" not in engine._entries[plain_keys[0]].ws.extras
+
+
+@pytest.mark.parametrize("mode", ["guided", "training_time"])
+def test_modes_the_engine_does_not_run_name_the_reference_path(model, mode):
+    cfg = model.config
+    engine = _engine(model)
+    inputs = _inputs(cfg, 5)
+    with pytest.raises(InputError, match="hardware='reference'"):
+        engine.predict_observation(*inputs, rtc=_plan(cfg, mode, 2, 5))
+    with pytest.raises(InputError, match=mode):
+        engine.sample_actions_rtc(*_tensors(*inputs), _plan(cfg, mode, 2, 5))
