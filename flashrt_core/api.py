@@ -100,6 +100,9 @@ def build_executor(model, config: ModelConfig, device: torch.device, hardware: s
     """The graph engine on CUDA when available (hardware != "reference"), else the eager reference path.
     engine_options: a flashrt_core.engine.EngineOptions (FP8, switches, text buckets); None = defaults + env.
     action_affine: (scale, offset) of the action unnormalization, for the graph engine to apply in its graph."""
+    if config.model_type == ModelType.PI0_FAST:
+        raise ValueError("pi0-FAST decodes tokens: its executor is pi0_fast_policy.FastReferenceExecutor, and the "
+                         "graph engine has no pi0-FAST path yet")
     if hardware == "reference":
         return ReferenceExecutor(model, config, device)
     engine_available = importlib.util.find_spec("flashrt_core.engine") is not None
@@ -323,7 +326,8 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
                device: str | torch.device = "auto", dtype: str | torch.dtype | None = None,
                hardware: str = "auto", tokenizer: str | Path | PromptTokenizer | None = None,
                require_norm_stats: bool = True, engine_options=None, gpu_preprocess: bool | None = None,
-               gpu_unnormalize: bool | None = None, asset_id: str | None = None) -> Policy:
+               gpu_unnormalize: bool | None = None, asset_id: str | None = None,
+               fast_tokenizer: str | Path | None = None) -> Policy:
     """Load a checkpoint directory, or a Hugging Face hub id such as "lerobot/pi05_base" (flashrt_core.hub:
     through huggingface_hub's cache), into a ready Policy; None loads the demo checkpoint.
 
@@ -339,6 +343,10 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     None reads FLASHRT_GPU_PREPROCESS (default 1): with the graph engine, images are resized inside its graph;
     gpu_unnormalize None reads FLASHRT_GPU_UNNORMALIZE (default 1): with the GPU preprocessing, the actions are
     unnormalized inside the graph too (Policy.__init__).
+
+    pi0-FAST (config "pi0fast", or a folder whose flashrt_config.json names it) returns a
+    pi0_fast_policy.FastPolicy on the reference executor; fast_tokenizer is its FAST tokenizer folder
+    (default: pi0_fast_policy.find_fast_tokenizer).
     """
     gpu_preprocess = _env_switch("FLASHRT_GPU_PREPROCESS") if gpu_preprocess is None else gpu_preprocess
     gpu_unnormalize = _env_switch("FLASHRT_GPU_UNNORMALIZE") if gpu_unnormalize is None else gpu_unnormalize
@@ -356,6 +364,9 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
         log.warning("%s has no normalization stats (%s): states and actions are used unnormalized", ckpt_dir,
                     location.note)
     cfg = fit_robot_dims(cfg, stats, explicit_dims, ckpt_dir)
+    if cfg.model_type == ModelType.PI0_FAST:
+        from flashrt_core import pi0_fast_policy
+        pi0_fast_policy.check_fast_hardware(hardware)          # before the weights are read
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     if not isinstance(tokenizer, PromptTokenizer):
@@ -365,6 +376,11 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
                               f"model's vocab_size {cfg.paligemma.vocab_size}")
     model = load_model_weights(ckpt_dir, cfg, dev, torch_dtype)
     normalizer = normalization.Normalizer(stats, cfg.norm_mode.value)  # identity when stats is None
+    if cfg.model_type == ModelType.PI0_FAST:
+        policy = pi0_fast_policy.build_fast_policy(model, cfg, dev, hardware, tokenizer, normalizer,
+                                                   f"{cfg.name}:{ckpt_dir.resolve().name}", ckpt_dir, fast_tokenizer)
+        log.info("loaded %s on %s (%s, executor reference)", policy.model_id, dev, torch_dtype)
+        return policy
     executor = build_executor(model, cfg, dev, hardware, engine_options,
                               action_affine=normalizer.action_affine(cfg.max_action_dim))
     from_hub = checkpoint is not None and ckpt_dir != Path(checkpoint)
