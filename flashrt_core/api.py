@@ -377,8 +377,10 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     model = load_model_weights(ckpt_dir, cfg, dev, torch_dtype)
     normalizer = normalization.Normalizer(stats, cfg.norm_mode.value)  # identity when stats is None
     if cfg.model_type == ModelType.PI0_FAST:
-        policy = pi0_fast_policy.build_fast_policy(model, cfg, dev, hardware, tokenizer, normalizer,
-                                                   f"{cfg.name}:{ckpt_dir.resolve().name}", ckpt_dir, fast_tokenizer)
+        from_hub = checkpoint is not None and ckpt_dir != Path(checkpoint)
+        model_id = f"{cfg.name}:{checkpoint if from_hub else ckpt_dir.resolve().name}"
+        policy = pi0_fast_policy.build_fast_policy(model, cfg, dev, hardware, tokenizer, normalizer, model_id,
+                                                   ckpt_dir, fast_tokenizer)
         log.info("loaded %s on %s (%s, executor reference)", policy.model_id, dev, torch_dtype)
         return policy
     executor = build_executor(model, cfg, dev, hardware, engine_options,
