@@ -267,12 +267,15 @@ def open_tensors(checkpoint_dir: str | Path):
 
 
 def model_type_of(checkpoint_dir: str | Path) -> ModelType:
-    """pi0 or pi0.5, from the weight names: pi0.5 has time_mlp_in, pi0 has state_proj."""
+    """pi0, pi0.5 or pi0-FAST, from the weight names: pi0.5 has time_mlp_in, pi0 has state_proj; PaliGemma's
+    backbone without any action projection (action_in_proj) is pi0-FAST."""
     with open_tensors(checkpoint_dir) as tensors:
         names = {key[len(OPTIONAL_PREFIX):] if key.startswith(OPTIONAL_PREFIX) else key for key in tensors.keys()}
         where = tensors.path
     found = [t for t, marker in ((ModelType.PI05, "time_mlp_in.weight"), (ModelType.PI0, "state_proj.weight"))
              if marker in names]
+    if not found and "action_in_proj.weight" not in names and LANGUAGE + "norm.weight" in names:
+        return ModelType.PI0_FAST
     if len(found) != 1:
         raise CheckpointError(f"cannot tell pi0 from pi0.5 by the weights of {where}: it has "
                               f"{'both' if found else 'neither'} time_mlp_in.weight (pi0.5) and state_proj.weight "

@@ -209,3 +209,24 @@ def test_cuda_fp32_decodes_the_same_tokens_as_the_cpu(random_dir):
         cpu = load_model_weights(random_dir, cfg, "cpu", torch.float32).generate(*inputs, 16, -1)
         gpu = load_model_weights(random_dir, cfg, "cuda", torch.float32).generate(*(t.cuda() for t in inputs), 16, -1)
     assert gpu.cpu().tolist() == cpu.tolist()
+
+
+def test_openpi_orbax_params_load_the_same_weights_and_tell_pi0fast(tmp_path, random_dir):
+    """openpi's pi0-FAST checkpoints are Orbax params/ (PaliGemma/img, PaliGemma/llm: the backbone's names);
+    without a config the weights tell pi0-FAST and the preset they fit."""
+    import shutil
+    pytest.importorskip("tensorstore")
+    from flashrt_core import orbax_params
+    cfg = get_config("pi0fast_tiny", state_dim=STATE_DIM, action_dim=ACTION_DIM)
+    orbax_dir = tmp_path / "pi0_fast_openpi"
+    orbax_params.write_random_params(orbax_dir, cfg, seed=1)
+    a = load_model_weights(random_dir, cfg).state_dict()
+    b = load_model_weights(orbax_dir, cfg).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    (orbax_dir / "assets" / "robot").mkdir(parents=True)
+    shutil.copy(random_dir / "norm_stats.json", orbax_dir / "assets" / "robot" / "norm_stats.json")
+    shutil.copy(random_dir / "tokenizer.model", orbax_dir / "tokenizer.model")
+    shutil.copytree(random_dir / FAST_TOKENIZER_DIR, orbax_dir / FAST_TOKENIZER_DIR)
+    policy = flashrt_core.load_model(orbax_dir, device="cpu")
+    assert isinstance(policy, FastPolicy) and policy.config.name == "pi0fast_tiny"
+    assert (policy.state_dim, policy.action_dim) == (STATE_DIM, ACTION_DIM)
