@@ -230,3 +230,17 @@ def test_openpi_orbax_params_load_the_same_weights_and_tell_pi0fast(tmp_path, ra
     policy = flashrt_core.load_model(orbax_dir, device="cpu")
     assert isinstance(policy, FastPolicy) and policy.config.name == "pi0fast_tiny"
     assert (policy.state_dim, policy.action_dim) == (STATE_DIM, ACTION_DIM)
+
+
+def test_flashrt_convert_keeps_the_fast_tokenizer_and_decoding_changes(planted, tmp_path):
+    from flashrt_core.checkpoint_convert import main
+    path, _, out = planted
+    dst = tmp_path / "converted"
+    assert main([str(path), str(dst), "--set", 'fast={"relaxed_decoding": true}']) == 0
+    record = __import__("json").loads((dst / "flashrt_config.json").read_text())
+    assert record["overrides"]["fast"] == {"relaxed_decoding": True}
+    converted = flashrt_core.load_model(dst, device="cpu")
+    assert converted.config.fast.relaxed_decoding and converted.config.fast.max_decoding_steps == 64
+    original = flashrt_core.load_model(path, device="cpu").predict(IMAGES, PROMPT, STATE)
+    np.testing.assert_array_equal(converted.predict(IMAGES, PROMPT, STATE), original)
+    assert converted.last_tokens.tolist() == out
