@@ -244,3 +244,15 @@ def test_flashrt_convert_keeps_the_fast_tokenizer_and_decoding_changes(planted, 
     original = flashrt_core.load_model(path, device="cpu").predict(IMAGES, PROMPT, STATE)
     np.testing.assert_array_equal(converted.predict(IMAGES, PROMPT, STATE), original)
     assert converted.last_tokens.tolist() == out
+
+
+def test_flashrt_inspect_names_the_fast_tokenizer(random_dir, tmp_path, monkeypatch, capsys):
+    import shutil
+    from flashrt_core.checkpoint_inspect import main
+    monkeypatch.delenv("FLASHRT_FAST_TOKENIZER", raising=False)
+    assert main([str(random_dir)]) == 0
+    assert f"FAST tokenizer {random_dir / FAST_TOKENIZER_DIR}" in capsys.readouterr().out
+    bare = tmp_path / "bare"
+    shutil.copytree(random_dir, bare, ignore=shutil.ignore_patterns(FAST_TOKENIZER_DIR))
+    assert main([str(bare)]) == 1
+    assert "FAST tokenizer not found" in capsys.readouterr().out
