@@ -102,6 +102,9 @@ class GemmaConfig:
         _check(self.eps > 0, f"{prefix}.eps", self.eps, "must be > 0")
 
 
+FAST_PROMPT_STYLES = ("openpi", "lerobot")
+
+
 @dataclass(frozen=True)
 class FastDecoding:
     """pi0-FAST decoding (openpi's Pi0FAST.sample_actions and FASTTokenizer; flashrt_core/pi0_fast_policy.py)."""
@@ -112,8 +115,13 @@ class FastDecoding:
     # 0 gives contiguous positions (transformers' generate, lerobot)
     decode_position_offset: int = 1
     relaxed_decoding: bool = False  # pad / cut the DCT coefficients to horizon x dim instead of refusing
+    # "openpi": lower-cased instruction; "lerobot" (its pi0_fast policy): the instruction as given, BOS after the
+    # prompt (decoding starts from it), contiguous positions (set decode_position_offset 0 with it)
+    prompt_style: str = "openpi"
 
     def validate(self, prefix: str = "fast") -> None:
+        _check(self.prompt_style in FAST_PROMPT_STYLES, f"{prefix}.prompt_style", self.prompt_style,
+               f"must be one of {list(FAST_PROMPT_STYLES)}")
         for name in ("max_decoding_steps", "fast_skip_tokens", "decode_position_offset"):
             value = getattr(self, name)
             _check(isinstance(value, int) and value >= (1 if name == "max_decoding_steps" else 0),

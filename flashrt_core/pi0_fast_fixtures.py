@@ -17,13 +17,14 @@ The chain starts at the prompt's last token ("\\n") and needs distinct tokens, a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from flashrt_core import fixtures
+from flashrt_core import fixture_layouts, fixtures, normalization
 from flashrt_core.checkpoint import EMBED_TOKENS, LANGUAGE, OPTIONAL_PREFIX, TIED_LM_HEAD, WEIGHTS_FILE
 from flashrt_core.config import ModelType, get_config
 from flashrt_core.fast_tokenizer import write_fast_tokenizer
@@ -36,17 +37,50 @@ PLANT_GAIN = 8.0  # the next token's weight in the residual stream, relative to 
 def write_random_fast_checkpoint(out_dir: str | Path, config: str = "pi0fast_tiny", seed: int = 0,
                                  state_dim: int = 8, action_dim: int = 7, prefix_model: bool = True,
                                  drop_embed_tokens: bool = False, dtype: torch.dtype = torch.bfloat16,
-                                 fast_vocab_size: int = DEFAULT_FAST_VOCAB) -> Path:
-    """A complete random pi0-FAST checkpoint folder; returns its path."""
+                                 fast_vocab_size: int = DEFAULT_FAST_VOCAB, layout: str = "flashrt") -> Path:
+    """A complete random pi0-FAST checkpoint folder; returns its path. layout "lerobot": a lerobot pi0_fast policy
+    folder instead (config.json of type "pi0_fast", names with "model.", statistics named by its processors,
+    no tokenizer.model), with the same tensors and statistics."""
     cfg = get_config(config, state_dim=state_dim, action_dim=action_dim)
     if cfg.model_type != ModelType.PI0_FAST:
         raise ValueError(f"{config!r} is no pi0fast config")
-    out = fixtures.write_random_checkpoint(out_dir, config, seed, prefix_model=prefix_model,
-                                           drop_embed_tokens=drop_embed_tokens, dtype=dtype, include_lm_heads=False,
-                                           overrides={"state_dim": state_dim, "action_dim": action_dim})
+    if layout == "lerobot":
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        fixtures.write_random_weights(out / WEIGHTS_FILE, cfg, seed, prefix_model=True,
+                                      drop_embed_tokens=drop_embed_tokens, dtype=dtype, include_lm_heads=False)
+        _write_lerobot_fast_config(out, cfg)
+        stats = fixture_layouts.float32_stats(normalization.random_norm_stats(state_dim, action_dim, seed))
+        fixture_layouts._write_lerobot_processors(out, stats)
+    elif layout == "flashrt":
+        out = fixtures.write_random_checkpoint(out_dir, config, seed, prefix_model=prefix_model,
+                                               drop_embed_tokens=drop_embed_tokens, dtype=dtype,
+                                               include_lm_heads=False,
+                                               overrides={"state_dim": state_dim, "action_dim": action_dim})
+    else:
+        raise ValueError(f"layout must be 'flashrt' or 'lerobot', got {layout!r}")
     write_fast_tokenizer(out / FAST_TOKENIZER_DIR, cfg.action_horizon, action_dim, vocab_size=fast_vocab_size,
                          seed=seed)
     return out
+
+
+def _write_lerobot_fast_config(out: Path, cfg) -> None:
+    """config.json of lerobot's PI0FastConfig for `cfg` (MEAN_STD statistics, lerobot's default for pi0_fast)."""
+    paligemma, expert = fixture_layouts.openpi_variants(cfg)
+    record = {
+        "type": "pi0_fast", "paligemma_variant": paligemma, "action_expert_variant": expert, "dtype": "float32",
+        "chunk_size": cfg.action_horizon, "n_action_steps": cfg.action_horizon, "max_state_dim": cfg.max_action_dim,
+        "max_action_dim": cfg.max_action_dim, "max_action_tokens": 256, "tokenizer_max_length": cfg.max_token_len,
+        "max_decoding_steps": cfg.fast.max_decoding_steps, "fast_skip_tokens": cfg.fast.fast_skip_tokens,
+        "temperature": 0.0, "use_kv_cache": True, "image_resolution": [224, 224],
+        "text_tokenizer_name": "google/paligemma-3b-pt-224", "action_tokenizer_name": "lerobot/fast-action-tokenizer",
+        "input_features": {**{f"observation.images.{view}": {"type": "VISUAL", "shape": [3, 224, 224]}
+                              for view in cfg.view_names},
+                           "observation.state": {"type": "STATE", "shape": [cfg.state_dim]}},
+        "output_features": {"action": {"type": "ACTION", "shape": [cfg.action_dim]}},
+        "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"},
+    }
+    (out / "config.json").write_text(json.dumps(record, indent=2))
 
 
 def plant_output_tokens(checkpoint_dir: str | Path, start_token: int, chain: list[int]) -> Path:

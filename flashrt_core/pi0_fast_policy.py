@@ -10,6 +10,10 @@ Action tokens (openpi ``_act_tokens_to_paligemma_tokens``): FAST token t is the 
 ``vocab - 1 - fast_skip_tokens - t`` (vocab = the sentencepiece model's size, 257,152 for PaliGemma; the last 128
 ids are skipped), so FAST tokens fill the top of the vocabulary downwards.
 
+lerobot's pi0_fast policy (FastDecoding.prompt_style "lerobot"; read from its code, not run here) cleans the
+instruction as pi0 does (no lower-casing, newlines to spaces), appends a BOS after the prompt, from which decoding
+starts, and uses contiguous positions.
+
 Extraction, on tokens (openpi does the same on the decoded text, then re-encodes; with PaliGemma's tokenizer the
 action ids are single pieces, so both agree on well-formed output): cut at the first EOS; take what follows the
 first ``"Action: "`` token sequence up to the first ``"|"``; map back to FAST ids; FAST-decode (fast_tokenizer).
@@ -39,7 +43,7 @@ from flashrt_core.config import ModelConfig, ModelType
 from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.fast_tokenizer import PROCESSOR_CONFIG_FILE, TOKENIZER_FILE, ActionDecodeError, FastTokenizer
 from flashrt_core.model import Pi0FastModel
-from flashrt_core.tokenizer import EOS_ID, PromptTokenizer
+from flashrt_core.tokenizer import EOS_ID, PromptTokenizer, clean_text
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +102,16 @@ class FastActionCodec:
         return [self.vocab - 1 - self.skip - int(t) for t in paligemma_ids]
 
     def prompt_tokens(self, text: str, state_bins, max_len: int) -> tuple[np.ndarray, np.ndarray]:
-        """-> (tokens int64 [max_len] right-padded with 0, mask bool [max_len])"""
-        ids = self.text.encode(fast_prompt(clean_fast_text(text), state_bins), add_bos=True)
+        """-> (tokens int64 [L] right-padded with 0, mask bool [L]); L = max_len, + 1 in the lerobot style (its
+        BOS after the prompt)."""
+        lerobot = self.config.fast.prompt_style == "lerobot"
+        cleaned = clean_text(text) if lerobot else clean_fast_text(text)
+        ids = self.text.encode(fast_prompt(cleaned, state_bins), add_bos=True)
         if len(ids) > max_len:
             log.warning("pi0-FAST prompt is %d tokens, more than max_token_len %d: truncating", len(ids), max_len)
             ids = ids[:max_len]
+        if lerobot:
+            ids, max_len = ids + [self.text.bos_id], max_len + 1
         tokens = np.zeros(max_len, dtype=np.int64)
         tokens[:len(ids)] = ids
         return tokens, np.arange(max_len) < len(ids)

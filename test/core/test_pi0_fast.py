@@ -256,3 +256,31 @@ def test_flashrt_inspect_names_the_fast_tokenizer(random_dir, tmp_path, monkeypa
     shutil.copytree(random_dir, bare, ignore=shutil.ignore_patterns(FAST_TOKENIZER_DIR))
     assert main([str(bare)]) == 1
     assert "FAST tokenizer not found" in capsys.readouterr().out
+
+
+def test_lerobot_pi0_fast_folder_loads_with_its_prompt_style(tmp_path, random_dir):
+    """lerobot's pi0_fast folder: config.json type "pi0_fast" gives the preset, its decoding fields, z-score
+    statistics and lerobot's prompt (instruction as given, BOS after it, contiguous positions)."""
+    from flashrt_core.checkpoint_layout import Layout, detect_layout
+    path = write_random_fast_checkpoint(tmp_path / "lerobot", seed=6, state_dim=STATE_DIM, action_dim=ACTION_DIM,
+                                        layout="lerobot")
+    assert detect_layout(path) is Layout.LEROBOT
+    tokenizer = random_dir / "tokenizer.model"  # lerobot folders hold no sentencepiece model
+    policy = flashrt_core.load_model(path, device="cpu", tokenizer=tokenizer)
+    cfg = policy.config
+    assert cfg.name == "pi0fast_tiny" and cfg.norm_mode.value == "zscore"
+    assert (cfg.fast.prompt_style, cfg.fast.decode_position_offset, cfg.fast.max_decoding_steps) == ("lerobot", 0, 64)
+    assert (policy.state_dim, policy.action_dim) == (STATE_DIM, ACTION_DIM)
+    tokens, mask, _ = policy._encode_prompt_and_state(PROMPT, STATE)
+    bins = flashrt_core.preprocess.discretize_state(policy.normalizer.normalize_state(STATE))
+    text = "Task: Pick up the RED cube, State: " + " ".join(map(str, bins)) + ";\n"
+    expected = policy.tokenizer.encode(text, add_bos=True) + [policy.tokenizer.bos_id]
+    assert tokens.shape == (cfg.max_token_len + 1,) and tokens[:mask.sum()].tolist() == expected
+    _, fast_ids, out = planted_chain(policy, seed=11)
+    plant_output_tokens(path, policy.tokenizer.bos_id, out)  # decoding starts from the BOS
+    planted_policy = flashrt_core.load_model(path, device="cpu", tokenizer=tokenizer)
+    actions = planted_policy.predict(IMAGES, PROMPT, STATE)
+    assert planted_policy.last_tokens.tolist() == out
+    expected = planted_policy.normalizer.unnormalize_actions(
+        planted_policy.codec.fast.decode(fast_ids, cfg.action_horizon, ACTION_DIM), ACTION_DIM)
+    np.testing.assert_allclose(actions, expected, rtol=1e-6, atol=1e-6)
