@@ -182,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "load_model finds it (the folder, $FLASHRT_TOKENIZER, openpi's cache)")
     parser.add_argument("--norm-stats", help="openpi norm_stats.json (or a folder with statistics) to use")
     parser.add_argument("--asset-id", help="which assets/<asset_id>/norm_stats.json of an openpi checkpoint")
-    parser.add_argument("--config", help="preset name (pi05, pi0, pi05_tiny, pi0_tiny) instead of the folder's")
+    parser.add_argument("--config", help="preset name (pi05, pi0, pi05_tiny, pi0_tiny, pi0fast, pi0fast_tiny) "
+                        "instead of the folder's")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="change a config field, e.g. prompt_mode=no_state (openpi pi05_libero), "
                              "action_horizon=50, view_names='[\"base_0_rgb\"]'")
