@@ -14,6 +14,11 @@ lerobot's pi0_fast policy (FastDecoding.prompt_style "lerobot"; read from its co
 instruction as pi0 does (no lower-casing, newlines to spaces), appends a BOS after the prompt, from which decoding
 starts, and uses contiguous positions.
 
+Images: a missing view is a black image (-1 after scaling); openpi's pi0-FAST inputs (DroidInputs,
+LiberoInputs) leave it unmasked ("we don't mask out padding images for FAST models"), so the openpi style does too;
+the lerobot style masks it, as lerobot does. The preset's view order is openpi's DROID one (base_0_rgb, base_1_rgb,
+wrist_0_rgb); openpi's LIBERO pi0-FAST names pi0's views (base_0_rgb, left_wrist_0_rgb, right_wrist_0_rgb).
+
 Extraction, on tokens (openpi does the same on the decoded text, then re-encodes; with PaliGemma's tokenizer the
 action ids are single pieces, so both agree on well-formed output): cut at the first EOS; take what follows the
 first ``"Action: "`` token sequence up to the first ``"|"``; map back to FAST ids; FAST-decode (fast_tokenizer).
@@ -201,6 +206,8 @@ class FastPolicy(Policy):
             raise RuntimeError("Policy.predict called after close()")
         cfg = self.config
         pixels, image_masks = preprocess.prepare_images(images, cfg.view_names, cfg.vision.image_size)
+        if cfg.fast.prompt_style == "openpi":      # openpi feeds pi0-FAST a missing view as a black image, unmasked
+            image_masks[:] = True
         tokens, token_masks, _ = self._encode_prompt_and_state(prompt, state, text_slots)
         dev = self.device
         generated = self.executor.generate(torch.from_numpy(pixels)[None].to(dev),

@@ -284,3 +284,23 @@ def test_lerobot_pi0_fast_folder_loads_with_its_prompt_style(tmp_path, random_di
     expected = planted_policy.normalizer.unnormalize_actions(
         planted_policy.codec.fast.decode(fast_ids, cfg.action_horizon, ACTION_DIM), ACTION_DIM)
     np.testing.assert_allclose(actions, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_missing_views_are_unmasked_black_images_in_the_openpi_style(random_dir, monkeypatch):
+    """openpi feeds pi0-FAST a missing view as a black image with its mask on; lerobot masks it."""
+    seen = {}
+    for style in ("openpi", "lerobot"):
+        cfg = get_config("pi0fast_tiny", state_dim=STATE_DIM, action_dim=ACTION_DIM, fast={"prompt_style": style})
+        policy = flashrt_core.load_model(random_dir, config=cfg, device="cpu")
+        original = policy.executor.generate
+
+        def recording(pixels, image_masks, tokens, token_masks, original=original, style=style):
+            seen[style] = (pixels.clone(), image_masks.clone())
+            return original(pixels, image_masks, tokens, token_masks)
+
+        monkeypatch.setattr(policy.executor, "generate", recording)
+        with pytest.raises(ActionDecodeError):
+            policy.predict(IMAGES, PROMPT, STATE)  # one of three views
+    assert seen["openpi"][1].tolist() == [[True, True, True]]
+    assert seen["lerobot"][1].tolist() == [[True, False, False]]
+    assert bool((seen["openpi"][0][0, 1:] == -1.0).all())  # black
