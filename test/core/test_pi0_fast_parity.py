@@ -81,7 +81,7 @@ def inputs(cfg, prompt_len=20, pad=0, seed=0):
 
 def hf_prompt(cfg, pixels, tokens):
     num_images = pixels.shape[1] * cfg.vision.num_patches
-    ids = torch.cat([torch.full((1, num_images), cfg.paligemma.vocab_size), tokens], dim=1)
+    ids = torch.cat([torch.full((1, num_images), cfg.paligemma.vocab_size, device=tokens.device), tokens], dim=1)
     return ids, pixels[0]  # PaliGemma takes the views as a batch of images for one prompt
 
 
@@ -150,3 +150,24 @@ def test_openpi_position_gap_matches_a_teacher_forced_transformers_pass(models):
     step_logits = torch.cat(step_logits)
     assert rel_err(step_logits, gap) <= PARITY_REL_TOL
     assert rel_err(step_logits[1:], contiguous[1:]) > 100 * PARITY_REL_TOL  # the position matters
+
+
+@pytest.mark.gpu
+def test_cuda_fp32_matches_transformers_on_cuda(models):
+    """The same comparison on the GPU (fp32, TF32 off): the reference path on CUDA decodes as transformers does."""
+    import copy
+    cfg, ours, hf = models
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        ours_gpu, hf_gpu = copy.deepcopy(ours).cuda(), copy.deepcopy(hf).cuda()
+        pixels, image_masks, tokens, token_masks = (t.cuda() for t in inputs(cfg, seed=1))
+        with torch.no_grad():
+            mine = ours_gpu.generate(pixels, image_masks, tokens, token_masks, STEPS, NO_EOS, position_offset=0)
+            ids, hf_pixels = hf_prompt(cfg, pixels, tokens)
+            out = hf_gpu.generate(input_ids=ids, pixel_values=hf_pixels, token_type_ids=torch.zeros_like(ids),
+                                  attention_mask=torch.ones_like(ids), max_new_tokens=STEPS, min_new_tokens=STEPS,
+                                  do_sample=False, eos_token_id=None, pad_token_id=0, return_dict_in_generate=True)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert mine[0].tolist() == out.sequences[0, ids.shape[1]:].tolist()
