@@ -205,9 +205,15 @@ def test_cuda_fp32_decodes_the_same_tokens_as_the_cpu(random_dir):
     pixels = torch.rand(1, 3, 3, 224, 224, generator=gen) * 2 - 1
     inputs = (pixels, torch.ones(1, 3, dtype=torch.bool), torch.randint(5, 1000, (1, 30), generator=gen),
               torch.ones(1, 30, dtype=torch.bool))
-    with torch.no_grad():
-        cpu = load_model_weights(random_dir, cfg, "cpu", torch.float32).generate(*inputs, 16, -1)
-        gpu = load_model_weights(random_dir, cfg, "cuda", torch.float32).generate(*(t.cuda() for t in inputs), 16, -1)
+    tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False   # the patch conv too
+    try:
+        with torch.no_grad():
+            cpu = load_model_weights(random_dir, cfg, "cpu", torch.float32).generate(*inputs, 16, -1)
+            gpu = load_model_weights(random_dir, cfg, "cuda", torch.float32).generate(*(t.cuda() for t in inputs),
+                                                                                      16, -1)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
     assert gpu.cpu().tolist() == cpu.tolist()
 
 
