@@ -1,10 +1,10 @@
-"""flashrt_core: real-time pi0 / pi0.5 inference (reference model, checkpoint loading, public API).
+"""flashrt_core: real-time pi0 / pi0.5 / pi0-FAST inference (reference model, checkpoint loading, public API).
 
 Never imports rclpy or any ROS module.
 """
 
 from flashrt_core.config import ModelConfig, get_config
-from flashrt_core.errors import CheckpointError, FlashRTError, InputError
+from flashrt_core.errors import ActionDecodeError, CheckpointError, FlashRTError, InputError
 
 
 def __getattr__(name: str):
@@ -16,4 +16,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'flashrt_core' has no attribute {name!r}")
 
 
-__all__ = ["CheckpointError", "FlashRTError", "InputError", "ModelConfig", "Policy", "get_config", "load_model"]
+__all__ = ["ActionDecodeError", "CheckpointError", "FlashRTError", "InputError", "ModelConfig", "Policy", "get_config", "load_model"]

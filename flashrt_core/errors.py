@@ -2,7 +2,8 @@
 
 ``InputError`` is a ``ValueError``: bad observations, prompts, states or noise handed to ``predict``.
 ``CheckpointError`` covers missing, malformed or inconsistent checkpoint files (weights, norm stats,
-tokenizer). Messages always name the offending input, file or key.
+tokenizer). ``ActionDecodeError`` (a ``ValueError``): a pi0-FAST output that decodes to no action chunk.
+Messages always name the offending input, file or key.
 """
 
 
@@ -16,3 +17,7 @@ class InputError(FlashRTError, ValueError):
 
 class CheckpointError(FlashRTError, RuntimeError):
     """A checkpoint directory is missing files, or its tensors do not match the model's weight spec."""
+
+
+class ActionDecodeError(FlashRTError, ValueError):
+    """A token sequence that does not decode to an action chunk (a pi0-FAST model emitted an invalid sequence)."""

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from flashrt_core.errors import CheckpointError, FlashRTError
+from flashrt_core.errors import ActionDecodeError, CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,6 @@ TOKENIZER_FILE = "tokenizer.json"
 PROCESSOR_CONFIG_FILE = "processor_config.json"
 DEFAULT_SCALE = 10.0        # the processor's default and the released tokenizer's value
 REPLACEMENT_CHAR = "\ufffd"  # what byte-level decoding yields for bytes that are no UTF-8
-
-
-class ActionDecodeError(FlashRTError, ValueError):
-    """A token sequence that does not decode to an action chunk (the model emitted an invalid sequence)."""
 
 
 @functools.lru_cache(maxsize=16)
