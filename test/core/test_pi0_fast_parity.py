@@ -171,3 +171,14 @@ def test_cuda_fp32_matches_transformers_on_cuda(models):
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     assert mine[0].tolist() == out.sequences[0, ids.shape[1]:].tolist()
+
+
+def test_a_batch_decodes_each_row_as_alone(models):
+    """Rows of different prompt lengths in one batch: per-row last prefix token, positions and masks."""
+    cfg, ours, _ = models
+    rows = [inputs(cfg, prompt_len=20, pad=4, seed=1), inputs(cfg, prompt_len=13, pad=11, seed=4)]
+    batch = [torch.cat(parts) for parts in zip(*rows)]
+    with torch.no_grad():
+        together = ours.generate(*batch, STEPS, NO_EOS)
+        alone = [ours.generate(*row, STEPS, NO_EOS)[0].tolist() for row in rows]
+    assert together.tolist() == alone and alone[0] != alone[1]
