@@ -132,3 +132,15 @@ def test_fixture_writer_is_deterministic(tmp_path, trained):
     path, _ = trained
     again = write_fast_tokenizer(tmp_path, HORIZON, DIM, vocab_size=512, scale=SCALE)
     assert (again / TOKENIZER_FILE).read_text() == (path / TOKENIZER_FILE).read_text()
+
+
+def test_the_released_processor_config_loads(tmp_path, trained):
+    """physical-intelligence/fast's processor_config.json: null horizon and dim, an auto_map, min_token -354."""
+    path, _ = trained
+    (tmp_path / TOKENIZER_FILE).write_text((path / TOKENIZER_FILE).read_text())
+    (tmp_path / PROCESSOR_CONFIG_FILE).write_text(json.dumps({
+        "action_dim": None, "auto_map": {"AutoProcessor": "processing_action_tokenizer.UniversalActionProcessor"},
+        "min_token": -354, "processor_class": "UniversalActionProcessor", "scale": 10, "time_horizon": None,
+        "vocab_size": 2048}))
+    tok = FastTokenizer.load(tmp_path)
+    assert (tok.scale, tok.min_token) == (10.0, -354)
