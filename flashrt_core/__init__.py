@@ -1,10 +1,11 @@
-"""flashrt_core: real-time pi0 / pi0.5 inference (reference model, checkpoint loading, public API).
+"""flashrt_core: real-time pi0 / pi0.5 / pi0-FAST inference (reference model, checkpoint loading, public API).
 
 Never imports rclpy or any ROS module.
 """
 
 from flashrt_core.config import ModelConfig, get_config
-from flashrt_core.errors import CheckpointError, FlashRTError, Fp8GateError, Fp8NotCalibrated, InputError
+from flashrt_core.errors import (ActionDecodeError, CheckpointError, FlashRTError, Fp8GateError, Fp8NotCalibrated,
+                                 InputError)
 
 
 def __getattr__(name: str):
@@ -20,5 +21,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'flashrt_core' has no attribute {name!r}")
 
 
-__all__ = ["CheckpointError", "FlashRTError", "Fp8GateError", "Fp8NotCalibrated", "InputError", "ModelConfig",
-           "Policy", "RtcRequest", "get_config", "load_model"]
+__all__ = ["ActionDecodeError", "CheckpointError", "FlashRTError", "Fp8GateError", "Fp8NotCalibrated", "InputError",
+           "ModelConfig", "Policy", "RtcRequest", "get_config", "load_model"]

@@ -407,7 +407,7 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
                hardware: str = "auto", tokenizer: str | Path | PromptTokenizer | None = None,
                require_norm_stats: bool = True, engine_options=None, gpu_preprocess: bool | None = None,
                gpu_unnormalize: bool | None = None, asset_id: str | None = None,
-               precision: str | None = None) -> Policy:
+               precision: str | None = None, fast_tokenizer: str | Path | None = None) -> Policy:
     """Load a checkpoint directory, or a Hugging Face hub id such as "lerobot/pi05_base" (flashrt_core.hub:
     through huggingface_hub's cache), into a ready Policy; None loads the demo checkpoint.
 
@@ -427,6 +427,10 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     None reads FLASHRT_GPU_PREPROCESS (default 1): with the graph engine, images are resized inside its graph;
     gpu_unnormalize None reads FLASHRT_GPU_UNNORMALIZE (default 1): with the GPU preprocessing, the actions are
     unnormalized inside the graph too (Policy.__init__).
+
+    pi0-FAST (config "pi0fast", or a folder whose flashrt_config.json names it) returns a
+    pi0_fast_policy.FastPolicy on the reference executor; fast_tokenizer is its FAST tokenizer folder
+    (default: pi0_fast_policy.find_fast_tokenizer).
     """
     gpu_preprocess = read_switch("FLASHRT_GPU_PREPROCESS") if gpu_preprocess is None else gpu_preprocess
     gpu_unnormalize = read_switch("FLASHRT_GPU_UNNORMALIZE") if gpu_unnormalize is None else gpu_unnormalize
@@ -444,6 +448,9 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
         log.warning("%s has no normalization stats (%s): states and actions are used unnormalized", ckpt_dir,
                     location.note)
     cfg = fit_robot_dims(cfg, stats, explicit_dims, ckpt_dir)
+    if cfg.model_type == ModelType.PI0_FAST:
+        from flashrt_core import pi0_fast_policy
+        pi0_fast_policy.check_fast_hardware(hardware)          # before the weights are read
     dev = resolve_device(device)
     dtype, engine_options, fp8 = resolve_precision(precision, dtype, engine_options, dev, hardware)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -454,6 +461,13 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
                               f"model's vocab_size {cfg.paligemma.vocab_size}")
     model = load_model_weights(ckpt_dir, cfg, dev, torch_dtype)
     normalizer = normalization.Normalizer(stats, cfg.norm_mode.value)  # identity when stats is None
+    if cfg.model_type == ModelType.PI0_FAST:
+        from_hub = checkpoint is not None and ckpt_dir != Path(checkpoint)
+        model_id = f"{cfg.name}:{checkpoint if from_hub else ckpt_dir.resolve().name}"
+        policy = pi0_fast_policy.build_fast_policy(model, cfg, dev, hardware, tokenizer, normalizer, model_id,
+                                                   ckpt_dir, fast_tokenizer)
+        log.info("loaded %s on %s (%s, executor reference)", policy.model_id, dev, torch_dtype)
+        return policy
     executor = build_executor(model, cfg, dev, hardware, engine_options,
                               action_affine=normalizer.action_affine(cfg.max_action_dim))
     if fp8 and getattr(executor, "fp8_calibration", None) is None:

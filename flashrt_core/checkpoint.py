@@ -10,6 +10,9 @@ Names may carry a leading "model." (lerobot policy checkpoints) and may use the 
 transformers < 4.52 (`paligemma.language_model.model.*`, `paligemma.vision_tower.*`: LEGACY_PREFIXES).
 `language_model.embed_tokens.weight` may be
 absent, then the tied `paligemma.lm_head.weight` is used. `gemma_expert.lm_head.weight` is known and unused.
+pi0-FAST (PI0_FAST_WEIGHT_TABLE) has the PaliGemma rows alone: lerobot's pi0_fast policies save exactly these
+names (with "model."); openpi's converter does not convert pi0-FAST, and the same names without "model." are
+accepted as for pi0 / pi0.5.
 Anything else missing, unexpected or mis-shaped is a CheckpointError listing the names: never a warning.
 
 Loading is memory-mapped (safetensors safe_open, no pickle) straight into a model built on the meta device,
@@ -28,7 +31,7 @@ from safetensors import safe_open
 
 from flashrt_core.config import PRESETS, ModelConfig, ModelType
 from flashrt_core.errors import CheckpointError
-from flashrt_core.model import PiModel
+from flashrt_core.model import Pi0FastModel, PiModel
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +152,17 @@ WEIGHT_TABLE: tuple[WeightRow, ...] = tuple(
 )
 
 
+# pi0-FAST is PaliGemma alone: the same names below paligemma_with_expert.paligemma. (lerobot's pi0_fast policy
+# checkpoints, with "model."; the same names without it), no action expert and no action projections.
+PI0_FAST_WEIGHT_TABLE: tuple[WeightRow, ...] = tuple(row for row in WEIGHT_TABLE
+                                                      if row.checkpoint.startswith(PALIGEMMA))
+
+
+def weight_table(config: ModelConfig) -> tuple[WeightRow, ...]:
+    """The rows of the config's model type: WEIGHT_TABLE, or PI0_FAST_WEIGHT_TABLE for pi0fast."""
+    return PI0_FAST_WEIGHT_TABLE if config.model_type == ModelType.PI0_FAST else WEIGHT_TABLE
+
+
 @dataclass(frozen=True)
 class WeightEntry:
     param: str
@@ -160,7 +174,7 @@ def weight_entries(config: ModelConfig) -> dict[str, WeightEntry]:
     """Checkpoint name (without "model.") -> parameter name, shape, fp32 flag, expanded over layers."""
     depth = {"vision": config.vision.depth, "paligemma": config.paligemma.depth, "expert": config.expert.depth}
     entries = {}
-    for row in WEIGHT_TABLE:
+    for row in weight_table(config):
         if row.only is not None and row.only != config.model_type:
             continue
         shape = tuple(row.shape(config))
@@ -253,12 +267,15 @@ def open_tensors(checkpoint_dir: str | Path):
 
 
 def model_type_of(checkpoint_dir: str | Path) -> ModelType:
-    """pi0 or pi0.5, from the weight names: pi0.5 has time_mlp_in, pi0 has state_proj."""
+    """pi0, pi0.5 or pi0-FAST, from the weight names: pi0.5 has time_mlp_in, pi0 has state_proj; PaliGemma's
+    backbone without any action projection (action_in_proj) is pi0-FAST."""
     with open_tensors(checkpoint_dir) as tensors:
         names = {key[len(OPTIONAL_PREFIX):] if key.startswith(OPTIONAL_PREFIX) else key for key in tensors.keys()}
         where = tensors.path
     found = [t for t, marker in ((ModelType.PI05, "time_mlp_in.weight"), (ModelType.PI0, "state_proj.weight"))
              if marker in names]
+    if not found and "action_in_proj.weight" not in names and LANGUAGE + "norm.weight" in names:
+        return ModelType.PI0_FAST
     if len(found) != 1:
         raise CheckpointError(f"cannot tell pi0 from pi0.5 by the weights of {where}: it has "
                               f"{'both' if found else 'neither'} time_mlp_in.weight (pi0.5) and state_proj.weight "
@@ -320,8 +337,9 @@ def preset_from_weights(checkpoint_dir: str | Path) -> str | None:
 
 
 def load_model_weights(checkpoint_dir: str | Path, config: ModelConfig, device: torch.device | str = "cpu",
-                       dtype: torch.dtype = torch.float32) -> PiModel:
-    """Build PiModel(config) on the meta device and fill it from the checkpoint's tensors (open_tensors).
+                       dtype: torch.dtype = torch.float32) -> PiModel | Pi0FastModel:
+    """Build PiModel(config) (Pi0FastModel for pi0fast) on the meta device and fill it from the checkpoint's
+    tensors (open_tensors).
 
     Every tensor is cast to `dtype`, except the rows marked keep_fp32 when `dtype` is a 16-bit type.
     Raises CheckpointError naming the file or every missing / unexpected / mis-shaped tensor.
@@ -331,7 +349,7 @@ def load_model_weights(checkpoint_dir: str | Path, config: ModelConfig, device: 
     with open_tensors(checkpoint_dir) as f:
         file_names = match_tensors(f, config)
         with torch.device("meta"):
-            model = PiModel(config)
+            model = Pi0FastModel(config) if config.model_type == ModelType.PI0_FAST else PiModel(config)
         keep_fp32_ok = dtype in (torch.bfloat16, torch.float16)
         state = {}
         for name, entry in entries.items():

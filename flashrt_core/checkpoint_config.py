@@ -40,6 +40,10 @@ NORM_STATS_KEY, NO_STATS = "norm_stats", "none"  # flashrt_config.json: the fold
 ROBOT_DIMS = frozenset({"state_dim", "action_dim"})
 LEROBOT_IMAGE_PREFIX = "observation.images."
 _LEROBOT_NORM = {"QUANTILES": NormMode.QUANTILE, "MEAN_STD": NormMode.ZSCORE}
+# lerobot policy types -> model types (its config.json "type")
+LEROBOT_TYPES = {"pi0": ModelType.PI0, "pi05": ModelType.PI05, "pi0_fast": ModelType.PI0_FAST}
+# lerobot PI0FastConfig fields -> FastDecoding fields
+_LEROBOT_FAST_FIELDS = {"max_decoding_steps": "max_decoding_steps", "fast_skip_tokens": "fast_skip_tokens"}
 # openpi's Gemma variant names (src/openpi/models/gemma.py) -> sizes. LoRA variants have the base sizes (their
 # adapters are separate tensors). "flashrt_tiny*" are the sizes of the tiny test presets, for fixtures.
 OPENPI_VARIANTS: dict[str, GemmaConfig] = {
@@ -73,7 +77,7 @@ def resolve_config(config: str | ModelConfig | None, checkpoint_dir: Path) -> tu
     if config_path.is_file():
         record = _read_json(config_path)
         found = None
-        if record.get("type") in ("pi0", "pi05"):
+        if record.get("type") in LEROBOT_TYPES:
             found = lerobot_overrides(record, config_path)
         elif is_openpi_converted(record):
             from flashrt_core.checkpoint import model_type_of  # the weights say pi0 or pi0.5
@@ -142,12 +146,12 @@ def openpi_converted_overrides(record: dict, model_type: ModelType, origin: Path
 
 
 def lerobot_overrides(record: dict, origin: Path) -> tuple[str, dict]:
-    """lerobot PI0Config / PI05Config fields -> (preset name, ModelConfig overrides)."""
+    """lerobot PI0Config / PI05Config / PI0FastConfig fields -> (preset name, ModelConfig overrides)."""
     for option in _LEROBOT_UNSUPPORTED:
         if record.get(option):
             raise CheckpointError(f"unsupported {origin}: {option} is true (flashrt_core implements the policy "
                                   "without it)")
-    preset = preset_for(record["type"], record.get("paligemma_variant", DEFAULT_VARIANTS[0]),
+    preset = preset_for(LEROBOT_TYPES[record["type"]], record.get("paligemma_variant", DEFAULT_VARIANTS[0]),
                         record.get("action_expert_variant", DEFAULT_VARIANTS[1]), origin)
     overrides = {ours: record[theirs] for theirs, ours in _LEROBOT_FIELDS.items() if theirs in record}
     if record.get("max_state_dim", overrides.get("max_action_dim", 32)) != overrides.get("max_action_dim", 32):
@@ -170,6 +174,13 @@ def lerobot_overrides(record: dict, origin: Path) -> tuple[str, dict]:
         overrides["norm_mode"] = _LEROBOT_NORM[modes.pop()]
     if PRESETS[preset].model_type == ModelType.PI05:
         overrides["prompt_mode"] = PromptMode.DISCRETE_STATE  # lerobot's pi0.5 processor puts the state in the prompt
+    if PRESETS[preset].model_type == ModelType.PI0_FAST:
+        if record.get("temperature", 0.0) != 0.0:
+            raise CheckpointError(f"unsupported {origin}: temperature {record['temperature']} (pi0-FAST decodes "
+                                  "greedily)")
+        overrides["fast"] = {"prompt_style": "lerobot", "decode_position_offset": 0,
+                             **{ours: record[theirs] for theirs, ours in _LEROBOT_FAST_FIELDS.items()
+                                if theirs in record}}
     return preset, overrides
 
 

@@ -9,6 +9,8 @@ SRC is a folder in any layout of flashrt_core.checkpoint_layout, or a hub id (fl
                        runs unnormalized, as lerobot runs an empty normalizer
   tokenizer.model      the PaliGemma sentencepiece model (found as load_model finds it, or --tokenizer PATH)
   flashrt_config.json  the preset and every field that differs from it, so the folder needs no other config
+  fast_tokenizer/      pi0-FAST only: the FAST tokenizer's files (found as load_model finds them, or
+                       --fast-tokenizer DIR)
 
 Every check of loading runs first (config, statistics, tokenizer, every tensor's name and shape), and the folder
 is written beside DST and renamed into place only when complete. What is missing is named with how to supply
@@ -37,7 +39,7 @@ from flashrt_core.checkpoint import WEIGHTS_FILE, match_tensors, open_tensors, w
 from flashrt_core.checkpoint_config import (FLASHRT_CONFIG_FILE, NO_STATS, NORM_STATS_KEY, ROBOT_DIMS, fit_robot_dims,
                                            resolve_config)
 from flashrt_core.checkpoint_layout import detect_layout
-from flashrt_core.config import PRESETS, ModelConfig
+from flashrt_core.config import PRESETS, ModelConfig, ModelType
 from flashrt_core.errors import CheckpointError
 from flashrt_core.fixtures import NORM_STATS_FILE, TOKENIZER_FILE, write_safetensors_streaming
 from flashrt_core.tokenizer import PromptTokenizer
@@ -56,6 +58,11 @@ def config_record(config: ModelConfig, source: str, layout: str) -> dict:
     for field in dataclasses.fields(ModelConfig):
         value = getattr(config, field.name)
         if field.name in _STRUCTURE_FIELDS or (value == getattr(preset, field.name) and field.name not in ROBOT_DIMS):
+            continue
+        if dataclasses.is_dataclass(value):                   # pi0-FAST's FastDecoding: the fields that differ
+            base = getattr(preset, field.name)
+            overrides[field.name] = {k: v for k, v in dataclasses.asdict(value).items()
+                                     if base is None or getattr(base, k) != v}
             continue
         overrides[field.name] = list(value) if isinstance(value, tuple) else getattr(value, "value", value)
     return {"config": config.name, "overrides": overrides, "source": source, "source_layout": layout,
@@ -77,7 +84,7 @@ def read_stats_file(path: Path) -> normalization.NormStats:
 def convert(src: str | Path, dst: str | Path, *, tokenizer: str | Path | None = None,
             norm_stats: str | Path | None = None, asset_id: str | None = None, config: str | None = None,
             overrides: dict | None = None, dtype: torch.dtype | None = None, allow_no_stats: bool = False,
-            force: bool = False) -> Path:
+            force: bool = False, fast_tokenizer: str | Path | None = None) -> Path:
     """Write the flashrt folder of `src` at `dst` (see the module docstring); returns dst."""
     src_dir = hub.checkpoint_path(src)
     dst = Path(dst)
@@ -110,6 +117,12 @@ def convert(src: str | Path, dst: str | Path, *, tokenizer: str | Path | None = 
     if vocab > cfg.paligemma.vocab_size:
         raise CheckpointError(f"tokenizer {tokenizer_path} has {vocab} pieces, more than the model's vocab_size "
                               f"{cfg.paligemma.vocab_size}")
+    fast_dir = None
+    if cfg.model_type == ModelType.PI0_FAST:
+        from flashrt_core.fast_tokenizer import FastTokenizer
+        from flashrt_core.pi0_fast_policy import find_fast_tokenizer
+        fast_dir = Path(fast_tokenizer) if fast_tokenizer is not None else find_fast_tokenizer(src_dir)
+        FastTokenizer.load(fast_dir)                                # readable, or a CheckpointError naming it
 
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp_", dir=dst.parent))
@@ -125,6 +138,12 @@ def convert(src: str | Path, dst: str | Path, *, tokenizer: str | Path | None = 
         if stats is not None:
             stats.save_openpi(tmp / NORM_STATS_FILE)
         shutil.copyfile(tokenizer_path, tmp / TOKENIZER_FILE)
+        if fast_dir is not None:
+            from flashrt_core.fast_tokenizer import PROCESSOR_CONFIG_FILE, TOKENIZER_FILE as FAST_FILE
+            from flashrt_core.pi0_fast_policy import FAST_TOKENIZER_DIR
+            (tmp / FAST_TOKENIZER_DIR).mkdir()
+            for name in (FAST_FILE, PROCESSOR_CONFIG_FILE):
+                shutil.copyfile(fast_dir / name, tmp / FAST_TOKENIZER_DIR / name)
         record = config_record(cfg, str(src), layout.value)
         if stats is None:
             record[NORM_STATS_KEY] = NO_STATS                      # load_model then runs it unnormalized
@@ -163,13 +182,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "load_model finds it (the folder, $FLASHRT_TOKENIZER, openpi's cache)")
     parser.add_argument("--norm-stats", help="openpi norm_stats.json (or a folder with statistics) to use")
     parser.add_argument("--asset-id", help="which assets/<asset_id>/norm_stats.json of an openpi checkpoint")
-    parser.add_argument("--config", help="preset name (pi05, pi0, pi05_tiny, pi0_tiny) instead of the folder's")
+    parser.add_argument("--config", help="preset name (pi05, pi0, pi05_tiny, pi0_tiny, pi0fast, pi0fast_tiny) "
+                        "instead of the folder's")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="change a config field, e.g. prompt_mode=no_state (openpi pi05_libero), "
                              "action_horizon=50, view_names='[\"base_0_rgb\"]'")
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="cast the weights (default: keep the source's)")
     parser.add_argument("--allow-no-stats", action="store_true", help="convert a folder without statistics")
     parser.add_argument("--force", action="store_true", help="replace a non-empty DST")
+    parser.add_argument("--fast-tokenizer", help="pi0-FAST: the FAST tokenizer folder (tokenizer.json, "
+                        "processor_config.json); default: as load_model finds it")
     return parser
 
 
@@ -179,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         dst = convert(args.src, args.dst, tokenizer=args.tokenizer, norm_stats=args.norm_stats,
                       asset_id=args.asset_id, config=args.config, overrides=_parse_set(args.set),
-                      dtype=DTYPES.get(args.dtype), allow_no_stats=args.allow_no_stats, force=args.force)
+                      dtype=DTYPES.get(args.dtype), allow_no_stats=args.allow_no_stats, force=args.force,
+                      fast_tokenizer=args.fast_tokenizer)
     except CheckpointError as exc:
         print(f"flashrt-convert: {exc}", file=sys.stderr)
         return 1

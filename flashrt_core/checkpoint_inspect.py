@@ -20,6 +20,7 @@ from flashrt_core.api import SUPPLY_TOKENIZER, tokenizer_candidates
 from flashrt_core.checkpoint import check_weights, open_tensors
 from flashrt_core.checkpoint_config import FLASHRT_CONFIG_FILE, declares_no_stats, fit_robot_dims, resolve_config
 from flashrt_core.checkpoint_layout import DESCRIPTIONS, Layout, detect_layout
+from flashrt_core.config import ModelType
 from flashrt_core.errors import CheckpointError
 
 
@@ -104,6 +105,14 @@ def inspect_checkpoint(checkpoint: str | Path, config: str | None = None, asset_
     if report.tokenizer is None:
         tried = [str(tokenizer)] if tokenizer is not None else [str(p) for p in tokenizer_candidates(folder)]
         report.missing.append(f"tokenizer: not found (tried {', '.join(tried)}). {SUPPLY_TOKENIZER}")
+    if cfg is not None and cfg.model_type == ModelType.PI0_FAST:
+        from flashrt_core.pi0_fast_policy import find_fast_tokenizer
+        try:
+            report.notes.append(f"pi0-FAST: FAST tokenizer {find_fast_tokenizer(folder)}, greedy decoding of at "
+                                f"most {cfg.fast.max_decoding_steps} tokens (the steps and expert width above "
+                                "are unused)")
+        except CheckpointError as exc:
+            report.missing.append(str(exc))
     return report
 
 

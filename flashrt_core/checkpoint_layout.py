@@ -2,7 +2,7 @@
 
 - flashrt: flashrt_config.json (written by flashrt-convert and the fixtures), model.safetensors, norm_stats.json,
   tokenizer.model.
-- lerobot: config.json with "type": "pi0" / "pi05"; model.safetensors (names with "model."); statistics in
+- lerobot: config.json with "type": "pi0" / "pi05" / "pi0_fast"; model.safetensors (names with "model."); statistics in
   policy_*processor*.safetensors, named by policy_preprocessor.json / policy_postprocessor.json.
 - openpi_pytorch: config.json with paligemma_variant, action_expert_variant and action_horizon (openpi's
   converter); model.safetensors; statistics in assets/<asset_id>/norm_stats.json.
@@ -19,7 +19,8 @@ import json
 from pathlib import Path
 
 from flashrt_core.checkpoint import WEIGHTS_FILE
-from flashrt_core.checkpoint_config import FLASHRT_CONFIG_FILE, LEROBOT_CONFIG_FILE, is_openpi_converted
+from flashrt_core.checkpoint_config import (FLASHRT_CONFIG_FILE, LEROBOT_CONFIG_FILE, LEROBOT_TYPES,
+                                           is_openpi_converted)
 from flashrt_core.errors import CheckpointError
 
 ORBAX_PARAMS_DIR = "params"
@@ -56,7 +57,7 @@ def detect_layout(directory: str | Path) -> Layout:
             record = json.loads(config_path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"cannot read {config_path}: {exc}") from exc
-        if isinstance(record, dict) and record.get("type") in ("pi0", "pi05"):
+        if isinstance(record, dict) and record.get("type") in LEROBOT_TYPES:
             return Layout.LEROBOT
         if isinstance(record, dict) and is_openpi_converted(record):
             return Layout.OPENPI_PYTORCH

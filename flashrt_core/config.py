@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 class ModelType(enum.StrEnum):
     PI0 = "pi0"
     PI05 = "pi05"
+    PI0_FAST = "pi0fast"  # PaliGemma decoding FAST action tokens (flashrt_core/model/pi0_fast.py)
 
 
 class PromptMode(enum.StrEnum):
@@ -31,6 +32,7 @@ class NormMode(enum.StrEnum):
 
 
 VIEW_NAMES = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
+PI0_FAST_VIEW_NAMES = ("base_0_rgb", "base_1_rgb", "wrist_0_rgb")  # openpi's Pi0FASTConfig.inputs_spec
 
 
 def _check(condition: bool, name: str, value: object, requirement: str) -> None:
@@ -100,6 +102,32 @@ class GemmaConfig:
         _check(self.eps > 0, f"{prefix}.eps", self.eps, "must be > 0")
 
 
+FAST_PROMPT_STYLES = ("openpi", "lerobot")
+
+
+@dataclass(frozen=True)
+class FastDecoding:
+    """pi0-FAST decoding (openpi's Pi0FAST.sample_actions and FASTTokenizer; flashrt_core/pi0_fast_policy.py)."""
+
+    max_decoding_steps: int = 256  # tokens decoded at most after the prefix (openpi's default)
+    fast_skip_tokens: int = 128  # FAST token t is PaliGemma id vocab - 1 - fast_skip_tokens - t
+    # openpi feeds the first decoded token at position prefix_len + 1 (position prefix_len stays unused);
+    # 0 gives contiguous positions (transformers' generate, lerobot)
+    decode_position_offset: int = 1
+    relaxed_decoding: bool = False  # pad / cut the DCT coefficients to horizon x dim instead of refusing
+    # "openpi": lower-cased instruction; "lerobot" (its pi0_fast policy): the instruction as given, BOS after the
+    # prompt (decoding starts from it), contiguous positions (set decode_position_offset 0 with it)
+    prompt_style: str = "openpi"
+
+    def validate(self, prefix: str = "fast") -> None:
+        _check(self.prompt_style in FAST_PROMPT_STYLES, f"{prefix}.prompt_style", self.prompt_style,
+               f"must be one of {list(FAST_PROMPT_STYLES)}")
+        for name in ("max_decoding_steps", "fast_skip_tokens", "decode_position_offset"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value >= (1 if name == "max_decoding_steps" else 0),
+                   f"{prefix}.{name}", value, "must be a non-negative int (max_decoding_steps positive)")
+
+
 GEMMA_2B = GemmaConfig()
 GEMMA_300M = GemmaConfig(width=1024, mlp_dim=4096)
 
@@ -122,6 +150,7 @@ class ModelConfig:
     action_dim: int = 32
     time_min_period: float = 4e-3
     time_max_period: float = 4.0
+    fast: FastDecoding | None = None  # set for pi0fast only
 
     def validate(self) -> ModelConfig:
         """Raise ValueError naming the first bad field; return self so presets can be checked inline."""
@@ -132,6 +161,10 @@ class ModelConfig:
                f"must be one of {[m.value for m in PromptMode]}")
         _check(self.norm_mode in tuple(NormMode), "norm_mode", self.norm_mode,
                f"must be one of {[m.value for m in NormMode]}")
+        _check((self.fast is not None) == (self.model_type == ModelType.PI0_FAST), "fast", self.fast,
+               "must be a FastDecoding for pi0fast and None otherwise")
+        if self.fast is not None:
+            self.fast.validate("fast")
         self.vision.validate("vision")
         self.paligemma.validate("paligemma")
         self.expert.validate("expert")
@@ -159,6 +192,8 @@ class ModelConfig:
                 changes[name] = _to_enum(enum_type, name, changes[name])
         if "view_names" in changes:
             changes["view_names"] = tuple(changes["view_names"])
+        if isinstance(changes.get("fast"), dict):
+            changes["fast"] = dataclasses.replace(self.fast or FastDecoding(), **changes["fast"])
         return dataclasses.replace(self, **changes).validate()
 
 
@@ -182,6 +217,13 @@ PRESETS: dict[str, ModelConfig] = {
     "pi05_tiny": ModelConfig(name="pi05_tiny", model_type=ModelType.PI05, vision=_TINY_VISION,
                              paligemma=_TINY_GEMMA, expert=_TINY_EXPERT, action_horizon=10, max_token_len=200,
                              prompt_mode=PromptMode.DISCRETE_STATE, norm_mode=NormMode.QUANTILE),
+    # pi0-FAST: openpi's Pi0FASTConfig (max_token_len 250) with pi0_fast_droid's horizon; its three views
+    "pi0fast": ModelConfig(name="pi0fast", model_type=ModelType.PI0_FAST, action_horizon=10, max_token_len=250,
+                           view_names=PI0_FAST_VIEW_NAMES, norm_mode=NormMode.QUANTILE, fast=FastDecoding()),
+    "pi0fast_tiny": ModelConfig(name="pi0fast_tiny", model_type=ModelType.PI0_FAST, vision=_TINY_VISION,
+                                paligemma=_TINY_GEMMA, expert=_TINY_EXPERT, action_horizon=10, max_token_len=96,
+                                view_names=PI0_FAST_VIEW_NAMES, norm_mode=NormMode.QUANTILE,
+                                fast=FastDecoding(max_decoding_steps=64)),
     "pi0_tiny": ModelConfig(name="pi0_tiny", model_type=ModelType.PI0, vision=_TINY_VISION,
                             paligemma=_TINY_GEMMA, expert=_TINY_EXPERT, action_horizon=50, max_token_len=48,
                             norm_mode=NormMode.ZSCORE),

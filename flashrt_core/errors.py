@@ -3,7 +3,9 @@
 ``InputError`` is a ``ValueError``: bad observations, prompts, states or noise handed to ``predict``.
 ``CheckpointError`` covers missing, malformed or inconsistent checkpoint files (weights, norm stats,
 tokenizer). ``Fp8NotCalibrated``: an FP8 policy asked for actions before its calibration; ``Fp8GateError``: its
-actions failed the accuracy gate after it. Messages always name the offending input, file or key.
+actions failed the accuracy gate after it. ``ActionDecodeError`` (a ``ValueError``): a pi0-FAST output that decodes
+to no action chunk.
+Messages always name the offending input, file or key.
 """
 
 
@@ -25,3 +27,7 @@ class Fp8NotCalibrated(FlashRTError, RuntimeError):
 
 class Fp8GateError(FlashRTError, RuntimeError):
     """The FP8 engine's actions on the held-out observations are below the accuracy gate after calibration."""
+
+
+class ActionDecodeError(FlashRTError, ValueError):
+    """A token sequence that does not decode to an action chunk (a pi0-FAST model emitted an invalid sequence)."""

@@ -164,11 +164,14 @@ def _gemma_rows(suffix: str, prefix: str, stack: str, adaptive: bool) -> list[Or
 
 
 def orbax_table(config: ModelConfig) -> tuple[OrbaxRow, ...]:
-    """The rows of `config`'s model type (pi0.5: the expert's adaRMS norms and time_mlp; pi0: state_proj)."""
+    """The rows of `config`'s model type (pi0.5: the expert's adaRMS norms and time_mlp; pi0: state_proj;
+    pi0-FAST: no expert, no projections)."""
     pi05 = config.model_type == "pi05"
     rows = _vision_rows()
     rows.append(OrbaxRow("PaliGemma/llm/embedder/input_embedding", (LANGUAGE + "embed_tokens.weight",), _same, _as_is))
     rows += _gemma_rows("", LANGUAGE, "paligemma", adaptive=False)
+    if config.model_type == "pi0fast":  # openpi's pi0_fast.py: PaliGemma/img and PaliGemma/llm alone (gemma_fast.py
+        return tuple(rows)              # names its arrays as gemma.py names the backbone's)
     rows += _gemma_rows("_1", EXPERT, "expert", adaptive=pi05)
     projections = ["action_in_proj", "action_out_proj"]
     projections += ["time_mlp_in", "time_mlp_out"] if pi05 else ["state_proj", "action_time_mlp_in",

@@ -54,7 +54,7 @@ class StateInput(enum.Enum):
     FLOAT_ARRAY = "float_array"         # std_msgs/Float64MultiArray, used as is
 
 
-MODEL_CONFIGS = ("auto", "pi05", "pi0", "pi05_tiny", "pi0_tiny")
+MODEL_CONFIGS = ("auto", "pi05", "pi0", "pi05_tiny", "pi0_tiny", "pi0fast", "pi0fast_tiny")
 PRECISIONS = ("auto", "float32", "bfloat16", "float16", "fp8")   # flashrt_core.api.PRECISIONS' names
 DEFAULT_TUNING_CACHE = "~/.cache/flashrt/tuning"
 DEFAULT_FP8_SCALE_CACHE = "~/.cache/flashrt/fp8_scales"

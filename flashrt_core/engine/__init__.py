@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from flashrt_core.config import ModelConfig
+from flashrt_core.config import ModelConfig, ModelType
 from flashrt_core.executor import ReferenceExecutor
 
 from .dispatch import Dispatch, Op, eager_cpu_dispatch, resolve
@@ -30,6 +30,9 @@ def build_executor(model, config: ModelConfig, device: torch.device | str, hardw
     options are used as they are. action_affine: (scale, offset) of the action unnormalization
     (Normalizer.action_affine), which the graph engine applies inside its graph
     (predict_observation(unnormalize=True)); the reference executor ignores it."""
+    if config.model_type == ModelType.PI0_FAST:
+        raise ValueError("pi0-FAST decodes tokens: its executor is pi0_fast_policy.FastReferenceExecutor, and the "
+                         "graph engine has no pi0-FAST path yet")
     device = torch.device(device)
     if hardware == "reference":
         return ReferenceExecutor(model, config, device)
