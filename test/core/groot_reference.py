@@ -1,0 +1,95 @@
+"""Import NVIDIA Isaac-GR00T's N1.6 modules from a source checkout, for parity checks on random weights.
+
+FLASHRT_GROOT_SOURCE names the checkout's root (the folder holding gr00t/, at a commit that still has
+gr00t/model/gr00t_n1d6/, e.g. the one before the N1.7 release). Nothing is vendored: the modules are imported
+from there. The package __init__ files that pull in training dependencies (tyro, the pipeline registry) are
+not run: empty package modules with the right __path__ stand in for them, so `import gr00t.model.modules.dit`
+and friends resolve to the checkout's files. The DiT needs diffusers and the model file needs dm-tree
+(FLASHRT_GROOT_DEPS may name an extra folder for sys.path that holds them).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import types
+from pathlib import Path
+
+SOURCE_ENV = "FLASHRT_GROOT_SOURCE"
+DEPS_ENV = "FLASHRT_GROOT_DEPS"
+
+
+def source_root() -> Path | None:
+    raw = os.environ.get(SOURCE_ENV)
+    if not raw:
+        return None
+    root = Path(raw)
+    return root if (root / "gr00t" / "model" / "gr00t_n1d6" / "gr00t_n1d6.py").is_file() else None
+
+
+def missing_reason() -> str | None:
+    """Why the reference cannot be imported here, or None when it can."""
+    if source_root() is None:
+        return (f"{SOURCE_ENV} does not name an Isaac-GR00T checkout with gr00t/model/gr00t_n1d6 "
+                f"(got {os.environ.get(SOURCE_ENV)!r})")
+    _add_deps()
+    for module, package in (("diffusers", "diffusers"), ("tree", "dm-tree")):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return f"the reference's dependency {package} is not installed (or name a folder with {DEPS_ENV})"
+    return None
+
+
+def _add_deps() -> None:
+    deps = os.environ.get(DEPS_ENV)
+    if deps and deps not in sys.path:
+        sys.path.append(deps)
+
+
+def _package(name: str, path: Path) -> None:
+    if name in sys.modules:
+        return
+    mod = types.ModuleType(name)
+    mod.__path__ = [str(path)]
+    sys.modules[name] = mod
+
+
+def import_reference():
+    """-> namespace with the reference modules: n1d6 (gr00t_n1d6.py), dit, mlp (embodiment_conditioned_mlp)."""
+    root = source_root()
+    _add_deps()
+    g = root / "gr00t"
+    _package("gr00t", g)
+    _package("gr00t.model", g / "model")
+    _package("gr00t.model.modules", g / "model" / "modules")
+    _package("gr00t.model.gr00t_n1d6", g / "model" / "gr00t_n1d6")
+    _package("gr00t.configs", g / "configs")
+    if "gr00t.configs.model" not in sys.modules:
+        cfgpkg = types.ModuleType("gr00t.configs.model")
+        cfgpkg.__path__ = [str(g / "configs" / "model")]
+        cfgpkg.register_model_config = lambda shortname, configtype: None
+        sys.modules["gr00t.configs.model"] = cfgpkg
+    if "gr00t.configs.model.gr00t_n1d6" not in sys.modules:
+        # The reference's Gr00tN1d6Config (a dataclass over PretrainedConfig) does not import under
+        # transformers >= 5 (dataclass field order); the action head only reads attributes of its config, so a
+        # registered stand-in class and a namespace of the fields (head_config) replace it.
+        from transformers import PretrainedConfig
+
+        stub = types.ModuleType("gr00t.configs.model.gr00t_n1d6")
+        stub.Gr00tN1d6Config = type("Gr00tN1d6Config", (PretrainedConfig,), {"model_type": "Gr00tN1d6"})
+        sys.modules["gr00t.configs.model.gr00t_n1d6"] = stub
+    ns = types.SimpleNamespace()
+    ns.dit = importlib.import_module("gr00t.model.modules.dit")
+    ns.mlp = importlib.import_module("gr00t.model.modules.embodiment_conditioned_mlp")
+    ns.n1d6 = importlib.import_module("gr00t.model.gr00t_n1d6.gr00t_n1d6")
+    return ns
+
+
+def head_config(checkpoint_json: dict):
+    """The attributes Gr00tN1d6ActionHead reads, from a checkpoint's config.json (inference settings)."""
+    fields = dict(checkpoint_json)
+    fields.update(state_dropout_prob=0.0, state_additive_noise_scale=0.0, noise_beta_alpha=1.5, noise_beta_beta=1.0,
+                  noise_s=0.999, tune_projector=False, tune_diffusion_model=False, tune_vlln=False)
+    return types.SimpleNamespace(**fields)

@@ -1,0 +1,95 @@
+"""GR00T N1.6 against NVIDIA's reference source on the same random tiny weights (CPU, fp32), stage by stage:
+the embodiment encoders, one DiT evaluation, the whole action chunk (pinned noise), and the backbone features.
+
+Runs where FLASHRT_GROOT_SOURCE names an Isaac-GR00T checkout with gr00t/model/gr00t_n1d6 and its
+dependencies diffusers and dm-tree import (FLASHRT_GROOT_DEPS may add a folder holding them); skips otherwise
+with the reason (groot_reference.py).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import groot_reference
+from flashrt_core.groot_checkpoint import load_state_dict
+from flashrt_core.groot_fixtures import write_random_groot_checkpoint
+from flashrt_core.model.groot.config import get_groot_config, to_checkpoint_json
+from flashrt_core.model.groot.model import GrootModel
+from flashrt_core.model.groot.sampler import sample_actions
+
+pytestmark = pytest.mark.skipif(groot_reference.missing_reason() is not None,
+                                reason=str(groot_reference.missing_reason()))
+TINY = "groot_n1.6_tiny"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(ours, reference action head, config), both holding the fixture checkpoint's tensors."""
+    cfg = get_groot_config(TINY)
+    ckpt = write_random_groot_checkpoint(tmp_path_factory.mktemp("parity") / "c", TINY, seed=11)
+    weights = load_state_dict(ckpt, cfg)
+    ours = GrootModel(cfg).eval()
+    ours.load_state_dict(weights, strict=True)
+    ref = groot_reference.import_reference()
+    head = ref.n1d6.Gr00tN1d6ActionHead(groot_reference.head_config(to_checkpoint_json(cfg))).eval()
+    prefix = "action_head."
+    head.load_state_dict({k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}, strict=True)
+    return ours, head, cfg, ref
+
+
+def inputs(cfg, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    seq = 12
+    feats = torch.randn(1, seq, cfg.backbone_embedding_dim, generator=g)
+    image_mask = torch.zeros(1, seq, dtype=torch.bool)
+    image_mask[0, 3:3 + 2 * cfg.tokens_per_image] = True
+    attention = torch.ones(1, seq, dtype=torch.bool)
+    state = torch.randn(1, 1, cfg.max_state_dim, generator=g)
+    return feats, image_mask, attention, state, torch.tensor([10])
+
+
+def backbone_output(ref, feats, image_mask, attention):
+    from transformers.feature_extraction_utils import BatchFeature
+    return BatchFeature(data={"backbone_features": feats.clone(), "backbone_attention_mask": attention,
+                              "image_mask": image_mask})
+
+
+@torch.no_grad()
+def test_encoders(pair):
+    ours, head, cfg, _ = pair
+    feats, image_mask, attention, state, emb = inputs(cfg)
+    torch.testing.assert_close(ours.action_head.state_encoder(state, emb), head.state_encoder(state, emb))
+    actions = torch.randn(1, cfg.action_horizon, cfg.max_action_dim)
+    t = torch.tensor([500])
+    torch.testing.assert_close(ours.action_head.action_encoder(actions, t, emb), head.action_encoder(actions, t, emb))
+    torch.testing.assert_close(ours.action_head.vlln(feats), head.vlln(feats))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("bucket", [0, 750])
+def test_one_dit_step(pair, bucket):
+    ours, head, cfg, _ = pair
+    feats, image_mask, attention, state, emb = inputs(cfg, seed=1)
+    sa = torch.randn(1, 1 + cfg.action_horizon, cfg.input_embedding_dim)
+    t = torch.tensor([bucket])
+    ref = head.model(hidden_states=sa, encoder_hidden_states=feats, timestep=t, image_mask=image_mask,
+                     backbone_attention_mask=attention)
+    mine = ours.action_head.model(sa, feats, t, image_mask=image_mask, attention_mask=attention)
+    assert ref.shape == mine.shape == (1, 1 + cfg.action_horizon, cfg.hidden_size)
+    torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_chunk_with_pinned_noise(pair):
+    ours, head, cfg, ref_ns = pair
+    feats, image_mask, attention, state, emb = inputs(cfg, seed=2)
+    from transformers.feature_extraction_utils import BatchFeature
+    torch.manual_seed(123)
+    ref = head.get_action(backbone_output(ref_ns, feats, image_mask, attention),
+                          BatchFeature(data={"state": state, "embodiment_id": emb}))["action_pred"]
+    torch.manual_seed(123)       # the reference's first draw is its initial noise
+    noise = torch.randn(1, cfg.action_horizon, cfg.max_action_dim)
+    mine = sample_actions(ours.action_head, feats, attention, image_mask, state, emb, noise)
+    assert mine.shape == (1, 16, cfg.max_action_dim)
+    torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-5)
+    assert float((mine - noise).abs().max()) > 1e-2            # the flow moved the noise
