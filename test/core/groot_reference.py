@@ -93,3 +93,52 @@ def head_config(checkpoint_json: dict):
     fields.update(state_dropout_prob=0.0, state_additive_noise_scale=0.0, noise_beta_alpha=1.5, noise_beta_beta=1.0,
                   noise_s=0.999, tune_projector=False, tune_diffusion_model=False, tune_vlln=False)
     return types.SimpleNamespace(**fields)
+
+
+EAGLE_DIR = ("gr00t", "model", "modules", "nvidia", "Eagle-Block2A-2B-v2")
+
+
+def eagle_model(cfg):
+    """The reference Eagle3_VLForConditionalGeneration at the sizes of a GrootConfig, on the CPU.
+
+    Its constructor forces flash-attention 2 (absent on the CPU), so the SigLIP2 vision model (the checkout's
+    modeling_siglip2.py) and the Qwen3ForCausalLM are built with eager attention and handed in; eager attention
+    runs over all images of a call as one sequence, which equals the flash-attention packing for one image.
+    peft (LoRA wrapping only) is replaced by an empty module; two classes its weight init names but does not
+    define are stood in for (the weights are overwritten by the checkpoint's anyway).
+    """
+    root = source_root()
+    _add_deps()
+    if "peft" not in sys.modules:
+        try:
+            importlib.import_module("peft")
+        except ImportError:
+            peft = types.ModuleType("peft")
+            peft.LoraConfig = object
+            peft.get_peft_model = lambda *args, **kwargs: None
+            sys.modules["peft"] = peft
+    _package("gr00t_eagle_reference", root.joinpath(*EAGLE_DIR))
+    config_mod = importlib.import_module("gr00t_eagle_reference.configuration_eagle3_vl")
+    siglip2 = importlib.import_module("gr00t_eagle_reference.modeling_siglip2")
+    eagle = importlib.import_module("gr00t_eagle_reference.modeling_eagle3_vl")
+    for name in ("Siglip2Model", "Siglip2ForImageClassification"):
+        if not hasattr(siglip2, name):
+            setattr(siglip2, name, type(name, (), {}))
+    v, q = cfg.vision, cfg.llm
+    econf = config_mod.Eagle3_VLConfig(
+        vision_config=dict(model_type="siglip2_vision_model", hidden_size=v.width, intermediate_size=v.mlp_dim,
+                           num_hidden_layers=v.depth, num_attention_heads=v.num_heads, num_channels=3,
+                           num_patches=v.num_positions, patch_size=v.patch_size, hidden_act="gelu_pytorch_tanh",
+                           layer_norm_eps=v.eps, use_rope=False, use_windows_attn=False, window_size=14,
+                           full_attention_indexes=[7, 14, 21, 26]),
+        text_config=dict(architectures=["Qwen3ForCausalLM"], vocab_size=q.vocab_size, hidden_size=q.width,
+                         intermediate_size=q.mlp_dim, num_hidden_layers=q.num_layers, num_attention_heads=q.num_heads,
+                         num_key_value_heads=q.num_kv_heads, head_dim=q.head_dim, rms_norm_eps=q.eps,
+                         rope_theta=q.rope_theta, tie_word_embeddings=True, max_position_embeddings=40960),
+        select_layer=-1, downsample_ratio=cfg.downsample_ratio, image_token_index=cfg.image_token_index)
+    econf.vision_config._attn_implementation = "eager"
+    econf.text_config._attn_implementation = "eager"
+    from transformers import Qwen3ForCausalLM
+    vision = siglip2.Siglip2VisionModel(econf.vision_config)
+    language = Qwen3ForCausalLM(econf.text_config)
+    return eagle.Eagle3_VLForConditionalGeneration(econf, vision_model=vision, language_model=language)

@@ -93,3 +93,56 @@ def test_chunk_with_pinned_noise(pair):
     assert mine.shape == (1, 16, cfg.max_action_dim)
     torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-5)
     assert float((mine - noise).abs().max()) > 1e-2            # the flow moved the noise
+
+
+@pytest.fixture(scope="module")
+def eagle_pair(tmp_path_factory):
+    cfg = get_groot_config(TINY)
+    ckpt = write_random_groot_checkpoint(tmp_path_factory.mktemp("eagle") / "c", TINY, seed=12)
+    weights = load_state_dict(ckpt, cfg)
+    ours = GrootModel(cfg).eval()
+    ours.load_state_dict(weights, strict=True)
+    ref = groot_reference.eagle_model(cfg).eval()
+    prefix = "backbone.model."
+    result = ref.load_state_dict({k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)},
+                                 strict=False)
+    # what the reference holds beyond the checkpoint's loaded tensors: the unused pooling head and tied lm_head
+    assert all(k.startswith("vision_model.vision_model.head.") or k == "language_model.lm_head.weight"
+               for k in result.missing_keys), result.missing_keys
+    assert not result.unexpected_keys
+    # EagleBackbone keeps the LLM's first select_layer layers (the fixture's LLM has exactly those)
+    assert len(ref.language_model.model.layers) == cfg.llm.num_layers
+    return ours, ref, cfg
+
+
+def one_view(cfg, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    size = cfg.vision.image_size
+    pixels = torch.rand(1, 3, size, size, generator=g) * 2 - 1
+    text = torch.randint(0, 100, (7,), generator=g)
+    ids = torch.cat([text[:4], torch.full((cfg.tokens_per_image,), cfg.image_token_index), text[4:]])[None]
+    return pixels, ids, torch.ones_like(ids)
+
+
+@torch.no_grad()
+def test_image_tokens(eagle_pair):
+    ours, ref, cfg = eagle_pair
+    pixels, _, _ = one_view(cfg)
+    mine = ours.backbone.model.image_features(pixels)[0]
+    theirs = ref.extract_feature([pixels])
+    assert mine.shape == theirs.shape == (cfg.tokens_per_image, cfg.llm.width)
+    torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_backbone_features(eagle_pair):
+    """EagleBackbone.forward: the last of the LLM's hidden states (after its final norm) with the prompt's image
+    slots holding the projected image tokens."""
+    ours, ref, cfg = eagle_pair
+    pixels, ids, mask = one_view(cfg, seed=1)
+    theirs = ref(pixel_values=[pixels], input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    theirs = theirs["hidden_states"][-1]
+    feats, valid, image_mask = ours.backbone(pixels, ids, mask)
+    assert feats.shape == theirs.shape == (1, ids.shape[1], cfg.llm.width)
+    torch.testing.assert_close(feats, theirs, rtol=1e-5, atol=1e-5)
+    assert image_mask.sum() == cfg.tokens_per_image and bool(valid.all())
