@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save_file
 
 from flashrt_core.groot_checkpoint import INDEX_FILE, weight_table
-from flashrt_core.groot_inputs import IMAGE_CLOSE, IMAGE_OPEN, TOKENIZER_FILE
+from flashrt_core.groot_inputs import IMAGE_CLOSE, IMAGE_CONTEXT, IMAGE_OPEN, TOKENIZER_FILE
 from flashrt_core.groot_statistics import EMBODIMENT_ID_FILE, EMBODIMENT_IDS, PROCESSOR_FILE, STATISTICS_FILE
 from flashrt_core.model.groot.config import GrootConfig, get_groot_config, to_checkpoint_json
 
@@ -38,6 +38,7 @@ DEFAULT_ACTION = (("single_arm", 5), ("gripper", 1))
 TEST_WORDS = ("pick", "up", "the", "red", "blue", "green", "cube", "block", "place", "it", "in", "on", "box",
               "bowl", "open", "close", "drawer", "door", "move", "left", "right", "to", "a", "and", "user")
 SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", IMAGE_OPEN, IMAGE_CLOSE)
+TEMPLATE_WORDS = ("system", "You", "are", "a", "helpful", "assistant", ".", "<", ">", "image", "1", "2", "3", "4")
 
 
 def random_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -54,15 +55,19 @@ def random_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return values * fan_in ** -0.5
 
 
-def write_tokenizer(path: Path) -> Path:
-    """A small real tokenizers word-level model with Eagle's chat and image markers as special tokens."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def write_tokenizer(path: Path, image_token_index: int) -> Path:
+    """A small real tokenizers word-level model with Eagle's chat and image markers as special tokens and
+    <IMG_CONTEXT> at the model's image_token_index."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     vocab = {"[UNK]": 0}
-    for word in TEST_WORDS:
+    for word in TEST_WORDS + TEMPLATE_WORDS + SPECIAL_TOKENS:
         vocab.setdefault(word, len(vocab))
+    if image_token_index < len(vocab):
+        raise ValueError(f"image_token_index {image_token_index} collides with the test vocabulary ({len(vocab)})")
+    vocab[IMAGE_CONTEXT] = image_token_index
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL_TOKENS + (IMAGE_CONTEXT,)])
     tok.save(str(path))
     return path
 
@@ -96,7 +101,8 @@ def write_processor_files(out: Path, cfg: GrootConfig, embodiments: dict[str, di
               "formalize_language": cfg.formalize_language, "max_state_dim": cfg.max_state_dim,
               "max_action_dim": cfg.max_action_dim, "max_action_horizon": cfg.action_horizon,
               "use_percentiles": False, "clip_outliers": True, "apply_sincos_state_encoding": False,
-              "use_relative_action": False}
+              "use_relative_action": False, "shortest_image_edge": cfg.shortest_image_edge,
+              "crop_fraction": cfg.crop_fraction, "use_albumentations": True}
     (out / PROCESSOR_FILE).write_text(json.dumps({"processor_class": "Gr00tN1d6Processor",
                                                   "processor_kwargs": kwargs}, indent=2))
     (out / STATISTICS_FILE).write_text(json.dumps(stats, indent=2))
@@ -131,7 +137,7 @@ def write_random_groot_checkpoint(out_dir: str | Path, config: str | GrootConfig
     embodiments = embodiments or {DEFAULT_EMBODIMENT: {"views": DEFAULT_VIEWS, "state": DEFAULT_STATE,
                                                        "action": DEFAULT_ACTION}}
     write_processor_files(out, cfg, embodiments, seed)
-    write_tokenizer(out / TOKENIZER_FILE)
+    write_tokenizer(out / TOKENIZER_FILE, cfg.image_token_index)
     return out
 
 

@@ -1,20 +1,25 @@
 """GR00T N1.6 inputs: camera views to SigLIP2 pixels, the instruction to the Eagle prompt's token ids.
 
-Images: every view of the embodiment (video modality keys, in that order) is required; each uint8 HxWx3 image is
-resized (bilinear, antialiased) to image_size x image_size and scaled to [-1, 1] ((x / 255 - 0.5) / 0.5, SigLIP's
-mean / std).
+Images (the reference processor's eval transform, then Eagle's smart_resize): every view of the embodiment is
+required, uint8 HxWx3; each is scaled so its shortest side is shortest_image_edge (256), centre-cropped to
+crop_fraction (0.95) of each side (int(side * f), offsets (side - crop) // 2), scaled to the shortest edge again,
+resized to sides rounded to multiples of 28 (2 x 2 patches of 14), and mapped to [-1, 1] ((x / 255 - 0.5) / 0.5).
+The geometry is the reference's (224 x 224 -> 252 x 252, 81 tokens; 480 x 640 -> 252 x 336, 108 tokens); the
+resampling is torch's antialiased bilinear, where the reference uses OpenCV's INTER_AREA and PIL's bicubic, so
+pixels differ by resampling error, not by geometry.
 
-Prompt: the instruction is lower-cased and stripped of punctuation when the checkpoint formalizes language (as
-the reference processor does), then laid out as the Eagle user turn, the text before the images:
-    "<|im_start|>user\n{instruction}" + per view ("<img>" + tokens_per_image x <IMG_CONTEXT> + "</img>")
-    + "<|im_end|>\n"
-The image-context slots carry config.image_token_index; the backbone writes the projected image tokens there.
-The tokenizer is Eagle's Qwen3 tokenizer: a tokenizer.json file (tokenizers library) or a folder that
-transformers' AutoTokenizer reads (vocab.json, merges.txt, tokenizer_config.json).
+Prompt (Eagle's chat template with the instruction first, then the views, as the reference builds it):
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{instruction}"
+    + per view k: "<image k><img>" + n_k x "<IMG_CONTEXT>" + "</img>"   + "<|im_end|>\n"
+tokenized as one string; the instruction is lower-cased and stripped of punctuation when the checkpoint
+formalizes language. <IMG_CONTEXT> must tokenize to config.image_token_index: the backbone writes the projected
+image tokens into those slots. The tokenizer is Eagle's Qwen3 tokenizer: a folder that transformers'
+AutoTokenizer reads (vocab.json, merges.txt, tokenizer_config.json, added_tokens.json) or a tokenizer.json file.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -30,12 +35,13 @@ from flashrt_core.model.groot.config import GrootConfig
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_ENV = "FLASHRT_GROOT_TOKENIZER"
+SYSTEM_TURN = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
 USER_PREFIX = "<|im_start|>user\n"
-IMAGE_OPEN, IMAGE_CLOSE, TURN_END = "<img>", "</img>", "<|im_end|>\n"
+IMAGE_OPEN, IMAGE_CONTEXT, IMAGE_CLOSE, TURN_END = "<img>", "<IMG_CONTEXT>", "</img>", "<|im_end|>\n"
+MIN_PIXELS, MAX_PIXELS, MAX_SIDE = 4 * 28 * 28, 4096 * 28 * 28, 500 * 14      # Eagle's smart_resize limits
 SUPPLY_TOKENIZER = ("GR00T N1.6 checkpoints do not ship Eagle's Qwen3 tokenizer: it is in the Isaac-GR00T source, "
-                    "gr00t/model/modules/nvidia/Eagle-Block2A-2B-v2 (or the Hugging Face repository "
-                    "nvidia/Eagle-Block2A-2B-v2); pass tokenizer=THAT_FOLDER, set "
-                    f"{TOKENIZER_ENV}, or copy its {TOKENIZER_FILE} into the checkpoint folder")
+                    "gr00t/model/modules/nvidia/Eagle-Block2A-2B-v2; pass tokenizer=THAT_FOLDER, set "
+                    f"{TOKENIZER_ENV}, or copy the folder's tokenizer files into the checkpoint folder")
 
 
 class GrootTokenizer:
@@ -75,34 +81,78 @@ def formalize(instruction: str) -> str:
     return re.sub(r"[^\w\s]", "", instruction.lower())
 
 
-def prompt_ids(tokenizer: GrootTokenizer, cfg: GrootConfig, instruction: str, num_views: int) -> np.ndarray:
-    """-> int64 [L] token ids of the Eagle prompt with num_views image blocks."""
+def prompt_text(instruction: str, image_tokens: Sequence[int], formalize_language: bool = True) -> str:
     if not isinstance(instruction, str) or not instruction.strip():
         raise InputError(f"prompt must be a non-empty str, got {instruction!r}")
-    text = formalize(instruction) if cfg.formalize_language else instruction
-    image_block = (tokenizer.encode(IMAGE_OPEN) + [cfg.image_token_index] * cfg.tokens_per_image
-                   + tokenizer.encode(IMAGE_CLOSE))
-    ids = tokenizer.encode(USER_PREFIX + text) + image_block * num_views + tokenizer.encode(TURN_END)
-    text_ids = [i for i in ids if i != cfg.image_token_index]
-    if len(text_ids) != len(ids) - num_views * cfg.tokens_per_image:
-        raise CheckpointError(f"the tokenizer produced the image-context id {cfg.image_token_index} for text: "
-                              "it is not the tokenizer of this model")
-    if max(text_ids) >= cfg.llm.vocab_size:
-        raise CheckpointError(f"the tokenizer produced id {max(text_ids)}, outside the model's vocabulary "
+    text = formalize(instruction) if formalize_language else instruction
+    views = "".join(f"<image {k + 1}>{IMAGE_OPEN}{IMAGE_CONTEXT * n}{IMAGE_CLOSE}" for k, n in enumerate(image_tokens))
+    return SYSTEM_TURN + USER_PREFIX + text + views + TURN_END
+
+
+def prompt_ids(tokenizer: GrootTokenizer, cfg: GrootConfig, instruction: str, image_tokens: Sequence[int],
+               formalize_language: bool | None = None) -> np.ndarray:
+    """-> int64 [L] token ids of the Eagle prompt; image_tokens: the image-token count of each view."""
+    formal = cfg.formalize_language if formalize_language is None else formalize_language
+    ids = np.asarray(tokenizer.encode(prompt_text(instruction, image_tokens, formal)), dtype=np.int64)
+    slots = int((ids == cfg.image_token_index).sum())
+    if slots != sum(image_tokens):
+        raise CheckpointError(f"the tokenizer gives {slots} image-context ids {cfg.image_token_index} for "
+                              f"{sum(image_tokens)} image tokens ({IMAGE_CONTEXT} must be that id): it is not the "
+                              "tokenizer of this model")
+    if ids.max() >= cfg.llm.vocab_size:
+        raise CheckpointError(f"the tokenizer produced id {ids.max()}, outside the model's vocabulary "
                               f"({cfg.llm.vocab_size}): it is not the tokenizer of this model")
-    return np.asarray(ids, dtype=np.int64)
+    return ids
 
 
-def prepare_views(images, view_names: Sequence[str], size: int) -> torch.Tensor:
-    """Images (list in view order or dict by view name) -> float32 [V, 3, size, size] in [-1, 1]."""
+def _scale_shortest(h: int, w: int, edge: int) -> tuple[int, int]:
+    scale = edge / min(h, w)
+    return max(1, int(round(h * scale))), max(1, int(round(w * scale)))
+
+
+def smart_resize(h: int, w: int, factor: int = 28) -> tuple[int, int]:
+    """Eagle's smart_resize: sides rounded to multiples of factor within its pixel-count limits."""
+    hb = min(max(factor, round(h / factor) * factor), MAX_SIDE)
+    wb = min(max(factor, round(w / factor) * factor), MAX_SIDE)
+    if hb * wb > MAX_PIXELS:
+        beta = math.sqrt(h * w / MAX_PIXELS)
+        hb, wb = math.floor(h / beta / factor) * factor, math.floor(w / beta / factor) * factor
+    elif hb * wb < MIN_PIXELS:
+        beta = math.sqrt(MIN_PIXELS / (h * w))
+        hb, wb = math.ceil(h * beta / factor) * factor, math.ceil(w * beta / factor) * factor
+    return hb, wb
+
+
+def image_geometry(h: int, w: int, edge: int, crop_fraction: float, factor: int = 28):
+    """-> ((h1, w1) after the first resize, (top, left, ch, cw) crop box, (h2, w2), (H, W) final)."""
+    h1, w1 = _scale_shortest(h, w, edge)
+    ch, cw = max(1, int(h1 * crop_fraction)), max(1, int(w1 * crop_fraction))
+    crop = ((h1 - ch) // 2, (w1 - cw) // 2, ch, cw)
+    h2, w2 = _scale_shortest(ch, cw, edge)
+    return (h1, w1), crop, (h2, w2), smart_resize(h2, w2, factor)
+
+
+def _resize(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    if tuple(x.shape[-2:]) == tuple(size):
+        return x
+    return F.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=True)
+
+
+def prepare_views(images, view_names: Sequence[str], cfg: GrootConfig, edge: int | None = None,
+                  crop_fraction: float | None = None) -> list[torch.Tensor]:
+    """Images (list in view order or dict by view name) -> one float32 [3, H, W] in [-1, 1] per view."""
     views = preprocess.validate_images(images, view_names)
     absent = [name for name, img in zip(view_names, views) if img is None]
     if absent:
         raise InputError(f"GR00T needs every view of the embodiment {list(view_names)}; missing {absent}")
+    edge = cfg.shortest_image_edge if edge is None else edge
+    frac = cfg.crop_fraction if crop_fraction is None else crop_fraction
     out = []
     for img in views:
-        x = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)[None].float() / 255.0
-        if x.shape[-2:] != (size, size):
-            x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
-        out.append((x[0].clamp(0.0, 1.0) - 0.5) / 0.5)
-    return torch.stack(out)
+        x = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)[None].float()
+        first, (top, left, ch, cw), second, final = image_geometry(x.shape[2], x.shape[3], edge, frac,
+                                                                   cfg.image_factor)
+        x = _resize(x, first)[..., top:top + ch, left:left + cw]
+        x = _resize(_resize(x, second), final)
+        out.append(((x[0] / 255.0).clamp(0.0, 1.0) - 0.5) / 0.5)
+    return out

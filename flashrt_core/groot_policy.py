@@ -86,11 +86,12 @@ class GrootPolicy:
     def prepare_inputs(self, images, prompt: str, state=None, noise=None):
         """Validated, preprocessed tensors on the policy's device, in sample_actions' argument order."""
         cfg, emb = self.config, self.embodiment
-        pixels = groot_inputs.prepare_views(images, emb.views, cfg.vision.image_size)
-        ids = groot_inputs.prompt_ids(self.tokenizer, cfg, prompt, len(emb.views))
+        views = groot_inputs.prepare_views(images, emb.views, cfg, emb.shortest_image_edge, emb.crop_fraction)
+        ids = groot_inputs.prompt_ids(self.tokenizer, cfg, prompt, [cfg.image_tokens(*v.shape[-2:]) for v in views],
+                                      emb.formalize_language)
         state_n = emb.normalize_state(state, cfg.max_state_dim)
         dev = self.device
-        return (pixels.to(dev), torch.from_numpy(ids)[None].to(dev), torch.ones(1, ids.shape[0], dtype=torch.bool,
+        return ([v.to(dev) for v in views], torch.from_numpy(ids)[None].to(dev), torch.ones(1, ids.shape[0], dtype=torch.bool,
                 device=dev), torch.from_numpy(state_n)[None, None].to(dev),
                 torch.tensor([emb.id], dtype=torch.long, device=dev),
                 torch.from_numpy(self._noise(noise))[None].to(dev))

@@ -62,6 +62,9 @@ class Embodiment:
     action: tuple[Group, ...]
     action_horizon: int | None
     clip_outliers: bool
+    shortest_image_edge: int | None = None      # processor settings (None: the config's defaults)
+    crop_fraction: float | None = None
+    formalize_language: bool | None = None
 
     @property
     def state_dim(self) -> int:
@@ -213,7 +216,9 @@ def load_embodiment(checkpoint_dir: str | Path, tag: str, max_state_dim: int, ma
     emb = Embodiment(tag=tag, id=ids[tag], views=tuple(modality.get("video", {}).get("modality_keys", [])),
                      state=state, action=action,
                      action_horizon=len(modality["action"].get("delta_indices") or []) or None,
-                     clip_outliers=bool(kwargs.get("clip_outliers", True)))
+                     clip_outliers=bool(kwargs.get("clip_outliers", True)),
+                     shortest_image_edge=kwargs.get("shortest_image_edge"), crop_fraction=kwargs.get("crop_fraction"),
+                     formalize_language=kwargs.get("formalize_language"))
     if not emb.views:
         raise CheckpointError(f"{proc_path.name}: embodiment {tag!r} lists no video modality keys (camera views)")
     encoded = sum(g.encoded_dim for g in state)

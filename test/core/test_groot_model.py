@@ -141,15 +141,27 @@ def test_predict_shapes_and_pinned_noise(policy):
 def test_prompt_layout(policy):
     cfg = policy.config
     images, state = observation(policy)
-    pixels, ids, mask, state_t, emb_id, noise_t = policy.prepare_inputs(images, "Pick up!", state, noise())
-    assert pixels.shape == (2, 3, 56, 56) and pixels.min() >= -1 and pixels.max() <= 1
+    images["wrist"] = images["wrist"][:56, :56]
+    views, ids, mask, state_t, emb_id, noise_t = policy.prepare_inputs(images, "Pick up!", state, noise())
+    # 72 x 96: shortest edge 56 -> 56 x 75, crop 0.95 -> 53 x 71, 56 x 75 again, multiples of 28 -> 56 x 84
+    assert [tuple(v.shape) for v in views] == [(3, 56, 84), (3, 56, 56)]
+    assert all(v.min() >= -1 and v.max() <= 1 for v in views)
     slots = (ids[0] == cfg.image_token_index).nonzero().flatten()
-    assert len(slots) == 2 * cfg.tokens_per_image == 8
+    assert len(slots) == 6 + 4
     assert state_t.shape == (1, 1, cfg.max_state_dim) and (state_t[0, 0, 6:] == 0).all()
     assert emb_id.tolist() == [10] and noise_t.shape == (1, 16, 16) and bool(mask.all())
     # formalized language: case and punctuation do not change the tokens
     _, ids2, *_ = policy.prepare_inputs(images, "PICK up", state, noise())
     assert torch.equal(ids, ids2)
+
+
+@pytest.mark.parametrize("hw, final, tokens", [((224, 224), (252, 252), 81), ((480, 640), (252, 336), 108),
+                                               ((720, 1280), (252, 448), 144)])
+def test_image_geometry_of_the_released_processor(hw, final, tokens):
+    from flashrt_core.groot_inputs import image_geometry
+    cfg = get_groot_config("groot_n1.6")
+    *_, size = image_geometry(*hw, cfg.shortest_image_edge, cfg.crop_fraction, cfg.image_factor)
+    assert size == final and cfg.image_tokens(*size) == tokens
 
 
 def test_input_errors(policy):

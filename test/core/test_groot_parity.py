@@ -42,7 +42,7 @@ def inputs(cfg, seed=0):
     seq = 12
     feats = torch.randn(1, seq, cfg.backbone_embedding_dim, generator=g)
     image_mask = torch.zeros(1, seq, dtype=torch.bool)
-    image_mask[0, 3:3 + 2 * cfg.tokens_per_image] = True
+    image_mask[0, 3:3 + 8] = True
     attention = torch.ones(1, seq, dtype=torch.bool)
     state = torch.randn(1, 1, cfg.max_state_dim, generator=g)
     return feats, image_mask, attention, state, torch.tensor([10])
@@ -115,22 +115,24 @@ def eagle_pair(tmp_path_factory):
     return ours, ref, cfg
 
 
-def one_view(cfg, seed=0):
+def one_view(cfg, seed=0, hw=(56, 56)):
     g = torch.Generator().manual_seed(seed)
-    size = cfg.vision.image_size
-    pixels = torch.rand(1, 3, size, size, generator=g) * 2 - 1
+    pixels = torch.rand(1, 3, *hw, generator=g) * 2 - 1
     text = torch.randint(0, 100, (7,), generator=g)
-    ids = torch.cat([text[:4], torch.full((cfg.tokens_per_image,), cfg.image_token_index), text[4:]])[None]
+    n = cfg.image_tokens(*hw)
+    ids = torch.cat([text[:4], torch.full((n,), cfg.image_token_index), text[4:]])[None]
     return pixels, ids, torch.ones_like(ids)
 
 
 @torch.no_grad()
-def test_image_tokens(eagle_pair):
+@pytest.mark.parametrize("hw", [(56, 56), (56, 84), (84, 56)])
+def test_image_tokens(eagle_pair, hw):
+    """Square and non-square views: the 4 x 4 position grid resized to the image's patch grid."""
     ours, ref, cfg = eagle_pair
-    pixels, _, _ = one_view(cfg)
+    pixels, _, _ = one_view(cfg, hw=hw)
     mine = ours.backbone.model.image_features(pixels)[0]
     theirs = ref.extract_feature([pixels])
-    assert mine.shape == theirs.shape == (cfg.tokens_per_image, cfg.llm.width)
+    assert mine.shape == theirs.shape == (cfg.image_tokens(*hw), cfg.llm.width)
     torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
 
 
@@ -139,10 +141,33 @@ def test_backbone_features(eagle_pair):
     """EagleBackbone.forward: the last of the LLM's hidden states (after its final norm) with the prompt's image
     slots holding the projected image tokens."""
     ours, ref, cfg = eagle_pair
-    pixels, ids, mask = one_view(cfg, seed=1)
+    pixels, ids, mask = one_view(cfg, seed=1, hw=(56, 84))
     theirs = ref(pixel_values=[pixels], input_ids=ids, attention_mask=mask, output_hidden_states=True)
     theirs = theirs["hidden_states"][-1]
     feats, valid, image_mask = ours.backbone(pixels, ids, mask)
     assert feats.shape == theirs.shape == (1, ids.shape[1], cfg.llm.width)
     torch.testing.assert_close(feats, theirs, rtol=1e-5, atol=1e-5)
-    assert image_mask.sum() == cfg.tokens_per_image and bool(valid.all())
+    assert image_mask.sum() == cfg.image_tokens(56, 84) and bool(valid.all())
+
+
+def test_prompt_matches_eagles_chat_template():
+    """The prompt string is Eagle's chat template (chat_template.json of the checkout) with each <image-k>
+    expanded as Eagle3_VLProcessor.replace_media_placeholder does, and the real Qwen3 tokenizer maps every
+    <IMG_CONTEXT> to image_token_index 151669."""
+    import json
+
+    from jinja2 import Template
+
+    from flashrt_core.groot_inputs import IMAGE_CONTEXT, GrootTokenizer, prompt_ids, prompt_text
+    eagle_dir = groot_reference.source_root().joinpath(*groot_reference.EAGLE_DIR)
+    template = json.loads((eagle_dir / "chat_template.json").read_text())["chat_template"]
+    counts = [81, 108]
+    conversation = [{"role": "user", "content": [{"type": "text", "text": "pick up the cube"},
+                                                 *[{"type": "image", "image": None} for _ in counts]]}]
+    text = Template(template).render(messages=conversation, add_generation_prompt=False, add_vision_id=False)
+    for k, n in enumerate(counts):
+        text = text.replace(f"<image-{k + 1}>", f"<image {k + 1}><img>{IMAGE_CONTEXT * n}</img>")
+    assert prompt_text("Pick up the cube!", counts) == text
+    cfg = get_groot_config("groot_n1.6")
+    ids = prompt_ids(GrootTokenizer(eagle_dir), cfg, "Pick up the cube!", counts)
+    assert int((ids == 151669).sum()) == sum(counts) and cfg.image_token_index == 151669

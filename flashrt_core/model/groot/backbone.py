@@ -79,11 +79,26 @@ class EagleModel(nn.Module):
         down = F.pixel_unshuffle(grid, 2).flatten(2).transpose(1, 2)                        # [N, gh*gw/4, 4C]
         return self.mlp1(down)
 
-    def forward(self, pixels: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """pixels [N, 3, H, W] (every image of the batch, in prompt order), input_ids / attention_mask [B, L]
-        -> backbone features [B, L, llm width]"""
+    def all_image_tokens(self, views, dtype: torch.dtype) -> torch.Tensor:
+        """views: [N, 3, H, W] or a list of [3, H_i, W_i] (sizes may differ) -> [sum of tokens, llm width] in
+        view order; images of one size run as one batch."""
+        if torch.is_tensor(views):
+            views = list(views)
+        out: list[torch.Tensor | None] = [None] * len(views)
+        by_size: dict[tuple[int, int], list[int]] = {}
+        for i, v in enumerate(views):
+            by_size.setdefault(tuple(v.shape[-2:]), []).append(i)
+        for idxs in by_size.values():
+            feats = self.image_features(torch.stack([views[i] for i in idxs]).to(dtype))
+            for i, f in zip(idxs, feats):
+                out[i] = f
+        return torch.cat(out, dim=0)
+
+    def forward(self, views, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """views: every image of the batch in prompt order ([N, 3, H, W] or a list of [3, H_i, W_i]),
+        input_ids / attention_mask [B, L] -> backbone features [B, L, llm width]"""
         embeds = self.language_model.model.embed_tokens(input_ids)
-        vit = self.image_features(pixels.to(embeds.dtype)).reshape(-1, embeds.shape[-1])
+        vit = self.all_image_tokens(views, embeds.dtype)
         selected = input_ids == self.cfg.image_token_index
         if int(selected.sum()) != vit.shape[0]:
             raise ValueError(f"the prompt has {int(selected.sum())} image-token slots for {vit.shape[0]} image "
@@ -102,7 +117,7 @@ class EagleBackbone(nn.Module):
         self.model = EagleModel(cfg, attn_implementation)
         self.cfg = cfg
 
-    def forward(self, pixels: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    def forward(self, views, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         """-> (features [B, L, D], attention_mask [B, L] bool, image_mask [B, L] bool)"""
-        feats = self.model(pixels, input_ids, attention_mask)
+        feats = self.model(views, input_ids, attention_mask)
         return feats, attention_mask.bool(), input_ids == self.cfg.image_token_index

@@ -11,6 +11,8 @@ the bundled Eagle-Block2A-2B-v2 model):
   DiT     32 layers, 32 heads x 48 = 1536, output 1024, cross-attention to the 2048-wide backbone features
           (even blocks; AlternateVLDiT: every 4th block attends to text tokens, the other even blocks to image
           tokens), odd blocks self-attention, AdaLayerNorm on the diffusion timestep
+  images  shortest edge 256, centre crop 0.95, shortest edge 256, sides rounded to multiples of 28
+          (the processor's eval transform and Eagle's smart_resize): 224 x 224 -> 252 x 252 -> 81 tokens
   head    state / action dims padded to max_state_dim / max_action_dim, horizon 16, 4 Euler steps,
           timesteps discretized to 1000 buckets, 32 embodiment slots
 
@@ -40,19 +42,15 @@ class Siglip2Config:
     mlp_dim: int = 4304
     patch_size: int = 14
     num_positions: int = 256          # position_embedding rows: a (sqrt x sqrt) grid, resized to each image
-    image_size: int = 224             # the processor's square resize target
     eps: float = 1e-6
 
     def validate(self) -> None:
         _positive("vision", width=self.width, depth=self.depth, num_heads=self.num_heads, mlp_dim=self.mlp_dim,
-                  patch_size=self.patch_size, num_positions=self.num_positions, image_size=self.image_size)
+                  patch_size=self.patch_size, num_positions=self.num_positions)
         if self.width % self.num_heads:
             raise ValueError(f"vision.width={self.width} must be divisible by num_heads={self.num_heads}")
         if int(self.num_positions ** 0.5) ** 2 != self.num_positions:
             raise ValueError(f"vision.num_positions={self.num_positions} must be a square")
-        if self.image_size % (2 * self.patch_size):
-            raise ValueError(f"vision.image_size={self.image_size} must be a multiple of 2 x patch_size "
-                             f"({2 * self.patch_size}): the projector unshuffles 2 x 2 patches")
 
 
 @dataclass(frozen=True)
@@ -118,13 +116,19 @@ class GrootConfig:
     image_token_index: int = 151669
     downsample_ratio: float = 0.5
     formalize_language: bool = True
+    shortest_image_edge: int = 256     # processor defaults; a checkpoint's processor_config.json overrides them
+    crop_fraction: float = 0.95
 
     model_family = "groot"
 
     @property
-    def tokens_per_image(self) -> int:
-        side = self.vision.image_size // self.vision.patch_size
-        return (side // 2) ** 2
+    def image_factor(self) -> int:
+        """Image sides are multiples of this (2 x 2 patches per image token)."""
+        return 2 * self.vision.patch_size
+
+    def image_tokens(self, height: int, width: int) -> int:
+        """Image tokens of a processed image of this size (one per 2 x 2 patches)."""
+        return (height // self.image_factor) * (width // self.image_factor)
 
     def validate(self) -> GrootConfig:
         self.vision.validate()
@@ -147,6 +151,9 @@ class GrootConfig:
                              "(the action decoder's input)")
         if self.downsample_ratio != 0.5:
             raise ValueError(f"downsample_ratio={self.downsample_ratio}: only 0.5 (2 x 2 pixel unshuffle) is built")
+        if not 0 < self.crop_fraction <= 1 or self.shortest_image_edge < self.image_factor:
+            raise ValueError(f"crop_fraction={self.crop_fraction} must be in (0, 1] and shortest_image_edge="
+                             f"{self.shortest_image_edge} at least {self.image_factor}")
         if self.action_horizon + 1 > self.max_seq_len:
             raise ValueError(f"action_horizon={self.action_horizon} exceeds max_seq_len={self.max_seq_len}")
         return self
@@ -160,8 +167,7 @@ CHECKPOINT_FIELDS = ("backbone_embedding_dim", "hidden_size", "input_embedding_d
                      "max_action_dim", "action_horizon", "num_inference_timesteps", "num_timestep_buckets",
                      "max_num_embodiments", "max_seq_len", "add_pos_embed", "use_vlln", "formalize_language")
 
-_TINY_VISION = Siglip2Config(width=32, depth=2, num_heads=2, mlp_dim=64, patch_size=14, num_positions=16,
-                             image_size=56)
+_TINY_VISION = Siglip2Config(width=32, depth=2, num_heads=2, mlp_dim=64, patch_size=14, num_positions=16)
 _TINY_LLM = Qwen3Config(width=48, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=12, mlp_dim=96,
                         vocab_size=512)
 _TINY_DIT = DiTConfig(num_layers=4, num_heads=4, head_dim=8, output_dim=40)
@@ -171,7 +177,7 @@ PRESETS: dict[str, GrootConfig] = {
     "groot_n1.6_tiny": GrootConfig(name="groot_n1.6_tiny", vision=_TINY_VISION, llm=_TINY_LLM, dit=_TINY_DIT,
                                    backbone_embedding_dim=48, hidden_size=40, input_embedding_dim=32,
                                    max_state_dim=16, max_action_dim=16, max_num_embodiments=32, max_seq_len=64,
-                                   image_token_index=500),
+                                   image_token_index=500, shortest_image_edge=56),
 }
 
 

@@ -20,11 +20,11 @@ class GrootModel(nn.Module):
         self.action_head = GrootActionHead(cfg)
 
     @torch.inference_mode()
-    def predict_normalized(self, pixels: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+    def predict_normalized(self, views, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            state: torch.Tensor, embodiment_id: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """pixels [N, 3, H, W] normalized, input_ids / attention_mask [B, L], state [B, 1, max_state_dim],
+        """views: [N, 3, H, W] or a list of [3, H_i, W_i] normalized, input_ids / attention_mask [B, L], state [B, 1, max_state_dim],
         embodiment_id [B], noise [B, horizon, max_action_dim] -> normalized actions [B, horizon, max_action_dim]"""
-        feats, mask, image_mask = self.backbone(pixels, input_ids, attention_mask)
+        feats, mask, image_mask = self.backbone(views, input_ids, attention_mask)
         dtype = next(self.action_head.parameters()).dtype
         return sample_actions(self.action_head, feats.to(dtype), mask, image_mask, state.to(dtype),
                               embodiment_id, noise.to(dtype))
