@@ -171,3 +171,35 @@ def test_prompt_matches_eagles_chat_template():
     cfg = get_groot_config("groot_n1.6")
     ids = prompt_ids(GrootTokenizer(eagle_dir), cfg, "Pick up the cube!", counts)
     assert int((ids == 151669).sum()) == sum(counts) and cfg.image_token_index == 151669
+
+
+def test_released_layout_is_the_references_module_tree(monkeypatch):
+    """At the released sizes (the checkout's Eagle config.json and Gr00tN1d6Config defaults, built on the meta
+    device), the reference's backbone and action head hold exactly weight_table("groot_n1.6")'s tensors,
+    apart from the unused vision pooling head and tied lm_head, and the LLM truncated at select_layer."""
+    import json
+
+    from flashrt_core.groot_checkpoint import is_known_unused, weight_table
+    cfg = get_groot_config("groot_n1.6")
+    table = weight_table(cfg)
+    ref = groot_reference.import_reference()
+    monkeypatch.setattr(ref.n1d6, "Beta", lambda *args: None)   # the training-time sampler of t: not on meta
+    with torch.device("meta"):
+        head = ref.n1d6.Gr00tN1d6ActionHead(groot_reference.head_config(to_checkpoint_json(cfg)))
+    ours_head = {k[len("action_head."):]: v for k, v in table.items() if k.startswith("action_head.")}
+    assert {k: tuple(v.shape) for k, v in head.state_dict().items()} == ours_head
+    eagle_cfg = json.loads(groot_reference.source_root().joinpath(*groot_reference.EAGLE_DIR, "config.json")
+                           .read_text())
+    assert eagle_cfg["image_token_index"] == cfg.image_token_index
+    v, t = eagle_cfg["vision_config"], eagle_cfg["text_config"]
+    assert (v["hidden_size"], v["num_hidden_layers"], v["num_attention_heads"], v["intermediate_size"],
+            v["patch_size"], v["num_patches"]) == (cfg.vision.width, cfg.vision.depth, cfg.vision.num_heads,
+                                                    cfg.vision.mlp_dim, cfg.vision.patch_size, cfg.vision.num_positions)
+    assert (t["hidden_size"], t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"],
+            t["intermediate_size"], t["vocab_size"]) == (cfg.llm.width, cfg.llm.num_heads, cfg.llm.num_kv_heads,
+                                                         cfg.llm.head_dim, cfg.llm.mlp_dim, cfg.llm.vocab_size)
+    with torch.device("meta"):
+        eagle = groot_reference.eagle_model(cfg)
+    held = {"backbone.model." + k: tuple(p.shape) for k, p in eagle.state_dict().items()}
+    ours_backbone = {k: s for k, s in table.items() if k.startswith("backbone.")}
+    assert {k: s for k, s in held.items() if not is_known_unused(k, cfg)} == ours_backbone
