@@ -229,3 +229,12 @@ def test_bf16_runs(ckpt):
     images, state = observation(pol)
     a = pol.predict(images, "pick", state, noise())
     assert a.shape == (16, 6) and np.isfinite(a).all()
+
+
+def test_fixture_cli(tmp_path):
+    from flashrt_core.groot_fixtures import main
+    main([str(tmp_path / "cli"), "--config", TINY, "--seed", "2", "--shards", "3"])
+    index = json.loads((tmp_path / "cli" / INDEX_FILE).read_text())
+    assert len(set(index["weight_map"].values())) == 3
+    pol = load_model(tmp_path / "cli", embodiment="new_embodiment", device="cpu")
+    assert pol.config.name == TINY

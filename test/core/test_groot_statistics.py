@@ -133,3 +133,22 @@ def test_calibration_cache_keyed_by_embodiment(ckpt, tmp_path):
     legacy.write_text(json.dumps({"key": {"model": TINY, "precision": "fp8"}, "amax": {"x": 1.0}}))
     with pytest.raises(CheckpointError, match="does not say which embodiment"):
         load_calibration(legacy, CalibrationKey(TINY, "gr1", 20, "fp8"))
+
+
+def test_processor_settings_refused_or_required(tmp_path):
+    out = write_random_groot_checkpoint(tmp_path / "c", TINY)
+    proc = json.loads((out / "processor_config.json").read_text())
+    proc["processor_kwargs"]["use_relative_action"] = True
+    (out / "processor_config.json").write_text(json.dumps(proc))
+    with pytest.raises(CheckpointError, match="use_relative_action: relative actions are not supported"):
+        load_embodiment(out, "new_embodiment", 16, 16)
+    (out / "processor_config.json").unlink()
+    with pytest.raises(CheckpointError, match=r"processor_config\.json is missing"):
+        load_embodiment(out, "new_embodiment", 16, 16)
+
+
+def test_joint_groups_wider_than_the_model(tmp_path):
+    robots = {"new_embodiment": {"views": ["front"], "state": [("arm", 12), ("hand", 6)], "action": [("arm", 6)]}}
+    out = write_random_groot_checkpoint(tmp_path / "c", TINY, embodiments=robots)
+    with pytest.raises(CheckpointError, match=r"state 18 / action 6 values exceed the model's max_state_dim=16"):
+        load_model(out, config=TINY, embodiment="new_embodiment", device="cpu")
