@@ -54,7 +54,7 @@ class StateInput(enum.Enum):
     FLOAT_ARRAY = "float_array"         # std_msgs/Float64MultiArray, used as is
 
 
-MODEL_CONFIGS = ("auto", "pi05", "pi0", "pi05_tiny", "pi0_tiny")
+MODEL_CONFIGS = ("auto", "pi05", "pi0", "pi05_tiny", "pi0_tiny", "groot_n1.6", "groot_n1.6_tiny")
 PRECISIONS = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_TUNING_CACHE = "~/.cache/flashrt/tuning"
 HOST_WAITS = ("sync", "poll", "warm")     # flashrt_core.engine.dispatch.HOST_WAITS (no torch import here)
@@ -117,6 +117,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("checkpoint", "", "Checkpoint directory; empty = the embedded demo checkpoint of flashrt_core."),
     ParamSpec("model_config", "auto", "flashrt_core config preset; auto = the one recorded in the checkpoint "
               "(flashrt_config.json), else pi05.", choices=MODEL_CONFIGS),
+    ParamSpec("embodiment", "", "GR00T N1.6 only: the embodiment tag (projector slice, views, joint groups and "
+              "statistics of the robot, docs/groot.md); empty for the pi family."),
     ParamSpec("device", "auto", "Inference device: auto, cpu, cuda or cuda:N."),
     ParamSpec("precision", "auto", "Weights/activations dtype; auto = bf16 on GPU, fp32 on CPU.",
               choices=PRECISIONS),
@@ -346,6 +348,7 @@ class NodeSettings:
 
     checkpoint: str
     model_config: str
+    embodiment: str
     device: str
     precision: str
     hardware: str
@@ -411,7 +414,7 @@ class NodeSettings:
     def config_id(self) -> str:
         """Short hash of the settings that change what the model computes."""
         fields = {name: getattr(self, name) for name in (
-            "checkpoint", "model_config", "device", "precision", "hardware", "camera_views", "state_joint_names",
+            "checkpoint", "model_config", "embodiment", "device", "precision", "hardware", "camera_views", "state_joint_names",
             "action_dt", "noise_seed")}
         fields["camera_count"] = len(self.camera_topics)
         digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
