@@ -203,3 +203,33 @@ def test_released_layout_is_the_references_module_tree(monkeypatch):
     held = {"backbone.model." + k: tuple(p.shape) for k, p in eagle.state_dict().items()}
     ours_backbone = {k: s for k, s in table.items() if k.startswith("backbone.")}
     assert {k: s for k, s in held.items() if not is_known_unused(k, cfg)} == ours_backbone
+
+
+@torch.no_grad()
+def test_whole_model_with_pinned_noise(tmp_path):
+    """Backbone then action head, the reference's EagleBackbone.forward + Gr00tN1d6ActionHead.get_action against
+    GrootModel.predict_normalized, one view, one checkpoint, the same initial noise."""
+    from transformers.feature_extraction_utils import BatchFeature
+    cfg = get_groot_config(TINY)
+    ckpt = write_random_groot_checkpoint(tmp_path / "c", TINY, seed=13)
+    weights = load_state_dict(ckpt, cfg)
+    ours = GrootModel(cfg).eval()
+    ours.load_state_dict(weights, strict=True)
+    ref = groot_reference.import_reference()
+    head = ref.n1d6.Gr00tN1d6ActionHead(groot_reference.head_config(to_checkpoint_json(cfg))).eval()
+    head.load_state_dict({k[12:]: v for k, v in weights.items() if k.startswith("action_head.")}, strict=True)
+    eagle = groot_reference.eagle_model(cfg).eval()
+    eagle.load_state_dict({k[15:]: v for k, v in weights.items() if k.startswith("backbone.model.")}, strict=False)
+    pixels, ids, mask = one_view(cfg, seed=3, hw=(84, 56))
+    state = torch.randn(1, 1, cfg.max_state_dim, generator=torch.Generator().manual_seed(4))
+    emb = torch.tensor([10])
+    feats = eagle(pixel_values=[pixels], input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    backbone = BatchFeature(data={"backbone_features": feats["hidden_states"][-1],
+                                  "backbone_attention_mask": mask == 1,
+                                  "image_mask": ids == eagle.config.image_token_index})
+    torch.manual_seed(321)
+    theirs = head.get_action(backbone, BatchFeature(data={"state": state, "embodiment_id": emb}))["action_pred"]
+    torch.manual_seed(321)
+    noise = torch.randn(1, cfg.action_horizon, cfg.max_action_dim)
+    mine = ours.predict_normalized([pixels[0]], ids, mask, state, emb, noise)
+    torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
