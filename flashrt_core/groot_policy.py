@@ -91,12 +91,20 @@ class GrootPolicy:
                                       emb.formalize_language)
         state_n = emb.normalize_state(state, cfg.max_state_dim)
         dev = self.device
-        return ([v.to(dev) for v in views], torch.from_numpy(ids)[None].to(dev), torch.ones(1, ids.shape[0], dtype=torch.bool,
-                device=dev), torch.from_numpy(state_n)[None, None].to(dev),
+        return ([v.to(dev) for v in views], torch.from_numpy(ids)[None].to(dev),
+                torch.ones(1, ids.shape[0], dtype=torch.bool, device=dev), torch.from_numpy(state_n)[None, None].to(dev),
                 torch.tensor([emb.id], dtype=torch.long, device=dev),
                 torch.from_numpy(self._noise(noise))[None].to(dev))
 
+    def reachable_text_buckets(self, state=None) -> tuple[int, ...]:
+        """The reference executor keeps no text buckets (the pi family's graph engine does)."""
+        return ()
+
+    def warm_up_text_buckets(self, images, prompt: str, state=None) -> list[int]:
+        return []
+
     def predict(self, images, prompt: str, state=None, noise=None) -> np.ndarray:
+        """-> float32 (horizon, action_dim) in robot units (groot_statistics unnormalizes per joint group)."""
         if self.executor is None:
             raise RuntimeError("Policy.predict called after close()")
         actions = self.executor.sample_actions(*self.prepare_inputs(images, prompt, state, noise))

@@ -6,7 +6,6 @@ dependencies diffusers and dm-tree import (FLASHRT_GROOT_DEPS may add a folder h
 with the reason (groot_reference.py).
 """
 
-import numpy as np
 import pytest
 import torch
 

@@ -22,8 +22,9 @@ class GrootModel(nn.Module):
     @torch.inference_mode()
     def predict_normalized(self, views, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            state: torch.Tensor, embodiment_id: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """views: [N, 3, H, W] or a list of [3, H_i, W_i] normalized, input_ids / attention_mask [B, L], state [B, 1, max_state_dim],
-        embodiment_id [B], noise [B, horizon, max_action_dim] -> normalized actions [B, horizon, max_action_dim]"""
+        """views: [N, 3, H, W] or a list of [3, H_i, W_i] normalized, input_ids / attention_mask [B, L],
+        state [B, 1, max_state_dim], embodiment_id [B], noise [B, horizon, max_action_dim]
+        -> normalized actions [B, horizon, max_action_dim]"""
         feats, mask, image_mask = self.backbone(views, input_ids, attention_mask)
         dtype = next(self.action_head.parameters()).dtype
         return sample_actions(self.action_head, feats.to(dtype), mask, image_mask, state.to(dtype),
