@@ -108,7 +108,7 @@ class GrootPolicy:
         if self.executor is None:
             raise RuntimeError("Policy.predict called after close()")
         actions = self.executor.sample_actions(*self.prepare_inputs(images, prompt, state, noise))
-        return self.embodiment.unnormalize_actions(actions[0].float().cpu().numpy())
+        return self.embodiment.unnormalize_actions(actions[0].float().cpu().numpy(), state)
 
     def _noise(self, noise) -> np.ndarray:
         shape = (self.config.action_horizon, self.config.max_action_dim)

@@ -14,7 +14,11 @@ Normalization per joint group (StateActionProcessor):
                       when clip_outliers; use_percentiles reads q01 / q99 as min / max
   mean/std            groups in mean_std_embedding_keys: (x - mean) / std, std == 0 passes through
   sin/cos             state groups in sin_cos_embedding_keys with apply_sincos_state_encoding: [sin x, cos x]
-Actions are unnormalized with the inverse (min/max clips to [-1, 1] first).
+Actions are unnormalized with the inverse (min/max clips to [-1, 1] first). With use_relative_action, action
+groups whose action_configs entry has rep RELATIVE and type NON_EEF are joint offsets: normalized with the
+"relative_action" statistics (min / max even with use_percentiles, as the reference reads them; 1-D, or 2-D
+per chunk step) and added to the raw state of their reference group
+(state_key, else the group's own name) after unnormalization. Relative end-effector groups are refused.
 """
 
 from __future__ import annotations
@@ -45,8 +49,9 @@ class Group:
     name: str
     dim: int
     mode: str
-    lo: np.ndarray          # min (or q01) / mean
+    lo: np.ndarray          # min (or q01) / mean; [D], or [T, D] per chunk step (relative actions)
     hi: np.ndarray          # max (or q99) / std
+    relative_to: str | None = None    # action groups: the state group this joint offset is added to
 
     @property
     def encoded_dim(self) -> int:
@@ -96,18 +101,27 @@ class Embodiment:
         out[:flat.shape[0]] = flat
         return out
 
-    def unnormalize_actions(self, actions: np.ndarray) -> np.ndarray:
+    def unnormalize_actions(self, actions: np.ndarray, state=None) -> np.ndarray:
         """normalized [horizon, max_action_dim] -> robot units [horizon', action_dim] (horizon' = the
-        embodiment's action horizon when it has one)."""
+        embodiment's action horizon when it has one). state: the raw state predict was given (dict or flat),
+        needed when relative action groups are added to it."""
         horizon = actions.shape[0] if self.action_horizon is None else min(self.action_horizon, actions.shape[0])
+        raw_state = None
+        if any(g.relative_to for g in self.action):
+            raw_state = dict(zip((g.name for g in self.state), self._split_state(state)))
         out, start = [], 0
         for group in self.action:
             x = actions[:horizon, start:start + group.dim].astype(np.float64)
             start += group.dim
+            lo = group.lo[:horizon] if group.lo.ndim == 2 else group.lo
+            hi = group.hi[:horizon] if group.hi.ndim == 2 else group.hi
             if group.mode == "meanstd":
-                out.append(np.where(group.hi != 0, x * group.hi + group.lo, x))
+                y = np.where(hi != 0, x * hi + lo, x)
             else:
-                out.append((np.clip(x, -1.0, 1.0) + 1.0) / 2.0 * (group.hi - group.lo) + group.lo)
+                y = (np.clip(x, -1.0, 1.0) + 1.0) / 2.0 * (hi - lo) + lo
+            if group.relative_to:
+                y = y + raw_state[group.relative_to]
+            out.append(y)
         return np.ascontiguousarray(np.concatenate(out, axis=-1), dtype=np.float32)
 
     def _split_state(self, state) -> list[np.ndarray]:
@@ -205,14 +219,18 @@ def load_embodiment(checkpoint_dir: str | Path, tag: str, max_state_dim: int, ma
     if tag not in ids:
         raise CheckpointError(f"embodiment {tag!r} has no projector id: add it to {EMBODIMENT_ID_FILE} "
                               f"(known: {sorted(ids)})")
-    if kwargs.get("use_relative_action"):
-        raise CheckpointError(f"{proc_path.name} sets use_relative_action: relative actions are not supported "
-                              "on this path yet")
     modality = modalities[tag]
     percentiles = bool(kwargs.get("use_percentiles", False))
     sincos = bool(kwargs.get("apply_sincos_state_encoding", False))
     state = _groups(tag, "state", modality, stats[tag], percentiles, sincos)
     action = _groups(tag, "action", modality, stats[tag], percentiles, False)
+    if kwargs.get("use_relative_action"):
+        action = _relative_groups(tag, modality, stats[tag], action, state)
+    horizon = len(modality["action"].get("delta_indices") or []) or None
+    short = [g.name for g in action if g.lo.ndim == 2 and horizon is not None and g.lo.shape[0] < horizon]
+    if short:
+        raise CheckpointError(f"relative action statistics of embodiment {tag!r}, groups {short}, have fewer "
+                              f"steps than its action horizon {horizon}")
     emb = Embodiment(tag=tag, id=ids[tag], views=tuple(modality.get("video", {}).get("modality_keys", [])),
                      state=state, action=action,
                      action_horizon=len(modality["action"].get("delta_indices") or []) or None,
@@ -258,3 +276,40 @@ def _groups(tag: str, kind: str, modality: dict, stats: dict, percentiles: bool,
                                   f"{lo.shape} / {hi.shape}, expected two equal 1-D lists")
         groups.append(Group(key, int(lo.shape[0]), mode, lo, hi))
     return tuple(groups)
+
+
+def _relative_groups(tag: str, modality: dict, stats: dict, action: tuple[Group, ...],
+                     state: tuple[Group, ...]) -> tuple[Group, ...]:
+    """The action groups with their relative-action statistics and reference state group where action_configs
+    marks them RELATIVE (use_relative_action)."""
+    spec = modality["action"]
+    configs = spec.get("action_configs") or []
+    states = {g.name: g for g in state}
+    out = []
+    for group, conf in zip(action, list(configs) + [None] * (len(action) - len(configs))):
+        if not conf or str(conf.get("rep", "")).lower() != "relative":
+            out.append(group)
+            continue
+        if str(conf.get("type", "")).lower() != "non_eef":
+            raise CheckpointError(f"embodiment {tag!r}: action group {group.name!r} is a relative end-effector "
+                                  "action; only relative joint actions (type NON_EEF) are supported")
+        ref = conf.get("state_key") or group.name
+        if ref not in states or states[ref].dim != group.dim:
+            raise CheckpointError(f"embodiment {tag!r}: relative action group {group.name!r} needs the state group "
+                                  f"{ref!r} with {group.dim} raw values")
+        rel = (stats.get("relative_action") or {}).get(group.name)
+        if rel is None:
+            raise CheckpointError(f"statistics of embodiment {tag!r} lack relative_action.{group.name} (the "
+                                  "processor sets use_relative_action and marks the group RELATIVE)")
+        mode = "meanstd" if group.mode == "meanstd" else "minmax"
+        lo_key, hi_key = ("mean", "std") if mode == "meanstd" else ("min", "max")   # as the reference: no q01/q99
+        try:
+            lo, hi = np.asarray(rel[lo_key], float), np.asarray(rel[hi_key], float)
+        except KeyError as exc:
+            raise CheckpointError(f"relative_action statistics of embodiment {tag!r}, group {group.name!r} lack "
+                                  f"{exc}") from None
+        if lo.shape != hi.shape or lo.ndim not in (1, 2) or lo.shape[-1] != group.dim:
+            raise CheckpointError(f"relative_action statistics of embodiment {tag!r}, group {group.name!r}: shapes "
+                                  f"{lo.shape} / {hi.shape}, expected [{group.dim}] or [steps, {group.dim}]")
+        out.append(Group(group.name, group.dim, mode, lo, hi, relative_to=ref))
+    return tuple(out)

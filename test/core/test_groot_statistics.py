@@ -135,13 +135,51 @@ def test_calibration_cache_keyed_by_embodiment(ckpt, tmp_path):
         load_calibration(legacy, CalibrationKey(TINY, "gr1", 20, "fp8"))
 
 
-def test_processor_settings_refused_or_required(tmp_path):
+def _relative_checkpoint(tmp_path, action_type="non_eef", with_stats=True, steps=None):
     out = write_random_groot_checkpoint(tmp_path / "c", TINY)
     proc = json.loads((out / "processor_config.json").read_text())
     proc["processor_kwargs"]["use_relative_action"] = True
+    action = proc["processor_kwargs"]["modality_configs"]["new_embodiment"]["action"]
+    action["action_configs"][0].update(rep="RELATIVE", type=action_type.upper(), state_key="single_arm")
     (out / "processor_config.json").write_text(json.dumps(proc))
-    with pytest.raises(CheckpointError, match="use_relative_action: relative actions are not supported"):
-        load_embodiment(out, "new_embodiment", 16, 16)
+    stats = json.loads((out / STATISTICS_FILE).read_text())
+    if with_stats:
+        lo = np.full((steps, 5), -0.1) if steps else np.full(5, -0.1)
+        stats["new_embodiment"]["relative_action"] = {"single_arm": {"min": lo.tolist(), "max": (-lo).tolist(),
+                                                                     "mean": (0 * lo).tolist(),
+                                                                     "std": (1 - lo).tolist()}}
+    (out / STATISTICS_FILE).write_text(json.dumps(stats))
+    return out
+
+
+@pytest.mark.parametrize("steps", [None, 16])
+def test_relative_joint_actions_are_added_to_the_state(tmp_path, steps):
+    out = _relative_checkpoint(tmp_path, steps=steps)
+    emb = load_embodiment(out, "new_embodiment", 16, 16)
+    assert emb.action[0].relative_to == "single_arm" and emb.action[1].relative_to is None
+    acts = np.zeros((16, 16))
+    acts[:, 0] = 1.0                                    # the top of the relative range: +0.1
+    state = {"single_arm": np.arange(5) * 0.5, "gripper": [0.3]}
+    robot = emb.unnormalize_actions(acts, state)
+    np.testing.assert_allclose(robot[:, 0], 0.1 + 0.0, atol=1e-6)
+    np.testing.assert_allclose(robot[:, 1:5], np.broadcast_to(state["single_arm"][1:], (16, 4)), atol=1e-6)
+    absolute = emb.action[1]
+    np.testing.assert_allclose(robot[:, 5], (absolute.lo + absolute.hi)[0] / 2, rtol=1e-6)   # gripper: absolute
+    pol = load_model(out, config=TINY, embodiment="new_embodiment", device="cpu")
+    rng = np.random.default_rng(0)
+    images = {v: rng.integers(0, 256, (56, 56, 3), dtype=np.uint8) for v in pol.view_names}
+    far = pol.predict(images, "pick", {"single_arm": np.full(5, 50.0), "gripper": [0.0]}, np.zeros((16, 16)))
+    assert (np.abs(far[:, :5] - 50.0) <= 0.1 + 1e-5).all()      # within the relative range around the state
+
+
+def test_relative_settings_refused_or_required(tmp_path):
+    with pytest.raises(CheckpointError, match="relative end-effector action; only relative joint actions"):
+        load_embodiment(_relative_checkpoint(tmp_path / "a", action_type="eef"), "new_embodiment", 16, 16)
+    with pytest.raises(CheckpointError, match=r"lack relative_action\.single_arm"):
+        load_embodiment(_relative_checkpoint(tmp_path / "b", with_stats=False), "new_embodiment", 16, 16)
+    with pytest.raises(CheckpointError, match="fewer steps than its action horizon 16"):
+        load_embodiment(_relative_checkpoint(tmp_path / "c", steps=8), "new_embodiment", 16, 16)
+    out = _relative_checkpoint(tmp_path / "d")
     (out / "processor_config.json").unlink()
     with pytest.raises(CheckpointError, match=r"processor_config\.json is missing"):
         load_embodiment(out, "new_embodiment", 16, 16)
