@@ -91,7 +91,7 @@ def write_processor_files(out: Path, cfg: GrootConfig, embodiments: dict[str, di
                       "mean_std_embedding_keys": None, "sin_cos_embedding_keys": None},
             "action": {"delta_indices": list(range(cfg.action_horizon)),
                        "modality_keys": [g for g, _ in spec["action"]], "mean_std_embedding_keys": None,
-                       "action_configs": [{"rep": "absolute", "type": "non_eef", "format": "default",
+                       "action_configs": [{"rep": "ABSOLUTE", "type": "NON_EEF", "format": "DEFAULT",
                                            "state_key": None} for _ in spec["action"]]},
             "language": {"delta_indices": [0], "modality_keys": ["annotation.human.task_description"]}}
         stats[tag] = {"state": {g: _group_stats(d, rng) for g, d in spec["state"]},

@@ -142,3 +142,21 @@ def eagle_model(cfg):
     vision = siglip2.Siglip2VisionModel(econf.vision_config)
     language = Qwen3ForCausalLM(econf.text_config)
     return eagle.Eagle3_VLForConditionalGeneration(econf, vision_model=vision, language_model=language)
+
+
+def state_action_processor_class():
+    """The reference's StateActionProcessor (gr00t/data/state_action; needs scipy), or None with the reason."""
+    reason = missing_reason()
+    if reason is not None:
+        return None, reason
+    try:
+        importlib.import_module("scipy")
+    except ImportError:
+        return None, f"the reference's dependency scipy is not installed (or name a folder with {DEPS_ENV})"
+    import_reference()
+    g = source_root() / "gr00t"
+    _package("gr00t.data", g / "data")
+    _package("gr00t.data.state_action", g / "data" / "state_action")
+    _package("gr00t.configs.data", g / "configs" / "data")
+    module = importlib.import_module("gr00t.data.state_action.state_action_processor")
+    return module.StateActionProcessor, None
