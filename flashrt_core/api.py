@@ -398,14 +398,15 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
 
 
 def _model_family(checkpoint, config) -> str:
-    """"groot" for a GR00T config (preset name or GrootConfig) or, with config=None, a local GR00T checkpoint
-    folder; else "pi"."""
+    """"groot" for a GR00T config (preset name or GrootConfig) or, with config=None, a GR00T checkpoint (a folder
+    or a hub id whose config.json has model_type Gr00tN1d6); else "pi"."""
     from flashrt_core.model.groot.config import is_groot_config
     if is_groot_config(config):
         return "groot"
-    if config is None and checkpoint is not None and Path(checkpoint).is_dir():
+    if config is None and checkpoint is not None:
         from flashrt_core.groot_policy import is_groot_checkpoint
-        if is_groot_checkpoint(Path(checkpoint)):
+        path = hub.checkpoint_path(checkpoint)               # a hub id: its cached snapshot
+        if path.is_dir() and is_groot_checkpoint(path):
             return "groot"
     return "pi"
 
