@@ -3,10 +3,11 @@
 Images (the reference processor's eval transform, then Eagle's smart_resize): every view of the embodiment is
 required, uint8 HxWx3; each is scaled so its shortest side is shortest_image_edge (256), centre-cropped to
 crop_fraction (0.95) of each side (int(side * f), offsets (side - crop) // 2), scaled to the shortest edge again,
-resized to sides rounded to multiples of 28 (2 x 2 patches of 14), and mapped to [-1, 1] ((x / 255 - 0.5) / 0.5).
-The geometry is the reference's (224 x 224 -> 252 x 252, 81 tokens; 480 x 640 -> 252 x 336, 108 tokens); the
-resampling is torch's antialiased bilinear, where the reference uses OpenCV's INTER_AREA and PIL's bicubic, so
-pixels differ by resampling error, not by geometry.
+resized to sides rounded to multiples of 28 (2 x 2 patches of 14), and mapped to [-1, 1] ((x / 255 - 0.5) / 0.5):
+224 x 224 -> 252 x 252, 81 tokens; 480 x 640 -> 252 x 336, 108 tokens. The two shortest-edge scalings resample as
+OpenCV's INTER_AREA does (albumentations' SmallestMaxSize in the reference): area weights when shrinking, its
+area-bilinear weights otherwise, in float and rounded to uint8 (within one level of OpenCV's fixed point); the
+last resize is PIL's bicubic, as Eagle's fetch_image runs it.
 
 Prompt (Eagle's chat template with the instruction first, then the views, as the reference builds it):
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{instruction}"
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from PIL import Image
 
 from flashrt_core import preprocess
 from flashrt_core.errors import CheckpointError, InputError
@@ -132,10 +133,54 @@ def image_geometry(h: int, w: int, edge: int, crop_fraction: float, factor: int 
     return (h1, w1), crop, (h2, w2), smart_resize(h2, w2, factor)
 
 
-def _resize(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    if tuple(x.shape[-2:]) == tuple(size):
-        return x
-    return F.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=True)
+def _area_weights(n_in: int, n_out: int) -> np.ndarray:
+    """[n_out, n_in] INTER_AREA weights when shrinking: the overlap of each source pixel with the output pixel's
+    source interval [i s, (i + 1) s), s = n_in / n_out, divided by s."""
+    scale = n_in / n_out
+    m = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        a, b = i * scale, (i + 1) * scale
+        for j in range(math.floor(a), min(n_in, math.ceil(b))):
+            m[i, j] = (min(b, j + 1) - max(a, j)) / scale
+    return m
+
+
+def _area_up_weights(n_in: int, n_out: int) -> np.ndarray:
+    """[n_out, n_in] INTER_AREA weights when not shrinking: source floor(d s) and the next one, fraction
+    f = (d + 1) - (floor(d s) + 1) / s, taken as 0 when <= 0, else its fractional part (OpenCV's resize)."""
+    scale, inv = n_in / n_out, n_out / n_in
+    m = np.zeros((n_out, n_in))
+    for d in range(n_out):
+        src = math.floor(d * scale)
+        f = (d + 1) - (src + 1) * inv
+        f = 0.0 if f <= 0 else f - math.floor(f)
+        m[d, min(max(src, 0), n_in - 1)] += 1.0 - f
+        m[d, min(max(src + 1, 0), n_in - 1)] += f
+    return m
+
+
+def resize_area(img: np.ndarray, height: int, width: int) -> np.ndarray:
+    """uint8 HxWxC -> uint8 height x width x C, resampled as OpenCV's INTER_AREA."""
+    h, w = img.shape[:2]
+    if (h, w) == (height, width):
+        return img
+    shrink = h >= height and w >= width
+    mh = _area_weights(h, height) if shrink else _area_up_weights(h, height)
+    mw = _area_weights(w, width) if shrink else _area_up_weights(w, width)
+    x = np.einsum("ih,hwc->iwc", mh, img.astype(np.float64))
+    x = np.einsum("jw,iwc->ijc", mw, x)
+    return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+
+
+def process_image(img: np.ndarray, cfg: GrootConfig, edge: int, crop_fraction: float) -> np.ndarray:
+    """uint8 HxWx3 -> the uint8 image the reference's vision encoder sees (before scaling to [-1, 1])."""
+    first, (top, left, ch, cw), second, final = image_geometry(img.shape[0], img.shape[1], edge, crop_fraction,
+                                                               cfg.image_factor)
+    x = resize_area(np.ascontiguousarray(img), *first)[top:top + ch, left:left + cw]
+    x = resize_area(np.ascontiguousarray(x), *second)
+    if x.shape[:2] != final:
+        x = np.asarray(Image.fromarray(x).resize((final[1], final[0]), Image.Resampling.BICUBIC))
+    return x
 
 
 def prepare_views(images, view_names: Sequence[str], cfg: GrootConfig, edge: int | None = None,
@@ -149,10 +194,6 @@ def prepare_views(images, view_names: Sequence[str], cfg: GrootConfig, edge: int
     frac = cfg.crop_fraction if crop_fraction is None else crop_fraction
     out = []
     for img in views:
-        x = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)[None].float()
-        first, (top, left, ch, cw), second, final = image_geometry(x.shape[2], x.shape[3], edge, frac,
-                                                                   cfg.image_factor)
-        x = _resize(x, first)[..., top:top + ch, left:left + cw]
-        x = _resize(_resize(x, second), final)
-        out.append(((x[0] / 255.0).clamp(0.0, 1.0) - 0.5) / 0.5)
+        x = torch.from_numpy(process_image(img, cfg, edge, frac)).permute(2, 0, 1).float()
+        out.append((x / 255.0 - 0.5) / 0.5)
     return out

@@ -160,3 +160,34 @@ def state_action_processor_class():
     _package("gr00t.configs.data", g / "configs" / "data")
     module = importlib.import_module("gr00t.data.state_action.state_action_processor")
     return module.StateActionProcessor, None
+
+
+def eagle_fetch_image():
+    """The reference's Eagle fetch_image (smart_resize + PIL resize), or None with the reason.
+
+    processing_eagle3_vl.py imports dataset and video readers (lmdb, torchvision, OpenCV) at module level, none of
+    which fetch_image uses: its functions and constants are taken out of the checkout's file (ast) and run in a
+    namespace of their own, so nothing is stubbed in sys.modules."""
+    import ast
+    import base64
+    import math
+    from io import BytesIO
+    from typing import Literal
+
+    from PIL import Image
+    reason = missing_reason()
+    if reason is not None:
+        return None, reason
+    path = source_root().joinpath(*EAGLE_DIR, "processing_eagle3_vl.py")
+    tree = ast.parse(path.read_text())
+    functions = {"adjust_by_factor", "to_rgb", "smart_resize", "fetch_image"}
+    constants = {"IMAGE_FACTOR", "MIN_PIXELS", "MAX_PIXELS", "MAX_RATIO", "IMAGE_MAX_SIZE"}
+    body = [node for node in tree.body
+            if (isinstance(node, ast.FunctionDef) and node.name in functions)
+            or (isinstance(node, ast.Assign) and {getattr(t, "id", None) for t in node.targets} <= constants)]
+    found = {n.name for n in body if isinstance(n, ast.FunctionDef)}
+    if found != functions:
+        return None, f"{path} lacks {sorted(functions - found)}"
+    namespace = {"math": math, "Image": Image, "BytesIO": BytesIO, "base64": base64, "Literal": Literal}
+    exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), namespace)
+    return namespace["fetch_image"], None
