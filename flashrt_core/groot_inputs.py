@@ -20,6 +20,7 @@ AutoTokenizer reads (vocab.json, merges.txt, tokenizer_config.json, added_tokens
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -133,30 +134,41 @@ def image_geometry(h: int, w: int, edge: int, crop_fraction: float, factor: int 
     return (h1, w1), crop, (h2, w2), smart_resize(h2, w2, factor)
 
 
-def _area_weights(n_in: int, n_out: int) -> np.ndarray:
-    """[n_out, n_in] INTER_AREA weights when shrinking: the overlap of each source pixel with the output pixel's
-    source interval [i s, (i + 1) s), s = n_in / n_out, divided by s."""
-    scale = n_in / n_out
-    m = np.zeros((n_out, n_in))
-    for i in range(n_out):
-        a, b = i * scale, (i + 1) * scale
-        for j in range(math.floor(a), min(n_in, math.ceil(b))):
-            m[i, j] = (min(b, j + 1) - max(a, j)) / scale
-    return m
+@functools.lru_cache(maxsize=64)
+def _area_taps(n_in: int, n_out: int, shrink: bool) -> tuple[np.ndarray, np.ndarray]:
+    """OpenCV INTER_AREA along one axis as taps: (source index [n_out, K], weight [n_out, K]).
 
-
-def _area_up_weights(n_in: int, n_out: int) -> np.ndarray:
-    """[n_out, n_in] INTER_AREA weights when not shrinking: source floor(d s) and the next one, fraction
+    Shrinking: the overlap of each source pixel with the output pixel's source interval [i s, (i + 1) s),
+    s = n_in / n_out, divided by s. Otherwise: source floor(d s) and the next one with fraction
     f = (d + 1) - (floor(d s) + 1) / s, taken as 0 when <= 0, else its fractional part (OpenCV's resize)."""
-    scale, inv = n_in / n_out, n_out / n_in
-    m = np.zeros((n_out, n_in))
-    for d in range(n_out):
-        src = math.floor(d * scale)
-        f = (d + 1) - (src + 1) * inv
-        f = 0.0 if f <= 0 else f - math.floor(f)
-        m[d, min(max(src, 0), n_in - 1)] += 1.0 - f
-        m[d, min(max(src + 1, 0), n_in - 1)] += f
-    return m
+    scale = n_in / n_out
+    rows: list[list[tuple[int, float]]] = []
+    for i in range(n_out):
+        if shrink:
+            a, b = i * scale, (i + 1) * scale
+            rows.append([(j, (min(b, j + 1) - max(a, j)) / scale)
+                         for j in range(math.floor(a), min(n_in, math.ceil(b)))])
+        else:
+            src = math.floor(i * scale)
+            f = (i + 1) - (src + 1) / scale
+            f = 0.0 if f <= 0 else f - math.floor(f)
+            rows.append([(min(max(src, 0), n_in - 1), 1.0 - f), (min(max(src + 1, 0), n_in - 1), f)])
+    k = max(len(r) for r in rows)
+    index = np.zeros((n_out, k), dtype=np.int64)
+    weight = np.zeros((n_out, k))
+    for i, row in enumerate(rows):
+        for t, (j, w) in enumerate(row):
+            index[i, t], weight[i, t] = j, w
+    return index, weight
+
+
+def _apply_taps(x: np.ndarray, taps: tuple[np.ndarray, np.ndarray], axis: int) -> np.ndarray:
+    index, weight = taps
+    moved = np.moveaxis(x, axis, 0)
+    out = np.zeros((index.shape[0],) + moved.shape[1:], dtype=np.float32)
+    for t in range(index.shape[1]):
+        out += weight[:, t].astype(np.float32).reshape((-1,) + (1,) * (moved.ndim - 1)) * moved[index[:, t]]
+    return np.moveaxis(out, 0, axis)
 
 
 def resize_area(img: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -165,10 +177,8 @@ def resize_area(img: np.ndarray, height: int, width: int) -> np.ndarray:
     if (h, w) == (height, width):
         return img
     shrink = h >= height and w >= width
-    mh = _area_weights(h, height) if shrink else _area_up_weights(h, height)
-    mw = _area_weights(w, width) if shrink else _area_up_weights(w, width)
-    x = np.einsum("ih,hwc->iwc", mh, img.astype(np.float64))
-    x = np.einsum("jw,iwc->ijc", mw, x)
+    x = _apply_taps(img.astype(np.float32), _area_taps(h, height, shrink), 0)
+    x = _apply_taps(x, _area_taps(w, width, shrink), 1)
     return np.clip(np.rint(x), 0, 255).astype(np.uint8)
 
 
