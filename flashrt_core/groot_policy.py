@@ -91,9 +91,9 @@ class GrootPolicy:
                                       emb.formalize_language)
         state_n = emb.normalize_state(state, cfg.max_state_dim)
         dev = self.device
-        return ([v.to(dev) for v in views], torch.from_numpy(ids)[None].to(dev),
-                torch.ones(1, ids.shape[0], dtype=torch.bool, device=dev), torch.from_numpy(state_n)[None, None].to(dev),
-                torch.tensor([emb.id], dtype=torch.long, device=dev),
+        mask = torch.ones(1, ids.shape[0], dtype=torch.bool, device=dev)
+        return ([v.to(dev) for v in views], torch.from_numpy(ids)[None].to(dev), mask,
+                torch.from_numpy(state_n)[None, None].to(dev), torch.tensor([emb.id], dtype=torch.long, device=dev),
                 torch.from_numpy(self._noise(noise))[None].to(dev))
 
     def reachable_text_buckets(self, state=None) -> tuple[int, ...]:

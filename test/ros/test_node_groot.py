@@ -19,7 +19,7 @@ def groot_checkpoint(tmp_path_factory):
 
 def test_node_publishes_groot_chunks(groot_checkpoint):
     h = NodeHarness({"checkpoint": str(groot_checkpoint), "model_config": "groot_n1.6_tiny",
-                     "embodiment": "new_embodiment", "device": "cpu"})
+                     "embodiment": "new_embodiment", "device": "cpu", "warmup_iterations": 1})
     try:
         assert h.lifecycle.change("configure") and h.lifecycle.change("activate")
         policy = h.node.policy
