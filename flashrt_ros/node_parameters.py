@@ -116,7 +116,7 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     # model
     ParamSpec("checkpoint", "", "Checkpoint directory; empty = the embedded demo checkpoint of flashrt_core."),
     ParamSpec("model_config", "auto", "flashrt_core config preset; auto = the one recorded in the checkpoint "
-              "(flashrt_config.json), else pi05.", choices=MODEL_CONFIGS),
+              "(flashrt_config.json, or groot_n1.6 for a GR00T config.json), else pi05.", choices=MODEL_CONFIGS),
     ParamSpec("embodiment", "", "GR00T N1.6 only: the embodiment tag (projector slice, views, joint groups and "
               "statistics of the robot, docs/groot.md); empty for the pi family."),
     ParamSpec("device", "auto", "Inference device: auto, cpu, cuda or cuda:N."),
@@ -414,8 +414,8 @@ class NodeSettings:
     def config_id(self) -> str:
         """Short hash of the settings that change what the model computes."""
         fields = {name: getattr(self, name) for name in (
-            "checkpoint", "model_config", "embodiment", "device", "precision", "hardware", "camera_views", "state_joint_names",
-            "action_dt", "noise_seed")}
+            "checkpoint", "model_config", "embodiment", "device", "precision", "hardware", "camera_views",
+            "state_joint_names", "action_dt", "noise_seed")}
         fields["camera_count"] = len(self.camera_topics)
         digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
         return digest[:12]
