@@ -232,3 +232,15 @@ def test_whole_model_with_pinned_noise(tmp_path):
     noise = torch.randn(1, cfg.action_horizon, cfg.max_action_dim)
     mine = ours.predict_normalized([pixels[0]], ids, mask, state, emb, noise)
     torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_views_of_different_sizes_attend_to_themselves(eagle_pair):
+    """Several views in one call: each view's tokens are the reference's for that view alone (its flash-attention
+    packing keeps views apart), in prompt order, whatever their sizes."""
+    ours, ref, cfg = eagle_pair
+    views = [one_view(cfg, seed=s, hw=hw)[0][0] for s, hw in ((5, (56, 84)), (6, (56, 56)), (7, (56, 84)))]
+    mine = ours.backbone.model.all_image_tokens(views, torch.float32)
+    theirs = torch.cat([ref.extract_feature([v[None]]) for v in views])
+    assert mine.shape == (6 + 4 + 6, cfg.llm.width)
+    torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
