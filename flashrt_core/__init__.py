@@ -1,4 +1,5 @@
-"""flashrt_core: real-time pi0 / pi0.5 / pi0-FAST inference (reference model, checkpoint loading, public API).
+"""flashrt_core: real-time pi0 / pi0.5 / pi0-FAST inference (reference model, checkpoint loading, public API), and
+GR00T N1.6 on the reference path (flashrt_core.model.groot, groot_policy).
 
 Never imports rclpy or any ROS module.
 """

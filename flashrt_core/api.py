@@ -407,7 +407,8 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
                hardware: str = "auto", tokenizer: str | Path | PromptTokenizer | None = None,
                require_norm_stats: bool = True, engine_options=None, gpu_preprocess: bool | None = None,
                gpu_unnormalize: bool | None = None, asset_id: str | None = None,
-               precision: str | None = None, fast_tokenizer: str | Path | None = None) -> Policy:
+               precision: str | None = None, fast_tokenizer: str | Path | None = None, embodiment: str | None = None,
+               statistics: str | Path | None = None) -> Policy:
     """Load a checkpoint directory, or a Hugging Face hub id such as "lerobot/pi05_base" (flashrt_core.hub:
     through huggingface_hub's cache), into a ready Policy; None loads the demo checkpoint.
 
@@ -431,7 +432,25 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     pi0-FAST (config "pi0fast", or a folder whose flashrt_config.json names it) returns a
     pi0_fast_policy.FastPolicy on the reference executor; fast_tokenizer is its FAST tokenizer folder
     (default: pi0_fast_policy.find_fast_tokenizer).
+    GR00T N1.6 (config "groot_n1.6" / "groot_n1.6_tiny", or a checkpoint whose config.json has model_type
+    Gr00tN1d6) loads through flashrt_core.groot_policy: embodiment picks the robot (projectors, joint groups,
+    statistics), statistics overrides the checkpoint's statistics.json; it runs on the reference executor.
     """
+    family = _model_family(checkpoint, config)
+    if family == "groot":
+        from flashrt_core.groot_policy import load_groot_policy
+        if checkpoint is None:
+            raise CheckpointError("GR00T has no embedded demo checkpoint: pass a checkpoint folder (`python -m "
+                                  "flashrt_core.groot_fixtures DIR` writes a random one)")
+        ckpt_dir = hub.checkpoint_path(checkpoint)
+        if not ckpt_dir.is_dir():
+            raise CheckpointError(f"checkpoint directory not found: {ckpt_dir}")
+        dev = resolve_device(device)
+        dtype, _, _ = resolve_precision(precision, dtype, None, dev, "reference")   # GR00T: reference path
+        return load_groot_policy(ckpt_dir, config, embodiment, dev, resolve_dtype(dtype, dev),
+                                 hardware, tokenizer, statistics)
+    if embodiment is not None or statistics is not None:
+        raise ValueError("embodiment= and statistics= apply to GR00T checkpoints only (config 'groot_n1.6')")
     gpu_preprocess = read_switch("FLASHRT_GPU_PREPROCESS") if gpu_preprocess is None else gpu_preprocess
     gpu_unnormalize = read_switch("FLASHRT_GPU_UNNORMALIZE") if gpu_unnormalize is None else gpu_unnormalize
     ckpt_dir = ensure_demo_checkpoint() if checkpoint is None else hub.checkpoint_path(checkpoint)
@@ -488,6 +507,20 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     policy = Policy(keep, cfg, executor, tokenizer, normalizer, dev, model_id, gpu_preprocess, gpu_unnormalize)
     policy.checkpoint_dir = ckpt_dir
     return policy
+
+
+def _model_family(checkpoint, config) -> str:
+    """"groot" for a GR00T config (preset name or GrootConfig) or, with config=None, a GR00T checkpoint (a folder
+    or a hub id whose config.json has model_type Gr00tN1d6); else "pi"."""
+    from flashrt_core.model.groot.config import is_groot_config
+    if is_groot_config(config):
+        return "groot"
+    if config is None and checkpoint is not None:
+        from flashrt_core.groot_policy import is_groot_checkpoint
+        path = hub.checkpoint_path(checkpoint)               # a hub id: its cached snapshot
+        if path.is_dir() and is_groot_checkpoint(path):
+            return "groot"
+    return "pi"
 
 
 def _same_affine(held, wanted) -> bool:

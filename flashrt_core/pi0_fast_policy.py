@@ -36,7 +36,6 @@ looked for in the checkpoint's fast_tokenizer/ folder, the checkpoint folder its
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +48,7 @@ from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.fast_tokenizer import PROCESSOR_CONFIG_FILE, TOKENIZER_FILE, ActionDecodeError, FastTokenizer
 from flashrt_core.model import Pi0FastModel
 from flashrt_core.tokenizer import EOS_ID, PromptTokenizer, clean_text
+from flashrt_core.engine.options import read_path
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,8 @@ def fast_prompt(text: str, state_bins) -> str:
 
 def find_fast_tokenizer(checkpoint_dir: Path) -> Path:
     candidates = [checkpoint_dir / FAST_TOKENIZER_DIR, checkpoint_dir]
-    if os.environ.get(FAST_TOKENIZER_ENV):
-        candidates.append(Path(os.environ[FAST_TOKENIZER_ENV]))
+    if read_path(FAST_TOKENIZER_ENV):
+        candidates.append(Path(read_path(FAST_TOKENIZER_ENV)))
     for path in candidates:
         if (path / TOKENIZER_FILE).is_file() and (path / PROCESSOR_CONFIG_FILE).is_file():
             return path

@@ -54,7 +54,8 @@ class StateInput(enum.Enum):
     FLOAT_ARRAY = "float_array"         # std_msgs/Float64MultiArray, used as is
 
 
-MODEL_CONFIGS = ("auto", "pi05", "pi0", "pi05_tiny", "pi0_tiny", "pi0fast", "pi0fast_tiny")
+MODEL_CONFIGS = ("auto", "pi05", "pi0", "pi05_tiny", "pi0_tiny", "pi0fast", "pi0fast_tiny", "groot_n1.6",
+                 "groot_n1.6_tiny")
 PRECISIONS = ("auto", "float32", "bfloat16", "float16", "fp8")   # flashrt_core.api.PRECISIONS' names
 DEFAULT_TUNING_CACHE = "~/.cache/flashrt/tuning"
 DEFAULT_FP8_SCALE_CACHE = "~/.cache/flashrt/fp8_scales"
@@ -123,7 +124,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("asset_id", "", "Which assets/<asset_id>/norm_stats.json holds the statistics, for an openpi "
               "checkpoint with several (e.g. physical-intelligence/libero); empty = the only one there is."),
     ParamSpec("model_config", "auto", "flashrt_core config preset; auto = the one recorded in the checkpoint "
-              "(flashrt_config.json), else pi05.", choices=MODEL_CONFIGS),
+              "(flashrt_config.json, or groot_n1.6 for a GR00T config.json), else pi05.", choices=MODEL_CONFIGS),
+    ParamSpec("embodiment", "", "GR00T N1.6 only: the embodiment tag (projector slice, views, joint groups and "
+              "statistics of the robot, docs/groot.md); empty for the pi family."),
     ParamSpec("device", "auto", "Inference device: auto, cpu, cuda or cuda:N."),
     ParamSpec("precision", "auto", "What inference computes in (flashrt_core.load_model's precision): auto = bf16 "
               "on GPU, fp32 on CPU; fp8 = the GPU engine's FP8 GEMMs on the backbone's MLP (CUDA GPU with FP8 tensor "
@@ -384,6 +387,7 @@ class NodeSettings:
     checkpoint: str
     asset_id: str
     model_config: str
+    embodiment: str
     device: str
     precision: str
     calibration_observations: int
@@ -458,9 +462,8 @@ class NodeSettings:
     def config_id(self) -> str:
         """Short hash of the settings that change what the model computes."""
         fields = {name: getattr(self, name) for name in (
-            "checkpoint", "asset_id", "model_config", "device", "precision", "hardware", "camera_views",
-            "state_joint_names",
-            "action_dt", "noise_seed", "rtc")}
+            "checkpoint", "asset_id", "model_config", "embodiment", "device", "precision", "hardware", "camera_views",
+            "state_joint_names", "action_dt", "noise_seed", "rtc")}
         fields["camera_count"] = len(self.camera_topics)
         digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
         return digest[:12]

@@ -74,10 +74,11 @@ WATCH_PERIOD_LIMITS_S = (0.01, 0.1)     # the input watchdog checks 5 times per 
 def load_policy(settings: NodeSettings):
     """Default policy factory: flashrt_core.load_model with the node's settings."""
     import flashrt_core   # imported here: the node module stays importable without torch for tooling
+    family = {"embodiment": settings.embodiment} if settings.embodiment else {}     # GR00T only
     return flashrt_core.load_model(checkpoint=settings.checkpoint or None, config=settings.config,
                                    device=settings.device, precision=settings.load_precision,
                                    hardware=settings.hardware, engine_options=settings.engine_options(),
-                                   asset_id=settings.asset_id or None)
+                                   asset_id=settings.asset_id or None, **family)
 
 
 class ShuttingDown(BaseException):

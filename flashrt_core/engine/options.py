@@ -203,6 +203,10 @@ PRODUCT_ENVIRONMENT = (
                 "graph unnormalizes the actions too; 0 unnormalizes them on the host."),
     EnvVariable("FLASHRT_TOKENIZER", "", "The PaliGemma tokenizer model, looked for after the checkpoint's own "
                 "tokenizer.model (flashrt_core.api.tokenizer_candidates)."),
+    EnvVariable("FLASHRT_FAST_TOKENIZER", "", "pi0-FAST's FAST action tokenizer folder, looked for after the "
+                "checkpoint's own (flashrt_core.pi0_fast_policy.find_fast_tokenizer)."),
+    EnvVariable("FLASHRT_GROOT_TOKENIZER", "", "GR00T's Eagle (Qwen3) tokenizer folder, looked for after the "
+                "checkpoint's own (flashrt_core.groot_inputs)."),
     EnvVariable("FLASHRT_CACHE_DIR", "~/.cache/flashrt", "Where the embedded demo checkpoint is generated and kept "
                 "(load_model(None))."),
 )

@@ -1,0 +1,209 @@
+"""GR00T N1.6 inputs: camera views to SigLIP2 pixels, the instruction to the Eagle prompt's token ids.
+
+Images (the reference processor's eval transform, then Eagle's smart_resize): every view of the embodiment is
+required, uint8 HxWx3; each is scaled so its shortest side is shortest_image_edge (256), centre-cropped to
+crop_fraction (0.95) of each side (int(side * f), offsets (side - crop) // 2), scaled to the shortest edge again,
+resized to sides rounded to multiples of 28 (2 x 2 patches of 14), and mapped to [-1, 1] ((x / 255 - 0.5) / 0.5):
+224 x 224 -> 252 x 252, 81 tokens; 480 x 640 -> 252 x 336, 108 tokens. The two shortest-edge scalings resample as
+OpenCV's INTER_AREA does (albumentations' SmallestMaxSize in the reference): area weights when shrinking, its
+area-bilinear weights otherwise, in float and rounded to uint8 (within one level of OpenCV's fixed point); the
+last resize is PIL's bicubic, as Eagle's fetch_image runs it.
+
+Prompt (Eagle's chat template with the instruction first, then the views, as the reference builds it):
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{instruction}"
+    + per view k: "<image k><img>" + n_k x "<IMG_CONTEXT>" + "</img>"   + "<|im_end|>\n"
+tokenized as one string; the instruction is lower-cased and stripped of punctuation when the checkpoint
+formalizes language. <IMG_CONTEXT> must tokenize to config.image_token_index: the backbone writes the projected
+image tokens into those slots. The tokenizer is Eagle's Qwen3 tokenizer: a folder that transformers'
+AutoTokenizer reads (vocab.json, merges.txt, tokenizer_config.json, added_tokens.json) or a tokenizer.json file.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from flashrt_core import preprocess
+from flashrt_core.errors import CheckpointError, InputError
+from flashrt_core.model.groot.config import GrootConfig
+from flashrt_core.engine.options import read_path
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_ENV = "FLASHRT_GROOT_TOKENIZER"
+SYSTEM_TURN = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+USER_PREFIX = "<|im_start|>user\n"
+IMAGE_OPEN, IMAGE_CONTEXT, IMAGE_CLOSE, TURN_END = "<img>", "<IMG_CONTEXT>", "</img>", "<|im_end|>\n"
+MIN_PIXELS, MAX_PIXELS, MAX_SIDE = 4 * 28 * 28, 4096 * 28 * 28, 500 * 14      # Eagle's smart_resize limits
+SUPPLY_TOKENIZER = ("GR00T N1.6 checkpoints do not ship Eagle's Qwen3 tokenizer: it is in the Isaac-GR00T source, "
+                    "gr00t/model/modules/nvidia/Eagle-Block2A-2B-v2; pass tokenizer=THAT_FOLDER, set "
+                    f"{TOKENIZER_ENV}, or copy the folder's tokenizer files into the checkpoint folder")
+
+
+class GrootTokenizer:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if self.path.is_file():
+            from tokenizers import Tokenizer
+            tok = Tokenizer.from_file(str(self.path))
+            self._encode = lambda text: tok.encode(text, add_special_tokens=False).ids
+        elif self.path.is_dir():
+            from transformers import AutoTokenizer
+            tok = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
+            self._encode = lambda text: tok.encode(text, add_special_tokens=False)
+        else:
+            raise CheckpointError(f"GR00T tokenizer {self.path} not found. {SUPPLY_TOKENIZER}")
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._encode(text))
+
+
+def find_tokenizer(checkpoint_dir: Path, tokenizer: str | Path | None) -> Path:
+    candidates = [Path(tokenizer)] if tokenizer is not None else []
+    candidates += [checkpoint_dir / TOKENIZER_FILE]
+    if (checkpoint_dir / "tokenizer_config.json").is_file():
+        candidates.append(checkpoint_dir)
+    if read_path(TOKENIZER_ENV):
+        candidates.append(Path(read_path(TOKENIZER_ENV)))
+    for path in candidates:
+        if path.exists():
+            return path
+    raise CheckpointError("GR00T tokenizer not found; tried " + ", ".join(map(str, candidates))
+                          + f". {SUPPLY_TOKENIZER}")
+
+
+def formalize(instruction: str) -> str:
+    """The reference's formalize_language: lower case, punctuation removed."""
+    return re.sub(r"[^\w\s]", "", instruction.lower())
+
+
+def prompt_text(instruction: str, image_tokens: Sequence[int], formalize_language: bool = True) -> str:
+    if not isinstance(instruction, str) or not instruction.strip():
+        raise InputError(f"prompt must be a non-empty str, got {instruction!r}")
+    text = formalize(instruction) if formalize_language else instruction
+    views = "".join(f"<image {k + 1}>{IMAGE_OPEN}{IMAGE_CONTEXT * n}{IMAGE_CLOSE}" for k, n in enumerate(image_tokens))
+    return SYSTEM_TURN + USER_PREFIX + text + views + TURN_END
+
+
+def prompt_ids(tokenizer: GrootTokenizer, cfg: GrootConfig, instruction: str, image_tokens: Sequence[int],
+               formalize_language: bool | None = None) -> np.ndarray:
+    """-> int64 [L] token ids of the Eagle prompt; image_tokens: the image-token count of each view."""
+    formal = cfg.formalize_language if formalize_language is None else formalize_language
+    ids = np.asarray(tokenizer.encode(prompt_text(instruction, image_tokens, formal)), dtype=np.int64)
+    slots = int((ids == cfg.image_token_index).sum())
+    if slots != sum(image_tokens):
+        raise CheckpointError(f"the tokenizer gives {slots} image-context ids {cfg.image_token_index} for "
+                              f"{sum(image_tokens)} image tokens ({IMAGE_CONTEXT} must be that id): it is not the "
+                              "tokenizer of this model")
+    if ids.max() >= cfg.llm.vocab_size:
+        raise CheckpointError(f"the tokenizer produced id {ids.max()}, outside the model's vocabulary "
+                              f"({cfg.llm.vocab_size}): it is not the tokenizer of this model")
+    return ids
+
+
+def _scale_shortest(h: int, w: int, edge: int) -> tuple[int, int]:
+    scale = edge / min(h, w)
+    return max(1, int(round(h * scale))), max(1, int(round(w * scale)))
+
+
+def smart_resize(h: int, w: int, factor: int = 28) -> tuple[int, int]:
+    """Eagle's smart_resize: sides rounded to multiples of factor within its pixel-count limits."""
+    hb = min(max(factor, round(h / factor) * factor), MAX_SIDE)
+    wb = min(max(factor, round(w / factor) * factor), MAX_SIDE)
+    if hb * wb > MAX_PIXELS:
+        beta = math.sqrt(h * w / MAX_PIXELS)
+        hb, wb = math.floor(h / beta / factor) * factor, math.floor(w / beta / factor) * factor
+    elif hb * wb < MIN_PIXELS:
+        beta = math.sqrt(MIN_PIXELS / (h * w))
+        hb, wb = math.ceil(h * beta / factor) * factor, math.ceil(w * beta / factor) * factor
+    return hb, wb
+
+
+def image_geometry(h: int, w: int, edge: int, crop_fraction: float, factor: int = 28):
+    """-> ((h1, w1) after the first resize, (top, left, ch, cw) crop box, (h2, w2), (H, W) final)."""
+    h1, w1 = _scale_shortest(h, w, edge)
+    ch, cw = max(1, int(h1 * crop_fraction)), max(1, int(w1 * crop_fraction))
+    crop = ((h1 - ch) // 2, (w1 - cw) // 2, ch, cw)
+    h2, w2 = _scale_shortest(ch, cw, edge)
+    return (h1, w1), crop, (h2, w2), smart_resize(h2, w2, factor)
+
+
+@functools.lru_cache(maxsize=64)
+def _area_taps(n_in: int, n_out: int, shrink: bool) -> tuple[np.ndarray, np.ndarray]:
+    """OpenCV INTER_AREA along one axis as taps: (source index [n_out, K], weight [n_out, K]).
+
+    Shrinking: the overlap of each source pixel with the output pixel's source interval [i s, (i + 1) s),
+    s = n_in / n_out, divided by s. Otherwise: source floor(d s) and the next one with fraction
+    f = (d + 1) - (floor(d s) + 1) / s, taken as 0 when <= 0, else its fractional part (OpenCV's resize)."""
+    scale = n_in / n_out
+    rows: list[list[tuple[int, float]]] = []
+    for i in range(n_out):
+        if shrink:
+            a, b = i * scale, (i + 1) * scale
+            rows.append([(j, (min(b, j + 1) - max(a, j)) / scale)
+                         for j in range(math.floor(a), min(n_in, math.ceil(b)))])
+        else:
+            src = math.floor(i * scale)
+            f = (i + 1) - (src + 1) / scale
+            f = 0.0 if f <= 0 else f - math.floor(f)
+            rows.append([(min(max(src, 0), n_in - 1), 1.0 - f), (min(max(src + 1, 0), n_in - 1), f)])
+    k = max(len(r) for r in rows)
+    index = np.zeros((n_out, k), dtype=np.int64)
+    weight = np.zeros((n_out, k))
+    for i, row in enumerate(rows):
+        for t, (j, w) in enumerate(row):
+            index[i, t], weight[i, t] = j, w
+    return index, weight
+
+
+def _apply_taps(x: np.ndarray, taps: tuple[np.ndarray, np.ndarray], axis: int) -> np.ndarray:
+    index, weight = taps
+    moved = np.moveaxis(x, axis, 0)
+    out = np.zeros((index.shape[0],) + moved.shape[1:], dtype=np.float32)
+    for t in range(index.shape[1]):
+        out += weight[:, t].astype(np.float32).reshape((-1,) + (1,) * (moved.ndim - 1)) * moved[index[:, t]]
+    return np.moveaxis(out, 0, axis)
+
+
+def resize_area(img: np.ndarray, height: int, width: int) -> np.ndarray:
+    """uint8 HxWxC -> uint8 height x width x C, resampled as OpenCV's INTER_AREA."""
+    h, w = img.shape[:2]
+    if (h, w) == (height, width):
+        return img
+    shrink = h >= height and w >= width
+    x = _apply_taps(img.astype(np.float32), _area_taps(h, height, shrink), 0)
+    x = _apply_taps(x, _area_taps(w, width, shrink), 1)
+    return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+
+
+def process_image(img: np.ndarray, cfg: GrootConfig, edge: int, crop_fraction: float) -> np.ndarray:
+    """uint8 HxWx3 -> the uint8 image the reference's vision encoder sees (before scaling to [-1, 1])."""
+    first, (top, left, ch, cw), second, final = image_geometry(img.shape[0], img.shape[1], edge, crop_fraction,
+                                                               cfg.image_factor)
+    x = resize_area(np.ascontiguousarray(img), *first)[top:top + ch, left:left + cw]
+    x = resize_area(np.ascontiguousarray(x), *second)
+    if x.shape[:2] != final:
+        x = np.asarray(Image.fromarray(x).resize((final[1], final[0]), Image.Resampling.BICUBIC))
+    return x
+
+
+def prepare_views(images, view_names: Sequence[str], cfg: GrootConfig, edge: int | None = None,
+                  crop_fraction: float | None = None) -> list[torch.Tensor]:
+    """Images (list in view order or dict by view name) -> one float32 [3, H, W] in [-1, 1] per view."""
+    views = preprocess.validate_images(images, view_names)
+    absent = [name for name, img in zip(view_names, views) if img is None]
+    if absent:
+        raise InputError(f"GR00T needs every view of the embodiment {list(view_names)}; missing {absent}")
+    edge = cfg.shortest_image_edge if edge is None else edge
+    frac = cfg.crop_fraction if crop_fraction is None else crop_fraction
+    out = []
+    for img in views:
+        x = torch.from_numpy(process_image(img, cfg, edge, frac)).permute(2, 0, 1).float()
+        out.append((x / 255.0 - 0.5) / 0.5)
+    return out

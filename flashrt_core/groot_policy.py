@@ -1,0 +1,187 @@
+"""GR00T N1.6 behind the Policy API: load_model(checkpoint, config="groot_n1.6", embodiment=TAG).
+
+predict(images, prompt, state, noise) -> float32 (horizon, action_dim) in robot units, as for the pi family:
+images by view name (the embodiment's video keys) or in that order, state by joint group ({group: values}) or
+flat in group order, noise (action_horizon, max_action_dim) to pin the flow. The embodiment picks the projector
+slice, the joint groups and their statistics (groot_statistics).
+
+Only the eager reference executor runs GR00T: hardware="auto" and "reference" use it on any device; naming a
+graph-engine target refuses with an error that says so.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flashrt_core import groot_inputs
+from flashrt_core.errors import CheckpointError, InputError
+from flashrt_core.groot_checkpoint import load_state_dict
+from flashrt_core.groot_statistics import Embodiment, load_embodiment
+from flashrt_core.model.groot.config import MODEL_TYPE, GrootConfig, from_checkpoint_json, get_groot_config
+from flashrt_core.model.groot.model import GrootModel
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+DEFAULT_CONFIG = "groot_n1.6"
+PRESET_KEY = "flashrt_preset"         # config.json key naming the preset (fixtures write it)
+
+
+def is_groot_checkpoint(checkpoint_dir: Path) -> bool:
+    path = checkpoint_dir / CONFIG_FILE
+    if not path.is_file():
+        return False
+    try:
+        return json.loads(path.read_text()).get("model_type") == MODEL_TYPE
+    except (json.JSONDecodeError, AttributeError):
+        return False
+
+
+class GrootReferenceExecutor:
+    """Backbone once, then num_inference_timesteps Euler steps of the DiT (eager PyTorch)."""
+
+    name = "reference"
+    uses_model = True
+
+    def __init__(self, model: GrootModel, device: torch.device):
+        self.model = model
+        self.device = device
+
+    def sample_actions(self, pixels, input_ids, attention_mask, state, embodiment_id, noise) -> torch.Tensor:
+        return self.model.predict_normalized(pixels, input_ids, attention_mask, state, embodiment_id, noise)
+
+    def close(self) -> None:
+        self.model = None
+
+
+class GrootPolicy:
+    """A loaded GR00T N1.6 policy for one embodiment. Not thread-safe: call predict from one thread at a time."""
+
+    requires_state = True
+    text_buckets: tuple[int, ...] = ()
+
+    def __init__(self, model: GrootModel, config: GrootConfig, embodiment: Embodiment,
+                 tokenizer: groot_inputs.GrootTokenizer, device: torch.device, model_id: str):
+        self.model = model
+        self.config = config
+        self.embodiment = embodiment
+        self.tokenizer = tokenizer
+        self.device = device
+        self.model_id = model_id
+        self.executor = GrootReferenceExecutor(model, device)
+
+    horizon = property(lambda self: self.embodiment.action_horizon or self.config.action_horizon)
+    action_dim = property(lambda self: self.embodiment.action_dim)
+    state_dim = property(lambda self: self.embodiment.state_dim)
+    view_names = property(lambda self: list(self.embodiment.views))
+    state_groups = property(lambda self: [(g.name, g.dim) for g in self.embodiment.state])
+    action_groups = property(lambda self: [(g.name, g.dim) for g in self.embodiment.action])
+
+    def prepare_inputs(self, images, prompt: str, state=None, noise=None):
+        """Validated, preprocessed tensors on the policy's device, in sample_actions' argument order."""
+        cfg, emb = self.config, self.embodiment
+        views = groot_inputs.prepare_views(images, emb.views, cfg, emb.shortest_image_edge, emb.crop_fraction)
+        ids = groot_inputs.prompt_ids(self.tokenizer, cfg, prompt, [cfg.image_tokens(*v.shape[-2:]) for v in views],
+                                      emb.formalize_language)
+        state_n = emb.normalize_state(state, cfg.max_state_dim)
+        dev = self.device
+        mask = torch.ones(1, ids.shape[0], dtype=torch.bool, device=dev)
+        return ([v.to(dev) for v in views], torch.from_numpy(ids)[None].to(dev), mask,
+                torch.from_numpy(state_n)[None, None].to(dev), torch.tensor([emb.id], dtype=torch.long, device=dev),
+                torch.from_numpy(self._noise(noise))[None].to(dev))
+
+    def reachable_text_buckets(self, state=None) -> tuple[int, ...]:
+        """The reference executor keeps no text buckets (the pi family's graph engine does)."""
+        return ()
+
+    def warm_up_text_buckets(self, images, prompt: str, state=None) -> list[int]:
+        return []
+
+    def predict(self, images, prompt: str, state=None, noise=None) -> np.ndarray:
+        """-> float32 (horizon, action_dim) in robot units (groot_statistics unnormalizes per joint group)."""
+        if self.executor is None:
+            raise RuntimeError("Policy.predict called after close()")
+        actions = self.executor.sample_actions(*self.prepare_inputs(images, prompt, state, noise))
+        return self.embodiment.unnormalize_actions(actions[0].float().cpu().numpy(), state)
+
+    def _noise(self, noise) -> np.ndarray:
+        shape = (self.config.action_horizon, self.config.max_action_dim)
+        if noise is None:
+            return torch.randn(1, *shape)[0].numpy()
+        try:
+            arr = np.asarray(noise.detach().cpu() if torch.is_tensor(noise) else noise, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"noise must be a numeric array of shape {shape}: {exc}") from exc
+        if arr.shape != shape:
+            raise InputError(f"noise must have shape {shape} (action_horizon, max_action_dim), got {arr.shape}")
+        if not np.isfinite(arr).all():
+            raise InputError("noise has non-finite values (NaN/inf)")
+        return arr
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.close()
+        self.executor = None
+        self.model = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> GrootPolicy:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def resolve_groot_config(config, checkpoint_dir: Path) -> GrootConfig:
+    """The preset (by name or object; else config.json's "flashrt_preset", which fixtures write; else
+    groot_n1.6) with the checkpoint's config.json applied."""
+    path = checkpoint_dir / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: a GR00T N1.6 checkpoint has config.json (model_type "
+                              f"{MODEL_TYPE!r})")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+    base = get_groot_config(config if config is not None else raw.get(PRESET_KEY, DEFAULT_CONFIG))
+    try:
+        return from_checkpoint_json(base, raw)
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+
+
+def load_groot_policy(checkpoint_dir: Path, config=None, embodiment: str | None = None,
+                      device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
+                      hardware: str = "auto", tokenizer=None, statistics=None) -> GrootPolicy:
+    if hardware not in ("auto", "reference"):
+        raise ValueError(f"hardware={hardware!r}: GR00T N1.6 runs on the eager reference executor only (the graph "
+                         "engine serves the pi family); use hardware='reference' or 'auto'")
+    cfg = resolve_groot_config(config, checkpoint_dir)
+    if not embodiment:
+        raise InputError("GR00T needs embodiment=TAG (the robot whose projectors, joint groups and statistics to "
+                         "use), e.g. embodiment='new_embodiment'")
+    emb = load_embodiment(checkpoint_dir, embodiment, cfg.max_state_dim, cfg.max_action_dim, statistics)
+    if emb.id >= cfg.max_num_embodiments:
+        raise CheckpointError(f"embodiment {emb.tag!r} has id {emb.id}, beyond the model's "
+                              f"max_num_embodiments={cfg.max_num_embodiments}")
+    tok = groot_inputs.GrootTokenizer(groot_inputs.find_tokenizer(checkpoint_dir, tokenizer))
+    weights = load_state_dict(checkpoint_dir, cfg, dtype, device)
+    with torch.device("meta"):
+        model = GrootModel(cfg)
+    model.load_state_dict(weights, strict=True, assign=True)
+    model.backbone.model.materialize_buffers(device)
+    meta = [n for n, b in model.named_buffers() if b.is_meta]
+    if meta:
+        raise RuntimeError(f"buffers left on the meta device after loading: {meta}")
+    model.eval()
+    model_id = f"{cfg.name}:{checkpoint_dir.resolve().name}:{emb.tag}"
+    log.info("loaded %s on %s (%s, reference executor)", model_id, device, dtype)
+    return GrootPolicy(model, cfg, emb, tok, device, model_id)
