@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "docs" / "benchmarks"
 PAGE = (REPO / "docs" / "performance.md").read_text()
 README = (REPO / "README.md").read_text()
-ENGINE = {"pi0.5": BENCH / "2026-12-04" / "engine_after_pi05_2026-12-04.json",
+ENGINE = {"pi0.5": BENCH / "2026-12-04" / "engine_grid_pi05_h200.json",
           "pi0": BENCH / "2026-12-04" / "engine_after_pi0_2026-12-04.json"}
 GRID = BENCH / "2026-12-02" / "engine_grid_h200.json"
 POLICY = BENCH / "2026-12-01" / "policy_predict_h200.json"
