@@ -19,8 +19,8 @@ so nothing is re-captured after a calibration.
 The scale cache (`ScaleCache`) keeps the amax of each GEMM in a JSON file named by the SHA-256 of its key: the
 checkpoint's weight content (`checkpoint_digest`: SHA-256 over the weight files' bytes, memory-mapped; measured
 on the 2-core development CPU with SHA-NI: 1.4 GB/s alone in memory, 0.6 GB/s from the page cache with the
-cores shared, so 5-11 s for pi0.5's 6.7 GB of bf16 weights, twice that for fp32 files), the model configuration, the engine dtype, the FP8 format, the
-margin, and a digest of the calibration observations as the engine sees them. A checkpoint with other weights
+cores shared, so 5-11 s for pi0.5's 6.7 GB of bf16 weights, twice that for fp32 files), the model configuration,
+the engine dtype, the FP8 format, the margin, and a digest of the calibration observations as the engine sees them. A checkpoint with other weights
 in the same folder gets another key. Nothing is unpickled.
 """
 
