@@ -66,7 +66,7 @@
 #   graphs timed in turn, the fastest load's picks stored in $OUT/tuning_cache, then a load from that entry timed
 #   (tune_engine.json, tune.log): whether the spread between loads comes from the picks.
 # compile-cells: torch.compile(mode="max-autotune") of the reference path, layer by layer, at the cells of the grid
-#   that have no compiled row yet (runs 43 and 49 timed it at the two 2-view horizon-10 cells only), beside an eager
+#   that have no compiled row yet (the compiled rows exist for the two 2-view horizon-10 cells only), beside an eager
 #   row per cell in the same run, no engines (--references-only --compile-grid). The cells are $COMPILE_CONFIGS x
 #   $COMPILE_VIEWS x $COMPILE_HORIZONS (default pi05 x 1 x "10 50"), a view count's horizons in turn: the second
 #   can take the vision tower's and the prefix's graphs from inductor's disk cache (~150 of one measured run's 187 s of
