@@ -34,7 +34,6 @@ import logging
 import mmap
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterable
@@ -44,6 +43,7 @@ import torch
 
 from flashrt_core.errors import Fp8NotCalibrated
 
+from .tuning_cache import canonical, key_digest, write_json_atomically
 from .fp8 import CALIB_MARGIN, FP8_DTYPES, quantize_wide, wide_linears
 from .weights import EngineWeights
 
@@ -233,7 +233,7 @@ class ScaleCache:
         self.directory = Path(directory).expanduser()
 
     def path(self, key: dict) -> Path:
-        return self.directory / f"fp8-scales-{_key_digest(key)[:32]}.json"
+        return self.directory / f"fp8-scales-{key_digest(key)[:32]}.json"
 
     def load(self, key: dict, gemms: int) -> list[float] | None:
         path = self.path(key)
@@ -243,7 +243,7 @@ class ScaleCache:
             entry = json.loads(path.read_text())
             if not isinstance(entry, dict) or entry.get("format") != SCALE_CACHE_FORMAT:
                 raise ValueError("unknown format")
-            if entry.get("key") != _canonical(key):
+            if entry.get("key") != canonical(key):
                 raise ValueError("its key differs from this calibration's (a hash collision or an edited file)")
             amax = entry.get("amax")
             if not (isinstance(amax, list) and len(amax) == gemms
@@ -256,22 +256,9 @@ class ScaleCache:
 
     def store(self, key: dict, amax: list[float], report: dict) -> Path | None:
         path = self.path(key)
-        entry = {"format": SCALE_CACHE_FORMAT, "key": _canonical(key), "amax": amax, "report": _canonical(report),
+        entry = {"format": SCALE_CACHE_FORMAT, "key": canonical(key), "amax": amax, "report": canonical(report),
                  "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        tmp = None
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=self.directory, prefix=".fp8-scales-", suffix=".tmp",
-                                             delete=False) as f:
-                tmp = f.name
-                json.dump(entry, f, indent=1, sort_keys=True)
-            os.replace(tmp, path)
-            return path
-        except OSError as err:
-            log.warning("could not write the FP8 scale cache entry %s: %s", path, err)
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
-            return None
+        return write_json_atomically(path, entry, "FP8 scale cache entry")
 
 
 def scale_key(checkpoint_digest_: str, config, dtype: torch.dtype, fmt: str, observations: str) -> dict:
@@ -280,14 +267,6 @@ def scale_key(checkpoint_digest_: str, config, dtype: torch.dtype, fmt: str, obs
     return {"format": SCALE_CACHE_FORMAT, "checkpoint_sha256": checkpoint_digest_,
             "model": dataclasses.asdict(config), "dtype": str(dtype), "fp8_format": fmt, "margin": CALIB_MARGIN,
             "observations_sha256": observations}
-
-
-def _canonical(value):
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
-
-
-def _key_digest(key: dict) -> str:
-    return hashlib.sha256(json.dumps(_canonical(key), sort_keys=True).encode()).hexdigest()
 
 
 __all__ = ["Fp8Calibration", "Fp8NotCalibrated", "ScaleCache", "calibrate", "calibrate_executor", "checkpoint_digest",

@@ -55,6 +55,25 @@ def key_digest(key: dict) -> str:
     return hashlib.sha256(json.dumps(canonical(key), sort_keys=True).encode()).hexdigest()
 
 
+def write_json_atomically(path: Path, entry: dict, what: str) -> Path | None:
+    """Write `entry` as JSON to `path` through a temporary file in its directory and a rename, so that a reader
+    never sees half an entry; returns the path, or None where it could not be written (logged as `what`)."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp",
+                                         delete=False) as f:
+            tmp = f.name
+            json.dump(entry, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+        return path
+    except OSError as err:
+        log.warning("could not write the %s %s: %s", what, path, err)
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        return None
+
+
 class TuningCache:
     """One directory of tuning entries. load() and store() never raise for what is in the directory: an entry that
     cannot be read, parsed or matched is logged and treated as missing, a directory that cannot be written is
@@ -95,20 +114,7 @@ class TuningCache:
         entry = {"format": TUNING_CACHE_FORMAT, "key": canonical(key), "picks": canonical(picks),
                  "timings": canonical(timings or {}),
                  "written_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        tmp = None
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=self.directory, prefix=".tuning-", suffix=".tmp",
-                                             delete=False) as f:
-                tmp = f.name
-                json.dump(entry, f, indent=1, sort_keys=True)
-            os.replace(tmp, path)
-            return path
-        except OSError as err:
-            log.warning("could not write the tuning cache entry %s: %s", path, err)
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
-            return None
+        return write_json_atomically(path, entry, "tuning cache entry")
 
 
 def pick_by_name(candidates, name: str, what: str):
@@ -120,4 +126,5 @@ def pick_by_name(candidates, name: str, what: str):
                      f"{[str(c) for c in candidates]}")
 
 
-__all__ = ["TUNING_CACHE_FORMAT", "TuningCache", "canonical", "code_fingerprint", "key_digest", "pick_by_name"]
+__all__ = ["TUNING_CACHE_FORMAT", "TuningCache", "canonical", "code_fingerprint", "key_digest", "pick_by_name",
+           "write_json_atomically"]
