@@ -362,20 +362,8 @@ class Policy:
         return tokens, token_masks, state_padded
 
     def _host_noise(self, noise) -> np.ndarray:
-        """The flow noise as a host float32 array (horizon, 32): the validated `noise` argument, or None ->
-        N(0, 1) from torch's CPU generator (so torch.manual_seed pins it, whatever the device)."""
-        shape = (self.config.action_horizon, self.config.max_action_dim)
-        if noise is None:
-            return torch.randn(1, *shape)[0].numpy()
-        try:
-            arr = np.asarray(noise.detach().cpu() if torch.is_tensor(noise) else noise, dtype=np.float32)
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"noise must be a numeric array of shape {shape}: {exc}") from exc
-        if arr.shape != shape:
-            raise InputError(f"noise must have shape {shape} (horizon, max_action_dim), got {arr.shape}")
-        if not np.isfinite(arr).all():
-            raise InputError("noise has non-finite values (NaN/inf)")
-        return arr
+        """The flow noise as a host float32 array (horizon, 32) (preprocess.host_noise)."""
+        return preprocess.host_noise(noise, (self.config.action_horizon, self.config.max_action_dim))
 
     def postprocess(self, actions: torch.Tensor) -> np.ndarray:
         """Normalized [horizon, 32] -> robot units float32 (horizon, action_dim)."""

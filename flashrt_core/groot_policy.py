@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashrt_core import groot_inputs
+from flashrt_core import groot_inputs, preprocess
 from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.groot_checkpoint import load_state_dict
 from flashrt_core.groot_statistics import Embodiment, load_embodiment
@@ -92,9 +92,10 @@ class GrootPolicy:
         state_n = emb.normalize_state(state, cfg.max_state_dim)
         dev = self.device
         mask = torch.ones(1, ids.shape[0], dtype=torch.bool, device=dev)
+        flow_noise = preprocess.host_noise(noise, (cfg.action_horizon, cfg.max_action_dim))
         return ([v.to(dev) for v in views], torch.from_numpy(ids)[None].to(dev), mask,
                 torch.from_numpy(state_n)[None, None].to(dev), torch.tensor([emb.id], dtype=torch.long, device=dev),
-                torch.from_numpy(self._noise(noise))[None].to(dev))
+                torch.from_numpy(flow_noise)[None].to(dev))
 
     def reachable_text_buckets(self, state=None) -> tuple[int, ...]:
         """The reference executor keeps no text buckets (the pi family's graph engine does)."""
@@ -109,20 +110,6 @@ class GrootPolicy:
             raise RuntimeError("Policy.predict called after close()")
         actions = self.executor.sample_actions(*self.prepare_inputs(images, prompt, state, noise))
         return self.embodiment.unnormalize_actions(actions[0].float().cpu().numpy(), state)
-
-    def _noise(self, noise) -> np.ndarray:
-        shape = (self.config.action_horizon, self.config.max_action_dim)
-        if noise is None:
-            return torch.randn(1, *shape)[0].numpy()
-        try:
-            arr = np.asarray(noise.detach().cpu() if torch.is_tensor(noise) else noise, dtype=np.float32)
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"noise must be a numeric array of shape {shape}: {exc}") from exc
-        if arr.shape != shape:
-            raise InputError(f"noise must have shape {shape} (action_horizon, max_action_dim), got {arr.shape}")
-        if not np.isfinite(arr).all():
-            raise InputError("noise has non-finite values (NaN/inf)")
-        return arr
 
     def close(self) -> None:
         if self.executor is not None:

@@ -237,6 +237,22 @@ def _check_image(img, what: str) -> None:
         raise InputError(f"{what}: image is empty, shape {img.shape}")
 
 
+def host_noise(noise, shape: tuple[int, int]) -> np.ndarray:
+    """The flow noise as a host float32 array of `shape` (horizon, max_action_dim): the validated `noise`
+    argument, or None -> N(0, 1) from torch's CPU generator (so torch.manual_seed pins it, whatever the device)."""
+    if noise is None:
+        return torch.randn(1, *shape)[0].numpy()
+    try:
+        arr = np.asarray(noise.detach().cpu() if torch.is_tensor(noise) else noise, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"noise must be a numeric array of shape {shape}: {exc}") from exc
+    if arr.shape != tuple(shape):
+        raise InputError(f"noise must have shape {tuple(shape)} (horizon, max_action_dim), got {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise InputError("noise has non-finite values (NaN/inf)")
+    return arr
+
+
 def validate_state(state, state_dim: int) -> np.ndarray:
     """Robot state -> float32 [state_dim]; InputError on non-numeric, wrong shape or non-finite values."""
     try:
