@@ -418,8 +418,9 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     unnormalized inside the graph too (Policy.__init__).
 
     pi0-FAST (config "pi0fast", or a folder whose flashrt_config.json names it) returns a
-    pi0_fast_policy.FastPolicy on the reference executor; fast_tokenizer is its FAST tokenizer folder
-    (default: pi0_fast_policy.find_fast_tokenizer).
+    pi0_fast_policy.FastPolicy (the graph engine's prefill and decode graphs on a GPU, the reference executor
+    otherwise; pi0_fast_policy.fast_executor); fast_tokenizer is its FAST tokenizer folder (default:
+    pi0_fast_policy.find_fast_tokenizer).
     GR00T N1.6 (config "groot_n1.6" / "groot_n1.6_tiny", or a checkpoint whose config.json has model_type
     Gr00tN1d6) loads through flashrt_core.groot_policy: embodiment picks the robot (projectors, joint groups,
     statistics), statistics overrides the checkpoint's statistics.json; it runs on the reference executor.
@@ -455,9 +456,6 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
         log.warning("%s has no normalization stats (%s): states and actions are used unnormalized", ckpt_dir,
                     location.note)
     cfg = fit_robot_dims(cfg, stats, explicit_dims, ckpt_dir)
-    if cfg.model_type == ModelType.PI0_FAST:
-        from flashrt_core import pi0_fast_policy
-        pi0_fast_policy.check_fast_hardware(hardware)          # before the weights are read
     dev = resolve_device(device)
     dtype, engine_options, fp8 = resolve_precision(precision, dtype, engine_options, dev, hardware)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -471,9 +469,13 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     if cfg.model_type == ModelType.PI0_FAST:
         from_hub = checkpoint is not None and ckpt_dir != Path(checkpoint)
         model_id = f"{cfg.name}:{checkpoint if from_hub else ckpt_dir.resolve().name}"
+        from flashrt_core import pi0_fast_policy
+        if fp8:
+            raise ValueError("precision='fp8': the pi0-FAST engine decodes in bf16 only (no calibrated FP8 "
+                             "decoding yet); use precision='bf16'")
         policy = pi0_fast_policy.build_fast_policy(model, cfg, dev, hardware, tokenizer, normalizer, model_id,
-                                                   ckpt_dir, fast_tokenizer)
-        log.info("loaded %s on %s (%s, executor reference)", policy.model_id, dev, torch_dtype)
+                                                   ckpt_dir, fast_tokenizer, engine_options)
+        log.info("loaded %s on %s (%s, executor %s)", policy.model_id, dev, torch_dtype, policy.executor.name)
         return policy
     executor = build_executor(model, cfg, dev, hardware, engine_options,
                               action_affine=normalizer.action_affine(cfg.max_action_dim))

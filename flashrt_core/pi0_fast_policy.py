@@ -30,7 +30,11 @@ whole horizon, so a FAST chunk has no shorter valid length.
 
 The FAST tokenizer files (tokenizer.json + processor_config.json, as "physical-intelligence/fast" ships them) are
 looked for in the checkpoint's fast_tokenizer/ folder, the checkpoint folder itself, then $FLASHRT_FAST_TOKENIZER;
-`fast_tokenizer=` overrides. The graph engine does not serve pi0-FAST yet: the reference executor does.
+`fast_tokenizer=` overrides.
+
+Executors: on a GPU the graph engine (engine/fast_decode.py: the prefill and the decoding steps replayed as CUDA
+graphs, bf16); on the CPU, with hardware="reference" or with the engine's fast paths off, the eager reference
+(FastReferenceExecutor).
 """
 
 from __future__ import annotations
@@ -48,7 +52,10 @@ from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.fast_tokenizer import PROCESSOR_CONFIG_FILE, TOKENIZER_FILE, ActionDecodeError, FastTokenizer
 from flashrt_core.model import Pi0FastModel
 from flashrt_core.tokenizer import EOS_ID, PromptTokenizer, clean_text
-from flashrt_core.engine.options import read_path
+from flashrt_core.engine.dispatch import Op, resolve
+from flashrt_core.engine.fast_decode import FastGraphExecutor
+from flashrt_core.engine.hardware import detect_hardware
+from flashrt_core.engine.options import EngineOptions, read_path
 
 log = logging.getLogger(__name__)
 
@@ -224,21 +231,34 @@ class FastPolicy(Policy):
 
 def build_fast_policy(model: Pi0FastModel, config: ModelConfig, device: torch.device, hardware: str,
                       tokenizer: PromptTokenizer, normalizer, model_id: str, checkpoint_dir: Path,
-                      fast_tokenizer: str | Path | FastTokenizer | None = None) -> FastPolicy:
-    """The pi0-FAST Policy on the reference executor (load_model's pi0fast branch). hardware "auto" and
-    "reference" are served; any other value names the graph engine, which has no pi0-FAST path yet."""
+                      fast_tokenizer: str | Path | FastTokenizer | None = None,
+                      engine_options: EngineOptions | None = None) -> FastPolicy:
+    """The pi0-FAST Policy (load_model's pi0fast branch) on the executor fast_executor picks."""
     if config.model_type != ModelType.PI0_FAST:
         raise ValueError(f"build_fast_policy needs a pi0fast config, got {config.model_type.value!r}")
-    check_fast_hardware(hardware)
     if not isinstance(fast_tokenizer, FastTokenizer):
         fast_tokenizer = FastTokenizer.load(fast_tokenizer if fast_tokenizer is not None
                                             else find_fast_tokenizer(checkpoint_dir))
-    executor = FastReferenceExecutor(model, config, device)
-    return FastPolicy(model, config, executor, tokenizer, normalizer, device, model_id, gpu_preprocess=False,
+    executor = fast_executor(model, config, device, hardware, engine_options)
+    keep = model if executor.uses_model else None        # the engine keeps its own prepared weights
+    return FastPolicy(keep, config, executor, tokenizer, normalizer, device, model_id, gpu_preprocess=False,
                       gpu_unnormalize=False, fast_tokenizer=fast_tokenizer)
 
 
-def check_fast_hardware(hardware: str) -> None:
-    if hardware not in ("auto", "reference"):
-        raise ValueError(f"hardware={hardware!r}: the graph engine does not serve pi0-FAST yet; use "
-                         "hardware='reference' (or 'auto', which runs pi0-FAST on the reference executor)")
+def fast_executor(model: Pi0FastModel, config: ModelConfig, device: torch.device, hardware: str,
+                  options: EngineOptions | None = None):
+    """The reference executor for hardware="reference" or a CPU device ("auto"), else the one the dispatch table
+    picks: engine/fast_decode.py's graphs where it picks the graph engine (a GPU with fast paths and CUDA graphs
+    on), the reference executor where it picks that. options None: EngineOptions.from_env()."""
+    device = torch.device(device)
+    if hardware == "reference":
+        return FastReferenceExecutor(model, config, device)
+    if device.type != "cuda":
+        if hardware != "auto":
+            raise ValueError(f"hardware={hardware!r} needs a CUDA device, got {device}")
+        return FastReferenceExecutor(model, config, device)
+    options = EngineOptions.from_env() if options is None else options
+    dispatch = resolve(detect_hardware(hardware, device), options)
+    if dispatch[Op.EXECUTOR] == "reference":
+        return FastReferenceExecutor(model, config, device)
+    return FastGraphExecutor(model, config, device, dispatch, eos_id=EOS_ID)

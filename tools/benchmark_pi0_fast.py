@@ -1,10 +1,16 @@
-"""Benchmark pi0-FAST's eager reference path: prefill ms, ms per decoded token, an N-token chunk end to end.
+"""Benchmark pi0-FAST in one process: the eager reference and the graph engine on the same weights and inputs.
 
-The reference executor (flashrt_core/model/pi0_fast.py) on random weights of a preset (full size "pi0fast" by
-default, built in memory: timing does not depend on the values) or a checkpoint folder. Decoding is forced to
-`--tokens` tokens (no EOS), so every run decodes the same count. Timed with a device synchronize around each
-phase: prefill (vision + prompt into the KV cache, first logits), each decode step (one token through the
-backbone and the tied LM head, its K/V appended), and Pi0FastModel.generate end to end.
+Reference (flashrt_core/model/pi0_fast.py), timed with a device synchronize around each phase: prefill (vision +
+prompt into the KV cache, first logits), each decode step (one token through the backbone and the tied LM head, its
+K/V appended), and Pi0FastModel.generate end to end.
+Engine (flashrt_core/engine/fast_decode.py, graphs on a GPU, its ops launched eagerly on the CPU): the prefill
+graph's and each decode graph's GPU time (CUDA events; ms per token = a decode graph's time / its steps), and
+FastGraphExecutor.generate end to end (host wall time: inputs in, tokens back on the host).
+Fidelity: the engine's logits teacher-forced on the reference's greedy tokens against the reference's (cosine per
+step, worst and mean) and how many leading greedy tokens agree.
+Random weights of a preset (full size "pi0fast" by default, built in memory: timing does not depend on the
+values) or a checkpoint folder. Decoding is forced to `--tokens` tokens (no end token), so every run decodes the
+same count.
 
     python tools/benchmark_pi0_fast.py [--config pi0fast | --checkpoint DIR] [--device cuda] [--dtype bfloat16]
         [--views 2] [--prompt-tokens 60] [--tokens 50] [--runs 5] [--out docs/benchmarks]
@@ -17,13 +23,19 @@ import datetime as dt
 import json
 import platform
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
 import torch
 
+import numpy as np
+
 from flashrt_core.checkpoint import load_model_weights
 from flashrt_core.config import ModelType, get_config
+from flashrt_core.engine import EngineOptions, detect_hardware, eager_cpu_dispatch, resolve
+from flashrt_core.engine.fast_decode import FastGraphExecutor
+from flashrt_core.engine.gate import cosine
 from flashrt_core.model import Pi0FastModel
 
 NO_EOS = -1
@@ -52,18 +64,47 @@ def run(args) -> dict:
     cfg, model, weights = build_model(args, device, dtype)
     if cfg.model_type != ModelType.PI0_FAST:
         raise SystemExit(f"{cfg.name} is no pi0fast config")
+    cfg = cfg.replace(fast={"max_decoding_steps": args.tokens})
     gen = torch.Generator().manual_seed(0)
     size = cfg.vision.image_size
     pixels = (torch.rand(1, args.views, 3, size, size, generator=gen) * 2 - 1).to(device)
     image_masks = torch.ones(1, args.views, dtype=torch.bool, device=device)
     tokens = torch.randint(4, cfg.paligemma.vocab_size, (1, cfg.max_token_len), generator=gen).to(device)
     token_masks = (torch.arange(cfg.max_token_len) < args.prompt_tokens)[None].to(device)
+    inputs = (pixels, image_masks, tokens, token_masks)
+    reference, ref_tokens, ref_logits = run_reference(args, cfg, model, inputs)
+    engine = run_engine(args, cfg, model, dtype, inputs, ref_tokens, ref_logits)
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "driver": _driver() if device.type == "cuda" else None,
+        "command": "python tools/benchmark_pi0_fast.py " + " ".join(args.argv),
+        "weights": weights, "config": cfg.name, "dtype": args.dtype,
+        "views": args.views, "prompt_tokens": args.prompt_tokens, "prefix_tokens": int(args.views
+                                                                                      * cfg.vision.num_patches
+                                                                                      + args.prompt_tokens),
+        "tokens": args.tokens, "runs": args.runs, "reference": reference, "engine": engine,
+    }
+
+
+def _driver() -> str | None:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run_reference(args, cfg, model, inputs) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """-> (timings, its greedy tokens (n,), its logits teacher-forced on them (n, vocab) fp32)"""
+    device = inputs[0].device
     prefill_ms, step_ms, generate_ms = [], [], []
     with torch.inference_mode():
         for run_index in range(args.runs + 1):                     # the first run warms up and is dropped
             synchronize(device)
             start = time.perf_counter()
-            embs, valid = model.embed_prefix(pixels, image_masks, tokens, token_masks)
+            embs, valid = model.embed_prefix(*inputs)
             state, logits = model.prefill(embs, valid)
             synchronize(device)
             prefill = (time.perf_counter() - start) * 1e3
@@ -75,8 +116,7 @@ def run(args) -> dict:
                 synchronize(device)
                 steps.append((time.perf_counter() - start) * 1e3)
             start = time.perf_counter()
-            out = model.generate(pixels, image_masks, tokens, token_masks, args.tokens, NO_EOS,
-                                 cfg.fast.decode_position_offset)
+            out = model.generate(*inputs, args.tokens, NO_EOS, cfg.fast.decode_position_offset)
             synchronize(device)
             total = (time.perf_counter() - start) * 1e3
             assert out.shape == (1, args.tokens)
@@ -84,17 +124,59 @@ def run(args) -> dict:
                 prefill_ms.append(prefill)
                 step_ms.extend(steps)
                 generate_ms.append(total)
-    return {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "torch": torch.__version__, "weights": weights, "config": cfg.name, "dtype": args.dtype,
-        "views": args.views, "prompt_tokens": args.prompt_tokens, "prefix_tokens": int(valid.sum()),
-        "tokens": args.tokens, "runs": args.runs,
-        "prefill_ms_median": statistics.median(prefill_ms),
-        "decode_ms_per_token_median": statistics.median(step_ms) if step_ms else None,
-        "chunk_ms_median": statistics.median(generate_ms),
-        "prefill_ms": prefill_ms, "chunk_ms": generate_ms,
-    }
+        embs, valid = model.embed_prefix(*inputs)
+        state, logits = model.prefill(embs, valid)
+        forced = [logits.float()]
+        for token in out[0, :-1]:
+            forced.append(model.decode_step(state, token[None], cfg.fast.decode_position_offset).float())
+    timings = {"prefill_ms_median": statistics.median(prefill_ms),
+               "decode_ms_per_token_median": statistics.median(step_ms) if step_ms else None,
+               "chunk_ms_median": statistics.median(generate_ms),
+               "prefill_ms": prefill_ms, "chunk_ms": generate_ms}
+    return timings, out[0], torch.cat(forced)
+
+
+def run_engine(args, cfg, model, dtype, inputs, ref_tokens, ref_logits) -> dict:
+    device = inputs[0].device
+    if device.type == "cuda":
+        dispatch = resolve(detect_hardware("auto", device), EngineOptions.from_env())
+    else:
+        dispatch = eager_cpu_dispatch(EngineOptions.from_env())
+    engine = FastGraphExecutor(model, cfg, device, dispatch, eos_id=NO_EOS, dtype=dtype)
+    chunk_ms, prefill_ms, token_ms = [], [], []
+    out = engine.generate(*inputs)                                  # captures the graphs (GPU) and warms up
+    for _ in range(args.runs):
+        synchronize(device)
+        start = time.perf_counter()
+        out = engine.generate(*inputs)
+        chunk_ms.append((time.perf_counter() - start) * 1e3)
+    assert out.shape == (1, args.tokens)
+    (fw,) = engine._entries.values()
+    if fw.graphs:
+        steps = [len(r) for r in engine.step_ranges()]
+        for _ in range(args.runs):
+            times = [_replay_ms(g) for g in fw.graphs]
+            prefill_ms.append(times[0])
+            token_ms.extend(t / n for t, n in zip(times[1:], steps) if n == engine.graph_tokens)
+    forced = engine.teacher_forced_logits(*inputs, ref_tokens[:-1])
+    cosines = [cosine(a.cpu().numpy(), b.cpu().numpy()) for a, b in zip(forced, ref_logits)]
+    agree = int(np.argmin(np.append(out[0].numpy() == ref_tokens.cpu().numpy(), False)))
+    return {"name": engine.name, "decode_graph_tokens": engine.graph_tokens,
+            "capture_s": sum(engine.capture_seconds.values()),
+            "prefill_ms_median": statistics.median(prefill_ms) if prefill_ms else None,
+            "decode_ms_per_token_median": statistics.median(token_ms) if token_ms else None,
+            "chunk_ms_median": statistics.median(chunk_ms), "chunk_ms": chunk_ms,
+            "logits_cosine_min": min(cosines), "logits_cosine_mean": float(np.mean(cosines)),
+            "greedy_tokens_agreeing": agree}
+
+
+def _replay_ms(graph) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,17 +194,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import sys
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     result = run(args)
-    print(f"pi0-FAST reference, {result['device']}, {result['config']} {result['dtype']}, {result['views']} views, "
-          f"{result['prefix_tokens']} prefix tokens: prefill {result['prefill_ms_median']:.2f} ms, "
-          f"{result['decode_ms_per_token_median']:.3f} ms per token, {result['tokens']}-token chunk "
-          f"{result['chunk_ms_median']:.1f} ms (medians of {result['runs']} runs)")
+    ref, eng = result["reference"], result["engine"]
+    print(f"pi0-FAST, {result['device']}, {result['config']} {result['dtype']}, {result['views']} views, "
+          f"{result['prefix_tokens']} prefix tokens, {result['tokens']}-token chunk (medians of {result['runs']} "
+          "runs)")
+    print(f"{'':10} {'prefill ms':>11} {'ms/token':>9} {'chunk ms':>9}")
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    for name, row in (("reference", ref), ("engine", eng)):
+        print(f"{name:10} {fmt(row['prefill_ms_median'], '11.2f')} {fmt(row['decode_ms_per_token_median'], '9.3f')} "
+              f"{row['chunk_ms_median']:9.1f}")
+    print(f"engine logits vs reference, teacher-forced: cosine min {eng['logits_cosine_min']:.5f} mean "
+          f"{eng['logits_cosine_mean']:.5f}; greedy tokens agreeing {eng['greedy_tokens_agreeing']}/{result['tokens']}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         stamp = result["date"][:10]
-        path = out / f"pi0_fast_reference_{args.device.split(':')[0]}_{result['config']}_{stamp}.json"
+        path = out / f"pi0_fast_{args.device.split(':')[0]}_{result['config']}_{stamp}.json"
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(path)
     return 0

@@ -31,8 +31,8 @@ def build_executor(model, config: ModelConfig, device: torch.device | str, hardw
     (Normalizer.action_affine), which the graph engine applies inside its graph
     (predict_observation(unnormalize=True)); the reference executor ignores it."""
     if config.model_type == ModelType.PI0_FAST:
-        raise ValueError("pi0-FAST decodes tokens: its executor is pi0_fast_policy.FastReferenceExecutor, and the "
-                         "graph engine has no pi0-FAST path yet")
+        raise ValueError("pi0-FAST decodes tokens: its executors are pi0_fast_policy.fast_executor's (the reference "
+                         "one, or engine/fast_decode.py's FastGraphExecutor), not build_executor's")
     device = torch.device(device)
     if hardware == "reference":
         return ReferenceExecutor(model, config, device)

@@ -112,7 +112,8 @@ def prefix(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor
 def prefix_layers(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor) -> Iterator:
     """prefix() a layer at a time: yields (key bias (P,), n_valid (1,)) before its first layer, then i as soon as
     layer i's K/V are in the caches (before that layer's attention and MLP), which is all the denoiser's layer i
-    reads of the prefix (forward_overlapped)."""
+    reads of the prefix (forward_overlapped). With a whole last layer (pi0-FAST's weights) the backbone's output
+    stream, (residual (P, Wg) fp32, last MLP output x), is left in ws.extras["prefix_out"]."""
     g = w.config.paligemma
     heads, dh = g.num_heads, g.head_dim
     text = w.embed_tokens[ws.tokens].float() * math.sqrt(g.width)                      # (T, Wg) fp32
@@ -137,6 +138,8 @@ def prefix_layers(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch
         o = ops.linear(attn, layer.o)
         ops.norm(o, residual, y, layer.norm2, None, g.eps)
         x = ops.mlp_down(ops.linear(y, layer.gate_up), layer.down)
+    if w.backbone[-1].o is not None:         # pi0-FAST: every layer whole; the output stream is residual + x
+        ws.extras["prefix_out"] = (residual, x)
 
 
 def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n_valid: torch.Tensor) -> None:

@@ -103,6 +103,8 @@ class EngineOptions:
     overlap_first_step: bool = _option(True, "The first denoising step's layer i runs beside the prefix's later "
                                        "layers on a second stream (forward.forward_overlapped).",
                                        "The first step after the whole prefix, on one stream.")
+    decode_graph_tokens: int = _option(8, "pi0-FAST: decoding steps per replayed decode graph (1-64); the host "
+                                       "reads the end-of-sequence flag once per graph (engine/fast_decode.py).")
     text_buckets: tuple[int, ...] = _option(DEFAULT_TEXT_BUCKETS, "The token-buffer lengths with a graph each, "
                                             "comma-separated (max_token_len is always added).")
     tuning_cache: str = _option("", "A directory where the load-time tuning's picks are kept and reused at the next "
@@ -129,6 +131,8 @@ class EngineOptions:
             raise ValueError(f"vision_mlp_pad must be 0 (off) or a positive multiple of 8, got {self.vision_mlp_pad!r}")
         if not (isinstance(self.chain_tuning_passes, int) and 1 <= self.chain_tuning_passes <= 8):
             raise ValueError(f"chain_tuning_passes must be an int from 1 to 8, got {self.chain_tuning_passes!r}")
+        if not (isinstance(self.decode_graph_tokens, int) and 1 <= self.decode_graph_tokens <= 64):
+            raise ValueError(f"decode_graph_tokens must be an int from 1 to 64, got {self.decode_graph_tokens!r}")
         if any((not isinstance(b, int)) or b <= 0 for b in self.text_buckets):
             raise ValueError(f"text_buckets must be positive ints, got {self.text_buckets!r}")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.impl.items()):

@@ -8,7 +8,9 @@
 - pi0.5: the time conditioning takes `num_steps` known values of t, so every adaRMSNorm's (1 + scale), shift and
   gate of every layer and step is computed once: `ExpertTables` (steps x layers x 2 norms x 3 x width, fp32).
 - pi0: the time half of action_time_mlp_in is precomputed per step as a bias.
-- The last backbone layer only needs its K/V (the prefix output is unused), so its o/MLP weights are not kept.
+- The last backbone layer only needs its K/V (the prefix output is unused), so its o/MLP weights are not kept;
+  pi0-FAST (prepare_fast_weights) keeps every backbone layer whole, the final norm and the tied LM head, and has
+  no action expert.
 Folds are computed in fp32 and rounded once to the engine dtype.
 """
 
@@ -105,6 +107,8 @@ class EngineWeights:
     time_out: Linear | None                   # pi0: action_time_mlp_out
     dts: list[float]                          # Euler step sizes (all -1/steps)
     vision_mlp_pad: int = 0                   # the vision MLP width rounded up to a multiple of this (0: as is)
+    final_norm: torch.Tensor | None = None    # pi0-FAST: (1 + w) of the backbone's final RMSNorm, fp32
+    lm_head: torch.Tensor | None = None       # pi0-FAST: the tied LM head (vocab, Wg) in the engine dtype
 
     def patch_gemm_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The fused patch embedding's (flashrt_kernels/patch_embed.py) GEMM weight in the engine dtype, (Wv, 3 * p * p)
@@ -303,4 +307,31 @@ def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: b
         tables=tables, state_proj=state_proj, time_in_action=time_in_action, time_in_bias=time_in_bias,
         time_out=time_out, dts=[-1.0 / cfg.num_steps] * cfg.num_steps, vision_mlp_pad=vision_mlp_pad)
     log.info("engine weights prepared (%s, folded=%s)", dtype, fold)
+    return weights
+
+
+@torch.no_grad()
+def prepare_fast_weights(model, dtype: torch.dtype = torch.bfloat16, fold: bool = True,
+                         vision_mlp_pad: int = 0) -> EngineWeights:
+    """Engine weights of a Pi0FastModel: vision and every backbone layer as prepare_weights makes them (folded,
+    merged, cast), the final RMSNorm's (1 + w) in fp32 (the norm kernel applies it: the LM head is the token
+    embedding, shared with the prefix's text embedding, so nothing is folded into it), the LM head in `dtype`
+    (the embedding table itself when it already is). No action expert."""
+    cfg = model.config
+    vision_layers, post_ln, projector = _vision(model, dtype, fold, vision_mlp_pad)
+    vis = model.vision
+    embed = model.embed_tokens.weight
+    weights = EngineWeights(
+        config=cfg, dtype=dtype, folded=fold,
+        patch_w=_f32(vis.patch_embedding.weight).flatten(1).contiguous(),
+        patch_b=_f32(vis.patch_embedding.bias),
+        pos_emb=_f32(vis.position_embedding).contiguous(),
+        vision=vision_layers, post_ln=post_ln, projector=projector,
+        embed_tokens=embed,
+        backbone=_gemma(model.paligemma, dtype, fold, adaptive=False, kv_only_last=False),
+        expert=[], expert_final_norm=None, action_in=None, action_out=None, tables=None, state_proj=None,
+        time_in_action=None, time_in_bias=None, time_out=None, dts=[], vision_mlp_pad=vision_mlp_pad,
+        final_norm=(1.0 + _f32(model.paligemma.norm.weight)).contiguous(),
+        lm_head=embed.detach() if embed.dtype == dtype else embed.detach().to(dtype).contiguous())
+    log.info("pi0-FAST engine weights prepared (%s, folded=%s)", dtype, fold)
     return weights

@@ -1,5 +1,5 @@
 """pi0-FAST end to end on tiny fixtures: load_model(config="pi0fast"...) + predict, the prompt, the checkpoint
-layouts and name table, the FAST tokenizer's search, invalid outputs, and the engine's refusal.
+layouts and name table, the FAST tokenizer's search and invalid outputs (the engine: test_pi0_fast_engine.py).
 
 A random checkpoint decodes no action sequence, so the end-to-end tests plant one (pi0_fast_fixtures.
 plant_output_tokens): greedy decoding through the real model writes "Action: ", the FAST tokens of a known chunk,
@@ -188,12 +188,9 @@ def test_real_time_chunking_is_refused_naming_why(planted):
     with pytest.raises(InputError, match="pi0-FAST decodes tokens and takes rtc=None"):
         policy.predict(IMAGES, PROMPT, STATE, rtc=flashrt_core.RtcRequest(previous, 2, "hard_prefix"))
 
-def test_the_engine_path_refuses_pi0fast(random_dir):
-    with pytest.raises(ValueError, match="graph engine does not serve pi0-FAST yet"):
-        flashrt_core.load_model(random_dir, device="cpu", hardware="h200")
-    cfg = get_config("pi0fast_tiny")
-    with pytest.raises(ValueError, match="graph engine has no pi0-FAST path"):
-        flashrt_core.api.build_executor(None, cfg, torch.device("cpu"), "auto")
+def test_build_executor_points_pi0fast_to_its_own_executors():
+    with pytest.raises(ValueError, match="pi0_fast_policy.fast_executor"):
+        flashrt_core.api.build_executor(None, get_config("pi0fast_tiny"), torch.device("cpu"), "auto")
 
 
 @pytest.mark.gpu
