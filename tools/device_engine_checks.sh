@@ -17,6 +17,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh overlap      # the first step beside the prefix: A/B rows, ~7 min
 #   OUT=/path bash tools/device_engine_checks.sh tune         # tune_engine.py: best of 3 loads stored, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh compile-cells  # the compiled reference at 2 more cells, ~6-9 min
+#   OUT=/path bash tools/device_engine_checks.sh fast         # pi0-FAST: engine GPU tests, then reference vs engine
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
 # The times are measured on the H200 or estimated (grid-*): the interleaved chain tuning takes ~17-20 s per pass of a full-size engine load (two passes by default; the tests
@@ -75,6 +76,10 @@
 #   compile_cells.log, one compile_<cell>_layers.log per cell).
 # buckets: tools/benchmark_text_buckets.py: pi0.5 2 views with a graph per 16-token text bucket, bf16 and FP8, all
 #   graphs timed in turn (text_buckets_*.json/.md, buckets.log): what a prompt pays for the padding of its bucket.
+# fast: pi0-FAST's GPU tests (test/gpu/test_fast_decode_gpu.py, test/core/test_pi0_fast.py: graphs vs eager ops,
+#   the teacher-forced logits gate, the planted chunk through load_model's engine; pytest_fast.log), then
+#   tools/benchmark_pi0_fast.py on the full-size preset at 2 views, a 50-token chunk: reference and engine in one
+#   process (pi0_fast_cuda_pi0fast_<date>.json, fast.log).
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
 # others' results. Full-size random checkpoints are generated into $FLASHRT_FULL_CKPT_ROOT (default /tmp/full).
 set -uo pipefail
@@ -82,7 +87,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-test_output/device_engine_checks}"
 PART="${1:-all}"
 PARTS="all kernels engine-new engine-rest engine-gates engine-gates-forced bench grid-pi05 grid-pi0 gemms load buckets
-  host h50 overlap tune compile-cells"
+  host h50 overlap tune compile-cells fast"
 case " $(echo $PARTS) " in
   *" $PART "*) ;;
   *) echo "device_engine_checks.sh: no part named '$PART'; the parts: $(echo $PARTS)" >&2; exit 2;;
@@ -225,9 +230,17 @@ if [ "$PART" = compile-cells ]; then   # not in "all": the compiled reference (a
   echo "benchmark_engine rc=$?" >> "$OUT/compile_cells.log"
 fi
 
+if [ "$PART" = fast ]; then
+  timeout 300 "$PY" -m pytest -v -s --durations=0 test/gpu/test_fast_decode_gpu.py test/core/test_pi0_fast.py \
+    > "$OUT/pytest_fast.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_fast.log"
+  timeout 240 "$PY" tools/benchmark_pi0_fast.py --views 2 --tokens 50 --runs 5 --out "$OUT" > "$OUT/fast.log" 2>&1
+  echo "benchmark_pi0_fast rc=$?" >> "$OUT/fast.log"
+fi
+
 {
   for log in pytest_kernels pytest_engine_new pytest_engine_rest pytest_engine_gates pytest_engine_gates_forced \
-      pytest_rows_kernel; do
+      pytest_rows_kernel pytest_fast; do
     [ -f "$OUT/$log.log" ] && { echo "== $log"; grep -E "FAILED|ERROR|passed|failed|rc=" "$OUT/$log.log" | tail -n 20; }
   done
   for MODEL in pi05 pi0; do
@@ -249,6 +262,7 @@ fi
   [ -f "$OUT/buckets.log" ] && { echo "== text buckets"; grep -E "^(## |\| [0-9])|rc=" "$OUT/buckets.log"; }
   [ -f "$OUT/overlap.log" ] && { echo "== the first step beside the prefix (overlap_first_step), on and off"
     grep -hE '^\| pi05' "$OUT"/engine_overlap*.md 2>/dev/null || tail -n 5 "$OUT/overlap.log" "$OUT/overlap_h50.log"; }
+  [ -f "$OUT/fast.log" ] && { echo "== pi0-FAST, reference and engine"; tail -n 6 "$OUT/fast.log"; }
   [ -f "$OUT/tune.log" ] && { echo "== the best of three measured loads, stored and loaded again"
     grep -E "^\| |rc=|^stored" "$OUT/tune.log"; }
   [ -f "$OUT/compile_cells.log" ] && { echo "== reference rows per cell (eager, compiled)"
