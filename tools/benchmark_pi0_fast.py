@@ -158,6 +158,7 @@ def run_engine(args, cfg, model, dtype, inputs, ref_tokens, ref_logits) -> dict:
             times = [_replay_ms(g) for g in fw.graphs]
             prefill_ms.append(times[0])
             token_ms.extend(t / n for t, n in zip(times[1:], steps) if n == engine.graph_tokens)
+    head_ms = _lm_head_ms(engine) if fw.graphs else None
     forced = engine.teacher_forced_logits(*inputs, ref_tokens[:-1])
     cosines = [cosine(a.cpu().numpy(), b.cpu().numpy()) for a, b in zip(forced, ref_logits)]
     agree = int(np.argmin(np.append(out[0].numpy() == ref_tokens.cpu().numpy(), False)))
@@ -166,8 +167,23 @@ def run_engine(args, cfg, model, dtype, inputs, ref_tokens, ref_logits) -> dict:
             "prefill_ms_median": statistics.median(prefill_ms) if prefill_ms else None,
             "decode_ms_per_token_median": statistics.median(token_ms) if token_ms else None,
             "chunk_ms_median": statistics.median(chunk_ms), "chunk_ms": chunk_ms,
+            "lm_head_argmax_ms": head_ms,
+            "decoder_gemms": {k: str(v) for k, v in engine.ops.decoder_impl.items()},
             "logits_cosine_min": min(cosines), "logits_cosine_mean": float(np.mean(cosines)),
             "greedy_tokens_agreeing": agree}
+
+
+def _lm_head_ms(engine, reps: int = 20) -> float:
+    """GPU ms of one step's tied LM head GEMM (1 x width x vocab) and argmax, captured alone: the part of a token's
+    time that is not the backbone's layers."""
+    w = engine.weights
+    y = torch.randn(1, w.lm_head.shape[1], device=w.lm_head.device, dtype=w.lm_head.dtype)
+    graph = torch.cuda.CUDAGraph()
+    torch.nn.functional.linear(y, w.lm_head).argmax(dim=-1)
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            torch.nn.functional.linear(y, w.lm_head).argmax(dim=-1)
+    return statistics.median(_replay_ms(graph) for _ in range(5)) / reps
 
 
 def _replay_ms(graph) -> float:
@@ -208,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in (("reference", ref), ("engine", eng)):
         print(f"{name:10} {fmt(row['prefill_ms_median'], '11.2f')} {fmt(row['decode_ms_per_token_median'], '9.3f')} "
               f"{row['chunk_ms_median']:9.1f}")
+    if eng["lm_head_argmax_ms"] is not None:
+        print(f"engine: LM head + argmax {eng['lm_head_argmax_ms']:.3f} ms of each token; decoder GEMMs "
+              f"{eng['decoder_gemms']}")
     print(f"engine logits vs reference, teacher-forced: cosine min {eng['logits_cosine_min']:.5f} mean "
           f"{eng['logits_cosine_mean']:.5f}; greedy tokens agreeing {eng['greedy_tokens_agreeing']}/{result['tokens']}")
     if args.out:

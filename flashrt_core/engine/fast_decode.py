@@ -7,7 +7,9 @@ final RMSNorm and the tied LM head on the last valid prefix token, whose argmax 
 Decoding: `decode_step(step)` feeds token `step` (its embedding * sqrt(width)) through the backbone at position
 n_valid + step + decode_position_offset, writes its K/V into cache row P + step, attends to the valid prefix keys
 and the step + 1 decoded ones (a static slice of the cache: the step index is a constant of its graph), and
-writes the argmax of its logits as token step + 1. One decode graph unrolls `EngineOptions.decode_graph_tokens`
+writes the argmax of its logits as token step + 1. Its one-row GEMMs are the engine's decoder GEMMs (Ops.decoder:
+GeGLU in the gate/up GEMM, split-K partials summed by the next norm), each kind's implementation measured at
+load among the library GEMM and the Triton / shared-memory candidates (tuning.tune_decoder at one row). One decode graph unrolls `EngineOptions.decode_graph_tokens`
 (K) consecutive steps; a signature has ceil((max_decoding_steps - 1) / K) of them, captured in order.
 
 Stop: every emitted token updates a device flag (any token so far == the end token). The host replays the graphs
@@ -38,6 +40,7 @@ from .forward import Workspace, prefix_layers, vision
 from .kernel_import import load_kernels
 from .ops import KeyMask, Ops
 from .timing import side_stream
+from .tuning import tune_decoder
 from .weights import EngineWeights, prepare_fast_weights
 
 log = logging.getLogger(__name__)
@@ -105,14 +108,14 @@ def decode_step(fw: FastWorkspace, w: EngineWeights, ops: Ops, step: int, eos_id
     q = torch.empty(1, heads, dh, device=dev, dtype=w.dtype)
     x = None
     for i, layer in enumerate(w.backbone):
-        ops.norm(x, residual, y, layer.norm1, None, g.eps)
-        qkv = ops.linear(y, layer.qkv)                                                  # (1, (H + 2) * Dh)
-        ops.qkv_rope(qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i], row, heads, 1,
-                     dh ** -0.5)
-        attn = ops.mqa(q.view(heads, dh), ws.k_cache[i, 0, :keys], ws.v_cache[i, 0, :keys], mask, 1.0)
-        o = ops.linear(attn.view(1, heads * dh), layer.o)
-        ops.norm(o, residual, y, layer.norm2, None, g.eps)
-        x = ops.mlp_down(ops.linear(y, layer.gate_up), layer.down)
+        ops.norm(x, residual, y, layer.norm1, None, g.eps, site="norm1")
+        ops.decoder_qkv_rope(y, layer.qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i], ws.v_cache[i], row,
+                             heads, 1, dh ** -0.5)
+        attn = ops.mqa(q.view(heads, dh), ws.k_cache[i, 0, :keys], ws.v_cache[i, 0, :keys], mask, 1.0,
+                       site="attention")
+        o = ops.decoder(attn.view(1, heads * dh), layer.o, "o")                         # (1, Wg) or partials
+        ops.norm(o, residual, y, layer.norm2, None, g.eps, site="norm2")
+        x = ops.decoder_mlp(y, layer.gate_up, layer.down)
     ops.norm(x, residual, y, w.final_norm, None, g.eps)
     logits = F.linear(y, w.lm_head)                                                     # (1, vocab)
     emit(fw, logits, step + 1, eos_id)
@@ -147,15 +150,20 @@ class FastGraphExecutor:
         self.name = "engine-fast-" + ("graph" if self.use_graph else "eager") + "-" + str(dtype).split(".")[-1]
         options = dispatch.options
         self.ops = Ops(dispatch)
+        self.ops.rope_in_attention = False      # every decoded token's K/V goes into the cache for the later steps
         self.weights = prepare_fast_weights(model, dtype, fold=options.enabled("fused_weights"),
                                             vision_mlp_pad=options.vision_mlp_pad if options.fast_paths else 0)
+        g = config.paligemma
+        if device.type == "cuda":
+            # the one-row GEMMs of a decoding step: the library's or a Triton / shared-memory one with the GeGLU
+            # epilogue (gate_up) and split-K partials summed by the next norm (o, down), by their measured time
+            tune_decoder(self.ops, 1, self.weights.backbone, g.num_heads, g.head_dim)
         fast = config.fast
         self.max_steps = fast.max_decoding_steps
         self.position_offset = fast.decode_position_offset
         self.graph_tokens = options.decode_graph_tokens
         self.text_buckets = tuple(sorted({b for b in options.text_buckets if b < config.max_token_len}
                                          | {config.max_token_len}))
-        g = config.paligemma
         max_pos = (len(config.view_names) * config.vision.num_patches + config.max_token_len + self.max_steps
                    + self.position_offset)
         self._rope = load_kernels().rope_tables(max_pos, g.head_dim, g.rope_max_wavelength, device)
