@@ -159,6 +159,7 @@ def run_engine(args, cfg, model, dtype, inputs, ref_tokens, ref_logits) -> dict:
             prefill_ms.append(times[0])
             token_ms.extend(t / n for t, n in zip(times[1:], steps) if n == engine.graph_tokens)
     head_ms = _lm_head_ms(engine) if fw.graphs else None
+    kernels = _kernel_us_per_token(engine, fw) if fw.graphs and args.profile else None
     forced = engine.teacher_forced_logits(*inputs, ref_tokens[:-1])
     cosines = [cosine(a.cpu().numpy(), b.cpu().numpy()) for a, b in zip(forced, ref_logits)]
     agree = int(np.argmin(np.append(out[0].numpy() == ref_tokens.cpu().numpy(), False)))
@@ -167,10 +168,29 @@ def run_engine(args, cfg, model, dtype, inputs, ref_tokens, ref_logits) -> dict:
             "prefill_ms_median": statistics.median(prefill_ms) if prefill_ms else None,
             "decode_ms_per_token_median": statistics.median(token_ms) if token_ms else None,
             "chunk_ms_median": statistics.median(chunk_ms), "chunk_ms": chunk_ms,
-            "lm_head_argmax_ms": head_ms,
+            "lm_head_argmax_ms": head_ms, "kernel_us_per_token": kernels,
             "decoder_gemms": {k: str(v) for k, v in engine.ops.decoder_impl.items()},
             "logits_cosine_min": min(cosines), "logits_cosine_mean": float(np.mean(cosines)),
             "greedy_tokens_agreeing": agree}
+
+
+def _kernel_us_per_token(engine, fw, top: int = 14) -> dict[str, float]:
+    """GPU us per decoded token of each kernel (by name) in one replay of the first decode graph (torch.profiler),
+    the `top` largest and the rest summed: where a token's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+    graph, steps = fw.graphs[1], len(engine.step_ranges()[0])
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type.name == "CUDA":
+            totals[event.name[:70]] = totals.get(event.name[:70], 0.0) + event.device_time / steps
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+    table = dict(ranked[:top])
+    table["(other kernels)"] = sum(v for _, v in ranked[top:])
+    table["(sum of kernels)"] = sum(totals.values())
+    return table
 
 
 def _lm_head_ms(engine, reps: int = 20) -> float:
@@ -205,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt-tokens", type=int, default=60, help="valid prompt tokens (of max_token_len)")
     parser.add_argument("--tokens", type=int, default=50, help="tokens decoded per chunk (no EOS)")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--profile", action="store_true", help="the engine's kernels per token (torch.profiler)")
     parser.add_argument("--out", help="folder for the JSON result")
     return parser
 
@@ -227,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     if eng["lm_head_argmax_ms"] is not None:
         print(f"engine: LM head + argmax {eng['lm_head_argmax_ms']:.3f} ms of each token; decoder GEMMs "
               f"{eng['decoder_gemms']}")
+    for name, us in (eng["kernel_us_per_token"] or {}).items():
+        print(f"  {us:8.1f} us/token  {name}")
     print(f"engine logits vs reference, teacher-forced: cosine min {eng['logits_cosine_min']:.5f} mean "
           f"{eng['logits_cosine_mean']:.5f}; greedy tokens agreeing {eng['greedy_tokens_agreeing']}/{result['tokens']}")
     if args.out:

@@ -18,6 +18,7 @@ ENGINE = {"pi0.5": BENCH / "2026-12-04" / "engine_grid_pi05_h200.json",
           "pi0": BENCH / "2026-12-04" / "engine_after_pi0_2026-12-04.json"}
 GRID = BENCH / "2026-12-02" / "engine_grid_h200.json"
 POLICY = BENCH / "2026-12-01" / "policy_predict_h200.json"
+FAST = BENCH / "2026-12-04" / "pi0_fast_h200.json"
 NODE = BENCH / "2026-12-01" / "node_overhead_h200_raw.json"
 
 
@@ -102,3 +103,16 @@ def test_the_node_rows_quote_the_raw_samples():
                             np.array(raw["transport_floor_heap_reuse_s"]) * 1e3)):
         assert _row(PAGE, starts)[1] == f"{np.median(values):.2f} ms", starts
     assert len(chunks) == 954 and "954\nchunks" in PAGE
+
+
+def test_the_pi0_fast_rows_quote_their_result_file():
+    result = json.loads(FAST.read_text())
+    ref, engine = result["reference"], result["engine"]
+    assert _row(PAGE, "eager reference, bf16")[1:] == [f"{ref['prefill_ms_median']:.2f} ms",
+                                                      f"{ref['decode_ms_per_token_median']:.2f} ms",
+                                                      f"{ref['chunk_ms_median']:.0f} ms"]
+    assert _row(PAGE, "engine, bf16")[1:] == [f"{engine['prefill_ms_median']:.2f} ms",
+                                             f"{engine['decode_ms_per_token_median']:.3f} ms",
+                                             f"{engine['chunk_ms_median']:.1f} ms"]
+    assert f"cosine >= {engine['logits_cosine_min']:.5f}" in PAGE
+    assert f"{engine['lm_head_argmax_ms']:.3f} ms" in PAGE
