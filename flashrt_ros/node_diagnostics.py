@@ -244,6 +244,8 @@ class DiagnosticsContext:
     max_future_stamp: float = 0.0           # [s] the parameter, quoted by the future-stamp warning
     fp8_calibration: str = ""               # an FP8 policy's calibration progress or outcome (node_calibration)
     calibration_state: str = ""             # live calibration: "collecting", "done", "failed" ("" = none)
+    executor: str = ""                      # the policy's executor (e.g. engine-graph-bf16, reference)
+    decoded_tokens: int | None = None       # pi0-FAST: tokens decoded for the last chunk (None: not pi0-FAST)
 
 
 def diagnostic_status(snapshot: StatisticsSnapshot, context: DiagnosticsContext) -> DiagnosticStatus:
@@ -293,8 +295,11 @@ def diagnostic_status(snapshot: StatisticsSnapshot, context: DiagnosticsContext)
         "gpu_memory": gpu_memory_text(context.device),
         "heap_reuse": context.heap_reuse or "not configured",
         "fp8_calibration": context.fp8_calibration or "none",
+        "executor": context.executor or "none",
         "last_error": snapshot.last_error,
     }
+    if context.decoded_tokens is not None:
+        values["decoded_tokens"] = str(context.decoded_tokens)
     for reason, count in sorted(snapshot.rejected.items()):
         values[f"rejected_{reason}"] = str(count)
     for kind, count in sorted(snapshot.faults.items()):

@@ -749,7 +749,9 @@ class PolicyNode(LifecycleNode):
             heap_reuse=self._heap_reuse,
             handover_timeouts=self._worker.handover_timeouts if self._worker is not None else 0,
             fp8_calibration=self._calibration_status,
-            calibration_state=calibration.state.value if calibration is not None else "")
+            calibration_state=calibration.state.value if calibration is not None else "",
+            executor=str(getattr(getattr(policy, "executor", None), "name", "")) if policy is not None else "",
+            decoded_tokens=_decoded_tokens(policy))
 
     def _publish_diagnostics(self) -> None:
         try:
@@ -851,3 +853,11 @@ def main(args: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _decoded_tokens(policy) -> int | None:
+    """pi0-FAST: how many tokens the last predict decoded (0 before the first); None for other policies."""
+    if policy is None or not hasattr(policy, "codec"):
+        return None
+    tokens = getattr(policy, "last_tokens", None)
+    return 0 if tokens is None else len(tokens)

@@ -63,6 +63,11 @@ def test_pi0_fast_chunks_over_dds(harness_of, tmp_path):
     np.testing.assert_allclose(np.asarray(chunk.actions, np.float32).reshape(policy.horizon, ACTION_DIM), expected,
                                rtol=1e-6, atol=1e-6)
     assert chunk.model_id == policy.model_id and 0 < chunk.inference_time <= chunk.staleness
+    # /diagnostics: the executor and the tokens decoded for the chunk, beside the staleness of every policy
+    assert wait_until(lambda: h.diagnostics and h.latest_diagnostics().get("decoded_tokens") == str(
+        len(policy.last_tokens)), timeout_s=CHUNK_TIMEOUT_S)
+    values = h.latest_diagnostics()
+    assert values["executor"] == "reference" and float(values["staleness_median_s"]) >= chunk.inference_time
 
 
 def test_an_undecodable_output_is_an_inference_error_and_the_node_goes_on(harness_of, tmp_path):
