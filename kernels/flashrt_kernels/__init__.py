@@ -20,6 +20,7 @@ from .denoise_step import (denoise_step_in, denoise_step_in_reference, denoise_s
 from .euler import euler, euler_reference
 from .fp8_quant import fp8_quant, fp8_quant_reference
 from .geglu import geglu, geglu_reference
+from .layer_chain import LayerChain, layer_chain, layer_chain_reference
 from .patch_embed import patch_rows, patch_rows_reference
 from .prefix_attention import BLOCK_N as PREFIX_ATTENTION_BLOCK_N
 from .prefix_attention import prefix_attention, prefix_attention_supported
@@ -40,6 +41,7 @@ __all__ = [
     "euler", "euler_reference",
     "fp8_quant", "fp8_quant_reference",
     "geglu", "geglu_reference",
+    "LayerChain", "layer_chain", "layer_chain_reference",
     "patch_rows", "patch_rows_reference",
     "PREFIX_ATTENTION_BLOCK_N", "prefix_attention", "prefix_attention_supported",
     "qkv_gemm_rope", "qkv_gemm_rope_reference",

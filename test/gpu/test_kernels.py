@@ -711,3 +711,28 @@ def test_dependent_launch_chain_in_a_cuda_graph_matches_stream_order(rope, launc
         torch.cuda.synchronize()
         for name in ("residual", "partials", "k", "v", "y", "attn"):
             assert torch.equal(graph_state[name], fresh[name]), f"{name} differs between PDL graph and stream order"
+
+
+CHAIN_REL_L2 = 1e-2   # bf16 rounding after each of the 18 layers, the same products in fp32 on both sides
+
+
+@pytest.mark.parametrize("persistent, pdl", [(False, False), (False, True), (False, K.EARLY_TRIGGER), (True, False)])
+def test_layer_chain(persistent, pdl):
+    """kernels/flashrt_kernels/layer_chain.py at the expert's width (1024), 10 rows, 18 layers (one denoising step):
+    per-layer launches with and without PDL, and the persistent kernel whose layers wait on counters."""
+    if INTERPRET and persistent:
+        pytest.skip("the interpreter runs programs one by one: a program waiting on another's counter never ends")
+    layers, rows, width = (18, 10, 1024) if not INTERPRET else (3, 3, 64)
+    g = torch.Generator(device=DEVICE).manual_seed(layers + int(persistent))
+    x = torch.randn(rows, width, device=DEVICE, generator=g).to(SKINNY_DTYPE)
+    w = (torch.randn(layers, width, width, device=DEVICE, generator=g) * width ** -0.5).to(SKINNY_DTYPE)
+    want = K.layer_chain_reference(x, w).float()
+    chain = K.LayerChain(w, rows, persistent, pdl)
+    chain.buf[1:].fill_(float("nan"))
+    chain.x.copy_(x)
+    got = chain.run().float()
+    assert not torch.isnan(got).any()
+    err = (got - want).norm() / want.norm()
+    assert err < CHAIN_REL_L2, f"rel L2 error {err:.2e}"
+    if persistent:           # every tile of every layer signalled exactly once
+        assert chain.counters.tolist() == [width // chain.block_n] * layers

@@ -1,0 +1,110 @@
+"""What a dependency between layers costs: a chain of dependent one-shot GEMMs (kernels/flashrt_kernels/layer_chain.py)
+with one launch per layer in a CUDA graph (plain stream order, PDL, PDL with early trigger), the library GEMM per
+layer in a graph, and one persistent kernel whose layers wait on counters in global memory.
+
+The default chain is the denoiser's: 180 layers (10 steps x 18 layers) of the action expert's width (1024) at 10
+rows; each layer reads a 2 MiB weight, so the time per layer above its weight stream is what one dependency costs.
+Each variant is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays.
+
+    python tools/benchmark_layer_chain.py [--layers 180] [--width 1024] [--rows 10] [--reps 50] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from flashrt_core.engine.kernel_import import load_kernels
+
+VARIANTS = ("launch_per_layer", "launch_per_layer_pdl", "launch_per_layer_pdl_early", "library_per_layer",
+            "persistent_counters")
+
+
+def _graph_ms(run, reps: int) -> list[float]:
+    run()                                                   # compile, warm the caches of the launch path
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def measure(layers: int, width: int, rows: int, reps: int) -> dict:
+    k = load_kernels()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = (torch.randn(layers, width, width, device="cuda", generator=g) * width ** -0.5).to(torch.bfloat16)
+    x = torch.randn(rows, width, device="cuda", generator=g).to(torch.bfloat16)
+    want = k.layer_chain_reference(x, w).float()
+    results = {}
+    for variant in VARIANTS:
+        if variant == "library_per_layer":
+            buf = torch.empty(layers + 1, rows, width, device="cuda", dtype=torch.bfloat16)
+            buf[0].copy_(x)
+
+            def run(buf=buf):
+                for layer in range(layers):
+                    torch.mm(buf[layer], w[layer].T, out=buf[layer + 1])
+            out = buf[-1]
+        else:
+            pdl = {"launch_per_layer": False, "launch_per_layer_pdl": True,
+                   "launch_per_layer_pdl_early": k.EARLY_TRIGGER}.get(variant, False)
+            chain = k.LayerChain(w, rows, variant == "persistent_counters", pdl)
+            chain.x.copy_(x)
+            run, out = chain.run, chain.out
+        times = _graph_ms(run, reps)
+        err = float((out.float() - want).norm() / want.norm())
+        median = statistics.median(times)
+        results[variant] = {"ms": median, "us_per_layer": median * 1e3 / layers,
+                            "weight_tb_per_s": layers * width * width * 2 / (median * 1e-3) / 1e12,
+                            "rel_l2_vs_reference": err}
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=180)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--rows", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--out", help="folder for the JSON result")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmark_layer_chain.py needs a CUDA GPU")
+    results = measure(args.layers, args.width, args.rows, args.reps)
+    result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+              "command": "python tools/benchmark_layer_chain.py " + " ".join(argv),
+              "layers": args.layers, "width": args.width, "rows": args.rows, "reps": args.reps,
+              "weight_mib_per_layer": args.width * args.width * 2 / 2 ** 20, "variants": results}
+    print(f"{args.layers} dependent layers, {args.rows} x {args.width} @ {args.width} x {args.width} bf16 "
+          f"({result['weight_mib_per_layer']:.0f} MiB of weights each), {result['device']}")
+    print(f"| variant | chain ms | us per layer | weight stream TB/s | rel L2 vs reference |\n|---|---|---|---|---|")
+    for name, r in results.items():
+        print(f"| {name} | {r['ms']:.3f} | {r['us_per_layer']:.2f} | {r['weight_tb_per_s']:.2f} | "
+              f"{r['rel_l2_vs_reference']:.1e} |")
+    if args.out:
+        path = Path(args.out) / f"layer_chain_{result['date'][:10]}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
