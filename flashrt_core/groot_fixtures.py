@@ -62,7 +62,8 @@ def random_groot_model(config: str | GrootConfig = "groot_n1.6_tiny", seed: int 
     files; each tensor made on the host, cast and moved one at a time), in eval mode."""
     cfg = get_groot_config(config)
     device = torch.device(device)
-    weights = {n: random_tensor(n, shape, seed).to(device=device, dtype=dtype) for n, shape in weight_table(cfg).items()}
+    weights = {n: random_tensor(n, shape, seed).to(device=device, dtype=dtype)
+               for n, shape in weight_table(cfg).items()}
     with torch.device("meta"):
         model = GrootModel(cfg)
     model.load_state_dict(weights, strict=True, assign=True)
