@@ -78,6 +78,15 @@ class StaticTables:
                            if sig.padded else None)
         self.signature = sig
 
+    def to(self, device: torch.device | str) -> StaticTables:
+        """These tables with every tensor on `device` (the meta device: a check that the run reads no value on
+        the host, test_groot_graph.py)."""
+        self.vision_pos = {k: v.to(device) for k, v in self.vision_pos.items()}
+        self.position_ids = self.position_ids.to(device)
+        self.rope = tuple(t.to(device) for t in self.rope)
+        self.causal = None if self.causal is None else self.causal.to(device)
+        return self
+
 
 def image_tokens(model: GrootModel, tables: StaticTables, views: list[torch.Tensor], dtype: torch.dtype):
     """views [3, H_i, W_i] -> projected image tokens of all views in view order [sum of tokens, llm width]."""

@@ -9,7 +9,7 @@ import torch
 from flashrt_core import load_model
 from flashrt_core.engine import EngineOptions
 from flashrt_core.engine.groot_graph import GrootGraphExecutor
-from flashrt_core.engine.groot_static import GrootSignature, StaticTables, scatter_image_tokens
+from flashrt_core.engine.groot_static import GrootSignature, StaticTables, predict, scatter_image_tokens
 from flashrt_core.errors import InputError
 from flashrt_core.groot_fixtures import random_groot_model, write_random_groot_checkpoint
 from flashrt_core.groot_policy import GrootPolicy, GrootReferenceExecutor, build_groot_executor
@@ -82,6 +82,23 @@ def test_position_embeddings_are_the_hf_modules(model):
     assert tables.image_tokens == 12 and tables.causal is None
     cos, sin = model.backbone.model.language_model.model.rotary_emb(torch.zeros(1), torch.arange(30)[None])
     assert torch.equal(tables.rope[0], cos) and torch.equal(tables.rope[1], sin)
+
+
+@pytest.mark.parametrize("pad", [0, 2])
+def test_the_static_predict_reads_no_value_on_the_host(pad):
+    """What a CUDA graph needs: on the meta device every host read of a tensor's value (.item(), bool(), .tolist(),
+    nonzero, masked_scatter's count) raises; the static predict runs through, the reference does not."""
+    model = random_groot_model(TINY, seed=1)
+    args = inputs(model, [(56, 84), (56, 56)], 5, seed=0, pad=pad)
+    tables = StaticTables(model, GrootSignature.of(*args[:3]), torch.device("cpu")).to("meta")
+    meta = model.to("meta")
+    views, *rest = args
+    on_meta = ([v.to("meta") for v in views], *(t.to("meta") for t in rest))
+    with torch.inference_mode():
+        out = predict(meta, tables, *on_meta)
+        assert out.shape == (1, 16, 16) and out.is_meta
+        with pytest.raises(RuntimeError, match="cannot be called on meta tensors"):
+            meta.predict_normalized(*on_meta)
 
 
 def test_scatter_is_masked_scatter():
