@@ -179,7 +179,7 @@ def build_groot_executor(model: GrootModel, device: torch.device, hardware: str 
     kind = resolve(detect_hardware(hardware, device), options)[Op.EXECUTOR]
     if kind == "reference":
         return GrootReferenceExecutor(model, device)
-    return GrootGraphExecutor(model, device, capture=kind == "graph")
+    return GrootGraphExecutor(model, device, capture=kind == "graph", step_tables=options.enabled("groot_step_tables"))
 
 
 def load_groot_policy(checkpoint_dir: Path, config=None, embodiment: str | None = None,

@@ -10,6 +10,7 @@ and noise of a predict. Each path runs --warmup times, then --runs times with a 
   graph          GrootGraphExecutor.sample_actions (inputs on the host: staging, one copy, replay, output clone);
                  capture=False off CUDA (the same static code, eager)
   graph replay   the captured graph alone, CUDA events around each replay (CUDA only)
+  no step tables the same two with EngineOptions.groot_step_tables off (the reference's sampler in the graph)
 
 Accuracy: the chunk cosine of the graph and of the reference in --dtype against an fp32 reference on the same
 weights (the --dtype weights cast up) over --observations random observations (mean and worst), the gate
@@ -107,6 +108,7 @@ def run(args, argv: list[str]) -> dict:
     model = random_groot_model(cfg, seed=0, dtype=dtype, device=device)
     reference = GrootReferenceExecutor(model, device)
     graph = GrootGraphExecutor(model, device)
+    plain = GrootGraphExecutor(model, device, step_tables=False)
     host = make_inputs(cfg, args, seed=0)
     on_device = to_device(host, device)
     start = time.perf_counter()
@@ -115,10 +117,14 @@ def run(args, argv: list[str]) -> dict:
     first_call_s = time.perf_counter() - start
     results = {"reference": summary(timed(lambda: reference.sample_actions(*on_device), device, args.warmup,
                                           args.runs)),
-               "graph": summary(timed(lambda: graph.sample_actions(*host), device, args.warmup, args.runs))}
+               "graph": summary(timed(lambda: graph.sample_actions(*host), device, args.warmup, args.runs)),
+               "graph_no_step_tables": summary(timed(lambda: plain.sample_actions(*host), device, args.warmup,
+                                                     args.runs))}
     (entry,) = graph.entries.values()
     if entry.graph is not None:
         results["graph_replay"] = summary(graph_replay_ms(entry.graph, args.runs))
+        (plain_entry,) = plain.entries.values()
+        results["graph_replay_no_step_tables"] = summary(graph_replay_ms(plain_entry.graph, args.runs))
     model32 = model if dtype == torch.float32 else copy.deepcopy(model).float()
     reference32 = GrootReferenceExecutor(model32, device)
     cos_graph, cos_reference = [], []
@@ -154,7 +160,9 @@ def table(r: dict) -> str:
              f"{r['runs']} runs",
              f"{'path':<28}{'median ms':>10}{'p99 ms':>10}"]
     for key, label in (("reference", "reference (eager)"), ("graph", f"{r['executor']} (sample_actions)"),
-                       ("graph_replay", "graph replay (GPU)")):
+                       ("graph_replay", "graph replay (GPU)"),
+                       ("graph_no_step_tables", f"{r['executor']}, no step tables"),
+                       ("graph_replay_no_step_tables", "graph replay, no step tables")):
         if key in r:
             lines.append(f"{label:<28}{r[key]['median_ms']:>10.2f}{r[key]['p99_ms']:>10.2f}")
     c = r["cosine_vs_fp32"]

@@ -62,7 +62,10 @@ class GrootGraphExecutor:
     uses_model = True
     input_device = torch.device("cpu")      # GrootPolicy builds its inputs on the host: one staged copy moves them
 
-    def __init__(self, model: GrootModel, device: torch.device | str, capture: bool | None = None):
+    def __init__(self, model: GrootModel, device: torch.device | str, capture: bool | None = None,
+                 step_tables: bool = True):
+        """step_tables: the DiT's per-step tables (engine/groot_dit.py, EngineOptions.groot_step_tables); False runs
+        the reference's sampler inside the graph."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -73,6 +76,7 @@ class GrootGraphExecutor:
         self.model = model
         self.device = device
         self.capture = capture
+        self.step_tables = step_tables
         self.name = "graph" if capture else "static-eager"
         self._entries: dict[GrootSignature, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
@@ -99,7 +103,7 @@ class GrootGraphExecutor:
                 raise InputError(f"{name} must have shape {expect[name]}, got {tuple(tensor.shape)}")
         staging = StagingBlob(fields, self.device)
         uploaded = torch.cuda.Event() if self.device.type == "cuda" else None
-        return _Entry(StaticTables(self.model, sig, self.device), staging, uploaded)
+        return _Entry(StaticTables(self.model, sig, self.device, self.step_tables), staging, uploaded)
 
     def _stage(self, entry: _Entry, named: dict[str, torch.Tensor]) -> None:
         """Copy the call's inputs into the static buffers: host tensors through the pinned half and one upload,

@@ -15,7 +15,9 @@ masked_scatter's count. Here what depends on the signature alone is computed onc
   LLM         Qwen3's rotary cos / sin for positions 0..L-1 from the model's rotary_emb; the decoder layers with
               no mask (SDPA's causal path, what HF picks for an all-ones prompt mask) or, for a padded prompt,
               the causal-and-padding boolean mask HF's sdpa_mask builds, then the final norm
-  head        model/groot/sampler.sample_actions, the reference's own code (capture-safe as it is)
+  head        model/groot/sampler.sample_actions, the reference's own code (capture-safe as it is), or with
+              step_tables (EngineOptions.groot_step_tables) engine/groot_dit.py: the same sampler with what depends
+              on the timestep alone computed once here, and the backbone features' K / V once per predict
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import torch
 from flashrt_core.model.groot.backbone import patchify, views_by_size
 from flashrt_core.model.groot.model import GrootModel
 from flashrt_core.model.groot.sampler import sample_actions
+
+from .groot_dit import StepTables, sample_actions_tabled
 
 
 @dataclass(frozen=True)
@@ -50,9 +54,10 @@ class GrootSignature:
 
 
 class StaticTables:
-    """Everything of one signature that does not depend on the inputs' values, on the model's device."""
+    """Everything of one signature that does not depend on the inputs' values, on the model's device.
+    step_tables: the DiT's per-step tables too (groot_dit.StepTables); False runs the reference's sampler."""
 
-    def __init__(self, model: GrootModel, sig: GrootSignature, device: torch.device):
+    def __init__(self, model: GrootModel, sig: GrootSignature, device: torch.device, step_tables: bool = True):
         eagle = model.backbone.model
         v = model.cfg.vision
         self.groups = views_by_size(sig.view_sizes)
@@ -76,6 +81,7 @@ class StaticTables:
             self.rope = lm.rotary_emb(torch.empty(0, device=device, dtype=dtype), self.position_ids)
             self.causal = (torch.tril(torch.ones(length, length, dtype=torch.bool, device=device))
                            if sig.padded else None)
+        self.steps = StepTables(model.action_head, sig.batch) if step_tables else None
         self.signature = sig
 
     def to(self, device: torch.device | str) -> StaticTables:
@@ -85,6 +91,7 @@ class StaticTables:
         self.position_ids = self.position_ids.to(device)
         self.rope = tuple(t.to(device) for t in self.rope)
         self.causal = None if self.causal is None else self.causal.to(device)
+        self.steps = None if self.steps is None else self.steps.to(device)
         return self
 
 
@@ -140,5 +147,7 @@ def predict(model: GrootModel, tables: StaticTables, views: list[torch.Tensor], 
     head = model.action_head
     dtype = next(head.parameters()).dtype
     image_mask = input_ids == model.cfg.image_token_index
-    return sample_actions(head, feats.to(dtype), attention_mask.bool(), image_mask, state.to(dtype), embodiment_id,
-                          noise.to(dtype))
+    args = (feats.to(dtype), attention_mask.bool(), image_mask, state.to(dtype), embodiment_id, noise.to(dtype))
+    if tables.steps is not None:
+        return sample_actions_tabled(head, tables.steps, *args)
+    return sample_actions(head, *args)

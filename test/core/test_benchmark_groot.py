@@ -17,7 +17,7 @@ def test_tiny_preset_times_both_paths_and_writes_json(tmp_path, capsys):
     result = json.loads(path.read_text())
     assert result["executor"] == "static-eager" and "graph_replay" not in result
     assert result["view_sizes"] == [[56, 56], [56, 56]] and result["prompt_len"] == 12 + 2 * (4 + 2)
-    for key in ("reference", "graph"):
+    for key in ("reference", "graph", "graph_no_step_tables"):
         assert len(result[key]["samples_ms"]) == 3 and 0 < result[key]["median_ms"] <= result[key]["p99_ms"]
     cos = result["cosine_vs_fp32"]
     assert cos["graph_worst"] > 0.99999 and cos["reference_worst"] > 0.99999
@@ -25,3 +25,4 @@ def test_tiny_preset_times_both_paths_and_writes_json(tmp_path, capsys):
     assert result["driver"] is None and result["torch"]
     out = capsys.readouterr().out
     assert "reference (eager)" in out and "static-eager (sample_actions)" in out and "cosine vs fp32" in out
+    assert "static-eager, no step tables" in out

@@ -41,12 +41,13 @@ def inputs(model, sizes, text: int, seed: int, pad: int = 0):
     return views, ids, mask, state, torch.tensor([3]), noise
 
 
+@pytest.mark.parametrize("step_tables", [True, False])
 @pytest.mark.parametrize("sizes, text, pad", [
     ([(56, 56)], 5, 0), ([(56, 56)], 17, 0), ([(56, 84)], 9, 0),
     ([(56, 84), (56, 56)], 5, 0), ([(84, 84), (84, 84)], 17, 0), ([(56, 56), (56, 84)], 9, 3)])
-def test_static_path_equals_the_reference(model, sizes, text, pad):
+def test_static_path_equals_the_reference(model, sizes, text, pad, step_tables):
     ref = GrootReferenceExecutor(model, torch.device("cpu"))
-    static = GrootGraphExecutor(model, "cpu", capture=False)
+    static = GrootGraphExecutor(model, "cpu", capture=False, step_tables=step_tables)
     first = inputs(model, sizes, text, seed=1, pad=pad)
     expect = ref.sample_actions(*first)
     got = static.sample_actions(*first)
@@ -57,6 +58,18 @@ def test_static_path_equals_the_reference(model, sizes, text, pad):
     assert len(static.entries) == 1                                   # no new signature
     torch.testing.assert_close(again, ref.sample_actions(*second), rtol=1e-5, atol=1e-5)
     assert (again - got).abs().max() > 1e-3                           # the buffers were refreshed
+
+
+def test_plain_dit_without_cross_masks():
+    """The plain DiT (alternate_vl off: cross-attention sees every backbone token, no mask) on the static path."""
+    import dataclasses
+    from flashrt_core.model.groot.config import get_groot_config
+    base = get_groot_config(TINY)
+    plain = random_groot_model(base.replace(dit=dataclasses.replace(base.dit, alternate_vl=False)), seed=2)
+    args = inputs(plain, [(56, 56), (56, 84)], 7, seed=4)
+    expect = GrootReferenceExecutor(plain, torch.device("cpu")).sample_actions(*args)
+    got = GrootGraphExecutor(plain, "cpu", capture=False).sample_actions(*args)
+    torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
 
 
 def test_signatures(model):
@@ -84,13 +97,15 @@ def test_position_embeddings_are_the_hf_modules(model):
     assert torch.equal(tables.rope[0], cos) and torch.equal(tables.rope[1], sin)
 
 
+@pytest.mark.parametrize("step_tables", [True, False])
 @pytest.mark.parametrize("pad", [0, 2])
-def test_the_static_predict_reads_no_value_on_the_host(pad):
+def test_the_static_predict_reads_no_value_on_the_host(pad, step_tables):
     """What a CUDA graph needs: on the meta device every host read of a tensor's value (.item(), bool(), .tolist(),
     nonzero, masked_scatter's count) raises; the static predict runs through, the reference does not."""
     model = random_groot_model(TINY, seed=1)
     args = inputs(model, [(56, 84), (56, 56)], 5, seed=0, pad=pad)
-    tables = StaticTables(model, GrootSignature.of(*args[:3]), torch.device("cpu")).to("meta")
+    tables = StaticTables(model, GrootSignature.of(*args[:3]), torch.device("cpu"), step_tables).to("meta")
+    assert (tables.steps is not None) == step_tables
     meta = model.to("meta")
     views, *rest = args
     on_meta = ([v.to("meta") for v in views], *(t.to("meta") for t in rest))

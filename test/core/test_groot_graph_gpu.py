@@ -62,10 +62,11 @@ def test_policy_executor_and_its_switches(tmp_path):
     state, noise = rng.uniform(-1, 1, 6), rng.standard_normal((16, 16)).astype(np.float32)
     ref = load_model(ckpt, embodiment="new_embodiment", device="cuda", dtype="float32", hardware="reference")
     want = ref.predict(images, "pick up the cube", state, noise)
-    for options, name in ((None, "graph"), (EngineOptions(cuda_graph=False), "static-eager"),
-                          (EngineOptions(fast_paths=False), "reference")):
+    for options, name, tables in ((None, "graph", True), (EngineOptions(groot_step_tables=False), "graph", False),
+                                  (EngineOptions(cuda_graph=False), "static-eager", True),
+                                  (EngineOptions(fast_paths=False), "reference", None)):
         pol = load_model(ckpt, embodiment="new_embodiment", device="cuda", dtype="float32", engine_options=options)
-        assert pol.executor.name == name
+        assert pol.executor.name == name and getattr(pol.executor, "step_tables", None) == tables
         np.testing.assert_allclose(pol.predict(images, "pick up the cube", state, noise), want, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="FP8 GEMMs serve the pi family only"):
         load_model(ckpt, embodiment="new_embodiment", device="cuda", engine_options=EngineOptions(fp8=True))
