@@ -11,6 +11,7 @@ and noise of a predict. Each path runs --warmup times, then --runs times with a 
                  capture=False off CUDA (the same static code, eager)
   graph replay   the captured graph alone, CUDA events around each replay (CUDA only)
   no step tables the same two with EngineOptions.groot_step_tables off (the reference's sampler in the graph)
+  phases         vision, language, action head, each captured as a graph of its own (CUDA only)
 
 Accuracy: the chunk cosine of the graph and of the reference in --dtype against an fp32 reference on the same
 weights (the --dtype weights cast up) over --observations random observations (mean and worst), the gate
@@ -125,6 +126,7 @@ def run(args, argv: list[str]) -> dict:
         results["graph_replay"] = summary(graph_replay_ms(entry.graph, args.runs))
         (plain_entry,) = plain.entries.values()
         results["graph_replay_no_step_tables"] = summary(graph_replay_ms(plain_entry.graph, args.runs))
+        results["phases_ms"] = graph.phase_times(reps=args.runs)
     model32 = model if dtype == torch.float32 else copy.deepcopy(model).float()
     reference32 = GrootReferenceExecutor(model32, device)
     cos_graph, cos_reference = [], []
@@ -165,6 +167,9 @@ def table(r: dict) -> str:
                        ("graph_replay_no_step_tables", "graph replay, no step tables")):
         if key in r:
             lines.append(f"{label:<28}{r[key]['median_ms']:>10.2f}{r[key]['p99_ms']:>10.2f}")
+    if "phases_ms" in r:
+        lines.append("graph phases (each its own graph, median ms): "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms"].items()))
     c = r["cosine_vs_fp32"]
     lines.append(f"speed-up {r['speedup']:.1f}x; first call {r['first_call_s']:.2f} s (with the capture on CUDA)")
     lines.append(f"cosine vs fp32 reference ({c['observations']} observations): graph mean {c['graph_mean']:.6f} "

@@ -23,14 +23,16 @@ import logging
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from flashrt_core.errors import InputError
 from flashrt_core.model.groot.model import GrootModel
 
 from .graph_executor import StagingBlob
-from .groot_static import GrootSignature, StaticTables, predict
-from .timing import side_stream
+from .groot_static import (GrootSignature, StaticTables, action_chunk, embed_dtype, image_tokens,
+                           language_features, predict)
+from .timing import graph_replay_ms, side_stream
 
 log = logging.getLogger(__name__)
 
@@ -126,20 +128,24 @@ class GrootGraphExecutor:
     def _run_static(self, entry: _Entry) -> torch.Tensor:
         return predict(self.model, entry.tables, *entry.inputs())
 
-    def _capture(self, sig: GrootSignature, entry: _Entry) -> None:
-        """Warm up on the side stream (cuBLAS handles, SDPA kernel choices, allocator), then capture one graph."""
-        start = time.perf_counter()
+    def _warm_and_capture(self, fn, pool) -> tuple[torch.cuda.CUDAGraph, object]:
+        """Run fn on the side stream (cuBLAS handles, SDPA kernel choices, allocator), then capture it into one
+        graph -> (graph, fn's static output)."""
         stream = side_stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(WARMUP_RUNS):
-                self._run_static(entry)
+                fn()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            entry.output = self._run_static(entry)
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn()
         torch.cuda.synchronize(self.device)
-        entry.graph = graph
+        return graph, out
+
+    def _capture(self, sig: GrootSignature, entry: _Entry) -> None:
+        start = time.perf_counter()
+        entry.graph, entry.output = self._warm_and_capture(lambda: self._run_static(entry), self._pool)
         self.capture_seconds[sig] = time.perf_counter() - start
         log.info("captured GR00T graph %s in %.2f s", sig, self.capture_seconds[sig])
 
@@ -178,6 +184,30 @@ class GrootGraphExecutor:
             self._capture(sig, entry)
         entry.graph.replay()
         return entry.output.clone()
+
+    @torch.inference_mode()
+    def phase_times(self, sig: GrootSignature | None = None, reps: int = 20) -> dict[str, float]:
+        """Median GPU ms of vision (with the projector), language (embedding, image-token scatter, Qwen3 layers)
+        and action head (vlln, state encoder, Euler steps, decoder) for a signature already run (None: the only
+        one), each captured as a graph of its own on the signature's buffers and replayed `reps` times."""
+        if not self.capture:
+            raise ValueError("phase times are timed from CUDA graphs: capture=True on a CUDA device")
+        if sig is None:
+            if len(self._entries) != 1:
+                raise ValueError(f"{len(self._entries)} signatures captured: name one of {list(self._entries)}")
+            (sig,) = self._entries
+        entry = self._entries[sig]
+        views, ids, mask, state, emb, noise = entry.inputs()
+        m, t = self.model, entry.tables
+        held: dict = {}
+        phases = (("vision", lambda: image_tokens(m, t, views, embed_dtype(m)), "vit"),
+                  ("language", lambda: language_features(m, t, held["vit"], ids, mask), "feats"),
+                  ("action_head", lambda: action_chunk(m, t, held["feats"], ids, mask, state, emb, noise), "out"))
+        pool = torch.cuda.graph_pool_handle()
+        graphs = {}
+        for name, fn, output in phases:
+            graphs[name], held[output] = self._warm_and_capture(fn, pool)
+        return {name: float(np.median(graph_replay_ms(g, reps))) for name, g in graphs.items()}
 
     def close(self) -> None:
         self._entries.clear()

@@ -123,12 +123,12 @@ def scatter_image_tokens(embeds: torch.Tensor, slots: torch.Tensor, tokens: torc
     return torch.where(slots.unsqueeze(-1), gathered, embeds)
 
 
-def backbone_features(model: GrootModel, tables: StaticTables, views: list[torch.Tensor], input_ids: torch.Tensor,
+def language_features(model: GrootModel, tables: StaticTables, vit: torch.Tensor, input_ids: torch.Tensor,
                       attention_mask: torch.Tensor) -> torch.Tensor:
-    """-> the LLM's final-norm output [B, L, llm width] (EagleModel.forward's result)."""
+    """The prompt's embeddings with the image tokens `vit` in its slots, through the LLM -> its final-norm output
+    [B, L, llm width] (EagleModel.forward's result)."""
     lm = model.backbone.model.language_model.model
     embeds = lm.embed_tokens(input_ids)
-    vit = image_tokens(model, tables, views, embeds.dtype)
     hidden = scatter_image_tokens(embeds, input_ids == model.cfg.image_token_index, vit)
     mask = None
     if tables.causal is not None:
@@ -139,11 +139,10 @@ def backbone_features(model: GrootModel, tables: StaticTables, views: list[torch
     return lm.norm(hidden)
 
 
-def predict(model: GrootModel, tables: StaticTables, views: list[torch.Tensor], input_ids: torch.Tensor,
-            attention_mask: torch.Tensor, state: torch.Tensor, embodiment_id: torch.Tensor,
-            noise: torch.Tensor) -> torch.Tensor:
-    """GrootModel.predict_normalized's result for one signature's inputs -> [B, horizon, max_action_dim]."""
-    feats = backbone_features(model, tables, views, input_ids, attention_mask)
+def action_chunk(model: GrootModel, tables: StaticTables, feats: torch.Tensor, input_ids: torch.Tensor,
+                 attention_mask: torch.Tensor, state: torch.Tensor, embodiment_id: torch.Tensor,
+                 noise: torch.Tensor) -> torch.Tensor:
+    """Backbone features -> the Euler sampler's normalized actions [B, horizon, max_action_dim]."""
     head = model.action_head
     dtype = next(head.parameters()).dtype
     image_mask = input_ids == model.cfg.image_token_index
@@ -151,3 +150,17 @@ def predict(model: GrootModel, tables: StaticTables, views: list[torch.Tensor], 
     if tables.steps is not None:
         return sample_actions_tabled(head, tables.steps, *args)
     return sample_actions(head, *args)
+
+
+def predict(model: GrootModel, tables: StaticTables, views: list[torch.Tensor], input_ids: torch.Tensor,
+            attention_mask: torch.Tensor, state: torch.Tensor, embodiment_id: torch.Tensor,
+            noise: torch.Tensor) -> torch.Tensor:
+    """GrootModel.predict_normalized's result for one signature's inputs -> [B, horizon, max_action_dim]."""
+    vit = image_tokens(model, tables, views, embed_dtype(model))
+    feats = language_features(model, tables, vit, input_ids, attention_mask)
+    return action_chunk(model, tables, feats, input_ids, attention_mask, state, embodiment_id, noise)
+
+
+def embed_dtype(model: GrootModel) -> torch.dtype:
+    """The dtype of the prompt embeddings, which the image tokens are computed in (as the reference does)."""
+    return model.backbone.model.language_model.model.embed_tokens.weight.dtype

@@ -97,7 +97,10 @@ def test_released_sizes_pass_the_gate(tmp_path):
         times.append((time.perf_counter() - start) * 1e3)
     (entry,) = graph.executor.entries.values()
     replay = graph_replay_ms(entry.graph, 30)
+    phases = graph.executor.phase_times(reps=10)
     print(f"GR00T N1.6 graph, 2 views 224x224 (252x252), bf16: sample_actions median {np.median(times):.2f} ms, "
-          f"replay median {np.median(replay):.2f} ms; cosine vs fp32 mean {np.mean(cosines):.6f} worst "
-          f"{min(cosines):.6f}")
+          f"replay median {np.median(replay):.2f} ms (phases {phases}); cosine vs fp32 mean {np.mean(cosines):.6f} "
+          f"worst {min(cosines):.6f}")
+    assert set(phases) == {"vision", "language", "action_head"} and min(phases.values()) > 0
+    assert 0.7 < sum(phases.values()) / np.median(replay) < 1.3       # the phases make up the whole graph
     assert np.mean(cosines) >= GATE_BF16 and min(cosines) >= WORST_COSINE
