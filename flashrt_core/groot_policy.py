@@ -105,7 +105,8 @@ class GrootPolicy:
                 torch.from_numpy(flow_noise)[None].to(dev))
 
     def reachable_text_buckets(self, state=None) -> tuple[int, ...]:
-        """The reference executor keeps no text buckets (the pi family's graph engine does)."""
+        """GR00T keeps no text buckets: the graph executor captures one graph per prompt length (and view sizes)
+        on its first call (engine/groot_graph.py)."""
         return ()
 
     def warm_up_text_buckets(self, images, prompt: str, state=None) -> list[int]:
