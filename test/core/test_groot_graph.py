@@ -2,6 +2,8 @@
 (fp32, tiny preset): the reference executor's chunk for 1 and 2 views, two image sizes, two prompt lengths and a
 padded prompt; a second call of one signature reads its own inputs; the policy's executor choice and its errors."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +15,7 @@ from flashrt_core.engine.groot_static import GrootSignature, StaticTables, predi
 from flashrt_core.errors import InputError
 from flashrt_core.groot_fixtures import random_groot_model, write_random_groot_checkpoint
 from flashrt_core.groot_policy import GrootPolicy, GrootReferenceExecutor, build_groot_executor
+from flashrt_core.model.groot.config import get_groot_config
 
 TINY = "groot_n1.6_tiny"
 
@@ -62,8 +65,6 @@ def test_static_path_equals_the_reference(model, sizes, text, pad, step_tables):
 
 def test_plain_dit_without_cross_masks():
     """The plain DiT (alternate_vl off: cross-attention sees every backbone token, no mask) on the static path."""
-    import dataclasses
-    from flashrt_core.model.groot.config import get_groot_config
     base = get_groot_config(TINY)
     plain = random_groot_model(base.replace(dit=dataclasses.replace(base.dit, alternate_vl=False)), seed=2)
     args = inputs(plain, [(56, 56), (56, 84)], 7, seed=4)
