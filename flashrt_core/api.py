@@ -423,7 +423,9 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     pi0_fast_policy.find_fast_tokenizer).
     GR00T N1.6 (config "groot_n1.6" / "groot_n1.6_tiny", or a checkpoint whose config.json has model_type
     Gr00tN1d6) loads through flashrt_core.groot_policy: embodiment picks the robot (projectors, joint groups,
-    statistics), statistics overrides the checkpoint's statistics.json; it runs on the reference executor.
+    statistics), statistics overrides the checkpoint's statistics.json; on CUDA it runs as one CUDA graph per input
+    signature (engine/groot_graph.py; hardware and engine_options pick the executor as for the pi family, and
+    hardware="reference" keeps the eager reference executor), on the CPU on the reference executor.
     """
     family = _model_family(checkpoint, config)
     if family == "groot":
@@ -435,9 +437,9 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
         if not ckpt_dir.is_dir():
             raise CheckpointError(f"checkpoint directory not found: {ckpt_dir}")
         dev = resolve_device(device)
-        dtype, _, _ = resolve_precision(precision, dtype, None, dev, "reference")   # GR00T: reference path
+        dtype, _, _ = resolve_precision(precision, dtype, None, dev, "reference")   # GR00T: no FP8 GEMMs
         return load_groot_policy(ckpt_dir, config, embodiment, dev, resolve_dtype(dtype, dev),
-                                 hardware, tokenizer, statistics)
+                                 hardware, tokenizer, statistics, engine_options)
     if embodiment is not None or statistics is not None:
         raise ValueError("embodiment= and statistics= apply to GR00T checkpoints only (config 'groot_n1.6')")
     gpu_preprocess = read_switch("FLASHRT_GPU_PREPROCESS") if gpu_preprocess is None else gpu_preprocess

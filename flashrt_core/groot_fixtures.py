@@ -30,6 +30,7 @@ from flashrt_core.groot_checkpoint import INDEX_FILE, weight_table
 from flashrt_core.groot_inputs import IMAGE_CLOSE, IMAGE_CONTEXT, IMAGE_OPEN, TOKENIZER_FILE
 from flashrt_core.groot_statistics import EMBODIMENT_ID_FILE, EMBODIMENT_IDS, PROCESSOR_FILE, STATISTICS_FILE
 from flashrt_core.model.groot.config import GrootConfig, get_groot_config, to_checkpoint_json
+from flashrt_core.model.groot.model import GrootModel
 
 DEFAULT_EMBODIMENT = "new_embodiment"
 DEFAULT_VIEWS = ("front", "wrist")
@@ -53,6 +54,21 @@ def random_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
         return 0.02 * values
     fan_in = shape[1] if len(shape) >= 2 else 1
     return values * fan_in ** -0.5
+
+
+def random_groot_model(config: str | GrootConfig = "groot_n1.6_tiny", seed: int = 0,
+                       dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> GrootModel:
+    """A GrootModel holding the weights write_random_groot_checkpoint(config, seed) writes, built in memory (no
+    files; each tensor made on the host, cast and moved one at a time), in eval mode."""
+    cfg = get_groot_config(config)
+    device = torch.device(device)
+    weights = {n: random_tensor(n, shape, seed).to(device=device, dtype=dtype)
+               for n, shape in weight_table(cfg).items()}
+    with torch.device("meta"):
+        model = GrootModel(cfg)
+    model.load_state_dict(weights, strict=True, assign=True)
+    model.backbone.model.materialize_buffers(device)
+    return model.eval().requires_grad_(False)
 
 
 def write_tokenizer(path: Path, image_token_index: int) -> Path:

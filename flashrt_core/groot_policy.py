@@ -5,8 +5,11 @@ images by view name (the embodiment's video keys) or in that order, state by joi
 flat in group order, noise (action_horizon, max_action_dim) to pin the flow. The embodiment picks the projector
 slice, the joint groups and their statistics (groot_statistics).
 
-Only the eager reference executor runs GR00T: hardware="auto" and "reference" use it on any device; naming a
-graph-engine target refuses with an error that says so.
+Executors (build_groot_executor): on CUDA the graph executor (engine/groot_graph.py: the whole predict as one
+CUDA graph per input signature), chosen as the pi family's is: the dispatch table's Op.EXECUTOR from the hardware
+and EngineOptions ("graph"; "eager_engine" with cuda_graph off runs the same static code without a graph;
+"reference" with fast_paths off). hardware="reference", and "auto" on the CPU, run the eager reference executor;
+a GPU target ("sm90", ...) on the CPU is refused.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import numpy as np
 import torch
 
 from flashrt_core import groot_inputs, preprocess
+from flashrt_core.engine import EngineOptions, Op, detect_hardware, resolve
+from flashrt_core.engine.groot_graph import GrootGraphExecutor
 from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.groot_checkpoint import load_state_dict
 from flashrt_core.groot_statistics import Embodiment, load_embodiment
@@ -67,14 +72,15 @@ class GrootPolicy:
     text_buckets: tuple[int, ...] = ()
 
     def __init__(self, model: GrootModel, config: GrootConfig, embodiment: Embodiment,
-                 tokenizer: groot_inputs.GrootTokenizer, device: torch.device, model_id: str):
+                 tokenizer: groot_inputs.GrootTokenizer, device: torch.device, model_id: str, executor=None):
+        """executor: GrootReferenceExecutor (None) or GrootGraphExecutor over `model`."""
         self.model = model
         self.config = config
         self.embodiment = embodiment
         self.tokenizer = tokenizer
         self.device = device
         self.model_id = model_id
-        self.executor = GrootReferenceExecutor(model, device)
+        self.executor = GrootReferenceExecutor(model, device) if executor is None else executor
 
     horizon = property(lambda self: self.embodiment.action_horizon or self.config.action_horizon)
     action_dim = property(lambda self: self.embodiment.action_dim)
@@ -84,13 +90,14 @@ class GrootPolicy:
     action_groups = property(lambda self: [(g.name, g.dim) for g in self.embodiment.action])
 
     def prepare_inputs(self, images, prompt: str, state=None, noise=None):
-        """Validated, preprocessed tensors on the policy's device, in sample_actions' argument order."""
+        """Validated, preprocessed tensors in sample_actions' argument order, on the device the executor takes
+        its inputs from (the policy's device; the host for the graph executor, which stages them in one copy)."""
         cfg, emb = self.config, self.embodiment
         views = groot_inputs.prepare_views(images, emb.views, cfg, emb.shortest_image_edge, emb.crop_fraction)
         ids = groot_inputs.prompt_ids(self.tokenizer, cfg, prompt, [cfg.image_tokens(*v.shape[-2:]) for v in views],
                                       emb.formalize_language)
         state_n = emb.normalize_state(state, cfg.max_state_dim)
-        dev = self.device
+        dev = getattr(self.executor, "input_device", None) or self.device
         mask = torch.ones(1, ids.shape[0], dtype=torch.bool, device=dev)
         flow_noise = preprocess.host_noise(noise, (cfg.action_horizon, cfg.max_action_dim))
         return ([v.to(dev) for v in views], torch.from_numpy(ids)[None].to(dev), mask,
@@ -98,7 +105,8 @@ class GrootPolicy:
                 torch.from_numpy(flow_noise)[None].to(dev))
 
     def reachable_text_buckets(self, state=None) -> tuple[int, ...]:
-        """The reference executor keeps no text buckets (the pi family's graph engine does)."""
+        """GR00T keeps no text buckets: the graph executor captures one graph per prompt length (and view sizes)
+        on its first call (engine/groot_graph.py)."""
         return ()
 
     def warm_up_text_buckets(self, images, prompt: str, state=None) -> list[int]:
@@ -145,12 +153,43 @@ def resolve_groot_config(config, checkpoint_dir: Path) -> GrootConfig:
         raise CheckpointError(f"{path}: {exc}") from exc
 
 
+def check_hardware(hardware: str, device: torch.device) -> None:
+    """A known hardware name (engine.detect_hardware's forms), and a GPU target only with a CUDA device."""
+    if hardware in ("auto", "reference"):
+        return
+    detect_hardware(hardware, device)                    # an unknown name raises ValueError naming it
+    if device.type != "cuda":
+        raise ValueError(f"hardware={hardware!r} needs a CUDA device, got {device}; GR00T runs on the CPU with "
+                         "hardware='auto' or 'reference' (the eager reference executor)")
+
+
+def build_groot_executor(model: GrootModel, device: torch.device, hardware: str = "auto",
+                         options: EngineOptions | None = None):
+    """The executor for this device, hardware and options (as engine.build_executor picks the pi family's):
+    hardware="reference" or a CPU device -> GrootReferenceExecutor; on CUDA the dispatch table's Op.EXECUTOR:
+    "graph" -> GrootGraphExecutor, "eager_engine" (cuda_graph off) -> the same without capture, "reference"
+    (fast_paths off) -> GrootReferenceExecutor. options None reads the defaults with the environment on top."""
+    device = torch.device(device)
+    check_hardware(hardware, device)
+    if hardware == "reference" or device.type != "cuda":
+        return GrootReferenceExecutor(model, device)
+    options = EngineOptions.from_env() if options is None else options
+    if options.enabled("fp8"):
+        raise ValueError("GR00T's graph executor runs in the policy's dtype: FP8 GEMMs serve the pi family only; "
+                         "turn engine_options.fp8 (FLASHRT_FP8) off for GR00T")
+    kind = resolve(detect_hardware(hardware, device), options)[Op.EXECUTOR]
+    if kind == "reference":
+        return GrootReferenceExecutor(model, device)
+    return GrootGraphExecutor(model, device, capture=kind == "graph", step_tables=options.enabled("groot_step_tables"))
+
+
 def load_groot_policy(checkpoint_dir: Path, config=None, embodiment: str | None = None,
                       device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
-                      hardware: str = "auto", tokenizer=None, statistics=None) -> GrootPolicy:
-    if hardware not in ("auto", "reference"):
-        raise ValueError(f"hardware={hardware!r}: GR00T N1.6 runs on the eager reference executor only (the graph "
-                         "engine serves the pi family); use hardware='reference' or 'auto'")
+                      hardware: str = "auto", tokenizer=None, statistics=None,
+                      engine_options: EngineOptions | None = None) -> GrootPolicy:
+    """hardware / engine_options pick the executor (build_groot_executor); a GPU target on the CPU is refused
+    before the weights are read."""
+    check_hardware(hardware, torch.device(device))
     cfg = resolve_groot_config(config, checkpoint_dir)
     if not embodiment:
         raise InputError("GR00T needs embodiment=TAG (the robot whose projectors, joint groups and statistics to "
@@ -169,6 +208,7 @@ def load_groot_policy(checkpoint_dir: Path, config=None, embodiment: str | None 
     if meta:
         raise RuntimeError(f"buffers left on the meta device after loading: {meta}")
     model.eval()
+    executor = build_groot_executor(model, device, hardware, engine_options)
     model_id = f"{cfg.name}:{checkpoint_dir.resolve().name}:{emb.tag}"
-    log.info("loaded %s on %s (%s, reference executor)", model_id, device, dtype)
-    return GrootPolicy(model, cfg, emb, tok, device, model_id)
+    log.info("loaded %s on %s (%s, %s executor)", model_id, device, dtype, executor.name)
+    return GrootPolicy(model, cfg, emb, tok, device, model_id, executor)

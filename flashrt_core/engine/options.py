@@ -105,6 +105,11 @@ class EngineOptions:
                                        "The first step after the whole prefix, on one stream.")
     decode_graph_tokens: int = _option(8, "pi0-FAST: decoding steps per replayed decode graph (1-64); the host "
                                        "reads the end-of-sequence flag once per graph (engine/fast_decode.py).")
+    groot_step_tables: bool = _option(True, "GR00T: what each Euler step's DiT takes from its timestep alone (AdaLN "
+                                      "scales and shifts, the output modulation, the action encoder's sinusoid) "
+                                      "computed once at capture, the backbone features' cross-attention K/V once per "
+                                      "predict (engine/groot_dit.py).",
+                                      "The reference's sampler (model/groot/sampler.py) inside the graph.")
     text_buckets: tuple[int, ...] = _option(DEFAULT_TEXT_BUCKETS, "The token-buffer lengths with a graph each, "
                                             "comma-separated (max_token_len is always added).")
     tuning_cache: str = _option("", "A directory where the load-time tuning's picks are kept and reused at the next "

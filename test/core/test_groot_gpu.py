@@ -1,5 +1,6 @@
-"""GR00T N1.6 reference path on CUDA: the same chunk as on the CPU (fp32), a finite bf16 chunk close to it, and
-the released sizes load and predict from a random sharded checkpoint (bf16, one H200)."""
+"""GR00T N1.6 reference path on CUDA (hardware="reference"; test_groot_graph_gpu.py tests the graph executor): the
+same chunk as on the CPU (fp32), a finite bf16 chunk close to it, and the released sizes load and predict from a
+random sharded checkpoint (bf16, one H200)."""
 
 import time
 
@@ -26,12 +27,12 @@ def observation(policy, hw=(72, 96), seed=0):
 def test_cuda_matches_cpu(tmp_path):
     ckpt = write_random_groot_checkpoint(tmp_path / "c", TINY, seed=4)
     cpu = load_model(ckpt, embodiment="new_embodiment", device="cpu")
-    gpu = load_model(ckpt, embodiment="new_embodiment", device="cuda", dtype="float32")
+    gpu = load_model(ckpt, embodiment="new_embodiment", device="cuda", dtype="float32", hardware="reference")
     images, state, noise = observation(cpu)
     a = cpu.predict(images, "pick up the cube", state, noise)
     b = gpu.predict(images, "pick up the cube", state, noise)
     np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-3)
-    half = load_model(ckpt, embodiment="new_embodiment", device="cuda")          # bf16 by default on CUDA
+    half = load_model(ckpt, embodiment="new_embodiment", device="cuda", hardware="reference")   # bf16 on CUDA
     c = half.predict(images, "pick up the cube", state, noise)
     assert np.isfinite(c).all()
     assert np.abs(c - a).max() < 0.2 * (np.abs(a).max() + 1)
@@ -39,7 +40,7 @@ def test_cuda_matches_cpu(tmp_path):
 
 def test_released_sizes_on_cuda(tmp_path):
     ckpt = write_random_groot_checkpoint(tmp_path / "full", "groot_n1.6", seed=0, shards=4, dtype=torch.bfloat16)
-    policy = load_model(ckpt, embodiment="new_embodiment", device="cuda")
+    policy = load_model(ckpt, embodiment="new_embodiment", device="cuda", hardware="reference")
     images, state, noise = observation(policy, hw=(224, 224))
     first = policy.predict(images, "pick up the cube", state, noise)
     torch.cuda.synchronize()

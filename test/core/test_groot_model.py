@@ -209,9 +209,11 @@ def test_sampler_is_euler_over_discrete_buckets():
     assert (other - out).abs().max() > 1e-3
 
 
-def test_engine_targets_refused(ckpt):
-    with pytest.raises(ValueError, match="reference executor only"):
+def test_gpu_targets_refused_on_the_cpu(ckpt):
+    with pytest.raises(ValueError, match="hardware='sm90' needs a CUDA device"):
         load_model(ckpt, config=TINY, embodiment="new_embodiment", device="cpu", hardware="sm90")
+    assert load_model(ckpt, config=TINY, embodiment="new_embodiment", device="cpu",
+                      hardware="reference").executor.name == "reference"
 
 
 def test_checkpoint_detected_without_config(ckpt):

@@ -31,6 +31,15 @@ def patchify(pixels: torch.Tensor, patch: int) -> torch.Tensor:
     return x.reshape(n, (h // patch) * (w // patch), patch * patch * c)
 
 
+def views_by_size(sizes) -> dict[tuple[int, int], list[int]]:
+    """(H, W) per view -> {size: the views of that size}, sizes in order of first appearance: the batches the
+    vision encoder runs."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, size in enumerate(sizes):
+        groups.setdefault(tuple(size), []).append(i)
+    return groups
+
+
 class _Holder(nn.Module):
     """A named level of the checkpoint's module tree."""
 
@@ -75,7 +84,11 @@ class EagleModel(nn.Module):
         mask = torch.ones(n, gh * gw, dtype=torch.long, device=pixels.device)
         out = self.vision_model.vision_model(pixel_values=patches, pixel_attention_mask=mask,
                                              spatial_shapes=shapes).last_hidden_state      # [N, gh*gw, C]
-        grid = out.transpose(1, 2).reshape(n, -1, gh, gw)
+        return self.project_vision(out, gh, gw)
+
+    def project_vision(self, out: torch.Tensor, gh: int, gw: int) -> torch.Tensor:
+        """SigLIP2 output [N, gh*gw, C] -> 2 x 2 pixel-unshuffled and projected [N, gh*gw/4, llm width]."""
+        grid = out.transpose(1, 2).reshape(out.shape[0], -1, gh, gw)
         down = F.pixel_unshuffle(grid, 2).flatten(2).transpose(1, 2)                        # [N, gh*gw/4, 4C]
         return self.mlp1(down)
 
@@ -85,10 +98,7 @@ class EagleModel(nn.Module):
         if torch.is_tensor(views):
             views = list(views)
         out: list[torch.Tensor | None] = [None] * len(views)
-        by_size: dict[tuple[int, int], list[int]] = {}
-        for i, v in enumerate(views):
-            by_size.setdefault(tuple(v.shape[-2:]), []).append(i)
-        for idxs in by_size.values():
+        for idxs in views_by_size([tuple(v.shape[-2:]) for v in views]).values():
             feats = self.image_features(torch.stack([views[i] for i in idxs]).to(dtype))
             for i, f in zip(idxs, feats):
                 out[i] = f

@@ -1,0 +1,214 @@
+"""GR00T N1.6's graph executor: static buffers per input signature, the whole predict captured once as one CUDA
+graph, replayed.
+
+Per call: the inputs are copied into the signature's static buffers (one StagingBlob: inputs on the host are
+written into its pinned half and moved by ONE host-to-device copy; inputs already on the device are copied on the
+device), ONE graph replay runs the whole predict (vision for every view, projector, image-token scatter, the Qwen3
+layers, vlln and the state encoder, the Euler steps of the DiT, the decoder: engine/groot_static.py), and the
+actions come back as a clone of the graph's static output. A signature (batch, the views' sizes, the prompt
+length, a padded prompt mask or not: groot_static.GrootSignature) is captured on its first call; later calls of
+that signature only replay. All graphs share one memory pool (they never run at the same time).
+
+capture=False runs the same static function eagerly: on the CPU (where it is checked against the reference
+executor) and on a GPU with EngineOptions.cuda_graph off (Op.EXECUTOR "eager_engine").
+
+The prompt's image-token slots are found on the device (groot_static.scatter_image_tokens), so a prompt of the
+same length with its slots elsewhere replays correctly; their count must be the signature's image-token count
+(groot_inputs.prompt_ids checks it for the policy; the first call of a signature checks it here).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from flashrt_core.errors import InputError
+from flashrt_core.model.groot.model import GrootModel
+
+from .graph_executor import StagingBlob
+from .groot_static import (GrootSignature, StaticTables, action_chunk, embed_dtype, image_tokens,
+                           language_features, predict)
+from .timing import graph_replay_ms, side_stream
+
+log = logging.getLogger(__name__)
+
+WARMUP_RUNS = 2          # eager runs on the side stream before a capture (library handles, kernel selection)
+
+
+@dataclass
+class _Entry:
+    tables: StaticTables
+    staging: StagingBlob
+    uploaded: torch.cuda.Event | None      # the last host-to-device copy of the staging blob (CUDA)
+    output: torch.Tensor | None = None     # the graph's static output [B, horizon, max_action_dim]
+    graph: torch.cuda.CUDAGraph | None = None
+
+    def views(self, count: int) -> list[torch.Tensor]:
+        return [self.staging.device_views[f"view{i}"] for i in range(count)]
+
+    def inputs(self) -> tuple:
+        """The static device buffers in predict's argument order."""
+        dv = self.staging.device_views
+        return (self.views(len(self.tables.signature.view_sizes)), dv["input_ids"], dv["attention_mask"],
+                dv["state"], dv["embodiment_id"], dv["noise"])
+
+
+class GrootGraphExecutor:
+    """GrootReferenceExecutor's sample_actions contract, run as one CUDA graph per input signature (capture=True,
+    the default on CUDA) or as the same static code launched eagerly (capture=False, the default elsewhere)."""
+
+    uses_model = True
+    input_device = torch.device("cpu")      # GrootPolicy builds its inputs on the host: one staged copy moves them
+
+    def __init__(self, model: GrootModel, device: torch.device | str, capture: bool | None = None,
+                 step_tables: bool = True):
+        """step_tables: the DiT's per-step tables (engine/groot_dit.py, EngineOptions.groot_step_tables); False runs
+        the reference's sampler inside the graph."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        capture = device.type == "cuda" if capture is None else capture
+        if capture and device.type != "cuda":
+            raise ValueError(f"graph capture needs a CUDA device, got {device}; capture=False runs the same code "
+                             "eagerly")
+        self.model = model
+        self.device = device
+        self.capture = capture
+        self.step_tables = step_tables
+        self.name = "graph" if capture else "static-eager"
+        self._entries: dict[GrootSignature, _Entry] = {}
+        self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self.capture_seconds: dict[GrootSignature, float] = {}
+
+    @property
+    def entries(self) -> dict[GrootSignature, _Entry]:
+        """The signatures seen so far -> their buffers, tables and graph (read-only use: tests, benchmarks)."""
+        return self._entries
+
+    # ---------------------------------------------------------------------------------------------- buffers
+    def _make_entry(self, sig: GrootSignature, noise: torch.Tensor, state: torch.Tensor) -> _Entry:
+        cfg = self.model.cfg
+        fields = [(f"view{i}", (3, h, w), torch.float32) for i, (h, w) in enumerate(sig.view_sizes)]
+        fields += [("input_ids", (sig.batch, sig.prompt_len), torch.int64),
+                   ("attention_mask", (sig.batch, sig.prompt_len), torch.bool),
+                   ("state", (sig.batch, 1, cfg.max_state_dim), torch.float32),
+                   ("embodiment_id", (sig.batch,), torch.int64),
+                   ("noise", (sig.batch, cfg.action_horizon, cfg.max_action_dim), torch.float32)]
+        expect = {"state": (sig.batch, 1, cfg.max_state_dim),
+                  "noise": (sig.batch, cfg.action_horizon, cfg.max_action_dim)}
+        for name, tensor in (("state", state), ("noise", noise)):
+            if tuple(tensor.shape) != expect[name]:
+                raise InputError(f"{name} must have shape {expect[name]}, got {tuple(tensor.shape)}")
+        staging = StagingBlob(fields, self.device)
+        uploaded = torch.cuda.Event() if self.device.type == "cuda" else None
+        return _Entry(StaticTables(self.model, sig, self.device, self.step_tables), staging, uploaded)
+
+    def _stage(self, entry: _Entry, named: dict[str, torch.Tensor]) -> None:
+        """Copy the call's inputs into the static buffers: host tensors through the pinned half and one upload,
+        tensors already on the device directly (after the upload, which writes every field)."""
+        hv, dv = entry.staging.host_views, entry.staging.device_views
+        on_host = {n: t for n, t in named.items() if t.device != self.device}
+        if on_host:
+            if entry.uploaded is not None:
+                entry.uploaded.synchronize()          # the previous upload has read the pinned buffer
+            for name, src in on_host.items():
+                hv[name].copy_(src)
+            entry.staging.upload()
+            if entry.uploaded is not None:
+                entry.uploaded.record()
+        for name, src in named.items():
+            if name not in on_host:
+                dv[name].copy_(src, non_blocking=True)
+
+    # ---------------------------------------------------------------------------------------------- runs
+    def _run_static(self, entry: _Entry) -> torch.Tensor:
+        return predict(self.model, entry.tables, *entry.inputs())
+
+    def _warm_and_capture(self, fn, pool) -> tuple[torch.cuda.CUDAGraph, object]:
+        """Run fn on the side stream (cuBLAS handles, SDPA kernel choices, allocator), then capture it into one
+        graph -> (graph, fn's static output)."""
+        stream = side_stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(WARMUP_RUNS):
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn()
+        torch.cuda.synchronize(self.device)
+        return graph, out
+
+    def _capture(self, sig: GrootSignature, entry: _Entry) -> None:
+        start = time.perf_counter()
+        entry.graph, entry.output = self._warm_and_capture(lambda: self._run_static(entry), self._pool)
+        self.capture_seconds[sig] = time.perf_counter() - start
+        log.info("captured GR00T graph %s in %.2f s", sig, self.capture_seconds[sig])
+
+    def _check_slots(self, entry: _Entry) -> None:
+        """The first call of a signature: the prompt's image-token slots match the views' token count."""
+        ids = entry.staging.device_views["input_ids"]
+        slots = int((ids == self.model.cfg.image_token_index).sum())
+        if slots != entry.tables.image_tokens:
+            raise InputError(f"the prompt has {slots} image-token slots for {entry.tables.image_tokens} image "
+                             "tokens of its views")
+
+    @torch.inference_mode()
+    def sample_actions(self, views, input_ids: torch.Tensor, attention_mask: torch.Tensor, state: torch.Tensor,
+                       embodiment_id: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """views: [N, 3, H, W] or a list of [3, H_i, W_i] normalized, input_ids / attention_mask [B, L],
+        state [B, 1, max_state_dim], embodiment_id [B], noise [B, horizon, max_action_dim]
+        -> normalized actions [B, horizon, max_action_dim] on the device (GrootModel.predict_normalized's)."""
+        if self.model is None:
+            raise RuntimeError("sample_actions called after close()")
+        views = list(views)
+        sig = GrootSignature.of(views, input_ids, attention_mask)
+        entry = self._entries.get(sig)
+        fresh = entry is None
+        if fresh:
+            entry = self._make_entry(sig, noise, state)
+        named = {f"view{i}": v for i, v in enumerate(views)}
+        named.update(input_ids=input_ids, attention_mask=attention_mask, state=state,
+                     embodiment_id=embodiment_id.reshape(sig.batch), noise=noise)
+        self._stage(entry, named)
+        if fresh:
+            self._check_slots(entry)
+            self._entries[sig] = entry
+        if not self.capture:
+            return self._run_static(entry)
+        if entry.graph is None:
+            self._capture(sig, entry)
+        entry.graph.replay()
+        return entry.output.clone()
+
+    @torch.inference_mode()
+    def phase_times(self, sig: GrootSignature | None = None, reps: int = 20) -> dict[str, float]:
+        """Median GPU ms of vision (with the projector), language (embedding, image-token scatter, Qwen3 layers)
+        and action head (vlln, state encoder, Euler steps, decoder) for a signature already run (None: the only
+        one), each captured as a graph of its own on the signature's buffers and replayed `reps` times."""
+        if not self.capture:
+            raise ValueError("phase times are timed from CUDA graphs: capture=True on a CUDA device")
+        if sig is None:
+            if len(self._entries) != 1:
+                raise ValueError(f"{len(self._entries)} signatures captured: name one of {list(self._entries)}")
+            (sig,) = self._entries
+        entry = self._entries[sig]
+        views, ids, mask, state, emb, noise = entry.inputs()
+        m, t = self.model, entry.tables
+        held: dict = {}
+        phases = (("vision", lambda: image_tokens(m, t, views, embed_dtype(m)), "vit"),
+                  ("language", lambda: language_features(m, t, held["vit"], ids, mask), "feats"),
+                  ("action_head", lambda: action_chunk(m, t, held["feats"], ids, mask, state, emb, noise), "out"))
+        pool = torch.cuda.graph_pool_handle()
+        graphs = {}
+        for name, fn, output in phases:
+            graphs[name], held[output] = self._warm_and_capture(fn, pool)
+        return {name: float(np.median(graph_replay_ms(g, reps))) for name, g in graphs.items()}
+
+    def close(self) -> None:
+        self._entries.clear()
+        self.model = None

@@ -1,0 +1,211 @@
+"""Benchmark GR00T N1.6: the eager reference executor against the graph executor's replay, in one process.
+
+Random weights of a preset (full size "groot_n1.6" by default: groot_fixtures.random_groot_model, built in memory;
+timing does not depend on the values) in --dtype, `--views` camera views of --image x --image uint8 pixels through
+the policy's preprocessing (224 x 224 -> 252 x 252, 81 image tokens each), a prompt of --prompt-tokens random text
+ids followed by each view's image slots between two marker ids (the Eagle prompt's layout), the state, embodiment
+and noise of a predict. Each path runs --warmup times, then --runs times with a device synchronize around each:
+
+  reference      GrootReferenceExecutor.sample_actions (inputs on the device, as the policy gives them)
+  graph          GrootGraphExecutor.sample_actions (inputs on the host: staging, one copy, replay, output clone);
+                 capture=False off CUDA (the same static code, eager)
+  graph replay   the captured graph alone, CUDA events around each replay (CUDA only)
+  no step tables the same two with EngineOptions.groot_step_tables off (the reference's sampler in the graph)
+  phases         vision, language, action head, each captured as a graph of its own (CUDA only)
+
+Accuracy: the chunk cosine of the graph and of the reference in --dtype against an fp32 reference on the same
+weights (the --dtype weights cast up) over --observations random observations (mean and worst), the gate
+engine/gate.py applies to the pi family (bf16 >= 0.999).
+
+    python tools/benchmark_groot.py [--config groot_n1.6] [--device cuda] [--dtype bfloat16] [--views 2]
+        [--image 224] [--prompt-tokens 30] [--runs 30] [--warmup 5] [--observations 3] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as dt
+import json
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flashrt_core.engine.gate import GATE_BF16, cosine
+from flashrt_core.engine.groot_graph import GrootGraphExecutor
+from flashrt_core.engine.timing import graph_replay_ms
+from flashrt_core.groot_fixtures import random_groot_model
+from flashrt_core.groot_inputs import prepare_views
+from flashrt_core.groot_policy import GrootReferenceExecutor
+from flashrt_core.model.groot.config import get_groot_config
+
+EMBODIMENT_ID = 10              # new_embodiment's projector slot
+MARKERS = (7, 8)                # the ids around each view's image slots (<img>, </img> in the real vocabulary)
+
+
+def make_inputs(cfg, args, seed: int) -> tuple:
+    """Host tensors in sample_actions' argument order (the policy's preprocessing for the views)."""
+    rng = np.random.default_rng(seed)
+    names = [f"view{i}" for i in range(args.views)]
+    images = [rng.integers(0, 256, (args.image, args.image, 3), dtype=np.uint8) for _ in names]
+    views = prepare_views(images, names, cfg)
+    pieces = [rng.integers(0, min(cfg.image_token_index, cfg.llm.vocab_size), args.prompt_tokens)]
+    for v in views:
+        pieces += [[MARKERS[0]], [cfg.image_token_index] * cfg.image_tokens(*v.shape[-2:]), [MARKERS[1]]]
+    ids = torch.from_numpy(np.concatenate(pieces).astype(np.int64))[None]
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    state = torch.from_numpy(rng.uniform(-1, 1, (1, 1, cfg.max_state_dim)).astype(np.float32))
+    noise = torch.from_numpy(rng.standard_normal((1, cfg.action_horizon, cfg.max_action_dim)).astype(np.float32))
+    return views, ids, mask, state, torch.tensor([EMBODIMENT_ID]), noise
+
+
+def to_device(inputs: tuple, device: torch.device) -> tuple:
+    views, *rest = inputs
+    return ([v.to(device) for v in views], *(t.to(device) for t in rest))
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device, warmup: int, runs: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(runs):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        out.append((time.perf_counter() - start) * 1e3)
+    return out
+
+
+def summary(samples: list[float]) -> dict:
+    return {"median_ms": float(np.median(samples)), "p99_ms": float(np.percentile(samples, 99)),
+            "samples_ms": [round(s, 4) for s in samples]}
+
+
+def driver_version() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+
+
+def run(args, argv: list[str]) -> dict:
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    cfg = get_groot_config(args.config)
+    model = random_groot_model(cfg, seed=0, dtype=dtype, device=device)
+    reference = GrootReferenceExecutor(model, device)
+    graph = GrootGraphExecutor(model, device)
+    plain = GrootGraphExecutor(model, device, step_tables=False)
+    host = make_inputs(cfg, args, seed=0)
+    on_device = to_device(host, device)
+    start = time.perf_counter()
+    graph.sample_actions(*host)                                    # the signature's capture (CUDA)
+    synchronize(device)
+    first_call_s = time.perf_counter() - start
+    results = {"reference": summary(timed(lambda: reference.sample_actions(*on_device), device, args.warmup,
+                                          args.runs)),
+               "graph": summary(timed(lambda: graph.sample_actions(*host), device, args.warmup, args.runs)),
+               "graph_no_step_tables": summary(timed(lambda: plain.sample_actions(*host), device, args.warmup,
+                                                     args.runs))}
+    (entry,) = graph.entries.values()
+    if entry.graph is not None:
+        results["graph_replay"] = summary(graph_replay_ms(entry.graph, args.runs))
+        (plain_entry,) = plain.entries.values()
+        results["graph_replay_no_step_tables"] = summary(graph_replay_ms(plain_entry.graph, args.runs))
+        results["phases_ms"] = graph.phase_times(reps=args.runs)
+    model32 = model if dtype == torch.float32 else copy.deepcopy(model).float()
+    reference32 = GrootReferenceExecutor(model32, device)
+    cos_graph, cos_reference = [], []
+    for k in range(args.observations):
+        obs = make_inputs(cfg, args, seed=100 + k)
+        want = reference32.sample_actions(*to_device(obs, device)).float().cpu().numpy()
+        cos_graph.append(cosine(graph.sample_actions(*obs).float().cpu().numpy(), want))
+        cos_reference.append(cosine(reference.sample_actions(*to_device(obs, device)).float().cpu().numpy(), want))
+    sig = entry.tables.signature
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python tools/benchmark_groot.py " + shlex.join(argv),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "driver": driver_version() if device.type == "cuda" else None,
+        "weights": f"random {cfg.name} (in memory)", "config": cfg.name, "dtype": args.dtype,
+        "executor": graph.name, "views": args.views, "image": args.image,
+        "view_sizes": [list(s) for s in sig.view_sizes], "prompt_len": sig.prompt_len,
+        "horizon": cfg.action_horizon, "steps": cfg.num_inference_timesteps, "runs": args.runs,
+        "warmup": args.warmup, "first_call_s": first_call_s, **results,
+        "speedup": results["reference"]["median_ms"] / results["graph"]["median_ms"],
+        "cosine_vs_fp32": {"graph_mean": float(np.mean(cos_graph)), "graph_worst": float(np.min(cos_graph)),
+                           "reference_mean": float(np.mean(cos_reference)),
+                           "reference_worst": float(np.min(cos_reference)), "gate_bf16": GATE_BF16,
+                           "observations": args.observations},
+    }
+
+
+def table(r: dict) -> str:
+    (h, w) = r["view_sizes"][0]
+    lines = [f"GR00T N1.6 {r['config']} {r['dtype']} on {r['device']}: {r['views']} views {r['image']}x{r['image']} "
+             f"({h}x{w}), prompt {r['prompt_len']} tokens, horizon {r['horizon']}, {r['steps']} steps, "
+             f"{r['runs']} runs",
+             f"{'path':<28}{'median ms':>10}{'p99 ms':>10}"]
+    for key, label in (("reference", "reference (eager)"), ("graph", f"{r['executor']} (sample_actions)"),
+                       ("graph_replay", "graph replay (GPU)"),
+                       ("graph_no_step_tables", f"{r['executor']}, no step tables"),
+                       ("graph_replay_no_step_tables", "graph replay, no step tables")):
+        if key in r:
+            lines.append(f"{label:<28}{r[key]['median_ms']:>10.2f}{r[key]['p99_ms']:>10.2f}")
+    if "phases_ms" in r:
+        lines.append("graph phases (each its own graph, median ms): "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms"].items()))
+    c = r["cosine_vs_fp32"]
+    lines.append(f"speed-up {r['speedup']:.1f}x; first call {r['first_call_s']:.2f} s (with the capture on CUDA)")
+    lines.append(f"cosine vs fp32 reference ({c['observations']} observations): graph mean {c['graph_mean']:.6f} "
+                 f"worst {c['graph_worst']:.6f}; {r['dtype']} reference mean {c['reference_mean']:.6f} worst "
+                 f"{c['reference_worst']:.6f}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="groot_n1.6", help="preset with random weights")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument("--views", type=int, default=2)
+    parser.add_argument("--image", type=int, default=224, help="camera image side (before preprocessing)")
+    parser.add_argument("--prompt-tokens", type=int, default=30, help="text ids before the image slots")
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--observations", type=int, default=3, help="observations of the accuracy check")
+    parser.add_argument("--out", help="folder for the JSON result")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    result = run(args, argv)
+    print(table(result))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"groot_graph_{args.device.split(':')[0]}_{result['config']}_{result['date'][:10]}.json"
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
