@@ -18,6 +18,8 @@
 #   OUT=/path bash tools/device_engine_checks.sh tune         # tune_engine.py: best of 3 loads stored, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh compile-cells  # the compiled reference at 2 more cells, ~6-9 min
 #   OUT=/path bash tools/device_engine_checks.sh fast         # pi0-FAST: engine GPU tests, then reference vs engine
+#   OUT=/path bash tools/device_engine_checks.sh groot        # GR00T N1.6: graph GPU tests, then reference vs graph
+#   OUT=/path bash tools/device_engine_checks.sh layer-chain  # what one dependency between layers costs
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
 # The times are measured on the H200 or estimated (grid-*): the interleaved chain tuning takes ~17-20 s per pass of a full-size engine load (two passes by default; the tests
@@ -80,6 +82,12 @@
 #   the teacher-forced logits gate, the planted chunk through load_model's engine; pytest_fast.log), then
 #   tools/benchmark_pi0_fast.py on the full-size preset at 2 views, a 50-token chunk: reference and engine in one
 #   process (pi0_fast_cuda_pi0fast_<date>.json, fast.log).
+# groot: GR00T N1.6's GPU tests (test/core/test_groot_graph_gpu.py, test/core/test_groot_gpu.py: the graph against
+#   the reference, the bf16 gate at the released size; pytest_groot.log), then tools/benchmark_groot.py: reference and
+#   graph at 2 views 224x224 in one process, phase times, cosines against fp32 (groot_<date>.json, groot.log).
+# layer-chain: kernels/flashrt_kernels/layer_chain.py's GPU test, then tools/benchmark_layer_chain.py: 180 dependent
+#   layers at the expert's width launched per layer (stream order, PDL, early trigger, library GEMM) and as one
+#   persistent kernel waiting on counters (layer_chain_<date>.json, layer_chain.log).
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
 # others' results. Full-size random checkpoints are generated into $FLASHRT_FULL_CKPT_ROOT (default /tmp/full).
 set -uo pipefail
@@ -87,7 +95,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-test_output/device_engine_checks}"
 PART="${1:-all}"
 PARTS="all kernels engine-new engine-rest engine-gates engine-gates-forced bench grid-pi05 grid-pi0 gemms load buckets
-  host h50 overlap tune compile-cells fast"
+  host h50 overlap tune compile-cells fast groot layer-chain"
 case " $(echo $PARTS) " in
   *" $PART "*) ;;
   *) echo "device_engine_checks.sh: no part named '$PART'; the parts: $(echo $PARTS)" >&2; exit 2;;
@@ -238,9 +246,24 @@ if [ "$PART" = fast ]; then
   echo "benchmark_pi0_fast rc=$?" >> "$OUT/fast.log"
 fi
 
+if [ "$PART" = groot ]; then
+  timeout 360 "$PY" -m pytest -v -s --durations=0 test/core/test_groot_graph_gpu.py test/core/test_groot_gpu.py \
+    > "$OUT/pytest_groot.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_groot.log"
+  timeout 200 "$PY" tools/benchmark_groot.py --out "$OUT" > "$OUT/groot.log" 2>&1
+  echo "benchmark_groot rc=$?" >> "$OUT/groot.log"
+fi
+
+if [ "$PART" = layer-chain ]; then
+  timeout 120 "$PY" -m pytest -v test/gpu/test_kernels.py -k layer_chain > "$OUT/pytest_layer_chain.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_layer_chain.log"
+  timeout 120 "$PY" tools/benchmark_layer_chain.py --out "$OUT" > "$OUT/layer_chain.log" 2>&1
+  echo "benchmark_layer_chain rc=$?" >> "$OUT/layer_chain.log"
+fi
+
 {
   for log in pytest_kernels pytest_engine_new pytest_engine_rest pytest_engine_gates pytest_engine_gates_forced \
-      pytest_rows_kernel pytest_fast; do
+      pytest_rows_kernel pytest_fast pytest_groot pytest_layer_chain; do
     [ -f "$OUT/$log.log" ] && { echo "== $log"; grep -E "FAILED|ERROR|passed|failed|rc=" "$OUT/$log.log" | tail -n 20; }
   done
   for MODEL in pi05 pi0; do
@@ -262,6 +285,8 @@ fi
   [ -f "$OUT/buckets.log" ] && { echo "== text buckets"; grep -E "^(## |\| [0-9])|rc=" "$OUT/buckets.log"; }
   [ -f "$OUT/overlap.log" ] && { echo "== the first step beside the prefix (overlap_first_step), on and off"
     grep -hE '^\| pi05' "$OUT"/engine_overlap*.md 2>/dev/null || tail -n 5 "$OUT/overlap.log" "$OUT/overlap_h50.log"; }
+  [ -f "$OUT/groot.log" ] && { echo "== GR00T N1.6, reference and graph"; tail -n 14 "$OUT/groot.log"; }
+  [ -f "$OUT/layer_chain.log" ] && { echo "== dependent layers"; tail -n 10 "$OUT/layer_chain.log"; }
   [ -f "$OUT/fast.log" ] && { echo "== pi0-FAST, reference and engine"; tail -n 6 "$OUT/fast.log"; }
   [ -f "$OUT/tune.log" ] && { echo "== the best of three measured loads, stored and loaded again"
     grep -E "^\| |rc=|^stored" "$OUT/tune.log"; }
