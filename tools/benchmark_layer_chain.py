@@ -1,8 +1,6 @@
 """What a dependency between layers costs: a chain of dependent one-shot GEMMs (kernels/flashrt_kernels/layer_chain.py)
 with one launch per layer in a CUDA graph (plain stream order, PDL, PDL with early trigger), the library GEMM per
-layer in a graph, and one persistent kernel whose layers wait on counters in global memory (spinning on acquire
-read-modify-writes or on volatile loads; each layer's weights loaded at its turn or prefetched during the layer
-before).
+layer in a graph, and one persistent kernel whose layers wait on counters in global memory.
 
 The default chain is the denoiser's: 180 layers (10 steps x 18 layers) of the action expert's width (1024) at 10
 rows; each layer reads a 2 MiB weight, so the time per layer above its weight stream is what one dependency costs.
@@ -26,7 +24,7 @@ import torch.nn.functional as F
 from flashrt_core.engine.kernel_import import load_kernels
 
 VARIANTS = ("launch_per_layer", "launch_per_layer_pdl", "launch_per_layer_pdl_early", "library_per_layer",
-            "persistent_atomic_spin", "persistent_volatile_spin", "persistent_volatile_spin_prefetch")
+            "persistent_counters")
 
 
 def _graph_ms(run, reps: int) -> list[float]:
@@ -65,8 +63,7 @@ def measure(layers: int, width: int, rows: int, reps: int) -> dict:
         else:
             pdl = {"launch_per_layer": False, "launch_per_layer_pdl": True,
                    "launch_per_layer_pdl_early": k.EARLY_TRIGGER}.get(variant, False)
-            chain = k.LayerChain(w, rows, variant.startswith("persistent"), pdl,
-                                 volatile_spin="volatile" in variant, prefetch=variant.endswith("prefetch"))
+            chain = k.LayerChain(w, rows, variant == "persistent_counters", pdl)
             chain.x.copy_(x)
             run, out = chain.run, chain.out
         times = _graph_ms(run, reps)

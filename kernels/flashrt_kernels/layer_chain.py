@@ -9,12 +9,13 @@ shot", before it waits for its input), so a layer is D / BLOCK_N tiles and every
 - per-layer launches (`layer_chain(..., persistent=False)`): layer l is its own launch of D / BLOCK_N programs;
   with PDL the next layer's programs start, load their weights and wait (griddepcontrol) while this one finishes.
 - persistent (`persistent=True`): one launch of D / BLOCK_N programs (all resident: at most one per SM), each
-  owning the same tile of every layer. A program spins until layer l - 1's counter holds D / BLOCK_N (every tile of
-  x_l written), reads x_l, writes its tile of x_{l+1} and adds one to layer l's counter (a CTA barrier, then a
-  release at GPU scope). Its slice of W_l is loaded before that wait (at the top of the layer, or with `prefetch`
-  right after layer l - 1's product, before its store and release), so the weights stream while the program
-  signals and waits: the dependency costs one counter round trip through L2, not a kernel's drain and launch.
-  `volatile_spin` spins on volatile loads (then one acquire) instead of acquire read-modify-writes.
+  owning the same tile of every layer. A program loads its slice of W_l, then spins (volatile loads, then one
+  acquire) until layer l - 1's counter holds D / BLOCK_N (every tile of x_l written), reads x_l, writes its tile of
+  x_{l+1} and adds one to layer l's counter (a CTA barrier, then a release at GPU scope). The weights of layer l
+  stream while the program waits for layer l - 1; the dependency is a counter round trip through L2 instead of a
+  kernel's drain and launch.
+On the H200 (docs/performance.md) a dependency costs 3.8 us as a plain launch boundary, 2.1 us with PDL and 3.1 us
+as a whole-layer counter: the counter form does not beat PDL.
 The counters must be zero before a persistent run (the launcher zeroes them).
 """
 
@@ -50,45 +51,25 @@ def _layer_kernel(x_ptr, w_ptr, y_ptr, M, D: tl.constexpr, BLOCK_M: tl.constexpr
 
 
 @triton.jit
-def _wait_for_layer(counter_ptr, tiles: tl.constexpr, VOLATILE_SPIN: tl.constexpr):
-    """Spin until the counter holds `tiles`: volatile loads (no read-modify-write on the line every program spins
-    on) then an acquire, or acquire read-modify-writes."""
-    if VOLATILE_SPIN:
-        done = tl.load(counter_ptr, volatile=True)
-        while done < tiles:
-            done = tl.load(counter_ptr, volatile=True)
-        tl.atomic_add(counter_ptr, 0, sem="acquire")
-    else:
-        done = tl.atomic_add(counter_ptr, 0, sem="acquire")
-        while done < tiles:
-            done = tl.atomic_add(counter_ptr, 0, sem="acquire")
-
-
-@triton.jit
 def _persistent_chain_kernel(buf_ptr, w_ptr, counter_ptr, M, LAYERS: tl.constexpr, D: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VOLATILE_SPIN: tl.constexpr,
-                             PREFETCH: tl.constexpr):
-    """Every layer's tile `program_id` in turn; buf (LAYERS + 1, M, D): buf[0] = x, buf[l + 1] = layer l's output.
-    PREFETCH: layer l + 1's weight slice is loaded right after layer l's product, before its store and release,
-    so it streams while the program signals and waits; else each layer's slice is loaded at the top of its turn."""
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Every layer's tile `program_id` in turn; buf (LAYERS + 1, M, D): buf[0] = x, buf[l + 1] = layer l's output."""
     tiles: tl.constexpr = D // BLOCK_N
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, D)
     rm = tl.arange(0, BLOCK_M)
     m_ok = (rm < M)[:, None]
-    w_tile = w_ptr + rn[:, None] * D + rk[None, :]
-    w = tl.load(w_tile)
     for layer in range(LAYERS):
-        if not PREFETCH:
-            w = tl.load(w_tile + layer * D * D)                                         # before the wait
+        w = tl.load(w_ptr + layer * D * D + rn[:, None] * D + rk[None, :])              # before the wait
         if layer > 0:
-            _wait_for_layer(counter_ptr + layer - 1, tiles, VOLATILE_SPIN)
+            counter = counter_ptr + layer - 1
+            done = tl.load(counter, volatile=True)       # spin on the L2 line, no read-modify-write traffic
+            while done < tiles:
+                done = tl.load(counter, volatile=True)
+            tl.atomic_add(counter, 0, sem="acquire")
         x = tl.load(buf_ptr + layer * M * D + rm[:, None] * D + rk[None, :], mask=m_ok, other=0.0,
                     cache_modifier=".cg")                                               # written by other SMs
         y = tl.dot(x, tl.trans(w))
-        if PREFETCH:
-            if layer + 1 < LAYERS:
-                w = tl.load(w_tile + (layer + 1) * D * D)
         tl.store(buf_ptr + (layer + 1) * M * D + rm[:, None] * D + rn[None, :], y.to(buf_ptr.dtype.element_ty),
                  mask=m_ok)
         tl.debug_barrier()                       # every thread's stores of the tile before the release
@@ -110,9 +91,8 @@ class LayerChain:
     """Static buffers for one chain: `run()` computes x_L from `x` (written in place into buf[0]); capturable."""
 
     def __init__(self, w: torch.Tensor, rows: int, persistent: bool, pdl: bool | int = False, block_n: int = 16,
-                 num_warps: int = 4, volatile_spin: bool = True, prefetch: bool = True):
+                 num_warps: int = 4):
         self.w, self.persistent, self.pdl, self.block_n, self.num_warps = w, persistent, pdl, block_n, num_warps
-        self.volatile_spin, self.prefetch = volatile_spin, prefetch
         layers, D, _ = w.shape
         self.buf = torch.zeros(layers + 1, rows, D, device=w.device, dtype=w.dtype)
         check_shapes(self.buf[0], w, block_n)
@@ -138,9 +118,7 @@ class LayerChain:
         if self.persistent:
             self.counters.zero_()
             _persistent_chain_kernel[(tiles,)](self.buf, self.w, self.counters, rows, LAYERS=layers, D=D,
-                                               BLOCK_M=BLOCK_M, BLOCK_N=self.block_n,
-                                               VOLATILE_SPIN=self.volatile_spin, PREFETCH=self.prefetch,
-                                               num_warps=self.num_warps)
+                                               BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, num_warps=self.num_warps)
         else:
             for layer in range(layers):
                 _layer_kernel[(tiles,)](self.buf[layer], self.w[layer], self.buf[layer + 1], rows, D=D,
