@@ -19,6 +19,8 @@ ENGINE = {"pi0.5": BENCH / "2026-12-04" / "engine_grid_pi05_h200.json",
 GRID = BENCH / "2026-12-02" / "engine_grid_h200.json"
 POLICY = BENCH / "2026-12-01" / "policy_predict_h200.json"
 FAST = BENCH / "2026-12-04" / "pi0_fast_h200.json"
+GROOT = BENCH / "2026-12-04" / "groot_graph_h200.json"
+CHAIN = BENCH / "2026-12-04" / "layer_chain_h200.json"
 NODE = BENCH / "2026-12-01" / "node_overhead_h200_raw.json"
 
 
@@ -108,11 +110,34 @@ def test_the_node_rows_quote_the_raw_samples():
 def test_the_pi0_fast_rows_quote_their_result_file():
     result = json.loads(FAST.read_text())
     ref, engine = result["reference"], result["engine"]
-    assert _row(PAGE, "eager reference, bf16")[1:] == [f"{ref['prefill_ms_median']:.2f} ms",
+    assert _row(PAGE, "pi0-FAST eager reference, bf16")[1:] == [f"{ref['prefill_ms_median']:.2f} ms",
                                                       f"{ref['decode_ms_per_token_median']:.2f} ms",
                                                       f"{ref['chunk_ms_median']:.0f} ms"]
-    assert _row(PAGE, "engine, bf16")[1:] == [f"{engine['prefill_ms_median']:.2f} ms",
+    assert _row(PAGE, "pi0-FAST engine, bf16")[1:] == [f"{engine['prefill_ms_median']:.2f} ms",
                                              f"{engine['decode_ms_per_token_median']:.3f} ms",
                                              f"{engine['chunk_ms_median']:.1f} ms"]
     assert f"cosine >= {engine['logits_cosine_min']:.5f}" in PAGE
     assert f"{engine['lm_head_argmax_ms']:.3f} ms" in PAGE
+
+
+def test_the_groot_rows_quote_their_result_file():
+    result = json.loads(GROOT.read_text())
+    for starts, key, digits in (("graph, `sample_actions` (inputs in, chunk out)", "graph", 2),
+                                ("graph replay alone", "graph_replay", 2),
+                                ("graph replay, `groot_step_tables` off", "graph_replay_no_step_tables", 2)):
+        stats = result[key]
+        assert _row(PAGE, starts)[1:] == [f"{stats['median_ms']:.{digits}f} ms", f"{stats['p99_ms']:.{digits}f} ms"]
+    ref = result["reference"]
+    assert _row(PAGE, "GR00T eager reference, bf16")[1:] == [f"{ref['median_ms']:.1f} ms", f"{ref['p99_ms']:.1f} ms"]
+    assert f"cosine\n{result['cosine_vs_fp32']['graph_mean']:.6f}" in PAGE
+    assert f"action head {result['phases_ms']['action_head']:.2f} ms" in PAGE
+
+
+def test_the_layer_chain_rows_quote_their_result_file():
+    variants = json.loads(CHAIN.read_text())["variants"]
+    for starts, key in (("a kernel boundary (one launch per layer, stream order)", "launch_per_layer"),
+                        ("a kernel boundary with PDL (the next layer's weights load during the wait)",
+                         "launch_per_layer_pdl"),
+                        ("one persistent kernel, a counter per layer in global memory (volatile spin)",
+                         "persistent_volatile_spin")):
+        assert _row(PAGE, starts)[1:] == [f"{variants[key]['us_per_layer']:.2f}"]
