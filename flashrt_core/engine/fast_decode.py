@@ -150,14 +150,13 @@ class FastGraphExecutor:
         self.name = "engine-fast-" + ("graph" if self.use_graph else "eager") + "-" + str(dtype).split(".")[-1]
         options = dispatch.options
         self.ops = Ops(dispatch)
-        self.ops.write_every_kv()              # every decoded token's K/V goes into the cache for the later steps
+        self.ops.rope_in_attention = False      # every decoded token's K/V goes into the cache for the later steps
         self.weights = prepare_fast_weights(model, dtype, fold=options.enabled("fused_weights"),
                                             vision_mlp_pad=options.vision_mlp_pad if options.fast_paths else 0)
         g = config.paligemma
         if device.type == "cuda":
             # the one-row GEMMs of a decoding step: the library's or a Triton / shared-memory one with the GeGLU
-            # epilogue (gate_up), split-K partials summed by the next norm (o, down) or the RoPE epilogue (qkv), by
-            # their measured time
+            # epilogue (gate_up) and split-K partials summed by the next norm (o, down), by their measured time
             tune_decoder(self.ops, 1, self.weights.backbone, g.num_heads, g.head_dim)
         fast = config.fast
         self.max_steps = fast.max_decoding_steps

@@ -139,13 +139,6 @@ class Ops:
         return self.k.denoise_step_out(x, residual, gate, scale1p, shift, out_w, out_b, x_t, dt, eps,
                                        pdl=self.launch_mode("other"))
 
-    def write_every_kv(self) -> None:
-        """For a decoder whose every token's K/V must reach the cache (pi0-FAST's decoding steps): no RoPE inside the
-        attention (it leaves the suffix K/V out of the cache); where the table picked that Triton form, the
-        RoPE-epilogue QKV GEMM (qkv_gemm_rope) is offered to the tuning instead."""
-        self._qkv_fused = self._qkv_fused or self.rope_in_attention
-        self.rope_in_attention = False
-
     def set_launch_policy(self, policy: str) -> None:
         """The denoiser's launch policy by name (LAUNCH_POLICIES) and the sites it releases early, kept together."""
         self.launch_policy, self.early_sites = policy, LAUNCH_POLICIES[policy]
