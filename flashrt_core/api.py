@@ -472,9 +472,6 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
         from_hub = checkpoint is not None and ckpt_dir != Path(checkpoint)
         model_id = f"{cfg.name}:{checkpoint if from_hub else ckpt_dir.resolve().name}"
         from flashrt_core import pi0_fast_policy
-        if fp8:
-            raise ValueError("precision='fp8': the pi0-FAST engine decodes in bf16 only (no calibrated FP8 "
-                             "decoding yet); use precision='bf16'")
         policy = pi0_fast_policy.build_fast_policy(model, cfg, dev, hardware, tokenizer, normalizer, model_id,
                                                    ckpt_dir, fast_tokenizer, engine_options)
         log.info("loaded %s on %s (%s, executor %s)", policy.model_id, dev, torch_dtype, policy.executor.name)

@@ -24,6 +24,7 @@ import json
 import platform
 import statistics
 import subprocess
+from dataclasses import replace
 import time
 from pathlib import Path
 
@@ -74,6 +75,8 @@ def run(args) -> dict:
     inputs = (pixels, image_masks, tokens, token_masks)
     reference, ref_tokens, ref_logits = run_reference(args, cfg, model, inputs)
     engine = run_engine(args, cfg, model, dtype, inputs, ref_tokens, ref_logits)
+    engine_fp8 = (run_engine(args, cfg, model, dtype, inputs, ref_tokens, ref_logits, fp8=True)
+                  if device.type == "cuda" else None)
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
@@ -85,6 +88,7 @@ def run(args) -> dict:
                                                                                       * cfg.vision.num_patches
                                                                                       + args.prompt_tokens),
         "tokens": args.tokens, "runs": args.runs, "reference": reference, "engine": engine,
+        "engine_fp8": engine_fp8,
     }
 
 
@@ -136,10 +140,12 @@ def run_reference(args, cfg, model, inputs) -> tuple[dict, torch.Tensor, torch.T
     return timings, out[0], torch.cat(forced)
 
 
-def run_engine(args, cfg, model, dtype, inputs, ref_tokens, ref_logits) -> dict:
+def run_engine(args, cfg, model, dtype, inputs, ref_tokens, ref_logits, fp8: bool = False) -> dict:
+    """The engine's timings and fidelity; fp8: weight-only FP8 decoding (EngineOptions.fp8)."""
     device = inputs[0].device
     if device.type == "cuda":
-        dispatch = resolve(detect_hardware("auto", device), EngineOptions.from_env())
+        options = EngineOptions.from_env()
+        dispatch = resolve(detect_hardware("auto", device), replace(options, fp8=True) if fp8 else options)
     else:
         dispatch = eager_cpu_dispatch(EngineOptions.from_env())
     engine = FastGraphExecutor(model, cfg, device, dispatch, eos_id=NO_EOS, dtype=dtype)
@@ -242,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
           "runs)")
     print(f"{'':10} {'prefill ms':>11} {'ms/token':>9} {'chunk ms':>9}")
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
-    for name, row in (("reference", ref), ("engine", eng)):
+    rows = [("reference", ref), ("engine", eng)] + ([("engine FP8", result["engine_fp8"])]
+                                                    if result["engine_fp8"] else [])
+    for name, row in rows:
         print(f"{name:10} {fmt(row['prefill_ms_median'], '11.2f')} {fmt(row['decode_ms_per_token_median'], '9.3f')} "
               f"{row['chunk_ms_median']:9.1f}")
     if eng["lm_head_argmax_ms"] is not None:
@@ -250,8 +258,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{eng['decoder_gemms']}")
     for name, us in (eng["kernel_us_per_token"] or {}).items():
         print(f"  {us:8.1f} us/token  {name}")
-    print(f"engine logits vs reference, teacher-forced: cosine min {eng['logits_cosine_min']:.5f} mean "
-          f"{eng['logits_cosine_mean']:.5f}; greedy tokens agreeing {eng['greedy_tokens_agreeing']}/{result['tokens']}")
+    for name, row in rows[1:]:
+        print(f"{name} logits vs reference, teacher-forced: cosine min {row['logits_cosine_min']:.5f} mean "
+              f"{row['logits_cosine_mean']:.5f}; greedy tokens agreeing {row['greedy_tokens_agreeing']}/"
+              f"{result['tokens']}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

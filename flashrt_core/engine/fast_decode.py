@@ -39,9 +39,11 @@ from .dispatch import Dispatch, Op
 from .forward import Workspace, prefix_layers, vision
 from .kernel_import import load_kernels
 from .ops import KeyMask, Ops
-from .timing import side_stream
+from .fp8 import FP8_DTYPES, weight_only_fp8
+from .kernel_configs import SKINNY_CANDIDATES, SkinnyConfig
+from .timing import graph_time_us, side_stream
 from .tuning import tune_decoder
-from .weights import EngineWeights, prepare_fast_weights
+from .weights import EngineWeights, Linear, prepare_fast_weights
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,15 @@ class FastWorkspace:
     launches: list = field(default_factory=list)   # [prefill, decode steps 0..K-1, ...]: what each launch runs
     graphs: list = field(default_factory=list)     # their CUDA graphs (none when eager)
     events: list = field(default_factory=list)
+
+
+def lm_head(w: EngineWeights, ops: Ops, y: torch.Tensor) -> torch.Tensor:
+    """The tied LM head on y (1, Wg): bf16 through the library GEMM, or (FP8) the Triton one-row GEMM on its
+    weight-only FP8 copy. -> logits (1, vocab)"""
+    if w.lm_head8 is None:
+        return F.linear(y, w.lm_head)
+    lin, cfg = w.lm_head8
+    return ops.skinny_fp8(y, lin, cfg)
 
 
 def emit(fw: FastWorkspace, logits: torch.Tensor, index: int, eos_id: int) -> None:
@@ -87,7 +98,7 @@ def prefill(fw: FastWorkspace, w: EngineWeights, ops: Ops, eos_id: int) -> torch
     stream = residual.index_select(0, last)                                             # (1, Wg) fp32
     y = torch.empty(1, g.width, device=stream.device, dtype=w.dtype)
     ops.norm(x.index_select(0, last), stream, y, w.final_norm, None, g.eps)
-    logits = F.linear(y, w.lm_head)                                                     # (1, vocab)
+    logits = lm_head(w, ops, y)                                                         # (1, vocab)
     emit(fw, logits, 0, eos_id)
     return logits
 
@@ -117,7 +128,7 @@ def decode_step(fw: FastWorkspace, w: EngineWeights, ops: Ops, step: int, eos_id
         ops.norm(o, residual, y, layer.norm2, None, g.eps, site="norm2")
         x = ops.decoder_mlp(y, layer.gate_up, layer.down)
     ops.norm(x, residual, y, w.final_norm, None, g.eps)
-    logits = F.linear(y, w.lm_head)                                                     # (1, vocab)
+    logits = lm_head(w, ops, y)                                                         # (1, vocab)
     emit(fw, logits, step + 1, eos_id)
     return logits
 
@@ -136,9 +147,11 @@ class FastGraphExecutor:
         if config.paligemma.num_kv_heads != 1:
             raise ValueError("the engine implements multi-query attention with one KV head; got "
                              f"{config.paligemma.num_kv_heads}")
-        if dispatch[Op.GEMM_PREFIX] == "fp8":
-            raise ValueError("the pi0-FAST engine runs bf16 GEMMs only; FP8 decoding has no calibrated path yet "
-                             "(turn the fp8 option off)")
+        self.fp8 = dispatch[Op.GEMM_PREFIX] == "fp8"
+        if self.fp8 and dispatch[Op.GEMM_DECODER] != "triton":
+            raise ValueError("FP8 pi0-FAST decoding reads weight-only FP8 weights in the Triton few-row GEMM "
+                             f"(kernels/flashrt_kernels/skinny_gemm.py), which this dispatch does not run "
+                             f"(gemm_decoder={dispatch[Op.GEMM_DECODER]!r}); turn the fp8 option off, or triton on")
         self.use_graph = dispatch[Op.EXECUTOR] == "graph"
         if self.use_graph and device.type != "cuda":
             raise ValueError(f"graph replay needs a CUDA/ROCm device, got {device}")
@@ -147,13 +160,21 @@ class FastGraphExecutor:
         self.dtype = dtype
         self.dispatch = dispatch
         self.eos_id = eos_id
-        self.name = "engine-fast-" + ("graph" if self.use_graph else "eager") + "-" + str(dtype).split(".")[-1]
+        self.name = "engine-fast-" + ("graph" if self.use_graph else "eager") + "-" + (
+            "fp8" if self.fp8 else str(dtype).split(".")[-1])
         options = dispatch.options
         self.ops = Ops(dispatch)
         self.ops.rope_in_attention = False      # every decoded token's K/V goes into the cache for the later steps
         self.weights = prepare_fast_weights(model, dtype, fold=options.enabled("fused_weights"),
                                             vision_mlp_pad=options.vision_mlp_pad if options.fast_paths else 0)
         g = config.paligemma
+        if self.fp8:
+            fp8_dtype = FP8_DTYPES[dispatch[Op.FP8_FORMAT]]
+            for layer in self.weights.backbone:
+                for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                    weight_only_fp8(lin, fp8_dtype)
+            head = weight_only_fp8(Linear([(self.weights.lm_head, None)]), fp8_dtype)
+            self.weights.lm_head8 = (head, self._pick_head_config(head))
         if device.type == "cuda":
             # the one-row GEMMs of a decoding step: the library's or a Triton / shared-memory one with the GeGLU
             # epilogue (gate_up) and split-K partials summed by the next norm (o, down), by their measured time
@@ -174,6 +195,17 @@ class FastGraphExecutor:
                  self.max_steps, self.graph_tokens, self.text_buckets)
 
     # ---------------------------------------------------------------------------------------------- set-up
+    def _pick_head_config(self, head: Linear) -> SkinnyConfig:
+        """The FP8 LM head's launch configuration: the fastest of the one-row QKV GEMM's candidates, timed at load
+        on the GPU (the first that fits elsewhere)."""
+        y = torch.randn(1, head.parts[0][0].shape[1], device=self.device, dtype=self.dtype)
+        fits = [c for c in SKINNY_CANDIDATES["qkv"] if self.ops.skinny_fits(y, head, c)]
+        if self.device.type != "cuda":
+            return fits[0]
+        times = {c: graph_time_us(lambda c=c: self.ops.skinny_fp8(y, head, c), reps=4) for c in fits}
+        log.info("pi0-FAST FP8 LM head: %s", {str(c): round(t, 1) for c, t in times.items()})
+        return min(times, key=times.get)
+
     def _bucket(self, text_slots: int) -> int:
         for b in self.text_buckets:
             if b >= text_slots:

@@ -30,6 +30,26 @@ log = logging.getLogger(__name__)
 
 CALIB_MARGIN = 1.25   # head-room over the calibration amax for other observations (values beyond saturate)
 FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
+
+
+@torch.no_grad()
+def weight_only_fp8(lin: Linear, dtype: torch.dtype) -> Linear:
+    """Weight-only FP8 for one-row GEMMs (pi0-FAST's decoding steps, bound by reading the weights): lin.w8 =
+    (W / s, s) with s = amax(W[n]) / fmax per output channel, so no activation is quantized and nothing needs
+    calibrating. The bf16 weights stay (the prefill's many-row GEMMs read them). One block, no bias. Returns lin."""
+    (w, b), = lin.parts
+    if b is not None:
+        raise ValueError("weight_only_fp8: the layer has a bias; only bias-free one-block layers are served")
+    scale = torch.empty(w.shape[0], device=w.device, dtype=torch.float32)
+    q = torch.empty(w.shape, device=w.device, dtype=dtype)
+    for start in range(0, w.shape[0], 16384):                      # row blocks: the LM head is 257,152 rows
+        rows = w[start:start + 16384].float()
+        s = rows.abs().amax(dim=1).clamp_min(1e-12) / FP8_MAX[dtype]
+        scale[start:start + 16384] = s
+        q[start:start + 16384] = (rows / s[:, None]).to(dtype)
+    lin.w8 = (q, scale)
+    return lin
 
 
 class Fp8Linear:

@@ -232,8 +232,12 @@ class Ops:
         """Decoder GEMM (few rows). kind "gate_up" returns the GeGLU activation (M, F); "o"/"down" may return
         split-K partials (S, M, N) fp32 that the next norm sums; "qkv" returns (M, N).
         impl: "library" (cuBLAS/hipBLASLt), a SkinnyConfig (Triton), a SmemConfig (Gluon), None = the tuned choice
-        for this kind."""
+        for this kind. A layer with weight-only FP8 weights (lin.w8) runs the Triton GEMM on them: impl's
+        SkinnyConfig, else the kind's default one."""
         impl = impl or self.decoder_impl[kind]
+        if lin.w8 is not None:      # weight-only FP8: the Triton few-row GEMM reads the FP8 weights
+            cfg = impl if isinstance(impl, SkinnyConfig) and self.skinny_fits(x, lin, impl) else SKINNY_DEFAULT[kind]
+            return self.skinny_fp8(x, lin, cfg, geglu=kind == "gate_up", site=kind)
         if impl == "triton":
             impl = SKINNY_DEFAULT[kind]
         if isinstance(impl, SmemConfig) and self.smem_fits(x, lin, kind, impl):
@@ -245,6 +249,13 @@ class Ops:
                                       num_warps=impl.warps, pdl=self.launch_mode(kind))
         y = self.linear(x, lin)
         return self.geglu(y) if kind == "gate_up" else y
+
+    def skinny_fp8(self, x: torch.Tensor, lin: Linear, cfg: SkinnyConfig, geglu: bool = False,
+                   site: str = "other") -> torch.Tensor:
+        """x @ W^T through flashrt_kernels/skinny_gemm.py on the layer's weight-only FP8 weights (lin.w8)."""
+        w, scale = lin.w8
+        return self.k.skinny_gemm(x, w, geglu=geglu, split_k=cfg.split_k, block_n=cfg.block_n, block_k=cfg.block_k,
+                                  num_stages=cfg.stages, num_warps=cfg.warps, pdl=self.launch_mode(site), scale=scale)
 
     def decoder_qkv_rope(self, x: torch.Tensor, lin: Linear, pos, cos, sin, q_out, k_cache, v_cache, offset: int,
                          heads: int, kv_heads: int, q_scale: float,

@@ -39,7 +39,10 @@ class CandidateMismatch(RuntimeError):
 
 def decoder_candidates(ops: Ops, kind: str, x: torch.Tensor, lin: Linear, head_dim: int) -> list:
     """The implementations the load-time tuning times for one decoder GEMM kind at x's shape: the library
-    GEMM, every Triton configuration that fits, and for qkv the RoPE-epilogue GEMMs where they may run."""
+    GEMM, every Triton configuration that fits, and for qkv the RoPE-epilogue GEMMs where they may run; with
+    weight-only FP8 weights (lin.w8) the Triton configurations alone (the others read bf16 weights)."""
+    if lin.w8 is not None:
+        return [c for c in SKINNY_CANDIDATES[kind] if ops.skinny_fits(x, lin, c)]
     candidates = ["library"] + [c for c in SKINNY_CANDIDATES[kind] if ops.skinny_fits(x, lin, c)]
     candidates += [c for c in SMEM_CANDIDATES[kind] if ops.smem_fits(x, lin, kind, c)]
     if kind == "qkv":

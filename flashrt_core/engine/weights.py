@@ -35,6 +35,7 @@ class Linear:
 
     parts: list[tuple[torch.Tensor, torch.Tensor | None]]  # [(W (N_i, K), b (N_i,) or None)]
     fp8: object | None = None                               # Fp8Linear, set by fp8.quantize_wide when asked
+    w8: tuple[torch.Tensor, torch.Tensor] | None = None     # (W FP8 (N, K), scale (N,) fp32): fp8.weight_only_fp8
 
     @property
     def out_features(self) -> int:
@@ -109,6 +110,7 @@ class EngineWeights:
     vision_mlp_pad: int = 0                   # the vision MLP width rounded up to a multiple of this (0: as is)
     final_norm: torch.Tensor | None = None    # pi0-FAST: (1 + w) of the backbone's final RMSNorm, fp32
     lm_head: torch.Tensor | None = None       # pi0-FAST: the tied LM head (vocab, Wg) in the engine dtype
+    lm_head8: object | None = None            # pi0-FAST, FP8: (Linear with w8, SkinnyConfig) of the LM head
 
     def patch_gemm_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The fused patch embedding's (flashrt_kernels/patch_embed.py) GEMM weight in the engine dtype, (Wv, 3 * p * p)

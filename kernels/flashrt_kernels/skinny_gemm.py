@@ -2,6 +2,8 @@
 
     y = x @ W^T                          x (M, K), W (N, K), M <= 64: memory-bound on reading W once
     GeGLU epilogue (W = [W_gate; W_up], N = 2F):  y = gelu_tanh(x @ W_gate^T) * (x @ W_up^T)     (M, F)
+    FP8 weights (W_q, scale (N,)):  W = W_q * scale[:, None], each tile converted in registers, the scale applied to
+             the fp32 products (before the GeGLU) -- weight-only FP8: half the bytes of a weight-streaming GEMM
     split-K: program k of SPLIT_K writes the fp32 partial x[:, Kk] @ W[:, Kk]^T into part[k] (SPLIT_K, M, N);
              the consumer (the residual norm kernels) sums the partials, so no reduction kernel runs.
 
@@ -25,8 +27,12 @@ def row_tile(M: int) -> int:
     return 16 if M <= 16 else (32 if M <= 32 else 64)
 
 
-def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1) -> torch.Tensor:
-    """Plain PyTorch. (M, N) in x.dtype; (M, N/2) with geglu; (split_k, M, N) fp32 partials with split_k > 1."""
+def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1,
+                          scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain PyTorch. (M, N) in x.dtype; (M, N/2) with geglu; (split_k, M, N) fp32 partials with split_k > 1.
+    scale (N,) fp32: W's rows are w[n] * scale[n] (FP8 weights with a scale per output channel)."""
+    if scale is not None:
+        w = w.float() * scale.float()[:, None]
     if split_k > 1:
         K = x.shape[1]
         xs = x.float().view(x.shape[0], split_k, K // split_k).transpose(0, 1)        # (S, M, K/S)
@@ -37,9 +43,10 @@ def skinny_gemm_reference(x: torch.Tensor, w: torch.Tensor, geglu: bool = False,
 
 
 @triton.jit
-def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, split_stride,
+def _skinny_kernel(x_ptr, w_ptr, y_ptr, scale_ptr, M, N, F, stride_x, stride_w, stride_y, split_stride,
                    K_PER_SPLIT: tl.constexpr, GEGLU: tl.constexpr, SPLIT_K: tl.constexpr, KGELU: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+                   HAS_SCALE: tl.constexpr):
     release_dependents(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -76,6 +83,10 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, s
                              other=0.0)
                 acc_up += tl.dot(x, tl.trans(wu.to(x.dtype)))
     mask = m_ok[:, None] & n_ok[None, :]
+    if HAS_SCALE:        # FP8 weights: the per-output-channel scale, on the fp32 products
+        acc = acc * tl.load(scale_ptr + rn, mask=n_ok, other=0.0)[None, :]
+        if GEGLU:
+            acc_up = acc_up * tl.load(scale_ptr + rn + F, mask=n_ok, other=0.0)[None, :]
     if GEGLU:
         acc = gelu_tanh_times(acc, acc_up, KGELU)
     if SPLIT_K > 1:
@@ -86,8 +97,9 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, F, stride_x, stride_w, stride_y, s
 
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1, block_n: int = 16,
                 block_k: int = 256, num_stages: int = 4, num_warps: int = 4, pdl: bool = False,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
     """Triton launcher; contract of skinny_gemm_reference. x (M, K) with M <= 64 and unit column stride.
+    W may be FP8 (each tile converted to x's dtype in registers) with `scale` (N,) fp32 per output channel.
     block_k == K / split_k: one-shot programs (the weight slice is loaded at once, before the wait for x).
     pdl: launch with programmatic dependent launch (sm90+; see _triton.wait_for_inputs).
     out: optional preallocated result of the shape and dtype described above."""
@@ -95,6 +107,8 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: 
     N = w.shape[0]
     if M > 64 or w.shape[1] != K or x.stride(1) != 1 or not w.is_contiguous():
         raise ValueError(f"skinny_gemm: x (M<=64, K) and contiguous W (N, K); got {tuple(x.shape)}, {tuple(w.shape)}")
+    if scale is not None and (scale.shape != (N,) or scale.dtype != torch.float32):
+        raise ValueError(f"skinny_gemm: scale must be ({N},) float32, got {tuple(scale.shape)} {scale.dtype}")
     if K % (split_k * block_k) or (geglu and (N % 2 or split_k > 1)):
         raise ValueError(f"skinny_gemm: K={K} must divide into split_k={split_k} x block_k={block_k}; GeGLU needs "
                          "an even N and no split")
@@ -107,8 +121,9 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: 
                          f"{out.dtype}")
     block_m = row_tile(M)
     grid = (triton.cdiv(F, block_n), split_k)
-    _skinny_kernel[grid](x, w, out, M, N, F, x.stride(0), w.stride(0), out.stride(-2), M * N,
+    _skinny_kernel[grid](x, w, out, scale if scale is not None else out, M, N, F, x.stride(0), w.stride(0),
+                         out.stride(-2), M * N,
                          K_PER_SPLIT=K // split_k, GEGLU=geglu, SPLIT_K=split_k, KGELU=_K_GELU,
-                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl,
+                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, HAS_SCALE=scale is not None,
                          num_warps=num_warps, num_stages=num_stages, **launch_options(pdl))
     return out

@@ -141,7 +141,7 @@ def test_engine_refusals_name_the_problem(random_dir):
         EngineOptions(decode_graph_tokens=0)
     cpu = eager_cpu_dispatch()
     fp8 = Dispatch(cpu.hardware, cpu.options, {**cpu.choice, Op.GEMM_PREFIX: "fp8"})
-    with pytest.raises(ValueError, match="bf16 GEMMs only"):
+    with pytest.raises(ValueError, match="weight-only FP8 weights in the Triton few-row GEMM"):
         FastGraphExecutor(model, cfg, "cpu", fp8, eos_id=EOS_ID)
     with pytest.raises(ValueError, match="serves pi0fast configs"):
         FastGraphExecutor(model, get_config("pi05_tiny"), "cpu", eager_cpu_dispatch(), eos_id=EOS_ID)
@@ -150,3 +150,21 @@ def test_engine_refusals_name_the_problem(random_dir):
         _engine(model, cfg).generate(*inputs)
     with pytest.raises(ValueError, match="needs a CUDA device"):
         flashrt_core.load_model(random_dir, config=cfg, device="cpu", hardware="h200")
+
+
+def test_weight_only_fp8_keeps_each_row_within_e4m3s_rounding():
+    """fp8.weight_only_fp8: one scale per output row (its amax onto E4M3's largest value), the bf16 weights kept;
+    dequantized rows are within E4M3's relative rounding (3 mantissa bits: 2^-4) of the weights."""
+    from flashrt_core.engine.fp8 import FP8_MAX, weight_only_fp8
+    from flashrt_core.engine.weights import Linear
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(40000, 64, generator=g) * torch.logspace(-3, 1, 40000)[:, None]   # rows of very different size
+    lin = weight_only_fp8(Linear([(w.clone(), None)]), torch.float8_e4m3fn)
+    q, scale = lin.w8
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (40000,) and torch.equal(lin.parts[0][0], w)
+    torch.testing.assert_close(q.float().abs().amax(dim=1), torch.full((40000,), FP8_MAX[torch.float8_e4m3fn]))
+    back = q.float() * scale[:, None]
+    big = w.abs() > w.abs().amax(dim=1, keepdim=True) * 2 ** -6                       # E4M3's normal range
+    assert ((back - w).abs()[big] <= w.abs()[big] * 2 ** -4).all()
+    with pytest.raises(ValueError, match="has a bias"):
+        weight_only_fp8(Linear([(w, torch.zeros(40000))]), torch.float8_e4m3fn)

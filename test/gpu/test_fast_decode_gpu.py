@@ -1,6 +1,7 @@
 """pi0-FAST's graph engine on a GPU (flashrt_core/engine/fast_decode.py), full size, random weights: the replayed
 graphs decode the same tokens as the same ops launched eagerly, and the bf16 engine's logits, teacher-forced on the
-fp32 reference's greedy tokens, stay within the gate of the fp32 reference model's. The planted-chunk test in
+fp32 reference's greedy tokens, stay within the gate of the fp32 reference model's, in bf16 and with weight-only FP8
+decoding. The planted-chunk test in
 test/core/test_pi0_fast.py runs load_model's engine end to end with the end token. Skips without CUDA."""
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ pytestmark = pytest.mark.gpu
 
 NO_EOS = -1
 STEPS = 24
-# bf16 engine vs fp32 reference, per decoding step's logits over the 257,152-token vocabulary
+# engine vs fp32 reference, per decoding step's logits over the 257,152-token vocabulary: bf16, and weight-only FP8
+# (the pi engine's FP8 gate)
 FAST_LOGITS_COSINE = 0.999
+FAST_LOGITS_COSINE_FP8 = 0.998
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +50,11 @@ def _engine(cfg, model, **options):
     return FastGraphExecutor(model, cfg, torch.device("cuda"), dispatch, eos_id=NO_EOS)
 
 
-def test_graphs_decode_what_the_eager_ops_decode(models):
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_graphs_decode_what_the_eager_ops_decode(models, fp8):
     cfg, _, half = models
-    graph = _engine(cfg, half)
-    eager = _engine(cfg, half, cuda_graph=False)
+    graph = _engine(cfg, half, fp8=fp8)
+    eager = _engine(cfg, half, cuda_graph=False, fp8=fp8)
     assert graph.use_graph and not eager.use_graph
     for seed, n_text in ((0, 60), (1, 23)):
         inputs = _inputs(cfg, n_text=n_text, seed=seed)
@@ -59,7 +63,9 @@ def test_graphs_decode_what_the_eager_ops_decode(models):
         assert graph.generate(*inputs).tolist() == first.tolist() == eager.generate(*inputs).tolist()
 
 
-def test_bf16_logits_pass_the_gate_against_the_fp32_reference(models):
+@pytest.mark.parametrize("fp8, gate", [(False, FAST_LOGITS_COSINE), (True, FAST_LOGITS_COSINE_FP8)],
+                         ids=["bf16", "fp8"])
+def test_logits_pass_the_gate_against_the_fp32_reference(models, fp8, gate):
     cfg, reference, half = models
     inputs = _inputs(cfg, seed=2)
     with torch.inference_mode():
@@ -68,7 +74,9 @@ def test_bf16_logits_pass_the_gate_against_the_fp32_reference(models):
         want = [logits]
         for token in greedy[:-1]:
             want.append(reference.decode_step(state, token[None], cfg.fast.decode_position_offset))
-    got = _engine(cfg, half).teacher_forced_logits(*inputs, greedy[:-1])
+    engine = _engine(cfg, half, fp8=fp8)
+    assert engine.name.endswith("fp8" if fp8 else "bfloat16")
+    got = engine.teacher_forced_logits(*inputs, greedy[:-1])
     cosines = [cosine(a.cpu().numpy(), b.float().cpu().numpy()) for a, b in zip(got, want)]
-    print("teacher-forced logits cosine per step:", " ".join(f"{c:.5f}" for c in cosines))
-    assert min(cosines) >= FAST_LOGITS_COSINE, cosines
+    print(f"{engine.name} teacher-forced logits cosine per step:", " ".join(f"{c:.5f}" for c in cosines))
+    assert min(cosines) >= gate, cosines

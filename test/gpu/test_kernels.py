@@ -736,3 +736,28 @@ def test_layer_chain(persistent, pdl):
     assert err < CHAIN_REL_L2, f"rel L2 error {err:.2e}"
     if persistent:           # every tile of every layer signalled exactly once
         assert chain.counters.tolist() == [width // chain.block_n] * layers
+
+
+# pi0-FAST's decoding steps: one row through the backbone's GEMMs (kind, N, K) and the LM head's shape
+FAST_DECODE_GEMMS = [("qkv", 2560, 2048, False, 1), ("o", 2048, 2048, False, 4), ("gate_up", 32768, 2048, True, 1),
+                     ("down", 2048, 16384, False, 8), ("lm_head", 257152, 2048, False, 1)]
+
+
+@pytest.mark.parametrize("kind, n, k, geglu, split", FAST_DECODE_GEMMS, ids=[g[0] for g in FAST_DECODE_GEMMS])
+def test_skinny_gemm_fp8_weights(kind, n, k, geglu, split):
+    """Weight-only FP8 (E4M3, a scale per output channel) at one row, the shapes of pi0-FAST's decoding: the kernel
+    against the reference on the same quantized weights."""
+    if INTERPRET:
+        pytest.skip("the interpreter loads no FP8 tensors")
+    g = torch.Generator(device=DEVICE).manual_seed(n + k)
+    x = torch.randn(1, k, device=DEVICE, generator=g).to(torch.bfloat16)
+    w = torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5
+    scale = (w.abs().amax(dim=1) / 448.0).float()
+    wq = (w / scale[:, None]).to(torch.float8_e4m3fn)
+    want = K.skinny_gemm_reference(x, wq, geglu, split, scale=scale).float()
+    got = K.skinny_gemm(x, wq, geglu, split, block_n=32, block_k=128, num_stages=4, scale=scale).float()
+    assert got.shape == want.shape and not torch.isnan(got).any()
+    err = (got - want).norm() / want.norm()
+    assert err < SKINNY_REL_L2, f"rel L2 error {err:.2e}"
+    exact = K.skinny_gemm_reference(x, w.to(torch.bfloat16), geglu, split).float()
+    assert (want - exact).norm() / exact.norm() < 0.05       # E4M3 per channel: a few percent off the bf16 weights
