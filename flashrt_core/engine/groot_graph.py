@@ -9,6 +9,9 @@ actions come back as a clone of the graph's static output. A signature (batch, t
 length, a padded prompt mask or not: groot_static.GrootSignature) is captured on its first call; later calls of
 that signature only replay. All graphs share one memory pool (they never run at the same time).
 
+The DiT's blocks run on the engine's fused ops (engine/groot_fused_dit.py, fused_dit / EngineOptions.groot_fused_dit):
+their weights are prepared once here, the Ops bound to the dispatch table's implementations.
+
 capture=False runs the same static function eagerly: on the CPU (where it is checked against the reference
 executor) and on a GPU with EngineOptions.cuda_graph off (Op.EXECUTOR "eager_engine").
 
@@ -32,10 +35,10 @@ from flashrt_core.model.groot.model import GrootModel
 from .dispatch import Dispatch, eager_cpu_dispatch, resolve
 from .graph_executor import StagingBlob
 from .groot_fused_dit import FusedDit, prepare_fused_dit
-from .hardware import detect_hardware
-from .ops import Ops
 from .groot_static import (GrootSignature, StaticTables, action_chunk, embed_dtype, image_tokens,
                            language_features, predict)
+from .hardware import detect_hardware
+from .ops import Ops
 from .timing import graph_replay_ms, side_stream
 
 log = logging.getLogger(__name__)
