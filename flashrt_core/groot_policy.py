@@ -177,10 +177,12 @@ def build_groot_executor(model: GrootModel, device: torch.device, hardware: str 
     if options.enabled("fp8"):
         raise ValueError("GR00T's graph executor runs in the policy's dtype: FP8 GEMMs serve the pi family only; "
                          "turn engine_options.fp8 (FLASHRT_FP8) off for GR00T")
-    kind = resolve(detect_hardware(hardware, device), options)[Op.EXECUTOR]
+    dispatch = resolve(detect_hardware(hardware, device), options)
+    kind = dispatch[Op.EXECUTOR]
     if kind == "reference":
         return GrootReferenceExecutor(model, device)
-    return GrootGraphExecutor(model, device, capture=kind == "graph", step_tables=options.enabled("groot_step_tables"))
+    return GrootGraphExecutor(model, device, capture=kind == "graph", step_tables=options.enabled("groot_step_tables"),
+                              fused_dit=options.enabled("groot_fused_dit"), dispatch=dispatch)
 
 
 def load_groot_policy(checkpoint_dir: Path, config=None, embodiment: str | None = None,

@@ -10,12 +10,15 @@ and noise of a predict. Each path runs --warmup times, then --runs times with a 
   graph          GrootGraphExecutor.sample_actions (inputs on the host: staging, one copy, replay, output clone);
                  capture=False off CUDA (the same static code, eager)
   graph replay   the captured graph alone, CUDA events around each replay (CUDA only)
+  no fused DiT   the same two with EngineOptions.groot_fused_dit off (the step tables' sampler with the
+                 reference DiT's ops: the A/B of engine/groot_fused_dit.py)
   no step tables the same two with EngineOptions.groot_step_tables off (the reference's sampler in the graph)
-  phases         vision, language, action head, each captured as a graph of its own (CUDA only)
+  phases         vision, language, action head, each captured as a graph of its own (CUDA only), for the graph
+                 and for the graph without the fused DiT
 
-Accuracy: the chunk cosine of the graph and of the reference in --dtype against an fp32 reference on the same
-weights (the --dtype weights cast up) over --observations random observations (mean and worst), the gate
-engine/gate.py applies to the pi family (bf16 >= 0.999).
+Accuracy: the chunk cosine of the graph (fused DiT on and off) and of the reference in --dtype against an fp32
+reference on the same weights (the --dtype weights cast up) over --observations random observations (mean and
+worst), the gate engine/gate.py applies to the pi family (bf16 >= 0.999).
 
     python tools/benchmark_groot.py [--config groot_n1.6] [--device cuda] [--dtype bfloat16] [--views 2]
         [--image 224] [--prompt-tokens 30] [--runs 30] [--warmup 5] [--observations 3] [--out DIR]
@@ -109,6 +112,7 @@ def run(args, argv: list[str]) -> dict:
     model = random_groot_model(cfg, seed=0, dtype=dtype, device=device)
     reference = GrootReferenceExecutor(model, device)
     graph = GrootGraphExecutor(model, device)
+    unfused = GrootGraphExecutor(model, device, fused_dit=False)
     plain = GrootGraphExecutor(model, device, step_tables=False)
     host = make_inputs(cfg, args, seed=0)
     on_device = to_device(host, device)
@@ -119,21 +123,27 @@ def run(args, argv: list[str]) -> dict:
     results = {"reference": summary(timed(lambda: reference.sample_actions(*on_device), device, args.warmup,
                                           args.runs)),
                "graph": summary(timed(lambda: graph.sample_actions(*host), device, args.warmup, args.runs)),
+               "graph_no_fused_dit": summary(timed(lambda: unfused.sample_actions(*host), device, args.warmup,
+                                                   args.runs)),
                "graph_no_step_tables": summary(timed(lambda: plain.sample_actions(*host), device, args.warmup,
                                                      args.runs))}
     (entry,) = graph.entries.values()
     if entry.graph is not None:
         results["graph_replay"] = summary(graph_replay_ms(entry.graph, args.runs))
+        (unfused_entry,) = unfused.entries.values()
+        results["graph_replay_no_fused_dit"] = summary(graph_replay_ms(unfused_entry.graph, args.runs))
         (plain_entry,) = plain.entries.values()
         results["graph_replay_no_step_tables"] = summary(graph_replay_ms(plain_entry.graph, args.runs))
         results["phases_ms"] = graph.phase_times(reps=args.runs)
+        results["phases_ms_no_fused_dit"] = unfused.phase_times(reps=args.runs)
     model32 = model if dtype == torch.float32 else copy.deepcopy(model).float()
     reference32 = GrootReferenceExecutor(model32, device)
-    cos_graph, cos_reference = [], []
+    cos_graph, cos_unfused, cos_reference = [], [], []
     for k in range(args.observations):
         obs = make_inputs(cfg, args, seed=100 + k)
         want = reference32.sample_actions(*to_device(obs, device)).float().cpu().numpy()
         cos_graph.append(cosine(graph.sample_actions(*obs).float().cpu().numpy(), want))
+        cos_unfused.append(cosine(unfused.sample_actions(*obs).float().cpu().numpy(), want))
         cos_reference.append(cosine(reference.sample_actions(*to_device(obs, device)).float().cpu().numpy(), want))
     sig = entry.tables.signature
     return {
@@ -143,12 +153,14 @@ def run(args, argv: list[str]) -> dict:
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "driver": driver_version() if device.type == "cuda" else None,
         "weights": f"random {cfg.name} (in memory)", "config": cfg.name, "dtype": args.dtype,
-        "executor": graph.name, "views": args.views, "image": args.image,
+        "executor": graph.name, "fused_dit": graph.fused_dit, "views": args.views, "image": args.image,
         "view_sizes": [list(s) for s in sig.view_sizes], "prompt_len": sig.prompt_len,
         "horizon": cfg.action_horizon, "steps": cfg.num_inference_timesteps, "runs": args.runs,
         "warmup": args.warmup, "first_call_s": first_call_s, **results,
         "speedup": results["reference"]["median_ms"] / results["graph"]["median_ms"],
         "cosine_vs_fp32": {"graph_mean": float(np.mean(cos_graph)), "graph_worst": float(np.min(cos_graph)),
+                           "graph_no_fused_dit_mean": float(np.mean(cos_unfused)),
+                           "graph_no_fused_dit_worst": float(np.min(cos_unfused)),
                            "reference_mean": float(np.mean(cos_reference)),
                            "reference_worst": float(np.min(cos_reference)), "gate_bf16": GATE_BF16,
                            "observations": args.observations},
@@ -163,6 +175,8 @@ def table(r: dict) -> str:
              f"{'path':<28}{'median ms':>10}{'p99 ms':>10}"]
     for key, label in (("reference", "reference (eager)"), ("graph", f"{r['executor']} (sample_actions)"),
                        ("graph_replay", "graph replay (GPU)"),
+                       ("graph_no_fused_dit", f"{r['executor']}, no fused DiT"),
+                       ("graph_replay_no_fused_dit", "graph replay, no fused DiT"),
                        ("graph_no_step_tables", f"{r['executor']}, no step tables"),
                        ("graph_replay_no_step_tables", "graph replay, no step tables")):
         if key in r:
@@ -170,10 +184,13 @@ def table(r: dict) -> str:
     if "phases_ms" in r:
         lines.append("graph phases (each its own graph, median ms): "
                      + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms"].items()))
+        lines.append("graph phases without the fused DiT: "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms_no_fused_dit"].items()))
     c = r["cosine_vs_fp32"]
     lines.append(f"speed-up {r['speedup']:.1f}x; first call {r['first_call_s']:.2f} s (with the capture on CUDA)")
     lines.append(f"cosine vs fp32 reference ({c['observations']} observations): graph mean {c['graph_mean']:.6f} "
-                 f"worst {c['graph_worst']:.6f}; {r['dtype']} reference mean {c['reference_mean']:.6f} worst "
+                 f"worst {c['graph_worst']:.6f}; without the fused DiT mean {c['graph_no_fused_dit_mean']:.6f} worst "
+                 f"{c['graph_no_fused_dit_worst']:.6f}; {r['dtype']} reference mean {c['reference_mean']:.6f} worst "
                  f"{c['reference_worst']:.6f}")
     return "\n".join(lines)
 

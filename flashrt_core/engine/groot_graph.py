@@ -9,6 +9,9 @@ actions come back as a clone of the graph's static output. A signature (batch, t
 length, a padded prompt mask or not: groot_static.GrootSignature) is captured on its first call; later calls of
 that signature only replay. All graphs share one memory pool (they never run at the same time).
 
+The DiT's blocks run on the engine's fused ops (engine/groot_fused_dit.py, fused_dit / EngineOptions.groot_fused_dit):
+their weights are prepared once here, the Ops bound to the dispatch table's implementations.
+
 capture=False runs the same static function eagerly: on the CPU (where it is checked against the reference
 executor) and on a GPU with EngineOptions.cuda_graph off (Op.EXECUTOR "eager_engine").
 
@@ -29,9 +32,13 @@ import torch
 from flashrt_core.errors import InputError
 from flashrt_core.model.groot.model import GrootModel
 
+from .dispatch import Dispatch, eager_cpu_dispatch, resolve
 from .graph_executor import StagingBlob
+from .groot_fused_dit import FusedDit, prepare_fused_dit
 from .groot_static import (GrootSignature, StaticTables, action_chunk, embed_dtype, image_tokens,
                            language_features, predict)
+from .hardware import detect_hardware
+from .ops import Ops
 from .timing import graph_replay_ms, side_stream
 
 log = logging.getLogger(__name__)
@@ -65,9 +72,12 @@ class GrootGraphExecutor:
     input_device = torch.device("cpu")      # GrootPolicy builds its inputs on the host: one staged copy moves them
 
     def __init__(self, model: GrootModel, device: torch.device | str, capture: bool | None = None,
-                 step_tables: bool = True):
+                 step_tables: bool = True, fused_dit: bool = True, dispatch: Dispatch | None = None):
         """step_tables: the DiT's per-step tables (engine/groot_dit.py, EngineOptions.groot_step_tables); False runs
-        the reference's sampler inside the graph."""
+        the reference's sampler inside the graph. fused_dit: the DiT's blocks on the engine's fused ops
+        (engine/groot_fused_dit.py, EngineOptions.groot_fused_dit; with step_tables only). dispatch: the ops'
+        implementations (None: the table resolved for this device with the default options; the plain-PyTorch
+        ones on the CPU)."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -79,6 +89,13 @@ class GrootGraphExecutor:
         self.device = device
         self.capture = capture
         self.step_tables = step_tables
+        self.fused_dit = fused_dit and step_tables
+        self._fused: FusedDit | None = None
+        if self.fused_dit:
+            if dispatch is None:
+                dispatch = (eager_cpu_dispatch() if device.type == "cpu"
+                            else resolve(detect_hardware("auto", device)))
+            self._fused = prepare_fused_dit(model.action_head, Ops(dispatch))
         self.name = "graph" if capture else "static-eager"
         self._entries: dict[GrootSignature, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
@@ -105,7 +122,7 @@ class GrootGraphExecutor:
                 raise InputError(f"{name} must have shape {expect[name]}, got {tuple(tensor.shape)}")
         staging = StagingBlob(fields, self.device)
         uploaded = torch.cuda.Event() if self.device.type == "cuda" else None
-        return _Entry(StaticTables(self.model, sig, self.device, self.step_tables), staging, uploaded)
+        return _Entry(StaticTables(self.model, sig, self.device, self.step_tables, self._fused), staging, uploaded)
 
     def _stage(self, entry: _Entry, named: dict[str, torch.Tensor]) -> None:
         """Copy the call's inputs into the static buffers: host tensors through the pinned half and one upload,
@@ -211,4 +228,5 @@ class GrootGraphExecutor:
 
     def close(self) -> None:
         self._entries.clear()
+        self._fused = None
         self.model = None

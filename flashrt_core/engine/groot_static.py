@@ -17,7 +17,9 @@ masked_scatter's count. Here what depends on the signature alone is computed onc
               the causal-and-padding boolean mask HF's sdpa_mask builds, then the final norm
   head        model/groot/sampler.sample_actions, the reference's own code (capture-safe as it is), or with
               step_tables (EngineOptions.groot_step_tables) engine/groot_dit.py: the same sampler with what depends
-              on the timestep alone computed once here, and the backbone features' K / V once per predict
+              on the timestep alone computed once here, and the backbone features' K / V once per predict;
+              with fused_dit (EngineOptions.groot_fused_dit) the DiT's blocks run on the engine's fused ops
+              (engine/groot_fused_dit.py)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from flashrt_core.model.groot.model import GrootModel
 from flashrt_core.model.groot.sampler import sample_actions
 
 from .groot_dit import StepTables, sample_actions_tabled
+from .groot_fused_dit import FusedDit, FusedStepTables, sample_actions_fused
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,13 @@ class GrootSignature:
 
 class StaticTables:
     """Everything of one signature that does not depend on the inputs' values, on the model's device.
-    step_tables: the DiT's per-step tables too (groot_dit.StepTables); False runs the reference's sampler."""
+    step_tables: the DiT's per-step tables too (groot_dit.StepTables); False runs the reference's sampler.
+    fused: the executor's fused DiT (groot_fused_dit.FusedDit, shared, needs step_tables) or None."""
 
-    def __init__(self, model: GrootModel, sig: GrootSignature, device: torch.device, step_tables: bool = True):
+    def __init__(self, model: GrootModel, sig: GrootSignature, device: torch.device, step_tables: bool = True,
+                 fused: FusedDit | None = None):
+        if fused is not None and not step_tables:
+            raise ValueError("the fused DiT reads the step tables: step_tables=True")
         eagle = model.backbone.model
         v = model.cfg.vision
         self.groups = views_by_size(sig.view_sizes)
@@ -82,6 +89,8 @@ class StaticTables:
             self.causal = (torch.tril(torch.ones(length, length, dtype=torch.bool, device=device))
                            if sig.padded else None)
         self.steps = StepTables(model.action_head, sig.batch) if step_tables else None
+        self.fused = fused
+        self.fused_mods = FusedStepTables(self.steps) if fused is not None else None
         self.signature = sig
 
     def to(self, device: torch.device | str) -> StaticTables:
@@ -92,6 +101,7 @@ class StaticTables:
         self.rope = tuple(t.to(device) for t in self.rope)
         self.causal = None if self.causal is None else self.causal.to(device)
         self.steps = None if self.steps is None else self.steps.to(device)
+        self.fused_mods = None if self.fused_mods is None else self.fused_mods.to(device)
         return self
 
 
@@ -147,6 +157,8 @@ def action_chunk(model: GrootModel, tables: StaticTables, feats: torch.Tensor, i
     dtype = next(head.parameters()).dtype
     image_mask = input_ids == model.cfg.image_token_index
     args = (feats.to(dtype), attention_mask.bool(), image_mask, state.to(dtype), embodiment_id, noise.to(dtype))
+    if tables.fused is not None:
+        return sample_actions_fused(head, tables.steps, tables.fused_mods, tables.fused, *args)
     if tables.steps is not None:
         return sample_actions_tabled(head, tables.steps, *args)
     return sample_actions(head, *args)

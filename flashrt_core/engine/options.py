@@ -110,6 +110,11 @@ class EngineOptions:
                                       "computed once at capture, the backbone features' cross-attention K/V once per "
                                       "predict (engine/groot_dit.py).",
                                       "The reference's sampler (model/groot/sampler.py) inside the graph.")
+    groot_fused_dit: bool = _option(True, "GR00T: the DiT's blocks on the engine's fused ops: AdaLN and norm3 with the "
+                                    "residual add in one norm kernel over an fp32 residual stream, Q/K/V of the "
+                                    "self-attention blocks in one GEMM, GELU in the MLP GEMM's epilogue "
+                                    "(engine/groot_fused_dit.py); needs groot_step_tables.",
+                                    "The step tables' sampler with the reference DiT's ops.")
     text_buckets: tuple[int, ...] = _option(DEFAULT_TEXT_BUCKETS, "The token-buffer lengths with a graph each, "
                                             "comma-separated (max_token_len is always added).")
     tuning_cache: str = _option("", "A directory where the load-time tuning's picks are kept and reused at the next "

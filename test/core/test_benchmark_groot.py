@@ -15,14 +15,16 @@ def test_tiny_preset_times_both_paths_and_writes_json(tmp_path, capsys):
                        str(tmp_path)]) == 0
     (path,) = tmp_path.glob("groot_graph_cpu_groot_n1.6_tiny_*.json")
     result = json.loads(path.read_text())
-    assert result["executor"] == "static-eager" and "graph_replay" not in result
+    assert result["executor"] == "static-eager" and result["fused_dit"] and "graph_replay" not in result
     assert result["view_sizes"] == [[56, 56], [56, 56]] and result["prompt_len"] == 12 + 2 * (4 + 2)
-    for key in ("reference", "graph", "graph_no_step_tables"):
+    for key in ("reference", "graph", "graph_no_fused_dit", "graph_no_step_tables"):
         assert len(result[key]["samples_ms"]) == 3 and 0 < result[key]["median_ms"] <= result[key]["p99_ms"]
     cos = result["cosine_vs_fp32"]
     assert cos["graph_worst"] > 0.99999 and cos["reference_worst"] > 0.99999
+    assert cos["graph_no_fused_dit_worst"] > 0.99999
     assert result["command"].startswith("python tools/benchmark_groot.py --config groot_n1.6_tiny")
     assert result["driver"] is None and result["torch"]
     out = capsys.readouterr().out
     assert "reference (eager)" in out and "static-eager (sample_actions)" in out and "cosine vs fp32" in out
-    assert "static-eager, no step tables" in out
+    assert "static-eager, no step tables" in out and "static-eager, no fused DiT" in out
+    assert "without the fused DiT mean" in out

@@ -1,0 +1,165 @@
+"""GR00T N1.6's DiT on the engine's fused ops (EngineOptions.groot_fused_dit, on top of groot_step_tables).
+
+The reference block (model/groot/dit.py TransformerBlock) is pre-norm with plain (ungated) residual adds:
+
+    x = x + attn1(LN(x) (1 + scale) + shift)          AdaLayerNorm, scale / shift from the step's timestep
+    x = x + ff(LN(x))                                  norm3 without an affine, GELU-tanh MLP
+
+and the DiT ends with LN(x) (1 + scale) + shift (proj_out_1's modulation), then proj_out_2. Here the residual
+stream x is one fp32 (B * T, D) buffer, and each residual add runs inside the norm that follows it
+(Ops.norm: residual += x in place, out = LayerNorm(residual) * weight + bias, one kernel), with weight = 1 + scale
+and bias = shift from the step tables (groot_dit.StepTables; the timestep is the same for every batch row, so one
+(D,) row serves the whole batch). Per block:
+
+    norm(pending, residual) -> AdaLN          the previous block's MLP output added (none before block 0)
+    Q/K/V: one merged GEMM (self-attention blocks) or Q alone (cross-attention blocks: K / V of the backbone
+           features once per predict, groot_dit.context_kv, with the block's text-only / image-only mask)
+    torch SDPA (head dim 48: no Triton attention kernel; the cross masks additive and aligned, made once per
+           predict), the output projection
+    norm(attention output, residual) -> norm3, linear_gelu (GELU in the GEMM's epilogue on the GPU), linear
+and after the last block norm(pending, residual) with the output modulation, then proj_out_2. GEMM inputs are in
+the model's dtype (bf16 on the GPU), so the chunk differs from the reference's by rounding alone
+(test/core/test_groot_fused_dit.py compares them with the plain-PyTorch ops on the CPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from flashrt_core.model.groot.action_head import GrootActionHead
+
+from .groot_dit import StepTables, _heads, context_kv
+from .ops import Ops
+from .weights import Linear, _fold
+
+FINAL_NORM_EPS = 1e-6          # the DiT's final LayerNorm (dit.DiT.forward)
+MASK_ALIGN = 16                # key-mask rows padded to this many elements (SDPA's memory-efficient kernel's need)
+
+
+@dataclass
+class FusedBlock:
+    cross: bool
+    qkv: Linear                # self-attention: [Q; K; V] merged; cross-attention: Q alone
+    out: Linear
+    ff1: Linear                # GELU-tanh after it
+    ff2: Linear
+    ada_eps: float
+    ff_eps: float
+
+
+@dataclass
+class FusedDit:
+    """The DiT's weights as the fused path reads them, and the Ops it runs them with (made once per executor)."""
+
+    ops: Ops
+    blocks: list[FusedBlock]
+    proj_out: Linear
+    heads: int
+    inner: int                 # heads * head_dim
+    dtype: torch.dtype
+
+
+def _single(module: torch.nn.Linear) -> Linear:
+    """The module's own weight and bias (no copy: the fused path shares the model's tensors)."""
+    return Linear([(module.weight.detach(), None if module.bias is None else module.bias.detach())])
+
+
+@torch.no_grad()
+def prepare_fused_dit(head: GrootActionHead, ops: Ops) -> FusedDit:
+    """The DiT's GEMMs as Linears: Q/K/V of each self-attention block merged into one block (a copy), the others
+    the model's tensors as they are."""
+    dit = head.model
+    dtype = dit.proj_out_2.weight.dtype
+    blocks = []
+    for block in dit.transformer_blocks:
+        attn = block.attn1
+        if block.is_cross:
+            qkv = _single(attn.to_q)
+        else:
+            mods = (attn.to_q, attn.to_k, attn.to_v)
+            qkv = _fold([m.weight for m in mods], [m.bias for m in mods], None, None, dtype, merge=True)
+        blocks.append(FusedBlock(block.is_cross, qkv, _single(attn.to_out[0]), _single(block.ff.net[0].proj),
+                                 _single(block.ff.net[2]), block.norm1.eps, block.eps))
+    return FusedDit(ops, blocks, _single(dit.proj_out_2), dit.cfg.num_heads, dit.cfg.num_heads * dit.cfg.head_dim,
+                    dtype)
+
+
+class FusedStepTables:
+    """StepTables' modulations as the norm kernel's (D,) fp32 weight / bias rows: [step][block] (1 + scale, shift)
+    and [step] the output modulation's. Every batch row has the step's timestep, so row 0 serves them all."""
+
+    def __init__(self, steps: StepTables):
+        row = lambda t: t[0, 0].float().contiguous()  # noqa: E731
+        self.ada = [[(row(s), row(b)) for s, b in step] for step in steps.ada]
+        self.out_mod = [(row(s), row(b)) for s, b in steps.out_mod]
+
+    def to(self, device: torch.device | str) -> FusedStepTables:
+        self.ada = [[(s.to(device), b.to(device)) for s, b in step] for step in self.ada]
+        self.out_mod = [(s.to(device), b.to(device)) for s, b in self.out_mod]
+        return self
+
+
+def additive_masks(kv: dict) -> dict:
+    """context_kv's (K, V, bool key mask) -> (K, V, additive mask): 0 where a key is seen, -inf elsewhere, in K's
+    dtype, each row a view into a buffer padded to MASK_ALIGN elements. SDPA converts a bool mask to exactly this
+    (where(~mask, -inf, 0)) and pads an unaligned one, in every call; here both happen once per predict and mask
+    kind (the blocks of one kind share their mask)."""
+    converted: dict[int, torch.Tensor] = {}
+    out = {}
+    for idx, (key, value, mask) in kv.items():
+        if mask is not None and id(mask) not in converted:
+            keys = mask.shape[-1]
+            buf = torch.full((*mask.shape[:-1], -(-keys // MASK_ALIGN) * MASK_ALIGN), float("-inf"),
+                             dtype=key.dtype, device=key.device)
+            converted[id(mask)] = buf[..., :keys].masked_fill_(mask, 0.0)
+        out[idx] = (key, value, None if mask is None else converted[id(mask)])
+    return out
+
+
+def _dit(fused: FusedDit, mods: FusedStepTables, k: int, kv: dict, hidden: torch.Tensor) -> torch.Tensor:
+    """The DiT's blocks, final modulated LayerNorm and proj_out_2 at step k: hidden [B, T, D] -> [B, T, out]."""
+    ops, heads, inner = fused.ops, fused.heads, fused.inner
+    b, t, d = hidden.shape
+    residual = hidden.reshape(b * t, d).to(torch.float32, copy=True)
+    normed = torch.empty(b * t, d, device=hidden.device, dtype=fused.dtype)
+    pending = None
+    for idx, block in enumerate(fused.blocks):
+        scale1, shift = mods.ada[k][idx]
+        ops.norm(pending, residual, normed, scale1, shift, block.ada_eps, layer_norm=True)
+        proj = ops.linear(normed, block.qkv).view(b, t, -1)
+        q = _heads(proj[..., :inner], heads)
+        if block.cross:
+            key, value, mask = kv[idx]
+        else:
+            key, value, mask = _heads(proj[..., inner:2 * inner], heads), _heads(proj[..., 2 * inner:], heads), None
+        attn = F.scaled_dot_product_attention(q, key, value, attn_mask=mask)
+        attn = ops.linear(attn.transpose(1, 2).reshape(b * t, inner), block.out)
+        ops.norm(attn, residual, normed, None, None, block.ff_eps, layer_norm=True)
+        pending = ops.linear(ops.linear_gelu(normed, block.ff1), block.ff2)
+    scale1, shift = mods.out_mod[k]
+    ops.norm(pending, residual, normed, scale1, shift, FINAL_NORM_EPS, layer_norm=True)
+    return ops.linear(normed, fused.proj_out).view(b, t, -1)
+
+
+def sample_actions_fused(head: GrootActionHead, tables: StepTables, mods: FusedStepTables, fused: FusedDit,
+                         backbone_features: torch.Tensor, backbone_mask: torch.Tensor, image_mask: torch.Tensor,
+                         state: torch.Tensor, embodiment_id: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """groot_dit.sample_actions_tabled with the DiT on the fused ops -> normalized actions [B, horizon, A]."""
+    vl_embeds, state_features = head.encode(backbone_features, state, embodiment_id)
+    kv = additive_masks(context_kv(head.model, vl_embeds, image_mask, backbone_mask))
+    enc = head.action_encoder
+    actions = noise.to(vl_embeds.dtype)
+    dt = 1.0 / tables.steps
+    for k in range(tables.steps):
+        a_emb = enc.W1(actions, embodiment_id)
+        x = enc.W2(torch.cat([a_emb, tables.tau[k]], dim=-1), embodiment_id)
+        features = enc.W3(x * torch.sigmoid(x), embodiment_id)
+        if tables.positions is not None:
+            features = features + tables.positions
+        out = _dit(fused, mods, k, kv, torch.cat([state_features, features], dim=1))
+        pred = head.action_decoder(out, embodiment_id)[:, -head.cfg.action_horizon:]
+        actions = actions + dt * pred
+    return actions
