@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from flashrt_core import groot_inputs, preprocess
-from flashrt_core.engine import EngineOptions, Op, detect_hardware, resolve
+from flashrt_core.engine import EngineOptions, Op, detect_hardware, resolve_dispatch
 from flashrt_core.engine.groot_graph import GrootGraphExecutor
 from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.groot_checkpoint import load_state_dict
@@ -171,18 +171,18 @@ def build_groot_executor(model: GrootModel, device: torch.device, hardware: str 
     (fast_paths off) -> GrootReferenceExecutor. options None reads the defaults with the environment on top."""
     device = torch.device(device)
     check_hardware(hardware, device)
-    if hardware == "reference" or device.type != "cuda":
+    if hardware != "reference" and device.type == "cuda":
+        options = EngineOptions.from_env() if options is None else options
+        if options.enabled("fp8"):
+            raise ValueError("GR00T's graph executor runs in the policy's dtype: FP8 GEMMs serve the pi family "
+                             "only; turn engine_options.fp8 (FLASHRT_FP8) off for GR00T")
+    dispatch = resolve_dispatch(device, hardware, options)
+    if dispatch is None:
         return GrootReferenceExecutor(model, device)
-    options = EngineOptions.from_env() if options is None else options
-    if options.enabled("fp8"):
-        raise ValueError("GR00T's graph executor runs in the policy's dtype: FP8 GEMMs serve the pi family only; "
-                         "turn engine_options.fp8 (FLASHRT_FP8) off for GR00T")
-    dispatch = resolve(detect_hardware(hardware, device), options)
-    kind = dispatch[Op.EXECUTOR]
-    if kind == "reference":
-        return GrootReferenceExecutor(model, device)
-    return GrootGraphExecutor(model, device, capture=kind == "graph", step_tables=options.enabled("groot_step_tables"),
-                              fused_dit=options.enabled("groot_fused_dit"), dispatch=dispatch)
+    chosen = dispatch.options
+    return GrootGraphExecutor(model, device, capture=dispatch[Op.EXECUTOR] == "graph",
+                              step_tables=chosen.enabled("groot_step_tables"),
+                              fused_dit=chosen.enabled("groot_fused_dit"), dispatch=dispatch)
 
 
 def load_groot_policy(checkpoint_dir: Path, config=None, embodiment: str | None = None,

@@ -52,9 +52,8 @@ from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.fast_tokenizer import PROCESSOR_CONFIG_FILE, TOKENIZER_FILE, ActionDecodeError, FastTokenizer
 from flashrt_core.model import Pi0FastModel
 from flashrt_core.tokenizer import EOS_ID, PromptTokenizer, clean_text
-from flashrt_core.engine.dispatch import Op, resolve
+from flashrt_core.engine import resolve_dispatch
 from flashrt_core.engine.fast_decode import FastGraphExecutor
-from flashrt_core.engine.hardware import detect_hardware
 from flashrt_core.engine.options import EngineOptions, read_path
 
 log = logging.getLogger(__name__)
@@ -247,18 +246,10 @@ def build_fast_policy(model: Pi0FastModel, config: ModelConfig, device: torch.de
 
 def fast_executor(model: Pi0FastModel, config: ModelConfig, device: torch.device, hardware: str,
                   options: EngineOptions | None = None):
-    """The reference executor for hardware="reference" or a CPU device ("auto"), else the one the dispatch table
-    picks: engine/fast_decode.py's graphs where it picks the graph engine (a GPU with fast paths and CUDA graphs
-    on), the reference executor where it picks that. options None: EngineOptions.from_env()."""
+    """The reference executor where engine.resolve_dispatch says so (hardware="reference", a CPU device, fast paths
+    off), else engine/fast_decode.py's executor on the dispatch table it picks (graphs with cuda_graph on)."""
     device = torch.device(device)
-    if hardware == "reference":
-        return FastReferenceExecutor(model, config, device)
-    if device.type != "cuda":
-        if hardware != "auto":
-            raise ValueError(f"hardware={hardware!r} needs a CUDA device, got {device}")
-        return FastReferenceExecutor(model, config, device)
-    options = EngineOptions.from_env() if options is None else options
-    dispatch = resolve(detect_hardware(hardware, device), options)
-    if dispatch[Op.EXECUTOR] == "reference":
+    dispatch = resolve_dispatch(device, hardware, options)
+    if dispatch is None:
         return FastReferenceExecutor(model, config, device)
     return FastGraphExecutor(model, config, device, dispatch, eos_id=EOS_ID)

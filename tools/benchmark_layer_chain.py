@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from flashrt_core.engine.kernel_import import load_kernels
+from flashrt_core.engine.timing import graph_replay_ms
 
 VARIANTS = ("launch_per_layer", "launch_per_layer_pdl", "launch_per_layer_pdl_early", "library_per_layer",
             "persistent_counters")
@@ -33,15 +34,7 @@ def _graph_ms(run, reps: int) -> list[float]:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
+    return graph_replay_ms(graph, reps)
 
 
 def measure(layers: int, width: int, rows: int, reps: int) -> dict:

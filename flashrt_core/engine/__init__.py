@@ -19,29 +19,38 @@ from .hardware import Hardware, detect_hardware
 from .options import DEFAULT_TEXT_BUCKETS, HOST_WAITS, EngineOptions
 
 __all__ = ["DEFAULT_TEXT_BUCKETS", "Dispatch", "EngineExecutor", "EngineOptions", "HOST_WAITS", "Hardware", "Op",
-           "build_executor", "detect_hardware", "eager_cpu_dispatch", "resolve"]
+           "build_executor", "detect_hardware", "eager_cpu_dispatch", "resolve", "resolve_dispatch"]
+
+
+def resolve_dispatch(device: torch.device | str, hardware: str | Hardware = "auto",
+                     options: EngineOptions | None = None) -> Dispatch | None:
+    """The dispatch table for this device and hardware setting, or None where the eager reference executor serves:
+    hardware="reference", a CPU device with hardware="auto" (another hardware on a CPU is refused), or a table that
+    picks the reference (fast paths off). options None reads the defaults with the environment on top
+    (EngineOptions.from_env). Every model family's executor choice goes through here."""
+    device = torch.device(device)
+    if hardware == "reference":
+        return None
+    if device.type != "cuda":
+        if hardware != "auto":
+            raise ValueError(f"hardware={hardware!r} needs a CUDA device, got {device}")
+        return None
+    options = EngineOptions.from_env() if options is None else options
+    dispatch = resolve(detect_hardware(hardware, device), options)
+    return None if dispatch[Op.EXECUTOR] == "reference" else dispatch
 
 
 def build_executor(model, config: ModelConfig, device: torch.device | str, hardware: str | Hardware = "auto",
                    options: EngineOptions | None = None, action_affine=None):
-    """The executor for this device, hardware setting and options: the reference executor for
-    hardware="reference" or a CPU device, else the one the dispatch table picks.
-    options: None reads the defaults with the environment on top (EngineOptions.from_env, once per load); given
-    options are used as they are. action_affine: (scale, offset) of the action unnormalization
-    (Normalizer.action_affine), which the graph engine applies inside its graph
-    (predict_observation(unnormalize=True)); the reference executor ignores it."""
+    """The executor for this device, hardware setting and options: the reference executor where resolve_dispatch
+    says so, else the graph engine (or its ops launched eagerly) that the dispatch table picks.
+    action_affine: (scale, offset) of the action unnormalization (Normalizer.action_affine), which the graph engine
+    applies inside its graph (predict_observation(unnormalize=True)); the reference executor ignores it."""
     if config.model_type == ModelType.PI0_FAST:
         raise ValueError("pi0-FAST decodes tokens: its executors are pi0_fast_policy.fast_executor's (the reference "
                          "one, or engine/fast_decode.py's FastGraphExecutor), not build_executor's")
     device = torch.device(device)
-    if hardware == "reference":
-        return ReferenceExecutor(model, config, device)
-    if device.type != "cuda":
-        if hardware != "auto":
-            raise ValueError(f"hardware={hardware!r} needs a CUDA device, got {device}")
-        return ReferenceExecutor(model, config, device)
-    options = EngineOptions.from_env() if options is None else options
-    dispatch = resolve(detect_hardware(hardware, device), options)
-    if dispatch[Op.EXECUTOR] == "reference":
+    dispatch = resolve_dispatch(device, hardware, options)
+    if dispatch is None:
         return ReferenceExecutor(model, config, device)
     return EngineExecutor(model, config, device, dispatch, action_affine=action_affine)

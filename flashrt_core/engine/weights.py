@@ -265,6 +265,16 @@ def _pi05_tables(model: PiModel, times: list[float]) -> ExpertTables:
     return ExpertTables(norm=torch.stack(per_layer, dim=1).contiguous(), final=final.contiguous())
 
 
+def _vision_fields(model, dtype: torch.dtype, fold: bool, vision_mlp_pad: int) -> dict:
+    """The EngineWeights fields of the config and the vision tower (shared by pi0 / pi0.5 and pi0-FAST)."""
+    vis = model.vision
+    vision_layers, post_ln, projector = _vision(model, dtype, fold, vision_mlp_pad)
+    return dict(config=model.config, dtype=dtype, folded=fold,
+                patch_w=_f32(vis.patch_embedding.weight).flatten(1).contiguous(),
+                patch_b=_f32(vis.patch_embedding.bias), pos_emb=_f32(vis.position_embedding).contiguous(),
+                vision=vision_layers, post_ln=post_ln, projector=projector, vision_mlp_pad=vision_mlp_pad)
+
+
 @torch.no_grad()
 def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: bool = True,
                     vision_mlp_pad: int = 0) -> EngineWeights:
@@ -272,8 +282,6 @@ def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: b
     `vision_mlp_pad`: the vision MLP's hidden width rounded up to a multiple of it (pad_mlp_width; 0: as is)."""
     cfg = model.config
     times = time_schedule(cfg.num_steps)
-    vis = model.vision
-    vision_layers, post_ln, projector = _vision(model, dtype, fold, vision_mlp_pad)
     is_pi05 = model.is_pi05
     ex_w = cfg.expert.width
     tables = time_in_bias = None
@@ -295,11 +303,7 @@ def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: b
     if not is_pi05 and fold:   # pi0's final RMSNorm (1 + w) folds into action_out_proj
         out_w = out_w * (1.0 + _f32(model.expert.norm.weight))[None, :]
     weights = EngineWeights(
-        config=cfg, dtype=dtype, folded=fold,
-        patch_w=_f32(vis.patch_embedding.weight).flatten(1).contiguous(),
-        patch_b=_f32(vis.patch_embedding.bias),
-        pos_emb=_f32(vis.position_embedding).contiguous(),
-        vision=vision_layers, post_ln=post_ln, projector=projector,
+        **_vision_fields(model, dtype, fold, vision_mlp_pad),
         embed_tokens=model.embed_tokens.weight,
         backbone=_gemma(model.paligemma, dtype, fold, adaptive=False, kv_only_last=True),
         expert=_gemma(model.expert, dtype, fold, adaptive=is_pi05, kv_only_last=False),
@@ -307,7 +311,7 @@ def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: b
         action_in=_linear(model.action_in_proj, dtype),
         action_out=(out_w.to(dtype).contiguous(), out_b),
         tables=tables, state_proj=state_proj, time_in_action=time_in_action, time_in_bias=time_in_bias,
-        time_out=time_out, dts=[-1.0 / cfg.num_steps] * cfg.num_steps, vision_mlp_pad=vision_mlp_pad)
+        time_out=time_out, dts=[-1.0 / cfg.num_steps] * cfg.num_steps)
     log.info("engine weights prepared (%s, folded=%s)", dtype, fold)
     return weights
 
@@ -319,20 +323,13 @@ def prepare_fast_weights(model, dtype: torch.dtype = torch.bfloat16, fold: bool 
     merged, cast), the final RMSNorm's (1 + w) in fp32 (the norm kernel applies it: the LM head is the token
     embedding, shared with the prefix's text embedding, so nothing is folded into it), the LM head in `dtype`
     (the embedding table itself when it already is). No action expert."""
-    cfg = model.config
-    vision_layers, post_ln, projector = _vision(model, dtype, fold, vision_mlp_pad)
-    vis = model.vision
     embed = model.embed_tokens.weight
     weights = EngineWeights(
-        config=cfg, dtype=dtype, folded=fold,
-        patch_w=_f32(vis.patch_embedding.weight).flatten(1).contiguous(),
-        patch_b=_f32(vis.patch_embedding.bias),
-        pos_emb=_f32(vis.position_embedding).contiguous(),
-        vision=vision_layers, post_ln=post_ln, projector=projector,
+        **_vision_fields(model, dtype, fold, vision_mlp_pad),
         embed_tokens=embed,
         backbone=_gemma(model.paligemma, dtype, fold, adaptive=False, kv_only_last=False),
         expert=[], expert_final_norm=None, action_in=None, action_out=None, tables=None, state_proj=None,
-        time_in_action=None, time_in_bias=None, time_out=None, dts=[], vision_mlp_pad=vision_mlp_pad,
+        time_in_action=None, time_in_bias=None, time_out=None, dts=[],
         final_norm=(1.0 + _f32(model.paligemma.norm.weight)).contiguous(),
         lm_head=embed.detach() if embed.dtype == dtype else embed.detach().to(dtype).contiguous())
     log.info("pi0-FAST engine weights prepared (%s, folded=%s)", dtype, fold)
