@@ -182,7 +182,8 @@ def build_groot_executor(model: GrootModel, device: torch.device, hardware: str 
     chosen = dispatch.options
     return GrootGraphExecutor(model, device, capture=dispatch[Op.EXECUTOR] == "graph",
                               step_tables=chosen.enabled("groot_step_tables"),
-                              fused_dit=chosen.enabled("groot_fused_dit"), dispatch=dispatch)
+                              fused_dit=chosen.enabled("groot_fused_dit"), dispatch=dispatch,
+                              prompt_multiple=chosen.groot_prompt_multiple if chosen.fast_paths else 0)
 
 
 def load_groot_policy(checkpoint_dir: Path, config=None, embodiment: str | None = None,

@@ -15,6 +15,9 @@ their weights are prepared once here, the Ops bound to the dispatch table's impl
 capture=False runs the same static function eagerly: on the CPU (where it is checked against the reference
 executor) and on a GPU with EngineOptions.cuda_graph off (Op.EXECUTOR "eager_engine").
 
+Prompts are right-padded with masked tokens up to a multiple of `prompt_multiple` (EngineOptions.groot_prompt_multiple)
+so that an instruction a few tokens longer or shorter replays the same graph instead of capturing one mid-run.
+
 The prompt's image-token slots are found on the device (groot_static.scatter_image_tokens), so a prompt of the
 same length with its slots elsewhere replays correctly; their count must be the signature's image-token count
 (groot_inputs.prompt_ids checks it for the policy; the first call of a signature checks it here).
@@ -72,12 +75,15 @@ class GrootGraphExecutor:
     input_device = torch.device("cpu")      # GrootPolicy builds its inputs on the host: one staged copy moves them
 
     def __init__(self, model: GrootModel, device: torch.device | str, capture: bool | None = None,
-                 step_tables: bool = True, fused_dit: bool = True, dispatch: Dispatch | None = None):
+                 step_tables: bool = True, fused_dit: bool = True, dispatch: Dispatch | None = None,
+                 prompt_multiple: int = 0):
         """step_tables: the DiT's per-step tables (engine/groot_dit.py, EngineOptions.groot_step_tables); False runs
         the reference's sampler inside the graph. fused_dit: the DiT's blocks on the engine's fused ops
         (engine/groot_fused_dit.py, EngineOptions.groot_fused_dit; with step_tables only). dispatch: the ops'
         implementations (None: the table resolved for this device with the default options; the plain-PyTorch
-        ones on the CPU)."""
+        ones on the CPU). prompt_multiple: prompts right-padded (masked) up to a multiple of this many tokens
+        (EngineOptions.groot_prompt_multiple; 0 or 1: as they come); applied only where the DiT masks its
+        cross-attention (AlternateVLDiT), the one case where padding leaves the chunk as it is."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -96,6 +102,7 @@ class GrootGraphExecutor:
                 dispatch = (eager_cpu_dispatch() if device.type == "cpu"
                             else resolve(detect_hardware("auto", device)))
             self._fused = prepare_fused_dit(model.action_head, Ops(dispatch))
+        self.prompt_multiple = prompt_multiple if model.cfg.dit.alternate_vl else 0
         self.name = "graph" if capture else "static-eager"
         self._entries: dict[GrootSignature, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
@@ -174,6 +181,18 @@ class GrootGraphExecutor:
             raise InputError(f"the prompt has {slots} image-token slots for {entry.tables.image_tokens} image "
                              "tokens of its views")
 
+    def _pad_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt right-padded with masked id-0 tokens up to a multiple of prompt_multiple. The LLM is causal, so
+        no real token sees the padding (nor do their positions change), and the DiT's cross-attention masks it: the
+        chunk is the unpadded prompt's, and nearby prompt lengths share one signature (one graph)."""
+        length, multiple = input_ids.shape[1], self.prompt_multiple
+        if multiple <= 1 or length % multiple == 0:
+            return input_ids, attention_mask
+        pad = multiple - length % multiple
+        return (torch.cat([input_ids, input_ids.new_zeros(input_ids.shape[0], pad)], dim=1),
+                torch.cat([attention_mask.bool(), attention_mask.new_zeros(attention_mask.shape[0], pad,
+                                                                           dtype=torch.bool)], dim=1))
+
     @torch.inference_mode()
     def sample_actions(self, views, input_ids: torch.Tensor, attention_mask: torch.Tensor, state: torch.Tensor,
                        embodiment_id: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -183,6 +202,7 @@ class GrootGraphExecutor:
         if self.model is None:
             raise RuntimeError("sample_actions called after close()")
         views = list(views)
+        input_ids, attention_mask = self._pad_prompt(input_ids, attention_mask)
         sig = GrootSignature.of(views, input_ids, attention_mask)
         entry = self._entries.get(sig)
         fresh = entry is None

@@ -115,6 +115,11 @@ class EngineOptions:
                                     "self-attention blocks in one GEMM, GELU in the MLP GEMM's epilogue "
                                     "(engine/groot_fused_dit.py); needs groot_step_tables.",
                                     "The step tables' sampler with the reference DiT's ops.")
+    groot_prompt_multiple: int = _option(16, "GR00T: the prompt right-padded with masked tokens up to a multiple of "
+                                         "this many, so instructions of nearby lengths replay one graph instead of "
+                                         "capturing a new one (the LLM is causal and the DiT masks the padding: the "
+                                         "same chunk); AlternateVLDiT checkpoints only (engine/groot_graph.py).",
+                                         "0: every prompt length has its own graph, captured on first use.")
     text_buckets: tuple[int, ...] = _option(DEFAULT_TEXT_BUCKETS, "The token-buffer lengths with a graph each, "
                                             "comma-separated (max_token_len is always added).")
     tuning_cache: str = _option("", "A directory where the load-time tuning's picks are kept and reused at the next "
@@ -143,6 +148,9 @@ class EngineOptions:
             raise ValueError(f"chain_tuning_passes must be an int from 1 to 8, got {self.chain_tuning_passes!r}")
         if not (isinstance(self.decode_graph_tokens, int) and 1 <= self.decode_graph_tokens <= 64):
             raise ValueError(f"decode_graph_tokens must be an int from 1 to 64, got {self.decode_graph_tokens!r}")
+        if not (isinstance(self.groot_prompt_multiple, int) and 0 <= self.groot_prompt_multiple <= 256):
+            raise ValueError(f"groot_prompt_multiple must be an int from 0 (off) to 256, got "
+                             f"{self.groot_prompt_multiple!r}")
         if any((not isinstance(b, int)) or b <= 0 for b in self.text_buckets):
             raise ValueError(f"text_buckets must be positive ints, got {self.text_buckets!r}")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.impl.items()):

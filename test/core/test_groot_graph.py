@@ -169,3 +169,27 @@ def test_policy_on_the_static_path_predicts_the_reference_chunk(tmp_path):
     assert len(static.executor.entries) == 2
     with pytest.raises(ValueError, match="hardware='sm90' needs a CUDA device"):
         load_model(ckpt, embodiment="new_embodiment", device="cpu", hardware="sm90")
+
+
+def test_padded_prompts_share_a_graph_and_keep_the_chunk(model):
+    """groot_prompt_multiple: prompts of 5 and 9 text tokens pad (masked) to one multiple of 16 and one signature,
+    each giving the chunk of its own unpadded prompt on the reference."""
+    ref = GrootReferenceExecutor(model, torch.device("cpu"))
+    static = GrootGraphExecutor(model, "cpu", capture=False, prompt_multiple=16)
+    for text in (5, 9):
+        args = inputs(model, [(56, 56), (56, 84)], text, seed=text)
+        torch.testing.assert_close(static.sample_actions(*args), ref.sample_actions(*args), rtol=1e-5, atol=1e-5)
+    (sig,) = static.entries
+    assert sig.prompt_len % 16 == 0 and sig.padded
+
+
+def test_prompts_stay_as_they_come_where_the_dit_does_not_mask_them():
+    """The plain DiT's cross-attention sees every backbone token: padding would change its chunk, so none is added."""
+    base = get_groot_config(TINY)
+    plain = random_groot_model(base.replace(dit=dataclasses.replace(base.dit, alternate_vl=False)), seed=2)
+    static = GrootGraphExecutor(plain, "cpu", capture=False, prompt_multiple=16)
+    assert static.prompt_multiple == 0
+    args = inputs(plain, [(56, 56)], 5, seed=4)
+    static.sample_actions(*args)
+    (sig,) = static.entries
+    assert sig.prompt_len == args[1].shape[1] and not sig.padded
