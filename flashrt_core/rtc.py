@@ -8,6 +8,9 @@ are kept, the rest generated to continue them. Three forms (RtcPlan.mode):
                  corrected by the vector-Jacobian product of the denoiser's clean-action estimate with the
                  soft-masked error to the previous chunk (prefix_weights), scaled by guidance_weight (clipped at
                  beta). Needs autograd through the denoiser.
+  guided_identity  the guided form with the Jacobian taken as identity (lerobot's RTCProcessor): the correction
+                 is the soft-masked error itself, v - w(t) * W * (target - x0). No backward: the graph engine
+                 captures it (engine/rtc_blend.py), where "guided" runs on the reference path only.
   hard_prefix    the cheap form: before every step the prefix rows of x_t are replaced by the previous chunk
                  noised to that step's time (prefix_anchor), and after the last step by the previous chunk itself.
   training_time  for checkpoints trained with clean action prefixes (arXiv 2512.05964): the prefix rows hold the
@@ -30,7 +33,8 @@ import torch
 
 from flashrt_core.flow import time_schedule
 
-MODES = ("guided", "hard_prefix", "training_time")
+MODES = ("guided", "guided_identity", "hard_prefix", "training_time")
+SOFT_MASK_MODES = ("guided", "guided_identity")      # the modes that read RtcPlan.weights as a soft mask
 SCHEDULES = ("exp", "linear", "ones", "zeros")
 DEFAULT_MAX_GUIDANCE_WEIGHT = 10.0  # the paper's beta; lerobot's max_guidance_weight default
 CLEAN_TIME = 0.0                    # the flow time of data (t = 0 in this codebase)
@@ -110,6 +114,14 @@ def guided_velocity(velocity: Callable[[torch.Tensor], torch.Tensor], x_t: torch
     return v.detach() - guidance_weight(t, beta) * correction
 
 
+def identity_guided_velocity(v: torch.Tensor, x_t: torch.Tensor, t: float, target: torch.Tensor,
+                             weights: torch.Tensor, beta: float) -> torch.Tensor:
+    """guided_velocity with J = I (lerobot's form): v - w(t) * W * (target - (x_t - t * v)). All [B, H, A] but
+    weights [H]."""
+    err = (target - (x_t - t * v)) * weights[None, :, None]
+    return v - guidance_weight(t, beta) * err
+
+
 def prefix_anchor(target: torch.Tensor, noise: torch.Tensor, t: float) -> torch.Tensor:
     """The previous chunk noised to time t along the flow's path: target + t * (noise - target)."""
     return torch.lerp(target, noise, t)
@@ -135,6 +147,8 @@ def rtc_euler_integrate(velocity: Callable[[torch.Tensor, torch.Tensor], torch.T
         if plan.mode == "guided":
             v = guided_velocity(lambda z, time=time: velocity(z, time), x, t, target, weights,
                                 plan.max_guidance_weight)
+        elif plan.mode == "guided_identity":
+            v = identity_guided_velocity(velocity(x, time).float(), x, t, target, weights, plan.max_guidance_weight)
         elif plan.mode == "hard_prefix":
             x = torch.where(rows, prefix_anchor(target, noise.float(), t), x)
             v = velocity(x, time)
@@ -143,6 +157,6 @@ def rtc_euler_integrate(velocity: Callable[[torch.Tensor, torch.Tensor], torch.T
             token_time = torch.where(rows[..., 0], CLEAN_TIME, time[:, None].expand(batch, horizon))   # [B, H]
             v = velocity(x, token_time)
         x = x + dt * v.float()
-    if plan.mode != "guided":
+    if plan.mode not in SOFT_MASK_MODES:
         x = torch.where(rows, target, x)
     return x

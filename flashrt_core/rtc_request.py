@@ -17,18 +17,20 @@ import torch
 
 from flashrt_core.errors import InputError
 from flashrt_core.normalization import Normalizer, pad_to
-from flashrt_core.rtc import DEFAULT_MAX_GUIDANCE_WEIGHT, MODES, SCHEDULES, RtcPlan, prefix_weights
+from flashrt_core.rtc import DEFAULT_MAX_GUIDANCE_WEIGHT, MODES, SCHEDULES, SOFT_MASK_MODES, RtcPlan, prefix_weights
 
 
 @dataclass(frozen=True)
 class RtcRequest:
-    """mode: "guided" (inference-time RTC, soft mask + guidance), "hard_prefix" (the prefix replaced each step,
-    cheap) or "training_time" (per-token time, for checkpoints trained with clean prefixes).
+    """mode: "guided" (inference-time RTC, soft mask + guidance through the denoiser's Jacobian: reference path),
+    "guided_identity" (the same with the Jacobian taken as identity, as lerobot does: the graph engine runs it),
+    "hard_prefix" (the prefix replaced each step, cheap) or "training_time" (per-token time, for checkpoints
+    trained with clean prefixes).
     previous_chunk: (n, action_dim) robot units, n >= delay_steps; rows past n weigh 0.
     delay_steps: the frozen prefix length d, 0 <= d < horizon.
-    execution_horizon: guided only: where the soft mask reaches 0 (None: min(n, horizon)); lerobot's default 10.
-    max_guidance_weight: guided only: the clip beta of the guidance weight (the paper's and lerobot's 10).
-    schedule: guided only: the soft mask's decay over [d, execution_horizon): exp (the paper's), linear, ones,
+    execution_horizon: guided modes only: where the soft mask reaches 0 (None: min(n, horizon)); lerobot's default 10.
+    max_guidance_weight: guided modes only: the clip beta of the guidance weight (the paper's and lerobot's 10).
+    schedule: guided modes only: the soft mask's decay over [d, execution_horizon): exp (the paper's), linear, ones,
     zeros (prefix only)."""
 
     previous_chunk: object
@@ -67,7 +69,7 @@ class RtcRequest:
             raise InputError(f"execution_horizon must be >= 0, got {self.execution_horizon}")
         target = np.zeros((horizon, max_action_dim), dtype=np.float32)
         target[:rows] = pad_to(normalizer.normalize_actions(prev[:rows]), max_action_dim)
-        if self.mode == "guided":
+        if self.mode in SOFT_MASK_MODES:
             weights = prefix_weights(int(delay), min(end, rows), horizon, self.schedule)
         else:
             weights = prefix_weights(int(delay), int(delay), horizon, "zeros")

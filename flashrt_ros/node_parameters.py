@@ -59,7 +59,7 @@ MODEL_CONFIGS = ("auto", "pi05", "pi0", "pi05_tiny", "pi0_tiny", "pi0fast", "pi0
 PRECISIONS = ("auto", "float32", "bfloat16", "float16", "fp8")   # flashrt_core.api.PRECISIONS' names
 DEFAULT_TUNING_CACHE = "~/.cache/flashrt/tuning"
 DEFAULT_FP8_SCALE_CACHE = "~/.cache/flashrt/fp8_scales"
-RTC_MODES = ("off", "guided", "hard_prefix", "training_time")    # "off" and flashrt_core.rtc.MODES
+RTC_MODES = ("off", "guided", "guided_identity", "hard_prefix", "training_time")    # "off" and flashrt_core.rtc.MODES
 HOST_WAITS = ("sync", "poll", "warm")     # flashrt_core.engine.options.HOST_WAITS (no torch import here)
 HARDWARE_PATTERN = re.compile(r"^(auto|reference|cpu|sm\d{2,3}|gfx[0-9a-f]{3,4})$")
 
@@ -253,14 +253,16 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     # real-time chunking (docs/action_executor.md, RTC)
     ParamSpec("rtc", "off", "Real-time chunking: condition each chunk on the actions the action executor will "
               "still execute (its pending_topic), the rows executed during the inference (from the measured "
-              "latency) kept: guided (soft mask + guidance, reference path), hard_prefix (cheap, also in the graph "
-              "engine), training_time (checkpoints trained for it, reference path); off = plain chunks.",
+              "latency) kept: guided (soft mask + guidance through the denoiser's Jacobian, reference path), "
+              "guided_identity (the same with the Jacobian as identity, as lerobot does; also in the graph engine), "
+              "hard_prefix (cheap, also in the graph engine), training_time (checkpoints trained for it, reference "
+              "path); off = plain chunks.",
               choices=RTC_MODES),
     ParamSpec("rtc_pending_topic", "pending_actions", "rtc: the action executor's pending_topic "
               "(flashrt_ros/ActionChunk)."),
-    ParamSpec("rtc_execution_horizon", 0, "rtc guided: the row at which the soft mask reaches 0; 0 = as far as the "
+    ParamSpec("rtc_execution_horizon", 0, "rtc guided / guided_identity: the row at which the soft mask reaches 0; 0 = as far as the "
               "pending actions reach.", int_range=(0, 100000)),
-    ParamSpec("rtc_max_guidance_weight", 10.0, "rtc guided: the clip of the guidance weight (the paper's beta).",
+    ParamSpec("rtc_max_guidance_weight", 10.0, "rtc guided / guided_identity: the clip of the guidance weight (the paper's beta).",
               float_range=(1e-3, 1000.0)),
     ParamSpec("rtc_latency_margin", 0.005, "rtc: added [s] to the measured latency (the largest of the last 10 "
               "inferences, taken to published) when the frozen rows are counted.", float_range=(0.0, 10.0)),

@@ -174,10 +174,12 @@ def denoise_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Te
     if pi0_ends:
         pi0_tables = w.pi0_step_tables()             # made when the executor was built, before any capture
         hidden = torch.empty(S, e.width, device=dev, dtype=w.dtype)
-    rtc = ws.extras.get("rtc")                       # real-time chunking's hard prefix (rtc_blend), or None
+    rtc = ws.extras.get("rtc")                       # real-time chunking (rtc_blend), or None
     for step, dt in enumerate(w.dts):
         if rtc is not None:
-            rtc_blend.blend_step(x_t, ws.noise, rtc, step)
+            if step > 0:     # the previous step's correction (its Euler update may be fused into its last kernel)
+                rtc_blend.after_step(x_t, rtc, step - 1, w.dts[step - 1])
+            rtc_blend.before_step(x_t, ws.noise, rtc, step)
         if step_ends:        # input projection + the first layer's norm 1
             mod = w.tables.norm[step, 0]
             ops.denoise_step_in(x_t, w.action_in, mod[0, 0], mod[0, 1], residual, y, e.eps)
@@ -228,6 +230,7 @@ def denoise_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Te
         velocity = torch.nn.functional.linear(y[S - horizon:], out_w)                 # (horizon, A)
         ops.euler(x_t, velocity, out_b, dt)
     if rtc is not None:
+        rtc_blend.after_step(x_t, rtc, len(w.dts) - 1, w.dts[-1])
         rtc_blend.blend_final(x_t, rtc)
 
 

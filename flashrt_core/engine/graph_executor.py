@@ -6,8 +6,8 @@ the actions back. Nothing is allocated and nothing syncs inside the replay.
 
 A graph is captured per signature: which views are present, their image sizes, and the text bucket (the smallest
 of `EngineOptions.text_buckets` that holds the prompt; padding tokens are masked), so a new instruction reuses a
-graph and never forces a recapture. A call with real-time chunking's hard prefix (rtc_blend) has a graph of its own
-per signature, which serves every delay and previous chunk. All graphs share one memory pool (they never run at the
+graph and never forces a recapture. A call with real-time chunking (rtc_blend: hard prefix, or guidance with the
+Jacobian as identity) has a graph of its own per signature and mode, which serves every delay and previous chunk. All graphs share one memory pool (they never run at the
 same time).
 """
 
@@ -194,8 +194,8 @@ class EngineExecutor:
                          f"{self.config.max_token_len}")
 
     def make_entry(self, views: tuple[int, ...], image_shapes: tuple | None, text_len: int,
-                   rtc: bool = False) -> _Entry:
-        """rtc: the workspace also holds real-time chunking's hard-prefix buffers (rtc_blend)."""
+                   rtc: str | None = None) -> _Entry:
+        """rtc: an RTC mode of rtc_blend.ENGINE_MODES: the workspace also holds its buffers (None: no RTC)."""
         cfg, dev = self.config, self.device
         n = cfg.vision.num_patches
         size = cfg.vision.image_size
@@ -207,7 +207,7 @@ class EngineExecutor:
         else:
             fields += [("pixels", (len(views), 3, size, size), torch.float32)]
         if rtc:
-            fields += rtc_blend.staging_fields(cfg.action_horizon, cfg.max_action_dim)
+            fields += rtc_blend.staging_fields(cfg.action_horizon, cfg.max_action_dim, len(self.weights.dts))
         staging = StagingBlob(fields, dev)
         dv = staging.device_views
         P = len(views) * n + text_len
@@ -226,7 +226,7 @@ class EngineExecutor:
             v_cache=torch.zeros(cache_shape, device=dev, dtype=self.dtype),
             rope_cos=self._rope[0], rope_sin=self._rope[1], suffix_visible=self._suffix_visible)
         if rtc:
-            ws.extras["rtc"] = rtc_blend.make_buffers(dv, len(self.weights.dts))
+            ws.extras["rtc"] = rtc_blend.make_buffers(dv, rtc, len(self.weights.dts))
         out_host = torch.empty(cfg.action_horizon, cfg.max_action_dim, pin_memory=dev.type == "cuda")
         return _Entry(ws, staging, out_host, None)
 
@@ -250,7 +250,8 @@ class EngineExecutor:
 
     def _entry(self, key: tuple, views, image_shapes, text_len) -> _Entry:
         if key not in self._entries:
-            self._entries[key] = self.make_entry(views, image_shapes, text_len, rtc=key[-1] == "rtc")
+            rtc = key[-1][1] if isinstance(key[-1], tuple) and key[-1][0] == "rtc" else None
+            self._entries[key] = self.make_entry(views, image_shapes, text_len, rtc=rtc)
         return self._entries[key]
 
     @torch.inference_mode()
@@ -303,7 +304,7 @@ class EngineExecutor:
         """uint8 HxWx3 images per view (None = missing), tokens/mask (L,), normalized padded state (A,) or None,
         noise (horizon, A) -> actions (horizon, A) float32, normalized or (unnormalize=True, with the
         action_affine given at construction) in robot units. Preprocessing runs on the GPU.
-        rtc: real-time chunking's hard prefix (rtc_blend), in a graph of its own; None: the plain forward."""
+        rtc: real-time chunking (rtc_blend's modes), in a graph of its own per mode; None: the plain forward."""
         if unnormalize and self._affine is None:
             raise ValueError("unnormalize=True needs action_affine at construction")
         if rtc is not None:
@@ -314,7 +315,7 @@ class EngineExecutor:
         valid_idx = np.flatnonzero(token_mask)
         text_len = self._bucket(int(valid_idx[-1]) if valid_idx.size else 0)
         shapes = tuple(images[i].shape[:2] for i in present)
-        key = ("uint8", present, shapes, text_len) + (() if rtc is None else ("rtc",))
+        key = ("uint8", present, shapes, text_len) + (() if rtc is None else (("rtc", rtc.mode),))
         entry = self._entry(key, present, shapes, text_len)
         sv = entry.staging.host_views
         for j, i in enumerate(present):
@@ -323,7 +324,7 @@ class EngineExecutor:
         sv["state"].numpy()[:] = 0.0 if state is None else state
         sv["noise"].numpy()[:] = noise
         if rtc is not None:
-            rtc_blend.stage(sv, rtc)
+            rtc_blend.stage(sv, rtc, len(self.weights.dts))
         entry.staging.upload()
         self._run(key, entry)
         entry.out_host.copy_(entry.ws.robot_actions if unnormalize else entry.ws.actions, non_blocking=True)
@@ -353,7 +354,7 @@ class EngineExecutor:
         tmask = token_masks[0].cpu().numpy()
         valid_idx = np.flatnonzero(tmask)
         text_len = self._bucket(int(valid_idx[-1]) if valid_idx.size else 0)
-        key = ("pixels", present, None, text_len) + (() if rtc is None else ("rtc",))
+        key = ("pixels", present, None, text_len) + (() if rtc is None else (("rtc", rtc.mode),))
         entry = self._entry(key, present, None, text_len)
         ws = entry.ws
         ws.pixels.copy_(pixels[0, list(present)])
@@ -365,8 +366,7 @@ class EngineExecutor:
             ws.state.zero_()
         ws.noise.copy_(noise[0])
         if rtc is not None:
-            ws.extras["rtc"].target.copy_(rtc.target[0])
-            ws.extras["rtc"].rows.copy_(rtc.prefix_rows()[:, None])
+            rtc_blend.copy_plan(ws.extras["rtc"], rtc, len(self.weights.dts))
         self._run(key, entry)
         return ws.actions.clone()[None]
 

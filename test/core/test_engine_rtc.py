@@ -56,10 +56,13 @@ def _tensors(images, tokens, mask, state, noise):
             torch.from_numpy(mask)[None], torch.from_numpy(state)[None], torch.from_numpy(noise)[None])
 
 
-def _plan(cfg, mode: str, delay: int, seed: int) -> RtcPlan:
+def _plan(cfg, mode: str, delay: int, seed: int, beta: float = 10.0) -> RtcPlan:
     target = torch.from_numpy(np.random.default_rng(seed).standard_normal(
         (1, cfg.action_horizon, cfg.max_action_dim)).astype(np.float32))
-    return RtcPlan(mode, target, prefix_weights(delay, delay, cfg.action_horizon, "zeros"), delay)
+    soft = mode in ("guided", "guided_identity")
+    weights = prefix_weights(delay, min(cfg.action_horizon, delay + 6) if soft else delay, cfg.action_horizon,
+                             "exp" if soft else "zeros")
+    return RtcPlan(mode, target, weights, delay, beta)
 
 
 @pytest.mark.parametrize("fused,overlap", [(True, True), (False, False)])
@@ -76,7 +79,7 @@ def test_hard_prefix_in_the_forward_matches_the_reference(model, fused, overlap)
         np.testing.assert_array_equal(got[:delay], plan.target[0, :delay].numpy())     # frozen exactly
         torch.testing.assert_close(engine.sample_actions_rtc(*_tensors(*inputs), plan)[0], want,
                                    atol=FP32_ATOL, rtol=0)
-    assert sum(key[-1] == "rtc" for key in engine._entries) == 2      # uint8 and pixel inputs, one each
+    assert sum(isinstance(key[-1], tuple) for key in engine._entries) == 2      # uint8 and pixel inputs, one each
 
 
 def test_rtc_workspaces_leave_the_plain_forward_alone(model):
@@ -88,8 +91,30 @@ def test_rtc_workspaces_leave_the_plain_forward_alone(model):
     engine.predict_observation(*inputs, rtc=_plan(cfg, "hard_prefix", 4, 4))
     after = engine.predict_observation(*inputs)
     np.testing.assert_array_equal(after, before)
-    plain_keys = [key for key in engine._entries if key[-1] != "rtc"]
+    plain_keys = [key for key in engine._entries if not isinstance(key[-1], tuple)]
     assert len(plain_keys) == 1 and "rtc" not in engine._entries[plain_keys[0]].ws.extras
+
+
+@pytest.mark.parametrize("fused,overlap", [(True, True), (False, False)])
+def test_identity_guidance_in_the_forward_matches_the_reference(model, fused, overlap):
+    """guided_identity: the velocity recovered from each step's Euler update (fused into its last kernel) and the
+    update corrected in place equals stepping the reference sampler with rtc.identity_guided_velocity; one graph
+    (workspace) serves every delay and guidance clip."""
+    cfg = model.config
+    engine = _engine(model, fused, overlap)
+    ref = ReferenceExecutor(model, cfg, torch.device("cpu"))
+    for seed, delay, beta in ((1, 3, 10.0), (2, 0, 10.0), (3, cfg.action_horizon - 1, 2.0)):
+        inputs = _inputs(cfg, seed)
+        plan = _plan(cfg, "guided_identity", delay, seed, beta)
+        want = ref.sample_actions_rtc(*_tensors(*inputs), plan)[0]
+        got = engine.predict_observation(*inputs, rtc=plan)
+        np.testing.assert_allclose(got, want.numpy(), atol=10 * FP32_ATOL, rtol=0)
+        plain = engine.predict_observation(*inputs)
+        assert np.abs(got - plain).max() > 1e-2                       # the guidance moved the chunk
+        torch.testing.assert_close(engine.sample_actions_rtc(*_tensors(*inputs), plan)[0], want,
+                                   atol=10 * FP32_ATOL, rtol=0)
+    modes = sorted(key[-1][1] for key in engine._entries if isinstance(key[-1], tuple))
+    assert modes == ["guided_identity", "guided_identity"]           # uint8 and pixel inputs, one each
 
 
 @pytest.mark.parametrize("mode", ["guided", "training_time"])

@@ -1,5 +1,6 @@
-"""Real-time chunking's hard prefix inside the captured graph (flashrt_core/engine/rtc_blend.py) on a GPU: the
-replayed graph equals the eager engine, keeps the frozen rows exactly, agrees with the reference sampler, serves
+"""Real-time chunking inside the captured graph (flashrt_core/engine/rtc_blend.py: the hard prefix and the guidance
+with the Jacobian as identity) on a GPU: the replayed graph equals the eager engine, keeps the frozen rows exactly
+(hard prefix), agrees with the reference sampler, serves
 every delay without a recapture, leaves the plain graph alone; and what it costs on full-size pi0.5 (graph replay
 GPU time with and without it, and guided RTC on the reference path). Skips without CUDA.
 
@@ -42,8 +43,9 @@ def tiny(tmp_path_factory):
 def _plan(cfg, delay: int, seed: int, mode: str = "hard_prefix") -> RtcPlan:
     target = torch.from_numpy(np.random.default_rng(seed).uniform(-1, 1, (1, cfg.action_horizon, cfg.max_action_dim))
                               .astype(np.float32))
-    weights = prefix_weights(delay, cfg.action_horizon if mode == "guided" else delay, cfg.action_horizon,
-                             "exp" if mode == "guided" else "zeros")
+    soft = mode in ("guided", "guided_identity")
+    weights = prefix_weights(delay, cfg.action_horizon if soft else delay, cfg.action_horizon,
+                             "exp" if soft else "zeros")
     return RtcPlan(mode, target, weights, delay)
 
 
@@ -61,7 +63,8 @@ def _reference_rtc(model, obs, plan: RtcPlan) -> np.ndarray:
     return out[0].float().cpu().numpy()
 
 
-def test_hard_prefix_in_the_graph(tiny):
+@pytest.mark.parametrize("mode", ["hard_prefix", "guided_identity"])
+def test_rtc_in_the_graph(tiny, mode):
     cfg = tiny.config
     graph = build_executor(tiny, cfg, torch.device("cuda"), "auto")
     eager = build_executor(tiny, cfg, torch.device("cuda"), "auto", EngineOptions(cuda_graph=False))
@@ -71,12 +74,13 @@ def test_hard_prefix_in_the_graph(tiny):
     plain_before = graph.predict_observation(*args)
     captured = None
     for seed, delay in enumerate((3, 0, cfg.action_horizon - 1, 5)):
-        plan = _plan(cfg, delay, seed)
+        plan = _plan(cfg, delay, seed, mode)
         got = graph.predict_observation(*args, rtc=plan)
         np.testing.assert_allclose(got, eager.predict_observation(*args, rtc=plan), atol=REPLAY_ATOL, rtol=0)
-        np.testing.assert_array_equal(got[:delay], plan.target[0, :delay].numpy())
+        if mode == "hard_prefix":
+            np.testing.assert_array_equal(got[:delay], plan.target[0, :delay].numpy())
         assert cosine(got, _reference_rtc(tiny, obs, plan)) >= GATE_BF16
-        rtc_entries = [e for key, e in graph._entries.items() if key[-1] == "rtc"]
+        rtc_entries = [e for key, e in graph._entries.items() if isinstance(key[-1], tuple)]
         assert len(rtc_entries) == 1 and rtc_entries[0].graph is not None
         captured = captured or rtc_entries[0].graph
         assert rtc_entries[0].graph is captured                       # every delay: the same graph
@@ -103,7 +107,7 @@ def test_cost_of_rtc_on_full_size_pi05():
     plan = _plan(cfg, 5, 0)
     engine.predict_observation(*args)
     engine.predict_observation(*args, rtc=plan)
-    graphs = {("rtc" if key[-1] == "rtc" else "plain"): e.graph for key, e in engine._entries.items()}
+    graphs = {("rtc" if isinstance(key[-1], tuple) else "plain"): e.graph for key, e in engine._entries.items()}
     times = {name: [] for name in graphs}
     for _ in range(5):                                 # interleaved rounds: drift hits both alike
         for name, g in graphs.items():
