@@ -1,8 +1,9 @@
-"""Real-time chunking in the engine's forward (rtc_blend's hard prefix, a masked blend per denoise step from
-static buffers) against the reference sampler, on the CPU with the plain-PyTorch ops, tiny configs, fp32.
+"""Real-time chunking in the engine's forward (rtc_blend: the hard prefix, a masked blend per denoise step, and the
+guidance with the Jacobian as identity, a correction of each step's update; both from static buffers) against the
+reference sampler, on the CPU with the plain-PyTorch ops, tiny configs, fp32.
 
-The capture itself needs a GPU (test/gpu/test_engine_gpu.py::test_rtc_hard_prefix_in_the_graph); everything it
-captures is checked here.
+The capture itself needs a GPU (test/gpu/test_engine_rtc_gpu.py::test_rtc_in_the_graph); everything it captures is
+checked here.
 """
 
 from __future__ import annotations
