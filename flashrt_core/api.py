@@ -420,7 +420,8 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     pi0-FAST (config "pi0fast", or a folder whose flashrt_config.json names it) returns a
     pi0_fast_policy.FastPolicy (the graph engine's prefill and decode graphs on a GPU, the reference executor
     otherwise; pi0_fast_policy.fast_executor); fast_tokenizer is its FAST tokenizer folder (default:
-    pi0_fast_policy.find_fast_tokenizer).
+    pi0_fast_policy.find_fast_tokenizer). precision="fp8" decodes pi0-FAST with weight-only FP8 weights, which
+    need no calibration.
     GR00T N1.6 (config "groot_n1.6" / "groot_n1.6_tiny", or a checkpoint whose config.json has model_type
     Gr00tN1d6) loads through flashrt_core.groot_policy: embodiment picks the robot (projectors, joint groups,
     statistics), statistics overrides the checkpoint's statistics.json; on CUDA it runs as one CUDA graph per input
