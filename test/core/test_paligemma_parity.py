@@ -9,7 +9,6 @@ tokens) as a 4D additive mask, and positions cumsum(valid) - 1.
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from flashrt_core.checkpoint import load_model_weights
 from flashrt_core.config import get_config
@@ -17,10 +16,10 @@ from flashrt_core.fixtures import write_random_checkpoint
 from flashrt_core.model.pi_model import make_attention_mask
 
 transformers = pytest.importorskip("transformers")
+from paligemma_testing import paligemma_from_checkpoint  # noqa: E402  (needs transformers)
 
 # fp32 on both sides; different op order (einsum vs matmul, fp32 RoPE) only.
 PARITY_REL_TOL = 1e-4
-HF_PREFIX = "paligemma_with_expert.paligemma."
 
 
 def rel_err(ours: torch.Tensor, theirs: torch.Tensor) -> float:
@@ -33,27 +32,7 @@ def models(tmp_path_factory):
     path = write_random_checkpoint(tmp_path_factory.mktemp("parity"), "pi05_tiny", seed=11, dtype=torch.float32,
                                    prefix_model=False)
     ours = load_model_weights(path, cfg, "cpu", torch.float32)
-    v, g = cfg.vision, cfg.paligemma
-    hf_cfg = transformers.PaliGemmaConfig(
-        vision_config=dict(hidden_size=v.width, num_hidden_layers=v.depth, num_attention_heads=v.num_heads,
-                           intermediate_size=v.mlp_dim, image_size=v.image_size, patch_size=v.patch_size,
-                           layer_norm_eps=v.eps, hidden_act="gelu_pytorch_tanh", projection_dim=g.width,
-                           vision_use_head=False),
-        text_config=dict(hidden_size=g.width, num_hidden_layers=g.depth, num_attention_heads=g.num_heads,
-                         num_key_value_heads=g.num_kv_heads, head_dim=g.head_dim, intermediate_size=g.mlp_dim,
-                         vocab_size=g.vocab_size, rms_norm_eps=g.eps, hidden_act="gelu_pytorch_tanh",
-                         hidden_activation="gelu_pytorch_tanh"),
-        projection_dim=g.width, vocab_size=g.vocab_size)
-    hf_cfg._attn_implementation = "eager"
-    hf = transformers.PaliGemmaForConditionalGeneration(hf_cfg).eval()
-    weights = {k[len(HF_PREFIX):]: t for k, t in load_file(path / "model.safetensors").items()
-               if k.startswith(HF_PREFIX)}
-    hf_state = hf.state_dict()
-    if not any("vision_tower.vision_model." in k for k in hf_state):  # transformers 5 drops this level
-        weights = {k.replace("vision_tower.vision_model.", "vision_tower."): t for k, t in weights.items()}
-    assert set(hf_state) - set(weights) <= {"lm_head.weight"}  # lm_head is tied to embed_tokens
-    missing, unexpected = hf.load_state_dict({k: weights[k] for k in hf_state if k in weights}, strict=False)
-    assert set(missing) <= {"lm_head.weight"} and not unexpected
+    hf = paligemma_from_checkpoint(cfg, path / "model.safetensors")
     return cfg, ours, hf
 
 

@@ -17,36 +17,12 @@ from flashrt_core.config import get_config
 from flashrt_core.fixtures import write_random_checkpoint
 
 transformers = pytest.importorskip("transformers")
+from paligemma_testing import paligemma_from_checkpoint  # noqa: E402  (needs transformers)
 
 PARITY_REL_TOL = 1e-4  # fp32 on both sides; op order only
-HF_PREFIX = "paligemma_with_expert.paligemma."
 STEPS = 12
 NO_EOS = -1  # generate a fixed number of tokens
 EMBED_GAIN, LAYER_GAIN = 0.05, 6.0
-
-
-def hf_model(cfg, weights_path):
-    v, g = cfg.vision, cfg.paligemma
-    hf_cfg = transformers.PaliGemmaConfig(
-        vision_config=dict(hidden_size=v.width, num_hidden_layers=v.depth, num_attention_heads=v.num_heads,
-                           intermediate_size=v.mlp_dim, image_size=v.image_size, patch_size=v.patch_size,
-                           layer_norm_eps=v.eps, hidden_act="gelu_pytorch_tanh", projection_dim=g.width,
-                           vision_use_head=False),
-        text_config=dict(hidden_size=g.width, num_hidden_layers=g.depth, num_attention_heads=g.num_heads,
-                         num_key_value_heads=g.num_kv_heads, head_dim=g.head_dim, intermediate_size=g.mlp_dim,
-                         vocab_size=g.vocab_size, rms_norm_eps=g.eps, hidden_act="gelu_pytorch_tanh",
-                         hidden_activation="gelu_pytorch_tanh"),
-        projection_dim=g.width, vocab_size=g.vocab_size, image_token_index=g.vocab_size)
-    hf_cfg._attn_implementation = "eager"
-    hf = transformers.PaliGemmaForConditionalGeneration(hf_cfg).eval()
-    weights = {k[len(HF_PREFIX):]: t for k, t in load_file(weights_path).items() if k.startswith(HF_PREFIX)}
-    hf_state = hf.state_dict()
-    if not any("vision_tower.vision_model." in k for k in hf_state):  # transformers 5 drops this level
-        weights = {k.replace("vision_tower.vision_model.", "vision_tower."): t for k, t in weights.items()}
-    weights["lm_head.weight"] = weights["model.language_model.embed_tokens.weight"]  # tied
-    assert set(hf_state) == set(weights)
-    hf.load_state_dict(weights, strict=True)
-    return hf
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +41,7 @@ def models(tmp_path_factory):
             tensors[name] *= LAYER_GAIN
     save_file(tensors, weights_path)
     ours = load_model_weights(path, cfg, "cpu", torch.float32)
-    return cfg, ours, hf_model(cfg, weights_path)
+    return cfg, ours, paligemma_from_checkpoint(cfg, weights_path)
 
 
 def inputs(cfg, prompt_len=20, pad=0, seed=0):

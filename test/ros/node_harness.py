@@ -194,3 +194,30 @@ def wait_until(predicate: Callable[[], object], timeout_s: float = DISCOVERY_TIM
                period_s: float = waiting.DEFAULT_PERIOD_S) -> bool:
     """flashrt_ros.waiting.wait_until with the discovery timeout as the default."""
     return waiting.wait_until(predicate, timeout_s, period_s)
+
+
+class ActiveHarnesses:
+    """Active NodeHarness instances for the node tests' fixtures: each configured and activated on a borrowed
+    policy (a fresh BorrowedPolicy per configuration: the shared demo policy, or the given one), its subscribers
+    matched and, with instruction=True, an instruction received; close() closes them all."""
+
+    def __init__(self) -> None:
+        self.created: list[NodeHarness] = []
+
+    def make(self, parameters=None, policy=None, delay_s: float = 0.0, instruction: bool = False,
+             **kwargs) -> NodeHarness:
+        def borrow(settings):
+            return BorrowedPolicy(policy if policy is not None else shared_policy(), delay_s=delay_s)
+
+        harness = NodeHarness(parameters, policy_factory=borrow, **kwargs)
+        self.created.append(harness)
+        assert harness.lifecycle.change("configure") and harness.lifecycle.change("activate")
+        harness.wait_for_subscribers()
+        if instruction:
+            harness.send_instruction()
+            assert wait_until(lambda: harness.node._instruction is not None), "instruction not received"
+        return harness
+
+    def close(self) -> None:
+        for harness in self.created:
+            harness.close()

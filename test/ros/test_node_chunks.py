@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from flashrt_ros.inference_worker import DEFAULT_HANDOVER_TIMEOUT_S
-from node_harness import BorrowedPolicy, NodeHarness, shared_policy, wait_until
+from node_harness import ActiveHarnesses, shared_policy, wait_until
 
 pytestmark = pytest.mark.ros
 
@@ -26,21 +26,10 @@ PINNED_ATOL = 1e-5
 
 @pytest.fixture
 def harness_factory():
-    created = []
-
-    def make(parameters=None, delay_s=0.0, **kwargs):
-        borrowed = BorrowedPolicy(shared_policy(), delay_s=delay_s)
-        harness = NodeHarness(parameters, policy_factory=lambda settings: borrowed, **kwargs)
-        created.append(harness)
-        assert harness.lifecycle.change("configure") and harness.lifecycle.change("activate")
-        harness.wait_for_subscribers()
-        harness.send_instruction()
-        assert wait_until(lambda: harness.node._instruction is not None), "instruction not received"
-        return harness
-
-    yield make
-    for harness in created:
-        harness.close()
+    harnesses = ActiveHarnesses()
+    yield lambda parameters=None, delay_s=0.0, **kwargs: harnesses.make(parameters, delay_s=delay_s,
+                                                                        instruction=True, **kwargs)
+    harnesses.close()
 
 
 def test_chunks_carry_observation_stamps_shapes_and_sequence(harness_factory):

@@ -16,7 +16,7 @@ from sensor_msgs.msg import CompressedImage, Image
 
 from flashrt_ros.image_conversion import rgb_to_image_fields
 from flashrt_ros.node_parameters import PARAMETERS
-from node_harness import BorrowedPolicy, NodeHarness, shared_policy, pattern_frame, wait_until
+from node_harness import ActiveHarnesses, BorrowedPolicy, NodeHarness, shared_policy, pattern_frame, wait_until
 
 pytestmark = pytest.mark.ros
 
@@ -27,18 +27,9 @@ SERVICE_TIMEOUT_S = 20.0
 
 @pytest.fixture
 def active_harness():
-    created = []
-
-    def make(parameters=None, **kwargs):
-        harness = NodeHarness(parameters, policy_factory=lambda s: BorrowedPolicy(shared_policy()), **kwargs)
-        created.append(harness)
-        assert harness.lifecycle.change("configure") and harness.lifecycle.change("activate")
-        harness.wait_for_subscribers()
-        return harness
-
-    yield make
-    for harness in created:
-        harness.close()
+    harnesses = ActiveHarnesses()
+    yield harnesses.make
+    harnesses.close()
 
 
 def jpeg(stamp_ms: int) -> CompressedImage:

@@ -9,7 +9,7 @@ import pytest
 import flashrt_core
 from flashrt_core.pi0_fast_fixtures import plant_output_tokens, write_random_fast_checkpoint
 from flashrt_core.fast_tokenizer import smooth_chunks
-from node_harness import BorrowedPolicy, NodeHarness, wait_until
+from node_harness import ActiveHarnesses, wait_until
 
 pytestmark = pytest.mark.ros
 
@@ -36,20 +36,9 @@ def planted_policy(directory):
 
 @pytest.fixture
 def harness_of():
-    created = []
-
-    def make(policy):
-        harness = NodeHarness(policy_factory=lambda settings: BorrowedPolicy(policy))
-        created.append(harness)
-        assert harness.lifecycle.change("configure") and harness.lifecycle.change("activate")
-        harness.wait_for_subscribers()
-        harness.send_instruction()
-        assert wait_until(lambda: harness.node._instruction is not None), "instruction not received"
-        return harness
-
-    yield make
-    for harness in created:
-        harness.close()
+    harnesses = ActiveHarnesses()
+    yield lambda policy: harnesses.make(policy=policy, instruction=True)
+    harnesses.close()
 
 
 def test_pi0_fast_chunks_over_dds(harness_of, tmp_path):

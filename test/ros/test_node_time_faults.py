@@ -14,7 +14,7 @@ from diagnostic_msgs.msg import DiagnosticStatus
 from rclpy.time import Time
 from sensor_msgs.msg import CompressedImage
 
-from node_harness import BorrowedPolicy, NodeHarness, shared_policy, wait_until
+from node_harness import ActiveHarnesses, wait_until
 from node_streams import InputStream, RosoutLines, seconds_since
 
 pytestmark = pytest.mark.ros
@@ -27,18 +27,9 @@ DETECTION_SLACK_S = 1.0         # watchdog period, diagnostics transport and pol
 
 @pytest.fixture
 def active_harness():
-    created = []
-
-    def make(parameters=None, **kwargs):
-        harness = NodeHarness(parameters, policy_factory=lambda s: BorrowedPolicy(shared_policy()), **kwargs)
-        created.append(harness)
-        assert harness.lifecycle.change("configure") and harness.lifecycle.change("activate")
-        harness.wait_for_subscribers()
-        return harness
-
-    yield make
-    for harness in created:
-        harness.close()
+    harnesses = ActiveHarnesses()
+    yield harnesses.make
+    harnesses.close()
 
 
 def ns(stamp) -> int:
