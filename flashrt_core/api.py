@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import logging
 import shutil
 import tempfile
@@ -39,6 +38,7 @@ from flashrt_core.engine import EngineOptions, build_executor
 from flashrt_core.engine.options import read_path, read_switch
 from flashrt_core.fixtures import CONFIG_FILE, TOKENIZER_FILE, write_random_checkpoint
 from flashrt_core.host_rehearsal import HostRehearsal
+from flashrt_core.policy_lifetime import PolicyLifetime
 from flashrt_core.rtc_request import RtcRequest
 from flashrt_core.tokenizer import PromptTokenizer, build_prompt
 
@@ -158,7 +158,7 @@ def find_tokenizer(checkpoint_dir: Path) -> Path:
                           + f". {SUPPLY_TOKENIZER}")
 
 
-class Policy:
+class Policy(PolicyLifetime):
     """A loaded pi0 / pi0.5 policy. Not thread-safe: call predict from one thread at a time."""
 
     def __init__(self, model, config: ModelConfig, executor, tokenizer: PromptTokenizer,
@@ -370,24 +370,11 @@ class Policy:
         out = self.normalizer.unnormalize_actions(actions.float().cpu().numpy(), self.config.action_dim)
         return np.ascontiguousarray(out, dtype=np.float32)
 
-    def close(self) -> None:
-        """Release the weights (and GPU memory). predict raises afterwards."""
+    def _before_close(self) -> None:
+        """The executor stops running the host rehearsal before it is closed (PolicyLifetime.close)."""
         if self.host_rehearsal is not None and self.executor is not None:
             self.executor.set_host_rehearsal(None)
             self.host_rehearsal = None
-        if self.executor is not None and hasattr(self.executor, "close"):
-            self.executor.close()
-        self.executor = None
-        self.model = None
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def __enter__(self) -> Policy:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig | None = None,

@@ -14,7 +14,6 @@ a GPU target ("sm90", ...) on the CPU is refused.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 from pathlib import Path
@@ -30,6 +29,7 @@ from flashrt_core.groot_checkpoint import load_state_dict
 from flashrt_core.groot_statistics import Embodiment, load_embodiment
 from flashrt_core.model.groot.config import MODEL_TYPE, GrootConfig, from_checkpoint_json, get_groot_config
 from flashrt_core.model.groot.model import GrootModel
+from flashrt_core.policy_lifetime import PolicyLifetime
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class GrootReferenceExecutor:
         self.model = None
 
 
-class GrootPolicy:
+class GrootPolicy(PolicyLifetime):
     """A loaded GR00T N1.6 policy for one embodiment. Not thread-safe: call predict from one thread at a time."""
 
     requires_state = True
@@ -119,20 +119,6 @@ class GrootPolicy:
         actions = self.executor.sample_actions(*self.prepare_inputs(images, prompt, state, noise))
         return self.embodiment.unnormalize_actions(actions[0].float().cpu().numpy(), state)
 
-    def close(self) -> None:
-        if self.executor is not None:
-            self.executor.close()
-        self.executor = None
-        self.model = None
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def __enter__(self) -> GrootPolicy:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def resolve_groot_config(config, checkpoint_dir: Path) -> GrootConfig:
