@@ -21,7 +21,7 @@ reference on the same weights (the --dtype weights cast up) over --observations 
 worst), the gate engine/gate.py applies to the pi family (bf16 >= 0.999).
 
     python tools/benchmark_groot.py [--config groot_n1.6] [--device cuda] [--dtype bfloat16] [--views 2]
-        [--image 224] [--prompt-tokens 30] [--runs 30] [--warmup 5] [--observations 3] [--out DIR]
+        [--image 224] [--prompt-tokens 30] [--runs N] [--warmup N] [--observations N] [--out DIR]
 """
 
 from __future__ import annotations

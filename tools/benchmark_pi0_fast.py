@@ -13,7 +13,7 @@ values) or a checkpoint folder. Decoding is forced to `--tokens` tokens (no end 
 same count.
 
     python tools/benchmark_pi0_fast.py [--config pi0fast | --checkpoint DIR] [--device cuda] [--dtype bfloat16]
-        [--views 2] [--prompt-tokens 60] [--tokens 50] [--runs 5] [--out docs/benchmarks]
+        [--views 2] [--prompt-tokens 60] [--tokens 50] [--runs N] [--out docs/benchmarks]
 """
 
 from __future__ import annotations

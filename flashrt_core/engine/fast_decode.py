@@ -37,10 +37,11 @@ from flashrt_core.errors import InputError
 
 from .dispatch import Dispatch, Op
 from .forward import Workspace, prefix_layers, vision
+from .fp8 import FP8_DTYPES, weight_only_fp8
+from .graph_executor import bucket_for, text_buckets
+from .kernel_configs import SKINNY_CANDIDATES, SkinnyConfig
 from .kernel_import import load_kernels
 from .ops import KeyMask, Ops
-from .fp8 import FP8_DTYPES, weight_only_fp8
-from .kernel_configs import SKINNY_CANDIDATES, SkinnyConfig
 from .timing import graph_time_us, side_stream
 from .tuning import tune_decoder
 from .weights import EngineWeights, Linear, prepare_fast_weights
@@ -183,8 +184,7 @@ class FastGraphExecutor:
         self.max_steps = fast.max_decoding_steps
         self.position_offset = fast.decode_position_offset
         self.graph_tokens = options.decode_graph_tokens
-        self.text_buckets = tuple(sorted({b for b in options.text_buckets if b < config.max_token_len}
-                                         | {config.max_token_len}))
+        self.text_buckets = text_buckets(options.text_buckets, config.max_token_len)
         max_pos = (len(config.view_names) * config.vision.num_patches + config.max_token_len + self.max_steps
                    + self.position_offset)
         self._rope = load_kernels().rope_tables(max_pos, g.head_dim, g.rope_max_wavelength, device)
@@ -205,13 +205,6 @@ class FastGraphExecutor:
         times = {c: graph_time_us(lambda c=c: self.ops.skinny_fp8(y, head, c), reps=4) for c in fits}
         log.info("pi0-FAST FP8 LM head: %s", {str(c): round(t, 1) for c, t in times.items()})
         return min(times, key=times.get)
-
-    def _bucket(self, text_slots: int) -> int:
-        for b in self.text_buckets:
-            if b >= text_slots:
-                return b
-        raise InputError(f"prompt needs {text_slots} token slots, more than max_token_len "
-                         f"{self.config.max_token_len}")
 
     def step_ranges(self) -> list[range]:
         """The decoding steps of each decode graph, in order (steps 0 .. max_steps - 2 write tokens 1 ..)."""
@@ -306,22 +299,30 @@ class FastGraphExecutor:
                     return j + 1
         return len(fw.launches)
 
+    def _signature(self, image_masks: torch.Tensor, token_masks: torch.Tensor) -> tuple[tuple[int, ...], int]:
+        """(present views, text bucket) of a batch-1 call."""
+        present = tuple(int(i) for i in torch.nonzero(image_masks[0].cpu()).flatten())
+        if not present:
+            raise InputError("no images given: at least one view is required")
+        valid = torch.nonzero(token_masks[0].cpu()).flatten()
+        return present, bucket_for(self.text_buckets, int(valid[-1]) + 1 if valid.numel() else 1)
+
+    @staticmethod
+    def _stage(fw: FastWorkspace, pixels: torch.Tensor, tokens: torch.Tensor, token_masks: torch.Tensor) -> None:
+        """One call's inputs into the workspace's static buffers."""
+        text_len = fw.ws.tokens.shape[0]
+        fw.ws.pixels.copy_(pixels[0, list(fw.ws.views)])
+        fw.ws.tokens.copy_(tokens[0, :text_len])
+        fw.ws.token_mask.copy_(token_masks[0, :text_len])
+
     def generate(self, pixels: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
                  token_masks: torch.Tensor) -> torch.Tensor:
         """Shapes as FastReferenceExecutor.generate (batch 1) -> decoded PaliGemma ids [1, n] int64 (CPU), up to and
         including the first end token, or max_decoding_steps of them."""
         if pixels.shape[0] != 1:
             raise InputError(f"the engine runs batch 1, got a batch of {pixels.shape[0]}")
-        present = tuple(int(i) for i in torch.nonzero(image_masks[0].cpu()).flatten())
-        if not present:
-            raise InputError("no images given: at least one view is required")
-        valid = torch.nonzero(token_masks[0].cpu()).flatten()
-        text_len = self._bucket(int(valid[-1]) + 1 if valid.numel() else 1)
-        fw = self.workspace(present, text_len)
-        ws = fw.ws
-        ws.pixels.copy_(pixels[0, list(present)])
-        ws.tokens.copy_(tokens[0, :text_len])
-        ws.token_mask.copy_(token_masks[0, :text_len])
+        fw = self.workspace(*self._signature(image_masks, token_masks))
+        self._stage(fw, pixels, tokens, token_masks)
         self._decode(fw)
         out = fw.generated.cpu()                        # waits for the launches in flight
         ends = torch.nonzero(out == self.eos_id).flatten()
@@ -332,15 +333,11 @@ class FastGraphExecutor:
     def teacher_forced_logits(self, pixels: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
                               token_masks: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
         """The logits after the prefill and after feeding each of `forced` (n,) int64 tokens, by the same prefill /
-        decode_step code the graphs capture, launched eagerly: -> (n + 1, vocab) fp32. For fidelity tests against
-        the reference model, which then runs on the same tokens whatever each side would pick."""
-        present = tuple(int(i) for i in torch.nonzero(image_masks[0].cpu()).flatten())
-        valid = torch.nonzero(token_masks[0].cpu()).flatten()
-        text_len = self._bucket(int(valid[-1]) + 1 if valid.numel() else 1)
-        fw = self.make_workspace(present, text_len)
-        fw.ws.pixels.copy_(pixels[0, list(present)])
-        fw.ws.tokens.copy_(tokens[0, :text_len])
-        fw.ws.token_mask.copy_(token_masks[0, :text_len])
+        decode_step code the graphs capture, launched eagerly on a workspace of their own: -> (n + 1, vocab) fp32.
+        For fidelity tests against the reference model, which then runs on the same tokens whatever each side
+        would pick."""
+        fw = self.make_workspace(*self._signature(image_masks, token_masks))
+        self._stage(fw, pixels, tokens, token_masks)
         out = [prefill(fw, self.weights, self.ops, self.eos_id).float()]
         for step, token in enumerate(forced.tolist()):
             fw.generated[step] = token

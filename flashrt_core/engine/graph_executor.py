@@ -65,6 +65,20 @@ class StagingBlob:
         self.device.copy_(self.host, non_blocking=True)
 
 
+def text_buckets(options_buckets, max_token_len: int) -> tuple[int, ...]:
+    """The token-buffer lengths an executor keeps a graph for: the options' buckets below max_token_len, and
+    max_token_len itself, ascending."""
+    return tuple(sorted({b for b in options_buckets if b < max_token_len} | {max_token_len}))
+
+
+def bucket_for(buckets: tuple[int, ...], slots: int) -> int:
+    """The smallest of `buckets` (ascending, text_buckets) that holds `slots` prompt tokens."""
+    for b in buckets:
+        if b >= slots:
+            return b
+    raise InputError(f"prompt needs {slots} token slots, more than max_token_len {buckets[-1]}")
+
+
 @dataclass
 class _Entry:
     ws: Workspace
@@ -99,9 +113,7 @@ class EngineExecutor:
             "-fp8" if dispatch[Op.GEMM_PREFIX] == "fp8" else "-bf16")
         self.ops = Ops(dispatch)
         self.weights = self._weights(model, weights)
-        buckets = {b for b in dispatch.options.text_buckets if b < config.max_token_len} | {config.max_token_len}
-        buckets = sorted(buckets)
-        self.text_buckets = tuple(buckets)
+        self.text_buckets = text_buckets(dispatch.options.text_buckets, config.max_token_len)
         # the load-time tunings run at the bucket of a typical prompt, whatever the smallest bucket is
         self.tuning_text_bucket = self._bucket(min(TUNING_PROMPT_TOKENS, config.max_token_len) - 1)
         self.suffix_len = config.action_horizon + (0 if self.weights.tables is not None else 1)
@@ -187,11 +199,7 @@ class EngineExecutor:
         return visible.to(torch.int32).to(self.device)
 
     def _bucket(self, last_valid: int) -> int:
-        for b in self.text_buckets:
-            if b >= last_valid + 1:
-                return b
-        raise InputError(f"prompt needs {last_valid + 1} token slots, more than max_token_len "
-                         f"{self.config.max_token_len}")
+        return bucket_for(self.text_buckets, last_valid + 1)
 
     def make_entry(self, views: tuple[int, ...], image_shapes: tuple | None, text_len: int,
                    rtc: str | None = None) -> _Entry:
