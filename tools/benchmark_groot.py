@@ -32,7 +32,6 @@ import datetime as dt
 import json
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,13 +39,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashrt_core.engine.gate import GATE_BF16, cosine
-from flashrt_core.engine.groot_graph import GrootGraphExecutor
-from flashrt_core.engine.timing import graph_replay_ms
-from flashrt_core.groot_fixtures import random_groot_model
-from flashrt_core.groot_inputs import prepare_views
-from flashrt_core.groot_policy import GrootReferenceExecutor
-from flashrt_core.model.groot.config import get_groot_config
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flashrt_core.engine.gate import GATE_BF16, cosine  # noqa: E402
+from flashrt_core.engine.groot_graph import GrootGraphExecutor  # noqa: E402
+from flashrt_core.engine.timing import graph_replay_ms  # noqa: E402
+from flashrt_core.groot_fixtures import random_groot_model  # noqa: E402
+from flashrt_core.groot_inputs import prepare_views  # noqa: E402
+from flashrt_core.groot_policy import GrootReferenceExecutor  # noqa: E402
+from flashrt_core.model.groot.config import get_groot_config  # noqa: E402
+from tools.benchmark_engine import env_info  # noqa: E402
 
 EMBODIMENT_ID = 10              # new_embodiment's projector slot
 MARKERS = (7, 8)                # the ids around each view's image slots (<img>, </img> in the real vocabulary)
@@ -96,15 +98,6 @@ def summary(samples: list[float]) -> dict:
             "samples_ms": [round(s, 4) for s in samples]}
 
 
-def driver_version() -> str | None:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
-
-
 def run(args, argv: list[str]) -> dict:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
@@ -151,7 +144,7 @@ def run(args, argv: list[str]) -> dict:
         "command": "python tools/benchmark_groot.py " + shlex.join(argv),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "cuda": torch.version.cuda,
-        "driver": driver_version() if device.type == "cuda" else None,
+        "driver": env_info()["driver"] if device.type == "cuda" else None,
         "weights": f"random {cfg.name} (in memory)", "config": cfg.name, "dtype": args.dtype,
         "executor": graph.name, "fused_dit": graph.fused_dit, "views": args.views, "image": args.image,
         "view_sizes": [list(s) for s in sig.view_sizes], "prompt_len": sig.prompt_len,

@@ -19,10 +19,12 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from flashrt_core.engine.kernel_import import load_kernels
-from flashrt_core.engine.timing import graph_replay_ms
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
+from flashrt_core.engine.timing import graph_replay_ms  # noqa: E402
+from tools.benchmark_engine import env_info  # noqa: E402
 
 VARIANTS = ("launch_per_layer", "launch_per_layer_pdl", "launch_per_layer_pdl_early", "library_per_layer",
             "persistent_counters")
@@ -80,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("benchmark_layer_chain.py needs a CUDA GPU")
     results = measure(args.layers, args.width, args.rows, args.reps)
+    env = env_info()
     result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+              "driver": env["driver"], "triton": env["triton"],
               "command": "python tools/benchmark_layer_chain.py " + " ".join(argv),
               "layers": args.layers, "width": args.width, "rows": args.rows, "reps": args.reps,
               "weight_mib_per_layer": args.width * args.width * 2 / 2 ** 20, "variants": results}

@@ -23,21 +23,24 @@ import datetime as dt
 import json
 import platform
 import statistics
-import subprocess
-from dataclasses import replace
+import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flashrt_core.checkpoint import load_model_weights
-from flashrt_core.config import ModelType, get_config
-from flashrt_core.engine import EngineOptions, detect_hardware, eager_cpu_dispatch, resolve
-from flashrt_core.engine.fast_decode import FastGraphExecutor
-from flashrt_core.engine.gate import cosine
-from flashrt_core.model import Pi0FastModel
+from flashrt_core.checkpoint import load_model_weights  # noqa: E402
+from flashrt_core.config import ModelType, get_config  # noqa: E402
+from flashrt_core.engine import EngineOptions, detect_hardware, eager_cpu_dispatch, resolve  # noqa: E402
+from flashrt_core.engine.fast_decode import FastGraphExecutor, lm_head  # noqa: E402
+from flashrt_core.engine.gate import cosine  # noqa: E402
+from flashrt_core.engine.timing import graph_replay_ms, graph_time_us  # noqa: E402
+from flashrt_core.model import Pi0FastModel  # noqa: E402
+from tools.benchmark_engine import env_info  # noqa: E402
 
 NO_EOS = -1
 
@@ -81,7 +84,7 @@ def run(args) -> dict:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "cuda": torch.version.cuda,
-        "driver": _driver() if device.type == "cuda" else None,
+        "driver": env_info()["driver"] if device.type == "cuda" else None,
         "command": "python tools/benchmark_pi0_fast.py " + " ".join(args.argv),
         "weights": weights, "config": cfg.name, "dtype": args.dtype,
         "views": args.views, "prompt_tokens": args.prompt_tokens, "prefix_tokens": int(args.views
@@ -90,14 +93,6 @@ def run(args) -> dict:
         "tokens": args.tokens, "runs": args.runs, "reference": reference, "engine": engine,
         "engine_fp8": engine_fp8,
     }
-
-
-def _driver() -> str | None:
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def run_reference(args, cfg, model, inputs) -> tuple[dict, torch.Tensor, torch.Tensor]:
@@ -161,7 +156,7 @@ def run_engine(args, cfg, model, dtype, inputs, ref_tokens, ref_logits, fp8: boo
     if fw.graphs:
         steps = [len(r) for r in engine.step_ranges()]
         for _ in range(args.runs):
-            times = [_replay_ms(g) for g in fw.graphs]
+            times = [graph_replay_ms(g, 1)[0] for g in fw.graphs]
             prefill_ms.append(times[0])
             token_ms.extend(t / n for t, n in zip(times[1:], steps) if n == engine.graph_tokens)
     head_ms = _lm_head_ms(engine) if fw.graphs else None
@@ -200,25 +195,11 @@ def _kernel_us_per_token(engine, fw, top: int = 14) -> dict[str, float]:
 
 
 def _lm_head_ms(engine, reps: int = 20) -> float:
-    """GPU ms of one step's tied LM head GEMM (1 x width x vocab) and argmax, captured alone: the part of a token's
-    time that is not the backbone's layers."""
+    """GPU ms of one step's tied LM head (the engine's: bf16, or its FP8 copy) and argmax, captured alone: the part
+    of a token's time that is not the backbone's layers."""
     w = engine.weights
-    y = torch.randn(1, w.lm_head.shape[1], device=w.lm_head.device, dtype=w.lm_head.dtype)
-    graph = torch.cuda.CUDAGraph()
-    torch.nn.functional.linear(y, w.lm_head).argmax(dim=-1)
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            torch.nn.functional.linear(y, w.lm_head).argmax(dim=-1)
-    return statistics.median(_replay_ms(graph) for _ in range(5)) / reps
-
-
-def _replay_ms(graph) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
+    y = torch.randn(1, w.lm_head.shape[1], device=w.lm_head.device, dtype=engine.dtype)
+    return graph_time_us(lambda: lm_head(w, engine.ops, y).argmax(dim=-1), reps=reps, replays=5) / 1e3
 
 
 def build_parser() -> argparse.ArgumentParser:
