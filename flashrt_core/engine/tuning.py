@@ -66,6 +66,13 @@ def time_candidate(ops: Ops, kind: str, impl, measure) -> float | None:
         return None
 
 
+def product(ops: Ops, x: torch.Tensor, lin: Linear, kind: str, impl) -> torch.Tensor:
+    """A decoder GEMM's product on x in fp32, its split-K partials summed (an FP8-weight layer's "library" is its
+    default Triton GEMM, which may return partials)."""
+    out = ops.decoder(x, lin, kind, impl).float()
+    return out.sum(0) if out.dim() == 3 else out
+
+
 def check_candidate(ops: Ops, kind: str, impl, x: torch.Tensor, lin: Linear,
                     want: torch.Tensor | None = None) -> None:
     """Raise CandidateMismatch when a Triton or shared-memory GEMM candidate's product on x (its split-K
@@ -76,10 +83,8 @@ def check_candidate(ops: Ops, kind: str, impl, x: torch.Tensor, lin: Linear,
     if impl == "library" or isinstance(impl, RopeGemmConfig):
         return
     if want is None:
-        want = ops.decoder(x, lin, kind, "library").float()
-        want = want.sum(0) if want.dim() == 3 else want
-    got = ops.decoder(x, lin, kind, impl)
-    got = got.float().sum(0) if got.dim() == 3 else got.float()
+        want = product(ops, x, lin, kind, "library")
+    got = product(ops, x, lin, kind, impl)
     bound = DECODER_CHECK_REL_L2
     if got.shape != want.shape:
         raise CandidateMismatch(f"{kind} {impl}: product {tuple(got.shape)}, library {tuple(want.shape)}")
@@ -121,8 +126,7 @@ def tune_decoder(ops: Ops, rows: int, layers, heads: int, head_dim: int, reps: i
                                          impl=impl)
                 else:
                     ops.decoder(x, lin, kind, impl)
-        want = ops.decoder(x, lins[0], kind, "library").float()      # what every candidate is checked against
-        want = want.sum(0) if want.dim() == 3 else want              # FP8 weights: the default's split-K partials
+        want = product(ops, x, lins[0], kind, "library")              # what every candidate is checked against
 
         def checked_time(impl):
             check_candidate(ops, kind, impl, x, lins[0], want)
