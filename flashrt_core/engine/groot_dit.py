@@ -16,6 +16,8 @@ the step's timestep bucket alone, and what depends on the backbone features alon
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -79,16 +81,32 @@ def context_kv(dit: DiT, context: torch.Tensor, image_mask: torch.Tensor, attent
     return out
 
 
-def _velocity(head: GrootActionHead, tables: StepTables, k: int, kv: dict, state_features: torch.Tensor,
-              actions: torch.Tensor, embodiment_id: torch.Tensor) -> torch.Tensor:
-    """GrootActionHead.velocity at step k with the step's tables and the cached K / V."""
-    enc, dit = head.action_encoder, head.model
+def step_tokens(head: GrootActionHead, tables: StepTables, k: int, state_features: torch.Tensor,
+                actions: torch.Tensor, embodiment_id: torch.Tensor) -> torch.Tensor:
+    """The DiT's input at step k: [state features; the action encoder's tokens (+ learned positions)]
+    -> [B, 1 + horizon, D] (GrootActionHead.velocity's, with the step's sinusoid from the tables)."""
+    enc = head.action_encoder
     a_emb = enc.W1(actions, embodiment_id)
     x = enc.W2(torch.cat([a_emb, tables.tau[k]], dim=-1), embodiment_id)
     features = enc.W3(x * torch.sigmoid(x), embodiment_id)
     if tables.positions is not None:
         features = features + tables.positions
-    hidden = torch.cat([state_features, features], dim=1)
+    return torch.cat([state_features, features], dim=1)
+
+
+def euler_steps(head: GrootActionHead, tables: StepTables, state_features: torch.Tensor, actions: torch.Tensor,
+                embodiment_id: torch.Tensor, dit: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The sampler's Euler steps from `actions` (the noise): dit(k, tokens) is the DiT's output at step k, which the
+    embodiment's decoder turns into the velocity of the action rows."""
+    dt = 1.0 / tables.steps
+    for k in range(tables.steps):
+        out = dit(k, step_tokens(head, tables, k, state_features, actions, embodiment_id))
+        actions = actions + dt * head.action_decoder(out, embodiment_id)[:, -head.cfg.action_horizon:]
+    return actions
+
+
+def _dit(dit: DiT, tables: StepTables, k: int, kv: dict, hidden: torch.Tensor) -> torch.Tensor:
+    """The DiT at step k with the step's tables and the cached K / V: tokens [B, T, D] -> proj_out_2's [B, T, out]."""
     b, t = hidden.shape[:2]
     for idx, block in enumerate(dit.transformer_blocks):
         scale1, shift = tables.ada[k][idx]
@@ -104,8 +122,7 @@ def _velocity(head: GrootActionHead, tables: StepTables, k: int, kv: dict, state
         hidden = hidden + block.ff(F.layer_norm(hidden, hidden.shape[-1:], eps=block.eps))
     scale1, shift = tables.out_mod[k]
     hidden = F.layer_norm(hidden, hidden.shape[-1:], eps=1e-6) * scale1 + shift
-    pred = head.action_decoder(dit.proj_out_2(hidden), embodiment_id)
-    return pred[:, -head.cfg.action_horizon:]
+    return dit.proj_out_2(hidden)
 
 
 def sample_actions_tabled(head: GrootActionHead, tables: StepTables, backbone_features: torch.Tensor,
@@ -114,8 +131,5 @@ def sample_actions_tabled(head: GrootActionHead, tables: StepTables, backbone_fe
     """sampler.sample_actions (same arguments, plus the tables) -> normalized actions [B, horizon, A]."""
     vl_embeds, state_features = head.encode(backbone_features, state, embodiment_id)
     kv = context_kv(head.model, vl_embeds, image_mask, backbone_mask)
-    actions = noise.to(vl_embeds.dtype)
-    dt = 1.0 / tables.steps
-    for k in range(tables.steps):
-        actions = actions + dt * _velocity(head, tables, k, kv, state_features, actions, embodiment_id)
-    return actions
+    return euler_steps(head, tables, state_features, noise.to(vl_embeds.dtype), embodiment_id,
+                       lambda k, tokens: _dit(head.model, tables, k, kv, tokens))

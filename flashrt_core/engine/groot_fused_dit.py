@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from flashrt_core.model.groot.action_head import GrootActionHead
 
-from .groot_dit import StepTables, _heads, context_kv
+from .groot_dit import StepTables, _heads, context_kv, euler_steps
 from .ops import Ops
 from .weights import Linear, _fold
 
@@ -150,16 +150,5 @@ def sample_actions_fused(head: GrootActionHead, tables: StepTables, mods: FusedS
     """groot_dit.sample_actions_tabled with the DiT on the fused ops -> normalized actions [B, horizon, A]."""
     vl_embeds, state_features = head.encode(backbone_features, state, embodiment_id)
     kv = additive_masks(context_kv(head.model, vl_embeds, image_mask, backbone_mask))
-    enc = head.action_encoder
-    actions = noise.to(vl_embeds.dtype)
-    dt = 1.0 / tables.steps
-    for k in range(tables.steps):
-        a_emb = enc.W1(actions, embodiment_id)
-        x = enc.W2(torch.cat([a_emb, tables.tau[k]], dim=-1), embodiment_id)
-        features = enc.W3(x * torch.sigmoid(x), embodiment_id)
-        if tables.positions is not None:
-            features = features + tables.positions
-        out = _dit(fused, mods, k, kv, torch.cat([state_features, features], dim=1))
-        pred = head.action_decoder(out, embodiment_id)[:, -head.cfg.action_horizon:]
-        actions = actions + dt * pred
-    return actions
+    return euler_steps(head, tables, state_features, noise.to(vl_embeds.dtype), embodiment_id,
+                       lambda k, tokens: _dit(fused, mods, k, kv, tokens))
