@@ -112,6 +112,17 @@ def env_info() -> dict:
             "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
+def write_result(out_dir: str | Path, result: dict, *name_parts: str) -> Path:
+    """result as JSON in out_dir (made if missing), named <parts joined by _>_<the result's date>.json; -> its path
+    (printed too)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{'_'.join(name_parts)}_{result['date'][:10]}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(path)
+    return path
+
+
 def ensure_checkpoint(root: Path, name: str) -> Path:
     path = root / name
     if not (path / CONFIG_FILE).is_file():

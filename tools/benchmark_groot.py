@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime as dt
-import json
 import platform
 import shlex
 import sys
@@ -48,7 +47,7 @@ from flashrt_core.groot_fixtures import random_groot_model  # noqa: E402
 from flashrt_core.groot_inputs import prepare_views  # noqa: E402
 from flashrt_core.groot_policy import GrootReferenceExecutor  # noqa: E402
 from flashrt_core.model.groot.config import get_groot_config  # noqa: E402
-from tools.benchmark_engine import env_info  # noqa: E402
+from tools.benchmark_engine import env_info, write_result  # noqa: E402
 
 EMBODIMENT_ID = 10              # new_embodiment's projector slot
 MARKERS = (7, 8)                # the ids around each view's image slots (<img>, </img> in the real vocabulary)
@@ -209,11 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args, argv)
     print(table(result))
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"groot_graph_{args.device.split(':')[0]}_{result['config']}_{result['date'][:10]}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(path)
+        write_result(args.out, result, "groot_graph", args.device.split(":")[0], result["config"])
     return 0
 
 

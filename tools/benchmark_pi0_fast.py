@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import platform
 import statistics
 import sys
@@ -40,7 +39,7 @@ from flashrt_core.engine.fast_decode import FastGraphExecutor, lm_head  # noqa: 
 from flashrt_core.engine.gate import cosine  # noqa: E402
 from flashrt_core.engine.timing import graph_replay_ms, graph_time_us  # noqa: E402
 from flashrt_core.model import Pi0FastModel  # noqa: E402
-from tools.benchmark_engine import env_info  # noqa: E402
+from tools.benchmark_engine import env_info, write_result  # noqa: E402
 
 NO_EOS = -1
 
@@ -244,12 +243,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['logits_cosine_mean']:.5f}; greedy tokens agreeing {row['greedy_tokens_agreeing']}/"
               f"{result['tokens']}")
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        stamp = result["date"][:10]
-        path = out / f"pi0_fast_{args.device.split(':')[0]}_{result['config']}_{stamp}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(path)
+        write_result(args.out, result, "pi0_fast", args.device.split(":")[0], result["config"])
     return 0
 
 
