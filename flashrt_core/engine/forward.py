@@ -13,6 +13,7 @@ slots, P = V*N + T prefix tokens, S suffix tokens, H query heads, one KV head, D
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import math
@@ -148,90 +149,125 @@ def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n
         pass
 
 
-def denoise_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor,
-                   n_valid: torch.Tensor) -> Iterator[int]:
-    """denoise() a layer of its first step at a time: yields i before the first step's layer i, the first of its
-    ops to read layer i's prefix K/V. The later steps follow without a yield."""
-    cfg = w.config
-    e = cfg.expert
-    heads, dh, horizon = e.num_heads, e.head_dim, ws.actions.shape[0]   # horizon: the executor's, not w.config's
+@dataclass
+class DenoiseSteps:
+    """What every denoise step of one predict shares: its ops, the positions and key mask of the suffix, and the
+    step's work buffers (made once per predict, reused by every step)."""
+
+    w: EngineWeights
+    ops: Ops
+    ws: Workspace
+    pos: torch.Tensor                      # (S,) suffix positions
+    smask: KeyMask
+    residual: torch.Tensor                 # (S, We) fp32
+    y: torch.Tensor                        # (S, We) engine dtype
+    q: torch.Tensor                        # (S, H, Dh) engine dtype
+    state_token: torch.Tensor | None       # pi0: (1, We) fp32
+    step_ends: bool                        # pi0.5's fused step ends (kernels/flashrt_kernels/denoise_step.py)
+    pi0_tables: object | None              # pi0's fused step ends: EngineWeights.pi0_step_tables()
+    hidden: torch.Tensor | None            # pi0's fused step ends: (S, We) engine dtype
+
+
+def denoise_steps(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor,
+                  n_valid: torch.Tensor) -> DenoiseSteps:
+    """The shared part of one predict's denoise steps (denoise_step runs each)."""
+    e = w.config.expert
+    heads, dh = e.num_heads, e.head_dim
     pi05 = w.tables is not None
     S = ws.suffix_visible.shape[0]
     P = key_bias.shape[0]
     dev = key_bias.device
-    pos = n_valid + torch.arange(S, device=dev)                                        # (S,)
-    smask = KeyMask(key_bias, P, ws.suffix_visible, heads)
-    residual = torch.empty(S, e.width, device=dev)                                     # (S, We) fp32
-    y = torch.empty(S, e.width, device=dev, dtype=w.dtype)
-    q = torch.empty(S, heads, dh, device=dev, dtype=w.dtype)
-    x_t = ws.actions.copy_(ws.noise)                                                   # (horizon, A) fp32
-    out_w, out_b = w.action_out
     state_token = None if pi05 else ops.linear(ws.state[None].to(w.dtype), w.state_proj).float()   # (1, We)
-    # pi0.5: each step's two ends in one kernel each (kernels/flashrt_kernels/denoise_step.py)
     step_ends = pi05 and ops.fused_denoise_step and len(w.action_in.parts) == 1 and w.action_in.fp8 is None
-    # pi0: the start of each step up to its time MLP's output GEMM in one kernel, its end in step_out
     pi0_ends = pi0_fused_step_ends(w, ops)
-    if pi0_ends:
-        pi0_tables = w.pi0_step_tables()             # made when the executor was built, before any capture
-        hidden = torch.empty(S, e.width, device=dev, dtype=w.dtype)
+    return DenoiseSteps(
+        w, ops, ws, pos=n_valid + torch.arange(S, device=dev), smask=KeyMask(key_bias, P, ws.suffix_visible, heads),
+        residual=torch.empty(S, e.width, device=dev), y=torch.empty(S, e.width, device=dev, dtype=w.dtype),
+        q=torch.empty(S, heads, dh, device=dev, dtype=w.dtype), state_token=state_token, step_ends=step_ends,
+        pi0_tables=w.pi0_step_tables() if pi0_ends else None,     # made when the executor was built
+        hidden=torch.empty(S, e.width, device=dev, dtype=w.dtype) if pi0_ends else None)
+
+
+def denoise_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor,
+                   n_valid: torch.Tensor) -> Iterator[int]:
+    """denoise() a layer of its first step at a time: yields i before the first step's layer i, the first of its
+    ops to read layer i's prefix K/V. The later steps follow without a yield."""
+    steps = denoise_steps(ws, w, ops, key_bias, n_valid)
+    x_t = ws.actions.copy_(ws.noise)                                                   # (horizon, A) fp32
     rtc = ws.extras.get("rtc")                       # real-time chunking (rtc_blend), or None
-    for step, dt in enumerate(w.dts):
+    for step in range(len(w.dts)):
         if rtc is not None:
             if step > 0:     # the previous step's correction (its Euler update may be fused into its last kernel)
                 rtc_blend.after_step(x_t, rtc, step - 1, w.dts[step - 1])
             rtc_blend.before_step(x_t, ws.noise, rtc, step)
-        if step_ends:        # input projection + the first layer's norm 1
-            mod = w.tables.norm[step, 0]
-            ops.denoise_step_in(x_t, w.action_in, mod[0, 0], mod[0, 1], residual, y, e.eps)
-        elif pi05:
-            residual.copy_(ops.linear(x_t.to(w.dtype), w.action_in))                   # (horizon, We)
-        elif pi0_ends:
-            # residual = [state token; b_out], hidden = [0; silu(...)]; the first norm adds hidden @ W_out^T
-            ops.time_mlp_in(x_t, pi0_tables.w_fold, pi0_tables.c[step], state_token[0], pi0_tables.b_out,
-                            residual, hidden)
+        layers = denoise_step(steps, step, x_t)
+        if step == 0:
+            yield from layers
         else:
-            a = ops.linear(x_t.to(w.dtype), w.action_in)                               # (horizon, We)
-            h = torch.nn.functional.silu(ops.linear(a, w.time_in_action).float() + w.time_in_bias[step])
-            residual[1:].copy_(ops.linear(h.to(w.dtype), w.time_out))
-            residual[:1].copy_(state_token)
-        x = gate = None
-        if pi0_ends:
-            x = ops.decoder(hidden, pi0_tables.out, "qkv", impl=ops.plain_pick("qkv"))   # (S, We): row 0 zeros
-        for i, layer in enumerate(w.expert):
-            if step == 0:
-                yield i
-            if pi05:
-                mod = w.tables.norm[step, i]                                           # (2, 3, We)
-                if not (step_ends and i == 0):
-                    ops.ada_norm(x, residual, gate, mod[0, 0], mod[0, 1], y, e.eps, site="norm1")
-            else:
-                ops.norm(x, residual, y, layer.norm1, None, e.eps, site="norm1")
-            attn = ops.decoder_attention(y, layer.qkv, pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i],
-                                         ws.v_cache[i], smask, heads, dh ** -0.5)       # (S*H, Dh)
-            o = ops.decoder(attn.view(S, heads * dh), layer.o, "o")                       # (M, N) or partials
-            if pi05:
-                ops.ada_norm(o, residual, mod[0, 2], mod[1, 0], mod[1, 1], y, e.eps, site="norm2")
-                gate = mod[1, 2]
-            else:
-                ops.norm(o, residual, y, layer.norm2, None, e.eps, site="norm2")
-            x = ops.decoder_mlp(y, layer.gate_up, layer.down)
-        if step_ends:        # the final norm, the output projection and the Euler step
-            ops.denoise_step_out(x, residual, gate, w.tables.final[step, 0], w.tables.final[step, 1], out_w, out_b,
-                                 x_t, dt, e.eps)
-            continue
-        if pi0_ends:         # pi0's final RMSNorm: a gate of ones, its scale (ones when folded), no shift
-            ops.denoise_step_out(x, residual, pi0_tables.ones, pi0_tables.final_scale, pi0_tables.zeros, out_w,
-                                 out_b, x_t, dt, e.eps)
-            continue
+            collections.deque(layers, maxlen=0)
+    if rtc is not None:
+        rtc_blend.after_step(x_t, rtc, len(w.dts) - 1, w.dts[-1])
+        rtc_blend.blend_final(x_t, rtc)
+
+
+def denoise_step(steps: DenoiseSteps, step: int, x_t: torch.Tensor) -> Iterator[int]:
+    """Euler step `step` of the action expert on x_t (horizon, A) fp32, in place; yields i before layer i."""
+    w, ops, ws = steps.w, steps.ops, steps.ws
+    e = w.config.expert
+    heads, dh, horizon = e.num_heads, e.head_dim, x_t.shape[0]    # horizon: the executor's, not w.config's
+    pi05 = w.tables is not None
+    S = ws.suffix_visible.shape[0]
+    residual, y, q = steps.residual, steps.y, steps.q
+    out_w, out_b = w.action_out
+    dt = w.dts[step]
+    pi0_tables = steps.pi0_tables
+    if steps.step_ends:  # input projection + the first layer's norm 1
+        mod = w.tables.norm[step, 0]
+        ops.denoise_step_in(x_t, w.action_in, mod[0, 0], mod[0, 1], residual, y, e.eps)
+    elif pi05:
+        residual.copy_(ops.linear(x_t.to(w.dtype), w.action_in))                       # (horizon, We)
+    elif pi0_tables is not None:
+        # residual = [state token; b_out], hidden = [0; silu(...)]; the first norm adds hidden @ W_out^T
+        ops.time_mlp_in(x_t, pi0_tables.w_fold, pi0_tables.c[step], steps.state_token[0], pi0_tables.b_out,
+                        residual, steps.hidden)
+    else:
+        a = ops.linear(x_t.to(w.dtype), w.action_in)                                   # (horizon, We)
+        h = torch.nn.functional.silu(ops.linear(a, w.time_in_action).float() + w.time_in_bias[step])
+        residual[1:].copy_(ops.linear(h.to(w.dtype), w.time_out))
+        residual[:1].copy_(steps.state_token)
+    x = gate = None
+    if pi0_tables is not None:
+        x = ops.decoder(steps.hidden, pi0_tables.out, "qkv", impl=ops.plain_pick("qkv"))   # (S, We): row 0 zeros
+    for i, layer in enumerate(w.expert):
+        yield i
+        if pi05:
+            mod = w.tables.norm[step, i]                                               # (2, 3, We)
+            if not (steps.step_ends and i == 0):
+                ops.ada_norm(x, residual, gate, mod[0, 0], mod[0, 1], y, e.eps, site="norm1")
+        else:
+            ops.norm(x, residual, y, layer.norm1, None, e.eps, site="norm1")
+        attn = ops.decoder_attention(y, layer.qkv, steps.pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i],
+                                     ws.v_cache[i], steps.smask, heads, dh ** -0.5)     # (S*H, Dh)
+        o = ops.decoder(attn.view(S, heads * dh), layer.o, "o")                           # (M, N) or partials
+        if pi05:
+            ops.ada_norm(o, residual, mod[0, 2], mod[1, 0], mod[1, 1], y, e.eps, site="norm2")
+            gate = mod[1, 2]
+        else:
+            ops.norm(o, residual, y, layer.norm2, None, e.eps, site="norm2")
+        x = ops.decoder_mlp(y, layer.gate_up, layer.down)
+    if steps.step_ends:  # the final norm, the output projection and the Euler step
+        ops.denoise_step_out(x, residual, gate, w.tables.final[step, 0], w.tables.final[step, 1], out_w, out_b,
+                             x_t, dt, e.eps)
+    elif pi0_tables is not None:     # pi0's final RMSNorm: a gate of ones, its scale (ones when folded), no shift
+        ops.denoise_step_out(x, residual, pi0_tables.ones, pi0_tables.final_scale, pi0_tables.zeros, out_w,
+                             out_b, x_t, dt, e.eps)
+    else:
         if pi05:
             ops.ada_norm(x, residual, gate, w.tables.final[step, 0], w.tables.final[step, 1], y, e.eps)
         else:
             ops.norm(x, residual, y, w.expert_final_norm, None, e.eps)
         velocity = torch.nn.functional.linear(y[S - horizon:], out_w)                 # (horizon, A)
         ops.euler(x_t, velocity, out_b, dt)
-    if rtc is not None:
-        rtc_blend.after_step(x_t, rtc, len(w.dts) - 1, w.dts[-1])
-        rtc_blend.blend_final(x_t, rtc)
 
 
 def pi0_fused_step_ends(w: EngineWeights, ops: Ops) -> bool:
