@@ -24,7 +24,7 @@ import torch
 
 from flashrt_core.preprocess import resize_views_torch
 
-from . import rtc_blend
+from . import rtc_blend, rtc_guided
 from .ops import KeyMask, Ops
 from .weights import EngineWeights
 
@@ -145,6 +145,9 @@ def prefix_layers(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch
 
 def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n_valid: torch.Tensor) -> None:
     """`num_steps` Euler steps of the action expert, unrolled; ws.actions goes from noise to actions."""
+    if _guided(ws):
+        rtc_guided.guided_denoise(ws, w, ops, key_bias, n_valid)
+        return
     for _ in denoise_layers(ws, w, ops, key_bias, n_valid):
         pass
 
@@ -270,6 +273,12 @@ def denoise_step(steps: DenoiseSteps, step: int, x_t: torch.Tensor) -> Iterator[
         ops.euler(x_t, velocity, out_b, dt)
 
 
+def _guided(ws: Workspace) -> bool:
+    """A workspace of guided RTC (rtc_guided: its denoiser runs under autograd, after the whole prefix)."""
+    rtc = ws.extras.get("rtc")
+    return rtc is not None and rtc.mode == "guided"
+
+
 def pi0_fused_step_ends(w: EngineWeights, ops: Ops) -> bool:
     """Whether denoise runs pi0's fused step ends (ops.fused_denoise_step_pi0, the default): pi0 with one unquantized
     block each for the action input projection and the time MLP's GEMMs."""
@@ -280,7 +289,7 @@ def pi0_fused_step_ends(w: EngineWeights, ops: Ops) -> bool:
 def forward(ws: Workspace, w: EngineWeights, ops: Ops) -> None:
     """The whole predict over ws: inputs already in ws, normalized actions left in ws.actions."""
     image_tokens = vision(ws, w, ops)
-    if ops.overlap_first_step and ops.calibration is None:
+    if ops.overlap_first_step and ops.calibration is None and not _guided(ws):
         forward_overlapped(ws, w, ops, image_tokens)
     else:
         key_bias, n_valid = prefix(ws, w, ops, image_tokens)

@@ -29,7 +29,7 @@ from flashrt_core.errors import InputError
 from flashrt_core.flow import time_schedule
 from flashrt_core.rtc import RtcPlan, guidance_weight, prefix_anchor
 
-ENGINE_MODES = ("hard_prefix", "guided_identity")
+ENGINE_MODES = ("hard_prefix", "guided_identity", "guided")
 
 
 @dataclass
@@ -43,6 +43,7 @@ class RtcBuffers:
     gain: torch.Tensor          # (steps,) fp32: dt * w(t) of each step (guided_identity)
     before: torch.Tensor        # (horizon, A) fp32: x_t before the current step (guided_identity)
     times: list[float]          # the flow time of each denoise step (flow.time_schedule)
+    grad_ops: object = None     # guided: rtc_guided.GradOps, made at the first forward
 
 
 def check_mode(plan: RtcPlan) -> None:

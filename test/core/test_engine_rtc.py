@@ -118,7 +118,33 @@ def test_identity_guidance_in_the_forward_matches_the_reference(model, fused, ov
     assert modes == ["guided_identity", "guided_identity"]           # uint8 and pixel inputs, one each
 
 
-@pytest.mark.parametrize("mode", ["guided", "training_time"])
+@pytest.mark.parametrize("fused,overlap", [(True, True), (False, False)])
+def test_guidance_through_the_jacobian_in_the_forward_matches_the_reference(model, fused, overlap):
+    """guided: each denoise step run under autograd on the plain-PyTorch ops, its update corrected by the
+    vector-Jacobian product of the clean estimate, equals the reference sampler's guided steps (the reference
+    model's own denoiser differentiated); it differs from the identity form, and one workspace serves every delay
+    and guidance clip. The overlap switch is on in the first case: a guided workspace runs without it."""
+    cfg = model.config
+    engine = _engine(model, fused, overlap)
+    ref = ReferenceExecutor(model, cfg, torch.device("cpu"))
+    for seed, delay, beta in ((1, 3, 10.0), (2, 0, 10.0), (3, cfg.action_horizon - 1, 2.0)):
+        inputs = _inputs(cfg, seed)
+        plan = _plan(cfg, "guided", delay, seed, beta)
+        with torch.no_grad():
+            want = ref.sample_actions_rtc(*_tensors(*inputs), plan)[0]
+        got = engine.predict_observation(*inputs, rtc=plan)
+        np.testing.assert_allclose(got, want.numpy(), atol=10 * FP32_ATOL, rtol=0)
+        identity = engine.predict_observation(*inputs, rtc=_plan(cfg, "guided_identity", delay, seed, beta))
+        assert np.abs(got - identity).max() > 1e-3                    # the Jacobian is not the identity
+        torch.testing.assert_close(engine.sample_actions_rtc(*_tensors(*inputs), plan)[0], want,
+                                   atol=10 * FP32_ATOL, rtol=0)
+    entry = next(e for key, e in engine._entries.items() if key[-1] == ("rtc", "guided"))
+    assert not entry.ws.k_cache.requires_grad                          # no autograd history left on the caches
+    before = engine.predict_observation(*_inputs(cfg, 4))
+    np.testing.assert_array_equal(engine.predict_observation(*_inputs(cfg, 4)), before)
+
+
+@pytest.mark.parametrize("mode", ["training_time"])
 def test_modes_the_engine_does_not_run_name_the_reference_path(model, mode):
     cfg = model.config
     engine = _engine(model)
