@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What real-time chunking costs in the graph engine: the replay of one predict's graph per RTC mode beside the
 plain graph, on full-size random weights, every row in one process, and each conditioned chunk's cosine against the
-reference sampler (the eager reference path, fp32, the same weights, observation, noise and previous chunk).
+reference sampler (the eager reference path, fp32, the same weights, observation, noise and previous chunk), with
+that sampler's wall time.
 
     python tools/benchmark_rtc.py [--model pi05] [--views 2] [--delay 4] [--rounds 5] [--reps 20] [--out DIR]
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -43,19 +45,26 @@ def plan_for(mode: str, previous: np.ndarray, delay: int) -> RtcPlan:
     return RtcPlan(mode, torch.from_numpy(target)[None], weights, delay)
 
 
-def reference_chunk(model, obs, plan: RtcPlan) -> np.ndarray:
+def reference_chunk(model, obs, plan: RtcPlan) -> tuple[np.ndarray, float]:
+    """The reference sampler's chunk and the wall time of its second call (ms; the first warms up)."""
     cfg, dev = model.config, next(model.parameters()).device
     pixels = torch.stack([torch.from_numpy(img).permute(2, 0, 1).float() / 255.0 * 2.0 - 1.0 if img is not None
                           else torch.full((3, cfg.vision.image_size, cfg.vision.image_size), -1.0)
                           for img in obs.images])
     masks = torch.tensor([img is not None for img in obs.images])
     state = torch.from_numpy(obs.state)[None].to(dev) if cfg.model_type == "pi0" else None
-    with torch.no_grad():
-        out = ReferenceExecutor(model, cfg, dev).sample_actions_rtc(
-            pixels[None].to(dev), masks[None].to(dev), torch.from_numpy(obs.tokens)[None].to(dev),
+    reference = ReferenceExecutor(model, cfg, dev)
+    args = (pixels[None].to(dev), masks[None].to(dev), torch.from_numpy(obs.tokens)[None].to(dev),
             torch.from_numpy(obs.token_mask)[None].to(dev), state, torch.from_numpy(obs.noise)[None].to(dev),
             plan.to(dev))
-    return out[0].float().cpu().numpy()
+    for _ in range(2):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = reference.sample_actions_rtc(*args)
+        torch.cuda.synchronize()
+        elapsed = (time.perf_counter() - start) * 1e3
+    return out[0].float().cpu().numpy(), elapsed
 
 
 def main() -> int:
@@ -80,7 +89,8 @@ def main() -> int:
     for mode in ENGINE_MODES:
         plan = plan_for(mode, plain, args.delay)
         chunk = engine.predict_observation(*inputs, rtc=plan)
-        rows[mode] = {"cosine_vs_reference": cosine(chunk, reference_chunk(model, obs, plan)),
+        want, reference_ms = reference_chunk(model, obs, plan)
+        rows[mode] = {"cosine_vs_reference": cosine(chunk, want), "reference_fp32_ms": round(reference_ms, 1),
                       "capture_s": round(engine.capture_seconds[next(k for k in engine.entries
                                                                      if k[-1] == ("rtc", mode))], 2)}
     graphs = {("plain" if not isinstance(key[-1], tuple) else key[-1][1]): entry.graph
@@ -95,11 +105,11 @@ def main() -> int:
               "command": "python tools/benchmark_rtc.py " + " ".join(sys.argv[1:])}
     print(f"\nRTC in the graph engine, {args.model} bf16, {args.views} views, horizon {cfg.action_horizon}, "
           f"delay {args.delay} ({result['gpu']}, torch {result['torch']}, {result['date']})")
-    print(f"{'mode':<16} {'replay ms':>10} {'+ms':>8} {'cosine':>9}")
+    print(f"{'mode':<16} {'replay ms':>10} {'+ms':>8} {'cosine':>9} {'reference fp32 ms':>18}")
     for name, row in rows.items():
-        cos = row.get("cosine_vs_reference")
+        cos, ref = row.get("cosine_vs_reference"), row.get("reference_fp32_ms")
         print(f"{name:<16} {row['replay_ms']:>10.3f} {row['over_plain_ms']:>8.3f} "
-              f"{'' if cos is None else f'{cos:.6f}':>9}")
+              f"{'' if cos is None else f'{cos:.6f}':>9} {'' if ref is None else f'{ref:.1f}':>18}")
     if args.out:
         write_result(args.out, result, "rtc_cost", args.model)
     return 0
