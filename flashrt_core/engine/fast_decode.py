@@ -42,7 +42,7 @@ from .graph_executor import bucket_for, text_buckets
 from .kernel_configs import SKINNY_CANDIDATES, SkinnyConfig
 from .kernel_import import load_kernels
 from .ops import KeyMask, Ops
-from .timing import graph_time_us, side_stream
+from .timing import capture, graph_time_us, warm_up
 from .tuning import tune_decoder
 from .weights import EngineWeights, Linear, prepare_fast_weights
 
@@ -247,18 +247,8 @@ class FastGraphExecutor:
         as its own graph, in replay order, into the shared pool."""
         start = time.perf_counter()
         phases = self._phases(fw)
-        stream = side_stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for phase in phases:
-                phase()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graphs = []
-        for phase in phases:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                phase()
-            graphs.append(graph)
+        warm_up(self.device, lambda: [phase() for phase in phases])
+        graphs = [capture(phase, self._pool)[0] for phase in phases]
         torch.cuda.synchronize(self.device)
         fw.graphs = graphs
         fw.launches = [g.replay for g in graphs]

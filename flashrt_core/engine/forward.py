@@ -146,7 +146,7 @@ def prefix_layers(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch
 def denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n_valid: torch.Tensor) -> None:
     """`num_steps` Euler steps of the action expert, unrolled; ws.actions goes from noise to actions."""
     if _guided(ws):
-        rtc_guided.guided_denoise(ws, w, ops, key_bias, n_valid)
+        guided_denoise(ws, w, ops, key_bias, n_valid)
         return
     for _ in denoise_layers(ws, w, ops, key_bias, n_valid):
         pass
@@ -271,6 +271,23 @@ def denoise_step(steps: DenoiseSteps, step: int, x_t: torch.Tensor) -> Iterator[
             ops.norm(x, residual, y, w.expert_final_norm, None, e.eps)
         velocity = torch.nn.functional.linear(y[S - horizon:], out_w)                 # (horizon, A)
         ops.euler(x_t, velocity, out_b, dt)
+
+
+def guided_denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n_valid: torch.Tensor) -> None:
+    """denoise() for a guided RTC workspace (engine/rtc_guided.py): every step on the plain-PyTorch ops under
+    autograd, its update corrected toward the staged previous chunk through the step's vector-Jacobian product."""
+    rtc = ws.extras["rtc"]
+    plain_ops = rtc_guided.grad_ops(rtc, w, ops)
+    ws.actions.copy_(ws.noise)
+    with torch.inference_mode(False), torch.enable_grad():
+        steps = denoise_steps(ws, w, plain_ops, key_bias.clone(), n_valid.clone())
+        x = ws.actions.clone()
+        for step, dt in enumerate(w.dts):
+            x = rtc_guided.guided_step(lambda x_next, step=step: collections.deque(
+                denoise_step(steps, step, x_next), maxlen=0), x, step, dt, rtc)
+        for cache in (ws.k_cache, ws.v_cache):       # the suffix rows' autograd history, kept alive otherwise
+            cache.detach_()
+    ws.actions.copy_(x)
 
 
 def _guided(ws: Workspace) -> bool:

@@ -34,13 +34,14 @@ from .fp8_calibration import Fp8Calibration
 from .host_wait import HostWait
 from .kernel_import import load_kernels
 from .ops import Ops
-from .timing import graph_replay_ms, side_stream
+from .timing import capture, graph_replay_ms, warm_up, warm_up_and_capture
 from .weights import EngineWeights, prepare_weights
 
 log = logging.getLogger(__name__)
 
 _ALIGN = 256  # bytes between fields of the staging blob
 TUNING_PROMPT_TOKENS = 48           # the load-time tunings time the text bucket that holds a prompt this long
+WARMUP_RUNS = 2                     # forward() runs on the side stream before a capture (compiles, handles)
 
 
 class StagingBlob:
@@ -176,14 +177,9 @@ class EngineExecutor:
         """The denoise alone (every step and layer) on `ws` with the current ops settings, captured as a CUDA graph
         and replayed once: one eager run on the side stream first (compiles, builds descriptors, warms the library
         handles). What the chain tuning times, and tools/denoise_timing.py's A/B benchmarks."""
-        stream = side_stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            denoise(ws, self.weights, self.ops, key_bias, n_valid)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            denoise(ws, self.weights, self.ops, key_bias, n_valid)
+        run = lambda: denoise(ws, self.weights, self.ops, key_bias, n_valid)  # noqa: E731
+        warm_up(self.device, run)
+        graph, _ = capture(run)
         graph.replay()
         return graph
 
@@ -242,17 +238,8 @@ class EngineExecutor:
     def _capture(self, key: tuple, entry: _Entry) -> None:
         """Warm up (compiles kernels, creates handles) then capture forward() into one graph."""
         start = time.perf_counter()
-        stream = side_stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                forward(entry.ws, self.weights, self.ops)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            forward(entry.ws, self.weights, self.ops)
-        torch.cuda.synchronize(self.device)
-        entry.graph = graph
+        entry.graph, _ = warm_up_and_capture(self.device, lambda: forward(entry.ws, self.weights, self.ops),
+                                             WARMUP_RUNS, self._pool)
         self.capture_seconds[key] = time.perf_counter() - start
         log.info("captured graph %s in %.2f s", key, self.capture_seconds[key])
 

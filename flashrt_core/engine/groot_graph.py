@@ -42,7 +42,7 @@ from .groot_static import (GrootSignature, StaticTables, action_chunk, embed_dty
                            language_features, predict)
 from .hardware import detect_hardware
 from .ops import Ops
-from .timing import graph_replay_ms, side_stream
+from .timing import graph_replay_ms, warm_up_and_capture
 
 log = logging.getLogger(__name__)
 
@@ -152,24 +152,10 @@ class GrootGraphExecutor:
     def _run_static(self, entry: _Entry) -> torch.Tensor:
         return predict(self.model, entry.tables, *entry.inputs())
 
-    def _warm_and_capture(self, fn, pool) -> tuple[torch.cuda.CUDAGraph, object]:
-        """Run fn on the side stream (cuBLAS handles, SDPA kernel choices, allocator), then capture it into one
-        graph -> (graph, fn's static output)."""
-        stream = side_stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(WARMUP_RUNS):
-                fn()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            out = fn()
-        torch.cuda.synchronize(self.device)
-        return graph, out
-
     def _capture(self, sig: GrootSignature, entry: _Entry) -> None:
         start = time.perf_counter()
-        entry.graph, entry.output = self._warm_and_capture(lambda: self._run_static(entry), self._pool)
+        entry.graph, entry.output = warm_up_and_capture(self.device, lambda: self._run_static(entry), WARMUP_RUNS,
+                                                         self._pool)
         self.capture_seconds[sig] = time.perf_counter() - start
         log.info("captured GR00T graph %s in %.2f s", sig, self.capture_seconds[sig])
 
@@ -243,7 +229,7 @@ class GrootGraphExecutor:
         pool = torch.cuda.graph_pool_handle()
         graphs = {}
         for name, fn, output in phases:
-            graphs[name], held[output] = self._warm_and_capture(fn, pool)
+            graphs[name], held[output] = warm_up_and_capture(self.device, fn, WARMUP_RUNS, pool)
         return {name: float(np.median(graph_replay_ms(g, reps))) for name, g in graphs.items()}
 
     def close(self) -> None:

@@ -1,7 +1,7 @@
 """Guided real-time chunking (rtc.py mode "guided") in the graph engine: every Euler step's velocity corrected by a
 vector-Jacobian product through the action expert, captured in the forward's graph with the rest.
 
-Each step runs the engine's own denoise step (forward.denoise_step) on GradOps, the plain-PyTorch form of every op
+Each step runs the engine's own denoise step (forward.denoise_step, driven by forward.guided_denoise) on GradOps, the plain-PyTorch form of every op
 it uses, under autograd:
 
     x          = x_t (a leaf that requires grad)
@@ -21,13 +21,10 @@ GradOps copies the few inputs that a later write would change before the backwar
 
 from __future__ import annotations
 
-import collections
-
 import torch
 
 from flashrt_core.errors import InputError
 
-from . import forward as engine_forward
 from .ops import KeyMask, Ops
 from .weights import EngineWeights, Linear
 
@@ -84,30 +81,22 @@ def check_weights(w: EngineWeights) -> None:
                          "no backward): load the policy in bf16, or use RTC mode 'guided_identity'")
 
 
-def guided_denoise(ws, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n_valid: torch.Tensor) -> None:
-    """forward.denoise for a guided workspace: ws.actions from noise to actions, each step guided toward the staged
-    previous chunk (ws.extras["rtc"]: target, soft mask, per-step dt * w(t))."""
-    rtc = ws.extras["rtc"]
-    if rtc.grad_ops is None:
+def grad_ops(buffers, w: EngineWeights, ops: Ops) -> GradOps:
+    """The guided workspace's GradOps (made at its first forward, after check_weights)."""
+    if buffers.grad_ops is None:
         check_weights(w)
-        rtc.grad_ops = GradOps(ops.dispatch)
-    x_t = ws.actions
-    x_t.copy_(ws.noise)
-    with torch.inference_mode(False), torch.enable_grad():
-        steps = engine_forward.denoise_steps(ws, w, rtc.grad_ops, key_bias.clone(), n_valid.clone())
-        x = x_t.clone()
-        for step, dt in enumerate(w.dts):
-            x = _guided_step(steps, step, x.detach(), dt, rtc)
-        for cache in (ws.k_cache, ws.v_cache):       # the suffix rows' autograd history, kept alive otherwise
-            cache.detach_()
-    x_t.copy_(x)
+        buffers.grad_ops = GradOps(ops.dispatch)
+    return buffers.grad_ops
 
 
-def _guided_step(steps, step: int, x: torch.Tensor, dt: float, rtc) -> torch.Tensor:
-    x.requires_grad_(True)
+def guided_step(run_step, x: torch.Tensor, step: int, dt: float, buffers) -> torch.Tensor:
+    """One guided Euler step from x (horizon, A) fp32: run_step(x_next) is the denoise step, x_next <- x_next +
+    dt * v in place; returns x_next - dt * w(t) * J^T (W * (target - x0)), detached. Under grad mode, outside
+    inference mode."""
+    x = x.detach().requires_grad_(True)
     x_next = x.clone()
-    collections.deque(engine_forward.denoise_step(steps, step, x_next), maxlen=0)   # x_next = x + dt * v(x)
-    x0 = x - (rtc.times[step] / dt) * (x_next - x)
-    err = (rtc.target - x0).detach() * rtc.weights
+    run_step(x_next)
+    x0 = x - (buffers.times[step] / dt) * (x_next - x)
+    err = (buffers.target - x0).detach() * buffers.weights
     (correction,) = torch.autograd.grad(x0, x, err)
-    return x_next.detach() - rtc.gain[step] * correction
+    return x_next.detach() - buffers.gain[step] * correction

@@ -53,6 +53,34 @@ def graph_time_us(fn, reps: int, replays: int = 1) -> float:
     return times[len(times) // 2] * 1e3 / reps
 
 
+def warm_up(device: torch.device, fn, runs: int = 1) -> None:
+    """fn() `runs` times on side_stream(device), after the current stream's work and before its next: what a capture
+    needs first (kernels compiled, library handles and workspaces created, the allocator's blocks made), off the
+    stream that is captured."""
+    stream = side_stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(runs):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+
+
+def capture(fn, pool=None) -> tuple[torch.cuda.CUDAGraph, object]:
+    """fn() captured into a new CUDA graph (memory from `pool` when given) -> (graph, fn's output, static)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
+
+
+def warm_up_and_capture(device: torch.device, fn, runs: int, pool=None) -> tuple[torch.cuda.CUDAGraph, object]:
+    """warm_up then capture, then a device sync (the capture's memory settled) -> (graph, fn's static output)."""
+    warm_up(device, fn, runs)
+    graph, out = capture(fn, pool)
+    torch.cuda.synchronize(device)
+    return graph, out
+
+
 def side_stream(device: torch.device) -> torch.cuda.Stream:
     """The one stream per device that warm-ups before a capture and load-time timings run on. cuBLAS keeps a
     workspace per (handle, stream) for the life of the process, so a new stream per capture would grow the memory
