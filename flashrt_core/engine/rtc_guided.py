@@ -1,8 +1,8 @@
 """Guided real-time chunking (rtc.py mode "guided") in the graph engine: every Euler step's velocity corrected by a
 vector-Jacobian product through the action expert, captured in the forward's graph with the rest.
 
-Each step runs the engine's own denoise step (forward.denoise_step, driven by forward.guided_denoise) on GradOps, the plain-PyTorch form of every op
-it uses, under autograd:
+Each step runs the engine's own denoise step (forward.denoise_step, driven by forward.guided_denoise) on GradOps,
+the plain-PyTorch form of every op it uses, under autograd (guided_step):
 
     x          = x_t (a leaf that requires grad)
     x_next     = x + dt * v(x)                      one denoise step (the Euler update inside it)
