@@ -62,6 +62,7 @@ from flashrt_ros.observation_buffer import (AddResult, BufferCounters, Observati
                                            seconds_to_ns)
 from flashrt_ros.pinned_noise import NO_SEED, observation_noise
 from flashrt_ros.rtc_sharing import PolicyRtc
+from flashrt_ros.state_input import FutureStampError, StateSample, state_sample
 
 NODE_NAME = "policy_node"
 WARMUP_PROMPT = "pick up the object and place it in the bin"
@@ -87,16 +88,6 @@ class ShuttingDown(BaseException):
     A BaseException on purpose: it leaves the transition callback like the KeyboardInterrupt of SIGINT does,
     instead of returning a result that rclpy would turn into a transition event published (and an error logged)
     on a context that is already shut down. main() ends on it quietly."""
-
-
-class FutureStampError(ValueError):
-    """A message stamped further in the future than max_future_stamp."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StateSample:
-    stamp_ns: int
-    values: np.ndarray          # (state_dim,) float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -574,35 +565,8 @@ class PolicyNode(LifecycleNode):
             worker.notify()
 
     def _state_sample(self, msg, settings: NodeSettings) -> StateSample:
-        if settings.state_type is StateInput.JOINT_STATE:
-            stamp_ns = Time.from_msg(msg.header.stamp).nanoseconds
-            now_ns = self.get_clock().now().nanoseconds
-            ahead_ns = stamp_ns - now_ns
-            if now_ns > 0 and ahead_ns > seconds_to_ns(settings.max_future_stamp):   # 0: no /clock yet
-                raise FutureStampError(f"JointState stamped {ahead_ns * 1e-9:.3f} s in the future "
-                                       f"(max_future_stamp {settings.max_future_stamp} s)")
-            if len(msg.position) != len(msg.name):
-                raise ValueError(f"JointState has {len(msg.name)} names but {len(msg.position)} positions")
-            if settings.state_joint_names:
-                by_name = dict(zip(msg.name, msg.position))
-                missing = [name for name in settings.state_joint_names if name not in by_name]
-                if missing:
-                    raise ValueError(bounded(f"JointState lacks joints {missing}"))
-                values = [by_name[name] for name in settings.state_joint_names]
-            else:
-                values = list(msg.position)
-        else:
-            stamp_ns = self.get_clock().now().nanoseconds     # Float64MultiArray has no header
-            values = list(msg.data)
-        array = np.asarray(values, dtype=np.float32)         # (state_dim,)
-        if array.size == 0:
-            raise ValueError("empty state")
-        if not np.all(np.isfinite(array)):
-            raise ValueError("state has NaN or infinite values")
         policy = self._policy
-        if policy is not None and policy.state_dim and array.size != policy.state_dim:
-            raise ValueError(f"state has {array.size} values, the model expects {policy.state_dim}")
-        return StateSample(stamp_ns, array)
+        return state_sample(msg, settings, self.get_clock().now().nanoseconds, policy.state_dim if policy else 0)
 
     # -- inference thread --------------------------------------------------------------------------------
     def _prepare_job(self) -> InferenceJob | None:
