@@ -20,7 +20,7 @@ and bias = shift from the step tables (groot_dit.StepTables; the timestep is the
 and after the last block norm(pending, residual) with the output modulation, then proj_out_2. GEMM inputs are in
 the model's dtype (bf16 on the GPU), so the chunk differs from the reference's by rounding alone
 (test/core/test_groot_fused_dit.py compares them with the plain-PyTorch ops on the CPU). With FP8
-(engine/groot_fp8.py) the GEMMs read weight-only E4M3 copies of the weights (FusedDit.w8), bias and GELU in the
+(engine/groot_fp8.py) the blocks' GEMMs read weight-only E4M3 copies of the weights (FusedDit.w8), bias and GELU in the
 few-row GEMM's epilogue.
 """
 

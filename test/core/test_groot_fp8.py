@@ -54,21 +54,21 @@ def _rounded_model(model, executor):
             attn.to_out[0].weight.copy_(_dequantized(fused.out))
             block.ff.net[0].proj.weight.copy_(_dequantized(fused.ff1))
             block.ff.net[2].weight.copy_(_dequantized(fused.ff2))
-        dit.proj_out_2.weight.copy_(_dequantized(executor._fused.proj_out))
     return rounded
 
 
 def test_every_dit_gemm_reads_fp8_weights_and_keeps_its_bias(model, fp8):
     gemms = dit_gemms(fp8._fused)
-    assert fp8.fp8 and len(gemms) == 4 * model.cfg.dit.num_layers + 1
+    assert fp8.fp8 and len(gemms) == 4 * model.cfg.dit.num_layers and len(fp8._fused.w8) == len(gemms)
     assert [kind for _, kind in gemms[:4]] == [PLAIN, PARTIALS, GELU, PARTIALS]
     for lin, _ in gemms:
         (w, b), = lin.parts
         q, scale = lin.w8
         assert q.dtype == torch.float8_e4m3fn and q.shape == w.shape and scale.shape == (w.shape[0],)
         assert b is not None and id(lin) in fp8._fused.w8          # the bias is added in the GEMM's epilogue
-    kept = fp8._fused.proj_out.parts[0][0]                          # the model's own weights stay, unrounded
-    assert kept.data_ptr() == model.action_head.model.proj_out_2.weight.data_ptr() and kept.dtype == torch.float32
+    kept = fp8._fused.blocks[0].out.parts[0][0]                     # the model's own weights stay, unrounded
+    assert kept.data_ptr() == model.action_head.model.transformer_blocks[0].attn1.to_out[0].weight.data_ptr()
+    assert fp8._fused.proj_out.w8 is None                            # proj_out_2 stays in the model's dtype
     bf16 = GrootGraphExecutor(model, "cpu", capture=False)
     assert not bf16.fp8 and all(lin.w8 is None for lin, _ in dit_gemms(bf16._fused)) and not bf16._fused.w8
 
