@@ -36,6 +36,7 @@ from .groot_fused_dit import FusedDit
 from .kernel_configs import SKINNY_CANDIDATES, SkinnyConfig
 from .ops import Ops
 from .timing import graph_time_us
+from .tuning import time_candidate
 from .weights import Linear
 
 log = logging.getLogger(__name__)
@@ -72,15 +73,20 @@ def one_shot(k: int) -> SkinnyConfig:
 
 
 def pick_config(ops: Ops, lin: Linear, kind: str, rows: int, dtype: torch.dtype) -> tuple[SkinnyConfig, dict]:
-    """The launch configuration of one FP8 GEMM: the fastest candidate timed on `rows` random rows on the GPU, the
-    first candidate elsewhere (one_shot where none fits). -> (config, {config name: us})."""
+    """The launch configuration of one FP8 GEMM: the fastest candidate timed on `rows` random rows on the GPU (one
+    that needs more shared memory or registers than the GPU has is left out: tuning.time_candidate), the first
+    candidate elsewhere (one_shot where none fits). -> (config, {config name: us})."""
     w = lin.w8[0]
     fits = candidates(kind, rows, w.shape[1]) or [one_shot(w.shape[1])]
     if not w.is_cuda:
         return fits[0], {}
     x = torch.randn(rows, w.shape[1], device=w.device, dtype=dtype)
-    times = {cfg: graph_time_us(lambda cfg=cfg: ops.linear_w8(x, lin, cfg, gelu=kind == GELU), reps=4)
-             for cfg in fits}
+    timed = {cfg: time_candidate(ops, f"groot_fp8_{kind}", cfg, lambda cfg=cfg: graph_time_us(
+        lambda: ops.linear_w8(x, lin, cfg, gelu=kind == GELU), reps=4)) for cfg in fits}
+    times = {cfg: us for cfg, us in timed.items() if us is not None}      # None: out of this GPU's resources
+    if not times:
+        raise RuntimeError(f"no few-row GEMM configuration runs the FP8 {kind} GEMM {tuple(w.shape)} on this GPU: "
+                           f"{ops.decoder_failures.get(f'groot_fp8_{kind}')}")
     best = min(times, key=times.get)
     return best, {str(cfg): round(us, 2) for cfg, us in times.items()}
 
