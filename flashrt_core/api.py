@@ -414,6 +414,7 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     statistics), statistics overrides the checkpoint's statistics.json; on CUDA it runs as one CUDA graph per input
     signature (engine/groot_graph.py; hardware and engine_options pick the executor as for the pi family, and
     hardware="reference" keeps the eager reference executor), on the CPU on the reference executor.
+    precision="fp8" gives GR00T's DiT weight-only FP8 weights (engine/groot_fp8.py), which need no calibration.
     """
     family = _model_family(checkpoint, config)
     if family == "groot":
@@ -425,9 +426,14 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
         if not ckpt_dir.is_dir():
             raise CheckpointError(f"checkpoint directory not found: {ckpt_dir}")
         dev = resolve_device(device)
-        dtype, _, _ = resolve_precision(precision, dtype, None, dev, "reference")   # GR00T: no FP8 GEMMs
-        return load_groot_policy(ckpt_dir, config, embodiment, dev, resolve_dtype(dtype, dev),
-                                 hardware, tokenizer, statistics, engine_options)
+        dtype, engine_options, fp8 = resolve_precision(precision, dtype, engine_options, dev, hardware)
+        policy = load_groot_policy(ckpt_dir, config, embodiment, dev, resolve_dtype(dtype, dev),
+                                   hardware, tokenizer, statistics, engine_options)
+        if fp8 and not getattr(policy.executor, "fp8", False):
+            picked = policy.executor.name
+            policy.close()
+            raise ValueError(f"precision='fp8' but the engine picked {picked} without FP8 on {dev}: {FP8_NEEDS}")
+        return policy
     if embodiment is not None or statistics is not None:
         raise ValueError("embodiment= and statistics= apply to GR00T checkpoints only (config 'groot_n1.6')")
     gpu_preprocess = read_switch("FLASHRT_GPU_PREPROCESS") if gpu_preprocess is None else gpu_preprocess

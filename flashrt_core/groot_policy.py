@@ -9,7 +9,8 @@ Executors (build_groot_executor): on CUDA the graph executor (engine/groot_graph
 CUDA graph per input signature), chosen as the pi family's is: the dispatch table's Op.EXECUTOR from the hardware
 and EngineOptions ("graph"; "eager_engine" with cuda_graph off runs the same static code without a graph;
 "reference" with fast_paths off). hardware="reference", and "auto" on the CPU, run the eager reference executor;
-a GPU target ("sm90", ...) on the CPU is refused.
+a GPU target ("sm90", ...) on the CPU is refused. precision="fp8" (engine_options.fp8) puts weight-only FP8 weights
+on the fused DiT's GEMMs (engine/groot_fp8.py); the CPU and the reference path refuse it (api.resolve_precision).
 """
 
 from __future__ import annotations
@@ -154,14 +155,11 @@ def build_groot_executor(model: GrootModel, device: torch.device, hardware: str 
     """The executor for this device, hardware and options (as engine.build_executor picks the pi family's):
     hardware="reference" or a CPU device -> GrootReferenceExecutor; on CUDA the dispatch table's Op.EXECUTOR:
     "graph" -> GrootGraphExecutor, "eager_engine" (cuda_graph off) -> the same without capture, "reference"
-    (fast_paths off) -> GrootReferenceExecutor. options None reads the defaults with the environment on top."""
+    (fast_paths off) -> GrootReferenceExecutor; with FP8 (engine_options.fp8 on an FP8-capable GPU: Op.GEMM_PREFIX
+    "fp8") the fused DiT's GEMMs read weight-only FP8 weights (engine/groot_fp8.py). options None reads the
+    defaults with the environment on top."""
     device = torch.device(device)
     check_hardware(hardware, device)
-    if hardware != "reference" and device.type == "cuda":
-        options = EngineOptions.from_env() if options is None else options
-        if options.enabled("fp8"):
-            raise ValueError("GR00T's graph executor runs in the policy's dtype: FP8 GEMMs serve the pi family "
-                             "only; turn engine_options.fp8 (FLASHRT_FP8) off for GR00T")
     dispatch = resolve_dispatch(device, hardware, options)
     if dispatch is None:
         return GrootReferenceExecutor(model, device)
@@ -169,7 +167,8 @@ def build_groot_executor(model: GrootModel, device: torch.device, hardware: str 
     return GrootGraphExecutor(model, device, capture=dispatch[Op.EXECUTOR] == "graph",
                               step_tables=chosen.enabled("groot_step_tables"),
                               fused_dit=chosen.enabled("groot_fused_dit"), dispatch=dispatch,
-                              prompt_multiple=chosen.groot_prompt_multiple if chosen.fast_paths else 0)
+                              prompt_multiple=chosen.groot_prompt_multiple if chosen.fast_paths else 0,
+                              fp8=dispatch[Op.GEMM_PREFIX] == "fp8")
 
 
 def load_groot_policy(checkpoint_dir: Path, config=None, embodiment: str | None = None,

@@ -13,12 +13,16 @@ and noise of a predict. Each path runs --warmup times, then --runs times with a 
   no fused DiT   the same two with EngineOptions.groot_fused_dit off (the step tables' sampler with the
                  reference DiT's ops: the A/B of engine/groot_fused_dit.py)
   no step tables the same two with EngineOptions.groot_step_tables off (the reference's sampler in the graph)
-  phases         vision, language, action head, each captured as a graph of its own (CUDA only), for the graph
-                 and for the graph without the fused DiT
+  fp8            the same two with weight-only FP8 on the fused DiT's GEMMs (engine/groot_fp8.py, precision "fp8";
+                 on the CPU the few-row GEMM's plain-PyTorch reference)
+  phases         vision, language, action head, each captured as a graph of its own (CUDA only), for the graph,
+                 the graph without the fused DiT and the FP8 graph
 
-Accuracy: the chunk cosine of the graph (fused DiT on and off) and of the reference in --dtype against an fp32
-reference on the same weights (the --dtype weights cast up) over --observations random observations (mean and
-worst), the gate engine/gate.py applies to the pi family (bf16 >= 0.999).
+Accuracy: the chunk cosine of the graph (fused DiT on and off), of the FP8 graph and of the reference in --dtype
+against an fp32 reference on the same weights (the --dtype weights cast up) over --observations random
+observations (mean and worst), and GR00T's gate (engine/groot_gate.py: cosine mean >= 0.999, worst >= 0.995, no
+sign flip in the gripper column of the fixtures' embodiment layout) for the graph and the FP8 graph, all on the
+same observations in this process.
 
     python tools/benchmark_groot.py [--config groot_n1.6] [--device cuda] [--dtype bfloat16] [--views 2]
         [--image 224] [--prompt-tokens 30] [--runs N] [--warmup N] [--observations N] [--out DIR]
@@ -40,10 +44,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flashrt_core.engine.gate import GATE_BF16, cosine  # noqa: E402
+from flashrt_core.engine.groot_gate import cosine, gate, gripper_dims  # noqa: E402
 from flashrt_core.engine.groot_graph import GrootGraphExecutor  # noqa: E402
 from flashrt_core.engine.timing import graph_replay_ms  # noqa: E402
-from flashrt_core.groot_fixtures import random_groot_model  # noqa: E402
+from flashrt_core.groot_fixtures import DEFAULT_ACTION, random_groot_model  # noqa: E402
 from flashrt_core.groot_inputs import prepare_views  # noqa: E402
 from flashrt_core.groot_policy import GrootReferenceExecutor  # noqa: E402
 from flashrt_core.model.groot.config import get_groot_config  # noqa: E402
@@ -106,6 +110,7 @@ def run(args, argv: list[str]) -> dict:
     graph = GrootGraphExecutor(model, device)
     unfused = GrootGraphExecutor(model, device, fused_dit=False)
     plain = GrootGraphExecutor(model, device, step_tables=False)
+    fp8 = GrootGraphExecutor(model, device, fp8=True)
     host = make_inputs(cfg, args, seed=0)
     on_device = to_device(host, device)
     start = time.perf_counter()
@@ -118,7 +123,8 @@ def run(args, argv: list[str]) -> dict:
                "graph_no_fused_dit": summary(timed(lambda: unfused.sample_actions(*host), device, args.warmup,
                                                    args.runs)),
                "graph_no_step_tables": summary(timed(lambda: plain.sample_actions(*host), device, args.warmup,
-                                                     args.runs))}
+                                                     args.runs)),
+               "graph_fp8": summary(timed(lambda: fp8.sample_actions(*host), device, args.warmup, args.runs))}
     (entry,) = graph.entries.values()
     if entry.graph is not None:
         results["graph_replay"] = summary(graph_replay_ms(entry.graph, args.runs))
@@ -126,17 +132,24 @@ def run(args, argv: list[str]) -> dict:
         results["graph_replay_no_fused_dit"] = summary(graph_replay_ms(unfused_entry.graph, args.runs))
         (plain_entry,) = plain.entries.values()
         results["graph_replay_no_step_tables"] = summary(graph_replay_ms(plain_entry.graph, args.runs))
+        (fp8_entry,) = fp8.entries.values()
+        results["graph_replay_fp8"] = summary(graph_replay_ms(fp8_entry.graph, args.runs))
         results["phases_ms"] = graph.phase_times(reps=args.runs)
         results["phases_ms_no_fused_dit"] = unfused.phase_times(reps=args.runs)
+        results["phases_ms_fp8"] = fp8.phase_times(reps=args.runs)
     model32 = model if dtype == torch.float32 else copy.deepcopy(model).float()
     reference32 = GrootReferenceExecutor(model32, device)
-    cos_graph, cos_unfused, cos_reference = [], [], []
+    wants, chunks_graph, chunks_fp8, cos_unfused, cos_reference = [], [], [], [], []
     for k in range(args.observations):
         obs = make_inputs(cfg, args, seed=100 + k)
         want = reference32.sample_actions(*to_device(obs, device)).float().cpu().numpy()
-        cos_graph.append(cosine(graph.sample_actions(*obs).float().cpu().numpy(), want))
+        wants.append(want)
+        chunks_graph.append(graph.sample_actions(*obs).float().cpu().numpy())
+        chunks_fp8.append(fp8.sample_actions(*obs).float().cpu().numpy())
         cos_unfused.append(cosine(unfused.sample_actions(*obs).float().cpu().numpy(), want))
         cos_reference.append(cosine(reference.sample_actions(*to_device(obs, device)).float().cpu().numpy(), want))
+    grippers = gripper_dims(DEFAULT_ACTION)
+    gate_graph, gate_fp8 = gate(chunks_graph, wants, grippers), gate(chunks_fp8, wants, grippers)
     sig = entry.tables.signature
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -150,12 +163,14 @@ def run(args, argv: list[str]) -> dict:
         "horizon": cfg.action_horizon, "steps": cfg.num_inference_timesteps, "runs": args.runs,
         "warmup": args.warmup, "first_call_s": first_call_s, **results,
         "speedup": results["reference"]["median_ms"] / results["graph"]["median_ms"],
-        "cosine_vs_fp32": {"graph_mean": float(np.mean(cos_graph)), "graph_worst": float(np.min(cos_graph)),
+        "cosine_vs_fp32": {"graph_mean": gate_graph.mean, "graph_worst": gate_graph.worst,
+                           "graph_fp8_mean": gate_fp8.mean, "graph_fp8_worst": gate_fp8.worst,
                            "graph_no_fused_dit_mean": float(np.mean(cos_unfused)),
                            "graph_no_fused_dit_worst": float(np.min(cos_unfused)),
                            "reference_mean": float(np.mean(cos_reference)),
-                           "reference_worst": float(np.min(cos_reference)), "gate_bf16": GATE_BF16,
+                           "reference_worst": float(np.min(cos_reference)),
                            "observations": args.observations},
+        "gate": {"graph": gate_graph.as_dict(), "graph_fp8": gate_fp8.as_dict()},
     }
 
 
@@ -170,7 +185,9 @@ def table(r: dict) -> str:
                        ("graph_no_fused_dit", f"{r['executor']}, no fused DiT"),
                        ("graph_replay_no_fused_dit", "graph replay, no fused DiT"),
                        ("graph_no_step_tables", f"{r['executor']}, no step tables"),
-                       ("graph_replay_no_step_tables", "graph replay, no step tables")):
+                       ("graph_replay_no_step_tables", "graph replay, no step tables"),
+                       ("graph_fp8", f"{r['executor']}, FP8 DiT"),
+                       ("graph_replay_fp8", "graph replay, FP8 DiT")):
         if key in r:
             lines.append(f"{label:<28}{r[key]['median_ms']:>10.2f}{r[key]['p99_ms']:>10.2f}")
     if "phases_ms" in r:
@@ -178,12 +195,20 @@ def table(r: dict) -> str:
                      + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms"].items()))
         lines.append("graph phases without the fused DiT: "
                      + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms_no_fused_dit"].items()))
+        lines.append("graph phases with the FP8 DiT: "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms_fp8"].items()))
     c = r["cosine_vs_fp32"]
     lines.append(f"speed-up {r['speedup']:.1f}x; first call {r['first_call_s']:.2f} s (with the capture on CUDA)")
     lines.append(f"cosine vs fp32 reference ({c['observations']} observations): graph mean {c['graph_mean']:.6f} "
                  f"worst {c['graph_worst']:.6f}; without the fused DiT mean {c['graph_no_fused_dit_mean']:.6f} worst "
                  f"{c['graph_no_fused_dit_worst']:.6f}; {r['dtype']} reference mean {c['reference_mean']:.6f} worst "
                  f"{c['reference_worst']:.6f}")
+    for key, label in (("graph", f"{r['dtype']} graph"), ("graph_fp8", "FP8 graph")):
+        g = r["gate"][key]
+        lines.append(f"gate ({label} vs fp32): cosine mean {g['mean']:.6f} (>= {g['gate_mean']}) worst "
+                     f"{g['worst']:.6f} (>= {g['gate_worst']}), {g['sign_flips']} gripper sign flips (dims "
+                     f"{g['gripper_dims']}): "
+                     f"{'pass' if g['passed'] else 'FAIL'}")
     return "\n".join(lines)
 
 
@@ -197,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt-tokens", type=int, default=30, help="text ids before the image slots")
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--observations", type=int, default=3, help="observations of the accuracy check")
+    parser.add_argument("--observations", type=int, default=4, help="observations of the accuracy check and gate")
     parser.add_argument("--out", help="folder for the JSON result")
     return parser
 

@@ -19,12 +19,14 @@ and bias = shift from the step tables (groot_dit.StepTables; the timestep is the
     norm(attention output, residual) -> norm3, linear_gelu (GELU in the GEMM's epilogue on the GPU), linear
 and after the last block norm(pending, residual) with the output modulation, then proj_out_2. GEMM inputs are in
 the model's dtype (bf16 on the GPU), so the chunk differs from the reference's by rounding alone
-(test/core/test_groot_fused_dit.py compares them with the plain-PyTorch ops on the CPU).
+(test/core/test_groot_fused_dit.py compares them with the plain-PyTorch ops on the CPU). With FP8
+(engine/groot_fp8.py) the blocks' GEMMs read weight-only E4M3 copies of the weights (FusedDit.w8), bias and GELU in the
+few-row GEMM's epilogue.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +62,7 @@ class FusedDit:
     heads: int
     inner: int                 # heads * head_dim
     dtype: torch.dtype
+    w8: dict = field(default_factory=dict)   # FP8: id(Linear with w8) -> its SkinnyConfig (engine/groot_fp8.py)
 
 
 def _single(module: torch.nn.Linear) -> Linear:
@@ -119,6 +122,16 @@ def additive_masks(kv: dict) -> dict:
     return out
 
 
+def _gemm(fused: FusedDit, x: torch.Tensor, lin: Linear, gelu: bool = False) -> torch.Tensor:
+    """x @ W^T + b (gelu: its tanh GELU): on the layer's weight-only FP8 weights where engine/groot_fp8.py gave it
+    some (the output projection and the MLP's down GEMM may then return split-K partials, which the norm after
+    them sums), else the bf16 GEMM (the GELU in cuBLASLt's epilogue)."""
+    cfg = fused.w8.get(id(lin)) if lin.w8 is not None else None
+    if cfg is not None:
+        return fused.ops.linear_w8(x, lin, cfg, gelu=gelu)
+    return fused.ops.linear_gelu(x, lin) if gelu else fused.ops.linear(x, lin)
+
+
 def _dit(fused: FusedDit, mods: FusedStepTables, k: int, kv: dict, hidden: torch.Tensor) -> torch.Tensor:
     """The DiT's blocks, final modulated LayerNorm and proj_out_2 at step k: hidden [B, T, D] -> [B, T, out]."""
     ops, heads, inner = fused.ops, fused.heads, fused.inner
@@ -129,19 +142,19 @@ def _dit(fused: FusedDit, mods: FusedStepTables, k: int, kv: dict, hidden: torch
     for idx, block in enumerate(fused.blocks):
         scale1, shift = mods.ada[k][idx]
         ops.norm(pending, residual, normed, scale1, shift, block.ada_eps, layer_norm=True)
-        proj = ops.linear(normed, block.qkv).view(b, t, -1)
+        proj = _gemm(fused, normed, block.qkv).view(b, t, -1)
         q = _heads(proj[..., :inner], heads)
         if block.cross:
             key, value, mask = kv[idx]
         else:
             key, value, mask = _heads(proj[..., inner:2 * inner], heads), _heads(proj[..., 2 * inner:], heads), None
         attn = F.scaled_dot_product_attention(q, key, value, attn_mask=mask)
-        attn = ops.linear(attn.transpose(1, 2).reshape(b * t, inner), block.out)
+        attn = _gemm(fused, attn.transpose(1, 2).reshape(b * t, inner), block.out)
         ops.norm(attn, residual, normed, None, None, block.ff_eps, layer_norm=True)
-        pending = ops.linear(ops.linear_gelu(normed, block.ff1), block.ff2)
+        pending = _gemm(fused, _gemm(fused, normed, block.ff1, gelu=True), block.ff2)
     scale1, shift = mods.out_mod[k]
     ops.norm(pending, residual, normed, scale1, shift, FINAL_NORM_EPS, layer_norm=True)
-    return ops.linear(normed, fused.proj_out).view(b, t, -1)
+    return _gemm(fused, normed, fused.proj_out).view(b, t, -1)
 
 
 def sample_actions_fused(head: GrootActionHead, tables: StepTables, mods: FusedStepTables, fused: FusedDit,

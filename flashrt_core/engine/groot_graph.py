@@ -10,7 +10,8 @@ length, a padded prompt mask or not: groot_static.GrootSignature) is captured on
 that signature only replay. All graphs share one memory pool (they never run at the same time).
 
 The DiT's blocks run on the engine's fused ops (engine/groot_fused_dit.py, fused_dit / EngineOptions.groot_fused_dit):
-their weights are prepared once here, the Ops bound to the dispatch table's implementations.
+their weights are prepared once here, the Ops bound to the dispatch table's implementations. fp8=True (precision
+"fp8") gives the fused DiT's GEMMs weight-only FP8 weights (engine/groot_fp8.py); the rest stays in the model's dtype.
 
 capture=False runs the same static function eagerly: on the CPU (where it is checked against the reference
 executor) and on a GPU with EngineOptions.cuda_graph off (Op.EXECUTOR "eager_engine").
@@ -35,8 +36,10 @@ import torch
 from flashrt_core.errors import InputError
 from flashrt_core.model.groot.model import GrootModel
 
-from .dispatch import Dispatch, eager_cpu_dispatch, resolve
+from .dispatch import Dispatch, Op, eager_cpu_dispatch, resolve
+from .fp8 import FP8_DTYPES
 from .graph_executor import StagingBlob
+from .groot_fp8 import quantize_fused_dit
 from .groot_fused_dit import FusedDit, prepare_fused_dit
 from .groot_static import (GrootSignature, StaticTables, action_chunk, embed_dtype, image_tokens,
                            language_features, predict)
@@ -76,14 +79,16 @@ class GrootGraphExecutor:
 
     def __init__(self, model: GrootModel, device: torch.device | str, capture: bool | None = None,
                  step_tables: bool = True, fused_dit: bool = True, dispatch: Dispatch | None = None,
-                 prompt_multiple: int = 0):
+                 prompt_multiple: int = 0, fp8: bool = False):
         """step_tables: the DiT's per-step tables (engine/groot_dit.py, EngineOptions.groot_step_tables); False runs
         the reference's sampler inside the graph. fused_dit: the DiT's blocks on the engine's fused ops
         (engine/groot_fused_dit.py, EngineOptions.groot_fused_dit; with step_tables only). dispatch: the ops'
         implementations (None: the table resolved for this device with the default options; the plain-PyTorch
         ones on the CPU). prompt_multiple: prompts right-padded (masked) up to a multiple of this many tokens
         (EngineOptions.groot_prompt_multiple; 0 or 1: as they come); applied only where the DiT masks its
-        cross-attention (AlternateVLDiT), the one case where padding leaves the chunk as it is."""
+        cross-attention (AlternateVLDiT), the one case where padding leaves the chunk as it is. fp8: weight-only FP8
+        on the fused DiT's GEMMs (engine/groot_fp8.py; needs fused_dit, and the Triton few-row GEMM on a GPU; on the
+        CPU its plain-PyTorch reference runs, for tests); the E4M3 flavour is the dispatch table's Op.FP8_FORMAT."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -96,12 +101,22 @@ class GrootGraphExecutor:
         self.capture = capture
         self.step_tables = step_tables
         self.fused_dit = fused_dit and step_tables
+        if fp8 and not self.fused_dit:
+            raise ValueError("GR00T's FP8 reads weight-only FP8 weights in the fused DiT: turn groot_fused_dit and "
+                             "groot_step_tables on, or FP8 off (precision 'bf16')")
+        self.fp8 = fp8
         self._fused: FusedDit | None = None
         if self.fused_dit:
             if dispatch is None:
                 dispatch = (eager_cpu_dispatch() if device.type == "cpu"
                             else resolve(detect_hardware("auto", device)))
+            if fp8 and device.type == "cuda" and dispatch[Op.GEMM_DECODER] != "triton":
+                raise ValueError("GR00T's FP8 reads weight-only FP8 weights in the Triton few-row GEMM "
+                                 "(kernels/flashrt_kernels/skinny_gemm.py), which this dispatch does not run "
+                                 f"(gemm_decoder={dispatch[Op.GEMM_DECODER]!r}); turn the fp8 option off, or triton on")
             self._fused = prepare_fused_dit(model.action_head, Ops(dispatch))
+            if fp8:
+                quantize_fused_dit(self._fused, FP8_DTYPES[dispatch[Op.FP8_FORMAT]], 1 + model.cfg.action_horizon)
         self.prompt_multiple = prompt_multiple if model.cfg.dit.alternate_vl else 0
         self.name = "graph" if capture else "static-eager"
         self._entries: dict[GrootSignature, _Entry] = {}

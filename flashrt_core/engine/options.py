@@ -52,7 +52,8 @@ class EngineOptions:
     flash_attention: bool = _option(True, "torch's fused SDPA kernels for the attentions.",
                                     "The math attention (matmul, fp32 softmax, matmul).")
     fp8: bool = _option(False, "FP8 E4M3 with static per-tensor scales on the backbone's gate/up and down GEMMs "
-                        "(opt-in; the scope that passes the 0.998 accuracy gate, engine/fp8.py).",
+                        "(opt-in; the scope that passes the 0.998 accuracy gate, engine/fp8.py). GR00T: weight-only "
+                        "FP8 on the DiT blocks' GEMMs (engine/groot_fp8.py).",
                         "bf16 GEMMs everywhere.")
     pdl: bool = _option(True, "Programmatic dependent launch between the Triton kernels (NVIDIA sm90+): a kernel "
                         "starts while the one before it ends and streams its weights before its wait.",

@@ -761,3 +761,54 @@ def test_skinny_gemm_fp8_weights(kind, n, k, geglu, split):
     assert err < SKINNY_REL_L2, f"rel L2 error {err:.2e}"
     exact = K.skinny_gemm_reference(x, w.to(torch.bfloat16), geglu, split).float()
     assert (want - exact).norm() / exact.norm() < 0.05       # E4M3 per channel: a few percent off the bf16 weights
+
+
+# GR00T N1.6's DiT GEMMs at one observation (17 rows: the state token and the 16 action tokens): (name, N, K,
+# bias, GELU, split-K) as engine/groot_fp8.py launches them (qkv merged, out and ff2 into the residual norms)
+GROOT_DIT_GEMMS = [("qkv", 4608, 1536, False, 1), ("out", 1536, 1536, False, 2), ("ff1", 6144, 1536, True, 1),
+                   ("ff2", 1536, 6144, False, 4)]
+
+
+@pytest.mark.parametrize("name, n, k, gelu, split", GROOT_DIT_GEMMS, ids=[g[0] for g in GROOT_DIT_GEMMS])
+def test_skinny_gemm_bias_and_gelu_epilogues(name, n, k, gelu, split):
+    """The bias (partial 0 alone with split-K) and the tanh-GELU epilogues against the reference; bf16 weights on the
+    GPU, fp32 under the interpreter (small shapes)."""
+    rows = 17 if not INTERPRET else 5
+    if INTERPRET:
+        n, k = n // 32, k // 16
+    g = torch.Generator(device=DEVICE).manual_seed(n + k + split)
+    x = torch.randn(rows, k, device=DEVICE, generator=g).to(SKINNY_DTYPE)
+    w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(SKINNY_DTYPE)
+    bias = torch.randn(n, device=DEVICE, generator=g).to(SKINNY_DTYPE)
+    want = K.skinny_gemm_reference(x, w, split_k=split, bias=bias, gelu=gelu).float()
+    got = K.skinny_gemm(x, w, split_k=split, block_k=(16 if INTERPRET else 128), bias=bias, gelu=gelu).float()
+    assert got.shape == want.shape and not torch.isnan(got).any()
+    err = (got - want).norm() / want.norm()
+    assert err < SKINNY_REL_L2, f"rel L2 error {err:.2e}"
+    plain = K.skinny_gemm_reference(x, w, split_k=split).float()
+    if split > 1:       # the partials sum to the biased product
+        torch.testing.assert_close(got.sum(0), plain.sum(0) + bias.float(), rtol=2e-2, atol=2e-2)
+    else:
+        assert (want - plain).norm() / plain.norm() > 0.1        # the epilogue changed the result
+    with pytest.raises(ValueError, match="GELU epilogue needs the whole product"):
+        K.skinny_gemm(x, w, split_k=2, block_k=(16 if INTERPRET else 128), gelu=True)
+
+
+@pytest.mark.parametrize("name, n, k, gelu, split", GROOT_DIT_GEMMS, ids=[g[0] for g in GROOT_DIT_GEMMS])
+def test_skinny_gemm_fp8_weights_with_bias_and_gelu(name, n, k, gelu, split):
+    """Weight-only FP8 with the bias and GELU epilogues at GR00T's DiT shapes (17 rows) against the reference on the
+    same quantized weights."""
+    if INTERPRET:
+        pytest.skip("the interpreter loads no FP8 tensors")
+    g = torch.Generator(device=DEVICE).manual_seed(n + k)
+    x = torch.randn(17, k, device=DEVICE, generator=g).to(torch.bfloat16)
+    w = torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5
+    bias = torch.randn(n, device=DEVICE, generator=g).to(torch.bfloat16)
+    scale = (w.abs().amax(dim=1) / 448.0).float()
+    wq = (w / scale[:, None]).to(torch.float8_e4m3fn)
+    want = K.skinny_gemm_reference(x, wq, split_k=split, scale=scale, bias=bias, gelu=gelu).float()
+    got = K.skinny_gemm(x, wq, split_k=split, block_n=16, block_k=128, num_stages=4, scale=scale, bias=bias,
+                        gelu=gelu).float()
+    assert got.shape == want.shape and not torch.isnan(got).any()
+    err = (got - want).norm() / want.norm()
+    assert err < SKINNY_REL_L2, f"rel L2 error {err:.2e}"

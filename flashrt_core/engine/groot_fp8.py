@@ -1,0 +1,110 @@
+"""GR00T N1.6 in FP8 (precision="fp8", EngineOptions.fp8 on the graph executor): weight-only E4M3 on the fused DiT.
+
+The DiT's GEMMs run on B * (1 + horizon) rows (17 for one observation: the state token and 16 action tokens), 4
+Euler steps x 32 blocks per predict, so they are bound by reading their weights. Each of them gets a weight-only
+FP8 copy (fp8.weight_only_fp8: one E4M3 scale per output channel, from the weights alone, so nothing is
+calibrated): half the bytes to stream. The Triton few-row GEMM (kernels/flashrt_kernels/skinny_gemm.py, through
+Ops.linear_w8) converts each weight tile to bf16 in registers and applies the scale, the layer's bias and, for the
+MLP's first GEMM, the tanh GELU in its epilogue; activations stay bf16.
+
+    quantized (FP8 weights)   every block's Q/K/V (merged) or Q (cross-attention), output projection, MLP up (with
+                              the GELU) and down
+    split-K allowed           the output projection and the MLP's down GEMM: the norm after them (Ops.norm) sums
+                              the fp32 partials, so the weights stream from more programs without a reduction kernel
+    bf16 (as without FP8)     proj_out_2 (its rounding reaches the velocity undiluted by the residual stream: on
+                              the CPU at the released sizes it is ~10 % of the FP8 chunk's cosine loss, for ~0.2 % of
+                              the DiT's weight bytes), the cross-attention K / V of the backbone features (hundreds
+                              of rows, once per predict), the embodiment encoders and decoder (one weight slice per
+                              embodiment), the step tables (computed once), and the vision and language model
+                              (transformers' modules on hundreds of rows: weight-only FP8 is a few-row GEMM, and the
+                              pi family's activation FP8 needs a calibration)
+
+Launch configurations: per GEMM shape and kind, the fastest of the few-row GEMM's candidates
+(kernel_configs.SKINNY_CANDIDATES) at one observation's rows, timed at build on the GPU (the first that fits
+elsewhere, where Ops.linear_w8 runs the kernel's plain-PyTorch reference). More rows than one launch serves (64:
+batches of 4 or more observations) run in row blocks (Ops.linear_w8).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .fp8 import weight_only_fp8
+from .groot_fused_dit import FusedDit
+from .kernel_configs import SKINNY_CANDIDATES, SkinnyConfig
+from .ops import Ops
+from .timing import graph_time_us
+from .tuning import time_candidate
+from .weights import Linear
+
+log = logging.getLogger(__name__)
+
+PLAIN, GELU, PARTIALS = "plain", "gelu", "partials"     # the GEMM's epilogue / who consumes its output
+MAX_ROWS = 64                                            # one launch of the few-row GEMM (Ops.linear_w8)
+
+
+def dit_gemms(fused: FusedDit) -> list[tuple[Linear, str]]:
+    """The fused DiT's GEMMs that read FP8 weights, each with its kind: PLAIN (Q/K/V), GELU (the MLP's first, the
+    GELU in the epilogue), PARTIALS (output projection and MLP down, summed by the norm after them)."""
+    out: list[tuple[Linear, str]] = []
+    for block in fused.blocks:
+        out += [(block.qkv, PLAIN), (block.out, PARTIALS), (block.ff1, GELU), (block.ff2, PARTIALS)]
+    return out
+
+
+def candidates(kind: str, rows: int, k: int) -> list[SkinnyConfig]:
+    """The few-row GEMM's launch configurations (every kind's in kernel_configs, once each) that take `rows` rows
+    (at most MAX_ROWS per launch) and divide K; split-K only where a norm sums the partials (PARTIALS). Empty for
+    a K that none divides (pick_config then takes one_shot)."""
+    out: list[SkinnyConfig] = []
+    for cands in SKINNY_CANDIDATES.values():
+        for cfg in cands:
+            if (cfg not in out and (cfg.split_k == 1 or kind == PARTIALS) and min(rows, MAX_ROWS) <= cfg.max_rows
+                    and k % (cfg.split_k * cfg.block_k) == 0):
+                out.append(cfg)
+    return out
+
+
+def one_shot(k: int) -> SkinnyConfig:
+    """The configuration for a K no candidate divides (the narrow test presets): one program step over all of K."""
+    return SkinnyConfig(16, k, 1, 1)
+
+
+def pick_config(ops: Ops, lin: Linear, kind: str, rows: int, dtype: torch.dtype) -> tuple[SkinnyConfig, dict]:
+    """The launch configuration of one FP8 GEMM: the fastest candidate timed on `rows` random rows on the GPU (one
+    that needs more shared memory or registers than the GPU has is left out: tuning.time_candidate), the first
+    candidate elsewhere (one_shot where none fits). -> (config, {config name: us})."""
+    w = lin.w8[0]
+    fits = candidates(kind, rows, w.shape[1]) or [one_shot(w.shape[1])]
+    if not w.is_cuda:
+        return fits[0], {}
+    x = torch.randn(rows, w.shape[1], device=w.device, dtype=dtype)
+    timed = {cfg: time_candidate(ops, f"groot_fp8_{kind}", cfg, lambda cfg=cfg: graph_time_us(
+        lambda: ops.linear_w8(x, lin, cfg, gelu=kind == GELU), reps=4)) for cfg in fits}
+    times = {cfg: us for cfg, us in timed.items() if us is not None}      # None: out of this GPU's resources
+    if not times:
+        raise RuntimeError(f"no few-row GEMM configuration runs the FP8 {kind} GEMM {tuple(w.shape)} on this GPU: "
+                           f"{ops.decoder_failures.get(f'groot_fp8_{kind}')}")
+    best = min(times, key=times.get)
+    return best, {str(cfg): round(us, 2) for cfg, us in times.items()}
+
+
+@torch.no_grad()
+def quantize_fused_dit(fused: FusedDit, fp8_dtype: torch.dtype, rows: int) -> int:
+    """Give every GEMM of dit_gemms its weight-only FP8 copy (lin.w8; the bf16 weights and the bias stay: the bias
+    is added in the GEMM's epilogue) and its launch configuration (fused.w8, by id(Linear)), picked once per
+    (shape, kind) for `rows` rows. Returns how many GEMMs read FP8 weights."""
+    picks: dict[tuple, SkinnyConfig] = {}
+    for lin, kind in dit_gemms(fused):
+        (w, _), = lin.parts
+        lin.w8 = weight_only_fp8(Linear([(w, None)]), fp8_dtype).w8        # the bias stays in lin.parts
+        key = (tuple(w.shape), kind)
+        if key not in picks:
+            picks[key], times = pick_config(fused.ops, lin, kind, rows, fused.dtype)
+            if times:
+                log.info("GR00T FP8 DiT GEMM %s %s at %d rows: %s -> %s", kind, key[0], rows, times, picks[key])
+        fused.w8[id(lin)] = picks[key]
+    log.info("GR00T DiT: weight-only FP8 (%s, a scale per output channel) on %d GEMMs", fp8_dtype, len(fused.w8))
+    return len(fused.w8)
