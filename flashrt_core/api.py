@@ -414,7 +414,7 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     statistics), statistics overrides the checkpoint's statistics.json; on CUDA it runs as one CUDA graph per input
     signature (engine/groot_graph.py; hardware and engine_options pick the executor as for the pi family, and
     hardware="reference" keeps the eager reference executor), on the CPU on the reference executor.
-    precision="fp8" gives GR00T's DiT weight-only FP8 weights (engine/groot_fp8.py), which need no calibration.
+    precision="fp8" gives GR00T's DiT weight-only FP8 weights (engine/groot_dit_gemms.py), which need no calibration.
     """
     family = _model_family(checkpoint, config)
     if family == "groot":

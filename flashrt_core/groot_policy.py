@@ -10,7 +10,7 @@ CUDA graph per input signature), chosen as the pi family's is: the dispatch tabl
 and EngineOptions ("graph"; "eager_engine" with cuda_graph off runs the same static code without a graph;
 "reference" with fast_paths off). hardware="reference", and "auto" on the CPU, run the eager reference executor;
 a GPU target ("sm90", ...) on the CPU is refused. precision="fp8" (engine_options.fp8) puts weight-only FP8 weights
-on the fused DiT's GEMMs (engine/groot_fp8.py); the CPU and the reference path refuse it (api.resolve_precision).
+on the fused DiT's GEMMs (engine/groot_dit_gemms.py); the CPU and the reference path refuse it (api.resolve_precision).
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def build_groot_executor(model: GrootModel, device: torch.device, hardware: str 
     hardware="reference" or a CPU device -> GrootReferenceExecutor; on CUDA the dispatch table's Op.EXECUTOR:
     "graph" -> GrootGraphExecutor, "eager_engine" (cuda_graph off) -> the same without capture, "reference"
     (fast_paths off) -> GrootReferenceExecutor; with FP8 (engine_options.fp8 on an FP8-capable GPU: Op.GEMM_PREFIX
-    "fp8") the fused DiT's GEMMs read weight-only FP8 weights (engine/groot_fp8.py). options None reads the
+    "fp8") the fused DiT's GEMMs read weight-only FP8 weights (engine/groot_dit_gemms.py). options None reads the
     defaults with the environment on top."""
     device = torch.device(device)
     check_hardware(hardware, device)
@@ -168,7 +168,8 @@ def build_groot_executor(model: GrootModel, device: torch.device, hardware: str 
                               step_tables=chosen.enabled("groot_step_tables"),
                               fused_dit=chosen.enabled("groot_fused_dit"), dispatch=dispatch,
                               prompt_multiple=chosen.groot_prompt_multiple if chosen.fast_paths else 0,
-                              fp8=dispatch[Op.GEMM_PREFIX] == "fp8")
+                              fp8=dispatch[Op.GEMM_PREFIX] == "fp8",
+                              few_row_gemms=chosen.enabled("groot_few_row_gemms"))
 
 
 def load_groot_policy(checkpoint_dir: Path, config=None, embodiment: str | None = None,

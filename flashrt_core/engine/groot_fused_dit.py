@@ -19,9 +19,9 @@ and bias = shift from the step tables (groot_dit.StepTables; the timestep is the
     norm(attention output, residual) -> norm3, linear_gelu (GELU in the GEMM's epilogue on the GPU), linear
 and after the last block norm(pending, residual) with the output modulation, then proj_out_2. GEMM inputs are in
 the model's dtype (bf16 on the GPU), so the chunk differs from the reference's by rounding alone
-(test/core/test_groot_fused_dit.py compares them with the plain-PyTorch ops on the CPU). With FP8
-(engine/groot_fp8.py) the blocks' GEMMs read weight-only E4M3 copies of the weights (FusedDit.w8), bias and GELU in the
-few-row GEMM's epilogue.
+(test/core/test_groot_fused_dit.py compares them with the plain-PyTorch ops on the CPU). With groot_few_row_gemms
+or FP8 (engine/groot_dit_gemms.py) the blocks' GEMMs run on the few-row GEMM (FusedDit.few_row), bias and GELU in its
+epilogue; with FP8 they read weight-only E4M3 copies of the weights.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class FusedDit:
     heads: int
     inner: int                 # heads * head_dim
     dtype: torch.dtype
-    w8: dict = field(default_factory=dict)   # FP8: id(Linear with w8) -> its SkinnyConfig (engine/groot_fp8.py)
+    few_row: dict = field(default_factory=dict)   # id(Linear) -> its few-row GEMM's SkinnyConfig (engine/groot_dit_gemms.py)
 
 
 def _single(module: torch.nn.Linear) -> Linear:
@@ -123,12 +123,13 @@ def additive_masks(kv: dict) -> dict:
 
 
 def _gemm(fused: FusedDit, x: torch.Tensor, lin: Linear, gelu: bool = False) -> torch.Tensor:
-    """x @ W^T + b (gelu: its tanh GELU): on the layer's weight-only FP8 weights where engine/groot_fp8.py gave it
-    some (the output projection and the MLP's down GEMM may then return split-K partials, which the norm after
-    them sums), else the bf16 GEMM (the GELU in cuBLASLt's epilogue)."""
-    cfg = fused.w8.get(id(lin)) if lin.w8 is not None else None
+    """x @ W^T + b (gelu: its tanh GELU): on the few-row GEMM where engine/groot_dit_gemms.py gave the layer a launch
+    configuration (its weight-only FP8 weights when it has them; the output projection and the MLP's down GEMM may
+    return split-K partials, which the norm after them sums), else the library GEMM (the GELU in cuBLASLt's
+    epilogue)."""
+    cfg = fused.few_row.get(id(lin))
     if cfg is not None:
-        return fused.ops.linear_w8(x, lin, cfg, gelu=gelu)
+        return fused.ops.few_row_linear(x, lin, cfg, gelu=gelu)
     return fused.ops.linear_gelu(x, lin) if gelu else fused.ops.linear(x, lin)
 
 

@@ -11,7 +11,7 @@ that signature only replay. All graphs share one memory pool (they never run at 
 
 The DiT's blocks run on the engine's fused ops (engine/groot_fused_dit.py, fused_dit / EngineOptions.groot_fused_dit):
 their weights are prepared once here, the Ops bound to the dispatch table's implementations. fp8=True (precision
-"fp8") gives the fused DiT's GEMMs weight-only FP8 weights (engine/groot_fp8.py); the rest stays in the model's dtype.
+"fp8") gives the fused DiT's GEMMs weight-only FP8 weights (engine/groot_dit_gemms.py); the rest stays in the model's dtype.
 
 capture=False runs the same static function eagerly: on the CPU (where it is checked against the reference
 executor) and on a GPU with EngineOptions.cuda_graph off (Op.EXECUTOR "eager_engine").
@@ -39,7 +39,7 @@ from flashrt_core.model.groot.model import GrootModel
 from .dispatch import Dispatch, Op, eager_cpu_dispatch, resolve
 from .fp8 import FP8_DTYPES
 from .graph_executor import StagingBlob
-from .groot_fp8 import quantize_fused_dit
+from .groot_dit_gemms import quantize_fused_dit, tune_few_row_gemms
 from .groot_fused_dit import FusedDit, prepare_fused_dit
 from .groot_static import (GrootSignature, StaticTables, action_chunk, embed_dtype, image_tokens,
                            language_features, predict)
@@ -79,7 +79,7 @@ class GrootGraphExecutor:
 
     def __init__(self, model: GrootModel, device: torch.device | str, capture: bool | None = None,
                  step_tables: bool = True, fused_dit: bool = True, dispatch: Dispatch | None = None,
-                 prompt_multiple: int = 0, fp8: bool = False):
+                 prompt_multiple: int = 0, fp8: bool = False, few_row_gemms: bool = True):
         """step_tables: the DiT's per-step tables (engine/groot_dit.py, EngineOptions.groot_step_tables); False runs
         the reference's sampler inside the graph. fused_dit: the DiT's blocks on the engine's fused ops
         (engine/groot_fused_dit.py, EngineOptions.groot_fused_dit; with step_tables only). dispatch: the ops'
@@ -87,8 +87,10 @@ class GrootGraphExecutor:
         ones on the CPU). prompt_multiple: prompts right-padded (masked) up to a multiple of this many tokens
         (EngineOptions.groot_prompt_multiple; 0 or 1: as they come); applied only where the DiT masks its
         cross-attention (AlternateVLDiT), the one case where padding leaves the chunk as it is. fp8: weight-only FP8
-        on the fused DiT's GEMMs (engine/groot_fp8.py; needs fused_dit, and the Triton few-row GEMM on a GPU; on the
-        CPU its plain-PyTorch reference runs, for tests); the E4M3 flavour is the dispatch table's Op.FP8_FORMAT."""
+        on the fused DiT's GEMMs (engine/groot_dit_gemms.py; needs fused_dit, and the Triton few-row GEMM on a GPU; on
+        the CPU its plain-PyTorch reference runs, for tests); the E4M3 flavour is the dispatch table's Op.FP8_FORMAT.
+        few_row_gemms: the fused DiT's bf16 GEMMs on the same few-row GEMM (EngineOptions.groot_few_row_gemms; where
+        the dispatch runs the Triton decoder GEMMs on a GPU, the reference of it on the CPU)."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -115,8 +117,11 @@ class GrootGraphExecutor:
                                  "(kernels/flashrt_kernels/skinny_gemm.py), which this dispatch does not run "
                                  f"(gemm_decoder={dispatch[Op.GEMM_DECODER]!r}); turn the fp8 option off, or triton on")
             self._fused = prepare_fused_dit(model.action_head, Ops(dispatch))
+            rows = 1 + model.cfg.action_horizon
             if fp8:
-                quantize_fused_dit(self._fused, FP8_DTYPES[dispatch[Op.FP8_FORMAT]], 1 + model.cfg.action_horizon)
+                quantize_fused_dit(self._fused, FP8_DTYPES[dispatch[Op.FP8_FORMAT]], rows)
+            elif few_row_gemms and (device.type == "cpu" or dispatch[Op.GEMM_DECODER] == "triton"):
+                tune_few_row_gemms(self._fused, rows)
         self.prompt_multiple = prompt_multiple if model.cfg.dit.alternate_vl else 0
         self.name = "graph" if capture else "static-eager"
         self._entries: dict[GrootSignature, _Entry] = {}

@@ -257,14 +257,15 @@ class Ops:
         return self.k.skinny_gemm(x, w, geglu=geglu, split_k=cfg.split_k, block_n=cfg.block_n, block_k=cfg.block_k,
                                   num_stages=cfg.stages, num_warps=cfg.warps, pdl=self.launch_mode(site), scale=scale)
 
-    def linear_w8(self, x: torch.Tensor, lin: Linear, cfg: SkinnyConfig, gelu: bool = False) -> torch.Tensor:
-        """x @ W^T + b (gelu: the tanh GELU of it) on the layer's weight-only FP8 weights (lin.w8; b is the layer's
-        own bias, lin.parts[0][1]): bias and GELU in the epilogue of flashrt_kernels/skinny_gemm.py on the GPU, its
-        plain-PyTorch reference elsewhere (Triton's interpreter loads no FP8 tensors). cfg.split_k > 1 returns the
+    def few_row_linear(self, x: torch.Tensor, lin: Linear, cfg: SkinnyConfig, gelu: bool = False) -> torch.Tensor:
+        """x @ W^T + b (gelu: the tanh GELU of it) on the Triton few-row GEMM: the layer's weight-only FP8 weights
+        (lin.w8) where it has them, else its one weight block; b is the layer's own bias, lin.parts[0][1]. Bias and
+        GELU in the epilogue of flashrt_kernels/skinny_gemm.py on the GPU, its plain-PyTorch reference elsewhere
+        (Triton's interpreter loads no FP8 tensors). cfg.split_k > 1 returns the
         fp32 partials (S, M, N) for a norm to sum. More rows than one launch takes (64, or cfg.max_rows) run in row
         blocks of that many, each streaming the weights again, without split-K."""
-        w, scale = lin.w8
-        bias = lin.parts[0][1]
+        (weight, bias), = lin.parts
+        w, scale = lin.w8 if lin.w8 is not None else (weight, None)
         if not x.is_cuda:
             return self.k.skinny_gemm_reference(x, w, split_k=cfg.split_k, scale=scale, bias=bias, gelu=gelu)
         launch = dict(block_n=cfg.block_n, block_k=cfg.block_k, num_stages=cfg.stages, num_warps=cfg.warps,

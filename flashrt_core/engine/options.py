@@ -53,7 +53,7 @@ class EngineOptions:
                                     "The math attention (matmul, fp32 softmax, matmul).")
     fp8: bool = _option(False, "FP8 E4M3 with static per-tensor scales on the backbone's gate/up and down GEMMs "
                         "(opt-in; the scope that passes the 0.998 accuracy gate, engine/fp8.py). GR00T: weight-only "
-                        "FP8 on the DiT blocks' GEMMs (engine/groot_fp8.py).",
+                        "FP8 on the DiT blocks' GEMMs (engine/groot_dit_gemms.py).",
                         "bf16 GEMMs everywhere.")
     pdl: bool = _option(True, "Programmatic dependent launch between the Triton kernels (NVIDIA sm90+): a kernel "
                         "starts while the one before it ends and streams its weights before its wait.",
@@ -116,6 +116,12 @@ class EngineOptions:
                                     "self-attention blocks in one GEMM, GELU in the MLP GEMM's epilogue "
                                     "(engine/groot_fused_dit.py); needs groot_step_tables.",
                                     "The step tables' sampler with the reference DiT's ops.")
+    groot_few_row_gemms: bool = _option(True, "GR00T: the fused DiT's GEMMs (17 rows per observation) on the Triton "
+                                        "few-row GEMM, bias and GELU in its epilogue, the output projection and "
+                                        "MLP down as split-K partials that the next norm sums; launch "
+                                        "configurations timed per shape at build (engine/groot_dit_gemms.py). FP8 always "
+                                        "reads its weights this way.",
+                                        "bf16 DiT GEMMs on cuBLAS (the GELU in cuBLASLt's epilogue).")
     groot_prompt_multiple: int = _option(16, "GR00T: the prompt right-padded with masked tokens up to a multiple of "
                                          "this many, so instructions of nearby lengths replay one graph instead of "
                                          "capturing a new one (the LLM is causal and the DiT masks the padding: the "

@@ -6,7 +6,7 @@
              the fp32 products (before the GeGLU) -- weight-only FP8: half the bytes of a weight-streaming GEMM
     bias (N,):  y = x @ W^T + b, added to the fp32 products (after the scale, before an activation); with split-K
              to partial 0 alone, so the partials still sum to y
-    GELU epilogue (gelu=True, no GeGLU, no split):  y = gelu_tanh(x @ W^T [+ b])  (GR00T's DiT MLP, engine/groot_fp8.py)
+    GELU epilogue (gelu=True, no GeGLU, no split):  y = gelu_tanh(x @ W^T [+ b])  (GR00T's DiT MLP, engine/groot_dit_gemms.py)
     split-K: program k of SPLIT_K writes the fp32 partial x[:, Kk] @ W[:, Kk]^T into part[k] (SPLIT_K, M, N);
              the consumer (the residual norm kernels) sums the partials, so no reduction kernel runs.
 

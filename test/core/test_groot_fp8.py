@@ -1,5 +1,5 @@
 """GR00T N1.6 in FP8 on the CPU (tiny preset, fp32 activations): the fused DiT's GEMMs read weight-only E4M3 weights
-(engine/groot_fp8.py) through the few-row GEMM's plain-PyTorch reference, so the chunk is exactly the reference
+(engine/groot_dit_gemms.py) through the few-row GEMM's plain-PyTorch reference, so the chunk is exactly the reference
 model's with those GEMMs' weights rounded to E4M3 (per output channel) and bounded against the unrounded one; the
 split-K partials (bias on partial 0) sum to the same chunk in the norms; FP8 is refused where it cannot run; and
 the GR00T accuracy gate's arithmetic (engine/groot_gate.py) on hand-made chunks."""
@@ -13,7 +13,7 @@ from test_groot_graph import TINY, inputs
 
 from flashrt_core import load_model
 from flashrt_core.api import resolve_precision
-from flashrt_core.engine.groot_fp8 import GELU, PARTIALS, PLAIN, candidates, dit_gemms
+from flashrt_core.engine.groot_dit_gemms import GELU, PARTIALS, PLAIN, candidates, dit_gemms
 from flashrt_core.engine.groot_gate import (GATE_MEAN, GATE_WORST, SIGN_THRESHOLD, cosine, gate, gripper_dims,
                                             sign_flips)
 from flashrt_core.engine.groot_graph import GrootGraphExecutor
@@ -59,18 +59,34 @@ def _rounded_model(model, executor):
 
 def test_every_dit_gemm_reads_fp8_weights_and_keeps_its_bias(model, fp8):
     gemms = dit_gemms(fp8._fused)
-    assert fp8.fp8 and len(gemms) == 4 * model.cfg.dit.num_layers and len(fp8._fused.w8) == len(gemms)
+    assert fp8.fp8 and len(gemms) == 4 * model.cfg.dit.num_layers and len(fp8._fused.few_row) == len(gemms)
     assert [kind for _, kind in gemms[:4]] == [PLAIN, PARTIALS, GELU, PARTIALS]
     for lin, _ in gemms:
         (w, b), = lin.parts
         q, scale = lin.w8
         assert q.dtype == torch.float8_e4m3fn and q.shape == w.shape and scale.shape == (w.shape[0],)
-        assert b is not None and id(lin) in fp8._fused.w8          # the bias is added in the GEMM's epilogue
+        assert b is not None and id(lin) in fp8._fused.few_row          # the bias is added in the GEMM's epilogue
     kept = fp8._fused.blocks[0].out.parts[0][0]                     # the model's own weights stay, unrounded
     assert kept.data_ptr() == model.action_head.model.transformer_blocks[0].attn1.to_out[0].weight.data_ptr()
     assert fp8._fused.proj_out.w8 is None                            # proj_out_2 stays in the model's dtype
-    bf16 = GrootGraphExecutor(model, "cpu", capture=False)
-    assert not bf16.fp8 and all(lin.w8 is None for lin, _ in dit_gemms(bf16._fused)) and not bf16._fused.w8
+    bf16 = GrootGraphExecutor(model, "cpu", capture=False)           # the same few-row GEMMs on the bf16 weights
+    assert not bf16.fp8 and all(lin.w8 is None for lin, _ in dit_gemms(bf16._fused))
+    assert len(bf16._fused.few_row) == len(gemms)
+    assert not GrootGraphExecutor(model, "cpu", capture=False, few_row_gemms=False)._fused.few_row
+
+
+def test_few_row_gemms_give_the_library_gemms_chunk(model):
+    """groot_few_row_gemms: the bf16 (here fp32) DiT GEMMs on the few-row GEMM (bias and GELU in its epilogue,
+    split-K partials summed by the norms) give the chunk of the library GEMMs."""
+    few_row = GrootGraphExecutor(model, "cpu", capture=False)
+    library = GrootGraphExecutor(model, "cpu", capture=False, few_row_gemms=False)
+    for lin, kind in dit_gemms(few_row._fused):          # split-K where the norms sum the partials
+        if kind == PARTIALS:
+            few_row._fused.few_row[id(lin)] = SkinnyConfig(16, 16, 2, 1)
+    for seed in (1, 2):
+        args = inputs(model, VIEWS, 7, seed=seed)
+        torch.testing.assert_close(few_row.sample_actions(*args), library.sample_actions(*args), rtol=1e-5,
+                                   atol=1e-5)
 
 
 def test_fp8_chunk_is_the_rounded_weights_chunk_and_bounded(model, fp8):
@@ -95,7 +111,7 @@ def test_split_k_partials_sum_to_the_same_chunk(model):
     split = GrootGraphExecutor(model, "cpu", capture=False, fp8=True)
     for lin, kind in dit_gemms(split._fused):
         if kind == PARTIALS:
-            split._fused.w8[id(lin)] = SkinnyConfig(16, 16, 2, 1)
+            split._fused.few_row[id(lin)] = SkinnyConfig(16, 16, 2, 1)
     args = inputs(model, VIEWS, 5, seed=4)
     torch.testing.assert_close(split.sample_actions(*args), whole.sample_actions(*args), rtol=1e-5, atol=1e-5)
 

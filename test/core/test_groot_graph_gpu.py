@@ -1,6 +1,6 @@
 """GR00T N1.6's graph executor on CUDA: the captured replay equals the reference executor (tiny, fp32) with the
 fused DiT on and off, the policy picks it by default and the engine options' switches turn it off, FP8
-(precision="fp8": weight-only E4M3 on the fused DiT's GEMMs, engine/groot_fp8.py) replays what it runs eagerly and
+(precision="fp8": weight-only E4M3 on the fused DiT's GEMMs, engine/groot_dit_gemms.py) replays what it runs eagerly and
 is refused where it cannot run, and at the released sizes (random bf16 sharded checkpoint) the bf16 chunk, with the
 fused DiT (engine/groot_fused_dit.py: Triton norms, GELU epilogue) on and off, and the FP8 chunk pass GR00T's
 accuracy gate (engine/groot_gate.py) against the fp32 reference on the same weights."""
@@ -13,7 +13,7 @@ import torch
 
 from flashrt_core import load_model
 from flashrt_core.engine import EngineOptions, eager_cpu_dispatch
-from flashrt_core.engine.groot_fp8 import PARTIALS, dit_gemms
+from flashrt_core.engine.groot_dit_gemms import PARTIALS, dit_gemms
 from flashrt_core.engine.groot_gate import gate, gripper_dims
 from flashrt_core.engine.groot_graph import GrootGraphExecutor
 from flashrt_core.engine.kernel_configs import SkinnyConfig
@@ -101,7 +101,7 @@ def test_tiny_fp8_replay_equals_its_eager_run():
     for executor in (graph, eager):          # tiny K (32, 128): force split-K 2 where the norms sum partials
         for lin, kind in dit_gemms(executor._fused):
             if kind == PARTIALS and lin.parts[0][0].shape[1] % 32 == 0:
-                executor._fused.w8[id(lin)] = SkinnyConfig(16, 16, 2, 1)
+                executor._fused.few_row[id(lin)] = SkinnyConfig(16, 16, 2, 1)
     ref = GrootReferenceExecutor(model, cuda)
     for seed in (1, 2):
         args = tiny_inputs(model.cfg, [(56, 84), (56, 56)], 9, seed, cuda)
@@ -112,9 +112,10 @@ def test_tiny_fp8_replay_equals_its_eager_run():
 
 @pytest.mark.parametrize("rows", [17, 34, 68, 136])       # 1, 2, 4, 8 observations: above 64 rows in row blocks
 @pytest.mark.parametrize("gelu, split", [(False, 1), (True, 1), (False, 4)])
-def test_linear_w8_at_the_dits_shapes(rows, gelu, split):
-    """Ops.linear_w8 (bias and GELU in the epilogue, split-K partials, row blocks past 64 rows) against the
-    plain-PyTorch reference on the same FP8 weights, at the DiT's MLP shapes."""
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+def test_few_row_linear_at_the_dits_shapes(rows, gelu, split, fp8):
+    """Ops.few_row_linear (bias and GELU in the epilogue, split-K partials, row blocks past 64 rows) against the
+    plain-PyTorch reference on the same weights (weight-only FP8 or bf16), at the DiT's MLP shapes."""
     from flashrt_core.engine.dispatch import resolve
     from flashrt_core.engine.fp8 import weight_only_fp8
     from flashrt_core.engine.hardware import detect_hardware
@@ -124,13 +125,14 @@ def test_linear_w8_at_the_dits_shapes(rows, gelu, split):
     w = (torch.randn(n, k, device="cuda", generator=g) * k ** -0.5).to(torch.bfloat16)
     lin = Linear([(w, (torch.randn(n, device="cuda", generator=g) * 0.1).to(torch.bfloat16))])
     q = weight_only_fp8(Linear([(w, None)]), torch.float8_e4m3fn)
-    lin.w8 = q.w8
+    lin.w8 = q.w8 if fp8 else None
     x = torch.randn(rows, k, device="cuda", generator=g).to(torch.bfloat16)
     cfg = SkinnyConfig(16, 256, split, 4)
     ops = Ops(resolve(detect_hardware("auto", torch.device("cuda"))))
-    got = ops.linear_w8(x, lin, cfg, gelu=gelu).float()
-    want = Ops(eager_cpu_dispatch()).linear_w8(x.cpu().float(), Linear([(w.cpu(), lin.parts[0][1].cpu())],
-                                               w8=(q.w8[0].cpu(), q.w8[1].cpu())), cfg, gelu=gelu)
+    got = ops.few_row_linear(x, lin, cfg, gelu=gelu).float()
+    want = Ops(eager_cpu_dispatch()).few_row_linear(
+        x.cpu().float(), Linear([(w.cpu(), lin.parts[0][1].cpu())],
+                                w8=(q.w8[0].cpu(), q.w8[1].cpu()) if fp8 else None), cfg, gelu=gelu)
     if got.dim() == 3:                       # split-K partials (rows <= 64): the norm after them sums them
         got = got.sum(0)
     want = want.sum(0) if want.dim() == 3 else want
@@ -139,7 +141,7 @@ def test_linear_w8_at_the_dits_shapes(rows, gelu, split):
 
 
 def test_released_sizes_pass_the_gate(tmp_path):
-    """The bf16 graph with the fused DiT (the default) and without it, and the FP8 graph, each against the fp32
+    """The bf16 graph with the fused DiT (the default), without it and with its GEMMs on cuBLAS, and the FP8 graph, each against the fp32
     reference: GR00T's gate (cosine mean and worst, no sign flip of the gripper column)."""
     ckpt = write_random_groot_checkpoint(tmp_path / "full", "groot_n1.6", seed=0, shards=4, dtype=torch.bfloat16)
     ref32 = load_model(ckpt, embodiment="new_embodiment", device="cuda", dtype="float32", hardware="reference")
@@ -157,10 +159,11 @@ def test_released_sizes_pass_the_gate(tmp_path):
     del ref32
     for label, options, precision in (("bf16, fused DiT", None, None),
                                       ("bf16, no fused DiT", EngineOptions(groot_fused_dit=False), None),
+                                      ("bf16, DiT GEMMs on cuBLAS", EngineOptions(groot_few_row_gemms=False), None),
                                       ("FP8 DiT", None, "fp8")):
         graph = load_model(ckpt, embodiment="new_embodiment", device="cuda", engine_options=options,
                            precision=precision)
-        assert graph.executor.name == "graph" and graph.executor.fused_dit == (options is None)
+        assert graph.executor.name == "graph" and graph.executor.fused_dit == (options is None or options.groot_fused_dit)
         assert graph.executor.fp8 == (precision == "fp8")
         _gate_and_times(graph, observations, label, grippers)
         graph.close()

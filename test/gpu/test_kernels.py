@@ -764,7 +764,7 @@ def test_skinny_gemm_fp8_weights(kind, n, k, geglu, split):
 
 
 # GR00T N1.6's DiT GEMMs at one observation (17 rows: the state token and the 16 action tokens): (name, N, K,
-# bias, GELU, split-K) as engine/groot_fp8.py launches them (qkv merged, out and ff2 into the residual norms)
+# bias, GELU, split-K) as engine/groot_dit_gemms.py launches them (qkv merged, out and ff2 into the residual norms)
 GROOT_DIT_GEMMS = [("qkv", 4608, 1536, False, 1), ("out", 1536, 1536, False, 2), ("ff1", 6144, 1536, True, 1),
                    ("ff2", 1536, 6144, False, 4)]
 

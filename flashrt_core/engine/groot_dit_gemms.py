@@ -1,11 +1,13 @@
-"""GR00T N1.6 in FP8 (precision="fp8", EngineOptions.fp8 on the graph executor): weight-only E4M3 on the fused DiT.
+"""GR00T N1.6's DiT GEMMs on the Triton few-row GEMM (EngineOptions.groot_few_row_gemms), bf16 or weight-only FP8
+(precision="fp8", EngineOptions.fp8 on the graph executor).
 
 The DiT's GEMMs run on B * (1 + horizon) rows (17 for one observation: the state token and 16 action tokens), 4
-Euler steps x 32 blocks per predict, so they are bound by reading their weights. Each of them gets a weight-only
-FP8 copy (fp8.weight_only_fp8: one E4M3 scale per output channel, from the weights alone, so nothing is
-calibrated): half the bytes to stream. The Triton few-row GEMM (kernels/flashrt_kernels/skinny_gemm.py, through
-Ops.linear_w8) converts each weight tile to bf16 in registers and applies the scale, the layer's bias and, for the
-MLP's first GEMM, the tanh GELU in its epilogue; activations stay bf16.
+Euler steps x 32 blocks per predict, so they are bound by reading their weights. The Triton few-row GEMM
+(kernels/flashrt_kernels/skinny_gemm.py, through Ops.few_row_linear) streams each weight tile once and applies the
+layer's bias and, for the MLP's first GEMM, the tanh GELU in its epilogue; the output projection and MLP down may
+return split-K partials (below). With FP8 each of them gets a weight-only FP8 copy (fp8.weight_only_fp8: one E4M3
+scale per output channel, from the weights alone, so nothing is calibrated): half the bytes to stream, converted to
+bf16 in registers and scaled in the epilogue; activations stay bf16.
 
     quantized (FP8 weights)   every block's Q/K/V (merged) or Q (cross-attention), output projection, MLP up (with
                               the GELU) and down
@@ -19,10 +21,10 @@ MLP's first GEMM, the tanh GELU in its epilogue; activations stay bf16.
                               (transformers' modules on hundreds of rows: weight-only FP8 is a few-row GEMM, and the
                               pi family's activation FP8 needs a calibration)
 
-Launch configurations: per GEMM shape and kind, the fastest of the few-row GEMM's candidates
+Launch configurations: per GEMM shape, kind and weight dtype, the fastest of the few-row GEMM's candidates
 (kernel_configs.SKINNY_CANDIDATES) at one observation's rows, timed at build on the GPU (the first that fits
-elsewhere, where Ops.linear_w8 runs the kernel's plain-PyTorch reference). More rows than one launch serves (64:
-batches of 4 or more observations) run in row blocks (Ops.linear_w8).
+elsewhere, where Ops.few_row_linear runs the kernel's plain-PyTorch reference). More rows than one launch serves (64:
+batches of 4 or more observations) run in row blocks (Ops.few_row_linear).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from .weights import Linear
 log = logging.getLogger(__name__)
 
 PLAIN, GELU, PARTIALS = "plain", "gelu", "partials"     # the GEMM's epilogue / who consumes its output
-MAX_ROWS = 64                                            # one launch of the few-row GEMM (Ops.linear_w8)
+MAX_ROWS = 64                                            # one launch of the few-row GEMM (Ops.few_row_linear)
 
 
 def dit_gemms(fused: FusedDit) -> list[tuple[Linear, str]]:
@@ -73,38 +75,51 @@ def one_shot(k: int) -> SkinnyConfig:
 
 
 def pick_config(ops: Ops, lin: Linear, kind: str, rows: int, dtype: torch.dtype) -> tuple[SkinnyConfig, dict]:
-    """The launch configuration of one FP8 GEMM: the fastest candidate timed on `rows` random rows on the GPU (one
-    that needs more shared memory or registers than the GPU has is left out: tuning.time_candidate), the first
-    candidate elsewhere (one_shot where none fits). -> (config, {config name: us})."""
-    w = lin.w8[0]
+    """The launch configuration of one few-row GEMM (on the weights Ops.few_row_linear reads: lin.w8 where set):
+    the fastest candidate timed on `rows` random rows on the GPU (one that needs more shared memory or registers
+    than the GPU has is left out: tuning.time_candidate), the first candidate elsewhere (one_shot where none fits).
+    -> (config, {config name: us})."""
+    w = lin.w8[0] if lin.w8 is not None else lin.parts[0][0]
     fits = candidates(kind, rows, w.shape[1]) or [one_shot(w.shape[1])]
     if not w.is_cuda:
         return fits[0], {}
     x = torch.randn(rows, w.shape[1], device=w.device, dtype=dtype)
-    timed = {cfg: time_candidate(ops, f"groot_fp8_{kind}", cfg, lambda cfg=cfg: graph_time_us(
-        lambda: ops.linear_w8(x, lin, cfg, gelu=kind == GELU), reps=4)) for cfg in fits}
+    site = f"groot_dit_{kind}"
+    timed = {cfg: time_candidate(ops, site, cfg, lambda cfg=cfg: graph_time_us(
+        lambda: ops.few_row_linear(x, lin, cfg, gelu=kind == GELU), reps=4)) for cfg in fits}
     times = {cfg: us for cfg, us in timed.items() if us is not None}      # None: out of this GPU's resources
     if not times:
-        raise RuntimeError(f"no few-row GEMM configuration runs the FP8 {kind} GEMM {tuple(w.shape)} on this GPU: "
-                           f"{ops.decoder_failures.get(f'groot_fp8_{kind}')}")
+        raise RuntimeError(f"no few-row GEMM configuration runs the {kind} GEMM {tuple(w.shape)} ({w.dtype}) on "
+                           f"this GPU: {ops.decoder_failures.get(site)}")
     best = min(times, key=times.get)
     return best, {str(cfg): round(us, 2) for cfg, us in times.items()}
 
 
 @torch.no_grad()
-def quantize_fused_dit(fused: FusedDit, fp8_dtype: torch.dtype, rows: int) -> int:
-    """Give every GEMM of dit_gemms its weight-only FP8 copy (lin.w8; the bf16 weights and the bias stay: the bias
-    is added in the GEMM's epilogue) and its launch configuration (fused.w8, by id(Linear)), picked once per
-    (shape, kind) for `rows` rows. Returns how many GEMMs read FP8 weights."""
+def tune_few_row_gemms(fused: FusedDit, rows: int) -> int:
+    """Give every GEMM of dit_gemms its few-row launch configuration (fused.few_row, by id(Linear)), picked once per
+    (shape, kind, weight dtype) for `rows` rows. Returns how many GEMMs run on the few-row GEMM."""
     picks: dict[tuple, SkinnyConfig] = {}
     for lin, kind in dit_gemms(fused):
-        (w, _), = lin.parts
-        lin.w8 = weight_only_fp8(Linear([(w, None)]), fp8_dtype).w8        # the bias stays in lin.parts
-        key = (tuple(w.shape), kind)
+        w = lin.w8[0] if lin.w8 is not None else lin.parts[0][0]
+        key = (tuple(w.shape), kind, w.dtype)
         if key not in picks:
             picks[key], times = pick_config(fused.ops, lin, kind, rows, fused.dtype)
             if times:
-                log.info("GR00T FP8 DiT GEMM %s %s at %d rows: %s -> %s", kind, key[0], rows, times, picks[key])
-        fused.w8[id(lin)] = picks[key]
-    log.info("GR00T DiT: weight-only FP8 (%s, a scale per output channel) on %d GEMMs", fp8_dtype, len(fused.w8))
-    return len(fused.w8)
+                log.info("GR00T DiT GEMM %s %s %s at %d rows: %s -> %s", kind, key[0], w.dtype, rows, times,
+                         picks[key])
+        fused.few_row[id(lin)] = picks[key]
+    return len(fused.few_row)
+
+
+@torch.no_grad()
+def quantize_fused_dit(fused: FusedDit, fp8_dtype: torch.dtype, rows: int) -> int:
+    """Give every GEMM of dit_gemms its weight-only FP8 copy (lin.w8; the bf16 weights and the bias stay: the bias
+    is added in the GEMM's epilogue) and its few-row launch configuration (tune_few_row_gemms). Returns how many
+    GEMMs read FP8 weights."""
+    for lin, _ in dit_gemms(fused):
+        (w, _), = lin.parts
+        lin.w8 = weight_only_fp8(Linear([(w, None)]), fp8_dtype).w8        # the bias stays in lin.parts
+    count = tune_few_row_gemms(fused, rows)
+    log.info("GR00T DiT: weight-only FP8 (%s, a scale per output channel) on %d GEMMs", fp8_dtype, count)
+    return count
