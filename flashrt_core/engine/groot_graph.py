@@ -49,6 +49,7 @@ from .timing import graph_replay_ms, warm_up_and_capture
 
 log = logging.getLogger(__name__)
 
+FEW_ROW_DTYPES = (torch.bfloat16, torch.float16)   # model dtypes whose DiT GEMMs take the few-row GEMM on a GPU
 WARMUP_RUNS = 2          # eager runs on the side stream before a capture (library handles, kernel selection)
 
 
@@ -89,8 +90,9 @@ class GrootGraphExecutor:
         cross-attention (AlternateVLDiT), the one case where padding leaves the chunk as it is. fp8: weight-only FP8
         on the fused DiT's GEMMs (engine/groot_dit_gemms.py; needs fused_dit, and the Triton few-row GEMM on a GPU; on
         the CPU its plain-PyTorch reference runs, for tests); the E4M3 flavour is the dispatch table's Op.FP8_FORMAT.
-        few_row_gemms: the fused DiT's bf16 GEMMs on the same few-row GEMM (EngineOptions.groot_few_row_gemms; where
-        the dispatch runs the Triton decoder GEMMs on a GPU, the reference of it on the CPU)."""
+        few_row_gemms: the fused DiT's bf16 GEMMs on the same few-row GEMM (EngineOptions.groot_few_row_gemms; on a
+        GPU where the dispatch runs the Triton decoder GEMMs and the model is in a 16-bit dtype: the kernel's dot
+        takes fp32 inputs as TF32, so an fp32 model keeps cuBLAS; on the CPU the kernel's reference, for tests)."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -120,7 +122,8 @@ class GrootGraphExecutor:
             rows = 1 + model.cfg.action_horizon
             if fp8:
                 quantize_fused_dit(self._fused, FP8_DTYPES[dispatch[Op.FP8_FORMAT]], rows)
-            elif few_row_gemms and (device.type == "cpu" or dispatch[Op.GEMM_DECODER] == "triton"):
+            elif few_row_gemms and (device.type == "cpu" or (dispatch[Op.GEMM_DECODER] == "triton"
+                                                              and self._fused.dtype in FEW_ROW_DTYPES)):
                 tune_few_row_gemms(self._fused, rows)
         self.prompt_multiple = prompt_multiple if model.cfg.dit.alternate_vl else 0
         self.name = "graph" if capture else "static-eager"

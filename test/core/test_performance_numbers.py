@@ -21,6 +21,7 @@ POLICY = BENCH / "2026-12-01" / "policy_predict_h200.json"
 FAST = BENCH / "2026-12-04" / "pi0_fast_h200.json"
 GROOT = BENCH / "2026-12-04" / "groot_graph_h200.json"
 CHAIN = BENCH / "2026-12-04" / "layer_chain_h200.json"
+RTC = BENCH / "2026-12-04" / "rtc_cost_pi05_h200.json"
 NODE = BENCH / "2026-12-01" / "node_overhead_h200_raw.json"
 
 
@@ -127,11 +128,16 @@ def test_the_groot_rows_quote_their_result_file():
                         ("graph, `sample_actions` (inputs in, chunk out)", "graph"),
                         ("graph replay alone", "graph_replay"),
                         ("graph replay, `groot_fused_dit` off", "graph_replay_no_fused_dit"),
-                        ("graph replay, `groot_step_tables` off (the fused DiT with it)", "graph_replay_no_step_tables")):
+                        ("graph replay, `groot_step_tables` off (the fused DiT with it)", "graph_replay_no_step_tables"),
+                        ("graph replay, `groot_few_row_gemms` off (the DiT's GEMMs on cuBLAS)", "graph_replay_cublas_dit"),
+                        ("graph replay, FP8 DiT (`precision=\"fp8\"`)", "graph_replay_fp8")):
         stats, digits = result[key], 1 if key == "reference" else 2
         assert _row(PAGE, starts)[1:] == [f"{stats['median_ms']:.{digits}f} ms", f"{stats['p99_ms']:.{digits}f} ms"]
     assert f"cosine {result['cosine_vs_fp32']['graph_mean']:.6f}" in PAGE
     assert f"action head {result['phases_ms']['action_head']:.2f} ms" in PAGE
+    for precision in ("graph", "graph_fp8"):                      # the gate, bf16 and FP8
+        assert result["gate"][precision]["passed"]
+        assert f"mean {result['gate'][precision]['mean']:.6f}" in PAGE
 
 
 def test_the_layer_chain_rows_quote_their_result_file():
@@ -142,3 +148,14 @@ def test_the_layer_chain_rows_quote_their_result_file():
                         ("one persistent kernel, a counter per layer in global memory (volatile spin)",
                          "persistent_volatile_spin")):
         assert _row(PAGE, starts)[1:] == [f"{variants[key]['us_per_layer']:.2f}"]
+
+
+def test_the_rtc_rows_quote_their_result_file():
+    rows = json.loads(RTC.read_text())["rows"]
+    assert _row(PAGE, "off (plain)")[1] == f"{rows['plain']['replay_ms']:.3f} ms"
+    for mode, row in rows.items():
+        if mode == "plain":
+            continue
+        cells = _row(PAGE, f"`{mode}`")
+        assert cells[1:] == [f"{row['replay_ms']:.3f} ms", f"+{row['over_plain_ms']:.3f} ms",
+                             f"{row['cosine_vs_reference']:.6f}"], mode
