@@ -14,8 +14,10 @@ and bias = shift from the step tables (groot_dit.StepTables; the timestep is the
     norm(pending, residual) -> AdaLN          the previous block's MLP output added (none before block 0)
     Q/K/V: one merged GEMM (self-attention blocks) or Q alone (cross-attention blocks: K / V of the backbone
            features once per predict, groot_dit.context_kv, with the block's text-only / image-only mask)
-    torch SDPA (head dim 48: no Triton attention kernel; the cross masks additive and aligned, made once per
-           predict), the output projection
+    attention: Ops.head_attention (flashrt_kernels/head_attention.py: Q, K, V read in place from the GEMM's output,
+           the result written as the O projection's input rows; EngineOptions.groot_head_attention), else torch
+           SDPA and a transpose copy; the cross masks additive and aligned, made once per predict; the output
+           projection
     norm(attention output, residual) -> norm3, linear_gelu (GELU in the GEMM's epilogue on the GPU), linear
 and after the last block norm(pending, residual) with the output modulation, then proj_out_2. GEMM inputs are in
 the model's dtype (bf16 on the GPU), so the chunk differs from the reference's by rounding alone
@@ -62,7 +64,8 @@ class FusedDit:
     heads: int
     inner: int                 # heads * head_dim
     dtype: torch.dtype
-    few_row: dict = field(default_factory=dict)   # id(Linear) -> its few-row GEMM's SkinnyConfig (engine/groot_dit_gemms.py)
+    few_row: dict = field(default_factory=dict)   # id(Linear) -> its few-row GEMM's config (engine/groot_dit_gemms.py)
+    head_attention: bool = True   # attention by Ops.head_attention (EngineOptions.groot_head_attention), else SDPA
 
 
 def _single(module: torch.nn.Linear) -> Linear:
@@ -149,8 +152,11 @@ def _dit(fused: FusedDit, mods: FusedStepTables, k: int, kv: dict, hidden: torch
             key, value, mask = kv[idx]
         else:
             key, value, mask = _heads(proj[..., inner:2 * inner], heads), _heads(proj[..., 2 * inner:], heads), None
-        attn = F.scaled_dot_product_attention(q, key, value, attn_mask=mask)
-        attn = _gemm(fused, attn.transpose(1, 2).reshape(b * t, inner), block.out)
+        if fused.head_attention:      # from the Q/K/V GEMM's output in place to the O projection's input rows
+            attn = ops.head_attention(q, key, value, None if mask is None else mask[:, 0, 0, :], q.shape[-1] ** -0.5)
+        else:
+            attn = F.scaled_dot_product_attention(q, key, value, attn_mask=mask).transpose(1, 2).reshape(b * t, inner)
+        attn = _gemm(fused, attn, block.out)
         ops.norm(attn, residual, normed, None, None, block.ff_eps, layer_norm=True)
         pending = _gemm(fused, _gemm(fused, normed, block.ff1, gelu=True), block.ff2)
     scale1, shift = mods.out_mod[k]

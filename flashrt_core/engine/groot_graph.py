@@ -80,7 +80,8 @@ class GrootGraphExecutor:
 
     def __init__(self, model: GrootModel, device: torch.device | str, capture: bool | None = None,
                  step_tables: bool = True, fused_dit: bool = True, dispatch: Dispatch | None = None,
-                 prompt_multiple: int = 0, fp8: bool = False, few_row_gemms: bool = True):
+                 prompt_multiple: int = 0, fp8: bool = False, few_row_gemms: bool = True,
+                 head_attention: bool = True):
         """step_tables: the DiT's per-step tables (engine/groot_dit.py, EngineOptions.groot_step_tables); False runs
         the reference's sampler inside the graph. fused_dit: the DiT's blocks on the engine's fused ops
         (engine/groot_fused_dit.py, EngineOptions.groot_fused_dit; with step_tables only). dispatch: the ops'
@@ -119,6 +120,7 @@ class GrootGraphExecutor:
                                  "(kernels/flashrt_kernels/skinny_gemm.py), which this dispatch does not run "
                                  f"(gemm_decoder={dispatch[Op.GEMM_DECODER]!r}); turn the fp8 option off, or triton on")
             self._fused = prepare_fused_dit(model.action_head, Ops(dispatch))
+            self._fused.head_attention = head_attention
             rows = 1 + model.cfg.action_horizon
             if fp8:
                 quantize_fused_dit(self._fused, FP8_DTYPES[dispatch[Op.FP8_FORMAT]], rows)

@@ -356,6 +356,15 @@ class Ops:
         logits = (q.float() @ k.float().T) * scale + dense.float()          # (Mq, L) fp32
         return torch.softmax(logits, dim=-1).to(v.dtype) @ v
 
+    def head_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                       scale: float) -> torch.Tensor:
+        """Multi-head attention of a few query rows (GR00T's DiT): q (B, H, T, Dh), k / v (B, H, L, Dh) strided views,
+        mask (B, L) additive or None -> (B * T, H * Dh), the O projection's input (flashrt_kernels/head_attention.py
+        where the Triton attention kernels run, its plain-PyTorch reference elsewhere)."""
+        if self._mqa == "triton" and (q.is_cuda or self.k.INTERPRETED):
+            return self.k.head_attention(q, k, v, mask, scale, pdl=self.launch_mode("attention"))
+        return self.k.head_attention_reference(q, k, v, mask, scale)
+
     def prefix_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: KeyMask,
                          impl: str | None = None) -> torch.Tensor:
         """The prefix's bidirectional one-KV-head attention: q (P, H, Dh) (RoPE and scale applied), k / v (P, Dh),

@@ -122,6 +122,10 @@ class EngineOptions:
                                         "configurations timed per shape at build (engine/groot_dit_gemms.py). FP8 always "
                                         "reads its weights this way.",
                                         "bf16 DiT GEMMs on cuBLAS (the GELU in cuBLASLt's epilogue).")
+    groot_head_attention: bool = _option(True, "GR00T: the fused DiT's attention in one Triton kernel that reads Q, K "
+                                         "and V in place from the GEMM's output and writes the O projection's "
+                                         "input rows, launched with PDL (flashrt_kernels/head_attention.py).",
+                                         "torch SDPA and a transpose copy per block.")
     groot_prompt_multiple: int = _option(16, "GR00T: the prompt right-padded with masked tokens up to a multiple of "
                                          "this many, so instructions of nearby lengths replay one graph instead of "
                                          "capturing a new one (the LLM is causal and the DiT masks the padding: the "

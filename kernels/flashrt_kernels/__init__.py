@@ -20,6 +20,7 @@ from .denoise_step import (denoise_step_in, denoise_step_in_reference, denoise_s
 from .euler import euler, euler_reference
 from .fp8_quant import fp8_quant, fp8_quant_reference
 from .geglu import geglu, geglu_reference
+from .head_attention import head_attention, head_attention_reference
 from .layer_chain import LayerChain, layer_chain, layer_chain_reference
 from .patch_embed import patch_rows, patch_rows_reference
 from .prefix_attention import BLOCK_N as PREFIX_ATTENTION_BLOCK_N
@@ -38,6 +39,7 @@ __all__ = [
     "merge_splits", "merge_splits_reference", "ATTENTION_KEY_BLOCKS", "ATTENTION_ROW_BLOCKS", "attention_split_launch",
     "denoise_step_in", "denoise_step_in_reference", "denoise_step_out", "denoise_step_out_reference",
     "time_mlp_in", "time_mlp_in_reference",
+    "head_attention", "head_attention_reference",
     "euler", "euler_reference",
     "fp8_quant", "fp8_quant_reference",
     "geglu", "geglu_reference",

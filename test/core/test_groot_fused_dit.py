@@ -49,6 +49,17 @@ def test_fused_dit_differs_from_the_unfused_path_by_rounding_only(model):
     assert not torch.equal(on, off)
 
 
+def test_head_attention_gives_sdpas_chunk(model):
+    """groot_head_attention: the attention from the Q/K/V GEMM's output in place (Ops.head_attention; its
+    plain-PyTorch reference on the CPU) gives the chunk of SDPA with the transpose copy, cross masks included."""
+    on = GrootGraphExecutor(model, "cpu", capture=False)
+    off = GrootGraphExecutor(model, "cpu", capture=False, head_attention=False)
+    assert on._fused.head_attention and not off._fused.head_attention
+    for seed, pad in ((1, 0), (2, 3)):
+        args = inputs(model, [(56, 84), (56, 56)], 9, seed=seed, pad=pad)
+        torch.testing.assert_close(on.sample_actions(*args), off.sample_actions(*args), rtol=1e-5, atol=1e-5)
+
+
 def test_plain_dit_without_cross_masks():
     base = get_groot_config(TINY)
     plain = random_groot_model(base.replace(dit=dataclasses.replace(base.dit, alternate_vl=False)), seed=2)

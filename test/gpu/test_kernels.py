@@ -812,3 +812,43 @@ def test_skinny_gemm_fp8_weights_with_bias_and_gelu(name, n, k, gelu, split):
     assert got.shape == want.shape and not torch.isnan(got).any()
     err = (got - want).norm() / want.norm()
     assert err < SKINNY_REL_L2, f"rel L2 error {err:.2e}"
+
+
+# GR00T N1.6's DiT attention: 32 heads of 48, 17 query rows per observation (the state token and 16 actions);
+# self-attention reads Q/K/V from the merged GEMM's (B * 17, 3 * 1536) output, cross-attention K / V from the
+# backbone features' projections (L tokens), with a key mask that hides the other modality and the padding.
+HEAD_SHAPES = [(1, 32, 17, 17, False), (2, 32, 17, 213, True), (1, 32, 17, 75, True)] if not INTERPRET else \
+    [(1, 3, 17, 17, False), (2, 2, 5, 70, True)]
+
+
+@pytest.mark.parametrize("batch,heads,rows,keys,masked", HEAD_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32] if INTERPRET else [torch.bfloat16, torch.float32])  # no bf16 dot
+def test_head_attention(batch, heads, rows, keys, masked, dtype):
+    g = torch.Generator(device=DEVICE).manual_seed(keys)
+    dh, inner = 48, heads * 48
+    proj = torch.randn(batch * rows, 3 * inner, device=DEVICE, generator=g).to(dtype)
+    split = lambda x, n: x.view(batch, n, heads, dh).transpose(1, 2)     # noqa: E731  (B, H, n, Dh) strided view
+    q = split(proj[:, :inner], rows)
+    if keys == rows:
+        k, v = split(proj[:, inner:2 * inner], rows), split(proj[:, 2 * inner:], rows)
+    else:
+        context = torch.randn(batch * keys, 2 * inner, device=DEVICE, generator=g).to(dtype)
+        k, v = split(context[:, :inner], keys), split(context[:, inner:], keys)
+    mask = None
+    if masked:                     # a padded, aligned buffer as the DiT makes it; every key of batch 1 hidden
+        buf = torch.zeros(batch, keys + 11, device=DEVICE, dtype=dtype)
+        mask = buf[:, :keys]
+        mask[:, keys // 3:keys // 2] = float("-inf")
+        if batch > 1:
+            mask[1] = float("-inf")
+    out = _poison(torch.empty(batch * rows, inner, device=DEVICE, dtype=dtype))
+    got = K.head_attention(q, k, v, mask, dh ** -0.5, out=out)
+    want = K.head_attention_reference(q, k, v, mask, dh ** -0.5)
+    atol, rtol = (BF16_ATOL, BF16_RTOL) if dtype == torch.bfloat16 else (FP32_ATOL, FP32_RTOL)
+    _close(got, want, atol, rtol)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=None if mask is None else mask.float()[:, None, None, :])
+    torch.testing.assert_close(want.float(), sdpa.transpose(1, 2).reshape(batch * rows, inner).nan_to_num(0.0),
+                               atol=1e-5, rtol=1e-5)       # the reference is SDPA's softmax attention
+    if masked and batch > 1:
+        assert (got[rows:2 * rows] == 0).all()             # every key hidden: zeros, not NaN
