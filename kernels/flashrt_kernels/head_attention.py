@@ -100,6 +100,7 @@ def head_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         q, k, v, mask if mask is not None else q, out, T, H, scale,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), mask.stride(0) if mask is not None else 0, out.stride(0),
-        KEYS=L, DH=Dh, BLOCK_D=triton.next_power_of_2(Dh), BLOCK_M=max(16, triton.next_power_of_2(T)), BLOCK_N=BLOCK_N,
+        KEYS=L, DH=Dh, BLOCK_D=max(16, triton.next_power_of_2(Dh)),          # tl.dot: K and M at least 16
+        BLOCK_M=max(16, triton.next_power_of_2(T)), BLOCK_N=BLOCK_N,
         HAS_MASK=mask is not None, FP32=q.dtype == torch.float32, PDL=int(pdl), num_warps=4, **launch_options(pdl))
     return out

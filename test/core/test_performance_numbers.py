@@ -130,6 +130,7 @@ def test_the_groot_rows_quote_their_result_file():
                         ("graph replay, `groot_fused_dit` off", "graph_replay_no_fused_dit"),
                         ("graph replay, `groot_step_tables` off (the fused DiT with it)", "graph_replay_no_step_tables"),
                         ("graph replay, `groot_few_row_gemms` off (the DiT's GEMMs on cuBLAS)", "graph_replay_cublas_dit"),
+                        ("graph replay, `groot_head_attention` off (the DiT's attention on SDPA)", "graph_replay_sdpa_dit"),
                         ("graph replay, FP8 DiT (`precision=\"fp8\"`)", "graph_replay_fp8")):
         stats, digits = result[key], 1 if key == "reference" else 2
         assert _row(PAGE, starts)[1:] == [f"{stats['median_ms']:.{digits}f} ms", f"{stats['p99_ms']:.{digits}f} ms"]
