@@ -129,9 +129,10 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "statistics of the robot, docs/groot.md); empty for the pi family."),
     ParamSpec("device", "auto", "Inference device: auto, cpu, cuda or cuda:N."),
     ParamSpec("precision", "auto", "What inference computes in (flashrt_core.load_model's precision): auto = bf16 "
-              "on GPU, fp32 on CPU; fp8 = the GPU engine's FP8 GEMMs on the backbone's MLP (CUDA GPU with FP8 tensor "
-              "cores, refused elsewhere), calibrated on real observations before the node publishes "
-              "(calibration_observations, calibration_bag).", choices=PRECISIONS),
+              "on GPU, fp32 on CPU; fp8 = the GPU engine's FP8 GEMMs (CUDA GPU with FP8 tensor cores, refused "
+              "elsewhere): pi0 / pi0.5 on the backbone's MLP, calibrated on real observations before the node "
+              "publishes (calibration_observations, calibration_bag); pi0-FAST and GR00T weight-only FP8 (no "
+              "calibration).", choices=PRECISIONS),
     ParamSpec("calibration_observations", 8, "precision fp8: real observations the FP8 scales are calibrated on. "
               "Without calibration_bag, the first complete observations after activation: the node publishes nothing "
               "until it has them (and the gate's), then calibrates and starts publishing; the warm-up's frames never "
