@@ -20,6 +20,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh fast         # pi0-FAST: engine GPU tests, then reference vs engine
 #   OUT=/path bash tools/device_engine_checks.sh groot        # GR00T N1.6: graph GPU tests, then reference vs graph
 #   OUT=/path bash tools/device_engine_checks.sh layer-chain  # what one dependency between layers costs
+#   OUT=/path bash tools/device_engine_checks.sh rtc          # real-time chunking in the graph: tests, cost, ~3 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
 # The times are measured on the H200 or estimated (grid-*): the interleaved chain tuning takes ~17-20 s per pass of a full-size engine load (two passes by default; the tests
@@ -89,6 +90,9 @@
 # layer-chain: kernels/flashrt_kernels/layer_chain.py's GPU test, then tools/benchmark_layer_chain.py: 180 dependent
 #   layers at the expert's width launched per layer (stream order, PDL, early trigger, library GEMM) and as one
 #   persistent kernel waiting on counters (layer_chain_<date>.json, layer_chain.log).
+# rtc: test/gpu/test_engine_rtc_gpu.py (every engine RTC mode in the graph against the eager engine and the
+#   reference sampler; pytest_rtc.log), then tools/benchmark_rtc.py: each mode's replay beside the plain graph on
+#   full-size pi0.5 (rtc_cost_pi05_<date>.json, rtc.log).
 # A short table last (summary.txt). Each step has its own time limit, so a step that hangs still leaves the
 # others' results. Full-size random checkpoints are generated into $FLASHRT_FULL_CKPT_ROOT (default /tmp/full).
 set -uo pipefail
@@ -96,7 +100,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-test_output/device_engine_checks}"
 PART="${1:-all}"
 PARTS="all kernels engine-new engine-rest engine-gates engine-gates-forced bench grid-pi05 grid-pi0 gemms load buckets
-  host h50 overlap tune compile-cells fast groot layer-chain"
+  host h50 overlap tune compile-cells fast groot layer-chain rtc"
 case " $(echo $PARTS) " in
   *" $PART "*) ;;
   *) echo "device_engine_checks.sh: no part named '$PART'; the parts: $(echo $PARTS)" >&2; exit 2;;
@@ -262,9 +266,17 @@ if [ "$PART" = layer-chain ]; then
   echo "benchmark_layer_chain rc=$?" >> "$OUT/layer_chain.log"
 fi
 
+if [ "$PART" = rtc ]; then
+  timeout 240 "$PY" -m pytest -v -s test/gpu/test_engine_rtc_gpu.py > "$OUT/pytest_rtc.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_rtc.log"
+  timeout 300 "$PY" tools/benchmark_rtc.py --ckpt-root "${FLASHRT_FULL_CKPT_ROOT:-/tmp/full}" --out "$OUT" \
+    > "$OUT/rtc.log" 2>&1
+  echo "benchmark_rtc rc=$?" >> "$OUT/rtc.log"
+fi
+
 {
   for log in pytest_kernels pytest_engine_new pytest_engine_rest pytest_engine_gates pytest_engine_gates_forced \
-      pytest_rows_kernel pytest_fast pytest_groot pytest_layer_chain; do
+      pytest_rows_kernel pytest_fast pytest_groot pytest_layer_chain pytest_rtc; do
     [ -f "$OUT/$log.log" ] && { echo "== $log"; grep -E "FAILED|ERROR|passed|failed|rc=" "$OUT/$log.log" | tail -n 20; }
   done
   for MODEL in pi05 pi0; do
@@ -288,6 +300,7 @@ fi
     grep -hE '^\| pi05' "$OUT"/engine_overlap*.md 2>/dev/null || tail -n 5 "$OUT/overlap.log" "$OUT/overlap_h50.log"; }
   [ -f "$OUT/groot.log" ] && { echo "== GR00T N1.6, reference and graph"; tail -n 14 "$OUT/groot.log"; }
   [ -f "$OUT/layer_chain.log" ] && { echo "== dependent layers"; tail -n 10 "$OUT/layer_chain.log"; }
+  [ -f "$OUT/rtc.log" ] && { echo "== real-time chunking in the graph"; tail -n 8 "$OUT/rtc.log"; }
   [ -f "$OUT/fast.log" ] && { echo "== pi0-FAST, reference and engine"; tail -n 6 "$OUT/fast.log"; }
   [ -f "$OUT/tune.log" ] && { echo "== the best of three measured loads, stored and loaded again"
     grep -E "^\| |rc=|^stored" "$OUT/tune.log"; }
