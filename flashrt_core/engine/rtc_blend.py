@@ -27,9 +27,9 @@ import torch
 
 from flashrt_core.errors import InputError
 from flashrt_core.flow import time_schedule
-from flashrt_core.rtc import RtcPlan, guidance_weight, prefix_anchor
+from flashrt_core.rtc import MODES, RtcPlan, guidance_weight, prefix_anchor
 
-ENGINE_MODES = ("hard_prefix", "guided_identity")
+ENGINE_MODES = ("hard_prefix", "guided_identity", "training_time")
 
 
 @dataclass
@@ -48,8 +48,10 @@ class RtcBuffers:
 def check_mode(plan: RtcPlan) -> None:
     """Raise a clear error for an RTC mode the engine does not run."""
     if plan.mode not in ENGINE_MODES:
+        reference_only = tuple(m for m in MODES if m not in ENGINE_MODES)
         raise InputError(f"the graph engine runs RTC mode(s) {ENGINE_MODES}, not {plan.mode!r}: "
-                         f"{plan.mode!r} needs the reference path (load_model(..., hardware='reference'))")
+                         f"{plan.mode!r} needs the reference path (load_model(..., hardware='reference')), the "
+                         f"only one that runs {reference_only}")
 
 
 def staging_fields(horizon: int, width: int, steps: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
@@ -62,6 +64,25 @@ def make_buffers(device_views: dict, mode: str, num_steps: int) -> RtcBuffers:
     target = device_views["rtc_target"]
     return RtcBuffers(mode, target, device_views["rtc_rows"], device_views["rtc_weights"], device_views["rtc_gain"],
                       torch.zeros_like(target), time_schedule(num_steps))
+
+
+def training_time(buffers: RtcBuffers | None) -> RtcBuffers | None:
+    """The buffers of a training-time RTC workspace, else None."""
+    return buffers if buffers is not None and buffers.mode == "training_time" else None
+
+
+def prepare_weights(weights, mode: str) -> None:
+    """What a workspace of `mode` needs of the engine weights, made before its capture: training_time on pi0.5,
+    the modulation tables with the clean-time rows (EngineWeights.training_time_tables)."""
+    if mode == "training_time" and weights.tables is not None:
+        weights.training_time_tables()
+
+
+def row_variant(buffers: RtcBuffers, rows: int) -> torch.Tensor:
+    """(rows,) int32 over the suffix rows: 1 on the frozen prefix (the modulation of clean data), else 0 (the step's
+    time); the action rows are the last `horizon`. Once per predict, from the staged rtc_rows."""
+    frozen = buffers.rows[:, 0].to(torch.int32)                                      # (horizon,)
+    return torch.nn.functional.pad(frozen, (rows - frozen.shape[0], 0)) if rows > frozen.shape[0] else frozen
 
 
 def step_gains(plan: RtcPlan, num_steps: int) -> torch.Tensor:
@@ -89,10 +110,13 @@ def copy_plan(buffers: RtcBuffers, plan: RtcPlan, num_steps: int) -> None:
 
 def before_step(x_t: torch.Tensor, noise: torch.Tensor, buffers: RtcBuffers, step: int) -> None:
     """Before denoise step `step`: hard_prefix: the frozen rows of x_t become the previous chunk noised to that
-    step's time; guided_identity: x_t is kept for the step's correction."""
+    step's time; training_time: the previous chunk itself (clean; the step gives their tokens clean data's time);
+    guided_identity: x_t is kept for the step's correction."""
     if buffers.mode == "hard_prefix":
         anchor = prefix_anchor(buffers.target, noise, buffers.times[step])
         x_t.copy_(torch.where(buffers.rows, anchor, x_t))
+    elif buffers.mode == "training_time":
+        x_t.copy_(torch.where(buffers.rows, buffers.target, x_t))
     else:
         buffers.before.copy_(x_t)
 
@@ -108,6 +132,6 @@ def after_step(x_t: torch.Tensor, buffers: RtcBuffers, step: int, dt: float) -> 
 
 
 def blend_final(x_t: torch.Tensor, buffers: RtcBuffers) -> None:
-    """After the last step (hard_prefix): the frozen rows of x_t become the previous chunk itself."""
-    if buffers.mode == "hard_prefix":
+    """After the last step (hard_prefix, training_time): the frozen rows of x_t become the previous chunk itself."""
+    if buffers.mode in ("hard_prefix", "training_time"):
         x_t.copy_(torch.where(buffers.rows, buffers.target, x_t))

@@ -118,7 +118,34 @@ def test_identity_guidance_in_the_forward_matches_the_reference(model, fused, ov
     assert modes == ["guided_identity", "guided_identity"]           # uint8 and pixel inputs, one each
 
 
-@pytest.mark.parametrize("mode", ["guided", "training_time"])
+@pytest.mark.parametrize("fused,overlap", [(True, True), (False, False)])
+def test_training_time_rtc_in_the_forward_matches_the_reference(model, fused, overlap):
+    """training_time: the frozen prefix rows are the previous chunk, clean, before every step, and their tokens get
+    the time of clean data (pi0.5: per-row adaRMS modulation; pi0: a per-row time bias); one workspace serves every
+    delay, and the plain workspace beside it keeps its actions."""
+    cfg = model.config
+    engine = _engine(model, fused, overlap)
+    ref = ReferenceExecutor(model, cfg, torch.device("cpu"))
+    plain_inputs = _inputs(cfg, 9)
+    plain_before = engine.predict_observation(*plain_inputs)
+    for seed, delay in ((1, 3), (2, 0), (3, cfg.action_horizon - 1)):
+        inputs = _inputs(cfg, seed)
+        plan = _plan(cfg, "training_time", delay, seed)
+        want = ref.sample_actions_rtc(*_tensors(*inputs), plan)[0]
+        got = engine.predict_observation(*inputs, rtc=plan)
+        np.testing.assert_allclose(got, want.numpy(), atol=FP32_ATOL, rtol=0)
+        np.testing.assert_array_equal(got[:delay], plan.target[0, :delay].numpy())     # frozen exactly
+        torch.testing.assert_close(engine.sample_actions_rtc(*_tensors(*inputs), plan)[0], want,
+                                   atol=FP32_ATOL, rtol=0)
+        if delay:   # the clean time reaches the free rows: another chunk than the hard prefix's there
+            hard = ref.sample_actions_rtc(*_tensors(*inputs), _plan(cfg, "hard_prefix", delay, seed))[0]
+            assert np.abs(got[delay:] - hard[delay:].numpy()).max() > 1e-3
+    modes = sorted(key[-1][1] for key in engine._entries if isinstance(key[-1], tuple))
+    assert modes == ["training_time", "training_time"]               # uint8 and pixel inputs, one each
+    np.testing.assert_array_equal(engine.predict_observation(*plain_inputs), plain_before)
+
+
+@pytest.mark.parametrize("mode", ["guided"])
 def test_modes_the_engine_does_not_run_name_the_reference_path(model, mode):
     cfg = model.config
     engine = _engine(model)
