@@ -1,8 +1,8 @@
-"""Real-time chunking inside the captured graph (flashrt_core/engine/rtc_blend.py: the hard prefix and the guidance
-with the Jacobian as identity) on a GPU: the replayed graph equals the eager engine, keeps the frozen rows exactly
-(hard prefix), agrees with the reference sampler, serves
+"""Real-time chunking inside the captured graph (flashrt_core/engine/rtc_blend.py: the hard prefix, the guidance
+with the Jacobian as identity, training-time RTC's clean prefix with per-row modulation) on a GPU: the replayed graph
+equals the eager engine, keeps the frozen rows exactly (hard prefix, training time), agrees with the reference sampler, serves
 every delay without a recapture, leaves the plain graph alone; and what it costs on full-size pi0.5 (graph replay
-GPU time with and without it, and guided RTC on the reference path). Skips without CUDA.
+GPU time with and without it, training-time RTC's replay, and guided RTC on the reference path). Skips without CUDA.
 
     .venv/bin/python -m pytest -q -s test/gpu/test_engine_rtc_gpu.py     # -s prints the measured costs
 """
@@ -63,7 +63,7 @@ def _reference_rtc(model, obs, plan: RtcPlan) -> np.ndarray:
     return out[0].float().cpu().numpy()
 
 
-@pytest.mark.parametrize("mode", ["hard_prefix", "guided_identity"])
+@pytest.mark.parametrize("mode", ["hard_prefix", "guided_identity", "training_time"])
 def test_rtc_in_the_graph(tiny, mode):
     cfg = tiny.config
     graph = build_executor(tiny, cfg, torch.device("cuda"), "auto")
@@ -77,7 +77,7 @@ def test_rtc_in_the_graph(tiny, mode):
         plan = _plan(cfg, delay, seed, mode)
         got = graph.predict_observation(*args, rtc=plan)
         np.testing.assert_allclose(got, eager.predict_observation(*args, rtc=plan), atol=REPLAY_ATOL, rtol=0)
-        if mode == "hard_prefix":
+        if mode in ("hard_prefix", "training_time"):
             np.testing.assert_array_equal(got[:delay], plan.target[0, :delay].numpy())
         assert cosine(got, _reference_rtc(tiny, obs, plan)) >= GATE_BF16
         rtc_entries = [e for key, e in graph._entries.items() if isinstance(key[-1], tuple)]
@@ -107,12 +107,13 @@ def test_cost_of_rtc_on_full_size_pi05():
     plan = _plan(cfg, 5, 0)
     engine.predict_observation(*args)
     engine.predict_observation(*args, rtc=plan)
-    graphs = {("rtc" if isinstance(key[-1], tuple) else "plain"): e.graph for key, e in engine._entries.items()}
+    engine.predict_observation(*args, rtc=_plan(cfg, 5, 0, "training_time"))
+    graphs = {(key[-1][1] if isinstance(key[-1], tuple) else "plain"): e.graph for key, e in engine._entries.items()}
     times = {name: [] for name in graphs}
     for _ in range(5):                                 # interleaved rounds: drift hits both alike
         for name, g in graphs.items():
             times[name] += graph_replay_ms(g, 20)
-    plain_ms, rtc_ms = (statistics.median(times[name]) for name in ("plain", "rtc"))
+    plain_ms, rtc_ms, tt_ms = (statistics.median(times[name]) for name in ("plain", "hard_prefix", "training_time"))
     reference = ReferenceExecutor(model, cfg, torch.device("cuda"))
     ref_ms = {}
     for mode in (None, "hard_prefix", "guided"):
@@ -128,7 +129,8 @@ def test_cost_of_rtc_on_full_size_pi05():
             samples.append((time.perf_counter() - start) * 1e3)
         ref_ms[mode or "plain"] = statistics.median(samples[1:])
     print(f"\nRTC cost, full-size pi0.5 bf16, 2 views: graph replay plain {plain_ms:.3f} ms, hard prefix "
-          f"{rtc_ms:.3f} ms (+{rtc_ms - plain_ms:.3f}); reference path plain {ref_ms['plain']:.1f} ms, hard prefix "
+          f"{rtc_ms:.3f} ms (+{rtc_ms - plain_ms:.3f}), training time {tt_ms:.3f} ms (+{tt_ms - plain_ms:.3f}: "
+          f"per-row modulation, unfused step ends); reference path plain {ref_ms['plain']:.1f} ms, hard prefix "
           f"{ref_ms['hard_prefix']:.1f} ms, guided {ref_ms['guided']:.1f} ms")
     assert rtc_ms <= plain_ms * (1 + RTC_OVERHEAD_LIMIT), (plain_ms, rtc_ms)
     del engine, reference, model
