@@ -255,8 +255,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "still execute (its pending_topic), the rows executed during the inference (from the measured "
               "latency) kept: guided (soft mask + guidance through the denoiser's Jacobian, reference path), "
               "guided_identity (the same with the Jacobian as identity, as lerobot does; also in the graph engine), "
-              "hard_prefix (cheap, also in the graph engine), training_time (checkpoints trained for it, reference "
-              "path); off = plain chunks.",
+              "hard_prefix (cheap, also in the graph engine), training_time (checkpoints trained for it, also in "
+              "the graph engine); off = plain chunks.",
               choices=RTC_MODES),
     ParamSpec("rtc_pending_topic", "pending_actions", "rtc: the action executor's pending_topic "
               "(flashrt_ros/ActionChunk)."),

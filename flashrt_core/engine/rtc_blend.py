@@ -7,16 +7,19 @@ graph at the cost of a few elementwise ops on a (horizon, A) tile per denoise st
                    Euler update may be fused into its last kernel, so the velocity v is recovered from x_t before
                    and after the step (x_after = x_before + dt * v) and the update corrected in place:
                    x_after -= dt * w(t) * W * (target - (x_before - t * v)), the same as stepping with
-                   rtc.identity_guided_velocity.
+                   rtc.identity_guided_velocity;
+  training_time    before each step and after the last one the frozen rows of x_t become the previous chunk itself,
+                   and the step gives their tokens the time of clean data (rtc.CLEAN_TIME): pi0.5's adaRMS norms read
+                   each row's modulation (row_variant; EngineWeights.training_time_tables), pi0's time MLP a per-row
+                   time bias; the fused step ends, which take one modulation for all rows, stay off.
 
 A workspace made for RTC (its graph signature carries ("rtc", mode)) holds the previous chunk, normalized and padded
 (rtc_target), the frozen rows (rtc_rows, True on the first `delay` rows), the soft mask (rtc_weights) and each
 step's dt * w(t) (rtc_gain, from the request's guidance clip); all are staged per call, so one graph per mode
 serves every delay and previous chunk. Workspaces without RTC run the forward unchanged (no blend op).
 
-"guided" needs a vector-Jacobian product through the denoiser and the engine's kernels have no backward;
-"training_time" needs a per-token time, and the engine's pi0.5 adaRMS modulation is precomputed per step for one
-time. Both run on the reference path (load_model(..., hardware="reference")).
+"guided" needs a vector-Jacobian product through the denoiser and the engine's kernels have no backward: it runs on
+the reference path (load_model(..., hardware="reference")); check_mode names the modes left to it.
 """
 
 from __future__ import annotations
