@@ -26,7 +26,7 @@ from flashrt_core.preprocess import resize_views_torch
 
 from . import rtc_blend
 from .ops import KeyMask, Ops
-from .weights import EngineWeights
+from .weights import EngineWeights, ExpertTables
 
 
 @dataclass
@@ -166,7 +166,7 @@ class DenoiseSteps:
     step_ends: bool                        # pi0.5's fused step ends (kernels/flashrt_kernels/denoise_step.py)
     pi0_tables: object | None              # pi0's fused step ends: EngineWeights.pi0_step_tables()
     hidden: torch.Tensor | None            # pi0's fused step ends: (S, We) engine dtype
-    mod_tables: object | None = None       # pi0.5: the modulation tables the steps read (w.tables, or in a
+    mod_tables: ExpertTables | None = None  # pi0.5: the modulation tables the steps read (w.tables, or in a
                                            # training-time RTC workspace w.training_time_tables())
     row_variant: torch.Tensor | None = None    # pi0.5, training-time RTC: (S,) int32, 1 on the frozen prefix rows
     clean_rows: torch.Tensor | None = None     # pi0, training-time RTC: (horizon, 1) bool, the frozen prefix rows
