@@ -9,8 +9,9 @@ are kept, the rest generated to continue them. Three forms (RtcPlan.mode):
                  soft-masked error to the previous chunk (prefix_weights), scaled by guidance_weight (clipped at
                  beta). Needs autograd through the denoiser.
   guided_identity  the guided form with the Jacobian taken as identity (lerobot's RTCProcessor): the correction
-                 is the soft-masked error itself, v - w(t) * W * (target - x0). No backward: the graph engine
-                 captures it (engine/rtc_blend.py), where "guided" runs on the reference path only.
+                 is the soft-masked error itself, v - w(t) * W * (target - x0). No backward: a few elementwise
+                 ops per step in the graph engine (engine/rtc_blend.py), where "guided" costs a backward through
+                 the denoiser per step (engine/rtc_guided.py).
   hard_prefix    the cheap form: before every step the prefix rows of x_t are replaced by the previous chunk
                  noised to that step's time (prefix_anchor), and after the last step by the previous chunk itself.
   training_time  for checkpoints trained with clean action prefixes (arXiv 2512.05964): the prefix rows hold the

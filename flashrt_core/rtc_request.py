@@ -22,10 +22,10 @@ from flashrt_core.rtc import DEFAULT_MAX_GUIDANCE_WEIGHT, MODES, SCHEDULES, SOFT
 
 @dataclass(frozen=True)
 class RtcRequest:
-    """mode: "guided" (inference-time RTC, soft mask + guidance through the denoiser's Jacobian: reference path),
-    "guided_identity" (the same with the Jacobian taken as identity, as lerobot does: the graph engine runs it),
-    "hard_prefix" (the prefix replaced each step, cheap) or "training_time" (per-token time, for checkpoints
-    trained with clean prefixes).
+    """mode: "guided" (inference-time RTC, soft mask + guidance through the denoiser's Jacobian: a backward per
+    step), "guided_identity" (the same with the Jacobian taken as identity, as lerobot does), "hard_prefix" (the
+    prefix replaced each step, cheap) or "training_time" (per-token time, for checkpoints trained with clean
+    prefixes). The reference path and the graph engine run every mode.
     previous_chunk: (n, action_dim) robot units, n >= delay_steps; rows past n weigh 0.
     delay_steps: the frozen prefix length d, 0 <= d < horizon.
     execution_horizon: guided modes only: where the soft mask reaches 0 (None: min(n, horizon)); lerobot's default 10.

@@ -254,10 +254,10 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     # real-time chunking (docs/action_executor.md, RTC)
     ParamSpec("rtc", "off", "Real-time chunking: condition each chunk on the actions the action executor will "
               "still execute (its pending_topic), the rows executed during the inference (from the measured "
-              "latency) kept: guided (soft mask + guidance through the denoiser's Jacobian, reference path), "
-              "guided_identity (the same with the Jacobian as identity, as lerobot does; also in the graph engine), "
-              "hard_prefix (cheap, also in the graph engine), training_time (checkpoints trained for it, reference "
-              "path); off = plain chunks.",
+              "latency) kept: guided (soft mask + guidance through the denoiser's Jacobian: a backward per step), "
+              "guided_identity (the same with the Jacobian as identity, as lerobot does), hard_prefix (cheap), "
+              "training_time (checkpoints trained for it); every mode in the graph engine and on the reference "
+              "path; off = plain chunks.",
               choices=RTC_MODES),
     ParamSpec("rtc_pending_topic", "pending_actions", "rtc: the action executor's pending_topic "
               "(flashrt_ros/ActionChunk)."),

@@ -26,7 +26,7 @@ from flashrt_core.preprocess import resize_views_torch
 
 from . import rtc_blend, rtc_guided
 from .ops import KeyMask, Ops
-from .weights import EngineWeights
+from .weights import EngineWeights, ExpertTables
 
 
 @dataclass
@@ -169,6 +169,10 @@ class DenoiseSteps:
     step_ends: bool                        # pi0.5's fused step ends (kernels/flashrt_kernels/denoise_step.py)
     pi0_tables: object | None              # pi0's fused step ends: EngineWeights.pi0_step_tables()
     hidden: torch.Tensor | None            # pi0's fused step ends: (S, We) engine dtype
+    mod_tables: ExpertTables | None = None  # pi0.5: the modulation tables the steps read (w.tables, or in a
+                                           # training-time RTC workspace w.training_time_tables())
+    row_variant: torch.Tensor | None = None    # pi0.5, training-time RTC: (S,) int32, 1 on the frozen prefix rows
+    clean_rows: torch.Tensor | None = None     # pi0, training-time RTC: (horizon, 1) bool, the frozen prefix rows
 
 
 def denoise_steps(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor,
@@ -181,14 +185,21 @@ def denoise_steps(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Ten
     P = key_bias.shape[0]
     dev = key_bias.device
     state_token = None if pi05 else ops.linear(ws.state[None].to(w.dtype), w.state_proj).float()   # (1, We)
-    step_ends = pi05 and ops.fused_denoise_step and len(w.action_in.parts) == 1 and w.action_in.fp8 is None
-    pi0_ends = pi0_fused_step_ends(w, ops)
+    # training-time RTC: the frozen prefix rows' tokens get the time of clean data, per row; the fused step ends
+    # take one modulation (time bias) for every row, so they stay off there
+    clean = rtc_blend.training_time(ws.extras.get("rtc"))
+    step_ends = (pi05 and ops.fused_denoise_step and len(w.action_in.parts) == 1 and w.action_in.fp8 is None
+                 and clean is None)
+    pi0_ends = pi0_fused_step_ends(w, ops) and clean is None
     return DenoiseSteps(
         w, ops, ws, pos=n_valid + torch.arange(S, device=dev), smask=KeyMask(key_bias, P, ws.suffix_visible, heads),
         residual=torch.empty(S, e.width, device=dev), y=torch.empty(S, e.width, device=dev, dtype=w.dtype),
         q=torch.empty(S, heads, dh, device=dev, dtype=w.dtype), state_token=state_token, step_ends=step_ends,
         pi0_tables=w.pi0_step_tables() if pi0_ends else None,     # made when the executor was built
-        hidden=torch.empty(S, e.width, device=dev, dtype=w.dtype) if pi0_ends else None)
+        hidden=torch.empty(S, e.width, device=dev, dtype=w.dtype) if pi0_ends else None,
+        mod_tables=w.training_time_tables() if pi05 and clean is not None else w.tables,
+        row_variant=rtc_blend.row_variant(clean, S) if pi05 and clean is not None else None,
+        clean_rows=clean.rows if clean is not None and not pi05 else None)
 
 
 def denoise_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor,
@@ -235,7 +246,10 @@ def denoise_step(steps: DenoiseSteps, step: int, x_t: torch.Tensor) -> Iterator[
                         residual, steps.hidden)
     else:
         a = ops.linear(x_t.to(w.dtype), w.action_in)                                   # (horizon, We)
-        h = torch.nn.functional.silu(ops.linear(a, w.time_in_action).float() + w.time_in_bias[step])
+        bias = w.time_in_bias[step]                                                    # (We,)
+        if steps.clean_rows is not None:    # training-time RTC: the frozen rows' time bias is clean data's
+            bias = torch.where(steps.clean_rows, w.clean_time_bias, bias)               # (horizon, We)
+        h = torch.nn.functional.silu(ops.linear(a, w.time_in_action).float() + bias)
         residual[1:].copy_(ops.linear(h.to(w.dtype), w.time_out))
         residual[:1].copy_(steps.state_token)
     x = gate = None
@@ -244,16 +258,18 @@ def denoise_step(steps: DenoiseSteps, step: int, x_t: torch.Tensor) -> Iterator[
     for i, layer in enumerate(w.expert):
         yield i
         if pi05:
-            mod = w.tables.norm[step, i]                                               # (2, 3, We)
+            mod = steps.mod_tables.norm[step, i]                          # (2, 3, We), or (2, 3, 2, We) per row
             if not (steps.step_ends and i == 0):
-                ops.ada_norm(x, residual, gate, mod[0, 0], mod[0, 1], y, e.eps, site="norm1")
+                ops.ada_norm(x, residual, gate, mod[0, 0], mod[0, 1], y, e.eps, site="norm1",
+                             row_variant=steps.row_variant)
         else:
             ops.norm(x, residual, y, layer.norm1, None, e.eps, site="norm1")
         attn = ops.decoder_attention(y, layer.qkv, steps.pos, ws.rope_cos, ws.rope_sin, q, ws.k_cache[i],
                                      ws.v_cache[i], steps.smask, heads, dh ** -0.5)     # (S*H, Dh)
         o = ops.decoder(attn.view(S, heads * dh), layer.o, "o")                           # (M, N) or partials
         if pi05:
-            ops.ada_norm(o, residual, mod[0, 2], mod[1, 0], mod[1, 1], y, e.eps, site="norm2")
+            ops.ada_norm(o, residual, mod[0, 2], mod[1, 0], mod[1, 1], y, e.eps, site="norm2",
+                         row_variant=steps.row_variant)
             gate = mod[1, 2]
         else:
             ops.norm(o, residual, y, layer.norm2, None, e.eps, site="norm2")
@@ -266,7 +282,8 @@ def denoise_step(steps: DenoiseSteps, step: int, x_t: torch.Tensor) -> Iterator[
                              out_b, x_t, dt, e.eps)
     else:
         if pi05:
-            ops.ada_norm(x, residual, gate, w.tables.final[step, 0], w.tables.final[step, 1], y, e.eps)
+            final = steps.mod_tables.final[step]
+            ops.ada_norm(x, residual, gate, final[0], final[1], y, e.eps, row_variant=steps.row_variant)
         else:
             ops.norm(x, residual, y, w.expert_final_norm, None, e.eps)
         velocity = torch.nn.functional.linear(y[S - horizon:], out_w)                 # (horizon, A)

@@ -211,6 +211,7 @@ class EngineExecutor:
         else:
             fields += [("pixels", (len(views), 3, size, size), torch.float32)]
         if rtc:
+            rtc_blend.prepare_weights(self.weights, rtc)
             fields += rtc_blend.staging_fields(cfg.action_horizon, cfg.max_action_dim, len(self.weights.dts))
         staging = StagingBlob(fields, dev)
         dv = staging.device_views

@@ -116,11 +116,14 @@ class Ops:
 
     def ada_norm(self, x: torch.Tensor | None, residual: torch.Tensor, gate: torch.Tensor | None,
                  scale1p: torch.Tensor, shift: torch.Tensor, out: torch.Tensor, eps: float = 1e-6,
-                 site: str = "other") -> torch.Tensor:
-        """residual += x * gate (in place); out = rms(residual) * scale1p + shift."""
+                 site: str = "other", row_variant: torch.Tensor | None = None) -> torch.Tensor:
+        """residual += x * gate (in place); out = rms(residual) * scale1p + shift. The vectors are (D,), or with
+        row_variant (M,) int32 (V, D), each row reading its variant's (training-time RTC)."""
         if self._ada_triton:
-            return self.k.ada_rms_norm(x, residual, gate, scale1p, shift, out, eps, pdl=self.launch_mode(site))
-        y, h = self.k.ada_rms_norm_reference(x, residual, gate, scale1p, shift, eps, out_dtype=out.dtype)
+            return self.k.ada_rms_norm(x, residual, gate, scale1p, shift, out, eps, pdl=self.launch_mode(site),
+                                       row_variant=row_variant)
+        y, h = self.k.ada_rms_norm_reference(x, residual, gate, scale1p, shift, eps, out_dtype=out.dtype,
+                                             row_variant=row_variant)
         residual.copy_(h)
         return out.copy_(y)
 

@@ -7,16 +7,19 @@ graph at the cost of a few elementwise ops on a (horizon, A) tile per denoise st
                    Euler update may be fused into its last kernel, so the velocity v is recovered from x_t before
                    and after the step (x_after = x_before + dt * v) and the update corrected in place:
                    x_after -= dt * w(t) * W * (target - (x_before - t * v)), the same as stepping with
-                   rtc.identity_guided_velocity.
+                   rtc.identity_guided_velocity;
+  training_time    before each step and after the last one the frozen rows of x_t become the previous chunk itself,
+                   and the step gives their tokens the time of clean data (rtc.CLEAN_TIME): pi0.5's adaRMS norms read
+                   each row's modulation (row_variant; EngineWeights.training_time_tables), pi0's time MLP a per-row
+                   time bias; the fused step ends, which take one modulation for all rows, stay off.
 
 A workspace made for RTC (its graph signature carries ("rtc", mode)) holds the previous chunk, normalized and padded
 (rtc_target), the frozen rows (rtc_rows, True on the first `delay` rows), the soft mask (rtc_weights) and each
 step's dt * w(t) (rtc_gain, from the request's guidance clip); all are staged per call, so one graph per mode
 serves every delay and previous chunk. Workspaces without RTC run the forward unchanged (no blend op).
 
-"guided" needs a vector-Jacobian product through the denoiser and the engine's kernels have no backward;
-"training_time" needs a per-token time, and the engine's pi0.5 adaRMS modulation is precomputed per step for one
-time. Both run on the reference path (load_model(..., hardware="reference")).
+"guided" (a vector-Jacobian product through the denoiser per step) uses the same buffers; its steps run in
+engine/rtc_guided.py, driven by forward.guided_denoise.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from flashrt_core.errors import InputError
 from flashrt_core.flow import time_schedule
 from flashrt_core.rtc import RtcPlan, guidance_weight, prefix_anchor
 
-ENGINE_MODES = ("hard_prefix", "guided_identity", "guided")
+ENGINE_MODES = ("hard_prefix", "guided_identity", "training_time", "guided")
 
 
 @dataclass
@@ -49,8 +52,7 @@ class RtcBuffers:
 def check_mode(plan: RtcPlan) -> None:
     """Raise a clear error for an RTC mode the engine does not run."""
     if plan.mode not in ENGINE_MODES:
-        raise InputError(f"the graph engine runs RTC mode(s) {ENGINE_MODES}, not {plan.mode!r}: "
-                         f"{plan.mode!r} needs the reference path (load_model(..., hardware='reference'))")
+        raise InputError(f"the graph engine runs the RTC modes {ENGINE_MODES}, not {plan.mode!r}")
 
 
 def staging_fields(horizon: int, width: int, steps: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
@@ -63,6 +65,25 @@ def make_buffers(device_views: dict, mode: str, num_steps: int) -> RtcBuffers:
     target = device_views["rtc_target"]
     return RtcBuffers(mode, target, device_views["rtc_rows"], device_views["rtc_weights"], device_views["rtc_gain"],
                       torch.zeros_like(target), time_schedule(num_steps))
+
+
+def training_time(buffers: RtcBuffers | None) -> RtcBuffers | None:
+    """The buffers of a training-time RTC workspace, else None."""
+    return buffers if buffers is not None and buffers.mode == "training_time" else None
+
+
+def prepare_weights(weights, mode: str) -> None:
+    """What a workspace of `mode` needs of the engine weights, made before its capture: training_time on pi0.5,
+    the modulation tables with the clean-time rows (EngineWeights.training_time_tables)."""
+    if mode == "training_time" and weights.tables is not None:
+        weights.training_time_tables()
+
+
+def row_variant(buffers: RtcBuffers, rows: int) -> torch.Tensor:
+    """(rows,) int32 over the suffix rows: 1 on the frozen prefix (the modulation of clean data), else 0 (the step's
+    time); the action rows are the last `horizon`. Once per predict, from the staged rtc_rows."""
+    frozen = buffers.rows[:, 0].to(torch.int32)                                      # (horizon,)
+    return torch.nn.functional.pad(frozen, (rows - frozen.shape[0], 0)) if rows > frozen.shape[0] else frozen
 
 
 def step_gains(plan: RtcPlan, num_steps: int) -> torch.Tensor:
@@ -90,10 +111,13 @@ def copy_plan(buffers: RtcBuffers, plan: RtcPlan, num_steps: int) -> None:
 
 def before_step(x_t: torch.Tensor, noise: torch.Tensor, buffers: RtcBuffers, step: int) -> None:
     """Before denoise step `step`: hard_prefix: the frozen rows of x_t become the previous chunk noised to that
-    step's time; guided_identity: x_t is kept for the step's correction."""
+    step's time; training_time: the previous chunk itself (clean; the step gives their tokens clean data's time);
+    guided_identity: x_t is kept for the step's correction."""
     if buffers.mode == "hard_prefix":
         anchor = prefix_anchor(buffers.target, noise, buffers.times[step])
         x_t.copy_(torch.where(buffers.rows, anchor, x_t))
+    elif buffers.mode == "training_time":
+        x_t.copy_(torch.where(buffers.rows, buffers.target, x_t))
     else:
         buffers.before.copy_(x_t)
 
@@ -109,6 +133,6 @@ def after_step(x_t: torch.Tensor, buffers: RtcBuffers, step: int, dt: float) -> 
 
 
 def blend_final(x_t: torch.Tensor, buffers: RtcBuffers) -> None:
-    """After the last step (hard_prefix): the frozen rows of x_t become the previous chunk itself."""
-    if buffers.mode == "hard_prefix":
+    """After the last step (hard_prefix, training_time): the frozen rows of x_t become the previous chunk itself."""
+    if buffers.mode in ("hard_prefix", "training_time"):
         x_t.copy_(torch.where(buffers.rows, buffers.target, x_t))

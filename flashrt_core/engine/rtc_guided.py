@@ -54,11 +54,12 @@ class GradOps(Ops):
                                               out_dtype=out.dtype)
         return out.copy_(y)
 
-    def ada_norm(self, x, residual, gate, scale1p, shift, out, eps=1e-6, site="other"):
+    def ada_norm(self, x, residual, gate, scale1p, shift, out, eps=1e-6, site="other", row_variant=None):
         if x is not None:
-            return super().ada_norm(x, residual, gate, scale1p, shift, out, eps, site)
+            return super().ada_norm(x, residual, gate, scale1p, shift, out, eps, site, row_variant)
         # the first norm of a step reads the residual buffer itself, which the next norm overwrites: a copy
-        y, _ = self.k.ada_rms_norm_reference(None, residual.clone(), None, scale1p, shift, eps, out_dtype=out.dtype)
+        y, _ = self.k.ada_rms_norm_reference(None, residual.clone(), None, scale1p, shift, eps, out_dtype=out.dtype,
+                                             row_variant=row_variant)
         return out.copy_(y)
 
     def mqa(self, q, k, v, mask: KeyMask, scale, site="other", splits=None):

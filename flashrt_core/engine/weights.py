@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from flashrt_core.config import ModelConfig
 from flashrt_core.flow import time_schedule
 from flashrt_core.model import PiModel, sincos_time_embedding
+from flashrt_core.rtc import CLEAN_TIME
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,8 @@ class EngineWeights:
     final_norm: torch.Tensor | None = None    # pi0-FAST: (1 + w) of the backbone's final RMSNorm, fp32
     lm_head: torch.Tensor | None = None       # pi0-FAST: the tied LM head (vocab, Wg) in the engine dtype
     lm_head8: object | None = None            # pi0-FAST, FP8: (Linear with w8, SkinnyConfig) of the LM head
+    clean_tables: ExpertTables | None = None  # pi0.5: the modulation at rtc.CLEAN_TIME, norm (1, L, 2, 3, We)
+    clean_time_bias: torch.Tensor | None = None   # pi0: (We,) fp32, time_in_bias at rtc.CLEAN_TIME
 
     def patch_gemm_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The fused patch embedding's (flashrt_kernels/patch_embed.py) GEMM weight in the engine dtype, (Wv, 3 * p * p)
@@ -153,6 +156,23 @@ class EngineWeights:
         return self._pi0_step
 
     _pi0_step: Pi0StepTables | None = None
+
+    def training_time_tables(self) -> ExpertTables:
+        """pi0.5's modulation for training-time RTC: each vector of each step beside its value at the time of clean
+        data, norm (steps, L, 2, 3, 2, We) and final (steps, 2, 2, We), variant 0 the step's time, 1 clean, one
+        row (We) apart, so that ada_rms_norm's row_variant picks a row's variant. Made at first use (by the first
+        training-time workspace, before its capture), then kept: steps * L * 12 * We * 4 bytes, 8.8 MB for pi0.5
+        (10 steps, 18 layers, We 1024)."""
+        if self.tables is None or self.clean_tables is None:
+            raise ValueError("training_time_tables: only pi0.5 has adaRMS modulation tables")
+        if self._training_time is None:
+            t, c = self.tables, self.clean_tables
+            self._training_time = ExpertTables(
+                norm=torch.stack([t.norm, c.norm.expand_as(t.norm)], dim=-2).contiguous(),
+                final=torch.stack([t.final, c.final.expand_as(t.final)], dim=-2).contiguous())
+        return self._training_time
+
+    _training_time: ExpertTables | None = None
 
 
 def _f32(t: torch.Tensor) -> torch.Tensor:
@@ -265,6 +285,16 @@ def _pi05_tables(model: PiModel, times: list[float]) -> ExpertTables:
     return ExpertTables(norm=torch.stack(per_layer, dim=1).contiguous(), final=final.contiguous())
 
 
+@torch.no_grad()
+def _pi0_time_bias(model: PiModel, times: list[float]) -> torch.Tensor:
+    """pi0's time half of the action-time MLP's input GEMM plus its bias at each time: (len(times), We) fp32."""
+    mlp_in = model.action_time_mlp_in
+    ex_w = model.config.expert.width
+    t = torch.tensor(times, dtype=torch.float32, device=mlp_in.weight.device)
+    emb = sincos_time_embedding(t, ex_w, model.config.time_min_period, model.config.time_max_period)   # (S, We)
+    return emb @ _f32(mlp_in.weight[:, ex_w:]).T + _f32(mlp_in.bias)
+
+
 def _vision_fields(model, dtype: torch.dtype, fold: bool, vision_mlp_pad: int) -> dict:
     """The EngineWeights fields of the config and the vision tower (shared by pi0 / pi0.5 and pi0-FAST)."""
     vis = model.vision
@@ -284,15 +314,15 @@ def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: b
     times = time_schedule(cfg.num_steps)
     is_pi05 = model.is_pi05
     ex_w = cfg.expert.width
-    tables = time_in_bias = None
+    tables = time_in_bias = clean_tables = clean_time_bias = None
     state_proj = time_in_action = time_out = None
     if is_pi05:
         tables = _pi05_tables(model, times)
+        clean_tables = _pi05_tables(model, [CLEAN_TIME])     # training-time RTC's prefix rows (training_time_tables)
     else:
         mlp_in = model.action_time_mlp_in
-        t = torch.tensor(times, dtype=torch.float32, device=mlp_in.weight.device)
-        emb = sincos_time_embedding(t, ex_w, cfg.time_min_period, cfg.time_max_period)   # (S, We)
-        time_in_bias = emb @ _f32(mlp_in.weight[:, ex_w:]).T + _f32(mlp_in.bias)          # (S, We)
+        time_in_bias = _pi0_time_bias(model, times)                                       # (S, We)
+        clean_time_bias = _pi0_time_bias(model, [CLEAN_TIME])[0]                          # (We,)
         time_in_action = _fold([mlp_in.weight[:, :ex_w]], [None], None, None, dtype, merge=True)
         state_proj = _linear(model.state_proj, dtype)
         time_out = _linear(model.action_time_mlp_out, dtype)
@@ -311,7 +341,8 @@ def prepare_weights(model: PiModel, dtype: torch.dtype = torch.bfloat16, fold: b
         action_in=_linear(model.action_in_proj, dtype),
         action_out=(out_w.to(dtype).contiguous(), out_b),
         tables=tables, state_proj=state_proj, time_in_action=time_in_action, time_in_bias=time_in_bias,
-        time_out=time_out, dts=[-1.0 / cfg.num_steps] * cfg.num_steps)
+        time_out=time_out, dts=[-1.0 / cfg.num_steps] * cfg.num_steps, clean_tables=clean_tables,
+        clean_time_bias=clean_time_bias)
     log.info("engine weights prepared (%s, folded=%s)", dtype, fold)
     return weights
 

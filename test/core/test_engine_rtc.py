@@ -8,6 +8,8 @@ checked here.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -144,12 +146,39 @@ def test_guidance_through_the_jacobian_in_the_forward_matches_the_reference(mode
     np.testing.assert_array_equal(engine.predict_observation(*_inputs(cfg, 4)), before)
 
 
-@pytest.mark.parametrize("mode", ["training_time"])
-def test_modes_the_engine_does_not_run_name_the_reference_path(model, mode):
+@pytest.mark.parametrize("fused,overlap", [(True, True), (False, False)])
+def test_training_time_rtc_in_the_forward_matches_the_reference(model, fused, overlap):
+    """training_time: the frozen prefix rows are the previous chunk, clean, before every step, and their tokens get
+    the time of clean data (pi0.5: per-row adaRMS modulation; pi0: a per-row time bias); one workspace serves every
+    delay, and the plain workspace beside it keeps its actions."""
+    cfg = model.config
+    engine = _engine(model, fused, overlap)
+    ref = ReferenceExecutor(model, cfg, torch.device("cpu"))
+    plain_inputs = _inputs(cfg, 9)
+    plain_before = engine.predict_observation(*plain_inputs)
+    for seed, delay in ((1, 3), (2, 0), (3, cfg.action_horizon - 1)):
+        inputs = _inputs(cfg, seed)
+        plan = _plan(cfg, "training_time", delay, seed)
+        want = ref.sample_actions_rtc(*_tensors(*inputs), plan)[0]
+        got = engine.predict_observation(*inputs, rtc=plan)
+        np.testing.assert_allclose(got, want.numpy(), atol=FP32_ATOL, rtol=0)
+        np.testing.assert_array_equal(got[:delay], plan.target[0, :delay].numpy())     # frozen exactly
+        torch.testing.assert_close(engine.sample_actions_rtc(*_tensors(*inputs), plan)[0], want,
+                                   atol=FP32_ATOL, rtol=0)
+        if delay:   # the clean time reaches the free rows: another chunk than the hard prefix's there
+            hard = ref.sample_actions_rtc(*_tensors(*inputs), _plan(cfg, "hard_prefix", delay, seed))[0]
+            assert np.abs(got[delay:] - hard[delay:].numpy()).max() > 1e-3
+    modes = sorted(key[-1][1] for key in engine._entries if isinstance(key[-1], tuple))
+    assert modes == ["training_time", "training_time"]               # uint8 and pixel inputs, one each
+    np.testing.assert_array_equal(engine.predict_observation(*plain_inputs), plain_before)
+
+
+def test_an_unknown_mode_is_refused_by_name(model):
     cfg = model.config
     engine = _engine(model)
     inputs = _inputs(cfg, 5)
-    with pytest.raises(InputError, match="hardware='reference'"):
-        engine.predict_observation(*inputs, rtc=_plan(cfg, mode, 2, 5))
-    with pytest.raises(InputError, match=mode):
-        engine.sample_actions_rtc(*_tensors(*inputs), _plan(cfg, mode, 2, 5))
+    bogus = dataclasses.replace(_plan(cfg, "hard_prefix", 2, 5), mode="bogus")
+    with pytest.raises(InputError, match="'bogus'"):
+        engine.predict_observation(*inputs, rtc=bogus)
+    with pytest.raises(InputError, match="'bogus'"):
+        engine.sample_actions_rtc(*_tensors(*inputs), bogus)

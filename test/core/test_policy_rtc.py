@@ -121,8 +121,8 @@ def test_bad_requests_are_named(policy, change, message):
 
 def test_the_engine_runs_the_hard_prefix_in_its_forward(policy):
     """Policy over the graph engine's executor (eager on the CPU): the hard prefix through predict_observation
-    equals the reference path, and so does guided RTC (the denoiser differentiated on the engine's plain ops);
-    training-time RTC is refused with the way to run it."""
+    equals the reference path, and so do guided RTC (the denoiser differentiated on the engine's plain ops) and
+    training-time RTC (per-row modulation): every RTC mode runs on the engine."""
     from flashrt_core.engine.dispatch import EngineOptions, eager_cpu_dispatch
     from flashrt_core.engine.graph_executor import EngineExecutor
 
@@ -140,12 +140,11 @@ def test_the_engine_runs_the_hard_prefix_in_its_forward(policy):
     want = policy.predict(images, PROMPT, state, noises[1], rtc=request)
     got = on_engine.predict(images, PROMPT, state, noises[1], rtc=request)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
-    guided = RtcRequest(prev, 3, "guided")
-    want = policy.predict(images, PROMPT, state, noises[1], rtc=guided)
-    np.testing.assert_allclose(on_engine.predict(images, PROMPT, state, noises[1], rtc=guided), want, rtol=0,
-                               atol=1e-4 * np.abs(want).max())
-    with pytest.raises(InputError, match="hardware='reference'"):
-        on_engine.predict(images, PROMPT, state, noises[1], rtc=RtcRequest(prev, 3, "training_time"))
+    for mode in ("guided", "training_time"):
+        conditioned = RtcRequest(prev, 3, mode)
+        want = policy.predict(images, PROMPT, state, noises[1], rtc=conditioned)
+        np.testing.assert_allclose(on_engine.predict(images, PROMPT, state, noises[1], rtc=conditioned), want,
+                                   rtol=0, atol=1e-4 * np.abs(want).max())
 
 
 def test_warm_up_prepares_the_rtc_workspace_of_every_text_bucket(policy):

@@ -252,3 +252,34 @@ def test_overlapped_first_step_keeps_the_actions_of_the_sequential_forward(model
     np.testing.assert_array_equal(overlapped, sequential)
     np.testing.assert_allclose(overlapped, want, atol=FP32_ATOL, rtol=0)
     assert len(launches["decoder_attention"]) == len(engine.weights.dts) * model.config.expert.depth
+
+
+def test_training_time_rtc_with_row_variants_matches_the_reference(model, monkeypatch):
+    """Training-time RTC with the Triton kernels and the fused step ends switched on: pi0.5 runs every adaRMS norm
+    (each layer's two and the final one) as ada_rms_norm with per-row variants and no fused step end, pi0 the
+    unfused time MLP; the actions are the reference sampler's, the frozen rows the previous chunk exactly."""
+    from test_engine_rtc import _inputs, _plan, _tensors
+
+    from flashrt_core.executor import ReferenceExecutor
+    engine = _engine(model, "rope_in_attention")
+    engine.ops.fused_denoise_step = engine.ops.fused_denoise_step_pi0 = True
+    launches = _record_triton_launches(engine, monkeypatch)
+    variants = []
+    ada = engine.ops.k.ada_rms_norm
+    monkeypatch.setattr(engine.ops.k, "ada_rms_norm",
+                        lambda *a, **kw: variants.append(kw.get("row_variant")) or ada(*a, **kw))
+    cfg = model.config
+    delay = 4
+    inputs = _inputs(cfg, 6)
+    plan = _plan(cfg, "training_time", delay, 6)
+    got = engine.predict_observation(*inputs, rtc=plan)
+    want = ReferenceExecutor(model, cfg, torch.device("cpu")).sample_actions_rtc(*_tensors(*inputs), plan)[0]
+    np.testing.assert_allclose(got, want.numpy(), atol=FP32_ATOL, rtol=0)
+    np.testing.assert_array_equal(got[:delay], plan.target[0, :delay].numpy())
+    steps, layers = len(engine.weights.dts), cfg.expert.depth
+    assert not {"denoise_step_in", "denoise_step_out", "time_mlp_in"} & set(launches)
+    if cfg.model_type == "pi05":
+        assert len(variants) == steps * (2 * layers + 1)
+        assert all(v is not None and v.tolist() == [1] * delay + [0] * (cfg.action_horizon - delay) for v in variants)
+    else:
+        assert not variants

@@ -1,6 +1,7 @@
-"""Real-time chunking inside the captured graph (flashrt_core/engine/rtc_blend.py: the hard prefix and the guidance
-with the Jacobian as identity; engine/rtc_guided.py: the guidance through the denoiser's Jacobian) on a GPU: the
-replayed graph equals the eager engine, keeps the frozen rows exactly (hard prefix), agrees with the reference
+"""Real-time chunking inside the captured graph (flashrt_core/engine/rtc_blend.py: the hard prefix, the guidance
+with the Jacobian as identity, training-time RTC's clean prefix with per-row modulation; engine/rtc_guided.py: the
+guidance through the denoiser's Jacobian) on a GPU: the replayed graph equals the eager engine, keeps the frozen
+rows exactly (hard prefix, training time), agrees with the reference
 sampler, serves every delay without a recapture and leaves the plain graph alone. Skips without CUDA. What each
 mode costs is measured by tools/benchmark_rtc.py (docs/performance.md).
 
@@ -57,7 +58,7 @@ def _reference_rtc(model, obs, plan: RtcPlan) -> np.ndarray:
     return out[0].float().cpu().numpy()
 
 
-@pytest.mark.parametrize("mode", ["hard_prefix", "guided_identity", "guided"])
+@pytest.mark.parametrize("mode", ["hard_prefix", "guided_identity", "training_time", "guided"])
 def test_rtc_in_the_graph(tiny, mode):
     cfg = tiny.config
     graph = build_executor(tiny, cfg, torch.device("cuda"), "auto")
@@ -72,7 +73,7 @@ def test_rtc_in_the_graph(tiny, mode):
         got = graph.predict_observation(*args, rtc=plan)
         np.testing.assert_allclose(got, eager.predict_observation(*args, rtc=plan), rtol=0,
                                    atol=GUIDED_REPLAY_ATOL if mode == "guided" else REPLAY_ATOL)
-        if mode == "hard_prefix":
+        if mode in ("hard_prefix", "training_time"):
             np.testing.assert_array_equal(got[:delay], plan.target[0, :delay].numpy())
         assert cosine(got, _reference_rtc(tiny, obs, plan)) >= GATE_BF16
         rtc_entries = [e for key, e in graph._entries.items() if isinstance(key[-1], tuple)]

@@ -96,6 +96,43 @@ def test_ada_rms_norm(rows, has_x):
     _close(res, want_res, FP32_ATOL, FP32_RTOL)
 
 
+@pytest.mark.parametrize("rows", (10, 50) if not INTERPRET else (3,))     # pi0.5's horizons
+@pytest.mark.parametrize("splits", [0, 1, 4])                          # 0: no x (a stack's first norm)
+def test_ada_rms_norm_row_variants(rows, splits):
+    """Training-time RTC's per-row modulation: each row reads its variant's (scale1p, shift, gate), the vectors from
+    two tables of other variant strides laid out as the engine's (EngineWeights.training_time_tables: a layer's
+    (2, 3, 2, D) for the gate, the final norm's (2, 2, D) for scale1p and shift); x as one (M, D) tile or split-K
+    partials. The reference's contract (a row's vectors by indexing) is the broadcast reference row by row."""
+    g = torch.Generator(device=DEVICE).manual_seed(rows + splits)
+    width = 1024 if not INTERPRET else 320
+    x = None
+    if splits == 1:
+        x = torch.randn(rows, width, device=DEVICE, generator=g).to(torch.bfloat16)
+    elif splits > 1:
+        x = torch.randn(splits, rows, width, device=DEVICE, generator=g)
+    residual = torch.randn(rows, width, device=DEVICE, generator=g) * 2
+    layer = torch.randn(2, 3, 2, width, device=DEVICE, generator=g)
+    final = torch.randn(2, 2, width, device=DEVICE, generator=g)
+    final[0] += 1.0
+    gate, scale1p, shift = layer[1, 2], final[0], final[1]                # (2, D) each, strides 2D, D, D
+    variant = (torch.arange(rows, device=DEVICE) < rows // 2 + 1).to(torch.int32)   # the frozen prefix: 1
+    want, want_res = K.ada_rms_norm_reference(x, residual, gate, scale1p, shift, row_variant=variant)
+    for r in range(rows):
+        v = int(variant[r])
+        xr = None if x is None else x[..., r:r + 1, :]
+        y, h = K.ada_rms_norm_reference(xr, residual[r:r + 1], gate[v], scale1p[v], shift[v])
+        assert torch.equal(want[r:r + 1], y) and torch.equal(want_res[r:r + 1], h)
+    for pdl in (False, True) if not INTERPRET else (True,):
+        out = _poison(torch.empty(rows, width, device=DEVICE, dtype=torch.bfloat16))
+        res = residual.clone()
+        K.ada_rms_norm(x, res, gate if x is not None else None, scale1p, shift, out, pdl=pdl, row_variant=variant)
+        _close(out, want, BF16_ATOL, BF16_RTOL)
+        _close(res, want_res, FP32_ATOL, FP32_RTOL)
+    with pytest.raises(ValueError, match="row_variant"):
+        K.ada_rms_norm(x, residual.clone(), gate if x is not None else None, scale1p, shift, out,
+                       row_variant=variant.long())
+
+
 @pytest.mark.parametrize("rows,mlp", [(PREFIX_ROWS, 16384), (DECODER_ROWS[0], 4096), (DECODER_ROWS[-1], 4096)])
 def test_geglu(rows, mlp):
     g = torch.Generator(device=DEVICE).manual_seed(mlp + rows)
