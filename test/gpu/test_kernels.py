@@ -121,7 +121,9 @@ def test_ada_rms_norm_row_variants(rows, splits):
         v = int(variant[r])
         xr = None if x is None else x[..., r:r + 1, :]
         y, h = K.ada_rms_norm_reference(xr, residual[r:r + 1], gate[v], scale1p[v], shift[v])
-        assert torch.equal(want[r:r + 1], y) and torch.equal(want_res[r:r + 1], h)
+        # one row against the batch: the same math, a reduction of another shape (one bf16 step on the GPU)
+        torch.testing.assert_close(want[r:r + 1].float(), y.float(), atol=2.0 ** -7, rtol=2.0 ** -7)
+        torch.testing.assert_close(want_res[r:r + 1], h, atol=1e-6, rtol=1e-6)
     for pdl in (False, True) if not INTERPRET else (True,):
         out = _poison(torch.empty(rows, width, device=DEVICE, dtype=torch.bfloat16))
         res = residual.clone()
