@@ -71,8 +71,9 @@ class ScaleNormalizer:
 class FlowChunkSource:
     """Samples the loop's chunks; with ``rtc_mode`` conditioned on the executor's pending actions.
 
-    ``base_chunk(t_obs, observed)`` gives the mixture's center for an observation (robot units, [H, A]). The noise
-    stream is the seed's alone, one draw per chunk, so a run with RTC and one without sample from the same noise."""
+    ``sample`` takes the mixture's center for an observation (the scripted chunk, robot units, [H, A]); the modes
+    are it plus ``offsets``. The noise stream is the seed's alone, one draw per chunk, so a run with RTC and one
+    without sample from the same noise."""
 
     def __init__(self, config, rtc_mode: str | None = None):
         if rtc_mode is not None and rtc_mode not in RTC_MODES:
