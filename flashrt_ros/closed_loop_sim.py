@@ -9,9 +9,15 @@ executes come from observations ``delay_s`` old, and how large the jumps at chun
   ``delay_s`` (with ``jitter`` as a fraction of it, uniform), publishes a chunk stamped ``t_obs`` whose row ``i`` is
   ``y*(t_obs + i dt)`` plus the observed tracking error fed back with a decay, plus a constant offset drawn per
   chunk (``chunk_noise``): the model error that makes consecutive chunks disagree, as real ones do.
+- Chunk source (flow, ``source="flow"``): flashrt_ros.flow_chunk_source samples each chunk with a flow-matching
+  sampler from a Gaussian mixture around the scripted chunk (modes a few chunk_noise apart): a policy's
+  multi-modality, and a sampler that real-time chunking can condition.
 - Executors: ``naive`` executes each chunk from its first row at its arrival, as a consumer that ignores the
   stamps does; ``latest`` and ``temporal_fusion`` are flashrt_ros.chunk_schedule reading chunks by their stamps.
-  A missed deadline (nothing covers now, once the first chunk has arrived) holds the last command.
+  ``rtc_guided``, ``rtc_guided_identity`` and ``rtc_hard_prefix`` (flow source only) are ``latest`` with each chunk
+  sampled under that RTC mode, conditioned on the executor's pending actions (ChunkSchedule.preview at every
+  accepted chunk) as the policy node does (flashrt_ros.rtc_sharing.PolicyRtc). A missed deadline (nothing covers
+  now, once the first chunk has arrived) holds the last command.
 
 Everything is deterministic for a seed.
 """
@@ -26,6 +32,8 @@ import numpy as np
 from flashrt_ros.chunk_schedule import ChunkSchedule, Switching, TimedChunk
 
 EXECUTORS = ("naive", "latest", "temporal_fusion")
+RTC_EXECUTORS = ("rtc_guided", "rtc_guided_identity", "rtc_hard_prefix")    # flow source only
+SOURCES = ("scripted", "flow")
 
 
 @dataclass(frozen=True)
@@ -41,7 +49,14 @@ class LoopConfig:
     servo_tau_s: float = 0.05
     feedback_gain: float = 0.5
     feedback_decay_s: float = 0.2
-    chunk_noise: float = 0.02
+    chunk_noise: float = 0.02       # scripted: std of the per-chunk offset; flow: model unit (robot / chunk_noise)
+    source: str = "scripted"        # "scripted" or "flow" (the sampler that RTC conditions)
+    flow_modes: int = 3             # flow: mixture modes, offsets evenly over +-flow_mode_spread on every dimension
+    flow_mode_spread: float = 2.0   # flow: the outer modes' offset [chunk_noise units]
+    flow_sigma: float = 0.25        # flow: each mode's isotropic std per entry [chunk_noise units]
+    flow_steps: int = 10            # flow: Euler steps per chunk
+    rtc_execution_horizon: int = 10  # rtc_guided*: row where the soft mask reaches 0 (lerobot's); 0 = all known
+    rtc_max_guidance_weight: float = 10.0   # rtc_guided*: the guidance clip beta
     fusion_decay: float = 10.0
     duration_s: float = 10.0
     warmup_s: float = 1.0           # tracking error counted after this
@@ -76,8 +91,16 @@ def scripted_chunk(config: LoopConfig, t_obs: float, observed: np.ndarray, offse
 
 def run_loop(config: LoopConfig, executor: str) -> LoopResult:
     """One closed-loop run of ``duration_s`` with the given executor."""
-    if executor not in EXECUTORS:
-        raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    if executor not in EXECUTORS + RTC_EXECUTORS:
+        raise ValueError(f"executor must be one of {EXECUTORS + RTC_EXECUTORS}, got {executor!r}")
+    if config.source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}, got {config.source!r}")
+    if executor in RTC_EXECUTORS and config.source != "flow":
+        raise ValueError(f"{executor} conditions the chunk source: it needs source='flow'")
+    flow = None
+    if config.source == "flow":
+        from flashrt_ros.flow_chunk_source import FlowChunkSource   # here: the scripted loop runs without torch
+        flow = FlowChunkSource(config, executor[4:] if executor in RTC_EXECUTORS else None)
     rng = np.random.default_rng(config.seed)
     switching = Switching.TEMPORAL_FUSION if executor == "temporal_fusion" else Switching.LATEST
     schedule = ChunkSchedule(switching, config.fusion_decay, interpolate=True)
@@ -93,12 +116,18 @@ def run_loop(config: LoopConfig, executor: str) -> LoopResult:
         t = k * period
         if in_flight is None and t >= next_observation:            # the source observes, then computes
             delay = config.delay_s * (1.0 + config.jitter * rng.uniform(-1.0, 1.0))
-            offset = rng.normal(0.0, config.chunk_noise, config.action_dim)
-            in_flight = (t + delay, t, scripted_chunk(config, t, plant, offset))
+            offset = rng.normal(0.0, config.chunk_noise, config.action_dim)   # drawn for both: same delays
+            if flow is None:
+                actions = scripted_chunk(config, t, plant, offset)
+            else:
+                actions = flow.sample(scripted_chunk(config, t, plant, np.zeros(config.action_dim)), t)
+            in_flight = (t + delay, t, actions)
         if in_flight is not None and t >= in_flight[0]:             # the chunk arrives
             arrival, t_obs, actions = in_flight
             stamp = arrival if executor == "naive" else t_obs
             schedule.add(TimedChunk(stamp, config.chunk_dt, actions, sequence))
+            if flow is not None and flow.rtc is not None:      # the executor publishes its pending actions
+                flow.accepted(t_obs, t, schedule.preview(t, config.chunk_dt, config.horizon), sequence)
             sequence += 1
             in_flight, next_observation = None, t
         step = schedule.command(t)
@@ -115,4 +144,4 @@ def run_loop(config: LoopConfig, executor: str) -> LoopResult:
                       max(seams, default=0.0), float(np.mean(seams)) if seams else 0.0, len(seams), misses, steps)
 
 
-__all__ = ["EXECUTORS", "LoopConfig", "LoopResult", "run_loop", "scripted_chunk", "target"]
+__all__ = ["EXECUTORS", "RTC_EXECUTORS", "SOURCES", "LoopConfig", "LoopResult", "run_loop", "scripted_chunk", "target"]
