@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashrt_core.checkpoint import load_model_weights  # noqa: E402
 from flashrt_core.config import get_config  # noqa: E402
 from flashrt_core.engine import EngineOptions, build_executor  # noqa: E402
-from flashrt_core.engine.gate import cosine, random_observation  # noqa: E402
+from flashrt_core.engine.gate import cosine, random_observation, reference_inputs  # noqa: E402
 from flashrt_core.engine.rtc_blend import ENGINE_MODES  # noqa: E402
 from flashrt_core.engine.timing import interleaved_replay_ms  # noqa: E402
 from flashrt_core.executor import ReferenceExecutor  # noqa: E402
@@ -48,15 +48,8 @@ def plan_for(mode: str, previous: np.ndarray, delay: int) -> RtcPlan:
 def reference_chunk(model, obs, plan: RtcPlan) -> tuple[np.ndarray, float]:
     """The reference sampler's chunk and the wall time of its second call (ms; the first warms up)."""
     cfg, dev = model.config, next(model.parameters()).device
-    pixels = torch.stack([torch.from_numpy(img).permute(2, 0, 1).float() / 255.0 * 2.0 - 1.0 if img is not None
-                          else torch.full((3, cfg.vision.image_size, cfg.vision.image_size), -1.0)
-                          for img in obs.images])
-    masks = torch.tensor([img is not None for img in obs.images])
-    state = torch.from_numpy(obs.state)[None].to(dev) if cfg.model_type == "pi0" else None
     reference = ReferenceExecutor(model, cfg, dev)
-    args = (pixels[None].to(dev), masks[None].to(dev), torch.from_numpy(obs.tokens)[None].to(dev),
-            torch.from_numpy(obs.token_mask)[None].to(dev), state, torch.from_numpy(obs.noise)[None].to(dev),
-            plan.to(dev))
+    args = (*reference_inputs(cfg, obs, dev), plan.to(dev))
     for _ in range(2):
         torch.cuda.synchronize()
         start = time.perf_counter()

@@ -45,18 +45,21 @@ def random_observation(cfg: ModelConfig, rng: np.random.Generator, views: int, n
     return Observation(images, tokens, mask, state, noise)
 
 
-def reference_actions(reference: ReferenceExecutor, obs: Observation) -> np.ndarray:
-    """The reference executor on the same observation (images must be at the model's size: no resize)."""
-    cfg, dev = reference.config, reference.device
+def reference_inputs(cfg: ModelConfig, obs: Observation, device: torch.device) -> tuple:
+    """The reference executor's sample_actions inputs for `obs` on `device`: (pixels (1, V, 3, S, S) in [-1, 1],
+    image masks, tokens, token mask, state or None (pi0.5), noise). Images must be at the model's size: no resize."""
     size = cfg.vision.image_size
     pixels = torch.stack([torch.from_numpy(img).permute(2, 0, 1).float() / 255.0 * 2.0 - 1.0 if img is not None
                           else torch.full((3, size, size), -1.0) for img in obs.images])       # (V, 3, S, S)
     masks = torch.tensor([img is not None for img in obs.images])
-    state = torch.from_numpy(obs.state)[None].to(dev) if cfg.model_type == "pi0" else None
-    out = reference.sample_actions(pixels[None].to(dev), masks[None].to(dev),
-                                   torch.from_numpy(obs.tokens)[None].to(dev),
-                                   torch.from_numpy(obs.token_mask)[None].to(dev), state,
-                                   torch.from_numpy(obs.noise)[None].to(dev))
+    state = torch.from_numpy(obs.state)[None].to(device) if cfg.model_type == "pi0" else None
+    return (pixels[None].to(device), masks[None].to(device), torch.from_numpy(obs.tokens)[None].to(device),
+            torch.from_numpy(obs.token_mask)[None].to(device), state, torch.from_numpy(obs.noise)[None].to(device))
+
+
+def reference_actions(reference: ReferenceExecutor, obs: Observation) -> np.ndarray:
+    """The reference executor on the same observation (images must be at the model's size: no resize)."""
+    out = reference.sample_actions(*reference_inputs(reference.config, obs, reference.device))
     return out[0].float().cpu().numpy()
 
 

@@ -17,7 +17,7 @@ import torch
 from flashrt_core.checkpoint import load_model_weights
 from flashrt_core.config import get_config
 from flashrt_core.engine import EngineOptions, build_executor
-from flashrt_core.engine.gate import GATE_BF16, cosine, random_observation
+from flashrt_core.engine.gate import GATE_BF16, cosine, random_observation, reference_inputs
 from flashrt_core.executor import ReferenceExecutor
 from flashrt_core.fixtures import write_random_checkpoint
 from flashrt_core.rtc import RtcPlan, prefix_weights
@@ -45,16 +45,9 @@ def _plan(cfg, delay: int, seed: int, mode: str = "hard_prefix") -> RtcPlan:
 
 
 def _reference_rtc(model, obs, plan: RtcPlan) -> np.ndarray:
-    cfg, dev = model.config, torch.device("cuda")
-    pixels = torch.stack([torch.from_numpy(img).permute(2, 0, 1).float() / 255.0 * 2.0 - 1.0 if img is not None
-                          else torch.full((3, cfg.vision.image_size, cfg.vision.image_size), -1.0)
-                          for img in obs.images])
-    masks = torch.tensor([img is not None for img in obs.images])
-    state = torch.from_numpy(obs.state)[None].to(dev) if cfg.model_type == "pi0" else None
-    out = ReferenceExecutor(model, cfg, dev).sample_actions_rtc(
-        pixels[None].to(dev), masks[None].to(dev), torch.from_numpy(obs.tokens)[None].to(dev),
-        torch.from_numpy(obs.token_mask)[None].to(dev), state, torch.from_numpy(obs.noise)[None].to(dev),
-        plan.to(dev))
+    dev = torch.device("cuda")
+    out = ReferenceExecutor(model, model.config, dev).sample_actions_rtc(
+        *reference_inputs(model.config, obs, dev), plan.to(dev))
     return out[0].float().cpu().numpy()
 
 
