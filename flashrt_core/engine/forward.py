@@ -295,10 +295,9 @@ def guided_denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Te
     autograd, its update corrected toward the staged previous chunk through the step's vector-Jacobian product."""
     rtc = ws.extras["rtc"]
     plain_ops = rtc_guided.grad_ops(rtc, w, ops)
-    ws.actions.copy_(ws.noise)
     with torch.inference_mode(False), torch.enable_grad():
         steps = denoise_steps(ws, w, plain_ops, key_bias.clone(), n_valid.clone())
-        x = ws.actions.clone()
+        x = ws.noise.clone()
         for step, dt in enumerate(w.dts):
             x = rtc_guided.guided_step(lambda x_next, step=step: collections.deque(
                 denoise_step(steps, step, x_next), maxlen=0), x, step, dt, rtc)

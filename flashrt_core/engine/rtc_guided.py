@@ -26,7 +26,7 @@ import torch
 from flashrt_core.errors import InputError
 
 from .ops import KeyMask, Ops
-from .weights import EngineWeights, Linear
+from .weights import EngineWeights
 
 
 class GradOps(Ops):
@@ -67,16 +67,12 @@ class GradOps(Ops):
         # both written by the next layer before the backward
         return super().mqa(q.clone(), k.clone(), v.clone(), mask, scale, site, splits)
 
-    def linear(self, x: torch.Tensor, lin: Linear) -> torch.Tensor:
-        if lin.fp8 is not None or lin.w8 is not None:
-            raise InputError("guided RTC in the graph engine needs the action expert's GEMMs in bf16 (its FP8 "
-                             "GEMMs have no backward): turn FP8 off for the expert, or use mode 'guided_identity'")
-        return super().linear(x, lin)
-
 
 def check_weights(w: EngineWeights) -> None:
-    """Refuse, by name, an engine whose action expert has FP8 GEMMs: guided RTC needs their backward."""
-    layers = [w.action_in] + [lin for layer in w.expert for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    """Refuse, by name, an engine whose denoiser has FP8 GEMMs (the action expert's, the action projection, pi0's
+    time MLP): guided RTC needs their backward."""
+    layers = [w.action_in, w.time_in_action, w.time_out] + [
+        lin for layer in w.expert for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     if any(lin is not None and (lin.fp8 is not None or lin.w8 is not None) for lin in layers):
         raise InputError("guided RTC in the graph engine needs the action expert's GEMMs in bf16 (FP8 GEMMs have "
                          "no backward): load the policy in bf16, or use RTC mode 'guided_identity'")

@@ -173,6 +173,16 @@ def test_training_time_rtc_in_the_forward_matches_the_reference(model, fused, ov
     np.testing.assert_array_equal(engine.predict_observation(*plain_inputs), plain_before)
 
 
+def test_guided_rtc_refuses_fp8_denoiser_gemms_by_name(model):
+    """FP8 GEMMs have no backward: an engine whose denoiser reads FP8 weights refuses guided RTC, naming the way out."""
+    cfg = model.config
+    engine = _engine(model)
+    layer = engine.weights.expert[0].gate_up
+    layer.w8 = (layer.parts[0][0].to(torch.float8_e4m3fn), torch.ones(layer.out_features))
+    with pytest.raises(InputError, match="FP8 GEMMs have no backward.*guided_identity"):
+        engine.predict_observation(*_inputs(cfg, 6), rtc=_plan(cfg, "guided", 2, 6))
+
+
 def test_an_unknown_mode_is_refused_by_name(model):
     cfg = model.config
     engine = _engine(model)
