@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .gate import cosine  # the pi family's gate's cosine of two flattened chunks
+
 GATE_MEAN = 0.999
 GATE_WORST = 0.995
 SIGN_THRESHOLD = 0.05
@@ -34,11 +36,6 @@ def gripper_dims(action_groups: Sequence[tuple[str, int]]) -> tuple[int, ...]:
             out += range(start, start + dim)
         start += dim
     return tuple(out)
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def sign_flips(engine: np.ndarray, reference: np.ndarray, dims: Sequence[int],
