@@ -51,6 +51,7 @@ from flashrt_ros.image_conversion import ImageConversionError, check_image, to_r
 from flashrt_ros.node_parameters import SPECS, NodeSettings, StateInput, settings_from_values
 from flashrt_ros.observation_buffer import AddResult, Observation, ObservationBuffer, seconds_to_ns
 from flashrt_ros.pinned_noise import observation_noise
+from flashrt_ros.state_input import joint_positions, state_values
 
 LOGGER = logging.getLogger(__name__)
 
@@ -152,24 +153,9 @@ def _stamp_ns(stamp) -> int:
 
 
 def _state_values(msg, settings: NodeSettings, state_dim: int) -> np.ndarray:
-    """The node's JointState rule: positions by state_joint_names (all, as sent, when empty); finite; state_dim."""
-    names, positions = list(msg.name), np.asarray(msg.position, dtype=np.float64)
-    if len(positions) != len(names):
-        raise ValueError(f"JointState has {len(names)} names but {len(positions)} positions")
-    if settings.state_joint_names:
-        by_name = dict(zip(names, positions))
-        missing = [n for n in settings.state_joint_names if n not in by_name]
-        if missing:
-            raise ValueError(f"JointState lacks joints {missing}")
-        positions = np.asarray([by_name[n] for n in settings.state_joint_names])
-    values = positions.astype(np.float32)  # (state_dim,)
-    if values.size == 0:
-        raise ValueError("empty state")
-    if not np.all(np.isfinite(values)):
-        raise ValueError("state has NaN or infinite values")
-    if state_dim and values.size != state_dim:
-        raise ValueError(f"state has {values.size} values, the model expects {state_dim}")
-    return values
+    """The node's JointState rule (flashrt_ros.state_input): positions by state_joint_names (all, as sent, when
+    empty); finite; state_dim."""
+    return state_values(joint_positions(list(msg.name), list(msg.position), settings.state_joint_names), state_dim)
 
 
 class _Evaluator:
