@@ -68,6 +68,17 @@ def _plan(cfg, mode: str, delay: int, seed: int, beta: float = 10.0) -> RtcPlan:
     return RtcPlan(mode, target, weights, delay, beta)
 
 
+def _both_paths(engine, ref, inputs, plan: RtcPlan, atol: float) -> np.ndarray:
+    """The engine's conditioned chunk from uint8 images (predict_observation) and from pixels (sample_actions_rtc),
+    each against the reference sampler's within atol; -> the first, (horizon, A)."""
+    with torch.no_grad():          # as the policy calls it (guided enables grad inside for its VJP)
+        want = ref.sample_actions_rtc(*_tensors(*inputs), plan)[0]
+    got = engine.predict_observation(*inputs, rtc=plan)
+    np.testing.assert_allclose(got, want.numpy(), atol=atol, rtol=0)
+    torch.testing.assert_close(engine.sample_actions_rtc(*_tensors(*inputs), plan)[0], want, atol=atol, rtol=0)
+    return got
+
+
 @pytest.mark.parametrize("fused,overlap", [(True, True), (False, False)])
 def test_hard_prefix_in_the_forward_matches_the_reference(model, fused, overlap):
     cfg = model.config
@@ -76,12 +87,8 @@ def test_hard_prefix_in_the_forward_matches_the_reference(model, fused, overlap)
     for seed, delay in ((1, 3), (2, 0), (3, cfg.action_horizon - 1)):    # one RTC workspace serves every delay
         inputs = _inputs(cfg, seed)
         plan = _plan(cfg, "hard_prefix", delay, seed)
-        want = ref.sample_actions_rtc(*_tensors(*inputs), plan)[0]
-        got = engine.predict_observation(*inputs, rtc=plan)
-        np.testing.assert_allclose(got, want.numpy(), atol=FP32_ATOL, rtol=0)
+        got = _both_paths(engine, ref, inputs, plan, FP32_ATOL)
         np.testing.assert_array_equal(got[:delay], plan.target[0, :delay].numpy())     # frozen exactly
-        torch.testing.assert_close(engine.sample_actions_rtc(*_tensors(*inputs), plan)[0], want,
-                                   atol=FP32_ATOL, rtol=0)
     assert sum(isinstance(key[-1], tuple) for key in engine._entries) == 2      # uint8 and pixel inputs, one each
 
 
@@ -108,14 +115,9 @@ def test_identity_guidance_in_the_forward_matches_the_reference(model, fused, ov
     ref = ReferenceExecutor(model, cfg, torch.device("cpu"))
     for seed, delay, beta in ((1, 3, 10.0), (2, 0, 10.0), (3, cfg.action_horizon - 1, 2.0)):
         inputs = _inputs(cfg, seed)
-        plan = _plan(cfg, "guided_identity", delay, seed, beta)
-        want = ref.sample_actions_rtc(*_tensors(*inputs), plan)[0]
-        got = engine.predict_observation(*inputs, rtc=plan)
-        np.testing.assert_allclose(got, want.numpy(), atol=10 * FP32_ATOL, rtol=0)
+        got = _both_paths(engine, ref, inputs, _plan(cfg, "guided_identity", delay, seed, beta), 10 * FP32_ATOL)
         plain = engine.predict_observation(*inputs)
         assert np.abs(got - plain).max() > 1e-2                       # the guidance moved the chunk
-        torch.testing.assert_close(engine.sample_actions_rtc(*_tensors(*inputs), plan)[0], want,
-                                   atol=10 * FP32_ATOL, rtol=0)
     modes = sorted(key[-1][1] for key in engine._entries if isinstance(key[-1], tuple))
     assert modes == ["guided_identity", "guided_identity"]           # uint8 and pixel inputs, one each
 
@@ -131,15 +133,9 @@ def test_guidance_through_the_jacobian_in_the_forward_matches_the_reference(mode
     ref = ReferenceExecutor(model, cfg, torch.device("cpu"))
     for seed, delay, beta in ((1, 3, 10.0), (2, 0, 10.0), (3, cfg.action_horizon - 1, 2.0)):
         inputs = _inputs(cfg, seed)
-        plan = _plan(cfg, "guided", delay, seed, beta)
-        with torch.no_grad():
-            want = ref.sample_actions_rtc(*_tensors(*inputs), plan)[0]
-        got = engine.predict_observation(*inputs, rtc=plan)
-        np.testing.assert_allclose(got, want.numpy(), atol=10 * FP32_ATOL, rtol=0)
+        got = _both_paths(engine, ref, inputs, _plan(cfg, "guided", delay, seed, beta), 10 * FP32_ATOL)
         identity = engine.predict_observation(*inputs, rtc=_plan(cfg, "guided_identity", delay, seed, beta))
         assert np.abs(got - identity).max() > 1e-3                    # the Jacobian is not the identity
-        torch.testing.assert_close(engine.sample_actions_rtc(*_tensors(*inputs), plan)[0], want,
-                                   atol=10 * FP32_ATOL, rtol=0)
     entry = next(e for key, e in engine._entries.items() if key[-1] == ("rtc", "guided"))
     assert not entry.ws.k_cache.requires_grad                          # no autograd history left on the caches
     before = engine.predict_observation(*_inputs(cfg, 4))
@@ -159,12 +155,8 @@ def test_training_time_rtc_in_the_forward_matches_the_reference(model, fused, ov
     for seed, delay in ((1, 3), (2, 0), (3, cfg.action_horizon - 1)):
         inputs = _inputs(cfg, seed)
         plan = _plan(cfg, "training_time", delay, seed)
-        want = ref.sample_actions_rtc(*_tensors(*inputs), plan)[0]
-        got = engine.predict_observation(*inputs, rtc=plan)
-        np.testing.assert_allclose(got, want.numpy(), atol=FP32_ATOL, rtol=0)
+        got = _both_paths(engine, ref, inputs, plan, FP32_ATOL)
         np.testing.assert_array_equal(got[:delay], plan.target[0, :delay].numpy())     # frozen exactly
-        torch.testing.assert_close(engine.sample_actions_rtc(*_tensors(*inputs), plan)[0], want,
-                                   atol=FP32_ATOL, rtol=0)
         if delay:   # the clean time reaches the free rows: another chunk than the hard prefix's there
             hard = ref.sample_actions_rtc(*_tensors(*inputs), _plan(cfg, "hard_prefix", delay, seed))[0]
             assert np.abs(got[delay:] - hard[delay:].numpy()).max() > 1e-3
