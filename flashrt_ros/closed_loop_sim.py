@@ -100,7 +100,7 @@ def run_loop(config: LoopConfig, executor: str) -> LoopResult:
     flow = None
     if config.source == "flow":
         from flashrt_ros.flow_chunk_source import FlowChunkSource   # here: the scripted loop runs without torch
-        flow = FlowChunkSource(config, executor[4:] if executor in RTC_EXECUTORS else None)
+        flow = FlowChunkSource(config, executor.removeprefix("rtc_") if executor in RTC_EXECUTORS else None)
     rng = np.random.default_rng(config.seed)
     switching = Switching.TEMPORAL_FUSION if executor == "temporal_fusion" else Switching.LATEST
     schedule = ChunkSchedule(switching, config.fusion_decay, interpolate=True)
