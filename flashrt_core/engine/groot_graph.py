@@ -41,6 +41,7 @@ from .fp8 import FP8_DTYPES
 from .graph_executor import StagingBlob
 from .groot_dit_gemms import quantize_fused_dit, tune_few_row_gemms
 from .groot_fused_dit import FusedDit, prepare_fused_dit
+from .groot_language import prepare_language
 from .groot_static import (GrootSignature, StaticTables, action_chunk, embed_dtype, image_tokens,
                            language_features, predict)
 from .hardware import detect_hardware
@@ -81,7 +82,7 @@ class GrootGraphExecutor:
     def __init__(self, model: GrootModel, device: torch.device | str, capture: bool | None = None,
                  step_tables: bool = True, fused_dit: bool = True, dispatch: Dispatch | None = None,
                  prompt_multiple: int = 0, fp8: bool = False, few_row_gemms: bool = True,
-                 head_attention: bool = True):
+                 head_attention: bool = True, engine_language: bool = True):
         """step_tables: the DiT's per-step tables (engine/groot_dit.py, EngineOptions.groot_step_tables); False runs
         the reference's sampler inside the graph. fused_dit: the DiT's blocks on the engine's fused ops
         (engine/groot_fused_dit.py, EngineOptions.groot_fused_dit; with step_tables only). dispatch: the ops'
@@ -93,7 +94,10 @@ class GrootGraphExecutor:
         the CPU its plain-PyTorch reference runs, for tests); the E4M3 flavour is the dispatch table's Op.FP8_FORMAT.
         few_row_gemms: the fused DiT's bf16 GEMMs on the same few-row GEMM (EngineOptions.groot_few_row_gemms; on a
         GPU where the dispatch runs the Triton decoder GEMMs and the model is in a 16-bit dtype: the kernel's dot
-        takes fp32 inputs as TF32, so an fp32 model keeps cuBLAS; on the CPU the kernel's reference, for tests)."""
+        takes fp32 inputs as TF32, so an fp32 model keeps cuBLAS; on the CPU the kernel's reference, for tests).
+        engine_language: the language model's layers on the engine's ops (engine/groot_language.py,
+        EngineOptions.groot_engine_language; the model's Q/K/V and gate/up weights become views into the merged
+        copies it makes), else transformers' own layers."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -111,15 +115,19 @@ class GrootGraphExecutor:
                              "groot_step_tables on, or FP8 off (precision 'bf16')")
         self.fp8 = fp8
         self._fused: FusedDit | None = None
-        if self.fused_dit:
+        ops = None
+        if self.fused_dit or engine_language:
             if dispatch is None:
                 dispatch = (eager_cpu_dispatch() if device.type == "cpu"
                             else resolve(detect_hardware("auto", device)))
+            ops = Ops(dispatch)
+        self._language = prepare_language(model, ops) if engine_language else None
+        if self.fused_dit:
             if fp8 and device.type == "cuda" and dispatch[Op.GEMM_DECODER] != "triton":
                 raise ValueError("GR00T's FP8 reads weight-only FP8 weights in the Triton few-row GEMM "
                                  "(kernels/flashrt_kernels/skinny_gemm.py), which this dispatch does not run "
                                  f"(gemm_decoder={dispatch[Op.GEMM_DECODER]!r}); turn the fp8 option off, or triton on")
-            self._fused = prepare_fused_dit(model.action_head, Ops(dispatch))
+            self._fused = prepare_fused_dit(model.action_head, ops)
             self._fused.head_attention = head_attention
             rows = 1 + model.cfg.action_horizon
             if fp8:
@@ -154,7 +162,8 @@ class GrootGraphExecutor:
                 raise InputError(f"{name} must have shape {expect[name]}, got {tuple(tensor.shape)}")
         staging = StagingBlob(fields, self.device)
         uploaded = torch.cuda.Event() if self.device.type == "cuda" else None
-        return _Entry(StaticTables(self.model, sig, self.device, self.step_tables, self._fused), staging, uploaded)
+        return _Entry(StaticTables(self.model, sig, self.device, self.step_tables, self._fused, self._language),
+                      staging, uploaded)
 
     def _stage(self, entry: _Entry, named: dict[str, torch.Tensor]) -> None:
         """Copy the call's inputs into the static buffers: host tensors through the pinned half and one upload,
@@ -260,4 +269,5 @@ class GrootGraphExecutor:
     def close(self) -> None:
         self._entries.clear()
         self._fused = None
+        self._language = None
         self.model = None

@@ -14,7 +14,9 @@ masked_scatter's count. Here what depends on the signature alone is computed onc
               gather and a where): masked_scatter's order without reading the count on the host
   LLM         Qwen3's rotary cos / sin for positions 0..L-1 from the model's rotary_emb; the decoder layers with
               no mask (SDPA's causal path, what HF picks for an all-ones prompt mask) or, for a padded prompt,
-              the causal-and-padding boolean mask HF's sdpa_mask builds, then the final norm
+              the causal-and-padding boolean mask HF's sdpa_mask builds, then the final norm; with
+              engine_language (EngineOptions.groot_engine_language) the same layers on the engine's ops
+              (engine/groot_language.py), with the same mask
   head        model/groot/sampler.sample_actions, the reference's own code (capture-safe as it is), or with
               step_tables (EngineOptions.groot_step_tables) engine/groot_dit.py: the same sampler with what depends
               on the timestep alone computed once here, and the backbone features' K / V once per predict;
@@ -34,6 +36,7 @@ from flashrt_core.model.groot.sampler import sample_actions
 
 from .groot_dit import StepTables, sample_actions_tabled
 from .groot_fused_dit import FusedDit, FusedStepTables, sample_actions_fused
+from .groot_language import EngineLanguage, language_model
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class StaticTables:
     fused: the executor's fused DiT (groot_fused_dit.FusedDit, shared, needs step_tables) or None."""
 
     def __init__(self, model: GrootModel, sig: GrootSignature, device: torch.device, step_tables: bool = True,
-                 fused: FusedDit | None = None):
+                 fused: FusedDit | None = None, language: EngineLanguage | None = None):
         if fused is not None and not step_tables:
             raise ValueError("the fused DiT reads the step tables: step_tables=True")
         eagle = model.backbone.model
@@ -88,6 +91,8 @@ class StaticTables:
             self.rope = lm.rotary_emb(torch.empty(0, device=device, dtype=dtype), self.position_ids)
             self.causal = (torch.tril(torch.ones(length, length, dtype=torch.bool, device=device))
                            if sig.padded else None)
+        self.language = language
+        self.language_rope = None if language is None else language.rope(sig.batch, sig.prompt_len, device)
         self.steps = StepTables(model.action_head, sig.batch) if step_tables else None
         self.fused = fused
         self.fused_mods = FusedStepTables(self.steps) if fused is not None else None
@@ -100,6 +105,7 @@ class StaticTables:
         self.position_ids = self.position_ids.to(device)
         self.rope = tuple(t.to(device) for t in self.rope)
         self.causal = None if self.causal is None else self.causal.to(device)
+        self.language_rope = None if self.language_rope is None else tuple(t.to(device) for t in self.language_rope)
         self.steps = None if self.steps is None else self.steps.to(device)
         self.fused_mods = None if self.fused_mods is None else self.fused_mods.to(device)
         return self
@@ -143,6 +149,8 @@ def language_features(model: GrootModel, tables: StaticTables, vit: torch.Tensor
     mask = None
     if tables.causal is not None:
         mask = tables.causal[None, None] & attention_mask.bool()[:, None, None, :]
+    if tables.language is not None:
+        return language_model(tables.language, tables.language_rope, hidden, mask)
     for layer in lm.layers[: lm.config.num_hidden_layers]:
         hidden = layer(hidden, attention_mask=mask, position_embeddings=tables.rope,
                        position_ids=tables.position_ids, cache=None, use_cache=False)

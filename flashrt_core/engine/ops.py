@@ -167,6 +167,13 @@ class Ops:
             return self._triton_geglu(gu, gu.dtype)
         return self.k.geglu_reference(gu)
 
+    def swiglu(self, gu: torch.Tensor) -> torch.Tensor:
+        """gu (M, 2F) -> silu(gate) * up (M, F): Qwen3's MLP (GR00T's language model), on GeGLU's kernel."""
+        if self._geglu_triton:
+            out = torch.empty(gu.shape[0], gu.shape[1] // 2, device=gu.device, dtype=gu.dtype)
+            return self.k.swiglu(gu, out, pdl=self.launch_mode("other"))
+        return self.k.swiglu_reference(gu)
+
     def _triton_geglu(self, gu: torch.Tensor, dtype: torch.dtype, inv_scale: torch.Tensor | None = None
                       ) -> torch.Tensor:
         """flashrt_kernels/geglu.py into a new (M, F) tensor of dtype (FP8 with inv_scale: quantized on the way out)."""
@@ -320,12 +327,18 @@ class Ops:
                 and (head_dim // 2) % cfg.block_p == 0)
 
     def qkv_rope(self, qkv, pos, cos, sin, q_out, k_cache, v_cache, offset: int, heads: int, kv_heads: int,
-                 q_scale: float, site: str = "other") -> None:
-        if self._rope_triton:
+                 q_scale: float, site: str = "other", head_norm: torch.Tensor | None = None,
+                 norm_eps: float = 1e-6) -> None:
+        """flashrt_kernels/qkv_rope.py: the QKV GEMM's output split into rotated, scaled queries and rotated keys /
+        values in the caches; head_norm (2, Dh) fp32: each query / key head RMS-normalized first (Qwen3). The
+        kernel takes power-of-two head dims; another (the tiny test presets') runs the plain-PyTorch reference."""
+        dh = q_out.shape[-1]
+        if self._rope_triton and dh & (dh - 1) == 0:
             self.k.qkv_rope(qkv, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale,
-                            pdl=self.launch_mode(site))
+                            pdl=self.launch_mode(site), head_norm=head_norm, norm_eps=norm_eps)
         else:
-            self.k.qkv_rope_reference(qkv, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale)
+            self.k.qkv_rope_reference(qkv, pos, cos, sin, q_out, k_cache, v_cache, offset, heads, kv_heads, q_scale,
+                                      head_norm=head_norm, norm_eps=norm_eps)
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                   backend: str | None = None) -> torch.Tensor:
@@ -343,6 +356,17 @@ class Ops:
                 return F.scaled_dot_product_attention(q, k, v, scale=scale)
         logits = (q.float() @ k.float().transpose(-1, -2)) * scale        # (B, H, N, N) fp32
         return torch.softmax(logits, dim=-1).to(v.dtype) @ v
+
+    def causal_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Causal grouped-query attention (GR00T's language model): q (B, H, L, Dh) (scale applied), k / v
+        (B, G, L, Dh) with H a multiple of G -> (B, H, L, Dh), on torch SDPA with the K/V heads shared in place
+        (enable_gqa). mask None: causal alone (the flash kernel on a GPU); else the (B, 1, L, L) additive mask
+        (causal and the prompt's padding, in q's dtype; the memory-efficient kernel on a GPU: an additive mask made
+        once per predict runs faster there than a boolean one or K/V expanded to H heads)."""
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, enable_gqa=True)
 
     def mqa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: KeyMask, scale: float,
             site: str = "other", splits: int | None = None) -> torch.Tensor:

@@ -126,6 +126,11 @@ class EngineOptions:
                                          "and V in place from the GEMM's output and writes the O projection's "
                                          "input rows, launched with PDL (flashrt_kernels/head_attention.py).",
                                          "torch SDPA and a transpose copy per block.")
+    groot_engine_language: bool = _option(True, "GR00T: the language model's layers on the engine's ops: the "
+                                          "residual add in the RMSNorm kernel over an fp32 stream, Q/K/V and "
+                                          "gate/up each one GEMM, q_norm / k_norm with RoPE in one kernel, SiLU-GLU "
+                                          "in one kernel (engine/groot_language.py).",
+                                          "transformers' Qwen3 decoder layers.")
     groot_prompt_multiple: int = _option(16, "GR00T: the prompt right-padded with masked tokens up to a multiple of "
                                          "this many, so instructions of nearby lengths replay one graph instead of "
                                          "capturing a new one (the LLM is causal and the DiT masks the padding: the "

@@ -19,7 +19,7 @@ from .denoise_step import (denoise_step_in, denoise_step_in_reference, denoise_s
                            denoise_step_out_reference, time_mlp_in, time_mlp_in_reference)
 from .euler import euler, euler_reference
 from .fp8_quant import fp8_quant, fp8_quant_reference
-from .geglu import geglu, geglu_reference
+from .geglu import geglu, geglu_reference, swiglu, swiglu_reference
 from .head_attention import head_attention, head_attention_reference
 from .layer_chain import LayerChain, layer_chain, layer_chain_reference
 from .patch_embed import patch_rows, patch_rows_reference
@@ -42,7 +42,7 @@ __all__ = [
     "head_attention", "head_attention_reference",
     "euler", "euler_reference",
     "fp8_quant", "fp8_quant_reference",
-    "geglu", "geglu_reference",
+    "geglu", "geglu_reference", "swiglu", "swiglu_reference",
     "LayerChain", "layer_chain", "layer_chain_reference",
     "patch_rows", "patch_rows_reference",
     "PREFIX_ATTENTION_BLOCK_N", "prefix_attention", "prefix_attention_supported",

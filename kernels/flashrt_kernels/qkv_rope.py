@@ -7,6 +7,10 @@
     k_cache[g, offset + m]    = rope(k_g[m])                                (KVH, L, Dh)
     v_cache[g, offset + m]    = v_g[m]
 
+With head_norm (Qwen3's q_norm / k_norm, (2, Dh) fp32: row 0 the query heads' weight, row 1 the key heads'), each
+query and key head is RMS-normalized over its Dh values before the rotation:
+    x <- x / sqrt(mean(x^2) + norm_eps) * head_norm[0 if query else 1]
+
 p = pos[m] is read from a device tensor, so positions that depend on the input (valid prefix length) need no host
 sync. cos/sin come from (max_pos, Dh/2) fp32 tables built once. Provenance: Gemma RoPE (rotate_half form);
 FlashRT fuses split + RoPE + cache write the same way.
@@ -35,16 +39,25 @@ def _rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def _head_rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # x: (M, n, Dh) fp32, weight (Dh,): each head's RMSNorm
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+
+
 def qkv_rope_reference(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        q_out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_offset: int,
-                       num_heads: int, num_kv_heads: int, q_scale: float = 1.0) -> None:
+                       num_heads: int, num_kv_heads: int, q_scale: float = 1.0,
+                       head_norm: torch.Tensor | None = None, norm_eps: float = 1e-6) -> None:
     """Plain PyTorch, writes q_out (M, H, Dh) and rows [offset, offset+M) of k_cache/v_cache (KVH, L, Dh)."""
     M = qkv.shape[0]
     Dh = q_out.shape[-1]
     x = qkv.float().view(M, num_heads + 2 * num_kv_heads, Dh)                 # (M, H+2G, Dh)
     c, s = cos[pos][:, None], sin[pos][:, None]                               # (M, 1, Dh/2)
-    q = _rope_ref(x[:, :num_heads], c, s) * q_scale                           # (M, H, Dh)
-    k = _rope_ref(x[:, num_heads:num_heads + num_kv_heads], c, s)             # (M, G, Dh)
+    q, k = x[:, :num_heads], x[:, num_heads:num_heads + num_kv_heads]
+    if head_norm is not None:
+        q, k = _head_rms(q, head_norm[0], norm_eps), _head_rms(k, head_norm[1], norm_eps)
+    q = _rope_ref(q, c, s) * q_scale                                          # (M, H, Dh)
+    k = _rope_ref(k, c, s)                                                    # (M, G, Dh)
     v = x[:, num_heads + num_kv_heads:]                                       # (M, G, Dh)
     q_out.copy_(q.to(q_out.dtype))
     k_cache[:, cache_offset:cache_offset + M].copy_(k.transpose(0, 1).to(k_cache.dtype))
@@ -86,10 +99,10 @@ def rope_and_store_head(x1, x2, rows, d, row_ok, head, pos_ptr, cos_ptr, sin_ptr
 
 
 @triton.jit
-def _qkv_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, M, cache_offset, q_scale,
-                     stride_qkv, stride_q_m, stride_q_h, stride_cache_g, stride_cache_l,
+def _qkv_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, norm_ptr, M, cache_offset, q_scale,
+                     norm_eps, stride_qkv, stride_q_m, stride_q_h, stride_cache_g, stride_cache_l,
                      H: tl.constexpr, G: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr,
-                     PDL: tl.constexpr):
+                     PDL: tl.constexpr, HEAD_NORM: tl.constexpr = False):
     release_dependents(PDL)
     wait_for_inputs(PDL)
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)                     # (BLOCK_M,) rows
@@ -99,6 +112,12 @@ def _qkv_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, M,
     src = qkv_ptr + m[:, None] * stride_qkv + head * (2 * HALF) + i[None, :]      # (BLOCK_M, HALF)
     x1 = tl.load(src, mask=row_ok[:, None], other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    if HEAD_NORM:
+        if head < H + G:                     # query and key heads: RMSNorm over the head's 2 * HALF values
+            r = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + norm_eps)
+            w = norm_ptr + (head >= H).to(tl.int32) * (2 * HALF) + i
+            x1 = x1 * r[:, None] * tl.load(w)[None, :]
+            x2 = x2 * r[:, None] * tl.load(w + HALF)[None, :]
     rope_and_store_head(x1, x2, m, i, row_ok, head, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, cache_offset,
                         q_scale, stride_q_m, stride_q_h, stride_cache_g, stride_cache_l, H, G, HALF)
 
@@ -126,9 +145,10 @@ def qkv_rope_rows_per_program(M: int, rows_per_program: int | None = None) -> in
 
 def qkv_rope(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_out: torch.Tensor,
              k_cache: torch.Tensor, v_cache: torch.Tensor, cache_offset: int, num_heads: int, num_kv_heads: int,
-             q_scale: float = 1.0, pdl: bool = False, rows_per_program: int | None = None) -> None:
-    """Triton launcher; same contract as qkv_rope_reference. Head dim must be a power of two (Gemma: 256).
-    rows_per_program: see qkv_rope_rows_per_program (None: by the row count)."""
+             q_scale: float = 1.0, pdl: bool = False, rows_per_program: int | None = None,
+             head_norm: torch.Tensor | None = None, norm_eps: float = 1e-6) -> None:
+    """Triton launcher; same contract as qkv_rope_reference. Head dim must be a power of two (Gemma: 256, Qwen3:
+    128). rows_per_program: see qkv_rope_rows_per_program (None: by the row count). head_norm: (2, Dh) fp32."""
     M = qkv.shape[0]
     G, L, Dh = k_cache.shape
     if G != num_kv_heads or v_cache.shape != k_cache.shape or k_cache.stride() != v_cache.stride():
@@ -144,9 +164,13 @@ def qkv_rope(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch
                          f"pos ({M},); got tables {tuple(cos.shape)}, pos {tuple(pos.shape)}")
     if cache_offset + M > L:
         raise ValueError(f"qkv_rope: rows [{cache_offset}, {cache_offset + M}) exceed cache length {L}")
+    if head_norm is not None and (head_norm.shape != (2, Dh) or head_norm.dtype != torch.float32
+                                  or not head_norm.is_contiguous()):
+        raise ValueError(f"qkv_rope: head_norm must be a contiguous (2, {Dh}) fp32 tensor (query and key heads' "
+                         f"weights), got {tuple(head_norm.shape)} {head_norm.dtype}")
     block_m = qkv_rope_rows_per_program(M, rows_per_program)
     _qkv_rope_kernel[(triton.cdiv(M, block_m), num_heads + 2 * num_kv_heads)](
-        qkv, pos, cos, sin, q_out, k_cache, v_cache, M, cache_offset, q_scale,
-        qkv.stride(0), q_out.stride(0), q_out.stride(1), k_cache.stride(0), k_cache.stride(1),
-        H=num_heads, G=num_kv_heads, HALF=Dh // 2, BLOCK_M=block_m, PDL=pdl, num_warps=1 if block_m == 1 else 4,
-        **launch_options(pdl))
+        qkv, pos, cos, sin, q_out, k_cache, v_cache, qkv if head_norm is None else head_norm, M, cache_offset,
+        q_scale, norm_eps, qkv.stride(0), q_out.stride(0), q_out.stride(1), k_cache.stride(0), k_cache.stride(1),
+        H=num_heads, G=num_kv_heads, HALF=Dh // 2, BLOCK_M=block_m, PDL=pdl, HEAD_NORM=head_norm is not None,
+        num_warps=1 if block_m == 1 else 4, **launch_options(pdl))

@@ -5,6 +5,7 @@ is refused where it cannot run, and at the released sizes (random bf16 sharded c
 fused DiT (engine/groot_fused_dit.py: Triton norms, GELU epilogue) on and off, and the FP8 chunk pass GR00T's
 accuracy gate (engine/groot_gate.py) against the fp32 reference on the same weights."""
 
+import dataclasses
 import time
 
 import numpy as np
@@ -13,14 +14,19 @@ import torch
 
 from flashrt_core import load_model
 from flashrt_core.engine import EngineOptions, eager_cpu_dispatch
+from flashrt_core.engine.dispatch import resolve
 from flashrt_core.engine.groot_dit_gemms import PARTIALS, dit_gemms
 from flashrt_core.engine.groot_gate import gate, gripper_dims
 from flashrt_core.engine.groot_graph import GrootGraphExecutor
+from flashrt_core.engine.groot_language import prepare_language
+from flashrt_core.engine.groot_static import GrootSignature, StaticTables, language_features
+from flashrt_core.engine.hardware import detect_hardware
 from flashrt_core.engine.kernel_configs import SkinnyConfig
 from flashrt_core.engine.ops import Ops
 from flashrt_core.engine.timing import graph_replay_ms
 from flashrt_core.groot_fixtures import random_groot_model, write_random_groot_checkpoint
 from flashrt_core.groot_policy import GrootReferenceExecutor
+from flashrt_core.model.groot.config import get_groot_config
 
 pytestmark = pytest.mark.gpu
 TINY = "groot_n1.6_tiny"
@@ -138,6 +144,43 @@ def test_few_row_linear_at_the_dits_shapes(rows, gelu, split, fp8):
     want = want.sum(0) if want.dim() == 3 else want
     assert got.shape == (rows, n) and torch.isfinite(got).all()
     assert (got.cpu() - want).norm() / want.norm() < 1e-2
+
+
+LANGUAGE_ERROR_RATIO = 1.25    # the engine's bf16 error against fp32 over transformers' bf16 error, at most
+
+
+@pytest.mark.parametrize("pad", [0, 12])
+def test_engine_language_model_at_the_released_width(pad):
+    """The engine's Qwen3 layers (engine/groot_language.py: Triton norms, q/k-norm RoPE, SwiGLU, SDPA's causal GQA
+    kernels) at Qwen3-1.7B's width, four layers in bf16, against the fp32 transformers layers on the same weights
+    and embeddings: the real tokens' relative error is at most LANGUAGE_ERROR_RATIO times that of transformers'
+    own bf16 layers, with and without prompt padding (the masked kernel)."""
+    cuda = torch.device("cuda")
+    base = get_groot_config("groot_n1.6")
+    cfg = base.replace(llm=dataclasses.replace(base.llm, num_layers=4),
+                       vision=dataclasses.replace(base.vision, depth=1),
+                       dit=dataclasses.replace(base.dit, num_layers=2))
+    model32 = random_groot_model(cfg, seed=3, device=cuda)
+    model16 = random_groot_model(cfg, seed=3, dtype=torch.bfloat16, device=cuda)
+    length = 208
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, cfg.image_token_index, (1, length), generator=gen)
+    ids[0, 3:165] = cfg.image_token_index                                           # two views' image slots
+    ids = ids.to(cuda)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    if pad:
+        mask[0, -pad:] = False
+    vit = torch.randn(162, cfg.llm.width, generator=gen).to(cuda, torch.bfloat16)
+    sig = GrootSignature.of([], ids, mask)
+    lang = prepare_language(model16, Ops(resolve(detect_hardware("auto", cuda))))
+    with torch.inference_mode():
+        truth = language_features(model32, StaticTables(model32, sig, cuda), vit.float(), ids, mask).float()
+        hf = language_features(model16, StaticTables(model16, sig, cuda), vit, ids, mask).float()
+        got = language_features(model16, StaticTables(model16, sig, cuda, language=lang), vit, ids, mask).float()
+    real = length - pad
+    err = lambda x: float((x[0, :real] - truth[0, :real]).norm() / truth[0, :real].norm())  # noqa: E731
+    assert torch.isfinite(got[0, :real]).all() and err(hf) > 0
+    assert err(got) <= LANGUAGE_ERROR_RATIO * err(hf), (err(got), err(hf))
 
 
 def test_released_sizes_pass_the_gate(tmp_path):

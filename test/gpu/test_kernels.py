@@ -201,6 +201,53 @@ def test_qkv_rope(rows, offset, rows_per_program):
     assert torch.isnan(vc[:, offset + rows:].float()).all()
 
 
+# GR00T N1.6's language model (Qwen3-1.7B): 16 query heads, 8 key/value heads of 128, MLP 6144; prompt rows of two
+# 252 x 252 views (162 image tokens) and a short instruction, padded to a multiple of 16
+QWEN3_ROWS = 208 if not INTERPRET else 5
+
+
+@pytest.mark.parametrize("rows_per_program", [None, 8])
+def test_qkv_rope_with_head_norm_writes_the_layout_the_attention_reads(rows_per_program):
+    """Qwen3's q_norm / k_norm before the rotation (head_norm), at its real shapes, with q / k / v written into
+    [rows, heads, Dh] memory through strided views (the GR00T language model's layout): the reference's values,
+    and every element written."""
+    heads, kv_heads, head_dim, rows = 16, 8, 128, QWEN3_ROWS
+    g = torch.Generator(device=DEVICE).manual_seed(17)
+    qkv = (torch.randn(rows, (heads + 2 * kv_heads) * head_dim, device=DEVICE, generator=g) * 3).to(torch.bfloat16)
+    head_norm = (torch.rand(2, head_dim, device=DEVICE, generator=g) + 0.5).contiguous()
+    pos = torch.arange(rows, device=DEVICE, dtype=torch.int32)
+    cos, sin = K.rope_tables(rows, head_dim, 1_000_000.0, device=DEVICE)
+    outs = []
+    for fn in (K.qkv_rope_reference, K.qkv_rope):
+        q = _poison(torch.empty(rows, heads, head_dim, device=DEVICE, dtype=torch.bfloat16))
+        k = _poison(torch.empty(rows, kv_heads, head_dim, device=DEVICE, dtype=torch.bfloat16))
+        v = _poison(torch.empty(rows, kv_heads, head_dim, device=DEVICE, dtype=torch.bfloat16))
+        kwargs = {} if fn is K.qkv_rope_reference else {"rows_per_program": rows_per_program}
+        fn(qkv, pos, cos, sin, q, k.transpose(0, 1), v.transpose(0, 1), 0, heads, kv_heads, head_dim ** -0.5,
+           head_norm=head_norm, norm_eps=1e-6, **kwargs)
+        outs.append((q, k, v))
+    for got, want in zip(outs[1], outs[0]):
+        _close(got, want, BF16_ATOL, BF16_RTOL)
+    # the normalization ran: each rotated query head has RMS |w| / sqrt(Dh), whatever the input's scale (x 3)
+    q_rms = (outs[1][0].float() / head_dim ** -0.5).pow(2).mean(-1).sqrt()
+    want_rms = head_norm[0].pow(2).mean().sqrt()
+    assert (q_rms / want_rms - 1).abs().max() < 0.5
+    with pytest.raises(ValueError, match="head_norm"):
+        K.qkv_rope(qkv, pos, cos, sin, q, k.transpose(0, 1), v.transpose(0, 1), 0, heads, kv_heads,
+                   head_norm=head_norm.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("rows", [QWEN3_ROWS, DECODER_ROWS[0]])
+def test_swiglu(rows):
+    g = torch.Generator(device=DEVICE).manual_seed(rows + 5)
+    gu = (torch.randn(rows, 2 * 6144, device=DEVICE, generator=g) * 2).to(torch.bfloat16)
+    out = _poison(torch.empty(rows, 6144, device=DEVICE, dtype=torch.bfloat16))
+    K.swiglu(gu, out)
+    _close(out, K.swiglu_reference(gu), BF16_ATOL, BF16_RTOL)
+    gate, up = gu.float().chunk(2, dim=-1)
+    _close(out, torch.nn.functional.silu(gate) * up, BF16_ATOL, BF16_RTOL)
+
+
 def test_qkv_rope_matches_model_rope():
     """The cos/sin tables + kernel equal the model's own rope() (gemma.py) on random q/k."""
     from flashrt_core.model.gemma import rope
