@@ -126,6 +126,12 @@ class EngineOptions:
                                          "and V in place from the GEMM's output and writes the O projection's "
                                          "input rows, launched with PDL (flashrt_kernels/head_attention.py).",
                                          "torch SDPA and a transpose copy per block.")
+    groot_engine_vision: bool = _option(True, "GR00T: the SigLIP2 vision tower and the pixel-unshuffle projector on "
+                                        "the engine's ops, as pi's vision: residual add and LayerNorm in one norm "
+                                        "kernel over an fp32 residual stream, LayerNorms folded into merged Q/K/V "
+                                        "and fc1 GEMMs, fc1's tanh GELU in the GEMM's epilogue, the SDPA backend "
+                                        "timed at the first signature (engine/groot_vision.py).",
+                                        "transformers' Siglip2 encoder layers, post-LayerNorm and projector.")
     groot_prompt_multiple: int = _option(16, "GR00T: the prompt right-padded with masked tokens up to a multiple of "
                                          "this many, so instructions of nearby lengths replay one graph instead of "
                                          "capturing a new one (the LLM is causal and the DiT masks the padding: the "
