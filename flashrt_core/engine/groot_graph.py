@@ -47,10 +47,11 @@ from .groot_fused_dit import FusedDit, prepare_fused_dit
 from .groot_static import (GrootSignature, StaticTables, action_chunk, embed_dtype, image_tokens,
                            language_features, predict)
 from .groot_vision import GrootVision, prepare_groot_vision
-from .tuning import tune_vision_attention
 from .hardware import detect_hardware
 from .ops import Ops
+from .options import EngineOptions
 from .timing import graph_replay_ms, warm_up_and_capture
+from .tuning import tune_vision_attention
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class GrootGraphExecutor:
                  step_tables: bool = True, fused_dit: bool = True, dispatch: Dispatch | None = None,
                  prompt_multiple: int = 0, fp8: bool = False, few_row_gemms: bool = True,
                  head_attention: bool = True, engine_vision: bool = True, vision_fold: bool = True,
-                 vision_mlp_pad: int = 0):
+                 vision_mlp_pad: int | None = None):
         """step_tables: the DiT's per-step tables (engine/groot_dit.py, EngineOptions.groot_step_tables); False runs
         the reference's sampler inside the graph. fused_dit: the DiT's blocks on the engine's fused ops
         (engine/groot_fused_dit.py, EngineOptions.groot_fused_dit; with step_tables only). dispatch: the ops'
@@ -102,7 +103,8 @@ class GrootGraphExecutor:
         takes fp32 inputs as TF32, so an fp32 model keeps cuBLAS; on the CPU the kernel's reference, for tests).
         engine_vision: the vision tower on the engine's ops (engine/groot_vision.py, EngineOptions.groot_engine_vision;
         its LayerNorms folded into the GEMMs with vision_fold (EngineOptions.fused_weights), its MLP width padded to
-        a multiple of vision_mlp_pad (EngineOptions.vision_mlp_pad; 0: as is)); False: transformers' layers."""
+        a multiple of vision_mlp_pad (EngineOptions.vision_mlp_pad, None: its default; 0: as is)); False:
+        transformers' layers."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -130,7 +132,8 @@ class GrootGraphExecutor:
             self.ops = Ops(dispatch)
         self.dispatch = dispatch
         if engine_vision:
-            self._vision = prepare_groot_vision(model, self.ops, fold=vision_fold, mlp_pad=vision_mlp_pad)
+            pad = EngineOptions().vision_mlp_pad if vision_mlp_pad is None else vision_mlp_pad
+            self._vision = prepare_groot_vision(model, self.ops, fold=vision_fold, mlp_pad=pad)
         if self.fused_dit:
             if fp8 and device.type == "cuda" and dispatch[Op.GEMM_DECODER] != "triton":
                 raise ValueError("GR00T's FP8 reads weight-only FP8 weights in the Triton few-row GEMM "

@@ -70,6 +70,7 @@ def test_chunk_with_the_engine_vision_is_the_references(model, sizes, text, pad,
     ref = GrootReferenceExecutor(model, torch.device("cpu"))
     ex = GrootGraphExecutor(model, "cpu", capture=False, fused_dit=fused_dit)
     assert isinstance(ex._vision, GrootVision) and ex._vision.ops is ex.ops
+    assert ex._vision.layers[0].fc1.parts[0][0].shape[0] == EngineOptions().vision_mlp_pad     # 64 padded
     assert (ex._fused.ops is ex.ops) if fused_dit else ex._fused is None
     for seed in (1, 2):                                               # a second call: same signature, new values
         args = inputs(model, sizes, text, seed=seed, pad=pad)
