@@ -85,9 +85,9 @@
 #   process (pi0_fast_cuda_pi0fast_<date>.json, fast.log).
 # groot: GR00T N1.6's GPU tests (test/core/test_groot_graph_gpu.py, test/core/test_groot_gpu.py: the graph against
 #   the reference, the bf16 and FP8 gates at the released size; test/core/test_groot_vision_gpu.py: the engine
-#   vision's tokens against transformers' at the released vision sizes, both graphs timed; pytest_groot.log), then tools/benchmark_groot.py:
-#   reference, graph and FP8 graph at 2 views 224x224 in one process, phase times, cosines against fp32 and the
-#   GR00T gate of the bf16 and FP8 graphs (groot_<date>.json, groot.log).
+#   vision's tokens against transformers' at the released vision sizes, both graphs timed; pytest_groot.log),
+#   then tools/benchmark_groot.py: reference, graph and FP8 graph at 2 views 224x224 in one process, phase times,
+#   cosines against fp32 and the GR00T gate of the bf16 and FP8 graphs (groot_<date>.json, groot.log).
 # layer-chain: kernels/flashrt_kernels/layer_chain.py's GPU test, then tools/benchmark_layer_chain.py: 180 dependent
 #   layers at the expert's width launched per layer (stream order, PDL, early trigger, library GEMM) and as one
 #   persistent kernel waiting on counters (layer_chain_<date>.json, layer_chain.log).

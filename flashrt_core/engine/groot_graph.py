@@ -179,8 +179,9 @@ class GrootGraphExecutor:
                       staging, uploaded)
 
     def _tune_vision_attention(self, sig: GrootSignature) -> None:
-        """The engine vision's SDPA backend picked by its time (tuning.tune_vision_attention, Op.VISION_ATTENTION_TUNING)
-        at the first signature's largest batch of one view size, once per executor, on CUDA."""
+        """The engine vision's SDPA backend picked by its time (tuning.tune_vision_attention,
+        Op.VISION_ATTENTION_TUNING) at the first signature's largest batch of one view size, once per executor, on
+        CUDA."""
         if (self._vision is None or self._vision_tuned or self.device.type != "cuda"
                 or self.dispatch[Op.VISION_ATTENTION_TUNING] != "measured"):
             return
