@@ -171,6 +171,9 @@ def build_groot_executor(model: GrootModel, device: torch.device, hardware: str 
                               fp8=dispatch[Op.GEMM_PREFIX] == "fp8",
                               few_row_gemms=chosen.enabled("groot_few_row_gemms"),
                               head_attention=chosen.enabled("groot_head_attention"),
+                              engine_vision=chosen.enabled("groot_engine_vision"),
+                              vision_fold=chosen.enabled("fused_weights"),
+                              vision_mlp_pad=chosen.vision_mlp_pad if chosen.fast_paths else 0,
                               engine_language=chosen.enabled("groot_engine_language"))
 
 

@@ -84,9 +84,10 @@
 #   tools/benchmark_pi0_fast.py on the full-size preset at 2 views, a 50-token chunk: reference and engine in one
 #   process (pi0_fast_cuda_pi0fast_<date>.json, fast.log).
 # groot: GR00T N1.6's GPU tests (test/core/test_groot_graph_gpu.py, test/core/test_groot_gpu.py: the graph against
-#   the reference, the bf16 and FP8 gates at the released size; pytest_groot.log), then tools/benchmark_groot.py:
-#   reference, graph and FP8 graph at 2 views 224x224 in one process, phase times, cosines against fp32 and the
-#   GR00T gate of the bf16 and FP8 graphs (groot_<date>.json, groot.log).
+#   the reference, the bf16 and FP8 gates at the released size; test/core/test_groot_vision_gpu.py: the engine
+#   vision's tokens against transformers' at the released vision sizes, both graphs timed; pytest_groot.log),
+#   then tools/benchmark_groot.py: reference, graph and FP8 graph at 2 views 224x224 in one process, phase times,
+#   cosines against fp32 and the GR00T gate of the bf16 and FP8 graphs (groot_<date>.json, groot.log).
 # layer-chain: kernels/flashrt_kernels/layer_chain.py's GPU test, then tools/benchmark_layer_chain.py: 180 dependent
 #   layers at the expert's width launched per layer (stream order, PDL, early trigger, library GEMM) and as one
 #   persistent kernel waiting on counters (layer_chain_<date>.json, layer_chain.log).
@@ -252,8 +253,8 @@ if [ "$PART" = fast ]; then
 fi
 
 if [ "$PART" = groot ]; then
-  timeout 400 "$PY" -m pytest -v -s --durations=0 test/core/test_groot_graph_gpu.py test/core/test_groot_gpu.py \
-    > "$OUT/pytest_groot.log" 2>&1
+  timeout 520 "$PY" -m pytest -v -s --durations=0 test/core/test_groot_graph_gpu.py test/core/test_groot_gpu.py \
+    test/core/test_groot_vision_gpu.py > "$OUT/pytest_groot.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_groot.log"
   timeout 240 "$PY" tools/benchmark_groot.py --out "$OUT" > "$OUT/groot.log" 2>&1
   echo "benchmark_groot rc=$?" >> "$OUT/groot.log"

@@ -26,7 +26,7 @@ from flashrt_core.preprocess import resize_views_torch
 
 from . import rtc_blend, rtc_guided
 from .ops import KeyMask, Ops
-from .weights import EngineWeights, ExpertTables
+from .weights import EngineWeights, ExpertTables, VisionLayer
 
 
 @dataclass
@@ -82,23 +82,37 @@ def vision(ws: Workspace, w: EngineWeights, ops: Ops) -> torch.Tensor:
                    .reshape(views * grid * grid, 3 * p * p))                           # (V*N, 3*p*p) fp32
         residual = torch.addmm(w.patch_b, patches, w.patch_w.t())                      # (V*N, Wv) fp32
         residual = (residual.view(views, grid * grid, -1) + w.pos_emb).view(views * grid * grid, -1)
-    heads, dh = vc.num_heads, vc.head_dim
-    y = torch.empty(residual.shape, device=residual.device, dtype=w.dtype)
+    y = vision_encoder(ops, w.vision, w.post_ln, residual, views, vc.num_heads, vc.head_dim, vc.eps, w.dtype)
+    return ops.linear(y, w.projector)                                                  # (V*N, Wg)
+
+
+def vision_encoder(ops: Ops, layers: list[VisionLayer], post_ln: tuple[torch.Tensor, torch.Tensor] | None,
+                   residual: torch.Tensor, views: int, heads: int, head_dim: int, eps: float, dtype: torch.dtype,
+                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A SigLIP encoder (weights.vision_layers) over the fp32 residual stream (V*N, Wv) of `views` images of N
+    tokens each, updated in place: per layer the residual add and LayerNorm in one Ops.norm, one QKV GEMM, the
+    unmasked attention of each image to itself (the views as the batch), the O GEMM, Ops.norm, fc1 with its tanh
+    GELU (Ops.linear_gelu), fc2; then the last residual add and the post-LayerNorm (its fp32 weights, or None:
+    folded into what follows). GEMM inputs in `dtype`. Returns the post-LayerNorm output (V*N, Wv) in `out_dtype`
+    (None: `dtype`). Shared by pi's vision (vision above) and GR00T's (groot_vision.py)."""
+    tokens = residual.shape[0] // views
+    y = torch.empty(residual.shape, device=residual.device, dtype=dtype)
     x = None
-    for layer in w.vision:
+    for layer in layers:
         ln = layer.ln1 or (None, None)
-        ops.norm(x, residual, y, ln[0], ln[1], vc.eps, layer_norm=True)
-        qkv = ops.linear(y, layer.qkv).view(views, grid * grid, 3, heads, dh)          # (V, N, 3, Hv, dh)
+        ops.norm(x, residual, y, ln[0], ln[1], eps, layer_norm=True)
+        qkv = ops.linear(y, layer.qkv).view(views, tokens, 3, heads, head_dim)         # (V, N, 3, Hv, dh)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))                     # (V, Hv, N, dh)
-        attn = ops.attention(q, k, v, dh ** -0.5)                                      # (V, Hv, N, dh)
-        attn = attn.transpose(1, 2).reshape(views * grid * grid, heads * dh)
+        attn = ops.attention(q, k, v, head_dim ** -0.5)                                # (V, Hv, N, dh)
+        attn = attn.transpose(1, 2).reshape(views * tokens, heads * head_dim)
         o = ops.linear(attn, layer.out)
         ln = layer.ln2 or (None, None)
-        ops.norm(o, residual, y, ln[0], ln[1], vc.eps, layer_norm=True)
+        ops.norm(o, residual, y, ln[0], ln[1], eps, layer_norm=True)
         x = ops.linear(ops.linear_gelu(y, layer.fc1), layer.fc2)
-    ln = w.post_ln or (None, None)
-    ops.norm(x, residual, y, ln[0], ln[1], vc.eps, layer_norm=True)
-    return ops.linear(y, w.projector)                                                  # (V*N, Wg)
+    out = y if out_dtype in (None, dtype) else torch.empty(residual.shape, device=residual.device, dtype=out_dtype)
+    ln = post_ln or (None, None)
+    ops.norm(x, residual, out, ln[0], ln[1], eps, layer_norm=True)
+    return out
 
 
 def prefix(ws: Workspace, w: EngineWeights, ops: Ops, image_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,8 @@ that signature only replay. All graphs share one memory pool (they never run at 
 The DiT's blocks run on the engine's fused ops (engine/groot_fused_dit.py, fused_dit / EngineOptions.groot_fused_dit):
 their weights are prepared once here, the Ops bound to the dispatch table's implementations. fp8=True (precision
 "fp8") gives the fused DiT's GEMMs weight-only FP8 weights (engine/groot_dit_gemms.py); the rest stays in the model's dtype.
+The vision tower runs on the same Ops (engine/groot_vision.py, engine_vision / EngineOptions.groot_engine_vision), its
+weights prepared once here too, its SDPA backend timed at the first signature (Op.VISION_ATTENTION_TUNING, CUDA).
 
 capture=False runs the same static function eagerly: on the CPU (where it is checked against the reference
 executor) and on a GPU with EngineOptions.cuda_graph off (Op.EXECUTOR "eager_engine").
@@ -34,6 +36,7 @@ import numpy as np
 import torch
 
 from flashrt_core.errors import InputError
+from flashrt_core.model.groot.backbone import views_by_size
 from flashrt_core.model.groot.model import GrootModel
 
 from .dispatch import Dispatch, Op, eager_cpu_dispatch, resolve
@@ -44,9 +47,12 @@ from .groot_fused_dit import FusedDit, prepare_fused_dit
 from .groot_language import prepare_language
 from .groot_static import (GrootSignature, StaticTables, action_chunk, embed_dtype, image_tokens,
                            language_features, predict)
+from .groot_vision import GrootVision, prepare_groot_vision
 from .hardware import detect_hardware
 from .ops import Ops
+from .options import EngineOptions
 from .timing import graph_replay_ms, warm_up_and_capture
+from .tuning import tune_vision_attention
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +88,8 @@ class GrootGraphExecutor:
     def __init__(self, model: GrootModel, device: torch.device | str, capture: bool | None = None,
                  step_tables: bool = True, fused_dit: bool = True, dispatch: Dispatch | None = None,
                  prompt_multiple: int = 0, fp8: bool = False, few_row_gemms: bool = True,
-                 head_attention: bool = True, engine_language: bool = True):
+                 head_attention: bool = True, engine_vision: bool = True, vision_fold: bool = True,
+                 vision_mlp_pad: int | None = None, engine_language: bool = True):
         """step_tables: the DiT's per-step tables (engine/groot_dit.py, EngineOptions.groot_step_tables); False runs
         the reference's sampler inside the graph. fused_dit: the DiT's blocks on the engine's fused ops
         (engine/groot_fused_dit.py, EngineOptions.groot_fused_dit; with step_tables only). dispatch: the ops'
@@ -95,6 +102,10 @@ class GrootGraphExecutor:
         few_row_gemms: the fused DiT's bf16 GEMMs on the same few-row GEMM (EngineOptions.groot_few_row_gemms; on a
         GPU where the dispatch runs the Triton decoder GEMMs and the model is in a 16-bit dtype: the kernel's dot
         takes fp32 inputs as TF32, so an fp32 model keeps cuBLAS; on the CPU the kernel's reference, for tests).
+        engine_vision: the vision tower on the engine's ops (engine/groot_vision.py, EngineOptions.groot_engine_vision;
+        its LayerNorms folded into the GEMMs with vision_fold (EngineOptions.fused_weights), its MLP width padded to
+        a multiple of vision_mlp_pad (EngineOptions.vision_mlp_pad, None: its default; 0: as is)); False:
+        transformers' layers.
         engine_language: the language model's layers on the engine's ops (engine/groot_language.py,
         EngineOptions.groot_engine_language; the model's Q/K/V and gate/up weights become views into the merged
         copies it makes), else transformers' own layers."""
@@ -115,19 +126,25 @@ class GrootGraphExecutor:
                              "groot_step_tables on, or FP8 off (precision 'bf16')")
         self.fp8 = fp8
         self._fused: FusedDit | None = None
-        ops = None
-        if self.fused_dit or engine_language:
+        self._vision: GrootVision | None = None
+        self._vision_tuned = False
+        self.ops: Ops | None = None            # the engine ops of the fused DiT, vision and language
+        if self.fused_dit or engine_vision or engine_language:
             if dispatch is None:
                 dispatch = (eager_cpu_dispatch() if device.type == "cpu"
                             else resolve(detect_hardware("auto", device)))
-            ops = Ops(dispatch)
-        self._language = prepare_language(model, ops) if engine_language else None
+            self.ops = Ops(dispatch)
+        self.dispatch = dispatch
+        if engine_vision:
+            pad = EngineOptions().vision_mlp_pad if vision_mlp_pad is None else vision_mlp_pad
+            self._vision = prepare_groot_vision(model, self.ops, fold=vision_fold, mlp_pad=pad)
+        self._language = prepare_language(model, self.ops) if engine_language else None
         if self.fused_dit:
             if fp8 and device.type == "cuda" and dispatch[Op.GEMM_DECODER] != "triton":
                 raise ValueError("GR00T's FP8 reads weight-only FP8 weights in the Triton few-row GEMM "
                                  "(kernels/flashrt_kernels/skinny_gemm.py), which this dispatch does not run "
                                  f"(gemm_decoder={dispatch[Op.GEMM_DECODER]!r}); turn the fp8 option off, or triton on")
-            self._fused = prepare_fused_dit(model.action_head, ops)
+            self._fused = prepare_fused_dit(model.action_head, self.ops)
             self._fused.head_attention = head_attention
             rows = 1 + model.cfg.action_horizon
             if fp8:
@@ -162,8 +179,24 @@ class GrootGraphExecutor:
                 raise InputError(f"{name} must have shape {expect[name]}, got {tuple(tensor.shape)}")
         staging = StagingBlob(fields, self.device)
         uploaded = torch.cuda.Event() if self.device.type == "cuda" else None
-        return _Entry(StaticTables(self.model, sig, self.device, self.step_tables, self._fused, self._language),
-                      staging, uploaded)
+        self._tune_vision_attention(sig)
+        return _Entry(StaticTables(self.model, sig, self.device, self.step_tables, self._fused,
+                                   vision=self._vision, language=self._language), staging, uploaded)
+
+    def _tune_vision_attention(self, sig: GrootSignature) -> None:
+        """The engine vision's SDPA backend picked by its time (tuning.tune_vision_attention,
+        Op.VISION_ATTENTION_TUNING) at the first signature's largest batch of one view size, once per executor, on
+        CUDA."""
+        if (self._vision is None or self._vision_tuned or self.device.type != "cuda"
+                or self.dispatch[Op.VISION_ATTENTION_TUNING] != "measured"):
+            return
+        self._vision_tuned = True
+        v = self._vision
+        (h, w), idxs = max(views_by_size(sig.view_sizes).items(), key=lambda item: len(item[1]))
+        times = tune_vision_attention(self.ops, len(idxs), (h // v.patch) * (w // v.patch), v.heads, v.head_dim,
+                                      v.dtype, self.device, len(v.layers))
+        log.info("GR00T vision attention: SDPA backend %s (us per layer: %s)", self.ops.vision_attention_backend,
+                 times)
 
     def _stage(self, entry: _Entry, named: dict[str, torch.Tensor]) -> None:
         """Copy the call's inputs into the static buffers: host tensors through the pinned half and one upload,
@@ -269,5 +302,6 @@ class GrootGraphExecutor:
     def close(self) -> None:
         self._entries.clear()
         self._fused = None
+        self._vision = None
         self._language = None
         self.model = None

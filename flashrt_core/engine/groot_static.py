@@ -9,7 +9,9 @@ masked_scatter's count. Here what depends on the signature alone is computed onc
   vision      per image size: SigLIP2's position embeddings resized by the HF embedding's own
               resize_positional_embeddings; in the run patch_embedding + those, the encoder layers without a
               mask (each image attends to itself, as the reference's all-ones mask gives), post_layernorm,
-              EagleModel.project_vision. Views of one size run as one batch, as in the reference.
+              EagleModel.project_vision. Views of one size run as one batch, as in the reference. With the
+              engine vision (EngineOptions.groot_engine_vision) the same tower runs on the engine's ops instead
+              (engine/groot_vision.py; its per-size patch-GEMM addends made here)
   scatter     image tokens into the prompt's <IMG_CONTEXT> slots by rank (cumsum of the slot mask, then a
               gather and a where): masked_scatter's order without reading the count on the host
   LLM         Qwen3's rotary cos / sin for positions 0..L-1 from the model's rotary_emb; the decoder layers with
@@ -37,6 +39,8 @@ from flashrt_core.model.groot.sampler import sample_actions
 from .groot_dit import StepTables, sample_actions_tabled
 from .groot_fused_dit import FusedDit, FusedStepTables, sample_actions_fused
 from .groot_language import EngineLanguage, language_model
+from .groot_vision import GrootVision, position_table
+from .groot_vision import image_tokens as engine_image_tokens
 
 
 @dataclass(frozen=True)
@@ -62,10 +66,14 @@ class GrootSignature:
 class StaticTables:
     """Everything of one signature that does not depend on the inputs' values, on the model's device.
     step_tables: the DiT's per-step tables too (groot_dit.StepTables); False runs the reference's sampler.
-    fused: the executor's fused DiT (groot_fused_dit.FusedDit, shared, needs step_tables) or None."""
+    fused: the executor's fused DiT (groot_fused_dit.FusedDit, shared, needs step_tables) or None.
+    vision: the executor's engine vision (groot_vision.GrootVision, shared) or None: transformers' layers.
+    language: the executor's engine language model (groot_language.EngineLanguage, shared) or None: transformers'
+    layers."""
 
     def __init__(self, model: GrootModel, sig: GrootSignature, device: torch.device, step_tables: bool = True,
-                 fused: FusedDit | None = None, language: EngineLanguage | None = None):
+                 fused: FusedDit | None = None, vision: GrootVision | None = None,
+                 language: EngineLanguage | None = None):
         if fused is not None and not step_tables:
             raise ValueError("the fused DiT reads the step tables: step_tables=True")
         eagle = model.backbone.model
@@ -84,6 +92,10 @@ class StaticTables:
                 gh, gw = h // v.patch_size, w // v.patch_size
                 shapes = torch.tensor([[gh, gw]] * len(idxs), dtype=torch.long, device=grid.device)
                 self.vision_pos[(h, w)] = emb.resize_positional_embeddings(grid, shapes, max_length=gh * gw)
+            # the engine vision's patch-GEMM addend per size: position embedding + patch bias, in its row order
+            self.vision_positions = {} if vision is None else {
+                (h, w): position_table(vision, pos, h // v.patch_size, w // v.patch_size)
+                for (h, w), pos in self.vision_pos.items()}
             lm = eagle.language_model.model
             length = sig.prompt_len
             self.position_ids = torch.arange(length, device=device)[None]
@@ -96,12 +108,14 @@ class StaticTables:
         self.steps = StepTables(model.action_head, sig.batch) if step_tables else None
         self.fused = fused
         self.fused_mods = FusedStepTables(self.steps) if fused is not None else None
+        self.vision = vision
         self.signature = sig
 
     def to(self, device: torch.device | str) -> StaticTables:
         """These tables with every tensor on `device` (the meta device: a check that the run reads no value on
         the host, test_groot_graph.py)."""
         self.vision_pos = {k: v.to(device) for k, v in self.vision_pos.items()}
+        self.vision_positions = {k: v.to(device) for k, v in self.vision_positions.items()}
         self.position_ids = self.position_ids.to(device)
         self.rope = tuple(t.to(device) for t in self.rope)
         self.causal = None if self.causal is None else self.causal.to(device)
@@ -112,7 +126,10 @@ class StaticTables:
 
 
 def image_tokens(model: GrootModel, tables: StaticTables, views: list[torch.Tensor], dtype: torch.dtype):
-    """views [3, H_i, W_i] -> projected image tokens of all views in view order [sum of tokens, llm width]."""
+    """views [3, H_i, W_i] -> projected image tokens of all views in view order [sum of tokens, llm width]; with
+    the engine vision (tables.vision) on the engine's ops (engine/groot_vision.py), else transformers' layers."""
+    if tables.vision is not None:
+        return engine_image_tokens(tables.vision, tables.groups, tables.vision_positions, views)
     eagle = model.backbone.model
     vm = eagle.vision_model.vision_model
     patch = model.cfg.vision.patch_size

@@ -126,6 +126,12 @@ class EngineOptions:
                                          "and V in place from the GEMM's output and writes the O projection's "
                                          "input rows, launched with PDL (flashrt_kernels/head_attention.py).",
                                          "torch SDPA and a transpose copy per block.")
+    groot_engine_vision: bool = _option(True, "GR00T: the SigLIP2 vision tower and the pixel-unshuffle projector on "
+                                        "the engine's ops, as pi's vision: residual add and LayerNorm in one norm "
+                                        "kernel over an fp32 residual stream, LayerNorms folded into merged Q/K/V "
+                                        "and fc1 GEMMs, fc1's tanh GELU in the GEMM's epilogue, the SDPA backend "
+                                        "timed at the first signature (engine/groot_vision.py).",
+                                        "transformers' Siglip2 encoder layers, post-LayerNorm and projector.")
     groot_engine_language: bool = _option(True, "GR00T: the language model's layers on the engine's ops: the "
                                           "residual add in the RMSNorm kernel over an fp32 stream, Q/K/V and "
                                           "gate/up each one GEMM, q_norm / k_norm with RoPE in one kernel, SiLU-GLU "

@@ -220,16 +220,19 @@ def pad_mlp_width(fc1: Linear, fc2: Linear, multiple: int) -> tuple[Linear, Line
     return Linear([(w1, b1)]), Linear([(w2, b2)])
 
 
-def _vision(model: PiModel, dtype: torch.dtype, fold: bool,
-            mlp_pad: int = 0) -> tuple[list[VisionLayer], tuple | None, Linear]:
-    layers = []
-    for layer in model.vision.layers:
+def vision_layers(layers, dtype: torch.dtype, fold: bool, mlp_pad: int = 0) -> list[VisionLayer]:
+    """SigLIP-style encoder layers (layer_norm1, self_attn.{q,k,v,out}_proj, layer_norm2, mlp.fc1 / fc2: pi's SigLIP
+    and GR00T's transformers Siglip2 alike) as forward.vision_encoder reads them: with `fold` each LayerNorm's
+    scale and shift folded into the GEMM after it (Q/K/V merged into one), else the norms' fp32 weights kept and
+    Q/K/V as three blocks; cast to `dtype`; `mlp_pad`: fc1 / fc2 padded by pad_mlp_width (0: as is)."""
+    out = []
+    for layer in layers:
         att, mlp = layer.self_attn, layer.mlp
         ln1 = (layer.layer_norm1.weight, layer.layer_norm1.bias)
         ln2 = (layer.layer_norm2.weight, layer.layer_norm2.bias)
         qkv_w = [att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]
         qkv_b = [att.q_proj.bias, att.k_proj.bias, att.v_proj.bias]
-        layers.append(VisionLayer(
+        out.append(VisionLayer(
             ln1=None if fold else tuple(_f32(t) for t in ln1),
             qkv=_fold(qkv_w, qkv_b, *(ln1 if fold else (None, None)), dtype, merge=fold),
             out=_linear(att.out_proj, dtype),
@@ -237,8 +240,14 @@ def _vision(model: PiModel, dtype: torch.dtype, fold: bool,
             fc1=_fold([mlp.fc1.weight], [mlp.fc1.bias], *(ln2 if fold else (None, None)), dtype, merge=True),
             fc2=_linear(mlp.fc2, dtype)))
         if mlp_pad:
-            last = layers[-1]
+            last = out[-1]
             last.fc1, last.fc2 = pad_mlp_width(last.fc1, last.fc2, mlp_pad)
+    return out
+
+
+def _vision(model: PiModel, dtype: torch.dtype, fold: bool,
+            mlp_pad: int = 0) -> tuple[list[VisionLayer], tuple | None, Linear]:
+    layers = vision_layers(model.vision.layers, dtype, fold, mlp_pad)
     post = (model.vision.post_layernorm.weight, model.vision.post_layernorm.bias)
     proj = model.vision.projector
     projector = _fold([proj.weight], [proj.bias], *(post if fold else (None, None)), dtype, merge=True)
