@@ -19,6 +19,8 @@ and noise of a predict. Each path runs --warmup times, then --runs times with a 
                  flashrt_kernels/head_attention.py)
   HF language    the same with EngineOptions.groot_engine_language off (transformers' Qwen3 layers instead of
                  engine/groot_language.py)
+  HF vision      the same with EngineOptions.groot_engine_vision off (transformers' SigLIP2 layers and projector
+                 instead of engine/groot_vision.py)
   fp8            the same two with weight-only FP8 on the fused DiT's GEMMs (engine/groot_dit_gemms.py, precision "fp8";
                  on the CPU the few-row GEMM's plain-PyTorch reference)
   phases         vision, language, action head, each captured as a graph of its own (CUDA only), for the graph,
@@ -120,6 +122,7 @@ def run(args, argv: list[str]) -> dict:
     library = GrootGraphExecutor(model, device, few_row_gemms=False)
     sdpa = GrootGraphExecutor(model, device, head_attention=False)
     hf_language = GrootGraphExecutor(model, device, engine_language=False)
+    hf_vision = GrootGraphExecutor(model, device, engine_vision=False)
     host = make_inputs(cfg, args, seed=0)
     on_device = to_device(host, device)
     start = time.perf_counter()
@@ -152,12 +155,16 @@ def run(args, argv: list[str]) -> dict:
         hf_language.sample_actions(*host)
         (hf_entry,) = hf_language.entries.values()
         results["graph_replay_transformers_language"] = summary(graph_replay_ms(hf_entry.graph, args.runs))
+        hf_vision.sample_actions(*host)
+        (hf_vision_entry,) = hf_vision.entries.values()
+        results["graph_replay_transformers_vision"] = summary(graph_replay_ms(hf_vision_entry.graph, args.runs))
         results["phases_ms"] = graph.phase_times(reps=args.runs)
         results["phases_ms_no_fused_dit"] = unfused.phase_times(reps=args.runs)
         results["phases_ms_fp8"] = fp8.phase_times(reps=args.runs)
         results["phases_ms_cublas_dit"] = library.phase_times(reps=args.runs)
         results["phases_ms_sdpa_dit"] = sdpa.phase_times(reps=args.runs)
         results["phases_ms_transformers_language"] = hf_language.phase_times(reps=args.runs)
+        results["phases_ms_transformers_vision"] = hf_vision.phase_times(reps=args.runs)
     model32 = model if dtype == torch.float32 else copy.deepcopy(model).float()
     reference32 = GrootReferenceExecutor(model32, device)
     wants, chunks_graph, chunks_fp8, cos_unfused, cos_reference = [], [], [], [], []
@@ -211,7 +218,8 @@ def table(r: dict) -> str:
                        ("graph_replay_fp8", "graph replay, FP8 DiT"),
                        ("graph_replay_cublas_dit", "graph replay, cuBLAS DiT"),
                        ("graph_replay_sdpa_dit", "graph replay, SDPA DiT"),
-                       ("graph_replay_transformers_language", "graph replay, HF language")):
+                       ("graph_replay_transformers_language", "graph replay, HF language"),
+                       ("graph_replay_transformers_vision", "graph replay, HF vision")):
         if key in r:
             lines.append(f"{label:<28}{r[key]['median_ms']:>10.2f}{r[key]['p99_ms']:>10.2f}")
     if "phases_ms" in r:
@@ -227,6 +235,8 @@ def table(r: dict) -> str:
                      + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms_sdpa_dit"].items()))
         lines.append("graph phases with transformers' language layers: "
                      + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms_transformers_language"].items()))
+        lines.append("graph phases with transformers' vision layers: "
+                     + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms_transformers_vision"].items()))
     c = r["cosine_vs_fp32"]
     lines.append(f"speed-up {r['speedup']:.1f}x; first call {r['first_call_s']:.2f} s (with the capture on CUDA)")
     lines.append(f"cosine vs fp32 reference ({c['observations']} observations): graph mean {c['graph_mean']:.6f} "
