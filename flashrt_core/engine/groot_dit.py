@@ -8,10 +8,13 @@ the step's timestep bucket alone, and what depends on the backbone features alon
       modulation proj_out_1(silu(temb)), the action encoder's sinusoid of the timestep; the learned action
       positions
   per predict (once, inside the graph)
-      each cross-attention block's K / V of the backbone features, and the cross-attention masks (two kinds)
+      each cross-attention block's K / V of the backbone features, and the cross-attention masks (two kinds); the
+      action encoder's and decoder's weights of the predict's embodiments (EmbodimentSlices: the reference's
+      CategorySpecificLinear gathers W[embodiment] anew in every step, a copy of each weight)
   per step
-      the action encoder, the DiT blocks with the tables above, the decoder: the reference's ops in its order, so
-      the chunk is the reference's (test/core/test_groot_graph.py compares them)
+      the action encoder, the DiT blocks with the tables above, the decoder: the reference's ops in its order (each
+      category-specific layer's bias added in its batched GEMM), so the chunk is the reference's
+      (test/core/test_groot_graph.py compares them)
 """
 
 from __future__ import annotations
@@ -81,14 +84,29 @@ def context_kv(dit: DiT, context: torch.Tensor, image_mask: torch.Tensor, attent
     return out
 
 
-def step_tokens(head: GrootActionHead, tables: StepTables, k: int, state_features: torch.Tensor,
-                actions: torch.Tensor, embodiment_id: torch.Tensor) -> torch.Tensor:
+class EmbodimentSlices:
+    """The action encoder's (W1, W2, W3) and decoder's (layer1, layer2) weights of each batch row's embodiment,
+    gathered once per predict: (W [B, in, out], b [B, 1, out]) per layer, in the model's dtype."""
+
+    def __init__(self, head: GrootActionHead, embodiment_id: torch.Tensor):
+        enc, dec = head.action_encoder, head.action_decoder
+        self.layers = {name: (m.W[embodiment_id], m.b[embodiment_id].unsqueeze(1))
+                       for name, m in (("W1", enc.W1), ("W2", enc.W2), ("W3", enc.W3), ("layer1", dec.layer1),
+                                       ("layer2", dec.layer2))}
+
+    def linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """CategorySpecificLinear's x [B, T, in] @ W[e] + b[e] -> [B, T, out], the bias in the batched GEMM."""
+        w, b = self.layers[name]
+        return torch.baddbmm(b, x, w)
+
+
+def step_tokens(tables: StepTables, slices: EmbodimentSlices, k: int, state_features: torch.Tensor,
+                actions: torch.Tensor) -> torch.Tensor:
     """The DiT's input at step k: [state features; the action encoder's tokens (+ learned positions)]
     -> [B, 1 + horizon, D] (GrootActionHead.velocity's, with the step's sinusoid from the tables)."""
-    enc = head.action_encoder
-    a_emb = enc.W1(actions, embodiment_id)
-    x = enc.W2(torch.cat([a_emb, tables.tau[k]], dim=-1), embodiment_id)
-    features = enc.W3(x * torch.sigmoid(x), embodiment_id)
+    a_emb = slices.linear("W1", actions)
+    x = slices.linear("W2", torch.cat([a_emb, tables.tau[k]], dim=-1))
+    features = slices.linear("W3", x * torch.sigmoid(x))
     if tables.positions is not None:
         features = features + tables.positions
     return torch.cat([state_features, features], dim=1)
@@ -97,11 +115,13 @@ def step_tokens(head: GrootActionHead, tables: StepTables, k: int, state_feature
 def euler_steps(head: GrootActionHead, tables: StepTables, state_features: torch.Tensor, actions: torch.Tensor,
                 embodiment_id: torch.Tensor, dit: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """The sampler's Euler steps from `actions` (the noise): dit(k, tokens) is the DiT's output at step k, which the
-    embodiment's decoder turns into the velocity of the action rows."""
+    embodiment's decoder (CategorySpecificMLP: layer2(relu(layer1))) turns into the velocity of the action rows."""
     dt = 1.0 / tables.steps
+    slices = EmbodimentSlices(head, embodiment_id)
     for k in range(tables.steps):
-        out = dit(k, step_tokens(head, tables, k, state_features, actions, embodiment_id))
-        actions = actions + dt * head.action_decoder(out, embodiment_id)[:, -head.cfg.action_horizon:]
+        out = dit(k, step_tokens(tables, slices, k, state_features, actions))
+        velocity = slices.linear("layer2", F.relu(slices.linear("layer1", out)))
+        actions = actions + dt * velocity[:, -head.cfg.action_horizon:]
     return actions
 
 
