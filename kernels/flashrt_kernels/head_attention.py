@@ -19,14 +19,14 @@ import torch
 from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
 
 MAX_ROWS = 64           # query rows a program covers
-MAX_BLOCK_N = 256       # keys per step at most
+MAX_BLOCK_N = 256       # keys per step at most (16-bit inputs; fp32 tiles take twice the room: half as many)
 
 
-def key_block(keys: int) -> int:
+def key_block(keys: int, fp32: bool = False) -> int:
     """Keys per step: every key in one step up to MAX_BLOCK_N (32 at least). The steps of a program run one after
     another, each a dependent load of K and V: on the H200 the DiT's cross-attention (208 keys, 17 rows, 32 heads of
     48) takes 4.1 us in one 256-key step against 7.3 us in four of 64; its self-attention (17 keys) 2.1 us."""
-    return min(MAX_BLOCK_N, max(32, triton.next_power_of_2(keys)))
+    return min(MAX_BLOCK_N // (2 if fp32 else 1), max(32, triton.next_power_of_2(keys)))
 
 
 def head_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -110,7 +110,7 @@ def head_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), mask.stride(0) if mask is not None else 0, out.stride(0),
         KEYS=L, DH=Dh, BLOCK_D=max(16, triton.next_power_of_2(Dh)),          # tl.dot: K and M at least 16
-        BLOCK_M=max(16, triton.next_power_of_2(T)), BLOCK_N=block_n or key_block(L),
+        BLOCK_M=max(16, triton.next_power_of_2(T)), BLOCK_N=block_n or key_block(L, q.dtype == torch.float32),
         HAS_MASK=mask is not None, FP32=q.dtype == torch.float32, PDL=int(pdl), num_warps=num_warps,
         **launch_options(pdl))
     return out
