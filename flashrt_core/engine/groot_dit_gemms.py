@@ -22,7 +22,9 @@ bf16 in registers and scaled in the epilogue; activations stay bf16.
                               pi family's activation FP8 needs a calibration)
 
 Launch configurations: per GEMM shape, kind and weight dtype, the fastest of the few-row GEMM's candidates
-(kernel_configs.SKINNY_CANDIDATES) at one observation's rows, timed at build on the GPU (the first that fits
+(kernel_configs.SKINNY_CANDIDATES) and, for bf16 weights where the dispatch runs it (EngineOptions.smem_gemm on
+Hopper), the shared-memory Gluon GEMM's (flashrt_kernels/smem_gemm.py: the weight slice in shared memory before the
+PDL wait, split-K for the GEMMs a norm sums) at one observation's rows, timed at build on the GPU (the first that fits
 elsewhere, where Ops.few_row_linear runs the kernel's plain-PyTorch reference). More rows than one launch serves (64:
 batches of 4 or more observations) run in row blocks (Ops.few_row_linear).
 """
@@ -35,7 +37,7 @@ import torch
 
 from .fp8 import weight_only_fp8
 from .groot_fused_dit import FusedDit
-from .kernel_configs import SKINNY_CANDIDATES, SkinnyConfig
+from .kernel_configs import SKINNY_CANDIDATES, SkinnyConfig, SmemConfig
 from .ops import Ops
 from .timing import graph_time_us
 from .tuning import time_candidate
@@ -45,6 +47,9 @@ log = logging.getLogger(__name__)
 
 PLAIN, GELU, PARTIALS = "plain", "gelu", "partials"     # the GEMM's epilogue / who consumes its output
 MAX_ROWS = 64                                            # one launch of the few-row GEMM (Ops.few_row_linear)
+# each candidate's time: the median of TIMED_REPLAYS replays of a graph of TIMED_CALLS calls (one replay of 4 calls
+# let the picks of two executors built on one H200 differ by up to 2 ms per predict)
+TIMED_CALLS, TIMED_REPLAYS = 8, 5
 
 
 def dit_gemms(fused: FusedDit) -> list[tuple[Linear, str]]:
@@ -69,24 +74,43 @@ def candidates(kind: str, rows: int, k: int) -> list[SkinnyConfig]:
     return out
 
 
+SMEM_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24)   # split-K counts of the shared-memory GEMM's candidates (PARTIALS)
+
+
+def smem_candidates(ops: Ops, kind: str, rows: int, w: torch.Tensor) -> list[SmemConfig]:
+    """The shared-memory Gluon GEMM's configurations (flashrt_kernels/smem_gemm.py: each program's 64-row weight
+    slice in shared memory before its PDL wait) for a bf16 weight where the dispatch runs it (Op.SMEM_GEMM "tma",
+    Hopper with Gluon): split-K only for PARTIALS, each where the slice fits beside a ring of x boxes."""
+    if not (ops.smem_gemm and w.is_cuda and w.dtype == torch.bfloat16):
+        return []
+    n, k = w.shape
+    splits = SMEM_SPLITS if kind == PARTIALS else (1,)
+    return [SmemConfig(split) for split in splits
+            if min(rows, MAX_ROWS) <= ops.k.SMEM_GEMM_MAX_ROWS
+            and ops.k.smem_gemm_supported(min(rows, MAX_ROWS), n, k, False, split)]
+
+
 def one_shot(k: int) -> SkinnyConfig:
     """The configuration for a K no candidate divides (the narrow test presets): one program step over all of K."""
     return SkinnyConfig(16, k, 1, 1)
 
 
-def pick_config(ops: Ops, lin: Linear, kind: str, rows: int, dtype: torch.dtype) -> tuple[SkinnyConfig, dict]:
+def pick_config(ops: Ops, lin: Linear, kind: str, rows: int, dtype: torch.dtype
+                ) -> tuple[SkinnyConfig | SmemConfig, dict]:
     """The launch configuration of one few-row GEMM (on the weights Ops.few_row_linear reads: lin.w8 where set):
-    the fastest candidate timed on `rows` random rows on the GPU (one that needs more shared memory or registers
-    than the GPU has is left out: tuning.time_candidate), the first candidate elsewhere (one_shot where none fits).
+    the fastest candidate (the Triton few-row GEMM's and, for bf16 weights on Hopper, the shared-memory GEMM's)
+    timed on `rows` random rows on the GPU (one that needs more shared memory or registers than the GPU has is left
+    out: tuning.time_candidate), the first candidate elsewhere (one_shot where none fits).
     -> (config, {config name: us})."""
     w = lin.w8[0] if lin.w8 is not None else lin.parts[0][0]
-    fits = candidates(kind, rows, w.shape[1]) or [one_shot(w.shape[1])]
+    fits = (candidates(kind, rows, w.shape[1]) or [one_shot(w.shape[1])]) + smem_candidates(ops, kind, rows, w)
     if not w.is_cuda:
         return fits[0], {}
     x = torch.randn(rows, w.shape[1], device=w.device, dtype=dtype)
     site = f"groot_dit_{kind}"
     timed = {cfg: time_candidate(ops, site, cfg, lambda cfg=cfg: graph_time_us(
-        lambda: ops.few_row_linear(x, lin, cfg, gelu=kind == GELU), reps=4)) for cfg in fits}
+        lambda: ops.few_row_linear(x, lin, cfg, gelu=kind == GELU), reps=TIMED_CALLS, replays=TIMED_REPLAYS))
+        for cfg in fits}
     times = {cfg: us for cfg, us in timed.items() if us is not None}      # None: out of this GPU's resources
     if not times:
         raise RuntimeError(f"no few-row GEMM configuration runs the {kind} GEMM {tuple(w.shape)} ({w.dtype}) on "

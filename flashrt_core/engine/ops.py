@@ -267,17 +267,28 @@ class Ops:
         return self.k.skinny_gemm(x, w, geglu=geglu, split_k=cfg.split_k, block_n=cfg.block_n, block_k=cfg.block_k,
                                   num_stages=cfg.stages, num_warps=cfg.warps, pdl=self.launch_mode(site), scale=scale)
 
-    def few_row_linear(self, x: torch.Tensor, lin: Linear, cfg: SkinnyConfig, gelu: bool = False) -> torch.Tensor:
-        """x @ W^T + b (gelu: the tanh GELU of it) on the Triton few-row GEMM: the layer's weight-only FP8 weights
-        (lin.w8) where it has them, else its one weight block; b is the layer's own bias, lin.parts[0][1]. Bias and
-        GELU in the epilogue of flashrt_kernels/skinny_gemm.py on the GPU, its plain-PyTorch reference elsewhere
-        (Triton's interpreter loads no FP8 tensors). cfg.split_k > 1 returns the
+    def few_row_linear(self, x: torch.Tensor, lin: Linear, cfg: SkinnyConfig | SmemConfig,
+                       gelu: bool = False) -> torch.Tensor:
+        """x @ W^T + b (gelu: the tanh GELU of it) on the Triton few-row GEMM (a SkinnyConfig) or, for bf16 weights,
+        the shared-memory Gluon GEMM (a SmemConfig: flashrt_kernels/smem_gemm.py, the weight slice in shared memory
+        before the PDL wait): the layer's weight-only FP8 weights (lin.w8) where it has them, else its one weight
+        block; b is the layer's own bias, lin.parts[0][1]. Bias and GELU in the kernel's epilogue on the GPU, the
+        plain-PyTorch reference elsewhere (Triton's interpreter loads no FP8 tensors). cfg.split_k > 1 returns the
         fp32 partials (S, M, N) for a norm to sum. More rows than one launch takes (64, or cfg.max_rows) run in row
         blocks of that many, each streaming the weights again, without split-K."""
         (weight, bias), = lin.parts
         w, scale = lin.w8 if lin.w8 is not None else (weight, None)
         if not x.is_cuda:
             return self.k.skinny_gemm_reference(x, w, split_k=cfg.split_k, scale=scale, bias=bias, gelu=gelu)
+        if isinstance(cfg, SmemConfig):
+            launch = dict(pdl=self.launch_mode("other"), bias=bias, gelu=gelu)
+            if x.shape[0] <= self.k.SMEM_GEMM_MAX_ROWS:
+                return self.k.smem_gemm(x, w, split_k=cfg.split_k, **launch)
+            out = torch.empty(x.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
+            for start in range(0, x.shape[0], self.k.SMEM_GEMM_MAX_ROWS):
+                stop = start + self.k.SMEM_GEMM_MAX_ROWS
+                self.k.smem_gemm(x[start:stop], w, out=out[start:stop], **launch)
+            return out
         launch = dict(block_n=cfg.block_n, block_k=cfg.block_k, num_stages=cfg.stages, num_warps=cfg.warps,
                       pdl=self.launch_mode("other"), scale=scale, bias=bias, gelu=gelu)
         rows = min(64, cfg.max_rows)

@@ -5,6 +5,9 @@
                                 32 gate rows and the 32 up rows of the same columns, stacked in one 64-row tile
     split-K: program k of SPLIT_K writes the fp32 partial of its K slice into part[k] (SPLIT_K, M, N), as
              kernels/flashrt_kernels/skinny_gemm.py does; the norm after it sums them.
+    bias (N,):  y = x @ W^T + b, added to the fp32 products (to partial 0 alone with split-K); gelu (no GeGLU, no
+             split-K): y = gelu_tanh(x @ W^T [+ b]) -- GR00T's DiT GEMMs (engine/groot_dit_gemms.py), as the
+             few-row Triton GEMM's epilogues
 
 Why: in a denoising step each decoder GEMM (kernels/flashrt_kernels/skinny_gemm.py) starts streaming its weights only after its PDL
 wait, so HBM idles while the norms and the attention run (tools/profile_engine_timeline.py, 2026-11-30: the
@@ -124,6 +127,18 @@ if HAVE_GLUON:
         return g / (1.0 + gl.exp(-KGELU * (g + 0.044715 * g * g * g))) * u
 
     @gluon.jit
+    def _bias_and_gelu(y, bias_ptr, cols, pid_k, F, HAS_BIAS: gl.constexpr, GELU: gl.constexpr,
+                       KGELU: gl.constexpr):
+        """The epilogues on y (weight rows = output columns `cols`, x rows) in fp32: the bias (partial 0 alone, so
+        the partials still sum to the biased product), then the tanh GELU."""
+        if HAS_BIAS:
+            b = gl.load(bias_ptr + cols, mask=(cols < F) & (pid_k == 0), other=0.0).to(gl.float32)
+            y = y + b[:, None]
+        if GELU:
+            y = y / (1.0 + gl.exp(-KGELU * (y + 0.044715 * y * y * y)))
+        return y
+
+    @gluon.jit
     def _x_ring_products(w_smem, x_smem, x_desc, bars, X_BAR: gl.constexpr, k0, NK: gl.constexpr,
                          X_STAGES: gl.constexpr, XR: gl.constexpr):
         """The products of a weight slice already on its way to w_smem (NK 64 x 64 boxes, on mbarrier bars[0]) with
@@ -149,8 +164,9 @@ if HAVE_GLUON:
         return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
     @gluon.jit
-    def _smem_gemm_kernel(w_desc, x_desc, y_ptr, M, F, stride_y, split_stride,
-                          K_PER_SPLIT: gl.constexpr, GEGLU: gl.constexpr, KGELU: gl.constexpr, PDL: gl.constexpr):
+    def _smem_gemm_kernel(w_desc, x_desc, y_ptr, bias_ptr, M, F, stride_y, split_stride,
+                          K_PER_SPLIT: gl.constexpr, GEGLU: gl.constexpr, KGELU: gl.constexpr, PDL: gl.constexpr,
+                          HAS_BIAS: gl.constexpr = False, GELU: gl.constexpr = False):
         BLOCK_W: gl.constexpr = w_desc.block_type.shape[0]         # weight rows per TMA box: 64, or 32 with GeGLU
         NK: gl.constexpr = K_PER_SPLIT // 64
         _, pid_k, n0, k0 = _program_slice(BLOCK_W, K_PER_SPLIT, PDL)
@@ -185,15 +201,17 @@ if HAVE_GLUON:
         else:
             y = gl.convert_layout(acc, out_layout)
         cols = n0 + r
+        y = _bias_and_gelu(y, bias_ptr, cols, pid_k, F, HAS_BIAS, GELU, KGELU)
         ptrs = y_ptr + pid_k * split_stride + m[None, :] * stride_y + cols[:, None]
         mask = (m < M)[None, :] & (cols < F)[:, None]
         gl.store(ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
     @gluon.jit
-    def _smem_gemm_rows_kernel(w_desc, x_desc, y_ptr, M, F, stride_y, split_stride,
+    def _smem_gemm_rows_kernel(w_desc, x_desc, y_ptr, bias_ptr, M, F, stride_y, split_stride,
                                K_PER_SPLIT: gl.constexpr, GEGLU: gl.constexpr, KGELU: gl.constexpr,
-                               PDL: gl.constexpr, X_STAGES: gl.constexpr):
+                               PDL: gl.constexpr, X_STAGES: gl.constexpr, HAS_BIAS: gl.constexpr = False,
+                               GELU: gl.constexpr = False):
         """17-64 rows (a horizon-50 denoising step): the weight slice as above, in shared memory before the PDL
         wait; x, 32 or 64 rows per box, too large beside it at these rows, streams through a ring of X_STAGES boxes
         (one mbarrier each) after the wait, and each box's product runs on wgmma as it lands (the weight rows its
@@ -221,6 +239,7 @@ if HAVE_GLUON:
         else:
             y = gl.convert_layout(acc, out_layout)
         cols = n0 + r
+        y = _bias_and_gelu(y, bias_ptr, cols, pid_k, F, HAS_BIAS, GELU, KGELU)
         ptrs = y_ptr + pid_k * split_stride + m[None, :] * stride_y + cols[:, None]
         gl.store(ptrs, y.to(y_ptr.dtype.element_ty), mask=(m < M)[None, :] & (cols < F)[:, None])
 
@@ -232,19 +251,26 @@ def _layout(rows: int, cols: int = BOX_K):
 
 
 def smem_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1, pdl: bool | int = False,
-              out: torch.Tensor | None = None) -> torch.Tensor:
+              out: torch.Tensor | None = None, bias: torch.Tensor | None = None, gelu: bool = False) -> torch.Tensor:
     """Gluon launcher; the contract of kernels/flashrt_kernels/skinny_gemm.py skinny_gemm_reference (bf16 x and W, M <= 64; the
     16-row kernel up to 16 rows, _smem_gemm_rows_kernel from 17).
-    pdl: False, True or EARLY_TRIGGER (kernels/flashrt_kernels/_triton.py). out: optional preallocated result."""
+    pdl: False, True or EARLY_TRIGGER (kernels/flashrt_kernels/_triton.py). out: optional preallocated result.
+    bias (N,) contiguous: added in the epilogue (partial 0 with split-K); gelu: the tanh GELU (not with geglu or
+    split-K)."""
     if not HAVE_GLUON or INTERPRETED:
         raise RuntimeError("smem_gemm needs Triton's Gluon and a Hopper GPU (no interpreter)")
     M, K = x.shape
     N = w.shape[0]
+    if gelu and (geglu or split_k > 1):
+        raise ValueError("smem_gemm: the GELU epilogue needs the whole product: no GeGLU, no split-K")
     if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or not x.is_contiguous() or not w.is_contiguous() \
             or w.shape[1] != K or not smem_gemm_supported(M, N, K, geglu, split_k):
         raise ValueError(f"smem_gemm: contiguous bf16 x (M<=64, K) and W (N, K) with whole 64-row tiles and K "
                          f"slices of 64; got {tuple(x.shape)} {x.dtype}, {tuple(w.shape)} {w.dtype}, "
                          f"geglu={geglu}, split_k={split_k}")
+    if bias is not None and (geglu or bias.shape != (N,) or not bias.is_contiguous()):
+        raise ValueError(f"smem_gemm: bias must be a contiguous ({N},) tensor, without GeGLU; got "
+                         f"{tuple(bias.shape)}, geglu={geglu}")
     F = N // 2 if geglu else N
     shape, dtype = ((split_k, M, N), torch.float32) if split_k > 1 else ((M, F), x.dtype)
     if out is None:
@@ -259,14 +285,14 @@ def smem_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: in
     x_desc = TensorDescriptor.from_tensor(x, [xr, BOX_K], _layout(xr))   # rows past M read as zeros
     grid = (F // rows, split_k)
     if M > X_ROWS:
-        _smem_gemm_rows_kernel[grid](w_desc, x_desc, out, M, F, out.stride(-2), M * N, K_PER_SPLIT=K // split_k,
-                                     GEGLU=geglu, KGELU=_K_GELU, PDL=int(pdl),
-                                     X_STAGES=x_ring_stages(M, K // split_k, geglu), num_warps=4,
-                                     **launch_options(pdl))
+        _smem_gemm_rows_kernel[grid](w_desc, x_desc, out, out if bias is None else bias, M, F, out.stride(-2),
+                                     M * N, K_PER_SPLIT=K // split_k, GEGLU=geglu, KGELU=_K_GELU, PDL=int(pdl),
+                                     X_STAGES=x_ring_stages(M, K // split_k, geglu), HAS_BIAS=bias is not None,
+                                     GELU=gelu, num_warps=4, **launch_options(pdl))
         return out
-    _smem_gemm_kernel[grid](w_desc, x_desc, out, M, F, out.stride(-2), M * N,
+    _smem_gemm_kernel[grid](w_desc, x_desc, out, out if bias is None else bias, M, F, out.stride(-2), M * N,
                             K_PER_SPLIT=K // split_k, GEGLU=geglu, KGELU=_K_GELU, PDL=int(pdl),
-                            num_warps=4, **launch_options(pdl))
+                            HAS_BIAS=bias is not None, GELU=gelu, num_warps=4, **launch_options(pdl))
     return out
 
 

@@ -131,11 +131,17 @@ def test_the_groot_rows_quote_their_result_file():
                         ("graph replay, `groot_step_tables` off (the fused DiT with it)", "graph_replay_no_step_tables"),
                         ("graph replay, `groot_few_row_gemms` off (the DiT's GEMMs on cuBLAS)", "graph_replay_cublas_dit"),
                         ("graph replay, `groot_head_attention` off (the DiT's attention on SDPA)", "graph_replay_sdpa_dit"),
-                        ("graph replay, FP8 DiT (`precision=\"fp8\"`)", "graph_replay_fp8")):
+                        ("graph replay, FP8 DiT (`precision=\"fp8\"`)", "graph_replay_fp8"),
+                        ("graph replay, `groot_engine_vision` off (transformers' SigLIP2 layers)",
+                         "graph_replay_transformers_vision"),
+                        ("graph replay, `groot_engine_language` off (transformers' Qwen3 layers)",
+                         "graph_replay_transformers_language")):
         stats, digits = result[key], 1 if key == "reference" else 2
         assert _row(PAGE, starts)[1:] == [f"{stats['median_ms']:.{digits}f} ms", f"{stats['p99_ms']:.{digits}f} ms"]
     assert f"cosine {result['cosine_vs_fp32']['graph_mean']:.6f}" in PAGE
     assert f"action head {result['phases_ms']['action_head']:.2f} ms" in PAGE
+    phases, text = result["phases_ms"], " ".join(PAGE.split())          # the prose, line breaks as spaces
+    assert f"vision {phases['vision']:.2f} ms" in text and f"language model {phases['language']:.2f} ms" in text
     for precision in ("graph", "graph_fp8"):                      # the gate, bf16 and FP8
         assert result["gate"][precision]["passed"]
         assert f"mean {result['gate'][precision]['mean']:.6f}" in PAGE

@@ -880,6 +880,35 @@ def test_skinny_gemm_bias_and_gelu_epilogues(name, n, k, gelu, split):
         K.skinny_gemm(x, w, split_k=2, block_k=(16 if INTERPRET else 128), gelu=True)
 
 
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
+                    or not K.HAVE_GLUON, reason="kernels/flashrt_kernels/smem_gemm.py needs Gluon on a Hopper (sm90) GPU")
+@pytest.mark.parametrize("name, n, k, gelu, split", GROOT_DIT_GEMMS, ids=[g[0] for g in GROOT_DIT_GEMMS])
+def test_smem_gemm_bias_and_gelu_epilogues(name, n, k, gelu, split):
+    """The shared-memory GEMM's bias (partial 0 alone with split-K) and tanh-GELU epilogues at GR00T's DiT shapes
+    (17 rows: the ring kernel; 34 rows: two observations), every split-K the DiT's tuning may pick, both PDL
+    modes, against the reference."""
+    from flashrt_core.engine.dispatch import resolve
+    from flashrt_core.engine.groot_dit_gemms import PARTIALS, PLAIN, smem_candidates
+    from flashrt_core.engine.hardware import detect_hardware
+    from flashrt_core.engine.ops import Ops
+    ops = Ops(resolve(detect_hardware("auto", torch.device("cuda"))))
+    g = torch.Generator(device=DEVICE).manual_seed(n + k + 7)
+    w = (torch.randn(n, k, device=DEVICE, generator=g) * k ** -0.5).to(torch.bfloat16)
+    bias = torch.randn(n, device=DEVICE, generator=g).to(torch.bfloat16)
+    configs = smem_candidates(ops, PARTIALS if split > 1 else PLAIN, 17, w)
+    assert configs and all(c.split_k == 1 for c in configs) == (split == 1)
+    for rows in (17, 34):
+        x = torch.randn(rows, k, device=DEVICE, generator=g).to(torch.bfloat16)
+        for cfg in configs:
+            want = K.skinny_gemm_reference(x, w, split_k=cfg.split_k, bias=bias, gelu=gelu).float()
+            for pdl in (False, K.EARLY_TRIGGER):
+                got = K.smem_gemm(x, w, split_k=cfg.split_k, pdl=pdl, bias=bias, gelu=gelu).float()
+                err = (got - want).norm() / want.norm()
+                assert got.shape == want.shape and err < SKINNY_REL_L2, f"{cfg} rows {rows}: rel L2 {err:.2e}"
+    with pytest.raises(ValueError, match="GELU epilogue"):
+        K.smem_gemm(x, w, split_k=2, bias=bias, gelu=True)
+
+
 @pytest.mark.parametrize("name, n, k, gelu, split", GROOT_DIT_GEMMS, ids=[g[0] for g in GROOT_DIT_GEMMS])
 def test_skinny_gemm_fp8_weights_with_bias_and_gelu(name, n, k, gelu, split):
     """Weight-only FP8 with the bias and GELU epilogues at GR00T's DiT shapes (17 rows) against the reference on the
