@@ -67,13 +67,19 @@ def test_tiny_replay_equals_the_reference(sizes, text, fused_dit):
     assert len(graph.entries) == 1                                              # one signature, one graph
 
 
-def test_policy_executor_and_its_switches(tmp_path):
+def tiny_policy_case(tmp_path):
+    """A tiny random checkpoint, two camera images, a state and noise, and the fp32 reference policy's chunk for
+    them: (checkpoint, images, state, noise, chunk)."""
     ckpt = write_random_groot_checkpoint(tmp_path / "c", TINY, seed=4)
     rng = np.random.default_rng(0)
     images = {v: rng.integers(0, 256, (72, 96, 3), dtype=np.uint8) for v in ("front", "wrist")}
     state, noise = rng.uniform(-1, 1, 6), rng.standard_normal((16, 16)).astype(np.float32)
     ref = load_model(ckpt, embodiment="new_embodiment", device="cuda", dtype="float32", hardware="reference")
-    want = ref.predict(images, "pick up the cube", state, noise)
+    return ckpt, images, state, noise, ref.predict(images, "pick up the cube", state, noise)
+
+
+def test_policy_executor_and_its_switches(tmp_path):
+    ckpt, images, state, noise, want = tiny_policy_case(tmp_path)
     for options, name, tables, fused in (
             (None, "graph", True, True), (EngineOptions(groot_fused_dit=False), "graph", True, False),
             (EngineOptions(groot_step_tables=False), "graph", False, False),

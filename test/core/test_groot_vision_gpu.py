@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_groot_graph_gpu import tiny_policy_case
 
 from flashrt_core import load_model
 from flashrt_core.engine import EngineOptions
@@ -18,7 +19,7 @@ from flashrt_core.engine.groot_graph import GrootGraphExecutor
 from flashrt_core.engine.groot_static import GrootSignature, StaticTables, image_tokens
 from flashrt_core.engine.groot_vision import GrootVision
 from flashrt_core.engine.timing import graph_replay_ms, warm_up_and_capture
-from flashrt_core.groot_fixtures import random_groot_model, write_random_groot_checkpoint
+from flashrt_core.groot_fixtures import random_groot_model
 from flashrt_core.model.groot.config import get_groot_config
 
 pytestmark = pytest.mark.gpu
@@ -88,12 +89,7 @@ def test_policy_options_reach_the_engine_vision(tmp_path):
     """Default options: the engine vision, folded, its MLP padded to vision_mlp_pad, the SDPA backend timed; the
     switch off: transformers' layers; fused_weights off: the LayerNorms unfolded; vision_mlp_pad 0: the width as
     it is. Every chunk is the fp32 reference's."""
-    ckpt = write_random_groot_checkpoint(tmp_path / "c", TINY, seed=4)
-    rng = np.random.default_rng(0)
-    images = {v: rng.integers(0, 256, (72, 96, 3), dtype=np.uint8) for v in ("front", "wrist")}
-    state, noise = rng.uniform(-1, 1, 6), rng.standard_normal((16, 16)).astype(np.float32)
-    ref = load_model(ckpt, embodiment="new_embodiment", device="cuda", dtype="float32", hardware="reference")
-    want = ref.predict(images, "pick up the cube", state, noise)
+    ckpt, images, state, noise, want = tiny_policy_case(tmp_path)
     for options, engine, folded, width in ((None, True, True, 128),
                                            (EngineOptions(groot_engine_vision=False), False, None, None),
                                            (EngineOptions(fused_weights=False), True, False, 128),
