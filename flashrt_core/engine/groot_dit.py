@@ -68,8 +68,10 @@ def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.view(x.shape[0], x.shape[1], heads, -1).transpose(1, 2)
 
 
-def context_kv(dit: DiT, context: torch.Tensor, image_mask: torch.Tensor, attention_mask: torch.Tensor) -> dict:
-    """Per cross-attention block: (K, V, mask) of the backbone features, the same in every step."""
+def context_kv(dit: DiT, context: torch.Tensor, image_mask: torch.Tensor, attention_mask: torch.Tensor,
+               projected: dict | None = None) -> dict:
+    """Per cross-attention block: (K, V, mask) of the backbone features, the same in every step. projected: the
+    blocks' (K, V) [B, L, inner] made elsewhere (the fused DiT's one merged GEMM), else each block's to_k / to_v."""
     masks: dict = {}
     out = {}
     for idx, block in enumerate(dit.transformer_blocks):
@@ -80,7 +82,8 @@ def context_kv(dit: DiT, context: torch.Tensor, image_mask: torch.Tensor, attent
             mask = dit.cross_mask(idx, image_mask, attention_mask)
             masks[kind] = None if mask is None else mask[:, None, None, :]
         attn = block.attn1
-        out[idx] = (_heads(attn.to_k(context), attn.heads), _heads(attn.to_v(context), attn.heads), masks[kind])
+        key, value = (attn.to_k(context), attn.to_v(context)) if projected is None else projected[idx]
+        out[idx] = (_heads(key, attn.heads), _heads(value, attn.heads), masks[kind])
     return out
 
 

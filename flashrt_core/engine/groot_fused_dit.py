@@ -13,7 +13,9 @@ and bias = shift from the step tables (groot_dit.StepTables; the timestep is the
 
     norm(pending, residual) -> AdaLN          the previous block's MLP output added (none before block 0)
     Q/K/V: one merged GEMM (self-attention blocks) or Q alone (cross-attention blocks: K / V of the backbone
-           features once per predict, groot_dit.context_kv, with the block's text-only / image-only mask)
+           features once per predict, every cross block's in one GEMM over their merged [W_k; W_v]
+           (context_projections; the model's to_k / to_v weights become views into the merged tensor), with the
+           block's text-only / image-only mask)
     attention: Ops.head_attention (flashrt_kernels/head_attention.py: Q, K, V read in place from the GEMM's output,
            the result written as the O projection's input rows; EngineOptions.groot_head_attention), else torch
            SDPA and a transpose copy; the cross masks additive and aligned, made once per predict; the output
@@ -37,7 +39,7 @@ from flashrt_core.model.groot.action_head import GrootActionHead
 
 from .groot_dit import StepTables, _heads, context_kv, euler_steps
 from .ops import Ops
-from .weights import Linear, _fold
+from .weights import Linear, _fold, merge_in_place
 
 FINAL_NORM_EPS = 1e-6          # the DiT's final LayerNorm (dit.DiT.forward)
 MASK_ALIGN = 16                # key-mask rows padded to this many elements (SDPA's memory-efficient kernel's need)
@@ -64,6 +66,8 @@ class FusedDit:
     heads: int
     inner: int                 # heads * head_dim
     dtype: torch.dtype
+    context: Linear | None = None   # every cross-attention block's [W_k; W_v], merged: one GEMM per predict
+    context_offsets: dict = field(default_factory=dict)   # block index -> its K columns' start in the merged output
     few_row: dict = field(default_factory=dict)   # id(Linear) -> its few-row GEMM's config (engine/groot_dit_gemms.py)
     head_attention: bool = True   # attention by Ops.head_attention (EngineOptions.groot_head_attention), else SDPA
 
@@ -75,7 +79,8 @@ def _single(module: torch.nn.Linear) -> Linear:
 
 @torch.no_grad()
 def prepare_fused_dit(head: GrootActionHead, ops: Ops) -> FusedDit:
-    """The DiT's GEMMs as Linears: Q/K/V of each self-attention block merged into one block (a copy), the others
+    """The DiT's GEMMs as Linears: Q/K/V of each self-attention block merged into one block (a copy), K/V of every
+    cross-attention block merged into one (merge_in_place: the model's weights become views into it), the others
     the model's tensors as they are."""
     dit = head.model
     dtype = dit.proj_out_2.weight.dtype
@@ -89,8 +94,23 @@ def prepare_fused_dit(head: GrootActionHead, ops: Ops) -> FusedDit:
             qkv = _fold([m.weight for m in mods], [m.bias for m in mods], None, None, dtype, merge=True)
         blocks.append(FusedBlock(block.is_cross, qkv, _single(attn.to_out[0]), _single(block.ff.net[0].proj),
                                  _single(block.ff.net[2]), block.norm1.eps, block.eps))
-    return FusedDit(ops, blocks, _single(dit.proj_out_2), dit.cfg.num_heads, dit.cfg.num_heads * dit.cfg.head_dim,
-                    dtype)
+    inner = dit.cfg.num_heads * dit.cfg.head_dim
+    cross = [(idx, block.attn1) for idx, block in enumerate(dit.transformer_blocks) if block.is_cross]
+    context = merge_in_place([m for _, attn in cross for m in (attn.to_k, attn.to_v)]) if cross else None
+    return FusedDit(ops, blocks, _single(dit.proj_out_2), dit.cfg.num_heads, inner, dtype, context,
+                    {idx: 2 * inner * i for i, (idx, _) in enumerate(cross)})
+
+
+def context_projections(fused: FusedDit, context: torch.Tensor) -> dict | None:
+    """Every cross-attention block's (K, V) [B, L, inner] of the backbone features from one GEMM over the merged
+    weights (strided column views of its output, which the attention reads in place); None without cross blocks."""
+    if fused.context is None:
+        return None
+    b, length, d = context.shape
+    kv = fused.ops.linear(context.reshape(b * length, d), fused.context).view(b, length, -1)
+    inner = fused.inner
+    return {idx: (kv[..., off:off + inner], kv[..., off + inner:off + 2 * inner])
+            for idx, off in fused.context_offsets.items()}
 
 
 class FusedStepTables:
@@ -169,6 +189,7 @@ def sample_actions_fused(head: GrootActionHead, tables: StepTables, mods: FusedS
                          state: torch.Tensor, embodiment_id: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """groot_dit.sample_actions_tabled with the DiT on the fused ops -> normalized actions [B, horizon, A]."""
     vl_embeds, state_features = head.encode(backbone_features, state, embodiment_id)
-    kv = additive_masks(context_kv(head.model, vl_embeds, image_mask, backbone_mask))
+    kv = additive_masks(context_kv(head.model, vl_embeds, image_mask, backbone_mask,
+                                   context_projections(fused, vl_embeds)))
     return euler_steps(head, tables, state_features, noise.to(vl_embeds.dtype), embodiment_id,
                        lambda k, tokens: _dit(fused, mods, k, kv, tokens))

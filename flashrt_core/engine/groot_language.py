@@ -34,7 +34,7 @@ from flashrt_core.model.groot.model import GrootModel
 from .groot_fused_dit import MASK_ALIGN
 from .kernel_import import load_kernels
 from .ops import Ops
-from .weights import Linear
+from .weights import Linear, merge_in_place
 
 
 @dataclass
@@ -69,38 +69,6 @@ class EngineLanguage:
         return pos, cos, sin
 
 
-def _merged_already(modules: list[torch.nn.Linear]) -> torch.Tensor | None:
-    """The merged tensor when the modules' weights are already consecutive rows of one storage (an executor built
-    before on the same model merged them), else None."""
-    first = modules[0].weight
-    rows, width = sum(m.weight.shape[0] for m in modules), first.shape[1]
-    offset = 0
-    for m in modules:
-        w = m.weight
-        if (w.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or w.storage_offset() != offset
-                or not w.is_contiguous() or w.shape[1] != width):
-            return None
-        offset += w.numel()
-    if first.untyped_storage().nbytes() != rows * width * first.element_size():
-        return None
-    return first.detach().as_strided((rows, width), (width, 1), 0)
-
-
-def _merge_in_place(modules: list[torch.nn.Linear]) -> Linear:
-    """The modules' weights as one merged Linear; each module's weight becomes a view into it (one copy in memory;
-    a second executor on the same model reads the same one)."""
-    merged = _merged_already(modules)
-    if merged is not None:
-        return Linear([(merged, None)])
-    merged = torch.cat([m.weight.detach() for m in modules]).contiguous()
-    start = 0
-    for m in modules:
-        rows = m.weight.shape[0]
-        m.weight = torch.nn.Parameter(merged[start:start + rows], requires_grad=False)
-        start += rows
-    return Linear([(merged, None)])
-
-
 def _f32(t: torch.Tensor) -> torch.Tensor:
     return t.detach().float().contiguous()
 
@@ -119,8 +87,8 @@ def prepare_language(model: GrootModel, ops: Ops) -> EngineLanguage:
             raise ValueError("the engine's Qwen3 layers take no biases (attention_bias is off in Qwen3); turn "
                              "groot_engine_language off for this checkpoint")
         layers.append(LanguageLayer(
-            qkv=_merge_in_place([att.q_proj, att.k_proj, att.v_proj]), o=Linear([(att.o_proj.weight.detach(), None)]),
-            gate_up=_merge_in_place([mlp.gate_proj, mlp.up_proj]), down=Linear([(mlp.down_proj.weight.detach(), None)]),
+            qkv=merge_in_place([att.q_proj, att.k_proj, att.v_proj]), o=Linear([(att.o_proj.weight.detach(), None)]),
+            gate_up=merge_in_place([mlp.gate_proj, mlp.up_proj]), down=Linear([(mlp.down_proj.weight.detach(), None)]),
             norm_in=_f32(layer.input_layernorm.weight), norm_post=_f32(layer.post_attention_layernorm.weight),
             head_norm=torch.stack([_f32(att.q_norm.weight), _f32(att.k_norm.weight)]).contiguous()))
     return EngineLanguage(ops, layers, _f32(lm.norm.weight), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.eps,

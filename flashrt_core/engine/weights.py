@@ -199,6 +199,42 @@ def _fold(weights: list[torch.Tensor], biases: list[torch.Tensor | None], scale:
     return Linear([(w.to(dtype).contiguous(), None if b is None else b.to(dtype)) for w, b in parts])
 
 
+def _merged_already(modules: list[torch.nn.Linear]) -> torch.Tensor | None:
+    """The merged tensor when the modules' weights are already consecutive rows of one storage (an executor built
+    before on the same model merged them), else None."""
+    first = modules[0].weight
+    rows, width = sum(m.weight.shape[0] for m in modules), first.shape[1]
+    offset = 0
+    for m in modules:
+        w = m.weight
+        if (w.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or w.storage_offset() != offset
+                or not w.is_contiguous() or w.shape[1] != width):
+            return None
+        offset += w.numel()
+    if first.untyped_storage().nbytes() != rows * width * first.element_size():
+        return None
+    return first.detach().as_strided((rows, width), (width, 1), 0)
+
+
+def merge_in_place(modules: list[torch.nn.Linear]) -> Linear:
+    """The modules' weights as one merged Linear, with their biases concatenated (a copy) where they have them;
+    each module's weight becomes a view into the merged weight (one copy in memory; a second executor on the same
+    model reads the same one)."""
+    bias = (None if all(m.bias is None for m in modules) else
+            torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.weight.shape[0])
+                       for m in modules]))
+    merged = _merged_already(modules)
+    if merged is not None:
+        return Linear([(merged, bias)])
+    merged = torch.cat([m.weight.detach() for m in modules]).contiguous()
+    start = 0
+    for m in modules:
+        rows = m.weight.shape[0]
+        m.weight = torch.nn.Parameter(merged[start:start + rows], requires_grad=False)
+        start += rows
+    return Linear([(merged, bias)])
+
+
 def _linear(module: torch.nn.Linear, dtype: torch.dtype) -> Linear:
     return _fold([module.weight], [module.bias], None, None, dtype, merge=True)
 

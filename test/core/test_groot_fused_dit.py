@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from test_groot_graph import TINY, inputs
 
 from flashrt_core.engine import EngineOptions, eager_cpu_dispatch
-from flashrt_core.engine.groot_fused_dit import MASK_ALIGN, FusedDit, additive_masks, prepare_fused_dit
+from flashrt_core.engine.groot_fused_dit import (MASK_ALIGN, FusedDit, additive_masks, context_projections,
+                                                 prepare_fused_dit)
 from flashrt_core.engine.groot_graph import GrootGraphExecutor
 from flashrt_core.engine.groot_static import GrootSignature, StaticTables, predict
 from flashrt_core.engine.ops import Ops
@@ -136,3 +137,22 @@ def test_additive_masks_are_sdpas_conversion():
     assert torch.equal(add == 0, mask) and torch.isinf(add[~mask]).all() and (add[~mask] < 0).all()
     torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=add),
                                F.scaled_dot_product_attention(q, k, v, attn_mask=mask), rtol=0, atol=0)
+
+
+def test_cross_blocks_take_their_kv_from_one_merged_gemm(model):
+    """Every cross-attention block's K / V of the backbone features come from one GEMM over the merged weights: the
+    blocks' own to_k / to_v products, their weights views into the merged tensor (one copy in memory)."""
+    fused = prepare_fused_dit(model.action_head, Ops(eager_cpu_dispatch()))
+    blocks = model.action_head.model.transformer_blocks
+    cross = [i for i, block in enumerate(blocks) if block.is_cross]
+    assert cross and sorted(fused.context_offsets) == cross
+    (w, bias), = fused.context.parts
+    assert w.shape[0] == 2 * fused.inner * len(cross) and bias is not None
+    context = torch.randn(2, 9, model.cfg.backbone_embedding_dim, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        got = context_projections(fused, context)
+        for idx in cross:
+            attn = blocks[idx].attn1
+            torch.testing.assert_close(got[idx][0], attn.to_k(context), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got[idx][1], attn.to_v(context), rtol=1e-5, atol=1e-5)
+            assert attn.to_v.weight.untyped_storage().data_ptr() == w.untyped_storage().data_ptr()

@@ -23,7 +23,6 @@ from flashrt_core.groot_fixtures import random_groot_model
 from flashrt_core.model.groot.config import get_groot_config
 
 pytestmark = pytest.mark.gpu
-TINY = "groot_n1.6_tiny"
 MIN_TOKEN_COSINE = 0.998      # worst per-token cosine of the engine's bf16 tokens vs transformers' bf16 tokens
 COSINE_MARGIN = 5e-4          # the engine's mean cosine to fp32 may trail transformers' bf16 one by at most this
 MLP_PAD = 128                 # EngineOptions.vision_mlp_pad's default: 4304 -> 4352
