@@ -80,8 +80,10 @@ SMEM_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24)   # split-K counts of the shared-me
 def smem_candidates(ops: Ops, kind: str, rows: int, w: torch.Tensor) -> list[SmemConfig]:
     """The shared-memory Gluon GEMM's configurations (flashrt_kernels/smem_gemm.py: each program's 64-row weight
     slice in shared memory before its PDL wait) for a bf16 weight where the dispatch runs it (Op.SMEM_GEMM "tma",
-    Hopper with Gluon): split-K only for PARTIALS, each where the slice fits beside a ring of x boxes."""
-    if not (ops.smem_gemm and w.is_cuda and w.dtype == torch.bfloat16):
+    Hopper with Gluon; above 16 rows, one observation's 17 among them, Op.SMEM_GEMM_ROWS too): split-K only for
+    PARTIALS, each where the slice fits beside a ring of x boxes."""
+    few = min(rows, MAX_ROWS) <= ops.k.SMEM_GEMM_X_ROWS
+    if not (ops.smem_gemm and (few or ops.smem_gemm_rows) and w.is_cuda and w.dtype == torch.bfloat16):
         return []
     n, k = w.shape
     splits = SMEM_SPLITS if kind == PARTIALS else (1,)

@@ -78,10 +78,11 @@ class EngineOptions:
     fp8_fused_quant: bool = _option(True, "FP8 engines: the GeGLU kernel writes the down GEMM's FP8 input.",
                                     "A bf16 GeGLU output, then kernels/flashrt_kernels/fp8_quant.py.")
     smem_gemm: bool = _option(True, "kernels/flashrt_kernels/smem_gemm.py (weights staged in shared memory by TMA "
-                              "before the PDL wait) among the decoder GEMM candidates (NVIDIA Hopper with Gluon).",
+                              "before the PDL wait) among the decoder GEMM candidates, and among GR00T's bf16 DiT "
+                              "GEMMs' (NVIDIA Hopper with Gluon).",
                               "The tuning picks among the Triton and library GEMMs.")
-    smem_gemm_rows: bool = _option(True, "The shared-memory GEMM candidates at 17-64 rows too (horizon-50 steps), "
-                                   "x streamed through a ring of TMA boxes.",
+    smem_gemm_rows: bool = _option(True, "The shared-memory GEMM candidates at 17-64 rows too (horizon-50 steps, "
+                                   "GR00T's DiT), x streamed through a ring of TMA boxes.",
                                    "Shared-memory GEMM candidates only up to 16 rows.")
     prefix_attention_tuning: bool = _option(True, "The prefix attention picked at load by its time among the mqa "
                                             "kernel's forms and torch SDPA.",
