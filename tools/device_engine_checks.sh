@@ -18,7 +18,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh tune         # tune_engine.py: best of 3 loads stored, ~5 min
 #   OUT=/path bash tools/device_engine_checks.sh compile-cells  # the compiled reference at 2 more cells, ~6-9 min
 #   OUT=/path bash tools/device_engine_checks.sh fast         # pi0-FAST: engine GPU tests, then reference vs engine
-#   OUT=/path bash tools/device_engine_checks.sh groot        # GR00T N1.6: graph GPU tests, then reference vs graph
+#   OUT=/path bash tools/device_engine_checks.sh groot        # GR00T N1.6: graph GPU tests, then reference vs graph, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh layer-chain  # what one dependency between layers costs
 #   OUT=/path bash tools/device_engine_checks.sh rtc          # real-time chunking in the graph: tests, cost, ~3 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
@@ -253,10 +253,10 @@ if [ "$PART" = fast ]; then
 fi
 
 if [ "$PART" = groot ]; then
-  timeout 520 "$PY" -m pytest -v -s --durations=0 test/core/test_groot_graph_gpu.py test/core/test_groot_gpu.py \
+  timeout 330 "$PY" -m pytest -v -s --durations=0 test/core/test_groot_graph_gpu.py test/core/test_groot_gpu.py \
     test/core/test_groot_vision_gpu.py > "$OUT/pytest_groot.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_groot.log"
-  timeout 240 "$PY" tools/benchmark_groot.py --out "$OUT" > "$OUT/groot.log" 2>&1
+  timeout 200 "$PY" tools/benchmark_groot.py --out "$OUT" > "$OUT/groot.log" 2>&1
   echo "benchmark_groot rc=$?" >> "$OUT/groot.log"
 fi
 
