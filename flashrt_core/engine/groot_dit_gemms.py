@@ -18,8 +18,8 @@ bf16 in registers and scaled in the epilogue; activations stay bf16.
                               the DiT's weight bytes), the cross-attention K / V of the backbone features (hundreds
                               of rows, once per predict), the embodiment encoders and decoder (one weight slice per
                               embodiment), the step tables (computed once), and the vision and language model
-                              (transformers' modules on hundreds of rows: weight-only FP8 is a few-row GEMM, and the
-                              pi family's activation FP8 needs a calibration)
+                              (hundreds of rows: weight-only FP8 is a few-row GEMM, and the pi family's activation
+                              FP8 needs a calibration)
 
 Launch configurations: per GEMM shape, kind and weight dtype, the fastest of the few-row GEMM's candidates
 (kernel_configs.SKINNY_CANDIDATES) and, for bf16 weights where the dispatch runs it (EngineOptions.smem_gemm on
