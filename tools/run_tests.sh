@@ -3,7 +3,8 @@
 # then runs pytest. GPU tests skip where no CUDA GPU is present. Extra arguments go to pytest.
 # Without arguments, on a machine without a CUDA GPU, a second pass runs the Triton kernel tests
 # (test/gpu/test_kernels.py) and the engine forward with those kernels (test/gpu/test_engine_interpreted.py, GR00T's
-# fused DiT: test/gpu/test_groot_fused_dit_interpreted.py) on the CPU through Triton's interpreter
+# fused DiT and language model: test/gpu/test_groot_fused_dit_interpreted.py, test_groot_language_interpreted.py) on
+# the CPU through Triton's interpreter
 # (TRITON_INTERPRET=1), so the kernels' logic and the engine's wiring of them are checked against the PyTorch
 # references even where no GPU is; on a GPU the first pass runs the kernels for real.
 #
@@ -23,5 +24,5 @@ fi
 if "$PY" -c 'import sys, torch, triton; sys.exit(torch.cuda.is_available())' 2>/dev/null; then
   echo "[run_tests] Triton kernel tests on the CPU (TRITON_INTERPRET=1)"
   TRITON_INTERPRET=1 exec "$PY" -m pytest -q test/gpu/test_kernels.py test/gpu/test_engine_interpreted.py \
-    test/gpu/test_groot_fused_dit_interpreted.py
+    test/gpu/test_groot_fused_dit_interpreted.py test/gpu/test_groot_language_interpreted.py
 fi
