@@ -109,6 +109,16 @@ def summary(samples: list[float]) -> dict:
             "samples_ms": [round(s, 4) for s in samples]}
 
 
+# The A/B rows timed by their graph replay and phases alone (CUDA): result name -> (the executor's switch off,
+# the table's row label, the phase line's label)
+REPLAY_ROWS = {
+    "cublas_dit": ({"few_row_gemms": False}, "cuBLAS DiT", "with the DiT's GEMMs on cuBLAS"),
+    "sdpa_dit": ({"head_attention": False}, "SDPA DiT", "with the DiT's attention on SDPA"),
+    "transformers_language": ({"engine_language": False}, "HF language", "with transformers' language layers"),
+    "transformers_vision": ({"engine_vision": False}, "HF vision", "with transformers' vision layers"),
+}
+
+
 def run(args, argv: list[str]) -> dict:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
@@ -119,10 +129,6 @@ def run(args, argv: list[str]) -> dict:
     unfused = GrootGraphExecutor(model, device, fused_dit=False)
     plain = GrootGraphExecutor(model, device, step_tables=False)
     fp8 = GrootGraphExecutor(model, device, fp8=True)
-    library = GrootGraphExecutor(model, device, few_row_gemms=False)
-    sdpa = GrootGraphExecutor(model, device, head_attention=False)
-    hf_language = GrootGraphExecutor(model, device, engine_language=False)
-    hf_vision = GrootGraphExecutor(model, device, engine_vision=False)
     host = make_inputs(cfg, args, seed=0)
     on_device = to_device(host, device)
     start = time.perf_counter()
@@ -146,25 +152,16 @@ def run(args, argv: list[str]) -> dict:
         results["graph_replay_no_step_tables"] = summary(graph_replay_ms(plain_entry.graph, args.runs))
         (fp8_entry,) = fp8.entries.values()
         results["graph_replay_fp8"] = summary(graph_replay_ms(fp8_entry.graph, args.runs))
-        library.sample_actions(*host)                              # its capture
-        (library_entry,) = library.entries.values()
-        results["graph_replay_cublas_dit"] = summary(graph_replay_ms(library_entry.graph, args.runs))
-        sdpa.sample_actions(*host)
-        (sdpa_entry,) = sdpa.entries.values()
-        results["graph_replay_sdpa_dit"] = summary(graph_replay_ms(sdpa_entry.graph, args.runs))
-        hf_language.sample_actions(*host)
-        (hf_entry,) = hf_language.entries.values()
-        results["graph_replay_transformers_language"] = summary(graph_replay_ms(hf_entry.graph, args.runs))
-        hf_vision.sample_actions(*host)
-        (hf_vision_entry,) = hf_vision.entries.values()
-        results["graph_replay_transformers_vision"] = summary(graph_replay_ms(hf_vision_entry.graph, args.runs))
         results["phases_ms"] = graph.phase_times(reps=args.runs)
         results["phases_ms_no_fused_dit"] = unfused.phase_times(reps=args.runs)
         results["phases_ms_fp8"] = fp8.phase_times(reps=args.runs)
-        results["phases_ms_cublas_dit"] = library.phase_times(reps=args.runs)
-        results["phases_ms_sdpa_dit"] = sdpa.phase_times(reps=args.runs)
-        results["phases_ms_transformers_language"] = hf_language.phase_times(reps=args.runs)
-        results["phases_ms_transformers_vision"] = hf_vision.phase_times(reps=args.runs)
+        for name, (switch_off, _, _) in REPLAY_ROWS.items():        # each switch's A/B: replay and phases
+            other = GrootGraphExecutor(model, device, **switch_off)
+            other.sample_actions(*host)                            # its capture
+            (other_entry,) = other.entries.values()
+            results[f"graph_replay_{name}"] = summary(graph_replay_ms(other_entry.graph, args.runs))
+            results[f"phases_ms_{name}"] = other.phase_times(reps=args.runs)
+            other.close()
     model32 = model if dtype == torch.float32 else copy.deepcopy(model).float()
     reference32 = GrootReferenceExecutor(model32, device)
     wants, chunks_graph, chunks_fp8, cos_unfused, cos_reference = [], [], [], [], []
@@ -216,27 +213,16 @@ def table(r: dict) -> str:
                        ("graph_replay_no_step_tables", "graph replay, no step tables"),
                        ("graph_fp8", f"{r['executor']}, FP8 DiT"),
                        ("graph_replay_fp8", "graph replay, FP8 DiT"),
-                       ("graph_replay_cublas_dit", "graph replay, cuBLAS DiT"),
-                       ("graph_replay_sdpa_dit", "graph replay, SDPA DiT"),
-                       ("graph_replay_transformers_language", "graph replay, HF language"),
-                       ("graph_replay_transformers_vision", "graph replay, HF vision")):
+                       *((f"graph_replay_{name}", f"graph replay, {row}")
+                         for name, (_, row, _) in REPLAY_ROWS.items())):
         if key in r:
             lines.append(f"{label:<28}{r[key]['median_ms']:>10.2f}{r[key]['p99_ms']:>10.2f}")
     if "phases_ms" in r:
-        lines.append("graph phases (each its own graph, median ms): "
-                     + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms"].items()))
-        lines.append("graph phases without the fused DiT: "
-                     + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms_no_fused_dit"].items()))
-        lines.append("graph phases with the FP8 DiT: "
-                     + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms_fp8"].items()))
-        lines.append("graph phases with the DiT's GEMMs on cuBLAS: "
-                     + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms_cublas_dit"].items()))
-        lines.append("graph phases with the DiT's attention on SDPA: "
-                     + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms_sdpa_dit"].items()))
-        lines.append("graph phases with transformers' language layers: "
-                     + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms_transformers_language"].items()))
-        lines.append("graph phases with transformers' vision layers: "
-                     + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms_transformers_vision"].items()))
+        phase_lines = [("phases_ms", "(each its own graph, median ms)"),
+                       ("phases_ms_no_fused_dit", "without the fused DiT"), ("phases_ms_fp8", "with the FP8 DiT"),
+                       *((f"phases_ms_{name}", label) for name, (_, _, label) in REPLAY_ROWS.items())]
+        for key, label in phase_lines:
+            lines.append(f"graph phases {label}: " + ", ".join(f"{k} {v:.2f}" for k, v in r[key].items()))
     c = r["cosine_vs_fp32"]
     lines.append(f"speed-up {r['speedup']:.1f}x; first call {r['first_call_s']:.2f} s (with the capture on CUDA)")
     lines.append(f"cosine vs fp32 reference ({c['observations']} observations): graph mean {c['graph_mean']:.6f} "
