@@ -128,6 +128,15 @@ class FusedStepTables:
         return self
 
 
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask (..., L) -> 0 where seen, -inf elsewhere, in dtype, its rows views into a buffer padded to
+    MASK_ALIGN elements (SDPA's memory-efficient kernel reads aligned rows; an unaligned mask it pads per call)."""
+    keys = mask.shape[-1]
+    buf = torch.full((*mask.shape[:-1], -(-keys // MASK_ALIGN) * MASK_ALIGN), float("-inf"), dtype=dtype,
+                     device=mask.device)
+    return buf[..., :keys].masked_fill_(mask, 0.0)
+
+
 def additive_masks(kv: dict) -> dict:
     """context_kv's (K, V, bool key mask) -> (K, V, additive mask): 0 where a key is seen, -inf elsewhere, in K's
     dtype, each row a view into a buffer padded to MASK_ALIGN elements. SDPA converts a bool mask to exactly this
@@ -137,10 +146,7 @@ def additive_masks(kv: dict) -> dict:
     out = {}
     for idx, (key, value, mask) in kv.items():
         if mask is not None and id(mask) not in converted:
-            keys = mask.shape[-1]
-            buf = torch.full((*mask.shape[:-1], -(-keys // MASK_ALIGN) * MASK_ALIGN), float("-inf"),
-                             dtype=key.dtype, device=key.device)
-            converted[id(mask)] = buf[..., :keys].masked_fill_(mask, 0.0)
+            converted[id(mask)] = additive_mask(mask, key.dtype)
         out[idx] = (key, value, None if mask is None else converted[id(mask)])
     return out
 

@@ -31,7 +31,7 @@ import torch
 
 from flashrt_core.model.groot.model import GrootModel
 
-from .groot_fused_dit import MASK_ALIGN
+from .groot_fused_dit import additive_mask
 from .kernel_import import load_kernels
 from .ops import Ops
 from .weights import Linear, merge_in_place
@@ -93,15 +93,6 @@ def prepare_language(model: GrootModel, ops: Ops) -> EngineLanguage:
             head_norm=torch.stack([_f32(att.q_norm.weight), _f32(att.k_norm.weight)]).contiguous()))
     return EngineLanguage(ops, layers, _f32(lm.norm.weight), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.eps,
                           cfg.rope_theta)
-
-
-def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A (B, 1, L, L) boolean mask -> 0 where seen, -inf elsewhere, in dtype, its rows views into a buffer padded
-    to MASK_ALIGN elements (SDPA's memory-efficient kernel reads aligned rows; an unaligned mask it pads per call)."""
-    keys = mask.shape[-1]
-    buf = torch.full((*mask.shape[:-1], -(-keys // MASK_ALIGN) * MASK_ALIGN), float("-inf"), dtype=dtype,
-                     device=mask.device)
-    return buf[..., :keys].masked_fill_(mask, 0.0)
 
 
 def language_model(lang: EngineLanguage, rope: tuple[torch.Tensor, ...], embeds: torch.Tensor,
