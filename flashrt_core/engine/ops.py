@@ -280,23 +280,18 @@ class Ops:
         w, scale = lin.w8 if lin.w8 is not None else (weight, None)
         if not x.is_cuda:
             return self.k.skinny_gemm_reference(x, w, split_k=cfg.split_k, scale=scale, bias=bias, gelu=gelu)
+        launch = dict(pdl=self.launch_mode("other"), bias=bias, gelu=gelu)
         if isinstance(cfg, SmemConfig):
-            launch = dict(pdl=self.launch_mode("other"), bias=bias, gelu=gelu)
-            if x.shape[0] <= self.k.SMEM_GEMM_MAX_ROWS:
-                return self.k.smem_gemm(x, w, split_k=cfg.split_k, **launch)
-            out = torch.empty(x.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
-            for start in range(0, x.shape[0], self.k.SMEM_GEMM_MAX_ROWS):
-                stop = start + self.k.SMEM_GEMM_MAX_ROWS
-                self.k.smem_gemm(x[start:stop], w, out=out[start:stop], **launch)
-            return out
-        launch = dict(block_n=cfg.block_n, block_k=cfg.block_k, num_stages=cfg.stages, num_warps=cfg.warps,
-                      pdl=self.launch_mode("other"), scale=scale, bias=bias, gelu=gelu)
-        rows = min(64, cfg.max_rows)
+            gemm, rows = self.k.smem_gemm, self.k.SMEM_GEMM_MAX_ROWS
+        else:
+            gemm, rows = self.k.skinny_gemm, min(64, cfg.max_rows)
+            launch.update(block_n=cfg.block_n, block_k=cfg.block_k, num_stages=cfg.stages, num_warps=cfg.warps,
+                          scale=scale)
         if x.shape[0] <= rows:
-            return self.k.skinny_gemm(x, w, split_k=cfg.split_k, **launch)
+            return gemm(x, w, split_k=cfg.split_k, **launch)
         out = torch.empty(x.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
         for start in range(0, x.shape[0], rows):
-            self.k.skinny_gemm(x[start:start + rows], w, out=out[start:start + rows], **launch)
+            gemm(x[start:start + rows], w, out=out[start:start + rows], **launch)
         return out
 
     def decoder_qkv_rope(self, x: torch.Tensor, lin: Linear, pos, cos, sin, q_out, k_cache, v_cache, offset: int,
@@ -375,9 +370,8 @@ class Ops:
         (enable_gqa). mask None: causal alone (the flash kernel on a GPU); else the (B, 1, L, L) additive mask
         (causal and the prompt's padding, in q's dtype; the memory-efficient kernel on a GPU: an additive mask made
         once per predict runs faster there than a boolean one or K/V expanded to H heads)."""
-        if mask is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0, enable_gqa=True)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=1.0,
+                                              enable_gqa=True)
 
     def mqa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: KeyMask, scale: float,
             site: str = "other", splits: int | None = None) -> torch.Tensor:
