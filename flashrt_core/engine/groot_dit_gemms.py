@@ -82,14 +82,13 @@ def smem_candidates(ops: Ops, kind: str, rows: int, w: torch.Tensor) -> list[Sme
     slice in shared memory before its PDL wait) for a bf16 weight where the dispatch runs it (Op.SMEM_GEMM "tma",
     Hopper with Gluon; above 16 rows, one observation's 17 among them, Op.SMEM_GEMM_ROWS too): split-K only for
     PARTIALS, each where the slice fits beside a ring of x boxes."""
-    few = min(rows, MAX_ROWS) <= ops.k.SMEM_GEMM_X_ROWS
-    if not (ops.smem_gemm and (few or ops.smem_gemm_rows) and w.is_cuda and w.dtype == torch.bfloat16):
+    rows = min(rows, MAX_ROWS)                          # one launch's rows
+    if not (ops.smem_gemm and (rows <= ops.k.SMEM_GEMM_X_ROWS or ops.smem_gemm_rows) and w.is_cuda
+            and w.dtype == torch.bfloat16):
         return []
     n, k = w.shape
-    splits = SMEM_SPLITS if kind == PARTIALS else (1,)
-    return [SmemConfig(split) for split in splits
-            if min(rows, MAX_ROWS) <= ops.k.SMEM_GEMM_MAX_ROWS
-            and ops.k.smem_gemm_supported(min(rows, MAX_ROWS), n, k, False, split)]
+    return [SmemConfig(split) for split in (SMEM_SPLITS if kind == PARTIALS else (1,))
+            if ops.k.smem_gemm_supported(rows, n, k, False, split)]
 
 
 def one_shot(k: int) -> SkinnyConfig:
