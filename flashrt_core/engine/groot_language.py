@@ -34,7 +34,7 @@ from flashrt_core.model.groot.model import GrootModel
 from .groot_fused_dit import additive_mask
 from .kernel_import import load_kernels
 from .ops import Ops
-from .weights import Linear, merge_in_place
+from .weights import Linear, _f32, merge_in_place
 
 
 @dataclass
@@ -67,10 +67,6 @@ class EngineLanguage:
         cos, sin = load_kernels().rope_tables(length, self.head_dim, self.rope_theta, device)
         pos = torch.arange(length, device=device, dtype=torch.int32).repeat(batch)
         return pos, cos, sin
-
-
-def _f32(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().float().contiguous()
 
 
 @torch.no_grad()
