@@ -174,7 +174,8 @@ def build_groot_executor(model: GrootModel, device: torch.device, hardware: str 
                               engine_vision=chosen.enabled("groot_engine_vision"),
                               vision_fold=chosen.enabled("fused_weights"),
                               vision_mlp_pad=chosen.vision_mlp_pad if chosen.fast_paths else 0,
-                              engine_language=chosen.enabled("groot_engine_language"))
+                              engine_language=chosen.enabled("groot_engine_language"),
+                              language_split_k=chosen.enabled("groot_language_split_k"))
 
 
 def load_groot_policy(checkpoint_dir: Path, config=None, embodiment: str | None = None,

@@ -87,7 +87,9 @@
 #   the reference, the bf16 and FP8 gates at the released size; test/core/test_groot_vision_gpu.py: the engine
 #   vision's tokens against transformers' at the released vision sizes, both graphs timed; pytest_groot.log),
 #   then tools/benchmark_groot.py: reference, graph and FP8 graph at 2 views 224x224 in one process, phase times,
-#   cosines against fp32 and the GR00T gate of the bf16 and FP8 graphs (groot_<date>.json, groot.log).
+#   cosines against fp32 and the GR00T gate of the bf16 and FP8 graphs (groot_<date>.json, groot.log), then
+#   tools/benchmark_groot_language_ops.py: the language model's ops alone at the padded prompt's rows, in each form
+#   the engine picks between (groot_language_ops_<date>.json, groot_language_ops.log).
 # layer-chain: kernels/flashrt_kernels/layer_chain.py's GPU test, then tools/benchmark_layer_chain.py: 180 dependent
 #   layers at the expert's width launched per layer (stream order, PDL, early trigger, library GEMM) and as one
 #   persistent kernel waiting on counters (layer_chain_<date>.json, layer_chain.log).
@@ -258,6 +260,8 @@ if [ "$PART" = groot ]; then
   echo "pytest rc=$?" >> "$OUT/pytest_groot.log"
   timeout 200 "$PY" tools/benchmark_groot.py --out "$OUT" > "$OUT/groot.log" 2>&1
   echo "benchmark_groot rc=$?" >> "$OUT/groot.log"
+  timeout 120 "$PY" tools/benchmark_groot_language_ops.py --out "$OUT" > "$OUT/groot_language_ops.log" 2>&1
+  echo "benchmark_groot_language_ops rc=$?" >> "$OUT/groot_language_ops.log"
 fi
 
 if [ "$PART" = layer-chain ]; then
@@ -299,7 +303,8 @@ fi
   [ -f "$OUT/buckets.log" ] && { echo "== text buckets"; grep -E "^(## |\| [0-9])|rc=" "$OUT/buckets.log"; }
   [ -f "$OUT/overlap.log" ] && { echo "== the first step beside the prefix (overlap_first_step), on and off"
     grep -hE '^\| pi05' "$OUT"/engine_overlap*.md 2>/dev/null || tail -n 5 "$OUT/overlap.log" "$OUT/overlap_h50.log"; }
-  [ -f "$OUT/groot.log" ] && { echo "== GR00T N1.6, reference and graph"; tail -n 14 "$OUT/groot.log"; }
+  [ -f "$OUT/groot.log" ] && { echo "== GR00T N1.6, reference and graph"; tail -n 15 "$OUT/groot.log"; }
+  [ -f "$OUT/groot_language_ops.log" ] && { echo "== GR00T language ops"; tail -n 7 "$OUT/groot_language_ops.log"; }
   [ -f "$OUT/layer_chain.log" ] && { echo "== dependent layers"; tail -n 10 "$OUT/layer_chain.log"; }
   [ -f "$OUT/rtc.log" ] && { echo "== real-time chunking in the graph"; tail -n 8 "$OUT/rtc.log"; }
   [ -f "$OUT/fast.log" ] && { echo "== pi0-FAST, reference and engine"; tail -n 6 "$OUT/fast.log"; }

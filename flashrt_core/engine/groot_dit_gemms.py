@@ -47,9 +47,10 @@ log = logging.getLogger(__name__)
 
 PLAIN, GELU, PARTIALS = "plain", "gelu", "partials"     # the GEMM's epilogue / who consumes its output
 MAX_ROWS = 64                                            # one launch of the few-row GEMM (Ops.few_row_linear)
-# each candidate's time: the median of TIMED_REPLAYS replays of a graph of TIMED_CALLS calls (one replay of 4 calls
-# let the picks of two executors built on one H200 differ by up to 2 ms per predict)
-TIMED_CALLS, TIMED_REPLAYS = 8, 5
+# each candidate's time: the median of TIMED_REPLAYS replays of a graph of TIMED_PASSES passes over every block's
+# GEMM of the shape, each on its own weights, as a predict streams them (32 blocks' weights are several times the
+# H200's 50 MB L2: the weights come from memory, as in the DiT, not from the L2 as in calls on one weight)
+TIMED_PASSES, TIMED_REPLAYS = 2, 5
 
 
 def dit_gemms(fused: FusedDit) -> list[tuple[Linear, str]]:
@@ -96,22 +97,26 @@ def one_shot(k: int) -> SkinnyConfig:
     return SkinnyConfig(16, k, 1, 1)
 
 
-def pick_config(ops: Ops, lin: Linear, kind: str, rows: int, dtype: torch.dtype
+def pick_config(ops: Ops, lins: list[Linear], kind: str, rows: int, dtype: torch.dtype
                 ) -> tuple[SkinnyConfig | SmemConfig, dict]:
-    """The launch configuration of one few-row GEMM (on the weights Ops.few_row_linear reads: lin.w8 where set):
-    the fastest candidate (the Triton few-row GEMM's and, for bf16 weights on Hopper, the shared-memory GEMM's)
-    timed on `rows` random rows on the GPU (one that needs more shared memory or registers than the GPU has is left
-    out: tuning.time_candidate), the first candidate elsewhere (one_shot where none fits).
-    -> (config, {config name: us})."""
+    """The launch configuration of the few-row GEMMs `lins` (one shape, kind and weight dtype: the DiT blocks'; on
+    the weights Ops.few_row_linear reads, lin.w8 where set): the fastest candidate (the Triton few-row GEMM's and,
+    for bf16 weights on Hopper, the shared-memory GEMM's) timed on `rows` random rows over all of `lins` in turn on
+    the GPU (one that needs more shared memory or registers than the GPU has is left out: tuning.time_candidate),
+    the first candidate elsewhere (one_shot where none fits). -> (config, {config name: us per GEMM})."""
+    lin = lins[0]
     w = lin.w8[0] if lin.w8 is not None else lin.parts[0][0]
     fits = (candidates(kind, rows, w.shape[1]) or [one_shot(w.shape[1])]) + smem_candidates(ops, kind, rows, w)
     if not w.is_cuda:
         return fits[0], {}
     x = torch.randn(rows, w.shape[1], device=w.device, dtype=dtype)
     site = f"groot_dit_{kind}"
+    def every_block(cfg):
+        for each in lins:
+            ops.few_row_linear(x, each, cfg, gelu=kind == GELU)
+
     timed = {cfg: time_candidate(ops, site, cfg, lambda cfg=cfg: graph_time_us(
-        lambda: ops.few_row_linear(x, lin, cfg, gelu=kind == GELU), reps=TIMED_CALLS, replays=TIMED_REPLAYS))
-        for cfg in fits}
+        lambda: every_block(cfg), reps=TIMED_PASSES, replays=TIMED_REPLAYS) / len(lins)) for cfg in fits}
     times = {cfg: us for cfg, us in timed.items() if us is not None}      # None: out of this GPU's resources
     if not times:
         raise RuntimeError(f"no few-row GEMM configuration runs the {kind} GEMM {tuple(w.shape)} ({w.dtype}) on "
@@ -123,17 +128,19 @@ def pick_config(ops: Ops, lin: Linear, kind: str, rows: int, dtype: torch.dtype
 @torch.no_grad()
 def tune_few_row_gemms(fused: FusedDit, rows: int) -> int:
     """Give every GEMM of dit_gemms its few-row launch configuration (fused.few_row, by id(Linear)), picked once per
-    (shape, kind, weight dtype) for `rows` rows. Returns how many GEMMs run on the few-row GEMM."""
-    picks: dict[tuple, SkinnyConfig] = {}
+    (shape, kind, weight dtype) for `rows` rows, timed over all the GEMMs of that key. Returns how many GEMMs run on
+    the few-row GEMM."""
+    groups: dict[tuple, list[Linear]] = {}
     for lin, kind in dit_gemms(fused):
         w = lin.w8[0] if lin.w8 is not None else lin.parts[0][0]
-        key = (tuple(w.shape), kind, w.dtype)
-        if key not in picks:
-            picks[key], times = pick_config(fused.ops, lin, kind, rows, fused.dtype)
-            if times:
-                log.info("GR00T DiT GEMM %s %s %s at %d rows: %s -> %s", kind, key[0], w.dtype, rows, times,
-                         picks[key])
-        fused.few_row[id(lin)] = picks[key]
+        groups.setdefault((tuple(w.shape), kind, w.dtype), []).append(lin)
+    for (shape, kind, wdtype), lins in groups.items():
+        pick, times = pick_config(fused.ops, lins, kind, rows, fused.dtype)
+        if times:
+            log.info("GR00T DiT GEMM %s %s %s at %d rows (%d GEMMs): %s -> %s", kind, shape, wdtype, rows, len(lins),
+                     times, pick)
+        for lin in lins:
+            fused.few_row[id(lin)] = pick
     return len(fused.few_row)
 
 

@@ -18,7 +18,10 @@ masked_scatter's count. Here what depends on the signature alone is computed onc
               no mask (SDPA's causal path, what HF picks for an all-ones prompt mask) or, for a padded prompt,
               the causal-and-padding boolean mask HF's sdpa_mask builds, then the final norm; with
               engine_language (EngineOptions.groot_engine_language) the same layers on the engine's ops
-              (engine/groot_language.py), with the same mask
+              (engine/groot_language.py), with the same mask, or none where every prompt's padding is at its
+              end (GrootSignature.right_padded: the causal path alone then gives every real token the same keys,
+              and only the padding's own rows, which the DiT masks, differ; SDPA's causal flash kernel instead of
+              the masked one)
   head        model/groot/sampler.sample_actions, the reference's own code (capture-safe as it is), or with
               step_tables (EngineOptions.groot_step_tables) engine/groot_dit.py: the same sampler with what depends
               on the timestep alone computed once here, and the backbone features' K / V once per predict;
@@ -45,13 +48,15 @@ from .groot_vision import image_tokens as engine_image_tokens
 
 @dataclass(frozen=True)
 class GrootSignature:
-    """What fixes every shape of a predict: batch, (H, W) per view in prompt order, prompt length, and whether the
-    prompt mask has padding (then the LLM reads it; otherwise it runs causally)."""
+    """What fixes every shape of a predict: batch, (H, W) per view in prompt order, prompt length, whether the
+    prompt mask has padding (then the LLM reads it; otherwise it runs causally) and whether all of it is at the end
+    of each prompt (the policy's own padding, groot_prompt_multiple)."""
 
     batch: int
     view_sizes: tuple[tuple[int, int], ...]
     prompt_len: int
     padded: bool
+    right_padded: bool = False
 
     @classmethod
     def of(cls, views, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> GrootSignature:
@@ -60,7 +65,10 @@ class GrootSignature:
             raise ValueError(f"input_ids and attention_mask must both be [B, L], got {tuple(input_ids.shape)} and "
                              f"{tuple(attention_mask.shape)}")
         sizes = tuple((int(v.shape[-2]), int(v.shape[-1])) for v in views)
-        return cls(int(input_ids.shape[0]), sizes, int(input_ids.shape[1]), not bool(attention_mask.all()))
+        seen = attention_mask.to(torch.int8)
+        padded = not bool(seen.all())
+        right = padded and bool((seen[:, 1:] <= seen[:, :-1]).all())       # no real token after a padding one
+        return cls(int(input_ids.shape[0]), sizes, int(input_ids.shape[1]), padded, right)
 
 
 class StaticTables:
@@ -164,10 +172,12 @@ def language_features(model: GrootModel, tables: StaticTables, vit: torch.Tensor
     embeds = lm.embed_tokens(input_ids)
     hidden = scatter_image_tokens(embeds, input_ids == model.cfg.image_token_index, vit)
     mask = None
+    if tables.language is not None:
+        if tables.causal is not None and not tables.signature.right_padded:
+            mask = tables.causal[None, None] & attention_mask.bool()[:, None, None, :]
+        return language_model(tables.language, tables.language_rope, hidden, mask)
     if tables.causal is not None:
         mask = tables.causal[None, None] & attention_mask.bool()[:, None, None, :]
-    if tables.language is not None:
-        return language_model(tables.language, tables.language_rope, hidden, mask)
     for layer in lm.layers[: lm.config.num_hidden_layers]:
         hidden = layer(hidden, attention_mask=mask, position_embeddings=tables.rope,
                        position_ids=tables.position_ids, cache=None, use_cache=False)

@@ -138,6 +138,11 @@ class EngineOptions:
                                           "gate/up each one GEMM, q_norm / k_norm with RoPE in one kernel, SiLU-GLU "
                                           "in one kernel (engine/groot_language.py).",
                                           "transformers' Qwen3 decoder layers.")
+    groot_language_split_k: bool = _option(True, "GR00T: the language model's MLP down GEMM (K = 6144) as "
+                                           "LANGUAGE_DOWN_SPLITS K-slices in one strided-batched cuBLAS GEMM whose "
+                                           "fp32 partials the next norm sums (engine/groot_language.py): a prompt's "
+                                           "~200 rows give cuBLAS's tiles too few programs for 132 SMs.",
+                                           "One GEMM per down projection (cuBLAS's own split-K and reduction).")
     groot_prompt_multiple: int = _option(16, "GR00T: the prompt right-padded with masked tokens up to a multiple of "
                                          "this many, so instructions of nearby lengths replay one graph instead of "
                                          "capturing a new one (the LLM is causal and the DiT masks the padding: the "

@@ -125,10 +125,11 @@ def _qkv_rope_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, no
 # Rows per program. One row per one-warp program moves the prefix's ~6 MB (576 rows) in 7.8 us on the H200 (18
 # launches: 141 us per predict), ~0.8 TB/s: 5,760 programs of 512-byte loads. From QKV_ROPE_WIDE_ROWS rows on, a
 # program takes QKV_ROPE_BLOCK_ROWS rows with 4 warps (16-byte loads per thread, 720 programs for the prefix:
-# 18 x 2.8 us = 51 us per predict); fewer rows (the denoising steps) keep one row per program, where more programs
-# mean more of the GPU. A launcher's rows_per_program pins it (1 = the one-row programs).
+# 18 x 2.8 us = 51 us per predict); GR00T's Qwen3 prompt (208 rows, 32 heads with q/k norms) the same way. Fewer
+# rows (the denoising steps) keep one row per program, where more programs mean more of the GPU. A launcher's
+# rows_per_program pins it (1 = the one-row programs).
 QKV_ROPE_BLOCK_ROWS = 8
-QKV_ROPE_WIDE_ROWS = 256
+QKV_ROPE_WIDE_ROWS = 128
 QKV_ROPE_ROW_CHOICES = (1, 2, 4, 8, 16)
 
 

@@ -179,7 +179,8 @@ def test_geglu_with_fp8_out_quantizes_the_product():
 def test_qkv_rope(rows, offset, rows_per_program):
     """By default the prefix's rows run 8 per program and the decoder's one per program; every choice writes the
     reference's q and cache rows and leaves the rest of the cache alone."""
-    assert K.qkv_rope_rows_per_program(560) == 8 and K.qkv_rope_rows_per_program(51) == 1
+    assert K.qkv_rope_rows_per_program(560) == 8 and K.qkv_rope_rows_per_program(208) == 8
+    assert K.qkv_rope_rows_per_program(51) == 1
     heads, kv_heads, head_dim = 8, 1, 256
     g = torch.Generator(device=DEVICE).manual_seed(rows + offset)
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim, device=DEVICE, generator=g).to(torch.bfloat16)
