@@ -20,7 +20,6 @@ with their weights cached, not as a predict streams them (benchmark_groot.py's r
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from flashrt_core.engine.dispatch import resolve  # noqa: E402
 from flashrt_core.engine.groot_fused_dit import additive_mask  # noqa: E402
 from flashrt_core.engine.hardware import detect_hardware  # noqa: E402
 from flashrt_core.engine.ops import Ops  # noqa: E402
-from flashrt_core.engine.timing import graph_replay_ms  # noqa: E402
+from flashrt_core.engine.timing import graph_time_us  # noqa: E402
 from flashrt_core.engine.weights import Linear  # noqa: E402
 from flashrt_core.model.groot.config import get_groot_config  # noqa: E402
 from tools.benchmark_engine import env_info, write_result  # noqa: E402
@@ -44,17 +43,7 @@ ROWS_PER_PROGRAM = (1, 2, 4, 8, 16)
 
 def time_us(fn, calls: int, replays: int) -> float:
     """Median GPU us of one call of fn, from `calls` calls in one CUDA graph replayed `replays` times."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return statistics.median(graph_replay_ms(graph, replays)) * 1e3 / calls
+    return graph_time_us(fn, reps=calls, replays=replays)
 
 
 def gemm_rows(ops: Ops, rows: int, n: int, k: int, calls: int, replays: int) -> dict:

@@ -22,7 +22,7 @@ and the model's output is the final norm's, rms(x) * w_final. Here, per layer:
               split_k (EngineOptions.groot_language_split_k) as LANGUAGE_DOWN_SPLITS K-slices in one strided-batched
               GEMM (Ops.linear_split_k) whose fp32 partials the next layer's norm sums; a prompt's ~200 rows make
               cuBLAS's 2048-wide output few tiles for the H200's 132 SMs (it picks its own split-K with a memset and
-              a reduction kernel); GEMM and norm take 19.8 us whole, 13.4 us in 4 slices, at 208 rows with the
+              a reduction kernel); GEMM and norm take 19.1 us whole, 14.4 us in 4 slices, at 208 rows with the
               weight in the L2 (tools/benchmark_groot_language_ops.py), 0.02 ms less per predict in the graph
 and after the last layer Ops.norm with w_final. The merged weights are made once per executor, and the model's own
 q/k/v and gate/up weights become views into them (the merged tensors are the only copy in memory), so the
