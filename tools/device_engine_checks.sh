@@ -19,6 +19,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh compile-cells  # the compiled reference at 2 more cells, ~6-9 min
 #   OUT=/path bash tools/device_engine_checks.sh fast         # pi0-FAST: engine GPU tests, then reference vs engine
 #   OUT=/path bash tools/device_engine_checks.sh groot        # GR00T N1.6: graph GPU tests, then reference vs graph, ~4 min
+#   OUT=/path bash tools/device_engine_checks.sh groot-profile  # GR00T N1.6's phases kernel by kernel
 #   OUT=/path bash tools/device_engine_checks.sh layer-chain  # what one dependency between layers costs
 #   OUT=/path bash tools/device_engine_checks.sh rtc          # real-time chunking in the graph: tests, cost, ~3 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
@@ -90,6 +91,8 @@
 #   cosines against fp32 and the GR00T gate of the bf16 and FP8 graphs (groot_<date>.json, groot.log), then
 #   tools/benchmark_groot_language_ops.py: the language model's ops alone at the padded prompt's rows, in each form
 #   the engine picks between (groot_language_ops_<date>.json, groot_language_ops.log).
+# groot-profile: tools/profile_groot.py: the released-size graph's vision, language and action-head graphs, each
+#   replayed under torch.profiler, their kernels summed by name (groot_profile_<date>.json, groot_profile.log).
 # layer-chain: kernels/flashrt_kernels/layer_chain.py's GPU test, then tools/benchmark_layer_chain.py: 180 dependent
 #   layers at the expert's width launched per layer (stream order, PDL, early trigger, library GEMM) and as one
 #   persistent kernel waiting on counters (layer_chain_<date>.json, layer_chain.log).
@@ -103,7 +106,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-test_output/device_engine_checks}"
 PART="${1:-all}"
 PARTS="all kernels engine-new engine-rest engine-gates engine-gates-forced bench grid-pi05 grid-pi0 gemms load buckets
-  host h50 overlap tune compile-cells fast groot layer-chain rtc"
+  host h50 overlap tune compile-cells fast groot groot-profile layer-chain rtc"
 case " $(echo $PARTS) " in
   *" $PART "*) ;;
   *) echo "device_engine_checks.sh: no part named '$PART'; the parts: $(echo $PARTS)" >&2; exit 2;;
@@ -264,6 +267,11 @@ if [ "$PART" = groot ]; then
   echo "benchmark_groot_language_ops rc=$?" >> "$OUT/groot_language_ops.log"
 fi
 
+if [ "$PART" = groot-profile ]; then
+  timeout 300 "$PY" tools/profile_groot.py --out "$OUT" > "$OUT/groot_profile.log" 2>&1
+  echo "profile_groot rc=$?" >> "$OUT/groot_profile.log"
+fi
+
 if [ "$PART" = layer-chain ]; then
   timeout 120 "$PY" -m pytest -v test/gpu/test_kernels.py -k layer_chain > "$OUT/pytest_layer_chain.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_layer_chain.log"
@@ -305,6 +313,7 @@ fi
     grep -hE '^\| pi05' "$OUT"/engine_overlap*.md 2>/dev/null || tail -n 5 "$OUT/overlap.log" "$OUT/overlap_h50.log"; }
   [ -f "$OUT/groot.log" ] && { echo "== GR00T N1.6, reference and graph"; tail -n 15 "$OUT/groot.log"; }
   [ -f "$OUT/groot_language_ops.log" ] && { echo "== GR00T language ops"; tail -n 7 "$OUT/groot_language_ops.log"; }
+  [ -f "$OUT/groot_profile.log" ] && { echo "== GR00T profile"; grep -E "^==|rc=" "$OUT/groot_profile.log"; }
   [ -f "$OUT/layer_chain.log" ] && { echo "== dependent layers"; tail -n 10 "$OUT/layer_chain.log"; }
   [ -f "$OUT/rtc.log" ] && { echo "== real-time chunking in the graph"; tail -n 8 "$OUT/rtc.log"; }
   [ -f "$OUT/fast.log" ] && { echo "== pi0-FAST, reference and engine"; tail -n 6 "$OUT/fast.log"; }

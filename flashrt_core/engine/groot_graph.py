@@ -277,12 +277,13 @@ class GrootGraphExecutor:
         return entry.output.clone()
 
     @torch.inference_mode()
-    def phase_times(self, sig: GrootSignature | None = None, reps: int = 20) -> dict[str, float]:
-        """Median GPU ms of vision (with the projector), language (embedding, image-token scatter, Qwen3 layers)
-        and action head (vlln, state encoder, Euler steps, decoder) for a signature already run (None: the only
-        one), each captured as a graph of its own on the signature's buffers and replayed `reps` times."""
+    def phase_graphs(self, sig: GrootSignature | None = None) -> tuple[dict, dict]:
+        """Vision (with the projector), language (embedding, image-token scatter, Qwen3 layers) and action head
+        (vlln, state encoder, Euler steps, decoder) of a signature already run (None: the only one), each captured
+        as a CUDA graph of its own on the signature's buffers, in one memory pool.
+        -> ({phase: graph}, {"vit" | "feats" | "out": each graph's output}); keep the outputs while replaying."""
         if not self.capture:
-            raise ValueError("phase times are timed from CUDA graphs: capture=True on a CUDA device")
+            raise ValueError("phase graphs are CUDA graphs: capture=True on a CUDA device")
         if sig is None:
             if len(self._entries) != 1:
                 raise ValueError(f"{len(self._entries)} signatures captured: name one of {list(self._entries)}")
@@ -298,6 +299,11 @@ class GrootGraphExecutor:
         graphs = {}
         for name, fn, output in phases:
             graphs[name], held[output] = warm_up_and_capture(self.device, fn, WARMUP_RUNS, pool)
+        return graphs, held
+
+    def phase_times(self, sig: GrootSignature | None = None, reps: int = 20) -> dict[str, float]:
+        """Median GPU ms of each of phase_graphs' graphs, replayed `reps` times."""
+        graphs, _held = self.phase_graphs(sig)
         return {name: float(np.median(graph_replay_ms(g, reps))) for name, g in graphs.items()}
 
     def close(self) -> None:

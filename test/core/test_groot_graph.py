@@ -138,8 +138,10 @@ def test_input_errors(model):
         static.sample_actions(views, ids, mask, state, emb, noise)
     with pytest.raises(ValueError, match="graph capture needs a CUDA device"):
         GrootGraphExecutor(model, "cpu", capture=True)
-    with pytest.raises(ValueError, match="phase times are timed from CUDA graphs"):
+    with pytest.raises(ValueError, match="phase graphs are CUDA graphs"):
         static.phase_times()
+    with pytest.raises(ValueError, match="phase graphs are CUDA graphs"):
+        static.phase_graphs()
 
 
 def test_executor_choice(model):
