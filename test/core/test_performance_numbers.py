@@ -20,6 +20,7 @@ GRID = BENCH / "2026-12-02" / "engine_grid_h200.json"
 POLICY = BENCH / "2026-12-01" / "policy_predict_h200.json"
 FAST = BENCH / "2026-12-04" / "pi0_fast_h200.json"
 GROOT = BENCH / "2026-12-04" / "groot_graph_h200.json"
+GROOT_OPS = BENCH / "2026-12-04" / "groot_language_ops_h200.json"
 CHAIN = BENCH / "2026-12-04" / "layer_chain_h200.json"
 RTC = BENCH / "2026-12-04" / "rtc_cost_pi05_h200.json"
 NODE = BENCH / "2026-12-01" / "node_overhead_h200_raw.json"
@@ -135,7 +136,9 @@ def test_the_groot_rows_quote_their_result_file():
                         ("graph replay, `groot_engine_vision` off (transformers' SigLIP2 layers)",
                          "graph_replay_transformers_vision"),
                         ("graph replay, `groot_engine_language` off (transformers' Qwen3 layers)",
-                         "graph_replay_transformers_language")):
+                         "graph_replay_transformers_language"),
+                        ("graph replay, `groot_language_split_k` off (the language's down GEMM whole)",
+                         "graph_replay_no_language_split_k")):
         stats, digits = result[key], 1 if key == "reference" else 2
         assert _row(PAGE, starts)[1:] == [f"{stats['median_ms']:.{digits}f} ms", f"{stats['p99_ms']:.{digits}f} ms"]
     assert f"cosine {result['cosine_vs_fp32']['graph_mean']:.6f}" in PAGE
@@ -145,6 +148,23 @@ def test_the_groot_rows_quote_their_result_file():
     for precision in ("graph", "graph_fp8"):                      # the gate, bf16 and FP8
         assert result["gate"][precision]["passed"]
         assert f"mean {result['gate'][precision]['mean']:.6f}" in PAGE
+
+
+def test_the_groot_language_ops_rows_quote_their_result_file():
+    r = json.loads(GROOT_OPS.read_text())
+    slices = lambda gemm, counts: " / ".join(f"{r[gemm][f'split{s}']['gemm_norm_us']:.2f}" for s in counts)  # noqa: E731
+    down, o = r["down"], r["o"]
+    assert _row(PAGE, "MLP down GEMM + the norm after it")[2] == f"{down['gemm_norm_us']:.2f}"
+    (line,) = [ln for ln in PAGE.splitlines() if ln.startswith("| | 2 / 3 / 4 / 6 / 8 K-slices")]
+    assert line.strip("|").split("|")[2].strip() == slices("down", (2, 3, 4, 6, 8))
+    assert _row(PAGE, "O GEMM + the norm after it")[2] == f"{o['gemm_norm_us']:.2f}; {slices('o', (2, 4, 8))}"
+    rope = " / ".join(f"{r['qkv_rope'][f'rows_per_program_{n}_us']:.2f}" for n in (1, 2, 4, 8, 16))
+    assert _row(PAGE, "q/k norm + RoPE + split (`qkv_rope`)")[2] == rope
+    att = r["attention"]
+    assert _row(PAGE, "attention, 16 heads over 8 K/V heads")[2] == \
+        f"{att['causal_us']:.2f}; {att['causal_and_mask_us']:.2f}"
+    assert min(("split2", "split3", "split4", "split6", "split8"), key=lambda k: down[k]["gemm_norm_us"]) == "split4"
+    assert r["qkv_rope"]["default_rows_per_program"] == 8 and att["real_rows_max_abs_diff"] == 0
 
 
 def test_the_layer_chain_rows_quote_their_result_file():
