@@ -8,7 +8,7 @@
 #
 # BEFORE_TREE (default .cache/before, an ignored folder that the call carries): the earlier tree. The chain tuning
 # runs FLASHRT_CHAIN_TUNING_PASSES passes on both sides (default 1: the two sides of one model fit one 10-minute
-# call; the default engine runs 2). The after side also runs the accuracy gate of both precisions (the fp32
+# call; the default engine makes two passes). The after side also runs the accuracy gate of both precisions (the fp32
 # reference, 3 observations) and a tuning cache under /tmp, so its timed engine at the gate's horizon reads the
 # gate engine's picks. Writes at most 7 files under $OUT: each side's engine_<side>_<model>_*.json / .md and log,
 # and summary.txt (the GPU's clocks before and after, the gates, a table of medians side by side), printed last.

@@ -1,7 +1,7 @@
 """How the host waits for the GPU at the end of a predict.
 
 Measured on the H200 machine (tools/host_trace.py): after `Policy.predict` waits ~10.6 ms in
-`cudaStreamSynchronize`, the host's own steps run 2-8x slower than the same steps in a tight loop (the whole host
+`cudaStreamSynchronize`, the host's own steps are 2-8x slower than the same steps in a tight loop (the whole host
 share 0.78 ms instead of 0.23 ms). The way of waiting is not the cause: on the project's CPU machine the same steps
 slow down as much after any 10 ms pause, spinning or sleeping, and polling measured the same as the synchronize on
 the GPU machine (11.58 against 11.66 ms). Running the steps' code again during the pause keeps them

@@ -177,7 +177,7 @@ def test_geglu_with_fp8_out_quantizes_the_product():
     (DECODER_ROWS[-1], 48, 8),              # 8-row programs over a row count they do not divide
 ])
 def test_qkv_rope(rows, offset, rows_per_program):
-    """By default the prefix's rows run 8 per program and the decoder's one per program; every choice writes the
+    """By default a program takes 8 of the prefix's rows and one of the decoder's; every choice writes the
     reference's q and cache rows and leaves the rest of the cache alone."""
     assert K.qkv_rope_rows_per_program(560) == 8 and K.qkv_rope_rows_per_program(208) == 8
     assert K.qkv_rope_rows_per_program(51) == 1
