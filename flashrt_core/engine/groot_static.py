@@ -109,8 +109,10 @@ class StaticTables:
             self.position_ids = torch.arange(length, device=device)[None]
             dtype = lm.embed_tokens.weight.dtype
             self.rope = lm.rotary_emb(torch.empty(0, device=device, dtype=dtype), self.position_ids)
-            self.causal = (torch.tril(torch.ones(length, length, dtype=torch.bool, device=device))
-                           if sig.padded else None)
+            # the causal mask the padding mask is combined with: None where the LLM runs causally alone (no padding,
+            # or, on the engine's layers, all of it at the prompts' ends)
+            masked = sig.padded and not (language is not None and sig.right_padded)
+            self.causal = torch.tril(torch.ones(length, length, dtype=torch.bool, device=device)) if masked else None
         self.language = language
         self.language_rope = None if language is None else language.rope(sig.batch, sig.prompt_len, device)
         self.steps = StepTables(model.action_head, sig.batch) if step_tables else None
@@ -172,12 +174,10 @@ def language_features(model: GrootModel, tables: StaticTables, vit: torch.Tensor
     embeds = lm.embed_tokens(input_ids)
     hidden = scatter_image_tokens(embeds, input_ids == model.cfg.image_token_index, vit)
     mask = None
-    if tables.language is not None:
-        if tables.causal is not None and not tables.signature.right_padded:
-            mask = tables.causal[None, None] & attention_mask.bool()[:, None, None, :]
-        return language_model(tables.language, tables.language_rope, hidden, mask)
     if tables.causal is not None:
         mask = tables.causal[None, None] & attention_mask.bool()[:, None, None, :]
+    if tables.language is not None:
+        return language_model(tables.language, tables.language_rope, hidden, mask)
     for layer in lm.layers[: lm.config.num_hidden_layers]:
         hidden = layer(hidden, attention_mask=mask, position_embeddings=tables.rope,
                        position_ids=tables.position_ids, cache=None, use_cache=False)
