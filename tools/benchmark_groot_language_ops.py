@@ -41,11 +41,6 @@ SPLITS = (2, 3, 4, 6, 8)
 ROWS_PER_PROGRAM = (1, 2, 4, 8, 16)
 
 
-def time_us(fn, calls: int, replays: int) -> float:
-    """Median GPU us of one call of fn, from `calls` calls in one CUDA graph replayed `replays` times."""
-    return graph_time_us(fn, reps=calls, replays=replays)
-
-
 def gemm_rows(ops: Ops, rows: int, n: int, k: int, calls: int, replays: int) -> dict:
     """One GEMM + residual norm against each K-slice count's partials + the norm: us per call, and the largest
     difference of the summed partials from the one GEMM's product."""
@@ -58,16 +53,16 @@ def gemm_rows(ops: Ops, rows: int, n: int, k: int, calls: int, replays: int) -> 
     weight = torch.rand(n, device=dev, generator=gen) + 0.5
     lin = Linear([(w, None)])
     want = F.linear(x, w).float()
-    row = {"gemm_us": time_us(lambda: F.linear(x, w), calls, replays),
-           "gemm_norm_us": time_us(lambda: ops.norm(F.linear(x, w), residual, out, weight), calls, replays)}
+    row = {"gemm_us": graph_time_us(lambda: F.linear(x, w), calls, replays),
+           "gemm_norm_us": graph_time_us(lambda: ops.norm(F.linear(x, w), residual, out, weight), calls, replays)}
     for s in SPLITS:
         if not ops.split_k_fits(k, s):
             continue
         err = float((ops.linear_split_k(x, lin, s).sum(0) - want).abs().max())
         row[f"split{s}"] = {
-            "gemm_us": time_us(lambda s=s: ops.linear_split_k(x, lin, s), calls, replays),
-            "gemm_norm_us": time_us(lambda s=s: ops.norm(ops.linear_split_k(x, lin, s), residual, out, weight),
-                                    calls, replays),
+            "gemm_us": graph_time_us(lambda s=s: ops.linear_split_k(x, lin, s), calls, replays),
+            "gemm_norm_us": graph_time_us(lambda s=s: ops.norm(ops.linear_split_k(x, lin, s), residual, out, weight),
+                                          calls, replays),
             "max_abs_diff": err}
     return row
 
@@ -87,7 +82,7 @@ def qkv_rope_rows(ops: Ops, rows: int, calls: int, replays: int) -> dict:
     head_norm = torch.rand(2, dh, device=dev, generator=gen) + 0.5
     row = {"default_rows_per_program": ops.k.qkv_rope_rows_per_program(rows)}
     for r in ROWS_PER_PROGRAM:
-        row[f"rows_per_program_{r}_us"] = time_us(lambda r=r: ops.k.qkv_rope(
+        row[f"rows_per_program_{r}_us"] = graph_time_us(lambda r=r: ops.k.qkv_rope(
             qkv, pos, cos, sin, q, k_cache, v_cache, 0, h, g, dh ** -0.5, rows_per_program=r, head_norm=head_norm),
             calls, replays)
     return row
@@ -106,8 +101,8 @@ def attention_rows(ops: Ops, rows: int, real: int, calls: int, replays: int) -> 
     mask = additive_mask(seen[None, None], torch.bfloat16)
     causal = ops.causal_attention(q, k, v, None)
     masked = ops.causal_attention(q, k, v, mask)
-    return {"causal_us": time_us(lambda: ops.causal_attention(q, k, v, None), calls, replays),
-            "causal_and_mask_us": time_us(lambda: ops.causal_attention(q, k, v, mask), calls, replays),
+    return {"causal_us": graph_time_us(lambda: ops.causal_attention(q, k, v, None), calls, replays),
+            "causal_and_mask_us": graph_time_us(lambda: ops.causal_attention(q, k, v, mask), calls, replays),
             "real_rows_max_abs_diff": float((causal[:, :, :real] - masked[:, :, :real]).abs().max())}
 
 
