@@ -21,6 +21,8 @@ and noise of a predict. Each path runs --warmup times, then --runs times with a 
                  engine/groot_language.py)
   whole LM down  the same with EngineOptions.groot_language_split_k off (the language's MLP down GEMM as
                  one cuBLAS GEMM instead of K-slices whose partials the norm sums)
+  gathered steps the same with EngineOptions.groot_step_ends off (the embodiment's weights gathered in every
+                 predict and the reference's step ops instead of engine/groot_step_ends.py)
   HF vision      the same with EngineOptions.groot_engine_vision off (transformers' SigLIP2 layers and projector
                  instead of engine/groot_vision.py)
   fp8            the same two with weight-only FP8 on the fused DiT's GEMMs (engine/groot_dit_gemms.py, precision "fp8";
@@ -118,6 +120,7 @@ REPLAY_ROWS = {
     "sdpa_dit": ({"head_attention": False}, "SDPA DiT", "with the DiT's attention on SDPA"),
     "transformers_language": ({"engine_language": False}, "HF language", "with transformers' language layers"),
     "no_language_split_k": ({"language_split_k": False}, "whole LM down", "with the language's down GEMM whole"),
+    "no_step_ends": ({"step_ends": False}, "gathered steps", "with the embodiment's weights gathered per predict"),
     "transformers_vision": ({"engine_vision": False}, "HF vision", "with transformers' vision layers"),
 }
 

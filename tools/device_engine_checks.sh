@@ -261,7 +261,7 @@ if [ "$PART" = groot ]; then
   timeout 330 "$PY" -m pytest -v -s --durations=0 test/core/test_groot_graph_gpu.py test/core/test_groot_gpu.py \
     test/core/test_groot_vision_gpu.py > "$OUT/pytest_groot.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_groot.log"
-  timeout 200 "$PY" tools/benchmark_groot.py --out "$OUT" > "$OUT/groot.log" 2>&1
+  timeout 280 "$PY" tools/benchmark_groot.py --out "$OUT" > "$OUT/groot.log" 2>&1
   echo "benchmark_groot rc=$?" >> "$OUT/groot.log"
   timeout 120 "$PY" tools/benchmark_groot_language_ops.py --out "$OUT" > "$OUT/groot_language_ops.log" 2>&1
   echo "benchmark_groot_language_ops rc=$?" >> "$OUT/groot_language_ops.log"

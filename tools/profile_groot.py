@@ -1,6 +1,7 @@
 """GR00T N1.6's graph kernel by kernel: vision, language and action head each captured as a CUDA graph of its own
 (GrootGraphExecutor.phase_graphs) and replayed under torch.profiler; per phase the kernels of one replay, their
-span and busy time, and the kernels summed by name (count, total and mean us), the largest first.
+span and busy time, and the kernels summed by name (count, total and mean us, exposed us: how much of the span
+they account for, phase_profile), the most exposed first.
 
 Random weights of a preset (full size "groot_n1.6" by default; timing does not depend on the values) in bf16,
 `--views` camera views of 224 x 224, a prompt of --prompt-tokens random ids before the views' image slots
@@ -47,18 +48,26 @@ def one_replay(graph, replays: int = PROFILED_REPLAYS) -> list:
 
 
 def phase_profile(events: list, top: int) -> dict:
-    """Kernels, span, busy time and the kernels summed by name (the `top` largest) of one replay's events."""
+    """Kernels, span, busy time and the kernels summed by name (the `top` largest by exposed time) of one replay's
+    events. A kernel's exposed time is how far it moves the replay's end: from the latest end of the kernels that
+    started before it (or its own start, after an idle gap: the gap counts, it is the launch) to its own end, zero
+    when it ends inside them. The exposed times add up to the span; under PDL a kernel's own duration includes its
+    wait for the one ahead, so the total is not where the time goes, the exposed time is."""
     span = events[-1].time_range.end - events[0].time_range.start
     busy = sum(e.time_range.end - e.time_range.start for e in events)
     by_name: dict[str, list] = {}
+    frontier = events[0].time_range.start
     for e in events:
-        row = by_name.setdefault(e.name, [0, 0.0])
+        row = by_name.setdefault(e.name, [0, 0.0, 0.0])
         row[0] += 1
         row[1] += e.time_range.end - e.time_range.start
-    largest = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+        row[2] += max(0.0, e.time_range.end - frontier)
+        frontier = max(frontier, e.time_range.end)
+    largest = sorted(by_name.items(), key=lambda kv: -kv[1][2])[:top]
     return {"kernels": len(events), "span_us": span, "busy_us": busy,
-            "by_name": [{"name": name, "count": count, "total_us": total, "mean_us": total / count}
-                        for name, (count, total) in largest]}
+            "by_name": [{"name": name, "count": count, "total_us": total, "mean_us": total / count,
+                         "exposed_us": exposed}
+                        for name, (count, total, exposed) in largest]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
           f"(right-padded: {sig.right_padded}), DiT {cfg.dit.num_layers} blocks; one replay of each phase's graph")
     for name, phase in result["phases"].items():
         print(f"== {name}: {phase['kernels']} kernels, span {phase['span_us']:.1f} us, busy {phase['busy_us']:.1f} us")
+        print("   exposed     total  count      mean  kernel")
         for row in phase["by_name"]:
-            print(f"{row['total_us']:9.1f} us {row['count']:5d} x {row['mean_us']:6.2f} us  {row['name'][:90]}")
+            print(f"{row['exposed_us']:8.1f} us {row['total_us']:8.1f} us {row['count']:5d} x {row['mean_us']:6.2f} us  "
+                  f"{row['name'][:90]}")
     if args.out:
         write_result(args.out, result, "groot_profile")
     executor.close()

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from flashrt_core.model.groot.action_head import GrootActionHead
 
 from .groot_dit import StepTables, _heads, context_kv, euler_steps
+from .groot_step_ends import EmbodimentWeights, sample_steps
 from .ops import Ops
 from .weights import Linear, _fold, merge_in_place
 
@@ -162,13 +163,14 @@ def _gemm(fused: FusedDit, x: torch.Tensor, lin: Linear, gelu: bool = False) -> 
     return fused.ops.linear_gelu(x, lin) if gelu else fused.ops.linear(x, lin)
 
 
-def _dit(fused: FusedDit, mods: FusedStepTables, k: int, kv: dict, hidden: torch.Tensor) -> torch.Tensor:
-    """The DiT's blocks, final modulated LayerNorm and proj_out_2 at step k: hidden [B, T, D] -> [B, T, out]."""
+def _dit(fused: FusedDit, mods: FusedStepTables, k: int, kv: dict, residual: torch.Tensor,
+         pending: torch.Tensor | None = None) -> torch.Tensor:
+    """The DiT's blocks, final modulated LayerNorm and proj_out_2 at step k: the tokens [B, T, D] as the fp32
+    residual stream (updated in place; pending: what the first norm adds to it first, or None) -> [B, T, out]."""
     ops, heads, inner = fused.ops, fused.heads, fused.inner
-    b, t, d = hidden.shape
-    residual = hidden.reshape(b * t, d).to(torch.float32, copy=True)
-    normed = torch.empty(b * t, d, device=hidden.device, dtype=fused.dtype)
-    pending = None
+    b, t, d = residual.shape
+    residual = residual.view(b * t, d)
+    normed = torch.empty(b * t, d, device=residual.device, dtype=fused.dtype)
     for idx, block in enumerate(fused.blocks):
         scale1, shift = mods.ada[k][idx]
         ops.norm(pending, residual, normed, scale1, shift, block.ada_eps, layer_norm=True)
@@ -192,10 +194,22 @@ def _dit(fused: FusedDit, mods: FusedStepTables, k: int, kv: dict, hidden: torch
 
 def sample_actions_fused(head: GrootActionHead, tables: StepTables, mods: FusedStepTables, fused: FusedDit,
                          backbone_features: torch.Tensor, backbone_mask: torch.Tensor, image_mask: torch.Tensor,
-                         state: torch.Tensor, embodiment_id: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """groot_dit.sample_actions_tabled with the DiT on the fused ops -> normalized actions [B, horizon, A]."""
-    vl_embeds, state_features = head.encode(backbone_features, state, embodiment_id)
+                         state: torch.Tensor, embodiment_id: torch.Tensor, noise: torch.Tensor,
+                         embodiment: EmbodimentWeights | None = None) -> torch.Tensor:
+    """groot_dit.sample_actions_tabled with the DiT on the fused ops -> normalized actions [B, horizon, A].
+    embodiment: the signature's one embodiment's weights and step bias rows (engine/groot_step_ends.py, made once
+    outside the graph; embodiment_id is then not read), else each row's weights gathered here and the reference's
+    step ops (groot_dit.euler_steps)."""
+    if embodiment is None:
+        vl_embeds, state_features = head.encode(backbone_features, state, embodiment_id)
+    else:
+        vl_embeds, state_features = head.vlln(backbone_features), embodiment.state_features(state)
     kv = additive_masks(context_kv(head.model, vl_embeds, image_mask, backbone_mask,
                                    context_projections(fused, vl_embeds)))
-    return euler_steps(head, tables, state_features, noise.to(vl_embeds.dtype), embodiment_id,
-                       lambda k, tokens: _dit(fused, mods, k, kv, tokens))
+    actions = noise.to(vl_embeds.dtype, copy=True)
+    if embodiment is None:
+        return euler_steps(head, tables, state_features, actions, embodiment_id,
+                           lambda k, tokens: _dit(fused, mods, k, kv, tokens.to(torch.float32, copy=True)))
+    return sample_steps(embodiment, fused.ops,
+                        lambda k, residual, pending: _dit(fused, mods, k, kv, residual, pending),
+                        state_features, actions)

@@ -6,8 +6,8 @@ written into its pinned half and moved by ONE host-to-device copy; inputs alread
 device), ONE graph replay runs the whole predict (vision for every view, projector, image-token scatter, the Qwen3
 layers, vlln and the state encoder, the Euler steps of the DiT, the decoder: engine/groot_static.py), and the
 actions come back as a clone of the graph's static output. A signature (batch, the views' sizes, the prompt
-length, a padded prompt mask or not: groot_static.GrootSignature) is captured on its first call; later calls of
-that signature only replay. All graphs share one memory pool (they never run at the same time).
+length, a padded prompt mask or not, with step_ends the batch's embodiment: groot_static.GrootSignature) is
+captured on its first call; later calls of that signature only replay. All graphs share one memory pool (they never run at the same time).
 
 The DiT's blocks run on the engine's fused ops (engine/groot_fused_dit.py, fused_dit / EngineOptions.groot_fused_dit):
 their weights are prepared once here, the Ops bound to the dispatch table's implementations. fp8=True (precision
@@ -89,7 +89,8 @@ class GrootGraphExecutor:
                  step_tables: bool = True, fused_dit: bool = True, dispatch: Dispatch | None = None,
                  prompt_multiple: int = 0, fp8: bool = False, few_row_gemms: bool = True,
                  head_attention: bool = True, engine_vision: bool = True, vision_fold: bool = True,
-                 vision_mlp_pad: int | None = None, engine_language: bool = True, language_split_k: bool = True):
+                 vision_mlp_pad: int | None = None, engine_language: bool = True, language_split_k: bool = True,
+                 step_ends: bool = True):
         """step_tables: the DiT's per-step tables (engine/groot_dit.py, EngineOptions.groot_step_tables); False runs
         the reference's sampler inside the graph. fused_dit: the DiT's blocks on the engine's fused ops
         (engine/groot_fused_dit.py, EngineOptions.groot_fused_dit; with step_tables only). dispatch: the ops'
@@ -109,7 +110,11 @@ class GrootGraphExecutor:
         engine_language: the language model's layers on the engine's ops (engine/groot_language.py,
         EngineOptions.groot_engine_language; the model's Q/K/V and gate/up weights become views into the merged
         copies it makes), else transformers' own layers. language_split_k: its MLP down GEMM as K-slices whose
-        partials the next norm sums (EngineOptions.groot_language_split_k)."""
+        partials the next norm sums (EngineOptions.groot_language_split_k). step_ends: with the fused DiT, a
+        batch's one embodiment becomes part of the signature, and its weights and the steps' bias rows are
+        prepared once per signature (engine/groot_step_ends.py, EngineOptions.groot_step_ends); False, or a batch
+        of several embodiments: the graph gathers each row's weights from its embodiment_id input and runs the
+        reference's step ops."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -153,6 +158,7 @@ class GrootGraphExecutor:
             elif few_row_gemms and (device.type == "cpu" or (dispatch[Op.GEMM_DECODER] == "triton"
                                                               and self._fused.dtype in FEW_ROW_DTYPES)):
                 tune_few_row_gemms(self._fused, rows)
+        self.step_ends = step_ends and self.fused_dit
         self.prompt_multiple = prompt_multiple if model.cfg.dit.alternate_vl else 0
         self.name = "graph" if capture else "static-eager"
         self._entries: dict[GrootSignature, _Entry] = {}
@@ -257,7 +263,7 @@ class GrootGraphExecutor:
             raise RuntimeError("sample_actions called after close()")
         views = list(views)
         input_ids, attention_mask = self._pad_prompt(input_ids, attention_mask)
-        sig = GrootSignature.of(views, input_ids, attention_mask)
+        sig = GrootSignature.of(views, input_ids, attention_mask, embodiment_id if self.step_ends else None)
         entry = self._entries.get(sig)
         fresh = entry is None
         if fresh:

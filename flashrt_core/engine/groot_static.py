@@ -26,7 +26,9 @@ masked_scatter's count. Here what depends on the signature alone is computed onc
               step_tables (EngineOptions.groot_step_tables) engine/groot_dit.py: the same sampler with what depends
               on the timestep alone computed once here, and the backbone features' K / V once per predict;
               with fused_dit (EngineOptions.groot_fused_dit) the DiT's blocks run on the engine's fused ops
-              (engine/groot_fused_dit.py)
+              (engine/groot_fused_dit.py), and with the batch's embodiment in the signature
+              (EngineOptions.groot_step_ends) its weights and the steps' bias rows are prepared here
+              (engine/groot_step_ends.py)
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from flashrt_core.model.groot.sampler import sample_actions
 from .groot_dit import StepTables, sample_actions_tabled
 from .groot_fused_dit import FusedDit, FusedStepTables, sample_actions_fused
 from .groot_language import EngineLanguage, language_model
+from .groot_step_ends import EmbodimentWeights
 from .groot_vision import GrootVision, position_table
 from .groot_vision import image_tokens as engine_image_tokens
 
@@ -49,18 +52,23 @@ from .groot_vision import image_tokens as engine_image_tokens
 @dataclass(frozen=True)
 class GrootSignature:
     """What fixes every shape of a predict: batch, (H, W) per view in prompt order, prompt length, whether the
-    prompt mask has padding (then the LLM reads it; otherwise it runs causally) and whether all of it is at the end
-    of each prompt (the policy's own padding, groot_prompt_multiple)."""
+    prompt mask has padding (then the LLM reads it; otherwise it runs causally), whether all of it is at the end
+    of each prompt (the policy's own padding, groot_prompt_multiple) and, where the graph picks the embodiment's
+    weights when it is captured (EngineOptions.groot_step_ends), the embodiment id that every batch row has (None:
+    the graph gathers each row's weights from its embodiment_id input)."""
 
     batch: int
     view_sizes: tuple[tuple[int, int], ...]
     prompt_len: int
     padded: bool
     right_padded: bool = False
+    embodiment: int | None = None
 
     @classmethod
-    def of(cls, views, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> GrootSignature:
-        """The signature of one call (reads the prompt mask's values: on the host where it is there)."""
+    def of(cls, views, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+           embodiment_id: torch.Tensor | None = None) -> GrootSignature:
+        """The signature of one call (reads the prompt mask's values and the embodiment ids, if given: on the host
+        where they are there). embodiment: the ids' one value when all rows share it, else None."""
         if input_ids.dim() != 2 or tuple(attention_mask.shape) != tuple(input_ids.shape):
             raise ValueError(f"input_ids and attention_mask must both be [B, L], got {tuple(input_ids.shape)} and "
                              f"{tuple(attention_mask.shape)}")
@@ -68,7 +76,9 @@ class GrootSignature:
         seen = attention_mask.to(torch.int8)
         padded = not bool(seen.all())
         right = padded and bool((seen[:, 1:] <= seen[:, :-1]).all())       # no real token after a padding one
-        return cls(int(input_ids.shape[0]), sizes, int(input_ids.shape[1]), padded, right)
+        ids = set() if embodiment_id is None else set(embodiment_id.reshape(-1).tolist())
+        return cls(int(input_ids.shape[0]), sizes, int(input_ids.shape[1]), padded, right,
+                   int(ids.pop()) if len(ids) == 1 else None)
 
 
 class StaticTables:
@@ -118,6 +128,10 @@ class StaticTables:
         self.steps = StepTables(model.action_head, sig.batch) if step_tables else None
         self.fused = fused
         self.fused_mods = FusedStepTables(self.steps) if fused is not None else None
+        # the signature's embodiment's weights and step bias rows (engine/groot_step_ends.py): with the fused DiT,
+        # when the signature names the batch's one embodiment
+        self.embodiment = (EmbodimentWeights(model.action_head, sig.embodiment, self.steps, fused)
+                           if fused is not None and sig.embodiment is not None else None)
         self.vision = vision
         self.signature = sig
 
@@ -132,6 +146,7 @@ class StaticTables:
         self.language_rope = None if self.language_rope is None else tuple(t.to(device) for t in self.language_rope)
         self.steps = None if self.steps is None else self.steps.to(device)
         self.fused_mods = None if self.fused_mods is None else self.fused_mods.to(device)
+        self.embodiment = None if self.embodiment is None else self.embodiment.to(device)
         return self
 
 
@@ -193,7 +208,7 @@ def action_chunk(model: GrootModel, tables: StaticTables, feats: torch.Tensor, i
     image_mask = input_ids == model.cfg.image_token_index
     args = (feats.to(dtype), attention_mask.bool(), image_mask, state.to(dtype), embodiment_id, noise.to(dtype))
     if tables.fused is not None:
-        return sample_actions_fused(head, tables.steps, tables.fused_mods, tables.fused, *args)
+        return sample_actions_fused(head, tables.steps, tables.fused_mods, tables.fused, *args, tables.embodiment)
     if tables.steps is not None:
         return sample_actions_tabled(head, tables.steps, *args)
     return sample_actions(head, *args)

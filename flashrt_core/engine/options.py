@@ -143,6 +143,13 @@ class EngineOptions:
                                            "fp32 partials the next norm sums (engine/groot_language.py): a prompt's "
                                            "~200 rows give cuBLAS's tiles too few programs for 132 SMs.",
                                            "One GEMM per down projection (cuBLAS's own split-K and reduction).")
+    groot_step_ends: bool = _option(True, "GR00T: the Euler steps' ends around the fused DiT in few kernels: a "
+                                    "batch's one embodiment is part of the graph's signature, so its encoder and "
+                                    "decoder weights are views picked at capture instead of gathered in every "
+                                    "predict, the action encoder's first two GEMMs folded into one per step "
+                                    "(engine/groot_step_ends.py).",
+                                    "The embodiment's weights gathered in the graph from its embodiment_id input, "
+                                    "and the reference's step ops.")
     groot_prompt_multiple: int = _option(16, "GR00T: the prompt right-padded with masked tokens up to a multiple of "
                                          "this many, so instructions of nearby lengths replay one graph instead of "
                                          "capturing a new one (the LLM is causal and the DiT masks the padding: the "
