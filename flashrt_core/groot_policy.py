@@ -176,7 +176,8 @@ def build_groot_executor(model: GrootModel, device: torch.device, hardware: str 
                               vision_mlp_pad=chosen.vision_mlp_pad if chosen.fast_paths else 0,
                               engine_language=chosen.enabled("groot_engine_language"),
                               language_split_k=chosen.enabled("groot_language_split_k"),
-                              step_ends=chosen.enabled("groot_step_ends"))
+                              step_ends=chosen.enabled("groot_step_ends"),
+                              tune_with_norm=chosen.enabled("groot_tune_with_norm"))
 
 
 def load_groot_policy(checkpoint_dir: Path, config=None, embodiment: str | None = None,

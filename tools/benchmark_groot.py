@@ -15,6 +15,8 @@ and noise of a predict. Each path runs --warmup times, then --runs times with a 
   no step tables the same two with EngineOptions.groot_step_tables off (the reference's sampler in the graph)
   cuBLAS DiT     the graph replay and phases with EngineOptions.groot_few_row_gemms off (the fused DiT's GEMMs on
                  cuBLAS instead of the Triton few-row GEMM: the A/B of engine/groot_dit_gemms.py)
+  GEMMs alone    the same with EngineOptions.groot_tune_with_norm off (the DiT's split-K GEMMs' configurations
+                 timed without the norm that sums their partials)
   SDPA DiT       the same with EngineOptions.groot_head_attention off (torch SDPA and a transpose copy instead of
                  flashrt_kernels/head_attention.py)
   HF language    the same with EngineOptions.groot_engine_language off (transformers' Qwen3 layers instead of
@@ -118,6 +120,7 @@ def summary(samples: list[float]) -> dict:
 REPLAY_ROWS = {
     "cublas_dit": ({"few_row_gemms": False}, "cuBLAS DiT", "with the DiT's GEMMs on cuBLAS"),
     "sdpa_dit": ({"head_attention": False}, "SDPA DiT", "with the DiT's attention on SDPA"),
+    "gemms_timed_alone": ({"tune_with_norm": False}, "GEMMs alone", "with the DiT's split-K GEMMs timed alone"),
     "transformers_language": ({"engine_language": False}, "HF language", "with transformers' language layers"),
     "no_language_split_k": ({"language_split_k": False}, "whole LM down", "with the language's down GEMM whole"),
     "no_step_ends": ({"step_ends": False}, "gathered steps", "with the embodiment's weights gathered per predict"),

@@ -25,8 +25,11 @@ Launch configurations: per GEMM shape, kind and weight dtype, the fastest of the
 (kernel_configs.SKINNY_CANDIDATES) and, for bf16 weights where the dispatch runs it (EngineOptions.smem_gemm on
 Hopper), the shared-memory Gluon GEMM's (flashrt_kernels/smem_gemm.py: the weight slice in shared memory before the
 PDL wait, split-K for the GEMMs a norm sums) at one observation's rows, timed at build on the GPU (the first that fits
-elsewhere, where Ops.few_row_linear runs the kernel's plain-PyTorch reference). More rows than one launch serves (64:
-batches of 4 or more observations) run in row blocks (Ops.few_row_linear).
+elsewhere, where Ops.few_row_linear runs the kernel's plain-PyTorch reference). A split-K GEMM is timed with the
+LayerNorm that sums its partials after it (EngineOptions.groot_tune_with_norm): alone, the GEMM gains from every
+further K-slice, but each slice is one more fp32 partial of the output for the norm to read, and the pair is
+fastest at fewer slices (on the H200 4 for both, against 6 and 16 timed alone). More rows than one launch serves
+(64: batches of 4 or more observations) run in row blocks (Ops.few_row_linear).
 """
 
 from __future__ import annotations
@@ -97,13 +100,15 @@ def one_shot(k: int) -> SkinnyConfig:
     return SkinnyConfig(16, k, 1, 1)
 
 
-def pick_config(ops: Ops, lins: list[Linear], kind: str, rows: int, dtype: torch.dtype
+def pick_config(ops: Ops, lins: list[Linear], kind: str, rows: int, dtype: torch.dtype, with_norm: bool = True
                 ) -> tuple[SkinnyConfig | SmemConfig, dict]:
     """The launch configuration of the few-row GEMMs `lins` (one shape, kind and weight dtype: the DiT blocks'; on
     the weights Ops.few_row_linear reads, lin.w8 where set): the fastest candidate (the Triton few-row GEMM's and,
     for bf16 weights on Hopper, the shared-memory GEMM's) timed on `rows` random rows over all of `lins` in turn on
     the GPU (one that needs more shared memory or registers than the GPU has is left out: tuning.time_candidate),
-    the first candidate elsewhere (one_shot where none fits). -> (config, {config name: us per GEMM})."""
+    the first candidate elsewhere (one_shot where none fits). with_norm: a PARTIALS GEMM is timed with the
+    LayerNorm that sums its partials after it (Ops.norm), as the DiT runs them: more K-slices stream the weights
+    from more programs but give the norm more partials to read. -> (config, {config name: us per GEMM})."""
     lin = lins[0]
     w = lin.w8[0] if lin.w8 is not None else lin.parts[0][0]
     fits = (candidates(kind, rows, w.shape[1]) or [one_shot(w.shape[1])]) + smem_candidates(ops, kind, rows, w)
@@ -111,9 +116,16 @@ def pick_config(ops: Ops, lins: list[Linear], kind: str, rows: int, dtype: torch
         return fits[0], {}
     x = torch.randn(rows, w.shape[1], device=w.device, dtype=dtype)
     site = f"groot_dit_{kind}"
+    if kind == PARTIALS and with_norm:           # the LayerNorm that sums the partials, as in the DiT
+        residual = torch.randn(rows, w.shape[0], device=w.device, dtype=torch.float32)
+        normed = torch.empty(rows, w.shape[0], device=w.device, dtype=dtype)
+        consume = lambda y: ops.norm(y, residual, normed, None, None, 1e-6, layer_norm=True)  # noqa: E731
+    else:
+        consume = lambda y: y  # noqa: E731
+
     def every_block(cfg):
         for each in lins:
-            ops.few_row_linear(x, each, cfg, gelu=kind == GELU)
+            consume(ops.few_row_linear(x, each, cfg, gelu=kind == GELU))
 
     timed = {cfg: time_candidate(ops, site, cfg, lambda cfg=cfg: graph_time_us(
         lambda: every_block(cfg), reps=TIMED_PASSES, replays=TIMED_REPLAYS) / len(lins)) for cfg in fits}
@@ -126,16 +138,16 @@ def pick_config(ops: Ops, lins: list[Linear], kind: str, rows: int, dtype: torch
 
 
 @torch.no_grad()
-def tune_few_row_gemms(fused: FusedDit, rows: int) -> int:
+def tune_few_row_gemms(fused: FusedDit, rows: int, with_norm: bool = True) -> int:
     """Give every GEMM of dit_gemms its few-row launch configuration (fused.few_row, by id(Linear)), picked once per
-    (shape, kind, weight dtype) for `rows` rows, timed over all the GEMMs of that key. Returns how many GEMMs run on
-    the few-row GEMM."""
+    (shape, kind, weight dtype) for `rows` rows, timed over all the GEMMs of that key (with_norm: the split-K ones
+    with the norm after them, pick_config). Returns how many GEMMs run on the few-row GEMM."""
     groups: dict[tuple, list[Linear]] = {}
     for lin, kind in dit_gemms(fused):
         w = lin.w8[0] if lin.w8 is not None else lin.parts[0][0]
         groups.setdefault((tuple(w.shape), kind, w.dtype), []).append(lin)
     for (shape, kind, wdtype), lins in groups.items():
-        pick, times = pick_config(fused.ops, lins, kind, rows, fused.dtype)
+        pick, times = pick_config(fused.ops, lins, kind, rows, fused.dtype, with_norm)
         if times:
             log.info("GR00T DiT GEMM %s %s %s at %d rows (%d GEMMs): %s -> %s", kind, shape, wdtype, rows, len(lins),
                      times, pick)
@@ -145,13 +157,13 @@ def tune_few_row_gemms(fused: FusedDit, rows: int) -> int:
 
 
 @torch.no_grad()
-def quantize_fused_dit(fused: FusedDit, fp8_dtype: torch.dtype, rows: int) -> int:
+def quantize_fused_dit(fused: FusedDit, fp8_dtype: torch.dtype, rows: int, with_norm: bool = True) -> int:
     """Give every GEMM of dit_gemms its weight-only FP8 copy (lin.w8; the bf16 weights and the bias stay: the bias
     is added in the GEMM's epilogue) and its few-row launch configuration (tune_few_row_gemms). Returns how many
     GEMMs read FP8 weights."""
     for lin, _ in dit_gemms(fused):
         (w, _), = lin.parts
         lin.w8 = weight_only_fp8(Linear([(w, None)]), fp8_dtype).w8        # the bias stays in lin.parts
-    count = tune_few_row_gemms(fused, rows)
+    count = tune_few_row_gemms(fused, rows, with_norm)
     log.info("GR00T DiT: weight-only FP8 (%s, a scale per output channel) on %d GEMMs", fp8_dtype, count)
     return count

@@ -90,7 +90,7 @@ class GrootGraphExecutor:
                  prompt_multiple: int = 0, fp8: bool = False, few_row_gemms: bool = True,
                  head_attention: bool = True, engine_vision: bool = True, vision_fold: bool = True,
                  vision_mlp_pad: int | None = None, engine_language: bool = True, language_split_k: bool = True,
-                 step_ends: bool = True):
+                 step_ends: bool = True, tune_with_norm: bool = True):
         """step_tables: the DiT's per-step tables (engine/groot_dit.py, EngineOptions.groot_step_tables); False runs
         the reference's sampler inside the graph. fused_dit: the DiT's blocks on the engine's fused ops
         (engine/groot_fused_dit.py, EngineOptions.groot_fused_dit; with step_tables only). dispatch: the ops'
@@ -114,7 +114,8 @@ class GrootGraphExecutor:
         batch's one embodiment becomes part of the signature, and its weights and the steps' bias rows are
         prepared once per signature (engine/groot_step_ends.py, EngineOptions.groot_step_ends); False, or a batch
         of several embodiments: the graph gathers each row's weights from its embodiment_id input and runs the
-        reference's step ops."""
+        reference's step ops. tune_with_norm: the DiT's split-K GEMMs timed with the norm that sums their partials
+        when their launch configurations are picked (engine/groot_dit_gemms.py, EngineOptions.groot_tune_with_norm)."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -154,10 +155,10 @@ class GrootGraphExecutor:
             self._fused.head_attention = head_attention
             rows = 1 + model.cfg.action_horizon
             if fp8:
-                quantize_fused_dit(self._fused, FP8_DTYPES[dispatch[Op.FP8_FORMAT]], rows)
+                quantize_fused_dit(self._fused, FP8_DTYPES[dispatch[Op.FP8_FORMAT]], rows, tune_with_norm)
             elif few_row_gemms and (device.type == "cpu" or (dispatch[Op.GEMM_DECODER] == "triton"
                                                               and self._fused.dtype in FEW_ROW_DTYPES)):
-                tune_few_row_gemms(self._fused, rows)
+                tune_few_row_gemms(self._fused, rows, tune_with_norm)
         self.step_ends = step_ends and self.fused_dit
         self.prompt_multiple = prompt_multiple if model.cfg.dit.alternate_vl else 0
         self.name = "graph" if capture else "static-eager"

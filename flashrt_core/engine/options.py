@@ -123,6 +123,11 @@ class EngineOptions:
                                         "configurations timed per shape at build (engine/groot_dit_gemms.py). FP8 always "
                                         "reads its weights this way.",
                                         "bf16 DiT GEMMs on cuBLAS (the GELU in cuBLASLt's epilogue).")
+    groot_tune_with_norm: bool = _option(True, "GR00T: the fused DiT's split-K GEMMs (output projection, MLP down) "
+                                         "timed at build together with the LayerNorm that sums their partials, so "
+                                         "the pick weighs the norm's reads of each K-slice's partial "
+                                         "(engine/groot_dit_gemms.py).",
+                                         "Each GEMM's configuration timed alone.")
     groot_head_attention: bool = _option(True, "GR00T: the fused DiT's attention in one Triton kernel that reads Q, K "
                                          "and V in place from the GEMM's output and writes the O projection's "
                                          "input rows, launched with PDL (flashrt_kernels/head_attention.py).",

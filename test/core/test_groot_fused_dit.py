@@ -156,3 +156,17 @@ def test_cross_blocks_take_their_kv_from_one_merged_gemm(model):
             torch.testing.assert_close(got[idx][0], attn.to_k(context), rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(got[idx][1], attn.to_v(context), rtol=1e-5, atol=1e-5)
             assert attn.to_v.weight.untyped_storage().data_ptr() == w.untyped_storage().data_ptr()
+
+
+def test_the_gemm_tuning_switch(model):
+    """groot_tune_with_norm (the DiT's split-K GEMMs timed with their norm, engine/groot_dit_gemms.py) is on by
+    default, has its variable, and the executor takes it; on the CPU the few-row GEMMs take the first candidate
+    either way (nothing is timed), so both give one chunk."""
+    assert EngineOptions().groot_tune_with_norm
+    assert not EngineOptions.from_env(env={"FLASHRT_GROOT_TUNE_WITH_NORM": "0"}).enabled("groot_tune_with_norm")
+    assert not EngineOptions(fast_paths=False).enabled("groot_tune_with_norm")
+    args = inputs(model, [(56, 56)], 5, seed=2)
+    on = GrootGraphExecutor(model, "cpu", capture=False)
+    off = GrootGraphExecutor(model, "cpu", capture=False, tune_with_norm=False)
+    assert set(map(str, on._fused.few_row.values())) == set(map(str, off._fused.few_row.values()))
+    torch.testing.assert_close(on.sample_actions(*args), off.sample_actions(*args), rtol=0, atol=0)

@@ -152,6 +152,21 @@ def test_few_row_linear_at_the_dits_shapes(rows, gelu, split, fp8):
     assert (got.cpu() - want).norm() / want.norm() < 1e-2
 
 
+def test_split_k_gemms_are_timed_with_their_norm():
+    """groot_tune_with_norm: pick_config times a split-K GEMM of the DiT's MLP-down shape (4 weights, 17 rows) with
+    the LayerNorm that sums its partials after it: the same candidates, each timed with the norm's time added."""
+    from flashrt_core.engine.groot_dit_gemms import pick_config
+    from flashrt_core.engine.weights import Linear
+    g = torch.Generator(device="cuda").manual_seed(0)
+    lins = [Linear([((torch.randn(1536, 6144, device="cuda", generator=g) * 0.02).to(torch.bfloat16), None)])
+            for _ in range(4)]
+    ops = Ops(resolve(detect_hardware("auto", torch.device("cuda"))))
+    _, alone = pick_config(ops, lins, PARTIALS, 17, torch.bfloat16, with_norm=False)
+    _, paired = pick_config(ops, lins, PARTIALS, 17, torch.bfloat16, with_norm=True)
+    assert alone.keys() == paired.keys() and len(alone) > 1
+    assert sum(paired.values()) > sum(alone.values())
+
+
 LANGUAGE_ERROR_RATIO = 1.25    # the engine's bf16 error against fp32 over transformers' bf16 error, at most
 
 
