@@ -175,7 +175,6 @@ def build_groot_executor(model: GrootModel, device: torch.device, hardware: str 
                               vision_fold=chosen.enabled("fused_weights"),
                               vision_mlp_pad=chosen.vision_mlp_pad if chosen.fast_paths else 0,
                               engine_language=chosen.enabled("groot_engine_language"),
-                              language_split_k=chosen.enabled("groot_language_split_k"),
                               step_ends=chosen.enabled("groot_step_ends"),
                               tune_with_norm=chosen.enabled("groot_tune_with_norm"))
 

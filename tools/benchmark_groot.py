@@ -21,8 +21,6 @@ and noise of a predict. Each path runs --warmup times, then --runs times with a 
                  flashrt_kernels/head_attention.py)
   HF language    the same with EngineOptions.groot_engine_language off (transformers' Qwen3 layers instead of
                  engine/groot_language.py)
-  whole LM down  the same with EngineOptions.groot_language_split_k off (the language's MLP down GEMM as
-                 one cuBLAS GEMM instead of K-slices whose partials the norm sums)
   gathered steps the same with EngineOptions.groot_step_ends off (the embodiment's weights gathered in every
                  predict and the reference's step ops instead of engine/groot_step_ends.py)
   HF vision      the same with EngineOptions.groot_engine_vision off (transformers' SigLIP2 layers and projector
@@ -122,7 +120,6 @@ REPLAY_ROWS = {
     "sdpa_dit": ({"head_attention": False}, "SDPA DiT", "with the DiT's attention on SDPA"),
     "gemms_timed_alone": ({"tune_with_norm": False}, "GEMMs alone", "with the DiT's split-K GEMMs timed alone"),
     "transformers_language": ({"engine_language": False}, "HF language", "with transformers' language layers"),
-    "no_language_split_k": ({"language_split_k": False}, "whole LM down", "with the language's down GEMM whole"),
     "no_step_ends": ({"step_ends": False}, "gathered steps", "with the embodiment's weights gathered per predict"),
     "transformers_vision": ({"engine_vision": False}, "HF vision", "with transformers' vision layers"),
 }

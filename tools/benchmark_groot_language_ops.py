@@ -1,8 +1,10 @@
-"""GR00T N1.6's language-model ops at a prompt's rows, each alone, where engine/groot_language.py picks between forms:
+"""GR00T N1.6's language-model ops at a prompt's rows, each alone, in the forms engine/groot_language.py runs or
+was measured against:
 
-  down GEMM     the MLP's down projection (2048 x 6144) as one cuBLAS GEMM (F.linear) against K-slices in one
-                strided-batched GEMM with fp32 partials (Ops.linear_split_k), each with the residual norm after it
-                (the norm sums the partials): the choice of LANGUAGE_DOWN_SPLITS
+  down GEMM     the MLP's down projection (2048 x 6144) as one cuBLAS GEMM (F.linear, what the engine runs) against
+                K-slices in one strided-batched GEMM with fp32 partials (split_k_partials), each with the residual
+                norm after it (the norm sums the partials): alone they are faster, in the whole graph they are not
+                (engine.md's "tried and rejected")
   O GEMM        the same for the attention's output projection (2048 x 2048)
   qkv_rope      q/k RMSNorm + RoPE + split (flashrt_kernels/qkv_rope.py, with head_norm) at each rows-per-program
                 choice: the choice of QKV_ROPE_WIDE_ROWS
@@ -33,12 +35,20 @@ from flashrt_core.engine.groot_fused_dit import additive_mask  # noqa: E402
 from flashrt_core.engine.hardware import detect_hardware  # noqa: E402
 from flashrt_core.engine.ops import Ops  # noqa: E402
 from flashrt_core.engine.timing import graph_time_us  # noqa: E402
-from flashrt_core.engine.weights import Linear  # noqa: E402
 from flashrt_core.model.groot.config import get_groot_config  # noqa: E402
 from tools.benchmark_engine import env_info, write_result  # noqa: E402
 
 SPLITS = (2, 3, 4, 6, 8)
 ROWS_PER_PROGRAM = (1, 2, 4, 8, 16)
+
+
+def split_k_partials(x: torch.Tensor, w: torch.Tensor, splits: int) -> torch.Tensor:
+    """x (M, K) @ w (N, K)^T as `splits` K-slices (views of x and w) in one strided-batched GEMM -> fp32 partials
+    (S, M, N), which Ops.norm sums."""
+    m, k = x.shape
+    xs = x.view(m, splits, k // splits).transpose(0, 1)                        # (S, M, K/S)
+    ws = w.view(w.shape[0], splits, k // splits).permute(1, 2, 0)              # (S, K/S, N)
+    return torch.bmm(xs, ws, out_dtype=torch.float32)
 
 
 def gemm_rows(ops: Ops, rows: int, n: int, k: int, calls: int, replays: int) -> dict:
@@ -51,17 +61,16 @@ def gemm_rows(ops: Ops, rows: int, n: int, k: int, calls: int, replays: int) -> 
     residual = torch.randn(rows, n, device=dev, dtype=torch.float32, generator=gen)
     out = torch.empty(rows, n, device=dev, dtype=torch.bfloat16)
     weight = torch.rand(n, device=dev, generator=gen) + 0.5
-    lin = Linear([(w, None)])
     want = F.linear(x, w).float()
     row = {"gemm_us": graph_time_us(lambda: F.linear(x, w), calls, replays),
            "gemm_norm_us": graph_time_us(lambda: ops.norm(F.linear(x, w), residual, out, weight), calls, replays)}
     for s in SPLITS:
-        if not ops.split_k_fits(k, s):
+        if k % s or (k // s) % 8:                  # each slice whole 16-byte rows (the batched GEMM's need)
             continue
-        err = float((ops.linear_split_k(x, lin, s).sum(0) - want).abs().max())
+        err = float((split_k_partials(x, w, s).sum(0) - want).abs().max())
         row[f"split{s}"] = {
-            "gemm_us": graph_time_us(lambda s=s: ops.linear_split_k(x, lin, s), calls, replays),
-            "gemm_norm_us": graph_time_us(lambda s=s: ops.norm(ops.linear_split_k(x, lin, s), residual, out, weight),
+            "gemm_us": graph_time_us(lambda s=s: split_k_partials(x, w, s), calls, replays),
+            "gemm_norm_us": graph_time_us(lambda s=s: ops.norm(split_k_partials(x, w, s), residual, out, weight),
                                           calls, replays),
             "max_abs_diff": err}
     return row

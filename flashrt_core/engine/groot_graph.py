@@ -89,8 +89,8 @@ class GrootGraphExecutor:
                  step_tables: bool = True, fused_dit: bool = True, dispatch: Dispatch | None = None,
                  prompt_multiple: int = 0, fp8: bool = False, few_row_gemms: bool = True,
                  head_attention: bool = True, engine_vision: bool = True, vision_fold: bool = True,
-                 vision_mlp_pad: int | None = None, engine_language: bool = True, language_split_k: bool = True,
-                 step_ends: bool = True, tune_with_norm: bool = True):
+                 vision_mlp_pad: int | None = None, engine_language: bool = True, step_ends: bool = True,
+                 tune_with_norm: bool = True):
         """step_tables: the DiT's per-step tables (engine/groot_dit.py, EngineOptions.groot_step_tables); False runs
         the reference's sampler inside the graph. fused_dit: the DiT's blocks on the engine's fused ops
         (engine/groot_fused_dit.py, EngineOptions.groot_fused_dit; with step_tables only). dispatch: the ops'
@@ -109,8 +109,7 @@ class GrootGraphExecutor:
         transformers' layers.
         engine_language: the language model's layers on the engine's ops (engine/groot_language.py,
         EngineOptions.groot_engine_language; the model's Q/K/V and gate/up weights become views into the merged
-        copies it makes), else transformers' own layers. language_split_k: its MLP down GEMM as K-slices whose
-        partials the next norm sums (EngineOptions.groot_language_split_k). step_ends: with the fused DiT, a
+        copies it makes), else transformers' own layers. step_ends: with the fused DiT, a
         batch's one embodiment becomes part of the signature, and its weights and the steps' bias rows are
         prepared once per signature (engine/groot_step_ends.py, EngineOptions.groot_step_ends); False, or a batch
         of several embodiments: the graph gathers each row's weights from its embodiment_id input and runs the
@@ -145,7 +144,7 @@ class GrootGraphExecutor:
         if engine_vision:
             pad = EngineOptions().vision_mlp_pad if vision_mlp_pad is None else vision_mlp_pad
             self._vision = prepare_groot_vision(model, self.ops, fold=vision_fold, mlp_pad=pad)
-        self._language = prepare_language(model, self.ops, split_k=language_split_k) if engine_language else None
+        self._language = prepare_language(model, self.ops) if engine_language else None
         if self.fused_dit:
             if fp8 and device.type == "cuda" and dispatch[Op.GEMM_DECODER] != "triton":
                 raise ValueError("GR00T's FP8 reads weight-only FP8 weights in the Triton few-row GEMM "

@@ -18,12 +18,7 @@ and the model's output is the final norm's, rms(x) * w_final. Here, per layer:
               padding at its end: groot_static.language_features; else its mask, made additive once per predict, on
               the masked kernel), its output viewed as the O projection's input rows
     O, norm   the O GEMM; Ops.norm adds it to the stream and normalizes with w_post
-    MLP       one GEMM over the merged [W_gate; W_up], Ops.swiglu (GeGLU's kernel with SiLU), the down GEMM: with
-              split_k (EngineOptions.groot_language_split_k) as LANGUAGE_DOWN_SPLITS K-slices in one strided-batched
-              GEMM (Ops.linear_split_k) whose fp32 partials the next layer's norm sums; a prompt's ~200 rows make
-              cuBLAS's 2048-wide output few tiles for the H200's 132 SMs (it picks its own split-K with a memset and
-              a reduction kernel); GEMM and norm take 19.1 us whole, 14.4 us in 4 slices, at 208 rows with the
-              weight in the L2 (tools/benchmark_groot_language_ops.py), 0.02 ms less per predict in the graph
+    MLP       one GEMM over the merged [W_gate; W_up], Ops.swiglu (GeGLU's kernel with SiLU), the down GEMM
 and after the last layer Ops.norm with w_final. The merged weights are made once per executor, and the model's own
 q/k/v and gate/up weights become views into them (the merged tensors are the only copy in memory), so the
 transformers path, the reference executor and this one read the same storage.
@@ -41,11 +36,6 @@ from .groot_fused_dit import additive_mask
 from .kernel_import import load_kernels
 from .ops import Ops
 from .weights import Linear, _f32, merge_in_place
-
-# the down GEMM's K-slices with split_k: the fastest of 2, 3, 4, 6, 8 with the norm's sum, at the released
-# sizes' 208 rows on the H200 (docs/benchmarks/2026-12-04/groot_language_ops_h200.json)
-LANGUAGE_DOWN_SPLITS = 4
-
 
 @dataclass
 class LanguageLayer:
@@ -70,7 +60,6 @@ class EngineLanguage:
     head_dim: int
     eps: float
     rope_theta: float
-    down_splits: int = 1         # the down GEMM's K-slices (1: one GEMM)
 
     def rope(self, batch: int, length: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         """(positions (batch * length,) int32, cos, sin (length, Dh / 2) fp32): positions 0..L-1 of every prompt,
@@ -81,10 +70,9 @@ class EngineLanguage:
 
 
 @torch.no_grad()
-def prepare_language(model: GrootModel, ops: Ops, split_k: bool = True) -> EngineLanguage:
+def prepare_language(model: GrootModel, ops: Ops) -> EngineLanguage:
     """The kept Qwen3 layers' weights: Q/K/V and gate/up merged (the model's weights become views into them), the
-    norms' weights in fp32; split_k: the down GEMM in LANGUAGE_DOWN_SPLITS K-slices where they divide its K into
-    whole 16-byte rows. Refuses a checkpoint whose layers carry biases (Qwen3 has none)."""
+    norms' weights in fp32. Refuses a checkpoint whose layers carry biases (Qwen3 has none)."""
     lm = model.backbone.model.language_model.model
     cfg = model.cfg.llm
     layers = []
@@ -99,9 +87,8 @@ def prepare_language(model: GrootModel, ops: Ops, split_k: bool = True) -> Engin
             gate_up=merge_in_place([mlp.gate_proj, mlp.up_proj]), down=Linear([(mlp.down_proj.weight.detach(), None)]),
             norm_in=_f32(layer.input_layernorm.weight), norm_post=_f32(layer.post_attention_layernorm.weight),
             head_norm=torch.stack([_f32(att.q_norm.weight), _f32(att.k_norm.weight)]).contiguous()))
-    splits = LANGUAGE_DOWN_SPLITS if split_k and ops.split_k_fits(cfg.mlp_dim, LANGUAGE_DOWN_SPLITS) else 1
     return EngineLanguage(ops, layers, _f32(lm.norm.weight), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.eps,
-                          cfg.rope_theta, splits)
+                          cfg.rope_theta)
 
 
 def language_model(lang: EngineLanguage, rope: tuple[torch.Tensor, ...], embeds: torch.Tensor,
@@ -131,7 +118,7 @@ def language_model(lang: EngineLanguage, rope: tuple[torch.Tensor, ...], embeds:
         attn = ops.causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)   # (B, H, L, Dh)
         o = ops.linear(attn.transpose(1, 2).reshape(rows, heads * dh), layer.o)
         ops.norm(o, residual, y, layer.norm_post, None, lang.eps)
-        x = ops.linear_split_k(ops.swiglu(ops.linear(y, layer.gate_up)), layer.down, lang.down_splits)
+        x = ops.linear(ops.swiglu(ops.linear(y, layer.gate_up)), layer.down)
     out = torch.empty(rows, d, device=dev, dtype=dtype)
     ops.norm(x, residual, out, lang.final_norm, None, lang.eps)
     return out.view(b, length, d)

@@ -197,27 +197,6 @@ class Ops:
         outs = [F.linear(x, w, b) for w, b in lin.parts]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
-    @staticmethod
-    def split_k_fits(k: int, splits: int) -> bool:
-        """Whether `splits` K-slices of a (M, K) row-major input are each whole 16-byte rows (cuBLAS's batched
-        GEMM reads every slice's rows aligned)."""
-        return splits > 1 and k % splits == 0 and (k // splits) % 8 == 0
-
-    def linear_split_k(self, x: torch.Tensor, lin: Linear, splits: int) -> torch.Tensor:
-        """x (M, K) @ W^T as `splits` K-slices in one strided-batched GEMM -> fp32 partials (S, M, N), for a norm to
-        sum (Ops.norm takes them as its x); splits = 1, a weight with a bias or several blocks, FP8 or a calibration
-        run: Ops.linear's (M, N). The slices are views: x[:, s K/S:(s+1) K/S] and W's matching columns."""
-        if splits == 1 or self.calibration is not None or lin.fp8 is not None or len(lin.parts) != 1 \
-                or lin.parts[0][1] is not None:
-            return self.linear(x, lin)
-        (w, _), = lin.parts
-        m, k = x.shape
-        xs = x.view(m, splits, k // splits).transpose(0, 1)                    # (S, M, K/S)
-        ws = w.view(w.shape[0], splits, k // splits).permute(1, 2, 0)          # (S, K/S, N)
-        if x.is_cuda:
-            return torch.bmm(xs, ws, out_dtype=torch.float32)
-        return torch.bmm(xs.float(), ws.float())
-
     def patch_rows(self, img: torch.Tensor, patch: int, out: torch.Tensor) -> torch.Tensor:
         """One present uint8 view (S, S, 3) -> its patch rows in out (kernels/flashrt_kernels/patch_embed.py)."""
         return self.k.patch_rows(img, patch, out)

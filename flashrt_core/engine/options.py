@@ -143,11 +143,6 @@ class EngineOptions:
                                           "gate/up each one GEMM, q_norm / k_norm with RoPE in one kernel, SiLU-GLU "
                                           "in one kernel (engine/groot_language.py).",
                                           "transformers' Qwen3 decoder layers.")
-    groot_language_split_k: bool = _option(True, "GR00T: the language model's MLP down GEMM (K = 6144) as "
-                                           "LANGUAGE_DOWN_SPLITS K-slices in one strided-batched cuBLAS GEMM whose "
-                                           "fp32 partials the next norm sums (engine/groot_language.py): a prompt's "
-                                           "~200 rows give cuBLAS's tiles too few programs for 132 SMs.",
-                                           "One GEMM per down projection (cuBLAS's own split-K and reduction).")
     groot_step_ends: bool = _option(True, "GR00T: the Euler steps' ends around the fused DiT in few kernels: a "
                                     "batch's one embodiment is part of the graph's signature, so its encoder and "
                                     "decoder weights are views picked at capture instead of gathered in every "

@@ -12,7 +12,7 @@ from test_groot_graph import TINY, inputs
 
 from flashrt_core.engine import EngineOptions, eager_cpu_dispatch
 from flashrt_core.engine.groot_graph import GrootGraphExecutor
-from flashrt_core.engine.groot_language import LANGUAGE_DOWN_SPLITS, EngineLanguage, prepare_language
+from flashrt_core.engine.groot_language import EngineLanguage, prepare_language
 from flashrt_core.engine.weights import Linear
 from flashrt_core.engine.groot_static import GrootSignature, StaticTables, image_tokens, language_features
 from flashrt_core.engine.ops import Ops
@@ -89,33 +89,6 @@ def test_chunk_equals_the_reference_and_the_switch_turns_it_off(model):
     assert isinstance(built, GrootReferenceExecutor)
     assert EngineOptions().groot_engine_language
     assert not EngineOptions(fast_paths=False).enabled("groot_engine_language")
-
-
-def test_down_gemm_in_k_slices(model):
-    """The down GEMM as K-slices (EngineOptions.groot_language_split_k): fp32 partials that the next norm sums give
-    the features of the one GEMM; the switch turns it off; a K the slices do not divide into whole 16-byte rows,
-    or a weight with a bias, keeps one GEMM."""
-    ops = Ops(eager_cpu_dispatch())
-    on, off = prepare_language(model, ops), prepare_language(model, ops, split_k=False)
-    assert (on.down_splits, off.down_splits) == (LANGUAGE_DOWN_SPLITS, 1)
-    args = inputs(model, [(56, 84), (56, 56)], 9, seed=2, pad=3)
-    got, want = _features(model, args, on), _features(model, args, off)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert not torch.equal(got, want)                       # the partials are summed in another order
-
-    gen = torch.Generator().manual_seed(0)
-    x, w = torch.randn(7, 64, generator=gen), torch.randn(24, 64, generator=gen)
-    parts = ops.linear_split_k(x, Linear([(w, None)]), 4)
-    assert parts.shape == (4, 7, 24) and parts.dtype == torch.float32
-    torch.testing.assert_close(parts.sum(0), x @ w.t(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(parts[1], x[:, 16:32] @ w[:, 16:32].t(), rtol=1e-5, atol=1e-5)
-    assert ops.linear_split_k(x, Linear([(w, torch.ones(24))]), 4).shape == (7, 24)
-    assert ops.split_k_fits(6144, 4) and not ops.split_k_fits(40, 4) and not ops.split_k_fits(64, 1)
-    executor = GrootGraphExecutor(model, "cpu", capture=False, language_split_k=False)
-    executor.sample_actions(*args)
-    assert all(e.tables.language.down_splits == 1 for e in executor.entries.values())
-    assert EngineOptions().groot_language_split_k
-    assert not EngineOptions(fast_paths=False).enabled("groot_language_split_k")
 
 
 def test_merged_weights_share_the_models_storage(model):

@@ -121,4 +121,3 @@ def test_the_switch(model):
     assert EngineOptions().groot_step_ends
     assert not EngineOptions.from_env(env={"FLASHRT_GROOT_STEP_ENDS": "0"}).enabled("groot_step_ends")
     assert not EngineOptions(fast_paths=False).enabled("groot_step_ends")
-
