@@ -21,6 +21,7 @@ POLICY = BENCH / "2026-12-01" / "policy_predict_h200.json"
 FAST = BENCH / "2026-12-04" / "pi0_fast_h200.json"
 GROOT = BENCH / "2026-12-04" / "groot_graph_h200.json"
 GROOT_OPS = BENCH / "2026-12-04" / "groot_language_ops_h200.json"
+GROOT_PROFILE = BENCH / "2026-12-04" / "groot_profile_h200.json"
 CHAIN = BENCH / "2026-12-04" / "layer_chain_h200.json"
 RTC = BENCH / "2026-12-04" / "rtc_cost_pi05_h200.json"
 NODE = BENCH / "2026-12-01" / "node_overhead_h200_raw.json"
@@ -137,8 +138,10 @@ def test_the_groot_rows_quote_their_result_file():
                          "graph_replay_transformers_vision"),
                         ("graph replay, `groot_engine_language` off (transformers' Qwen3 layers)",
                          "graph_replay_transformers_language"),
-                        ("graph replay, `groot_language_split_k` off (the language's down GEMM whole)",
-                         "graph_replay_no_language_split_k")):
+                        ("graph replay, `groot_step_ends` off (the embodiment's weights gathered in every predict)",
+                         "graph_replay_no_step_ends"),
+                        ("graph replay, `groot_tune_with_norm` off (the DiT's split-K GEMMs timed alone)",
+                         "graph_replay_gemms_timed_alone")):
         stats, digits = result[key], 1 if key == "reference" else 2
         assert _row(PAGE, starts)[1:] == [f"{stats['median_ms']:.{digits}f} ms", f"{stats['p99_ms']:.{digits}f} ms"]
     assert f"cosine {result['cosine_vs_fp32']['graph_mean']:.6f}" in PAGE
@@ -165,6 +168,29 @@ def test_the_groot_language_ops_rows_quote_their_result_file():
         f"{att['causal_us']:.2f}; {att['causal_and_mask_us']:.2f}"
     assert min(("split2", "split3", "split4", "split6", "split8"), key=lambda k: down[k]["gemm_norm_us"]) == "split4"
     assert r["qkv_rope"]["default_rows_per_program"] == 8 and att["real_rows_max_abs_diff"] == 0
+
+
+def test_the_groot_profile_rows_quote_their_result_file():
+    """The action head's kernels by exposed time: the named rows, and the rest as the span's remainder."""
+    head = json.loads(GROOT_PROFILE.read_text())["phases"]["action_head"]
+    named = {row["name"]: row for row in head["by_name"]}
+    shown = 0.0
+    for starts, name in (("the DiT's GEMMs (`_smem_gemm_rows_kernel`)", "_smem_gemm_rows_kernel"),
+                         ("residual LayerNorms (`_residual_norm_kernel`)", "_residual_norm_kernel"),
+                         ("attention (`_head_attention_kernel`)", "_head_attention_kernel")):
+        row = named[name]
+        assert _row(PAGE, starts)[1:] == [str(row["count"]), f"{row['exposed_us']:.0f} us"]
+        shown += row["exposed_us"]
+    kv = max((row for row in head["by_name"] if row["count"] == 1 and row["name"].startswith("nvjet")),
+             key=lambda row: row["exposed_us"])                 # the largest single cuBLAS GEMM: K / V of the features
+    assert _row(PAGE, "the backbone features' K / V for every cross-attention block (one cuBLAS GEMM, 201 MB of "
+                      "weights)")[1:] == ["1", f"{kv['exposed_us']:.0f} us"]
+    rest = _row(PAGE, "everything else: the steps' ends, vlln, masks, state encoder")[1:]
+    counted = sum(named[n]["count"] for n in ("_smem_gemm_rows_kernel", "_residual_norm_kernel",
+                                               "_head_attention_kernel")) + 1
+    assert rest == [str(head["kernels"] - counted), f"{head['span_us'] - shown - kv['exposed_us']:.0f} us"]
+    text = " ".join(PAGE.split())
+    assert f"kernels ({head['kernels']} in one replay)" in text and f"its span is {head['span_us'] / 1e3:.2f} ms" in text
 
 
 def test_the_layer_chain_rows_quote_their_result_file():
