@@ -262,6 +262,11 @@ class GrootGraphExecutor:
         if self.model is None:
             raise RuntimeError("sample_actions called after close()")
         views = list(views)
+        ids = embodiment_id.reshape(-1).tolist()          # on the host (the policy's inputs are); read once here
+        count = self.model.cfg.max_num_embodiments
+        if any(not 0 <= e < count for e in ids):
+            raise InputError(f"embodiment_id {ids} out of range: the checkpoint has {count} embodiment projectors "
+                             f"(ids 0-{count - 1})")
         input_ids, attention_mask = self._pad_prompt(input_ids, attention_mask)
         sig = GrootSignature.of(views, input_ids, attention_mask, embodiment_id if self.step_ends else None)
         entry = self._entries.get(sig)

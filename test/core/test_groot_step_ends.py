@@ -15,6 +15,7 @@ from flashrt_core.engine.groot_graph import GrootGraphExecutor
 from flashrt_core.engine.groot_static import GrootSignature, StaticTables, predict
 from flashrt_core.engine.groot_step_ends import EmbodimentWeights
 from flashrt_core.engine.ops import Ops
+from flashrt_core.errors import InputError
 from flashrt_core.groot_fixtures import random_groot_model
 from flashrt_core.groot_policy import GrootReferenceExecutor
 
@@ -121,3 +122,16 @@ def test_the_switch(model):
     assert EngineOptions().groot_step_ends
     assert not EngineOptions.from_env(env={"FLASHRT_GROOT_STEP_ENDS": "0"}).enabled("groot_step_ends")
     assert not EngineOptions(fast_paths=False).enabled("groot_step_ends")
+
+
+def test_an_embodiment_id_out_of_range_is_refused_by_name(model):
+    """An id past the checkpoint's projectors is an InputError before anything runs (the gathers would index out of
+    bounds on the device), with the step ends on and off."""
+    views, ids, mask, state, _, noise = inputs(model, [(56, 56)], 5, seed=0)
+    count = model.cfg.max_num_embodiments
+    for step_ends in (True, False):
+        ex = GrootGraphExecutor(model, "cpu", capture=False, step_ends=step_ends)
+        for bad in (count, -1):
+            with pytest.raises(InputError, match=rf"embodiment_id \[{bad}\] out of range: the checkpoint has {count}"):
+                ex.sample_actions(views, ids, mask, state, torch.tensor([bad]), noise)
+        assert not ex.entries
