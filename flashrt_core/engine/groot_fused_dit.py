@@ -11,7 +11,9 @@ stream x is one fp32 (B * T, D) buffer, and each residual add runs inside the no
 and bias = shift from the step tables (groot_dit.StepTables; the timestep is the same for every batch row, so one
 (D,) row serves the whole batch). Per block:
 
-    norm(pending, residual) -> AdaLN          the previous block's MLP output added (none before block 0)
+    norm(pending, residual) -> AdaLN          the previous block's MLP output added (before block 0: nothing, or
+                                              with the step ends the action encoder's W3 output,
+                                              engine/groot_step_ends.py)
     Q/K/V: one merged GEMM (self-attention blocks) or Q alone (cross-attention blocks: K / V of the backbone
            features once per predict, every cross block's in one GEMM over their merged [W_k; W_v]
            (context_projections; the model's to_k / to_v weights become views into the merged tensor), with the
