@@ -21,8 +21,9 @@ is made once per signature, outside the graph (EmbodimentWeights):
 
 Per step, in the graph: one GEMM and one SiLU for the encoder's x, the residual stream's copy, W3's GEMM, the DiT
 (engine/groot_fused_dit.py), the decoder's two GEMMs and the Euler update (actions + dt * velocity, one kernel).
-The reference runs ~16 kernels there, 5 of them gathers' and bias copies. A batch of several embodiments keeps the
-gathers (groot_dit.euler_steps). Rounding differs from the reference's by the folded weights' and the bias rows'
+The step tables' path (groot_dit.euler_steps) runs ~16 kernels there, 5 of them copies of a broadcast bias ahead
+of its batched GEMMs, and gathers the embodiment's weights (14 copies) once per predict; a batch of several
+embodiments keeps that path. Rounding differs from the reference's by the folded weights' and the bias rows'
 own rounding: in fp32 the chunk is the reference's (test/core/test_groot_step_ends.py).
 """
 
