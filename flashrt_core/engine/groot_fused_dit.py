@@ -208,7 +208,7 @@ def sample_actions_fused(head: GrootActionHead, tables: StepTables, mods: FusedS
         vl_embeds, state_features = head.vlln(backbone_features), embodiment.state_features(state)
     kv = additive_masks(context_kv(head.model, vl_embeds, image_mask, backbone_mask,
                                    context_projections(fused, vl_embeds)))
-    actions = noise.to(vl_embeds.dtype, copy=True)
+    actions = noise.to(vl_embeds.dtype)
     if embodiment is None:
         return euler_steps(head, tables, state_features, actions, embodiment_id,
                            lambda k, tokens: _dit(fused, mods, k, kv, tokens.to(torch.float32, copy=True)))

@@ -7,7 +7,8 @@ device), ONE graph replay runs the whole predict (vision for every view, project
 layers, vlln and the state encoder, the Euler steps of the DiT, the decoder: engine/groot_static.py), and the
 actions come back as a clone of the graph's static output. A signature (batch, the views' sizes, the prompt
 length, a padded prompt mask or not, with step_ends the batch's embodiment: groot_static.GrootSignature) is
-captured on its first call; later calls of that signature only replay. All graphs share one memory pool (they never run at the same time).
+captured on its first call; later calls of that signature only replay. All graphs share one memory pool (they
+never run at the same time).
 
 The DiT's blocks run on the engine's fused ops (engine/groot_fused_dit.py, fused_dit / EngineOptions.groot_fused_dit):
 their weights are prepared once here, the Ops bound to the dispatch table's implementations. fp8=True (precision
@@ -262,13 +263,13 @@ class GrootGraphExecutor:
         if self.model is None:
             raise RuntimeError("sample_actions called after close()")
         views = list(views)
-        ids = embodiment_id.reshape(-1).tolist()          # on the host (the policy's inputs are); read once here
+        ids = embodiment_id.reshape(-1).tolist()          # on the host (the policy's inputs are): the check, the signature
         count = self.model.cfg.max_num_embodiments
         if any(not 0 <= e < count for e in ids):
             raise InputError(f"embodiment_id {ids} out of range: the checkpoint has {count} embodiment projectors "
                              f"(ids 0-{count - 1})")
         input_ids, attention_mask = self._pad_prompt(input_ids, attention_mask)
-        sig = GrootSignature.of(views, input_ids, attention_mask, embodiment_id if self.step_ends else None)
+        sig = GrootSignature.of(views, input_ids, attention_mask, ids if self.step_ends else None)
         entry = self._entries.get(sig)
         fresh = entry is None
         if fresh:

@@ -37,6 +37,7 @@ from .kernel_import import load_kernels
 from .ops import Ops
 from .weights import Linear, _f32, merge_in_place
 
+
 @dataclass
 class LanguageLayer:
     qkv: Linear                  # [W_q; W_k; W_v], no bias

@@ -33,6 +33,7 @@ masked_scatter's count. Here what depends on the signature alone is computed onc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -66,9 +67,10 @@ class GrootSignature:
 
     @classmethod
     def of(cls, views, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-           embodiment_id: torch.Tensor | None = None) -> GrootSignature:
-        """The signature of one call (reads the prompt mask's values and the embodiment ids, if given: on the host
-        where they are there). embodiment: the ids' one value when all rows share it, else None."""
+           embodiments: Sequence[int] | None = None) -> GrootSignature:
+        """The signature of one call (reads the prompt mask's values: on the host where it is there). embodiments:
+        the batch rows' embodiment ids (read by the caller), whose one value, when all rows share it, is the
+        signature's embodiment; None or several values: None."""
         if input_ids.dim() != 2 or tuple(attention_mask.shape) != tuple(input_ids.shape):
             raise ValueError(f"input_ids and attention_mask must both be [B, L], got {tuple(input_ids.shape)} and "
                              f"{tuple(attention_mask.shape)}")
@@ -76,7 +78,7 @@ class GrootSignature:
         seen = attention_mask.to(torch.int8)
         padded = not bool(seen.all())
         right = padded and bool((seen[:, 1:] <= seen[:, :-1]).all())       # no real token after a padding one
-        ids = set() if embodiment_id is None else set(embodiment_id.reshape(-1).tolist())
+        ids = set(embodiments or ())
         return cls(int(input_ids.shape[0]), sizes, int(input_ids.shape[1]), padded, right,
                    int(ids.pop()) if len(ids) == 1 else None)
 

@@ -76,7 +76,6 @@ class EmbodimentWeights:
         self.state = (_views(head.state_encoder.layer1, embodiment), _views(head.state_encoder.layer2, embodiment))
         self.decoder = (_views(head.action_decoder.layer1, embodiment), _views(head.action_decoder.layer2, embodiment))
         self.steps = steps.steps
-        self.embodiment = embodiment
 
     def to(self, device: torch.device | str) -> EmbodimentWeights:
         pairs = lambda layers: tuple(tuple(t.to(device) for t in pair) for pair in layers)  # noqa: E731
@@ -118,13 +117,13 @@ class EmbodimentWeights:
         (b1, w1), (b2, w2) = self.decoder
         b, t, _ = out.shape
         velocity = torch.addmm(b2, _relu_linear(out.reshape(b * t, -1), b1, w1), w2).view(b, t, -1)
-        return actions.add_(velocity[:, 1:], alpha=1.0 / self.steps)
+        return actions.add(velocity[:, 1:], alpha=1.0 / self.steps)
 
 
 def sample_steps(embodiment: EmbodimentWeights, ops: Ops, dit, state_features: torch.Tensor,
                  actions: torch.Tensor) -> torch.Tensor:
-    """The Euler steps from `actions` (the noise, updated in place): dit(k, residual, pending) is the DiT at step
-    k on the residual stream with W3's output pending -> [B, 1 + H, out]."""
+    """The Euler steps from `actions` (the noise): dit(k, residual, pending) is the DiT at step k on the residual
+    stream with W3's output pending -> [B, 1 + H, out]."""
     start, w3_input = embodiment.stream_start(state_features)
     residual = torch.empty_like(start)
     for k in range(embodiment.steps):

@@ -67,7 +67,7 @@ def test_the_tables_hold_the_embodiments_weights(model):
     GEMMs folded per step; W3's bias and the positions in the residual stream's start."""
     head = model.action_head
     args = inputs(model, [(56, 84)], 9, seed=7)
-    sig = GrootSignature.of(*args[:3], torch.tensor([6]))
+    sig = GrootSignature.of(*args[:3], [6])
     assert sig.embodiment == 6
     fused = prepare_fused_dit(head, Ops(eager_cpu_dispatch()))
     tables = StaticTables(model, sig, torch.device("cpu"), True, fused)
@@ -94,7 +94,7 @@ def test_the_predict_reads_no_value_on_the_host():
     model = random_groot_model(TINY, seed=1)
     args = inputs(model, [(56, 84), (56, 56)], 5, seed=0, pad=2)
     fused = prepare_fused_dit(model.action_head, Ops(eager_cpu_dispatch()))
-    tables = StaticTables(model, GrootSignature.of(*args[:3], args[4]), torch.device("cpu"), True, fused).to("meta")
+    tables = StaticTables(model, GrootSignature.of(*args[:3], args[4].tolist()), torch.device("cpu"), True, fused).to("meta")
     assert tables.embodiment is not None
     meta = model.to("meta")
     tables.fused = prepare_fused_dit(meta.action_head, fused.ops)
