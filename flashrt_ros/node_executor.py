@@ -20,6 +20,10 @@ the SingleThreadedExecutor. Worth another look when rclpy's implementation chang
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Iterator
+
 EXECUTORS = ("single_threaded", "multi_threaded")
 DEFAULT_EXECUTOR = "single_threaded"
 MULTI_THREADED_THREADS = 4
@@ -57,4 +61,30 @@ def spin_until_shutdown(executor, context, timeout_sec: float = 0.05, stop=None)
                 raise
 
 
-__all__ = ["DEFAULT_EXECUTOR", "EXECUTORS", "MULTI_THREADED_THREADS", "make_executor", "spin_until_shutdown"]
+@contextlib.contextmanager
+def sigint_shuts_down_quietly() -> Iterator[None]:
+    """Inside: the first SIGINT leaves the process's stop to rclpy instead of raising KeyboardInterrupt.
+
+    Enter it before ``rclpy.init``: rclpy's own SIGINT handler then chains to this one. rclpy's handler shuts the
+    context down, which ends ``executor.spin`` with ExternalShutdownException, a configure at its next step (the
+    node checks the context between steps) and a warm-up before its next pass. The KeyboardInterrupt that Python's
+    default handler raises lands instead at whatever line the main thread runs; when that line is Python code
+    that native code calls (a pybind11 callback while torch imports during the first configure, for instance),
+    the exception cannot cross the native frames and the process aborts (std::terminate, exit code -6).
+    A second SIGINT raises KeyboardInterrupt: the user insists. On exit the previous handler comes back."""
+    signalled = []
+
+    def on_sigint(signum, frame) -> None:
+        if signalled:
+            raise KeyboardInterrupt
+        signalled.append(signum)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+__all__ = ["DEFAULT_EXECUTOR", "EXECUTORS", "MULTI_THREADED_THREADS", "make_executor", "sigint_shuts_down_quietly",
+           "spin_until_shutdown"]

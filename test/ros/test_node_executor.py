@@ -8,6 +8,7 @@ import time
 import pytest
 
 from flashrt_ros.node_executor import EXECUTORS, make_executor, spin_until_shutdown
+from ros_processes import start_python
 
 pytestmark = pytest.mark.ros
 
@@ -113,3 +114,38 @@ def test_spin_thread_ends_when_asked_while_the_context_lives():
         rclpy.shutdown(context=context)
         spinner.join(timeout=5.0)
         node.destroy_node()
+
+
+SIGINT_PROCESS = r"""
+import os, signal, time
+import rclpy
+from flashrt_ros.node_executor import sigint_shuts_down_quietly
+with sigint_shuts_down_quietly(), rclpy.init():
+    os.kill(os.getpid(), signal.SIGINT)
+    deadline = time.monotonic() + 10.0
+    while rclpy.ok() and time.monotonic() < deadline:     # Python keeps running: no KeyboardInterrupt here
+        time.sleep(0.01)
+    print("context shut down:", not rclpy.ok(), flush=True)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5.0)
+        print("second SIGINT: nothing raised", flush=True)
+    except KeyboardInterrupt:
+        print("second SIGINT: KeyboardInterrupt", flush=True)
+print("default handler back:", signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)
+"""
+
+
+def test_sigint_shuts_the_context_down_without_keyboard_interrupt():
+    """The first SIGINT shuts rclpy's context down (rclpy's handler) while the Python code that runs goes on
+    undisturbed; a second one raises KeyboardInterrupt; afterwards Python's default handler is back."""
+    process = start_python(SIGINT_PROCESS)
+    try:
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, f"exit code {process.returncode}\n{out}\n{err}"
+    assert out.splitlines() == ["context shut down: True", "second SIGINT: KeyboardInterrupt",
+                                "default handler back: True"], f"{out}\n{err}"
