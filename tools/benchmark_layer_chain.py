@@ -1,6 +1,7 @@
 """What a dependency between layers costs: a chain of dependent one-shot GEMMs (kernels/flashrt_kernels/layer_chain.py)
 with one launch per layer in a CUDA graph (plain stream order, PDL, PDL with early trigger), the library GEMM per
-layer in a graph, and one persistent kernel whose layers wait on counters in global memory.
+layer in a graph, and one persistent kernel whose layers wait on counters in global memory or on flags carried in
+every data word.
 
 The default chain is the denoiser's: 180 layers (10 steps x 18 layers) of the action expert's width (1024) at 10
 rows; each layer reads a 2 MiB weight, so the time per layer above its weight stream is what one dependency costs.
@@ -27,7 +28,7 @@ from flashrt_core.engine.timing import graph_replay_ms  # noqa: E402
 from tools.benchmark_engine import env_info  # noqa: E402
 
 VARIANTS = ("launch_per_layer", "launch_per_layer_pdl", "launch_per_layer_pdl_early", "library_per_layer",
-            "persistent_counters")
+            "persistent_counters", "persistent_flagged_data", "launch_per_layer_flagged_data")
 
 
 def _graph_ms(run, reps: int) -> list[float]:
@@ -58,7 +59,9 @@ def measure(layers: int, width: int, rows: int, reps: int) -> dict:
         else:
             pdl = {"launch_per_layer": False, "launch_per_layer_pdl": True,
                    "launch_per_layer_pdl_early": k.EARLY_TRIGGER}.get(variant, False)
-            chain = k.LayerChain(w, rows, variant == "persistent_counters", pdl)
+            wait = {"persistent_counters": "counter", "persistent_flagged_data": "flagged_data",
+                    "launch_per_layer_flagged_data": "launch_flagged_data"}.get(variant, "launch")
+            chain = k.LayerChain(w, rows, wait, pdl)
             chain.x.copy_(x)
             run, out = chain.run, chain.out
         times = _graph_ms(run, reps)

@@ -94,8 +94,9 @@
 # groot-profile: tools/profile_groot.py: the released-size graph's vision, language and action-head graphs, each
 #   replayed under torch.profiler, their kernels summed by name (groot_profile_<date>.json, groot_profile.log).
 # layer-chain: kernels/flashrt_kernels/layer_chain.py's GPU test, then tools/benchmark_layer_chain.py: 180 dependent
-#   layers at the expert's width launched per layer (stream order, PDL, early trigger, library GEMM) and as one
-#   persistent kernel waiting on counters (layer_chain_<date>.json, layer_chain.log).
+#   layers at the expert's width launched per layer (stream order, PDL, early trigger, library GEMM, flagged words
+#   polled after an early trigger) and as one persistent kernel waiting on counters or on flagged words
+#   (layer_chain_<date>.json, layer_chain.log).
 # rtc: test/gpu/test_engine_rtc_gpu.py (every engine RTC mode in the graph against the eager engine and the
 #   reference sampler; pytest_rtc.log), then tools/benchmark_rtc.py: each mode's replay beside the plain graph on
 #   full-size pi0.5 (rtc_cost_pi05_<date>.json, rtc.log).

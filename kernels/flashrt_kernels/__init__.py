@@ -21,7 +21,10 @@ from .euler import euler, euler_reference
 from .fp8_quant import fp8_quant, fp8_quant_reference
 from .geglu import geglu, geglu_reference, swiglu, swiglu_reference
 from .head_attention import head_attention, head_attention_reference
-from .layer_chain import LayerChain, layer_chain, layer_chain_reference
+from .layer_chain import FLAG as LAYER_CHAIN_FLAG
+from .layer_chain import WAITS as LAYER_CHAIN_WAITS
+from .layer_chain import (LayerChain, layer_chain, layer_chain_reference, pack_flagged_words,
+                          unpack_flagged_words)
 from .patch_embed import patch_rows, patch_rows_reference
 from .prefix_attention import BLOCK_N as PREFIX_ATTENTION_BLOCK_N
 from .prefix_attention import prefix_attention, prefix_attention_supported
@@ -43,7 +46,8 @@ __all__ = [
     "euler", "euler_reference",
     "fp8_quant", "fp8_quant_reference",
     "geglu", "geglu_reference", "swiglu", "swiglu_reference",
-    "LayerChain", "layer_chain", "layer_chain_reference",
+    "LAYER_CHAIN_FLAG", "LAYER_CHAIN_WAITS", "LayerChain", "layer_chain", "layer_chain_reference",
+    "pack_flagged_words", "unpack_flagged_words",
     "patch_rows", "patch_rows_reference",
     "PREFIX_ATTENTION_BLOCK_N", "prefix_attention", "prefix_attention_supported",
     "qkv_gemm_rope", "qkv_gemm_rope_reference",

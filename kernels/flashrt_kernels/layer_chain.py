@@ -1,31 +1,41 @@
 """A chain of dependent one-shot GEMMs, the building block of a persistent denoiser: how much a dependency between
-layers costs when it is a kernel boundary (one launch per layer, in a CUDA graph, with or without PDL) and when it is
-a counter in global memory inside one persistent kernel.
+layers costs when it is a kernel boundary (one launch per layer, in a CUDA graph, with or without PDL), a counter in
+global memory inside one persistent kernel, or a flag that travels in every data word.
 
     x_0 = x;  x_{l+1} = bf16(x_l @ W_l^T)   x (M, D), W_l (D, D), l = 0 .. L-1;  returns x_L
 
 Every program owns BLOCK_N output columns of a layer (a tile: its BLOCK_N x D weight slice, loaded whole, "one
 shot", before it waits for its input), so a layer is D / BLOCK_N tiles and every weight byte is read once.
-- per-layer launches (`layer_chain(..., persistent=False)`): layer l is its own launch of D / BLOCK_N programs;
-  with PDL the next layer's programs start, load their weights and wait (griddepcontrol) while this one finishes.
-- persistent (`persistent=True`): one launch of D / BLOCK_N programs (all resident: at most one per SM), each
-  owning the same tile of every layer. A program loads its slice of W_l, then spins (volatile loads, then one
-  acquire) until layer l - 1's counter holds D / BLOCK_N (every tile of x_l written), reads x_l, writes its tile of
-  x_{l+1} and adds one to layer l's counter (a CTA barrier, then a release at GPU scope). The weights of layer l
-  stream while the program waits for layer l - 1; the dependency is a counter round trip through L2 instead of a
-  kernel's drain and launch.
-On the H200 (docs/performance.md) a dependency costs 3.8 us as a plain launch boundary, 2.1 us with PDL and 3.1 us
-as a whole-layer counter: the counter form does not beat PDL.
-The counters must be zero before a persistent run (the launcher zeroes them).
+- ``wait="launch"``: layer l is its own launch of D / BLOCK_N programs; with PDL the next layer's programs start,
+  load their weights and wait (griddepcontrol) while this one finishes.
+- ``wait="counter"``: one persistent launch of D / BLOCK_N programs (all resident: at most one per SM), each owning
+  the same tile of every layer. A program loads its slice of W_l, then spins (volatile loads, then one acquire)
+  until layer l - 1's counter holds D / BLOCK_N (every tile of x_l written), reads x_l, writes its tile of x_{l+1}
+  and adds one to layer l's counter (a CTA barrier, then a release at GPU scope).
+- ``wait="flagged_data"``: the same persistent programs, but no counter and no fence: every activation is a 32-bit
+  word, its bf16 bits in the low half and a flag in the high half (the "LL" protocol of NCCL's small messages). A
+  32-bit aligned store is seen whole or not at all, so a program polls x_l itself (volatile loads) until every
+  word carries the flag, and the values are then in its registers: the hand-over is one store and one load
+  through L2, where the counter takes a fence, an atomic, a poll and an acquire before the data load.
+- ``wait="launch_flagged_data"``: a launch per layer again, on flagged words: every layer's programs release the
+  next layer at their start (PDL's early trigger) and, instead of griddepcontrol's wait for the whole grid before
+  them to finish and flush, poll their input words as above. The first layer runs in stream order after the
+  zeroing of the words; its successors need no wait on the grid, since the flags say when their input is there.
+In the persistent forms the weights of layer l stream while the program waits for layer l - 1, in the flagged
+launches while the layer before works. The counters and the flagged words are zeroed before each run (the launcher
+does it).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._triton import launch_options, release_dependents, tl, triton, wait_for_inputs
+from ._triton import EARLY_TRIGGER, INTERPRETED, launch_options, release_dependents, tl, triton, wait_for_inputs
 
 BLOCK_M = 16           # rows a program covers (the denoiser's 10-row steps; at most 16)
+WAITS = ("launch", "counter", "flagged_data", "launch_flagged_data")
+FLAGGED_WAITS = ("flagged_data", "launch_flagged_data")      # the forms whose activations are flagged words
+FLAG = 1               # high half of a written word of the flagged form; zeroed words read as "not yet written"
 
 
 def layer_chain_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -76,6 +86,58 @@ def _persistent_chain_kernel(buf_ptr, w_ptr, counter_ptr, M, LAYERS: tl.constexp
         tl.atomic_add(counter_ptr + layer, 1, sem="release")
 
 
+@triton.jit
+def _flagged_input(src, m_ok, FLAG: tl.constexpr):
+    """Poll the int32 words at src (volatile loads) until every one under m_ok carries FLAG; their bf16 values."""
+    words = tl.load(src, mask=m_ok, other=FLAG << 16, volatile=True)
+    while tl.min((words >> 16) & 0xFFFF) != FLAG:            # some word not written yet: read them all again
+        words = tl.load(src, mask=m_ok, other=FLAG << 16, volatile=True)
+    return (words & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _flagged_store(dst, y, m_ok, FLAG: tl.constexpr):
+    """Store y as flagged words: bf16(y)'s bits in the low half, FLAG in the high half."""
+    bits = y.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    tl.store(dst, bits | (FLAG << 16), mask=m_ok)
+
+
+@triton.jit
+def _persistent_flagged_chain_kernel(buf_ptr, w_ptr, M, LAYERS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                                     BLOCK_N: tl.constexpr, FLAG: tl.constexpr):
+    """Every layer's tile `program_id` in turn; buf (LAYERS + 1, M, D) int32 words (bf16 bits | FLAG << 16):
+    buf[0] = x, buf[l + 1] = layer l's output."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, D)
+    rm = tl.arange(0, BLOCK_M)
+    m_ok = (rm < M)[:, None]
+    for layer in range(LAYERS):
+        w = tl.load(w_ptr + layer * D * D + rn[:, None] * D + rk[None, :])              # before the wait
+        x = _flagged_input(buf_ptr + layer * M * D + rm[:, None] * D + rk[None, :], m_ok, FLAG)
+        y = tl.dot(x, tl.trans(w))
+        _flagged_store(buf_ptr + (layer + 1) * M * D + rm[:, None] * D + rn[None, :], y, m_ok, FLAG)
+
+
+@triton.jit
+def _flagged_layer_kernel(x_ptr, w_ptr, y_ptr, M, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          FLAG: tl.constexpr, PDL: tl.constexpr, F32_DOT: tl.constexpr):
+    """One layer on flagged words: y[:, tile] = x @ W[tile, :]^T. With PDL (the early trigger) the next layer
+    launches as soon as every program of this one has started; it polls this one's words instead of waiting for
+    the grid to finish (no griddepcontrol.wait). F32_DOT: the product of the bf16 values in fp32 (Triton's
+    interpreter, whose bf16 dot is wrong)."""
+    release_dependents(PDL)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, D)
+    rm = tl.arange(0, BLOCK_M)
+    m_ok = (rm < M)[:, None]
+    w = tl.load(w_ptr + rn[:, None] * D + rk[None, :])                                  # (BLOCK_N, D)
+    x = _flagged_input(x_ptr + rm[:, None] * D + rk[None, :], m_ok, FLAG)
+    if F32_DOT:
+        x = x.to(tl.float32)
+        w = w.to(tl.float32)
+    y = tl.dot(x, tl.trans(w))
+    _flagged_store(y_ptr + rm[:, None] * D + rn[None, :], y, m_ok, FLAG)
+
 def chain_tiles(D: int, block_n: int) -> int:
     return D // block_n
 
@@ -88,17 +150,26 @@ def check_shapes(x: torch.Tensor, w: torch.Tensor, block_n: int) -> None:
 
 
 class LayerChain:
-    """Static buffers for one chain: `run()` computes x_L from `x` (written in place into buf[0]); capturable."""
+    """Static buffers for one chain: `run()` computes x_L from `x` (written in place into buf[0]); capturable.
+    wait: one of WAITS (the module's docstring); pdl applies to wait="launch"."""
 
-    def __init__(self, w: torch.Tensor, rows: int, persistent: bool, pdl: bool | int = False, block_n: int = 16,
-                 num_warps: int = 4):
-        self.w, self.persistent, self.pdl, self.block_n, self.num_warps = w, persistent, pdl, block_n, num_warps
+    def __init__(self, w: torch.Tensor, rows: int, wait: str, pdl: bool | int = False, block_n: int = 16,
+                 num_warps: int | None = None):
+        if wait not in WAITS:
+            raise ValueError(f"layer_chain: wait {wait!r} is not one of {WAITS}")
+        if wait in FLAGGED_WAITS and w.dtype != torch.bfloat16:
+            raise ValueError(f"layer_chain: the flagged forms carry bf16 values in their words, got {w.dtype} weights")
+        self.w, self.wait, self.pdl, self.block_n = w, wait, pdl, block_n
+        # the flagged form holds x as 32-bit words: 8 warps keep them and the weight slice in registers
+        self.num_warps = num_warps or (8 if wait in FLAGGED_WAITS else 4)
         layers, D, _ = w.shape
-        self.buf = torch.zeros(layers + 1, rows, D, device=w.device, dtype=w.dtype)
-        check_shapes(self.buf[0], w, block_n)
+        self.bf16 = torch.zeros(layers + 1, rows, D, device=w.device, dtype=w.dtype)
+        check_shapes(self.bf16[0], w, block_n)
+        self.words = (torch.zeros(layers + 1, rows, D, device=w.device, dtype=torch.int32)
+                      if wait in FLAGGED_WAITS else None)
         self.counters = torch.zeros(layers, device=w.device, dtype=torch.int32)
         tiles = chain_tiles(D, block_n)
-        if persistent and w.is_cuda:
+        if wait != "launch" and w.is_cuda:
             sms = torch.cuda.get_device_properties(w.device).multi_processor_count
             if tiles > sms:
                 raise ValueError(f"layer_chain: a persistent run needs its {tiles} programs resident at once, "
@@ -106,30 +177,60 @@ class LayerChain:
 
     @property
     def x(self) -> torch.Tensor:
-        return self.buf[0]
+        """The chain's input (rows, D) in the weights' dtype: write it before run()."""
+        return self.bf16[0]
 
     @property
     def out(self) -> torch.Tensor:
-        return self.buf[-1]
+        """x_L (rows, D) after run() (the flagged form unpacks it from its words in run())."""
+        return self.bf16[-1]
 
     def run(self) -> torch.Tensor:
-        layers, rows, D = self.buf.shape[0] - 1, self.buf.shape[1], self.buf.shape[2]
+        layers, rows, D = self.bf16.shape[0] - 1, self.bf16.shape[1], self.bf16.shape[2]
         tiles = chain_tiles(D, self.block_n)
-        if self.persistent:
+        if self.wait == "counter":
             self.counters.zero_()
-            _persistent_chain_kernel[(tiles,)](self.buf, self.w, self.counters, rows, LAYERS=layers, D=D,
+            _persistent_chain_kernel[(tiles,)](self.bf16, self.w, self.counters, rows, LAYERS=layers, D=D,
                                                BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, num_warps=self.num_warps)
+        elif self.words is not None:
+            self.words[1:].zero_()
+            self.words[0].copy_(pack_flagged_words(self.bf16[0]))
+            if self.wait == "flagged_data":
+                _persistent_flagged_chain_kernel[(tiles,)](self.words, self.w, rows, LAYERS=layers, D=D,
+                                                           BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, FLAG=FLAG,
+                                                           num_warps=self.num_warps)
+            else:
+                # the first layer in stream order after the zeroing; each later one as soon as the one before has
+                # started (early trigger), polling its words
+                for layer in range(layers):
+                    pdl = EARLY_TRIGGER if layer else False
+                    _flagged_layer_kernel[(tiles,)](self.words[layer], self.w[layer], self.words[layer + 1], rows,
+                                                    D=D, BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, FLAG=FLAG,
+                                                    PDL=int(EARLY_TRIGGER), F32_DOT=INTERPRETED,
+                                                    num_warps=self.num_warps,
+                                                    **launch_options(pdl))
+            self.bf16[-1].copy_(unpack_flagged_words(self.words[-1]))
         else:
             for layer in range(layers):
-                _layer_kernel[(tiles,)](self.buf[layer], self.w[layer], self.buf[layer + 1], rows, D=D,
+                _layer_kernel[(tiles,)](self.bf16[layer], self.w[layer], self.bf16[layer + 1], rows, D=D,
                                         BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, PDL=int(self.pdl),
                                         num_warps=self.num_warps, **launch_options(self.pdl))
         return self.out
 
 
-def layer_chain(x: torch.Tensor, w: torch.Tensor, persistent: bool, pdl: bool | int = False,
+def pack_flagged_words(x: torch.Tensor) -> torch.Tensor:
+    """bf16 (..., D) -> int32 words of the flagged form: the bf16 bits in the low half, FLAG in the high half."""
+    return (x.view(torch.int16).to(torch.int32) & 0xFFFF) | (FLAG << 16)
+
+
+def unpack_flagged_words(words: torch.Tensor) -> torch.Tensor:
+    """The flagged form's int32 words -> their bf16 values (the flag dropped)."""
+    return (words & 0xFFFF).to(torch.int16).view(torch.bfloat16)
+
+
+def layer_chain(x: torch.Tensor, w: torch.Tensor, wait: str, pdl: bool | int = False,
                 block_n: int = 16) -> torch.Tensor:
     """Triton launcher; contract of layer_chain_reference (a new chain's buffers per call: tests)."""
-    chain = LayerChain(w, x.shape[0], persistent, pdl, block_n)
+    chain = LayerChain(w, x.shape[0], wait, pdl, block_n)
     chain.x.copy_(x)
     return chain.run().clone()
