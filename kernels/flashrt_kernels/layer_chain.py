@@ -46,6 +46,14 @@ def layer_chain_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _tile_indices(M, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's output columns rn, the reduction index rk, the rows rm and the (BLOCK_M, 1) row mask."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    return rn, tl.arange(0, D), rm, (rm < M)[:, None]
+
+
+@triton.jit
 def _layer_kernel(x_ptr, w_ptr, y_ptr, M, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   PDL: tl.constexpr):
     """One layer: y[:, tile] = x @ W[tile, :]^T."""
@@ -65,10 +73,7 @@ def _persistent_chain_kernel(buf_ptr, w_ptr, counter_ptr, M, LAYERS: tl.constexp
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Every layer's tile `program_id` in turn; buf (LAYERS + 1, M, D): buf[0] = x, buf[l + 1] = layer l's output."""
     tiles: tl.constexpr = D // BLOCK_N
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, D)
-    rm = tl.arange(0, BLOCK_M)
-    m_ok = (rm < M)[:, None]
+    rn, rk, rm, m_ok = _tile_indices(M, D, BLOCK_M, BLOCK_N)
     for layer in range(LAYERS):
         w = tl.load(w_ptr + layer * D * D + rn[:, None] * D + rk[None, :])              # before the wait
         if layer > 0:
@@ -107,10 +112,7 @@ def _persistent_flagged_chain_kernel(buf_ptr, w_ptr, M, LAYERS: tl.constexpr, D:
                                      BLOCK_N: tl.constexpr, FLAG: tl.constexpr):
     """Every layer's tile `program_id` in turn; buf (LAYERS + 1, M, D) int32 words (bf16 bits | FLAG << 16):
     buf[0] = x, buf[l + 1] = layer l's output."""
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, D)
-    rm = tl.arange(0, BLOCK_M)
-    m_ok = (rm < M)[:, None]
+    rn, rk, rm, m_ok = _tile_indices(M, D, BLOCK_M, BLOCK_N)
     for layer in range(LAYERS):
         w = tl.load(w_ptr + layer * D * D + rn[:, None] * D + rk[None, :])              # before the wait
         x = _flagged_input(buf_ptr + layer * M * D + rm[:, None] * D + rk[None, :], m_ok, FLAG)
@@ -126,10 +128,7 @@ def _flagged_layer_kernel(x_ptr, w_ptr, y_ptr, M, D: tl.constexpr, BLOCK_M: tl.c
     the grid to finish (no griddepcontrol.wait). F32_DOT: the product of the bf16 values in fp32 (Triton's
     interpreter, whose bf16 dot is wrong)."""
     release_dependents(PDL)
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, D)
-    rm = tl.arange(0, BLOCK_M)
-    m_ok = (rm < M)[:, None]
+    rn, rk, rm, m_ok = _tile_indices(M, D, BLOCK_M, BLOCK_N)
     w = tl.load(w_ptr + rn[:, None] * D + rk[None, :])                                  # (BLOCK_N, D)
     x = _flagged_input(x_ptr + rm[:, None] * D + rk[None, :], m_ok, FLAG)
     if F32_DOT:
