@@ -40,10 +40,11 @@ def make_executor(kind: str, context=None):
     raise ValueError(f"unknown executor {kind!r}: one of {', '.join(EXECUTORS)}")
 
 
-def spin_until_shutdown(executor, context, timeout_sec: float = 0.05, stop=None) -> None:
-    """Spin ``executor`` until ``context`` shuts down, or until ``stop`` (a threading.Event) is set: the loop of a
-    background spin thread whose owner keeps creating and destroying entities from its own thread (bag replay,
-    tests, the node benchmark's lifecycle transitions).
+def spin_until_shutdown(executor, context, timeout_sec: float | None = 0.05, stop=None) -> None:
+    """Spin ``executor`` until ``context`` shuts down, or until ``stop`` (a threading.Event) is set: the policy
+    node's main loop (``timeout_sec=None``: each turn blocks until work is ready), and the loop of a background spin
+    thread whose owner keeps creating and destroying entities from its own thread (bag replay, tests, the node
+    benchmark's lifecycle transitions).
 
     Entities destroyed meanwhile: rclpy can raise InvalidHandle from a destroyed subscription's QoS event handler
     while it builds the wait set. That turn is dropped; the next one no longer has the entity. An error while
@@ -66,7 +67,7 @@ def sigint_shuts_down_quietly() -> Iterator[None]:
     """Inside: the first SIGINT leaves the process's stop to rclpy instead of raising KeyboardInterrupt.
 
     Enter it before ``rclpy.init``: rclpy's own SIGINT handler then chains to this one. rclpy's handler shuts the
-    context down, which ends ``executor.spin`` with ExternalShutdownException, a configure at its next step (the
+    context down, which ends the spin loop (spin_until_shutdown), a configure at its next step (the
     node checks the context between steps) and a warm-up before its next pass. The KeyboardInterrupt that Python's
     default handler raises lands instead at whatever line the main thread runs; when that line is Python code
     that native code calls (a pybind11 callback while torch imports during the first configure, for instance),

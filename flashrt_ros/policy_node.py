@@ -54,7 +54,7 @@ from flashrt_ros.input_watchdog import Fault, InputWatchdog, WatchLimits
 from flashrt_ros.msg import ActionChunk, PolicyStatus
 from flashrt_ros.node_calibration import CalibrationState, LiveCalibration, calibrate_from_bag
 from flashrt_ros.node_diagnostics import (DiagnosticsContext, NodeStatistics, diagnostic_array, status_fields)
-from flashrt_ros.node_executor import make_executor, sigint_shuts_down_quietly
+from flashrt_ros.node_executor import make_executor, sigint_shuts_down_quietly, spin_until_shutdown
 from flashrt_ros.node_logging import PythonLogBridge, ThrottledLog, bounded, quoted
 from flashrt_ros.node_parameters import (RUNTIME_PARAMETERS, NodeSettings, SettingsError, StateInput,
                                          TriggerMode, declare_parameters, on_set_parameters, read_settings)
@@ -797,15 +797,16 @@ class PolicyNode(LifecycleNode):
 
 
 def main(args: list[str] | None = None) -> int:
-    """Run the node with the executor its ``executor`` parameter names until SIGINT / shutdown; returns the
-    exit code."""
+    """Run the node with the executor its ``executor`` parameter names until SIGINT, SIGTERM or shutdown; returns
+    the exit code. Both signals shut rclpy's context down (rclpy's handlers); the spin loop then ends quietly, also
+    when the shutdown lands while the executor builds its next wait set (rclpy raises an RCLError there)."""
     try:
         with sigint_shuts_down_quietly(), rclpy.init(args=args):
             node = PolicyNode()
             executor = make_executor(node.get_parameter("executor").value)
             executor.add_node(node)
             try:
-                executor.spin()
+                spin_until_shutdown(executor, node.context, timeout_sec=None)
             finally:
                 node.release()
                 executor.shutdown(timeout_sec=1.0)
