@@ -27,7 +27,7 @@ from builtin_interfaces.msg import Duration as DurationMsg
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.clock import Clock, ClockType
-from rclpy.executors import ExternalShutdownException
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.time import Time
 from sensor_msgs.msg import JointState
@@ -39,6 +39,7 @@ from flashrt_ros.chunk_schedule import ChunkRejected, ChunkSchedule, Command, ti
 from flashrt_ros.executor_parameters import (RUNTIME_PARAMETERS, DeadlineMiss, ExecutorSettings, OutputType,
                                              declare_parameters, on_set_parameters, read_settings)
 from flashrt_ros.msg import ActionChunk
+from flashrt_ros.node_executor import spin_until_shutdown
 from flashrt_ros.node_parameters import SettingsError
 
 NODE_NAME = "action_executor"
@@ -331,17 +332,20 @@ class ActionExecutor(LifecycleNode):
 
 
 def main(args: list[str] | None = None) -> int:
-    """Run the executor until SIGINT or shutdown (configure/activate it through its lifecycle services)."""
-    rclpy.init(args=args)
-    node = ActionExecutor()
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        if rclpy.ok():
-            rclpy.try_shutdown()
+    """Run the executor until SIGINT, SIGTERM or shutdown (configure/activate it through its lifecycle services).
+    The signals shut rclpy's context down; spin_until_shutdown then ends quietly, also when the shutdown lands while
+    the executor builds its next wait set."""
+    with rclpy.init(args=args):
+        node = ActionExecutor()
+        executor = SingleThreadedExecutor()
+        executor.add_node(node)
+        try:
+            spin_until_shutdown(executor, node.context, timeout_sec=None)
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        finally:
+            executor.shutdown(timeout_sec=1.0)
+            node.destroy_node()
     return 0
 
 

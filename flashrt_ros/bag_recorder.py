@@ -195,6 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 executor.spin_once(timeout_sec=SPIN_PERIOD_S)
         except (KeyboardInterrupt, ExternalShutdownException):
             pass
+        except Exception:  # noqa: BLE001  (SIGTERM's context shutdown while the executor built its wait set)
+            if rclpy.ok():
+                raise
         finally:
             recorder.close()
             node.destroy_node()

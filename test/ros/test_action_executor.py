@@ -4,6 +4,7 @@ missed deadlines held or stopped, joint-named outputs, seams in /diagnostics, li
 from __future__ import annotations
 
 import itertools
+import signal
 import threading
 import time
 
@@ -24,6 +25,7 @@ from flashrt_ros.action_executor import ActionExecutor
 from flashrt_ros.demo_main import LifecycleClient
 from flashrt_ros.msg import ActionChunk
 from node_harness import DISCOVERY_TIMEOUT_S, wait_until
+from ros_processes import start_python
 
 pytestmark = pytest.mark.ros
 
@@ -257,3 +259,40 @@ def test_autostart_configures_and_activates_once(harness_factory):
     assert harness.lifecycle.change("configure")
     time.sleep(0.3)
     assert harness.node.lifecycle_state() == "inactive"      # nothing activates it again
+
+
+EXECUTOR_PROCESS = r"""
+import sys
+from flashrt_ros.action_executor import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_executor_process_exits_cleanly_on_signal(signum):
+    """``python -m flashrt_ros.action_executor`` (the launch file's executable) configured and active, then SIGINT or
+    SIGTERM: exit code 0, no traceback."""
+    namespace = f"/xsig{int(signum)}_{int(time.time() * 1000) % 100000}"
+    process = start_python(EXECUTOR_PROCESS, "--ros-args", "-r", f"__ns:={namespace}")
+    context = rclpy.Context()
+    rclpy.init(context=context, signal_handler_options=SignalHandlerOptions.NO)
+    driver = rclpy.create_node("executor_signal_driver", context=context)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(driver)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    try:
+        lifecycle = LifecycleClient(driver, f"{namespace}/action_executor")
+        assert lifecycle.wait_for_services(DISCOVERY_TIMEOUT_S), "executor process did not come up"
+        assert lifecycle.change("configure") and lifecycle.change("activate")
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+        executor.shutdown(timeout_sec=1.0)
+        driver.destroy_node()
+        rclpy.try_shutdown(context=context)
+    assert process.returncode == 0, f"exit code {process.returncode}\n{out}\n{err}"
+    assert "Traceback" not in err, err
