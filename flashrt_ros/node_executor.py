@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from collections.abc import Iterator
 
 EXECUTORS = ("single_threaded", "multi_threaded")
@@ -72,7 +73,11 @@ def sigint_shuts_down_quietly() -> Iterator[None]:
     default handler raises lands instead at whatever line the main thread runs; when that line is Python code
     that native code calls (a pybind11 callback while torch imports during the first configure, for instance),
     the exception cannot cross the native frames and the process aborts (std::terminate, exit code -6).
-    A second SIGINT raises KeyboardInterrupt: the user insists. On exit the previous handler comes back."""
+    A second SIGINT raises KeyboardInterrupt: the user insists. On exit the previous handler comes back. Off the
+    main thread (where Python takes no signal handler) it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     signalled = []
 
     def on_sigint(signum, frame) -> None:

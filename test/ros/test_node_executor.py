@@ -149,3 +149,22 @@ def test_sigint_shuts_the_context_down_without_keyboard_interrupt():
     assert process.returncode == 0, f"exit code {process.returncode}\n{out}\n{err}"
     assert out.splitlines() == ["context shut down: True", "second SIGINT: KeyboardInterrupt",
                                 "default handler back: True"], f"{out}\n{err}"
+
+
+def test_sigint_handler_is_left_alone_off_the_main_thread():
+    """Entered on another thread (Python installs signal handlers only on the main one): no error, nothing changed."""
+    import signal
+
+    from flashrt_ros.node_executor import sigint_shuts_down_quietly
+
+    before = signal.getsignal(signal.SIGINT)
+    seen: list = []
+
+    def enter() -> None:
+        with sigint_shuts_down_quietly():
+            seen.append(signal.getsignal(signal.SIGINT))
+
+    thread = threading.Thread(target=enter)
+    thread.start()
+    thread.join(timeout=5.0)
+    assert seen == [before] and signal.getsignal(signal.SIGINT) is before
