@@ -16,6 +16,10 @@ machine (Kilted wheels, 2026-11-29) its process spun at 100% CPU, never finished
 A second try gave the same result, with the busy thread inside rclpy's native events executor reading the
 clock in a loop (gdb), while a plain subscriber node under it received 640x480 pairs ~0.5 ms sooner than under
 the SingleThreadedExecutor. Worth another look when rclpy's implementation changes.
+
+How a process stops: ``spin_until_shutdown`` is the spin loop (the node's main one, and background spin threads),
+and ``sigint_shuts_down_quietly`` lets SIGINT stop it through rclpy's context shutdown, as SIGTERM already does,
+instead of an exception raised wherever the main thread is.
 """
 
 from __future__ import annotations
