@@ -35,6 +35,7 @@ from ._triton import EARLY_TRIGGER, INTERPRETED, launch_options, release_depende
 BLOCK_M = 16           # rows a program covers (the denoiser's 10-row steps; at most 16)
 WAITS = ("launch", "counter", "flagged_data", "launch_flagged_data")
 FLAGGED_WAITS = ("flagged_data", "launch_flagged_data")      # the forms whose activations are flagged words
+PERSISTENT_WAITS = ("counter", "flagged_data")               # one launch whose programs wait on each other
 FLAG = 1               # high half of a written word of the flagged form; zeroed words read as "not yet written"
 
 
@@ -137,6 +138,7 @@ def _flagged_layer_kernel(x_ptr, w_ptr, y_ptr, M, D: tl.constexpr, BLOCK_M: tl.c
     y = tl.dot(x, tl.trans(w))
     _flagged_store(y_ptr + rm[:, None] * D + rn[None, :], y, m_ok, FLAG)
 
+
 def chain_tiles(D: int, block_n: int) -> int:
     return D // block_n
 
@@ -149,7 +151,7 @@ def check_shapes(x: torch.Tensor, w: torch.Tensor, block_n: int) -> None:
 
 
 class LayerChain:
-    """Static buffers for one chain: `run()` computes x_L from `x` (written in place into buf[0]); capturable.
+    """Static buffers for one chain: `run()` computes x_L from `x` (written in place into bf16[0]); capturable.
     wait: one of WAITS (the module's docstring); pdl applies to wait="launch"."""
 
     def __init__(self, w: torch.Tensor, rows: int, wait: str, pdl: bool | int = False, block_n: int = 16,
@@ -168,7 +170,7 @@ class LayerChain:
                       if wait in FLAGGED_WAITS else None)
         self.counters = torch.zeros(layers, device=w.device, dtype=torch.int32)
         tiles = chain_tiles(D, block_n)
-        if wait != "launch" and w.is_cuda:
+        if wait in PERSISTENT_WAITS and w.is_cuda:
             sms = torch.cuda.get_device_properties(w.device).multi_processor_count
             if tiles > sms:
                 raise ValueError(f"layer_chain: a persistent run needs its {tiles} programs resident at once, "

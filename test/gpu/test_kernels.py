@@ -811,11 +811,11 @@ def test_layer_chain(wait, pdl):
     """kernels/flashrt_kernels/layer_chain.py at the expert's width (1024), 10 rows, 18 layers (one denoising step):
     per-layer launches with and without PDL or on flagged words, and the persistent kernels whose layers wait on
     counters or on the flags in the data words."""
-    if INTERPRET and wait in ("counter", "flagged_data"):
+    if INTERPRET and wait in K.LAYER_CHAIN_PERSISTENT_WAITS:
         pytest.skip("the interpreter runs programs one by one: a program waiting on another's output never ends")
     layers, rows, width = (18, 10, 1024) if not INTERPRET else (3, 3, 64)
     g = torch.Generator(device=DEVICE).manual_seed(layers + K.LAYER_CHAIN_WAITS.index(wait))
-    dtype = torch.bfloat16 if wait in ("flagged_data", "launch_flagged_data") else SKINNY_DTYPE  # words hold bf16
+    dtype = torch.bfloat16 if wait in K.LAYER_CHAIN_FLAGGED_WAITS else SKINNY_DTYPE        # words hold bf16
     x = torch.randn(rows, width, device=DEVICE, generator=g).to(dtype)
     w = (torch.randn(layers, width, width, device=DEVICE, generator=g) * width ** -0.5).to(dtype)
     want = K.layer_chain_reference(x, w).float()
