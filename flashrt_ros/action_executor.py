@@ -27,7 +27,7 @@ from builtin_interfaces.msg import Duration as DurationMsg
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.clock import Clock, ClockType
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.time import Time
 from sensor_msgs.msg import JointState
@@ -341,7 +341,7 @@ def main(args: list[str] | None = None) -> int:
         executor.add_node(node)
         try:
             spin_until_shutdown(executor, node.context, timeout_sec=None)
-        except (KeyboardInterrupt, ExternalShutdownException):
+        except KeyboardInterrupt:
             pass
         finally:
             executor.shutdown(timeout_sec=1.0)

@@ -180,8 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = RecorderConfig(out=args.out, topics=tuple(args.topics), storage=args.storage)
 
     import rclpy
-    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+    from rclpy.executors import SingleThreadedExecutor
     from rclpy.parameter import Parameter
+
+    from flashrt_ros.node_executor import spin_until_shutdown
 
     with rclpy.init(args=["flashrt_bag_recorder", *ros_args]):
         node = rclpy.create_node("flashrt_bag_recorder", parameter_overrides=[
@@ -191,13 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         executor.add_node(node)
         deadline = time.monotonic() + args.duration if args.duration > 0 else None
         try:
-            while rclpy.ok() and (deadline is None or time.monotonic() < deadline):
-                executor.spin_once(timeout_sec=SPIN_PERIOD_S)
-        except (KeyboardInterrupt, ExternalShutdownException):
+            spin_until_shutdown(executor, node.context, SPIN_PERIOD_S, until=deadline)
+        except KeyboardInterrupt:
             pass
-        except Exception:  # noqa: BLE001  (SIGTERM's context shutdown while the executor built its wait set)
-            if rclpy.ok():
-                raise
         finally:
             recorder.close()
             node.destroy_node()

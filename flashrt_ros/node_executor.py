@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 EXECUTORS = ("single_threaded", "multi_threaded")
@@ -45,11 +46,13 @@ def make_executor(kind: str, context=None):
     raise ValueError(f"unknown executor {kind!r}: one of {', '.join(EXECUTORS)}")
 
 
-def spin_until_shutdown(executor, context, timeout_sec: float | None = 0.05, stop=None) -> None:
-    """Spin ``executor`` until ``context`` shuts down, or until ``stop`` (a threading.Event) is set: the policy
-    node's main loop (``timeout_sec=None``: each turn blocks until work is ready), and the loop of a background spin
-    thread whose owner keeps creating and destroying entities from its own thread (bag replay, tests, the node
-    benchmark's lifecycle transitions).
+def spin_until_shutdown(executor, context, timeout_sec: float | None = 0.05, stop=None,
+                        until: float | None = None) -> None:
+    """Spin ``executor`` until ``context`` shuts down, until ``stop`` (a threading.Event) is set, or until the
+    ``time.monotonic()`` deadline ``until``: the main loop of the policy node and the action executor
+    (``timeout_sec=None``: each turn blocks until work is ready) and of the bag recorder (``until``: its
+    ``--duration``), and the loop of a background spin thread whose owner keeps creating and destroying entities
+    from its own thread (bag replay, tests, the node benchmark's lifecycle transitions).
 
     Entities destroyed meanwhile: rclpy can raise InvalidHandle from a destroyed subscription's QoS event handler
     while it builds the wait set. That turn is dropped; the next one no longer has the entity. An error while
@@ -57,7 +60,7 @@ def spin_until_shutdown(executor, context, timeout_sec: float | None = 0.05, sto
     the thread before it shuts the executor down (after ``executor.shutdown()`` a spin_once returns at once)."""
     from rclpy.exceptions import InvalidHandle
 
-    while context.ok() and not (stop is not None and stop.is_set()):
+    while context.ok() and not (stop is not None and stop.is_set()) and (until is None or time.monotonic() < until):
         try:
             executor.spin_once(timeout_sec=timeout_sec)
         except InvalidHandle:

@@ -37,7 +37,6 @@ import rclpy
 from builtin_interfaces.msg import Duration as DurationMsg
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.executors import ExternalShutdownException
 from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.time import Time
@@ -811,7 +810,7 @@ def main(args: list[str] | None = None) -> int:
                 node.release()
                 executor.shutdown(timeout_sec=1.0)
                 node.destroy_node()
-    except (KeyboardInterrupt, ExternalShutdownException, ShuttingDown):
+    except (KeyboardInterrupt, ShuttingDown):
         pass
     return 0
 
