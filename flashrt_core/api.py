@@ -40,6 +40,7 @@ from flashrt_core.fixtures import CONFIG_FILE, TOKENIZER_FILE, write_random_chec
 from flashrt_core.host_rehearsal import HostRehearsal
 from flashrt_core.policy_lifetime import PolicyLifetime
 from flashrt_core.rtc_request import RtcRequest
+from flashrt_core.stopping import raise_if_stopped
 from flashrt_core.tokenizer import PromptTokenizer, build_prompt
 
 log = logging.getLogger(__name__)
@@ -288,6 +289,7 @@ class Policy(PolicyLifetime):
         buckets = list(self.reachable_text_buckets(state))
         with self.warming_up():
             for slots in buckets:
+                raise_if_stopped(f"warming up text bucket {slots} of {buckets}")
                 self._predict(images, prompt, state, None, text_slots=slots)
                 if rtc is not None:
                     self._predict(images, prompt, state, None, text_slots=slots, rtc=rtc)

@@ -26,6 +26,7 @@ import numpy as np
 
 from flashrt_core import preprocess
 from flashrt_core.errors import Fp8GateError, InputError
+from flashrt_core.stopping import raise_if_stopped
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +167,8 @@ def gate_cosines(policy, observations: Sequence[tuple]) -> list[float]:
     calibration = policy.executor.fp8_calibration
     rng = np.random.default_rng(GATE_NOISE_SEED)
     out = []
-    for images, prompt, state in observations:
+    for i, (images, prompt, state) in enumerate(observations):
+        raise_if_stopped(f"FP8 gate: observation {i + 1} of {len(observations)}")
         noise = rng.standard_normal((policy.horizon, policy.config.max_action_dim)).astype(np.float32)
         fp8 = normalized_actions(policy, images, prompt, state, noise)
         with calibration.bf16_pass():

@@ -32,6 +32,7 @@ from safetensors import safe_open
 from flashrt_core.config import PRESETS, ModelConfig, ModelType
 from flashrt_core.errors import CheckpointError
 from flashrt_core.model import Pi0FastModel, PiModel
+from flashrt_core.stopping import raise_if_stopped
 
 log = logging.getLogger(__name__)
 
@@ -352,7 +353,8 @@ def load_model_weights(checkpoint_dir: str | Path, config: ModelConfig, device: 
             model = Pi0FastModel(config) if config.model_type == ModelType.PI0_FAST else PiModel(config)
         keep_fp32_ok = dtype in (torch.bfloat16, torch.float16)
         state = {}
-        for name, entry in entries.items():
+        for i, (name, entry) in enumerate(entries.items()):
+            raise_if_stopped(f"reading tensor {i + 1} of {len(entries)} of {checkpoint_dir}")
             target = torch.float32 if (entry.keep_fp32 and keep_fp32_ok) else dtype
             source = f.get(file_names[name])
             # Fresh (aligned) memory: numerics must not depend on where a tensor sat in the file.

@@ -28,6 +28,7 @@ from safetensors import safe_open
 
 from flashrt_core.errors import CheckpointError
 from flashrt_core.model.groot.config import GrootConfig
+from flashrt_core.stopping import raise_if_stopped
 
 log = logging.getLogger(__name__)
 
@@ -214,5 +215,6 @@ def load_state_dict(checkpoint_dir: str | Path, cfg: GrootConfig, dtype: torch.d
     for path, names in by_file.items():
         with safe_open(path, framework="pt") as f:
             for name in names:
+                raise_if_stopped(f"reading tensor {len(out) + 1} of {len(table)} of {checkpoint_dir}")
                 out[name] = f.get_tensor(name).to(device=device, dtype=dtype)
     return out

@@ -5,8 +5,9 @@ Lifecycle (REP-2003 style, as in ros2/demos lifecycle_py):
 - ``on_configure``: read parameters (NodeSettings), load the model through flashrt_core, warm it up (and
   capture, on GPU), start the inference thread, create the (inactive) output publishers.
   Any failure -> FAILURE with a log naming the problem; everything half-built is released and the node stays
-  unconfigured, ready to be configured again. SIGINT during it: the configure stops at its next step and the
-  process exits quietly (``ShuttingDown``).
+  unconfigured, ready to be configured again. SIGINT or SIGTERM during it: the configure stops at its next step
+  (the core's long loads stop between their steps too: a tensor read, a tuning candidate, a graph capture,
+  flashrt_core.stopping) and the process exits quietly (``ShuttingDown``).
 - ``on_activate``: counters and sequence reset, subscriptions created, the input watchdog started
   (flashrt_ros.input_watchdog: silent cameras, rejected frames, pairing stalls, stale state), outputs live,
   inference enabled.
@@ -44,6 +45,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
+from flashrt_core.stopping import Stopped, stop_when
 from flashrt_ros import qos_profiles
 from flashrt_ros.gc_pauses import GcPauses, freeze_objects, unfreeze_objects
 from flashrt_ros.heap_reuse import heap_reuse_state, keep_large_buffers_on_heap
@@ -158,8 +160,11 @@ class PolicyNode(LifecycleNode):
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Load and warm up the model. SUCCESS -> inactive; FAILURE -> stays unconfigured (all released).
         Shutdown (SIGINT) during it: FAILURE at the next step, quietly (``release`` waits for it)."""
-        with self._transition_lock:
-            return self._configure()
+        with self._transition_lock, stop_when(self._stopping):     # the core's long load stops between its steps
+            try:
+                return self._configure()
+            except Stopped as stopped:               # the core saw the stop first: the same quiet end
+                raise ShuttingDown(str(stopped)) from None
 
     def _configure(self) -> TransitionCallbackReturn:
         try:
@@ -196,7 +201,7 @@ class PolicyNode(LifecycleNode):
                                       settings.rtc_latency_margin)
             # Warm-up (and graph capture on GPU) on the inference thread: all model calls on one thread.
             self.get_logger().info(f"model loaded: warming up ({settings.warmup_iterations} passes)")
-            self._worker.run_on_thread(lambda: self._warm_up(settings))
+            self._run_stoppable_on_inference_thread(lambda: self._warm_up(settings))
             self._stop_if_shutting_down()
             self._prepare_calibration(settings)
             if settings.freeze_gc_after_configure:
@@ -211,7 +216,7 @@ class PolicyNode(LifecycleNode):
             if settings.trajectory_topic:
                 self._trajectory_publisher = self.create_lifecycle_publisher(
                     JointTrajectory, settings.trajectory_topic, qos_profiles.output_qos())
-        except ShuttingDown:
+        except (ShuttingDown, Stopped):
             self._release()
             raise
         except Exception as error:   # missing checkpoint, out of memory, mismatch...: FAILURE, never a crash
@@ -308,10 +313,23 @@ class PolicyNode(LifecycleNode):
         self._statistics.set_last_error(message)
         return TransitionCallbackReturn.FAILURE
 
+    def _stopping(self) -> bool:
+        """The process is stopping: SIGINT or SIGTERM shut the context down, or main() released the node."""
+        return self._shutting_down or not self.context.ok()
+
     def _stop_if_shutting_down(self) -> None:
         """Raise ShuttingDown when the process is stopping (a configure ends at its next step)."""
-        if self._shutting_down or not self.context.ok():
+        if self._stopping():
             raise ShuttingDown("the node is shutting down")
+
+    def _run_stoppable_on_inference_thread(self, fn: Callable[[], object]) -> object:
+        """fn() on the inference thread (all model calls on one thread), its long steps in flashrt_core ending at
+        the next one once the node is stopping (Stopped, flashrt_core.stopping: a thread sees only the stop_when
+        blocks it entered itself, so the inference thread enters its own)."""
+        def stoppable() -> object:
+            with stop_when(self._stopping):
+                return fn()
+        return self._worker.run_on_thread(stoppable)
 
     def _check_model_fits(self, settings: NodeSettings, policy) -> tuple[str, ...]:
         model_views = tuple(policy.view_names)
@@ -368,7 +386,7 @@ class PolicyNode(LifecycleNode):
             return
         if settings.calibration_bag:
             self.get_logger().info(f"FP8: calibrating on {settings.calibration_bag}")
-            report = self._worker.run_on_thread(lambda: calibrate_from_bag(
+            report = self._run_stoppable_on_inference_thread(lambda: calibrate_from_bag(
                 self._policy, settings.calibration_bag, settings, settings.calibration_observations,
                 settings.calibration_gate_observations, settings.fp8_scale_cache,
                 self.get_namespace()))

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from flashrt_core.config import ModelConfig, ModelType
 from flashrt_core.errors import InputError
+from flashrt_core.stopping import raise_if_stopped
 
 from .dispatch import Dispatch, Op
 from .forward import Workspace, prefix_layers, vision
@@ -245,6 +246,7 @@ class FastGraphExecutor:
     def _capture(self, key: tuple, fw: FastWorkspace) -> None:
         """Warm up every phase once on a side stream (compiles the kernels of every key length), then capture each
         as its own graph, in replay order, into the shared pool."""
+        raise_if_stopped(f"capturing the pi0-FAST graphs {key}")
         start = time.perf_counter()
         phases = self._phases(fw)
         warm_up(self.device, lambda: [phase() for phase in phases])

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from flashrt_core.errors import Fp8NotCalibrated
+from flashrt_core.stopping import raise_if_stopped
 
 from .tuning_cache import canonical, key_digest, write_json_atomically
 from .fp8 import CALIB_MARGIN, FP8_DTYPES, quantize_wide, wide_linears
@@ -151,6 +152,7 @@ def calibrate(executor, runs: Iterable[Callable[[], object]]) -> list[float]:
     calibration, count = executor.fp8_calibration, 0
     with calibration.recording() as recorded:
         for run in runs:
+            raise_if_stopped(f"FP8 calibration: observation {count + 1}")
             run()
             count += 1
     if count == 0:

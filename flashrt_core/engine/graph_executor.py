@@ -26,6 +26,7 @@ from flashrt_core.config import ModelConfig
 from flashrt_core.errors import InputError
 from flashrt_core.model import PiModel
 from flashrt_core.rtc import RtcPlan
+from flashrt_core.stopping import raise_if_stopped
 
 from . import load_tuning, rtc_blend
 from .dispatch import Dispatch, Op
@@ -238,6 +239,7 @@ class EngineExecutor:
     @torch.inference_mode()
     def _capture(self, key: tuple, entry: _Entry) -> None:
         """Warm up (compiles kernels, creates handles) then capture forward() into one graph."""
+        raise_if_stopped(f"capturing graph {key}")
         start = time.perf_counter()
         entry.graph, _ = warm_up_and_capture(self.device, lambda: forward(entry.ws, self.weights, self.ops),
                                              WARMUP_RUNS, self._pool)

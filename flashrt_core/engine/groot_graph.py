@@ -39,6 +39,7 @@ import torch
 from flashrt_core.errors import InputError
 from flashrt_core.model.groot.backbone import views_by_size
 from flashrt_core.model.groot.model import GrootModel
+from flashrt_core.stopping import raise_if_stopped
 
 from .dispatch import Dispatch, Op, eager_cpu_dispatch, resolve
 from .fp8 import FP8_DTYPES
@@ -228,6 +229,7 @@ class GrootGraphExecutor:
         return predict(self.model, entry.tables, *entry.inputs())
 
     def _capture(self, sig: GrootSignature, entry: _Entry) -> None:
+        raise_if_stopped(f"capturing GR00T graph {sig}")
         start = time.perf_counter()
         entry.graph, entry.output = warm_up_and_capture(self.device, lambda: self._run_static(entry), WARMUP_RUNS,
                                                          self._pool)

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from flashrt_core.stopping import raise_if_stopped
+
 from . import tuning
 from .dispatch import Op
 from .kernel_configs import LAUNCH_POLICIES, PREFIX_ATTENTION_IMPLS, VISION_ATTENTION_BACKENDS
@@ -254,6 +256,7 @@ def keep_fastest_in_chain(candidates, apply, capture, timed, fallback=None) -> d
     the fastest applied, or `fallback` where none could be captured. Returns {candidate: ms}."""
     graphs = {}
     for cand in candidates:
+        raise_if_stopped(f"tuning: capturing the denoiser with {cand}")
         apply(cand)
         graph = capture(cand)
         if graph is not None:

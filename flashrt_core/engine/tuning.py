@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import torch
 
+from flashrt_core.stopping import raise_if_stopped
+
 from .kernel_configs import (PREFIX_ATTENTION_IMPLS, ROPE_GEMM_CANDIDATES, SKINNY_CANDIDATES, SMEM_CANDIDATES,
                              VISION_ATTENTION_BACKENDS, WGMMA_PREFIX_ATTENTION, RopeGemmConfig, SmemConfig)
 from .ops import KeyMask, Ops
@@ -55,7 +57,8 @@ def time_candidate(ops: Ops, kind: str, impl, measure) -> float | None:
     GPU has (Triton's OutOfResources), one whose product disagrees with the library GEMM's
     (CandidateMismatch, check_candidate), and a shared-memory GEMM (SmemConfig: Gluon, whose compiler is checked
     on the H200 only) that fails to compile or launch, is left out and recorded in decoder_failures (under `kind`); any
-    other failure is raised."""
+    other failure is raised. A stop (flashrt_core.stopping) is raised before the measurement."""
+    raise_if_stopped(f"tuning: timing {kind} candidate {impl}")
     try:
         return measure()
     except Exception as err:  # noqa: BLE001  only the kinds of failure below are a candidate's to have
@@ -190,6 +193,7 @@ def checked_times(ops: Ops, what: str, candidates, run: Callable[[str], torch.Te
     one that cannot run here (a RuntimeError: no kernel for this shape, dtype or layout) is left out."""
     times = {}
     for cand in candidates:
+        raise_if_stopped(f"tuning: timing {what} candidate {cand}")
         try:
             err = float((run(cand).float() - want).abs().max())
             if not err <= atol:

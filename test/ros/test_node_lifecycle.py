@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
 import pytest
 from diagnostic_msgs.msg import DiagnosticStatus
 
 from flashrt_core.fixtures import write_random_checkpoint
+from flashrt_ros.policy_node import ShuttingDown, load_policy
 from node_harness import DISCOVERY_TIMEOUT_S, BorrowedPolicy, NodeHarness, shared_policy, wait_until
 from ros_processes import start_python
 
@@ -151,6 +153,50 @@ def test_configure_on_the_reference_path_runs_only_the_warm_up_passes(harnesses)
                   policy_factory=lambda settings: _policy_run_by(counted_reference))
     assert h.lifecycle.change("configure")
     assert h.node.policy.text_buckets == () and len(passes) == 2
+
+
+def _release_from_another_thread(node) -> threading.Thread:
+    """What main() does on SIGINT: release() marks the node as stopping, then waits for the configure to end."""
+    releasing = threading.Thread(target=node.release)
+    releasing.start()
+    assert wait_until(node._stopping, timeout_s=10.0)
+    return releasing
+
+
+def test_a_stop_during_the_model_load_ends_the_configure_at_the_next_tensor(harnesses, tmp_path):
+    """release() while the factory's load_model reads the checkpoint: the loader stops at its next tensor
+    (flashrt_core.stopping) instead of loading the rest, the configure ends as it does on SIGINT (ShuttingDown,
+    which main() ends on quietly) and nothing stays loaded."""
+    checkpoint = write_random_checkpoint(tmp_path / "pi05", "pi05_tiny", seed=1)
+    releasing = []
+
+    def factory(settings):
+        releasing.append(_release_from_another_thread(h.node))
+        return load_policy(settings)
+    h = harnesses({"checkpoint": str(checkpoint), "warmup_iterations": 1}, policy_factory=factory)
+    with pytest.raises(ShuttingDown, match=f"stopped at reading tensor 1 of [0-9]+ of {checkpoint}$"):
+        h.node.trigger_configure()
+    releasing[0].join(timeout=30.0)
+    assert not releasing[0].is_alive() and h.node.policy is None
+
+
+def test_a_stop_during_the_warm_up_ends_it_before_the_next_text_bucket(harnesses):
+    """release() during the warm-up's first pass: the engine's warm-up of the text buckets (in flashrt_core, on
+    the inference thread, which enters the node's stop condition itself) stops before its first bucket."""
+    policy = _policy_run_by(lambda shared: _cpu_engine(shared, text_buckets=(150, 180)))
+    first_pass = policy.predict
+    releasing = []
+
+    def predict(*args, **kwargs):         # the warm-up's first pass; the stop comes during it
+        if not releasing:
+            releasing.append(_release_from_another_thread(h.node))
+        return first_pass(*args, **kwargs)
+    policy.predict = predict
+    h = harnesses({"warmup_iterations": 1, "warmup_all_text_buckets": True}, policy_factory=lambda settings: policy)
+    with pytest.raises(ShuttingDown, match=r"stopped at warming up text bucket 150 of \[150, 180, "):
+        h.node.trigger_configure()
+    releasing[0].join(timeout=30.0)
+    assert not releasing[0].is_alive() and h.node.policy is None and policy.executor is None    # closed
 
 
 def test_lifecycle_client_asks_again_until_the_node_first_answers():
