@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
@@ -144,13 +145,21 @@ def stop_during_configure(args: argparse.Namespace, workdir: Path, delay_s: floa
         run.close()
 
 
+def version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def report(args: argparse.Namespace, alone: dict, rows: list[dict]) -> str:
     tree = subprocess.run(["git", "-C", str(args.tree), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip() or str(args.tree)
     lines = [f"# Policy node: {args.signal} during the configure ({datetime.date.today().isoformat()})", "",
              f"Command: `python tools/benchmark_configure_stop.py {' '.join(sys.argv[1:])}`; node of tree {tree}; "
              f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
-             f"{platform.python_version()}; checkpoint {args.checkpoint or '<embedded demo>'} on {args.device}.", "",
+             f"{platform.python_version()}, torch {version('torch')}, rclpy {version('ros-kilted-rclpy')}; checkpoint "
+             f"{args.checkpoint or '<embedded demo>'} on {args.device}.", "",
              f"The configure without a signal ('configuring:' to 'configured:'): {alone['configure_s']:.2f} s; the "
              f"configured node exits {alone['exit_s']:.2f} s after the signal (exit code {alone['exit_code']}).", "",
              "| signal after 'configuring:' | exit after the signal | exit code | configured first | traceback |",
