@@ -30,7 +30,7 @@
 #   both PDL modes), the Policy GPU tests and the resize on the GPU (pytest_kernels.log).
 # engine-new: the tuning cache's tests, the chain tuning and its interleaved timer (pytest_engine_new.log).
 # engine-rest: the rest of test_engine_gpu.py but the gates: replay, the fusion switches, the vision attention
-#   backends (pytest_engine_rest.log).
+#   backends, builds and a capture stopped midway (flashrt_core.stopping) (pytest_engine_rest.log).
 # engine-gates: the accuracy gates of pi0.5 and pi0 on the defaults, bf16 and FP8, and of the switches that turn
 #   a default off (pytest_engine_gates.log; ten gates, 7.6 min on a warm machine);
 #   engine-gates-forced: the gates with the TMA GEMMs forced (16 rows, and the ring kernel at 51), with the TMA

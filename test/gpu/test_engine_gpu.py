@@ -37,6 +37,9 @@ FUSION_COSINE_FP8 = 0.9995  # the FP8 quantization moved into GeGLU: a few down-
 # pass instead of the default two: a pass takes ~17-20 s per full-size engine (interleaved timing). The default
 # gates and the tuning's own tests keep the default.
 ONE_PASS = {"chain_tuning_passes": 1}
+# What a build stopped midway may leave allocated, as a share of what a whole build takes: caches made once per
+# process (cuBLAS workspaces of a new stream), never the stopped engine's weights, workspaces or graphs.
+STOPPED_BUILD_LEFT = 0.05
 
 
 def _checkpoint(name: str) -> Path:
@@ -115,6 +118,53 @@ def test_new_prompt_does_not_recapture(tiny):
     assert {k: e.graph for k, e in engine.entries.items()} == graphs
     ref = reference_actions(ReferenceExecutor(tiny, cfg, torch.device("cuda")), obs2)
     assert cosine(out, ref) >= GATE_BF16
+
+
+class Consulted:
+    """A stop condition (flashrt_core.stopping) that counts its consultations and holds from the `stop_at`-th on
+    (None: never)."""
+
+    def __init__(self, stop_at: int | None = None):
+        self.stop_at, self.calls = stop_at, 0
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return self.stop_at is not None and self.calls >= self.stop_at
+
+
+def test_a_stopped_build_frees_its_gpu_memory_and_a_stopped_capture_is_made_at_the_next_predict(tiny):
+    """build_executor under stop_when, stopped at its first, middle and last step (the tuning's candidates and the
+    chain tuning's denoiser captures): Stopped names the step, and once it is gone the GPU memory the build took is
+    free again. A first predict stopped before its graph capture leaves the engine as it was: the next predict
+    captures the graph and gives the eager engine's actions bit for bit."""
+    import gc
+    from flashrt_core.stopping import Stopped, stop_when
+    cfg, dev = tiny.config, torch.device("cuda")
+    options = EngineOptions(**ONE_PASS)
+    gc.collect()
+    start = torch.cuda.memory_allocated(dev)
+    counted = Consulted()
+    with stop_when(counted):
+        engine = build_executor(tiny, cfg, dev, "auto", options)
+    built = torch.cuda.memory_allocated(dev)
+    assert counted.calls > 2 and built > start
+    for stop_at in (1, counted.calls // 2, counted.calls):
+        with stop_when(Consulted(stop_at)), pytest.raises(Stopped, match="^stopped at (tuning: |capturing )"):
+            build_executor(tiny, cfg, dev, "auto", options)
+        gc.collect()
+        left = torch.cuda.memory_allocated(dev) - built
+        assert left <= STOPPED_BUILD_LEFT * (built - start), (stop_at, left, built - start)
+    obs = random_observation(cfg, np.random.default_rng(0), views=2, n_text=9)
+    args = (obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
+    with stop_when(lambda: True), pytest.raises(Stopped, match="^stopped at capturing graph "):
+        engine.predict_observation(*args)
+    assert all(entry.graph is None for entry in engine.entries.values())
+    got = engine.predict_observation(*args)
+    assert all(entry.graph is not None for entry in engine.entries.values())
+    eager = build_executor(tiny, cfg, dev, "auto", EngineOptions(cuda_graph=False, **ONE_PASS))
+    eager.ops.decoder_impl = dict(engine.ops.decoder_impl)
+    eager.ops.set_launch_policy(engine.ops.launch_policy)
+    np.testing.assert_allclose(got, eager.predict_observation(*args), atol=REPLAY_ATOL, rtol=0)
 
 
 def test_overlapped_first_step_graph_gives_the_sequential_graphs_actions(tiny):
