@@ -11,10 +11,10 @@ loopback DDS, the checkpoint, warm-up passes `--warmup-iterations`), waits for i
 the row's delay, sends the signal and times how long the process takes to exit, with its exit code and whether a
 traceback appeared. The first row runs the configure without a signal, from "configuring:" to "configured:", so
 the other rows show how much of it a stop waits for; its exit after the signal, from the configured node, is what
-an exit costs with nothing to stop. Every file of the checkpoint folder is read once before the
-first row, so that every row reads it from the page cache, not the first from the disk. `--tree` runs the node of another checkout (an A/B against
-an earlier commit; the same virtual environment). Writes the table as markdown to --output and the rows as JSON
-beside it.
+an exit costs with nothing to stop. Every file of the checkpoint folder is read once before the first row, so that
+every row reads it from the page cache, not the first from the disk. `--tree` runs the node of another checkout
+(an A/B against an earlier commit; the same virtual environment). Writes the table as markdown to --output and the
+rows as JSON beside it.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ every data word.
 
 The default chain is the denoiser's: 180 layers (10 steps x 18 layers) of the action expert's width (1024) at 10
 rows; each layer reads a 2 MiB weight, so the time per layer above its weight stream is what one dependency costs.
+The `*_resident` variants multiply every layer by the first layer's weight (held by the persistent programs, in L2
+for the launches): the dependency alone, beside the same chain streaming its weights.
 Each variant is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays.
 
     python tools/benchmark_layer_chain.py [--layers 180] [--width 1024] [--rows 10] [--reps 50] [--out DIR]
@@ -29,6 +31,11 @@ from tools.benchmark_engine import env_info  # noqa: E402
 
 VARIANTS = ("launch_per_layer", "launch_per_layer_pdl", "launch_per_layer_pdl_early", "library_per_layer",
             "persistent_counters", "persistent_flagged_data", "launch_per_layer_flagged_data")
+# The same chains with every layer multiplying by W_0 (LayerChain(resident=True)): the hand-over without the weight
+# stream, so each pair says how much of its stream the wait hides.
+RESIDENT_VARIANTS = ("launch_per_layer_pdl", "persistent_counters", "persistent_flagged_data",
+                     "launch_per_layer_flagged_data")
+RESIDENT = "_resident"
 
 
 def _graph_ms(run, reps: int) -> list[float]:
@@ -45,9 +52,13 @@ def measure(layers: int, width: int, rows: int, reps: int) -> dict:
     g = torch.Generator(device="cuda").manual_seed(0)
     w = (torch.randn(layers, width, width, device="cuda", generator=g) * width ** -0.5).to(torch.bfloat16)
     x = torch.randn(rows, width, device="cuda", generator=g).to(torch.bfloat16)
-    want = k.layer_chain_reference(x, w).float()
+    wants = {False: k.layer_chain_reference(x, w).float(),
+             True: k.layer_chain_reference(x, k.resident_weights(w)).float()}
     results = {}
-    for variant in VARIANTS:
+    for variant in VARIANTS + tuple(name + RESIDENT for name in RESIDENT_VARIANTS):
+        resident = variant.endswith(RESIDENT)
+        base = variant.removesuffix(RESIDENT)
+        want = wants[resident]
         if variant == "library_per_layer":
             buf = torch.empty(layers + 1, rows, width, device="cuda", dtype=torch.bfloat16)
             buf[0].copy_(x)
@@ -58,17 +69,18 @@ def measure(layers: int, width: int, rows: int, reps: int) -> dict:
             out = buf[-1]
         else:
             pdl = {"launch_per_layer": False, "launch_per_layer_pdl": True,
-                   "launch_per_layer_pdl_early": k.EARLY_TRIGGER}.get(variant, False)
+                   "launch_per_layer_pdl_early": k.EARLY_TRIGGER}.get(base, False)
             wait = {"persistent_counters": "counter", "persistent_flagged_data": "flagged_data",
-                    "launch_per_layer_flagged_data": "launch_flagged_data"}.get(variant, "launch")
-            chain = k.LayerChain(w, rows, wait, pdl)
+                    "launch_per_layer_flagged_data": "launch_flagged_data"}.get(base, "launch")
+            chain = k.LayerChain(w, rows, wait, pdl, resident=resident)
             chain.x.copy_(x)
             run, out = chain.run, chain.out
         times = _graph_ms(run, reps)
         err = float((out.float() - want).norm() / want.norm())
         median = statistics.median(times)
+        streamed = width * width * 2 * (1 if resident else layers)      # weight bytes read from memory
         results[variant] = {"ms": median, "us_per_layer": median * 1e3 / layers,
-                            "weight_tb_per_s": layers * width * width * 2 / (median * 1e-3) / 1e12,
+                            "weight_tb_per_s": streamed / (median * 1e-3) / 1e12,
                             "rel_l2_vs_reference": err}
     return results
 

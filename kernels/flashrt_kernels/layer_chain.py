@@ -24,6 +24,10 @@ shot", before it waits for its input), so a layer is D / BLOCK_N tiles and every
 In the persistent forms the weights of layer l stream while the program waits for layer l - 1, in the flagged
 launches while the layer before works. The counters and the flagged words are zeroed before each run (the launcher
 does it).
+``resident=True`` makes every layer multiply by W_0 (x_{l+1} = bf16(x_l @ W_0^T)): the persistent forms load their
+slice of it once, before the first layer, and the launches read it from L2 each time, so what a layer costs is the
+hand-over alone, without its weight stream; set beside the streamed chain, it says how much of that stream the wait
+hides.
 """
 
 from __future__ import annotations
@@ -71,12 +75,16 @@ def _layer_kernel(x_ptr, w_ptr, y_ptr, M, D: tl.constexpr, BLOCK_M: tl.constexpr
 
 @triton.jit
 def _persistent_chain_kernel(buf_ptr, w_ptr, counter_ptr, M, LAYERS: tl.constexpr, D: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Every layer's tile `program_id` in turn; buf (LAYERS + 1, M, D): buf[0] = x, buf[l + 1] = layer l's output."""
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RESIDENT: tl.constexpr):
+    """Every layer's tile `program_id` in turn; buf (LAYERS + 1, M, D): buf[0] = x, buf[l + 1] = layer l's output.
+    RESIDENT: W_0's slice loaded once, for every layer."""
     tiles: tl.constexpr = D // BLOCK_N
     rn, rk, rm, m_ok = _tile_indices(M, D, BLOCK_M, BLOCK_N)
+    if RESIDENT:
+        w = tl.load(w_ptr + rn[:, None] * D + rk[None, :])
     for layer in range(LAYERS):
-        w = tl.load(w_ptr + layer * D * D + rn[:, None] * D + rk[None, :])              # before the wait
+        if not RESIDENT:
+            w = tl.load(w_ptr + layer * D * D + rn[:, None] * D + rk[None, :])          # before the wait
         if layer > 0:
             counter = counter_ptr + layer - 1
             done = tl.load(counter, volatile=True)       # spin on the L2 line, no read-modify-write traffic
@@ -110,12 +118,15 @@ def _flagged_store(dst, y, m_ok, FLAG: tl.constexpr):
 
 @triton.jit
 def _persistent_flagged_chain_kernel(buf_ptr, w_ptr, M, LAYERS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                                     BLOCK_N: tl.constexpr, FLAG: tl.constexpr):
+                                     BLOCK_N: tl.constexpr, FLAG: tl.constexpr, RESIDENT: tl.constexpr):
     """Every layer's tile `program_id` in turn; buf (LAYERS + 1, M, D) int32 words (bf16 bits | FLAG << 16):
-    buf[0] = x, buf[l + 1] = layer l's output."""
+    buf[0] = x, buf[l + 1] = layer l's output. RESIDENT: W_0's slice loaded once, for every layer."""
     rn, rk, rm, m_ok = _tile_indices(M, D, BLOCK_M, BLOCK_N)
+    if RESIDENT:
+        w = tl.load(w_ptr + rn[:, None] * D + rk[None, :])
     for layer in range(LAYERS):
-        w = tl.load(w_ptr + layer * D * D + rn[:, None] * D + rk[None, :])              # before the wait
+        if not RESIDENT:
+            w = tl.load(w_ptr + layer * D * D + rn[:, None] * D + rk[None, :])          # before the wait
         x = _flagged_input(buf_ptr + layer * M * D + rm[:, None] * D + rk[None, :], m_ok, FLAG)
         y = tl.dot(x, tl.trans(w))
         _flagged_store(buf_ptr + (layer + 1) * M * D + rm[:, None] * D + rn[None, :], y, m_ok, FLAG)
@@ -152,15 +163,16 @@ def check_shapes(x: torch.Tensor, w: torch.Tensor, block_n: int) -> None:
 
 class LayerChain:
     """Static buffers for one chain: `run()` computes x_L from `x` (written in place into bf16[0]); capturable.
-    wait: one of WAITS (the module's docstring); pdl applies to wait="launch"."""
+    wait: one of WAITS (the module's docstring); pdl applies to wait="launch"; resident: every layer multiplies by
+    w[0] (the module's docstring; layer_chain_reference(x, resident_weights(w)) is then the result)."""
 
     def __init__(self, w: torch.Tensor, rows: int, wait: str, pdl: bool | int = False, block_n: int = 16,
-                 num_warps: int | None = None):
+                 num_warps: int | None = None, resident: bool = False):
         if wait not in WAITS:
             raise ValueError(f"layer_chain: wait {wait!r} is not one of {WAITS}")
         if wait in FLAGGED_WAITS and w.dtype != torch.bfloat16:
             raise ValueError(f"layer_chain: the flagged forms carry bf16 values in their words, got {w.dtype} weights")
-        self.w, self.wait, self.pdl, self.block_n = w, wait, pdl, block_n
+        self.w, self.wait, self.pdl, self.block_n, self.resident = w, wait, pdl, block_n, resident
         # the flagged form holds x as 32-bit words: 8 warps keep them and the weight slice in registers
         self.num_warps = num_warps or (8 if wait in FLAGGED_WAITS else 4)
         layers, D, _ = w.shape
@@ -186,26 +198,31 @@ class LayerChain:
         """x_L (rows, D) after run() (the flagged form unpacks it from its words in run())."""
         return self.bf16[-1]
 
+    def _weight(self, layer: int) -> torch.Tensor:
+        """The weight the launch of `layer` reads: W_layer, or W_0 for every layer when resident."""
+        return self.w[0 if self.resident else layer]
+
     def run(self) -> torch.Tensor:
         layers, rows, D = self.bf16.shape[0] - 1, self.bf16.shape[1], self.bf16.shape[2]
         tiles = chain_tiles(D, self.block_n)
         if self.wait == "counter":
             self.counters.zero_()
             _persistent_chain_kernel[(tiles,)](self.bf16, self.w, self.counters, rows, LAYERS=layers, D=D,
-                                               BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, num_warps=self.num_warps)
+                                               BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, RESIDENT=self.resident,
+                                               num_warps=self.num_warps)
         elif self.words is not None:
             self.words[1:].zero_()
             self.words[0].copy_(pack_flagged_words(self.bf16[0]))
             if self.wait == "flagged_data":
                 _persistent_flagged_chain_kernel[(tiles,)](self.words, self.w, rows, LAYERS=layers, D=D,
                                                            BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, FLAG=FLAG,
-                                                           num_warps=self.num_warps)
+                                                           RESIDENT=self.resident, num_warps=self.num_warps)
             else:
                 # the first layer in stream order after the zeroing; each later one as soon as the one before has
                 # started (early trigger), polling its words
                 for layer in range(layers):
                     pdl = EARLY_TRIGGER if layer else False
-                    _flagged_layer_kernel[(tiles,)](self.words[layer], self.w[layer], self.words[layer + 1], rows,
+                    _flagged_layer_kernel[(tiles,)](self.words[layer], self._weight(layer), self.words[layer + 1], rows,
                                                     D=D, BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, FLAG=FLAG,
                                                     PDL=int(EARLY_TRIGGER), F32_DOT=INTERPRETED,
                                                     num_warps=self.num_warps,
@@ -213,10 +230,15 @@ class LayerChain:
             self.bf16[-1].copy_(unpack_flagged_words(self.words[-1]))
         else:
             for layer in range(layers):
-                _layer_kernel[(tiles,)](self.bf16[layer], self.w[layer], self.bf16[layer + 1], rows, D=D,
+                _layer_kernel[(tiles,)](self.bf16[layer], self._weight(layer), self.bf16[layer + 1], rows, D=D,
                                         BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, PDL=int(self.pdl),
                                         num_warps=self.num_warps, **launch_options(self.pdl))
         return self.out
+
+
+def resident_weights(w: torch.Tensor) -> torch.Tensor:
+    """The weights a resident chain multiplies by: w[0] for each of w's layers (a view, no copy)."""
+    return w[:1].expand_as(w)
 
 
 def pack_flagged_words(x: torch.Tensor) -> torch.Tensor:

@@ -804,13 +804,15 @@ CHAIN_REL_L2 = 1e-2   # bf16 rounding after each of the 18 layers, the same prod
 CHAIN_REL_L2_TRUNCATED = 3e-2   # Triton's interpreter truncates fp32 to bf16 where torch rounds to nearest
 
 
+@pytest.mark.parametrize("resident", [False, True], ids=["streamed", "resident"])
 @pytest.mark.parametrize("wait, pdl", [("launch", False), ("launch", True), ("launch", K.EARLY_TRIGGER),
                                        ("counter", False), ("flagged_data", False),
                                        ("launch_flagged_data", K.EARLY_TRIGGER)])
-def test_layer_chain(wait, pdl):
+def test_layer_chain(wait, pdl, resident):
     """kernels/flashrt_kernels/layer_chain.py at the expert's width (1024), 10 rows, 18 layers (one denoising step):
     per-layer launches with and without PDL or on flagged words, and the persistent kernels whose layers wait on
-    counters or on the flags in the data words."""
+    counters or on the flags in the data words; each with a weight per layer, and resident (W_0 for every layer,
+    the other layers' weights random and never read)."""
     if INTERPRET and wait in K.LAYER_CHAIN_PERSISTENT_WAITS:
         pytest.skip("the interpreter runs programs one by one: a program waiting on another's output never ends")
     layers, rows, width = (18, 10, 1024) if not INTERPRET else (3, 3, 64)
@@ -818,8 +820,8 @@ def test_layer_chain(wait, pdl):
     dtype = torch.bfloat16 if wait in K.LAYER_CHAIN_FLAGGED_WAITS else SKINNY_DTYPE        # words hold bf16
     x = torch.randn(rows, width, device=DEVICE, generator=g).to(dtype)
     w = (torch.randn(layers, width, width, device=DEVICE, generator=g) * width ** -0.5).to(dtype)
-    want = K.layer_chain_reference(x, w).float()
-    chain = K.LayerChain(w, rows, wait, pdl)
+    want = K.layer_chain_reference(x, K.resident_weights(w) if resident else w).float()
+    chain = K.LayerChain(w, rows, wait, pdl, resident=resident)
     chain.bf16[1:].fill_(float("nan"))
     chain.x.copy_(x)
     bound = CHAIN_REL_L2_TRUNCATED if INTERPRET and dtype == torch.bfloat16 else CHAIN_REL_L2
