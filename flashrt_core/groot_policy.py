@@ -31,11 +31,16 @@ from flashrt_core.groot_statistics import Embodiment, load_embodiment
 from flashrt_core.model.groot.config import MODEL_TYPE, GrootConfig, from_checkpoint_json, get_groot_config
 from flashrt_core.model.groot.model import GrootModel
 from flashrt_core.policy_lifetime import PolicyLifetime
+from flashrt_core.stopping import raise_if_stopped
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 DEFAULT_CONFIG = "groot_n1.6"
+# The longest instruction, in tokens, whose prompt's graph warm_up_text_buckets makes: a longer one costs a capture
+# on its first call (a pause of seconds on a running robot). Instructions to robots are a few words to a sentence
+# or two.
+WARMUP_INSTRUCTION_TOKENS = 64
 PRESET_KEY = "flashrt_preset"         # config.json key naming the preset (fixtures write it)
 
 
@@ -106,12 +111,38 @@ class GrootPolicy(PolicyLifetime):
                 torch.from_numpy(flow_noise)[None].to(dev))
 
     def reachable_text_buckets(self, state=None) -> tuple[int, ...]:
-        """GR00T keeps no text buckets: the graph executor captures one graph per prompt length (and view sizes)
-        on its first call (engine/groot_graph.py)."""
+        """GR00T keeps no text buckets: the graph executor captures one graph per padded prompt length (and view
+        sizes) on its first call (engine/groot_graph.py); warm_up_text_buckets makes those of every instruction
+        length up to WARMUP_INSTRUCTION_TOKENS for given images."""
         return ()
 
-    def warm_up_text_buckets(self, images, prompt: str, state=None) -> list[int]:
-        return []
+    def warm_up_text_buckets(self, images, prompt: str, state=None,
+                             max_instruction_tokens: int = WARMUP_INSTRUCTION_TOKENS) -> list[int]:
+        """One predict per graph signature that an instruction of 1 to max_instruction_tokens tokens lands in with
+        these images, so that no such instruction costs a capture while the robot runs (`prompt` has had its own
+        predict: the node's warm-up passes). The graph executor pads every prompt with masked tokens up to a
+        multiple of its prompt_multiple (groot_prompt_multiple), so all lengths of one multiple share a graph,
+        except the length that is the multiple itself (nothing to pad: a graph of its own); a graph depends on the
+        prompt's length and mask, not on its token values, so each run is the shortest instruction's prompt with
+        text tokens repeated up to the length. Each run checks for a stop first (flashrt_core.stopping); the
+        actions are discarded. Returns the padded prompt lengths warmed: [] on the reference executor, which
+        captures nothing, and where prompts are not padded (a plain DiT: every length would be a graph of its
+        own)."""
+        multiple = getattr(self.executor, "prompt_multiple", 0)
+        if multiple <= 1:
+            return []
+        views, ids, mask, state_n, emb, noise = self.prepare_inputs(images, "a", state)     # the shortest prompt
+        text = ids[0][ids[0] != self.config.image_token_index][:1]                           # one text token
+        shortest = ids.shape[1]
+        lengths: dict[tuple[int, bool], int] = {}
+        for length in range(shortest, shortest + max_instruction_tokens):
+            lengths.setdefault((-(-length // multiple) * multiple, length % multiple == 0), length)
+        for (padded, _), length in sorted(lengths.items()):
+            raise_if_stopped(f"warming up the GR00T prompt length {length} (padded to {padded})")
+            longer = torch.cat([text.repeat(length - shortest), ids[0]])[None]
+            self.executor.sample_actions(views, longer, torch.ones_like(longer, dtype=mask.dtype), state_n, emb,
+                                         noise)
+        return sorted({padded for padded, _ in lengths})
 
     def predict(self, images, prompt: str, state=None, noise=None) -> np.ndarray:
         """-> float32 (horizon, action_dim) in robot units (groot_statistics unnormalizes per joint group)."""

@@ -155,8 +155,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "cameras' resolution, the GPU engine captures one graph per image size.", type=INTEGER_ARRAY),
     ParamSpec("warmup_all_text_buckets", True, "With warmup_iterations > 0, also run one forward pass per text "
               "bucket of the engine that an instruction can land in (the GPU engine captures one graph per "
-              "prompt-length bucket), so no instruction length costs a graph capture at runtime; false = only the "
-              "warm-up prompt's bucket."),
+              "prompt-length bucket; GR00T's: per padded prompt length, for instructions of up to "
+              "flashrt_core.groot_policy.WARMUP_INSTRUCTION_TOKENS tokens), so "
+              "no instruction length costs a graph capture at runtime; false = only the warm-up prompt's bucket."),
     ParamSpec("engine_tuning_cache", DEFAULT_TUNING_CACHE, "Directory where the GPU engine keeps the picks of its "
               "load-time tuning (flashrt_core/engine/tuning_cache.py) and reuses them at the next configure of the "
               "same model, GPU, software and engine options: on an H200 a pi0.5 load took 35.5 s measuring and 1.6 "

@@ -195,3 +195,40 @@ def test_prompts_stay_as_they_come_where_the_dit_does_not_mask_them():
     static.sample_actions(*args)
     (sig,) = static.entries
     assert sig.prompt_len == args[1].shape[1] and not sig.padded
+
+
+def test_the_warm_up_makes_the_graph_of_every_instruction_length_up_to_its_bound(tmp_path):
+    """GrootPolicy.warm_up_text_buckets on the graph executor (eager here; its signatures are the graphs a GPU
+    captures): one signature per multiple of the prompt padding that an instruction of up to the bound lands in,
+    plus one per length that is such a multiple itself (unpadded); after it, no instruction within the bound makes a
+    new signature, and one beyond it does. The reference executor has nothing to warm."""
+    ckpt = write_random_groot_checkpoint(tmp_path / "c", TINY, seed=6)
+    base = load_model(ckpt, embodiment="new_embodiment", device="cpu")
+    assert base.warm_up_text_buckets({}, "pick up the cube") == []            # the reference executor
+    executor = GrootGraphExecutor(base.model, "cpu", capture=False, prompt_multiple=16)
+    policy = GrootPolicy(base.model, base.config, base.embodiment, base.tokenizer, base.device, base.model_id,
+                         executor)
+    rng = np.random.default_rng(0)
+    images = {v: rng.integers(0, 256, (72, 96, 3), dtype=np.uint8) for v in policy.view_names}
+    state = rng.uniform(-1, 1, policy.state_dim)
+
+    def prompt_len(instruction: str) -> int:
+        return policy.prepare_inputs(images, instruction, state)[1].shape[1]
+    bound = 40
+    shortest = prompt_len("a")
+    warmed = policy.warm_up_text_buckets(images, "pick up the cube", state, max_instruction_tokens=bound)
+    lengths = range(shortest, shortest + bound)
+    assert warmed == sorted({-(-n // 16) * 16 for n in lengths}) and len(warmed) >= 3
+    made = set(executor.entries)
+    assert len(made) == len(warmed) + sum(n % 16 == 0 for n in lengths)
+    assert {(s.prompt_len, s.padded) for s in made} == {(-(-n // 16) * 16, n % 16 != 0) for n in lengths}
+    words = ["pick", "up", "the", "red", "cube", "and", "place", "it", "in", "the", "bin"] * 6
+    within = [" ".join(words[:k]) for k in range(1, len(words)) if prompt_len(" ".join(words[:k])) in lengths]
+    assert len({prompt_len(text) for text in within}) >= 10
+    for text in within:
+        policy.predict(images, text, state)
+        assert set(executor.entries) == made, text
+    beyond = next(" ".join(words[:k]) for k in range(1, len(words))
+                  if prompt_len(" ".join(words[:k])) > -(-(shortest + bound - 1) // 16) * 16)
+    policy.predict(images, beyond, state)
+    assert len(executor.entries) == len(made) + 1

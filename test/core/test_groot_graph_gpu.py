@@ -103,6 +103,22 @@ def test_policy_executor_and_its_switches(tmp_path):
                    engine_options=EngineOptions(triton=False))
 
 
+def test_the_warm_up_captures_every_prompt_length_and_a_later_instruction_replays(tmp_path):
+    """GrootPolicy.warm_up_text_buckets on the CUDA graph executor: every signature it makes is captured, an
+    instruction within its bound then replays one of those graphs (no new capture) and gives the reference's
+    chunk."""
+    ckpt, images, state, noise, want = tiny_policy_case(tmp_path)
+    policy = load_model(ckpt, embodiment="new_embodiment", device="cuda", dtype="float32")
+    assert policy.executor.name == "graph"
+    warmed = policy.warm_up_text_buckets(images, "pick up the cube", state)
+    graphs = policy.executor.capture_seconds
+    assert warmed and len(graphs) >= len(warmed) and all(entry.graph is not None
+                                                          for entry in policy.executor.entries.values())
+    captured = dict(graphs)
+    np.testing.assert_allclose(policy.predict(images, "pick up the cube", state, noise), want, rtol=1e-4, atol=1e-4)
+    assert policy.executor.capture_seconds == captured                        # replayed a warmed-up graph
+
+
 def test_tiny_fp8_replay_equals_its_eager_run():
     """The FP8 graph replays what the same FP8 code computes launched one by one (capture=False), with the split-K
     partials of the output projection and MLP down summed in the norms, and stays near the fp32 reference."""
