@@ -144,8 +144,12 @@ class GrootPolicy(PolicyLifetime):
                                          noise)
         return sorted({padded for padded, _ in lengths})
 
-    def predict(self, images, prompt: str, state=None, noise=None) -> np.ndarray:
-        """-> float32 (horizon, action_dim) in robot units (groot_statistics unnormalizes per joint group)."""
+    def predict(self, images, prompt: str, state=None, noise=None, rtc=None) -> np.ndarray:
+        """-> float32 (horizon, action_dim) in robot units (groot_statistics unnormalizes per joint group). rtc must
+        be None: real-time chunking (flashrt_core.rtc) is built for the pi family's denoiser only."""
+        if rtc is not None:
+            raise InputError("real-time chunking (rtc) is built for the pi0 / pi0.5 denoiser, not GR00T N1.6's action "
+                             "head: rtc=None (the policy node: rtc off)")
         if self.executor is None:
             raise RuntimeError("Policy.predict called after close()")
         actions = self.executor.sample_actions(*self.prepare_inputs(images, prompt, state, noise))

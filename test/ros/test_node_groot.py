@@ -39,6 +39,19 @@ def test_node_publishes_groot_chunks(groot_checkpoint):
         h.close()
 
 
+def test_real_time_chunking_fails_configure_naming_why(groot_checkpoint):
+    h = NodeHarness({"checkpoint": str(groot_checkpoint), "model_config": "groot_n1.6_tiny",
+                     "embodiment": "new_embodiment", "device": "cpu", "warmup_iterations": 1,
+                     "rtc": "guided_identity"})
+    try:
+        assert not h.lifecycle.change("configure")
+        assert h.node.policy is None
+        assert wait_until(lambda: h.diagnostics and "not GR00T N1.6's action head" in h.latest_diagnostics()[
+            "last_error"]), h.latest_diagnostics()["last_error"]
+    finally:
+        h.close()
+
+
 def test_unknown_embodiment_fails_configure(groot_checkpoint):
     h = NodeHarness({"checkpoint": str(groot_checkpoint), "model_config": "groot_n1.6_tiny", "embodiment": "ur5",
                      "device": "cpu"})
