@@ -159,7 +159,8 @@ class PolicyNode(LifecycleNode):
     # -- lifecycle -------------------------------------------------------------------------------------
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Load and warm up the model. SUCCESS -> inactive; FAILURE -> stays unconfigured (all released).
-        Shutdown (SIGINT) during it: FAILURE at the next step, quietly (``release`` waits for it)."""
+        Shutdown (SIGINT, SIGTERM, ``release``) during it: ShuttingDown at the next step of the configure or of the
+        core's load inside it, everything released (``release`` waits for it; main() ends on it quietly)."""
         with self._transition_lock, stop_when(self._stopping):     # the core's long load stops between its steps
             try:
                 return self._configure()
