@@ -49,6 +49,8 @@
 # HANDOVER_AB (0: 1 adds a run with the hand-over wait off, --handover-timeout 0),
 # SERIALIZED_AB (0: 1 adds a run whose feeder publishes pre-serialized CDR frames, --feeder-serialized),
 # EXECUTOR_AB (empty; "multi_threaded": one more run per executor named),
+# STOP_AB (0: 1 adds tools/benchmark_configure_stop.py on a full-size pi0.5 at $FLASHRT_FULL_CKPT_ROOT/pi05, made
+# there if missing: SIGINT STOP_DELAYS seconds ("5 15 25") into the configure, configure_stop_h200.md),
 # WATCH_THREADS (0: 1 logs the node's busy threads, with WATCH_BACKTRACES (2) native stack dumps), OUT.
 set -uo pipefail
 
@@ -272,6 +274,20 @@ row "machine trace" "" "$(head -1 "$OUT/machine_trace_summary.md" | cut -c1-200)
 for f in "$OUT"/node_overhead_h200*.md; do grep -E '^- (Node|Feeder) process' "$f" | sed "s#^#$(basename "$f"): #" ; done >"$OUT/stalls.txt"
 if [ "${CPU_CONTROL:-0}" = 1 ]; then
   bench cpu "${CPU_DURATION:-20}" "$OUT/node_overhead_h200_cpu.md" "$OUT/node_overhead_h200_cpu_raw.json"
+fi
+
+if [ "${STOP_AB:-0}" = 1 ]; then
+  # SIGINT during the configure of a full-size pi0.5 on the GPU (checkpoint read, load-time tuning, captures, each
+  # stopping between its steps): seconds to exit, beside the configure without a signal.
+  ckpt="${FLASHRT_FULL_CKPT_ROOT:-/tmp/full}/pi05"
+  [ -f "$ckpt/flashrt_config.json" ] || "$PY" -m flashrt_core.fixtures "$ckpt" --config pi05 >>"$SETUP_LOG" 2>&1
+  log "configure stop: $ckpt on $BENCH_DEVICE"
+  timeout -k 10 "${STOP_TIMEOUT:-420}" "$PY" tools/benchmark_configure_stop.py --checkpoint "$ckpt" \
+    --device "$BENCH_DEVICE" --delays ${STOP_DELAYS:-5 15 25} --output "$OUT/configure_stop_h200.md" \
+    >"$OUT/configure_stop.log" 2>&1
+  rc=$?
+  row "configure stop" "$([ $rc = 0 ] && echo ok || echo FAIL)" \
+    "$(grep -m1 'without a signal' "$OUT/configure_stop_h200.md" 2>/dev/null | cut -c1-160)"
 fi
 
 if [ "${RUN_TESTS:-1}" = 1 ]; then
