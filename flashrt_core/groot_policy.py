@@ -121,10 +121,10 @@ class GrootPolicy(PolicyLifetime):
         """One predict per graph signature that an instruction of 1 to max_instruction_tokens tokens lands in with
         these images, so that no such instruction costs a capture while the robot runs (`prompt` has had its own
         predict: the node's warm-up passes). The graph executor pads every prompt with masked tokens up to a
-        multiple of its prompt_multiple (groot_prompt_multiple), so all lengths of one multiple share a graph,
-        except the length that is the multiple itself (nothing to pad: a graph of its own); a graph depends on the
-        prompt's length and mask, not on its token values, so each run is the shortest instruction's prompt with
-        text tokens repeated up to the length. Each run checks for a stop first (flashrt_core.stopping); the
+        multiple of its prompt_multiple (groot_prompt_multiple), and a prompt whose length is that multiple shares
+        the padded prompts' signature, so there is one graph per multiple; a graph depends on the prompt's length
+        and mask, not on its token values, so each run is the shortest instruction's prompt with text tokens
+        repeated up to the multiple's longest length. Each run checks for a stop first (flashrt_core.stopping); the
         actions are discarded. Returns the padded prompt lengths warmed: [] on the reference executor, which
         captures nothing, and where prompts are not padded (a plain DiT: every length would be a graph of its
         own)."""
@@ -134,15 +134,15 @@ class GrootPolicy(PolicyLifetime):
         views, ids, mask, state_n, emb, noise = self.prepare_inputs(images, "a", state)     # the shortest prompt
         text = ids[0][ids[0] != self.config.image_token_index][:1]                           # one text token
         shortest = ids.shape[1]
-        lengths: dict[tuple[int, bool], int] = {}
+        lengths: dict[int, int] = {}                    # padded length -> the longest prompt length padded to it
         for length in range(shortest, shortest + max_instruction_tokens):
-            lengths.setdefault((-(-length // multiple) * multiple, length % multiple == 0), length)
-        for (padded, _), length in sorted(lengths.items()):
+            lengths[-(-length // multiple) * multiple] = length
+        for padded, length in sorted(lengths.items()):
             raise_if_stopped(f"warming up the GR00T prompt length {length} (padded to {padded})")
             longer = torch.cat([text.repeat(length - shortest), ids[0]])[None]
             self.executor.sample_actions(views, longer, torch.ones_like(longer, dtype=mask.dtype), state_n, emb,
                                          noise)
-        return sorted({padded for padded, _ in lengths})
+        return sorted(lengths)
 
     def predict(self, images, prompt: str, state=None, noise=None, rtc=None) -> np.ndarray:
         """-> float32 (horizon, action_dim) in robot units (groot_statistics unnormalizes per joint group). rtc must

@@ -20,7 +20,8 @@ capture=False runs the same static function eagerly: on the CPU (where it is che
 executor) and on a GPU with EngineOptions.cuda_graph off (Op.EXECUTOR "eager_engine").
 
 Prompts are right-padded with masked tokens up to a multiple of `prompt_multiple` (EngineOptions.groot_prompt_multiple)
-so that an instruction a few tokens longer or shorter replays the same graph instead of capturing one mid-run.
+so that an instruction a few tokens longer or shorter replays the same graph instead of capturing one mid-run; a
+prompt of exactly such a multiple takes the padded prompts' signature too (its all-ones mask masks nothing).
 
 The prompt's image-token slots are found on the device (groot_static.scatter_image_tokens), so a prompt of the
 same length with its slots elsewhere replays correctly; their count must be the signature's image-token count
@@ -271,7 +272,8 @@ class GrootGraphExecutor:
             raise InputError(f"embodiment_id {ids} out of range: the checkpoint has {count} embodiment projectors "
                              f"(ids 0-{count - 1})")
         input_ids, attention_mask = self._pad_prompt(input_ids, attention_mask)
-        sig = GrootSignature.of(views, input_ids, attention_mask, ids if self.step_ends else None)
+        sig = GrootSignature.of(views, input_ids, attention_mask, ids if self.step_ends else None,
+                                padded_at_end=self.prompt_multiple > 1)
         entry = self._entries.get(sig)
         fresh = entry is None
         if fresh:

@@ -67,16 +67,18 @@ class GrootSignature:
 
     @classmethod
     def of(cls, views, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-           embodiments: Sequence[int] | None = None) -> GrootSignature:
+           embodiments: Sequence[int] | None = None, padded_at_end: bool = False) -> GrootSignature:
         """The signature of one call (reads the prompt mask's values: on the host where it is there). embodiments:
         the batch rows' embodiment ids (read by the caller), whose one value, when all rows share it, is the
-        signature's embodiment; None or several values: None."""
+        signature's embodiment; None or several values: None. padded_at_end: the caller pads every prompt at its
+        end (the graph executor's prompt_multiple), so a prompt that needed no padding takes the signature of the
+        padded ones of its length (its all-ones mask masks nothing: the same chunk) instead of one of its own."""
         if input_ids.dim() != 2 or tuple(attention_mask.shape) != tuple(input_ids.shape):
             raise ValueError(f"input_ids and attention_mask must both be [B, L], got {tuple(input_ids.shape)} and "
                              f"{tuple(attention_mask.shape)}")
         sizes = tuple((int(v.shape[-2]), int(v.shape[-1])) for v in views)
         seen = attention_mask.to(torch.int8)
-        padded = not bool(seen.all())
+        padded = padded_at_end or not bool(seen.all())
         right = padded and bool((seen[:, 1:] <= seen[:, :-1]).all())       # no real token after a padding one
         ids = set(embodiments or ())
         return cls(int(input_ids.shape[0]), sizes, int(input_ids.shape[1]), padded, right,

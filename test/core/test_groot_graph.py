@@ -175,14 +175,19 @@ def test_policy_on_the_static_path_predicts_the_reference_chunk(tmp_path):
 
 def test_padded_prompts_share_a_graph_and_keep_the_chunk(model):
     """groot_prompt_multiple: prompts of 5 and 9 text tokens pad (masked) to one multiple of 16 and one signature,
-    each giving the chunk of its own unpadded prompt on the reference."""
+    and the prompt whose length is that multiple (nothing to pad) takes the same signature; each gives the chunk of
+    its own prompt on the reference."""
     ref = GrootReferenceExecutor(model, torch.device("cpu"))
     static = GrootGraphExecutor(model, "cpu", capture=False, prompt_multiple=16)
-    for text in (5, 9):
-        args = inputs(model, [(56, 56), (56, 84)], text, seed=text)
+    sizes = [(56, 56), (56, 84)]
+    length = inputs(model, sizes, 5, seed=0)[1].shape[1]
+    exact = 5 + (-length) % 16
+    assert exact > 9
+    for text in (5, 9, exact):
+        args = inputs(model, sizes, text, seed=text)
         torch.testing.assert_close(static.sample_actions(*args), ref.sample_actions(*args), rtol=1e-5, atol=1e-5)
     (sig,) = static.entries
-    assert sig.prompt_len % 16 == 0 and sig.padded
+    assert sig.prompt_len == length + exact - 5 and sig.prompt_len % 16 == 0 and sig.padded
 
 
 def test_prompts_stay_as_they_come_where_the_dit_does_not_mask_them():
@@ -199,9 +204,8 @@ def test_prompts_stay_as_they_come_where_the_dit_does_not_mask_them():
 
 def test_the_warm_up_makes_the_graph_of_every_instruction_length_up_to_its_bound(tmp_path):
     """GrootPolicy.warm_up_text_buckets on the graph executor (eager here; its signatures are the graphs a GPU
-    captures): one signature per multiple of the prompt padding that an instruction of up to the bound lands in,
-    plus one per length that is such a multiple itself (unpadded); after it, no instruction within the bound makes a
-    new signature, and one beyond it does. The reference executor has nothing to warm."""
+    captures): one signature per multiple of the prompt padding that an instruction of up to the bound lands in;
+    after it, no instruction within the bound makes a new signature, and one beyond it does. The reference executor has nothing to warm."""
     ckpt = write_random_groot_checkpoint(tmp_path / "c", TINY, seed=6)
     base = load_model(ckpt, embodiment="new_embodiment", device="cpu")
     assert base.warm_up_text_buckets({}, "pick up the cube") == []            # the reference executor
@@ -220,8 +224,7 @@ def test_the_warm_up_makes_the_graph_of_every_instruction_length_up_to_its_bound
     lengths = range(shortest, shortest + bound)
     assert warmed == sorted({-(-n // 16) * 16 for n in lengths}) and len(warmed) >= 3
     made = set(executor.entries)
-    assert len(made) == len(warmed) + sum(n % 16 == 0 for n in lengths)
-    assert {(s.prompt_len, s.padded) for s in made} == {(-(-n // 16) * 16, n % 16 != 0) for n in lengths}
+    assert {(s.prompt_len, s.padded) for s in made} == {(n, True) for n in warmed}
     words = ["pick", "up", "the", "red", "cube", "and", "place", "it", "in", "the", "bin"] * 6
     within = [" ".join(words[:k]) for k in range(1, len(words)) if prompt_len(" ".join(words[:k])) in lengths]
     assert len({prompt_len(text) for text in within}) >= 10
