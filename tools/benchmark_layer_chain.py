@@ -6,7 +6,9 @@ every data word.
 The default chain is the denoiser's: 180 layers (10 steps x 18 layers) of the action expert's width (1024) at 10
 rows; each layer reads a 2 MiB weight, so the time per layer above its weight stream is what one dependency costs.
 The `*_resident` variants multiply every layer by the first layer's weight (held by the persistent programs, in L2
-for the launches): the dependency alone, beside the same chain streaming its weights.
+for the launches): the dependency alone, beside the same chain streaming its weights. `persistent_staged_flagged_data`
+streams the weights through a ring of shared-memory slots that TMA fills layers ahead of the poll (Gluon, Hopper):
+whether a weight stream that runs ahead of the dependency hides it.
 Each variant is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays.
 
     python tools/benchmark_layer_chain.py [--layers 180] [--width 1024] [--rows 10] [--reps 50] [--out DIR]
@@ -36,6 +38,9 @@ VARIANTS = ("launch_per_layer", "launch_per_layer_pdl", "launch_per_layer_pdl_ea
 RESIDENT_VARIANTS = ("launch_per_layer_pdl", "persistent_counters", "persistent_flagged_data",
                      "launch_per_layer_flagged_data")
 RESIDENT = "_resident"
+# Timed last: its rows come after every other one, so that a chain that never ends (a device step's time limit
+# kills it) still leaves theirs.
+STAGED_VARIANTS = ("persistent_staged_flagged_data",)
 
 
 def _graph_ms(run, reps: int) -> list[float]:
@@ -47,7 +52,17 @@ def _graph_ms(run, reps: int) -> list[float]:
     return graph_replay_ms(graph, reps)
 
 
-def measure(layers: int, width: int, rows: int, reps: int) -> dict:
+def print_row(name: str, r: dict) -> None:
+    """One variant's row of the table, printed (and flushed) as soon as it is measured."""
+    if "skipped" in r:
+        print(f"| {name} | skipped: {r['skipped']} | | | |", flush=True)
+        return
+    print(f"| {name} | {r['ms']:.3f} | {r['us_per_layer']:.2f} | {r['weight_tb_per_s']:.2f} | "
+          f"{r['rel_l2_vs_reference']:.1e} |", flush=True)
+
+
+def measure(layers: int, width: int, rows: int, reps: int, report=print_row) -> dict:
+    """{variant: its result}; report(variant, result) after each one."""
     k = load_kernels()
     g = torch.Generator(device="cuda").manual_seed(0)
     w = (torch.randn(layers, width, width, device="cuda", generator=g) * width ** -0.5).to(torch.bfloat16)
@@ -55,7 +70,7 @@ def measure(layers: int, width: int, rows: int, reps: int) -> dict:
     wants = {False: k.layer_chain_reference(x, w).float(),
              True: k.layer_chain_reference(x, k.resident_weights(w)).float()}
     results = {}
-    for variant in VARIANTS + tuple(name + RESIDENT for name in RESIDENT_VARIANTS):
+    for variant in VARIANTS + tuple(name + RESIDENT for name in RESIDENT_VARIANTS) + STAGED_VARIANTS:
         resident = variant.endswith(RESIDENT)
         base = variant.removesuffix(RESIDENT)
         want = wants[resident]
@@ -71,7 +86,12 @@ def measure(layers: int, width: int, rows: int, reps: int) -> dict:
             pdl = {"launch_per_layer": False, "launch_per_layer_pdl": True,
                    "launch_per_layer_pdl_early": k.EARLY_TRIGGER}.get(base, False)
             wait = {"persistent_counters": "counter", "persistent_flagged_data": "flagged_data",
-                    "launch_per_layer_flagged_data": "launch_flagged_data"}.get(base, "launch")
+                    "launch_per_layer_flagged_data": "launch_flagged_data",
+                    "persistent_staged_flagged_data": "staged_flagged_data"}.get(base, "launch")
+            if wait in k.LAYER_CHAIN_GLUON_WAITS and (not k.HAVE_GLUON or width != 1024):
+                results[variant] = {"skipped": "needs Triton's Gluon and width 1024"}
+                report(variant, results[variant])
+                continue
             chain = k.LayerChain(w, rows, wait, pdl, resident=resident)
             chain.x.copy_(x)
             run, out = chain.run, chain.out
@@ -82,6 +102,7 @@ def measure(layers: int, width: int, rows: int, reps: int) -> dict:
         results[variant] = {"ms": median, "us_per_layer": median * 1e3 / layers,
                             "weight_tb_per_s": streamed / (median * 1e-3) / 1e12,
                             "rel_l2_vs_reference": err}
+        report(variant, results[variant])
     return results
 
 
@@ -96,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmark_layer_chain.py needs a CUDA GPU")
+    print(f"{args.layers} dependent layers, {args.rows} x {args.width} @ {args.width} x {args.width} bf16 "
+          f"({args.width * args.width * 2 / 2 ** 20:.0f} MiB of weights each), {torch.cuda.get_device_name()}")
+    print("| variant | chain ms | us per layer | weight stream TB/s | rel L2 vs reference |\n|---|---|---|---|---|",
+          flush=True)
     results = measure(args.layers, args.width, args.rows, args.reps)
     env = env_info()
     result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -104,12 +129,6 @@ def main(argv: list[str] | None = None) -> int:
               "command": "python tools/benchmark_layer_chain.py " + " ".join(argv),
               "layers": args.layers, "width": args.width, "rows": args.rows, "reps": args.reps,
               "weight_mib_per_layer": args.width * args.width * 2 / 2 ** 20, "variants": results}
-    print(f"{args.layers} dependent layers, {args.rows} x {args.width} @ {args.width} x {args.width} bf16 "
-          f"({result['weight_mib_per_layer']:.0f} MiB of weights each), {result['device']}")
-    print(f"| variant | chain ms | us per layer | weight stream TB/s | rel L2 vs reference |\n|---|---|---|---|---|")
-    for name, r in results.items():
-        print(f"| {name} | {r['ms']:.3f} | {r['us_per_layer']:.2f} | {r['weight_tb_per_s']:.2f} | "
-              f"{r['rel_l2_vs_reference']:.1e} |")
     if args.out:
         path = Path(args.out) / f"layer_chain_{result['date'][:10]}.json"
         path.parent.mkdir(parents=True, exist_ok=True)

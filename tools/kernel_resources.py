@@ -18,7 +18,7 @@ configuration compiles to the same instructions.
 The configurations are the engine's own: the attention plans of pi0.5 and pi0 denoising steps (1-3 views,
 horizons 10 and 50) and the prefix, every decoder GEMM candidate the load-time tuning may pick (the Triton
 skinny GEMMs, and the Gluon shared-memory GEMMs of kernels/flashrt_kernels/smem_gemm.py), the QKV RoPE kernels, the denoising
-step's ends and the prefix attention on wgmma.
+step's ends and the prefix attention on wgmma; and the staged form of the dependency benchmark's layer chain.
 """
 
 from __future__ import annotations
@@ -324,9 +324,24 @@ def prefix_attention_configs() -> list[KernelConfig]:
     return [config(pa.BLOCK_N, 1, overlap, pdl) for overlap in (False, True) for pdl in (0, 1)]
 
 
+def layer_chain_configs(layers: int = 180, width: int = 1024) -> list[KernelConfig]:
+    """kernels/flashrt_kernels/layer_chain.py's staged form (Gluon: the weights through a TMA ring in shared memory)
+    at the dependency benchmark's chain (180 layers of the expert's width, tools/benchmark_layer_chain.py), with
+    the 3-D TMA descriptor its launcher builds; empty where Triton has no Gluon."""
+    lc = _kernels_module("layer_chain")
+    if not lc.HAVE_GLUON:
+        return []
+    box = f"tensordesc<bf16[{lc.STAGED_BLOCK_N}, {width // 64}, 64],{lc.staged_box_layout()!r}>"
+    stages = lc.staged_stages(width)
+    return [KernelConfig(f"layer chain, staged flagged data ({layers} layers, width {width}, {stages} stages)",
+                         lc._staged_flagged_chain_kernel, {"buf_ptr": "*i32", "w_desc": box, "M": "i32"},
+                         {"LAYERS": layers, "D": width, "BLOCK_M": lc.BLOCK_M, "STAGES": stages, "FLAG": lc.FLAG},
+                         8, 1)]
+
+
 def all_configs() -> list[KernelConfig]:
     return (attention_configs() + skinny_configs() + smem_configs() + rope_configs() + denoise_step_configs()
-            + prefix_attention_configs())
+            + prefix_attention_configs() + layer_chain_configs())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,6 +23,7 @@ from .geglu import geglu, geglu_reference, swiglu, swiglu_reference
 from .head_attention import head_attention, head_attention_reference
 from .layer_chain import FLAG as LAYER_CHAIN_FLAG
 from .layer_chain import FLAGGED_WAITS as LAYER_CHAIN_FLAGGED_WAITS
+from .layer_chain import GLUON_WAITS as LAYER_CHAIN_GLUON_WAITS
 from .layer_chain import PERSISTENT_WAITS as LAYER_CHAIN_PERSISTENT_WAITS
 from .layer_chain import WAITS as LAYER_CHAIN_WAITS
 from .layer_chain import (LayerChain, layer_chain, layer_chain_reference, pack_flagged_words, resident_weights,
@@ -48,7 +49,8 @@ __all__ = [
     "euler", "euler_reference",
     "fp8_quant", "fp8_quant_reference",
     "geglu", "geglu_reference", "swiglu", "swiglu_reference",
-    "LAYER_CHAIN_FLAG", "LAYER_CHAIN_FLAGGED_WAITS", "LAYER_CHAIN_PERSISTENT_WAITS", "LAYER_CHAIN_WAITS",
+    "LAYER_CHAIN_FLAG", "LAYER_CHAIN_FLAGGED_WAITS", "LAYER_CHAIN_GLUON_WAITS", "LAYER_CHAIN_PERSISTENT_WAITS",
+    "LAYER_CHAIN_WAITS",
     "LayerChain", "layer_chain", "layer_chain_reference", "pack_flagged_words", "resident_weights",
     "unpack_flagged_words",
     "patch_rows", "patch_rows_reference",

@@ -21,6 +21,13 @@ shot", before it waits for its input), so a layer is D / BLOCK_N tiles and every
   next layer at their start (PDL's early trigger) and, instead of griddepcontrol's wait for the whole grid before
   them to finish and flush, poll their input words as above. The first layer runs in stream order after the
   zeroing of the words; its successors need no wait on the grid, since the flags say when their input is there.
+- ``wait="staged_flagged_data"`` (Gluon, Hopper): the persistent flagged form with the weights in shared memory
+  instead of registers. Every program owns STAGED_BLOCK_N (8) output columns, so D / 8 programs stream, and keeps
+  a ring of `stages` weight slices that the tensor memory accelerator fills (TMA, one mbarrier per slot): the slices
+  of layers l + 1 .. l + stages - 1 are in flight while the program polls layer l's input, and each slot is
+  refilled with the layer `stages` ahead as soon as its product is done. x, polled as above, goes through shared
+  memory into mma.sync's operand layout. It answers whether the weight stream, once it runs layers ahead of the
+  dependency, hides the hand-over (the design of a persistent denoiser).
 In the persistent forms the weights of layer l stream while the program waits for layer l - 1, in the flagged
 launches while the layer before works. The counters and the flagged words are zeroed before each run (the launcher
 does it).
@@ -34,12 +41,17 @@ from __future__ import annotations
 
 import torch
 
+from ._gluon import HAVE_GLUON, TensorDescriptor, gl, gluon, mbarrier, mma_v2, tma
 from ._triton import EARLY_TRIGGER, INTERPRETED, launch_options, release_dependents, tl, triton, wait_for_inputs
 
 BLOCK_M = 16           # rows a program covers (the denoiser's 10-row steps; at most 16)
-WAITS = ("launch", "counter", "flagged_data", "launch_flagged_data")
-FLAGGED_WAITS = ("flagged_data", "launch_flagged_data")      # the forms whose activations are flagged words
-PERSISTENT_WAITS = ("counter", "flagged_data")               # one launch whose programs wait on each other
+WAITS = ("launch", "counter", "flagged_data", "launch_flagged_data", "staged_flagged_data")
+FLAGGED_WAITS = ("flagged_data", "launch_flagged_data", "staged_flagged_data")   # activations as flagged words
+PERSISTENT_WAITS = ("counter", "flagged_data", "staged_flagged_data")    # one launch, programs wait on each other
+GLUON_WAITS = ("staged_flagged_data",)                       # Gluon on a Hopper GPU (no interpreter)
+STAGED_BLOCK_N = 8       # weight rows per program of the staged form: mma.sync's N, so D / 8 programs stream
+STAGED_WIDTH = 1024      # the staged form's D: 8 warps x 2 boxes of 64 columns (the expert's width)
+STAGED_SMEM = 160 * 1024          # the staged form's weight ring (the layout conversions take the rest)
 FLAG = 1               # high half of a written word of the flagged form; zeroed words read as "not yet written"
 
 
@@ -150,6 +162,113 @@ def _flagged_layer_kernel(x_ptr, w_ptr, y_ptr, M, D: tl.constexpr, BLOCK_M: tl.c
     _flagged_store(y_ptr + rm[:, None] * D + rn[None, :], y, m_ok, FLAG)
 
 
+if HAVE_GLUON:
+    @gluon.jit
+    def _staged_weights(w_desc, w_smem, bar, layer, n0, D: gl.constexpr):
+        """Issue this program's slice of W_layer (BLOCK_N rows from n0, all D columns as D / 64 boxes of 64) into
+        one ring slot w_smem (BLOCK_N, D / 64, 64) on mbarrier bar: one TMA copy of w_desc's 3-D view (weight row,
+        column box, column) of the weights."""
+        mbarrier.expect(bar, D * w_desc.block_type.shape[0] * 2)
+        tma.async_copy_global_to_shared(w_desc, [layer * D + n0, 0, 0], bar, w_smem)
+
+    @gluon.jit
+    def _staged_half(buf_ptr, layer, M, half, D: gl.constexpr, BLOCK_M: gl.constexpr, GROUPS: gl.constexpr,
+                     layout: gl.constexpr):
+        """Pointers and row mask of half `half` of layer `layer`'s input words as (GROUPS, BLOCK_M, 64): element
+        (g, m, k) is x[m, (half * GROUPS + g) * 64 + k], so group g's columns are the boxes g and GROUPS + g."""
+        g = gl.arange(0, GROUPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
+        m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
+        k = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
+        cols = (half * GROUPS + g[:, None, None]) * 64 + k[None, None, :]
+        return buf_ptr + layer * M * D + m[None, :, None] * D + cols, (m < M)[None, :, None]
+
+    @gluon.jit
+    def _flagged_values(words, m_ok):
+        """The bf16 values of flagged words (0 where m_ok is False)."""
+        return gl.where(m_ok, words & 0xFFFF, 0).to(gl.int16).to(gl.bfloat16, bitcast=True)
+
+    @gluon.jit
+    def _staged_flagged_chain_kernel(buf_ptr, w_desc, M, LAYERS: gl.constexpr, D: gl.constexpr,
+                                     BLOCK_M: gl.constexpr, STAGES: gl.constexpr, FLAG: gl.constexpr):
+        """Every layer's tile `program_id` in turn, weights through a ring of STAGES shared-memory slots filled by
+        TMA layers ahead; buf (LAYERS + 1, M, D) int32 flagged words as _persistent_flagged_chain_kernel's. Warp g
+        of the 8 multiplies the column boxes g and 8 + g of D (mma.sync on a batch of 8, one batch per half of D),
+        and the 8 partial products are summed across the warps."""
+        GROUPS: gl.constexpr = 8                                   # = num_warps: one K group per warp
+        BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+        NK: gl.constexpr = 2 * GROUPS                              # 64-column boxes per slot
+        gl.static_assert(D == NK * 64, "the staged form's D is 8 warps x 2 boxes of 64 columns")
+        n0 = gl.program_id(0) * BLOCK_N
+        w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES * BLOCK_N, NK, 64], w_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(bars.index(s), count=1)
+        for s in gl.static_range(STAGES):                          # the first STAGES layers' slices in flight
+            if s < LAYERS:
+                _staged_weights(w_desc, w_smem.slice(s * BLOCK_N, BLOCK_N), bars.index(s), s, n0, D)
+        # x polled as (group, row, 64 columns) halves, each warp its group's 16-byte words along the columns
+        x_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[1, 2, 16],
+                                                  warps_per_cta=[GROUPS, 1, 1], order=[2, 1, 0])
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[GROUPS, 1, 1],
+                                                      instr_shape=[1, 16, 8])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+        out_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[4, 8],
+                                                    warps_per_cta=[GROUPS, 1], order=[1, 0])
+        w_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 8], threads_per_warp=[4, 1, 8],
+                                                  warps_per_cta=[1, GROUPS, 1], order=[2, 1, 0])
+        om = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
+        on = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
+        # the layers in rounds of STAGES, so that each one's ring slot (s) is known when compiling
+        for first in range(0, LAYERS, STAGES):
+            for s in gl.static_range(STAGES):
+                layer = first + s
+                if layer < LAYERS:
+                    src0, m_ok = _staged_half(buf_ptr, layer, M, 0, D, BLOCK_M, GROUPS, x_layout)
+                    src1, _ = _staged_half(buf_ptr, layer, M, 1, D, BLOCK_M, GROUPS, x_layout)
+                    w0 = gl.load(src0, mask=m_ok, other=FLAG << 16, volatile=True)
+                    w1 = gl.load(src1, mask=m_ok, other=FLAG << 16, volatile=True)
+                    flags = gl.minimum((w0 >> 16) & 0xFFFF, (w1 >> 16) & 0xFFFF)
+                    while gl.min(gl.min(gl.min(flags, axis=2), axis=1), axis=0) != FLAG:     # a word not written
+                        w0 = gl.load(src0, mask=m_ok, other=FLAG << 16, volatile=True)
+                        w1 = gl.load(src1, mask=m_ok, other=FLAG << 16, volatile=True)
+                        flags = gl.minimum((w0 >> 16) & 0xFFFF, (w1 >> 16) & 0xFFFF)
+                    a0 = gl.convert_layout(_flagged_values(w0, m_ok), a_layout)
+                    a1 = gl.convert_layout(_flagged_values(w1, m_ok), a_layout)
+                    mbarrier.wait(bars.index(s), phase=(first // STAGES) & 1)
+                    ring = w_smem.slice(s * BLOCK_N, BLOCK_N)
+                    # (group, 64 columns, BLOCK_N): the slot's (row, box, column) read as they are, boxes j * 8 ..
+                    # j * 8 + 7 for half j, reordered in registers
+                    b0 = gl.convert_layout(gl.permute(ring.slice(0, GROUPS, dim=1).load(w_layout), (1, 2, 0)),
+                                           b_layout)
+                    b1 = gl.convert_layout(gl.permute(ring.slice(GROUPS, GROUPS, dim=1).load(w_layout), (1, 2, 0)),
+                                           b_layout)
+                    acc = gl.zeros((GROUPS, BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma)
+                    acc = mma_v2(a0, b0, acc)
+                    acc = mma_v2(a1, b1, acc)
+                    gl.thread_barrier()             # every warp done reading the slot before it is refilled
+                    if layer + STAGES < LAYERS:
+                        _staged_weights(w_desc, ring, bars.index(s), layer + STAGES, n0, D)
+                    y = gl.convert_layout(gl.sum(acc, axis=0), out_layout)
+                    bits = y.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+                    gl.store(buf_ptr + (layer + 1) * M * D + om[:, None] * D + on[None, :], bits | (FLAG << 16),
+                             mask=(om < M)[:, None])
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(s))
+
+
+def staged_box_layout():
+    """The shared layout of the staged form's weight slices (row, column box, 64 columns): 128-byte swizzled."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+
+
+def staged_stages(D: int, block_n: int = STAGED_BLOCK_N) -> int:
+    """Weight slices (block_n x D bf16 each) the staged form's ring holds: the most that fit STAGED_SMEM, a power of
+    two (the ring's shape must be one), at most 16."""
+    fits = max(1, min(16, STAGED_SMEM // (block_n * D * 2)))
+    return 1 << (fits.bit_length() - 1)
+
+
 def chain_tiles(D: int, block_n: int) -> int:
     return D // block_n
 
@@ -172,6 +291,14 @@ class LayerChain:
             raise ValueError(f"layer_chain: wait {wait!r} is not one of {WAITS}")
         if wait in FLAGGED_WAITS and w.dtype != torch.bfloat16:
             raise ValueError(f"layer_chain: the flagged forms carry bf16 values in their words, got {w.dtype} weights")
+        if wait in GLUON_WAITS:
+            if not HAVE_GLUON or INTERPRETED or not w.is_cuda:
+                raise RuntimeError(f"layer_chain: wait={wait!r} needs Triton's Gluon on a Hopper GPU (no interpreter)")
+            if resident or w.shape[-1] != STAGED_WIDTH:
+                raise ValueError(f"layer_chain: wait={wait!r} streams every layer's weight (no resident form) and "
+                                 f"splits D into 8 warps' pairs of 64-column boxes (D = {STAGED_WIDTH}), got D "
+                                 f"{w.shape[-1]}, resident={resident}")
+            block_n = STAGED_BLOCK_N
         self.w, self.wait, self.pdl, self.block_n, self.resident = w, wait, pdl, block_n, resident
         # the flagged form holds x as 32-bit words: 8 warps keep them and the weight slice in registers
         self.num_warps = num_warps or (8 if wait in FLAGGED_WAITS else 4)
@@ -213,7 +340,13 @@ class LayerChain:
         elif self.words is not None:
             self.words[1:].zero_()
             self.words[0].copy_(pack_flagged_words(self.bf16[0]))
-            if self.wait == "flagged_data":
+            if self.wait == "staged_flagged_data":
+                # the weights as (row, column box, column): one TMA copy moves a program's slice of a layer
+                boxes = self.w.reshape(layers * D, D // 64, 64)
+                w_desc = TensorDescriptor.from_tensor(boxes, [self.block_n, D // 64, 64], staged_box_layout())
+                _staged_flagged_chain_kernel[(tiles,)](self.words, w_desc, rows, LAYERS=layers, D=D, BLOCK_M=BLOCK_M,
+                                                       STAGES=staged_stages(D, self.block_n), FLAG=FLAG, num_warps=8)
+            elif self.wait == "flagged_data":
                 _persistent_flagged_chain_kernel[(tiles,)](self.words, self.w, rows, LAYERS=layers, D=D,
                                                            BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, FLAG=FLAG,
                                                            RESIDENT=self.resident, num_warps=self.num_warps)

@@ -68,8 +68,9 @@ def test_engine_checks_pytest_selections_select_tests():
     lines = _logical_lines(script)
     new = next(line for line in lines if line.startswith("NEW=")).split("=", 1)[1].strip('"')
     pytest_lines = [line.replace("$NEW", new) for line in lines if "-m pytest" in line]
-    assert len(pytest_lines) == 10      # kernels, engine-new, engine-rest, engine-gates, engine-gates-forced,
-                                        # h50's kernel tests, fast, groot, layer-chain, rtc
+    assert len(pytest_lines) == 11      # kernels, engine-new, engine-rest, engine-gates, engine-gates-forced,
+                                        # h50's kernel tests, fast, groot, layer-chain (all but the staged form,
+                                        # then the staged form), rtc
     engine_ids: list[str] = []
     for line in pytest_lines:
         paths, selection = _pytest_call(line)

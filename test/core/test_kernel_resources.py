@@ -9,6 +9,8 @@ candidate), at zero spilled bytes.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from flashrt_kernels import HAVE_TRITON
@@ -83,8 +85,6 @@ def test_prefix_attention_on_wgmma_compiles_without_spills_and_runs_both_product
     inside one SM's shared memory, and the PTX has what the kernel is for: the 16 + 16 wgmma instructions of one
     key block (q @ k^T over four 64-wide K steps; p @ v into four 64-column chunks, in 64-key blocks 4 k16 steps
     each), TMA copies of q and of K / V, and no trip of p through shared memory between the two products."""
-    import re
-
     from tools.kernel_resources import compile_sm90, prefix_attention_configs, resources
     configs = prefix_attention_configs()
     if not configs:
@@ -107,6 +107,29 @@ def test_prefix_attention_on_wgmma_compiles_without_spills_and_runs_both_product
             assert ptx[:ptx.index("griddepcontrol.wait")].count("cp.async.bulk.tensor") == 0
         else:
             assert "griddepcontrol" not in ptx
+
+
+def test_the_staged_layer_chain_streams_its_weights_by_tma_and_multiplies_on_tensor_cores():
+    """kernels/flashrt_kernels/layer_chain.py's staged form at the benchmark's chain: compiles for sm90 with no
+    spill, its ring of weight slices within one SM's shared memory, and the PTX has what the form is for: one TMA
+    copy per ring slot before the layers and one per slot inside them (the refill, layers ahead), each layer's
+    products on mma.sync (8 warps x 2 halves x 4 k16 steps per slot, the slots unrolled), and the activations
+    read with volatile loads (the poll of the flagged words)."""
+    from tools.kernel_resources import compile_sm90, layer_chain_configs, resources
+    configs = layer_chain_configs()
+    if not configs:
+        pytest.skip("Triton has no Gluon here")
+    (cfg,) = configs
+    stages = cfg.constexprs["STAGES"]
+    assert stages >= 4
+    compiled = compile_sm90(cfg)
+    r = resources(compiled)
+    ring = stages * cfg.constexprs["D"] * 8 * 2
+    assert r["stack_bytes"] == 0 and ring <= r["shared_bytes"] <= 227 * 1024, r
+    ptx = compiled.asm["ptx"]
+    assert ptx.count("cp.async.bulk.tensor.3d") == 2 * stages
+    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16\S*bf16", ptx)) == stages * 2 * 4
+    assert "ld.volatile.global" in ptx
 
 
 def test_sass_digest_tells_the_same_machine_code_from_other_code(capsys):
