@@ -262,10 +262,10 @@ def staged_box_layout():
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
 
 
-def staged_stages(D: int, block_n: int = STAGED_BLOCK_N) -> int:
-    """Weight slices (block_n x D bf16 each) the staged form's ring holds: the most that fit STAGED_SMEM, a power of
-    two (the ring's shape must be one), at most 16."""
-    fits = max(1, min(16, STAGED_SMEM // (block_n * D * 2)))
+def staged_stages(D: int, block_n: int = STAGED_BLOCK_N, layers: int | None = None) -> int:
+    """Weight slices (block_n x D bf16 each) the staged form's ring holds: the most that fit STAGED_SMEM, at most
+    16 and at most `layers`, a power of two (the ring's shape must be one)."""
+    fits = max(1, min(16, STAGED_SMEM // (block_n * D * 2), layers or 16))
     return 1 << (fits.bit_length() - 1)
 
 
@@ -345,7 +345,8 @@ class LayerChain:
                 boxes = self.w.reshape(layers * D, D // 64, 64)
                 w_desc = TensorDescriptor.from_tensor(boxes, [self.block_n, D // 64, 64], staged_box_layout())
                 _staged_flagged_chain_kernel[(tiles,)](self.words, w_desc, rows, LAYERS=layers, D=D, BLOCK_M=BLOCK_M,
-                                                       STAGES=staged_stages(D, self.block_n), FLAG=FLAG, num_warps=8)
+                                                       STAGES=staged_stages(D, self.block_n, layers), FLAG=FLAG,
+                                                       num_warps=8)
             elif self.wait == "flagged_data":
                 _persistent_flagged_chain_kernel[(tiles,)](self.words, self.w, rows, LAYERS=layers, D=D,
                                                            BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, FLAG=FLAG,
