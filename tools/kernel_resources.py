@@ -334,9 +334,10 @@ def layer_chain_configs(layers: int = 180, width: int = 1024) -> list[KernelConf
     box = f"tensordesc<bf16[{lc.STAGED_BLOCK_N}, {width // 64}, 64],{lc.staged_box_layout()!r}>"
     stages = lc.staged_stages(width)
     return [KernelConfig(f"layer chain, staged flagged data ({layers} layers, width {width}, {stages} stages)",
-                         lc._staged_flagged_chain_kernel, {"buf_ptr": "*i32", "w_desc": box, "M": "i32"},
-                         {"LAYERS": layers, "D": width, "BLOCK_M": lc.BLOCK_M, "STAGES": stages, "FLAG": lc.FLAG},
-                         8, 1)]
+                         lc._staged_flagged_chain_kernel,
+                         {"buf_ptr": "*i32", "w_desc": box, "stall_ptr": "*i32", "M": "i32"},
+                         {"LAYERS": layers, "D": width, "BLOCK_M": lc.BLOCK_M, "STAGES": stages, "FLAG": lc.FLAG,
+                          "SPIN_LIMIT": lc.STAGED_SPIN_LIMIT}, 8, 1)]
 
 
 def all_configs() -> list[KernelConfig]:

@@ -51,6 +51,7 @@ PERSISTENT_WAITS = ("counter", "flagged_data", "staged_flagged_data")    # one l
 GLUON_WAITS = ("staged_flagged_data",)                       # Gluon on a Hopper GPU (no interpreter)
 STAGED_BLOCK_N = 8       # weight rows per program of the staged form: mma.sync's N, so D / 8 programs stream
 STAGED_WIDTH = 1024      # the staged form's D: 8 warps x 2 boxes of 64 columns (the expert's width)
+STAGED_SPIN_LIMIT = 1 << 22       # reads of one input before the staged form's poll gives up (seconds, not us)
 STAGED_SMEM = 160 * 1024          # the staged form's weight ring (the layout conversions take the rest)
 FLAG = 1               # high half of a written word of the flagged form; zeroed words read as "not yet written"
 
@@ -188,12 +189,15 @@ if HAVE_GLUON:
         return gl.where(m_ok, words & 0xFFFF, 0).to(gl.int16).to(gl.bfloat16, bitcast=True)
 
     @gluon.jit
-    def _staged_flagged_chain_kernel(buf_ptr, w_desc, M, LAYERS: gl.constexpr, D: gl.constexpr,
-                                     BLOCK_M: gl.constexpr, STAGES: gl.constexpr, FLAG: gl.constexpr):
+    def _staged_flagged_chain_kernel(buf_ptr, w_desc, stall_ptr, M, LAYERS: gl.constexpr, D: gl.constexpr,
+                                     BLOCK_M: gl.constexpr, STAGES: gl.constexpr, FLAG: gl.constexpr,
+                                     SPIN_LIMIT: gl.constexpr):
         """Every layer's tile `program_id` in turn, weights through a ring of STAGES shared-memory slots filled by
         TMA layers ahead; buf (LAYERS + 1, M, D) int32 flagged words as _persistent_flagged_chain_kernel's. Warp g
         of the 8 multiplies the column boxes g and 8 + g of D (mma.sync on a batch of 8, one batch per half of D),
-        and the 8 partial products are summed across the warps."""
+        and the 8 partial products are summed across the warps. A poll that has read its words SPIN_LIMIT times
+        without every flag gives up: the program writes layer + 1 to stall_ptr[program] (0 when every poll ended)
+        and goes on with what it read, so a chain that would never end ends wrong instead, and says where."""
         GROUPS: gl.constexpr = 8                                   # = num_warps: one K group per warp
         BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
         NK: gl.constexpr = 2 * GROUPS                              # 64-column boxes per slot
@@ -229,10 +233,14 @@ if HAVE_GLUON:
                     w0 = gl.load(src0, mask=m_ok, other=FLAG << 16, volatile=True)
                     w1 = gl.load(src1, mask=m_ok, other=FLAG << 16, volatile=True)
                     flags = gl.minimum((w0 >> 16) & 0xFFFF, (w1 >> 16) & 0xFFFF)
-                    while gl.min(gl.min(gl.min(flags, axis=2), axis=1), axis=0) != FLAG:     # a word not written
-                        w0 = gl.load(src0, mask=m_ok, other=FLAG << 16, volatile=True)
+                    polls = 1
+                    while (gl.min(gl.min(gl.min(flags, axis=2), axis=1), axis=0) != FLAG) & (polls < SPIN_LIMIT):
+                        w0 = gl.load(src0, mask=m_ok, other=FLAG << 16, volatile=True)     # a word not written
                         w1 = gl.load(src1, mask=m_ok, other=FLAG << 16, volatile=True)
                         flags = gl.minimum((w0 >> 16) & 0xFFFF, (w1 >> 16) & 0xFFFF)
+                        polls += 1
+                    if polls >= SPIN_LIMIT:
+                        gl.store(stall_ptr + gl.program_id(0), layer + 1)
                     a0 = gl.convert_layout(_flagged_values(w0, m_ok), a_layout)
                     a1 = gl.convert_layout(_flagged_values(w1, m_ok), a_layout)
                     mbarrier.wait(bars.index(s), phase=(first // STAGES) & 1)
@@ -308,6 +316,8 @@ class LayerChain:
         self.words = (torch.zeros(layers + 1, rows, D, device=w.device, dtype=torch.int32)
                       if wait in FLAGGED_WAITS else None)
         self.counters = torch.zeros(layers, device=w.device, dtype=torch.int32)
+        # the staged form's programs: the layer + 1 at which a poll gave up (0: none did)
+        self.stalls = torch.zeros(chain_tiles(D, block_n), device=w.device, dtype=torch.int32)
         tiles = chain_tiles(D, block_n)
         if wait in PERSISTENT_WAITS and w.is_cuda:
             sms = torch.cuda.get_device_properties(w.device).multi_processor_count
@@ -344,9 +354,10 @@ class LayerChain:
                 # the weights as (row, column box, column): one TMA copy moves a program's slice of a layer
                 boxes = self.w.reshape(layers * D, D // 64, 64)
                 w_desc = TensorDescriptor.from_tensor(boxes, [self.block_n, D // 64, 64], staged_box_layout())
-                _staged_flagged_chain_kernel[(tiles,)](self.words, w_desc, rows, LAYERS=layers, D=D, BLOCK_M=BLOCK_M,
-                                                       STAGES=staged_stages(D, self.block_n, layers), FLAG=FLAG,
-                                                       num_warps=8)
+                self.stalls.zero_()
+                _staged_flagged_chain_kernel[(tiles,)](self.words, w_desc, self.stalls, rows, LAYERS=layers, D=D,
+                                                       BLOCK_M=BLOCK_M, STAGES=staged_stages(D, self.block_n, layers),
+                                                       FLAG=FLAG, SPIN_LIMIT=STAGED_SPIN_LIMIT, num_warps=8)
             elif self.wait == "flagged_data":
                 _persistent_flagged_chain_kernel[(tiles,)](self.words, self.w, rows, LAYERS=layers, D=D,
                                                            BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, FLAG=FLAG,

@@ -834,14 +834,34 @@ def test_layer_chain(wait, pdl, resident):
     bound = CHAIN_REL_L2_TRUNCATED if INTERPRET and dtype == torch.bfloat16 else CHAIN_REL_L2
     for _ in range(2):                      # a second run starts from the first one's buffers
         got = chain.run().float()
+        assert not bool(chain.stalls.any()), f"polls gave up (layer + 1 per program): {chain.stalls.tolist()}"
         assert not torch.isnan(got).any()
         err = (got - want).norm() / want.norm()
-        assert err < bound, f"rel L2 error {err:.2e}"
+        assert err < bound, f"rel L2 error {err:.2e}; {_first_wrong_layer(chain, x, w, resident, bound)}"
     if wait == "counter":           # every tile of every layer signalled exactly once
         assert chain.counters.tolist() == [width // chain.block_n] * layers
     if chain.words is not None:     # every word of every layer written with its flag, and the unpacked values kept
         assert bool(((chain.words >> 16) == K.LAYER_CHAIN_FLAG).all())
         assert torch.equal(chain.out, K.unpack_flagged_words(chain.words[-1]))
+
+
+def _first_wrong_layer(chain, x: torch.Tensor, w: torch.Tensor, resident: bool, bound: float) -> str:
+    """Where a chain went wrong: the first layer whose output, recomputed from the chain's own input to it, is off
+    by more than `bound`, with the rows and column tiles that are off (a wrong ring slot or phase shows as every
+    tile of a layer, a wrong column split as some)."""
+    outs = K.unpack_flagged_words(chain.words) if chain.words is not None else chain.bf16
+    for layer in range(w.shape[0]):
+        weight = w[0] if resident else w[layer]
+        want = K.layer_chain_reference(outs[layer], weight[None]).float()
+        diff = (outs[layer + 1].float() - want).abs()
+        if float(diff.norm() / want.norm()) > bound:
+            n = chain.block_n
+            by_tile = (diff.view(diff.shape[0], -1, n).norm(dim=(0, 2))
+                       / want.view(want.shape[0], -1, n).norm(dim=(0, 2)))
+            tiles = torch.nonzero(by_tile > bound).flatten().tolist()
+            rows = torch.nonzero(diff.norm(dim=1) / want.norm(dim=1) > bound).flatten().tolist()
+            return f"layer {layer} is the first wrong one: rows {rows}, column tiles {tiles[:16]} of {len(tiles)}"
+    return "every layer matches its own input: the error accumulates over the chain"
 
 
 def test_flagged_words_round_trip():
