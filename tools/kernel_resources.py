@@ -332,7 +332,7 @@ def layer_chain_configs(layers: int = 180, width: int = 1024) -> list[KernelConf
     if not lc.HAVE_GLUON:
         return []
     box = f"tensordesc<bf16[{lc.STAGED_BLOCK_N}, {width // 64}, 64],{lc.staged_box_layout()!r}>"
-    stages = lc.staged_stages(width)
+    stages = lc.staged_stages(width, layers=layers)
     return [KernelConfig(f"layer chain, staged flagged data ({layers} layers, width {width}, {stages} stages)",
                          lc._staged_flagged_chain_kernel,
                          {"buf_ptr": "*i32", "w_desc": box, "stall_ptr": "*i32", "M": "i32"},

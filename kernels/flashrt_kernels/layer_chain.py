@@ -51,7 +51,7 @@ PERSISTENT_WAITS = ("counter", "flagged_data", "staged_flagged_data")    # one l
 GLUON_WAITS = ("staged_flagged_data",)                       # Gluon on a Hopper GPU (no interpreter)
 STAGED_BLOCK_N = 8       # weight rows per program of the staged form: mma.sync's N, so D / 8 programs stream
 STAGED_WIDTH = 1024      # the staged form's D: 8 warps x 2 boxes of 64 columns (the expert's width)
-STAGED_SPIN_LIMIT = 1 << 22       # reads of one input before the staged form's poll gives up (seconds, not us)
+STAGED_SPIN_LIMIT = 1 << 20       # reads of one input before the staged form's poll gives up (~1 s, not us)
 STAGED_SMEM = 160 * 1024          # the staged form's weight ring (the layout conversions take the rest)
 FLAG = 1               # high half of a written word of the flagged form; zeroed words read as "not yet written"
 
@@ -197,7 +197,8 @@ if HAVE_GLUON:
         of the 8 multiplies the column boxes g and 8 + g of D (mma.sync on a batch of 8, one batch per half of D),
         and the 8 partial products are summed across the warps. A poll that has read its words SPIN_LIMIT times
         without every flag gives up: the program writes layer + 1 to stall_ptr[program] (0 when every poll ended)
-        and goes on with what it read, so a chain that would never end ends wrong instead, and says where."""
+        and goes on with what it read, reading each later input once, so a chain that would never end ends wrong
+        instead (within about one limit's time), and says where."""
         GROUPS: gl.constexpr = 8                                   # = num_warps: one K group per warp
         BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
         NK: gl.constexpr = 2 * GROUPS                              # 64-column boxes per slot
@@ -223,6 +224,7 @@ if HAVE_GLUON:
                                                   warps_per_cta=[1, GROUPS, 1], order=[2, 1, 0])
         om = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
         on = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
+        limit = SPIN_LIMIT
         # the layers in rounds of STAGES, so that each one's ring slot (s) is known when compiling
         for first in range(0, LAYERS, STAGES):
             for s in gl.static_range(STAGES):
@@ -234,13 +236,15 @@ if HAVE_GLUON:
                     w1 = gl.load(src1, mask=m_ok, other=FLAG << 16, volatile=True)
                     flags = gl.minimum((w0 >> 16) & 0xFFFF, (w1 >> 16) & 0xFFFF)
                     polls = 1
-                    while (gl.min(gl.min(gl.min(flags, axis=2), axis=1), axis=0) != FLAG) & (polls < SPIN_LIMIT):
+                    while (gl.min(gl.min(gl.min(flags, axis=2), axis=1), axis=0) != FLAG) & (polls < limit):
                         w0 = gl.load(src0, mask=m_ok, other=FLAG << 16, volatile=True)     # a word not written
                         w1 = gl.load(src1, mask=m_ok, other=FLAG << 16, volatile=True)
                         flags = gl.minimum((w0 >> 16) & 0xFFFF, (w1 >> 16) & 0xFFFF)
                         polls += 1
-                    if polls >= SPIN_LIMIT:
-                        gl.store(stall_ptr + gl.program_id(0), layer + 1)
+                    if polls >= limit:
+                        if limit > 1:                           # the first poll that gave up: where
+                            gl.store(stall_ptr + gl.program_id(0), layer + 1)
+                        limit = 1                               # the later ones read once: the run ends soon
                     a0 = gl.convert_layout(_flagged_values(w0, m_ok), a_layout)
                     a1 = gl.convert_layout(_flagged_values(w1, m_ok), a_layout)
                     mbarrier.wait(bars.index(s), phase=(first // STAGES) & 1)

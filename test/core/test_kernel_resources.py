@@ -109,14 +109,15 @@ def test_prefix_attention_on_wgmma_compiles_without_spills_and_runs_both_product
             assert "griddepcontrol" not in ptx
 
 
-def test_the_staged_layer_chain_streams_its_weights_by_tma_and_multiplies_on_tensor_cores():
-    """kernels/flashrt_kernels/layer_chain.py's staged form at the benchmark's chain: compiles for sm90 with no
-    spill, its ring of weight slices within one SM's shared memory, and the PTX has what the form is for: one TMA
-    copy per ring slot before the layers and one per slot inside them (the refill, layers ahead), each layer's
-    products on mma.sync (8 warps x 2 halves x 4 k16 steps per slot, the slots unrolled), and the activations
-    read with volatile loads (the poll of the flagged words)."""
+@pytest.mark.parametrize("layers", [18, 180])          # the GPU test's chain, the benchmark's
+def test_the_staged_layer_chain_streams_its_weights_by_tma_and_multiplies_on_tensor_cores(layers):
+    """kernels/flashrt_kernels/layer_chain.py's staged form at the GPU test's and the benchmark's chains: compiles
+    for sm90 with no spill, its ring of weight slices within one SM's shared memory, and the PTX has what the form
+    is for: one TMA copy per ring slot before the layers and one per slot inside them (the refill, layers ahead),
+    each layer's products on mma.sync (8 warps x 2 halves x 4 k16 steps per slot, the slots unrolled), and the
+    activations read with volatile loads (the poll of the flagged words)."""
     from tools.kernel_resources import compile_sm90, layer_chain_configs, resources
-    configs = layer_chain_configs()
+    configs = layer_chain_configs(layers)
     if not configs:
         pytest.skip("Triton has no Gluon here")
     (cfg,) = configs
