@@ -6,7 +6,7 @@ every data word.
 The default chain is the denoiser's: 180 layers (10 steps x 18 layers) of the action expert's width (1024) at 10
 rows; each layer reads a 2 MiB weight, so the time per layer above its weight stream is what one dependency costs.
 The `*_resident` variants multiply every layer by the first layer's weight (held by the persistent programs, in L2
-for the launches): the dependency alone, beside the same chain streaming its weights. `persistent_staged_flagged_data`
+for the launches and the staged form's ring): the dependency alone, beside the same chain streaming its weights. `persistent_staged_flagged_data`
 streams the weights through a ring of shared-memory slots that TMA fills layers ahead of the poll (Gluon, Hopper):
 whether a weight stream that runs ahead of the dependency hides it.
 Each variant is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays.
@@ -40,7 +40,7 @@ RESIDENT_VARIANTS = ("launch_per_layer_pdl", "persistent_counters", "persistent_
 RESIDENT = "_resident"
 # Timed last: its rows come after every other one, so that a chain that never ends (a device step's time limit
 # kills it) still leaves theirs.
-STAGED_VARIANTS = ("persistent_staged_flagged_data",)
+STAGED_VARIANTS = ("persistent_staged_flagged_data", "persistent_staged_flagged_data" + RESIDENT)
 
 
 def _graph_ms(run, reps: int) -> list[float]:

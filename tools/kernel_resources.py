@@ -337,7 +337,7 @@ def layer_chain_configs(layers: int = 180, width: int = 1024) -> list[KernelConf
                          lc._staged_flagged_chain_kernel,
                          {"buf_ptr": "*i32", "w_desc": box, "stall_ptr": "*i32", "M": "i32"},
                          {"LAYERS": layers, "D": width, "BLOCK_M": lc.BLOCK_M, "STAGES": stages, "FLAG": lc.FLAG,
-                          "SPIN_LIMIT": lc.STAGED_SPIN_LIMIT}, 8, 1)]
+                          "SPIN_LIMIT": lc.STAGED_SPIN_LIMIT, "RESIDENT": False}, 8, 1)]
 
 
 def all_configs() -> list[KernelConfig]:

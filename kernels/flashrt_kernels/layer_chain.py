@@ -32,7 +32,8 @@ In the persistent forms the weights of layer l stream while the program waits fo
 launches while the layer before works. The counters and the flagged words are zeroed before each run (the launcher
 does it).
 ``resident=True`` makes every layer multiply by W_0 (x_{l+1} = bf16(x_l @ W_0^T)): the persistent forms load their
-slice of it once, before the first layer, and the launches read it from L2 each time, so what a layer costs is the
+slice of it once, before the first layer, the staged form fills its ring slots with it, and the launches read it
+from L2 each time, so what a layer costs is the
 hand-over alone, without its weight stream; set beside the streamed chain, it says how much of that stream the wait
 hides.
 """
@@ -191,14 +192,15 @@ if HAVE_GLUON:
     @gluon.jit
     def _staged_flagged_chain_kernel(buf_ptr, w_desc, stall_ptr, M, LAYERS: gl.constexpr, D: gl.constexpr,
                                      BLOCK_M: gl.constexpr, STAGES: gl.constexpr, FLAG: gl.constexpr,
-                                     SPIN_LIMIT: gl.constexpr):
+                                     SPIN_LIMIT: gl.constexpr, RESIDENT: gl.constexpr = False):
         """Every layer's tile `program_id` in turn, weights through a ring of STAGES shared-memory slots filled by
         TMA layers ahead; buf (LAYERS + 1, M, D) int32 flagged words as _persistent_flagged_chain_kernel's. Warp g
         of the 8 multiplies the column boxes g and 8 + g of D (mma.sync on a batch of 8, one batch per half of D),
         and the 8 partial products are summed across the warps. A poll that has read its words SPIN_LIMIT times
         without every flag gives up: the program writes layer + 1 to stall_ptr[program] (0 when every poll ended)
         and goes on with what it read, reading each later input once, so a chain that would never end ends wrong
-        instead (within about one limit's time), and says where."""
+        instead (within about one limit's time), and says where. RESIDENT: every slot is filled with W_0's slice
+        (from L2 after the first layers), the ring's hand-overs without the weight stream."""
         GROUPS: gl.constexpr = 8                                   # = num_warps: one K group per warp
         BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
         NK: gl.constexpr = 2 * GROUPS                              # 64-column boxes per slot
@@ -210,7 +212,8 @@ if HAVE_GLUON:
             mbarrier.init(bars.index(s), count=1)
         for s in gl.static_range(STAGES):                          # the first STAGES layers' slices in flight
             if s < LAYERS:
-                _staged_weights(w_desc, w_smem.slice(s * BLOCK_N, BLOCK_N), bars.index(s), s, n0, D)
+                _staged_weights(w_desc, w_smem.slice(s * BLOCK_N, BLOCK_N), bars.index(s), 0 if RESIDENT else s,
+                                n0, D)
         # x polled as (group, row, 64 columns) halves, each warp its group's 16-byte words along the columns
         x_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[1, 2, 16],
                                                   warps_per_cta=[GROUPS, 1, 1], order=[2, 1, 0])
@@ -260,7 +263,7 @@ if HAVE_GLUON:
                     acc = mma_v2(a1, b1, acc)
                     gl.thread_barrier()             # every warp done reading the slot before it is refilled
                     if layer + STAGES < LAYERS:
-                        _staged_weights(w_desc, ring, bars.index(s), layer + STAGES, n0, D)
+                        _staged_weights(w_desc, ring, bars.index(s), 0 if RESIDENT else layer + STAGES, n0, D)
                     y = gl.convert_layout(gl.sum(acc, axis=0), out_layout)
                     bits = y.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
                     gl.store(buf_ptr + (layer + 1) * M * D + om[:, None] * D + on[None, :], bits | (FLAG << 16),
@@ -306,10 +309,9 @@ class LayerChain:
         if wait in GLUON_WAITS:
             if not HAVE_GLUON or INTERPRETED or not w.is_cuda:
                 raise RuntimeError(f"layer_chain: wait={wait!r} needs Triton's Gluon on a Hopper GPU (no interpreter)")
-            if resident or w.shape[-1] != STAGED_WIDTH:
-                raise ValueError(f"layer_chain: wait={wait!r} streams every layer's weight (no resident form) and "
-                                 f"splits D into 8 warps' pairs of 64-column boxes (D = {STAGED_WIDTH}), got D "
-                                 f"{w.shape[-1]}, resident={resident}")
+            if w.shape[-1] != STAGED_WIDTH:
+                raise ValueError(f"layer_chain: wait={wait!r} splits D into 8 warps' pairs of 64-column boxes (D = "
+                                 f"{STAGED_WIDTH}), got D {w.shape[-1]}")
             block_n = STAGED_BLOCK_N
         self.w, self.wait, self.pdl, self.block_n, self.resident = w, wait, pdl, block_n, resident
         # the flagged form holds x as 32-bit words: 8 warps keep them and the weight slice in registers
@@ -361,7 +363,8 @@ class LayerChain:
                 self.stalls.zero_()
                 _staged_flagged_chain_kernel[(tiles,)](self.words, w_desc, self.stalls, rows, LAYERS=layers, D=D,
                                                        BLOCK_M=BLOCK_M, STAGES=staged_stages(D, self.block_n, layers),
-                                                       FLAG=FLAG, SPIN_LIMIT=STAGED_SPIN_LIMIT, num_warps=8)
+                                                       FLAG=FLAG, SPIN_LIMIT=STAGED_SPIN_LIMIT,
+                                                       RESIDENT=self.resident, num_warps=8)
             elif self.wait == "flagged_data":
                 _persistent_flagged_chain_kernel[(tiles,)](self.words, self.w, rows, LAYERS=layers, D=D,
                                                            BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, FLAG=FLAG,

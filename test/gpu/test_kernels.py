@@ -813,15 +813,12 @@ def test_layer_chain(wait, pdl, resident):
     per-layer launches with and without PDL or on flagged words, and the persistent kernels whose layers wait on
     counters or on the flags in the data words, with the weights in registers or (staged) through a TMA ring in
     shared memory; each with a weight per layer, and resident (W_0 for every layer, the other layers' weights
-    random and never read) where the form has that mode. 18 layers run the staged ring round twice and then a
-    part (8 slots)."""
+    random and never read). 18 layers run the staged ring round twice and then a part (8 slots)."""
     if INTERPRET and wait in K.LAYER_CHAIN_PERSISTENT_WAITS:
         pytest.skip("the interpreter runs programs one by one: a program waiting on another's output never ends")
-    if wait in K.LAYER_CHAIN_GLUON_WAITS:
-        if not (K.HAVE_GLUON and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)):
-            pytest.skip("the staged form needs Gluon on a Hopper (sm90) GPU")
-        if resident:
-            pytest.skip("the staged form streams every layer's weight: it has no resident mode")
+    if wait in K.LAYER_CHAIN_GLUON_WAITS and not (K.HAVE_GLUON and torch.cuda.is_available()
+                                                  and torch.cuda.get_device_capability() >= (9, 0)):
+        pytest.skip("the staged form needs Gluon on a Hopper (sm90) GPU")
     layers, rows, width = (18, 10, 1024) if not INTERPRET else (3, 3, 64)
     g = torch.Generator(device=DEVICE).manual_seed(layers + K.LAYER_CHAIN_WAITS.index(wait))
     dtype = torch.bfloat16 if wait in K.LAYER_CHAIN_FLAGGED_WAITS else SKINNY_DTYPE        # words hold bf16
