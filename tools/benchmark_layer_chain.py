@@ -8,7 +8,8 @@ rows; each layer reads a 2 MiB weight, so the time per layer above its weight st
 The `*_resident` variants multiply every layer by the first layer's weight (held by the persistent programs, in L2
 for the launches and the staged form's ring): the dependency alone, beside the same chain streaming its weights. `persistent_staged_flagged_data`
 streams the weights through a ring of shared-memory slots that TMA fills layers ahead of the poll (Gluon, Hopper):
-whether a weight stream that runs ahead of the dependency hides it.
+whether a weight stream that runs ahead of the dependency hides it; its `_unchained` row runs the same layers with
+no dependency between them (each multiplies the chain's input), so the difference is what the hand-overs cost.
 Each variant is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays.
 
     python tools/benchmark_layer_chain.py [--layers 180] [--width 1024] [--rows 10] [--reps 50] [--out DIR]
@@ -40,7 +41,9 @@ RESIDENT_VARIANTS = ("launch_per_layer_pdl", "persistent_counters", "persistent_
 RESIDENT = "_resident"
 # Timed last: its rows come after every other one, so that a chain that never ends (a device step's time limit
 # kills it) still leaves theirs.
-STAGED_VARIANTS = ("persistent_staged_flagged_data", "persistent_staged_flagged_data" + RESIDENT)
+UNCHAINED = "_unchained"
+STAGED_VARIANTS = ("persistent_staged_flagged_data", "persistent_staged_flagged_data" + RESIDENT,
+                   "persistent_staged_flagged_data" + UNCHAINED)
 
 
 def _graph_ms(run, reps: int) -> list[float]:
@@ -72,8 +75,9 @@ def measure(layers: int, width: int, rows: int, reps: int, report=print_row) -> 
     results = {}
     for variant in VARIANTS + tuple(name + RESIDENT for name in RESIDENT_VARIANTS) + STAGED_VARIANTS:
         resident = variant.endswith(RESIDENT)
-        base = variant.removesuffix(RESIDENT)
-        want = wants[resident]
+        chained = not variant.endswith(UNCHAINED)
+        base = variant.removesuffix(RESIDENT).removesuffix(UNCHAINED)
+        want = wants[resident] if chained else k.unchained_reference(x, w).float()
         wait = None
         if variant == "library_per_layer":
             buf = torch.empty(layers + 1, rows, width, device="cuda", dtype=torch.bfloat16)
@@ -93,7 +97,7 @@ def measure(layers: int, width: int, rows: int, reps: int, report=print_row) -> 
                 results[variant] = {"skipped": "needs Triton's Gluon and width 1024"}
                 report(variant, results[variant])
                 continue
-            chain = k.LayerChain(w, rows, wait, pdl, resident=resident)
+            chain = k.LayerChain(w, rows, wait, pdl, resident=resident, chained=chained)
             chain.x.copy_(x)
             run, out = chain.run, chain.out
         times = _graph_ms(run, reps)

@@ -27,7 +27,8 @@ shot", before it waits for its input), so a layer is D / BLOCK_N tiles and every
   of layers l + 1 .. l + stages - 1 are in flight while the program polls layer l's input, and each slot is
   refilled with the layer `stages` ahead as soon as its product is done. x, polled as above, goes through shared
   memory into mma.sync's operand layout. It answers whether the weight stream, once it runs layers ahead of the
-  dependency, hides the hand-over (the design of a persistent denoiser).
+  dependency, hides the hand-over (the design of a persistent denoiser). ``chained=False`` runs its layers
+  without the dependency (each multiplies x_0): what its streams and products cost alone.
 In the persistent forms the weights of layer l stream while the program waits for layer l - 1, in the flagged
 launches while the layer before works. The counters and the flagged words are zeroed before each run (the launcher
 does it).
@@ -192,7 +193,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _staged_flagged_chain_kernel(buf_ptr, w_desc, stall_ptr, M, LAYERS: gl.constexpr, D: gl.constexpr,
                                      BLOCK_M: gl.constexpr, STAGES: gl.constexpr, FLAG: gl.constexpr,
-                                     SPIN_LIMIT: gl.constexpr, RESIDENT: gl.constexpr = False):
+                                     SPIN_LIMIT: gl.constexpr, RESIDENT: gl.constexpr = False,
+                                     CHAINED: gl.constexpr = True):
         """Every layer's tile `program_id` in turn, weights through a ring of STAGES shared-memory slots filled by
         TMA layers ahead; buf (LAYERS + 1, M, D) int32 flagged words as _persistent_flagged_chain_kernel's. Warp g
         of the 8 multiplies the column boxes g and 8 + g of D (mma.sync on a batch of 8, one batch per half of D),
@@ -200,7 +202,9 @@ if HAVE_GLUON:
         without every flag gives up: the program writes layer + 1 to stall_ptr[program] (0 when every poll ended)
         and goes on with what it read, reading each later input once, so a chain that would never end ends wrong
         instead (within about one limit's time), and says where. RESIDENT: every slot is filled with W_0's slice
-        (from L2 after the first layers), the ring's hand-overs without the weight stream."""
+        (from L2 after the first layers), the ring's hand-overs without the weight stream. CHAINED False: every
+        layer reads x_0 (written before the launch) instead of the layer before's output, so no layer waits for
+        another: the same streams and products without a dependency."""
         GROUPS: gl.constexpr = 8                                   # = num_warps: one K group per warp
         BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
         NK: gl.constexpr = 2 * GROUPS                              # 64-column boxes per slot
@@ -233,8 +237,9 @@ if HAVE_GLUON:
             for s in gl.static_range(STAGES):
                 layer = first + s
                 if layer < LAYERS:
-                    src0, m_ok = _staged_half(buf_ptr, layer, M, 0, D, BLOCK_M, GROUPS, x_layout)
-                    src1, _ = _staged_half(buf_ptr, layer, M, 1, D, BLOCK_M, GROUPS, x_layout)
+                    source = layer if CHAINED else 0
+                    src0, m_ok = _staged_half(buf_ptr, source, M, 0, D, BLOCK_M, GROUPS, x_layout)
+                    src1, _ = _staged_half(buf_ptr, source, M, 1, D, BLOCK_M, GROUPS, x_layout)
                     w0 = gl.load(src0, mask=m_ok, other=FLAG << 16, volatile=True)
                     w1 = gl.load(src1, mask=m_ok, other=FLAG << 16, volatile=True)
                     flags = gl.minimum((w0 >> 16) & 0xFFFF, (w1 >> 16) & 0xFFFF)
@@ -298,10 +303,12 @@ def check_shapes(x: torch.Tensor, w: torch.Tensor, block_n: int) -> None:
 class LayerChain:
     """Static buffers for one chain: `run()` computes x_L from `x` (written in place into bf16[0]); capturable.
     wait: one of WAITS (the module's docstring); pdl applies to wait="launch"; resident: every layer multiplies by
-    w[0] (the module's docstring; layer_chain_reference(x, resident_weights(w)) is then the result)."""
+    w[0] (the module's docstring; layer_chain_reference(x, resident_weights(w)) is then the result); chained
+    False (the staged form only): every layer multiplies x itself, no layer waits for another, and the result is
+    unchained_reference(x, w)."""
 
     def __init__(self, w: torch.Tensor, rows: int, wait: str, pdl: bool | int = False, block_n: int = 16,
-                 num_warps: int | None = None, resident: bool = False):
+                 num_warps: int | None = None, resident: bool = False, chained: bool = True):
         if wait not in WAITS:
             raise ValueError(f"layer_chain: wait {wait!r} is not one of {WAITS}")
         if wait in FLAGGED_WAITS and w.dtype != torch.bfloat16:
@@ -313,7 +320,10 @@ class LayerChain:
                 raise ValueError(f"layer_chain: wait={wait!r} splits D into 8 warps' pairs of 64-column boxes (D = "
                                  f"{STAGED_WIDTH}), got D {w.shape[-1]}")
             block_n = STAGED_BLOCK_N
+        elif not chained:
+            raise ValueError(f"layer_chain: chained=False is a mode of the staged form, not of wait={wait!r}")
         self.w, self.wait, self.pdl, self.block_n, self.resident = w, wait, pdl, block_n, resident
+        self.chained = chained
         # the flagged form holds x as 32-bit words: 8 warps keep them and the weight slice in registers
         self.num_warps = num_warps or (8 if wait in FLAGGED_WAITS else 4)
         layers, D, _ = w.shape
@@ -364,7 +374,8 @@ class LayerChain:
                 _staged_flagged_chain_kernel[(tiles,)](self.words, w_desc, self.stalls, rows, LAYERS=layers, D=D,
                                                        BLOCK_M=BLOCK_M, STAGES=staged_stages(D, self.block_n, layers),
                                                        FLAG=FLAG, SPIN_LIMIT=STAGED_SPIN_LIMIT,
-                                                       RESIDENT=self.resident, num_warps=8)
+                                                       RESIDENT=self.resident, CHAINED=self.chained,
+                                                       num_warps=8)
             elif self.wait == "flagged_data":
                 _persistent_flagged_chain_kernel[(tiles,)](self.words, self.w, rows, LAYERS=layers, D=D,
                                                            BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, FLAG=FLAG,
@@ -386,6 +397,12 @@ class LayerChain:
                                         BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, PDL=int(self.pdl),
                                         num_warps=self.num_warps, **launch_options(self.pdl))
         return self.out
+
+
+def unchained_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """What an unchained run (LayerChain(chained=False)) leaves as its output: the last layer's product of x
+    itself, bf16(x @ W_{L-1}^T)."""
+    return layer_chain_reference(x, w[-1:])
 
 
 def resident_weights(w: torch.Tensor) -> torch.Tensor:

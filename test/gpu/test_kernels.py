@@ -842,6 +842,25 @@ def test_layer_chain(wait, pdl, resident):
         assert torch.equal(chain.out, K.unpack_flagged_words(chain.words[-1]))
 
 
+@pytest.mark.skipif(INTERPRET or not (K.HAVE_GLUON and torch.cuda.is_available()
+                                      and torch.cuda.get_device_capability() >= (9, 0)),
+                    reason="the staged form needs Gluon on a Hopper (sm90) GPU")
+def test_layer_chain_staged_without_the_chain():
+    """The staged form's unchained mode (kernels/flashrt_kernels/layer_chain.py, chained=False): 18 layers that
+    each multiply x_0 leave x_0 @ W_17^T, every word flagged, and no poll gives up."""
+    g = torch.Generator(device=DEVICE).manual_seed(7)
+    x = torch.randn(10, 1024, device=DEVICE, generator=g).to(torch.bfloat16)
+    w = (torch.randn(18, 1024, 1024, device=DEVICE, generator=g) * 1024 ** -0.5).to(torch.bfloat16)
+    chain = K.LayerChain(w, 10, "staged_flagged_data", chained=False)
+    chain.x.copy_(x)
+    got = chain.run().float()
+    want = K.unchained_reference(x, w).float()
+    assert not bool(chain.stalls.any()) and bool(((chain.words >> 16) == K.LAYER_CHAIN_FLAG).all())
+    assert float((got - want).norm() / want.norm()) < CHAIN_REL_L2
+    with pytest.raises(ValueError, match="chained=False is a mode of the staged form"):
+        K.LayerChain(w, 10, "flagged_data", chained=False)
+
+
 def _first_wrong_layer(chain, x: torch.Tensor, w: torch.Tensor, resident: bool, bound: float) -> str:
     """Where a chain went wrong: the first layer whose output, recomputed from the chain's own input to it, is off
     by more than `bound`, with the rows and column tiles that are off (a wrong ring slot or phase shows as every
