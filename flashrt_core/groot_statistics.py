@@ -15,10 +15,12 @@ Normalization per joint group (StateActionProcessor):
   mean/std            groups in mean_std_embedding_keys: (x - mean) / std, std == 0 passes through
   sin/cos             state groups in sin_cos_embedding_keys with apply_sincos_state_encoding: [sin x, cos x]
 Actions are unnormalized with the inverse (min/max clips to [-1, 1] first). With use_relative_action, action
-groups whose action_configs entry has rep RELATIVE and type NON_EEF are joint offsets: normalized with the
-"relative_action" statistics (min / max even with use_percentiles, as the reference reads them; 1-D, or 2-D
-per chunk step) and added to the raw state of their reference group
-(state_key, else the group's own name) after unnormalization. Relative end-effector groups are refused.
+groups whose action_configs entry has rep RELATIVE are relative to the raw state of their reference group
+(state_key, else the group's own name): normalized with the "relative_action" statistics (min / max even with
+use_percentiles, as the reference reads them; 1-D, or 2-D per chunk step), and after unnormalization
+- type NON_EEF: joint offsets, added to the reference state;
+- type EEF, format xyz+rot6d or xyz+rotvec: poses in the frame of the reference end-effector pose, composed onto
+  it (T_ref T_rel, flashrt_core/eef_poses.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flashrt_core.eef_poses import EEF_FORMATS, eef_format, relative_to_absolute
 from flashrt_core.errors import CheckpointError, InputError
 
 PROCESSOR_FILE = "processor_config.json"
@@ -51,7 +54,8 @@ class Group:
     mode: str
     lo: np.ndarray          # min (or q01) / mean; [D], or [T, D] per chunk step (relative actions)
     hi: np.ndarray          # max (or q99) / std
-    relative_to: str | None = None    # action groups: the state group this joint offset is added to
+    relative_to: str | None = None    # relative action groups: the state group they are relative to
+    pose_format: str | None = None    # relative end-effector groups: their EEF_FORMATS key (None: joint offsets)
 
     @property
     def encoded_dim(self) -> int:
@@ -119,7 +123,9 @@ class Embodiment:
                 y = np.where(hi != 0, x * hi + lo, x)
             else:
                 y = (np.clip(x, -1.0, 1.0) + 1.0) / 2.0 * (hi - lo) + lo
-            if group.relative_to:
+            if group.pose_format:
+                y = relative_to_absolute(y, raw_state[group.relative_to].astype(np.float64), group.pose_format)
+            elif group.relative_to:
                 y = y + raw_state[group.relative_to]
             out.append(y)
         return np.ascontiguousarray(np.concatenate(out, axis=-1), dtype=np.float32)
@@ -290,9 +296,15 @@ def _relative_groups(tag: str, modality: dict, stats: dict, action: tuple[Group,
         if not conf or str(conf.get("rep", "")).lower() != "relative":
             out.append(group)
             continue
-        if str(conf.get("type", "")).lower() != "non_eef":
-            raise CheckpointError(f"embodiment {tag!r}: action group {group.name!r} is a relative end-effector "
-                                  "action; only relative joint actions (type NON_EEF) are supported")
+        kind = str(conf.get("type", "")).lower()
+        pose_format = eef_format(conf.get("format")) if kind == "eef" else None
+        if kind not in ("eef", "non_eef"):
+            raise CheckpointError(f"embodiment {tag!r}: relative action group {group.name!r} has type "
+                                  f"{conf.get('type')!r}; the reference knows NON_EEF (joints) and EEF")
+        if kind == "eef" and (pose_format is None or EEF_FORMATS[pose_format] != group.dim):
+            raise CheckpointError(f"embodiment {tag!r}: relative end-effector action group {group.name!r} has "
+                                  f"format {conf.get('format')!r} and {group.dim} values; the reference composes "
+                                  f"{', '.join(f'{k} ({v} values)' for k, v in EEF_FORMATS.items())}")
         ref = conf.get("state_key") or group.name
         if ref not in states or states[ref].dim != group.dim:
             raise CheckpointError(f"embodiment {tag!r}: relative action group {group.name!r} needs the state group "
@@ -311,5 +323,5 @@ def _relative_groups(tag: str, modality: dict, stats: dict, action: tuple[Group,
         if lo.shape != hi.shape or lo.ndim not in (1, 2) or lo.shape[-1] != group.dim:
             raise CheckpointError(f"relative_action statistics of embodiment {tag!r}, group {group.name!r}: shapes "
                                   f"{lo.shape} / {hi.shape}, expected [{group.dim}] or [steps, {group.dim}]")
-        out.append(Group(group.name, group.dim, mode, lo, hi, relative_to=ref))
+        out.append(Group(group.name, group.dim, mode, lo, hi, relative_to=ref, pose_format=pose_format))
     return tuple(out)

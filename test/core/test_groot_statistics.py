@@ -172,8 +172,42 @@ def test_relative_joint_actions_are_added_to_the_state(tmp_path, steps):
     assert (np.abs(far[:, :5] - 50.0) <= 0.1 + 1e-5).all()      # within the relative range around the state
 
 
+RZ90_ROT6D = [0.0, -1.0, 0.0, 1.0, 0.0, 0.0]          # the first two rows of a 90-degree turn about z
+
+
+@pytest.mark.parametrize("fmt", ["XYZ_ROT6D", "xyz+rot6d"])
+def test_relative_end_effector_actions_are_composed_onto_the_state_pose(tmp_path, fmt):
+    """An EEF group (xyz+rot6d) relative to the end-effector state: the relative statistics' midpoint (5 cm along
+    the pose's own x, no turn) lands 5 cm along the world's y for an end effector turned 90 degrees about z, with
+    its turn kept; the gripper stays absolute."""
+    robots = {"new_embodiment": {"views": ["front"], "state": [("eef", 9), ("gripper", 1)],
+                                 "action": [("eef", 9), ("gripper", 1)]}}
+    out = write_random_groot_checkpoint(tmp_path / "c", TINY, embodiments=robots)
+    proc = json.loads((out / "processor_config.json").read_text())
+    proc["processor_kwargs"]["use_relative_action"] = True
+    action = proc["processor_kwargs"]["modality_configs"]["new_embodiment"]["action"]
+    action["action_configs"][0].update(rep="RELATIVE", type="EEF", format=fmt, state_key="eef")
+    (out / "processor_config.json").write_text(json.dumps(proc))
+    stats = json.loads((out / STATISTICS_FILE).read_text())
+    mid = np.array([0.05, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0])
+    stats["new_embodiment"]["relative_action"] = {"eef": {"min": (mid - 0.1).tolist(), "max": (mid + 0.1).tolist(),
+                                                          "mean": mid.tolist(), "std": np.ones(9).tolist()}}
+    (out / STATISTICS_FILE).write_text(json.dumps(stats))
+    emb = load_embodiment(out, "new_embodiment", 16, 16)
+    assert (emb.action[0].relative_to, emb.action[0].pose_format) == ("eef", "xyz+rot6d")
+    state = {"eef": np.array([0.3, 0.1, 0.5] + RZ90_ROT6D), "gripper": [0.2]}
+    robot = emb.unnormalize_actions(np.zeros((16, 16)), state)
+    np.testing.assert_allclose(robot[:, :9], np.broadcast_to([0.3, 0.15, 0.5] + RZ90_ROT6D, (16, 9)), atol=1e-6)
+    gripper = emb.action[1]
+    np.testing.assert_allclose(robot[:, 9], (gripper.lo + gripper.hi)[0] / 2, rtol=1e-6)
+    action["action_configs"][0].update(format="XYZ_ROTVEC")            # 9 values are not a rotation vector pose
+    (out / "processor_config.json").write_text(json.dumps(proc))
+    with pytest.raises(CheckpointError, match="has format 'XYZ_ROTVEC' and 9 values"):
+        load_embodiment(out, "new_embodiment", 16, 16)
+
+
 def test_relative_settings_refused_or_required(tmp_path):
-    with pytest.raises(CheckpointError, match="relative end-effector action; only relative joint actions"):
+    with pytest.raises(CheckpointError, match="has format 'DEFAULT' and 5 values; the reference composes"):
         load_embodiment(_relative_checkpoint(tmp_path / "a", action_type="eef"), "new_embodiment", 16, 16)
     with pytest.raises(CheckpointError, match=r"lack relative_action\.single_arm"):
         load_embodiment(_relative_checkpoint(tmp_path / "b", with_stats=False), "new_embodiment", 16, 16)

@@ -1,5 +1,6 @@
 """GR00T state / action normalization against the reference's StateActionProcessor (min/max with clipping,
-mean/std, sin/cos state encoding, relative joint actions with per-step statistics), on fixture statistics.
+mean/std, sin/cos state encoding, relative joint actions with per-step statistics, relative end-effector poses),
+on fixture statistics.
 Runs where groot_reference can import it (FLASHRT_GROOT_SOURCE, plus scipy); skips with the reason elsewhere."""
 
 import json
@@ -74,4 +75,40 @@ def test_action_unnormalization_with_relative_joints(ckpt):
     theirs = np.concatenate([theirs[k] for k in ("arm", "torso", "gripper")], axis=-1)
     mine = emb.unnormalize_actions(normalized, state)
     assert mine.shape == theirs.shape == (16, 9)
+    np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fmt, dim", [("XYZ_ROT6D", 9), ("XYZ_ROTVEC", 6)])
+def test_action_unnormalization_with_relative_end_effector_poses(tmp_path, fmt, dim):
+    """A relative EEF group (flashrt_core/eef_poses.py) against the reference's EndEffectorActionChunk: the
+    unnormalized relative poses composed onto a random end-effector state pose, for both pose formats."""
+    robot = {"views": ["front"], "state": [("eef", dim), ("gripper", 1)], "action": [("eef", dim), ("gripper", 1)]}
+    out = write_random_groot_checkpoint(tmp_path / "c", TINY, seed=4, embodiments={"new_embodiment": robot})
+    proc = json.loads((out / "processor_config.json").read_text())
+    kw = proc["processor_kwargs"]
+    kw.update(use_relative_action=True)
+    kw["modality_configs"]["new_embodiment"]["action"]["action_configs"][0].update(rep="RELATIVE", type="EEF",
+                                                                                   format=fmt, state_key="eef")
+    (out / "processor_config.json").write_text(json.dumps(proc))
+    stats = json.loads((out / STATISTICS_FILE).read_text())
+    rng = np.random.default_rng(5)
+    mid = np.concatenate([rng.uniform(-0.05, 0.05, 3), [1.0, 0.0, 0.0, 0.0, 1.0, 0.0] if dim == 9
+                          else rng.uniform(-0.2, 0.2, 3)])
+    stats["new_embodiment"]["relative_action"] = {"eef": {"min": (mid - 0.1).tolist(), "max": (mid + 0.1).tolist(),
+                                                          "mean": mid.tolist(), "std": np.ones(dim).tolist()}}
+    (out / STATISTICS_FILE).write_text(json.dumps(stats))
+    emb = load_embodiment(out, "new_embodiment", 16, 16)
+    angle = rng.uniform(-2.5, 2.5, 3)
+    from flashrt_core.eef_poses import matrix_to_rot6d, rotvec_to_matrix
+    pose = matrix_to_rot6d(rotvec_to_matrix(angle)) if dim == 9 else angle
+    state = {"eef": np.concatenate([rng.uniform(-0.5, 0.5, 3), pose]), "gripper": rng.uniform(0, 1, 1)}
+    normalized = rng.uniform(-1, 1, (16, 16))
+    groups = {"eef": normalized[:, :dim], "gripper": normalized[:, dim:dim + 1]}
+    ref = PROCESSOR(modality_configs=kw["modality_configs"], statistics=stats, use_percentiles=False,
+                    clip_outliers=True, apply_sincos_state_encoding=False, use_relative_action=True)
+    ref.eval()
+    theirs = ref.unapply_action(groups, "new_embodiment", state={k: v[None] for k, v in state.items()})
+    theirs = np.concatenate([theirs["eef"], theirs["gripper"]], axis=-1)
+    mine = emb.unnormalize_actions(normalized, state)
+    assert mine.shape == theirs.shape == (16, dim + 1)
     np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
