@@ -34,9 +34,8 @@ launches while the layer before works. The counters and the flagged words are ze
 does it).
 ``resident=True`` makes every layer multiply by W_0 (x_{l+1} = bf16(x_l @ W_0^T)): the persistent forms load their
 slice of it once, before the first layer, the staged form fills its ring slots with it, and the launches read it
-from L2 each time, so what a layer costs is the
-hand-over alone, without its weight stream; set beside the streamed chain, it says how much of that stream the wait
-hides.
+from L2 each time, so what a layer costs is the hand-over alone, without its weight stream; set beside the
+streamed chain, it says how much of that stream the wait hides.
 """
 
 from __future__ import annotations
