@@ -9,7 +9,8 @@ The `*_resident` variants multiply every layer by the first layer's weight (held
 for the launches and the staged form's ring): the dependency alone, beside the same chain streaming its weights. `persistent_staged_flagged_data`
 streams the weights through a ring of shared-memory slots that TMA fills layers ahead of the poll (Gluon, Hopper):
 whether a weight stream that runs ahead of the dependency hides it; its `_unchained` row runs the same layers with
-no dependency between them (each multiplies the chain's input), so the difference is what the hand-overs cost.
+no dependency between them (each multiplies the chain's input), so the difference is what the hand-overs cost;
+its `_fp8` row streams E4M3 weights with a scale per row (half the bytes).
 Each variant is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays.
 
     python tools/benchmark_layer_chain.py [--layers 180] [--width 1024] [--rows 10] [--reps 50] [--out DIR]
@@ -42,8 +43,9 @@ RESIDENT = "_resident"
 # Timed last: its rows come after every other one, so that a chain that never ends (a device step's time limit
 # kills it) still leaves theirs.
 UNCHAINED = "_unchained"
+FP8 = "_fp8"
 STAGED_VARIANTS = ("persistent_staged_flagged_data", "persistent_staged_flagged_data" + RESIDENT,
-                   "persistent_staged_flagged_data" + UNCHAINED)
+                   "persistent_staged_flagged_data" + UNCHAINED, "persistent_staged_flagged_data" + FP8)
 
 
 def _graph_ms(run, reps: int) -> list[float]:
@@ -76,8 +78,13 @@ def measure(layers: int, width: int, rows: int, reps: int, report=print_row) -> 
     for variant in VARIANTS + tuple(name + RESIDENT for name in RESIDENT_VARIANTS) + STAGED_VARIANTS:
         resident = variant.endswith(RESIDENT)
         chained = not variant.endswith(UNCHAINED)
-        base = variant.removesuffix(RESIDENT).removesuffix(UNCHAINED)
+        fp8 = variant.endswith(FP8)
+        base = variant.removesuffix(RESIDENT).removesuffix(UNCHAINED).removesuffix(FP8)
         want = wants[resident] if chained else k.unchained_reference(x, w).float()
+        if fp8:                                     # the chain of the E4M3 weights times their row scales
+            w8, scale = k.layer_chain_fp8_weights(w)
+            want = k.layer_chain_reference(x, w8.float() * scale[..., None]).float()
+            del w8, scale
         wait = None
         if variant == "library_per_layer":
             buf = torch.empty(layers + 1, rows, width, device="cuda", dtype=torch.bfloat16)
@@ -97,7 +104,7 @@ def measure(layers: int, width: int, rows: int, reps: int, report=print_row) -> 
                 results[variant] = {"skipped": "needs Triton's Gluon and width 1024"}
                 report(variant, results[variant])
                 continue
-            chain = k.LayerChain(w, rows, wait, pdl, resident=resident, chained=chained)
+            chain = k.LayerChain(w, rows, wait, pdl, resident=resident, chained=chained, fp8=fp8)
             chain.x.copy_(x)
             run, out = chain.run, chain.out
         times = _graph_ms(run, reps)
@@ -107,7 +114,7 @@ def measure(layers: int, width: int, rows: int, reps: int, report=print_row) -> 
             continue
         err = float((out.float() - want).norm() / want.norm())
         median = statistics.median(times)
-        streamed = width * width * 2 * (1 if resident else layers)      # weight bytes read from memory
+        streamed = width * width * (1 if fp8 else 2) * (1 if resident else layers)    # weight bytes read
         results[variant] = {"ms": median, "us_per_layer": median * 1e3 / layers,
                             "weight_tb_per_s": streamed / (median * 1e-3) / 1e12,
                             "rel_l2_vs_reference": err}

@@ -324,25 +324,28 @@ def prefix_attention_configs() -> list[KernelConfig]:
     return [config(pa.BLOCK_N, 1, overlap, pdl) for overlap in (False, True) for pdl in (0, 1)]
 
 
-def layer_chain_configs(layers: int = 180, width: int = 1024) -> list[KernelConfig]:
+def layer_chain_configs(layers: int = 180, width: int = 1024, fp8: bool = False) -> list[KernelConfig]:
     """kernels/flashrt_kernels/layer_chain.py's staged form (Gluon: the weights through a TMA ring in shared memory)
-    at the dependency benchmark's chain (180 layers of the expert's width, tools/benchmark_layer_chain.py), with
-    the 3-D TMA descriptor its launcher builds; empty where Triton has no Gluon."""
+    at the dependency benchmark's chain (180 layers of the expert's width, tools/benchmark_layer_chain.py), bf16
+    or E4M3 weights, with the 3-D TMA descriptor its launcher builds; empty where Triton has no Gluon."""
+    import torch
     lc = _kernels_module("layer_chain")
     if not lc.HAVE_GLUON:
         return []
-    box = f"tensordesc<bf16[{lc.STAGED_BLOCK_N}, {width // 64}, 64],{lc.staged_box_layout()!r}>"
-    stages = lc.staged_stages(width, layers=layers)
-    return [KernelConfig(f"layer chain, staged flagged data ({layers} layers, width {width}, {stages} stages)",
-                         lc._staged_flagged_chain_kernel,
-                         {"buf_ptr": "*i32", "w_desc": box, "stall_ptr": "*i32", "M": "i32"},
+    dtype, name = (torch.float8_e4m3fn, "fp8e4nv") if fp8 else (torch.bfloat16, "bf16")
+    box = f"tensordesc<{name}[{lc.STAGED_BLOCK_N}, {width // 64}, 64],{lc.staged_box_layout(dtype)!r}>"
+    stages = lc.staged_stages(width, layers=layers, elem_bytes=1 if fp8 else 2)
+    return [KernelConfig(f"layer chain, staged flagged data, {'E4M3' if fp8 else 'bf16'} weights ({layers} layers, "
+                         f"width {width}, {stages} stages)", lc._staged_flagged_chain_kernel,
+                         {"buf_ptr": "*i32", "w_desc": box, "scale_ptr": "*fp32" if fp8 else "*i32",
+                          "stall_ptr": "*i32", "M": "i32"},
                          {"LAYERS": layers, "D": width, "BLOCK_M": lc.BLOCK_M, "STAGES": stages, "FLAG": lc.FLAG,
                           "SPIN_LIMIT": lc.STAGED_SPIN_LIMIT, "RESIDENT": False}, 8, 1)]
 
 
 def all_configs() -> list[KernelConfig]:
     return (attention_configs() + skinny_configs() + smem_configs() + rope_configs() + denoise_step_configs()
-            + prefix_attention_configs() + layer_chain_configs())
+            + prefix_attention_configs() + layer_chain_configs() + layer_chain_configs(fp8=True))
 
 
 def main(argv: list[str] | None = None) -> None:

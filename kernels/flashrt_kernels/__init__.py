@@ -28,6 +28,7 @@ from .layer_chain import PERSISTENT_WAITS as LAYER_CHAIN_PERSISTENT_WAITS
 from .layer_chain import WAITS as LAYER_CHAIN_WAITS
 from .layer_chain import (LayerChain, layer_chain, layer_chain_reference, pack_flagged_words, resident_weights,
                           unchained_reference, unpack_flagged_words)
+from .layer_chain import fp8_weights as layer_chain_fp8_weights
 from .patch_embed import patch_rows, patch_rows_reference
 from .prefix_attention import BLOCK_N as PREFIX_ATTENTION_BLOCK_N
 from .prefix_attention import prefix_attention, prefix_attention_supported
@@ -51,8 +52,8 @@ __all__ = [
     "geglu", "geglu_reference", "swiglu", "swiglu_reference",
     "LAYER_CHAIN_FLAG", "LAYER_CHAIN_FLAGGED_WAITS", "LAYER_CHAIN_GLUON_WAITS", "LAYER_CHAIN_PERSISTENT_WAITS",
     "LAYER_CHAIN_WAITS",
-    "LayerChain", "layer_chain", "layer_chain_reference", "pack_flagged_words", "resident_weights",
-    "unchained_reference", "unpack_flagged_words",
+    "LayerChain", "layer_chain", "layer_chain_fp8_weights", "layer_chain_reference", "pack_flagged_words",
+    "resident_weights", "unchained_reference", "unpack_flagged_words",
     "patch_rows", "patch_rows_reference",
     "PREFIX_ATTENTION_BLOCK_N", "prefix_attention", "prefix_attention_supported",
     "qkv_gemm_rope", "qkv_gemm_rope_reference",

@@ -28,7 +28,8 @@ shot", before it waits for its input), so a layer is D / BLOCK_N tiles and every
   refilled with the layer `stages` ahead as soon as its product is done. x, polled as above, goes through shared
   memory into mma.sync's operand layout. It answers whether the weight stream, once it runs layers ahead of the
   dependency, hides the hand-over (the design of a persistent denoiser). ``chained=False`` runs its layers
-  without the dependency (each multiplies x_0): what its streams and products cost alone.
+  without the dependency (each multiplies x_0): what its streams and products cost alone. ``fp8=True`` streams
+  the weights as E4M3 with a scale per row (half the bytes), widened to bf16 as they leave shared memory.
 In the persistent forms the weights of layer l stream while the program waits for layer l - 1, in the flagged
 launches while the layer before works. The counters and the flagged words are zeroed before each run (the launcher
 does it).
@@ -170,7 +171,7 @@ if HAVE_GLUON:
         """Issue this program's slice of W_layer (BLOCK_N rows from n0, all D columns as D / 64 boxes of 64) into
         one ring slot w_smem (BLOCK_N, D / 64, 64) on mbarrier bar: one TMA copy of w_desc's 3-D view (weight row,
         column box, column) of the weights."""
-        mbarrier.expect(bar, D * w_desc.block_type.shape[0] * 2)
+        mbarrier.expect(bar, D * w_desc.block_type.shape[0] * (1 if w_desc.dtype == gl.float8e4nv else 2))
         tma.async_copy_global_to_shared(w_desc, [layer * D + n0, 0, 0], bar, w_smem)
 
     @gluon.jit
@@ -190,8 +191,8 @@ if HAVE_GLUON:
         return gl.where(m_ok, words & 0xFFFF, 0).to(gl.int16).to(gl.bfloat16, bitcast=True)
 
     @gluon.jit
-    def _staged_flagged_chain_kernel(buf_ptr, w_desc, stall_ptr, M, LAYERS: gl.constexpr, D: gl.constexpr,
-                                     BLOCK_M: gl.constexpr, STAGES: gl.constexpr, FLAG: gl.constexpr,
+    def _staged_flagged_chain_kernel(buf_ptr, w_desc, scale_ptr, stall_ptr, M, LAYERS: gl.constexpr,
+                                     D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, FLAG: gl.constexpr,
                                      SPIN_LIMIT: gl.constexpr, RESIDENT: gl.constexpr = False,
                                      CHAINED: gl.constexpr = True):
         """Every layer's tile `program_id` in turn, weights through a ring of STAGES shared-memory slots filled by
@@ -203,11 +204,14 @@ if HAVE_GLUON:
         instead (within about one limit's time), and says where. RESIDENT: every slot is filled with W_0's slice
         (from L2 after the first layers), the ring's hand-overs without the weight stream. CHAINED False: every
         layer reads x_0 (written before the launch) instead of the layer before's output, so no layer waits for
-        another: the same streams and products without a dependency."""
+        another: the same streams and products without a dependency. E4M3 weights (w_desc over float8e4nv): each
+        slice is widened to bf16 as it leaves shared memory, and the product of output column n of layer l is
+        scaled by scale_ptr[l * D + n] (one scale per weight row)."""
         GROUPS: gl.constexpr = 8                                   # = num_warps: one K group per warp
         BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
         NK: gl.constexpr = 2 * GROUPS                              # 64-column boxes per slot
         gl.static_assert(D == NK * 64, "the staged form's D is 8 warps x 2 boxes of 64 columns")
+        FP8: gl.constexpr = w_desc.dtype == gl.float8e4nv
         n0 = gl.program_id(0) * BLOCK_N
         w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES * BLOCK_N, NK, 64], w_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -258,10 +262,10 @@ if HAVE_GLUON:
                     ring = w_smem.slice(s * BLOCK_N, BLOCK_N)
                     # (group, 64 columns, BLOCK_N): the slot's (row, box, column) read as they are, boxes j * 8 ..
                     # j * 8 + 7 for half j, reordered in registers
-                    b0 = gl.convert_layout(gl.permute(ring.slice(0, GROUPS, dim=1).load(w_layout), (1, 2, 0)),
-                                           b_layout)
-                    b1 = gl.convert_layout(gl.permute(ring.slice(GROUPS, GROUPS, dim=1).load(w_layout), (1, 2, 0)),
-                                           b_layout)
+                    w_lo = ring.slice(0, GROUPS, dim=1).load(w_layout).to(gl.bfloat16)
+                    w_hi = ring.slice(GROUPS, GROUPS, dim=1).load(w_layout).to(gl.bfloat16)
+                    b0 = gl.convert_layout(gl.permute(w_lo, (1, 2, 0)), b_layout)
+                    b1 = gl.convert_layout(gl.permute(w_hi, (1, 2, 0)), b_layout)
                     acc = gl.zeros((GROUPS, BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma)
                     acc = mma_v2(a0, b0, acc)
                     acc = mma_v2(a1, b1, acc)
@@ -269,6 +273,8 @@ if HAVE_GLUON:
                     if layer + STAGES < LAYERS:
                         _staged_weights(w_desc, ring, bars.index(s), 0 if RESIDENT else layer + STAGES, n0, D)
                     y = gl.convert_layout(gl.sum(acc, axis=0), out_layout)
+                    if FP8:
+                        y = y * gl.load(scale_ptr + (0 if RESIDENT else layer) * D + on)[None, :]
                     bits = y.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
                     gl.store(buf_ptr + (layer + 1) * M * D + om[:, None] * D + on[None, :], bits | (FLAG << 16),
                              mask=(om < M)[:, None])
@@ -276,16 +282,25 @@ if HAVE_GLUON:
             mbarrier.invalidate(bars.index(s))
 
 
-def staged_box_layout():
-    """The shared layout of the staged form's weight slices (row, column box, 64 columns): 128-byte swizzled."""
-    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+def staged_box_layout(dtype=torch.bfloat16):
+    """The shared layout of the staged form's weight slices (row, column box, 64 columns): their rows swizzled over
+    128 bytes (bf16) or 64 (E4M3)."""
+    bits = 8 if dtype == torch.float8_e4m3fn else 16
+    return gl.NVMMASharedLayout(swizzle_byte_width=64 * bits // 8, element_bitwidth=bits, rank=3)
 
 
-def staged_stages(D: int, block_n: int = STAGED_BLOCK_N, layers: int | None = None) -> int:
-    """Weight slices (block_n x D bf16 each) the staged form's ring holds: the most that fit STAGED_SMEM, at most
-    16 and at most `layers`, a power of two (the ring's shape must be one)."""
-    fits = max(1, min(16, STAGED_SMEM // (block_n * D * 2), layers or 16))
+def staged_stages(D: int, block_n: int = STAGED_BLOCK_N, layers: int | None = None, elem_bytes: int = 2) -> int:
+    """Weight slices (block_n x D elements of elem_bytes each) the staged form's ring holds: the most that fit
+    STAGED_SMEM, at most 16 and at most `layers`, a power of two (the ring's shape must be one)."""
+    fits = max(1, min(16, STAGED_SMEM // (block_n * D * elem_bytes), layers or 16))
     return 1 << (fits.bit_length() - 1)
+
+
+def fp8_weights(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L, D, D) weights -> E4M3 weights and their fp32 scales (L, D), one per weight row: w ~ w8 * scale[..., None],
+    the row's largest magnitude at 448."""
+    scale = (w.float().abs().amax(dim=-1) / 448.0).clamp_min(1e-12)
+    return (w.float() / scale[..., None]).to(torch.float8_e4m3fn), scale
 
 
 def chain_tiles(D: int, block_n: int) -> int:
@@ -304,10 +319,11 @@ class LayerChain:
     wait: one of WAITS (the module's docstring); pdl applies to wait="launch"; resident: every layer multiplies by
     w[0] (the module's docstring; layer_chain_reference(x, resident_weights(w)) is then the result); chained
     False (the staged form only): every layer multiplies x itself, no layer waits for another, and the result is
-    unchained_reference(x, w)."""
+    unchained_reference(x, w); fp8 (the staged form only): the weights streamed as E4M3 with a scale per row
+    (fp8_weights(w)), so the result is that of w8 * scale."""
 
     def __init__(self, w: torch.Tensor, rows: int, wait: str, pdl: bool | int = False, block_n: int = 16,
-                 num_warps: int | None = None, resident: bool = False, chained: bool = True):
+                 num_warps: int | None = None, resident: bool = False, chained: bool = True, fp8: bool = False):
         if wait not in WAITS:
             raise ValueError(f"layer_chain: wait {wait!r} is not one of {WAITS}")
         if wait in FLAGGED_WAITS and w.dtype != torch.bfloat16:
@@ -319,10 +335,12 @@ class LayerChain:
                 raise ValueError(f"layer_chain: wait={wait!r} splits D into 8 warps' pairs of 64-column boxes (D = "
                                  f"{STAGED_WIDTH}), got D {w.shape[-1]}")
             block_n = STAGED_BLOCK_N
-        elif not chained:
-            raise ValueError(f"layer_chain: chained=False is a mode of the staged form, not of wait={wait!r}")
+        elif not chained or fp8:
+            raise ValueError(f"layer_chain: chained=False and fp8 are modes of the staged form, not of wait={wait!r}")
         self.w, self.wait, self.pdl, self.block_n, self.resident = w, wait, pdl, block_n, resident
         self.chained = chained
+        # the staged form's E4M3 weights and their row scales (fp8), else None
+        self.w8, self.scale = fp8_weights(w) if fp8 else (None, None)
         # the flagged form holds x as 32-bit words: 8 warps keep them and the weight slice in registers
         self.num_warps = num_warps or (8 if wait in FLAGGED_WAITS else 4)
         layers, D, _ = w.shape
@@ -367,11 +385,16 @@ class LayerChain:
             self.words[0].copy_(pack_flagged_words(self.bf16[0]))
             if self.wait == "staged_flagged_data":
                 # the weights as (row, column box, column): one TMA copy moves a program's slice of a layer
-                boxes = self.w.reshape(layers * D, D // 64, 64)
-                w_desc = TensorDescriptor.from_tensor(boxes, [self.block_n, D // 64, 64], staged_box_layout())
+                streamed = self.w if self.w8 is None else self.w8
+                boxes = streamed.reshape(layers * D, D // 64, 64)
+                w_desc = TensorDescriptor.from_tensor(boxes, [self.block_n, D // 64, 64],
+                                                      staged_box_layout(streamed.dtype))
                 self.stalls.zero_()
-                _staged_flagged_chain_kernel[(tiles,)](self.words, w_desc, self.stalls, rows, LAYERS=layers, D=D,
-                                                       BLOCK_M=BLOCK_M, STAGES=staged_stages(D, self.block_n, layers),
+                stages = staged_stages(D, self.block_n, layers, streamed.element_size())
+                _staged_flagged_chain_kernel[(tiles,)](self.words, w_desc,
+                                                       self.stalls if self.scale is None else self.scale,
+                                                       self.stalls, rows, LAYERS=layers, D=D,
+                                                       BLOCK_M=BLOCK_M, STAGES=stages,
                                                        FLAG=FLAG, SPIN_LIMIT=STAGED_SPIN_LIMIT,
                                                        RESIDENT=self.resident, CHAINED=self.chained,
                                                        num_warps=8)

@@ -857,8 +857,35 @@ def test_layer_chain_staged_without_the_chain():
     want = K.unchained_reference(x, w).float()
     assert not bool(chain.stalls.any()) and bool(((chain.words >> 16) == K.LAYER_CHAIN_FLAG).all())
     assert float((got - want).norm() / want.norm()) < CHAIN_REL_L2
-    with pytest.raises(ValueError, match="chained=False is a mode of the staged form"):
+    with pytest.raises(ValueError, match="chained=False and fp8 are modes of the staged form"):
         K.LayerChain(w, 10, "flagged_data", chained=False)
+
+
+@pytest.mark.skipif(INTERPRET or not (K.HAVE_GLUON and torch.cuda.is_available()
+                                      and torch.cuda.get_device_capability() >= (9, 0)),
+                    reason="the staged form needs Gluon on a Hopper (sm90) GPU")
+def test_layer_chain_staged_with_e4m3_weights():
+    """The staged form's fp8 mode (kernels/flashrt_kernels/layer_chain.py): 18 layers of E4M3 weights with a scale
+    per row give the chain of those weights times their scales, every word flagged, no poll given up."""
+    g = torch.Generator(device=DEVICE).manual_seed(8)
+    x = torch.randn(10, 1024, device=DEVICE, generator=g).to(torch.bfloat16)
+    w = (torch.randn(18, 1024, 1024, device=DEVICE, generator=g) * 1024 ** -0.5).to(torch.bfloat16)
+    chain = K.LayerChain(w, 10, "staged_flagged_data", fp8=True)
+    w8, scale = K.layer_chain_fp8_weights(w)
+    assert w8.dtype == torch.float8_e4m3fn and scale.shape == (18, 1024)
+    chain.x.copy_(x)
+    bound = CHAIN_REL_L2
+    for _ in range(2):
+        got = chain.run().float()
+        want = K.layer_chain_reference(x, w8.float() * scale[..., None]).float()
+        assert not bool(chain.stalls.any()) and bool(((chain.words >> 16) == K.LAYER_CHAIN_FLAG).all())
+        err = float((got - want).norm() / want.norm())
+        assert err < bound, f"rel L2 error {err:.2e}; {_first_wrong_layer_fp8(chain, w8, scale, bound)}"
+
+
+def _first_wrong_layer_fp8(chain, w8: torch.Tensor, scale: torch.Tensor, bound: float) -> str:
+    """_first_wrong_layer for the staged form's E4M3 weights (their products times the row scales)."""
+    return _first_wrong_layer(chain, None, w8.float() * scale[..., None], False, bound)
 
 
 def _first_wrong_layer(chain, x: torch.Tensor, w: torch.Tensor, resident: bool, bound: float) -> str:
