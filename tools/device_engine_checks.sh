@@ -96,7 +96,9 @@
 # layer-chain: kernels/flashrt_kernels/layer_chain.py's GPU test, then tools/benchmark_layer_chain.py: 180 dependent
 #   layers at the expert's width launched per layer (stream order, PDL, early trigger, library GEMM, flagged words
 #   polled after an early trigger) and as one persistent kernel waiting on counters or on flagged words, the
-#   weights in registers or staged through a TMA ring layers ahead (layer_chain_<date>.json, layer_chain.log).
+#   weights in registers or staged through a TMA ring layers ahead (layer_chain_<date>.json, layer_chain.log);
+#   then tools/benchmark_partial_sums.py: 128 programs folding their partials into one activation per layer
+#   (partial_sums_<date>.json, partial_sums.log).
 # rtc: test/gpu/test_engine_rtc_gpu.py (every engine RTC mode in the graph against the eager engine and the
 #   reference sampler; pytest_rtc.log), then tools/benchmark_rtc.py: each mode's replay beside the plain graph on
 #   full-size pi0.5 (rtc_cost_pi05_<date>.json, rtc.log).
@@ -275,7 +277,7 @@ fi
 
 if [ "$PART" = layer-chain ]; then
   # the staged form (a Gluon kernel whose programs wait on each other) runs last in both, with its own limit
-  timeout 120 "$PY" -m pytest -v test/gpu/test_kernels.py -k "layer_chain and not staged" \
+  timeout 120 "$PY" -m pytest -v test/gpu/test_kernels.py -k "(layer_chain and not staged) or partial_sums" \
     > "$OUT/pytest_layer_chain.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_layer_chain.log"
   timeout 60 "$PY" -m pytest -v test/gpu/test_kernels.py -k "layer_chain and staged" \
@@ -283,6 +285,8 @@ if [ "$PART" = layer-chain ]; then
   echo "pytest staged rc=$?" >> "$OUT/pytest_layer_chain.log"
   timeout 150 "$PY" tools/benchmark_layer_chain.py --out "$OUT" > "$OUT/layer_chain.log" 2>&1
   echo "benchmark_layer_chain rc=$?" >> "$OUT/layer_chain.log"
+  timeout 90 "$PY" tools/benchmark_partial_sums.py --out "$OUT" > "$OUT/partial_sums.log" 2>&1
+  echo "benchmark_partial_sums rc=$?" >> "$OUT/partial_sums.log"
 fi
 
 if [ "$PART" = rtc ]; then
@@ -321,6 +325,7 @@ fi
   [ -f "$OUT/groot_language_ops.log" ] && { echo "== GR00T language ops"; tail -n 7 "$OUT/groot_language_ops.log"; }
   [ -f "$OUT/groot_profile.log" ] && { echo "== GR00T profile"; grep -E "^==|rc=" "$OUT/groot_profile.log"; }
   [ -f "$OUT/layer_chain.log" ] && { echo "== dependent layers"; tail -n 22 "$OUT/layer_chain.log"; }
+  [ -f "$OUT/partial_sums.log" ] && { echo "== partial sums"; tail -n 6 "$OUT/partial_sums.log"; }
   [ -f "$OUT/rtc.log" ] && { echo "== real-time chunking in the graph"; tail -n 8 "$OUT/rtc.log"; }
   [ -f "$OUT/fast.log" ] && { echo "== pi0-FAST, reference and engine"; tail -n 6 "$OUT/fast.log"; }
   [ -f "$OUT/tune.log" ] && { echo "== the best of three measured loads, stored and loaded again"

@@ -29,6 +29,8 @@ from .layer_chain import WAITS as LAYER_CHAIN_WAITS
 from .layer_chain import (LayerChain, layer_chain, layer_chain_reference, pack_flagged_words, resident_weights,
                           unchained_reference, unpack_flagged_words)
 from .layer_chain import fp8_weights as layer_chain_fp8_weights
+from .partial_sums import MODES as PARTIAL_SUMS_MODES
+from .partial_sums import PartialSums, partial_sums_reference
 from .patch_embed import patch_rows, patch_rows_reference
 from .prefix_attention import BLOCK_N as PREFIX_ATTENTION_BLOCK_N
 from .prefix_attention import prefix_attention, prefix_attention_supported
@@ -54,6 +56,7 @@ __all__ = [
     "LAYER_CHAIN_WAITS",
     "LayerChain", "layer_chain", "layer_chain_fp8_weights", "layer_chain_reference", "pack_flagged_words",
     "resident_weights", "unchained_reference", "unpack_flagged_words",
+    "PARTIAL_SUMS_MODES", "PartialSums", "partial_sums_reference",
     "patch_rows", "patch_rows_reference",
     "PREFIX_ATTENTION_BLOCK_N", "prefix_attention", "prefix_attention_supported",
     "qkv_gemm_rope", "qkv_gemm_rope_reference",

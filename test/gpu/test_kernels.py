@@ -907,6 +907,24 @@ def _first_wrong_layer(chain, x: torch.Tensor, w: torch.Tensor, resident: bool, 
     return "every layer matches its own input: the error accumulates over the chain"
 
 
+@pytest.mark.parametrize("mode", ["atomic", "stored"])
+def test_partial_sums(mode):
+    """kernels/flashrt_kernels/partial_sums.py: 128 programs (the interpreter: 8) fold their partials of 10 x 1024
+    (3 x 64) fp32 into one activation per layer, 18 layers (3); every sum is exact (the partials are multiples of
+    1/128), twice in a row from the same buffers, and with atomics every layer's counter holds the programs."""
+    programs, layers, rows, width = (128, 18, 10, 1024) if not INTERPRET else (8, 3, 3, 64)
+    sums = K.PartialSums(programs, layers, rows, width, mode, DEVICE)
+    sums.out.fill_(float("nan"))
+    want = K.partial_sums_reference(programs, layers, rows, width, DEVICE)
+    for _ in range(2):
+        got = sums.run()
+        assert torch.equal(got, want), f"{int((got != want).sum())} of {got.numel()} sums differ"
+    if mode == "atomic":
+        assert sums.counters.tolist() == [programs] * layers
+    with pytest.raises(ValueError, match="is not one of"):
+        K.PartialSums(programs, layers, rows, width, "shared", DEVICE)
+
+
 def test_flagged_words_round_trip():
     """The flagged form's words: the bf16 bits of every value (negative ones, infinities, NaN included) come back
     unchanged, and every word's high half is the flag."""
