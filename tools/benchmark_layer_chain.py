@@ -10,7 +10,8 @@ for the launches and the staged form's ring): the dependency alone, beside the s
 streams the weights through a ring of shared-memory slots that TMA fills layers ahead of the poll (Gluon, Hopper):
 whether a weight stream that runs ahead of the dependency hides it; its `_unchained` row runs the same layers with
 no dependency between them (each multiplies the chain's input), so the difference is what the hand-overs cost;
-its `_fp8` row streams E4M3 weights with a scale per row (half the bytes).
+its `_fp8` row streams E4M3 weights with a scale per row (half the bytes); `persistent_staged_counters` is the
+same ring with a counter per layer instead of flagged words (bf16 activations, a release and an acquire).
 Each variant is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays.
 
     python tools/benchmark_layer_chain.py [--layers 180] [--width 1024] [--rows 10] [--reps 50] [--out DIR]
@@ -45,7 +46,8 @@ RESIDENT = "_resident"
 UNCHAINED = "_unchained"
 FP8 = "_fp8"
 STAGED_VARIANTS = ("persistent_staged_flagged_data", "persistent_staged_flagged_data" + RESIDENT,
-                   "persistent_staged_flagged_data" + UNCHAINED, "persistent_staged_flagged_data" + FP8)
+                   "persistent_staged_flagged_data" + UNCHAINED, "persistent_staged_flagged_data" + FP8,
+                   "persistent_staged_counters")
 
 
 def _graph_ms(run, reps: int) -> list[float]:
@@ -99,7 +101,8 @@ def measure(layers: int, width: int, rows: int, reps: int, report=print_row) -> 
                    "launch_per_layer_pdl_early": k.EARLY_TRIGGER}.get(base, False)
             wait = {"persistent_counters": "counter", "persistent_flagged_data": "flagged_data",
                     "launch_per_layer_flagged_data": "launch_flagged_data",
-                    "persistent_staged_flagged_data": "staged_flagged_data"}.get(base, "launch")
+                    "persistent_staged_flagged_data": "staged_flagged_data",
+                    "persistent_staged_counters": "staged_counter"}.get(base, "launch")
             if wait in k.LAYER_CHAIN_GLUON_WAITS and (not k.HAVE_GLUON or width != 1024):
                 results[variant] = {"skipped": "needs Triton's Gluon and width 1024"}
                 report(variant, results[variant])

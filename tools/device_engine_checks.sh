@@ -325,7 +325,7 @@ fi
   [ -f "$OUT/groot.log" ] && { echo "== GR00T N1.6, reference and graph"; tail -n 15 "$OUT/groot.log"; }
   [ -f "$OUT/groot_language_ops.log" ] && { echo "== GR00T language ops"; tail -n 7 "$OUT/groot_language_ops.log"; }
   [ -f "$OUT/groot_profile.log" ] && { echo "== GR00T profile"; grep -E "^==|rc=" "$OUT/groot_profile.log"; }
-  [ -f "$OUT/layer_chain.log" ] && { echo "== dependent layers"; tail -n 22 "$OUT/layer_chain.log"; }
+  [ -f "$OUT/layer_chain.log" ] && { echo "== dependent layers"; tail -n 24 "$OUT/layer_chain.log"; }
   [ -f "$OUT/partial_sums.log" ] && { echo "== partial sums"; tail -n 6 "$OUT/partial_sums.log"; }
   [ -f "$OUT/rtc.log" ] && { echo "== real-time chunking in the graph"; tail -n 8 "$OUT/rtc.log"; }
   [ -f "$OUT/fast.log" ] && { echo "== pi0-FAST, reference and engine"; tail -n 6 "$OUT/fast.log"; }

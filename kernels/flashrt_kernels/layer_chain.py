@@ -27,7 +27,9 @@ shot", before it waits for its input), so a layer is D / BLOCK_N tiles and every
   of layers l + 1 .. l + stages - 1 are in flight while the program polls layer l's input, and each slot is
   refilled with the layer `stages` ahead as soon as its product is done. x, polled as above, goes through shared
   memory into mma.sync's operand layout. It answers whether the weight stream, once it runs layers ahead of the
-  dependency, hides the hand-over (the design of a persistent denoiser). ``chained=False`` runs its layers
+  dependency, hides the hand-over (the design of a persistent denoiser). ``wait="staged_counter"`` is the same
+  ring with the counter's hand-over instead (bf16 activations, half the bytes of the words), the one a consumer of
+  a wide activation needs. ``chained=False`` runs its layers
   without the dependency (each multiplies x_0): what its streams and products cost alone. ``fp8=True`` streams
   the weights as E4M3 with a scale per row (half the bytes), widened to bf16 as they leave shared memory.
 In the persistent forms the weights of layer l stream while the program waits for layer l - 1, in the flagged
@@ -47,14 +49,17 @@ from ._gluon import HAVE_GLUON, TensorDescriptor, gl, gluon, mbarrier, mma_v2, t
 from ._triton import EARLY_TRIGGER, INTERPRETED, launch_options, release_dependents, tl, triton, wait_for_inputs
 
 BLOCK_M = 16           # rows a program covers (the denoiser's 10-row steps; at most 16)
-WAITS = ("launch", "counter", "flagged_data", "launch_flagged_data", "staged_flagged_data")
+WAITS = ("launch", "counter", "flagged_data", "launch_flagged_data", "staged_flagged_data", "staged_counter")
 FLAGGED_WAITS = ("flagged_data", "launch_flagged_data", "staged_flagged_data")   # activations as flagged words
-PERSISTENT_WAITS = ("counter", "flagged_data", "staged_flagged_data")    # one launch, programs wait on each other
-GLUON_WAITS = ("staged_flagged_data",)                       # Gluon on a Hopper GPU (no interpreter)
+PERSISTENT_WAITS = ("counter", "flagged_data", "staged_flagged_data", "staged_counter")   # programs wait on each other
+GLUON_WAITS = ("staged_flagged_data", "staged_counter")     # Gluon on a Hopper GPU (no interpreter)
 STAGED_BLOCK_N = 8       # weight rows per program of the staged form: mma.sync's N, so D / 8 programs stream
 STAGED_WIDTH = 1024      # the staged form's D: 8 warps x 2 boxes of 64 columns (the expert's width)
 STAGED_SPIN_LIMIT = 1 << 20       # reads of one input before the staged form's poll gives up (~1 s, not us)
 STAGED_SMEM = 160 * 1024          # the staged form's weight ring (the layout conversions take the rest)
+# the staged form's register cap: one program per SM, so all of them (ptxas's own cap for 256 threads, 128,
+# spills the counted form)
+STAGED_MAXNREG = 255
 FLAG = 1               # high half of a written word of the flagged form; zeroed words read as "not yet written"
 
 
@@ -100,13 +105,16 @@ def _persistent_chain_kernel(buf_ptr, w_ptr, counter_ptr, M, LAYERS: tl.constexp
     for layer in range(LAYERS):
         if not RESIDENT:
             w = tl.load(w_ptr + layer * D * D + rn[:, None] * D + rk[None, :])          # before the wait
+        ok = m_ok
         if layer > 0:
             counter = counter_ptr + layer - 1
             done = tl.load(counter, volatile=True)       # spin on the L2 line, no read-modify-write traffic
             while done < tiles:
                 done = tl.load(counter, volatile=True)
-            tl.atomic_add(counter, 0, sem="acquire")
-        x = tl.load(buf_ptr + layer * M * D + rm[:, None] * D + rk[None, :], mask=m_ok, other=0.0,
+            # the acquire: its value masks the input's loads, which keeps it (an atomic whose result nothing
+            # reads is dropped by the compiler) and orders them after it
+            ok = m_ok & (tl.atomic_add(counter, 0, sem="acquire") >= tiles)
+        x = tl.load(buf_ptr + layer * M * D + rm[:, None] * D + rk[None, :], mask=ok, other=0.0,
                     cache_modifier=".cg")                                               # written by other SMs
         y = tl.dot(x, tl.trans(w))
         tl.store(buf_ptr + (layer + 1) * M * D + rm[:, None] * D + rn[None, :], y.to(buf_ptr.dtype.element_ty),
@@ -191,10 +199,50 @@ if HAVE_GLUON:
         return gl.where(m_ok, words & 0xFFFF, 0).to(gl.int16).to(gl.bfloat16, bitcast=True)
 
     @gluon.jit
-    def _staged_flagged_chain_kernel(buf_ptr, w_desc, scale_ptr, stall_ptr, M, LAYERS: gl.constexpr,
+    def _staged_flagged_input(buf_ptr, source, M, D: gl.constexpr, BLOCK_M: gl.constexpr, GROUPS: gl.constexpr,
+                              layout: gl.constexpr, FLAG: gl.constexpr, limit):
+        """The staged form's input x_source as flagged words, polled until every word carries FLAG or `limit`
+        reads: (its two halves' bf16 values (GROUPS, BLOCK_M, 64), the reads)."""
+        src0, m_ok = _staged_half(buf_ptr, source, M, 0, D, BLOCK_M, GROUPS, layout)
+        src1, _ = _staged_half(buf_ptr, source, M, 1, D, BLOCK_M, GROUPS, layout)
+        w0 = gl.load(src0, mask=m_ok, other=FLAG << 16, volatile=True)
+        w1 = gl.load(src1, mask=m_ok, other=FLAG << 16, volatile=True)
+        flags = gl.minimum((w0 >> 16) & 0xFFFF, (w1 >> 16) & 0xFFFF)
+        polls = 1
+        while (gl.min(gl.min(gl.min(flags, axis=2), axis=1), axis=0) != FLAG) & (polls < limit):
+            w0 = gl.load(src0, mask=m_ok, other=FLAG << 16, volatile=True)     # a word not written yet
+            w1 = gl.load(src1, mask=m_ok, other=FLAG << 16, volatile=True)
+            flags = gl.minimum((w0 >> 16) & 0xFFFF, (w1 >> 16) & 0xFFFF)
+            polls += 1
+        return _flagged_values(w0, m_ok), _flagged_values(w1, m_ok), polls
+
+    @gluon.jit
+    def _staged_counted_input(buf_ptr, counter_ptr, source, M, D: gl.constexpr, BLOCK_M: gl.constexpr,
+                              GROUPS: gl.constexpr, layout: gl.constexpr, TILES: gl.constexpr, limit):
+        """The staged form's input x_source as bf16, read once counter[source - 1] holds TILES (every tile of
+        x_source written; source 0 is written before the launch) or after `limit` reads of the counter: (its two
+        halves (GROUPS, BLOCK_M, 64), the reads)."""
+        src0, m_ok = _staged_half(buf_ptr, source, M, 0, D, BLOCK_M, GROUPS, layout)
+        src1, _ = _staged_half(buf_ptr, source, M, 1, D, BLOCK_M, GROUPS, layout)
+        polls = 1
+        ok = m_ok
+        if source > 0:
+            done = gl.load(counter_ptr + source - 1, volatile=True)    # spin on the L2 line, no atomics
+            while (done < TILES) & (polls < limit):
+                done = gl.load(counter_ptr + source - 1, volatile=True)
+                polls += 1
+            # the acquire: its value masks the loads below, which keeps it (an atomic whose result nothing reads
+            # is dropped by the compiler) and orders them after it
+            ok = m_ok & (gl.atomic_add(counter_ptr + source - 1, 0, sem="acquire") >= TILES)
+        x0 = gl.load(src0, mask=ok, other=0.0, cache_modifier=".cg")            # written by other SMs
+        x1 = gl.load(src1, mask=ok, other=0.0, cache_modifier=".cg")
+        return x0, x1, polls
+
+    @gluon.jit
+    def _staged_flagged_chain_kernel(buf_ptr, w_desc, scale_ptr, stall_ptr, counter_ptr, M, LAYERS: gl.constexpr,
                                      D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, FLAG: gl.constexpr,
                                      SPIN_LIMIT: gl.constexpr, RESIDENT: gl.constexpr = False,
-                                     CHAINED: gl.constexpr = True):
+                                     CHAINED: gl.constexpr = True, COUNTED: gl.constexpr = False):
         """Every layer's tile `program_id` in turn, weights through a ring of STAGES shared-memory slots filled by
         TMA layers ahead; buf (LAYERS + 1, M, D) int32 flagged words as _persistent_flagged_chain_kernel's. Warp g
         of the 8 multiplies the column boxes g and 8 + g of D (mma.sync on a batch of 8, one batch per half of D),
@@ -206,7 +254,9 @@ if HAVE_GLUON:
         layer reads x_0 (written before the launch) instead of the layer before's output, so no layer waits for
         another: the same streams and products without a dependency. E4M3 weights (w_desc over float8e4nv): each
         slice is widened to bf16 as it leaves shared memory, and the product of output column n of layer l is
-        scaled by scale_ptr[l * D + n] (one scale per weight row)."""
+        scaled by scale_ptr[l * D + n] (one scale per weight row). COUNTED: buf holds bf16 (LAYERS + 1, M, D) and
+        the hand-over is _persistent_chain_kernel's counter per layer (a release after each program's tile, a
+        volatile spin and an acquire before the input), with the same ring."""
         GROUPS: gl.constexpr = 8                                   # = num_warps: one K group per warp
         BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
         NK: gl.constexpr = 2 * GROUPS                              # 64-column boxes per slot
@@ -241,23 +291,18 @@ if HAVE_GLUON:
                 layer = first + s
                 if layer < LAYERS:
                     source = layer if CHAINED else 0
-                    src0, m_ok = _staged_half(buf_ptr, source, M, 0, D, BLOCK_M, GROUPS, x_layout)
-                    src1, _ = _staged_half(buf_ptr, source, M, 1, D, BLOCK_M, GROUPS, x_layout)
-                    w0 = gl.load(src0, mask=m_ok, other=FLAG << 16, volatile=True)
-                    w1 = gl.load(src1, mask=m_ok, other=FLAG << 16, volatile=True)
-                    flags = gl.minimum((w0 >> 16) & 0xFFFF, (w1 >> 16) & 0xFFFF)
-                    polls = 1
-                    while (gl.min(gl.min(gl.min(flags, axis=2), axis=1), axis=0) != FLAG) & (polls < limit):
-                        w0 = gl.load(src0, mask=m_ok, other=FLAG << 16, volatile=True)     # a word not written
-                        w1 = gl.load(src1, mask=m_ok, other=FLAG << 16, volatile=True)
-                        flags = gl.minimum((w0 >> 16) & 0xFFFF, (w1 >> 16) & 0xFFFF)
-                        polls += 1
+                    if COUNTED:
+                        x0, x1, polls = _staged_counted_input(buf_ptr, counter_ptr, source, M, D, BLOCK_M, GROUPS,
+                                                              x_layout, D // BLOCK_N, limit)
+                    else:
+                        x0, x1, polls = _staged_flagged_input(buf_ptr, source, M, D, BLOCK_M, GROUPS, x_layout, FLAG,
+                                                              limit)
                     if polls >= limit:
                         if limit > 1:                           # the first poll that gave up: where
                             gl.store(stall_ptr + gl.program_id(0), layer + 1)
                         limit = 1                               # the later ones read once: the run ends soon
-                    a0 = gl.convert_layout(_flagged_values(w0, m_ok), a_layout)
-                    a1 = gl.convert_layout(_flagged_values(w1, m_ok), a_layout)
+                    a0 = gl.convert_layout(x0, a_layout)
+                    a1 = gl.convert_layout(x1, a_layout)
                     mbarrier.wait(bars.index(s), phase=(first // STAGES) & 1)
                     ring = w_smem.slice(s * BLOCK_N, BLOCK_N)
                     # (group, 64 columns, BLOCK_N): the slot's (row, box, column) read as they are, boxes j * 8 ..
@@ -275,9 +320,14 @@ if HAVE_GLUON:
                     y = gl.convert_layout(gl.sum(acc, axis=0), out_layout)
                     if FP8:
                         y = y * gl.load(scale_ptr + (0 if RESIDENT else layer) * D + on)[None, :]
-                    bits = y.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-                    gl.store(buf_ptr + (layer + 1) * M * D + om[:, None] * D + on[None, :], bits | (FLAG << 16),
-                             mask=(om < M)[:, None])
+                    dst = buf_ptr + (layer + 1) * M * D + om[:, None] * D + on[None, :]
+                    if COUNTED:
+                        gl.store(dst, y.to(gl.bfloat16), mask=(om < M)[:, None])
+                        gl.thread_barrier()             # every thread's stores of the tile before the release
+                        gl.atomic_add(counter_ptr + layer, 1, sem="release")
+                    else:
+                        bits = y.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+                        gl.store(dst, bits | (FLAG << 16), mask=(om < M)[:, None])
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(s))
 
@@ -329,6 +379,9 @@ class LayerChain:
         if wait in FLAGGED_WAITS and w.dtype != torch.bfloat16:
             raise ValueError(f"layer_chain: the flagged forms carry bf16 values in their words, got {w.dtype} weights")
         if wait in GLUON_WAITS:
+            if w.dtype != torch.bfloat16:
+                raise ValueError(f"layer_chain: wait={wait!r} streams bf16 weights (fp8=True quantizes them), got "
+                                 f"{w.dtype}")
             if not HAVE_GLUON or INTERPRETED or not w.is_cuda:
                 raise RuntimeError(f"layer_chain: wait={wait!r} needs Triton's Gluon on a Hopper GPU (no interpreter)")
             if w.shape[-1] != STAGED_WIDTH:
@@ -372,10 +425,27 @@ class LayerChain:
         """The weight the launch of `layer` reads: W_layer, or W_0 for every layer when resident."""
         return self.w[0 if self.resident else layer]
 
+    def _run_staged(self, buffer: torch.Tensor, counted: bool) -> None:
+        """The staged form's launch over `buffer` (flagged words, or bf16 with the counters when counted)."""
+        layers, rows, D = self.bf16.shape[0] - 1, self.bf16.shape[1], self.bf16.shape[2]
+        # the weights as (row, column box, column): one TMA copy moves a program's slice of a layer
+        streamed = self.w if self.w8 is None else self.w8
+        boxes = streamed.reshape(layers * D, D // 64, 64)
+        w_desc = TensorDescriptor.from_tensor(boxes, [self.block_n, D // 64, 64], staged_box_layout(streamed.dtype))
+        self.stalls.zero_()
+        self.counters.zero_()
+        _staged_flagged_chain_kernel[(chain_tiles(D, self.block_n),)](
+            buffer, w_desc, self.stalls if self.scale is None else self.scale, self.stalls, self.counters, rows,
+            LAYERS=layers, D=D, BLOCK_M=BLOCK_M, STAGES=staged_stages(D, self.block_n, layers, streamed.element_size()),
+            FLAG=FLAG, SPIN_LIMIT=STAGED_SPIN_LIMIT, RESIDENT=self.resident, CHAINED=self.chained, COUNTED=counted,
+            num_warps=8, maxnreg=STAGED_MAXNREG)
+
     def run(self) -> torch.Tensor:
         layers, rows, D = self.bf16.shape[0] - 1, self.bf16.shape[1], self.bf16.shape[2]
         tiles = chain_tiles(D, self.block_n)
-        if self.wait == "counter":
+        if self.wait == "staged_counter":
+            self._run_staged(self.bf16, counted=True)
+        elif self.wait == "counter":
             self.counters.zero_()
             _persistent_chain_kernel[(tiles,)](self.bf16, self.w, self.counters, rows, LAYERS=layers, D=D,
                                                BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, RESIDENT=self.resident,
@@ -384,20 +454,7 @@ class LayerChain:
             self.words[1:].zero_()
             self.words[0].copy_(pack_flagged_words(self.bf16[0]))
             if self.wait == "staged_flagged_data":
-                # the weights as (row, column box, column): one TMA copy moves a program's slice of a layer
-                streamed = self.w if self.w8 is None else self.w8
-                boxes = streamed.reshape(layers * D, D // 64, 64)
-                w_desc = TensorDescriptor.from_tensor(boxes, [self.block_n, D // 64, 64],
-                                                      staged_box_layout(streamed.dtype))
-                self.stalls.zero_()
-                stages = staged_stages(D, self.block_n, layers, streamed.element_size())
-                _staged_flagged_chain_kernel[(tiles,)](self.words, w_desc,
-                                                       self.stalls if self.scale is None else self.scale,
-                                                       self.stalls, rows, LAYERS=layers, D=D,
-                                                       BLOCK_M=BLOCK_M, STAGES=stages,
-                                                       FLAG=FLAG, SPIN_LIMIT=STAGED_SPIN_LIMIT,
-                                                       RESIDENT=self.resident, CHAINED=self.chained,
-                                                       num_warps=8)
+                self._run_staged(self.words, counted=False)
             elif self.wait == "flagged_data":
                 _persistent_flagged_chain_kernel[(tiles,)](self.words, self.w, rows, LAYERS=layers, D=D,
                                                            BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, FLAG=FLAG,

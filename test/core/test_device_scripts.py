@@ -115,11 +115,19 @@ def test_engine_checks_part_without_a_gpu_ends_with_status_zero_and_its_summary(
 
 
 def test_kernels_part_runs_every_kernel_test():
-    """The `kernels` part runs every test of test/gpu/test_kernels.py (no -k selection leaves one out)."""
+    """Every test of test/gpu/test_kernels.py runs on the device: the `kernels` part runs all but the layer chain's
+    staged forms (programs that wait on each other, in a process of their own), and the `layer-chain` part runs
+    those."""
     lines = _logical_lines(REPO / "tools" / "device_engine_checks.sh")
     kernels = next(line for line in lines if "-m pytest" in line and "test_policy_gpu.py" in line)
     paths, selection = _pytest_call(kernels)
-    assert "test/gpu/test_kernels.py" in paths and not selection
+    assert "test/gpu/test_kernels.py" in paths and selection == ["-k", "not staged"]
+    kernel_file = ["test/gpu/test_kernels.py"]
+    ran = set(_ids(_collected(kernel_file, selection)))
+    chain = [line for line in lines if "-m pytest" in line and "staged" in line and line not in (kernels,)]
+    for line in chain:
+        ran |= set(_ids(_collected(*_pytest_call(line))))
+    assert ran == set(_ids(_collected(kernel_file))) and len(ran) > 100
 
 
 def test_before_after_uses_flags_the_benchmark_has_and_refuses_without_an_earlier_tree(tmp_path):

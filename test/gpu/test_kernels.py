@@ -807,18 +807,19 @@ CHAIN_REL_L2_TRUNCATED = 3e-2   # Triton's interpreter truncates fp32 to bf16 wh
 @pytest.mark.parametrize("resident", [False, True], ids=["streamed", "resident"])
 @pytest.mark.parametrize("wait, pdl", [("launch", False), ("launch", True), ("launch", K.EARLY_TRIGGER),
                                        ("counter", False), ("flagged_data", False),
-                                       ("launch_flagged_data", K.EARLY_TRIGGER), ("staged_flagged_data", False)])
+                                       ("launch_flagged_data", K.EARLY_TRIGGER), ("staged_flagged_data", False),
+                                       ("staged_counter", False)])
 def test_layer_chain(wait, pdl, resident):
     """kernels/flashrt_kernels/layer_chain.py at the expert's width (1024), 10 rows, 18 layers (one denoising step):
     per-layer launches with and without PDL or on flagged words, and the persistent kernels whose layers wait on
-    counters or on the flags in the data words, with the weights in registers or (staged) through a TMA ring in
-    shared memory; each with a weight per layer, and resident (W_0 for every layer, the other layers' weights
+    counters or on the flags in the data words, with the weights in registers or (staged, with flags or counters)
+    through a TMA ring in shared memory; each with a weight per layer, and resident (W_0 for every layer, the other layers' weights
     random and never read). 18 layers run the staged ring round twice and then a part (8 slots)."""
     if INTERPRET and wait in K.LAYER_CHAIN_PERSISTENT_WAITS:
         pytest.skip("the interpreter runs programs one by one: a program waiting on another's output never ends")
     if wait in K.LAYER_CHAIN_GLUON_WAITS and not (K.HAVE_GLUON and torch.cuda.is_available()
                                                   and torch.cuda.get_device_capability() >= (9, 0)):
-        pytest.skip("the staged form needs Gluon on a Hopper (sm90) GPU")
+        pytest.skip("the staged forms need Gluon on a Hopper (sm90) GPU")
     layers, rows, width = (18, 10, 1024) if not INTERPRET else (3, 3, 64)
     g = torch.Generator(device=DEVICE).manual_seed(layers + K.LAYER_CHAIN_WAITS.index(wait))
     dtype = torch.bfloat16 if wait in K.LAYER_CHAIN_FLAGGED_WAITS else SKINNY_DTYPE        # words hold bf16
@@ -835,7 +836,7 @@ def test_layer_chain(wait, pdl, resident):
         assert not torch.isnan(got).any()
         err = (got - want).norm() / want.norm()
         assert err < bound, f"rel L2 error {err:.2e}; {_first_wrong_layer(chain, x, w, resident, bound)}"
-    if wait == "counter":           # every tile of every layer signalled exactly once
+    if wait in ("counter", "staged_counter"):           # every tile of every layer signalled exactly once
         assert chain.counters.tolist() == [width // chain.block_n] * layers
     if chain.words is not None:     # every word of every layer written with its flag, and the unpacked values kept
         assert bool(((chain.words >> 16) == K.LAYER_CHAIN_FLAG).all())
