@@ -14,8 +14,6 @@ as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -26,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
 from flashrt_core.engine.timing import graph_replay_ms  # noqa: E402
-from tools.benchmark_engine import env_info  # noqa: E402
+from tools.benchmark_engine import env_info, write_result  # noqa: E402
 
 
 def measure(programs: int, layers: int, rows: int, width: int, reps: int) -> dict:
@@ -66,18 +64,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{torch.cuda.get_device_name()}")
     print("| mode | chain ms | us per layer | partials folded GB/s | exact |\n|---|---|---|---|---|", flush=True)
     results = measure(args.programs, args.layers, args.rows, args.width, args.reps)
-    env = env_info()
-    result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-              "driver": env["driver"], "triton": env["triton"],
-              "command": "python tools/benchmark_partial_sums.py " + " ".join(argv),
+    result = {**env_info(), "command": "python tools/benchmark_partial_sums.py " + " ".join(argv),
               "programs": args.programs, "layers": args.layers, "rows": args.rows, "width": args.width,
               "reps": args.reps, "modes": results}
     if args.out:
-        path = Path(args.out) / f"partial_sums_{result['date'][:10]}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(path)
+        write_result(args.out, result, "partial_sums")
     return 0
 
 
