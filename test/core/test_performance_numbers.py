@@ -22,7 +22,7 @@ FAST = BENCH / "2026-12-04" / "pi0_fast_h200.json"
 GROOT = BENCH / "2026-12-04" / "groot_graph_h200.json"
 GROOT_OPS = BENCH / "2026-12-04" / "groot_language_ops_h200.json"
 GROOT_PROFILE = BENCH / "2026-12-04" / "groot_profile_h200.json"
-CHAIN = BENCH / "2026-12-04" / "layer_chain_h200.json"
+CHAIN = BENCH / "2026-12-05" / "layer_chain_h200.json"
 RTC = BENCH / "2026-12-04" / "rtc_cost_pi05_h200.json"
 NODE = BENCH / "2026-12-01" / "node_overhead_h200_raw.json"
 
@@ -195,12 +195,32 @@ def test_the_groot_profile_rows_quote_their_result_file():
 
 def test_the_layer_chain_rows_quote_their_result_file():
     variants = json.loads(CHAIN.read_text())["variants"]
-    for starts, key in (("a kernel boundary (one launch per layer, stream order)", "launch_per_layer"),
-                        ("a kernel boundary with PDL (the next layer's weights load during the wait)",
-                         "launch_per_layer_pdl"),
-                        ("one persistent kernel, a counter per layer in global memory (volatile spin)",
-                         "persistent_volatile_spin")):
-        assert _row(PAGE, starts)[1:] == [f"{variants[key]['us_per_layer']:.2f}"]
+
+    def us(key: str) -> str:
+        return f"{variants[key]['us_per_layer']:.2f}"
+    for starts, key, resident in (
+            ("a kernel boundary (one launch per layer, stream order)", "launch_per_layer", None),
+            ("a kernel boundary with PDL (the next layer's weights load during the wait)", "launch_per_layer_pdl",
+             "launch_per_layer_pdl_resident"),
+            ("PDL, each kernel releasing the next at its start", "launch_per_layer_pdl_early", None),
+            ("cuBLAS per layer (stream order)", "library_per_layer", None),
+            ("one persistent kernel, a counter per layer in global memory (volatile spin, then an acquire)",
+             "persistent_counters",
+             "persistent_counters_resident"),
+            ("one persistent kernel polling flagged words (value and flag in one 32-bit word)",
+             "persistent_flagged_data",
+             "persistent_flagged_data_resident"),
+            ("a launch per layer polling flagged words after PDL's early trigger",
+             "launch_per_layer_flagged_data",
+             "launch_per_layer_flagged_data_resident"),
+            ("one persistent kernel, weights staged in a TMA ring 8 layers ahead, flagged words",
+             "persistent_staged_flagged_data",
+             "persistent_staged_flagged_data_resident"),
+            ("the same staged ring, E4M3 weights (half the bytes)", "persistent_staged_flagged_data_fp8", None),
+            ("the same staged ring, a counter per layer", "persistent_staged_counters", None),
+            ("the staged ring with no dependency between layers (each multiplies the chain's input)",
+             "persistent_staged_flagged_data_unchained", None)):
+        assert _row(PAGE, starts)[1:] == [us(key), us(resident) if resident else ""], starts
 
 
 def test_the_rtc_rows_quote_their_result_file():
