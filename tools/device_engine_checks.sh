@@ -21,6 +21,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh groot        # GR00T N1.6: graph GPU tests, then reference vs graph, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh groot-profile  # GR00T N1.6's phases kernel by kernel
 #   OUT=/path bash tools/device_engine_checks.sh layer-chain  # what one dependency between layers costs
+#   OUT=/path bash tools/device_engine_checks.sh denoise-ablation  # the denoise with each kind of kernel left out
 #   OUT=/path bash tools/device_engine_checks.sh rtc          # real-time chunking in the graph: tests, cost, ~3 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
@@ -99,6 +100,9 @@
 #   weights in registers or staged through a TMA ring layers ahead (layer_chain_<date>.json, layer_chain.log);
 #   then tools/benchmark_partial_sums.py: 128 programs folding their partials into one activation per layer
 #   (partial_sums_<date>.json, partial_sums.log).
+# denoise-ablation: tools/benchmark_denoise_ablation.py on full-size pi0.5, 2 views, horizon 10, bf16 then FP8: the
+#   denoise captured alone, whole and with each kind of its per-layer kernels left out: the most that fusing each
+#   kind away can save (denoise_ablation_pi05_<precision>_<date>.json, denoise_ablation_<precision>.log).
 # rtc: test/gpu/test_engine_rtc_gpu.py (every engine RTC mode in the graph against the eager engine and the
 #   reference sampler; pytest_rtc.log), then tools/benchmark_rtc.py: each mode's replay beside the plain graph on
 #   full-size pi0.5 (rtc_cost_pi05_<date>.json, rtc.log).
@@ -109,7 +113,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-test_output/device_engine_checks}"
 PART="${1:-all}"
 PARTS="all kernels engine-new engine-rest engine-gates engine-gates-forced bench grid-pi05 grid-pi0 gemms load buckets
-  host h50 overlap tune compile-cells fast groot groot-profile layer-chain rtc"
+  host h50 overlap tune compile-cells fast groot groot-profile layer-chain denoise-ablation rtc"
 case " $(echo $PARTS) " in
   *" $PART "*) ;;
   *) echo "device_engine_checks.sh: no part named '$PART'; the parts: $(echo $PARTS)" >&2; exit 2;;
@@ -290,6 +294,14 @@ if [ "$PART" = layer-chain ]; then
   echo "benchmark_partial_sums rc=$?" >> "$OUT/partial_sums.log"
 fi
 
+if [ "$PART" = denoise-ablation ]; then
+  for PREC in bf16 fp8; do
+    timeout 240 "$PY" tools/benchmark_denoise_ablation.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --precision "$PREC" \
+      --out "$OUT" > "$OUT/denoise_ablation_$PREC.log" 2>&1
+    echo "benchmark_denoise_ablation rc=$?" >> "$OUT/denoise_ablation_$PREC.log"
+  done
+fi
+
 if [ "$PART" = rtc ]; then
   timeout 240 "$PY" -m pytest -v -s test/gpu/test_engine_rtc_gpu.py > "$OUT/pytest_rtc.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_rtc.log"
@@ -327,6 +339,10 @@ fi
   [ -f "$OUT/groot_profile.log" ] && { echo "== GR00T profile"; grep -E "^==|rc=" "$OUT/groot_profile.log"; }
   [ -f "$OUT/layer_chain.log" ] && { echo "== dependent layers"; tail -n 24 "$OUT/layer_chain.log"; }
   [ -f "$OUT/partial_sums.log" ] && { echo "== partial sums"; tail -n 6 "$OUT/partial_sums.log"; }
+  for PREC in bf16 fp8; do
+    [ -f "$OUT/denoise_ablation_$PREC.log" ] && { echo "== the denoise without each kind of kernel, $PREC"
+      grep -E "^\| |rc=" "$OUT/denoise_ablation_$PREC.log"; }
+  done
   [ -f "$OUT/rtc.log" ] && { echo "== real-time chunking in the graph"; tail -n 8 "$OUT/rtc.log"; }
   [ -f "$OUT/fast.log" ] && { echo "== pi0-FAST, reference and engine"; tail -n 6 "$OUT/fast.log"; }
   [ -f "$OUT/tune.log" ] && { echo "== the best of three measured loads, stored and loaded again"
