@@ -1,17 +1,11 @@
 """What a dependency between layers costs: a chain of dependent one-shot GEMMs (kernels/flashrt_kernels/layer_chain.py)
 with one launch per layer in a CUDA graph (plain stream order, PDL, PDL with early trigger), the library GEMM per
-layer in a graph, and one persistent kernel whose layers wait on counters in global memory or on flags carried in
-every data word.
+layer in a graph, and one persistent kernel whose layers wait on counters in global memory.
 
 The default chain is the denoiser's: 180 layers (10 steps x 18 layers) of the action expert's width (1024) at 10
 rows; each layer reads a 2 MiB weight, so the time per layer above its weight stream is what one dependency costs.
 The `*_resident` variants multiply every layer by the first layer's weight (held by the persistent programs, in L2
-for the launches and the staged form's ring): the dependency alone, beside the same chain streaming its weights. `persistent_staged_flagged_data`
-streams the weights through a ring of shared-memory slots that TMA fills layers ahead of the poll (Gluon, Hopper):
-whether a weight stream that runs ahead of the dependency hides it; its `_unchained` row runs the same layers with
-no dependency between them (each multiplies the chain's input), so the difference is what the hand-overs cost;
-its `_fp8` row streams E4M3 weights with a scale per row (half the bytes); `persistent_staged_counters` is the
-same ring with a counter per layer instead of flagged words (bf16 activations, a release and an acquire).
+for the launches): the dependency alone, beside the same chain streaming its weights.
 Each variant is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays.
 
     python tools/benchmark_layer_chain.py [--layers 180] [--width 1024] [--rows 10] [--reps 50] [--out DIR]
@@ -35,19 +29,11 @@ from flashrt_core.engine.timing import graph_replay_ms  # noqa: E402
 from tools.benchmark_engine import env_info  # noqa: E402
 
 VARIANTS = ("launch_per_layer", "launch_per_layer_pdl", "launch_per_layer_pdl_early", "library_per_layer",
-            "persistent_counters", "persistent_flagged_data", "launch_per_layer_flagged_data")
+            "persistent_counters")
 # The same chains with every layer multiplying by W_0 (LayerChain(resident=True)): the hand-over without the weight
 # stream, so each pair says how much of its stream the wait hides.
-RESIDENT_VARIANTS = ("launch_per_layer_pdl", "persistent_counters", "persistent_flagged_data",
-                     "launch_per_layer_flagged_data")
+RESIDENT_VARIANTS = ("launch_per_layer_pdl", "persistent_counters")
 RESIDENT = "_resident"
-# Timed last: its rows come after every other one, so that a chain that never ends (a device step's time limit
-# kills it) still leaves theirs.
-UNCHAINED = "_unchained"
-FP8 = "_fp8"
-STAGED_VARIANTS = ("persistent_staged_flagged_data", "persistent_staged_flagged_data" + RESIDENT,
-                   "persistent_staged_flagged_data" + UNCHAINED, "persistent_staged_flagged_data" + FP8,
-                   "persistent_staged_counters")
 
 
 def _graph_ms(run, reps: int) -> list[float]:
@@ -61,9 +47,6 @@ def _graph_ms(run, reps: int) -> list[float]:
 
 def print_row(name: str, r: dict) -> None:
     """One variant's row of the table, printed (and flushed) as soon as it is measured."""
-    if "skipped" in r:
-        print(f"| {name} | skipped: {r['skipped']} | | | |", flush=True)
-        return
     print(f"| {name} | {r['ms']:.3f} | {r['us_per_layer']:.2f} | {r['weight_tb_per_s']:.2f} | "
           f"{r['rel_l2_vs_reference']:.1e} |", flush=True)
 
@@ -77,17 +60,9 @@ def measure(layers: int, width: int, rows: int, reps: int, report=print_row) -> 
     wants = {False: k.layer_chain_reference(x, w).float(),
              True: k.layer_chain_reference(x, k.resident_weights(w)).float()}
     results = {}
-    for variant in VARIANTS + tuple(name + RESIDENT for name in RESIDENT_VARIANTS) + STAGED_VARIANTS:
+    for variant in VARIANTS + tuple(name + RESIDENT for name in RESIDENT_VARIANTS):
         resident = variant.endswith(RESIDENT)
-        chained = not variant.endswith(UNCHAINED)
-        fp8 = variant.endswith(FP8)
-        base = variant.removesuffix(RESIDENT).removesuffix(UNCHAINED).removesuffix(FP8)
-        want = wants[resident] if chained else k.unchained_reference(x, w).float()
-        if fp8:                                     # the chain of the E4M3 weights times their row scales
-            w8, scale = k.layer_chain_fp8_weights(w)
-            want = k.layer_chain_reference(x, w8.float() * scale[..., None]).float()
-            del w8, scale
-        wait = None
+        base = variant.removesuffix(RESIDENT)
         if variant == "library_per_layer":
             buf = torch.empty(layers + 1, rows, width, device="cuda", dtype=torch.bfloat16)
             buf[0].copy_(x)
@@ -99,25 +74,15 @@ def measure(layers: int, width: int, rows: int, reps: int, report=print_row) -> 
         else:
             pdl = {"launch_per_layer": False, "launch_per_layer_pdl": True,
                    "launch_per_layer_pdl_early": k.EARLY_TRIGGER}.get(base, False)
-            wait = {"persistent_counters": "counter", "persistent_flagged_data": "flagged_data",
-                    "launch_per_layer_flagged_data": "launch_flagged_data",
-                    "persistent_staged_flagged_data": "staged_flagged_data",
-                    "persistent_staged_counters": "staged_counter"}.get(base, "launch")
-            if wait in k.LAYER_CHAIN_GLUON_WAITS and (not k.HAVE_GLUON or width != 1024):
-                results[variant] = {"skipped": "needs Triton's Gluon and width 1024"}
-                report(variant, results[variant])
-                continue
-            chain = k.LayerChain(w, rows, wait, pdl, resident=resident, chained=chained, fp8=fp8)
+            wait = "counter" if base == "persistent_counters" else "launch"
+            chain = k.LayerChain(w, rows, wait, pdl, resident=resident)
             chain.x.copy_(x)
             run, out = chain.run, chain.out
         times = _graph_ms(run, reps)
-        if wait in k.LAYER_CHAIN_GLUON_WAITS and bool(chain.stalls.any()):
-            results[variant] = {"skipped": f"polls gave up (layer + 1 per program): {chain.stalls.tolist()}"}
-            report(variant, results[variant])
-            continue
+        want = wants[resident]
         err = float((out.float() - want).norm() / want.norm())
         median = statistics.median(times)
-        streamed = width * width * (1 if fp8 else 2) * (1 if resident else layers)    # weight bytes read
+        streamed = width * width * 2 * (1 if resident else layers)    # bf16 weight bytes read
         results[variant] = {"ms": median, "us_per_layer": median * 1e3 / layers,
                             "weight_tb_per_s": streamed / (median * 1e-3) / 1e12,
                             "rel_l2_vs_reference": err}

@@ -94,12 +94,11 @@
 #   the engine picks between (groot_language_ops_<date>.json, groot_language_ops.log).
 # groot-profile: tools/profile_groot.py: the released-size graph's vision, language and action-head graphs, each
 #   replayed under torch.profiler, their kernels summed by name (groot_profile_<date>.json, groot_profile.log).
-# layer-chain: kernels/flashrt_kernels/layer_chain.py's GPU test, then tools/benchmark_layer_chain.py: 180 dependent
-#   layers at the expert's width launched per layer (stream order, PDL, early trigger, library GEMM, flagged words
-#   polled after an early trigger) and as one persistent kernel waiting on counters or on flagged words, the
-#   weights in registers or staged through a TMA ring layers ahead (layer_chain_<date>.json, layer_chain.log);
-#   then tools/benchmark_partial_sums.py: 128 programs folding their partials into one activation per layer
-#   (partial_sums_<date>.json, partial_sums.log).
+# layer-chain: the GPU tests of kernels/flashrt_kernels/layer_chain.py and kernels/flashrt_kernels/partial_sums.py
+#   (pytest_layer_chain.log; they run in kernels too), then tools/benchmark_layer_chain.py: 180 dependent layers at
+#   the expert's width launched per layer (stream order, PDL, early trigger, library GEMM) and as one persistent
+#   kernel waiting on counters (layer_chain_<date>.json, layer_chain.log); then tools/benchmark_partial_sums.py:
+#   128 programs folding their partials into one activation per layer (partial_sums_<date>.json, partial_sums.log).
 # denoise-ablation: tools/benchmark_denoise_ablation.py on full-size pi0.5, 2 views, horizon 10, bf16 then FP8: the
 #   denoise captured alone, whole and with each kind of its per-layer kernels left out: the most that fusing each
 #   kind away can save (denoise_ablation_pi05_<precision>_<date>.json, denoise_ablation_<precision>.log).
@@ -125,9 +124,8 @@ PY="${FLASHRT_PYTHON:-python3}"
 
 NEW="tuning_cache or chain_tuning"
 if [ "$PART" = kernels ] || [ "$PART" = all ]; then
-  # the layer chain's staged form (programs that wait on each other) runs in layer-chain, in a process of its own
   timeout 400 "$PY" -m pytest -v --durations=0 test/gpu/test_kernels.py test/gpu/test_policy_gpu.py \
-    test/core/test_preprocess.py -k "not staged" > "$OUT/pytest_kernels.log" 2>&1
+    test/core/test_preprocess.py > "$OUT/pytest_kernels.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_kernels.log"
 fi
 
@@ -281,13 +279,9 @@ if [ "$PART" = groot-profile ]; then
 fi
 
 if [ "$PART" = layer-chain ]; then
-  # the staged form (a Gluon kernel whose programs wait on each other) runs last in both, with its own limit
-  timeout 120 "$PY" -m pytest -v test/gpu/test_kernels.py -k "(layer_chain and not staged) or partial_sums" \
+  timeout 120 "$PY" -m pytest -v test/gpu/test_kernels.py -k "layer_chain or partial_sums" \
     > "$OUT/pytest_layer_chain.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_layer_chain.log"
-  timeout 60 "$PY" -m pytest -v test/gpu/test_kernels.py -k "layer_chain and staged" \
-    >> "$OUT/pytest_layer_chain.log" 2>&1
-  echo "pytest staged rc=$?" >> "$OUT/pytest_layer_chain.log"
   timeout 150 "$PY" tools/benchmark_layer_chain.py --out "$OUT" > "$OUT/layer_chain.log" 2>&1
   echo "benchmark_layer_chain rc=$?" >> "$OUT/layer_chain.log"
   timeout 90 "$PY" tools/benchmark_partial_sums.py --out "$OUT" > "$OUT/partial_sums.log" 2>&1

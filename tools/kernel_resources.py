@@ -18,7 +18,7 @@ configuration compiles to the same instructions.
 The configurations are the engine's own: the attention plans of pi0.5 and pi0 denoising steps (1-3 views,
 horizons 10 and 50) and the prefix, every decoder GEMM candidate the load-time tuning may pick (the Triton
 skinny GEMMs, and the Gluon shared-memory GEMMs of kernels/flashrt_kernels/smem_gemm.py), the QKV RoPE kernels, the denoising
-step's ends and the prefix attention on wgmma; and the staged form of the dependency benchmark's layer chain.
+step's ends and the prefix attention on wgmma.
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     divisible: tuple[str, ...] = ()     # integer arguments that are multiples of 16 at run time
-    maxnreg: int | None = None          # the launch's register cap per thread (None: ptxas's own)
 
 
 def specialization(cfg: KernelConfig) -> dict:
@@ -77,8 +76,7 @@ def compile_sm90(cfg: KernelConfig):
     return triton.compile(source(fn=cfg.kernel, signature=signature, constexprs=cfg.constexprs,
                                  attrs=specialization(cfg)),
                           target=GPUTarget("cuda", TARGET_SM, 32),
-                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
-                                   **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})})
+                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
 
 def cuobjdump(compiled, flag: str) -> str:
@@ -326,34 +324,9 @@ def prefix_attention_configs() -> list[KernelConfig]:
     return [config(pa.BLOCK_N, 1, overlap, pdl) for overlap in (False, True) for pdl in (0, 1)]
 
 
-def layer_chain_configs(layers: int = 180, width: int = 1024, fp8: bool = False,
-                        counted: bool = False) -> list[KernelConfig]:
-    """kernels/flashrt_kernels/layer_chain.py's staged form (Gluon: the weights through a TMA ring in shared memory)
-    at the dependency benchmark's chain (180 layers of the expert's width, tools/benchmark_layer_chain.py), bf16
-    or E4M3 weights, its hand-over by flagged words or (counted) by counters, with the 3-D TMA descriptor its
-    launcher builds; empty where Triton has no Gluon."""
-    import torch
-    lc = _kernels_module("layer_chain")
-    if not lc.HAVE_GLUON:
-        return []
-    dtype, name = (torch.float8_e4m3fn, "fp8e4nv") if fp8 else (torch.bfloat16, "bf16")
-    box = f"tensordesc<{name}[{lc.STAGED_BLOCK_N}, {width // 64}, 64],{lc.staged_box_layout(dtype)!r}>"
-    stages = lc.staged_stages(width, layers=layers, elem_bytes=1 if fp8 else 2)
-    hand_over = "counters" if counted else "flagged data"
-    return [KernelConfig(f"layer chain, staged {hand_over}, {'E4M3' if fp8 else 'bf16'} weights ({layers} layers, "
-                         f"width {width}, {stages} stages)", lc._staged_flagged_chain_kernel,
-                         {"buf_ptr": "*bf16" if counted else "*i32", "w_desc": box,
-                          "scale_ptr": "*fp32" if fp8 else "*i32", "stall_ptr": "*i32", "counter_ptr": "*i32",
-                          "M": "i32"},
-                         {"LAYERS": layers, "D": width, "BLOCK_M": lc.BLOCK_M, "STAGES": stages, "FLAG": lc.FLAG,
-                          "SPIN_LIMIT": lc.STAGED_SPIN_LIMIT, "RESIDENT": False, "CHAINED": True,
-                          "COUNTED": counted}, 8, 1, maxnreg=lc.STAGED_MAXNREG)]
-
-
 def all_configs() -> list[KernelConfig]:
     return (attention_configs() + skinny_configs() + smem_configs() + rope_configs() + denoise_step_configs()
-            + prefix_attention_configs() + layer_chain_configs() + layer_chain_configs(fp8=True)
-            + layer_chain_configs(counted=True))
+            + prefix_attention_configs())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,14 +21,9 @@ from .euler import euler, euler_reference
 from .fp8_quant import fp8_quant, fp8_quant_reference
 from .geglu import geglu, geglu_reference, swiglu, swiglu_reference
 from .head_attention import head_attention, head_attention_reference
-from .layer_chain import FLAG as LAYER_CHAIN_FLAG
-from .layer_chain import FLAGGED_WAITS as LAYER_CHAIN_FLAGGED_WAITS
-from .layer_chain import GLUON_WAITS as LAYER_CHAIN_GLUON_WAITS
 from .layer_chain import PERSISTENT_WAITS as LAYER_CHAIN_PERSISTENT_WAITS
 from .layer_chain import WAITS as LAYER_CHAIN_WAITS
-from .layer_chain import (LayerChain, layer_chain, layer_chain_reference, pack_flagged_words, resident_weights,
-                          unchained_reference, unpack_flagged_words)
-from .layer_chain import fp8_weights as layer_chain_fp8_weights
+from .layer_chain import LayerChain, layer_chain, layer_chain_reference, resident_weights
 from .partial_sums import MODES as PARTIAL_SUMS_MODES
 from .partial_sums import PartialSums, partial_sums_reference
 from .patch_embed import patch_rows, patch_rows_reference
@@ -52,10 +47,8 @@ __all__ = [
     "euler", "euler_reference",
     "fp8_quant", "fp8_quant_reference",
     "geglu", "geglu_reference", "swiglu", "swiglu_reference",
-    "LAYER_CHAIN_FLAG", "LAYER_CHAIN_FLAGGED_WAITS", "LAYER_CHAIN_GLUON_WAITS", "LAYER_CHAIN_PERSISTENT_WAITS",
-    "LAYER_CHAIN_WAITS",
-    "LayerChain", "layer_chain", "layer_chain_fp8_weights", "layer_chain_reference", "pack_flagged_words",
-    "resident_weights", "unchained_reference", "unpack_flagged_words",
+    "LAYER_CHAIN_PERSISTENT_WAITS", "LAYER_CHAIN_WAITS",
+    "LayerChain", "layer_chain", "layer_chain_reference", "resident_weights",
     "PARTIAL_SUMS_MODES", "PartialSums", "partial_sums_reference",
     "patch_rows", "patch_rows_reference",
     "PREFIX_ATTENTION_BLOCK_N", "prefix_attention", "prefix_attention_supported",

@@ -1,6 +1,5 @@
-"""Triton's Gluon for NVIDIA Hopper (TMA, mbarrier, wgmma, mma.sync), where this Triton has it, and the one PTX
-helper the Gluon kernels share (kernels/flashrt_kernels/smem_gemm.py, kernels/flashrt_kernels/prefix_attention.py,
-kernels/flashrt_kernels/layer_chain.py).
+"""Triton's Gluon for NVIDIA Hopper (TMA, mbarrier, wgmma), where this Triton has it, and the one PTX helper the
+Gluon kernels share (kernels/flashrt_kernels/smem_gemm.py, kernels/flashrt_kernels/prefix_attention.py).
 
 `HAVE_GLUON` says whether the imports below exist; without them the names are None and the kernels that need them
 are not offered (their `*_supported` functions say False)."""
@@ -12,13 +11,11 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                    warpgroup_mma_wait)
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     HAVE_GLUON = True
 except ImportError:      # Triton without Gluon (or none at all)
     HAVE_GLUON = False
-    gluon = gl = fence_async_shared = mbarrier = mma_v2 = tma = None
-    warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = None
+    gluon = gl = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = None
 
 if HAVE_GLUON:
     @gluon.jit
@@ -29,5 +26,5 @@ if HAVE_GLUON:
 else:
     griddep = None
 
-__all__ = ["HAVE_GLUON", "TensorDescriptor", "fence_async_shared", "gl", "gluon", "griddep", "mbarrier", "mma_v2",
-           "tma", "warpgroup_mma", "warpgroup_mma_wait"]
+__all__ = ["HAVE_GLUON", "TensorDescriptor", "fence_async_shared", "gl", "gluon", "griddep", "mbarrier", "tma",
+           "warpgroup_mma", "warpgroup_mma_wait"]

@@ -69,9 +69,8 @@ def test_engine_checks_pytest_selections_select_tests():
     lines = _logical_lines(script)
     new = next(line for line in lines if line.startswith("NEW=")).split("=", 1)[1].strip('"')
     pytest_lines = [line.replace("$NEW", new) for line in lines if "-m pytest" in line]
-    assert len(pytest_lines) == 11      # kernels, engine-new, engine-rest, engine-gates, engine-gates-forced,
-                                        # h50's kernel tests, fast, groot, layer-chain (all but the staged form,
-                                        # then the staged form), rtc
+    assert len(pytest_lines) == 10      # kernels, engine-new, engine-rest, engine-gates, engine-gates-forced,
+                                        # h50's kernel tests, fast, groot, layer-chain, rtc
     engine_ids: list[str] = []
     for line in pytest_lines:
         paths, selection = _pytest_call(line)
@@ -115,19 +114,18 @@ def test_engine_checks_part_without_a_gpu_ends_with_status_zero_and_its_summary(
 
 
 def test_kernels_part_runs_every_kernel_test():
-    """Every test of test/gpu/test_kernels.py runs on the device: the `kernels` part runs all but the layer chain's
-    staged forms (programs that wait on each other, in a process of their own), and the `layer-chain` part runs
-    those."""
+    """Every test of test/gpu/test_kernels.py runs on the device: the `kernels` part runs the whole file (no -k
+    selection), and the `layer-chain` part runs the layer chain's and the partial sums' tests again, beside their
+    benchmarks."""
     lines = _logical_lines(REPO / "tools" / "device_engine_checks.sh")
     kernels = next(line for line in lines if "-m pytest" in line and "test_policy_gpu.py" in line)
     paths, selection = _pytest_call(kernels)
-    assert "test/gpu/test_kernels.py" in paths and selection == ["-k", "not staged"]
-    kernel_file = ["test/gpu/test_kernels.py"]
-    ran = set(_ids(_collected(kernel_file, selection)))
-    chain = [line for line in lines if "-m pytest" in line and "staged" in line and line not in (kernels,)]
-    for line in chain:
-        ran |= set(_ids(_collected(*_pytest_call(line))))
-    assert ran == set(_ids(_collected(kernel_file))) and len(ran) > 100
+    assert "test/gpu/test_kernels.py" in paths and selection == []
+    everything = set(_ids(_collected(["test/gpu/test_kernels.py"])))
+    assert len(everything) > 100
+    chain = next(line for line in lines if "-m pytest" in line and "layer_chain" in line)
+    ran = set(_ids(_collected(*_pytest_call(chain))))
+    assert ran and ran == {test_id for test_id in everything if "layer_chain" in test_id or "partial_sums" in test_id}
 
 
 def test_before_after_uses_flags_the_benchmark_has_and_refuses_without_an_earlier_tree(tmp_path):

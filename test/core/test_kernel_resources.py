@@ -109,35 +109,6 @@ def test_prefix_attention_on_wgmma_compiles_without_spills_and_runs_both_product
             assert "griddepcontrol" not in ptx
 
 
-@pytest.mark.parametrize("fp8, counted", [(False, False), (True, False), (False, True)],
-                         ids=["bf16", "fp8", "counted"])
-@pytest.mark.parametrize("layers", [18, 180])          # the GPU test's chain, the benchmark's
-def test_the_staged_layer_chain_streams_its_weights_by_tma_and_multiplies_on_tensor_cores(layers, fp8, counted):
-    """kernels/flashrt_kernels/layer_chain.py's staged form at the GPU test's and the benchmark's chains, bf16 and
-    E4M3 weights, flagged words or counters: compiles for sm90 with no spill, its ring of weight slices within one SM's shared memory, and the PTX has what the form
-    is for: one TMA copy per ring slot before the layers and one per slot that a later layer refills (layers ahead),
-    each layer's products on mma.sync (8 warps x 2 halves x 4 k16 steps per slot, the slots unrolled), and the
-    activations read with volatile loads (the poll of the flagged words)."""
-    from tools.kernel_resources import compile_sm90, layer_chain_configs, resources
-    configs = layer_chain_configs(layers, fp8=fp8, counted=counted)
-    if not configs:
-        pytest.skip("Triton has no Gluon here")
-    (cfg,) = configs
-    stages = cfg.constexprs["STAGES"]
-    assert stages >= 4
-    compiled = compile_sm90(cfg)
-    r = resources(compiled)
-    ring = stages * cfg.constexprs["D"] * 8 * (1 if fp8 else 2)
-    assert r["stack_bytes"] == 0 and ring <= r["shared_bytes"] <= 227 * 1024, r
-    ptx = compiled.asm["ptx"]
-    refilled = min(stages, max(0, layers - stages))        # slots s with a layer s + stages (others: folded)
-    assert ptx.count("cp.async.bulk.tensor.3d") == stages + refilled
-    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16\S*bf16", ptx)) == stages * 2 * 4
-    assert "ld.volatile.global" in ptx
-    if counted:                     # the counter's hand-over: a release after the tile, an acquire before the input
-        assert "atom.global.gpu.release.add" in ptx and "ld.global.gpu.acquire" in ptx
-
-
 def test_the_counted_layer_chain_keeps_its_acquire():
     """kernels/flashrt_kernels/layer_chain.py's persistent counter chain (Triton): an atomic add of 0 whose result
     nothing reads is dropped by the compiler, acquire and all, so the kernel masks its input's loads with the
