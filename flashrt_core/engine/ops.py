@@ -82,6 +82,7 @@ class Ops:
         self.fused_denoise_step_pi0 = dispatch[Op.FUSED_DENOISE_STEP_PI0] == "fused"
         self.overlap_first_step = dispatch[Op.OVERLAP_FIRST_STEP] == "two_streams"
         self.ada_norm_in_gemms = dispatch[Op.ADA_NORM_IN_GEMMS] == "folded"
+        self.ada_norm_expert = False     # set by the executor of a model whose expert has adaRMSNorms (pi0.5)
         # every Triton launch passes a launch mode: False (stream order), 1 (PDL) or EARLY_TRIGGER (PDL, the kernel
         # releases the next one at its start) where its site is in early_sites (launch_mode)
         self.pdl = 1 if dispatch[Op.KERNEL_LAUNCH] in ("pdl", "pdl_early") else False
