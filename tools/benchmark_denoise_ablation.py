@@ -197,18 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     engine.predict_observation(obs.images, obs.tokens, obs.token_mask, obs.state, obs.noise)
     key = next(k for k in engine.entries if len(k[1]) == args.views)
     layers = len(engine.weights.dts) * len(engine.weights.expert)
-    suffix = torch.empty(engine.suffix_len, cfg.expert.width, device=dev, dtype=torch.bfloat16)
-    folded = engine.ops.folds_ada_norms(suffix, engine.weights.expert)     # EngineOptions.ada_norm_in_gemms
     print(f"{args.config} {args.precision}, {args.views} views, horizon {args.horizon}: {layers} expert layers, "
-          f"{torch.cuda.get_device_name()}; decoder GEMMs {dict(engine.ops.decoder_impl)}; norms folded into "
-          f"the GEMMs: {folded}")
+          f"{torch.cuda.get_device_name()}; decoder GEMMs {dict(engine.ops.decoder_impl)}")
     print("| denoise graph | ms | saved ms | saved us per layer |\n|---|---|---|---|", flush=True)
     results = measure(engine, key, args.ablations, args.reps, layers)
     result = {**env_info(), "command": "python tools/benchmark_denoise_ablation.py " + " ".join(argv),
               "config": args.config, "precision": args.precision, "views": args.views, "horizon": args.horizon,
               "layers": layers, "reps": args.reps, "dispatch": engine.dispatch.summary(),
-              "decoder_gemm": {k: str(v) for k, v in engine.ops.decoder_impl.items()}, "norms_folded": folded,
-              **results}
+              "decoder_gemm": {k: str(v) for k, v in engine.ops.decoder_impl.items()}, **results}
     if args.out:
         write_result(args.out, result, "denoise_ablation", args.config, args.precision)
     return 0

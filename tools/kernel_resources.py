@@ -261,40 +261,6 @@ def smem_configs() -> list[KernelConfig]:
     return out
 
 
-def smem_fused_configs() -> list[KernelConfig]:
-    """kernels/flashrt_kernels/smem_gemm.py with the adaRMSNorm folded around it (EngineOptions.ada_norm_in_gemms):
-    norm_in for QKV and gate/up (one K slice), residual_out for O and down at every split-K candidate, at the
-    expert's shapes and 16 rows; empty where Triton has no Gluon."""
-    from flashrt_core.engine.kernel_configs import SMEM_CANDIDATES
-    smem = _kernels_module("smem_gemm")
-    if not smem.HAVE_GLUON:
-        return []
-    from triton.experimental.gluon import language as gl
-    x_layout = gl.NVMMASharedLayout.get_default_for([smem.X_ROWS, smem.BOX_K], gl.bfloat16)
-    out = []
-    for kind, candidates in SMEM_CANDIDATES.items():
-        norm_in = kind in ("qkv", "gate_up")
-        rows = smem.ROWS // 2 if kind == "gate_up" else smem.ROWS
-        w_layout = gl.NVMMASharedLayout.get_default_for([rows, smem.BOX_K], gl.bfloat16)
-        for c in ([c for c in candidates if c.split_k == 1] if norm_in else candidates):
-            signature = {"w_desc": f"tensordesc<bf16[{rows}, {smem.BOX_K}],{w_layout!r}>",
-                         "x_desc": f"tensordesc<bf16[{smem.X_ROWS}, {smem.BOX_K}],{x_layout!r}>",
-                         "y_ptr": "*bf16" if norm_in else "*fp32", "M": "i32", "F": "i32", "stride_y": "i32",
-                         "split_stride": "i32", "res_ptr": "*fp32", "stride_res": "i32"}
-            ce = {"K_PER_SPLIT": EXPERT_K[kind] // c.split_k, "GEGLU": kind == "gate_up", "KGELU": smem._K_GELU,
-                  "PDL": True, "bias_ptr": None}
-            if norm_in:
-                signature.update({"scale_ptr": "*fp32", "shift_ptr": "*fp32", "eps": "fp32"})
-                ce.update({"NORM_IN": True, "gate_ptr": None})
-            else:
-                signature["gate_ptr"] = "*fp32"
-                ce.update({"RESIDUAL_OUT": True, "scale_ptr": None, "shift_ptr": None, "eps": 0.0})
-            mode = "norm_in" if norm_in else "residual_out"
-            out.append(KernelConfig(f"smem GEMM {kind} {c} {mode}", smem._smem_gemm_kernel, signature, ce, 4, 1,
-                                    ("F", "stride_y", "split_stride", "stride_res")))
-    return out
-
-
 STEP_IN_SIGNATURE = {"x_ptr": "*fp32", "w_ptr": "*bf16", "b_ptr": "*bf16", "s_ptr": "*fp32", "t_ptr": "*fp32",
                      "res_ptr": "*fp32", "y_ptr": "*bf16", "A": "i32", "eps": "fp32", "stride_res": "i32",
                      "stride_y": "i32"}

@@ -48,7 +48,6 @@ class Op(str, enum.Enum):
     FUSED_DENOISE_STEP = "fused_denoise_step"  # pi0.5 step ends: input projection + norm, norm + output + Euler
     FUSED_DENOISE_STEP_PI0 = "fused_denoise_step_pi0"  # pi0 step ends: time MLP in, norm + output + Euler
     OVERLAP_FIRST_STEP = "overlap_first_step"  # the first denoising step beside the prefix, or after it
-    ADA_NORM_IN_GEMMS = "ada_norm_in_gemms"    # pi0.5's expert norms in the shared-memory GEMMs around them
 
 
 @dataclass(frozen=True)
@@ -254,15 +253,6 @@ TABLE: dict[Op, tuple[Candidate, ...]] = {
                   "kernels/flashrt_kernels/prefix_attention.py (Gluon, wgmma) among the prefix attention tuning's "
                   "candidates where the kernel serves the shape and device"),
         Candidate("none", _ALWAYS, "the prefix attention tuning times the mqa kernel's forms and SDPA only"),
-    ),
-    Op.ADA_NORM_IN_GEMMS: (
-        Candidate("folded", lambda hw, o: _smem_gemm(hw, o) and o.ada_norm_in_gemms,
-                  "pi0.5 (horizons up to 16 rows): the expert's adaRMSNorms folded into the shared-memory GEMMs "
-                  "around them, where the tuning picked that GEMM for all four (flashrt_kernels/smem_gemm.py "
-                  "norm_in and residual_out): O and down add gate * product into the fp32 residual with atomics, "
-                  "QKV and gate/up normalize it themselves"),
-        Candidate("separate", _ALWAYS, "a norm kernel after O and after down sums the split-K partials into the "
-                  "residual and writes the next GEMM's normalized input"),
     ),
     Op.OVERLAP_FIRST_STEP: (
         Candidate("two_streams", lambda hw, o: o.enabled("overlap_first_step"),

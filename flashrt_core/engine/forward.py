@@ -187,8 +187,6 @@ class DenoiseSteps:
                                            # training-time RTC workspace w.training_time_tables())
     row_variant: torch.Tensor | None = None    # pi0.5, training-time RTC: (S,) int32, 1 on the frozen prefix rows
     clean_rows: torch.Tensor | None = None     # pi0, training-time RTC: (horizon, 1) bool, the frozen prefix rows
-    folded_zeros: torch.Tensor | None = None   # pi0.5 with the norms folded (Ops.folds_ada_norms): (S, We) fp32
-                                               # zeros, the step end's "x" (the residual is already whole)
 
 
 def denoise_steps(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor,
@@ -207,18 +205,15 @@ def denoise_steps(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Ten
     step_ends = (pi05 and ops.fused_denoise_step and len(w.action_in.parts) == 1 and w.action_in.fp8 is None
                  and clean is None)
     pi0_ends = pi0_fused_step_ends(w, ops) and clean is None
-    y = torch.empty(S, e.width, device=dev, dtype=w.dtype)
-    folded = pi05 and clean is None and ops.folds_ada_norms(y, w.expert)
     return DenoiseSteps(
         w, ops, ws, pos=n_valid + torch.arange(S, device=dev), smask=KeyMask(key_bias, P, ws.suffix_visible, heads),
-        residual=torch.empty(S, e.width, device=dev), y=y,
+        residual=torch.empty(S, e.width, device=dev), y=torch.empty(S, e.width, device=dev, dtype=w.dtype),
         q=torch.empty(S, heads, dh, device=dev, dtype=w.dtype), state_token=state_token, step_ends=step_ends,
         pi0_tables=w.pi0_step_tables() if pi0_ends else None,     # made when the executor was built
         hidden=torch.empty(S, e.width, device=dev, dtype=w.dtype) if pi0_ends else None,
         mod_tables=w.training_time_tables() if pi05 and clean is not None else w.tables,
         row_variant=rtc_blend.row_variant(clean, S) if pi05 and clean is not None else None,
-        clean_rows=clean.rows if clean is not None and not pi05 else None,
-        folded_zeros=torch.zeros(S, e.width, device=dev) if folded else None)
+        clean_rows=clean.rows if clean is not None and not pi05 else None)
 
 
 def denoise_layers(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor,
@@ -274,10 +269,7 @@ def denoise_step(steps: DenoiseSteps, step: int, x_t: torch.Tensor) -> Iterator[
     x = gate = None
     if pi0_tables is not None:
         x = ops.decoder(steps.hidden, pi0_tables.out, "qkv", impl=ops.plain_pick("qkv"))   # (S, We): row 0 zeros
-    if steps.folded_zeros is not None:
-        yield from _folded_layers(steps, step)
-        x, gate = steps.folded_zeros, steps.mod_tables.norm[step, -1][1, 2]     # the residual is whole
-    for i, layer in enumerate(w.expert if steps.folded_zeros is None else ()):
+    for i, layer in enumerate(w.expert):
         yield i
         if pi05:
             mod = steps.mod_tables.norm[step, i]                          # (2, 3, We), or (2, 3, 2, We) per row
@@ -310,25 +302,6 @@ def denoise_step(steps: DenoiseSteps, step: int, x_t: torch.Tensor) -> Iterator[
             ops.norm(x, residual, y, w.expert_final_norm, None, e.eps)
         velocity = torch.nn.functional.linear(y[S - horizon:], out_w)                 # (horizon, A)
         ops.euler(x_t, velocity, out_b, dt)
-
-
-def _folded_layers(steps: DenoiseSteps, step: int) -> Iterator[int]:
-    """The pi0.5 expert layers of step `step` with their adaRMSNorms folded into the GEMMs around them
-    (Ops.folds_ada_norms): QKV and gate/up normalize the fp32 residual themselves, O and down add their gated
-    products into it. Four GEMMs and the attention per layer, no norm kernel. Yields i before layer i."""
-    w, ops, ws = steps.w, steps.ops, steps.ws
-    e = w.config.expert
-    heads, dh = e.num_heads, e.head_dim
-    S, residual = steps.residual.shape[0], steps.residual
-    for i, layer in enumerate(w.expert):
-        yield i
-        mod = steps.mod_tables.norm[step, i]                                             # (2, 3, We)
-        attn = ops.decoder_attention(steps.y, layer.qkv, steps.pos, ws.rope_cos, ws.rope_sin, steps.q,
-                                     ws.k_cache[i], ws.v_cache[i], steps.smask, heads, dh ** -0.5,
-                                     norm_in=(residual, mod[0, 0], mod[0, 1], e.eps))    # (S*H, Dh)
-        ops.decoder_residual_out(attn.view(S, heads * dh), layer.o, "o", residual, mod[0, 2])
-        h = ops.decoder_norm_in(layer.gate_up, "gate_up", residual, mod[1, 0], mod[1, 1], e.eps)   # GeGLU (S, F)
-        ops.decoder_residual_out(h, layer.down, "down", residual, mod[1, 2])
 
 
 def guided_denoise(ws: Workspace, w: EngineWeights, ops: Ops, key_bias: torch.Tensor, n_valid: torch.Tensor) -> None:

@@ -115,7 +115,6 @@ class EngineExecutor:
             "-fp8" if dispatch[Op.GEMM_PREFIX] == "fp8" else "-bf16")
         self.ops = Ops(dispatch)
         self.weights = self._weights(model, weights)
-        self.ops.ada_norm_expert = self.weights.tables is not None      # pi0.5: the norms ada_norm_in_gemms folds
         self.text_buckets = text_buckets(dispatch.options.text_buckets, config.max_token_len)
         # the load-time tunings run at the bucket of a typical prompt, whatever the smallest bucket is
         self.tuning_text_bucket = self._bucket(min(TUNING_PROMPT_TOKENS, config.max_token_len) - 1)

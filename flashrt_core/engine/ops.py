@@ -81,8 +81,6 @@ class Ops:
         self.fused_denoise_step = dispatch[Op.FUSED_DENOISE_STEP] == "fused"
         self.fused_denoise_step_pi0 = dispatch[Op.FUSED_DENOISE_STEP_PI0] == "fused"
         self.overlap_first_step = dispatch[Op.OVERLAP_FIRST_STEP] == "two_streams"
-        self.ada_norm_in_gemms = dispatch[Op.ADA_NORM_IN_GEMMS] == "folded"
-        self.ada_norm_expert = False     # set by the executor of a model whose expert has adaRMSNorms (pi0.5)
         # every Triton launch passes a launch mode: False (stream order), 1 (PDL) or EARLY_TRIGGER (PDL, the kernel
         # releases the next one at its start) where its site is in early_sites (launch_mode)
         self.pdl = 1 if dispatch[Op.KERNEL_LAUNCH] in ("pdl", "pdl_early") else False
@@ -234,41 +232,6 @@ class Ops:
         return w.dtype == torch.bfloat16 and self.k.smem_gemm_supported(x.shape[0], w.shape[0], w.shape[1],
                                                                         kind == "gate_up", cfg.split_k)
 
-    def folds_ada_norms(self, y: torch.Tensor, layers: list) -> bool:
-        """Whether the pi0.5 expert layers run with their adaRMSNorms folded into the GEMMs around them
-        (ada_norm_in_gemms) at y's rows (S, We): the tuned pick of every decoder GEMM is a shared-memory GEMM that
-        serves norm_in (QKV and gate/up, no split-K) or residual_out (O and down) for every layer, the QKV output
-        goes to the attention with RoPE in it, and the rows fit the 16-row kernel."""
-        if not (self.ada_norm_in_gemms and y.is_cuda and y.shape[0] <= self.k.SMEM_GEMM_X_ROWS
-                and self.rope_in_attention_for(y.shape[0])):
-            return False
-        picks = {kind: self.decoder_impl.get(kind) for kind in ("qkv", "o", "gate_up", "down")}
-        if not all(isinstance(p, SmemConfig) for p in picks.values()) or picks["qkv"].split_k != 1 \
-                or picks["gate_up"].split_k != 1:
-            return False
-        for layer in layers:
-            for kind, lin in (("qkv", layer.qkv), ("o", layer.o), ("gate_up", layer.gate_up), ("down", layer.down)):
-                w = lin.parts[0][0]
-                if lin.w8 is not None or len(lin.parts) != 1 or w.dtype != torch.bfloat16 or \
-                        not self.k.smem_gemm_supported(y.shape[0], w.shape[0], w.shape[1], kind == "gate_up",
-                                                       picks[kind].split_k):
-                    return False
-        return True
-
-    def decoder_norm_in(self, lin: Linear, kind: str, residual: torch.Tensor, scale1p: torch.Tensor,
-                        shift: torch.Tensor, eps: float) -> torch.Tensor:
-        """QKV or gate/up (GeGLU) of a folded layer (folds_ada_norms): the shared-memory GEMM of
-        rms(residual) * scale1p + shift, the adaRMSNorm computed by every program from the fp32 residual."""
-        return self.k.smem_gemm(None, lin.parts[0][0], geglu=kind == "gate_up", pdl=self.launch_mode(kind),
-                                norm_in=self.k.AdaNormIn(residual, scale1p, shift, eps))
-
-    def decoder_residual_out(self, x: torch.Tensor, lin: Linear, kind: str, residual: torch.Tensor,
-                             gate: torch.Tensor) -> torch.Tensor:
-        """O or down of a folded layer (folds_ada_norms): residual += gate * (x @ W^T) in place, each K slice of
-        the tuned split adding its share with atomics. Returns residual."""
-        return self.k.smem_gemm(x, lin.parts[0][0], split_k=self.decoder_impl[kind].split_k,
-                                pdl=self.launch_mode(kind), residual_out=self.k.ResidualOut(residual, gate))
-
     def decoder_mlp(self, y: torch.Tensor, gate_up: Linear, down: Linear) -> torch.Tensor:
         """The expert's MLP on y: down(GeGLU(gate_up(y))), two decoder GEMMs; the down result may be the split-K
         partials the next norm sums."""
@@ -350,23 +313,18 @@ class Ops:
         return self.rope_in_attention and rows <= ROPE_IN_ATTENTION_MAX_ROWS
 
     def decoder_attention(self, x: torch.Tensor, lin: Linear, pos, cos, sin, q_out, k_cache, v_cache,
-                          mask: KeyMask, heads: int, q_scale: float,
-                          norm_in: tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None = None
-                          ) -> torch.Tensor:
+                          mask: KeyMask, heads: int, q_scale: float) -> torch.Tensor:
         """One denoising step's attention block up to the O projection: x (S, W) -> (S * heads, Dh).
         With rope_in_attention and S <= ROPE_IN_ATTENTION_MAX_ROWS: the QKV GEMM, then the attention kernel applies
         RoPE and the q scale and reads the suffix K/V from the GEMM's output (q_out and the cache's suffix rows stay
         untouched). Else decoder_qkv_rope (q_out and the suffix rows written), then mqa.
-        k_cache/v_cache: (1, P + S, Dh). norm_in (residual, scale1p, shift, eps) of a folded layer
-        (folds_ada_norms): the QKV GEMM normalizes the residual itself (decoder_norm_in; x is not read)."""
+        k_cache/v_cache: (1, P + S, Dh)."""
         S, dh = x.shape[0], q_out.shape[-1]
         if self.rope_in_attention_for(S):
-            qkv = self.decoder(x, lin, "qkv") if norm_in is None else self.decoder_norm_in(lin, "qkv", *norm_in)
+            qkv = self.decoder(x, lin, "qkv")
             out = torch.empty(S * heads, dh, device=x.device, dtype=q_out.dtype)
             return self.k.decoder_attention(qkv, k_cache[0], v_cache[0], pos, cos, sin, mask.bias, mask.prefix_len,
                                             mask.visible, heads, q_scale, out, pdl=self.launch_mode("attention"))
-        if norm_in is not None:
-            raise ValueError("decoder_attention: a folded norm (norm_in) needs RoPE in the attention")
         self.decoder_qkv_rope(x, lin, pos, cos, sin, q_out, k_cache, v_cache, mask.prefix_len, heads, 1, q_scale)
         return self.mqa(q_out.view(S * heads, dh), k_cache[0], v_cache[0], mask, 1.0, site="attention")
 

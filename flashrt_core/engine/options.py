@@ -102,13 +102,6 @@ class EngineOptions:
     fused_denoise_step_pi0: bool = _option(True, "pi0: the step ends fused too (time_mlp_in, one few-row GEMM, "
                                            "denoise_step_out); needs fused_denoise_step.",
                                            "pi0's step ends as separate ops.")
-    ada_norm_in_gemms: bool = _option(False, "pi0.5: the expert's adaRMSNorms folded into the GEMMs around them "
-                                      "where the tuning picked the shared-memory GEMM for all four: O and down add "
-                                      "gate * product into the fp32 residual with atomics, QKV and gate/up "
-                                      "normalize the residual themselves (two launches fewer per layer; the order "
-                                      "of the atomic additions varies, so replays agree to rounding, not bit for "
-                                      "bit). Opt-in until measured faster.",
-                                      "A norm kernel after O and after down sums the split-K partials.")
     overlap_first_step: bool = _option(True, "The first denoising step's layer i runs beside the prefix's later "
                                        "layers on a second stream (forward.forward_overlapped).",
                                        "The first step after the whole prefix, on one stream.")

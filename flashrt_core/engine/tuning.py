@@ -42,15 +42,9 @@ class CandidateMismatch(RuntimeError):
 def decoder_candidates(ops: Ops, kind: str, x: torch.Tensor, lin: Linear, head_dim: int) -> list:
     """The implementations the load-time tuning times for one decoder GEMM kind at x's shape: the library
     GEMM, every Triton configuration that fits, and for qkv the RoPE-epilogue GEMMs where they may run; with
-    weight-only FP8 weights (lin.w8) the Triton configurations alone (the others read bf16 weights). With the
-    adaRMSNorms folded (ada_norm_in_gemms, pi0.5 up to 16 rows), the shared-memory GEMMs alone: the fold needs them
-    for all four kinds, and the tuning picks the split-K of O and down among them, timed with the fold."""
+    weight-only FP8 weights (lin.w8) the Triton configurations alone (the others read bf16 weights)."""
     if lin.w8 is not None:
         return [c for c in SKINNY_CANDIDATES[kind] if ops.skinny_fits(x, lin, c)]
-    if ops.ada_norm_in_gemms and ops.ada_norm_expert and x.shape[0] <= ops.k.SMEM_GEMM_X_ROWS:
-        smem = [c for c in SMEM_CANDIDATES[kind] if ops.smem_fits(x, lin, kind, c)]
-        if smem:
-            return smem
     candidates = ["library"] + [c for c in SKINNY_CANDIDATES[kind] if ops.skinny_fits(x, lin, c)]
     candidates += [c for c in SMEM_CANDIDATES[kind] if ops.smem_fits(x, lin, kind, c)]
     if kind == "qkv":

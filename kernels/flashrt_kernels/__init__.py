@@ -33,8 +33,7 @@ from .qkv_gemm_rope import qkv_gemm_rope, qkv_gemm_rope_reference
 from .qkv_rope import qkv_rope, qkv_rope_reference, qkv_rope_rows_per_program, rope_tables
 from .residual_norm import residual_norm, residual_norm_reference
 from .skinny_gemm import skinny_gemm, skinny_gemm_reference
-from .smem_gemm import (HAVE_GLUON, SMEM_GEMM_MAX_ROWS, AdaNormIn, ResidualOut, smem_gemm,
-                        smem_gemm_norm_in_reference, smem_gemm_residual_out_reference, smem_gemm_supported)
+from .smem_gemm import HAVE_GLUON, SMEM_GEMM_MAX_ROWS, smem_gemm, smem_gemm_supported
 from .smem_gemm import X_ROWS as SMEM_GEMM_X_ROWS
 
 __all__ = [
@@ -58,5 +57,4 @@ __all__ = [
     "residual_norm", "residual_norm_reference",
     "skinny_gemm", "skinny_gemm_reference",
     "HAVE_GLUON", "SMEM_GEMM_MAX_ROWS", "SMEM_GEMM_X_ROWS", "smem_gemm", "smem_gemm_supported",
-    "AdaNormIn", "ResidualOut", "smem_gemm_norm_in_reference", "smem_gemm_residual_out_reference",
 ]

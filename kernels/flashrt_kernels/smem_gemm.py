@@ -8,12 +8,6 @@
     bias (N,):  y = x @ W^T + b, added to the fp32 products (to partial 0 alone with split-K); gelu (no GeGLU, no
              split-K): y = gelu_tanh(x @ W^T [+ b]) -- GR00T's DiT GEMMs (engine/groot_dit_gemms.py), as the
              few-row Triton GEMM's epilogues
-    norm_in (AdaNormIn, up to 16 rows, no split-K): x is the adaRMSNorm of the fp32 residual stream,
-             rms(residual) * scale1p + shift, which every program computes itself from the whole residual rows
-             (the pi0.5 expert's norm before QKV and gate/up, without a norm kernel)
-    residual_out (ResidualOut, up to 16 rows, no GeGLU): residual += gate * (x @ W^T) in place, every K slice
-             adding its share with fp32 atomics (the gated residual after O and down, without a norm kernel to
-             sum the partials; the order of the additions varies, so the last bits of a result vary between runs)
 
 Why: in a denoising step each decoder GEMM (kernels/flashrt_kernels/skinny_gemm.py) starts streaming its weights only after its PDL
 wait, so HBM idles while the norms and the attention run (tools/profile_engine_timeline.py, 2026-11-30: the
@@ -37,16 +31,13 @@ skinny_gemm_reference.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import torch
 
-from ._gluon import (HAVE_GLUON, TensorDescriptor, fence_async_shared, gl, gluon, griddep, mbarrier, tma,
-                     warpgroup_mma, warpgroup_mma_wait)
+from ._gluon import (HAVE_GLUON, TensorDescriptor, gl, gluon, griddep, mbarrier, tma, warpgroup_mma,
+                     warpgroup_mma_wait)
 from ._triton import INTERPRETED, launch_options
-from .ada_rms_norm import ada_rms_norm_reference
 from .geglu import _K as _K_GELU  # noqa: N811  the tanh GELU's constant
-from .skinny_gemm import skinny_gemm_reference
 
 ROWS = 64            # weight rows per program: wgmma's M
 X_ROWS = 16          # x rows per program (M <= 16): wgmma's N
@@ -173,36 +164,9 @@ if HAVE_GLUON:
         return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
     @gluon.jit
-    def _normed_x_to_smem(x_smem, res_ptr, scale_ptr, shift_ptr, M, stride_res, eps, K: gl.constexpr):
-        """NORM_IN's x: the adaRMSNorm of the fp32 residual (M, K), rms(h) * scale1p + shift, as bf16 into x_smem's
-        K / 64 boxes (rows past M zero). Two passes over the residual (the row sums of squares, then the scaled
-        values), each 16 x 64 fp32 box in 16-byte loads; the second pass finds it in L1."""
-        xl: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[2, 16], warps_per_cta=[4, 1],
-                                            order=[1, 0])
-        rows = gl.arange(0, 16, layout=gl.SliceLayout(1, xl))
-        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, xl))
-        row_ok = (rows < M)[:, None] & (cols < 64)[None, :]
-        base = res_ptr + rows[:, None] * stride_res + cols[None, :]
-        ss = gl.zeros([16], gl.float32, layout=gl.SliceLayout(1, xl))
-        for i in gl.static_range(K // 64):
-            h = gl.load(base + i * 64, mask=row_ok, other=0.0)
-            ss += gl.sum(h * h, axis=1)
-        inv = gl.rsqrt(ss / K + eps)
-        for i in gl.static_range(K // 64):
-            h = gl.load(base + i * 64, mask=row_ok, other=0.0)
-            s1p = gl.load(scale_ptr + i * 64 + cols)
-            sh = gl.load(shift_ptr + i * 64 + cols)
-            y = gl.where(row_ok, h * inv[:, None] * s1p[None, :] + sh[None, :], 0.0)
-            x_smem.index(i).store(y.to(gl.bfloat16))
-        fence_async_shared()          # the generic-proxy stores, seen by wgmma (the async proxy)
-        gl.thread_barrier()
-
-    @gluon.jit
     def _smem_gemm_kernel(w_desc, x_desc, y_ptr, bias_ptr, M, F, stride_y, split_stride,
                           K_PER_SPLIT: gl.constexpr, GEGLU: gl.constexpr, KGELU: gl.constexpr, PDL: gl.constexpr,
-                          HAS_BIAS: gl.constexpr = False, GELU: gl.constexpr = False,
-                          res_ptr=None, scale_ptr=None, shift_ptr=None, gate_ptr=None, stride_res=0, eps=0.0,
-                          NORM_IN: gl.constexpr = False, RESIDUAL_OUT: gl.constexpr = False):
+                          HAS_BIAS: gl.constexpr = False, GELU: gl.constexpr = False):
         BLOCK_W: gl.constexpr = w_desc.block_type.shape[0]         # weight rows per TMA box: 64, or 32 with GeGLU
         NK: gl.constexpr = K_PER_SPLIT // 64
         _, pid_k, n0, k0 = _program_slice(BLOCK_W, K_PER_SPLIT, PDL)
@@ -218,15 +182,11 @@ if HAVE_GLUON:
         r = gl.arange(0, BLOCK_W, layout=gl.SliceLayout(1, out_layout))
         m = gl.arange(0, 16, layout=gl.SliceLayout(0, out_layout))
         _weight_slice_then_wait(w_desc, w_smem, bars.index(0), n0, k0, F, NK, GEGLU, PDL)
-        if NORM_IN:
-            _normed_x_to_smem(x_smem, res_ptr, scale_ptr, shift_ptr, M, stride_res, eps, K_PER_SPLIT)
-        else:
-            mbarrier.expect(bars.index(1), NK * 16 * 64 * 2)
-            for i in gl.static_range(NK):
-                tma.async_copy_global_to_shared(x_desc, [0, k0 + i * 64], bars.index(1), x_smem.index(i))
+        mbarrier.expect(bars.index(1), NK * 16 * 64 * 2)
+        for i in gl.static_range(NK):
+            tma.async_copy_global_to_shared(x_desc, [0, k0 + i * 64], bars.index(1), x_smem.index(i))
         mbarrier.wait(bars.index(0), phase=0)
-        if not NORM_IN:
-            mbarrier.wait(bars.index(1), phase=0)
+        mbarrier.wait(bars.index(1), phase=0)
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, 16, 16])
         acc = gl.zeros((64, 16), dtype=gl.float32, layout=acc_layout)        # (weight rows, x rows) = y^T
@@ -242,14 +202,9 @@ if HAVE_GLUON:
             y = gl.convert_layout(acc, out_layout)
         cols = n0 + r
         y = _bias_and_gelu(y, bias_ptr, cols, pid_k, F, HAS_BIAS, GELU, KGELU)
+        ptrs = y_ptr + pid_k * split_stride + m[None, :] * stride_y + cols[:, None]
         mask = (m < M)[None, :] & (cols < F)[:, None]
-        if RESIDUAL_OUT:     # residual += gate * y: every K slice adds its share in place (y_ptr is not written)
-            g = gl.load(gate_ptr + cols, mask=cols < F, other=0.0)
-            gl.atomic_add(res_ptr + m[None, :] * stride_res + cols[:, None], y * g[:, None], mask=mask,
-                          sem="relaxed")
-        else:
-            ptrs = y_ptr + pid_k * split_stride + m[None, :] * stride_y + cols[:, None]
-            gl.store(ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        gl.store(ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
     @gluon.jit
@@ -289,90 +244,21 @@ if HAVE_GLUON:
         gl.store(ptrs, y.to(y_ptr.dtype.element_ty), mask=(m < M)[None, :] & (cols < F)[:, None])
 
 
-class AdaNormIn(NamedTuple):
-    """x of a norm_in launch: the GEMM multiplies rms(residual) * scale1p + shift (ada_rms_norm_reference with no
-    x), computed from residual by every program."""
-    residual: torch.Tensor       # (M, K) fp32, contiguous
-    scale1p: torch.Tensor        # (K,) fp32, contiguous: 1 + the adaRMSNorm's scale
-    shift: torch.Tensor          # (K,) fp32, contiguous
-    eps: float
-
-
-class ResidualOut(NamedTuple):
-    """Where a residual_out launch adds its product: residual += gate * (x @ W^T), in place."""
-    residual: torch.Tensor       # (M, N) fp32, contiguous
-    gate: torch.Tensor           # (N,) fp32, contiguous
-
-
-def smem_gemm_norm_in_reference(norm_in: AdaNormIn, w: torch.Tensor, geglu: bool = False) -> torch.Tensor:
-    """Plain PyTorch of a norm_in launch: the bf16 adaRMSNorm of the residual, then skinny_gemm_reference."""
-    x, _ = ada_rms_norm_reference(None, norm_in.residual, None, norm_in.scale1p, norm_in.shift, norm_in.eps,
-                                  out_dtype=w.dtype)
-    return skinny_gemm_reference(x, w, geglu=geglu)
-
-
-def smem_gemm_residual_out_reference(x: torch.Tensor, w: torch.Tensor, residual_out: ResidualOut) -> torch.Tensor:
-    """Plain PyTorch of a residual_out launch: the new residual, residual + gate * (x @ W^T) in fp32."""
-    return residual_out.residual.float() + residual_out.gate.float() * (x.float() @ w.float().T)
-
-
-def _check_fused(x: torch.Tensor | None, w: torch.Tensor, geglu: bool, split_k: int, bias, gelu: bool,
-                 norm_in: AdaNormIn | None, residual_out: ResidualOut | None) -> tuple[int, int]:
-    """(M, K) of a norm_in / residual_out launch; ValueError naming what does not fit."""
-    if norm_in is not None and residual_out is not None:
-        raise ValueError("smem_gemm: norm_in and residual_out are for different GEMMs (before / after the norm)")
-    if bias is not None or gelu:
-        raise ValueError("smem_gemm: norm_in / residual_out take no bias and no GELU")
-    N, K = w.shape
-    if norm_in is not None:
-        res = norm_in.residual
-        M = res.shape[0]
-        if x is not None:
-            raise ValueError("smem_gemm: with norm_in the GEMM's x is norm_in's; pass x=None")
-        if split_k != 1:
-            raise ValueError(f"smem_gemm: norm_in needs whole rows (split_k=1), got split_k={split_k}")
-        vectors = {"scale1p": norm_in.scale1p, "shift": norm_in.shift}
-        want = (M, K)
-    else:
-        M = x.shape[0]
-        res = residual_out.residual
-        if geglu:
-            raise ValueError("smem_gemm: residual_out adds a plain product (no GeGLU)")
-        vectors = {"gate": residual_out.gate}
-        want = (M, N)
-    if not 1 <= M <= X_ROWS:
-        raise ValueError(f"smem_gemm: norm_in / residual_out run the {X_ROWS}-row kernel, got {M} rows")
-    if res.shape != want or res.dtype != torch.float32 or not res.is_contiguous():
-        raise ValueError(f"smem_gemm: the residual must be a contiguous {want} fp32 tensor, got "
-                         f"{tuple(res.shape)} {res.dtype}")
-    length = want[1]
-    for name, v in vectors.items():
-        if v.shape != (length,) or v.dtype != torch.float32 or not v.is_contiguous():
-            raise ValueError(f"smem_gemm: {name} must be a contiguous ({length},) fp32 vector, got "
-                             f"{tuple(v.shape)} {v.dtype}")
-    return M, K
-
-
 @functools.lru_cache(maxsize=None)
 def _layout(rows: int, cols: int = BOX_K):
     """The NVMMA shared layout of a bf16 TMA box (rows, cols)."""
     return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
 
 
-def smem_gemm(x: torch.Tensor | None, w: torch.Tensor, geglu: bool = False, split_k: int = 1,
-              pdl: bool | int = False, out: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-              gelu: bool = False, norm_in: AdaNormIn | None = None,
-              residual_out: ResidualOut | None = None) -> torch.Tensor:
+def smem_gemm(x: torch.Tensor, w: torch.Tensor, geglu: bool = False, split_k: int = 1, pdl: bool | int = False,
+              out: torch.Tensor | None = None, bias: torch.Tensor | None = None, gelu: bool = False) -> torch.Tensor:
     """Gluon launcher; the contract of kernels/flashrt_kernels/skinny_gemm.py skinny_gemm_reference (bf16 x and W, M <= 64; the
     16-row kernel up to 16 rows, _smem_gemm_rows_kernel from 17).
     pdl: False, True or EARLY_TRIGGER (kernels/flashrt_kernels/_triton.py). out: optional preallocated result.
     bias (N,) contiguous: added in the epilogue (partial 0 with split-K); gelu: the tanh GELU (not with geglu or
-    split-K). norm_in (x=None): smem_gemm_norm_in_reference's result. residual_out: residual_out.residual updated
-    to smem_gemm_residual_out_reference's and returned (any split_k; no out)."""
+    split-K)."""
     if not HAVE_GLUON or INTERPRETED:
         raise RuntimeError("smem_gemm needs Triton's Gluon and a Hopper GPU (no interpreter)")
-    if norm_in is not None or residual_out is not None:
-        return _smem_gemm_fused(x, w, geglu, split_k, pdl, out, bias, gelu, norm_in, residual_out)
     M, K = x.shape
     N = w.shape[0]
     if gelu and (geglu or split_k > 1):
@@ -410,41 +296,5 @@ def smem_gemm(x: torch.Tensor | None, w: torch.Tensor, geglu: bool = False, spli
     return out
 
 
-def _smem_gemm_fused(x, w, geglu, split_k, pdl, out, bias, gelu, norm_in, residual_out) -> torch.Tensor:
-    """smem_gemm with norm_in or residual_out: the 16-row kernel with NORM_IN or RESIDUAL_OUT."""
-    M, K = _check_fused(x, w, geglu, split_k, bias, gelu, norm_in, residual_out)
-    N = w.shape[0]
-    if w.dtype != torch.bfloat16 or not w.is_contiguous() or (x is not None and (
-            x.dtype != torch.bfloat16 or not x.is_contiguous() or x.shape[1] != K)) \
-            or not smem_gemm_supported(M, N, K, geglu, split_k):
-        raise ValueError(f"smem_gemm: contiguous bf16 x and W (N, K) with whole 64-row tiles and K slices of 64; "
-                         f"got x {None if x is None else tuple(x.shape)}, W {tuple(w.shape)} {w.dtype}, "
-                         f"geglu={geglu}, split_k={split_k}")
-    F = N // 2 if geglu else N
-    rows = ROWS // 2 if geglu else ROWS
-    w_desc = TensorDescriptor.from_tensor(w, [rows, BOX_K], _layout(rows))
-    # norm_in loads no x by TMA: a descriptor of W with x's box gives x's shared memory its type and layout
-    x_desc = TensorDescriptor.from_tensor(w if x is None else x, [X_ROWS, BOX_K], _layout(X_ROWS))
-    grid = (F // rows, split_k)
-    if norm_in is not None:
-        if out is None:
-            out = torch.empty(M, F, device=w.device, dtype=w.dtype)
-        elif out.shape != (M, F) or out.dtype != w.dtype or not out.is_contiguous():
-            raise ValueError(f"smem_gemm: out must be a contiguous ({M}, {F}) {w.dtype} tensor")
-        _smem_gemm_kernel[grid](w_desc, x_desc, out, None, M, F, out.stride(0), 0, K_PER_SPLIT=K, GEGLU=geglu,
-                                KGELU=_K_GELU, PDL=int(pdl), res_ptr=norm_in.residual, scale_ptr=norm_in.scale1p,
-                                shift_ptr=norm_in.shift, stride_res=norm_in.residual.stride(0),
-                                eps=float(norm_in.eps), NORM_IN=True, num_warps=4, **launch_options(pdl))
-        return out
-    if out is not None:
-        raise ValueError("smem_gemm: residual_out writes the residual; out must be None")
-    res = residual_out.residual
-    _smem_gemm_kernel[grid](w_desc, x_desc, res, None, M, F, 0, 0, K_PER_SPLIT=K // split_k, GEGLU=False,
-                            KGELU=_K_GELU, PDL=int(pdl), res_ptr=res, gate_ptr=residual_out.gate,
-                            stride_res=res.stride(0), RESIDUAL_OUT=True, num_warps=4, **launch_options(pdl))
-    return res
-
-
-__all__ = ["HAVE_GLUON", "SMEM_GEMM_MAX_ROWS", "X_ROWS", "AdaNormIn", "ResidualOut", "smem_gemm",
-           "smem_gemm_norm_in_reference", "smem_gemm_residual_out_reference", "smem_gemm_supported",
-           "x_ring_stages", "x_tile_rows"]
+__all__ = ["HAVE_GLUON", "SMEM_GEMM_MAX_ROWS", "X_ROWS", "smem_gemm", "smem_gemm_supported", "x_ring_stages",
+           "x_tile_rows"]

@@ -70,33 +70,6 @@ def test_smem_gemm_candidates_compile_without_spills_and_fit_shared_memory():
         assert before == boxes * (2 if cfg.constexprs["GEGLU"] else 1) and after == boxes, (cfg.name, before, after)
 
 
-def test_the_gemms_around_the_folded_ada_norm_compile_and_do_what_they_are_for():
-    """kernels/flashrt_kernels/smem_gemm.py's norm_in and residual_out (EngineOptions.ada_norm_in_gemms) compile for
-    sm90 with no spill and fit shared memory; norm_in issues its weight boxes before the PDL wait and no TMA copy of
-    x after it (it reads the residual with plain loads and fences its shared-memory stores for wgmma);
-    residual_out adds into the residual with fp32 atomic adds (whose unread results ptxas turns into reductions)
-    and stores nothing."""
-    from tools.kernel_resources import compile_sm90, resources, smem_fused_configs, tma_copies_around_pdl_wait
-    configs = smem_fused_configs()
-    if not configs:
-        pytest.skip("Triton has no Gluon here")
-    assert {(c.name.split()[2], c.name.split()[-1]) for c in configs} == {
-        ("qkv", "norm_in"), ("gate_up", "norm_in"), ("o", "residual_out"), ("down", "residual_out")}
-    for cfg in configs:
-        compiled = compile_sm90(cfg)
-        r = resources(compiled)
-        assert r["stack_bytes"] == 0 and r["shared_bytes"] <= 227 * 1024, (cfg.name, r)
-        ptx = compiled.asm["ptx"]
-        before, after = tma_copies_around_pdl_wait(ptx)
-        boxes = cfg.constexprs["K_PER_SPLIT"] // 64
-        if cfg.constexprs.get("NORM_IN"):
-            assert (before, after) == (boxes * (2 if cfg.constexprs["GEGLU"] else 1), 0), (cfg.name, before, after)
-            assert "fence.proxy.async" in ptx, cfg.name
-        else:
-            assert (before, after) == (boxes, boxes), (cfg.name, before, after)
-            assert re.search(r"(atom|red)\.global\.[a-z.]*add\.f32", ptx) and "st.global" not in ptx, cfg.name
-
-
 def test_every_skinny_candidate_fits_shared_memory_at_the_largest_rows_it_serves():
     """A candidate that overflows an SM's shared memory at the row tile it is offered for fails at launch
     (OutOfResources): at horizon 50 (51-row tiles of 64) two deep gate/up candidates need 256 KB, so they serve

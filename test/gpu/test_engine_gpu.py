@@ -197,7 +197,6 @@ def test_overlapped_first_step_graph_gives_the_sequential_graphs_actions(tiny):
     ("pi0", "bf16+smem_gemm_rows"),         # the TMA GEMMs forced at pi0's 51 rows (horizon 50; the x ring kernel)
     ("pi0", "bf16+no_fused_denoise_step_pi0"),  # pi0's step ends as separate ops (fused: the default), horizon 50
     ("pi05", "bf16+prefix_attention_wgmma"),  # the prefix attention forced to kernels/flashrt_kernels/prefix_attention.py
-    ("pi05", "bf16+ada_norm_in_gemms"),     # the expert's norms folded into the shared-memory GEMMs (forced)
     ("pi05", "bf16+no_overlap_first_step"),  # the first denoising step after the prefix, one stream (the
     ("pi0", "fp8+no_overlap_first_step"),     # default: beside it, two streams)
 ])
@@ -214,7 +213,6 @@ def test_accuracy_gate_full_size(name, precision):
                                           fused_denoise_step=extra != "no_fused_denoise_step",
                                           fused_denoise_step_pi0=extra != "no_fused_denoise_step_pi0",
                                           overlap_first_step=extra != "no_overlap_first_step",
-                                          ada_norm_in_gemms=extra == "ada_norm_in_gemms",
                                           **(ONE_PASS if extra else {})))
     assert isinstance(engine, EngineExecutor) and engine.use_graph
     assert engine.name.endswith(prec)
@@ -228,15 +226,13 @@ def test_accuracy_gate_full_size(name, precision):
             assert engine.suffix_len > 16 and engine.ops.smem_gemm_rows
             assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
                        for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
-    if extra.startswith("smem_gemm") or extra == "ada_norm_in_gemms":   # the tuning weighed the TMA GEMMs; force them
+    if extra.startswith("smem_gemm"):       # the tuning weighed the TMA GEMMs; force them
         assert all(any(c.startswith("gluon_smem") for c in engine.ops.decoder_timings[kind])
                    for kind in ("qkv", "o", "gate_up", "down")), engine.ops.decoder_timings
         from flashrt_core.engine.kernel_configs import SMEM_CANDIDATES, SmemConfig
         engine.ops.decoder_impl.update({kind: SmemConfig(cands[0].split_k) for kind, cands in SMEM_CANDIDATES.items()})
         engine._entries.clear()     # recapture with them
         assert (engine.suffix_len > 16) == (extra == "smem_gemm_rows"), engine.suffix_len    # the ring kernel
-        suffix = torch.empty(engine.suffix_len, cfg.expert.width, device="cuda", dtype=torch.bfloat16)
-        assert engine.ops.folds_ada_norms(suffix, engine.weights.expert) == (extra == "ada_norm_in_gemms")
     if extra == "prefix_attention_wgmma":   # the tuning (a default candidate) checked it and timed it; force it
         assert {"wgmma", "wgmma_overlap"} <= set(engine.ops.prefix_attention_timings), \
             engine.ops.prefix_attention_timings
