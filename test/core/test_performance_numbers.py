@@ -23,6 +23,8 @@ GROOT = BENCH / "2026-12-04" / "groot_graph_h200.json"
 GROOT_OPS = BENCH / "2026-12-04" / "groot_language_ops_h200.json"
 GROOT_PROFILE = BENCH / "2026-12-04" / "groot_profile_h200.json"
 CHAIN = BENCH / "2026-12-05" / "layer_chain_h200.json"
+ONE_PROCESS = BENCH / "2026-12-05" / "engine_compile_pi05_h200.json"
+ABLATION = BENCH / "2026-12-05" / "denoise_ablation_pi05_bf16_h200.json"
 RTC = BENCH / "2026-12-04" / "rtc_cost_pi05_h200.json"
 NODE = BENCH / "2026-12-01" / "node_overhead_h200_raw.json"
 
@@ -69,17 +71,32 @@ def test_the_targets_and_gates_quote_the_latest_engine_calls():
     assert f"{cos['pi0', 'bf16']} in bf16, {fp8[0]}-{fp8[1]} with FP8" in " ".join(README.split())
 
 
-def test_the_compile_row_quotes_the_call_that_timed_it_beside_the_engine():
-    rows = [r for r in json.loads(GRID.read_text())["rows"] if r["views"] == 2 and r["horizon"] == 10
-            and r["config"] == "pi05" and "predict_ms" in r]
-    compiled = next(r for r in rows if r["variant"] == "reference_compile_max-autotune_layers"
-                    and any(e["source"] == r["source"] and e["variant"] == "engine_bf16" for e in rows))
-    engines = [next(e for e in rows if e["source"] == compiled["source"] and e["variant"] == f"engine_{p}")
-               ["predict_ms"]["median"] for p in ("bf16", "fp8")]
-    c = compiled["predict_ms"]
+def test_the_compile_row_quotes_the_call_that_timed_every_row_in_one_process():
+    rows = {r["variant"]: r["predict_ms"] for r in json.loads(ONE_PROCESS.read_text())["rows"] if "predict_ms" in r}
+    c = rows["reference_compile_max-autotune_layers"]
+    eager = rows["reference_eager_bf16"]["median"]
+    engines = [rows[f"engine_{p}"]["median"] for p in ("bf16", "fp8")]
     assert _row(PAGE, "pi0.5 | 10 | " + f"{c['median']:.0f} ms ({c['p99']:.0f})")[2:] == [
-        f"{c['median']:.0f} ms ({c['p99']:.0f})", f"{engines[0]:.2f} / {engines[1]:.2f} ms",
+        f"{c['median']:.0f} ms ({c['p99']:.0f})", f"{engines[0]:.2f} / {engines[1]:.2f} ms", f"{eager:.0f} ms",
         f"{c['median'] / engines[0]:.1f}x / {c['median'] / engines[1]:.1f}x"]
+    assert f"compiling gains {eager / c['median']:.1f}x over the" in PAGE
+
+
+def test_the_denoise_ablation_rows_quote_their_result_file():
+    result = json.loads(ABLATION.read_text())
+    assert _row(PAGE, "whole")[1] == f"{result['whole_ms']:.3f}"
+    for starts, key in (("without the two adaRMSNorms of each layer", "norms"),
+                        ("without the merge of the attention's key splits", "attention_merge"),
+                        ("without the attention (split and merge)", "attention"),
+                        ("without the QKV GEMM", "qkv"), ("without the O GEMM", "o"),
+                        ("without the gate/up GEMM (GeGLU in its epilogue)", "gate_up"),
+                        ("without the down GEMM", "down"), ("without the four GEMMs", "gemms"),
+                        ("without the norms and the attention (the four GEMMs left)", "norms_attention")):
+        row = result["ablations"][key]
+        assert _row(PAGE, starts)[1:] == [f"{row['ms']:.3f}", f"{row['saved_ms']:.3f}",
+                                          f"{row['saved_us_per_layer']:.2f}"], starts
+    assert f"timed again at the end: {result['whole_again_ms']:.3f} ms" in " ".join(PAGE.split())
+    assert result["layers"] == 180 and "180 expert layers" in PAGE
 
 
 def test_the_policy_predict_rows_quote_their_result_file():
