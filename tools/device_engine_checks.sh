@@ -20,6 +20,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh fast         # pi0-FAST: engine GPU tests, then reference vs engine
 #   OUT=/path bash tools/device_engine_checks.sh groot        # GR00T N1.6: graph GPU tests, then reference vs graph, ~4 min
 #   OUT=/path bash tools/device_engine_checks.sh groot-profile  # GR00T N1.6's phases kernel by kernel
+#   OUT=/path bash tools/device_engine_checks.sh groot-warm-up  # GR00T N1.6's prompt-length warm-up, timed
 #   OUT=/path bash tools/device_engine_checks.sh layer-chain  # what one dependency between layers costs
 #   OUT=/path bash tools/device_engine_checks.sh denoise-ablation  # the denoise with each kind of kernel left out
 #   OUT=/path bash tools/device_engine_checks.sh rtc          # real-time chunking in the graph: tests, cost, ~3 min
@@ -92,6 +93,9 @@
 #   cosines against fp32 and the GR00T gate of the bf16 and FP8 graphs (groot_<date>.json, groot.log), then
 #   tools/benchmark_groot_language_ops.py: the language model's ops alone at the padded prompt's rows, in each form
 #   the engine picks between (groot_language_ops_<date>.json, groot_language_ops.log).
+# groot-warm-up: tools/benchmark_groot_warm_up.py: a released-size random checkpoint loaded as the node loads it,
+#   its first predict, GrootPolicy.warm_up_text_buckets (each capture timed), then instructions of several lengths
+#   that must replay (groot_warm_up_<date>.json, groot_warm_up.log).
 # groot-profile: tools/profile_groot.py: the released-size graph's vision, language and action-head graphs, each
 #   replayed under torch.profiler, their kernels summed by name (groot_profile_<date>.json, groot_profile.log).
 # layer-chain: the GPU tests of kernels/flashrt_kernels/layer_chain.py and kernels/flashrt_kernels/partial_sums.py
@@ -112,7 +116,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-test_output/device_engine_checks}"
 PART="${1:-all}"
 PARTS="all kernels engine-new engine-rest engine-gates engine-gates-forced bench grid-pi05 grid-pi0 gemms load buckets
-  host h50 overlap tune compile-cells fast groot groot-profile layer-chain denoise-ablation rtc"
+  host h50 overlap tune compile-cells fast groot groot-profile groot-warm-up layer-chain denoise-ablation rtc"
 case " $(echo $PARTS) " in
   *" $PART "*) ;;
   *) echo "device_engine_checks.sh: no part named '$PART'; the parts: $(echo $PARTS)" >&2; exit 2;;
@@ -288,6 +292,12 @@ if [ "$PART" = layer-chain ]; then
   echo "benchmark_partial_sums rc=$?" >> "$OUT/partial_sums.log"
 fi
 
+if [ "$PART" = groot-warm-up ]; then
+  timeout 400 "$PY" tools/benchmark_groot_warm_up.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" \
+    --out "$OUT" > "$OUT/groot_warm_up.log" 2>&1
+  echo "benchmark_groot_warm_up rc=$?" >> "$OUT/groot_warm_up.log"
+fi
+
 if [ "$PART" = denoise-ablation ]; then
   for PREC in bf16 fp8; do
     timeout 240 "$PY" tools/benchmark_denoise_ablation.py --ckpt-root "$FLASHRT_FULL_CKPT_ROOT" --precision "$PREC" \
@@ -330,6 +340,7 @@ fi
     grep -hE '^\| pi05' "$OUT"/engine_overlap*.md 2>/dev/null || tail -n 5 "$OUT/overlap.log" "$OUT/overlap_h50.log"; }
   [ -f "$OUT/groot.log" ] && { echo "== GR00T N1.6, reference and graph"; tail -n 15 "$OUT/groot.log"; }
   [ -f "$OUT/groot_language_ops.log" ] && { echo "== GR00T language ops"; tail -n 7 "$OUT/groot_language_ops.log"; }
+  [ -f "$OUT/groot_warm_up.log" ] && { echo "== GR00T warm-up"; grep -E "^\| |rc=" "$OUT/groot_warm_up.log"; }
   [ -f "$OUT/groot_profile.log" ] && { echo "== GR00T profile"; grep -E "^==|rc=" "$OUT/groot_profile.log"; }
   [ -f "$OUT/layer_chain.log" ] && { echo "== dependent layers"; tail -n 24 "$OUT/layer_chain.log"; }
   [ -f "$OUT/partial_sums.log" ] && { echo "== partial sums"; tail -n 6 "$OUT/partial_sums.log"; }
