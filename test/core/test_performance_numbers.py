@@ -25,6 +25,7 @@ GROOT_PROFILE = BENCH / "2026-12-04" / "groot_profile_h200.json"
 CHAIN = BENCH / "2026-12-05" / "layer_chain_h200.json"
 ONE_PROCESS = BENCH / "2026-12-05" / "engine_compile_pi05_h200.json"
 ABLATION = BENCH / "2026-12-05" / "denoise_ablation_pi05_bf16_h200.json"
+GROOT_WARM_UP = BENCH / "2026-12-05" / "groot_warm_up_h200.json"
 RTC = BENCH / "2026-12-04" / "rtc_cost_pi05_h200.json"
 NODE = BENCH / "2026-12-01" / "node_overhead_h200_raw.json"
 
@@ -168,6 +169,22 @@ def test_the_groot_rows_quote_their_result_file():
     for precision in ("graph", "graph_fp8"):                      # the gate, bf16 and FP8
         assert result["gate"][precision]["passed"]
         assert f"mean {result['gate'][precision]['mean']:.6f}" in PAGE
+
+
+def test_the_groot_warm_up_quotes_its_result_file():
+    r = json.loads(GROOT_WARM_UP.read_text())
+    captures = sorted(r["warm_up_captures_s"].values())
+    predicts = sorted(i["predict_s"] * 1e3 for i in r["instructions"])
+    text = " ".join(PAGE.split())
+    assert (f"`load_model` {r['load_s']:.2f} s, the first predict {r['first_predict_s']:.2f} s (its capture "
+            f"{r['first_capture_s'][0]:.2f} s" in text)
+    assert (f"`warm_up_text_buckets` {r['warm_up_s']:.2f} s for {len(r['warmed_prompt_lengths'])} prompt lengths "
+            f"({r['warmed_prompt_lengths'][0]} to {r['warmed_prompt_lengths'][-1]} tokens: {len(captures)} captures "
+            f"of {captures[0]:.2f}-{captures[-1]:.2f} s" in text)
+    assert all(i["captures"] == 0 for i in r["instructions"])
+    assert f"takes {predicts[0]:.0f}-{predicts[-1]:.0f} ms per call" in text
+    groot_page = " ".join((REPO / "docs" / "groot.md").read_text().split())
+    assert f"the warm-up {r['warm_up_s']:.2f} s for its {len(r['warmed_prompt_lengths'])} prompt lengths" in groot_page
 
 
 def test_the_groot_language_ops_rows_quote_their_result_file():
