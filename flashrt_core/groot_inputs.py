@@ -4,10 +4,9 @@ Images (the reference processor's eval transform, then Eagle's smart_resize): ev
 required, uint8 HxWx3; each is scaled so its shortest side is shortest_image_edge (256), centre-cropped to
 crop_fraction (0.95) of each side (int(side * f), offsets (side - crop) // 2), scaled to the shortest edge again,
 resized to sides rounded to multiples of 28 (2 x 2 patches of 14), and mapped to [-1, 1] ((x / 255 - 0.5) / 0.5):
-224 x 224 -> 252 x 252, 81 tokens; 480 x 640 -> 252 x 336, 108 tokens. The two shortest-edge scalings resample as
-OpenCV's INTER_AREA does (albumentations' SmallestMaxSize in the reference): area weights when shrinking, its
-area-bilinear weights otherwise, in float and rounded to uint8 (within one level of OpenCV's fixed point); the
-last resize is PIL's bicubic, as Eagle's fetch_image runs it.
+224 x 224 -> 252 x 252, 81 tokens; 480 x 640 -> 252 x 336, 108 tokens. The two shortest-edge scalings are
+OpenCV's INTER_AREA resize itself (what albumentations' SmallestMaxSize runs in the reference); the last resize is
+PIL's bicubic, as Eagle's fetch_image runs it.
 
 Prompt (Eagle's chat template with the instruction first, then the views, as the reference builds it):
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{instruction}"
@@ -20,12 +19,12 @@ AutoTokenizer reads (vocab.json, merges.txt, tokenizer_config.json, added_tokens
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
+import cv2
 import numpy as np
 import torch
 from PIL import Image
@@ -134,52 +133,12 @@ def image_geometry(h: int, w: int, edge: int, crop_fraction: float, factor: int 
     return (h1, w1), crop, (h2, w2), smart_resize(h2, w2, factor)
 
 
-@functools.lru_cache(maxsize=64)
-def _area_taps(n_in: int, n_out: int, shrink: bool) -> tuple[np.ndarray, np.ndarray]:
-    """OpenCV INTER_AREA along one axis as taps: (source index [n_out, K], weight [n_out, K]).
-
-    Shrinking: the overlap of each source pixel with the output pixel's source interval [i s, (i + 1) s),
-    s = n_in / n_out, divided by s. Otherwise: source floor(d s) and the next one with fraction
-    f = (d + 1) - (floor(d s) + 1) / s, taken as 0 when <= 0, else its fractional part (OpenCV's resize)."""
-    scale = n_in / n_out
-    rows: list[list[tuple[int, float]]] = []
-    for i in range(n_out):
-        if shrink:
-            a, b = i * scale, (i + 1) * scale
-            rows.append([(j, (min(b, j + 1) - max(a, j)) / scale)
-                         for j in range(math.floor(a), min(n_in, math.ceil(b)))])
-        else:
-            src = math.floor(i * scale)
-            f = (i + 1) - (src + 1) / scale
-            f = 0.0 if f <= 0 else f - math.floor(f)
-            rows.append([(min(max(src, 0), n_in - 1), 1.0 - f), (min(max(src + 1, 0), n_in - 1), f)])
-    k = max(len(r) for r in rows)
-    index = np.zeros((n_out, k), dtype=np.int64)
-    weight = np.zeros((n_out, k))
-    for i, row in enumerate(rows):
-        for t, (j, w) in enumerate(row):
-            index[i, t], weight[i, t] = j, w
-    return index, weight
-
-
-def _apply_taps(x: np.ndarray, taps: tuple[np.ndarray, np.ndarray], axis: int) -> np.ndarray:
-    index, weight = taps
-    moved = np.moveaxis(x, axis, 0)
-    out = np.zeros((index.shape[0],) + moved.shape[1:], dtype=np.float32)
-    for t in range(index.shape[1]):
-        out += weight[:, t].astype(np.float32).reshape((-1,) + (1,) * (moved.ndim - 1)) * moved[index[:, t]]
-    return np.moveaxis(out, 0, axis)
-
-
 def resize_area(img: np.ndarray, height: int, width: int) -> np.ndarray:
-    """uint8 HxWxC -> uint8 height x width x C, resampled as OpenCV's INTER_AREA."""
-    h, w = img.shape[:2]
-    if (h, w) == (height, width):
+    """uint8 HxWxC -> uint8 height x width x C by OpenCV's INTER_AREA: what the reference's eval transform runs
+    (albumentations' SmallestMaxSize calls cv2.resize with it), so the image is the reference's to the level."""
+    if img.shape[:2] == (height, width):
         return img
-    shrink = h >= height and w >= width
-    x = _apply_taps(img.astype(np.float32), _area_taps(h, height, shrink), 0)
-    x = _apply_taps(x, _area_taps(w, width, shrink), 1)
-    return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+    return cv2.resize(img, (width, height), interpolation=cv2.INTER_AREA)
 
 
 def process_image(img: np.ndarray, cfg: GrootConfig, edge: int, crop_fraction: float) -> np.ndarray:
@@ -189,7 +148,7 @@ def process_image(img: np.ndarray, cfg: GrootConfig, edge: int, crop_fraction: f
     x = resize_area(np.ascontiguousarray(img), *first)[top:top + ch, left:left + cw]
     x = resize_area(np.ascontiguousarray(x), *second)
     if x.shape[:2] != final:
-        x = np.asarray(Image.fromarray(x).resize((final[1], final[0]), Image.Resampling.BICUBIC))
+        x = np.array(Image.fromarray(x).resize((final[1], final[0]), Image.Resampling.BICUBIC))   # writable
     return x
 
 

@@ -26,6 +26,7 @@ CHAIN = BENCH / "2026-12-05" / "layer_chain_h200.json"
 ONE_PROCESS = BENCH / "2026-12-05" / "engine_compile_pi05_h200.json"
 ABLATION = BENCH / "2026-12-05" / "denoise_ablation_pi05_bf16_h200.json"
 GROOT_WARM_UP = BENCH / "2026-12-05" / "groot_warm_up_h200.json"
+GROOT_INPUTS = {when: BENCH / "2026-12-05" / f"groot_inputs{when}_devmachine.json" for when in ("_before", "")}
 RTC = BENCH / "2026-12-04" / "rtc_cost_pi05_h200.json"
 NODE = BENCH / "2026-12-01" / "node_overhead_h200_raw.json"
 
@@ -185,6 +186,15 @@ def test_the_groot_warm_up_quotes_its_result_file():
     assert f"takes {predicts[0]:.0f}-{predicts[-1]:.0f} ms per call" in text
     groot_page = " ".join((REPO / "docs" / "groot.md").read_text().split())
     assert f"the warm-up {r['warm_up_s']:.2f} s for its {len(r['warmed_prompt_lengths'])} prompt lengths" in groot_page
+
+
+def test_the_groot_inputs_times_quote_their_result_files():
+    before, after = ({(r["height"], r["width"]): r["median_ms"] for r in json.loads(path.read_text())["rows"]}
+                     for path in GROOT_INPUTS.values())
+    text = " ".join(PAGE.split())
+    assert f"{before[224, 224]:.2f} -> {after[224, 224]:.2f} ms at 224 x 224" in text
+    assert f"{before[480, 640]:.2f} -> {after[480, 640]:.2f} ms at 480 x 640" in text
+    assert all(after[k] < before[k] for k in before)
 
 
 def test_the_groot_language_ops_rows_quote_their_result_file():
