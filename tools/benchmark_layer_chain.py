@@ -36,7 +36,8 @@ RESIDENT_VARIANTS = ("launch_per_layer_pdl", "persistent_counters")
 RESIDENT = "_resident"
 
 
-def _graph_ms(run, reps: int) -> list[float]:
+def captured_replay_ms(run, reps: int) -> list[float]:
+    """run() once eagerly, then captured as one CUDA graph: the GPU ms of `reps` replays of it (graph_replay_ms)."""
     run()                                                   # compile, warm the caches of the launch path
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -78,7 +79,7 @@ def measure(layers: int, width: int, rows: int, reps: int, report=print_row) -> 
             chain = k.LayerChain(w, rows, wait, pdl, resident=resident)
             chain.x.copy_(x)
             run, out = chain.run, chain.out
-        times = _graph_ms(run, reps)
+        times = captured_replay_ms(run, reps)
         want = wants[resident]
         err = float((out.float() - want).norm() / want.norm())
         median = statistics.median(times)

@@ -23,8 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
-from flashrt_core.engine.timing import graph_replay_ms  # noqa: E402
 from tools.benchmark_engine import env_info, write_result  # noqa: E402
+from tools.benchmark_layer_chain import captured_replay_ms  # noqa: E402
 
 
 def measure(programs: int, layers: int, rows: int, width: int, reps: int) -> dict:
@@ -34,12 +34,7 @@ def measure(programs: int, layers: int, rows: int, width: int, reps: int) -> dic
     results = {}
     for mode in k.PARTIAL_SUMS_MODES:
         sums = k.PartialSums(programs, layers, rows, width, mode, "cuda")
-        sums.run()                                          # compile, warm the launch path
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            sums.run()
-        median = statistics.median(graph_replay_ms(graph, reps))
+        median = statistics.median(captured_replay_ms(sums.run, reps))
         folded = programs * rows * width * 4 * layers       # partial bytes folded
         results[mode] = {"ms": median, "us_per_layer": median * 1e3 / layers,
                          "folded_gb_per_s": folded / (median * 1e-3) / 1e9, "exact": bool(torch.equal(sums.out, want))}
