@@ -23,6 +23,7 @@
 #   OUT=/path bash tools/device_engine_checks.sh groot-warm-up  # GR00T N1.6's prompt-length warm-up, timed
 #   OUT=/path bash tools/device_engine_checks.sh layer-chain  # what one dependency between layers costs
 #   OUT=/path bash tools/device_engine_checks.sh denoise-ablation  # the denoise with each kind of kernel left out
+#   OUT=/path bash tools/device_engine_checks.sh streamed-chain  # the expert's GEMM chain as one CUDA C++ kernel
 #   OUT=/path bash tools/device_engine_checks.sh rtc          # real-time chunking in the graph: tests, cost, ~3 min
 #   OUT=/path bash tools/device_engine_checks.sh              # kernels to bench, where one call has the time
 #
@@ -106,6 +107,10 @@
 # denoise-ablation: tools/benchmark_denoise_ablation.py on full-size pi0.5, 2 views, horizon 10, bf16 then FP8: the
 #   denoise captured alone, whole and with each kind of its per-layer kernels left out: the most that fusing each
 #   kind away can save (denoise_ablation_pi05_<precision>_<date>.json, denoise_ablation_<precision>.log).
+# streamed-chain: the GPU tests of kernels/flashrt_kernels/cuda/streamed_gemm_chain.cu (built by nvcc; their log
+#   pytest_streamed_chain.log; they run in kernels too), then tools/benchmark_streamed_gemm_chain.py: the expert's
+#   four GEMMs per layer over 180 layers as the persistent kernel (with and without its waits, and with one layer's
+#   weights for all) and as PyTorch ops, in one process (streamed_gemm_chain_<date>.json, streamed_chain.log).
 # rtc: test/gpu/test_engine_rtc_gpu.py (every engine RTC mode in the graph against the eager engine and the
 #   reference sampler; pytest_rtc.log), then tools/benchmark_rtc.py: each mode's replay beside the plain graph on
 #   full-size pi0.5 (rtc_cost_pi05_<date>.json, rtc.log).
@@ -116,7 +121,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-test_output/device_engine_checks}"
 PART="${1:-all}"
 PARTS="all kernels engine-new engine-rest engine-gates engine-gates-forced bench grid-pi05 grid-pi0 gemms load buckets
-  host h50 overlap tune compile-cells fast groot groot-profile groot-warm-up layer-chain denoise-ablation rtc"
+  host h50 overlap tune compile-cells fast groot groot-profile groot-warm-up layer-chain denoise-ablation streamed-chain rtc"
 case " $(echo $PARTS) " in
   *" $PART "*) ;;
   *) echo "device_engine_checks.sh: no part named '$PART'; the parts: $(echo $PARTS)" >&2; exit 2;;
@@ -306,6 +311,14 @@ if [ "$PART" = denoise-ablation ]; then
   done
 fi
 
+if [ "$PART" = streamed-chain ]; then
+  timeout 240 "$PY" -m pytest -v test/gpu/test_kernels.py -k streamed_gemm_chain \
+    > "$OUT/pytest_streamed_chain.log" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_streamed_chain.log"
+  timeout 240 "$PY" tools/benchmark_streamed_gemm_chain.py --out "$OUT" > "$OUT/streamed_chain.log" 2>&1
+  echo "benchmark_streamed_gemm_chain rc=$?" >> "$OUT/streamed_chain.log"
+fi
+
 if [ "$PART" = rtc ]; then
   timeout 240 "$PY" -m pytest -v -s test/gpu/test_engine_rtc_gpu.py > "$OUT/pytest_rtc.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_rtc.log"
@@ -348,6 +361,8 @@ fi
     [ -f "$OUT/denoise_ablation_$PREC.log" ] && { echo "== the denoise without each kind of kernel, $PREC"
       grep -E "^\| |rc=" "$OUT/denoise_ablation_$PREC.log"; }
   done
+  [ -f "$OUT/pytest_streamed_chain.log" ] && { echo "== streamed chain tests"; tail -n 3 "$OUT/pytest_streamed_chain.log"; }
+  [ -f "$OUT/streamed_chain.log" ] && { echo "== the GEMM chain as one CUDA C++ kernel"; tail -n 9 "$OUT/streamed_chain.log"; }
   [ -f "$OUT/rtc.log" ] && { echo "== real-time chunking in the graph"; tail -n 8 "$OUT/rtc.log"; }
   [ -f "$OUT/fast.log" ] && { echo "== pi0-FAST, reference and engine"; tail -n 6 "$OUT/fast.log"; }
   [ -f "$OUT/tune.log" ] && { echo "== the best of three measured loads, stored and loaded again"

@@ -1,0 +1,147 @@
+"""The action expert's GEMM chain as one persistent CUDA C++ kernel whose weights stream ahead of their
+dependencies (cuda/streamed_gemm_chain.cu says how): the building block of a persistent denoiser, measured by
+tools/benchmark_streamed_gemm_chain.py against the same chain launched GEMM by GEMM.
+
+Per layer l, with the weights of layer l % len(layer_weights) (pi0.5's denoise: 18 layers' weights, 10 steps):
+
+    q   = bf16(bf16(h) @ W_qkv^T)                                     (rows, 2560)
+    h  += q[:, :2048] @ W_o^T                                          h: the fp32 residual, (rows, 1024)
+    gu  = bf16(bf16(h) @ W_gate_up^T)                                 (rows, 8192)
+    h  += bf16(gelu_tanh(gu[:, :4096]) * gu[:, 4096:]) @ W_down^T
+
+The GEMMs have the expert's shapes (GEMMA_300M.layer_gemm_shapes()) and the denoise's dependencies: every GEMM
+needs the whole output of the one before. The attention's place is taken by q's first 2048 columns and the
+adaRMSNorms are left out; what those cost in the chain is measured apart (tools/benchmark_denoise_ablation.py).
+
+`pack_weight` lays a (N, K) weight out as the kernel reads it: units of 8 output rows, each in chunks of 1024 of K
+(16 KiB), a chunk in mma.sync m16n8k16 B-fragment order: 32-wide blocks of K, each 32 lanes x 16 bytes, lane
+4 r + q holding row r's K offsets {2q, 2q+1, 2q+8, 2q+9} of the block's two 16-wide steps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+TILE_N = 8             # output columns of one unit of work (one mma n-tile)
+CHUNK_K = 1024         # reduction length of one streamed weight chunk
+MAX_ROWS = 16          # one m16 tile
+IN_BF16, IN_F32, IN_GEGLU = 0, 1, 2
+OUT_BF16, OUT_ADD_F32 = 0, 1
+LIBRARY = "streamed_gemm_chain"
+
+
+class LayerWeights(NamedTuple):
+    """One expert layer's four weights, (N, K) bf16 as nn.Linear stores them (gate_up: gate rows, then up rows)."""
+    qkv: torch.Tensor
+    o: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """(N, K) bf16 -> the same values in the kernel's order (module docstring), flat bf16 of N * K."""
+    n, k = w.shape
+    if w.dtype != torch.bfloat16 or n % TILE_N or k % CHUNK_K:
+        raise ValueError(f"pack_weight takes a bf16 (N, K) weight with N a multiple of {TILE_N} and K a multiple of "
+                         f"{CHUNK_K}; got {tuple(w.shape)} {w.dtype}")
+    # (unit, row r, chunk, block b, step s, half h, quad q, pair p) -> (unit, chunk, block, r, q, s, h, p)
+    v = w.reshape(n // TILE_N, TILE_N, k // CHUNK_K, CHUNK_K // 32, 2, 2, 4, 2)
+    return v.permute(0, 2, 3, 1, 6, 4, 5, 7).contiguous().reshape(-1)
+
+
+def random_layer_weights(layers: int, width: int, qkv: int, attn: int, mlp: int, device,
+                         generator: torch.Generator | None = None) -> list[LayerWeights]:
+    """Random expert weights, scaled so the residual stays finite over hundreds of layers: the input projections
+    by K^-0.5, the output projections (o, down) by 0.1 K^-0.5."""
+    def weight(n, k, scale):
+        return (torch.randn(n, k, device=device, generator=generator) * scale * k ** -0.5).to(torch.bfloat16)
+    return [LayerWeights(weight(qkv, width, 1.0), weight(width, attn, 0.1), weight(2 * mlp, width, 1.0),
+                         weight(width, mlp, 0.1)) for _ in range(layers)]
+
+
+def streamed_gemm_chain_reference(h: torch.Tensor, layer_weights: list[LayerWeights], layers: int) -> torch.Tensor:
+    """Plain PyTorch (module docstring): the fp32 residual after `layers` layers, from h (rows, width)."""
+    h = h.float().clone()
+    for layer in range(layers):
+        w = layer_weights[layer % len(layer_weights)]
+        attn, mlp = w.o.shape[1], w.down.shape[1]
+        q = (h.bfloat16().float() @ w.qkv.float().T).bfloat16()
+        h = h + q[:, :attn].float() @ w.o.float().T
+        gu = (h.bfloat16().float() @ w.gate_up.float().T).bfloat16()
+        a = (F.gelu(gu[:, :mlp].float(), approximate="tanh") * gu[:, mlp:].float()).bfloat16()
+        h = h + a.float() @ w.down.float().T
+    return h
+
+
+def library() -> ctypes.CDLL:
+    """The kernel's library (built by nvcc on first use: cuda_build.py), its C functions typed."""
+    from .cuda_build import load_library
+    lib = load_library(LIBRARY)
+    lib.streamed_gemm_chain_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                               ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    lib.streamed_gemm_chain_launch.restype = ctypes.c_int
+    lib.streamed_gemm_chain_error_string.argtypes = [ctypes.c_int]
+    lib.streamed_gemm_chain_error_string.restype = ctypes.c_char_p
+    return lib
+
+
+class StreamedGemmChain:
+    """`layers` layers of the chain on `rows` rows as one launch. `h` holds the fp32 residual: its value before
+    run() is the input, after it the output. `wait_inputs=False` skips every wait for a previous GEMM's output:
+    the result is then wrong and the time is the weight stream and the compute alone (a ceiling, for measuring).
+    `ctas`: the persistent grid (default: as many as can be resident, one per SM)."""
+
+    def __init__(self, layer_weights: list[LayerWeights], layers: int, rows: int, wait_inputs: bool = True,
+                 ctas: int | None = None):
+        if not 1 <= rows <= MAX_ROWS:
+            raise ValueError(f"StreamedGemmChain covers 1 to {MAX_ROWS} rows; got {rows}")
+        if layers < 1 or not layer_weights:
+            raise ValueError("StreamedGemmChain needs at least one layer and one layer's weights")
+        self.lib = library()
+        most = self.lib.streamed_gemm_chain_max_ctas()
+        if most < 1:
+            raise RuntimeError("streamed_gemm_chain: the kernel does not fit one SM of this GPU (its shared memory: "
+                               f"{self.lib.streamed_gemm_chain_smem_bytes()} bytes)")
+        self.ctas = most if ctas is None else ctas
+        if not 1 <= self.ctas <= most:
+            raise ValueError(f"ctas must be 1 to {most} (every CTA resident at once); got {ctas}")
+        w0 = layer_weights[0]
+        device = w0.qkv.device
+        width, attn, mlp = w0.qkv.shape[1], w0.o.shape[1], w0.down.shape[1]
+        self.rows, self.layers, self.wait_inputs = rows, layers, wait_inputs
+        self.packed = [LayerWeights(*(pack_weight(t) for t in w)) for w in layer_weights]
+        self.h = torch.zeros(rows, width, device=device, dtype=torch.float32)
+        self.q = torch.zeros(rows, w0.qkv.shape[0], device=device, dtype=torch.bfloat16)
+        self.gu = torch.zeros(rows, 2 * mlp, device=device, dtype=torch.bfloat16)
+        self.counter = torch.zeros(1, device=device, dtype=torch.int32)
+        descs = []
+        for layer in range(layers):
+            w, p = layer_weights[layer % len(layer_weights)], self.packed[layer % len(layer_weights)]
+            descs += [
+                self._desc(p.qkv, w.qkv, self.h, IN_F32, width, self.q, OUT_BF16, self.q.shape[1]),
+                self._desc(p.o, w.o, self.q, IN_BF16, self.q.shape[1], self.h, OUT_ADD_F32, width),
+                self._desc(p.gate_up, w.gate_up, self.h, IN_F32, width, self.gu, OUT_BF16, 2 * mlp),
+                self._desc(p.down, w.down, self.gu, IN_GEGLU, 2 * mlp, self.h, OUT_ADD_F32, width),
+            ]
+        if attn > self.q.shape[1]:
+            raise ValueError(f"the o projection reads {attn} columns of q, which has {self.q.shape[1]}")
+        self.descs = torch.tensor(descs, dtype=torch.int64).to(device)
+
+    @staticmethod
+    def _desc(packed, w, src, in_kind, in_stride, dst, out_kind, out_stride) -> list[int]:
+        n, k = w.shape
+        return [packed.data_ptr(), src.data_ptr(), dst.data_ptr(), n, k, in_kind | out_kind << 8, in_stride,
+                out_stride]
+
+    def run(self) -> None:
+        """One launch of the whole chain on the current stream (captured when it is capturing)."""
+        stream = torch.cuda.current_stream(self.h.device).cuda_stream
+        error = self.lib.streamed_gemm_chain_launch(self.descs.data_ptr(), self.descs.shape[0], self.rows,
+                                                    self.counter.data_ptr(), int(self.wait_inputs), self.ctas, stream)
+        if error:
+            raise RuntimeError("streamed_gemm_chain launch failed: "
+                               + self.lib.streamed_gemm_chain_error_string(error).decode())

@@ -1,0 +1,127 @@
+"""The persistent denoiser's GEMM chain as one CUDA C++ kernel (kernels/flashrt_kernels/cuda/streamed_gemm_chain.cu:
+weights streamed into shared memory ahead of their dependencies, one counter between GEMMs) against the same chain
+launched op by op, in one process.
+
+The chain is the action expert's four GEMMs per layer at their real shapes and dependencies
+(kernels/flashrt_kernels/streamed_gemm_chain.py), pi0.5's denoise by default: 180 layers (10 steps x 18 layers'
+weights, 623 MB in bf16, re-read every step as the denoise does), 10 rows. Variants:
+
+    streamed            the persistent kernel
+    streamed_no_wait    the same with every wait for a GEMM's inputs skipped (wrong result): the weight stream and
+                        the compute alone, the design's ceiling
+    streamed_resident   the persistent kernel with one layer's weights for every layer (34.6 MB, mostly held in L2):
+                        the chain's dependencies and compute with little weight stream
+    library_per_op      the chain as PyTorch ops (cuBLAS GEMMs, casts, GeGLU, adds), one launch each
+
+Each variant is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays.
+The weight stream's rate is the weight bytes a replay reads over its time. Every variant but streamed_no_wait is
+checked against streamed_gemm_chain_reference on the same weights and input (relative L2 error of the residual).
+
+    python tools/benchmark_streamed_gemm_chain.py [--layers 180] [--distinct 18] [--rows 10] [--reps 30] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flashrt_core.config import GEMMA_300M  # noqa: E402
+from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
+from tools.benchmark_engine import env_info, write_result  # noqa: E402
+from tools.benchmark_layer_chain import captured_replay_ms  # noqa: E402
+
+VARIANTS = ("streamed", "streamed_no_wait", "streamed_resident", "library_per_op")
+
+
+def library_chain(h: torch.Tensor, layer_weights, layers: int):
+    """run() for the chain as PyTorch ops on h (in place), the formula of streamed_gemm_chain_reference."""
+    def run():
+        for layer in range(layers):
+            w = layer_weights[layer % len(layer_weights)]
+            attn, mlp = w.o.shape[1], w.down.shape[1]
+            q = F.linear(h.bfloat16(), w.qkv)
+            h.add_(F.linear(q[:, :attn], w.o).float())
+            gu = F.linear(h.bfloat16(), w.gate_up)
+            h.add_(F.linear(F.gelu(gu[:, :mlp].float(), approximate="tanh").mul_(gu[:, mlp:]).bfloat16(),
+                            w.down).float())
+    return run
+
+
+def measure(layers: int, distinct: int, rows: int, reps: int, report=print) -> dict:
+    k = load_kernels()
+    shapes = GEMMA_300M.layer_gemm_shapes()
+    width, attn, mlp = GEMMA_300M.width, shapes["o"][1], shapes["down"][1]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    weights = k.random_streamed_layer_weights(distinct, width, shapes["qkv"][0], attn, mlp, "cuda", g)
+    h0 = torch.randn(rows, width, device="cuda", generator=g)
+    layer_bytes = sum(n * kk * 2 for n, kk in shapes.values())
+    results = {}
+    for variant in VARIANTS:
+        layer_weights = weights[:1] if variant == "streamed_resident" else weights
+        want = k.streamed_gemm_chain_reference(h0, layer_weights, layers)
+        if variant == "library_per_op":
+            h = h0.clone()
+            chain_run = library_chain(h, layer_weights, layers)
+
+            def run(h=h, chain_run=chain_run):
+                h.copy_(h0)
+                chain_run()
+        else:
+            chain = k.StreamedGemmChain(layer_weights, layers, rows, wait_inputs=variant != "streamed_no_wait")
+            h = chain.h
+
+            def run(chain=chain):
+                chain.h.copy_(h0)
+                chain.run()
+        times = captured_replay_ms(run, reps)
+        median = statistics.median(times)
+        err = float((h - want).norm() / want.norm())
+        results[variant] = {"ms": median, "us_per_layer": median * 1e3 / layers,
+                            "weight_tb_per_s": layer_bytes * layers / (median * 1e-3) / 1e12,
+                            "rel_l2_vs_reference": err if variant != "streamed_no_wait" else None}
+        r = results[variant]
+        report(f"| {variant} | {r['ms']:.3f} | {r['us_per_layer']:.2f} | {r['weight_tb_per_s']:.2f} | "
+               f"{'-' if r['rel_l2_vs_reference'] is None else format(r['rel_l2_vs_reference'], '.1e')} |")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=180, help="layers of the chain (default: 10 steps x 18)")
+    parser.add_argument("--distinct", type=int, default=18, help="distinct layers' weights, cycled (default 18)")
+    parser.add_argument("--rows", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--out", help="folder for the JSON result")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmark_streamed_gemm_chain.py needs a CUDA GPU")
+    k = load_kernels()
+    if not k.cuda_build_available():
+        raise SystemExit("benchmark_streamed_gemm_chain.py needs nvcc (the CUDA toolkit) to build its kernel")
+    shapes = GEMMA_300M.layer_gemm_shapes()
+    print(f"{args.layers} layers of the expert's GEMMs {shapes} (N, K), {args.distinct} layers' weights cycled, "
+          f"{args.rows} rows, {torch.cuda.get_device_name()}", flush=True)
+    print("| variant | chain ms | us per layer | weight stream TB/s | rel L2 vs reference |\n|---|---|---|---|---|",
+          flush=True)
+    results = measure(args.layers, args.distinct, args.rows, args.reps, report=lambda line: print(line, flush=True))
+    env = env_info()
+    result = {"date": env["time_utc"], "device": env["gpu"], "torch": env["torch"], "cuda": env["cuda"],
+              "driver": env["driver"], "triton": env["triton"],
+              "command": "python tools/benchmark_streamed_gemm_chain.py " + " ".join(argv),
+              "layers": args.layers, "distinct": args.distinct, "rows": args.rows, "reps": args.reps,
+              "gemm_shapes": {name: list(s) for name, s in shapes.items()}, "variants": results}
+    if args.out:
+        write_result(args.out, result, "streamed_gemm_chain")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
