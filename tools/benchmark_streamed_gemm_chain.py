@@ -11,7 +11,7 @@ weights, 623 MB in bf16, re-read every step as the denoise does), 10 rows. Varia
                         the compute alone, the design's ceiling
     streamed_resident   the persistent kernel with one layer's weights for every layer (34.6 MB, mostly held in L2):
                         the chain's dependencies and compute with little weight stream
-    library_per_op      the chain as PyTorch ops (cuBLAS GEMMs, casts, GeGLU, adds), one launch each
+    library_per_op      the chain as PyTorch ops (RMS norms, cuBLAS GEMMs, casts, GeGLU, adds), one launch each
 
 Each variant is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays.
 The weight stream's rate is the weight bytes a replay reads over its time. Every variant but streamed_no_wait is
@@ -23,6 +23,7 @@ checked against streamed_gemm_chain_reference on the same weights and input (rel
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import sys
 from pathlib import Path
@@ -37,6 +38,8 @@ from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
 from tools.benchmark_engine import env_info, write_result  # noqa: E402
 from tools.benchmark_layer_chain import captured_replay_ms  # noqa: E402
 
+SGC = importlib.import_module(load_kernels().__name__ + ".streamed_gemm_chain")
+rms_norm = SGC.rms_norm
 VARIANTS = ("streamed", "streamed_no_wait", "streamed_resident", "library_per_op")
 
 
@@ -46,9 +49,9 @@ def library_chain(h: torch.Tensor, layer_weights, layers: int):
         for layer in range(layers):
             w = layer_weights[layer % len(layer_weights)]
             attn, mlp = w.o.shape[1], w.down.shape[1]
-            q = F.linear(h.bfloat16(), w.qkv)
+            q = F.linear(rms_norm(h).bfloat16(), w.qkv)
             h.add_(F.linear(q[:, :attn], w.o).float())
-            gu = F.linear(h.bfloat16(), w.gate_up)
+            gu = F.linear(rms_norm(h).bfloat16(), w.gate_up)
             h.add_(F.linear(F.gelu(gu[:, :mlp].float(), approximate="tanh").mul_(gu[:, mlp:]).bfloat16(),
                             w.down).float())
     return run

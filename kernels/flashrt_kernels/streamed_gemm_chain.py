@@ -4,14 +4,17 @@ tools/benchmark_streamed_gemm_chain.py against the same chain launched GEMM by G
 
 Per layer l, with the weights of layer l % len(layer_weights) (pi0.5's denoise: 18 layers' weights, 10 steps):
 
-    q   = bf16(bf16(h) @ W_qkv^T)                                     (rows, 2560)
+    q   = bf16(bf16(rms(h)) @ W_qkv^T)                                (rows, 2560)
     h  += q[:, :2048] @ W_o^T                                          h: the fp32 residual, (rows, 1024)
-    gu  = bf16(bf16(h) @ W_gate_up^T)                                 (rows, 8192)
+    gu  = bf16(bf16(rms(h)) @ W_gate_up^T)                            (rows, 8192)
     h  += bf16(gelu_tanh(gu[:, :4096]) * gu[:, 4096:]) @ W_down^T
+    rms(h) = h * rsqrt(mean(h^2, row) + 1e-6)
 
 The GEMMs have the expert's shapes (GEMMA_300M.layer_gemm_shapes()) and the denoise's dependencies: every GEMM
-needs the whole output of the one before. The attention's place is taken by q's first 2048 columns and the
-adaRMSNorms are left out; what those cost in the chain is measured apart (tools/benchmark_denoise_ablation.py).
+needs the whole output of the one before. The gate/up GEMM writes the GeGLU activation itself (its weight rows
+interleaved by interleave_gate_up, so that the owner of 4 gate columns also holds their up columns). The RMS norms are folded into the QKV and gate/up GEMMs' loads of h (the
+place of the denoise's adaRMSNorms, without their modulation); the attention's place is taken by q's first 2048
+columns (what the attention costs in the chain is measured apart: tools/benchmark_denoise_ablation.py).
 
 `pack_weight` lays a (N, K) weight out as the kernel reads it: units of 8 output rows, each in chunks of 1024 of K
 (16 KiB), a chunk in mma.sync m16n8k16 B-fragment order: 32-wide blocks of K, each 32 lanes x 16 bytes, lane
@@ -29,8 +32,9 @@ import torch.nn.functional as F
 TILE_N = 8             # output columns of one unit of work (one mma n-tile)
 CHUNK_K = 1024         # reduction length of one streamed weight chunk
 MAX_ROWS = 16          # one m16 tile
-IN_BF16, IN_F32, IN_GEGLU = 0, 1, 2
-OUT_BF16, OUT_ADD_F32 = 0, 1
+IN_BF16, IN_RMS_NORM = 0, 1
+RMS_EPS = 1e-6
+OUT_BF16, OUT_ADD_F32, OUT_GEGLU = 0, 1, 2
 LIBRARY = "streamed_gemm_chain"
 
 
@@ -53,14 +57,29 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     return v.permute(0, 2, 3, 1, 6, 4, 5, 7).contiguous().reshape(-1)
 
 
+def interleave_gate_up(w: torch.Tensor) -> torch.Tensor:
+    """(2 mlp, K) gate rows then up rows -> rows in groups of 8: 4 gate rows, then the same 4 columns' up rows, so
+    one unit of the kernel holds both halves of its 4 GeGLU outputs (OUT_GEGLU)."""
+    mlp = w.shape[0] // 2
+    if w.shape[0] % 8:
+        raise ValueError(f"interleave_gate_up takes 2 mlp rows with mlp a multiple of 4; got {w.shape[0]} rows")
+    gate, up = w[:mlp].reshape(mlp // 4, 4, -1), w[mlp:].reshape(mlp // 4, 4, -1)
+    return torch.stack([gate, up], dim=1).reshape(w.shape)
+
+
 def random_layer_weights(layers: int, width: int, qkv: int, attn: int, mlp: int, device,
                          generator: torch.Generator | None = None) -> list[LayerWeights]:
-    """Random expert weights, scaled so the residual stays finite over hundreds of layers: the input projections
-    by K^-0.5, the output projections (o, down) by 0.1 K^-0.5."""
+    """Random expert weights: the input projections scaled by K^-0.5 (outputs of about unit size from normalized
+    inputs), the output projections (o, down) by 0.1 K^-0.5 (each layer changes the residual a little)."""
     def weight(n, k, scale):
         return (torch.randn(n, k, device=device, generator=generator) * scale * k ** -0.5).to(torch.bfloat16)
     return [LayerWeights(weight(qkv, width, 1.0), weight(width, attn, 0.1), weight(2 * mlp, width, 1.0),
                          weight(width, mlp, 0.1)) for _ in range(layers)]
+
+
+def rms_norm(h: torch.Tensor) -> torch.Tensor:
+    """h * rsqrt(mean(h^2) + RMS_EPS) per row, in fp32."""
+    return h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + RMS_EPS)
 
 
 def streamed_gemm_chain_reference(h: torch.Tensor, layer_weights: list[LayerWeights], layers: int) -> torch.Tensor:
@@ -69,9 +88,9 @@ def streamed_gemm_chain_reference(h: torch.Tensor, layer_weights: list[LayerWeig
     for layer in range(layers):
         w = layer_weights[layer % len(layer_weights)]
         attn, mlp = w.o.shape[1], w.down.shape[1]
-        q = (h.bfloat16().float() @ w.qkv.float().T).bfloat16()
+        q = (rms_norm(h).bfloat16().float() @ w.qkv.float().T).bfloat16()
         h = h + q[:, :attn].float() @ w.o.float().T
-        gu = (h.bfloat16().float() @ w.gate_up.float().T).bfloat16()
+        gu = (rms_norm(h).bfloat16().float() @ w.gate_up.float().T).bfloat16()
         a = (F.gelu(gu[:, :mlp].float(), approximate="tanh") * gu[:, mlp:].float()).bfloat16()
         h = h + a.float() @ w.down.float().T
     return h
@@ -113,20 +132,23 @@ class StreamedGemmChain:
         device = w0.qkv.device
         width, attn, mlp = w0.qkv.shape[1], w0.o.shape[1], w0.down.shape[1]
         self.rows, self.layers, self.wait_inputs = rows, layers, wait_inputs
-        self.packed = [LayerWeights(*(pack_weight(t) for t in w)) for w in layer_weights]
+        self.packed = [LayerWeights(pack_weight(w.qkv), pack_weight(w.o), pack_weight(interleave_gate_up(w.gate_up)),
+                                    pack_weight(w.down)) for w in layer_weights]
         self.h = torch.zeros(rows, width, device=device, dtype=torch.float32)
         self.q = torch.zeros(rows, w0.qkv.shape[0], device=device, dtype=torch.bfloat16)
-        self.gu = torch.zeros(rows, 2 * mlp, device=device, dtype=torch.bfloat16)
+        self.act = torch.zeros(rows, mlp, device=device, dtype=torch.bfloat16)      # gelu_tanh(gate) * up
         self.counter = torch.zeros(1, device=device, dtype=torch.int32)
         descs = []
         for layer in range(layers):
             w, p = layer_weights[layer % len(layer_weights)], self.packed[layer % len(layer_weights)]
             descs += [
-                self._desc(p.qkv, w.qkv, self.h, IN_F32, width, self.q, OUT_BF16, self.q.shape[1]),
+                self._desc(p.qkv, w.qkv, self.h, IN_RMS_NORM, width, self.q, OUT_BF16, self.q.shape[1]),
                 self._desc(p.o, w.o, self.q, IN_BF16, self.q.shape[1], self.h, OUT_ADD_F32, width),
-                self._desc(p.gate_up, w.gate_up, self.h, IN_F32, width, self.gu, OUT_BF16, 2 * mlp),
-                self._desc(p.down, w.down, self.gu, IN_GEGLU, 2 * mlp, self.h, OUT_ADD_F32, width),
+                self._desc(p.gate_up, w.gate_up, self.h, IN_RMS_NORM, width, self.act, OUT_GEGLU, mlp),
+                self._desc(p.down, w.down, self.act, IN_BF16, mlp, self.h, OUT_ADD_F32, width),
             ]
+        if width != CHUNK_K:
+            raise ValueError(f"the kernel normalizes a row of h within one chunk: width must be {CHUNK_K}, got {width}")
         if attn > self.q.shape[1]:
             raise ValueError(f"the o projection reads {attn} columns of q, which has {self.q.shape[1]}")
         self.descs = torch.tensor(descs, dtype=torch.int64).to(device)

@@ -43,6 +43,14 @@ def test_pack_weight_puts_every_element_where_the_kernel_reads_it(n, k):
     assert torch.equal(packed[index], (w % 251).to(torch.bfloat16))
 
 
+def test_interleave_gate_up_puts_four_gate_rows_before_their_up_rows():
+    mlp, k = 8, 3
+    w = torch.arange(2 * mlp * k, dtype=torch.float32).reshape(2 * mlp, k)
+    got = SGC.interleave_gate_up(w)
+    order = [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15]      # gate 0-3, up 0-3, gate 4-7, up 4-7
+    assert torch.equal(got, w[order])
+
+
 @pytest.mark.parametrize("shape, dtype", [((12, 1024), torch.bfloat16), ((8, 1000), torch.bfloat16),
                                           ((8, 1024), torch.float32)])
 def test_pack_weight_names_what_it_cannot_take(shape, dtype):

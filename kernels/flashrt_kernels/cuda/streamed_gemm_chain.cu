@@ -5,24 +5,27 @@
 //
 //     for g in 0 .. G-1:   Y_g = A_g(inputs) @ W_g^T        A_g: (rows <= 16, K_g), W_g: (N_g, K_g) bf16
 //
-// A GEMM's A operand is read from global memory in one of three forms (`kInBf16`: a bf16 matrix; `kInF32`: an fp32
-// matrix rounded to bf16; `kInGeglu`: gelu_tanh(gate) * up of a bf16 (rows, 2K) matrix, rounded to bf16), and its
-// fp32 result is written as bf16 (`kOutBf16`) or added into an fp32 matrix (`kOutAddF32`, the residual stream).
+// A GEMM's A operand is read from global memory as a bf16 matrix (`kInBf16`) or as an fp32 matrix whose rows are
+// scaled by rsqrt(mean(row^2) + 1e-6) and rounded to bf16 (`kInRmsNorm`, K = 1024). Its fp32 result is written as
+// bf16 (`kOutBf16`), added into an fp32 matrix (`kOutAddF32`, the residual stream), or, for a gate/up GEMM whose
+// weight rows interleave 4 gate rows and their 4 up rows per unit (interleave_gate_up()), written as
+// bf16(gelu_tanh(bf16(gate)) * bf16(up)) (`kOutGeglu`: the MLP's activation, computed once by the column's owner).
 //
 // Work: GEMM g's output columns come in units of 8 (one mma n-tile); a unit's weight is (8, K_g), stored by
 // pack_weight() in chunks of 8 x 1024 (16 KiB) laid out in mma fragment order, so a warp reads its B fragments
 // with one conflict-free 16-byte shared load per lane per 32 of K. Unit u of GEMM g belongs to CTA
 // (u + rot_g) % CTAs, rot_g being the units of GEMMs 0 .. g-1 modulo CTAs, so the bytes spread evenly over a layer.
 // Each CTA has one producer warp and 8 consumer warps:
-//   - the producer walks the CTA's chunks of the whole chain in order and copies each into a ring of kStages
+//   - the producer walks the CTA's chunks of the whole chain in order (per GEMM: groups of up to 8 units, each
+//     group chunk by chunk, a chunk unit by unit) and copies each into a ring of kStages
 //     16-KiB slots with the bulk copy engine (cp.async.bulk, completion counted on the slot's `full` mbarrier). It
 //     never waits for activations, only for a free slot (`empty` mbarrier), so the weights of the next GEMMs stream
 //     while the consumers wait for this one's inputs;
 //   - the consumers wait until every CTA has finished GEMM g-1 (one counter in global memory: each CTA adds 1 per
 //     GEMM with a release at GPU scope after a CTA barrier; a GEMM's consumers spin with an acquire until it holds
-//     g * CTAs), load their A fragments (warp w covers K offsets [128 w, 128 w + 128) of each 1024-chunk), run
-//     mma.sync m16n8k16 (bf16, fp32 accumulate) on the slot, free it, and sum the 8 warps' partial tiles through
-//     shared memory; 128 threads write the unit's (rows, 8) outputs.
+//     g * CTAs), load their A fragments (warp w covers K offsets [128 w, 128 w + 128) of each 1024-chunk; every
+//     load issued before any is used; once per group and chunk), run mma.sync m16n8k16 (bf16, fp32 accumulate) on
+//     each slot as it fills and free it, and sum the 8 warps' partial tiles of the group through shared memory.
 // The launch is cooperative (every CTA resident, one per SM), so the spin cannot deadlock. The counter is zeroed by
 // a memset before each launch (inside a captured graph too).
 // `wait_inputs = 0` skips the wait on the counter: the result is then wrong, and the time is the weight stream and
@@ -40,14 +43,18 @@ constexpr int kChunkBytes = kTileN * kChunkK * 2;      // 16 KiB of bf16
 constexpr int kConsumerWarps = 8;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kThreads = kConsumerThreads + 32;        // + the producer warp
-constexpr int kStages = 13;                            // ring slots: 208 KiB
+constexpr int kStages = 12;                            // ring slots: 192 KiB
 constexpr int kWarpK = kChunkK / kConsumerWarps;       // 128: a consumer warp's share of a chunk
 constexpr int kSteps = kWarpK / 16;                    // 8 mma k-steps per warp per chunk
-constexpr int kRedFloats = kConsumerWarps * 32 * 4;    // one unit's partial tiles, one per warp
-constexpr int kSmemBytes = kStages * kChunkBytes + 2 * kRedFloats * 4 + 2 * kStages * 8;
+constexpr int kGroupUnits = 8;                         // units whose partial tiles are summed at once
+constexpr int kRedFloats = kGroupUnits * kConsumerWarps * 32 * 4;  // their partial m16n8 tiles, one per warp
+constexpr int kSumsPerThread = kGroupUnits * 128 / kConsumerThreads;  // a group's m16n8 sums per consumer thread
+constexpr int kNormRedFloats = kConsumerWarps * 16;    // per-warp sums of squares of the 16 rows
+constexpr float kRmsEps = 1e-6f;
+constexpr int kSmemBytes = kStages * kChunkBytes + (kRedFloats + kNormRedFloats) * 4 + 2 * kStages * 8;
 
-enum InKind { kInBf16 = 0, kInF32 = 1, kInGeglu = 2 };
-enum OutKind { kOutBf16 = 0, kOutAddF32 = 1 };
+enum InKind { kInBf16 = 0, kInRmsNorm = 1 };
+enum OutKind { kOutBf16 = 0, kOutAddF32 = 1, kOutGeglu = 2 };
 
 // One GEMM of the chain: eight int64 fields, in the order streamed_gemm_chain.py writes them.
 struct GemmDesc {
@@ -82,7 +89,11 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   while (!done) {
     asm volatile(
         "{\n\t.reg .pred p;\n\t"
+#ifdef SGC_TEST_WAIT
+        "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+#else
         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+#endif
         "selp.u32 %0, 1, 0, p;\n\t}"
         : "=r"(done)
         : "r"(smem_addr(bar)), "r"(parity)
@@ -131,46 +142,76 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
-// A[row, k], A[row, k + 1] as one packed bf16 pair (0 past the last row). Loads go to L2 (.cg): the activations
-// are written by other CTAs during this launch, so a line in this SM's L1 could be stale.
-__device__ __forceinline__ uint32_t load_a_pair(const GemmDesc& d, int in_kind, int rows, int row, int k) {
-  if (row >= rows) return 0u;
-  if (in_kind == kInBf16) {
-    const __nv_bfloat16* p = reinterpret_cast<const __nv_bfloat16*>(d.in) + row * d.in_stride + k;
-    return __ldcg(reinterpret_cast<const unsigned*>(p));
-  }
-  if (in_kind == kInF32) {
-    const float* p = reinterpret_cast<const float*>(d.in) + row * d.in_stride + k;
-    const float2 v = __ldcg(reinterpret_cast<const float2*>(p));
-    return pack_bf16(v.x, v.y);
-  }
-  const __nv_bfloat16* p = reinterpret_cast<const __nv_bfloat16*>(d.in) + row * d.in_stride + k;
-  unsigned g = __ldcg(reinterpret_cast<const unsigned*>(p));
-  unsigned u = __ldcg(reinterpret_cast<const unsigned*>(p + d.k));
-  const float2 gate = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&g));
-  const float2 up = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&u));
-  return pack_bf16(gelu_tanh(gate.x) * up.x, gelu_tanh(gate.y) * up.y);
-}
-
-// This warp's A fragments of K offsets [k0, k0 + 128): kSteps m16k16 tiles (rows >= `rows` are zero).
+// This warp's A fragments of K offsets [k0, k0 + 128): kSteps m16k16 tiles; a lane holds rows `group` (registers
+// 0 and 2) and `group + 8` (1 and 3) at K offsets 2 quad (0, 1) and 2 quad + 8 (2, 3) of each 16-wide step. Every
+// load is issued before any value is used (rows past `rows` load the last row and are zeroed after), so a warp
+// waits for one round trip to L2, not one per load. Loads go to L2 (.cg): the activations are written by other
+// CTAs during this launch, so a line in this SM's L1 could be stale.
+// kInRmsNorm normalizes each row over its whole length (K = 1024, covered by the 8 warps together), through
+// `norm_red` (kConsumerWarps x 16 floats) and one consumer barrier; every consumer warp must call it.
 __device__ __forceinline__ void load_a(uint32_t (&a)[kSteps][4], const GemmDesc& d, int in_kind, int rows, int k0,
-                                       int group, int quad) {
+                                       int warp, int group, int quad, float* norm_red) {
+  const int r0 = min(group, rows - 1), r1 = min(group + 8, rows - 1);
+  const bool v0 = group < rows, v1 = group + 8 < rows;
+  if (in_kind == kInRmsNorm) {
+    const float* p0 = reinterpret_cast<const float*>(d.in) + r0 * d.in_stride + k0 + 2 * quad;
+    const float* p1 = reinterpret_cast<const float*>(d.in) + r1 * d.in_stride + k0 + 2 * quad;
+    float2 x[kSteps][4];
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      x[s][0] = __ldcg(reinterpret_cast<const float2*>(p0 + 16 * s));
+      x[s][1] = __ldcg(reinterpret_cast<const float2*>(p1 + 16 * s));
+      x[s][2] = __ldcg(reinterpret_cast<const float2*>(p0 + 16 * s + 8));
+      x[s][3] = __ldcg(reinterpret_cast<const float2*>(p1 + 16 * s + 8));
+    }
+    float ss0 = 0.f, ss1 = 0.f;
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      ss0 += x[s][0].x * x[s][0].x + x[s][0].y * x[s][0].y + x[s][2].x * x[s][2].x + x[s][2].y * x[s][2].y;
+      ss1 += x[s][1].x * x[s][1].x + x[s][1].y * x[s][1].y + x[s][3].x * x[s][3].x + x[s][3].y * x[s][3].y;
+    }
+    ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
+    ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
+    ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
+    ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
+    if (quad == 0) {
+      norm_red[warp * 16 + group] = ss0;
+      norm_red[warp * 16 + group + 8] = ss1;
+    }
+    consumer_sync();
+    float t0 = 0.f, t1 = 0.f;
+#pragma unroll
+    for (int w = 0; w < kConsumerWarps; ++w) {
+      t0 += norm_red[w * 16 + group];
+      t1 += norm_red[w * 16 + group + 8];
+    }
+    const float s0 = v0 ? rsqrtf(t0 / static_cast<float>(d.k) + kRmsEps) : 0.f;
+    const float s1 = v1 ? rsqrtf(t1 / static_cast<float>(d.k) + kRmsEps) : 0.f;
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      a[s][0] = pack_bf16(x[s][0].x * s0, x[s][0].y * s0);
+      a[s][1] = pack_bf16(x[s][1].x * s1, x[s][1].y * s1);
+      a[s][2] = pack_bf16(x[s][2].x * s0, x[s][2].y * s0);
+      a[s][3] = pack_bf16(x[s][3].x * s1, x[s][3].y * s1);
+    }
+    return;
+  }
+  const unsigned* p0 = reinterpret_cast<const unsigned*>(reinterpret_cast<const __nv_bfloat16*>(d.in) +
+                                                         r0 * d.in_stride + k0 + 2 * quad);
+  const unsigned* p1 = reinterpret_cast<const unsigned*>(reinterpret_cast<const __nv_bfloat16*>(d.in) +
+                                                         r1 * d.in_stride + k0 + 2 * quad);
+  // in 32-bit words: +8 words is +16 bf16 (the next step), +4 words is +8 bf16
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) {
-    const int k = k0 + 16 * s + 2 * quad;
-    a[s][0] = load_a_pair(d, in_kind, rows, group, k);
-    a[s][1] = load_a_pair(d, in_kind, rows, group + 8, k);
-    a[s][2] = load_a_pair(d, in_kind, rows, group, k + 8);
-    a[s][3] = load_a_pair(d, in_kind, rows, group + 8, k + 8);
+    a[s][0] = __ldcg(p0 + 8 * s);
+    a[s][1] = __ldcg(p1 + 8 * s);
+    a[s][2] = __ldcg(p0 + 8 * s + 4);
+    a[s][3] = __ldcg(p1 + 8 * s + 4);
   }
-}
-
-__device__ __forceinline__ void store_out(const GemmDesc& d, int out_kind, int row, int col, float v) {
-  if (out_kind == kOutBf16) {
-    reinterpret_cast<__nv_bfloat16*>(d.out)[row * d.out_stride + col] = __float2bfloat16(v);
-  } else {
-    float* p = reinterpret_cast<float*>(d.out) + row * d.out_stride + col;
-    __stcg(p, __ldcg(p) + v);
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    if (!v0) a[s][0] = a[s][2] = 0u;
+    if (!v1) a[s][1] = a[s][3] = 0u;
   }
 }
 
@@ -182,7 +223,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* ring = smem;
   float* red = reinterpret_cast<float*>(smem + kStages * kChunkBytes);
-  uint64_t* full = reinterpret_cast<uint64_t*>(red + 2 * kRedFloats);
+  float* norm_red = red + kRedFloats;
+  uint64_t* full = reinterpret_cast<uint64_t*>(norm_red + kNormRedFloats);
   uint64_t* empty = full + kStages;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -204,12 +246,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         const GemmDesc d = descs[g];
         const int units = static_cast<int>(d.n / kTileN), chunks = static_cast<int>(d.k / kChunkK);
         const uint8_t* w = reinterpret_cast<const uint8_t*>(d.w);
-        for (int u = first_unit(cta, rot, ctas); u < units; u += ctas) {
-          for (int c = 0; c < chunks; ++c) {
+        const int first = first_unit(cta, rot, ctas);
+        const int mine = first < units ? (units - first + ctas - 1) / ctas : 0;
+        for (int g0 = 0; g0 < mine; g0 += kGroupUnits) {
+          const int group_units = min(kGroupUnits, mine - g0);
+          for (int c = 0; c < chunks; ++c)
+          for (int j = 0; j < group_units; ++j) {
+            const int u = first + (g0 + j) * ctas;
             mbar_wait(&empty[stage], phase ^ 1u);
+#ifdef SGC_SKIP_COPY
+            mbar_arrive(&full[stage]);
+#else
             mbar_arrive_expect_tx(&full[stage], kChunkBytes);
             bulk_copy_chunk(ring + stage * kChunkBytes, w + (static_cast<size_t>(u) * chunks + c) * kChunkBytes,
                             &full[stage]);
+#endif
             if (++stage == kStages) { stage = 0; phase ^= 1u; }
           }
         }
@@ -220,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   const int group = lane >> 2, quad = lane & 3;
-  int stage = 0, rot = 0, buf = 0;
+  int stage = 0, rot = 0;
   uint32_t phase = 0;
   for (int g = 0; g < num_gemms; ++g) {
     const GemmDesc d = descs[g];
@@ -234,47 +285,115 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       consumer_sync();
     }
+    const int first = first_unit(cta, rot, ctas);
+    const int mine = first < units ? (units - first + ctas - 1) / ctas : 0;
     uint32_t a[kSteps][4];
-    int a_chunk = -1;
-    for (int u = first_unit(cta, rot, ctas); u < units; u += ctas) {
-      float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    for (int g0 = 0; g0 < mine; g0 += kGroupUnits) {  // up to kGroupUnits units summed across warps at once
+      const int group_units = min(kGroupUnits, mine - g0);
+      // kOutAddF32: the values the sums are added to, read now so that the read is off the path after the sums
+      // (GEMM g's outputs are written by their owner alone, and their last writer finished before GEMM g began)
+      float old[kSumsPerThread];
+#pragma unroll
+      for (int m = 0; m < kSumsPerThread; ++m) {
+        const int v = threadIdx.x + m * kConsumerThreads;
+        const int j = v >> 7, l = (v >> 2) & 31, i = v & 3;
+        const int row = (l >> 2) + (i >= 2 ? 8 : 0);
+        old[m] = 0.f;
+        if (out_kind == kOutAddF32 && j < group_units && row < rows) {
+          const int col = (first + (g0 + j) * ctas) * kTileN + 2 * (l & 3) + (i & 1);
+          old[m] = __ldcg(reinterpret_cast<const float*>(d.out) + row * d.out_stride + col);
+        }
+      }
+      float acc[kGroupUnits][4];
+#pragma unroll
+      for (int j = 0; j < kGroupUnits; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+      }
       for (int c = 0; c < chunks; ++c) {
-        if (c != a_chunk) {
-          load_a(a, d, in_kind, rows, c * kChunkK + warp * kWarpK, group, quad);
-          a_chunk = c;
-        }
-        mbar_wait(&full[stage], phase);
-        const uint4* src = reinterpret_cast<const uint4*>(ring + stage * kChunkBytes + warp * (kChunkBytes / 8)) + lane;
-        uint4 b[kSteps / 2];
+#ifndef SGC_SKIP_COMPUTE
+        load_a(a, d, in_kind, rows, c * kChunkK + warp * kWarpK, warp, group, quad, norm_red);
+#endif
 #pragma unroll
-        for (int j = 0; j < kSteps / 2; ++j) b[j] = src[j * 32];
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[stage]);
+        for (int j = 0; j < kGroupUnits; ++j) {
+          if (j < group_units) {
+            mbar_wait(&full[stage], phase);
+            const uint4* src =
+                reinterpret_cast<const uint4*>(ring + stage * kChunkBytes + warp * (kChunkBytes / 8)) + lane;
+            uint4 b[kSteps / 2];
 #pragma unroll
-        for (int j = 0; j < kSteps / 2; ++j) {
-          mma_bf16(acc[0], a[2 * j], b[j].x, b[j].y);
-          mma_bf16(acc[1], a[2 * j + 1], b[j].z, b[j].w);
+            for (int q = 0; q < kSteps / 2; ++q) b[q] = src[q * 32];
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[stage]);
+#ifndef SGC_SKIP_COMPUTE
+#pragma unroll
+            for (int q = 0; q < kSteps / 2; ++q) {
+              mma_bf16(acc[j], a[2 * q], b[q].x, b[q].y);
+              mma_bf16(acc[j], a[2 * q + 1], b[q].z, b[q].w);
+            }
+#else
+            acc[j][0] += __uint_as_float(b[0].x & 1u);
+#endif
+            if (++stage == kStages) { stage = 0; phase ^= 1u; }
+          }
         }
-        if (++stage == kStages) { stage = 0; phase ^= 1u; }
       }
-      float* r = red + buf * kRedFloats;
-      reinterpret_cast<float4*>(r)[warp * 32 + lane] =
-          make_float4(acc[0][0] + acc[1][0], acc[0][1] + acc[1][1], acc[0][2] + acc[1][2], acc[0][3] + acc[1][3]);
+      // the 8 warps' partial tiles of the group's units, summed through shared memory
+      float4* red4 = reinterpret_cast<float4*>(red);
+#pragma unroll
+      for (int j = 0; j < kGroupUnits; ++j) {
+        if (j < group_units) {
+          red4[(j * kConsumerWarps + warp) * 32 + lane] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+        }
+      }
       consumer_sync();
-      if (threadIdx.x < 128) {  // one (lane, register) of the m16n8 tile each
-        const int l = threadIdx.x >> 2, i = threadIdx.x & 3;
-        float s = 0.f;
+      if (out_kind == kOutGeglu) {
+        // a unit holds 4 gate columns (tile columns 0-3) and the same 4 up columns (4-7): each output is
+        // gelu_tanh(bf16(gate)) * bf16(up), rounded to bf16; C[r][c] is in lane 4 (r % 8) + c / 2 and C[r][c + 4]
+        // two lanes further, in register (c % 2) + 2 (r >= 8)
 #pragma unroll
-        for (int w = 0; w < kConsumerWarps; ++w) s += r[(w * 32 + l) * 4 + i];
-        const int row = (l >> 2) + (i >= 2 ? 8 : 0), col = u * kTileN + 2 * (l & 3) + (i & 1);
-        if (row < rows) store_out(d, out_kind, row, col, s);
+        for (int m = 0; m < kSumsPerThread / 2; ++m) {
+          const int v = threadIdx.x + m * kConsumerThreads;
+          const int j = v >> 6, row = (v >> 2) & 15, c = v & 3;
+          if (j >= group_units || row >= rows) continue;
+          const int l = (row & 7) * 4 + (c >> 1), i = (c & 1) + (row >= 8 ? 2 : 0);
+          float gate = 0.f, up = 0.f;
+#pragma unroll
+          for (int w = 0; w < kConsumerWarps; ++w) {
+            gate += red[((j * kConsumerWarps + w) * 32 + l) * 4 + i];
+            up += red[((j * kConsumerWarps + w) * 32 + l + 2) * 4 + i];
+          }
+          gate = __bfloat162float(__float2bfloat16(gate));
+          up = __bfloat162float(__float2bfloat16(up));
+          const int col = (first + (g0 + j) * ctas) * (kTileN / 2) + c;
+          reinterpret_cast<__nv_bfloat16*>(d.out)[row * d.out_stride + col] = __float2bfloat16(gelu_tanh(gate) * up);
+        }
+      } else {
+#pragma unroll
+        for (int m = 0; m < kSumsPerThread; ++m) {
+          const int v = threadIdx.x + m * kConsumerThreads;
+          const int j = v >> 7, l = (v >> 2) & 31, i = v & 3;
+          const int row = (l >> 2) + (i >= 2 ? 8 : 0);
+          if (j >= group_units || row >= rows) continue;
+          float sum = 0.f;
+#pragma unroll
+          for (int w = 0; w < kConsumerWarps; ++w) sum += red[((j * kConsumerWarps + w) * 32 + l) * 4 + i];
+          const int col = (first + (g0 + j) * ctas) * kTileN + 2 * (l & 3) + (i & 1);
+          if (out_kind == kOutBf16) {
+            reinterpret_cast<__nv_bfloat16*>(d.out)[row * d.out_stride + col] = __float2bfloat16(sum);
+          } else {  // the unit's owner is the only writer of these elements
+            __stcg(reinterpret_cast<float*>(d.out) + row * d.out_stride + col, old[m] + sum);
+          }
+        }
       }
-      buf ^= 1;
+      if (g0 + kGroupUnits < mine) consumer_sync();  // `red` is read before the next group writes it
     }
     rot = (rot + units) % ctas;
-    consumer_sync();  // this CTA's outputs of GEMM g are written
+    consumer_sync();  // this CTA's outputs of GEMM g are written; the release below is cumulative over them
     if (threadIdx.x == 0) {
+#ifdef SGC_FENCE
       __threadfence();
+#endif
       add_release(counter, 1u);
     }
   }
