@@ -9,13 +9,19 @@ weights, 623 MB in bf16, re-read every step as the denoise does), 10 rows. Varia
     streamed            the persistent kernel
     streamed_no_wait    the same with every wait for a GEMM's inputs skipped (wrong result): the weight stream and
                         the compute alone, the design's ceiling
+    streamed_no_compute the persistent kernel built without its A loads and products (wrong result): the weight
+                        stream, the slot hand-overs, the sums over warps and the waits between GEMMs
+    streamed_no_compute_no_wait  the same without the waits
+    streamed_no_copy    the persistent kernel built without its weight copies (wrong result): the A loads, the
+                        products, the sums and the waits on stale slots
     streamed_resident   the persistent kernel with one layer's weights for every layer (34.6 MB, mostly held in L2):
                         the chain's dependencies and compute with little weight stream
     library_per_op      the chain as PyTorch ops (RMS norms, cuBLAS GEMMs, casts, GeGLU, adds), one launch each
 
 Each variant is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays.
-The weight stream's rate is the weight bytes a replay reads over its time. Every variant but streamed_no_wait is
-checked against streamed_gemm_chain_reference on the same weights and input (relative L2 error of the residual).
+The weight stream's rate is the weight bytes a replay reads over its time. streamed, streamed_resident and
+library_per_op are checked against streamed_gemm_chain_reference on the same weights and input (relative L2 error
+of the residual).
 
     python tools/benchmark_streamed_gemm_chain.py [--layers 180] [--distinct 18] [--rows 10] [--reps 30] [--out DIR]
 """
@@ -40,7 +46,11 @@ from tools.benchmark_layer_chain import captured_replay_ms  # noqa: E402
 
 SGC = importlib.import_module(load_kernels().__name__ + ".streamed_gemm_chain")
 rms_norm = SGC.rms_norm
-VARIANTS = ("streamed", "streamed_no_wait", "streamed_resident", "library_per_op")
+# variant -> (waits, what the kernel leaves out); None: not the kernel
+VARIANTS = {"streamed": (True, ()), "streamed_no_wait": (False, ()), "streamed_no_compute": (True, ("compute",)),
+            "streamed_no_compute_no_wait": (False, ("compute",)), "streamed_no_copy": (True, ("copy",)),
+            "streamed_resident": (True, ()), "library_per_op": None}
+CHECKED = ("streamed", "streamed_resident", "library_per_op")      # the variants whose result is meant to be right
 
 
 def library_chain(h: torch.Tensor, layer_weights, layers: int):
@@ -77,7 +87,8 @@ def measure(layers: int, distinct: int, rows: int, reps: int, report=print) -> d
                 h.copy_(h0)
                 chain_run()
         else:
-            chain = k.StreamedGemmChain(layer_weights, layers, rows, wait_inputs=variant != "streamed_no_wait")
+            wait, leave_out = VARIANTS[variant]
+            chain = k.StreamedGemmChain(layer_weights, layers, rows, wait_inputs=wait, leave_out=leave_out)
             h = chain.h
 
             def run(chain=chain):
@@ -88,7 +99,7 @@ def measure(layers: int, distinct: int, rows: int, reps: int, report=print) -> d
         err = float((h - want).norm() / want.norm())
         results[variant] = {"ms": median, "us_per_layer": median * 1e3 / layers,
                             "weight_tb_per_s": layer_bytes * layers / (median * 1e-3) / 1e12,
-                            "rel_l2_vs_reference": err if variant != "streamed_no_wait" else None}
+                            "rel_l2_vs_reference": err if variant in CHECKED else None}
         r = results[variant]
         report(f"| {variant} | {r['ms']:.3f} | {r['us_per_layer']:.2f} | {r['weight_tb_per_s']:.2f} | "
                f"{'-' if r['rel_l2_vs_reference'] is None else format(r['rel_l2_vs_reference'], '.1e')} |")

@@ -55,8 +55,9 @@ def _nvcc_version(nvcc: str) -> str:
     return subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
 
 
-def library_path(name: str) -> Path:
-    """Where the library built from cuda/<name>.cu by this nvcc with NVCC_FLAGS is (or will be) kept."""
+def library_path(name: str, defines: tuple[str, ...] = ()) -> Path:
+    """Where the library built from cuda/<name>.cu by this nvcc with NVCC_FLAGS and the macros `defines`
+    (-D<each>) is (or will be) kept."""
     nvcc = find_nvcc()
     if nvcc is None:
         raise RuntimeError(f"building kernels/flashrt_kernels/cuda/{name}.cu needs nvcc (the CUDA toolkit); none "
@@ -65,22 +66,26 @@ def library_path(name: str) -> Path:
     if not source.is_file():
         raise FileNotFoundError(f"no CUDA source {source}")
     digest = hashlib.sha256()
-    for part in (source.read_bytes(), _nvcc_version(nvcc).encode(), " ".join(NVCC_FLAGS).encode()):
+    for part in (source.read_bytes(), _nvcc_version(nvcc).encode(), " ".join(NVCC_FLAGS + _flags(defines)).encode()):
         digest.update(part)
         digest.update(b"\0")
     return cache_dir() / f"{name}-{digest.hexdigest()[:16]}.so"
 
 
-def build_library(name: str) -> Path:
-    """cuda/<name>.cu built into library_path(name) unless it is there already; its path. The build writes a
-    temporary file in the cache folder and renames it, so concurrent builds never load a half-written library."""
-    path = library_path(name)
+def _flags(defines: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(f"-D{d}" for d in defines)
+
+
+def build_library(name: str, defines: tuple[str, ...] = ()) -> Path:
+    """cuda/<name>.cu built into library_path(name, defines) unless it is there already; its path. The build writes
+    a temporary file in the cache folder and renames it, so concurrent builds never load a half-written library."""
+    path = library_path(name, defines)
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.stem, suffix=".so.tmp", dir=path.parent)
     os.close(fd)
-    cmd = [find_nvcc(), *NVCC_FLAGS, "-o", tmp, str(SOURCE_DIR / f"{name}.cu")]
+    cmd = [find_nvcc(), *NVCC_FLAGS, *_flags(defines), "-o", tmp, str(SOURCE_DIR / f"{name}.cu")]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         Path(tmp).unlink(missing_ok=True)
@@ -90,6 +95,6 @@ def build_library(name: str) -> Path:
 
 
 @functools.lru_cache(maxsize=None)
-def load_library(name: str) -> ctypes.CDLL:
-    """The ctypes handle of cuda/<name>.cu's library, built first when needed."""
-    return ctypes.CDLL(str(build_library(name)))
+def load_library(name: str, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The ctypes handle of cuda/<name>.cu's library (with the macros `defines`), built first when needed."""
+    return ctypes.CDLL(str(build_library(name, defines)))

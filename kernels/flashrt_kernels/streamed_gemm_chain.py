@@ -36,6 +36,8 @@ IN_BF16, IN_RMS_NORM = 0, 1
 RMS_EPS = 1e-6
 OUT_BF16, OUT_ADD_F32, OUT_GEGLU = 0, 1, 2
 LIBRARY = "streamed_gemm_chain"
+# measurement switches of the kernel (its results are then wrong): what each leaves out -> the macro that does it
+LEAVE_OUT = {"copy": "SGC_LEAVE_OUT_COPY", "compute": "SGC_LEAVE_OUT_COMPUTE"}
 
 
 class LayerWeights(NamedTuple):
@@ -96,10 +98,14 @@ def streamed_gemm_chain_reference(h: torch.Tensor, layer_weights: list[LayerWeig
     return h
 
 
-def library() -> ctypes.CDLL:
-    """The kernel's library (built by nvcc on first use: cuda_build.py), its C functions typed."""
+def library(leave_out: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The kernel's library (built by nvcc on first use: cuda_build.py) with the LEAVE_OUT switches named, its C
+    functions typed."""
     from .cuda_build import load_library
-    lib = load_library(LIBRARY)
+    unknown = set(leave_out) - set(LEAVE_OUT)
+    if unknown:
+        raise ValueError(f"leave_out takes {sorted(LEAVE_OUT)}; got {sorted(unknown)}")
+    lib = load_library(LIBRARY, tuple(LEAVE_OUT[name] for name in sorted(leave_out)))
     lib.streamed_gemm_chain_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                                ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     lib.streamed_gemm_chain_launch.restype = ctypes.c_int
@@ -111,16 +117,17 @@ def library() -> ctypes.CDLL:
 class StreamedGemmChain:
     """`layers` layers of the chain on `rows` rows as one launch. `h` holds the fp32 residual: its value before
     run() is the input, after it the output. `wait_inputs=False` skips every wait for a previous GEMM's output:
-    the result is then wrong and the time is the weight stream and the compute alone (a ceiling, for measuring).
+    the result is then wrong and the time is the weight stream and the compute alone (a ceiling, for measuring);
+    `leave_out` ("copy": no weight stream, "compute": no A loads and products) likewise, for placing the time.
     `ctas`: the persistent grid (default: as many as can be resident, one per SM)."""
 
     def __init__(self, layer_weights: list[LayerWeights], layers: int, rows: int, wait_inputs: bool = True,
-                 ctas: int | None = None):
+                 ctas: int | None = None, leave_out: tuple[str, ...] = ()):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"StreamedGemmChain covers 1 to {MAX_ROWS} rows; got {rows}")
         if layers < 1 or not layer_weights:
             raise ValueError("StreamedGemmChain needs at least one layer and one layer's weights")
-        self.lib = library()
+        self.lib = library(tuple(leave_out))
         most = self.lib.streamed_gemm_chain_max_ctas()
         if most < 1:
             raise RuntimeError("streamed_gemm_chain: the kernel does not fit one SM of this GPU (its shared memory: "

@@ -5,6 +5,7 @@ them. A number typed by hand, or left behind when its result file changed, fails
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,8 @@ ABLATION = BENCH / "2026-12-05" / "denoise_ablation_pi05_bf16_h200.json"
 GROOT_WARM_UP = BENCH / "2026-12-05" / "groot_warm_up_h200.json"
 GROOT_INPUTS = {when: BENCH / "2026-12-05" / f"groot_inputs{when}_devmachine.json" for when in ("_before", "")}
 RTC = BENCH / "2026-12-04" / "rtc_cost_pi05_h200.json"
+STREAMED = {form: BENCH / "2026-12-05" / f"streamed_gemm_chain_{form}_form_h200.log" for form in ("first", "second")}
+STREAMED_JSON = BENCH / "2026-12-05" / "streamed_gemm_chain_second_form_h200.json"
 NODE = BENCH / "2026-12-01" / "node_overhead_h200_raw.json"
 
 
@@ -265,6 +268,37 @@ def test_the_layer_chain_rows_quote_their_result_file():
             ("the staged ring with no dependency between layers (each multiplies the chain's input)",
              "persistent_staged_flagged_data_unchained", None)):
         assert _row(PAGE, starts)[1:] == [us(key), us(resident) if resident else ""], starts
+
+
+def _streamed_us(form: str, switches: str, wait: bool) -> float:
+    """us per layer of a 180-layer run of the streamed chain's leave-out log (`| <switches> | wait=.. | layers=180`)."""
+    text = STREAMED[form].read_text()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(f"| {switches} | wait={wait} | layers=180 |")]
+    return float(re.search(r"\| ([0-9.]+) us/layer", line).group(1))
+
+
+def test_the_streamed_chain_rows_quote_their_logs_and_result_file():
+    both = "-DSGC_SKIP_COPY -DSGC_SKIP_COMPUTE"
+    rows = (("the kernel", "as is", True), ("the kernel without the waits between GEMMs", "as is", False),
+            ("without the A loads and products: the weight stream, the slot hand-overs, the sums, the waits",
+             "-DSGC_SKIP_COMPUTE", True),
+            ("without the A loads and products, nor the waits", "-DSGC_SKIP_COMPUTE", False),
+            ("without the products and the weight stream", both, True),
+            ("without the products, the weight stream, nor the waits", both, False))
+    for starts, switches, wait in rows:
+        assert _row(PAGE, starts)[1:] == [f"{_streamed_us(form, switches, wait):.2f}" for form in ("first", "second")], \
+            starts
+    flat = " ".join(PAGE.split())
+    variants = json.loads(STREAMED_JSON.read_text())["variants"]
+    assert f"the kernel {variants['streamed']['us_per_layer']:.2f} us per layer" in flat
+    assert f"the chain as PyTorch ops {variants['library_per_op']['us_per_layer']:.2f} us" in flat
+    assert f"(relative L2 error {variants['library_per_op']['rel_l2_vs_reference']:.1e} against" in flat
+    stream, waits = (_streamed_us("second", "-DSGC_SKIP_COMPUTE", w) for w in (False, True))
+    bare, bare_waits = (_streamed_us("second", both, w) for w in (False, True))
+    assert f"34.6 MB per layer in {stream:.2f} us, {34.6 / stream:.1f} TB/s" in flat
+    assert f"costs ~{(waits - stream) / 4:.2f} us while the stream runs ({waits:.2f} against {stream:.2f} us" in flat
+    assert f"~{(bare_waits - bare) / 4:.2f} us without it ({bare_waits:.2f} against {bare:.2f})" in flat
+    assert f"the stream: {bare:.2f} us per layer with neither stream nor products" in flat
 
 
 def test_the_rtc_rows_quote_their_result_file():

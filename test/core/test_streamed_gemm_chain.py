@@ -86,6 +86,14 @@ def test_the_cuda_source_builds_and_exports_its_launcher(tmp_path, monkeypatch):
         assert hasattr(lib, name)
     if not torch.cuda.is_available():
         assert lib.streamed_gemm_chain_max_ctas() == -1                  # no device: says so, does not crash
+    # each measurement switch builds its own library, beside the product one
+    switched = {BUILD.build_library(SGC.LIBRARY, (macro,)) for macro in SGC.LEAVE_OUT.values()}
+    assert len(switched) == len(SGC.LEAVE_OUT) and path not in switched and all(p.is_file() for p in switched)
+
+
+def test_the_kernel_library_refuses_an_unknown_switch():
+    with pytest.raises(ValueError, match="leave_out takes \\['compute', 'copy'\\]"):
+        SGC.library(("waits",))
 
 
 def test_without_nvcc_the_build_names_what_is_missing(monkeypatch, tmp_path):

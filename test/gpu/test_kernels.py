@@ -7,6 +7,7 @@ Outputs are poisoned with NaN before each launch so an unwritten element fails t
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -883,6 +884,21 @@ def test_streamed_gemm_chain(layers, ctas, rows):
         assert chain.counter.item() == 4 * layers * chain.ctas
 
 
+def _streamed_gemm_errors(chain, w, h_in) -> str:
+    """The relative error of each GEMM of the chain's last layer against the reference from the kernel's own input
+    to that GEMM (q from h_in; the GeGLU activation from h_in plus o of the kernel's q; h from the kernel's act)."""
+    SGC = importlib.import_module(K.__name__ + ".streamed_gemm_chain")
+    attn, mlp = w.o.shape[1], w.down.shape[1]
+    q = (SGC.rms_norm(h_in).bfloat16().float() @ w.qkv.float().T).bfloat16()
+    h_o = h_in + chain.q[:, :attn].float() @ w.o.float().T
+    gu = (SGC.rms_norm(h_o).bfloat16().float() @ w.gate_up.float().T).bfloat16()
+    act = (torch.nn.functional.gelu(gu[:, :mlp].float(), approximate="tanh") * gu[:, mlp:].float()).bfloat16()
+    h = h_o + chain.act.float() @ w.down.float().T
+    errors = {"qkv": (chain.q, q), "o and gate/up": (chain.act, act), "down": (chain.h, h)}
+    return ", ".join(f"{name} {float((got.float() - want.float()).norm() / want.float().norm()):.1e}"
+                     for name, (got, want) in errors.items())
+
+
 def _first_wrong_streamed_layer(weights, h0, rows, ctas, layers=18) -> str:
     """Where a streamed chain went wrong: each layer n recomputed by the reference from the kernel's own output of
     n - 1 layers; the first layer off by more than STREAMED_CHAIN_REL_L2, with its rows."""
@@ -891,11 +907,13 @@ def _first_wrong_streamed_layer(weights, h0, rows, ctas, layers=18) -> str:
         chain = K.StreamedGemmChain(weights, n, rows, ctas=ctas)
         chain.h.copy_(h0)
         chain.run()
-        want = K.streamed_gemm_chain_reference(h, [weights[(n - 1) % len(weights)]], 1)
+        w = weights[(n - 1) % len(weights)]
+        want = K.streamed_gemm_chain_reference(h, [w], 1)
         local = float((chain.h - want).norm() / want.norm())
         if local > STREAMED_CHAIN_REL_L2 / 10:
             rows_off = torch.nonzero((chain.h - want).norm(dim=1) / want.norm(dim=1) > 1e-3).flatten().tolist()
-            return f"layer {n - 1} is off by {local:.1e} from its own input (rows {rows_off})"
+            return (f"layer {n - 1} is off by {local:.1e} from its own input (rows {rows_off}); its GEMMs, each from "
+                    f"the kernel's own input to it: {_streamed_gemm_errors(chain, w, h)}")
         h = chain.h.clone()
     return "every layer matches its own input to 1e-3: the error accumulates over the chain"
 

@@ -28,8 +28,10 @@
 //     each slot as it fills and free it, and sum the 8 warps' partial tiles of the group through shared memory.
 // The launch is cooperative (every CTA resident, one per SM), so the spin cannot deadlock. The counter is zeroed by
 // a memset before each launch (inside a captured graph too).
-// `wait_inputs = 0` skips the wait on the counter: the result is then wrong, and the time is the weight stream and
-// the compute alone (a measurement of the design's ceiling, never a product path).
+// Measurement switches (the result is then wrong; never a product path): `wait_inputs = 0` skips the wait on the
+// counter (the weight stream and the compute alone: the design's ceiling); built with -DSGC_LEAVE_OUT_COPY the
+// producer signals each slot without copying into it (no weight stream), with -DSGC_LEAVE_OUT_COMPUTE the consumers
+// skip the A loads and the products (the stream, the hand-overs and the sums alone).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -89,11 +91,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   while (!done) {
     asm volatile(
         "{\n\t.reg .pred p;\n\t"
-#ifdef SGC_TEST_WAIT
-        "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-#else
         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-#endif
         "selp.u32 %0, 1, 0, p;\n\t}"
         : "=r"(done)
         : "r"(smem_addr(bar)), "r"(parity)
@@ -254,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int j = 0; j < group_units; ++j) {
             const int u = first + (g0 + j) * ctas;
             mbar_wait(&empty[stage], phase ^ 1u);
-#ifdef SGC_SKIP_COPY
+#ifdef SGC_LEAVE_OUT_COPY
             mbar_arrive(&full[stage]);
 #else
             mbar_arrive_expect_tx(&full[stage], kChunkBytes);
@@ -311,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
       }
       for (int c = 0; c < chunks; ++c) {
-#ifndef SGC_SKIP_COMPUTE
+#ifndef SGC_LEAVE_OUT_COMPUTE
         load_a(a, d, in_kind, rows, c * kChunkK + warp * kWarpK, warp, group, quad, norm_red);
 #endif
 #pragma unroll
@@ -325,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int q = 0; q < kSteps / 2; ++q) b[q] = src[q * 32];
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[stage]);
-#ifndef SGC_SKIP_COMPUTE
+#ifndef SGC_LEAVE_OUT_COMPUTE
 #pragma unroll
             for (int q = 0; q < kSteps / 2; ++q) {
               mma_bf16(acc[j], a[2 * q], b[q].x, b[q].y);
@@ -390,12 +388,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     rot = (rot + units) % ctas;
     consumer_sync();  // this CTA's outputs of GEMM g are written; the release below is cumulative over them
-    if (threadIdx.x == 0) {
-#ifdef SGC_FENCE
-      __threadfence();
-#endif
-      add_release(counter, 1u);
-    }
+    if (threadIdx.x == 0) add_release(counter, 1u);
   }
 }
 
