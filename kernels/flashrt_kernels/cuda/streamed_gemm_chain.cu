@@ -321,8 +321,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             uint4 b[kSteps / 2];
 #pragma unroll
             for (int q = 0; q < kSteps / 2; ++q) b[q] = src[q * 32];
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[stage]);
 #ifndef SGC_LEAVE_OUT_COMPUTE
 #pragma unroll
             for (int q = 0; q < kSteps / 2; ++q) {
@@ -332,6 +330,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
             acc[j][0] += __uint_as_float(b[0].x & 1u);
 #endif
+            // Free the slot once the products have used every value read from it: the arrive's condition reads
+            // the last product, which waits for the shared-memory loads. Without that data dependency the compiler
+            // issues the arrive between the loads and the products, and nothing orders the barrier's update after
+            // the loads' reads, so the bulk copy engine could refill the slot while a load from it is pending.
+            __syncwarp();
+            if (lane == 0 && __float_as_uint(acc[j][0]) != 0xffffffffu) mbar_arrive(&empty[stage]);
             if (++stage == kStages) { stage = 0; phase ^= 1u; }
           }
         }
