@@ -4,9 +4,9 @@ per (source, compiler, flags), and loaded with ctypes.
 The sources have no PyTorch dependency: each exports plain C functions that take device pointers and a
 `cudaStream_t`, so the library builds with nvcc alone and its launches go into PyTorch's current stream (and into a
 CUDA graph when that stream is capturing). The library links CUDA's runtime statically; it shares the device's
-primary context with PyTorch. Built libraries live in $FLASHRT_CUDA_CACHE (default ~/.cache/flashrt/cuda), named by
-a hash of the source text, nvcc's version and the flags, so an edit or another compiler builds anew and nothing
-stale is loaded.
+primary context with PyTorch. Built libraries live in the user's cache folder ($XDG_CACHE_HOME/flashrt/cuda, by
+default ~/.cache/flashrt/cuda), named by a hash of the source text, nvcc's version, the flags and the macros, so an
+edit or another compiler builds anew and nothing stale is loaded.
 
 nvcc is looked for in $CUDA_HOME/bin, $CUDA_PATH/bin, on PATH and in /usr/local/cuda/bin. Without it,
 `cuda_build_available()` is False and `load_library` raises an error that says so.
@@ -47,7 +47,8 @@ def cuda_build_available() -> bool:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("FLASHRT_CUDA_CACHE", Path.home() / ".cache" / "flashrt" / "cuda"))
+    """Where built libraries are kept: $XDG_CACHE_HOME/flashrt/cuda (the XDG cache folder, ~/.cache by default)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flashrt" / "cuda"
 
 
 @functools.lru_cache(maxsize=None)

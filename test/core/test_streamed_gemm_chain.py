@@ -74,9 +74,9 @@ def test_the_benchmark_op_by_op_chain_computes_the_reference_formula():
 
 @pytest.mark.skipif(not K.cuda_build_available(), reason="no nvcc on this machine")
 def test_the_cuda_source_builds_and_exports_its_launcher(tmp_path, monkeypatch):
-    monkeypatch.setenv("FLASHRT_CUDA_CACHE", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = BUILD.build_library(SGC.LIBRARY)
-    assert path.parent == tmp_path and path.is_file()
+    assert path.parent == tmp_path / "flashrt" / "cuda" and path.is_file()
     assert BUILD.build_library(SGC.LIBRARY) == path                     # built once: the second call finds it
     lib = ctypes.CDLL(str(path))
     smem = lib.streamed_gemm_chain_smem_bytes()
