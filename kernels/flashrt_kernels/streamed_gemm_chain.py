@@ -12,9 +12,10 @@ Per layer l, with the weights of layer l % len(layer_weights) (pi0.5's denoise: 
 
 The GEMMs have the expert's shapes (GEMMA_300M.layer_gemm_shapes()) and the denoise's dependencies: every GEMM
 needs the whole output of the one before. The gate/up GEMM writes the GeGLU activation itself (its weight rows
-interleaved by interleave_gate_up, so that the owner of 4 gate columns also holds their up columns). The RMS norms are folded into the QKV and gate/up GEMMs' loads of h (the
-place of the denoise's adaRMSNorms, without their modulation); the attention's place is taken by q's first 2048
-columns (what the attention costs in the chain is measured apart: tools/benchmark_denoise_ablation.py).
+interleaved by interleave_gate_up, so that the owner of 4 gate columns also holds their up columns). The RMS norms
+are folded into the QKV and gate/up GEMMs' loads of h (the place of the denoise's adaRMSNorms, without their
+modulation); the attention's place is taken by q's first 2048 columns (what the attention costs in the chain is
+measured apart: tools/benchmark_denoise_ablation.py).
 
 `pack_weight` lays a (N, K) weight out as the kernel reads it: units of 8 output rows, each in chunks of 1024 of K
 (16 KiB), a chunk in mma.sync m16n8k16 B-fragment order: 32-wide blocks of K, each 32 lanes x 16 bytes, lane
