@@ -884,6 +884,27 @@ def test_streamed_gemm_chain(layers, ctas, rows):
         assert chain.counter.item() == 4 * layers * chain.ctas
 
 
+@pytest.mark.parametrize("leave_out", [(), ("copy",), ("compute",), ("compute", "copy")],
+                         ids=["all", "no-copy", "no-compute", "neither"])
+@pytest.mark.parametrize("wait_inputs", [True, False], ids=["waits", "no-waits"])
+def test_streamed_gemm_chain_measurement_forms_run_to_the_end(leave_out, wait_inputs):
+    """Every form tools/benchmark_streamed_gemm_chain.py times (its results wrong but for the whole kernel with its
+    waits) ends, with every CTA counted once per GEMM: a form that hung would stop the benchmark's device call."""
+    if INTERPRET:
+        pytest.skip("a CUDA C++ kernel: no interpreter runs it")
+    if not K.cuda_build_available():
+        pytest.skip("no nvcc to build the CUDA C++ kernel")
+    shapes = GEMMA_300M.layer_gemm_shapes()
+    g = torch.Generator(device="cuda").manual_seed(7)
+    weights = K.random_streamed_layer_weights(2, GEMMA_300M.width, shapes["qkv"][0], shapes["o"][1],
+                                              shapes["down"][1], "cuda", g)
+    chain = K.StreamedGemmChain(weights, 18, 10, wait_inputs=wait_inputs, leave_out=leave_out)
+    chain.h.copy_(torch.randn(10, GEMMA_300M.width, device="cuda", generator=g))
+    chain.run()
+    torch.cuda.synchronize()
+    assert chain.counter.item() == 4 * 18 * chain.ctas
+
+
 def _streamed_gemm_errors(chain, w, h_in) -> str:
     """The relative error of each GEMM of the chain's last layer against the reference from the kernel's own input
     to that GEMM (q from h_in; the GeGLU activation from h_in plus o of the kernel's q; h from the kernel's act)."""
