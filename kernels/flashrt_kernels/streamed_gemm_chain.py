@@ -139,6 +139,10 @@ class StreamedGemmChain:
         w0 = layer_weights[0]
         device = w0.qkv.device
         width, attn, mlp = w0.qkv.shape[1], w0.o.shape[1], w0.down.shape[1]
+        if width != CHUNK_K:
+            raise ValueError(f"the kernel normalizes a row of h within one chunk: width must be {CHUNK_K}, got {width}")
+        if attn > w0.qkv.shape[0]:
+            raise ValueError(f"the o projection reads {attn} columns of q, which has {w0.qkv.shape[0]}")
         self.rows, self.layers, self.wait_inputs = rows, layers, wait_inputs
         self.packed = [LayerWeights(pack_weight(w.qkv), pack_weight(w.o), pack_weight(interleave_gate_up(w.gate_up)),
                                     pack_weight(w.down)) for w in layer_weights]
@@ -155,10 +159,6 @@ class StreamedGemmChain:
                 self._desc(p.gate_up, w.gate_up, self.h, IN_RMS_NORM, width, self.act, OUT_GEGLU, mlp),
                 self._desc(p.down, w.down, self.act, IN_BF16, mlp, self.h, OUT_ADD_F32, width),
             ]
-        if width != CHUNK_K:
-            raise ValueError(f"the kernel normalizes a row of h within one chunk: width must be {CHUNK_K}, got {width}")
-        if attn > self.q.shape[1]:
-            raise ValueError(f"the o projection reads {attn} columns of q, which has {self.q.shape[1]}")
         self.descs = torch.tensor(descs, dtype=torch.int64).to(device)
 
     @staticmethod

@@ -215,6 +215,12 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[kSteps][4], const GemmDesc&
 
 __device__ __forceinline__ int first_unit(int cta, int rot, int ctas) { return (cta - rot + ctas) % ctas; }
 
+// How many of a GEMM's `units` the CTA whose first unit is `first` owns (first, first + ctas, ...): the producer
+// and the consumers walk the same units by it.
+__device__ __forceinline__ int units_owned(int first, int units, int ctas) {
+  return first < units ? (units - first + ctas - 1) / ctas : 0;
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     streamed_gemm_chain_kernel(const GemmDesc* __restrict__ descs, int num_gemms, int rows, unsigned* counter,
                                int wait_inputs) {
@@ -245,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int units = static_cast<int>(d.n / kTileN), chunks = static_cast<int>(d.k / kChunkK);
         const uint8_t* w = reinterpret_cast<const uint8_t*>(d.w);
         const int first = first_unit(cta, rot, ctas);
-        const int mine = first < units ? (units - first + ctas - 1) / ctas : 0;
+        const int mine = units_owned(first, units, ctas);
         for (int g0 = 0; g0 < mine; g0 += kGroupUnits) {
           const int group_units = min(kGroupUnits, mine - g0);
           for (int c = 0; c < chunks; ++c)
@@ -284,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       consumer_sync();
     }
     const int first = first_unit(cta, rot, ctas);
-    const int mine = first < units ? (units - first + ctas - 1) / ctas : 0;
+    const int mine = units_owned(first, units, ctas);
     uint32_t a[kSteps][4];
     for (int g0 = 0; g0 < mine; g0 += kGroupUnits) {  // up to kGroupUnits units summed across warps at once
       const int group_units = min(kGroupUnits, mine - g0);
