@@ -858,7 +858,8 @@ STREAMED_CHAIN_REL_L2 = 1e-2
 def test_streamed_gemm_chain(layers, ctas, rows):
     """kernels/flashrt_kernels/cuda/streamed_gemm_chain.cu (CUDA C++, built by nvcc) at the expert's four GEMM shapes
     against streamed_gemm_chain_reference: one layer, one denoising step (18 layers, 2 layers' weights cycled), and
-    on 37 CTAs (several units of o and down per CTA: their chunked A fragments reloaded per unit); the activations
+    on 37 CTAs (several units of o and down per CTA, summed as a group chunk by chunk; several groups of QKV and
+    gate/up units); the activations
     between GEMMs poisoned with NaN first, twice in a row, every CTA counted once per GEMM."""
     if INTERPRET:
         pytest.skip("a CUDA C++ kernel: no interpreter runs it")
@@ -922,7 +923,7 @@ def _streamed_gemm_errors(chain, w, h_in) -> str:
 
 def _first_wrong_streamed_layer(weights, h0, rows, ctas, layers=18) -> str:
     """Where a streamed chain went wrong: each layer n recomputed by the reference from the kernel's own output of
-    n - 1 layers; the first layer off by more than STREAMED_CHAIN_REL_L2, with its rows."""
+    n - 1 layers; the first layer off by more than a tenth of STREAMED_CHAIN_REL_L2, with its rows and GEMMs."""
     h = h0.clone()
     for n in range(1, layers + 1):
         chain = K.StreamedGemmChain(weights, n, rows, ctas=ctas)
