@@ -348,20 +348,26 @@ class Ops:
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                   backend: str | None = None) -> torch.Tensor:
-        """Unmasked attention (vision). q, k, v: (B, H, N, Dh) -> (B, H, N, Dh). backend: one of
-        VISION_ATTENTION_BACKENDS (None: the pick of tuning.tune_vision_attention). A backend with no kernel for the
-        inputs raises RuntimeError (the tuning then leaves it out)."""
+        """Unmasked attention (vision). q, k, v: (B, H, N, Dh) -> (B * N, H * Dh): token-major rows, the O GEMM's
+        input. The rows are a view of the attention's output where the backend writes it token-major and a copy
+        where it writes it head-major, so the tuning, which times this call, times that copy with the backend.
+        backend: one of VISION_ATTENTION_BACKENDS (None: the pick of tuning.tune_vision_attention). A backend with
+        no kernel for the inputs raises RuntimeError (the tuning then leaves it out)."""
+        b, h, n, dh = q.shape
         if self._sdpa:
             backend = backend or self.vision_attention_backend
             if backend == "default":
-                return F.scaled_dot_product_attention(q, k, v, scale=scale)
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-            chosen = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-                      "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
-            with sdpa_kernel([chosen]):
-                return F.scaled_dot_product_attention(q, k, v, scale=scale)
-        logits = (q.float() @ k.float().transpose(-1, -2)) * scale        # (B, H, N, N) fp32
-        return torch.softmax(logits, dim=-1).to(v.dtype) @ v
+                out = F.scaled_dot_product_attention(q, k, v, scale=scale)
+            else:
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+                chosen = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                          "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+                with sdpa_kernel([chosen]):
+                    out = F.scaled_dot_product_attention(q, k, v, scale=scale)
+        else:
+            logits = (q.float() @ k.float().transpose(-1, -2)) * scale        # (B, H, N, N) fp32
+            out = torch.softmax(logits, dim=-1).to(v.dtype) @ v
+        return out.transpose(1, 2).reshape(b * n, h * dh)
 
     def causal_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          mask: torch.Tensor | None = None) -> torch.Tensor:

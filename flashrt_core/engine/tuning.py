@@ -209,7 +209,9 @@ def tune_vision_attention(ops: Ops, views: int, tokens: int, heads: int, head_di
                           device: torch.device, layers: int, reps: int = 3) -> dict[str, float]:
     """Time the vision attention on each SDPA backend (graph-captured, `layers` calls per pass, as the vision
     tower runs them) on random q / k / v laid out as forward.vision takes them from the QKV GEMM's output
-    (strided views of one (views, tokens, 3, heads, head_dim) tensor), and keep the fastest. A backend with
+    (strided views of one (views, tokens, 3, heads, head_dim) tensor), each call with its output's move to the
+    token-major rows the O GEMM reads (Ops.attention: a copy for a backend that writes head-major), and keep the
+    fastest. A backend with
     no kernel for this shape, dtype or layout is left out. Each backend's output is first checked against the
     fp32 softmax attention on the same q / k / v (VISION_ATTENTION_CHECK_ATOL); one that disagrees is left out
     and logged, never timed or run.
@@ -219,6 +221,7 @@ def tune_vision_attention(ops: Ops, views: int, tokens: int, heads: int, head_di
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))                       # (V, H, N, Dh)
     scale = head_dim ** -0.5
     want = torch.softmax((q.float() @ k.float().transpose(-1, -2)) * scale, dim=-1) @ v.float()   # fp32
+    want = want.transpose(1, 2).reshape(views * tokens, heads * head_dim)           # Ops.attention's rows
     times = checked_times(ops, "vision attention backend", VISION_ATTENTION_BACKENDS,
                           lambda backend: ops.attention(q, k, v, scale, backend), want,
                           VISION_ATTENTION_CHECK_ATOL, layers, reps)

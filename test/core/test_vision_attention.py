@@ -1,6 +1,7 @@
 """The vision attention's SDPA backends (ops.Ops.attention, backend=...) compute plain softmax attention over the
-strided q / k / v views that forward.vision takes from the QKV GEMM's output. On the CPU torch has the default
-and the flash backend (fp32); test/gpu/test_engine_gpu.py checks every backend at the real shape on the GPU."""
+strided q / k / v views that forward.vision takes from the QKV GEMM's output, as the token-major rows the O GEMM
+reads. On the CPU torch has the default and the flash backend (fp32); test/gpu/test_engine_gpu.py checks every
+backend at the real shape on the GPU."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ def _strided_qkv(views=2, tokens=24, heads=3, dh=8, seed=0):
 
 
 def _softmax_attention(q, k, v, scale):
-    return torch.softmax(torch.einsum("bhqd,bhkd->bhqk", q, k) * scale, dim=-1) @ v
+    """(B, H, N, Dh) -> (B * N, H * Dh) token-major rows, as Ops.attention returns them."""
+    b, h, n, dh = q.shape
+    out = torch.softmax(torch.einsum("bhqd,bhkd->bhqk", q, k) * scale, dim=-1) @ v
+    return out.transpose(1, 2).reshape(b * n, h * dh)
 
 
 @pytest.mark.parametrize("backend", ["default", "flash"])
@@ -94,3 +98,18 @@ def test_the_tuning_leaves_out_a_backend_whose_output_is_wrong(monkeypatch):
     times = tuning.tune_vision_attention(ops, 2, 24, 3, 8, torch.float32, torch.device("cpu"), layers=2)
     assert set(times) == {"default"}           # flash rejected; efficient and cudnn have no CPU kernel
     assert ops.vision_attention_backend == "default" and len(timed) == 1
+
+
+def test_the_tuning_times_the_rows_the_o_gemm_reads(monkeypatch):
+    """What tune_vision_attention times is the call forward.vision makes: the attention with its output moved to
+    the (views * tokens, heads * head_dim) rows the O GEMM reads, so a backend that writes head-major pays for
+    its copy in the timing too."""
+    ops = Ops(resolve(detect_hardware("sm90"), EngineOptions()))
+    shapes = []
+
+    def graph_time_us(fn, reps):
+        shapes.append({tuple(out.shape) for out in fn()})
+        return 10.0
+    monkeypatch.setattr(tuning, "graph_time_us", graph_time_us)
+    tuning.tune_vision_attention(ops, 2, 24, 3, 8, torch.float32, torch.device("cpu"), layers=2)
+    assert shapes and all(s == {(2 * 24, 3 * 8)} for s in shapes), shapes

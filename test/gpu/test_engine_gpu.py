@@ -270,6 +270,7 @@ def test_vision_attention_backends_match_the_softmax_attention_and_the_fastest_i
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
     scale = vc.head_dim ** -0.5
     want = torch.softmax((q.float() @ k.float().transpose(-1, -2)) * scale, dim=-1) @ v.float()
+    want = want.transpose(1, 2).reshape(2 * vc.num_patches, vc.num_heads * vc.head_dim)   # token-major rows
     ran = []
     for backend in VISION_ATTENTION_BACKENDS:
         try:
