@@ -12,6 +12,9 @@ weights, 623 MB in bf16, re-read every step as the denoise does), 10 rows. Varia
     streamed_no_compute the persistent kernel built without its A loads and products (wrong result): the weight
                         stream, the slot hand-overs, the sums over warps and the waits between GEMMs
     streamed_no_compute_no_wait  the same without the waits
+    streamed_no_products the persistent kernel built with its A loads but without its products (wrong result): with
+                        streamed_no_compute, what the A loads cost (every CTA reads each GEMM's whole A)
+    streamed_no_products_no_wait  the same without the waits
     streamed_no_copy    the persistent kernel built without its weight copies (wrong result): the A loads, the
                         products, the sums and the waits on stale slots
     streamed_resident   the persistent kernel with one layer's weights for every layer (34.6 MB, mostly held in L2):
@@ -48,7 +51,8 @@ SGC = importlib.import_module(load_kernels().__name__ + ".streamed_gemm_chain")
 rms_norm = SGC.rms_norm
 # variant -> (waits, what the kernel leaves out); None: not the kernel
 VARIANTS = {"streamed": (True, ()), "streamed_no_wait": (False, ()), "streamed_no_compute": (True, ("compute",)),
-            "streamed_no_compute_no_wait": (False, ("compute",)), "streamed_no_copy": (True, ("copy",)),
+            "streamed_no_compute_no_wait": (False, ("compute",)), "streamed_no_products": (True, ("products",)),
+            "streamed_no_products_no_wait": (False, ("products",)), "streamed_no_copy": (True, ("copy",)),
             "streamed_resident": (True, ()), "library_per_op": None}
 CHECKED = ("streamed", "streamed_resident", "library_per_op")      # the variants whose result is meant to be right
 

@@ -38,7 +38,7 @@ RMS_EPS = 1e-6
 OUT_BF16, OUT_ADD_F32, OUT_GEGLU = 0, 1, 2
 LIBRARY = "streamed_gemm_chain"
 # measurement switches of the kernel (its results are then wrong): what each leaves out -> the macro that does it
-LEAVE_OUT = {"copy": "SGC_LEAVE_OUT_COPY", "compute": "SGC_LEAVE_OUT_COMPUTE"}
+LEAVE_OUT = {"copy": "SGC_LEAVE_OUT_COPY", "compute": "SGC_LEAVE_OUT_COMPUTE", "products": "SGC_LEAVE_OUT_PRODUCTS"}
 
 
 class LayerWeights(NamedTuple):
@@ -119,7 +119,8 @@ class StreamedGemmChain:
     """`layers` layers of the chain on `rows` rows as one launch. `h` holds the fp32 residual: its value before
     run() is the input, after it the output. `wait_inputs=False` skips every wait for a previous GEMM's output:
     the result is then wrong and the time is the weight stream and the compute alone (a ceiling, for measuring);
-    `leave_out` ("copy": no weight stream, "compute": no A loads and products) likewise, for placing the time.
+    `leave_out` ("copy": no weight stream, "compute": no A loads and products, "products": the A loads without
+    the products) likewise, for placing the time.
     `ctas`: the persistent grid (default: as many as can be resident, one per SM)."""
 
     def __init__(self, layer_weights: list[LayerWeights], layers: int, rows: int, wait_inputs: bool = True,

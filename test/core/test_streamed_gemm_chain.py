@@ -92,7 +92,7 @@ def test_the_cuda_source_builds_and_exports_its_launcher(tmp_path, monkeypatch):
 
 
 def test_the_kernel_library_refuses_an_unknown_switch():
-    with pytest.raises(ValueError, match="leave_out takes \\['compute', 'copy'\\]"):
+    with pytest.raises(ValueError, match="leave_out takes \\['compute', 'copy', 'products'\\]"):
         SGC.library(("waits",))
 
 

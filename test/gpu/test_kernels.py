@@ -885,8 +885,8 @@ def test_streamed_gemm_chain(layers, ctas, rows):
         assert chain.counter.item() == 4 * layers * chain.ctas
 
 
-@pytest.mark.parametrize("leave_out", [(), ("copy",), ("compute",), ("compute", "copy")],
-                         ids=["all", "no-copy", "no-compute", "neither"])
+@pytest.mark.parametrize("leave_out", [(), ("copy",), ("compute",), ("products",), ("compute", "copy")],
+                         ids=["all", "no-copy", "no-compute", "no-products", "neither"])
 @pytest.mark.parametrize("wait_inputs", [True, False], ids=["waits", "no-waits"])
 def test_streamed_gemm_chain_measurement_forms_run_to_the_end(leave_out, wait_inputs):
     """Every form tools/benchmark_streamed_gemm_chain.py times (its results wrong but for the whole kernel with its

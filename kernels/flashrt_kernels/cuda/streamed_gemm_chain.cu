@@ -24,14 +24,17 @@
 //   - the consumers wait until every CTA has finished GEMM g-1 (one counter in global memory: each CTA adds 1 per
 //     GEMM with a release at GPU scope after a CTA barrier; a GEMM's consumers spin with an acquire until it holds
 //     g * CTAs), load their A fragments (warp w covers K offsets [128 w, 128 w + 128) of each 1024-chunk; every
-//     load issued before any is used; once per group and chunk), run mma.sync m16n8k16 (bf16, fp32 accumulate) on
-//     each slot as it fills and free it, and sum the 8 warps' partial tiles of the group through shared memory.
+//     load issued before any is used; a GEMM of one chunk loads them once, a longer one loads the next chunk's
+//     while the current chunk's products run), run mma.sync m16n8k16 (bf16, fp32 accumulate) on each slot as it
+//     fills and free it, and sum the 8 warps' partial tiles of the group through shared memory.
 // The launch is cooperative (every CTA resident, one per SM), so the spin cannot deadlock. The counter is zeroed by
 // a memset before each launch (inside a captured graph too).
 // Measurement switches (the result is then wrong; never a product path): `wait_inputs = 0` skips the wait on the
 // counter (the weight stream and the compute alone: the design's ceiling); built with -DSGC_LEAVE_OUT_COPY the
 // producer signals each slot without copying into it (no weight stream), with -DSGC_LEAVE_OUT_COMPUTE the consumers
-// skip the A loads and the products (the stream, the hand-overs and the sums alone).
+// skip the A loads and the products (the stream, the hand-overs and the sums alone), with -DSGC_LEAVE_OUT_PRODUCTS
+// they load A as the kernel does but skip the products (what the A loads cost: each CTA reads every GEMM's whole A,
+// ~200 KB per layer at 10 rows).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -142,15 +145,15 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 
 // This warp's A fragments of K offsets [k0, k0 + 128): kSteps m16k16 tiles; a lane holds rows `group` (registers
 // 0 and 2) and `group + 8` (1 and 3) at K offsets 2 quad (0, 1) and 2 quad + 8 (2, 3) of each 16-wide step. Every
-// load is issued before any value is used (rows past `rows` load the last row and are zeroed after), so a warp
-// waits for one round trip to L2, not one per load. Loads go to L2 (.cg): the activations are written by other
-// CTAs during this launch, so a line in this SM's L1 could be stale.
+// load is issued before any value is used, so a warp waits for one round trip to L2, not one per load; for kInBf16
+// nothing here uses them, so the loads of the next chunk are in flight while the products of this one run. Rows
+// past `rows` load the last row: their products land in accumulator rows that are never stored. Loads go to L2
+// (.cg): the activations are written by other CTAs during this launch, so a line in this SM's L1 could be stale.
 // kInRmsNorm normalizes each row over its whole length (K = 1024, covered by the 8 warps together), through
 // `norm_red` (kConsumerWarps x 16 floats) and one consumer barrier; every consumer warp must call it.
 __device__ __forceinline__ void load_a(uint32_t (&a)[kSteps][4], const GemmDesc& d, int in_kind, int rows, int k0,
                                        int warp, int group, int quad, float* norm_red) {
   const int r0 = min(group, rows - 1), r1 = min(group + 8, rows - 1);
-  const bool v0 = group < rows, v1 = group + 8 < rows;
   if (in_kind == kInRmsNorm) {
     const float* p0 = reinterpret_cast<const float*>(d.in) + r0 * d.in_stride + k0 + 2 * quad;
     const float* p1 = reinterpret_cast<const float*>(d.in) + r1 * d.in_stride + k0 + 2 * quad;
@@ -183,8 +186,8 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[kSteps][4], const GemmDesc&
       t0 += norm_red[w * 16 + group];
       t1 += norm_red[w * 16 + group + 8];
     }
-    const float s0 = v0 ? rsqrtf(t0 / static_cast<float>(d.k) + kRmsEps) : 0.f;
-    const float s1 = v1 ? rsqrtf(t1 / static_cast<float>(d.k) + kRmsEps) : 0.f;
+    const float s0 = rsqrtf(t0 / static_cast<float>(d.k) + kRmsEps);
+    const float s1 = rsqrtf(t1 / static_cast<float>(d.k) + kRmsEps);
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
       a[s][0] = pack_bf16(x[s][0].x * s0, x[s][0].y * s0);
@@ -205,11 +208,6 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[kSteps][4], const GemmDesc&
     a[s][1] = __ldcg(p1 + 8 * s);
     a[s][2] = __ldcg(p0 + 8 * s + 4);
     a[s][3] = __ldcg(p1 + 8 * s + 4);
-  }
-#pragma unroll
-  for (int s = 0; s < kSteps; ++s) {
-    if (!v0) a[s][0] = a[s][2] = 0u;
-    if (!v1) a[s][1] = a[s][3] = 0u;
   }
 }
 
@@ -291,7 +289,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int first = first_unit(cta, rot, ctas);
     const int mine = units_owned(first, units, ctas);
-    uint32_t a[kSteps][4];
+    // A of chunk 0, loaded once per GEMM: a GEMM of one chunk (QKV and gate/up, K = 1024, the RMS-normed ones)
+    // keeps it for all its groups; a longer one (O, down) prefetches each next chunk's A into `a_next` while the
+    // products of the current chunk run, and the next group's chunk 0 during its last chunk
+    uint32_t a[kSteps][4], a_next[kSteps][4];
+#ifndef SGC_LEAVE_OUT_COMPUTE
+    if (mine > 0) load_a(a, d, in_kind, rows, warp * kWarpK, warp, group, quad, norm_red);
+#endif
     for (int g0 = 0; g0 < mine; g0 += kGroupUnits) {  // up to kGroupUnits units summed across warps at once
       const int group_units = min(kGroupUnits, mine - g0);
       // kOutAddF32: the values the sums are added to, read now so that the read is off the path after the sums
@@ -315,8 +319,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
       }
       for (int c = 0; c < chunks; ++c) {
+        const bool prefetch = chunks > 1 && (c + 1 < chunks || g0 + kGroupUnits < mine);
 #ifndef SGC_LEAVE_OUT_COMPUTE
-        load_a(a, d, in_kind, rows, c * kChunkK + warp * kWarpK, warp, group, quad, norm_red);
+        if (prefetch) {
+          load_a(a_next, d, in_kind, rows, (c + 1 < chunks ? c + 1 : 0) * kChunkK + warp * kWarpK, warp, group, quad,
+                 norm_red);
+        }
+#endif
+#ifdef SGC_LEAVE_OUT_PRODUCTS
+        uint32_t a_bits = 0u;  // every A value reaches the slot's release, so no load is dropped
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) a_bits ^= a[s][0] ^ a[s][1] ^ a[s][2] ^ a[s][3];
 #endif
 #pragma unroll
         for (int j = 0; j < kGroupUnits; ++j) {
@@ -327,14 +340,16 @@ __global__ void __launch_bounds__(kThreads, 1)
             uint4 b[kSteps / 2];
 #pragma unroll
             for (int q = 0; q < kSteps / 2; ++q) b[q] = src[q * 32];
-#ifndef SGC_LEAVE_OUT_COMPUTE
+#if defined(SGC_LEAVE_OUT_COMPUTE)
+            acc[j][0] += __uint_as_float(b[0].x & 1u);
+#elif defined(SGC_LEAVE_OUT_PRODUCTS)
+            acc[j][0] += __uint_as_float((b[0].x ^ b[1].y ^ b[2].z ^ b[3].w ^ a_bits) & 1u);
+#else
 #pragma unroll
             for (int q = 0; q < kSteps / 2; ++q) {
               mma_bf16(acc[j], a[2 * q], b[q].x, b[q].y);
               mma_bf16(acc[j], a[2 * q + 1], b[q].z, b[q].w);
             }
-#else
-            acc[j][0] += __uint_as_float(b[0].x & 1u);
 #endif
             // Free the slot once the products have used every value read from it: the arrive's condition reads
             // the last product, which waits for the shared-memory loads. Without that data dependency the compiler
@@ -343,6 +358,13 @@ __global__ void __launch_bounds__(kThreads, 1)
             __syncwarp();
             if (lane == 0 && __float_as_uint(acc[j][0]) != 0xffffffffu) mbar_arrive(&empty[stage]);
             if (++stage == kStages) { stage = 0; phase ^= 1u; }
+          }
+        }
+        if (prefetch) {
+#pragma unroll
+          for (int s = 0; s < kSteps; ++s) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[s][i] = a_next[s][i];
           }
         }
       }
