@@ -6,7 +6,8 @@ The chain is the action expert's four GEMMs per layer at their real shapes and d
 (kernels/flashrt_kernels/streamed_gemm_chain.py), pi0.5's denoise by default: 180 layers (10 steps x 18 layers'
 weights, 623 MB in bf16, re-read every step as the denoise does), 10 rows. Variants:
 
-    streamed            the persistent kernel
+    streamed            the persistent kernel, the MLP's two GEMMs as one paired step (three hand-overs per layer)
+    streamed_four_gemms the persistent kernel with four GEMMs per layer (the GeGLU activation through global memory)
     streamed_no_wait    the same with every wait for a GEMM's inputs skipped (wrong result): the weight stream and
                         the compute alone, the design's ceiling
     streamed_no_compute the persistent kernel built without its A loads and products (wrong result): the weight
@@ -22,9 +23,9 @@ weights, 623 MB in bf16, re-read every step as the denoise does), 10 rows. Varia
     library_per_op      the chain as PyTorch ops (RMS norms, cuBLAS GEMMs, casts, GeGLU, adds), one launch each
 
 Each variant is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays.
-The weight stream's rate is the weight bytes a replay reads over its time. streamed, streamed_resident and
-library_per_op are checked against streamed_gemm_chain_reference on the same weights and input (relative L2 error
-of the residual).
+The weight stream's rate is the weight bytes a replay reads over its time. streamed, streamed_four_gemms,
+streamed_resident and library_per_op are checked against streamed_gemm_chain_reference on the same weights and
+input (relative L2 error of the residual). The leave-out variants run the paired form.
 
     python tools/benchmark_streamed_gemm_chain.py [--layers 180] [--distinct 18] [--rows 10] [--reps 30] [--out DIR]
 """
@@ -49,12 +50,15 @@ from tools.benchmark_layer_chain import captured_replay_ms  # noqa: E402
 
 SGC = importlib.import_module(load_kernels().__name__ + ".streamed_gemm_chain")
 rms_norm = SGC.rms_norm
-# variant -> (waits, what the kernel leaves out); None: not the kernel
-VARIANTS = {"streamed": (True, ()), "streamed_no_wait": (False, ()), "streamed_no_compute": (True, ("compute",)),
-            "streamed_no_compute_no_wait": (False, ("compute",)), "streamed_no_products": (True, ("products",)),
-            "streamed_no_products_no_wait": (False, ("products",)), "streamed_no_copy": (True, ("copy",)),
-            "streamed_resident": (True, ()), "library_per_op": None}
-CHECKED = ("streamed", "streamed_resident", "library_per_op")      # the variants whose result is meant to be right
+# variant -> StreamedGemmChain's switches (waits, what the kernel leaves out, the paired MLP); None: not the kernel
+VARIANTS = {"streamed": {}, "streamed_four_gemms": {"pair_mlp": False}, "streamed_no_wait": {"wait_inputs": False},
+            "streamed_no_compute": {"leave_out": ("compute",)},
+            "streamed_no_compute_no_wait": {"wait_inputs": False, "leave_out": ("compute",)},
+            "streamed_no_products": {"leave_out": ("products",)},
+            "streamed_no_products_no_wait": {"wait_inputs": False, "leave_out": ("products",)},
+            "streamed_no_copy": {"leave_out": ("copy",)}, "streamed_resident": {}, "library_per_op": None}
+# the variants whose result is meant to be right
+CHECKED = ("streamed", "streamed_four_gemms", "streamed_resident", "library_per_op")
 
 
 def library_chain(h: torch.Tensor, layer_weights, layers: int):
@@ -92,8 +96,7 @@ def measure(layers: int, distinct: int, rows: int, reps: int, report=print) -> d
                 h.copy_(h0)
                 chain_run()
         else:
-            wait, leave_out = VARIANTS[variant]
-            chain = k.StreamedGemmChain(layer_weights, layers, rows, wait_inputs=wait, leave_out=leave_out)
+            chain = k.StreamedGemmChain(layer_weights, layers, rows, **VARIANTS[variant])
             h = chain.h
 
             def run(chain=chain):

@@ -109,9 +109,10 @@
 #   kind away can save (denoise_ablation_pi05_<precision>_<date>.json, denoise_ablation_<precision>.log).
 # streamed-chain: the GPU tests of kernels/flashrt_kernels/cuda/streamed_gemm_chain.cu (built by nvcc; their log
 #   pytest_streamed_chain.log; they run in kernels too), then tools/benchmark_streamed_gemm_chain.py: the expert's
-#   four GEMMs per layer over 180 layers as the persistent kernel (with and without its waits, with its weight
-#   copies, its A loads and products, or its products alone left out, and with one layer's weights for all) and as
-#   PyTorch ops, in one process (streamed_gemm_chain_<date>.json, streamed_chain.log).
+#   four GEMMs per layer over 180 layers as the persistent kernel (the MLP's two as one paired step and apart, with
+#   and without its waits, with its weight copies, its A loads and products, or its products alone left out, and
+#   with one layer's weights for all) and as PyTorch ops, in one process (streamed_gemm_chain_<date>.json,
+#   streamed_chain.log).
 # rtc: test/gpu/test_engine_rtc_gpu.py (every engine RTC mode in the graph against the eager engine and the
 #   reference sampler; pytest_rtc.log), then tools/benchmark_rtc.py: each mode's replay beside the plain graph on
 #   full-size pi0.5 (rtc_cost_pi05_<date>.json, rtc.log).

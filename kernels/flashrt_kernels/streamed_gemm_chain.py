@@ -12,7 +12,12 @@ Per layer l, with the weights of layer l % len(layer_weights) (pi0.5's denoise: 
 
 The GEMMs have the expert's shapes (GEMMA_300M.layer_gemm_shapes()) and the denoise's dependencies: every GEMM
 needs the whole output of the one before. The gate/up GEMM writes the GeGLU activation itself (its weight rows
-interleaved by interleave_gate_up, so that the owner of 4 gate columns also holds their up columns). The RMS norms
+interleaved by interleave_gate_up, so that the owner of 4 gate columns also holds their up columns). With
+`pair_mlp` (the default) the MLP is one step of the chain instead of two: the owner of 4 GeGLU columns multiplies
+them by the 4 matching columns of W_down (pack_down_pairs) and adds that partial product into h with atomics, so
+the activation never leaves the SM and a layer has three hand-overs instead of four. The atomics go into a second
+residual buffer that the O GEMM fills with a copy of its result (the MLP step reads h for its own norm while other
+CTAs add into the copy); the two buffers swap roles every layer. The RMS norms
 are folded into the QKV and gate/up GEMMs' loads of h (the place of the denoise's adaRMSNorms, without their
 modulation); the attention's place is taken by q's first 2048 columns (what the attention costs in the chain is
 measured apart: tools/benchmark_denoise_ablation.py).
@@ -35,7 +40,7 @@ CHUNK_K = 1024         # reduction length of one streamed weight chunk
 MAX_ROWS = 16          # one m16 tile
 IN_BF16, IN_RMS_NORM = 0, 1
 RMS_EPS = 1e-6
-OUT_BF16, OUT_ADD_F32, OUT_GEGLU = 0, 1, 2
+OUT_BF16, OUT_ADD_F32, OUT_GEGLU, OUT_GEGLU_DOWN = 0, 1, 2, 3
 LIBRARY = "streamed_gemm_chain"
 # measurement switches of the kernel (its results are then wrong): what each leaves out -> the macro that does it
 LEAVE_OUT = {"copy": "SGC_LEAVE_OUT_COPY", "compute": "SGC_LEAVE_OUT_COMPUTE", "products": "SGC_LEAVE_OUT_PRODUCTS"}
@@ -58,6 +63,18 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     # (unit, row r, chunk, block b, step s, half h, quad q, pair p) -> (unit, chunk, block, r, q, s, h, p)
     v = w.reshape(n // TILE_N, TILE_N, k // CHUNK_K, CHUNK_K // 32, 2, 2, 4, 2)
     return v.permute(0, 2, 3, 1, 6, 4, 5, 7).contiguous().reshape(-1)
+
+
+def pack_down_pairs(w: torch.Tensor) -> torch.Tensor:
+    """W_down (1024, mlp) bf16 -> per gate/up unit u (GeGLU columns 4u .. 4u + 3), its columns of W_down as a
+    row-major (1024, 4) block of 8 KiB, flat: the kernel copies two units' blocks into one ring slot and a lane of
+    warp w reads, for n-tile t, the 32-bit word of row 128 w + 8 t + lane // 4 at K pair lane % 2 of the unit in
+    slot half (lane % 4) // 2 (the m16n8k8 B fragment)."""
+    n, mlp = w.shape
+    if w.dtype != torch.bfloat16 or n != CHUNK_K or mlp % 4:
+        raise ValueError(f"pack_down_pairs takes a bf16 ({CHUNK_K}, mlp) W_down with mlp a multiple of 4; got "
+                         f"{tuple(w.shape)} {w.dtype}")
+    return w.reshape(n, mlp // 4, 4).permute(1, 0, 2).contiguous().reshape(-1)
 
 
 def interleave_gate_up(w: torch.Tensor) -> torch.Tensor:
@@ -99,6 +116,35 @@ def streamed_gemm_chain_reference(h: torch.Tensor, layer_weights: list[LayerWeig
     return h
 
 
+def _desc(packed, w, src, in_kind, in_stride, dst, out_kind, out_stride, w2=None, out2=None) -> list[int]:
+    """One GEMM's descriptor: the kernel's GemmDesc, ten int64 fields in its order."""
+    n, k = w.shape
+    return [packed.data_ptr(), src.data_ptr(), dst.data_ptr(), n, k, in_kind | out_kind << 8, in_stride,
+            out_stride, 0 if w2 is None else w2.data_ptr(), 0 if out2 is None else out2.data_ptr()]
+
+
+def chain_descs(layer_weights: list[LayerWeights], packed: list[LayerWeights], layers: int, h: torch.Tensor,
+                h_pair: torch.Tensor | None, q: torch.Tensor, act: torch.Tensor) -> tuple[list[list[int]], torch.Tensor]:
+    """The kernel's descriptors of `layers` layers (packed: pack_weight of each weight, gate/up interleaved, W_down
+    by pack_down_pairs when h_pair is given, which pairs the MLP) over the buffers h (the input), h_pair, q and
+    act; and the buffer that holds the result after the last layer (h, or h_pair after an odd number of paired
+    layers). Per layer with the pair: QKV reads h, O adds into h and copies into h_pair, the MLP step reads h and
+    adds into h_pair; the next layer runs with the two swapped."""
+    width, q_width, mlp = h.shape[1], q.shape[1], act.shape[1]
+    descs, cur, nxt = [], h, h_pair
+    for layer in range(layers):
+        w, p = layer_weights[layer % len(layer_weights)], packed[layer % len(layer_weights)]
+        descs += [_desc(p.qkv, w.qkv, cur, IN_RMS_NORM, width, q, OUT_BF16, q_width),
+                  _desc(p.o, w.o, q, IN_BF16, q_width, cur, OUT_ADD_F32, width, out2=nxt)]
+        if h_pair is not None:
+            descs.append(_desc(p.gate_up, w.gate_up, cur, IN_RMS_NORM, width, nxt, OUT_GEGLU_DOWN, width, w2=p.down))
+            cur, nxt = nxt, cur
+        else:
+            descs += [_desc(p.gate_up, w.gate_up, cur, IN_RMS_NORM, width, act, OUT_GEGLU, mlp),
+                      _desc(p.down, w.down, act, IN_BF16, mlp, cur, OUT_ADD_F32, width)]
+    return descs, cur
+
+
 def library(leave_out: tuple[str, ...] = ()) -> ctypes.CDLL:
     """The kernel's library (built by nvcc on first use: cuda_build.py) with the LEAVE_OUT switches named, its C
     functions typed."""
@@ -117,14 +163,16 @@ def library(leave_out: tuple[str, ...] = ()) -> ctypes.CDLL:
 
 class StreamedGemmChain:
     """`layers` layers of the chain on `rows` rows as one launch. `h` holds the fp32 residual: its value before
-    run() is the input, after it the output. `wait_inputs=False` skips every wait for a previous GEMM's output:
+    run() is the input, after it the output. `pair_mlp` (module docstring): the MLP's two GEMMs as one step
+    (False: four GEMMs per layer, the activation through global memory). `wait_inputs=False` skips every wait
+    for a previous GEMM's output:
     the result is then wrong and the time is the weight stream and the compute alone (a ceiling, for measuring);
     `leave_out` ("copy": no weight stream, "compute": no A loads and products, "products": the A loads without
     the products) likewise, for placing the time.
     `ctas`: the persistent grid (default: as many as can be resident, one per SM)."""
 
     def __init__(self, layer_weights: list[LayerWeights], layers: int, rows: int, wait_inputs: bool = True,
-                 ctas: int | None = None, leave_out: tuple[str, ...] = ()):
+                 ctas: int | None = None, leave_out: tuple[str, ...] = (), pair_mlp: bool = True):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"StreamedGemmChain covers 1 to {MAX_ROWS} rows; got {rows}")
         if layers < 1 or not layer_weights:
@@ -144,29 +192,19 @@ class StreamedGemmChain:
             raise ValueError(f"the kernel normalizes a row of h within one chunk: width must be {CHUNK_K}, got {width}")
         if attn > w0.qkv.shape[0]:
             raise ValueError(f"the o projection reads {attn} columns of q, which has {w0.qkv.shape[0]}")
-        self.rows, self.layers, self.wait_inputs = rows, layers, wait_inputs
+        self.rows, self.layers, self.wait_inputs, self.pair_mlp = rows, layers, wait_inputs, pair_mlp
+        down = pack_down_pairs if pair_mlp else pack_weight
         self.packed = [LayerWeights(pack_weight(w.qkv), pack_weight(w.o), pack_weight(interleave_gate_up(w.gate_up)),
-                                    pack_weight(w.down)) for w in layer_weights]
+                                    down(w.down)) for w in layer_weights]
         self.h = torch.zeros(rows, width, device=device, dtype=torch.float32)
+        # pair_mlp: the residual copy the MLP step adds into; the two swap every layer
+        self.h_pair = torch.zeros(rows, width, device=device, dtype=torch.float32) if pair_mlp else None
         self.q = torch.zeros(rows, w0.qkv.shape[0], device=device, dtype=torch.bfloat16)
         self.act = torch.zeros(rows, mlp, device=device, dtype=torch.bfloat16)      # gelu_tanh(gate) * up
         self.counter = torch.zeros(1, device=device, dtype=torch.int32)
-        descs = []
-        for layer in range(layers):
-            w, p = layer_weights[layer % len(layer_weights)], self.packed[layer % len(layer_weights)]
-            descs += [
-                self._desc(p.qkv, w.qkv, self.h, IN_RMS_NORM, width, self.q, OUT_BF16, self.q.shape[1]),
-                self._desc(p.o, w.o, self.q, IN_BF16, self.q.shape[1], self.h, OUT_ADD_F32, width),
-                self._desc(p.gate_up, w.gate_up, self.h, IN_RMS_NORM, width, self.act, OUT_GEGLU, mlp),
-                self._desc(p.down, w.down, self.act, IN_BF16, mlp, self.h, OUT_ADD_F32, width),
-            ]
+        descs, self.result = chain_descs(layer_weights, self.packed, layers, self.h, self.h_pair, self.q, self.act)
+        self.gemms = len(descs)            # the steps of the chain, each one hand-over: the counter's last value
         self.descs = torch.tensor(descs, dtype=torch.int64).to(device)
-
-    @staticmethod
-    def _desc(packed, w, src, in_kind, in_stride, dst, out_kind, out_stride) -> list[int]:
-        n, k = w.shape
-        return [packed.data_ptr(), src.data_ptr(), dst.data_ptr(), n, k, in_kind | out_kind << 8, in_stride,
-                out_stride]
 
     def run(self) -> None:
         """One launch of the whole chain on the current stream (captured when it is capturing)."""
@@ -176,3 +214,5 @@ class StreamedGemmChain:
         if error:
             raise RuntimeError("streamed_gemm_chain launch failed: "
                                + self.lib.streamed_gemm_chain_error_string(error).decode())
+        if self.result is not self.h:              # the last layer's MLP added into the residual copy
+            self.h.copy_(self.result)

@@ -1,7 +1,8 @@
-"""kernels/flashrt_kernels/streamed_gemm_chain.py on the CPU: the packed weight layout is the one the CUDA kernel
-reads (each element where a lane's B fragment load finds it), the CUDA C++ source builds with nvcc and exports its
-C functions (where nvcc is installed), and tools/benchmark_streamed_gemm_chain.py's op-by-op chain computes the
-reference's formula. The kernel itself runs in test/gpu/test_kernels.py::test_streamed_gemm_chain."""
+"""kernels/flashrt_kernels/streamed_gemm_chain.py on the CPU: the packed weight layouts are the ones the CUDA kernel
+reads (each element where a lane's B fragment load finds it), the chain's descriptors compute the reference when
+an emulation of the kernel's work runs them, the CUDA C++ source builds with nvcc and exports its C functions
+(where nvcc is installed), and tools/benchmark_streamed_gemm_chain.py's op-by-op chain computes the reference's
+formula. The kernel itself runs in test/gpu/test_kernels.py::test_streamed_gemm_chain."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import importlib
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from flashrt_core.config import GEMMA_300M
 from flashrt_core.engine.kernel_import import load_kernels
@@ -41,6 +43,41 @@ def test_pack_weight_puts_every_element_where_the_kernel_reads_it(n, k):
     index = torch.tensor([[kernel_element_index(i, j, k) for j in range(k)] for i in range(n)])
     assert sorted(index.flatten().tolist()) == list(range(n * k))       # a permutation
     assert torch.equal(packed[index], (w % 251).to(torch.bfloat16))
+
+
+def kernel_down_pair_word(slot: torch.Tensor, warp: int, t: int, lane: int) -> torch.Tensor:
+    """The 32-bit word (two bf16) a lane of `warp` reads for n-tile t from a ring slot of two units' W_down blocks
+    (kOutGegluDown), as the kernel addresses it: half (lane % 4) // 2 of the slot (2048 words each), then
+    warp * 16 * 16 + t * 16 + (lane // 4) * 2 + lane % 2."""
+    group, quad = lane // 4, lane % 4
+    word = (quad >> 1) * 2048 + warp * 256 + t * 16 + group * 2 + (quad & 1)
+    return slot[2 * word: 2 * word + 2]
+
+
+@pytest.mark.parametrize("ua, ub", [(0, 1), (5, 3), (7, 7)])
+def test_pack_down_pairs_gives_each_lane_its_m16n8k8_b_fragment(ua, ub):
+    """The m16n8k8 B fragment (K x N = 8 x 8, b0 = B[2 (lane % 4) .. + 1][lane // 4]) of each n-tile, gathered from
+    the lanes' reads of a slot holding units ua and ub (ub = ua: an odd group's last unit twice), is W_down's rows of
+    that tile at the 8 GeGLU columns 4 ua .. 4 ua + 3, 4 ub .. 4 ub + 3: a pair's product is act[:, those] @ W^T."""
+    mlp = 32
+    w = (torch.arange(1024 * mlp, dtype=torch.float32).reshape(1024, mlp) % 251).to(torch.bfloat16)
+    packed = SGC.pack_down_pairs(w)
+    assert packed.shape == (1024 * mlp,)
+    block = 1024 * 4                                                    # one unit's bf16 values (8 KiB)
+    slot = torch.cat([packed[ua * block:(ua + 1) * block], packed[ub * block:(ub + 1) * block]])
+    cols = [4 * ua + i for i in range(4)] + [4 * ub + i for i in range(4)]
+    for warp in range(8):
+        for t in range(16):
+            b = torch.empty(8, 8, dtype=torch.bfloat16)                 # (k, n) of this n-tile
+            for lane in range(32):
+                b[2 * (lane % 4): 2 * (lane % 4) + 2, lane // 4] = kernel_down_pair_word(slot, warp, t, lane)
+            rows = [128 * warp + 8 * t + n for n in range(8)]
+            assert torch.equal(b, w[rows][:, cols].T), (warp, t)
+
+
+def test_pack_down_pairs_names_what_it_cannot_take():
+    with pytest.raises(ValueError, match="bf16 \\(1024, mlp\\) W_down"):
+        SGC.pack_down_pairs(torch.zeros(512, 64, dtype=torch.bfloat16))
 
 
 def test_interleave_gate_up_puts_four_gate_rows_before_their_up_rows():
@@ -100,3 +137,82 @@ def test_without_nvcc_the_build_names_what_is_missing(monkeypatch, tmp_path):
     monkeypatch.setattr(BUILD, "find_nvcc", lambda: None)
     with pytest.raises(RuntimeError, match="needs nvcc"):
         BUILD.build_library(SGC.LIBRARY)
+
+
+def _as_the_kernel_reads(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The (n, k) weight the kernel multiplies by, gathered from a pack_weight buffer through its addressing."""
+    index = kernel_element_index(torch.arange(n)[:, None], torch.arange(k)[None, :], k)
+    return packed[index]
+
+
+def _emulate_chain(descs, buffers: dict, rows: int, ctas: int) -> None:
+    """The kernel's work on the CPU, step by step, CTA after CTA in each step (so a step that wrote into a buffer
+    it also reads would be caught), reading every operand through its descriptor's pointers: unit u of a step
+    belongs to CTA (u + rot) % ctas, a CTA's units go in groups of 8, kOutGegluDown multiplies each group's GeGLU
+    columns by their W_down blocks and adds the product into its output (the atomics)."""
+    rot = 0
+    for w_ptr, in_ptr, out_ptr, n, k, kinds, _, _, w2_ptr, out2_ptr in descs:
+        in_kind, out_kind = kinds & 0xFF, kinds >> 8 & 0xFF
+        w = _as_the_kernel_reads(buffers[w_ptr], n, k).float()
+        x = buffers[in_ptr][:rows, :k]
+        a = (SGC.rms_norm(x) if in_kind == SGC.IN_RMS_NORM else x.float()).bfloat16().float()
+        out = buffers[out_ptr]
+        units = n // SGC.TILE_N
+        for cta in range(ctas):
+            first = (cta - rot) % ctas
+            mine = (units - first + ctas - 1) // ctas if first < units else 0
+            for g0 in range(0, mine, 8):
+                group = [first + (g0 + j) * ctas for j in range(min(8, mine - g0))]
+                acts = []
+                for u in group:
+                    y = a @ w[8 * u: 8 * u + 8].T                                # (rows, 8) fp32
+                    if out_kind == SGC.OUT_BF16:
+                        out[:rows, 8 * u: 8 * u + 8] = y.bfloat16()
+                    elif out_kind == SGC.OUT_ADD_F32:
+                        value = out[:rows, 8 * u: 8 * u + 8] + y
+                        out[:rows, 8 * u: 8 * u + 8] = value
+                        if out2_ptr:
+                            buffers[out2_ptr][:rows, 8 * u: 8 * u + 8] = value
+                    else:
+                        gate, up = y[:, :4].bfloat16().float(), y[:, 4:].bfloat16().float()
+                        act = (F.gelu(gate, approximate="tanh") * up).bfloat16()
+                        if out_kind == SGC.OUT_GEGLU:
+                            out[:rows, 4 * u: 4 * u + 4] = act
+                        acts.append(act)
+                if out_kind == SGC.OUT_GEGLU_DOWN:
+                    blocks = buffers[w2_ptr].view(-1, 1024, 4)                   # pack_down_pairs' unit blocks
+                    w_down = torch.cat([blocks[u] for u in group], dim=1).float()   # (1024, 4 * units)
+                    out[:rows] += torch.cat(acts, dim=1).float() @ w_down.T
+        rot = (rot + units) % ctas
+
+
+@pytest.mark.parametrize("pair_mlp", [True, False], ids=["paired-mlp", "four-gemms"])
+@pytest.mark.parametrize("layers, ctas", [(1, 132), (2, 37), (3, 132)])
+def test_the_chain_descriptors_compute_the_reference(pair_mlp, layers, ctas):
+    """chain_descs' descriptors, run by an emulation of the kernel's work (_emulate_chain), compute
+    streamed_gemm_chain_reference at the expert's shapes: the buffers each step reads and writes (the paired
+    MLP's residual copy, swapped every layer), the packed weights through the kernel's addressing, the units'
+    owners and groups (37 CTAs: several groups, an odd last one), and the buffer chain_descs names as the result.
+    The activations and the residual copy start as NaN, so a step that reads what no earlier step wrote fails."""
+    g = torch.Generator().manual_seed(layers)
+    shapes = GEMMA_300M.layer_gemm_shapes()
+    width, attn, mlp = GEMMA_300M.width, shapes["o"][1], shapes["down"][1]
+    weights = K.random_streamed_layer_weights(2, width, shapes["qkv"][0], attn, mlp, "cpu", g)
+    down = SGC.pack_down_pairs if pair_mlp else SGC.pack_weight
+    packed = [SGC.LayerWeights(SGC.pack_weight(w.qkv), SGC.pack_weight(w.o),
+                               SGC.pack_weight(SGC.interleave_gate_up(w.gate_up)), down(w.down)) for w in weights]
+    rows = 10
+    h0 = torch.randn(rows, width, generator=g)
+    h = h0.clone()
+    h_pair = torch.full((rows, width), float("nan")) if pair_mlp else None
+    q = torch.full((rows, shapes["qkv"][0]), float("nan"), dtype=torch.bfloat16)
+    act = torch.full((rows, mlp), float("nan"), dtype=torch.bfloat16)
+    descs, result = SGC.chain_descs(weights, packed, layers, h, h_pair, q, act)
+    assert len(descs) == (3 if pair_mlp else 4) * layers
+    assert result is (h_pair if pair_mlp and layers % 2 else h)
+    buffers = {t.data_ptr(): t for t in [h, q, act] + ([h_pair] if pair_mlp else [])
+               + [w for p in packed for w in p]}
+    _emulate_chain(descs, buffers, rows, ctas)
+    want = K.streamed_gemm_chain_reference(h0, weights, layers)
+    assert not torch.isnan(result).any()
+    assert float((result - want).norm() / want.norm()) < 1e-3

@@ -853,14 +853,16 @@ def _first_wrong_layer(chain, w: torch.Tensor, resident: bool, bound: float) -> 
 STREAMED_CHAIN_REL_L2 = 1e-2
 
 
+@pytest.mark.parametrize("pair_mlp", [True, False], ids=["paired-mlp", "four-gemms"])
 @pytest.mark.parametrize("rows", [1, 10, 16])
 @pytest.mark.parametrize("layers, ctas", [(1, None), (18, None), (18, 37)], ids=["1-layer", "18-layers", "37-ctas"])
-def test_streamed_gemm_chain(layers, ctas, rows):
+def test_streamed_gemm_chain(layers, ctas, rows, pair_mlp):
     """kernels/flashrt_kernels/cuda/streamed_gemm_chain.cu (CUDA C++, built by nvcc) at the expert's four GEMM shapes
-    against streamed_gemm_chain_reference: one layer, one denoising step (18 layers, 2 layers' weights cycled), and
-    on 37 CTAs (several units of o and down per CTA, summed as a group chunk by chunk; several groups of QKV and
-    gate/up units); the activations
-    between GEMMs poisoned with NaN first, twice in a row, every CTA counted once per GEMM."""
+    against streamed_gemm_chain_reference, with the MLP as one paired step and as two GEMMs: one layer (odd: the
+    paired chain's result comes back from the residual copy), one denoising step (18 layers, 2 layers' weights
+    cycled), and on 37 CTAs (several units of o and down per CTA, summed as a group chunk by chunk; several groups
+    of QKV and gate/up units, an odd last group in the paired MLP); the activations and the residual copy poisoned
+    with NaN first, twice in a row, every CTA counted once per step."""
     if INTERPRET:
         pytest.skip("a CUDA C++ kernel: no interpreter runs it")
     if not K.cuda_build_available():
@@ -871,18 +873,21 @@ def test_streamed_gemm_chain(layers, ctas, rows):
                                               shapes["down"][1], "cuda", g)
     h0 = torch.randn(rows, GEMMA_300M.width, device="cuda", generator=g)
     want = K.streamed_gemm_chain_reference(h0, weights, layers)
-    chain = K.StreamedGemmChain(weights, layers, rows, ctas=ctas)
+    chain = K.StreamedGemmChain(weights, layers, rows, ctas=ctas, pair_mlp=pair_mlp)
+    assert chain.gemms == (3 if pair_mlp else 4) * layers
     for _ in range(2):
         chain.q.fill_(float("nan"))
         chain.act.fill_(float("nan"))
+        if pair_mlp:
+            chain.h_pair.fill_(float("nan"))
         chain.h.copy_(h0)
         chain.run()
         torch.cuda.synchronize()
         assert not torch.isnan(chain.h).any()
         err = float((chain.h - want).norm() / want.norm())
         assert err < STREAMED_CHAIN_REL_L2, \
-            f"rel L2 error {err:.2e}; {_first_wrong_streamed_layer(weights, h0, rows, ctas)}"
-        assert chain.counter.item() == 4 * layers * chain.ctas
+            f"rel L2 error {err:.2e}; {_first_wrong_streamed_layer(weights, h0, rows, ctas, pair_mlp)}"
+        assert chain.counter.item() == chain.gemms * chain.ctas
 
 
 @pytest.mark.parametrize("leave_out", [(), ("copy",), ("compute",), ("products",), ("compute", "copy")],
@@ -890,7 +895,8 @@ def test_streamed_gemm_chain(layers, ctas, rows):
 @pytest.mark.parametrize("wait_inputs", [True, False], ids=["waits", "no-waits"])
 def test_streamed_gemm_chain_measurement_forms_run_to_the_end(leave_out, wait_inputs):
     """Every form tools/benchmark_streamed_gemm_chain.py times (its results wrong but for the whole kernel with its
-    waits) ends, with every CTA counted once per GEMM: a form that hung would stop the benchmark's device call."""
+    waits), with the paired MLP and with four GEMMs per layer, ends with every CTA counted once per step: a form
+    that hung would stop the benchmark's device call."""
     if INTERPRET:
         pytest.skip("a CUDA C++ kernel: no interpreter runs it")
     if not K.cuda_build_available():
@@ -899,34 +905,39 @@ def test_streamed_gemm_chain_measurement_forms_run_to_the_end(leave_out, wait_in
     g = torch.Generator(device="cuda").manual_seed(7)
     weights = K.random_streamed_layer_weights(2, GEMMA_300M.width, shapes["qkv"][0], shapes["o"][1],
                                               shapes["down"][1], "cuda", g)
-    chain = K.StreamedGemmChain(weights, 18, 10, wait_inputs=wait_inputs, leave_out=leave_out)
-    chain.h.copy_(torch.randn(10, GEMMA_300M.width, device="cuda", generator=g))
-    chain.run()
-    torch.cuda.synchronize()
-    assert chain.counter.item() == 4 * 18 * chain.ctas
+    for pair_mlp in (True, False):
+        chain = K.StreamedGemmChain(weights, 18, 10, wait_inputs=wait_inputs, leave_out=leave_out, pair_mlp=pair_mlp)
+        chain.h.copy_(torch.randn(10, GEMMA_300M.width, device="cuda", generator=g))
+        chain.run()
+        torch.cuda.synchronize()
+        assert chain.counter.item() == chain.gemms * chain.ctas, pair_mlp
 
 
 def _streamed_gemm_errors(chain, w, h_in) -> str:
     """The relative error of each GEMM of the chain's last layer against the reference from the kernel's own input
-    to that GEMM (q from h_in; the GeGLU activation from h_in plus o of the kernel's q; h from the kernel's act)."""
+    to that GEMM (q from h_in; the GeGLU activation from h_in plus o of the kernel's q; h from the kernel's act;
+    with the paired MLP, which keeps the activation on chip: h from h_in plus o of the kernel's q)."""
     SGC = importlib.import_module(K.__name__ + ".streamed_gemm_chain")
     attn, mlp = w.o.shape[1], w.down.shape[1]
     q = (SGC.rms_norm(h_in).bfloat16().float() @ w.qkv.float().T).bfloat16()
     h_o = h_in + chain.q[:, :attn].float() @ w.o.float().T
     gu = (SGC.rms_norm(h_o).bfloat16().float() @ w.gate_up.float().T).bfloat16()
     act = (torch.nn.functional.gelu(gu[:, :mlp].float(), approximate="tanh") * gu[:, mlp:].float()).bfloat16()
-    h = h_o + chain.act.float() @ w.down.float().T
-    errors = {"qkv": (chain.q, q), "o and gate/up": (chain.act, act), "down": (chain.h, h)}
+    if chain.pair_mlp:
+        errors = {"qkv": (chain.q, q), "o, gate/up and down": (chain.h, h_o + act.float() @ w.down.float().T)}
+    else:
+        h = h_o + chain.act.float() @ w.down.float().T
+        errors = {"qkv": (chain.q, q), "o and gate/up": (chain.act, act), "down": (chain.h, h)}
     return ", ".join(f"{name} {float((got.float() - want.float()).norm() / want.float().norm()):.1e}"
                      for name, (got, want) in errors.items())
 
 
-def _first_wrong_streamed_layer(weights, h0, rows, ctas, layers=18) -> str:
+def _first_wrong_streamed_layer(weights, h0, rows, ctas, pair_mlp, layers=18) -> str:
     """Where a streamed chain went wrong: each layer n recomputed by the reference from the kernel's own output of
     n - 1 layers; the first layer off by more than a tenth of STREAMED_CHAIN_REL_L2, with its rows and GEMMs."""
     h = h0.clone()
     for n in range(1, layers + 1):
-        chain = K.StreamedGemmChain(weights, n, rows, ctas=ctas)
+        chain = K.StreamedGemmChain(weights, n, rows, ctas=ctas, pair_mlp=pair_mlp)
         chain.h.copy_(h0)
         chain.run()
         w = weights[(n - 1) % len(weights)]

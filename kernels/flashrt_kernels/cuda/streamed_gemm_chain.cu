@@ -10,6 +10,11 @@
 // bf16 (`kOutBf16`), added into an fp32 matrix (`kOutAddF32`, the residual stream), or, for a gate/up GEMM whose
 // weight rows interleave 4 gate rows and their 4 up rows per unit (interleave_gate_up()), written as
 // bf16(gelu_tanh(bf16(gate)) * bf16(up)) (`kOutGeglu`: the MLP's activation, computed once by the column's owner).
+// `kOutGegluDown` pairs the MLP's two GEMMs in one step: the owner of gate/up unit u keeps its 4 GeGLU columns in
+// shared memory, multiplies them by the 4 matching columns of W_down (desc.w2: pack_down_pairs(), 8 KiB per unit,
+// two units per ring slot) on mma.sync m16n8k8 and adds the (rows, N2) partial product into desc.out with fp32
+// vector atomics. The activation never goes to global memory and the down GEMM needs no hand-over of its own; the
+// atomics land on a second residual buffer (the O GEMM's `out2` copy of h), since the GEMM's own A is h itself.
 //
 // Work: GEMM g's output columns come in units of 8 (one mma n-tile); a unit's weight is (8, K_g), stored by
 // pack_weight() in chunks of 8 x 1024 (16 KiB) laid out in mma fragment order, so a warp reads its B fragments
@@ -17,7 +22,8 @@
 // (u + rot_g) % CTAs, rot_g being the units of GEMMs 0 .. g-1 modulo CTAs, so the bytes spread evenly over a layer.
 // Each CTA has one producer warp and 8 consumer warps:
 //   - the producer walks the CTA's chunks of the whole chain in order (per GEMM: groups of up to 8 units, each
-//     group chunk by chunk, a chunk unit by unit) and copies each into a ring of kStages
+//     group chunk by chunk, a chunk unit by unit; for kOutGegluDown then the group's W_down blocks, two units per
+//     slot) and copies each into a ring of kStages
 //     16-KiB slots with the bulk copy engine (cp.async.bulk, completion counted on the slot's `full` mbarrier). It
 //     never waits for activations, only for a free slot (`empty` mbarrier), so the weights of the next GEMMs stream
 //     while the consumers wait for this one's inputs;
@@ -56,12 +62,17 @@ constexpr int kRedFloats = kGroupUnits * kConsumerWarps * 32 * 4;  // their part
 constexpr int kSumsPerThread = kGroupUnits * 128 / kConsumerThreads;  // a group's m16n8 sums per consumer thread
 constexpr int kNormRedFloats = kConsumerWarps * 16;    // per-warp sums of squares of the 16 rows
 constexpr float kRmsEps = 1e-6f;
-constexpr int kSmemBytes = kStages * kChunkBytes + (kRedFloats + kNormRedFloats) * 4 + 2 * kStages * 8;
+constexpr int kActCols = kGroupUnits * kTileN / 2;    // a group's GeGLU columns (kOutGegluDown): 32
+constexpr int kActWords = 16 * kActCols / 2;           // ... as bf16 pairs for 16 rows
+constexpr int kDownTiles = 1024 / kTileN / kConsumerWarps;  // kOutGegluDown: a warp's n-tiles of N2 = 1024: 16
+constexpr int kDownUnitBytes = kChunkBytes / 2;        // one unit's 4 columns of W_down (1024 x 4 bf16): 8 KiB
+constexpr int kSmemBytes =
+    kStages * kChunkBytes + (kRedFloats + kNormRedFloats + kActWords) * 4 + 2 * kStages * 8;
 
 enum InKind { kInBf16 = 0, kInRmsNorm = 1 };
-enum OutKind { kOutBf16 = 0, kOutAddF32 = 1, kOutGeglu = 2 };
+enum OutKind { kOutBf16 = 0, kOutAddF32 = 1, kOutGeglu = 2, kOutGegluDown = 3 };
 
-// One GEMM of the chain: eight int64 fields, in the order streamed_gemm_chain.py writes them.
+// One GEMM of the chain: ten int64 fields, in the order streamed_gemm_chain.py writes them.
 struct GemmDesc {
   long long w;            // packed weight: (N / 8) units x (K / 1024) chunks x 16 KiB
   long long in;           // A's source matrix (bf16 or fp32, by in_kind)
@@ -69,7 +80,9 @@ struct GemmDesc {
   long long n, k;         // N (a multiple of 8), K (a multiple of 1024)
   long long kinds;        // in_kind | out_kind << 8
   long long in_stride;    // elements between two rows of the source
-  long long out_stride;   // elements between two rows of the output
+  long long out_stride;   // elements between two rows of the output (kOutGegluDown: of out, N2 = 1024 columns)
+  long long w2;           // kOutGegluDown: W_down (1024 rows) packed by pack_down_pairs(), 8 KiB per gate/up unit
+  long long out2;         // kOutAddF32: a second fp32 matrix that receives the same sums (0: none)
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -102,12 +115,13 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   }
 }
 
-// 16 KiB from global memory into a ring slot on the bulk copy engine; completion counted on `bar`.
-__device__ __forceinline__ void bulk_copy_chunk(void* dst, const void* src, uint64_t* bar) {
+// `bytes` (a multiple of 16) from global memory into a ring slot on the bulk copy engine; completion counted on
+// `bar`.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, int bytes, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
           smem_addr(dst)),
-      "l"(src), "r"(kChunkBytes), "r"(smem_addr(bar))
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
 
@@ -132,6 +146,14 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       "{%0, %1, %2, %3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// kOutGegluDown's products: m16n8k8, A = two units' 4 GeGLU columns each, B = their 8 columns of W_down.
+__device__ __forceinline__ void mma_bf16_k8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(b0));
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -226,7 +248,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* ring = smem;
   float* red = reinterpret_cast<float*>(smem + kStages * kChunkBytes);
   float* norm_red = red + kRedFloats;
-  uint64_t* full = reinterpret_cast<uint64_t*>(norm_red + kNormRedFloats);
+  uint32_t* act_s = reinterpret_cast<uint32_t*>(norm_red + kNormRedFloats);  // kOutGegluDown: 16 x 32 bf16
+  uint64_t* full = reinterpret_cast<uint64_t*>(act_s + kActWords);
   uint64_t* empty = full + kStages;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -260,10 +283,28 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbar_arrive(&full[stage]);
 #else
             mbar_arrive_expect_tx(&full[stage], kChunkBytes);
-            bulk_copy_chunk(ring + stage * kChunkBytes, w + (static_cast<size_t>(u) * chunks + c) * kChunkBytes,
-                            &full[stage]);
+            bulk_copy(ring + stage * kChunkBytes, w + (static_cast<size_t>(u) * chunks + c) * kChunkBytes,
+                      kChunkBytes, &full[stage]);
 #endif
             if (++stage == kStages) { stage = 0; phase ^= 1u; }
+          }
+          if ((d.kinds >> 8 & 0xff) == kOutGegluDown) {  // then the group's W_down columns, two units per slot
+            const uint8_t* w2 = reinterpret_cast<const uint8_t*>(d.w2);
+            for (int j = 0; j < group_units; j += 2) {
+              const int ua = first + (g0 + j) * ctas;
+              const int ub = j + 1 < group_units ? ua + ctas : ua;  // an odd last unit: its own columns twice,
+              mbar_wait(&empty[stage], phase ^ 1u);                  // the second copy multiplied by zeros
+#ifdef SGC_LEAVE_OUT_COPY
+              mbar_arrive(&full[stage]);
+#else
+              mbar_arrive_expect_tx(&full[stage], kChunkBytes);
+              bulk_copy(ring + stage * kChunkBytes, w2 + static_cast<size_t>(ua) * kDownUnitBytes, kDownUnitBytes,
+                        &full[stage]);
+              bulk_copy(ring + stage * kChunkBytes + kDownUnitBytes, w2 + static_cast<size_t>(ub) * kDownUnitBytes,
+                        kDownUnitBytes, &full[stage]);
+#endif
+              if (++stage == kStages) { stage = 0; phase ^= 1u; }
+            }
           }
         }
         rot = (rot + units) % ctas;
@@ -377,15 +418,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       consumer_sync();
-      if (out_kind == kOutGeglu) {
+      if (out_kind == kOutGeglu || out_kind == kOutGegluDown) {
         // a unit holds 4 gate columns (tile columns 0-3) and the same 4 up columns (4-7): each output is
         // gelu_tanh(bf16(gate)) * bf16(up), rounded to bf16; C[r][c] is in lane 4 (r % 8) + c / 2 and C[r][c + 4]
-        // two lanes further, in register (c % 2) + 2 (r >= 8)
+        // two lanes further, in register (c % 2) + 2 (r >= 8). kOutGegluDown keeps the group's outputs in act_s
+        // (row r, column 4 j + c), zeros where the group has no unit j, for the products with W_down below.
+        __nv_bfloat16* act_h = reinterpret_cast<__nv_bfloat16*>(act_s);
 #pragma unroll
         for (int m = 0; m < kSumsPerThread / 2; ++m) {
           const int v = threadIdx.x + m * kConsumerThreads;
           const int j = v >> 6, row = (v >> 2) & 15, c = v & 3;
-          if (j >= group_units || row >= rows) continue;
+          if (j >= group_units || row >= rows) {
+            if (out_kind == kOutGegluDown) act_h[row * kActCols + 4 * j + c] = __float2bfloat16(0.f);
+            continue;
+          }
           const int l = (row & 7) * 4 + (c >> 1), i = (c & 1) + (row >= 8 ? 2 : 0);
           float gate = 0.f, up = 0.f;
 #pragma unroll
@@ -395,8 +441,61 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           gate = __bfloat162float(__float2bfloat16(gate));
           up = __bfloat162float(__float2bfloat16(up));
-          const int col = (first + (g0 + j) * ctas) * (kTileN / 2) + c;
-          reinterpret_cast<__nv_bfloat16*>(d.out)[row * d.out_stride + col] = __float2bfloat16(gelu_tanh(gate) * up);
+          const __nv_bfloat16 act = __float2bfloat16(gelu_tanh(gate) * up);
+          if (out_kind == kOutGegluDown) {
+            act_h[row * kActCols + 4 * j + c] = act;
+          } else {
+            const int col = (first + (g0 + j) * ctas) * (kTileN / 2) + c;
+            reinterpret_cast<__nv_bfloat16*>(d.out)[row * d.out_stride + col] = act;
+          }
+        }
+        if (out_kind == kOutGegluDown) {
+          consumer_sync();  // the group's GeGLU columns are in act_s
+          // two units per slot: K = their 8 GeGLU columns; warp w covers N2 columns [128 w, 128 w + 128) in 16
+          // n-tiles; a lane's A words hold rows `group` / `group + 8` at columns 4 jp + 2 quad (+1), its B word
+          // n-tile t's column `group` at the slot half of unit jp + quad / 2, K pair quad % 2 (pack_down_pairs).
+          // The group's partial product (this warp's 16 x 128 share) goes into the residual copy with fp32 vector
+          // atomics after its last slot, so it lives in registers for one group only.
+          float dacc[kDownTiles][4];
+#pragma unroll
+          for (int t = 0; t < kDownTiles; ++t) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) dacc[t][i] = 0.f;
+          }
+          for (int jp = 0; jp < group_units; jp += 2) {
+            mbar_wait(&full[stage], phase);
+            const uint32_t* slot = reinterpret_cast<const uint32_t*>(ring + stage * kChunkBytes) +
+                                   (quad >> 1) * (kDownUnitBytes / 4) + warp * kDownTiles * 16 + group * 2 +
+                                   (quad & 1);
+            uint32_t b[kDownTiles];
+#pragma unroll
+            for (int t = 0; t < kDownTiles; ++t) b[t] = slot[t * 16];
+            const uint32_t a0 = act_s[group * (kActCols / 2) + 2 * jp + quad];
+            const uint32_t a1 = act_s[(group + 8) * (kActCols / 2) + 2 * jp + quad];
+#if defined(SGC_LEAVE_OUT_COMPUTE) || defined(SGC_LEAVE_OUT_PRODUCTS)
+            dacc[kDownTiles - 1][0] += __uint_as_float((b[0] ^ b[kDownTiles - 1] ^ a0 ^ a1) & 1u);
+#else
+#pragma unroll
+            for (int t = 0; t < kDownTiles; ++t) mma_bf16_k8(dacc[t], a0, a1, b[t]);
+#endif
+            // as above: the release waits for the last product, which waits for every load from the slot
+            __syncwarp();
+            if (lane == 0 && __float_as_uint(dacc[kDownTiles - 1][0]) != 0xffffffffu) mbar_arrive(&empty[stage]);
+            if (++stage == kStages) { stage = 0; phase ^= 1u; }
+          }
+          float* out = reinterpret_cast<float*>(d.out);
+#pragma unroll
+          for (int t = 0; t < kDownTiles; ++t) {
+            const int col = (warp * kDownTiles + t) * kTileN + 2 * quad;
+            if (group < rows) {
+              atomicAdd(reinterpret_cast<float2*>(out + group * d.out_stride + col),
+                        make_float2(dacc[t][0], dacc[t][1]));
+            }
+            if (group + 8 < rows) {
+              atomicAdd(reinterpret_cast<float2*>(out + (group + 8) * d.out_stride + col),
+                        make_float2(dacc[t][2], dacc[t][3]));
+            }
+          }
         }
       } else {
 #pragma unroll
@@ -413,6 +512,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             reinterpret_cast<__nv_bfloat16*>(d.out)[row * d.out_stride + col] = __float2bfloat16(sum);
           } else {  // the unit's owner is the only writer of these elements
             __stcg(reinterpret_cast<float*>(d.out) + row * d.out_stride + col, old[m] + sum);
+            if (d.out2) __stcg(reinterpret_cast<float*>(d.out2) + row * d.out_stride + col, old[m] + sum);
           }
         }
       }
