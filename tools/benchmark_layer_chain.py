@@ -14,8 +14,6 @@ Each variant is captured as one CUDA graph and replayed; GPU time by CUDA events
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -26,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
 from flashrt_core.engine.timing import graph_replay_ms  # noqa: E402
-from tools.benchmark_engine import env_info  # noqa: E402
+from tools.benchmark_engine import env_info, write_result  # noqa: E402
 
 VARIANTS = ("launch_per_layer", "launch_per_layer_pdl", "launch_per_layer_pdl_early", "library_per_layer",
             "persistent_counters")
@@ -108,17 +106,13 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     results = measure(args.layers, args.width, args.rows, args.reps)
     env = env_info()
-    result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+    result = {"date": env["time_utc"], "device": env["gpu"], "torch": env["torch"], "cuda": env["cuda"],
               "driver": env["driver"], "triton": env["triton"],
               "command": "python tools/benchmark_layer_chain.py " + " ".join(argv),
               "layers": args.layers, "width": args.width, "rows": args.rows, "reps": args.reps,
               "weight_mib_per_layer": args.width * args.width * 2 / 2 ** 20, "variants": results}
     if args.out:
-        path = Path(args.out) / f"layer_chain_{result['date'][:10]}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(path)
+        write_result(args.out, result, "layer_chain")
     return 0
 
 
