@@ -75,6 +75,31 @@ def test_pack_down_pairs_gives_each_lane_its_m16n8k8_b_fragment(ua, ub):
             assert torch.equal(b, w[rows][:, cols].T), (warp, t)
 
 
+@pytest.mark.parametrize("group_units", [8, 3])
+def test_the_paired_mlp_a_fragments_are_the_pairs_geglu_columns(group_units):
+    """The GeGLU epilogue of kOutGegluDown writes element (row, c) of unit j at bf16 index row * 32 + 4 j + c of
+    act_s (zero where the group has no unit j); for the pair starting at unit jp a lane reads the 32-bit words
+    group * 16 + 2 jp + quad (a0) and (group + 8) * 16 + 2 jp + quad (a1). Gathered as the m16n8k8 A fragment
+    (a0 = A[lane // 4][2 (lane % 4) .. + 1], a1 the same 8 rows further), that is the 16 rows of the pair's 8 GeGLU
+    columns: unit jp's 4, then unit jp + 1's (zeros past the group's last unit)."""
+    act = (torch.arange(16 * 8 * 4, dtype=torch.float32).reshape(16, 8, 4) + 1).to(torch.bfloat16)  # (row, j, c)
+    act_s = torch.zeros(16 * 32, dtype=torch.bfloat16)
+    for row in range(16):
+        for j in range(8):
+            for c in range(4):
+                act_s[row * 32 + 4 * j + c] = act[row, j, c] if j < group_units else 0
+    for jp in range(0, group_units, 2):
+        a = torch.empty(16, 8, dtype=torch.bfloat16)
+        for lane in range(32):
+            group, quad = lane // 4, lane % 4
+            for row in (group, group + 8):
+                word = row * 16 + 2 * jp + quad
+                a[row, 2 * quad: 2 * quad + 2] = act_s[2 * word: 2 * word + 2]
+        second = act[:, jp + 1] if jp + 1 < group_units else torch.zeros(16, 4, dtype=torch.bfloat16)
+        want = torch.cat([act[:, jp], second], 1)
+        assert torch.equal(a, want), jp
+
+
 def test_pack_down_pairs_names_what_it_cannot_take():
     with pytest.raises(ValueError, match="bf16 \\(1024, mlp\\) W_down"):
         SGC.pack_down_pairs(torch.zeros(512, 64, dtype=torch.bfloat16))
