@@ -12,14 +12,19 @@ host's clock with the device synchronized:
                 1 to 64 tokens lands in; each signature's capture time from the executor's capture_seconds
   instructions  a predict per instruction of --instruction-lengths words after the warm-up, each with its text
                 tokens and the captures its first call made (none may, up to 64 tokens: the exit status says), then
-                timed
+                timed (median of --calls) whole and in its two parts: GrootPolicy.prepare_inputs (the host's image
+                processing, tokenization and state) and the executor's sample_actions on those inputs (copies in,
+                the replay, the copy out); what predict takes beyond the two is the rest of its host work. The
+                host's torch threads and usable CPUs are recorded beside them (torch's small host ops slow down
+                when its threads outnumber the CPUs).
 
-    python tools/benchmark_groot_warm_up.py --ckpt-root /tmp/groot [--views 2] [--image 224] [--out DIR]
+    python tools/benchmark_groot_warm_up.py --ckpt-root /tmp/groot [--views 2] [--image 224] [--calls 20] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -57,7 +62,12 @@ def instruction(words: int) -> str:
     return " ".join(WORDS[i % len(WORDS)] for i in range(words))
 
 
-def measure(ckpt: Path, views: int, image: int, lengths: list[int]) -> dict:
+def median_s(fn, calls: int) -> float:
+    """The median of `calls` timed_s(fn) seconds."""
+    return statistics.median(timed_s(fn)[0] for _ in range(calls))
+
+
+def measure(ckpt: Path, views: int, image: int, lengths: list[int], calls: int) -> dict:
     load_s, policy = timed_s(lambda: load_model(ckpt, embodiment=EMBODIMENT, device="cuda"))
     executor = policy.executor
     if executor.name != "graph":
@@ -76,12 +86,15 @@ def measure(ckpt: Path, views: int, image: int, lengths: list[int]) -> dict:
         tokens = policy.prepare_inputs(images, text, state)[1].shape[1] - shortest + 1     # its text tokens
         before = len(executor.capture_seconds)
         policy.predict(images, text, state)                  # its first call after the warm-up
+        inputs = policy.prepare_inputs(images, text, state)
         later.append({"words": words, "text_tokens": tokens, "captures": len(executor.capture_seconds) - before,
-                      "predict_s": statistics.median(timed_s(lambda: policy.predict(images, text, state))[0]
-                                                     for _ in range(5))})
+                      "predict_s": median_s(lambda: policy.predict(images, text, state), calls),
+                      "prepare_inputs_s": median_s(lambda: policy.prepare_inputs(images, text, state), calls),
+                      "sample_actions_s": median_s(lambda: executor.sample_actions(*inputs), calls)})
     return {"load_s": load_s, "first_predict_s": first_s, "first_capture_s": list(first_captures.values()),
             "warm_up_s": warm_s, "warmed_prompt_lengths": warmed, "warm_up_captures_s": captures,
-            "instructions": later, "prompt_multiple": executor.prompt_multiple}
+            "instructions": later, "prompt_multiple": executor.prompt_multiple, "calls": calls,
+            "torch_threads": torch.get_num_threads(), "usable_cpus": len(os.sched_getaffinity(0))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image", type=int, default=224, help="camera image side")
     parser.add_argument("--instruction-lengths", type=int, nargs="+", default=[3, 12, 25, 40, 60],
                         help="text tokens of the instructions predicted after the warm-up")
+    parser.add_argument("--calls", type=int, default=20, help="timed calls per instruction (their median)")
     parser.add_argument("--out", help="folder for the JSON result")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -101,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         write_random_groot_checkpoint(ckpt, CONFIG, seed=0, shards=4, dtype=torch.bfloat16)
         print(f"wrote {ckpt} in {time.perf_counter() - t0:.0f} s", flush=True)
-    result = measure(ckpt, args.views, args.image, args.instruction_lengths)
+    result = measure(ckpt, args.views, args.image, args.instruction_lengths, args.calls)
     print(f"GR00T N1.6 released size, {args.views} views of {args.image} x {args.image}, {torch.cuda.get_device_name()}")
     print("| step | seconds |\n|---|---|")
     print(f"| load_model | {result['load_s']:.2f} |")
@@ -113,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in result["instructions"]:
         print(f"| predict after the warm-up, {row['text_tokens']} text tokens ({row['captures']} captures on its "
               f"first call) | {row['predict_s']:.4f} |")
+        print(f"| its prepare_inputs / sample_actions ({result['torch_threads']} torch threads, "
+              f"{result['usable_cpus']} usable CPUs) | {row['prepare_inputs_s']:.4f} / {row['sample_actions_s']:.4f} |")
     out = {**env_info(), "command": "python tools/benchmark_groot_warm_up.py " + " ".join(argv), "config": CONFIG,
            "views": args.views, "image": args.image, **result}
     if args.out:

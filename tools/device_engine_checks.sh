@@ -96,7 +96,8 @@
 #   the engine picks between (groot_language_ops_<date>.json, groot_language_ops.log).
 # groot-warm-up: tools/benchmark_groot_warm_up.py: a released-size random checkpoint loaded as the node loads it,
 #   its first predict, GrootPolicy.warm_up_text_buckets (each capture timed), then instructions of several lengths
-#   that must replay (groot_warm_up_<date>.json, groot_warm_up.log).
+#   that must replay, each predict timed whole and as its host part (prepare_inputs) and its executor part
+#   (sample_actions) (groot_warm_up_<date>.json, groot_warm_up.log).
 # groot-profile: tools/profile_groot.py: the released-size graph's vision, language and action-head graphs, each
 #   replayed under torch.profiler, their kernels summed by name (groot_profile_<date>.json, groot_profile.log).
 # layer-chain: the GPU tests of kernels/flashrt_kernels/layer_chain.py and kernels/flashrt_kernels/partial_sums.py
