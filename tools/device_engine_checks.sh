@@ -108,8 +108,10 @@
 # denoise-ablation: tools/benchmark_denoise_ablation.py on full-size pi0.5, 2 views, horizon 10, bf16 then FP8: the
 #   denoise captured alone, whole and with each kind of its per-layer kernels left out: the most that fusing each
 #   kind away can save (denoise_ablation_pi05_<precision>_<date>.json, denoise_ablation_<precision>.log).
-# streamed-chain: the GPU tests of kernels/flashrt_kernels/cuda/streamed_gemm_chain.cu (built by nvcc; their log
-#   pytest_streamed_chain.log; they run in kernels too), then tools/benchmark_streamed_gemm_chain.py: the expert's
+# streamed-chain: the GPU tests of kernels/flashrt_kernels/cuda/handover_chain.cu and streamed_gemm_chain.cu (built
+#   by nvcc; their log pytest_streamed_chain.log; they run in kernels too), then tools/benchmark_handover_chain.py:
+#   the chain's hand-over alone with 0-80 KB read per CTA after it (handover_chain_<date>.json,
+#   handover_chain.log), then tools/benchmark_streamed_gemm_chain.py: the expert's
 #   four GEMMs per layer over 180 layers as the persistent kernel (the MLP's two as one paired step and apart, with
 #   and without its waits, with its weight copies, its A loads and products, or its products alone left out, and
 #   with one layer's weights for all) and as PyTorch ops, in one process (streamed_gemm_chain_<date>.json,
@@ -315,9 +317,11 @@ if [ "$PART" = denoise-ablation ]; then
 fi
 
 if [ "$PART" = streamed-chain ]; then
-  timeout 240 "$PY" -m pytest -v test/gpu/test_kernels.py -k streamed_gemm_chain \
+  timeout 240 "$PY" -m pytest -v test/gpu/test_kernels.py -k "handover_chain or streamed_gemm_chain" \
     > "$OUT/pytest_streamed_chain.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_streamed_chain.log"
+  timeout 60 "$PY" tools/benchmark_handover_chain.py --out "$OUT" > "$OUT/handover_chain.log" 2>&1
+  echo "benchmark_handover_chain rc=$?" >> "$OUT/handover_chain.log"
   timeout 240 "$PY" tools/benchmark_streamed_gemm_chain.py --out "$OUT" > "$OUT/streamed_chain.log" 2>&1
   echo "benchmark_streamed_gemm_chain rc=$?" >> "$OUT/streamed_chain.log"
 fi
@@ -365,7 +369,8 @@ fi
       grep -E "^\| |rc=" "$OUT/denoise_ablation_$PREC.log"; }
   done
   [ -f "$OUT/pytest_streamed_chain.log" ] && { echo "== streamed chain tests"; tail -n 3 "$OUT/pytest_streamed_chain.log"; }
-  [ -f "$OUT/streamed_chain.log" ] && { echo "== the GEMM chain as one CUDA C++ kernel"; tail -n 9 "$OUT/streamed_chain.log"; }
+  [ -f "$OUT/handover_chain.log" ] && { echo "== the chain's hand-over alone"; grep -E "^\| |rc=" "$OUT/handover_chain.log"; }
+  [ -f "$OUT/streamed_chain.log" ] && { echo "== the GEMM chain as one CUDA C++ kernel"; tail -n 12 "$OUT/streamed_chain.log"; }
   [ -f "$OUT/rtc.log" ] && { echo "== real-time chunking in the graph"; tail -n 8 "$OUT/rtc.log"; }
   [ -f "$OUT/fast.log" ] && { echo "== pi0-FAST, reference and engine"; tail -n 6 "$OUT/fast.log"; }
   [ -f "$OUT/tune.log" ] && { echo "== the best of three measured loads, stored and loaded again"

@@ -6,7 +6,8 @@ references still import; `HAVE_TRITON` says which case this is. `INTERPRETED`: T
 the kernels (TRITON_INTERPRET=1), on CPU tensors. `HAVE_GLUON`: Triton's Gluon is importable
 (kernels/flashrt_kernels/smem_gemm.py; kernels/flashrt_kernels/prefix_attention.py, the prefix attention on wgmma, whose reference is attention_reference).
 kernels/flashrt_kernels/cuda/ holds CUDA C++ kernels, built by nvcc on first use (cuda_build.py;
-`cuda_build_available()` says whether nvcc is here): StreamedGemmChain (streamed_gemm_chain.py).
+`cuda_build_available()` says whether nvcc is here): StreamedGemmChain (streamed_gemm_chain.py) and its dependency
+mechanism alone, HandoverChain (handover_chain.py).
 Every launcher's `pdl` takes False, True or `EARLY_TRIGGER` (kernels/flashrt_kernels/_triton.py says what each means).
 """
 
@@ -38,6 +39,8 @@ from .skinny_gemm import skinny_gemm, skinny_gemm_reference
 from .smem_gemm import HAVE_GLUON, SMEM_GEMM_MAX_ROWS, smem_gemm, smem_gemm_supported
 from .smem_gemm import X_ROWS as SMEM_GEMM_X_ROWS
 from .cuda_build import cuda_build_available
+from .handover_chain import HandoverChain
+from .handover_chain import value as handover_chain_value
 from .streamed_gemm_chain import LayerWeights as StreamedLayerWeights
 from .streamed_gemm_chain import StreamedGemmChain, streamed_gemm_chain_reference
 from .streamed_gemm_chain import pack_weight as pack_streamed_weight
@@ -65,5 +68,5 @@ __all__ = [
     "skinny_gemm", "skinny_gemm_reference",
     "HAVE_GLUON", "SMEM_GEMM_MAX_ROWS", "SMEM_GEMM_X_ROWS", "smem_gemm", "smem_gemm_supported",
     "cuda_build_available", "StreamedLayerWeights", "StreamedGemmChain", "streamed_gemm_chain_reference",
-    "pack_streamed_weight", "random_streamed_layer_weights",
+    "pack_streamed_weight", "random_streamed_layer_weights", "HandoverChain", "handover_chain_value",
 ]

@@ -45,7 +45,7 @@ def test_script_is_valid_bash(script):
 def test_engine_checks_call_existing_tools_with_their_flags():
     script = REPO / "tools" / "device_engine_checks.sh"
     calls = [line for line in _logical_lines(script) if '"$PY" tools/' in line]
-    assert len(calls) == 24     # benchmark_engine (bench, grid-*, h50 twice, overlap twice, compile-cells),
+    assert len(calls) == 25     # benchmark_engine (bench, grid-*, h50 twice, overlap twice, compile-cells),
                                 # profile_engine_timeline (224 and 480x640 frames), benchmark_wide_gemms,
                                 # benchmark_policy_predict (load, host), benchmark_text_buckets (buckets),
                                 # tune_engine (tune), benchmark_pi0_fast (fast), benchmark_groot and
@@ -53,7 +53,8 @@ def test_engine_checks_call_existing_tools_with_their_flags():
                                 # benchmark_groot_warm_up (groot-warm-up),
                                 # benchmark_layer_chain and benchmark_partial_sums (layer-chain),
                                 # benchmark_denoise_ablation (denoise-ablation),
-                                # benchmark_streamed_gemm_chain (streamed-chain), benchmark_rtc (rtc)
+                                # benchmark_handover_chain and benchmark_streamed_gemm_chain
+                                # (streamed-chain), benchmark_rtc (rtc)
     for line in calls:
         words = shlex.split(line.split('"$PY"', 1)[1].split(">", 1)[0])
         tool = REPO / words[0]

@@ -951,6 +951,43 @@ def _first_wrong_streamed_layer(weights, h0, rows, ctas, pair_mlp, layers=18) ->
     return "every layer matches its own input to 1e-3: the error accumulates over the chain"
 
 
+@pytest.mark.parametrize("elems, ctas", [(10 * 1024, None), (10 * 2048, None), (10 * 1024, 37), (0, None)],
+                         ids=["40KB", "80KB", "37-ctas", "no-payload"])
+def test_handover_chain_every_step_reads_the_step_before(elems, ctas):
+    """kernels/flashrt_kernels/cuda/handover_chain.cu, the streamed chain's dependency mechanism alone: 2000
+    dependent steps in one launch, each CTA reading the whole output of the step before (10 rows of the expert's
+    width and of twice it, as the chain reads h and q; on every SM and on 37 CTAs; and the counter alone): no
+    value read is stale or half-written, every CTA is counted once per step, the last step's output is whole;
+    twice from the same buffers."""
+    if INTERPRET:
+        pytest.skip("a CUDA C++ kernel: no interpreter runs it")
+    if not K.cuda_build_available():
+        pytest.skip("no nvcc to build the CUDA C++ kernel")
+    steps = 2000
+    chain = K.HandoverChain(elems, steps, ctas=ctas)
+    want = K.handover_chain_value(steps - 1, torch.arange(elems, device="cuda"))
+    for _ in range(2):
+        chain.run()
+        torch.cuda.synchronize()
+        assert chain.mismatches.item() == 0, f"{chain.mismatches.item()} stale values read over {steps} steps"
+        assert chain.counter.item() == steps * chain.ctas
+        assert torch.equal(chain.output(), want)
+
+
+def test_handover_chain_without_waits_runs_to_the_end():
+    """The measurement form without waits (its reads race the writes, so mismatches are not checked) ends with
+    every CTA counted once per step and the last output whole (each CTA writes its own share)."""
+    if INTERPRET:
+        pytest.skip("a CUDA C++ kernel: no interpreter runs it")
+    if not K.cuda_build_available():
+        pytest.skip("no nvcc to build the CUDA C++ kernel")
+    chain = K.HandoverChain(10 * 1024, 720, wait_inputs=False)
+    chain.run()
+    torch.cuda.synchronize()
+    assert chain.counter.item() == 720 * chain.ctas
+    assert torch.equal(chain.output(), K.handover_chain_value(719, torch.arange(10 * 1024, device="cuda")))
+
+
 @pytest.mark.parametrize("mode", ["atomic", "stored"])
 def test_partial_sums(mode):
     """kernels/flashrt_kernels/partial_sums.py: 128 programs (the interpreter: 8) fold their partials of 10 x 1024

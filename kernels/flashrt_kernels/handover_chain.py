@@ -1,0 +1,71 @@
+"""The streamed GEMM chain's dependency mechanism alone (cuda/handover_chain.cu says how): `steps` dependent steps in
+one persistent launch, each waiting on a release / acquire counter for the step before, reading that step's whole
+output from L2 and writing its own share of the next. It checks the mechanism's memory ordering (every value a step
+reads is counted when it is not what the step before wrote) and measures what a hand-over costs with the
+activation bytes each CTA reads after it (tools/benchmark_handover_chain.py): the chain reads each GEMM's whole A
+operand in every CTA, ~40-80 KB per GEMM at 10 rows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+LIBRARY = "handover_chain"
+
+
+def value(step: int, i: torch.Tensor) -> torch.Tensor:
+    """What step `step` writes at element i (the kernel's value()), fp32."""
+    return ((step * 7919 + i) % 65521).float()
+
+
+def library() -> ctypes.CDLL:
+    """The kernel's library (built by nvcc on first use: cuda_build.py), its C functions typed."""
+    from .cuda_build import load_library
+    lib = load_library(LIBRARY)
+    lib.handover_chain_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                          ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    lib.handover_chain_launch.restype = ctypes.c_int
+    lib.handover_chain_error_string.argtypes = [ctypes.c_int]
+    lib.handover_chain_error_string.restype = ctypes.c_char_p
+    return lib
+
+
+class HandoverChain:
+    """`steps` hand-overs over `elems` fp32 values (each step's output; every CTA reads all of it), as one launch
+    of `ctas` CTAs (default: one per SM). After run(): `mismatches` holds the count of values read that were not
+    the previous step's (0 when the mechanism orders the steps; wait_inputs=False skips the waits, for measuring
+    the reads and writes alone, and then counts races), `counter` steps x CTAs, and the buffer of the last step
+    (`output()`) every value of it."""
+
+    def __init__(self, elems: int, steps: int, wait_inputs: bool = True, ctas: int | None = None,
+                 device: str | torch.device = "cuda"):
+        if elems < 0 or elems % 4:
+            raise ValueError(f"elems must be a non-negative multiple of 4 (16-byte loads); got {elems}")
+        if steps < 1:
+            raise ValueError(f"steps must be at least 1; got {steps}")
+        self.lib = library()
+        most = self.lib.handover_chain_max_ctas()
+        if most < 1:
+            raise RuntimeError("handover_chain: no CUDA device to size the grid for")
+        self.ctas = most if ctas is None else ctas
+        if not 1 <= self.ctas <= most:
+            raise ValueError(f"ctas must be 1 to {most} (every CTA resident at once); got {ctas}")
+        self.elems, self.steps, self.wait_inputs = elems, steps, wait_inputs
+        self.buffers = torch.full((2, max(elems, 4)), float("nan"), device=device)
+        self.counter = torch.zeros(1, device=device, dtype=torch.int32)
+        self.mismatches = torch.zeros(1, device=device, dtype=torch.int32)
+
+    def run(self) -> None:
+        """One launch on the current stream (captured when it is capturing); mismatches add up over runs."""
+        stream = torch.cuda.current_stream(self.buffers.device).cuda_stream
+        error = self.lib.handover_chain_launch(self.buffers.data_ptr(), self.elems, self.steps,
+                                               self.counter.data_ptr(), self.mismatches.data_ptr(),
+                                               int(self.wait_inputs), self.ctas, stream)
+        if error:
+            raise RuntimeError("handover_chain launch failed: " + self.lib.handover_chain_error_string(error).decode())
+
+    def output(self) -> torch.Tensor:
+        """The last step's output."""
+        return self.buffers[(self.steps - 1) % 2, :self.elems]

@@ -1,0 +1,46 @@
+"""kernels/flashrt_kernels/handover_chain.py on the CPU: the values its kernel writes are exact in fp32 and differ
+from one step to the next at every element, the CUDA C++ source builds with nvcc and exports its C functions (where
+nvcc is installed), and bad sizes get a clear error. The kernel itself runs in
+test/gpu/test_kernels.py::test_handover_chain_every_step_reads_the_step_before."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+
+import pytest
+import torch
+
+from flashrt_core.engine.kernel_import import load_kernels
+
+K = load_kernels()
+HC = importlib.import_module(K.__name__ + ".handover_chain")
+BUILD = importlib.import_module(K.__name__ + ".cuda_build")
+
+
+def test_each_step_writes_other_exact_values():
+    """A stale read is caught only where the step before wrote something else: value(s, i) != value(s - 1, i) at
+    every element, and every value is an integer below 2^16, exact in fp32."""
+    i = torch.arange(10 * 2048)
+    for step in (1, 2, 719, 1999):
+        now, before = HC.value(step, i), HC.value(step - 1, i)
+        assert bool((now != before).all())
+        assert bool((now == now.round()).all()) and float(now.max()) < 2 ** 16
+
+
+@pytest.mark.parametrize("elems, steps", [(6, 10), (-4, 10), (8, 0)])
+def test_bad_sizes_are_named(elems, steps):
+    with pytest.raises(ValueError, match="elems must be|steps must be"):
+        K.HandoverChain(elems, steps)
+
+
+@pytest.mark.skipif(not K.cuda_build_available(), reason="no nvcc on this machine")
+def test_the_kernel_builds_and_exports_its_launcher():
+    lib = ctypes.CDLL(str(BUILD.build_library(HC.LIBRARY)))
+    assert lib.handover_chain_threads() == 256
+    for name in ("handover_chain_launch", "handover_chain_max_ctas", "handover_chain_error_string"):
+        assert hasattr(lib, name)
+    if not torch.cuda.is_available():
+        assert lib.handover_chain_max_ctas() == -1                      # no device: says so, does not crash
+        with pytest.raises(RuntimeError, match="no CUDA device"):
+            K.HandoverChain(40, 10)

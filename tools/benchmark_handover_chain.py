@@ -1,0 +1,86 @@
+"""What one hand-over of the streamed GEMM chain costs with the activation bytes every CTA reads after it
+(kernels/flashrt_kernels/cuda/handover_chain.cu: the chain's release / acquire counter and its whole-A reads alone,
+no weights, no products), in one process.
+
+Each variant is `--steps` dependent steps (default 720: the chain's four GEMMs x 180 layers) in one launch of one
+CTA per SM; a step waits for the one before, reads its whole output from L2 and writes its own share of the next:
+
+    counter_only        no activation: the hand-over itself
+    read_20kb           every CTA reads 20 KB per step (10 rows of the expert's width in bf16)
+    read_40kb           40 KB (10 rows of fp32 h, or of q's 2048 columns in bf16: QKV's, gate/up's and O's A)
+    read_80kb           80 KB (10 rows of the 4096-wide GeGLU activation in bf16: the four-GEMM down GEMM's A)
+    read_40kb_no_wait   the 40 KB reads and the writes without the waits: what the reads cost with no dependency
+
+Each is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays, in us per
+step. Every waiting variant must read no stale value (`mismatches`, also checked by the GPU test).
+
+    python tools/benchmark_handover_chain.py [--steps 720] [--reps 30] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
+from tools.benchmark_engine import env_info, write_result  # noqa: E402
+from tools.benchmark_layer_chain import captured_replay_ms  # noqa: E402
+
+# variant -> (fp32 values each step writes and every CTA reads, waits)
+VARIANTS = {"counter_only": (0, True), "read_20kb": (5 * 1024, True), "read_40kb": (10 * 1024, True),
+            "read_80kb": (20 * 1024, True), "read_40kb_no_wait": (10 * 1024, False)}
+
+
+def measure(steps: int, reps: int, report=print) -> dict:
+    k = load_kernels()
+    results = {}
+    for variant, (elems, wait) in VARIANTS.items():
+        chain = k.HandoverChain(elems, steps, wait_inputs=wait)
+        times = captured_replay_ms(chain.run, reps)
+        torch.cuda.synchronize()
+        median = statistics.median(times)
+        results[variant] = {"elems": elems, "kb_read_per_cta": elems * 4 / 1024, "waits": wait, "ms": median,
+                            "us_per_step": median * 1e3 / steps, "ctas": chain.ctas,
+                            "mismatches": int(chain.mismatches.item()) if wait else None}
+        r = results[variant]
+        report(f"| {variant} | {r['kb_read_per_cta']:.0f} | {r['ms']:.3f} | {r['us_per_step']:.2f} | "
+               f"{'-' if r['mismatches'] is None else r['mismatches']} |")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=720, help="dependent steps (default: 4 GEMMs x 180 layers)")
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--out", help="folder for the JSON result")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmark_handover_chain.py needs a CUDA GPU")
+    if not load_kernels().cuda_build_available():
+        raise SystemExit("benchmark_handover_chain.py needs nvcc (the CUDA toolkit) to build its kernel")
+    print(f"{args.steps} dependent steps, one CTA per SM, {torch.cuda.get_device_name()}")
+    print("| variant | KB read per CTA per step | ms | us per step | stale values read |\n|---|---|---|---|---|",
+          flush=True)
+    results = measure(args.steps, args.reps, report=lambda line: print(line, flush=True))
+    env = env_info()
+    result = {"date": env["time_utc"], "device": env["gpu"], "torch": env["torch"], "cuda": env["cuda"],
+              "driver": env["driver"], "triton": env["triton"],
+              "command": "python tools/benchmark_handover_chain.py " + " ".join(argv), "steps": args.steps,
+              "reps": args.reps, "variants": results}
+    if args.out:
+        write_result(args.out, result, "handover_chain")
+    stale = [v for v, r in results.items() if r["mismatches"]]
+    if stale:
+        print(f"stale values read in {stale}: the hand-over does not order the steps", flush=True)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
