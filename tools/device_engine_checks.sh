@@ -110,7 +110,7 @@
 #   kind away can save (denoise_ablation_pi05_<precision>_<date>.json, denoise_ablation_<precision>.log).
 # streamed-chain: the GPU tests of kernels/flashrt_kernels/cuda/handover_chain.cu and streamed_gemm_chain.cu (built
 #   by nvcc; their log pytest_streamed_chain.log; they run in kernels too), then tools/benchmark_handover_chain.py:
-#   the chain's hand-over alone with 0-80 KB read per CTA after it (handover_chain_<date>.json,
+#   the chain's hand-over alone with 0-80 KB read per CTA after it, also in clusters (handover_chain_<date>.json,
 #   handover_chain.log), then tools/benchmark_streamed_gemm_chain.py: the expert's
 #   four GEMMs per layer over 180 layers as the persistent kernel (the MLP's two as one paired step and apart, with
 #   and without its waits, with its weight copies, its A loads and products, or its products alone left out, and

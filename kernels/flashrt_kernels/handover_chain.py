@@ -3,7 +3,9 @@ one persistent launch, each waiting on a release / acquire counter for the step 
 output from L2 and writing its own share of the next. It checks the mechanism's memory ordering (every value a step
 reads is counted when it is not what the step before wrote) and measures what a hand-over costs with the
 activation bytes each CTA reads after it (tools/benchmark_handover_chain.py): the chain reads each GEMM's whole A
-operand in every CTA, ~40-80 KB per GEMM at 10 rows.
+operand in every CTA, ~40-80 KB per GEMM at 10 rows. In clusters of 2 or 4 CTAs, each CTA loads only its share of
+a step's output from L2 and reads the rest from the other CTAs' shared memory: what broadcasting A within clusters
+would save.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import ctypes
 import torch
 
 LIBRARY = "handover_chain"
+CLUSTERS = (1, 2, 4)         # cluster sizes the benchmark and the tests run (1: no clusters)
 
 
 def value(step: int, i: torch.Tensor) -> torch.Tensor:
@@ -25,7 +28,8 @@ def library() -> ctypes.CDLL:
     from .cuda_build import load_library
     lib = load_library(LIBRARY)
     lib.handover_chain_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                          ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+                                          ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    lib.handover_chain_max_ctas.argtypes = [ctypes.c_int]
     lib.handover_chain_launch.restype = ctypes.c_int
     lib.handover_chain_error_string.argtypes = [ctypes.c_int]
     lib.handover_chain_error_string.restype = ctypes.c_char_p
@@ -34,25 +38,33 @@ def library() -> ctypes.CDLL:
 
 class HandoverChain:
     """`steps` hand-overs over `elems` fp32 values (each step's output; every CTA reads all of it), as one launch
-    of `ctas` CTAs (default: one per SM). After run(): `mismatches` holds the count of values read that were not
-    the previous step's (0 when the mechanism orders the steps; wait_inputs=False skips the waits, for measuring
-    the reads and writes alone, and then counts races), `counter` steps x CTAs, and the buffer of the last step
-    (`output()`) every value of it."""
+    of `ctas` CTAs (default: as many as can be resident, one per SM) in clusters of `cluster` (1: none; 2 or 4:
+    each CTA loads its share from L2 and reads the others' from their shared memory). After run(): `mismatches`
+    holds the count of values read that were not the previous step's (0 when the mechanism orders the steps;
+    wait_inputs=False skips the waits, for measuring the reads and writes alone, and then counts races), `counter`
+    steps x CTAs, and the buffer of the last step (`output()`) every value of it."""
 
     def __init__(self, elems: int, steps: int, wait_inputs: bool = True, ctas: int | None = None,
-                 device: str | torch.device = "cuda"):
-        if elems < 0 or elems % 4:
-            raise ValueError(f"elems must be a non-negative multiple of 4 (16-byte loads); got {elems}")
+                 cluster: int = 1, device: str | torch.device = "cuda"):
+        if cluster not in CLUSTERS:
+            raise ValueError(f"cluster must be one of {CLUSTERS}; got {cluster}")
+        if elems < 0 or elems % (4 * cluster):
+            raise ValueError(f"elems must be a non-negative multiple of {4 * cluster} (16-byte loads, an equal "
+                             f"share per CTA of a cluster of {cluster}); got {elems}")
         if steps < 1:
             raise ValueError(f"steps must be at least 1; got {steps}")
         self.lib = library()
-        most = self.lib.handover_chain_max_ctas()
+        if cluster > 1 and elems > self.lib.handover_chain_max_stage_elems():
+            raise ValueError(f"a cluster stages at most {self.lib.handover_chain_max_stage_elems()} values per "
+                             f"step; got {elems}")
+        most = self.lib.handover_chain_max_ctas(cluster)
         if most < 1:
             raise RuntimeError("handover_chain: no CUDA device to size the grid for")
         self.ctas = most if ctas is None else ctas
-        if not 1 <= self.ctas <= most:
-            raise ValueError(f"ctas must be 1 to {most} (every CTA resident at once); got {ctas}")
-        self.elems, self.steps, self.wait_inputs = elems, steps, wait_inputs
+        if not 1 <= self.ctas <= most or self.ctas % cluster:
+            raise ValueError(f"ctas must be a multiple of {cluster} from 1 to {most} (every CTA resident at "
+                             f"once); got {ctas}")
+        self.elems, self.steps, self.wait_inputs, self.cluster = elems, steps, wait_inputs, cluster
         self.buffers = torch.full((2, max(elems, 4)), float("nan"), device=device)
         self.counter = torch.zeros(1, device=device, dtype=torch.int32)
         self.mismatches = torch.zeros(1, device=device, dtype=torch.int32)
@@ -62,7 +74,7 @@ class HandoverChain:
         stream = torch.cuda.current_stream(self.buffers.device).cuda_stream
         error = self.lib.handover_chain_launch(self.buffers.data_ptr(), self.elems, self.steps,
                                                self.counter.data_ptr(), self.mismatches.data_ptr(),
-                                               int(self.wait_inputs), self.ctas, stream)
+                                               int(self.wait_inputs), self.ctas, self.cluster, stream)
         if error:
             raise RuntimeError("handover_chain launch failed: " + self.lib.handover_chain_error_string(error).decode())
 

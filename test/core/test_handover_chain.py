@@ -28,19 +28,21 @@ def test_each_step_writes_other_exact_values():
         assert bool((now == now.round()).all()) and float(now.max()) < 2 ** 16
 
 
-@pytest.mark.parametrize("elems, steps", [(6, 10), (-4, 10), (8, 0)])
-def test_bad_sizes_are_named(elems, steps):
-    with pytest.raises(ValueError, match="elems must be|steps must be"):
-        K.HandoverChain(elems, steps)
+@pytest.mark.parametrize("elems, steps, cluster", [(6, 10, 1), (-4, 10, 1), (8, 0, 1), (8, 10, 4), (16, 10, 3)])
+def test_bad_sizes_are_named(elems, steps, cluster):
+    with pytest.raises(ValueError, match="elems must be|steps must be|cluster must be"):
+        K.HandoverChain(elems, steps, cluster=cluster)
 
 
 @pytest.mark.skipif(not K.cuda_build_available(), reason="no nvcc on this machine")
 def test_the_kernel_builds_and_exports_its_launcher():
     lib = ctypes.CDLL(str(BUILD.build_library(HC.LIBRARY)))
     assert lib.handover_chain_threads() == 256
+    assert lib.handover_chain_max_stage_elems() == 20 * 1024            # 80 KB: the four-GEMM down GEMM's A
     for name in ("handover_chain_launch", "handover_chain_max_ctas", "handover_chain_error_string"):
         assert hasattr(lib, name)
     if not torch.cuda.is_available():
-        assert lib.handover_chain_max_ctas() == -1                      # no device: says so, does not crash
+        assert lib.handover_chain_max_ctas(1) == -1                     # no device: says so, does not crash
+        assert lib.handover_chain_max_ctas(4) == -1
         with pytest.raises(RuntimeError, match="no CUDA device"):
             K.HandoverChain(40, 10)

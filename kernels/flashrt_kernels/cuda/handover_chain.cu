@@ -14,6 +14,15 @@
 // buffer is counted. Buffer s % 2 is rewritten two steps after it was written, when every CTA has finished reading
 // it (the wait of step s covers every read of step s - 1), the reuse the chain's residual buffers make.
 // `wait_inputs = 0` skips the waits (the reads and writes alone; mismatches are then expected and not a failure).
+//
+// Launched in clusters of 2 or 4 CTAs, the reads go through distributed shared memory instead: after the wait, each
+// CTA of a cluster loads 1 / cluster of the output of step s - 1 from L2 into its shared memory (one of two stage
+// buffers, by step), a cluster barrier (release / acquire) makes the shares visible, and each CTA reads the whole
+// output from the cluster's shared memory (its own share locally, the others' with ld.shared::cluster). L2 then
+// serves each value once per cluster instead of once per CTA: what broadcasting a GEMM's A operand within clusters
+// would save the chain. The two stage buffers take turns, so one cluster barrier per step keeps a share from being
+// overwritten while another CTA still reads it (a CTA writes buffer s % 2 in step s only after every CTA of its
+// cluster has arrived at the barrier of step s - 1, which each does after its reads of step s - 2's buffer).
 
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -22,9 +31,10 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kBatch = 16;  // 16-byte loads per thread in flight at once: 64 KB per CTA per round trip
-// Dynamic shared memory the kernel asks for and does not use: more than half an SM's, so that no two CTAs share an
-// SM and the grid spreads over the SMs as the chain's does.
-constexpr int kSmemBytes = 120 * 1024;
+constexpr int kMaxStageElems = 20 * 1024;  // a step's output in a cluster's stage buffers: at most 80 KB
+// Two stage buffers (clusters); more than half an SM's shared memory in any case, so that no two CTAs share an SM
+// and the grid spreads over the SMs as the chain's does.
+constexpr int kSmemBytes = 2 * kMaxStageElems * 4;
 
 __device__ __forceinline__ float value(unsigned step, unsigned i) {
   return static_cast<float>((step * 7919u + i) % 65521u);
@@ -40,6 +50,94 @@ __device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+__device__ __forceinline__ unsigned cluster_size() {
+  unsigned n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return n;
+}
+
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// Every thread of every CTA of the cluster: the shared-memory writes before it are visible to the loads after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// 16 bytes of CTA `rank`'s shared memory at the offset of `local` in this CTA's.
+__device__ __forceinline__ float4 load_cluster(const float4* local, unsigned rank) {
+  uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(local)), remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ unsigned mismatched(const float4& v, unsigned step, unsigned i) {
+  return (v.x != value(step, i)) + (v.y != value(step, i + 1)) + (v.z != value(step, i + 2)) +
+         (v.w != value(step, i + 3));
+}
+
+// Step `step`'s whole output (`quads` 16-byte values at src) read from L2 by this CTA: the values that are wrong.
+__device__ __forceinline__ unsigned read_direct(const float4* src, int quads, unsigned step, int tid) {
+  unsigned bad = 0;
+  for (int base = tid; base < quads; base += kThreads * kBatch) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int q = base + b * kThreads;
+      if (q < quads) v[b] = __ldcg(src + q);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int q = base + b * kThreads;
+      if (q < quads) bad += mismatched(v[b], step, 4u * static_cast<unsigned>(q));
+    }
+  }
+  return bad;
+}
+
+// The same through the cluster: this rank's `share` of the values from L2 into `buf` (a stage buffer), a cluster
+// barrier, then every value from the shared memory of the rank that loaded it. Every thread of the CTA calls it.
+__device__ __forceinline__ unsigned read_via_cluster(const float4* src, float4* buf, int quads, int share,
+                                                     unsigned rank, unsigned step, int tid) {
+  for (int base = tid; base < share; base += kThreads * kBatch) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int q = base + b * kThreads;
+      if (q < share) v[b] = __ldcg(src + rank * share + q);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int q = base + b * kThreads;
+      if (q < share) buf[rank * share + q] = v[b];
+    }
+  }
+  cluster_sync();
+  unsigned bad = 0;
+  for (int base = tid; base < quads; base += kThreads * kBatch) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int q = base + b * kThreads;
+      if (q < quads) v[b] = load_cluster(buf + q, static_cast<unsigned>(q / share));
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int q = base + b * kThreads;
+      if (q < quads) bad += mismatched(v[b], step, 4u * static_cast<unsigned>(q));
+    }
+  }
+  return bad;
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     handover_chain_kernel(float* buffers, int elems, int steps, unsigned* counter, unsigned* mismatches,
                           int wait_inputs) {
@@ -47,6 +145,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int quads = elems / 4;                          // elems is a multiple of 4
   const int begin = static_cast<int>(static_cast<long long>(elems) * cta / ctas);
   const int end = static_cast<int>(static_cast<long long>(elems) * (cta + 1) / ctas);
+  const unsigned cluster = cluster_size(), rank = cluster_rank();
+  const int share = quads / static_cast<int>(cluster);  // 16-byte values per cluster rank (quads % cluster == 0)
+  extern __shared__ __align__(16) float4 stage[];       // clusters: 2 x kMaxStageElems / 4
   unsigned bad = 0;
   for (int s = 0; s < steps; ++s) {
     if (s > 0) {
@@ -59,31 +160,45 @@ __global__ void __launch_bounds__(kThreads, 1)
         __syncthreads();
       }
       const float4* src = reinterpret_cast<const float4*>(buffers + static_cast<size_t>((s - 1) % 2) * elems);
-      for (int base = tid; base < quads; base += kThreads * kBatch) {
-        float4 v[kBatch];
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          const int q = base + b * kThreads;
-          if (q < quads) v[b] = __ldcg(src + q);
-        }
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          const int q = base + b * kThreads;
-          if (q < quads) {
-            const unsigned i = 4u * static_cast<unsigned>(q), p = static_cast<unsigned>(s - 1);
-            bad += (v[b].x != value(p, i)) + (v[b].y != value(p, i + 1)) + (v[b].z != value(p, i + 2)) +
-                   (v[b].w != value(p, i + 3));
-          }
-        }
-      }
+      const unsigned step = static_cast<unsigned>(s - 1);
+      float4* buf = stage + (s % 2) * (kMaxStageElems / 4);
+      bad += cluster > 1 ? read_via_cluster(src, buf, quads, share, rank, step, tid)
+                         : read_direct(src, quads, step, tid);
     }
     float* dst = buffers + static_cast<size_t>(s % 2) * elems;
-    for (int i = begin + tid; i < end; i += kThreads) dst[i] = value(static_cast<unsigned>(s), static_cast<unsigned>(i));
+    for (int i = begin + tid; i < end; i += kThreads) {
+      dst[i] = value(static_cast<unsigned>(s), static_cast<unsigned>(i));
+    }
     __syncthreads();  // this CTA's share of step s is written (and its reads of step s - 1 are done)
     if (tid == 0) add_release(counter, 1u);
   }
+  if (cluster > 1) cluster_sync();  // no CTA leaves while another of its cluster may still read its shared memory
   if (bad) atomicAdd(mismatches, bad);
 }
+
+}  // namespace
+
+namespace {
+
+// The launch configuration: `ctas` CTAs of kThreads in clusters of `cluster`, cooperative (every CTA resident).
+struct Launch {
+  cudaLaunchAttribute attr[2];
+  cudaLaunchConfig_t config = {};
+  Launch(int ctas, int cluster, cudaStream_t stream) {
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.z = 1;
+    config.gridDim = dim3(ctas);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kSmemBytes;
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = cluster > 1 ? 2 : 1;
+  }
+};
 
 }  // namespace
 
@@ -91,40 +206,52 @@ extern "C" {
 
 int handover_chain_threads() { return kThreads; }
 
-// CTAs that can be resident at once on the current device (the largest cooperative grid), or -1 on an error.
-int handover_chain_max_ctas() {
+// Values of a step's output the clustered form can stage (its two shared-memory buffers).
+int handover_chain_max_stage_elems() { return kMaxStageElems; }
+
+// CTAs that can be resident at once on the current device in clusters of `cluster` (one CTA per SM: the largest
+// cooperative grid), or -1 on an error.
+int handover_chain_max_ctas(int cluster) {
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return -1;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
   if (cudaFuncSetAttribute(handover_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) !=
       cudaSuccess)
     return -1;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, handover_chain_kernel, kThreads, kSmemBytes) !=
-      cudaSuccess)
-    return -1;
-  return sms * per_sm;
+  if (cluster <= 1) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, handover_chain_kernel, kThreads, kSmemBytes) !=
+        cudaSuccess)
+      return -1;
+    return sms * per_sm;
+  }
+  cudaLaunchAttribute shape;  // the cluster shape alone: how many such clusters fit on the device at once
+  shape.id = cudaLaunchAttributeClusterDimension;
+  shape.val.clusterDim.x = static_cast<unsigned>(cluster);
+  shape.val.clusterDim.y = 1;
+  shape.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(sms - sms % cluster);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.attrs = &shape;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, handover_chain_kernel, &config) != cudaSuccess) return -1;
+  return clusters * cluster;
 }
 
 // Zero the counter, then launch `steps` steps over two buffers of `elems` fp32 values each (`buffers`: 2 x elems)
-// on `stream`, mismatches added into *mismatches. Returns a cudaError_t (0: success).
+// on `stream` as `ctas` CTAs in clusters of `cluster` (1: no clusters), mismatches added into *mismatches.
+// Returns a cudaError_t (0: success).
 int handover_chain_launch(void* buffers, int elems, int steps, void* counter, void* mismatches, int wait_inputs,
-                          int ctas, void* stream) {
+                          int ctas, int cluster, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaFuncSetAttribute(handover_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (e != cudaSuccess) return e;
   e = cudaMemsetAsync(counter, 0, sizeof(unsigned), s);
   if (e != cudaSuccess) return e;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(ctas);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.stream = s;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, handover_chain_kernel, static_cast<float*>(buffers), elems, steps,
+  Launch launch(ctas, cluster, s);
+  return cudaLaunchKernelEx(&launch.config, handover_chain_kernel, static_cast<float*>(buffers), elems, steps,
                             static_cast<unsigned*>(counter), static_cast<unsigned*>(mismatches), wait_inputs);
 }
 
