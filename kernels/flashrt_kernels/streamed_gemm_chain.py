@@ -124,7 +124,8 @@ def _desc(packed, w, src, in_kind, in_stride, dst, out_kind, out_stride, w2=None
 
 
 def chain_descs(layer_weights: list[LayerWeights], packed: list[LayerWeights], layers: int, h: torch.Tensor,
-                h_pair: torch.Tensor | None, q: torch.Tensor, act: torch.Tensor) -> tuple[list[list[int]], torch.Tensor]:
+                h_pair: torch.Tensor | None, q: torch.Tensor,
+                act: torch.Tensor) -> tuple[list[list[int]], torch.Tensor]:
     """The kernel's descriptors of `layers` layers (packed: pack_weight of each weight, gate/up interleaved, W_down
     by pack_down_pairs when h_pair is given, which pairs the MLP) over the buffers h (the input), h_pair, q and
     act; and the buffer that holds the result after the last layer (h, or h_pair after an odd number of paired
