@@ -15,6 +15,10 @@ output and writes its own share of the next:
                         other half from its partner's shared memory (what broadcasting A within clusters saves)
     read_40kb_cluster4  the same in clusters of 4 (a quarter from L2 per CTA)
     read_80kb_cluster4  80 KB in clusters of 4
+    read_128kb_16_readers  16 CTAs read 128 KB per step, the others hand over alone: one SM's reads of a large
+                        block on the critical path (an attention head's keys and values over a quarter of ~570
+                        keys is ~146 KB)
+    read_256kb_8_readers   8 CTAs read 256 KB per step (a head over half the keys: ~292 KB)
 
 Each is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays, in us per
 step. Every waiting variant must read no stale value (`mismatches`, also checked by the GPU test).
@@ -37,19 +41,20 @@ from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
 from tools.benchmark_engine import env_info, write_result  # noqa: E402
 from tools.benchmark_layer_chain import captured_replay_ms  # noqa: E402
 
-# variant -> (fp32 values each step writes and every CTA reads, waits, cluster size)
-VARIANTS = {"counter_only": (0, True, 1), "read_20kb": (5 * 1024, True, 1), "read_40kb": (10 * 1024, True, 1),
-            "read_80kb": (20 * 1024, True, 1), "read_40kb_no_wait": (10 * 1024, False, 1),
-            "read_40kb_cluster2": (10 * 1024, True, 2), "read_40kb_cluster4": (10 * 1024, True, 4),
-            "read_80kb_cluster4": (20 * 1024, True, 4)}
+# variant -> (fp32 values each step writes and its readers read, waits, cluster size, readers (None: every CTA))
+VARIANTS = {"counter_only": (0, True, 1, None), "read_20kb": (5 * 1024, True, 1, None),
+            "read_40kb": (10 * 1024, True, 1, None), "read_80kb": (20 * 1024, True, 1, None),
+            "read_40kb_no_wait": (10 * 1024, False, 1, None), "read_40kb_cluster2": (10 * 1024, True, 2, None),
+            "read_40kb_cluster4": (10 * 1024, True, 4, None), "read_80kb_cluster4": (20 * 1024, True, 4, None),
+            "read_128kb_16_readers": (32 * 1024, True, 1, 16), "read_256kb_8_readers": (64 * 1024, True, 1, 8)}
 
 
 def measure(steps: int, reps: int, report=print) -> dict:
     k = load_kernels()
     results = {}
-    for variant, (elems, wait, cluster) in VARIANTS.items():
+    for variant, (elems, wait, cluster, readers) in VARIANTS.items():
         try:
-            chain = k.HandoverChain(elems, steps, wait_inputs=wait, cluster=cluster)
+            chain = k.HandoverChain(elems, steps, wait_inputs=wait, cluster=cluster, readers=readers)
             times = captured_replay_ms(chain.run, reps)
         except RuntimeError as exc:            # a cluster shape this GPU cannot launch: said, and the rest run
             results[variant] = {"elems": elems, "cluster": cluster, "error": str(exc)}
@@ -58,7 +63,8 @@ def measure(steps: int, reps: int, report=print) -> dict:
         torch.cuda.synchronize()
         median = statistics.median(times)
         results[variant] = {"elems": elems, "kb_read_per_cta": elems * 4 / 1024, "waits": wait, "cluster": cluster,
-                            "ms": median, "us_per_step": median * 1e3 / steps, "ctas": chain.ctas,
+                            "readers": chain.readers, "ms": median, "us_per_step": median * 1e3 / steps,
+                            "ctas": chain.ctas,
                             "mismatches": int(chain.mismatches.item()) if wait else None}
         r = results[variant]
         report(f"| {variant} | {r['kb_read_per_cta']:.0f} | {r['ms']:.3f} | {r['us_per_step']:.2f} | "
@@ -78,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if not load_kernels().cuda_build_available():
         raise SystemExit("benchmark_handover_chain.py needs nvcc (the CUDA toolkit) to build its kernel")
     print(f"{args.steps} dependent steps, one CTA per SM, {torch.cuda.get_device_name()}")
-    print("| variant | KB read per CTA per step | ms | us per step | stale values read |\n|---|---|---|---|---|",
+    print("| variant | KB read per reading CTA per step | ms | us per step | stale values read |\n|---|---|---|---|---|",
           flush=True)
     results = measure(args.steps, args.reps, report=lambda line: print(line, flush=True))
     env = env_info()

@@ -28,7 +28,8 @@ def library() -> ctypes.CDLL:
     from .cuda_build import load_library
     lib = load_library(LIBRARY)
     lib.handover_chain_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                          ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+                                          ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                          ctypes.c_void_p]
     lib.handover_chain_max_ctas.argtypes = [ctypes.c_int]
     lib.handover_chain_launch.restype = ctypes.c_int
     lib.handover_chain_error_string.argtypes = [ctypes.c_int]
@@ -39,13 +40,15 @@ def library() -> ctypes.CDLL:
 class HandoverChain:
     """`steps` hand-overs over `elems` fp32 values (each step's output; every CTA reads all of it), as one launch
     of `ctas` CTAs (default: as many as can be resident, one per SM) in clusters of `cluster` (1: none; 2 or 4:
-    each CTA loads its share from L2 and reads the others' from their shared memory). After run(): `mismatches`
+    each CTA loads its share from L2 and reads the others' from their shared memory). `readers` (no clusters):
+    only the first `readers` CTAs read each step's output, the others hand over alone (default: all read).
+    After run(): `mismatches`
     holds the count of values read that were not the previous step's (0 when the mechanism orders the steps;
     wait_inputs=False skips the waits, for measuring the reads and writes alone, and then counts races), `counter`
     steps x CTAs, and the buffer of the last step (`output()`) every value of it."""
 
     def __init__(self, elems: int, steps: int, wait_inputs: bool = True, ctas: int | None = None,
-                 cluster: int = 1, device: str | torch.device = "cuda"):
+                 cluster: int = 1, readers: int | None = None, device: str | torch.device = "cuda"):
         if cluster not in CLUSTERS:
             raise ValueError(f"cluster must be one of {CLUSTERS}; got {cluster}")
         if elems < 0 or elems % (4 * cluster):
@@ -64,7 +67,11 @@ class HandoverChain:
         if not 1 <= self.ctas <= most or self.ctas % cluster:
             raise ValueError(f"ctas must be a multiple of {cluster} from 1 to {most} (every CTA resident at "
                              f"once); got {ctas}")
+        if readers is not None and (cluster > 1 or not 1 <= readers <= self.ctas):
+            raise ValueError(f"readers must be 1 to {self.ctas} CTAs, without clusters; got {readers} "
+                             f"(cluster {cluster})")
         self.elems, self.steps, self.wait_inputs, self.cluster = elems, steps, wait_inputs, cluster
+        self.readers = self.ctas if readers is None else readers
         self.buffers = torch.full((2, max(elems, 4)), float("nan"), device=device)
         self.counter = torch.zeros(1, device=device, dtype=torch.int32)
         self.mismatches = torch.zeros(1, device=device, dtype=torch.int32)
@@ -74,7 +81,8 @@ class HandoverChain:
         stream = torch.cuda.current_stream(self.buffers.device).cuda_stream
         error = self.lib.handover_chain_launch(self.buffers.data_ptr(), self.elems, self.steps,
                                                self.counter.data_ptr(), self.mismatches.data_ptr(),
-                                               int(self.wait_inputs), self.ctas, self.cluster, stream)
+                                               int(self.wait_inputs), self.ctas, self.cluster, self.readers,
+                                               stream)
         if error:
             raise RuntimeError("handover_chain launch failed: " + self.lib.handover_chain_error_string(error).decode())
 

@@ -951,24 +951,25 @@ def _first_wrong_streamed_layer(weights, h0, rows, ctas, pair_mlp, layers=18) ->
     return "every layer matches its own input to 1e-3: the error accumulates over the chain"
 
 
-@pytest.mark.parametrize("elems, ctas, cluster",
-                         [(10 * 1024, None, 1), (10 * 2048, None, 1), (10 * 1024, 37, 1), (0, None, 1),
-                          (10 * 1024, None, 2), (10 * 1024, None, 4), (10 * 2048, None, 4)],
+@pytest.mark.parametrize("elems, ctas, cluster, readers",
+                         [(10 * 1024, None, 1, None), (10 * 2048, None, 1, None), (10 * 1024, 37, 1, None),
+                          (0, None, 1, None), (10 * 1024, None, 2, None), (10 * 1024, None, 4, None),
+                          (10 * 2048, None, 4, None), (64 * 1024, None, 1, 8)],
                          ids=["40KB", "80KB", "37-ctas", "no-payload", "40KB-cluster-2", "40KB-cluster-4",
-                              "80KB-cluster-4"])
-def test_handover_chain_every_step_reads_the_step_before(elems, ctas, cluster):
+                              "80KB-cluster-4", "256KB-8-readers"])
+def test_handover_chain_every_step_reads_the_step_before(elems, ctas, cluster, readers):
     """kernels/flashrt_kernels/cuda/handover_chain.cu, the streamed chain's dependency mechanism alone: 2000
     dependent steps in one launch, each CTA reading the whole output of the step before (10 rows of the expert's
-    width and of twice it, as the chain reads h and q; on every SM and on 37 CTAs; the counter alone; and in
-    clusters of 2 and 4 whose CTAs share the reads through distributed shared memory): no value read is stale or
-    half-written, every CTA is counted once per step, the last step's output is whole; twice from the same
-    buffers."""
+    width and of twice it, as the chain reads h and q; on every SM and on 37 CTAs; the counter alone; in clusters
+    of 2 and 4 whose CTAs share the reads through distributed shared memory; 256 KB read by 8 CTAs alone): no
+    value read is stale or half-written, every CTA is counted once per step, the last step's output is whole;
+    twice from the same buffers."""
     if INTERPRET:
         pytest.skip("a CUDA C++ kernel: no interpreter runs it")
     if not K.cuda_build_available():
         pytest.skip("no nvcc to build the CUDA C++ kernel")
     steps = 2000
-    chain = K.HandoverChain(elems, steps, ctas=ctas, cluster=cluster)
+    chain = K.HandoverChain(elems, steps, ctas=ctas, cluster=cluster, readers=readers)
     want = K.handover_chain_value(steps - 1, torch.arange(elems, device="cuda"))
     for _ in range(2):
         chain.run()

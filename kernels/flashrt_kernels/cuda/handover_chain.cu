@@ -14,6 +14,8 @@
 // buffer is counted. Buffer s % 2 is rewritten two steps after it was written, when every CTA has finished reading
 // it (the wait of step s covers every read of step s - 1), the reuse the chain's residual buffers make.
 // `wait_inputs = 0` skips the waits (the reads and writes alone; mismatches are then expected and not a failure).
+// `readers` < CTAs: only CTAs 0 .. readers - 1 read (the others hand over alone): what one SM's reads of a large
+// block cost on the critical path, e.g. one attention head's keys and values read by the CTA that computes it.
 //
 // Launched in clusters of 2 or 4 CTAs, the reads go through distributed shared memory instead: after the wait, each
 // CTA of a cluster loads 1 / cluster of the output of step s - 1 from L2 into its shared memory (one of two stage
@@ -140,7 +142,7 @@ __device__ __forceinline__ unsigned read_via_cluster(const float4* src, float4* 
 
 __global__ void __launch_bounds__(kThreads, 1)
     handover_chain_kernel(float* buffers, int elems, int steps, unsigned* counter, unsigned* mismatches,
-                          int wait_inputs) {
+                          int wait_inputs, int readers) {
   const int ctas = gridDim.x, cta = blockIdx.x, tid = threadIdx.x;
   const int quads = elems / 4;                          // elems is a multiple of 4
   const int begin = static_cast<int>(static_cast<long long>(elems) * cta / ctas);
@@ -150,15 +152,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) float4 stage[];       // clusters: 2 x kMaxStageElems / 4
   unsigned bad = 0;
   for (int s = 0; s < steps; ++s) {
-    if (s > 0) {
-      if (wait_inputs) {
-        if (tid == 0) {
-          const unsigned target = static_cast<unsigned>(s) * static_cast<unsigned>(ctas);
-          while (load_acquire(counter) < target) {
-          }
+    if (s > 0 && wait_inputs) {  // every CTA waits, reader or not: buffer s % 2 is free once all of step s - 1 is
+      if (tid == 0) {
+        const unsigned target = static_cast<unsigned>(s) * static_cast<unsigned>(ctas);
+        while (load_acquire(counter) < target) {
         }
-        __syncthreads();
       }
+      __syncthreads();
+    }
+    if (s > 0 && (cluster > 1 || cta < readers)) {
       const float4* src = reinterpret_cast<const float4*>(buffers + static_cast<size_t>((s - 1) % 2) * elems);
       const unsigned step = static_cast<unsigned>(s - 1);
       float4* buf = stage + (s % 2) * (kMaxStageElems / 4);
@@ -241,10 +243,10 @@ int handover_chain_max_ctas(int cluster) {
 }
 
 // Zero the counter, then launch `steps` steps over two buffers of `elems` fp32 values each (`buffers`: 2 x elems)
-// on `stream` as `ctas` CTAs in clusters of `cluster` (1: no clusters), mismatches added into *mismatches.
-// Returns a cudaError_t (0: success).
+// on `stream` as `ctas` CTAs in clusters of `cluster` (1: no clusters), of which the first `readers` read each
+// step's output (clusters: all), mismatches added into *mismatches. Returns a cudaError_t (0: success).
 int handover_chain_launch(void* buffers, int elems, int steps, void* counter, void* mismatches, int wait_inputs,
-                          int ctas, int cluster, void* stream) {
+                          int ctas, int cluster, int readers, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaFuncSetAttribute(handover_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (e != cudaSuccess) return e;
@@ -252,7 +254,8 @@ int handover_chain_launch(void* buffers, int elems, int steps, void* counter, vo
   if (e != cudaSuccess) return e;
   Launch launch(ctas, cluster, s);
   return cudaLaunchKernelEx(&launch.config, handover_chain_kernel, static_cast<float*>(buffers), elems, steps,
-                            static_cast<unsigned*>(counter), static_cast<unsigned*>(mismatches), wait_inputs);
+                            static_cast<unsigned*>(counter), static_cast<unsigned*>(mismatches), wait_inputs,
+                            readers);
 }
 
 const char* handover_chain_error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }
