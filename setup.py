@@ -24,7 +24,7 @@ setup(
     python_requires=">=3.10",
     packages=core_packages + ros_packages + kernel_packages,
     package_dir={"flashrt_kernels": "kernels/flashrt_kernels"},
-    package_data={"flashrt_core": ["data/*"], "flashrt_kernels": ["cuda/*.cu"]},  # CUDA C++ sources, built by nvcc on first use
+    package_data={"flashrt_core": ["data/*"], "flashrt_kernels": ["cuda/*.cu", "cuda/*.cuh"]},  # CUDA C++ sources, built by nvcc on first use
     # the .msg files travel with the Python package so the bag tools can register the types without a ROS build;
     # the parameter files and the launch file sit where a ROS install keeps them (share/flashrt_ros)
     data_files=[("share/flashrt_ros/msg", ["msg/ActionChunk.msg", "msg/PolicyStatus.msg"]),

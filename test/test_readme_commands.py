@@ -62,8 +62,9 @@ def test_pip_route_installs_core_kernels_and_node_code(tmp_path):
                  "--target", str(target), str(REPO_ROOT)], timeout=COMMAND_TIMEOUT_S, cwd=tmp_path)
     for package in ("flashrt_core", "flashrt_kernels", "flashrt_ros"):
         assert (target / package / "__init__.py").is_file(), f"{package} not installed"
-    # the CUDA C++ sources travel with the kernels, which build them with nvcc on first use
-    assert (target / "flashrt_kernels" / "cuda" / "streamed_gemm_chain.cu").is_file()
+    # the CUDA C++ sources and their shared headers travel with the kernels, which build them with nvcc on first use
+    for source in ("streamed_gemm_chain.cu", "handover_chain.cu", "chain_handover.cuh"):
+        assert (target / "flashrt_kernels" / "cuda" / source).is_file(), source
     probe = ("import flashrt_core, flashrt_kernels, sys; "
              "print(flashrt_core.__file__); print(flashrt_kernels.__file__); "
              "print(any(name.startswith('rclpy') for name in sys.modules))")

@@ -112,6 +112,14 @@ def env_info() -> dict:
             "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
+def result_header(tool: str, argv: list[str]) -> dict:
+    """The fields every micro-benchmark's result opens with: when, on what (GPU, driver, torch, CUDA, Triton), and
+    the command (`python tools/<tool> <argv>`)."""
+    env = env_info()
+    return {"date": env["time_utc"], "device": env["gpu"], "torch": env["torch"], "cuda": env["cuda"],
+            "driver": env["driver"], "triton": env["triton"], "command": f"python tools/{tool} " + " ".join(argv)}
+
+
 def write_result(out_dir: str | Path, result: dict, *name_parts: str) -> Path:
     """result as JSON in out_dir (made if missing), named <parts joined by _>_<the result's date>.json; -> its path
     (printed too)."""

@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
-from tools.benchmark_engine import env_info, write_result  # noqa: E402
+from tools.benchmark_engine import result_header, write_result  # noqa: E402
 from tools.benchmark_layer_chain import captured_replay_ms  # noqa: E402
 
 # variant -> (fp32 values each step writes and its readers read, waits, cluster size, readers (None: every CTA))
@@ -84,14 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     if not load_kernels().cuda_build_available():
         raise SystemExit("benchmark_handover_chain.py needs nvcc (the CUDA toolkit) to build its kernel")
     print(f"{args.steps} dependent steps, one CTA per SM, {torch.cuda.get_device_name()}")
-    print("| variant | KB read per reading CTA per step | ms | us per step | stale values read |\n|---|---|---|---|---|",
-          flush=True)
+    print("| variant | KB read per reading CTA per step | ms | us per step | stale values read |\n"
+          "|---|---|---|---|---|", flush=True)
     results = measure(args.steps, args.reps, report=lambda line: print(line, flush=True))
-    env = env_info()
-    result = {"date": env["time_utc"], "device": env["gpu"], "torch": env["torch"], "cuda": env["cuda"],
-              "driver": env["driver"], "triton": env["triton"],
-              "command": "python tools/benchmark_handover_chain.py " + " ".join(argv), "steps": args.steps,
-              "reps": args.reps, "variants": results}
+    result = {**result_header("benchmark_handover_chain.py", argv), "steps": args.steps, "reps": args.reps,
+              "variants": results}
     if args.out:
         write_result(args.out, result, "handover_chain")
     stale = [v for v, r in results.items() if r.get("mismatches")]

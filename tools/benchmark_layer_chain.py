@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
 from flashrt_core.engine.timing import graph_replay_ms  # noqa: E402
-from tools.benchmark_engine import env_info, write_result  # noqa: E402
+from tools.benchmark_engine import result_header, write_result  # noqa: E402
 
 VARIANTS = ("launch_per_layer", "launch_per_layer_pdl", "launch_per_layer_pdl_early", "library_per_layer",
             "persistent_counters")
@@ -105,12 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| variant | chain ms | us per layer | weight stream TB/s | rel L2 vs reference |\n|---|---|---|---|---|",
           flush=True)
     results = measure(args.layers, args.width, args.rows, args.reps)
-    env = env_info()
-    result = {"date": env["time_utc"], "device": env["gpu"], "torch": env["torch"], "cuda": env["cuda"],
-              "driver": env["driver"], "triton": env["triton"],
-              "command": "python tools/benchmark_layer_chain.py " + " ".join(argv),
-              "layers": args.layers, "width": args.width, "rows": args.rows, "reps": args.reps,
-              "weight_mib_per_layer": args.width * args.width * 2 / 2 ** 20, "variants": results}
+    result = {**result_header("benchmark_layer_chain.py", argv), "layers": args.layers, "width": args.width,
+              "rows": args.rows, "reps": args.reps, "weight_mib_per_layer": args.width * args.width * 2 / 2 ** 20,
+              "variants": results}
     if args.out:
         write_result(args.out, result, "layer_chain")
     return 0

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flashrt_core.config import GEMMA_300M  # noqa: E402
 from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
-from tools.benchmark_engine import env_info, write_result  # noqa: E402
+from tools.benchmark_engine import result_header, write_result  # noqa: E402
 from tools.benchmark_layer_chain import captured_replay_ms  # noqa: E402
 
 SGC = importlib.import_module(load_kernels().__name__ + ".streamed_gemm_chain")
@@ -135,11 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| variant | chain ms | us per layer | weight stream TB/s | rel L2 vs reference |\n|---|---|---|---|---|",
           flush=True)
     results = measure(args.layers, args.distinct, args.rows, args.reps, report=lambda line: print(line, flush=True))
-    env = env_info()
-    result = {"date": env["time_utc"], "device": env["gpu"], "torch": env["torch"], "cuda": env["cuda"],
-              "driver": env["driver"], "triton": env["triton"],
-              "command": "python tools/benchmark_streamed_gemm_chain.py " + " ".join(argv),
-              "layers": args.layers, "distinct": args.distinct, "rows": args.rows, "reps": args.reps,
+    result = {**result_header("benchmark_streamed_gemm_chain.py", argv), "layers": args.layers,
+              "distinct": args.distinct, "rows": args.rows, "reps": args.reps,
               "gemm_shapes": {name: list(s) for name, s in shapes.items()}, "variants": results}
     if args.out:
         write_result(args.out, result, "streamed_gemm_chain")

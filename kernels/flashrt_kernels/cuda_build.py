@@ -5,8 +5,9 @@ The sources have no PyTorch dependency: each exports plain C functions that take
 `cudaStream_t`, so the library builds with nvcc alone and its launches go into PyTorch's current stream (and into a
 CUDA graph when that stream is capturing). The library links CUDA's runtime statically; it shares the device's
 primary context with PyTorch. Built libraries live in the user's cache folder ($XDG_CACHE_HOME/flashrt/cuda, by
-default ~/.cache/flashrt/cuda), named by a hash of the source text, nvcc's version, the flags and the macros, so an
-edit or another compiler builds anew and nothing stale is loaded.
+default ~/.cache/flashrt/cuda), named by a hash of the source text, the headers beside it (cuda/*.cuh, which the
+sources share), nvcc's version, the flags and the macros, so an edit or another compiler builds anew and nothing
+stale is loaded.
 
 nvcc is looked for in $CUDA_HOME/bin, $CUDA_PATH/bin, on PATH and in /usr/local/cuda/bin. Without it,
 `cuda_build_available()` is False and `load_library` raises an error that says so.
@@ -67,7 +68,9 @@ def library_path(name: str, defines: tuple[str, ...] = ()) -> Path:
     if not source.is_file():
         raise FileNotFoundError(f"no CUDA source {source}")
     digest = hashlib.sha256()
-    for part in (source.read_bytes(), _nvcc_version(nvcc).encode(), " ".join(NVCC_FLAGS + _flags(defines)).encode()):
+    headers = [p.read_bytes() for p in sorted(SOURCE_DIR.glob("*.cuh"))]
+    for part in (source.read_bytes(), *headers, _nvcc_version(nvcc).encode(),
+                 " ".join(NVCC_FLAGS + _flags(defines)).encode()):
         digest.update(part)
         digest.update(b"\0")
     return cache_dir() / f"{name}-{digest.hexdigest()[:16]}.so"

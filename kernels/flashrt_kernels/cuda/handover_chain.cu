@@ -4,7 +4,7 @@
 //
 // `steps` dependent steps in one cooperative launch of one CTA per SM. Step s:
 //   - waits until every CTA has finished step s - 1 (thread 0 spins with an acquire at GPU scope on one counter in
-//     global memory until it holds s * CTAs, then a CTA barrier), as the chain's consumers do;
+//     global memory until it holds s * CTAs, then a CTA barrier): the chain's own code (chain_handover.cuh);
 //   - reads the WHOLE output of step s - 1 (`elems` fp32 values, buffer (s - 1) % 2) from L2 (ld.global.cg, up to
 //     kBatch 16-byte loads per thread issued before any is used), as each CTA of the chain reads a GEMM's whole A
 //     operand, and counts the values that are not what step s - 1 wrote;
@@ -29,6 +29,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "chain_handover.cuh"
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -40,16 +42,6 @@ constexpr int kSmemBytes = 2 * kMaxStageElems * 4;
 
 __device__ __forceinline__ float value(unsigned step, unsigned i) {
   return static_cast<float>((step * 7919u + i) % 65521u);
-}
-
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 __device__ __forceinline__ unsigned cluster_size() {
@@ -86,15 +78,17 @@ __device__ __forceinline__ unsigned mismatched(const float4& v, unsigned step, u
          (v.w != value(step, i + 3));
 }
 
-// Step `step`'s whole output (`quads` 16-byte values at src) read from L2 by this CTA: the values that are wrong.
-__device__ __forceinline__ unsigned read_direct(const float4* src, int quads, unsigned step, int tid) {
+// Step `step`'s whole output, `quads` 16-byte values each fetched by load(q), checked by this CTA (up to kBatch
+// loads per thread in flight before any is used): the values that are wrong.
+template <typename Load>
+__device__ __forceinline__ unsigned check_all(Load load, int quads, unsigned step, int tid) {
   unsigned bad = 0;
   for (int base = tid; base < quads; base += kThreads * kBatch) {
     float4 v[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int q = base + b * kThreads;
-      if (q < quads) v[b] = __ldcg(src + q);
+      if (q < quads) v[b] = load(q);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -103,6 +97,11 @@ __device__ __forceinline__ unsigned read_direct(const float4* src, int quads, un
     }
   }
   return bad;
+}
+
+// The output read from L2 by this CTA.
+__device__ __forceinline__ unsigned read_direct(const float4* src, int quads, unsigned step, int tid) {
+  return check_all([src](int q) { return __ldcg(src + q); }, quads, step, tid);
 }
 
 // The same through the cluster: this rank's `share` of the values from L2 into `buf` (a stage buffer), a cluster
@@ -123,21 +122,8 @@ __device__ __forceinline__ unsigned read_via_cluster(const float4* src, float4* 
     }
   }
   cluster_sync();
-  unsigned bad = 0;
-  for (int base = tid; base < quads; base += kThreads * kBatch) {
-    float4 v[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int q = base + b * kThreads;
-      if (q < quads) v[b] = load_cluster(buf + q, static_cast<unsigned>(q / share));
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int q = base + b * kThreads;
-      if (q < quads) bad += mismatched(v[b], step, 4u * static_cast<unsigned>(q));
-    }
-  }
-  return bad;
+  return check_all([buf, share](int q) { return load_cluster(buf + q, static_cast<unsigned>(q / share)); }, quads,
+                   step, tid);
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -153,11 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned bad = 0;
   for (int s = 0; s < steps; ++s) {
     if (s > 0 && wait_inputs) {  // every CTA waits, reader or not: buffer s % 2 is free once all of step s - 1 is
-      if (tid == 0) {
-        const unsigned target = static_cast<unsigned>(s) * static_cast<unsigned>(ctas);
-        while (load_acquire(counter) < target) {
-        }
-      }
+      if (tid == 0) wait_for_step(counter, s, ctas);
       __syncthreads();
     }
     if (s > 0 && (cluster > 1 || cta < readers)) {

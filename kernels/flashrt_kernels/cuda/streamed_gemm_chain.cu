@@ -29,7 +29,7 @@
 //     while the consumers wait for this one's inputs;
 //   - the consumers wait until every CTA has finished GEMM g-1 (one counter in global memory: each CTA adds 1 per
 //     GEMM with a release at GPU scope after a CTA barrier; a GEMM's consumers spin with an acquire until it holds
-//     g * CTAs), load their A fragments (warp w covers K offsets [128 w, 128 w + 128) of each 1024-chunk; every
+//     g * CTAs: chain_handover.cuh, which cuda/handover_chain.cu checks and times alone), load their A fragments (warp w covers K offsets [128 w, 128 w + 128) of each 1024-chunk; every
 //     load issued before any is used; a GEMM of one chunk loads them once, a longer one loads the next chunk's
 //     while the current chunk's products run), run mma.sync m16n8k16 (bf16, fp32 accumulate) on each slot as it
 //     fills and free it, and sum the 8 warps' partial tiles of the group through shared memory.
@@ -45,6 +45,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include "chain_handover.cuh"
 
 namespace {
 
@@ -123,16 +125,6 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, int bytes,
           smem_addr(dst)),
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
-}
-
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 // The consumer warps' own barrier (the producer never joins it).
@@ -321,11 +313,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int units = static_cast<int>(d.n / kTileN), chunks = static_cast<int>(d.k / kChunkK);
     const int in_kind = static_cast<int>(d.kinds & 0xff), out_kind = static_cast<int>((d.kinds >> 8) & 0xff);
     if (g > 0 && wait_inputs) {  // every CTA has written its part of GEMM g-1
-      if (threadIdx.x == 0) {
-        const unsigned target = static_cast<unsigned>(g) * static_cast<unsigned>(ctas);
-        while (load_acquire(counter) < target) {
-        }
-      }
+      if (threadIdx.x == 0) wait_for_step(counter, g, ctas);
       consumer_sync();
     }
     const int first = first_unit(cta, rot, ctas);
