@@ -138,7 +138,7 @@ PY="${FLASHRT_PYTHON:-python3}"
 
 NEW="tuning_cache or chain_tuning"
 if [ "$PART" = kernels ] || [ "$PART" = all ]; then
-  timeout 400 "$PY" -m pytest -v --durations=0 test/gpu/test_kernels.py test/gpu/test_policy_gpu.py \
+  timeout 480 "$PY" -m pytest -v --durations=0 test/gpu/test_kernels.py test/gpu/test_policy_gpu.py \
     test/core/test_preprocess.py > "$OUT/pytest_kernels.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_kernels.log"
 fi
