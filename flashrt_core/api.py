@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashrt_core import hub, normalization, preprocess
+from flashrt_core import host_threads, hub, normalization, preprocess
 from flashrt_core.checkpoint import load_model_weights
 from flashrt_core.checkpoint_config import declares_no_stats, fit_robot_dims, resolve_config
 from flashrt_core.config import ModelConfig, ModelType, PromptMode
@@ -417,7 +417,10 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     signature (engine/groot_graph.py; hardware and engine_options pick the executor as for the pi family, and
     hardware="reference" keeps the eager reference executor), on the CPU on the reference executor.
     precision="fp8" gives GR00T's DiT weight-only FP8 weights (engine/groot_dit_gemms.py), which need no calibration.
+
+    A warning says when torch's host threads outnumber the CPUs the process may use (host_threads.py).
     """
+    host_threads.warn_if_oversubscribed(log)
     family = _model_family(checkpoint, config)
     if family == "groot":
         from flashrt_core.groot_policy import load_groot_policy

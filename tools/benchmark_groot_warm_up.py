@@ -15,8 +15,8 @@ host's clock with the device synchronized:
                 timed (median of --calls) whole and in its two parts: GrootPolicy.prepare_inputs (the host's image
                 processing, tokenization and state) and the executor's sample_actions on those inputs (copies in,
                 the replay, the copy out); what predict takes beyond the two is the rest of its host work. The
-                host's torch threads and usable CPUs are recorded beside them (torch's small host ops slow down
-                when its threads outnumber the CPUs).
+                host's torch threads, its CPU affinity, cgroup CPU quota and usable CPUs are recorded beside them
+                (torch's small host ops slow down when its threads outnumber the CPUs: flashrt_core/host_threads.py).
 
     python tools/benchmark_groot_warm_up.py --ckpt-root /tmp/groot [--views 2] [--image 224] [--calls 20] [--out DIR]
 """
@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from flashrt_core import host_threads  # noqa: E402
 from flashrt_core.api import load_model  # noqa: E402
 from flashrt_core.groot_fixtures import write_random_groot_checkpoint  # noqa: E402
 from flashrt_core.groot_policy import WARMUP_INSTRUCTION_TOKENS  # noqa: E402
@@ -94,7 +95,8 @@ def measure(ckpt: Path, views: int, image: int, lengths: list[int], calls: int) 
     return {"load_s": load_s, "first_predict_s": first_s, "first_capture_s": list(first_captures.values()),
             "warm_up_s": warm_s, "warmed_prompt_lengths": warmed, "warm_up_captures_s": captures,
             "instructions": later, "prompt_multiple": executor.prompt_multiple, "calls": calls,
-            "torch_threads": torch.get_num_threads(), "usable_cpus": len(os.sched_getaffinity(0))}
+            "torch_threads": torch.get_num_threads(), "affinity_cpus": len(os.sched_getaffinity(0)),
+            "cpu_quota": host_threads.cpu_quota(), "usable_cpus": host_threads.usable_cpus()}
 
 
 def main(argv: list[str] | None = None) -> int:
