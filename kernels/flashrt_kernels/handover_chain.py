@@ -41,11 +41,10 @@ class HandoverChain:
     """`steps` hand-overs over `elems` fp32 values (each step's output; every CTA reads all of it), as one launch
     of `ctas` CTAs (default: as many as can be resident, one per SM) in clusters of `cluster` (1: none; 2 or 4:
     each CTA loads its share from L2 and reads the others' from their shared memory). `readers` (no clusters):
-    only the first `readers` CTAs read each step's output, the others hand over alone (default: all read).
-    After run(): `mismatches`
-    holds the count of values read that were not the previous step's (0 when the mechanism orders the steps;
-    wait_inputs=False skips the waits, for measuring the reads and writes alone, and then counts races), `counter`
-    steps x CTAs, and the buffer of the last step (`output()`) every value of it."""
+    only the first `readers` CTAs read each step's output, the others hand over alone (default: all read). After
+    run(): `mismatches` holds the count of values read that were not the previous step's (0 when the mechanism
+    orders the steps; wait_inputs=False skips the waits, for measuring the reads and writes alone, and then counts
+    races), `counter` steps x CTAs, and the buffer of the last step (`output()`) every value of it."""
 
     def __init__(self, elems: int, steps: int, wait_inputs: bool = True, ctas: int | None = None,
                  cluster: int = 1, readers: int | None = None, device: str | torch.device = "cuda"):

@@ -6,10 +6,12 @@
 //   - step s begins with one thread spinning on load_acquire of the counter until it holds s x CTAs, then a CTA
 //     barrier, after which every thread reads the outputs of step s - 1 from L2 (ld.global.cg: another SM wrote
 //     them during this launch, so a line in this SM's L1 could be stale).
-// The launch is cooperative (every CTA resident), so the spin cannot deadlock; the counter is zeroed before it.
+// The launch is cooperative (every CTA resident), so the spin cannot deadlock; the counter is zeroed before it
+// (resident_ctas and launch_chain below, on the host).
 
 #pragma once
 
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
@@ -27,4 +29,42 @@ __device__ __forceinline__ void wait_for_step(const unsigned* counter, int step,
   const unsigned target = static_cast<unsigned>(step) * static_cast<unsigned>(ctas);
   while (load_acquire(counter) < target) {
   }
+}
+
+// Host: the largest cooperative grid of `kernel` with `threads` per CTA and `smem_bytes` of dynamic shared memory
+// (the CTAs resident at once on the current device), or -1 on an error.
+template <typename Kernel>
+inline int resident_ctas(Kernel kernel, int threads, int smem_bytes) {
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return -1;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) != cudaSuccess) return -1;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes) != cudaSuccess) return -1;
+  return sms * per_sm;
+}
+
+// Host: zero the chain's counter, then launch `kernel(args...)` on `stream` as `ctas` cooperative CTAs (in clusters
+// of `cluster` when above 1); both go into a CUDA graph when the stream is capturing. Returns the first error.
+template <typename... Params, typename... Args>
+inline cudaError_t launch_chain(void (*kernel)(Params...), int ctas, int threads, int smem_bytes, int cluster,
+                               unsigned* counter, cudaStream_t stream, Args... args) {
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (e != cudaSuccess) return e;
+  e = cudaMemsetAsync(counter, 0, sizeof(unsigned), stream);
+  if (e != cudaSuccess) return e;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(ctas);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = cluster > 1 ? 2 : 1;
+  return cudaLaunchKernelEx(&config, kernel, args...);
 }

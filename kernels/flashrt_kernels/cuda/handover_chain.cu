@@ -162,30 +162,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-namespace {
-
-// The launch configuration: `ctas` CTAs of kThreads in clusters of `cluster`, cooperative (every CTA resident).
-struct Launch {
-  cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t config = {};
-  Launch(int ctas, int cluster, cudaStream_t stream) {
-    attr[0].id = cudaLaunchAttributeCooperative;
-    attr[0].val.cooperative = 1;
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = static_cast<unsigned>(cluster);
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = 1;
-    config.gridDim = dim3(ctas);
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = kSmemBytes;
-    config.stream = stream;
-    config.attrs = attr;
-    config.numAttrs = cluster > 1 ? 2 : 1;
-  }
-};
-
-}  // namespace
-
 extern "C" {
 
 int handover_chain_threads() { return kThreads; }
@@ -196,25 +172,15 @@ int handover_chain_max_stage_elems() { return kMaxStageElems; }
 // CTAs that can be resident at once on the current device in clusters of `cluster` (one CTA per SM: the largest
 // cooperative grid), or -1 on an error.
 int handover_chain_max_ctas(int cluster) {
-  int device = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return -1;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
-  if (cudaFuncSetAttribute(handover_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) !=
-      cudaSuccess)
-    return -1;
-  if (cluster <= 1) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, handover_chain_kernel, kThreads, kSmemBytes) !=
-        cudaSuccess)
-      return -1;
-    return sms * per_sm;
-  }
+  const int resident = resident_ctas(handover_chain_kernel, kThreads, kSmemBytes);  // one CTA per SM
+  if (resident < 1 || cluster <= 1) return resident;
   cudaLaunchAttribute shape;  // the cluster shape alone: how many such clusters fit on the device at once
   shape.id = cudaLaunchAttributeClusterDimension;
   shape.val.clusterDim.x = static_cast<unsigned>(cluster);
   shape.val.clusterDim.y = 1;
   shape.val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(sms - sms % cluster);
+  config.gridDim = dim3(resident - resident % cluster);
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kSmemBytes;
   config.attrs = &shape;
@@ -229,15 +195,10 @@ int handover_chain_max_ctas(int cluster) {
 // step's output (clusters: all), mismatches added into *mismatches. Returns a cudaError_t (0: success).
 int handover_chain_launch(void* buffers, int elems, int steps, void* counter, void* mismatches, int wait_inputs,
                           int ctas, int cluster, int readers, void* stream) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  cudaError_t e = cudaFuncSetAttribute(handover_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (e != cudaSuccess) return e;
-  e = cudaMemsetAsync(counter, 0, sizeof(unsigned), s);
-  if (e != cudaSuccess) return e;
-  Launch launch(ctas, cluster, s);
-  return cudaLaunchKernelEx(&launch.config, handover_chain_kernel, static_cast<float*>(buffers), elems, steps,
-                            static_cast<unsigned*>(counter), static_cast<unsigned*>(mismatches), wait_inputs,
-                            readers);
+  unsigned* count = static_cast<unsigned*>(counter);
+  return launch_chain(handover_chain_kernel, ctas, kThreads, kSmemBytes, cluster, count,
+                      static_cast<cudaStream_t>(stream), static_cast<float*>(buffers), elems, steps, count,
+                      static_cast<unsigned*>(mismatches), wait_inputs, readers);
 }
 
 const char* handover_chain_error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }

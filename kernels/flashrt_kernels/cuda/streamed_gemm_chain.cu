@@ -29,10 +29,11 @@
 //     while the consumers wait for this one's inputs;
 //   - the consumers wait until every CTA has finished GEMM g-1 (one counter in global memory: each CTA adds 1 per
 //     GEMM with a release at GPU scope after a CTA barrier; a GEMM's consumers spin with an acquire until it holds
-//     g * CTAs: chain_handover.cuh, which cuda/handover_chain.cu checks and times alone), load their A fragments (warp w covers K offsets [128 w, 128 w + 128) of each 1024-chunk; every
-//     load issued before any is used; a GEMM of one chunk loads them once, a longer one loads the next chunk's
-//     while the current chunk's products run), run mma.sync m16n8k16 (bf16, fp32 accumulate) on each slot as it
-//     fills and free it, and sum the 8 warps' partial tiles of the group through shared memory.
+//     g * CTAs: chain_handover.cuh, which cuda/handover_chain.cu checks and times alone), load their A fragments
+//     (warp w covers K offsets [128 w, 128 w + 128) of each 1024-chunk; every load issued before any is used; a
+//     GEMM of one chunk loads them once, a longer one loads the next chunk's while the current chunk's products
+//     run), run mma.sync m16n8k16 (bf16, fp32 accumulate) on each slot as it fills and free it, and sum the 8
+//     warps' partial tiles of the group through shared memory.
 // The launch is cooperative (every CTA resident, one per SM), so the spin cannot deadlock. The counter is zeroed by
 // a memset before each launch (inside a captured graph too).
 // Measurement switches (the result is then wrong; never a product path): `wait_inputs = 0` skips the wait on the
@@ -259,6 +260,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) {
       int stage = 0, rot = 0;
       uint32_t phase = 0;
+      // the next ring slot, once free: 16 KiB from `src`, or (second_half given) 8 KiB from each of the two
+      auto fill_slot = [&](const uint8_t* src, const uint8_t* second_half) {
+        mbar_wait(&empty[stage], phase ^ 1u);
+#ifdef SGC_LEAVE_OUT_COPY
+        mbar_arrive(&full[stage]);
+#else
+        uint8_t* slot = ring + stage * kChunkBytes;
+        mbar_arrive_expect_tx(&full[stage], kChunkBytes);
+        if (second_half == nullptr) {
+          bulk_copy(slot, src, kChunkBytes, &full[stage]);
+        } else {
+          bulk_copy(slot, src, kDownUnitBytes, &full[stage]);
+          bulk_copy(slot + kDownUnitBytes, second_half, kDownUnitBytes, &full[stage]);
+        }
+#endif
+        if (++stage == kStages) { stage = 0; phase ^= 1u; }
+      };
       for (int g = 0; g < num_gemms; ++g) {
         const GemmDesc d = descs[g];
         const int units = static_cast<int>(d.n / kTileN), chunks = static_cast<int>(d.k / kChunkK);
@@ -270,32 +288,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int c = 0; c < chunks; ++c)
           for (int j = 0; j < group_units; ++j) {
             const int u = first + (g0 + j) * ctas;
-            mbar_wait(&empty[stage], phase ^ 1u);
-#ifdef SGC_LEAVE_OUT_COPY
-            mbar_arrive(&full[stage]);
-#else
-            mbar_arrive_expect_tx(&full[stage], kChunkBytes);
-            bulk_copy(ring + stage * kChunkBytes, w + (static_cast<size_t>(u) * chunks + c) * kChunkBytes,
-                      kChunkBytes, &full[stage]);
-#endif
-            if (++stage == kStages) { stage = 0; phase ^= 1u; }
+            fill_slot(w + (static_cast<size_t>(u) * chunks + c) * kChunkBytes, nullptr);
           }
           if ((d.kinds >> 8 & 0xff) == kOutGegluDown) {  // then the group's W_down columns, two units per slot
             const uint8_t* w2 = reinterpret_cast<const uint8_t*>(d.w2);
             for (int j = 0; j < group_units; j += 2) {
               const int ua = first + (g0 + j) * ctas;
               const int ub = j + 1 < group_units ? ua + ctas : ua;  // an odd last unit: its own columns twice,
-              mbar_wait(&empty[stage], phase ^ 1u);                  // the second copy multiplied by zeros
-#ifdef SGC_LEAVE_OUT_COPY
-              mbar_arrive(&full[stage]);
-#else
-              mbar_arrive_expect_tx(&full[stage], kChunkBytes);
-              bulk_copy(ring + stage * kChunkBytes, w2 + static_cast<size_t>(ua) * kDownUnitBytes, kDownUnitBytes,
-                        &full[stage]);
-              bulk_copy(ring + stage * kChunkBytes + kDownUnitBytes, w2 + static_cast<size_t>(ub) * kDownUnitBytes,
-                        kDownUnitBytes, &full[stage]);
-#endif
-              if (++stage == kStages) { stage = 0; phase ^= 1u; }
+              fill_slot(w2 + static_cast<size_t>(ua) * kDownUnitBytes,  // the second copy multiplied by zeros
+                        w2 + static_cast<size_t>(ub) * kDownUnitBytes);
             }
           }
         }
@@ -523,41 +524,16 @@ int streamed_gemm_chain_smem_bytes() { return kSmemBytes; }
 int streamed_gemm_chain_threads() { return kThreads; }
 
 // CTAs that can be resident at once on the current device (the largest cooperative grid), or -1 on an error.
-int streamed_gemm_chain_max_ctas() {
-  int device = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return -1;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
-  if (cudaFuncSetAttribute(streamed_gemm_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) !=
-      cudaSuccess)
-    return -1;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, streamed_gemm_chain_kernel, kThreads, kSmemBytes) !=
-      cudaSuccess)
-    return -1;
-  return sms * per_sm;
-}
+int streamed_gemm_chain_max_ctas() { return resident_ctas(streamed_gemm_chain_kernel, kThreads, kSmemBytes); }
 
 // Zero the counter, then launch the chain on `stream` (both captured when the stream is capturing).
 // Returns a cudaError_t (0: success).
 int streamed_gemm_chain_launch(const void* descs, int num_gemms, int rows, void* counter, int wait_inputs, int ctas,
                                void* stream) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  cudaError_t e =
-      cudaFuncSetAttribute(streamed_gemm_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (e != cudaSuccess) return e;
-  e = cudaMemsetAsync(counter, 0, sizeof(unsigned), s);
-  if (e != cudaSuccess) return e;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(ctas);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.stream = s;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, streamed_gemm_chain_kernel, static_cast<const GemmDesc*>(descs), num_gemms,
-                            rows, static_cast<unsigned*>(counter), wait_inputs);
+  unsigned* count = static_cast<unsigned*>(counter);
+  return launch_chain(streamed_gemm_chain_kernel, ctas, kThreads, kSmemBytes, 1, count,
+                      static_cast<cudaStream_t>(stream), static_cast<const GemmDesc*>(descs), num_gemms, rows, count,
+                      wait_inputs);
 }
 
 const char* streamed_gemm_chain_error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }
