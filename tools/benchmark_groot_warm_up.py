@@ -84,10 +84,10 @@ def measure(ckpt: Path, views: int, image: int, lengths: list[int], calls: int) 
     later = []
     for words in lengths:
         text = instruction(words)
-        tokens = policy.prepare_inputs(images, text, state)[1].shape[1] - shortest + 1     # its text tokens
+        inputs = policy.prepare_inputs(images, text, state)
+        tokens = inputs[1].shape[1] - shortest + 1                              # its text tokens
         before = len(executor.capture_seconds)
         policy.predict(images, text, state)                  # its first call after the warm-up
-        inputs = policy.prepare_inputs(images, text, state)
         later.append({"words": words, "text_tokens": tokens, "captures": len(executor.capture_seconds) - before,
                       "predict_s": median_s(lambda: policy.predict(images, text, state), calls),
                       "prepare_inputs_s": median_s(lambda: policy.prepare_inputs(images, text, state), calls),
