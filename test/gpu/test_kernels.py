@@ -848,6 +848,14 @@ def _first_wrong_layer(chain, w: torch.Tensor, resident: bool, bound: float) -> 
     return "every layer matches its own input: the error accumulates over the chain"
 
 
+def _skip_without_cuda_build() -> None:
+    """The CUDA C++ kernels (kernels/flashrt_kernels/cuda/) run on a GPU only, built by nvcc."""
+    if INTERPRET:
+        pytest.skip("a CUDA C++ kernel: no interpreter runs it")
+    if not K.cuda_build_available():
+        pytest.skip("no nvcc to build the CUDA C++ kernel")
+
+
 # The streamed chain against its fp32 reference: the GEMMs' sums run in another order and q / gu round to bf16 in
 # both, so a rounding flip there carries on; 18 layers of the expert stay well under 1e-2.
 STREAMED_CHAIN_REL_L2 = 1e-2
@@ -863,10 +871,7 @@ def test_streamed_gemm_chain(layers, ctas, rows, pair_mlp):
     cycled), and on 37 CTAs (several units of o and down per CTA, summed as a group chunk by chunk; several groups
     of QKV and gate/up units, an odd last group in the paired MLP); the activations and the residual copy poisoned
     with NaN first, twice in a row, every CTA counted once per step."""
-    if INTERPRET:
-        pytest.skip("a CUDA C++ kernel: no interpreter runs it")
-    if not K.cuda_build_available():
-        pytest.skip("no nvcc to build the CUDA C++ kernel")
+    _skip_without_cuda_build()
     shapes = GEMMA_300M.layer_gemm_shapes()
     g = torch.Generator(device="cuda").manual_seed(layers * 100 + rows)
     weights = K.random_streamed_layer_weights(2, GEMMA_300M.width, shapes["qkv"][0], shapes["o"][1],
@@ -897,10 +902,7 @@ def test_streamed_gemm_chain_measurement_forms_run_to_the_end(leave_out, wait_in
     """Every form tools/benchmark_streamed_gemm_chain.py times (its results wrong but for the whole kernel with its
     waits), with the paired MLP and with four GEMMs per layer, ends with every CTA counted once per step: a form
     that hung would stop the benchmark's device call."""
-    if INTERPRET:
-        pytest.skip("a CUDA C++ kernel: no interpreter runs it")
-    if not K.cuda_build_available():
-        pytest.skip("no nvcc to build the CUDA C++ kernel")
+    _skip_without_cuda_build()
     shapes = GEMMA_300M.layer_gemm_shapes()
     g = torch.Generator(device="cuda").manual_seed(7)
     weights = K.random_streamed_layer_weights(2, GEMMA_300M.width, shapes["qkv"][0], shapes["o"][1],
@@ -964,10 +966,7 @@ def test_handover_chain_every_step_reads_the_step_before(elems, ctas, cluster, r
     of 2 and 4 whose CTAs share the reads through distributed shared memory; 256 KB read by 8 CTAs alone): no
     value read is stale or half-written, every CTA is counted once per step, the last step's output is whole;
     twice from the same buffers."""
-    if INTERPRET:
-        pytest.skip("a CUDA C++ kernel: no interpreter runs it")
-    if not K.cuda_build_available():
-        pytest.skip("no nvcc to build the CUDA C++ kernel")
+    _skip_without_cuda_build()
     steps = 2000
     chain = K.HandoverChain(elems, steps, ctas=ctas, cluster=cluster, readers=readers)
     want = K.handover_chain_value(steps - 1, torch.arange(elems, device="cuda"))
@@ -982,10 +981,7 @@ def test_handover_chain_every_step_reads_the_step_before(elems, ctas, cluster, r
 def test_handover_chain_without_waits_runs_to_the_end():
     """The measurement form without waits (its reads race the writes, so mismatches are not checked) ends with
     every CTA counted once per step and the last output whole (each CTA writes its own share)."""
-    if INTERPRET:
-        pytest.skip("a CUDA C++ kernel: no interpreter runs it")
-    if not K.cuda_build_available():
-        pytest.skip("no nvcc to build the CUDA C++ kernel")
+    _skip_without_cuda_build()
     chain = K.HandoverChain(10 * 1024, 720, wait_inputs=False)
     chain.run()
     torch.cuda.synchronize()
