@@ -31,6 +31,9 @@ GROOT_INPUTS = {when: BENCH / "2026-12-05" / f"groot_inputs{when}_devmachine.jso
 RTC = BENCH / "2026-12-04" / "rtc_cost_pi05_h200.json"
 STREAMED = {form: BENCH / "2026-12-05" / f"streamed_gemm_chain_{form}_form_h200.log" for form in ("first", "second")}
 STREAMED_JSON = BENCH / "2026-12-05" / "streamed_gemm_chain_second_form_h200.json"
+STREAMED_H100 = BENCH / "2026-12-05" / "streamed_gemm_chain_h100.json"
+HANDOVER_H100 = BENCH / "2026-12-05" / "handover_chain_h100.json"
+GROOT_SPLIT_H100 = BENCH / "2026-12-05" / "groot_warm_up_h100.json"
 NODE = BENCH / "2026-12-01" / "node_overhead_h200_raw.json"
 
 
@@ -310,3 +313,42 @@ def test_the_rtc_rows_quote_their_result_file():
         cells = _row(PAGE, f"`{mode}`")
         assert cells[1:] == [f"{row['replay_ms']:.3f} ms", f"+{row['over_plain_ms']:.3f} ms",
                              f"{row['cosine_vs_reference']:.6f}", f"{row['reference_fp32_ms']:.1f} ms"], mode
+
+
+def test_the_streamed_chain_h100_rows_quote_their_result_files():
+    """The tree's streamed chain and its hand-over on the H100: every row, and the differences the text draws
+    from them."""
+    chain = json.loads(STREAMED_H100.read_text())["variants"]
+    labels = {"streamed": "`streamed` (the paired MLP)",
+              "library_per_op": "`library_per_op` (the chain as PyTorch ops)"}
+    for name, r in chain.items():
+        cells = _row(PAGE, labels.get(name, f"`{name}`"))[1:]
+        err = r["rel_l2_vs_reference"]
+        assert cells == [f"{r['us_per_layer']:.2f}", f"{r['weight_tb_per_s']:.2f}",
+                         "" if err is None else f"{err:.1e}"], name
+    us = {name: r["us_per_layer"] for name, r in chain.items()}
+    flat = " ".join(PAGE.split())
+    assert f"{us['streamed']:.2f} against {us['streamed_four_gemms']:.2f} us per layer, " \
+           f"{us['streamed_four_gemms'] - us['streamed']:.2f} us" in flat
+    assert f"{us['streamed_no_products']:.2f} - {us['streamed_no_compute']:.2f} = " \
+           f"{us['streamed_no_products'] - us['streamed_no_compute']:.2f} us per layer" in flat
+    assert f"{us['streamed'] - us['streamed_no_wait']:.2f} us per layer" in flat
+    assert f"{us['library_per_op'] / us['streamed']:.2f}x faster" in flat
+    steps = json.loads(HANDOVER_H100.read_text())["variants"]
+    for name, r in steps.items():
+        assert _row(PAGE, f"`{name}`")[1:] == [f"{r['us_per_step']:.2f}"], name
+        assert r["mismatches"] in (None, 0), name
+    base = steps["counter_only"]["us_per_step"]
+    assert f"40 KB per CTA after a hand-over adds {steps['read_40kb']['us_per_step'] - base:.2f} us" in flat
+    assert f"one CTA reading 256 KB adds {steps['read_256kb_8_readers']['us_per_step'] - base:.2f} us" in flat
+
+
+def test_the_groot_predict_split_quotes_its_result_file():
+    result = json.loads(GROOT_SPLIT_H100.read_text())
+    rows = result["instructions"]
+    flat = " ".join(PAGE.split())
+    for key, label in (("predict_s", "`predict`"), ("prepare_inputs_s", "`prepare_inputs`"),
+                       ("sample_actions_s", "`sample_actions`")):
+        ms = [r[key] * 1e3 for r in rows]
+        assert f"{min(ms):.1f}-{max(ms):.1f} ms" in flat, key
+    assert f"{result['torch_threads']} torch threads on {result['usable_cpus']} usable CPUs" in flat
