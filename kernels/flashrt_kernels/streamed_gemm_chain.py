@@ -22,16 +22,9 @@ are folded into the QKV and gate/up GEMMs' loads of h (the place of the denoise'
 modulation); the attention's place is taken by q's first 2048 columns (what the attention costs in the chain is
 measured apart: tools/benchmark_denoise_ablation.py).
 
-With `o_slice` (256 or 512) the O GEMM runs in K-slices of that length: a CTA reads only its units' slices of q
-(5 or 10 KB at 10 rows instead of the whole 40 KB) and adds its partial sums into h and the residual copy with
-atomics; the QKV step then copies h into the copy first (the atomics need both to hold h). This is the form the
-denoiser's O step takes after the attention, where a CTA's slice is the heads it computed.
-
 `pack_weight` lays a (N, K) weight out as the kernel reads it: units of 8 output rows, each in chunks of 1024 of K
 (16 KiB), a chunk in mma.sync m16n8k16 B-fragment order: 32-wide blocks of K, each 32 lanes x 16 bytes, lane
-4 r + q holding row r's K offsets {2q, 2q+1, 2q+8, 2q+9} of the block's two 16-wide steps. `pack_weight(w, S)`
-lays it out in K-slices: a unit of 8 x 1024 / S rows by S of K (16 KiB), slice by slice; its 8 warp blocks (8
-rows x 128 of K, each in the order above) go n-tile by n-tile, each n-tile's S / 128 blocks in K order.
+4 r + q holding row r's K offsets {2q, 2q+1, 2q+8, 2q+9} of the block's two 16-wide steps.
 """
 
 from __future__ import annotations
@@ -47,8 +40,7 @@ CHUNK_K = 1024         # reduction length of one streamed weight chunk
 MAX_ROWS = 16          # one m16 tile
 IN_BF16, IN_RMS_NORM = 0, 1
 RMS_EPS = 1e-6
-OUT_BF16, OUT_ADD_F32, OUT_GEGLU, OUT_GEGLU_DOWN, OUT_ATOMIC_F32 = 0, 1, 2, 3, 4
-K_SLICES = {256: 2, 512: 1}     # the K-slice lengths of a sliced GEMM -> the kernel's slice_shift (1024 >> shift)
+OUT_BF16, OUT_ADD_F32, OUT_GEGLU, OUT_GEGLU_DOWN = 0, 1, 2, 3
 LIBRARY = "streamed_gemm_chain"
 # measurement switches of the kernel (its results are then wrong): what each leaves out -> the macro that does it
 LEAVE_OUT = {"copy": "SGC_LEAVE_OUT_COPY", "compute": "SGC_LEAVE_OUT_COMPUTE", "products": "SGC_LEAVE_OUT_PRODUCTS"}
@@ -62,22 +54,15 @@ class LayerWeights(NamedTuple):
     down: torch.Tensor
 
 
-def pack_weight(w: torch.Tensor, k_slice: int | None = None) -> torch.Tensor:
-    """(N, K) bf16 -> the same values in the kernel's order (module docstring), flat bf16 of N * K; with k_slice
-    (a key of K_SLICES), in the K-sliced order of a kOutAtomicF32 GEMM."""
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """(N, K) bf16 -> the same values in the kernel's order (module docstring), flat bf16 of N * K."""
     n, k = w.shape
-    tiles = 1 if k_slice is None else CHUNK_K // k_slice if k_slice in K_SLICES else 0
-    if w.dtype != torch.bfloat16 or not tiles or n % (TILE_N * tiles) or k % CHUNK_K:
-        raise ValueError(f"pack_weight takes a bf16 (N, K) weight with N a multiple of {TILE_N} (of 8 x 1024 / "
-                         f"k_slice when sliced) and K a multiple of {CHUNK_K}, k_slice None or one of "
-                         f"{sorted(K_SLICES)}; got {tuple(w.shape)} {w.dtype}, k_slice {k_slice}")
-    if k_slice is None:
-        # (unit, row r, chunk, block b, step s, half h, quad q, pair p) -> (unit, chunk, block, r, q, s, h, p)
-        v = w.reshape(n // TILE_N, TILE_N, k // CHUNK_K, CHUNK_K // 32, 2, 2, 4, 2)
-        return v.permute(0, 2, 3, 1, 6, 4, 5, 7).contiguous().reshape(-1)
-    # (group, n-tile t, row r, slice, warp block i, block b, s, h, q, p) -> (slice, group, t, i, b, r, q, s, h, p)
-    v = w.reshape(n // (TILE_N * tiles), tiles, TILE_N, k // k_slice, k_slice // 128, 4, 2, 2, 4, 2)
-    return v.permute(3, 0, 1, 4, 5, 2, 8, 6, 7, 9).contiguous().reshape(-1)
+    if w.dtype != torch.bfloat16 or n % TILE_N or k % CHUNK_K:
+        raise ValueError(f"pack_weight takes a bf16 (N, K) weight with N a multiple of {TILE_N} and K a multiple of "
+                         f"{CHUNK_K}; got {tuple(w.shape)} {w.dtype}")
+    # (unit, row r, chunk, block b, step s, half h, quad q, pair p) -> (unit, chunk, block, r, q, s, h, p)
+    v = w.reshape(n // TILE_N, TILE_N, k // CHUNK_K, CHUNK_K // 32, 2, 2, 4, 2)
+    return v.permute(0, 2, 3, 1, 6, 4, 5, 7).contiguous().reshape(-1)
 
 
 def pack_down_pairs(w: torch.Tensor) -> torch.Tensor:
@@ -139,22 +124,19 @@ def _desc(packed, w, src, in_kind, in_stride, dst, out_kind, out_stride, w2=None
 
 
 def chain_descs(layer_weights: list[LayerWeights], packed: list[LayerWeights], layers: int, h: torch.Tensor,
-                h_pair: torch.Tensor | None, q: torch.Tensor, act: torch.Tensor,
-                o_slice: int | None = None) -> tuple[list[list[int]], torch.Tensor]:
-    """The kernel's descriptors of `layers` layers (packed: pack_weight of each weight, W_o by pack_weight(w,
-    o_slice), gate/up interleaved, W_down by pack_down_pairs when h_pair is given, which pairs the MLP) over the
-    buffers h (the input), h_pair, q and act; and the buffer that holds the result after the last layer (h, or
-    h_pair after an odd number of paired layers). Per layer with the pair: QKV reads h, O adds into h and copies
-    into h_pair (o_slice: QKV copies h into h_pair, O adds into both with atomics), the MLP step reads h and adds
-    into h_pair; the next layer runs with the two swapped."""
+                h_pair: torch.Tensor | None, q: torch.Tensor,
+                act: torch.Tensor) -> tuple[list[list[int]], torch.Tensor]:
+    """The kernel's descriptors of `layers` layers (packed: pack_weight of each weight, gate/up interleaved, W_down
+    by pack_down_pairs when h_pair is given, which pairs the MLP) over the buffers h (the input), h_pair, q and
+    act; and the buffer that holds the result after the last layer (h, or h_pair after an odd number of paired
+    layers). Per layer with the pair: QKV reads h, O adds into h and copies into h_pair, the MLP step reads h and
+    adds into h_pair; the next layer runs with the two swapped."""
     width, q_width, mlp = h.shape[1], q.shape[1], act.shape[1]
-    o_kind = OUT_ADD_F32 if o_slice is None else OUT_ATOMIC_F32 | K_SLICES[o_slice] << 8
     descs, cur, nxt = [], h, h_pair
     for layer in range(layers):
         w, p = layer_weights[layer % len(layer_weights)], packed[layer % len(layer_weights)]
-        descs += [_desc(p.qkv, w.qkv, cur, IN_RMS_NORM, width, q, OUT_BF16, q_width,
-                        out2=nxt if o_slice is not None else None),
-                  _desc(p.o, w.o, q, IN_BF16, q_width, cur, o_kind, width, out2=nxt)]
+        descs += [_desc(p.qkv, w.qkv, cur, IN_RMS_NORM, width, q, OUT_BF16, q_width),
+                  _desc(p.o, w.o, q, IN_BF16, q_width, cur, OUT_ADD_F32, width, out2=nxt)]
         if h_pair is not None:
             descs.append(_desc(p.gate_up, w.gate_up, cur, IN_RMS_NORM, width, nxt, OUT_GEGLU_DOWN, width, w2=p.down))
             cur, nxt = nxt, cur
@@ -188,12 +170,10 @@ class StreamedGemmChain:
     the result is then wrong and the time is the weight stream and the compute alone (a ceiling, for measuring);
     `leave_out` ("copy": no weight stream, "compute": no A loads and products, "products": the A loads without
     the products) likewise, for placing the time.
-    `ctas`: the persistent grid (default: as many as can be resident, one per SM). `o_slice` (256 or 512): the O
-    GEMM in K-slices of that length (module docstring; None: whole)."""
+    `ctas`: the persistent grid (default: as many as can be resident, one per SM)."""
 
     def __init__(self, layer_weights: list[LayerWeights], layers: int, rows: int, wait_inputs: bool = True,
-                 ctas: int | None = None, leave_out: tuple[str, ...] = (), pair_mlp: bool = True,
-                 o_slice: int | None = None):
+                 ctas: int | None = None, leave_out: tuple[str, ...] = (), pair_mlp: bool = True):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"StreamedGemmChain covers 1 to {MAX_ROWS} rows; got {rows}")
         if layers < 1 or not layer_weights:
@@ -213,21 +193,17 @@ class StreamedGemmChain:
             raise ValueError(f"the kernel normalizes a row of h within one chunk: width must be {CHUNK_K}, got {width}")
         if attn > w0.qkv.shape[0]:
             raise ValueError(f"the o projection reads {attn} columns of q, which has {w0.qkv.shape[0]}")
-        if o_slice is not None and o_slice not in K_SLICES:
-            raise ValueError(f"o_slice must be None or one of {sorted(K_SLICES)}; got {o_slice}")
         self.rows, self.layers, self.wait_inputs, self.pair_mlp = rows, layers, wait_inputs, pair_mlp
-        self.o_slice = o_slice
         down = pack_down_pairs if pair_mlp else pack_weight
-        self.packed = [LayerWeights(pack_weight(w.qkv), pack_weight(w.o, o_slice),
-                                    pack_weight(interleave_gate_up(w.gate_up)), down(w.down)) for w in layer_weights]
+        self.packed = [LayerWeights(pack_weight(w.qkv), pack_weight(w.o), pack_weight(interleave_gate_up(w.gate_up)),
+                                    down(w.down)) for w in layer_weights]
         self.h = torch.zeros(rows, width, device=device, dtype=torch.float32)
         # pair_mlp: the residual copy the MLP step adds into; the two swap every layer
         self.h_pair = torch.zeros(rows, width, device=device, dtype=torch.float32) if pair_mlp else None
         self.q = torch.zeros(rows, w0.qkv.shape[0], device=device, dtype=torch.bfloat16)
         self.act = torch.zeros(rows, mlp, device=device, dtype=torch.bfloat16)      # gelu_tanh(gate) * up
         self.counter = torch.zeros(1, device=device, dtype=torch.int32)
-        descs, self.result = chain_descs(layer_weights, self.packed, layers, self.h, self.h_pair, self.q, self.act,
-                                         o_slice)
+        descs, self.result = chain_descs(layer_weights, self.packed, layers, self.h, self.h_pair, self.q, self.act)
         self.gemms = len(descs)            # the steps of the chain, each one hand-over: the counter's last value
         self.descs = torch.tensor(descs, dtype=torch.int64).to(device)
 

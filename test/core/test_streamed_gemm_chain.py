@@ -35,36 +35,6 @@ def kernel_element_index(n: int, k: int, K_total: int) -> int:
     return chunk_start + uint4_index * 8 + s * 4 + h * 2 + p
 
 
-def kernel_sliced_element_index(n: int, k: int, N: int, slice_k: int) -> int:
-    """Where a K-sliced GEMM (kOutAtomicF32, K-slices of slice_k) reads W[n, k], as the kernel addresses it: unit
-    u = slice * groups + column group (groups = N / (8 x tiles), tiles = 1024 / slice_k n-tiles per unit), one
-    16 KiB chunk each; warp w = t * (slice_k / 128) + i covers n-tile t of the unit at K offsets 128 i of the slice
-    (a_offset), reading uint4 number w * 128 + j * 32 + lane as the unsliced chunk does."""
-    tiles, per_tile = 1024 // slice_k, slice_k // 128
-    groups = N // (8 * tiles)
-    unit = (k // slice_k) * groups + n // (8 * tiles)
-    t, r, kl = (n % (8 * tiles)) // 8, n % 8, k % slice_k
-    i, kc = kl // 128, kl % 128
-    j, s, h, q, p = kc // 32, (kc % 32) // 16, (kc % 16) // 8, (kc % 8) // 2, kc % 2
-    uint4_index = (t * per_tile + i) * 128 + j * 32 + 4 * r + q
-    return unit * 8 * 1024 + uint4_index * 8 + s * 4 + h * 2 + p
-
-
-@pytest.mark.parametrize("n, k, slice_k", [(32, 2048, 256), (64, 1024, 256), (32, 2048, 512)])
-def test_pack_weight_in_k_slices_puts_every_element_where_the_sliced_kernel_reads_it(n, k, slice_k):
-    w = torch.arange(n * k, dtype=torch.float32).reshape(n, k)
-    packed = SGC.pack_weight((w % 251).to(torch.bfloat16), slice_k)
-    index = torch.tensor([[kernel_sliced_element_index(i, j, n, slice_k) for j in range(k)] for i in range(n)])
-    assert sorted(index.flatten().tolist()) == list(range(n * k))
-    assert torch.equal(packed[index], (w % 251).to(torch.bfloat16))
-
-
-@pytest.mark.parametrize("shape, slice_k", [((16, 1024), 256), ((32, 1024), 384), ((32, 1024), 1024)])
-def test_pack_weight_in_k_slices_names_what_it_cannot_take(shape, slice_k):
-    with pytest.raises(ValueError, match="k_slice None or one of \\[256, 512\\]"):
-        SGC.pack_weight(torch.zeros(shape, dtype=torch.bfloat16), slice_k)
-
-
 @pytest.mark.parametrize("n, k", [(16, 1024), (24, 3072)])
 def test_pack_weight_puts_every_element_where_the_kernel_reads_it(n, k):
     w = torch.arange(n * k, dtype=torch.float32).reshape(n, k)          # every value distinct
@@ -200,45 +170,18 @@ def _as_the_kernel_reads(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return packed[index]
 
 
-def _emulate_sliced_step(w_packed, n, k, shift, a, out, out2, rows, ctas, rot) -> int:
-    """A kOutAtomicF32 step as the kernel runs it: unit u of a CTA multiplies its slice of a by its columns' slice
-    of W, both found through the kernel's addressing, and adds the product into out and out2 (the atomics);
-    returns the step's units."""
-    slice_k, tiles = 1024 >> shift, 1 << shift
-    groups = n // (8 * tiles)
-    units = groups * (k // slice_k)
-    for cta in range(ctas):
-        first = (cta - rot) % ctas
-        for u in range(first, units, ctas):
-            sl, cols = u // groups, torch.arange(8 * tiles) + (u % groups) * 8 * tiles
-            ks = torch.arange(slice_k) + sl * slice_k
-            w = w_packed[kernel_sliced_element_index(cols[:, None], ks[None, :], n, slice_k)].float()
-            y = a[:, ks] @ w.T
-            for dst in (out, out2):
-                if dst is not None:
-                    dst[:rows, cols] += y
-    return units
-
-
 def _emulate_chain(descs, buffers: dict, rows: int, ctas: int) -> None:
     """The kernel's work on the CPU, step by step, CTA after CTA in each step (so a step that wrote into a buffer
     it also reads would be caught), reading every operand through its descriptor's pointers: unit u of a step
     belongs to CTA (u + rot) % ctas, a CTA's units go in groups of 8, kOutGegluDown multiplies each group's GeGLU
-    columns by their W_down blocks and adds the product into its output (the atomics), a K-sliced step adds each
-    unit's slice product into its outputs, a norm step with out2 copies its input rows there first."""
+    columns by their W_down blocks and adds the product into its output (the atomics)."""
     rot = 0
     for w_ptr, in_ptr, out_ptr, n, k, kinds, _, _, w2_ptr, out2_ptr in descs:
-        in_kind, out_kind, shift = kinds & 0xFF, kinds >> 8 & 0xFF, kinds >> 16 & 0xFF
+        in_kind, out_kind = kinds & 0xFF, kinds >> 8 & 0xFF
+        w = _as_the_kernel_reads(buffers[w_ptr], n, k).float()
         x = buffers[in_ptr][:rows, :k]
         a = (SGC.rms_norm(x) if in_kind == SGC.IN_RMS_NORM else x.float()).bfloat16().float()
         out = buffers[out_ptr]
-        if in_kind == SGC.IN_RMS_NORM and out2_ptr:
-            buffers[out2_ptr][:rows, :k] = x
-        if out_kind == SGC.OUT_ATOMIC_F32:
-            units = _emulate_sliced_step(buffers[w_ptr], n, k, shift, a, out, buffers.get(out2_ptr), rows, ctas, rot)
-            rot = (rot + units) % ctas
-            continue
-        w = _as_the_kernel_reads(buffers[w_ptr], n, k).float()
         units = n // SGC.TILE_N
         for cta in range(ctas):
             first = (cta - rot) % ctas
@@ -268,22 +211,20 @@ def _emulate_chain(descs, buffers: dict, rows: int, ctas: int) -> None:
         rot = (rot + units) % ctas
 
 
-@pytest.mark.parametrize("o_slice", [None, 256, 512], ids=["o-whole", "o-slices-256", "o-slices-512"])
 @pytest.mark.parametrize("pair_mlp", [True, False], ids=["paired-mlp", "four-gemms"])
 @pytest.mark.parametrize("layers, ctas", [(1, 132), (2, 37), (3, 132)])
-def test_the_chain_descriptors_compute_the_reference(pair_mlp, layers, ctas, o_slice):
+def test_the_chain_descriptors_compute_the_reference(pair_mlp, layers, ctas):
     """chain_descs' descriptors, run by an emulation of the kernel's work (_emulate_chain), compute
     streamed_gemm_chain_reference at the expert's shapes: the buffers each step reads and writes (the paired
-    MLP's residual copy, swapped every layer; with O in K-slices, the copy QKV makes and O's atomics into both),
-    the packed weights through the kernel's addressing, the units' owners and groups (37 CTAs: several groups, an
-    odd last one), and the buffer chain_descs names as the result. The activations and the residual copy start as
-    NaN, so a step that reads what no earlier step wrote fails."""
+    MLP's residual copy, swapped every layer), the packed weights through the kernel's addressing, the units'
+    owners and groups (37 CTAs: several groups, an odd last one), and the buffer chain_descs names as the result.
+    The activations and the residual copy start as NaN, so a step that reads what no earlier step wrote fails."""
     g = torch.Generator().manual_seed(layers)
     shapes = GEMMA_300M.layer_gemm_shapes()
     width, attn, mlp = GEMMA_300M.width, shapes["o"][1], shapes["down"][1]
     weights = K.random_streamed_layer_weights(2, width, shapes["qkv"][0], attn, mlp, "cpu", g)
     down = SGC.pack_down_pairs if pair_mlp else SGC.pack_weight
-    packed = [SGC.LayerWeights(SGC.pack_weight(w.qkv), SGC.pack_weight(w.o, o_slice),
+    packed = [SGC.LayerWeights(SGC.pack_weight(w.qkv), SGC.pack_weight(w.o),
                                SGC.pack_weight(SGC.interleave_gate_up(w.gate_up)), down(w.down)) for w in weights]
     rows = 10
     h0 = torch.randn(rows, width, generator=g)
@@ -291,7 +232,7 @@ def test_the_chain_descriptors_compute_the_reference(pair_mlp, layers, ctas, o_s
     h_pair = torch.full((rows, width), float("nan")) if pair_mlp else None
     q = torch.full((rows, shapes["qkv"][0]), float("nan"), dtype=torch.bfloat16)
     act = torch.full((rows, mlp), float("nan"), dtype=torch.bfloat16)
-    descs, result = SGC.chain_descs(weights, packed, layers, h, h_pair, q, act, o_slice)
+    descs, result = SGC.chain_descs(weights, packed, layers, h, h_pair, q, act)
     assert len(descs) == (3 if pair_mlp else 4) * layers
     assert result is (h_pair if pair_mlp and layers % 2 else h)
     buffers = {t.data_ptr(): t for t in [h, q, act] + ([h_pair] if pair_mlp else [])

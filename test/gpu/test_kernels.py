@@ -861,19 +861,16 @@ def _skip_without_cuda_build() -> None:
 STREAMED_CHAIN_REL_L2 = 1e-2
 
 
-@pytest.mark.parametrize("o_slice", [None, 256, 512], ids=["o-whole", "o-slices-256", "o-slices-512"])
 @pytest.mark.parametrize("pair_mlp", [True, False], ids=["paired-mlp", "four-gemms"])
 @pytest.mark.parametrize("rows", [1, 10, 16])
 @pytest.mark.parametrize("layers, ctas", [(1, None), (18, None), (18, 37)], ids=["1-layer", "18-layers", "37-ctas"])
-def test_streamed_gemm_chain(layers, ctas, rows, pair_mlp, o_slice):
+def test_streamed_gemm_chain(layers, ctas, rows, pair_mlp):
     """kernels/flashrt_kernels/cuda/streamed_gemm_chain.cu (CUDA C++, built by nvcc) at the expert's four GEMM shapes
-    against streamed_gemm_chain_reference, with the MLP as one paired step and as two GEMMs, the O GEMM whole and
-    in K-slices of 256 and 512 (atomics into h and the residual copy, which the QKV step fills): one layer (odd: the
+    against streamed_gemm_chain_reference, with the MLP as one paired step and as two GEMMs: one layer (odd: the
     paired chain's result comes back from the residual copy), one denoising step (18 layers, 2 layers' weights
     cycled), and on 37 CTAs (several units of o and down per CTA, summed as a group chunk by chunk; several groups
-    of QKV and gate/up units, an odd last group in the paired MLP; 7 sliced O units per CTA, in groups of 2 and an
-    odd last one); the activations and the residual copy poisoned with NaN first, twice in a row, every CTA counted
-    once per step."""
+    of QKV and gate/up units, an odd last group in the paired MLP); the activations and the residual copy poisoned
+    with NaN first, twice in a row, every CTA counted once per step."""
     _skip_without_cuda_build()
     shapes = GEMMA_300M.layer_gemm_shapes()
     g = torch.Generator(device="cuda").manual_seed(layers * 100 + rows)
@@ -881,7 +878,7 @@ def test_streamed_gemm_chain(layers, ctas, rows, pair_mlp, o_slice):
                                               shapes["down"][1], "cuda", g)
     h0 = torch.randn(rows, GEMMA_300M.width, device="cuda", generator=g)
     want = K.streamed_gemm_chain_reference(h0, weights, layers)
-    chain = K.StreamedGemmChain(weights, layers, rows, ctas=ctas, pair_mlp=pair_mlp, o_slice=o_slice)
+    chain = K.StreamedGemmChain(weights, layers, rows, ctas=ctas, pair_mlp=pair_mlp)
     assert chain.gemms == (3 if pair_mlp else 4) * layers
     for _ in range(2):
         chain.q.fill_(float("nan"))
@@ -894,7 +891,7 @@ def test_streamed_gemm_chain(layers, ctas, rows, pair_mlp, o_slice):
         assert not torch.isnan(chain.h).any()
         err = float((chain.h - want).norm() / want.norm())
         assert err < STREAMED_CHAIN_REL_L2, \
-            f"rel L2 error {err:.2e}; {_first_wrong_streamed_layer(weights, h0, rows, ctas, pair_mlp, o_slice)}"
+            f"rel L2 error {err:.2e}; {_first_wrong_streamed_layer(weights, h0, rows, ctas, pair_mlp)}"
         assert chain.counter.item() == chain.gemms * chain.ctas
 
 
@@ -903,20 +900,19 @@ def test_streamed_gemm_chain(layers, ctas, rows, pair_mlp, o_slice):
 @pytest.mark.parametrize("wait_inputs", [True, False], ids=["waits", "no-waits"])
 def test_streamed_gemm_chain_measurement_forms_run_to_the_end(leave_out, wait_inputs):
     """Every form tools/benchmark_streamed_gemm_chain.py times (its results wrong but for the whole kernel with its
-    waits), with the paired MLP, with four GEMMs per layer and with O in K-slices, ends with every CTA counted once
-    per step: a form that hung would stop the benchmark's device call."""
+    waits), with the paired MLP and with four GEMMs per layer, ends with every CTA counted once per step: a form
+    that hung would stop the benchmark's device call."""
     _skip_without_cuda_build()
     shapes = GEMMA_300M.layer_gemm_shapes()
     g = torch.Generator(device="cuda").manual_seed(7)
     weights = K.random_streamed_layer_weights(2, GEMMA_300M.width, shapes["qkv"][0], shapes["o"][1],
                                               shapes["down"][1], "cuda", g)
-    for pair_mlp, o_slice in ((True, None), (False, None), (True, 256)):
-        chain = K.StreamedGemmChain(weights, 18, 10, wait_inputs=wait_inputs, leave_out=leave_out, pair_mlp=pair_mlp,
-                                    o_slice=o_slice)
+    for pair_mlp in (True, False):
+        chain = K.StreamedGemmChain(weights, 18, 10, wait_inputs=wait_inputs, leave_out=leave_out, pair_mlp=pair_mlp)
         chain.h.copy_(torch.randn(10, GEMMA_300M.width, device="cuda", generator=g))
         chain.run()
         torch.cuda.synchronize()
-        assert chain.counter.item() == chain.gemms * chain.ctas, (pair_mlp, o_slice)
+        assert chain.counter.item() == chain.gemms * chain.ctas, pair_mlp
 
 
 def _streamed_gemm_errors(chain, w, h_in) -> str:
@@ -938,12 +934,12 @@ def _streamed_gemm_errors(chain, w, h_in) -> str:
                      for name, (got, want) in errors.items())
 
 
-def _first_wrong_streamed_layer(weights, h0, rows, ctas, pair_mlp, o_slice, layers=18) -> str:
+def _first_wrong_streamed_layer(weights, h0, rows, ctas, pair_mlp, layers=18) -> str:
     """Where a streamed chain went wrong: each layer n recomputed by the reference from the kernel's own output of
     n - 1 layers; the first layer off by more than a tenth of STREAMED_CHAIN_REL_L2, with its rows and GEMMs."""
     h = h0.clone()
     for n in range(1, layers + 1):
-        chain = K.StreamedGemmChain(weights, n, rows, ctas=ctas, pair_mlp=pair_mlp, o_slice=o_slice)
+        chain = K.StreamedGemmChain(weights, n, rows, ctas=ctas, pair_mlp=pair_mlp)
         chain.h.copy_(h0)
         chain.run()
         w = weights[(n - 1) % len(weights)]

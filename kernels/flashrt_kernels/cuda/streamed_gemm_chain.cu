@@ -15,19 +15,11 @@
 // two units per ring slot) on mma.sync m16n8k8 and adds the (rows, N2) partial product into desc.out with fp32
 // vector atomics. The activation never goes to global memory and the down GEMM needs no hand-over of its own; the
 // atomics land on a second residual buffer (the O GEMM's `out2` copy of h), since the GEMM's own A is h itself.
-// `kOutAtomicF32` runs a GEMM in K-slices (slice_shift > 0 in desc.kinds: slices of S = 1024 >> shift): a unit of
-// work is then (8 << shift) output columns by S of K, so a CTA reads only its units' slices of A (O: 5 KB at
-// S = 256, rows = 10, where the whole A is 40 KB), and adds its partial sums into desc.out (and desc.out2) with
-// fp32 vector atomics; the slices of a column meet there. Its residual copy gets the same sums, so it must hold h
-// before the step: the QKV step copies its fp32 input rows into its own desc.out2 (kInRmsNorm with out2 set).
 //
 // Work: GEMM g's output columns come in units of 8 (one mma n-tile); a unit's weight is (8, K_g), stored by
 // pack_weight() in chunks of 8 x 1024 (16 KiB) laid out in mma fragment order, so a warp reads its B fragments
-// with one conflict-free 16-byte shared load per lane per 32 of K. A K-sliced GEMM's unit is one such 16 KiB
-// chunk of (8 << shift) columns by S of K (pack_weight(w, S), slice by slice): warp w covers n-tile
-// w / (S / 128) at K offsets 128 (w % (S / 128)) of the slice, in the same fragment order. Unit u of GEMM g
-// belongs to CTA (u + rot_g) % CTAs, rot_g being the units of GEMMs 0 .. g-1 modulo CTAs, so the bytes spread
-// evenly over a layer.
+// with one conflict-free 16-byte shared load per lane per 32 of K. Unit u of GEMM g belongs to CTA
+// (u + rot_g) % CTAs, rot_g being the units of GEMMs 0 .. g-1 modulo CTAs, so the bytes spread evenly over a layer.
 // Each CTA has one producer warp and 8 consumer warps:
 //   - the producer walks the CTA's chunks of the whole chain in order (per GEMM: groups of up to 8 units, each
 //     group chunk by chunk, a chunk unit by unit; for kOutGegluDown then the group's W_down blocks, two units per
@@ -69,7 +61,6 @@ constexpr int kStages = 12;                            // ring slots: 192 KiB
 constexpr int kWarpK = kChunkK / kConsumerWarps;       // 128: a consumer warp's share of a chunk
 constexpr int kSteps = kWarpK / 16;                    // 8 mma k-steps per warp per chunk
 constexpr int kGroupUnits = 8;                         // units whose partial tiles are summed at once
-constexpr int kSlicedGroupUnits = 2;                   // ... in a K-sliced GEMM (its two A buffers take registers)
 constexpr int kRedFloats = kGroupUnits * kConsumerWarps * 32 * 4;  // their partial m16n8 tiles, one per warp
 constexpr int kSumsPerThread = kGroupUnits * 128 / kConsumerThreads;  // a group's m16n8 sums per consumer thread
 constexpr int kNormRedFloats = kConsumerWarps * 16;    // per-warp sums of squares of the 16 rows
@@ -82,7 +73,7 @@ constexpr int kSmemBytes =
     kStages * kChunkBytes + (kRedFloats + kNormRedFloats + kActWords) * 4 + 2 * kStages * 8;
 
 enum InKind { kInBf16 = 0, kInRmsNorm = 1 };
-enum OutKind { kOutBf16 = 0, kOutAddF32 = 1, kOutGeglu = 2, kOutGegluDown = 3, kOutAtomicF32 = 4 };
+enum OutKind { kOutBf16 = 0, kOutAddF32 = 1, kOutGeglu = 2, kOutGegluDown = 3 };
 
 // One GEMM of the chain: ten int64 fields, in the order streamed_gemm_chain.py writes them.
 struct GemmDesc {
@@ -90,12 +81,11 @@ struct GemmDesc {
   long long in;           // A's source matrix (bf16 or fp32, by in_kind)
   long long out;          // the output matrix (bf16 or fp32, by out_kind)
   long long n, k;         // N (a multiple of 8), K (a multiple of 1024)
-  long long kinds;        // in_kind | out_kind << 8 | slice_shift << 16 (kOutAtomicF32: K-slices of 1024 >> it)
-  long long in_stride;    // elements between two rows of the source (kInRmsNorm: of out2 too)
+  long long kinds;        // in_kind | out_kind << 8
+  long long in_stride;    // elements between two rows of the source
   long long out_stride;   // elements between two rows of the output (kOutGegluDown: of out, N2 = 1024 columns)
   long long w2;           // kOutGegluDown: W_down (1024 rows) packed by pack_down_pairs(), 8 KiB per gate/up unit
-  long long out2;         // kOutAddF32 / kOutAtomicF32: a second fp32 matrix that receives the same sums;
-                          // kInRmsNorm (kOutBf16): where the CTAs copy the fp32 input rows (0: neither)
+  long long out2;         // kOutAddF32: a second fp32 matrix that receives the same sums (0: none)
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -238,129 +228,10 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[kSteps][4], const GemmDesc&
 
 __device__ __forceinline__ int first_unit(int cta, int rot, int ctas) { return (cta - rot + ctas) % ctas; }
 
-// GEMM d's units of work and 16 KiB chunks per unit: (N / 8) units of K / 1024 chunks, or for a K-sliced GEMM
-// (slice_shift > 0) one chunk per unit of (8 << shift) columns by 1024 >> shift of K.
-__device__ __forceinline__ void gemm_work(const GemmDesc& d, int& units, int& chunks) {
-  const int shift = static_cast<int>((d.kinds >> 16) & 0xff);
-  units = static_cast<int>(d.n / kTileN) >> shift;
-  chunks = static_cast<int>(d.k / kChunkK);
-  if (shift) {
-    units *= static_cast<int>(d.k / (kChunkK >> shift));
-    chunks = 1;
-  }
-}
-
 // How many of a GEMM's `units` the CTA whose first unit is `first` owns (first, first + ctas, ...): the producer
 // and the consumers walk the same units by it.
 __device__ __forceinline__ int units_owned(int first, int units, int ctas) {
   return first < units ? (units - first + ctas - 1) / ctas : 0;
-}
-
-// kInRmsNorm with desc.out2: the CTAs copy the fp32 input rows (rows x K) into out2, float4 by float4, a share
-// each, after the step's wait: the residual copy then holds h before a K-sliced step adds into both.
-__device__ __forceinline__ void copy_rows(const GemmDesc& d, int rows, int cta, int ctas) {
-  const int per_row = static_cast<int>(d.k / 4), total = rows * per_row;
-  for (int v = cta * kConsumerThreads + threadIdx.x; v < total; v += ctas * kConsumerThreads) {
-    const size_t at = static_cast<size_t>(v / per_row) * d.in_stride + 4 * (v % per_row);
-    __stcg(reinterpret_cast<float4*>(reinterpret_cast<float*>(d.out2) + at),
-           __ldcg(reinterpret_cast<const float4*>(reinterpret_cast<const float*>(d.in) + at)));
-  }
-}
-
-// A K-sliced GEMM (kOutAtomicF32, bf16 A): unit u of (8 << shift) columns by S = 1024 >> shift of K is slice
-// u / (units per slice), column group u % (units per slice). Per unit, each warp loads its A fragments of the
-// slice (the next unit's while this one's products run), multiplies its n-tile's 128 of K, and frees the slot; per
-// group of up to kGroupUnits units, the warps of each n-tile are summed through shared memory and the sums added
-// into out (and out2) with fp32 vector atomics. Out of line: inlined into the kernel, its registers raise the whole
-// kernel's pressure past the 168 a thread of 288 may hold (~800 bytes of spills instead of ~100).
-__device__ __noinline__ void sliced_gemm(const GemmDesc& d, int first, int mine, int ctas, int rows, int& stage,
-                                            uint32_t& phase, const uint8_t* ring, float* red, uint64_t* full,
-                                            uint64_t* empty, int warp, int lane) {
-  const int shift = static_cast<int>((d.kinds >> 16) & 0xff);
-  const int warps_per_tile = kConsumerWarps >> shift, tiles = 1 << shift, slice = kChunkK >> shift;
-  const int groups = static_cast<int>(d.n / kTileN) >> shift;  // column groups of (8 << shift): units per slice
-  const int group = lane >> 2, quad = lane & 3;
-  auto a_offset = [&](int u) { return (u / groups) * slice + (warp % warps_per_tile) * kWarpK; };
-  // two A buffers: unit j multiplies by ab[j % 2] while unit j + 1's fragments load into the other (j is unrolled,
-  // so the two stay registers); a group has an even number of units, so the next group starts on ab[0]
-  uint32_t ab[2][kSteps][4];
-#ifndef SGC_LEAVE_OUT_COMPUTE
-  if (mine > 0) load_a(ab[0], d, kInBf16, rows, a_offset(first), warp, group, quad, nullptr);
-#endif
-  for (int g0 = 0; g0 < mine; g0 += kSlicedGroupUnits) {
-    const int group_units = min(kSlicedGroupUnits, mine - g0);
-    float acc[kSlicedGroupUnits][4];
-#pragma unroll
-    for (int j = 0; j < kSlicedGroupUnits; ++j) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
-    }
-#pragma unroll
-    for (int j = 0; j < kSlicedGroupUnits; ++j) {
-      if (j < group_units) {
-        uint32_t (&a)[kSteps][4] = ab[j % 2];
-#ifndef SGC_LEAVE_OUT_COMPUTE
-        if (g0 + j + 1 < mine) {
-          load_a(ab[(j + 1) % 2], d, kInBf16, rows, a_offset(first + (g0 + j + 1) * ctas), warp, group, quad,
-                 nullptr);
-        }
-#endif
-#ifdef SGC_LEAVE_OUT_PRODUCTS
-        uint32_t a_bits = 0u;
-#pragma unroll
-        for (int s = 0; s < kSteps; ++s) a_bits ^= a[s][0] ^ a[s][1] ^ a[s][2] ^ a[s][3];
-#endif
-        mbar_wait(&full[stage], phase);
-        const uint4* src =
-            reinterpret_cast<const uint4*>(ring + stage * kChunkBytes + warp * (kChunkBytes / 8)) + lane;
-        uint4 b[kSteps / 2];
-#pragma unroll
-        for (int q = 0; q < kSteps / 2; ++q) b[q] = src[q * 32];
-#if defined(SGC_LEAVE_OUT_COMPUTE)
-        acc[j][0] += __uint_as_float(b[0].x & 1u);
-#elif defined(SGC_LEAVE_OUT_PRODUCTS)
-        acc[j][0] += __uint_as_float((b[0].x ^ b[1].y ^ b[2].z ^ b[3].w ^ a_bits) & 1u);
-#else
-#pragma unroll
-        for (int q = 0; q < kSteps / 2; ++q) {
-          mma_bf16(acc[j], a[2 * q], b[q].x, b[q].y);
-          mma_bf16(acc[j], a[2 * q + 1], b[q].z, b[q].w);
-        }
-#endif
-        // the release waits for the last product, which waits for every load from the slot (as in the kernel)
-        __syncwarp();
-        if (lane == 0 && __float_as_uint(acc[j][0]) != 0xffffffffu) mbar_arrive(&empty[stage]);
-        if (++stage == kStages) { stage = 0; phase ^= 1u; }
-      }
-    }
-    float4* red4 = reinterpret_cast<float4*>(red);
-#pragma unroll
-    for (int j = 0; j < kSlicedGroupUnits; ++j) {
-      if (j < group_units) red4[(j * kConsumerWarps + warp) * 32 + lane] = make_float4(acc[j][0], acc[j][1],
-                                                                                       acc[j][2], acc[j][3]);
-    }
-    consumer_sync();
-    // per (unit j, n-tile t, lane l, half): C rows l / 4 (+ 8 for the second half), columns 2 (l % 4) (+1)
-    float* out = reinterpret_cast<float*>(d.out);
-    float* out2 = reinterpret_cast<float*>(d.out2);
-    const int pairs = group_units * tiles * 64;
-    for (int v = threadIdx.x; v < pairs; v += kConsumerThreads) {
-      const int j = v / (tiles * 64), t = (v / 64) % tiles, l = (v / 2) % 32, half = v % 2;
-      const int row = (l >> 2) + 8 * half;
-      if (row >= rows) continue;
-      float2 sum = make_float2(0.f, 0.f);
-      for (int wi = 0; wi < warps_per_tile; ++wi) {
-        const float* part = red + ((j * kConsumerWarps + t * warps_per_tile + wi) * 32 + l) * 4 + 2 * half;
-        sum.x += part[0];
-        sum.y += part[1];
-      }
-      const int u = first + (g0 + j) * ctas;
-      const size_t at = static_cast<size_t>(row) * d.out_stride + ((u % groups) * tiles + t) * kTileN + 2 * (l & 3);
-      atomicAdd(reinterpret_cast<float2*>(out + at), sum);
-      if (out2) atomicAdd(reinterpret_cast<float2*>(out2 + at), sum);
-    }
-    if (g0 + kSlicedGroupUnits < mine) consumer_sync();  // `red` is read before the next group writes it
-  }
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -408,8 +279,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
       for (int g = 0; g < num_gemms; ++g) {
         const GemmDesc d = descs[g];
-        int units, chunks;
-        gemm_work(d, units, chunks);
+        const int units = static_cast<int>(d.n / kTileN), chunks = static_cast<int>(d.k / kChunkK);
         const uint8_t* w = reinterpret_cast<const uint8_t*>(d.w);
         const int first = first_unit(cta, rot, ctas);
         const int mine = units_owned(first, units, ctas);
@@ -441,8 +311,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t phase = 0;
   for (int g = 0; g < num_gemms; ++g) {
     const GemmDesc d = descs[g];
-    int units, chunks;
-    gemm_work(d, units, chunks);
+    const int units = static_cast<int>(d.n / kTileN), chunks = static_cast<int>(d.k / kChunkK);
     const int in_kind = static_cast<int>(d.kinds & 0xff), out_kind = static_cast<int>((d.kinds >> 8) & 0xff);
     if (g > 0 && wait_inputs) {  // every CTA has written its part of GEMM g-1
       if (threadIdx.x == 0) wait_for_step(counter, g, ctas);
@@ -450,14 +319,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int first = first_unit(cta, rot, ctas);
     const int mine = units_owned(first, units, ctas);
-    if (in_kind == kInRmsNorm && d.out2) copy_rows(d, rows, cta, ctas);
-    if (out_kind == kOutAtomicF32) {
-      sliced_gemm(d, first, mine, ctas, rows, stage, phase, ring, red, full, empty, warp, lane);
-      rot = (rot + units) % ctas;
-      consumer_sync();
-      if (threadIdx.x == 0) add_release(counter, 1u);
-      continue;
-    }
     // A of chunk 0, loaded once per GEMM: a GEMM of one chunk (QKV and gate/up, K = 1024, the RMS-normed ones)
     // keeps it for all its groups; a longer one (O, down) prefetches each next chunk's A into `a_next` while the
     // products of the current chunk run, and the next group's chunk 0 during its last chunk
