@@ -38,6 +38,7 @@ from flashrt_core.engine import (DEFAULT_TEXT_BUCKETS, EngineExecutor, EngineOpt
                                  detect_hardware, resolve)
 from flashrt_core.engine.fp8_calibration import calibrate_executor  # noqa: E402
 from flashrt_core.engine.gate import GATE_BF16, GATE_FP8, cosine, random_observation, reference_actions  # noqa: E402
+from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
 from flashrt_core.engine.timing import graph_replay_ms  # noqa: E402
 from flashrt_core.executor import ReferenceExecutor  # noqa: E402
 from flashrt_core.fixtures import CONFIG_FILE, write_random_checkpoint  # noqa: E402
@@ -118,6 +119,15 @@ def result_header(tool: str, argv: list[str]) -> dict:
     env = env_info()
     return {"date": env["time_utc"], "device": env["gpu"], "torch": env["torch"], "cuda": env["cuda"],
             "driver": env["driver"], "triton": env["triton"], "command": f"python tools/{tool} " + " ".join(argv)}
+
+
+def require_cuda_build(tool: str) -> None:
+    """Exit with the reason when a benchmark of a CUDA C++ kernel (kernels/flashrt_kernels/cuda/) cannot run here:
+    no CUDA GPU, or no nvcc to build the kernel."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{tool} needs a CUDA GPU")
+    if not load_kernels().cuda_build_available():
+        raise SystemExit(f"{tool} needs nvcc (the CUDA toolkit) to build its kernel")
 
 
 def write_result(out_dir: str | Path, result: dict, *name_parts: str) -> Path:

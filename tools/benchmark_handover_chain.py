@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
-from tools.benchmark_engine import result_header, write_result  # noqa: E402
+from tools.benchmark_engine import require_cuda_build, result_header, write_result  # noqa: E402
 from tools.benchmark_layer_chain import captured_replay_ms  # noqa: E402
 
 # variant -> (fp32 values each step writes and its readers read, waits, cluster size, readers (None: every CTA))
@@ -79,10 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--out", help="folder for the JSON result")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("benchmark_handover_chain.py needs a CUDA GPU")
-    if not load_kernels().cuda_build_available():
-        raise SystemExit("benchmark_handover_chain.py needs nvcc (the CUDA toolkit) to build its kernel")
+    require_cuda_build("benchmark_handover_chain.py")
     print(f"{args.steps} dependent steps, one CTA per SM, {torch.cuda.get_device_name()}")
     print("| variant | KB read per reading CTA per step | ms | us per step | stale values read |\n"
           "|---|---|---|---|---|", flush=True)

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flashrt_core.config import GEMMA_300M  # noqa: E402
 from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
-from tools.benchmark_engine import result_header, write_result  # noqa: E402
+from tools.benchmark_engine import require_cuda_build, result_header, write_result  # noqa: E402
 from tools.benchmark_layer_chain import captured_replay_ms  # noqa: E402
 
 SGC = importlib.import_module(load_kernels().__name__ + ".streamed_gemm_chain")
@@ -124,11 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--out", help="folder for the JSON result")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("benchmark_streamed_gemm_chain.py needs a CUDA GPU")
-    k = load_kernels()
-    if not k.cuda_build_available():
-        raise SystemExit("benchmark_streamed_gemm_chain.py needs nvcc (the CUDA toolkit) to build its kernel")
+    require_cuda_build("benchmark_streamed_gemm_chain.py")
     shapes = GEMMA_300M.layer_gemm_shapes()
     print(f"{args.layers} layers of the expert's GEMMs {shapes} (N, K), {args.distinct} layers' weights cycled, "
           f"{args.rows} rows, {torch.cuda.get_device_name()}", flush=True)
