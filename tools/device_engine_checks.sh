@@ -114,7 +114,8 @@
 #   handover_chain.log), then tools/benchmark_streamed_gemm_chain.py: the expert's
 #   four GEMMs per layer over 180 layers as the persistent kernel (the MLP's two as one paired step and apart, with
 #   and without its waits, with its weight copies, its A loads and products, or its products alone left out, and
-#   with one layer's weights for all) and as PyTorch ops, in one process (streamed_gemm_chain_<date>.json,
+#   with one layer's weights for all; with the A window alone and in clusters) and as PyTorch ops, in one process,
+#   then the trace of steps 270-333 (layers 90-111) in four forms (streamed_gemm_chain_<date>.json,
 #   streamed_chain.log).
 # rtc: test/gpu/test_engine_rtc_gpu.py (every engine RTC mode in the graph against the eager engine and the
 #   reference sampler; pytest_rtc.log), then tools/benchmark_rtc.py: each mode's replay beside the plain graph on
@@ -317,12 +318,34 @@ if [ "$PART" = denoise-ablation ]; then
 fi
 
 if [ "$PART" = streamed-chain ]; then
+  # every build of the two CUDA C++ kernels that the tests and benchmarks load, by nvcc in parallel first (one at a
+  # time, on first use, they would take most of the tests' time limit)
+  timeout 240 "$PY" - > "$OUT/cuda_builds.log" 2>&1 <<'EOF_BUILDS'
+import importlib, time
+from concurrent.futures import ThreadPoolExecutor
+from flashrt_core.engine.kernel_import import load_kernels
+k = load_kernels()
+SGC = importlib.import_module(k.__name__ + ".streamed_gemm_chain")
+CB = importlib.import_module(k.__name__ + ".cuda_build")
+HC = importlib.import_module(k.__name__ + ".handover_chain")
+forms = {SGC.build_macros(leave_out, trace, a_window, cluster)
+         for leave_out in ((), ("copy",), ("compute",), ("products",), ("compute", "copy"), ("consumers",))
+         for trace in (False, True) for a_window in (False, True) for cluster in (1, 2, 4)
+         if (cluster == 1 or a_window) and not (trace and leave_out) and not (cluster > 1 and leave_out)}
+builds = [(SGC.LIBRARY, m) for m in sorted(forms)] + [(HC.LIBRARY, ())]
+start = time.time()
+with ThreadPoolExecutor(16) as pool:
+    for (name, macros), path in zip(builds, pool.map(lambda b: CB.build_library(*b), builds)):
+        print(name, macros, path.name, flush=True)
+print(f"{len(builds)} builds in {time.time() - start:.0f} s")
+EOF_BUILDS
+  echo "cuda builds rc=$?" >> "$OUT/cuda_builds.log"
   timeout 240 "$PY" -m pytest -v test/gpu/test_kernels.py -k "handover_chain or streamed_gemm_chain" \
     > "$OUT/pytest_streamed_chain.log" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_streamed_chain.log"
   timeout 60 "$PY" tools/benchmark_handover_chain.py --out "$OUT" > "$OUT/handover_chain.log" 2>&1
   echo "benchmark_handover_chain rc=$?" >> "$OUT/handover_chain.log"
-  timeout 240 "$PY" tools/benchmark_streamed_gemm_chain.py --out "$OUT" > "$OUT/streamed_chain.log" 2>&1
+  timeout 240 "$PY" tools/benchmark_streamed_gemm_chain.py --trace 270 --out "$OUT" > "$OUT/streamed_chain.log" 2>&1
   echo "benchmark_streamed_gemm_chain rc=$?" >> "$OUT/streamed_chain.log"
 fi
 

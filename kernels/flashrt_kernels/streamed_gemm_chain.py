@@ -43,7 +43,16 @@ RMS_EPS = 1e-6
 OUT_BF16, OUT_ADD_F32, OUT_GEGLU, OUT_GEGLU_DOWN = 0, 1, 2, 3
 LIBRARY = "streamed_gemm_chain"
 # measurement switches of the kernel (its results are then wrong): what each leaves out -> the macro that does it
-LEAVE_OUT = {"copy": "SGC_LEAVE_OUT_COPY", "compute": "SGC_LEAVE_OUT_COMPUTE", "products": "SGC_LEAVE_OUT_PRODUCTS"}
+LEAVE_OUT = {"copy": "SGC_LEAVE_OUT_COPY", "compute": "SGC_LEAVE_OUT_COMPUTE", "products": "SGC_LEAVE_OUT_PRODUCTS",
+             "consumers": "SGC_LEAVE_OUT_CONSUMERS"}
+# the trace build (SGC_TRACE): per CTA (the first TRACE_CTAS) and per step of a window of TRACE_GEMMS steps, the SM
+# clock and the GPU's global timer at each of TRACE_EVENTS points of the step (TRACE_EVENT_NAMES, the rest unused)
+TRACE_MACRO = "SGC_TRACE"
+# the A operand through shared memory (cuda/streamed_gemm_chain.cu, SGC_A_WINDOW), shared in clusters (SGC_CLUSTER)
+A_WINDOW_MACRO, CLUSTER_MACRO, CLUSTERS = "SGC_A_WINDOW", "SGC_CLUSTER", (1, 2, 4)
+TRACE_CTAS, TRACE_GEMMS, TRACE_EVENTS = 160, 64, 8
+TRACE_EVENT_NAMES = ("start", "inputs ready", "A ready", "first product", "last product", "sums stored",
+                     "released")
 
 
 class LayerWeights(NamedTuple):
@@ -146,14 +155,31 @@ def chain_descs(layer_weights: list[LayerWeights], packed: list[LayerWeights], l
     return descs, cur
 
 
-def library(leave_out: tuple[str, ...] = ()) -> ctypes.CDLL:
-    """The kernel's library (built by nvcc on first use: cuda_build.py) with the LEAVE_OUT switches named, its C
-    functions typed."""
-    from .cuda_build import load_library
+def build_macros(leave_out: tuple[str, ...] = (), trace: bool = False, a_window: bool = False,
+                 cluster: int = 1) -> tuple[str, ...]:
+    """The macros of the kernel's build with the LEAVE_OUT switches named, the trace, the A window and clusters."""
     unknown = set(leave_out) - set(LEAVE_OUT)
     if unknown:
         raise ValueError(f"leave_out takes {sorted(LEAVE_OUT)}; got {sorted(unknown)}")
-    lib = load_library(LIBRARY, tuple(LEAVE_OUT[name] for name in sorted(leave_out)))
+    if cluster not in CLUSTERS:
+        raise ValueError(f"cluster takes {CLUSTERS}; got {cluster}")
+    if cluster > 1 and not a_window:
+        raise ValueError("clusters share the A window's copies: cluster > 1 needs a_window=True")
+    return (tuple(LEAVE_OUT[name] for name in sorted(leave_out)) + ((TRACE_MACRO,) if trace else ())
+            + ((A_WINDOW_MACRO,) if a_window else ()) + ((f"{CLUSTER_MACRO}={cluster}",) if cluster > 1 else ()))
+
+
+def library(leave_out: tuple[str, ...] = (), trace: bool = False, a_window: bool = False,
+            cluster: int = 1) -> ctypes.CDLL:
+    """The kernel's library (built by nvcc on first use: cuda_build.py) of build_macros(...), its C functions
+    typed."""
+    from .cuda_build import load_library
+    lib = load_library(LIBRARY, build_macros(leave_out, trace, a_window, cluster))
+    if trace:
+        lib.streamed_gemm_chain_trace_setup.argtypes = [ctypes.c_int]
+        lib.streamed_gemm_chain_trace_setup.restype = ctypes.c_int
+        lib.streamed_gemm_chain_trace_read.argtypes = [ctypes.c_void_p]
+        lib.streamed_gemm_chain_trace_read.restype = ctypes.c_int
     lib.streamed_gemm_chain_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                                ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     lib.streamed_gemm_chain_launch.restype = ctypes.c_int
@@ -169,21 +195,36 @@ class StreamedGemmChain:
     for a previous GEMM's output:
     the result is then wrong and the time is the weight stream and the compute alone (a ceiling, for measuring);
     `leave_out` ("copy": no weight stream, "compute": no A loads and products, "products": the A loads without
-    the products) likewise, for placing the time.
-    `ctas`: the persistent grid (default: as many as can be resident, one per SM)."""
+    the products, "consumers": the consumers only free each weight slot, the stream alone) likewise, for placing
+    the time.
+    `ctas`: the persistent grid (default: as many as can be resident, one per SM). `trace`: the kernel built with
+    its trace (trace_steps, read_trace), which times every phase of a window of steps in each CTA. `a_window`:
+    each GEMM's A copied into shared memory by the bulk copy engine after the hand-over, the fragments read from
+    there (instead of every warp loading its fragments from L2 into registers); `cluster` (2 or 4, with
+    a_window): the CTAs in clusters of that size, each copying a share of the rows into every CTA of its cluster,
+    so L2 serves each row once per cluster (the waits are then required, and the MLP must be paired: the
+    unpaired down GEMM's A needs two windows)."""
 
     def __init__(self, layer_weights: list[LayerWeights], layers: int, rows: int, wait_inputs: bool = True,
-                 ctas: int | None = None, leave_out: tuple[str, ...] = (), pair_mlp: bool = True):
+                 ctas: int | None = None, leave_out: tuple[str, ...] = (), pair_mlp: bool = True,
+                 trace: bool = False, a_window: bool = False, cluster: int = 1):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"StreamedGemmChain covers 1 to {MAX_ROWS} rows; got {rows}")
         if layers < 1 or not layer_weights:
             raise ValueError("StreamedGemmChain needs at least one layer and one layer's weights")
-        self.lib = library(tuple(leave_out))
+        if cluster > 1 and not (wait_inputs and pair_mlp):
+            raise ValueError("a clustered chain needs its waits (they keep a partner's next A out of a window still "
+                             "being read) and the paired MLP (the unpaired down GEMM's A needs two windows)")
+        self.lib = library(tuple(leave_out), trace, a_window, cluster)
+        self.cluster = cluster
+        self.trace = trace
         most = self.lib.streamed_gemm_chain_max_ctas()
         if most < 1:
             raise RuntimeError("streamed_gemm_chain: the kernel does not fit one SM of this GPU (its shared memory: "
                                f"{self.lib.streamed_gemm_chain_smem_bytes()} bytes)")
         self.ctas = most if ctas is None else ctas
+        if self.ctas % cluster:
+            raise ValueError(f"ctas must be a multiple of the cluster size {cluster}; got {ctas}")
         if not 1 <= self.ctas <= most:
             raise ValueError(f"ctas must be 1 to {most} (every CTA resident at once); got {ctas}")
         w0 = layer_weights[0]
@@ -217,3 +258,26 @@ class StreamedGemmChain:
                                + self.lib.streamed_gemm_chain_error_string(error).decode())
         if self.result is not self.h:              # the last layer's MLP added into the residual copy
             self.h.copy_(self.result)
+
+    def trace_steps(self, first: int) -> None:
+        """Trace builds: the next launches record steps [first, first + TRACE_GEMMS) (the record zeroed first)."""
+        if not self.trace:
+            raise RuntimeError("trace_steps needs a chain built with trace=True")
+        error = self.lib.streamed_gemm_chain_trace_setup(first)
+        if error:
+            raise RuntimeError("streamed_gemm_chain trace setup failed: "
+                               + self.lib.streamed_gemm_chain_error_string(error).decode())
+
+    def read_trace(self) -> torch.Tensor:
+        """Trace builds: (ctas, TRACE_GEMMS, TRACE_EVENTS, 2) int64 on the CPU, per CTA and traced step the SM clock
+        and the global timer (ns) at each event of TRACE_EVENT_NAMES (0 where a CTA did not reach that event: a CTA
+        that owns no unit of a step has no A, products or sums there)."""
+        if not self.trace:
+            raise RuntimeError("read_trace needs a chain built with trace=True")
+        torch.cuda.synchronize(self.h.device)
+        buf = torch.zeros(TRACE_CTAS, TRACE_GEMMS, TRACE_EVENTS, 2, dtype=torch.int64)
+        error = self.lib.streamed_gemm_chain_trace_read(buf.data_ptr())
+        if error:
+            raise RuntimeError("streamed_gemm_chain trace read failed: "
+                               + self.lib.streamed_gemm_chain_error_string(error).decode())
+        return buf[:min(self.ctas, TRACE_CTAS)]

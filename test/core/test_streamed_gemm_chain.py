@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from flashrt_core.config import GEMMA_300M
 from flashrt_core.engine.kernel_import import load_kernels
-from tools.benchmark_streamed_gemm_chain import library_chain
+from tools.benchmark_streamed_gemm_chain import library_chain, trace_phases, trace_table
 
 K = load_kernels()
 SGC = importlib.import_module(K.__name__ + ".streamed_gemm_chain")
@@ -151,11 +151,33 @@ def test_the_cuda_source_builds_and_exports_its_launcher(tmp_path, monkeypatch):
     # each measurement switch builds its own library, beside the product one
     switched = {BUILD.build_library(SGC.LIBRARY, (macro,)) for macro in SGC.LEAVE_OUT.values()}
     assert len(switched) == len(SGC.LEAVE_OUT) and path not in switched and all(p.is_file() for p in switched)
+    window = ctypes.CDLL(str(BUILD.build_library(SGC.LIBRARY, SGC.build_macros(a_window=True))))
+    assert 200 * 1024 < window.streamed_gemm_chain_smem_bytes() <= 227 * 1024   # the window beside a smaller ring
+    assert BUILD.build_library(SGC.LIBRARY, SGC.build_macros(a_window=True, cluster=4)).is_file()
+    traced = ctypes.CDLL(str(BUILD.build_library(SGC.LIBRARY, (SGC.TRACE_MACRO,))))
+    for name in ("streamed_gemm_chain_trace_setup", "streamed_gemm_chain_trace_read"):
+        assert hasattr(traced, name) and not hasattr(lib, name)          # the product build has no trace
 
 
 def test_the_kernel_library_refuses_an_unknown_switch():
-    with pytest.raises(ValueError, match="leave_out takes \\['compute', 'copy', 'products'\\]"):
+    with pytest.raises(ValueError, match="leave_out takes \\['compute', 'consumers', 'copy', 'products'\\]"):
         SGC.library(("waits",))
+    with pytest.raises(ValueError, match="cluster takes \\(1, 2, 4\\); got 3"):
+        SGC.library(a_window=True, cluster=3)
+    with pytest.raises(ValueError, match="cluster > 1 needs a_window=True"):
+        SGC.library(cluster=2)
+    assert SGC.build_macros(("products",), True, True, 2) == ("SGC_LEAVE_OUT_PRODUCTS", "SGC_TRACE", "SGC_A_WINDOW",
+                                                              "SGC_CLUSTER=2")
+
+
+@pytest.mark.parametrize("form", [{"pair_mlp": False}, {"wait_inputs": False}], ids=["four-gemms", "no-waits"])
+def test_a_clustered_chain_names_what_it_cannot_run(form):
+    """Before any build or launch: a clustered chain needs its waits and the paired MLP."""
+    shapes = GEMMA_300M.layer_gemm_shapes()
+    weights = K.random_streamed_layer_weights(1, GEMMA_300M.width, shapes["qkv"][0], shapes["o"][1],
+                                              shapes["down"][1], "cpu", torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="a clustered chain needs its waits .* and the paired MLP"):
+        SGC.StreamedGemmChain(weights, 1, 10, a_window=True, cluster=2, **form)
 
 
 def test_without_nvcc_the_build_names_what_is_missing(monkeypatch, tmp_path):
@@ -241,3 +263,56 @@ def test_the_chain_descriptors_compute_the_reference(pair_mlp, layers, ctas):
     want = K.streamed_gemm_chain_reference(h0, weights, layers)
     assert not torch.isnan(result).any()
     assert float((result - want).norm() / want.norm()) < 1e-3
+
+
+# A synthetic trace of 3 CTAs over 64 steps of the paired chain, every duration in SM clocks at 2 clocks per ns:
+# per kind of step, the clocks from each event to the next (start, inputs ready, A ready, first product, last
+# product, sums stored, released); the CTAs start each step 10 clocks apart, the next step 80 clocks after the last
+# release; CTA 2 owns no unit of the o steps (no A, products or sums: those events stay 0).
+TRACE_CLOCKS = {"qkv": [100, 200, 300, 400, 500, 600], "o": [10, 0, 30, 40, 50, 60], "mlp": [20, 40, 60, 80, 100, 120]}
+KINDS = ("qkv", "o", "mlp")
+
+
+def _synthetic_trace(first: int) -> torch.Tensor:
+    trace = torch.zeros(3, SGC.TRACE_GEMMS, SGC.TRACE_EVENTS, 2, dtype=torch.int64)
+    start = 1000
+    for i in range(SGC.TRACE_GEMMS):
+        kind = KINDS[(first + i) % 3]
+        for c in range(3):
+            events = [start + 10 * c]
+            for d in TRACE_CLOCKS[kind]:
+                events.append(events[-1] + d)
+            trace[c, i, :7, 0] = torch.tensor(events)
+            trace[c, i, :7, 1] = torch.tensor(events) // 2 + 7   # the global timer: its own origin
+            if kind == "o" and c == 2:
+                trace[c, i, 2:6] = 0
+        start = int(trace[:, i, 6, 0].max()) + 80
+    return trace
+
+
+def test_trace_phases_times_each_phase_of_each_kind_of_step():
+    first = 271                                                          # an o step first: kinds rotate from there
+    phases = trace_phases(_synthetic_trace(first), first)
+    assert phases["ns_per_clock"] == pytest.approx(0.5, rel=1e-3)
+    for kind, clocks in TRACE_CLOCKS.items():
+        row = phases["steps"][kind]
+        want = dict(zip(["wait", "A", "to the first product", "products", "sums", "barrier"], clocks))
+        for name, c in want.items():
+            assert row[name] == pytest.approx(c / 2, abs=0.6), (kind, name)
+        assert row["step"] == pytest.approx(sum(clocks) / 2, abs=0.6)
+        # CTA c releases 10 c clocks after CTA 0 and starts the next step 10 c clocks after it too
+        assert row["to the next step"] == pytest.approx((80 + 20) / 2, abs=0.6)
+    across = phases["across_ctas"]
+    assert across["release_spread_ns"] == pytest.approx(10, abs=1)       # 20 clocks between CTA 0 and CTA 2
+    table = trace_table(phases)
+    assert table.splitlines()[0].startswith("| step | wait | A |") and "| o | 5 | 0 | 15 |" in table
+
+
+def test_trace_phases_leaves_out_what_a_cta_did_not_reach():
+    trace = _synthetic_trace(270)
+    trace[1:] = 0                                                        # one CTA's record only
+    phases = trace_phases(trace, 270)
+    assert phases["steps"]["o"]["products"] == pytest.approx(20, abs=0.6)
+    assert phases["across_ctas"] is None                                 # no step that every CTA released
+    with pytest.raises(ValueError, match="no CTA with two whole steps"):
+        trace_phases(torch.zeros_like(trace), 270)

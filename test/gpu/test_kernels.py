@@ -871,6 +871,23 @@ def test_streamed_gemm_chain(layers, ctas, rows, pair_mlp):
     cycled), and on 37 CTAs (several units of o and down per CTA, summed as a group chunk by chunk; several groups
     of QKV and gate/up units, an odd last group in the paired MLP); the activations and the residual copy poisoned
     with NaN first, twice in a row, every CTA counted once per step."""
+    _check_streamed_gemm_chain(layers, ctas, rows, pair_mlp)
+
+
+# the A window's forms: alone with both MLP forms (the unpaired down GEMM reloads its window), and shared in
+# clusters of 2 and 4 (paired only); 36 CTAs: several groups per CTA, a multiple of both cluster sizes
+@pytest.mark.parametrize("form", [{"pair_mlp": True}, {"pair_mlp": False}, {"pair_mlp": True, "cluster": 2},
+                                  {"pair_mlp": True, "cluster": 4}],
+                         ids=["paired-mlp", "four-gemms", "paired-cluster-2", "paired-cluster-4"])
+@pytest.mark.parametrize("rows", [1, 10, 16])
+@pytest.mark.parametrize("layers, ctas", [(1, None), (18, None), (18, 36)], ids=["1-layer", "18-layers", "36-ctas"])
+def test_streamed_gemm_chain_a_window(layers, ctas, rows, form):
+    """The same chain with each GEMM's A copied into shared memory by the bulk copy engine (a_window), alone and
+    with the copies shared in clusters, against the same reference, by the same checks."""
+    _check_streamed_gemm_chain(layers, ctas, rows, form["pair_mlp"], a_window=True, cluster=form.get("cluster", 1))
+
+
+def _check_streamed_gemm_chain(layers, ctas, rows, pair_mlp, **form):
     _skip_without_cuda_build()
     shapes = GEMMA_300M.layer_gemm_shapes()
     g = torch.Generator(device="cuda").manual_seed(layers * 100 + rows)
@@ -878,7 +895,7 @@ def test_streamed_gemm_chain(layers, ctas, rows, pair_mlp):
                                               shapes["down"][1], "cuda", g)
     h0 = torch.randn(rows, GEMMA_300M.width, device="cuda", generator=g)
     want = K.streamed_gemm_chain_reference(h0, weights, layers)
-    chain = K.StreamedGemmChain(weights, layers, rows, ctas=ctas, pair_mlp=pair_mlp)
+    chain = K.StreamedGemmChain(weights, layers, rows, ctas=ctas, pair_mlp=pair_mlp, **form)
     assert chain.gemms == (3 if pair_mlp else 4) * layers
     for _ in range(2):
         chain.q.fill_(float("nan"))
@@ -891,14 +908,15 @@ def test_streamed_gemm_chain(layers, ctas, rows, pair_mlp):
         assert not torch.isnan(chain.h).any()
         err = float((chain.h - want).norm() / want.norm())
         assert err < STREAMED_CHAIN_REL_L2, \
-            f"rel L2 error {err:.2e}; {_first_wrong_streamed_layer(weights, h0, rows, ctas, pair_mlp)}"
+            f"rel L2 error {err:.2e}; {_first_wrong_streamed_layer(weights, h0, rows, ctas, pair_mlp, **form)}"
         assert chain.counter.item() == chain.gemms * chain.ctas
 
 
-@pytest.mark.parametrize("leave_out", [(), ("copy",), ("compute",), ("products",), ("compute", "copy")],
-                         ids=["all", "no-copy", "no-compute", "no-products", "neither"])
+@pytest.mark.parametrize("leave_out", [(), ("copy",), ("compute",), ("products",), ("compute", "copy"), ("consumers",)],
+                         ids=["all", "no-copy", "no-compute", "no-products", "neither", "stream-only"])
 @pytest.mark.parametrize("wait_inputs", [True, False], ids=["waits", "no-waits"])
-def test_streamed_gemm_chain_measurement_forms_run_to_the_end(leave_out, wait_inputs):
+@pytest.mark.parametrize("a_window", [False, True], ids=["registers", "a-window"])
+def test_streamed_gemm_chain_measurement_forms_run_to_the_end(leave_out, wait_inputs, a_window):
     """Every form tools/benchmark_streamed_gemm_chain.py times (its results wrong but for the whole kernel with its
     waits), with the paired MLP and with four GEMMs per layer, ends with every CTA counted once per step: a form
     that hung would stop the benchmark's device call."""
@@ -908,11 +926,48 @@ def test_streamed_gemm_chain_measurement_forms_run_to_the_end(leave_out, wait_in
     weights = K.random_streamed_layer_weights(2, GEMMA_300M.width, shapes["qkv"][0], shapes["o"][1],
                                               shapes["down"][1], "cuda", g)
     for pair_mlp in (True, False):
-        chain = K.StreamedGemmChain(weights, 18, 10, wait_inputs=wait_inputs, leave_out=leave_out, pair_mlp=pair_mlp)
+        chain = K.StreamedGemmChain(weights, 18, 10, wait_inputs=wait_inputs, leave_out=leave_out, pair_mlp=pair_mlp,
+                                    a_window=a_window)
         chain.h.copy_(torch.randn(10, GEMMA_300M.width, device="cuda", generator=g))
         chain.run()
         torch.cuda.synchronize()
         assert chain.counter.item() == chain.gemms * chain.ctas, pair_mlp
+
+
+@pytest.mark.parametrize("form", [{}, {"a_window": True}, {"a_window": True, "cluster": 2}],
+                         ids=["registers", "a-window", "a-window-cluster-2"])
+def test_streamed_gemm_chain_trace_records_every_step_in_order(form):
+    """The trace build (tools/benchmark_streamed_gemm_chain.py --trace) computes the same chain and records, in each
+    CTA, steps 30 .. 93 of 36 layers: every step's events in order where the CTA reached them, the A, products and
+    sums of every step where it owns a unit (all of QKV's and the MLP's at 132 CTAs or fewer), the global timer and
+    the SM clock advancing together (0.2 to 2 ns per clock)."""
+    _skip_without_cuda_build()
+    SGC = importlib.import_module(K.__name__ + ".streamed_gemm_chain")
+    from tools.benchmark_streamed_gemm_chain import trace_phases
+    shapes = GEMMA_300M.layer_gemm_shapes()
+    g = torch.Generator(device="cuda").manual_seed(11)
+    weights = K.random_streamed_layer_weights(2, GEMMA_300M.width, shapes["qkv"][0], shapes["o"][1],
+                                              shapes["down"][1], "cuda", g)
+    h0 = torch.randn(10, GEMMA_300M.width, device="cuda", generator=g)
+    want = K.streamed_gemm_chain_reference(h0, weights, 36)
+    chain = K.StreamedGemmChain(weights, 36, 10, trace=True, **form)
+    chain.trace_steps(30)
+    chain.h.copy_(h0)
+    chain.run()
+    trace = chain.read_trace()
+    assert float((chain.h - want).norm() / want.norm()) < STREAMED_CHAIN_REL_L2
+    assert trace.shape == (min(chain.ctas, SGC.TRACE_CTAS), SGC.TRACE_GEMMS, SGC.TRACE_EVENTS, 2)
+    clocks = trace[..., :7, 0]
+    assert (clocks[:, :, [0, 1, 6]] > 0).all()                          # every CTA starts, waits and releases
+    for step in range(SGC.TRACE_GEMMS):
+        if (30 + step) % 3 != 1:                                         # QKV and the MLP: every CTA owns units
+            assert (clocks[:, step] > 0).all(), step
+    ordered = torch.where(clocks > 0, clocks, torch.iinfo(torch.int64).max)
+    for e in range(1, 7):                                                # each reached event after the ones before
+        before = torch.where(clocks[..., :e] > 0, clocks[..., :e], 0).amax(dim=-1)
+        assert ((ordered[..., e] >= before) | (clocks[..., e] == 0)).all(), e
+    assert (clocks[:, 1:, 0] >= clocks[:, :-1, 6]).all()                 # a step starts after the one before ends
+    assert 0.2 < trace_phases(trace, 30)["ns_per_clock"] < 2.0
 
 
 def _streamed_gemm_errors(chain, w, h_in) -> str:
@@ -934,12 +989,12 @@ def _streamed_gemm_errors(chain, w, h_in) -> str:
                      for name, (got, want) in errors.items())
 
 
-def _first_wrong_streamed_layer(weights, h0, rows, ctas, pair_mlp, layers=18) -> str:
+def _first_wrong_streamed_layer(weights, h0, rows, ctas, pair_mlp, layers=18, **form) -> str:
     """Where a streamed chain went wrong: each layer n recomputed by the reference from the kernel's own output of
     n - 1 layers; the first layer off by more than a tenth of STREAMED_CHAIN_REL_L2, with its rows and GEMMs."""
     h = h0.clone()
     for n in range(1, layers + 1):
-        chain = K.StreamedGemmChain(weights, n, rows, ctas=ctas, pair_mlp=pair_mlp)
+        chain = K.StreamedGemmChain(weights, n, rows, ctas=ctas, pair_mlp=pair_mlp, **form)
         chain.h.copy_(h0)
         chain.run()
         w = weights[(n - 1) % len(weights)]

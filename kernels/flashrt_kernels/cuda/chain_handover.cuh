@@ -32,15 +32,31 @@ __device__ __forceinline__ void wait_for_step(const unsigned* counter, int step,
 }
 
 // Host: the largest cooperative grid of `kernel` with `threads` per CTA and `smem_bytes` of dynamic shared memory
-// (the CTAs resident at once on the current device), or -1 on an error.
+// (the CTAs resident at once on the current device), in clusters of `cluster` CTAs when above 1 (how many such
+// clusters fit at once, times their size), or -1 on an error.
 template <typename Kernel>
-inline int resident_ctas(Kernel kernel, int threads, int smem_bytes) {
+inline int resident_ctas(Kernel kernel, int threads, int smem_bytes, int cluster = 1) {
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return -1;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return -1;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) != cudaSuccess) return -1;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes) != cudaSuccess) return -1;
-  return sms * per_sm;
+  const int resident = sms * per_sm;
+  if (resident < 1 || cluster <= 1) return resident;
+  cudaLaunchAttribute shape;  // the cluster shape alone: how many such clusters fit on the device at once
+  shape.id = cudaLaunchAttributeClusterDimension;
+  shape.val.clusterDim.x = static_cast<unsigned>(cluster);
+  shape.val.clusterDim.y = 1;
+  shape.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(resident - resident % cluster);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.attrs = &shape;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) return -1;
+  return clusters * cluster;
 }
 
 // Host: zero the chain's counter, then launch `kernel(args...)` on `stream` as `ctas` cooperative CTAs (in clusters

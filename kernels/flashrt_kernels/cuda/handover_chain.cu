@@ -172,22 +172,7 @@ int handover_chain_max_stage_elems() { return kMaxStageElems; }
 // CTAs that can be resident at once on the current device in clusters of `cluster` (one CTA per SM: the largest
 // cooperative grid), or -1 on an error.
 int handover_chain_max_ctas(int cluster) {
-  const int resident = resident_ctas(handover_chain_kernel, kThreads, kSmemBytes);  // one CTA per SM
-  if (resident < 1 || cluster <= 1) return resident;
-  cudaLaunchAttribute shape;  // the cluster shape alone: how many such clusters fit on the device at once
-  shape.id = cudaLaunchAttributeClusterDimension;
-  shape.val.clusterDim.x = static_cast<unsigned>(cluster);
-  shape.val.clusterDim.y = 1;
-  shape.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(resident - resident % cluster);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.attrs = &shape;
-  config.numAttrs = 1;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, handover_chain_kernel, &config) != cudaSuccess) return -1;
-  return clusters * cluster;
+  return resident_ctas(handover_chain_kernel, kThreads, kSmemBytes, cluster);
 }
 
 // Zero the counter, then launch `steps` steps over two buffers of `elems` fp32 values each (`buffers`: 2 x elems)

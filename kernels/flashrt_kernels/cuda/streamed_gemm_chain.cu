@@ -34,6 +34,14 @@
 //     GEMM of one chunk loads them once, a longer one loads the next chunk's while the current chunk's products
 //     run), run mma.sync m16n8k16 (bf16, fp32 accumulate) on each slot as it fills and free it, and sum the 8
 //     warps' partial tiles of the group through shared memory.
+// Built with -DSGC_A_WINDOW, A goes through shared memory instead: after the hand-over one thread copies the GEMM's
+// rows of A (a window of one fp32 chunk for kInRmsNorm, two bf16 chunks for kInBf16; a longer K loads its windows
+// in turn) into a 66 KB buffer with the bulk copy engine, one copy per row, completion on the `a_full` mbarrier, and
+// each warp reads its fragments from there (rows padded so the reads are conflict-free). The copy engine needs no
+// registers for the bytes in flight, and the consumers hold one set of fragments (no prefetch copy); the ring
+// shrinks to 8 slots beside the buffer. With -DSGC_CLUSTER=2 or 4 as well, the CTAs run in clusters of that size
+// and each copies the rows r with r % size == its rank into every CTA of its cluster (multicast), so L2 serves each
+// row once per cluster instead of once per CTA.
 // The launch is cooperative (every CTA resident, one per SM), so the spin cannot deadlock. The counter is zeroed by
 // a memset before each launch (inside a captured graph too).
 // Measurement switches (the result is then wrong; never a product path): `wait_inputs = 0` skips the wait on the
@@ -41,7 +49,11 @@
 // producer signals each slot without copying into it (no weight stream), with -DSGC_LEAVE_OUT_COMPUTE the consumers
 // skip the A loads and the products (the stream, the hand-overs and the sums alone), with -DSGC_LEAVE_OUT_PRODUCTS
 // they load A as the kernel does but skip the products (what the A loads cost: each CTA reads every GEMM's whole A,
-// ~200 KB per layer at 10 rows).
+// ~200 KB per layer at 10 rows), with -DSGC_LEAVE_OUT_CONSUMERS the consumers only free each slot as it fills (the
+// weight stream alone). -DSGC_STAGES=n sets the ring's slots, -DSGC_MAXNREG=n caps the registers per thread instead
+// of the launch bounds (which hold the kernel's 288 threads to 168). -DSGC_TRACE records, per CTA and per step of a
+// window of 64 steps, the SM clock and the global timer at the step's start, its inputs ready, its A ready, its
+// first and last product, its sums stored and its release (streamed_gemm_chain.py reads it back).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -57,7 +69,14 @@ constexpr int kChunkBytes = kTileN * kChunkK * 2;      // 16 KiB of bf16
 constexpr int kConsumerWarps = 8;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kThreads = kConsumerThreads + 32;        // + the producer warp
-constexpr int kStages = 12;                            // ring slots: 192 KiB
+#ifndef SGC_STAGES
+#ifdef SGC_A_WINDOW
+#define SGC_STAGES 8                                   // 128 KiB beside the A window
+#else
+#define SGC_STAGES 12                                  // 192 KiB
+#endif
+#endif
+constexpr int kStages = SGC_STAGES;                    // ring slots
 constexpr int kWarpK = kChunkK / kConsumerWarps;       // 128: a consumer warp's share of a chunk
 constexpr int kSteps = kWarpK / 16;                    // 8 mma k-steps per warp per chunk
 constexpr int kGroupUnits = 8;                         // units whose partial tiles are summed at once
@@ -69,8 +88,45 @@ constexpr int kActCols = kGroupUnits * kTileN / 2;    // a group's GeGLU columns
 constexpr int kActWords = 16 * kActCols / 2;           // ... as bf16 pairs for 16 rows
 constexpr int kDownTiles = 1024 / kTileN / kConsumerWarps;  // kOutGegluDown: a warp's n-tiles of N2 = 1024: 16
 constexpr int kDownUnitBytes = kChunkBytes / 2;        // one unit's 4 columns of W_down (1024 x 4 bf16): 8 KiB
-constexpr int kSmemBytes =
-    kStages * kChunkBytes + (kRedFloats + kNormRedFloats + kActWords) * 4 + 2 * kStages * 8;
+#ifndef SGC_CLUSTER
+#define SGC_CLUSTER 1
+#endif
+#if SGC_CLUSTER > 1 && !defined(SGC_A_WINDOW)
+#error "SGC_CLUSTER shares the A window's copies: it needs SGC_A_WINDOW"
+#endif
+constexpr int kCluster = SGC_CLUSTER;                  // CTAs that share each A window's reads from L2
+#ifdef SGC_A_WINDOW
+constexpr int kMaxRows = 16;                           // one m16 tile
+// A in shared memory: up to kMaxRows rows of one fp32 chunk (kInRmsNorm) or of two bf16 chunks (kInBf16), each row
+// padded so that a warp's fragment loads hit 32 distinct banks (fp32: float2 per lane, 16 lanes per phase)
+constexpr int kAStrideF32 = kChunkK * 4 + 32;
+constexpr int kAStrideBf16 = 2 * kChunkK * 2 + 16;
+constexpr int kABytes = kMaxRows * kAStrideF32, kABars = 1;  // the window and its `a_full` barrier
+#else
+constexpr int kABytes = 0, kABars = 0;
+#endif
+constexpr int kSmemBytes = kStages * kChunkBytes + kABytes + (kRedFloats + kNormRedFloats + kActWords) * 4 +
+                           (2 * kStages + kABars) * 8;
+
+#ifdef SGC_TRACE
+constexpr int kTraceGemms = 64, kTraceEvents = 8, kTraceCtas = 160;
+__device__ unsigned long long sgc_trace[kTraceCtas * kTraceGemms * kTraceEvents * 2];
+__device__ int sgc_trace_from;
+__device__ __forceinline__ void trace_mark(int g, int e) {
+  const int t = g - sgc_trace_from;
+  if (threadIdx.x == 0 && t >= 0 && t < kTraceGemms && blockIdx.x < kTraceCtas) {
+    unsigned long long gt;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
+    const long long c = clock64();
+    unsigned long long* p = sgc_trace + ((blockIdx.x * kTraceGemms + t) * kTraceEvents + e) * 2;
+    p[0] = static_cast<unsigned long long>(c);
+    p[1] = gt;
+  }
+}
+#define SGC_MARK(g, e) trace_mark(g, e)
+#else
+#define SGC_MARK(g, e)
+#endif
 
 enum InKind { kInBf16 = 0, kInRmsNorm = 1 };
 enum OutKind { kOutBf16 = 0, kOutAddF32 = 1, kOutGeglu = 2, kOutGegluDown = 3 };
@@ -128,6 +184,11 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, int bytes,
       : "memory");
 }
 
+// Every thread of every CTA of the cluster.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
 // The consumer warps' own barrier (the producer never joins it).
 __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
@@ -158,6 +219,31 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
+// The RMS scales of rows `group` and `group + 8` from this lane's sums of squares over its K offsets: summed over
+// the quad, then over the 8 warps (which cover a row of length k together) through `norm_red` (kConsumerWarps x 16
+// floats) and one consumer barrier; every consumer warp must call it.
+__device__ __forceinline__ void rms_scales(float ss0, float ss1, float k, int warp, int group, int quad,
+                                           float* norm_red, float& s0, float& s1) {
+  ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
+  ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
+  ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
+  ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
+  if (quad == 0) {
+    norm_red[warp * 16 + group] = ss0;
+    norm_red[warp * 16 + group + 8] = ss1;
+  }
+  consumer_sync();
+  float t0 = 0.f, t1 = 0.f;
+#pragma unroll
+  for (int w = 0; w < kConsumerWarps; ++w) {
+    t0 += norm_red[w * 16 + group];
+    t1 += norm_red[w * 16 + group + 8];
+  }
+  s0 = rsqrtf(t0 / k + kRmsEps);
+  s1 = rsqrtf(t1 / k + kRmsEps);
+}
+
+#ifndef SGC_A_WINDOW
 // This warp's A fragments of K offsets [k0, k0 + 128): kSteps m16k16 tiles; a lane holds rows `group` (registers
 // 0 and 2) and `group + 8` (1 and 3) at K offsets 2 quad (0, 1) and 2 quad + 8 (2, 3) of each 16-wide step. Every
 // load is issued before any value is used, so a warp waits for one round trip to L2, not one per load; for kInBf16
@@ -186,23 +272,8 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[kSteps][4], const GemmDesc&
       ss0 += x[s][0].x * x[s][0].x + x[s][0].y * x[s][0].y + x[s][2].x * x[s][2].x + x[s][2].y * x[s][2].y;
       ss1 += x[s][1].x * x[s][1].x + x[s][1].y * x[s][1].y + x[s][3].x * x[s][3].x + x[s][3].y * x[s][3].y;
     }
-    ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
-    ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
-    ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
-    ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
-    if (quad == 0) {
-      norm_red[warp * 16 + group] = ss0;
-      norm_red[warp * 16 + group + 8] = ss1;
-    }
-    consumer_sync();
-    float t0 = 0.f, t1 = 0.f;
-#pragma unroll
-    for (int w = 0; w < kConsumerWarps; ++w) {
-      t0 += norm_red[w * 16 + group];
-      t1 += norm_red[w * 16 + group + 8];
-    }
-    const float s0 = rsqrtf(t0 / static_cast<float>(d.k) + kRmsEps);
-    const float s1 = rsqrtf(t1 / static_cast<float>(d.k) + kRmsEps);
+    float s0, s1;
+    rms_scales(ss0, ss1, static_cast<float>(d.k), warp, group, quad, norm_red, s0, s1);
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
       a[s][0] = pack_bf16(x[s][0].x * s0, x[s][0].y * s0);
@@ -226,6 +297,95 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[kSteps][4], const GemmDesc&
   }
 }
 
+#else  // SGC_A_WINDOW
+
+// The A window of a GEMM: its rows' K offsets [lo * 1024, lo * 1024 + 1024) (kInRmsNorm, fp32) or
+// [lo * 1024, lo * 1024 + 2048) (kInBf16) copied into `a_s` by the bulk copy engine, one copy per row, completion on
+// `bar`. Called by one thread after the hand-over's acquire: the proxy fence orders the other CTAs' writes, which
+// that acquire made visible to this thread, before the copy engine's reads (the async proxy). The copy engine reads
+// L2, so no line of this SM's L1 can be stale.
+// In clusters (kCluster > 1) each CTA copies the rows r with r % kCluster == its rank into the same place of every
+// CTA of its cluster (multicast), so L2 serves each row once per cluster; every CTA of a cluster loads every GEMM's
+// window, since each expects the whole window's bytes.
+__device__ __forceinline__ void copy_a_window(uint8_t* a_s, const GemmDesc& d, int in_kind, int rows, int lo,
+                                              int chunks, uint64_t* bar) {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  const bool f32 = in_kind == kInRmsNorm;
+  const int elem = f32 ? 4 : 2, stride = f32 ? kAStrideF32 : kAStrideBf16;
+  const int bytes = (f32 ? 1 : min(2, chunks - lo)) * kChunkK * elem;
+  mbar_arrive_expect_tx(bar, static_cast<uint32_t>(rows * bytes));
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(d.in) + static_cast<size_t>(lo) * kChunkK * elem;
+  if (kCluster == 1) {
+    for (int r = 0; r < rows; ++r) {
+      bulk_copy(a_s + r * stride, src + static_cast<size_t>(r) * d.in_stride * elem, bytes, bar);
+    }
+    return;
+  }
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  const uint16_t mask = static_cast<uint16_t>((1u << kCluster) - 1u);
+  for (int r = static_cast<int>(rank); r < rows; r += kCluster) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], "
+        "%4;" ::"r"(smem_addr(a_s + r * stride)),
+        "l"(src + static_cast<size_t>(r) * d.in_stride * elem), "r"(bytes), "r"(smem_addr(bar)), "h"(mask)
+        : "memory");
+  }
+}
+
+// This warp's A fragments of window offsets [k0, k0 + 128) from `a_s`: kSteps m16k16 tiles; a lane holds rows
+// `group` (registers 0 and 2) and `group + 8` (1 and 3) at K offsets 2 quad (0, 1) and 2 quad + 8 (2, 3) of each
+// 16-wide step. Rows past `rows` read the last row: their products land in accumulator rows that are never stored.
+__device__ __forceinline__ void a_fragments_bf16(uint32_t (&a)[kSteps][4], const uint8_t* a_s, int rows, int k0,
+                                                 int group, int quad) {
+  const int r0 = min(group, rows - 1), r1 = min(group + 8, rows - 1);
+  const uint32_t* p0 = reinterpret_cast<const uint32_t*>(a_s + r0 * kAStrideBf16) + k0 / 2 + quad;
+  const uint32_t* p1 = reinterpret_cast<const uint32_t*>(a_s + r1 * kAStrideBf16) + k0 / 2 + quad;
+  // in 32-bit words: +8 words is +16 bf16 (the next step), +4 words is +8 bf16
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    a[s][0] = p0[8 * s];
+    a[s][1] = p1[8 * s];
+    a[s][2] = p0[8 * s + 4];
+    a[s][3] = p1[8 * s + 4];
+  }
+}
+
+// The same fragments of rms(h) (kInRmsNorm, K = 1024: the 8 warps cover a row together): each row's sum of squares
+// over the warps through `norm_red` (kConsumerWarps x 16 floats) and one consumer barrier (every consumer warp must
+// call it), then a second pass over `a_s` scales and rounds to bf16.
+__device__ __forceinline__ void a_fragments_rms(uint32_t (&a)[kSteps][4], const uint8_t* a_s, int rows, int k,
+                                                int warp, int group, int quad, float* norm_red) {
+  const int r0 = min(group, rows - 1), r1 = min(group + 8, rows - 1);
+  const float* p0 = reinterpret_cast<const float*>(a_s + r0 * kAStrideF32) + warp * kWarpK + 2 * quad;
+  const float* p1 = reinterpret_cast<const float*>(a_s + r1 * kAStrideF32) + warp * kWarpK + 2 * quad;
+  float ss0 = 0.f, ss1 = 0.f;
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float2 x0 = *reinterpret_cast<const float2*>(p0 + 16 * s + 8 * h);
+      const float2 x1 = *reinterpret_cast<const float2*>(p1 + 16 * s + 8 * h);
+      ss0 += x0.x * x0.x + x0.y * x0.y;
+      ss1 += x1.x * x1.x + x1.y * x1.y;
+    }
+  }
+  float s0, s1;
+  rms_scales(ss0, ss1, static_cast<float>(k), warp, group, quad, norm_red, s0, s1);
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float2 x0 = *reinterpret_cast<const float2*>(p0 + 16 * s + 8 * h);
+      const float2 x1 = *reinterpret_cast<const float2*>(p1 + 16 * s + 8 * h);
+      a[s][2 * h] = pack_bf16(x0.x * s0, x0.y * s0);
+      a[s][2 * h + 1] = pack_bf16(x1.x * s1, x1.y * s1);
+    }
+  }
+}
+#endif  // SGC_A_WINDOW
+
 __device__ __forceinline__ int first_unit(int cta, int rot, int ctas) { return (cta - rot + ctas) % ctas; }
 
 // How many of a GEMM's `units` the CTA whose first unit is `first` owns (first, first + ctas, ...): the producer
@@ -234,16 +394,25 @@ __device__ __forceinline__ int units_owned(int first, int units, int ctas) {
   return first < units ? (units - first + ctas - 1) / ctas : 0;
 }
 
-__global__ void __launch_bounds__(kThreads, 1)
+#ifdef SGC_MAXNREG
+#define SGC_BOUNDS __maxnreg__(SGC_MAXNREG)
+#else
+#define SGC_BOUNDS __launch_bounds__(kThreads, 1)
+#endif
+__global__ void SGC_BOUNDS
     streamed_gemm_chain_kernel(const GemmDesc* __restrict__ descs, int num_gemms, int rows, unsigned* counter,
                                int wait_inputs) {
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* ring = smem;
-  float* red = reinterpret_cast<float*>(smem + kStages * kChunkBytes);
+  uint8_t* a_s = smem + kStages * kChunkBytes;  // the A window (SGC_A_WINDOW: copy_a_window)
+  float* red = reinterpret_cast<float*>(a_s + kABytes);
   float* norm_red = red + kRedFloats;
   uint32_t* act_s = reinterpret_cast<uint32_t*>(norm_red + kNormRedFloats);  // kOutGegluDown: 16 x 32 bf16
   uint64_t* full = reinterpret_cast<uint64_t*>(act_s + kActWords);
   uint64_t* empty = full + kStages;
+#ifdef SGC_A_WINDOW
+  uint64_t* a_full = empty + kStages;  // the A window's copies landed
+#endif
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int ctas = gridDim.x, cta = blockIdx.x;
@@ -252,9 +421,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], kConsumerWarps);
     }
+#ifdef SGC_A_WINDOW
+    mbar_init(a_full, 1);
+#endif
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __syncthreads();
+  if (kCluster > 1) {  // the cluster's barriers are initialized before any CTA copies into another
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
 
   if (warp == kConsumerWarps) {  // the producer: one lane streams the CTA's chunks of the whole chain
     if (lane == 0) {
@@ -303,13 +479,38 @@ __global__ void __launch_bounds__(kThreads, 1)
         rot = (rot + units) % ctas;
       }
     }
+    if (kCluster > 1) cluster_sync();  // the end barrier below, which the consumers reach
     return;
   }
 
   const int group = lane >> 2, quad = lane & 3;
   int stage = 0, rot = 0;
   uint32_t phase = 0;
+#ifdef SGC_A_WINDOW
+  uint32_t a_phase = 0;
+#endif
+#ifdef SGC_LEAVE_OUT_CONSUMERS
   for (int g = 0; g < num_gemms; ++g) {
+    const GemmDesc d = descs[g];
+    const int units = static_cast<int>(d.n / kTileN), chunks = static_cast<int>(d.k / kChunkK);
+    const int first = first_unit(cta, rot, ctas);
+    const int mine = units_owned(first, units, ctas);
+    int slots = mine * chunks;
+    if ((d.kinds >> 8 & 0xff) == kOutGegluDown) {
+      for (int g0 = 0; g0 < mine; g0 += kGroupUnits) slots += (min(kGroupUnits, mine - g0) + 1) / 2;
+    }
+    for (int s = 0; s < slots; ++s) {
+      mbar_wait(&full[stage], phase);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[stage]);
+      if (++stage == kStages) { stage = 0; phase ^= 1u; }
+    }
+    rot = (rot + units) % ctas;
+    if (threadIdx.x == 0) add_release(counter, 1u);  // counted as the kernel counts its steps, never waited for
+  }
+#else
+  for (int g = 0; g < num_gemms; ++g) {
+    SGC_MARK(g, 0);
     const GemmDesc d = descs[g];
     const int units = static_cast<int>(d.n / kTileN), chunks = static_cast<int>(d.k / kChunkK);
     const int in_kind = static_cast<int>(d.kinds & 0xff), out_kind = static_cast<int>((d.kinds >> 8) & 0xff);
@@ -317,8 +518,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (threadIdx.x == 0) wait_for_step(counter, g, ctas);
       consumer_sync();
     }
+    SGC_MARK(g, 1);
+    // in clusters, a second window of one GEMM could land in a partner still reading the first
+    if (kCluster > 1 && in_kind == kInBf16 && chunks > 2) __trap();
     const int first = first_unit(cta, rot, ctas);
     const int mine = units_owned(first, units, ctas);
+    // A through shared memory: the window holding chunk c copied in (after every warp is done with the window
+    // before), then each warp's fragments read from it. kInRmsNorm (K = 1024) loads and normalizes once per GEMM,
+    // for all its groups; kInBf16 reads each chunk's fragments before its products, from a window of two chunks.
+#ifndef SGC_A_WINDOW
     // A of chunk 0, loaded once per GEMM: a GEMM of one chunk (QKV and gate/up, K = 1024, the RMS-normed ones)
     // keeps it for all its groups; a longer one (O, down) prefetches each next chunk's A into `a_next` while the
     // products of the current chunk run, and the next group's chunk 0 during its last chunk
@@ -326,6 +534,26 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifndef SGC_LEAVE_OUT_COMPUTE
     if (mine > 0) load_a(a, d, in_kind, rows, warp * kWarpK, warp, group, quad, norm_red);
 #endif
+#else
+    uint32_t a[kSteps][4];
+    int a_lo = -1;
+    auto a_window = [&](int c) {
+      const int lo = in_kind == kInRmsNorm ? 0 : c - c % 2;
+      if (lo == a_lo) return;
+      if (a_lo >= 0) consumer_sync();
+      if (threadIdx.x == 0) copy_a_window(a_s, d, in_kind, rows, lo, chunks, a_full);
+      mbar_wait(a_full, a_phase);
+      a_phase ^= 1u;
+      a_lo = lo;
+    };
+#ifndef SGC_LEAVE_OUT_COMPUTE
+    if (mine > 0 && in_kind == kInRmsNorm) {
+      a_window(0);
+      a_fragments_rms(a, a_s, rows, static_cast<int>(d.k), warp, group, quad, norm_red);
+    }
+#endif
+#endif  // SGC_A_WINDOW
+    SGC_MARK(g, 2);
     for (int g0 = 0; g0 < mine; g0 += kGroupUnits) {  // up to kGroupUnits units summed across warps at once
       const int group_units = min(kGroupUnits, mine - g0);
       // kOutAddF32: the values the sums are added to, read now so that the read is off the path after the sums
@@ -349,11 +577,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
       }
       for (int c = 0; c < chunks; ++c) {
+#ifndef SGC_A_WINDOW
         const bool prefetch = chunks > 1 && (c + 1 < chunks || g0 + kGroupUnits < mine);
 #ifndef SGC_LEAVE_OUT_COMPUTE
         if (prefetch) {
           load_a(a_next, d, in_kind, rows, (c + 1 < chunks ? c + 1 : 0) * kChunkK + warp * kWarpK, warp, group, quad,
                  norm_red);
+        }
+#endif
+#elif !defined(SGC_LEAVE_OUT_COMPUTE)
+        if (in_kind == kInBf16) {
+          a_window(c);
+          a_fragments_bf16(a, a_s, rows, (c - a_lo) * kChunkK + warp * kWarpK, group, quad);
         }
 #endif
 #ifdef SGC_LEAVE_OUT_PRODUCTS
@@ -387,9 +622,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             // the loads' reads, so the bulk copy engine could refill the slot while a load from it is pending.
             __syncwarp();
             if (lane == 0 && __float_as_uint(acc[j][0]) != 0xffffffffu) mbar_arrive(&empty[stage]);
+            if (g0 == 0 && c == 0 && j == 0) SGC_MARK(g, 3);
             if (++stage == kStages) { stage = 0; phase ^= 1u; }
           }
         }
+#ifndef SGC_A_WINDOW
         if (prefetch) {
 #pragma unroll
           for (int s = 0; s < kSteps; ++s) {
@@ -397,7 +634,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int i = 0; i < 4; ++i) a[s][i] = a_next[s][i];
           }
         }
+#endif
       }
+      SGC_MARK(g, 4);
       // the 8 warps' partial tiles of the group's units, summed through shared memory
       float4* red4 = reinterpret_cast<float4*>(red);
 #pragma unroll
@@ -505,12 +744,20 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+      SGC_MARK(g, 5);
       if (g0 + kGroupUnits < mine) consumer_sync();  // `red` is read before the next group writes it
     }
+#if defined(SGC_A_WINDOW) && !defined(SGC_LEAVE_OUT_COMPUTE)
+    if (kCluster > 1 && a_lo < 0) a_window(0);  // no unit here: the window still takes this CTA's share of copies
+#endif
     rot = (rot + units) % ctas;
     consumer_sync();  // this CTA's outputs of GEMM g are written; the release below is cumulative over them
+    SGC_MARK(g, 6);
     if (threadIdx.x == 0) add_release(counter, 1u);
   }
+#endif  // SGC_LEAVE_OUT_CONSUMERS
+  // in clusters, no CTA leaves while a copy it issued into a partner may still be in flight
+  if (kCluster > 1) cluster_sync();
 }
 
 }  // namespace
@@ -524,17 +771,35 @@ int streamed_gemm_chain_smem_bytes() { return kSmemBytes; }
 int streamed_gemm_chain_threads() { return kThreads; }
 
 // CTAs that can be resident at once on the current device (the largest cooperative grid), or -1 on an error.
-int streamed_gemm_chain_max_ctas() { return resident_ctas(streamed_gemm_chain_kernel, kThreads, kSmemBytes); }
+int streamed_gemm_chain_max_ctas() {
+  return resident_ctas(streamed_gemm_chain_kernel, kThreads, kSmemBytes, kCluster);
+}
 
 // Zero the counter, then launch the chain on `stream` (both captured when the stream is capturing).
 // Returns a cudaError_t (0: success).
 int streamed_gemm_chain_launch(const void* descs, int num_gemms, int rows, void* counter, int wait_inputs, int ctas,
                                void* stream) {
   unsigned* count = static_cast<unsigned*>(counter);
-  return launch_chain(streamed_gemm_chain_kernel, ctas, kThreads, kSmemBytes, 1, count,
+  // in clusters the hand-over is what keeps a partner's next window out of a window still being read
+  if (kCluster > 1 && (!wait_inputs || ctas % kCluster)) return cudaErrorInvalidValue;
+  return launch_chain(streamed_gemm_chain_kernel, ctas, kThreads, kSmemBytes, kCluster, count,
                       static_cast<cudaStream_t>(stream), static_cast<const GemmDesc*>(descs), num_gemms, rows, count,
                       wait_inputs);
 }
+
+#ifdef SGC_TRACE
+// Measurement only: trace GEMMs [from, from + 64) of the next launches (the buffer zeroed), then read it back as
+// (CTA, GEMM, event, {clock64, globaltimer}) u64.
+int streamed_gemm_chain_trace_setup(int from) {
+  cudaError_t e = cudaMemcpyToSymbol(sgc_trace_from, &from, sizeof(int));
+  if (e != cudaSuccess) return e;
+  void* p = nullptr;
+  e = cudaGetSymbolAddress(&p, sgc_trace);
+  if (e != cudaSuccess) return e;
+  return cudaMemset(p, 0, sizeof(sgc_trace));
+}
+int streamed_gemm_chain_trace_read(void* dst) { return cudaMemcpyFromSymbol(dst, sgc_trace, sizeof(sgc_trace)); }
+#endif
 
 const char* streamed_gemm_chain_error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }
 
