@@ -32,6 +32,7 @@ RTC = BENCH / "2026-12-04" / "rtc_cost_pi05_h200.json"
 STREAMED = {form: BENCH / "2026-12-05" / f"streamed_gemm_chain_{form}_form_h200.log" for form in ("first", "second")}
 STREAMED_JSON = BENCH / "2026-12-05" / "streamed_gemm_chain_second_form_h200.json"
 STREAMED_H100 = BENCH / "2026-12-05" / "streamed_gemm_chain_h100.json"
+STREAMED_WINDOW_H100 = BENCH / "2026-12-05" / "streamed_gemm_chain_a_window_h100.json"
 HANDOVER_H100 = BENCH / "2026-12-05" / "handover_chain_h100.json"
 GROOT_SPLIT_H100 = BENCH / "2026-12-05" / "groot_warm_up_h100.json"
 NODE = BENCH / "2026-12-01" / "node_overhead_h200_raw.json"
@@ -352,3 +353,31 @@ def test_the_groot_predict_split_quotes_its_result_file():
         ms = [r[key] * 1e3 for r in rows]
         assert f"{min(ms):.1f}-{max(ms):.1f} ms" in flat, key
     assert f"{result['torch_threads']} torch threads on {result['usable_cpus']} usable CPUs" in flat
+
+
+def test_the_a_window_rows_quote_their_result_file():
+    """The streamed chain's A window on the H100: the quoted rows, the trace's phases and the differences drawn."""
+    result = json.loads(STREAMED_WINDOW_H100.read_text())
+    chain = result["variants"]
+    labels = {"streamed": "`streamed` (A in registers, the paired MLP)",
+              "streamed_stream_only": "`streamed_stream_only` (the weight stream alone)"}
+    for name in ("streamed", "streamed_a_window", "streamed_a_window_cluster2", "streamed_a_window_cluster4",
+                 "streamed_a_window_no_wait", "streamed_a_window_no_products", "streamed_stream_only"):
+        r, err = chain[name], chain[name]["rel_l2_vs_reference"]
+        assert _row(PAGE, labels.get(name, f"`{name}`"))[1:] == [
+            f"{r['us_per_layer']:.2f}", f"{r['weight_tb_per_s']:.2f}", "" if err is None else f"{err:.1e}"], name
+    phases = ("wait", "A", "to the first product", "products", "sums", "barrier", "step", "to the next step")
+    for trace, form in (("streamed", "registers"), ("streamed_a_window", "window")):
+        for kind, row in result["traces"][trace]["steps"].items():
+            assert _row(PAGE, f"{kind}, {form}")[1:] == [f"{row[p]:.0f}" for p in phases], (trace, kind)
+    across = result["traces"]["streamed_a_window"]["across_ctas"]
+    flat = " ".join(PAGE.split())
+    assert (f"the releases of a step spread over {across['release_spread_ns']:.0f} ns; from the last release, the "
+            f"first CTA has its inputs {across['last_release_to_first_ready_ns']:.0f} ns later, the last "
+            f"{across['last_release_to_last_ready_ns']:.0f} ns later") in flat
+    us = {name: r["us_per_layer"] for name, r in chain.items()}
+    assert f"{us['streamed_a_window']:.2f} against {us['streamed']:.2f} us per layer" in flat
+    assert f"Clusters of 2 save another {us['streamed_a_window'] - us['streamed_a_window_cluster2']:.2f} us" in flat
+    assert chain["streamed_a_window_cluster4"]["ctas"] == 120 and "on 120 CTAs" in flat
+    assert f"{chain['streamed_stream_only']['weight_tb_per_s']:.2f} TB/s ({us['streamed_stream_only']:.2f} us" in flat
+
