@@ -45,11 +45,11 @@ LIBRARY = "streamed_gemm_chain"
 # measurement switches of the kernel (its results are then wrong): what each leaves out -> the macro that does it
 LEAVE_OUT = {"copy": "SGC_LEAVE_OUT_COPY", "compute": "SGC_LEAVE_OUT_COMPUTE", "products": "SGC_LEAVE_OUT_PRODUCTS",
              "consumers": "SGC_LEAVE_OUT_CONSUMERS"}
+# the A operand through shared memory (cuda/streamed_gemm_chain.cu, SGC_A_WINDOW), shared in clusters (SGC_CLUSTER)
+A_WINDOW_MACRO, CLUSTER_MACRO, CLUSTERS = "SGC_A_WINDOW", "SGC_CLUSTER", (1, 2, 4)
 # the trace build (SGC_TRACE): per CTA (the first TRACE_CTAS) and per step of a window of TRACE_GEMMS steps, the SM
 # clock and the GPU's global timer at each of TRACE_EVENTS points of the step (TRACE_EVENT_NAMES, the rest unused)
 TRACE_MACRO = "SGC_TRACE"
-# the A operand through shared memory (cuda/streamed_gemm_chain.cu, SGC_A_WINDOW), shared in clusters (SGC_CLUSTER)
-A_WINDOW_MACRO, CLUSTER_MACRO, CLUSTERS = "SGC_A_WINDOW", "SGC_CLUSTER", (1, 2, 4)
 TRACE_CTAS, TRACE_GEMMS, TRACE_EVENTS = 160, 64, 8
 TRACE_EVENT_NAMES = ("start", "inputs ready", "A ready", "first product", "last product", "sums stored",
                      "released")

@@ -51,9 +51,10 @@
 // they load A as the kernel does but skip the products (what the A loads cost: each CTA reads every GEMM's whole A,
 // ~200 KB per layer at 10 rows), with -DSGC_LEAVE_OUT_CONSUMERS the consumers only free each slot as it fills (the
 // weight stream alone). -DSGC_STAGES=n sets the ring's slots, -DSGC_MAXNREG=n caps the registers per thread instead
-// of the launch bounds (which hold the kernel's 288 threads to 168). -DSGC_TRACE records, per CTA and per step of a
-// window of 64 steps, the SM clock and the global timer at the step's start, its inputs ready, its A ready, its
-// first and last product, its sums stored and its release (streamed_gemm_chain.py reads it back).
+// of the launch bounds (which hold the kernel's 288 threads to 168, the most with which a CTA still fits an SM).
+// -DSGC_TRACE records, per CTA and per step of a window of 64 steps, the SM clock and the global timer at the
+// step's start, its inputs ready, its A ready, its first and last product, its sums stored and its release
+// (streamed_gemm_chain.py reads it back).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
