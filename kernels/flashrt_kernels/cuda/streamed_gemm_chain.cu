@@ -524,9 +524,6 @@ __global__ void SGC_BOUNDS
     if (kCluster > 1 && in_kind == kInBf16 && chunks > 2) __trap();
     const int first = first_unit(cta, rot, ctas);
     const int mine = units_owned(first, units, ctas);
-    // A through shared memory: the window holding chunk c copied in (after every warp is done with the window
-    // before), then each warp's fragments read from it. kInRmsNorm (K = 1024) loads and normalizes once per GEMM,
-    // for all its groups; kInBf16 reads each chunk's fragments before its products, from a window of two chunks.
 #ifndef SGC_A_WINDOW
     // A of chunk 0, loaded once per GEMM: a GEMM of one chunk (QKV and gate/up, K = 1024, the RMS-normed ones)
     // keeps it for all its groups; a longer one (O, down) prefetches each next chunk's A into `a_next` while the
@@ -536,6 +533,9 @@ __global__ void SGC_BOUNDS
     if (mine > 0) load_a(a, d, in_kind, rows, warp * kWarpK, warp, group, quad, norm_red);
 #endif
 #else
+    // A through shared memory: the window holding chunk c copied in (after every warp is done with the window
+    // before), then each warp's fragments read from it. kInRmsNorm (K = 1024) loads and normalizes once per GEMM,
+    // for all its groups; kInBf16 reads each chunk's fragments before its products, from a window of two chunks.
     uint32_t a[kSteps][4];
     int a_lo = -1;
     auto a_window = [&](int c) {
