@@ -53,21 +53,28 @@ def quantize_dequantize(t: torch.Tensor, scale: torch.Tensor | float) -> torch.T
 class EmulatedGemm:
     """One nn.Linear of the reference model run on the engine's operands: the input before the preceding norm's
     affine (`norm`: RMSNorm, LayerNorm or None) and the weight (and bias) with that affine folded in; quantized
-    when `quantized`, else exact. `group`: the GEMMs the engine merges with it (one weight scale for all)."""
+    when `quantized`, else exact. `group`: the GEMMs the engine merges with it (one weight scale for all). The
+    folded weight is made while the GEMM is quantized (switch drops it after), so wrapping a model copies none."""
 
     def __init__(self, lin: nn.Linear, norm: nn.Module | None):
         self.lin, self.norm, self.group = lin, norm, [self]
         self.input_amax, self.quantized, self.rows, self.calibrating = 0.0, False, False, False
-        w = lin.weight.float()
-        bias = lin.bias.float() if lin.bias is not None else None
-        if isinstance(norm, RMSNorm):
-            w = w * (1.0 + norm.weight.float())
-        elif isinstance(norm, nn.LayerNorm):
-            bias = (0.0 if bias is None else bias) + w @ norm.bias.float()
-            w = w * norm.weight.float()
-        self.weight, self.bias = w, bias
+        self._folded: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self.reference_forward = lin.forward
         lin.forward = self.forward
+
+    def folded(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight, bias) with the preceding norm's affine folded in, fp32."""
+        if self._folded is None:
+            w = self.lin.weight.float()
+            bias = self.lin.bias.float() if self.lin.bias is not None else None
+            if isinstance(self.norm, RMSNorm):
+                w = w * (1.0 + self.norm.weight.float())
+            elif isinstance(self.norm, nn.LayerNorm):
+                bias = (0.0 if bias is None else bias) + w @ self.norm.bias.float()
+                w = w * self.norm.weight.float()
+            self._folded = w, bias
+        return self._folded
 
     def engine_input(self, y: torch.Tensor) -> torch.Tensor:
         """The GEMM's input as the engine computes it: the norm's output without its affine."""
@@ -84,14 +91,14 @@ class EmulatedGemm:
         if not self.quantized:
             return self.reference_forward(y)
         x = self.engine_input(y)
+        weight, bias = self.folded()
         if self.rows:
             x_scale = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / FMAX
-            w_scale = self.weight.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / FMAX
+            w_scale = weight.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / FMAX
         else:
             x_scale = self.input_amax * CALIB_MARGIN / FMAX
-            w_scale = max(float(g.weight.abs().max()) for g in self.group) / FMAX
-        return F.linear(quantize_dequantize(x, x_scale), quantize_dequantize(self.weight, w_scale),
-                        self.bias).to(y.dtype)
+            w_scale = max(float(g.folded()[0].abs().max()) for g in self.group) / FMAX
+        return F.linear(quantize_dequantize(x, x_scale), quantize_dequantize(weight, w_scale), bias).to(y.dtype)
 
 
 def _keep_norm_input(norm: nn.Module) -> None:
@@ -135,6 +142,7 @@ def switch(scopes: dict[str, list[EmulatedGemm]], scope: str) -> None:
     for gemms in scopes.values():
         for g in gemms:
             g.quantized = g.rows = False
+            g._folded = None
     for part in filter(None, scope.split("+")):
         name, _, how = part.partition("@")
         if name not in scopes or how not in ("", "row"):
