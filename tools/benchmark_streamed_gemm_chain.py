@@ -25,19 +25,24 @@ weights, 623 MB in bf16, re-read every step as the denoise does), 10 rows. Varia
     streamed_a_window_no_wait, streamed_a_window_no_products  the same without the waits, without the products
     streamed_a_window_cluster2, streamed_a_window_cluster4  the A window's copies shared in clusters of 2 and 4
                         (each CTA copies a share of the rows into every CTA of its cluster)
+    streamed_a_window_cluster2_no_atomics  clusters of 2 without the paired MLP's atomics (wrong result): what
+                        adding every CTA's partial product into the residual costs
+    streamed_a_window_cluster2_down_sum, streamed_a_window_cluster4_down_sum  clusters of 2 and 4 whose CTAs add up
+                        their partial products over distributed shared memory first, each doing the atomics of a
+                        share of the columns (down_cluster_sum)
     streamed_resident   the persistent kernel with one layer's weights for every layer (34.6 MB, mostly held in L2):
                         the chain's dependencies and compute with little weight stream
     library_per_op      the chain as PyTorch ops (RMS norms, cuBLAS GEMMs, casts, GeGLU, adds), one launch each
 
 With `--trace FIRST`, the kernel's trace build (StreamedGemmChain(trace=True)) then runs the paired chain with and
-without its waits, and with the A window alone and in clusters of 2, and records steps FIRST .. FIRST + 63 in every
-CTA: the table of each kind of step's phases (trace_phases: the median over CTAs and layers of the time from one
-event of the step to the next) and, across CTAs, how far apart the CTAs release a step and how long after the last
-release the next step starts.
+without its waits, and with the A window alone, in clusters of 2, and in clusters of 2 with their cluster sum of
+the down products, and records steps FIRST .. FIRST + 63 in every CTA: the table of each kind of step's phases
+(trace_phases: the median over CTAs and layers of the time from one event of the step to the next) and, across
+CTAs, how far apart the CTAs release a step and how long after the last release the next step starts.
 
 Each variant is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays.
 The weight stream's rate is the weight bytes a replay reads over its time. streamed, streamed_four_gemms, the A
-window's three forms with their waits, streamed_resident and library_per_op are checked against
+window's five forms with their waits, streamed_resident and library_per_op are checked against
 streamed_gemm_chain_reference on the same weights and input (relative L2 error of the residual). The leave-out
 variants run the paired form.
 
@@ -78,10 +83,14 @@ VARIANTS = {"streamed": {}, "streamed_four_gemms": {"pair_mlp": False}, "streame
             "streamed_a_window_no_products": {"a_window": True, "leave_out": ("products",)},
             "streamed_a_window_cluster2": {"a_window": True, "cluster": 2},
             "streamed_a_window_cluster4": {"a_window": True, "cluster": 4},
+            "streamed_a_window_cluster2_no_atomics": {"a_window": True, "cluster": 2, "leave_out": ("atomics",)},
+            "streamed_a_window_cluster2_down_sum": {"a_window": True, "cluster": 2, "down_cluster_sum": True},
+            "streamed_a_window_cluster4_down_sum": {"a_window": True, "cluster": 4, "down_cluster_sum": True},
             "streamed_resident": {}, "library_per_op": None}
 # the variants whose result is meant to be right
 CHECKED = ("streamed", "streamed_four_gemms", "streamed_a_window", "streamed_a_window_cluster2",
-           "streamed_a_window_cluster4", "streamed_resident", "library_per_op")
+           "streamed_a_window_cluster4", "streamed_a_window_cluster2_down_sum", "streamed_a_window_cluster4_down_sum",
+           "streamed_resident", "library_per_op")
 
 
 def library_chain(h: torch.Tensor, layer_weights, layers: int):
@@ -99,8 +108,9 @@ def library_chain(h: torch.Tensor, layer_weights, layers: int):
 
 
 # a traced step's phases: (name, from event, to event) of SGC.TRACE_EVENT_NAMES
+# (the paired MLP's sums split at its last down product: the down products, then their cluster sum and atomics)
 TRACE_PHASES = (("wait", 0, 1), ("A", 1, 2), ("to the first product", 2, 3), ("products", 3, 4), ("sums", 4, 5),
-                ("barrier", 5, 6), ("step", 0, 6))
+                ("down products", 4, 7), ("down sums", 7, 5), ("barrier", 5, 6), ("step", 0, 6))
 PAIRED_STEP_KINDS = ("qkv", "o", "mlp")     # the paired chain's steps per layer, in order
 
 
@@ -206,7 +216,8 @@ def measure(layers: int, distinct: int, rows: int, reps: int, report=print) -> d
 
 
 def traces(layers: int, distinct: int, rows: int, first: int) -> dict:
-    """The paired chain's trace build, with and without its waits, and with the A window alone and in clusters of 2:
+    """The paired chain's trace build, with and without its waits, and with the A window alone, in clusters of 2 and
+    in clusters of 2 with the cluster sum of the down products:
     trace_phases of steps first .. first + 63 of one launch after a warm one, each table printed."""
     k = load_kernels()
     shapes = GEMMA_300M.layer_gemm_shapes()
@@ -219,7 +230,9 @@ def traces(layers: int, distinct: int, rows: int, first: int) -> dict:
     out = {}
     for name, form in (("streamed", {}), ("streamed_no_wait", {"wait_inputs": False}),
                        ("streamed_a_window", {"a_window": True}),
-                       ("streamed_a_window_cluster2", {"a_window": True, "cluster": 2})):
+                       ("streamed_a_window_cluster2", {"a_window": True, "cluster": 2}),
+                       ("streamed_a_window_cluster2_down_sum", {"a_window": True, "cluster": 2,
+                                                                "down_cluster_sum": True})):
         chain = k.StreamedGemmChain(weights, layers, rows, trace=True, **form)
         chain.h.copy_(h0)
         chain.run()
@@ -241,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="folder for the JSON result")
     parser.add_argument("--trace", type=int, metavar="FIRST",
                         help="then trace steps FIRST .. FIRST + 63 of the paired chain with and without its waits, "
-                             "and with the A window alone and in clusters of 2")
+                             "and with the A window alone, in clusters of 2, and with their down cluster sum")
     args = parser.parse_args(argv)
     require_cuda_build("benchmark_streamed_gemm_chain.py")
     shapes = GEMMA_300M.layer_gemm_shapes()

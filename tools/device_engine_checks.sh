@@ -328,10 +328,14 @@ k = load_kernels()
 SGC = importlib.import_module(k.__name__ + ".streamed_gemm_chain")
 CB = importlib.import_module(k.__name__ + ".cuda_build")
 HC = importlib.import_module(k.__name__ + ".handover_chain")
-forms = {SGC.build_macros(leave_out, trace, a_window, cluster)
-         for leave_out in ((), ("copy",), ("compute",), ("products",), ("compute", "copy"), ("consumers",))
+forms = {SGC.build_macros(leave_out, trace, a_window, cluster, down_sum)
+         for leave_out in ((), ("copy",), ("compute",), ("products",), ("compute", "copy"), ("consumers",),
+                           ("atomics",))
          for trace in (False, True) for a_window in (False, True) for cluster in (1, 2, 4)
-         if (cluster == 1 or a_window) and not (trace and leave_out) and not (cluster > 1 and leave_out)}
+         for down_sum in (False, True)
+         if (cluster == 1 or a_window) and not (trace and leave_out)
+         and (cluster == 1 or leave_out in ((), ("atomics",))) and (not down_sum or (cluster > 1 and not leave_out))
+         and not (trace and cluster == 4)}
 builds = [(SGC.LIBRARY, m) for m in sorted(forms)] + [(HC.LIBRARY, ())]
 start = time.time()
 with ThreadPoolExecutor(16) as pool:

@@ -44,15 +44,18 @@ OUT_BF16, OUT_ADD_F32, OUT_GEGLU, OUT_GEGLU_DOWN = 0, 1, 2, 3
 LIBRARY = "streamed_gemm_chain"
 # measurement switches of the kernel (its results are then wrong): what each leaves out -> the macro that does it
 LEAVE_OUT = {"copy": "SGC_LEAVE_OUT_COPY", "compute": "SGC_LEAVE_OUT_COMPUTE", "products": "SGC_LEAVE_OUT_PRODUCTS",
-             "consumers": "SGC_LEAVE_OUT_CONSUMERS"}
-# the A operand through shared memory (cuda/streamed_gemm_chain.cu, SGC_A_WINDOW), shared in clusters (SGC_CLUSTER)
+             "consumers": "SGC_LEAVE_OUT_CONSUMERS", "atomics": "SGC_LEAVE_OUT_ATOMICS"}
+# the A operand through shared memory (cuda/streamed_gemm_chain.cu, SGC_A_WINDOW), shared in clusters (SGC_CLUSTER);
+# the paired MLP's partial products added up within each cluster before the atomics (SGC_DOWN_CLUSTER_SUM)
 A_WINDOW_MACRO, CLUSTER_MACRO, CLUSTERS = "SGC_A_WINDOW", "SGC_CLUSTER", (1, 2, 4)
+DOWN_CLUSTER_SUM_MACRO = "SGC_DOWN_CLUSTER_SUM"
 # the trace build (SGC_TRACE): per CTA (the first TRACE_CTAS) and per step of a window of TRACE_GEMMS steps, the SM
-# clock and the GPU's global timer at each of TRACE_EVENTS points of the step (TRACE_EVENT_NAMES, the rest unused)
+# clock and the GPU's global timer at each of TRACE_EVENTS points of the step (TRACE_EVENT_NAMES; the last only in a
+# paired MLP step: its first group's down products done, before their cluster sum and atomics)
 TRACE_MACRO = "SGC_TRACE"
 TRACE_CTAS, TRACE_GEMMS, TRACE_EVENTS = 160, 64, 8
 TRACE_EVENT_NAMES = ("start", "inputs ready", "A ready", "first product", "last product", "sums stored",
-                     "released")
+                     "released", "down products")
 
 
 class LayerWeights(NamedTuple):
@@ -156,8 +159,9 @@ def chain_descs(layer_weights: list[LayerWeights], packed: list[LayerWeights], l
 
 
 def build_macros(leave_out: tuple[str, ...] = (), trace: bool = False, a_window: bool = False,
-                 cluster: int = 1) -> tuple[str, ...]:
-    """The macros of the kernel's build with the LEAVE_OUT switches named, the trace, the A window and clusters."""
+                 cluster: int = 1, down_cluster_sum: bool = False) -> tuple[str, ...]:
+    """The macros of the kernel's build with the LEAVE_OUT switches named, the trace, the A window, clusters and
+    the cluster sum of the paired MLP's partial products."""
     unknown = set(leave_out) - set(LEAVE_OUT)
     if unknown:
         raise ValueError(f"leave_out takes {sorted(LEAVE_OUT)}; got {sorted(unknown)}")
@@ -165,16 +169,19 @@ def build_macros(leave_out: tuple[str, ...] = (), trace: bool = False, a_window:
         raise ValueError(f"cluster takes {CLUSTERS}; got {cluster}")
     if cluster > 1 and not a_window:
         raise ValueError("clusters share the A window's copies: cluster > 1 needs a_window=True")
+    if down_cluster_sum and cluster == 1:
+        raise ValueError("down_cluster_sum adds up the partial products of a cluster's CTAs: it needs cluster > 1")
     return (tuple(LEAVE_OUT[name] for name in sorted(leave_out)) + ((TRACE_MACRO,) if trace else ())
-            + ((A_WINDOW_MACRO,) if a_window else ()) + ((f"{CLUSTER_MACRO}={cluster}",) if cluster > 1 else ()))
+            + ((A_WINDOW_MACRO,) if a_window else ()) + ((f"{CLUSTER_MACRO}={cluster}",) if cluster > 1 else ())
+            + ((DOWN_CLUSTER_SUM_MACRO,) if down_cluster_sum else ()))
 
 
 def library(leave_out: tuple[str, ...] = (), trace: bool = False, a_window: bool = False,
-            cluster: int = 1) -> ctypes.CDLL:
+            cluster: int = 1, down_cluster_sum: bool = False) -> ctypes.CDLL:
     """The kernel's library (built by nvcc on first use: cuda_build.py) of build_macros(...), its C functions
     typed."""
     from .cuda_build import load_library
-    lib = load_library(LIBRARY, build_macros(leave_out, trace, a_window, cluster))
+    lib = load_library(LIBRARY, build_macros(leave_out, trace, a_window, cluster, down_cluster_sum))
     if trace:
         lib.streamed_gemm_chain_trace_setup.argtypes = [ctypes.c_int]
         lib.streamed_gemm_chain_trace_setup.restype = ctypes.c_int
@@ -195,19 +202,21 @@ class StreamedGemmChain:
     for a previous GEMM's output:
     the result is then wrong and the time is the weight stream and the compute alone (a ceiling, for measuring);
     `leave_out` ("copy": no weight stream, "compute": no A loads and products, "products": the A loads without
-    the products, "consumers": the consumers only free each weight slot, the stream alone) likewise, for placing
-    the time.
+    the products, "consumers": the consumers only free each weight slot, the stream alone, "atomics": the paired
+    MLP's partial products not added into the residual) likewise, for placing the time.
     `ctas`: the persistent grid (default: as many as can be resident, one per SM). `trace`: the kernel built with
     its trace (trace_steps, read_trace), which times every phase of a window of steps in each CTA. `a_window`:
     each GEMM's A copied into shared memory by the bulk copy engine after the hand-over, the fragments read from
     there (instead of every warp loading its fragments from L2 into registers); `cluster` (2 or 4, with
     a_window): the CTAs in clusters of that size, each copying a share of the rows into every CTA of its cluster,
     so L2 serves each row once per cluster (the waits are then required, and the MLP must be paired: the
-    unpaired down GEMM's A needs two windows)."""
+    unpaired down GEMM's A needs two windows). `down_cluster_sum` (with clusters): the CTAs of a cluster add up
+    their paired MLP partial products over distributed shared memory, each CTA adding a 1 / cluster share of the
+    columns into the residual, so each element takes CTAs / cluster atomic adds instead of CTAs."""
 
     def __init__(self, layer_weights: list[LayerWeights], layers: int, rows: int, wait_inputs: bool = True,
                  ctas: int | None = None, leave_out: tuple[str, ...] = (), pair_mlp: bool = True,
-                 trace: bool = False, a_window: bool = False, cluster: int = 1):
+                 trace: bool = False, a_window: bool = False, cluster: int = 1, down_cluster_sum: bool = False):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"StreamedGemmChain covers 1 to {MAX_ROWS} rows; got {rows}")
         if layers < 1 or not layer_weights:
@@ -215,7 +224,7 @@ class StreamedGemmChain:
         if cluster > 1 and not (wait_inputs and pair_mlp):
             raise ValueError("a clustered chain needs its waits (they keep a partner's next A out of a window still "
                              "being read) and the paired MLP (the unpaired down GEMM's A needs two windows)")
-        self.lib = library(tuple(leave_out), trace, a_window, cluster)
+        self.lib = library(tuple(leave_out), trace, a_window, cluster, down_cluster_sum)
         self.cluster = cluster
         self.trace = trace
         most = self.lib.streamed_gemm_chain_max_ctas()

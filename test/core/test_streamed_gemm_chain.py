@@ -154,20 +154,27 @@ def test_the_cuda_source_builds_and_exports_its_launcher(tmp_path, monkeypatch):
     window = ctypes.CDLL(str(BUILD.build_library(SGC.LIBRARY, SGC.build_macros(a_window=True))))
     assert 200 * 1024 < window.streamed_gemm_chain_smem_bytes() <= 227 * 1024   # the window beside a smaller ring
     assert BUILD.build_library(SGC.LIBRARY, SGC.build_macros(a_window=True, cluster=4)).is_file()
+    summed = ctypes.CDLL(str(BUILD.build_library(SGC.LIBRARY, SGC.build_macros(a_window=True, cluster=2,
+                                                                               down_cluster_sum=True))))
+    assert summed.streamed_gemm_chain_smem_bytes() == window.streamed_gemm_chain_smem_bytes() + 16  # two mbarriers
     traced = ctypes.CDLL(str(BUILD.build_library(SGC.LIBRARY, (SGC.TRACE_MACRO,))))
     for name in ("streamed_gemm_chain_trace_setup", "streamed_gemm_chain_trace_read"):
         assert hasattr(traced, name) and not hasattr(lib, name)          # the product build has no trace
 
 
 def test_the_kernel_library_refuses_an_unknown_switch():
-    with pytest.raises(ValueError, match="leave_out takes \\['compute', 'consumers', 'copy', 'products'\\]"):
+    with pytest.raises(ValueError, match="leave_out takes \\['atomics', 'compute', 'consumers', 'copy', 'products'\\]"):
         SGC.library(("waits",))
     with pytest.raises(ValueError, match="cluster takes \\(1, 2, 4\\); got 3"):
         SGC.library(a_window=True, cluster=3)
     with pytest.raises(ValueError, match="cluster > 1 needs a_window=True"):
         SGC.library(cluster=2)
+    with pytest.raises(ValueError, match="down_cluster_sum .* needs cluster > 1"):
+        SGC.library(a_window=True, down_cluster_sum=True)
     assert SGC.build_macros(("products",), True, True, 2) == ("SGC_LEAVE_OUT_PRODUCTS", "SGC_TRACE", "SGC_A_WINDOW",
                                                               "SGC_CLUSTER=2")
+    assert SGC.build_macros(("atomics",), a_window=True, cluster=4, down_cluster_sum=True) == (
+        "SGC_LEAVE_OUT_ATOMICS", "SGC_A_WINDOW", "SGC_CLUSTER=4", "SGC_DOWN_CLUSTER_SUM")
 
 
 @pytest.mark.parametrize("form", [{"pair_mlp": False}, {"wait_inputs": False}], ids=["four-gemms", "no-waits"])
@@ -268,9 +275,11 @@ def test_the_chain_descriptors_compute_the_reference(pair_mlp, layers, ctas):
 # A synthetic trace of 3 CTAs over 64 steps of the paired chain, every duration in SM clocks at 2 clocks per ns:
 # per kind of step, the clocks from each event to the next (start, inputs ready, A ready, first product, last
 # product, sums stored, released); the CTAs start each step 10 clocks apart, the next step 80 clocks after the last
-# release; CTA 2 owns no unit of the o steps (no A, products or sums: those events stay 0).
+# release; CTA 2 owns no unit of the o steps (no A, products or sums: those events stay 0). The MLP steps' down
+# products end DOWN_CLOCKS after their last gate/up product (the trace's last event, recorded in paired MLP steps only).
 TRACE_CLOCKS = {"qkv": [100, 200, 300, 400, 500, 600], "o": [10, 0, 30, 40, 50, 60], "mlp": [20, 40, 60, 80, 100, 120]}
 KINDS = ("qkv", "o", "mlp")
+DOWN_CLOCKS = 60
 
 
 def _synthetic_trace(first: int) -> torch.Tensor:
@@ -284,6 +293,9 @@ def _synthetic_trace(first: int) -> torch.Tensor:
                 events.append(events[-1] + d)
             trace[c, i, :7, 0] = torch.tensor(events)
             trace[c, i, :7, 1] = torch.tensor(events) // 2 + 7   # the global timer: its own origin
+            if kind == "mlp":
+                trace[c, i, 7, 0] = events[4] + DOWN_CLOCKS
+                trace[c, i, 7, 1] = (events[4] + DOWN_CLOCKS) // 2 + 7
             if kind == "o" and c == 2:
                 trace[c, i, 2:6] = 0
         start = int(trace[:, i, 6, 0].max()) + 80
@@ -300,6 +312,11 @@ def test_trace_phases_times_each_phase_of_each_kind_of_step():
         for name, c in want.items():
             assert row[name] == pytest.approx(c / 2, abs=0.6), (kind, name)
         assert row["step"] == pytest.approx(sum(clocks) / 2, abs=0.6)
+        if kind == "mlp":                                                # the sums split at the last down product
+            assert row["down products"] == pytest.approx(DOWN_CLOCKS / 2, abs=0.6)
+            assert row["down sums"] == pytest.approx((clocks[4] - DOWN_CLOCKS) / 2, abs=0.6)
+        else:
+            assert row["down products"] is None and row["down sums"] is None
         # CTA c releases 10 c clocks after CTA 0 and starts the next step 10 c clocks after it too
         assert row["to the next step"] == pytest.approx((80 + 20) / 2, abs=0.6)
     across = phases["across_ctas"]

@@ -875,16 +875,21 @@ def test_streamed_gemm_chain(layers, ctas, rows, pair_mlp):
 
 
 # the A window's forms: alone with both MLP forms (the unpaired down GEMM reloads its window), and shared in
-# clusters of 2 and 4 (paired only); 36 CTAs: several groups per CTA, a multiple of both cluster sizes
+# clusters of 2 and 4 (paired only), also with the cluster sum of the down products; 36 CTAs: several groups per
+# CTA (an odd last one, and cluster partners with different numbers of groups), a multiple of both cluster sizes
 @pytest.mark.parametrize("form", [{"pair_mlp": True}, {"pair_mlp": False}, {"pair_mlp": True, "cluster": 2},
-                                  {"pair_mlp": True, "cluster": 4}],
-                         ids=["paired-mlp", "four-gemms", "paired-cluster-2", "paired-cluster-4"])
+                                  {"pair_mlp": True, "cluster": 4},
+                                  {"pair_mlp": True, "cluster": 2, "down_cluster_sum": True},
+                                  {"pair_mlp": True, "cluster": 4, "down_cluster_sum": True}],
+                         ids=["paired-mlp", "four-gemms", "paired-cluster-2", "paired-cluster-4", "down-sum-2",
+                              "down-sum-4"])
 @pytest.mark.parametrize("rows", [1, 10, 16])
 @pytest.mark.parametrize("layers, ctas", [(1, None), (18, None), (18, 36)], ids=["1-layer", "18-layers", "36-ctas"])
 def test_streamed_gemm_chain_a_window(layers, ctas, rows, form):
     """The same chain with each GEMM's A copied into shared memory by the bulk copy engine (a_window), alone and
     with the copies shared in clusters, against the same reference, by the same checks."""
-    _check_streamed_gemm_chain(layers, ctas, rows, form["pair_mlp"], a_window=True, cluster=form.get("cluster", 1))
+    _check_streamed_gemm_chain(layers, ctas, rows, form["pair_mlp"], a_window=True, cluster=form.get("cluster", 1),
+                               down_cluster_sum=form.get("down_cluster_sum", False))
 
 
 def _check_streamed_gemm_chain(layers, ctas, rows, pair_mlp, **form):
@@ -912,8 +917,9 @@ def _check_streamed_gemm_chain(layers, ctas, rows, pair_mlp, **form):
         assert chain.counter.item() == chain.gemms * chain.ctas
 
 
-@pytest.mark.parametrize("leave_out", [(), ("copy",), ("compute",), ("products",), ("compute", "copy"), ("consumers",)],
-                         ids=["all", "no-copy", "no-compute", "no-products", "neither", "stream-only"])
+@pytest.mark.parametrize("leave_out", [(), ("copy",), ("compute",), ("products",), ("compute", "copy"), ("consumers",),
+                                       ("atomics",)],
+                         ids=["all", "no-copy", "no-compute", "no-products", "neither", "stream-only", "no-atomics"])
 @pytest.mark.parametrize("wait_inputs", [True, False], ids=["waits", "no-waits"])
 @pytest.mark.parametrize("a_window", [False, True], ids=["registers", "a-window"])
 def test_streamed_gemm_chain_measurement_forms_run_to_the_end(leave_out, wait_inputs, a_window):
@@ -934,8 +940,9 @@ def test_streamed_gemm_chain_measurement_forms_run_to_the_end(leave_out, wait_in
         assert chain.counter.item() == chain.gemms * chain.ctas, pair_mlp
 
 
-@pytest.mark.parametrize("form", [{}, {"a_window": True}, {"a_window": True, "cluster": 2}],
-                         ids=["registers", "a-window", "a-window-cluster-2"])
+@pytest.mark.parametrize("form", [{}, {"a_window": True}, {"a_window": True, "cluster": 2},
+                                  {"a_window": True, "cluster": 2, "down_cluster_sum": True}],
+                         ids=["registers", "a-window", "a-window-cluster-2", "down-sum-2"])
 def test_streamed_gemm_chain_trace_records_every_step_in_order(form):
     """The trace build (tools/benchmark_streamed_gemm_chain.py --trace) computes the same chain and records, in each
     CTA, steps 30 .. 93 of 36 layers: every step's events in order where the CTA reached them, the A, products and
@@ -967,6 +974,10 @@ def test_streamed_gemm_chain_trace_records_every_step_in_order(form):
         before = torch.where(clocks[..., :e] > 0, clocks[..., :e], 0).amax(dim=-1)
         assert ((ordered[..., e] >= before) | (clocks[..., e] == 0)).all(), e
     assert (clocks[:, 1:, 0] >= clocks[:, :-1, 6]).all()                 # a step starts after the one before ends
+    down = trace[..., 7, 0]                                              # the MLP steps' last down product only,
+    mlp = torch.tensor([(30 + step) % 3 == 2 for step in range(SGC.TRACE_GEMMS)])  # between its gate/up products
+    assert (down[:, ~mlp] == 0).all() and (down[:, mlp] >= clocks[:, mlp, 4]).all()  # and its sums
+    assert (down[:, mlp] <= clocks[:, mlp, 5]).all()
     assert 0.2 < trace_phases(trace, 30)["ns_per_clock"] < 2.0
 
 

@@ -42,6 +42,12 @@
 // shrinks to 8 slots beside the buffer. With -DSGC_CLUSTER=2 or 4 as well, the CTAs run in clusters of that size
 // and each copies the rows r with r % size == its rank into every CTA of its cluster (multicast), so L2 serves each
 // row once per cluster instead of once per CTA.
+// With -DSGC_DOWN_CLUSTER_SUM as well (clusters, paired MLP), the CTAs of a cluster add up their down partial
+// products before the atomics: warp w's 128 columns of N2 belong to cluster rank w % size; the warps of the other
+// ranks store their partial tiles into the owner's A window (free once the MLP step's A fragments are read) over
+// distributed shared memory, and the owner adds them to its own and does the atomics alone, so the residual copy
+// takes CTAs / size adds per element instead of CTAs. Two mbarriers per CTA order the exchange: `sum_free` (in the
+// sender: every partner has read its window) and `sum_full` (in the owner: every partner's tiles stored).
 // The launch is cooperative (every CTA resident, one per SM), so the spin cannot deadlock. The counter is zeroed by
 // a memset before each launch (inside a captured graph too).
 // Measurement switches (the result is then wrong; never a product path): `wait_inputs = 0` skips the wait on the
@@ -50,11 +56,13 @@
 // skip the A loads and the products (the stream, the hand-overs and the sums alone), with -DSGC_LEAVE_OUT_PRODUCTS
 // they load A as the kernel does but skip the products (what the A loads cost: each CTA reads every GEMM's whole A,
 // ~200 KB per layer at 10 rows), with -DSGC_LEAVE_OUT_CONSUMERS the consumers only free each slot as it fills (the
-// weight stream alone). -DSGC_STAGES=n sets the ring's slots, -DSGC_MAXNREG=n caps the registers per thread instead
-// of the launch bounds (which hold the kernel's 288 threads to 168, the most with which a CTA still fits an SM).
+// weight stream alone), with -DSGC_LEAVE_OUT_ATOMICS the paired MLP's partial products are not added into the
+// residual copy (what the contended atomics cost: every CTA adds into the same rows x 1024). -DSGC_STAGES=n sets the
+// ring's slots, -DSGC_MAXNREG=n caps the registers per thread instead of the launch bounds (which hold the kernel's
+// 288 threads to 168, the most with which a CTA still fits an SM).
 // -DSGC_TRACE records, per CTA and per step of a window of 64 steps, the SM clock and the global timer at the
-// step's start, its inputs ready, its A ready, its first and last product, its sums stored and its release
-// (streamed_gemm_chain.py reads it back).
+// step's start, its inputs ready, its A ready, its first and last product, its sums stored and its release, and in
+// a paired MLP step its last down product before the atomics (streamed_gemm_chain.py reads it back).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -96,6 +104,17 @@ constexpr int kDownUnitBytes = kChunkBytes / 2;        // one unit's 4 columns o
 #error "SGC_CLUSTER shares the A window's copies: it needs SGC_A_WINDOW"
 #endif
 constexpr int kCluster = SGC_CLUSTER;                  // CTAs that share each A window's reads from L2
+#if defined(SGC_DOWN_CLUSTER_SUM) && SGC_CLUSTER == 1
+#error "SGC_DOWN_CLUSTER_SUM adds up the partial products of a cluster's CTAs: it needs SGC_CLUSTER"
+#endif
+#ifdef SGC_DOWN_CLUSTER_SUM
+constexpr int kSumBars = 2;                            // sum_free, sum_full
+// the receive buffer in the A window: per partner and per owned warp, one warp's 16 partial m16n8 tiles
+static_assert((kCluster - 1) * (kConsumerWarps / kCluster) * kDownTiles * 32 * 16 <= 16 * (kChunkK * 4 + 32),
+              "the partners' partial tiles fit the A window");
+#else
+constexpr int kSumBars = 0;
+#endif
 #ifdef SGC_A_WINDOW
 constexpr int kMaxRows = 16;                           // one m16 tile
 // A in shared memory: up to kMaxRows rows of one fp32 chunk (kInRmsNorm) or of two bf16 chunks (kInBf16), each row
@@ -107,7 +126,7 @@ constexpr int kABytes = kMaxRows * kAStrideF32, kABars = 1;  // the window and i
 constexpr int kABytes = 0, kABars = 0;
 #endif
 constexpr int kSmemBytes = kStages * kChunkBytes + kABytes + (kRedFloats + kNormRedFloats + kActWords) * 4 +
-                           (2 * kStages + kABars) * 8;
+                           (2 * kStages + kABars + kSumBars) * 8;
 
 #ifdef SGC_TRACE
 constexpr int kTraceGemms = 64, kTraceEvents = 8, kTraceCtas = 160;
@@ -194,6 +213,40 @@ __device__ __forceinline__ void cluster_sync() {
 __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
 }
+
+#ifdef SGC_DOWN_CLUSTER_SUM
+// The address in the shared memory of cluster CTA `rank` of what `p` is in this CTA's.
+__device__ __forceinline__ uint32_t cluster_addr(const void* p, unsigned rank) {
+  uint32_t addr;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"(smem_addr(p)), "r"(rank));
+  return addr;
+}
+
+// Arrive on an mbarrier of a cluster CTA (cluster_addr), releasing this thread's writes before it at cluster scope.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// mbar_wait with an acquire at cluster scope: what the arrivals of other CTAs released is visible after it.
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  }
+}
+
+// 16 bytes into the shared memory of a cluster CTA (cluster_addr).
+__device__ __forceinline__ void st_cluster(uint32_t addr, float a, float b, float c, float d) {
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+#endif
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -311,7 +364,12 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[kSteps][4], const GemmDesc&
 __device__ __forceinline__ void copy_a_window(uint8_t* a_s, const GemmDesc& d, int in_kind, int rows, int lo,
                                               int chunks, uint64_t* bar) {
   asm volatile("fence.proxy.async.global;" ::: "memory");
+#ifdef SGC_DOWN_CLUSTER_SUM
+  // the partners' partial tiles were stored into the windows of the cluster by generic stores
+  asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
+#else
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
   const bool f32 = in_kind == kInRmsNorm;
   const int elem = f32 ? 4 : 2, stride = f32 ? kAStrideF32 : kAStrideBf16;
   const int bytes = (f32 ? 1 : min(2, chunks - lo)) * kChunkK * elem;
@@ -414,6 +472,10 @@ __global__ void SGC_BOUNDS
 #ifdef SGC_A_WINDOW
   uint64_t* a_full = empty + kStages;  // the A window's copies landed
 #endif
+#ifdef SGC_DOWN_CLUSTER_SUM
+  uint64_t* sum_free = a_full + 1;     // every partner's A window free for this CTA's partial tiles
+  uint64_t* sum_full = sum_free + 1;   // every partner's partial tiles for this CTA's columns stored
+#endif
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int ctas = gridDim.x, cta = blockIdx.x;
@@ -424,6 +486,10 @@ __global__ void SGC_BOUNDS
     }
 #ifdef SGC_A_WINDOW
     mbar_init(a_full, 1);
+#endif
+#ifdef SGC_DOWN_CLUSTER_SUM
+    mbar_init(sum_free, kCluster - 1);                                       // each partner's thread 0
+    mbar_init(sum_full, (kCluster - 1) * (kConsumerWarps / kCluster) * 32);  // each lane of its sending warps
 #endif
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -490,6 +556,11 @@ __global__ void SGC_BOUNDS
 #ifdef SGC_A_WINDOW
   uint32_t a_phase = 0;
 #endif
+#ifdef SGC_DOWN_CLUSTER_SUM
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  uint32_t sum_phase = 0;
+#endif
 #ifdef SGC_LEAVE_OUT_CONSUMERS
   for (int g = 0; g < num_gemms; ++g) {
     const GemmDesc d = descs[g];
@@ -524,6 +595,17 @@ __global__ void SGC_BOUNDS
     if (kCluster > 1 && in_kind == kInBf16 && chunks > 2) __trap();
     const int first = first_unit(cta, rot, ctas);
     const int mine = units_owned(first, units, ctas);
+    // the groups this CTA runs: its units', and with SGC_DOWN_CLUSTER_SUM in a paired MLP step as many as the
+    // cluster CTA with the most units (each group's partial products are exchanged by all of the cluster's CTAs;
+    // a group without units exchanges zeros)
+    int groups_to = mine;
+#ifdef SGC_DOWN_CLUSTER_SUM
+    if (out_kind == kOutGegluDown) {
+      for (int r = 0; r < kCluster; ++r) {
+        groups_to = max(groups_to, units_owned(first_unit(cta - static_cast<int>(rank) + r, rot, ctas), units, ctas));
+      }
+    }
+#endif
 #ifndef SGC_A_WINDOW
     // A of chunk 0, loaded once per GEMM: a GEMM of one chunk (QKV and gate/up, K = 1024, the RMS-normed ones)
     // keeps it for all its groups; a longer one (O, down) prefetches each next chunk's A into `a_next` while the
@@ -548,15 +630,15 @@ __global__ void SGC_BOUNDS
       a_lo = lo;
     };
 #ifndef SGC_LEAVE_OUT_COMPUTE
-    if (mine > 0 && in_kind == kInRmsNorm) {
+    if (groups_to > 0 && in_kind == kInRmsNorm) {
       a_window(0);
       a_fragments_rms(a, a_s, rows, static_cast<int>(d.k), warp, group, quad, norm_red);
     }
 #endif
 #endif  // SGC_A_WINDOW
     SGC_MARK(g, 2);
-    for (int g0 = 0; g0 < mine; g0 += kGroupUnits) {  // up to kGroupUnits units summed across warps at once
-      const int group_units = min(kGroupUnits, mine - g0);
+    for (int g0 = 0; g0 < groups_to; g0 += kGroupUnits) {  // up to kGroupUnits units summed across warps at once
+      const int group_units = max(0, min(kGroupUnits, mine - g0));
       // kOutAddF32: the values the sums are added to, read now so that the read is off the path after the sums
       // (GEMM g's outputs are written by their owner alone, and their last writer finished before GEMM g began)
       float old[kSumsPerThread];
@@ -680,6 +762,15 @@ __global__ void SGC_BOUNDS
         }
         if (out_kind == kOutGegluDown) {
           consumer_sync();  // the group's GeGLU columns are in act_s
+#ifdef SGC_DOWN_CLUSTER_SUM
+          // this CTA's A window is read (the fragments before the first group, a partner's tiles before the
+          // barrier above): each partner may store its partial tiles into it
+          if (threadIdx.x == 0) {
+            for (unsigned r = 0; r < kCluster; ++r) {
+              if (r != rank) mbar_arrive_cluster(cluster_addr(sum_free, r));
+            }
+          }
+#endif
           // two units per slot: K = their 8 GeGLU columns; warp w covers N2 columns [128 w, 128 w + 128) in 16
           // n-tiles; a lane's A words hold rows `group` / `group + 8` at columns 4 jp + 2 quad (+1), its B word
           // n-tile t's column `group` at the slot half of unit jp + quad / 2, K pair quad % 2 (pack_down_pairs).
@@ -712,19 +803,68 @@ __global__ void SGC_BOUNDS
             if (lane == 0 && __float_as_uint(dacc[kDownTiles - 1][0]) != 0xffffffffu) mbar_arrive(&empty[stage]);
             if (++stage == kStages) { stage = 0; phase ^= 1u; }
           }
-          float* out = reinterpret_cast<float*>(d.out);
+          if (g0 == 0) SGC_MARK(g, 7);
+          bool adds = true;  // this warp adds its (summed) partial product into the residual copy
+#ifdef SGC_DOWN_CLUSTER_SUM
+          // the cluster's sum: warp w's columns belong to rank w % kCluster; a warp of another rank stores its 16
+          // tiles into the owner's A window (slot: the sender's distance from the owner, then w / kCluster; tile t
+          // of lane l at float4 (slot * 16 + t) * 32 + l), then arrives on the owner's sum_full; the owner's warp
+          // adds the partners' tiles of its columns to its own
+          {
+            const unsigned owner = static_cast<unsigned>(warp) % kCluster;
+            float4* recv = reinterpret_cast<float4*>(a_s);
+            if (owner != rank) {
+              mbar_wait_cluster(sum_free, sum_phase);
+              const int from = static_cast<int>((rank - owner - 1 + kCluster) % kCluster);
+              const int slot = from * (kConsumerWarps / kCluster) + warp / kCluster;
+              const uint32_t dst = cluster_addr(recv + slot * kDownTiles * 32 + lane, owner);
 #pragma unroll
-          for (int t = 0; t < kDownTiles; ++t) {
-            const int col = (warp * kDownTiles + t) * kTileN + 2 * quad;
-            if (group < rows) {
-              atomicAdd(reinterpret_cast<float2*>(out + group * d.out_stride + col),
-                        make_float2(dacc[t][0], dacc[t][1]));
+              for (int t = 0; t < kDownTiles; ++t) {
+                st_cluster(dst + t * 32 * 16, dacc[t][0], dacc[t][1], dacc[t][2], dacc[t][3]);
+              }
+              mbar_arrive_cluster(cluster_addr(sum_full, owner));
+              adds = false;
+            } else {
+              mbar_wait_cluster(sum_full, sum_phase);
+              for (int p = 0; p < kCluster - 1; ++p) {
+                const int slot = p * (kConsumerWarps / kCluster) + warp / kCluster;
+                const float4* src = recv + slot * kDownTiles * 32 + lane;
+#pragma unroll
+                for (int t = 0; t < kDownTiles; ++t) {
+                  const float4 v = src[t * 32];
+                  dacc[t][0] += v.x;
+                  dacc[t][1] += v.y;
+                  dacc[t][2] += v.z;
+                  dacc[t][3] += v.w;
+                }
+              }
             }
-            if (group + 8 < rows) {
-              atomicAdd(reinterpret_cast<float2*>(out + (group + 8) * d.out_stride + col),
-                        make_float2(dacc[t][2], dacc[t][3]));
+            sum_phase ^= 1u;
+          }
+#endif
+          float* out = reinterpret_cast<float*>(d.out);
+#ifdef SGC_LEAVE_OUT_ATOMICS
+          // no atomics; every partial sum still reaches a (never taken) store, so no product is dropped
+          float kept = 0.f;
+#pragma unroll
+          for (int t = 0; t < kDownTiles; ++t) kept += dacc[t][0] + dacc[t][1] + dacc[t][2] + dacc[t][3];
+          if (adds && __float_as_uint(kept) == 0xffffffffu) out[0] = kept;
+#else
+          if (adds) {
+#pragma unroll
+            for (int t = 0; t < kDownTiles; ++t) {
+              const int col = (warp * kDownTiles + t) * kTileN + 2 * quad;
+              if (group < rows) {
+                atomicAdd(reinterpret_cast<float2*>(out + group * d.out_stride + col),
+                          make_float2(dacc[t][0], dacc[t][1]));
+              }
+              if (group + 8 < rows) {
+                atomicAdd(reinterpret_cast<float2*>(out + (group + 8) * d.out_stride + col),
+                          make_float2(dacc[t][2], dacc[t][3]));
+              }
             }
           }
+#endif
         }
       } else {
 #pragma unroll
@@ -746,7 +886,7 @@ __global__ void SGC_BOUNDS
         }
       }
       SGC_MARK(g, 5);
-      if (g0 + kGroupUnits < mine) consumer_sync();  // `red` is read before the next group writes it
+      if (g0 + kGroupUnits < groups_to) consumer_sync();  // `red` is read before the next group writes it
     }
 #if defined(SGC_A_WINDOW) && !defined(SGC_LEAVE_OUT_COMPUTE)
     if (kCluster > 1 && a_lo < 0) a_window(0);  // no unit here: the window still takes this CTA's share of copies
