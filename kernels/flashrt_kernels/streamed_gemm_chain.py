@@ -209,10 +209,10 @@ class StreamedGemmChain:
     each GEMM's A copied into shared memory by the bulk copy engine after the hand-over, the fragments read from
     there (instead of every warp loading its fragments from L2 into registers); `cluster` (2 or 4, with
     a_window): the CTAs in clusters of that size, each copying a share of the rows into every CTA of its cluster,
-    so L2 serves each row once per cluster (the waits are then required: they keep a partner's next GEMM's A out
-    of a window still being read). `down_cluster_sum` (with clusters and the paired MLP): the CTAs of a cluster add
-    up their partial products over distributed shared memory, each CTA adding a 1 / cluster share of the columns
-    into the residual, so each element takes CTAs / cluster atomic adds instead of CTAs."""
+    so L2 serves each row once per cluster (the waits are then required, and the MLP must be paired: the
+    unpaired down GEMM's A needs two windows). `down_cluster_sum` (with clusters): the CTAs of a cluster add up
+    their paired MLP partial products over distributed shared memory, each CTA adding a 1 / cluster share of the
+    columns into the residual, so each element takes CTAs / cluster atomic adds instead of CTAs."""
 
     def __init__(self, layer_weights: list[LayerWeights], layers: int, rows: int, wait_inputs: bool = True,
                  ctas: int | None = None, leave_out: tuple[str, ...] = (), pair_mlp: bool = True,
@@ -221,11 +221,9 @@ class StreamedGemmChain:
             raise ValueError(f"StreamedGemmChain covers 1 to {MAX_ROWS} rows; got {rows}")
         if layers < 1 or not layer_weights:
             raise ValueError("StreamedGemmChain needs at least one layer and one layer's weights")
-        if cluster > 1 and not wait_inputs:
+        if cluster > 1 and not (wait_inputs and pair_mlp):
             raise ValueError("a clustered chain needs its waits (they keep a partner's next A out of a window still "
-                             "being read)")
-        if down_cluster_sum and not pair_mlp:
-            raise ValueError("down_cluster_sum adds up the paired MLP's partial products: it needs pair_mlp=True")
+                             "being read) and the paired MLP (the unpaired down GEMM's A needs two windows)")
         self.lib = library(tuple(leave_out), trace, a_window, cluster, down_cluster_sum)
         self.cluster = cluster
         self.trace = trace

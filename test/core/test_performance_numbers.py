@@ -33,6 +33,7 @@ STREAMED = {form: BENCH / "2026-12-05" / f"streamed_gemm_chain_{form}_form_h200.
 STREAMED_JSON = BENCH / "2026-12-05" / "streamed_gemm_chain_second_form_h200.json"
 STREAMED_H100 = BENCH / "2026-12-05" / "streamed_gemm_chain_h100.json"
 STREAMED_WINDOW_H100 = BENCH / "2026-12-05" / "streamed_gemm_chain_a_window_h100.json"
+STREAMED_SUMS_H100 = BENCH / "2026-12-05" / "streamed_gemm_chain_down_sums_h100.json"
 HANDOVER_H100 = BENCH / "2026-12-05" / "handover_chain_h100.json"
 GROOT_SPLIT_H100 = BENCH / "2026-12-05" / "groot_warm_up_h100.json"
 NODE = BENCH / "2026-12-01" / "node_overhead_h200_raw.json"
@@ -381,3 +382,33 @@ def test_the_a_window_rows_quote_their_result_file():
     assert chain["streamed_a_window_cluster4"]["ctas"] == 120 and "on 120 CTAs" in flat
     assert f"{chain['streamed_stream_only']['weight_tb_per_s']:.2f} TB/s ({us['streamed_stream_only']:.2f} us" in flat
 
+
+
+def test_the_paired_mlp_sums_rows_quote_their_result_file():
+    """The streamed chain's paired MLP sums on the H100: the quoted rows, the MLP step's traced phases and the
+    differences drawn."""
+    result = json.loads(STREAMED_SUMS_H100.read_text())
+    chain = result["variants"]
+    labels = {"streamed_a_window": "the A window alone", "streamed_a_window_cluster2": "in clusters of 2",
+              "streamed_a_window_cluster2_no_atomics": "in clusters of 2, without the atomics",
+              "streamed_a_window_cluster2_down_sum": "in clusters of 2, with the cluster sum",
+              "streamed_a_window_cluster4_down_sum": "in clusters of 4, with the cluster sum",
+              "streamed_a_window_four_gemms": "the A window alone, four GEMMs per layer",
+              "streamed_stream_only": "the weight stream alone"}
+    for name, label in labels.items():
+        r, err = chain[name], chain[name]["rel_l2_vs_reference"]
+        assert _row(PAGE, label)[1:] == [f"{r['us_per_layer']:.2f}", f"{r['weight_tb_per_s']:.2f}",
+                                         "" if err is None else f"{err:.1e}"], name
+    for trace, label in (("streamed_a_window_cluster2", "atomics of every CTA"),
+                         ("streamed_a_window_cluster2_down_sum", "the cluster sum")):
+        mlp, qkv = result["traces"][trace]["steps"]["mlp"], result["traces"][trace]["steps"]["qkv"]
+        assert _row(PAGE, label)[1:] == [f"{mlp[p]:.0f}" for p in ("wait", "A", "down products", "down sums", "step")
+                                         ] + [f"{qkv['wait']:.0f}"], trace
+    us = {name: r["us_per_layer"] for name, r in chain.items()}
+    flat = " ".join(PAGE.split())
+    assert (f"The atomics cost {us['streamed_a_window_cluster2'] - us['streamed_a_window_cluster2_no_atomics']:.2f}"
+            f" us per layer ({us['streamed_a_window_cluster2']:.2f} against "
+            f"{us['streamed_a_window_cluster2_no_atomics']:.2f} without them)") in flat
+    assert (f"In the same process it is {us['streamed_a_window_cluster2_down_sum']:.2f} against "
+            f"{us['streamed_a_window_cluster2']:.2f} us") in flat
+    assert chain["streamed_a_window_cluster4_down_sum"]["ctas"] == 120

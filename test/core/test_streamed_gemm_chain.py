@@ -154,11 +154,9 @@ def test_the_cuda_source_builds_and_exports_its_launcher(tmp_path, monkeypatch):
     window = ctypes.CDLL(str(BUILD.build_library(SGC.LIBRARY, SGC.build_macros(a_window=True))))
     assert 200 * 1024 < window.streamed_gemm_chain_smem_bytes() <= 227 * 1024   # the window beside a smaller ring
     assert BUILD.build_library(SGC.LIBRARY, SGC.build_macros(a_window=True, cluster=4)).is_file()
-    clustered = ctypes.CDLL(str(BUILD.build_library(SGC.LIBRARY, SGC.build_macros(a_window=True, cluster=2))))
     summed = ctypes.CDLL(str(BUILD.build_library(SGC.LIBRARY, SGC.build_macros(a_window=True, cluster=2,
                                                                                down_cluster_sum=True))))
-    assert clustered.streamed_gemm_chain_smem_bytes() == window.streamed_gemm_chain_smem_bytes() + 8  # a_free
-    assert summed.streamed_gemm_chain_smem_bytes() == clustered.streamed_gemm_chain_smem_bytes() + 16  # sum_*
+    assert summed.streamed_gemm_chain_smem_bytes() == window.streamed_gemm_chain_smem_bytes() + 16  # two mbarriers
     traced = ctypes.CDLL(str(BUILD.build_library(SGC.LIBRARY, (SGC.TRACE_MACRO,))))
     for name in ("streamed_gemm_chain_trace_setup", "streamed_gemm_chain_trace_read"):
         assert hasattr(traced, name) and not hasattr(lib, name)          # the product build has no trace
@@ -179,15 +177,14 @@ def test_the_kernel_library_refuses_an_unknown_switch():
         "SGC_LEAVE_OUT_ATOMICS", "SGC_A_WINDOW", "SGC_CLUSTER=4", "SGC_DOWN_CLUSTER_SUM")
 
 
-def test_a_clustered_chain_names_what_it_cannot_run():
-    """Before any build or launch: a clustered chain needs its waits, the cluster sum the paired MLP."""
+@pytest.mark.parametrize("form", [{"pair_mlp": False}, {"wait_inputs": False}], ids=["four-gemms", "no-waits"])
+def test_a_clustered_chain_names_what_it_cannot_run(form):
+    """Before any build or launch: a clustered chain needs its waits and the paired MLP."""
     shapes = GEMMA_300M.layer_gemm_shapes()
     weights = K.random_streamed_layer_weights(1, GEMMA_300M.width, shapes["qkv"][0], shapes["o"][1],
                                               shapes["down"][1], "cpu", torch.Generator().manual_seed(0))
-    with pytest.raises(ValueError, match="a clustered chain needs its waits"):
-        SGC.StreamedGemmChain(weights, 1, 10, a_window=True, cluster=2, wait_inputs=False)
-    with pytest.raises(ValueError, match="down_cluster_sum .* needs pair_mlp=True"):
-        SGC.StreamedGemmChain(weights, 1, 10, a_window=True, cluster=2, down_cluster_sum=True, pair_mlp=False)
+    with pytest.raises(ValueError, match="a clustered chain needs its waits .* and the paired MLP"):
+        SGC.StreamedGemmChain(weights, 1, 10, a_window=True, cluster=2, **form)
 
 
 def test_without_nvcc_the_build_names_what_is_missing(monkeypatch, tmp_path):

@@ -41,10 +41,7 @@
 // registers for the bytes in flight, and the consumers hold one set of fragments (no prefetch copy); the ring
 // shrinks to 8 slots beside the buffer. With -DSGC_CLUSTER=2 or 4 as well, the CTAs run in clusters of that size
 // and each copies the rows r with r % size == its rank into every CTA of its cluster (multicast), so L2 serves each
-// row once per cluster instead of once per CTA. A GEMM whose A takes several windows (the unpaired down GEMM,
-// K = 4096) copies the next one only when every partner has read the one before (the `a_free` mbarrier, on which
-// each partner arrives), and every CTA of the cluster runs as many groups as the one with the most units, so they
-// load the same windows.
+// row once per cluster instead of once per CTA.
 // With -DSGC_DOWN_CLUSTER_SUM as well (clusters, paired MLP), the CTAs of a cluster add up their down partial
 // products before the atomics: warp w's 128 columns of N2 belong to cluster rank w % size; the warps of the other
 // ranks store their partial tiles into the owner's A window (free once the MLP step's A fragments are read) over
@@ -124,8 +121,7 @@ constexpr int kMaxRows = 16;                           // one m16 tile
 // padded so that a warp's fragment loads hit 32 distinct banks (fp32: float2 per lane, 16 lanes per phase)
 constexpr int kAStrideF32 = kChunkK * 4 + 32;
 constexpr int kAStrideBf16 = 2 * kChunkK * 2 + 16;
-constexpr int kABytes = kMaxRows * kAStrideF32;  // the window
-constexpr int kABars = kCluster > 1 ? 2 : 1;     // its `a_full` barrier, in clusters `a_free` too
+constexpr int kABytes = kMaxRows * kAStrideF32, kABars = 1;  // the window and its `a_full` barrier
 #else
 constexpr int kABytes = 0, kABars = 0;
 #endif
@@ -218,6 +214,7 @@ __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
 }
 
+#ifdef SGC_DOWN_CLUSTER_SUM
 // The address in the shared memory of cluster CTA `rank` of what `p` is in this CTA's.
 __device__ __forceinline__ uint32_t cluster_addr(const void* p, unsigned rank) {
   uint32_t addr;
@@ -249,6 +246,7 @@ __device__ __forceinline__ void st_cluster(uint32_t addr, float a, float b, floa
   asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
                : "memory");
 }
+#endif
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -366,12 +364,12 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[kSteps][4], const GemmDesc&
 __device__ __forceinline__ void copy_a_window(uint8_t* a_s, const GemmDesc& d, int in_kind, int rows, int lo,
                                               int chunks, uint64_t* bar) {
   asm volatile("fence.proxy.async.global;" ::: "memory");
-  if (kCluster > 1) {  // the copies land in the partners' windows too, which their threads read (or, with
-                       // SGC_DOWN_CLUSTER_SUM, wrote partial tiles into) with generic loads and stores
-    asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
-  } else {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  }
+#ifdef SGC_DOWN_CLUSTER_SUM
+  // the partners' partial tiles were stored into the windows of the cluster by generic stores
+  asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
+#else
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
   const bool f32 = in_kind == kInRmsNorm;
   const int elem = f32 ? 4 : 2, stride = f32 ? kAStrideF32 : kAStrideBf16;
   const int bytes = (f32 ? 1 : min(2, chunks - lo)) * kChunkK * elem;
@@ -473,10 +471,9 @@ __global__ void SGC_BOUNDS
   uint64_t* empty = full + kStages;
 #ifdef SGC_A_WINDOW
   uint64_t* a_full = empty + kStages;  // the A window's copies landed
-  uint64_t* a_free = a_full + 1;       // clusters: every partner has read the window before (a GEMM's next window)
 #endif
 #ifdef SGC_DOWN_CLUSTER_SUM
-  uint64_t* sum_free = a_full + kABars;  // every partner's A window free for this CTA's partial tiles
+  uint64_t* sum_free = a_full + 1;     // every partner's A window free for this CTA's partial tiles
   uint64_t* sum_full = sum_free + 1;   // every partner's partial tiles for this CTA's columns stored
 #endif
 
@@ -489,7 +486,6 @@ __global__ void SGC_BOUNDS
     }
 #ifdef SGC_A_WINDOW
     mbar_init(a_full, 1);
-    if (kCluster > 1) mbar_init(a_free, kCluster - 1);  // each partner's thread 0
 #endif
 #ifdef SGC_DOWN_CLUSTER_SUM
     mbar_init(sum_free, kCluster - 1);                                       // each partner's thread 0
@@ -557,12 +553,12 @@ __global__ void SGC_BOUNDS
   const int group = lane >> 2, quad = lane & 3;
   int stage = 0, rot = 0;
   uint32_t phase = 0;
-  unsigned rank = 0;  // in the cluster
-  if (kCluster > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
 #ifdef SGC_A_WINDOW
-  uint32_t a_phase = 0, a_free_phase = 0;
+  uint32_t a_phase = 0;
 #endif
 #ifdef SGC_DOWN_CLUSTER_SUM
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
   uint32_t sum_phase = 0;
 #endif
 #ifdef SGC_LEAVE_OUT_CONSUMERS
@@ -595,23 +591,21 @@ __global__ void SGC_BOUNDS
       consumer_sync();
     }
     SGC_MARK(g, 1);
+    // in clusters, a second window of one GEMM could land in a partner still reading the first
+    if (kCluster > 1 && in_kind == kInBf16 && chunks > 2) __trap();
     const int first = first_unit(cta, rot, ctas);
     const int mine = units_owned(first, units, ctas);
-    // the groups this CTA runs: its units', and in clusters, where A takes several windows or with
-    // SGC_DOWN_CLUSTER_SUM in a paired MLP step, as many as the cluster CTA with the most units: the CTAs of a
-    // cluster load the same windows (each expects every partner's copies), and with the cluster sum exchange each
-    // group's partial products (a group without units loads its windows and exchanges zeros)
+    // the groups this CTA runs: its units', and with SGC_DOWN_CLUSTER_SUM in a paired MLP step as many as the
+    // cluster CTA with the most units (each group's partial products are exchanged by all of the cluster's CTAs;
+    // a group without units exchanges zeros)
     int groups_to = mine;
 #ifdef SGC_DOWN_CLUSTER_SUM
-    const bool down_sum = out_kind == kOutGegluDown;
-#else
-    const bool down_sum = false;
-#endif
-    if (kCluster > 1 && (down_sum || (in_kind == kInBf16 && chunks > 2))) {
+    if (out_kind == kOutGegluDown) {
       for (int r = 0; r < kCluster; ++r) {
         groups_to = max(groups_to, units_owned(first_unit(cta - static_cast<int>(rank) + r, rot, ctas), units, ctas));
       }
     }
+#endif
 #ifndef SGC_A_WINDOW
     // A of chunk 0, loaded once per GEMM: a GEMM of one chunk (QKV and gate/up, K = 1024, the RMS-normed ones)
     // keeps it for all its groups; a longer one (O, down) prefetches each next chunk's A into `a_next` while the
@@ -629,18 +623,7 @@ __global__ void SGC_BOUNDS
     auto a_window = [&](int c) {
       const int lo = in_kind == kInRmsNorm ? 0 : c - c % 2;
       if (lo == a_lo) return;
-      if (a_lo >= 0) {
-        consumer_sync();  // every warp is done with the window before
-        if (kCluster > 1) {  // and every partner's, into which this CTA's copies land too
-          if (threadIdx.x == 0) {
-            for (unsigned r = 0; r < kCluster; ++r) {
-              if (r != rank) mbar_arrive_cluster(cluster_addr(a_free, r));
-            }
-            mbar_wait_cluster(a_free, a_free_phase);
-          }
-          a_free_phase ^= 1u;
-        }
-      }
+      if (a_lo >= 0) consumer_sync();
       if (threadIdx.x == 0) copy_a_window(a_s, d, in_kind, rows, lo, chunks, a_full);
       mbar_wait(a_full, a_phase);
       a_phase ^= 1u;
@@ -799,15 +782,10 @@ __global__ void SGC_BOUNDS
 #pragma unroll
             for (int i = 0; i < 4; ++i) dacc[t][i] = 0.f;
           }
-#ifdef SGC_DOWN_SPREAD
-          const int wcol = (warp + cta) % kConsumerWarps;  // this warp's block of 128 N2 columns
-#else
-          const int wcol = warp;
-#endif
           for (int jp = 0; jp < group_units; jp += 2) {
             mbar_wait(&full[stage], phase);
             const uint32_t* slot = reinterpret_cast<const uint32_t*>(ring + stage * kChunkBytes) +
-                                   (quad >> 1) * (kDownUnitBytes / 4) + wcol * kDownTiles * 16 + group * 2 +
+                                   (quad >> 1) * (kDownUnitBytes / 4) + warp * kDownTiles * 16 + group * 2 +
                                    (quad & 1);
             uint32_t b[kDownTiles];
 #pragma unroll
@@ -833,12 +811,12 @@ __global__ void SGC_BOUNDS
           // of lane l at float4 (slot * 16 + t) * 32 + l), then arrives on the owner's sum_full; the owner's warp
           // adds the partners' tiles of its columns to its own
           {
-            const unsigned owner = static_cast<unsigned>(wcol) % kCluster;
+            const unsigned owner = static_cast<unsigned>(warp) % kCluster;
             float4* recv = reinterpret_cast<float4*>(a_s);
             if (owner != rank) {
               mbar_wait_cluster(sum_free, sum_phase);
               const int from = static_cast<int>((rank - owner - 1 + kCluster) % kCluster);
-              const int slot = from * (kConsumerWarps / kCluster) + wcol / kCluster;
+              const int slot = from * (kConsumerWarps / kCluster) + warp / kCluster;
               const uint32_t dst = cluster_addr(recv + slot * kDownTiles * 32 + lane, owner);
 #pragma unroll
               for (int t = 0; t < kDownTiles; ++t) {
@@ -849,7 +827,7 @@ __global__ void SGC_BOUNDS
             } else {
               mbar_wait_cluster(sum_full, sum_phase);
               for (int p = 0; p < kCluster - 1; ++p) {
-                const int slot = p * (kConsumerWarps / kCluster) + wcol / kCluster;
+                const int slot = p * (kConsumerWarps / kCluster) + warp / kCluster;
                 const float4* src = recv + slot * kDownTiles * 32 + lane;
 #pragma unroll
                 for (int t = 0; t < kDownTiles; ++t) {
@@ -873,23 +851,9 @@ __global__ void SGC_BOUNDS
           if (adds && __float_as_uint(kept) == 0xffffffffu) out[0] = kept;
 #else
           if (adds) {
-#ifdef SGC_DOWN_V4
-            // lanes 2i and 2i + 1 swap halves: the even lane adds 4 columns of row `group`, the odd one of `group + 8`
-            const bool odd = quad & 1;
 #pragma unroll
             for (int t = 0; t < kDownTiles; ++t) {
-              const float s0 = __shfl_xor_sync(0xffffffffu, odd ? dacc[t][0] : dacc[t][2], 1);
-              const float s1 = __shfl_xor_sync(0xffffffffu, odd ? dacc[t][1] : dacc[t][3], 1);
-              const int row = odd ? group + 8 : group;
-              const int col = (wcol * kDownTiles + t) * kTileN + 2 * (quad & 2);
-              const float4 v = odd ? make_float4(s0, s1, dacc[t][2], dacc[t][3])
-                                   : make_float4(dacc[t][0], dacc[t][1], s0, s1);
-              if (row < rows) atomicAdd(reinterpret_cast<float4*>(out + row * d.out_stride + col), v);
-            }
-#else
-#pragma unroll
-            for (int t = 0; t < kDownTiles; ++t) {
-              const int col = (wcol * kDownTiles + t) * kTileN + 2 * quad;
+              const int col = (warp * kDownTiles + t) * kTileN + 2 * quad;
               if (group < rows) {
                 atomicAdd(reinterpret_cast<float2*>(out + group * d.out_stride + col),
                           make_float2(dacc[t][0], dacc[t][1]));
@@ -899,7 +863,6 @@ __global__ void SGC_BOUNDS
                           make_float2(dacc[t][2], dacc[t][3]));
               }
             }
-#endif
           }
 #endif
         }
