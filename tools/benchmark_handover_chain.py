@@ -19,6 +19,9 @@ output and writes its own share of the next:
                         block on the critical path (an attention head's keys and values over a quarter of ~570
                         keys is ~146 KB)
     read_256kb_8_readers   8 CTAs read 256 KB per step (a head over half the keys: ~292 KB)
+    read_20kb_sliced, read_40kb_sliced, read_80kb_sliced  the sliced hand-over: each warp of a CTA waits for its
+                        eighth of the step before on that slice's own counter and reads it alone (no CTA barrier
+                        between the wait and the reads), each CTA releasing the slices its share touches
 
 Each is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays, in us per
 step. Every waiting variant must read no stale value (`mismatches`, also checked by the GPU test).
@@ -41,20 +44,23 @@ from flashrt_core.engine.kernel_import import load_kernels  # noqa: E402
 from tools.benchmark_engine import require_cuda_build, result_header, write_result  # noqa: E402
 from tools.benchmark_layer_chain import captured_replay_ms  # noqa: E402
 
-# variant -> (fp32 values each step writes and its readers read, waits, cluster size, readers (None: every CTA))
-VARIANTS = {"counter_only": (0, True, 1, None), "read_20kb": (5 * 1024, True, 1, None),
-            "read_40kb": (10 * 1024, True, 1, None), "read_80kb": (20 * 1024, True, 1, None),
-            "read_40kb_no_wait": (10 * 1024, False, 1, None), "read_40kb_cluster2": (10 * 1024, True, 2, None),
-            "read_40kb_cluster4": (10 * 1024, True, 4, None), "read_80kb_cluster4": (20 * 1024, True, 4, None),
-            "read_128kb_16_readers": (32 * 1024, True, 1, 16), "read_256kb_8_readers": (64 * 1024, True, 1, 8)}
+# variant -> (fp32 values each step writes and its readers read, waits, cluster size, readers (None: every CTA),
+# slices)
+VARIANTS = {"counter_only": (0, True, 1, None, 1), "read_20kb": (5 * 1024, True, 1, None, 1),
+            "read_40kb": (10 * 1024, True, 1, None, 1), "read_80kb": (20 * 1024, True, 1, None, 1),
+            "read_40kb_no_wait": (10 * 1024, False, 1, None, 1), "read_40kb_cluster2": (10 * 1024, True, 2, None, 1),
+            "read_40kb_cluster4": (10 * 1024, True, 4, None, 1), "read_80kb_cluster4": (20 * 1024, True, 4, None, 1),
+            "read_128kb_16_readers": (32 * 1024, True, 1, 16, 1), "read_256kb_8_readers": (64 * 1024, True, 1, 8, 1),
+            "read_20kb_sliced": (5 * 1024, True, 1, None, 8), "read_40kb_sliced": (10 * 1024, True, 1, None, 8),
+            "read_80kb_sliced": (20 * 1024, True, 1, None, 8)}
 
 
 def measure(steps: int, reps: int, report=print) -> dict:
     k = load_kernels()
     results = {}
-    for variant, (elems, wait, cluster, readers) in VARIANTS.items():
+    for variant, (elems, wait, cluster, readers, slices) in VARIANTS.items():
         try:
-            chain = k.HandoverChain(elems, steps, wait_inputs=wait, cluster=cluster, readers=readers)
+            chain = k.HandoverChain(elems, steps, wait_inputs=wait, cluster=cluster, readers=readers, slices=slices)
             times = captured_replay_ms(chain.run, reps)
         except RuntimeError as exc:            # a cluster shape this GPU cannot launch: said, and the rest run
             results[variant] = {"elems": elems, "cluster": cluster, "error": str(exc)}
@@ -63,7 +69,8 @@ def measure(steps: int, reps: int, report=print) -> dict:
         torch.cuda.synchronize()
         median = statistics.median(times)
         results[variant] = {"elems": elems, "kb_read_per_cta": elems * 4 / 1024, "waits": wait, "cluster": cluster,
-                            "readers": chain.readers, "ms": median, "us_per_step": median * 1e3 / steps,
+                            "readers": chain.readers, "slices": slices, "ms": median,
+                            "us_per_step": median * 1e3 / steps,
                             "ctas": chain.ctas,
                             "mismatches": int(chain.mismatches.item()) if wait else None}
         r = results[variant]

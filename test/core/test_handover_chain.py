@@ -39,6 +39,7 @@ def test_the_kernel_builds_and_exports_its_launcher():
     lib = ctypes.CDLL(str(BUILD.build_library(HC.LIBRARY)))
     assert lib.handover_chain_threads() == 256
     assert lib.handover_chain_max_stage_elems() == 20 * 1024            # 80 KB: the four-GEMM down GEMM's A
+    assert lib.handover_chain_slices() == HC.SLICES == 8                # one slice per warp
     for name in ("handover_chain_launch", "handover_chain_max_ctas", "handover_chain_error_string"):
         assert hasattr(lib, name)
     if not torch.cuda.is_available():
@@ -46,3 +47,22 @@ def test_the_kernel_builds_and_exports_its_launcher():
         assert lib.handover_chain_max_ctas(4) == -1
         with pytest.raises(RuntimeError, match="no CUDA device"):
             K.HandoverChain(40, 10)
+
+
+@pytest.mark.parametrize("form", [{"cluster": 2}, {"readers": 8}, {"wait_inputs": False}, {"elems": 10 * 1024 + 4},
+                                  {"elems": 0}, {"slices": 4}])
+def test_the_sliced_hand_over_names_what_it_cannot_run(form):
+    """Before any build or launch: slices of 8 without clusters, every CTA reading, the waits on, whole slices."""
+    args = {"elems": 10 * 1024, "slices": HC.SLICES, **form}
+    with pytest.raises(ValueError, match="sliced hand-over runs without clusters|slices must be 1 or 8"):
+        K.HandoverChain(args.pop("elems"), 10, **args)
+
+
+def test_slice_writers_counts_each_share_in_every_slice_it_touches():
+    """132 shares of 10 x 1024 values over 8 slices of 1280: each slice gains the CTAs whose share touches it, the
+    shares that straddle two slices counted in both; one CTA per slice when the CTAs are the slices."""
+    writers = HC.slice_writers(10 * 1024, 132)
+    shares = [(10 * 1024 * c // 132, 10 * 1024 * (c + 1) // 132) for c in range(132)]
+    straddling = sum(1 for b, e in shares if b // 1280 != (e - 1) // 1280)
+    assert writers == [17] * 8 and sum(writers) == 132 + straddling and straddling == 4
+    assert HC.slice_writers(64, 8) == [1] * 8 and HC.slice_writers(64, 16) == [2] * 8

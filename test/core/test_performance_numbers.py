@@ -34,6 +34,7 @@ STREAMED_JSON = BENCH / "2026-12-05" / "streamed_gemm_chain_second_form_h200.jso
 STREAMED_H100 = BENCH / "2026-12-05" / "streamed_gemm_chain_h100.json"
 STREAMED_WINDOW_H100 = BENCH / "2026-12-05" / "streamed_gemm_chain_a_window_h100.json"
 STREAMED_SUMS_H100 = BENCH / "2026-12-05" / "streamed_gemm_chain_down_sums_h100.json"
+HANDOVER_SLICED_H100 = BENCH / "2026-12-05" / "handover_chain_sliced_h100.json"
 HANDOVER_H100 = BENCH / "2026-12-05" / "handover_chain_h100.json"
 GROOT_SPLIT_H100 = BENCH / "2026-12-05" / "groot_warm_up_h100.json"
 NODE = BENCH / "2026-12-01" / "node_overhead_h200_raw.json"
@@ -412,3 +413,16 @@ def test_the_paired_mlp_sums_rows_quote_their_result_file():
     assert (f"In the same process it is {us['streamed_a_window_cluster2_down_sum']:.2f} against "
             f"{us['streamed_a_window_cluster2']:.2f} us") in flat
     assert chain["streamed_a_window_cluster4_down_sum"]["ctas"] == 120
+
+
+def test_the_sliced_hand_over_rows_quote_their_result_file():
+    """The hand-over by slices on the H100: each row's two forms and the difference drawn."""
+    chain = json.loads(HANDOVER_SLICED_H100.read_text())["variants"]
+    extra = []
+    for kb in (20, 40, 80):
+        whole, sliced = chain[f"read_{kb}kb"]["us_per_step"], chain[f"read_{kb}kb_sliced"]["us_per_step"]
+        assert _row(PAGE, str(kb))[1:] == [f"{whole:.2f}", f"{sliced:.2f}"], kb
+        assert chain[f"read_{kb}kb_sliced"]["slices"] == 8 and chain[f"read_{kb}kb_sliced"]["mismatches"] == 0
+        extra.append(sliced - whole)
+    flat = " ".join(PAGE.split())
+    assert f"costs {min(extra):.2f} to {max(extra):.2f} us more per step" in flat

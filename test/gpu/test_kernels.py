@@ -1052,6 +1052,25 @@ def test_handover_chain_every_step_reads_the_step_before(elems, ctas, cluster, r
         assert torch.equal(chain.output(), want)
 
 
+@pytest.mark.parametrize("elems, ctas", [(10 * 1024, None), (20 * 1024, None), (10 * 1024, 37)],
+                         ids=["40kb", "80kb", "40kb-37-ctas"])
+def test_handover_chain_sliced_every_warp_reads_its_slice_of_the_step_before(elems, ctas):
+    """The sliced hand-over: 2000 dependent steps, each warp waiting on its slice's counter alone and reading that
+    slice: no value read is stale, each slice's counter holds the steps times its writers, the last output is whole;
+    twice from the same buffers."""
+    _skip_without_cuda_build()
+    steps = 2000
+    hc = importlib.import_module(K.__name__ + ".handover_chain")
+    chain = K.HandoverChain(elems, steps, ctas=ctas, slices=hc.SLICES)
+    want = K.handover_chain_value(steps - 1, torch.arange(elems, device="cuda"))
+    for _ in range(2):
+        chain.run()
+        torch.cuda.synchronize()
+        assert chain.mismatches.item() == 0, f"{chain.mismatches.item()} stale values read over {steps} steps"
+        assert chain.counter.tolist() == [steps * w for w in hc.slice_writers(elems, chain.ctas)]
+        assert torch.equal(chain.output(), want)
+
+
 def test_handover_chain_without_waits_runs_to_the_end():
     """The measurement form without waits (its reads race the writes, so mismatches are not checked) ends with
     every CTA counted once per step and the last output whole (each CTA writes its own share)."""

@@ -25,6 +25,15 @@
 // would save the chain. The two stage buffers take turns, so one cluster barrier per step keeps a share from being
 // overwritten while another CTA still reads it (a CTA writes buffer s % 2 in step s only after every CTA of its
 // cluster has arrived at the barrier of step s - 1, which each does after its reads of step s - 2's buffer).
+//
+// With `slices` = 8 (kSlices, no clusters), the hand-over goes by slices of the output instead of by steps: slice j
+// is the j-th eighth of a step's output, with a counter of its own, and warp j of every CTA waits for slice j alone
+// (lane 0 spins with an acquire until the counter holds s x the CTAs whose share touches slice j), then reads it:
+// the eight warps wait and read in parallel, with no CTA barrier between the wait and the reads. A CTA ends a step
+// with a release add of 1 to the counter of each slice its share touches. Before a CTA writes step s, a CTA
+// barrier gathers its warps' waits, so every CTA has ended step s - 1 (and its reads of the buffer it rewrites).
+// What the streamed chain's next design needs: each warp of a GEMM step covers one eighth of K, so its products
+// could start on its slice of A as soon as that slice's writers are done, while the rest are still being written.
 
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -39,6 +48,7 @@ constexpr int kMaxStageElems = 20 * 1024;  // a step's output in a cluster's sta
 // Two stage buffers (clusters); more than half an SM's shared memory in any case, so that no two CTAs share an SM
 // and the grid spreads over the SMs as the chain's does.
 constexpr int kSmemBytes = 2 * kMaxStageElems * 4;
+constexpr int kSlices = kThreads / 32;      // the sliced hand-over: one slice per warp
 
 __device__ __forceinline__ float value(unsigned step, unsigned i) {
   return static_cast<float>((step * 7919u + i) % 65521u);
@@ -104,6 +114,44 @@ __device__ __forceinline__ unsigned read_direct(const float4* src, int quads, un
   return check_all([src](int q) { return __ldcg(src + q); }, quads, step, tid);
 }
 
+// The sliced hand-over's read of slice `warp` (quads / kSlices 16-byte values) by that warp's lanes, after lane 0
+// has seen the slice's counter reach `target` (the warp reconverges before its loads).
+__device__ __forceinline__ unsigned read_slice(const float4* src, int quads, const unsigned* counter,
+                                               unsigned target, unsigned step, int warp, int lane) {
+  if (lane == 0) {
+    while (load_acquire(counter) < target) {
+    }
+  }
+  __syncwarp();
+  const int per = quads / kSlices;
+  unsigned bad = 0;
+  for (int base = lane; base < per; base += 32 * kBatch) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int q = base + b * 32;
+      if (q < per) v[b] = __ldcg(src + warp * per + q);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int q = base + b * 32;
+      if (q < per) bad += mismatched(v[b], step, 4u * static_cast<unsigned>(warp * per + q));
+    }
+  }
+  return bad;
+}
+
+// The CTAs whose share of `elems` touches elements [lo, hi) (shares as handover_chain_kernel splits them).
+__device__ __forceinline__ unsigned writers_of(int lo, int hi, int elems, int ctas) {
+  unsigned n = 0;
+  for (int c = 0; c < ctas; ++c) {
+    const int b = static_cast<int>(static_cast<long long>(elems) * c / ctas);
+    const int e = static_cast<int>(static_cast<long long>(elems) * (c + 1) / ctas);
+    n += b < e && b < hi && e > lo;
+  }
+  return n;
+}
+
 // The same through the cluster: this rank's `share` of the values from L2 into `buf` (a stage buffer), a cluster
 // barrier, then every value from the shared memory of the rank that loaded it. Every thread of the CTA calls it.
 __device__ __forceinline__ unsigned read_via_cluster(const float4* src, float4* buf, int quads, int share,
@@ -128,7 +176,7 @@ __device__ __forceinline__ unsigned read_via_cluster(const float4* src, float4* 
 
 __global__ void __launch_bounds__(kThreads, 1)
     handover_chain_kernel(float* buffers, int elems, int steps, unsigned* counter, unsigned* mismatches,
-                          int wait_inputs, int readers) {
+                          int wait_inputs, int readers, int slices) {
   const int ctas = gridDim.x, cta = blockIdx.x, tid = threadIdx.x;
   const int quads = elems / 4;                          // elems is a multiple of 4
   const int begin = static_cast<int>(static_cast<long long>(elems) * cta / ctas);
@@ -137,6 +185,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int share = quads / static_cast<int>(cluster);  // 16-byte values per cluster rank (quads % cluster == 0)
   extern __shared__ __align__(16) float4 stage[];       // clusters: 2 x kMaxStageElems / 4
   unsigned bad = 0;
+  if (slices > 1) {  // the sliced hand-over (one counter per slice, counter[0 .. kSlices - 1])
+    const int warp = tid / 32, lane = tid % 32, per = elems / kSlices;
+    const unsigned writers = writers_of(warp * per, (warp + 1) * per, elems, ctas);
+    for (int s = 0; s < steps; ++s) {
+      if (s > 0) {
+        const float4* src = reinterpret_cast<const float4*>(buffers + static_cast<size_t>((s - 1) % 2) * elems);
+        bad += read_slice(src, quads, counter + warp, static_cast<unsigned>(s) * writers, static_cast<unsigned>(s - 1),
+                          warp, lane);
+        __syncthreads();  // every slice of step s - 1 is whole: every CTA has ended it, and its reads of step s - 2
+      }
+      float* dst = buffers + static_cast<size_t>(s % 2) * elems;
+      for (int i = begin + tid; i < end; i += kThreads) {
+        dst[i] = value(static_cast<unsigned>(s), static_cast<unsigned>(i));
+      }
+      __syncthreads();  // this CTA's share of step s is written
+      if (tid == 0 && begin < end) {
+        for (int j = begin / per; j <= (end - 1) / per; ++j) add_release(counter + j, 1u);
+      }
+    }
+    if (bad) atomicAdd(mismatches, bad);
+    return;
+  }
   for (int s = 0; s < steps; ++s) {
     if (s > 0 && wait_inputs) {  // every CTA waits, reader or not: buffer s % 2 is free once all of step s - 1 is
       if (tid == 0) wait_for_step(counter, s, ctas);
@@ -175,15 +245,28 @@ int handover_chain_max_ctas(int cluster) {
   return resident_ctas(handover_chain_kernel, kThreads, kSmemBytes, cluster);
 }
 
-// Zero the counter, then launch `steps` steps over two buffers of `elems` fp32 values each (`buffers`: 2 x elems)
-// on `stream` as `ctas` CTAs in clusters of `cluster` (1: no clusters), of which the first `readers` read each
-// step's output (clusters: all), mismatches added into *mismatches. Returns a cudaError_t (0: success).
+// Slices of the sliced hand-over (`slices` of handover_chain_launch), one per warp.
+int handover_chain_slices() { return kSlices; }
+
+// Zero the counter(s), then launch `steps` steps over two buffers of `elems` fp32 values each (`buffers`: 2 x
+// elems) on `stream` as `ctas` CTAs in clusters of `cluster` (1: no clusters), of which the first `readers` read
+// each step's output (clusters: all), mismatches added into *mismatches. `slices`: 1, or kSlices for the sliced
+// hand-over (no clusters, every CTA reading, the waits on; `counter` then holds kSlices counters and elems is a
+// multiple of 4 kSlices). Returns a cudaError_t (0: success).
 int handover_chain_launch(void* buffers, int elems, int steps, void* counter, void* mismatches, int wait_inputs,
-                          int ctas, int cluster, int readers, void* stream) {
+                          int ctas, int cluster, int readers, int slices, void* stream) {
   unsigned* count = static_cast<unsigned*>(counter);
+  if (slices != 1 && (slices != kSlices || cluster != 1 || readers != ctas || !wait_inputs ||
+                      elems % (4 * kSlices))) {
+    return cudaErrorInvalidValue;
+  }
+  if (slices > 1) {
+    const cudaError_t e = cudaMemsetAsync(count, 0, kSlices * sizeof(unsigned), static_cast<cudaStream_t>(stream));
+    if (e != cudaSuccess) return e;
+  }
   return launch_chain(handover_chain_kernel, ctas, kThreads, kSmemBytes, cluster, count,
                       static_cast<cudaStream_t>(stream), static_cast<float*>(buffers), elems, steps, count,
-                      static_cast<unsigned*>(mismatches), wait_inputs, readers);
+                      static_cast<unsigned*>(mismatches), wait_inputs, readers, slices);
 }
 
 const char* handover_chain_error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }
