@@ -23,6 +23,7 @@ weights, 623 MB in bf16, re-read every step as the denoise does), 10 rows. Varia
     streamed_a_window   the paired kernel with each GEMM's A copied into shared memory by the bulk copy engine after
                         the hand-over (a_window; 8 ring slots instead of 12 beside it)
     streamed_a_window_no_wait, streamed_a_window_no_products  the same without the waits, without the products
+    streamed_a_window_no_a_copy  the same without the window's copy (its fragments read from what the buffer holds)
     streamed_a_window_cluster2, streamed_a_window_cluster4  the A window's copies shared in clusters of 2 and 4
                         (each CTA copies a share of the rows into every CTA of its cluster)
     streamed_a_window_four_gemms  the A window with four GEMMs per layer (no atomics: the down GEMM's owners read the
@@ -83,6 +84,7 @@ VARIANTS = {"streamed": {}, "streamed_four_gemms": {"pair_mlp": False}, "streame
             "streamed_a_window": {"a_window": True},
             "streamed_a_window_no_wait": {"a_window": True, "wait_inputs": False},
             "streamed_a_window_no_products": {"a_window": True, "leave_out": ("products",)},
+            "streamed_a_window_no_a_copy": {"a_window": True, "leave_out": ("a_copy",)},
             "streamed_a_window_cluster2": {"a_window": True, "cluster": 2},
             "streamed_a_window_cluster4": {"a_window": True, "cluster": 4},
             "streamed_a_window_four_gemms": {"a_window": True, "pair_mlp": False},

@@ -110,13 +110,13 @@
 #   kind away can save (denoise_ablation_pi05_<precision>_<date>.json, denoise_ablation_<precision>.log).
 # streamed-chain: the GPU tests of kernels/flashrt_kernels/cuda/handover_chain.cu and streamed_gemm_chain.cu (built
 #   by nvcc; their log pytest_streamed_chain.log; they run in kernels too), then tools/benchmark_handover_chain.py:
-#   the chain's hand-over alone with 0-80 KB read per CTA after it, also in clusters (handover_chain_<date>.json,
-#   handover_chain.log), then tools/benchmark_streamed_gemm_chain.py: the expert's
+#   the chain's hand-over alone with 0-80 KB read per CTA after it, also in clusters and by slices
+#   (handover_chain_<date>.json, handover_chain.log), then tools/benchmark_streamed_gemm_chain.py: the expert's
 #   four GEMMs per layer over 180 layers as the persistent kernel (the MLP's two as one paired step and apart, with
 #   and without its waits, with its weight copies, its A loads and products, or its products alone left out, and
-#   with one layer's weights for all; with the A window alone and in clusters) and as PyTorch ops, in one process,
-#   then the trace of steps 270-333 (layers 90-111) in four forms (streamed_gemm_chain_<date>.json,
-#   streamed_chain.log).
+#   with one layer's weights for all; with the A window alone and in clusters, without the atomics, with the
+#   cluster sum) and as PyTorch ops, in one process, then the trace of steps 270-333 (layers 90-111) in five forms
+#   (streamed_gemm_chain_<date>.json, streamed_chain.log).
 # rtc: test/gpu/test_engine_rtc_gpu.py (every engine RTC mode in the graph against the eager engine and the
 #   reference sampler; pytest_rtc.log), then tools/benchmark_rtc.py: each mode's replay beside the plain graph on
 #   full-size pi0.5 (rtc_cost_pi05_<date>.json, rtc.log).
@@ -330,10 +330,10 @@ CB = importlib.import_module(k.__name__ + ".cuda_build")
 HC = importlib.import_module(k.__name__ + ".handover_chain")
 forms = {SGC.build_macros(leave_out, trace, a_window, cluster, down_sum)
          for leave_out in ((), ("copy",), ("compute",), ("products",), ("compute", "copy"), ("consumers",),
-                           ("atomics",))
+                           ("atomics",), ("a_copy",))
          for trace in (False, True) for a_window in (False, True) for cluster in (1, 2, 4)
          for down_sum in (False, True)
-         if (cluster == 1 or a_window) and not (trace and leave_out)
+         if (cluster == 1 or a_window) and not (trace and leave_out) and (a_window or "a_copy" not in leave_out)
          and (cluster == 1 or leave_out in ((), ("atomics",))) and (not down_sum or (cluster > 1 and not leave_out))
          and not (trace and cluster == 4)}
 builds = [(SGC.LIBRARY, m) for m in sorted(forms)] + [(HC.LIBRARY, ())]

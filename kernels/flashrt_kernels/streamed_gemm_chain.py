@@ -44,7 +44,8 @@ OUT_BF16, OUT_ADD_F32, OUT_GEGLU, OUT_GEGLU_DOWN = 0, 1, 2, 3
 LIBRARY = "streamed_gemm_chain"
 # measurement switches of the kernel (its results are then wrong): what each leaves out -> the macro that does it
 LEAVE_OUT = {"copy": "SGC_LEAVE_OUT_COPY", "compute": "SGC_LEAVE_OUT_COMPUTE", "products": "SGC_LEAVE_OUT_PRODUCTS",
-             "consumers": "SGC_LEAVE_OUT_CONSUMERS", "atomics": "SGC_LEAVE_OUT_ATOMICS"}
+             "consumers": "SGC_LEAVE_OUT_CONSUMERS", "atomics": "SGC_LEAVE_OUT_ATOMICS",
+             "a_copy": "SGC_LEAVE_OUT_A_COPY"}
 # the A operand through shared memory (cuda/streamed_gemm_chain.cu, SGC_A_WINDOW), shared in clusters (SGC_CLUSTER);
 # the paired MLP's partial products added up within each cluster before the atomics (SGC_DOWN_CLUSTER_SUM)
 A_WINDOW_MACRO, CLUSTER_MACRO, CLUSTERS = "SGC_A_WINDOW", "SGC_CLUSTER", (1, 2, 4)
@@ -169,6 +170,8 @@ def build_macros(leave_out: tuple[str, ...] = (), trace: bool = False, a_window:
         raise ValueError(f"cluster takes {CLUSTERS}; got {cluster}")
     if cluster > 1 and not a_window:
         raise ValueError("clusters share the A window's copies: cluster > 1 needs a_window=True")
+    if "a_copy" in leave_out and not a_window:
+        raise ValueError("leave_out a_copy leaves out the A window's copy: it needs a_window=True")
     if down_cluster_sum and cluster == 1:
         raise ValueError("down_cluster_sum adds up the partial products of a cluster's CTAs: it needs cluster > 1")
     return (tuple(LEAVE_OUT[name] for name in sorted(leave_out)) + ((TRACE_MACRO,) if trace else ())
@@ -203,7 +206,8 @@ class StreamedGemmChain:
     the result is then wrong and the time is the weight stream and the compute alone (a ceiling, for measuring);
     `leave_out` ("copy": no weight stream, "compute": no A loads and products, "products": the A loads without
     the products, "consumers": the consumers only free each weight slot, the stream alone, "atomics": the paired
-    MLP's partial products not added into the residual) likewise, for placing the time.
+    MLP's partial products not added into the residual, "a_copy": with a_window, the window not copied in)
+    likewise, for placing the time.
     `ctas`: the persistent grid (default: as many as can be resident, one per SM). `trace`: the kernel built with
     its trace (trace_steps, read_trace), which times every phase of a window of steps in each CTA. `a_window`:
     each GEMM's A copied into shared memory by the bulk copy engine after the hand-over, the fragments read from

@@ -149,7 +149,8 @@ def test_the_cuda_source_builds_and_exports_its_launcher(tmp_path, monkeypatch):
     if not torch.cuda.is_available():
         assert lib.streamed_gemm_chain_max_ctas() == -1                  # no device: says so, does not crash
     # each measurement switch builds its own library, beside the product one
-    switched = {BUILD.build_library(SGC.LIBRARY, (macro,)) for macro in SGC.LEAVE_OUT.values()}
+    switched = {BUILD.build_library(SGC.LIBRARY, SGC.build_macros((name,), a_window=name == "a_copy"))
+                for name in SGC.LEAVE_OUT}
     assert len(switched) == len(SGC.LEAVE_OUT) and path not in switched and all(p.is_file() for p in switched)
     window = ctypes.CDLL(str(BUILD.build_library(SGC.LIBRARY, SGC.build_macros(a_window=True))))
     assert 200 * 1024 < window.streamed_gemm_chain_smem_bytes() <= 227 * 1024   # the window beside a smaller ring
@@ -163,12 +164,15 @@ def test_the_cuda_source_builds_and_exports_its_launcher(tmp_path, monkeypatch):
 
 
 def test_the_kernel_library_refuses_an_unknown_switch():
-    with pytest.raises(ValueError, match="leave_out takes \\['atomics', 'compute', 'consumers', 'copy', 'products'\\]"):
+    with pytest.raises(ValueError, match="leave_out takes \\['a_copy', 'atomics', 'compute', 'consumers', 'copy', "
+                                         "'products'\\]"):
         SGC.library(("waits",))
     with pytest.raises(ValueError, match="cluster takes \\(1, 2, 4\\); got 3"):
         SGC.library(a_window=True, cluster=3)
     with pytest.raises(ValueError, match="cluster > 1 needs a_window=True"):
         SGC.library(cluster=2)
+    with pytest.raises(ValueError, match="leave_out a_copy .* needs a_window=True"):
+        SGC.library(("a_copy",))
     with pytest.raises(ValueError, match="down_cluster_sum .* needs cluster > 1"):
         SGC.library(a_window=True, down_cluster_sum=True)
     assert SGC.build_macros(("products",), True, True, 2) == ("SGC_LEAVE_OUT_PRODUCTS", "SGC_TRACE", "SGC_A_WINDOW",

@@ -57,7 +57,9 @@
 // they load A as the kernel does but skip the products (what the A loads cost: each CTA reads every GEMM's whole A,
 // ~200 KB per layer at 10 rows), with -DSGC_LEAVE_OUT_CONSUMERS the consumers only free each slot as it fills (the
 // weight stream alone), with -DSGC_LEAVE_OUT_ATOMICS the paired MLP's partial products are not added into the
-// residual copy (what the contended atomics cost: every CTA adds into the same rows x 1024). -DSGC_STAGES=n sets the
+// residual copy (what the contended atomics cost: every CTA adds into the same rows x 1024), with
+// -DSGC_LEAVE_OUT_A_COPY (the A window) the window is not copied in and its fragments are read from what the
+// buffer holds (what the copy costs beside reading the fragments and the norm). -DSGC_STAGES=n sets the
 // ring's slots, -DSGC_MAXNREG=n caps the registers per thread instead of the launch bounds (which hold the kernel's
 // 288 threads to 168, the most with which a CTA still fits an SM).
 // -DSGC_TRACE records, per CTA and per step of a window of 64 steps, the SM clock and the global timer at the
@@ -99,6 +101,9 @@ constexpr int kDownTiles = 1024 / kTileN / kConsumerWarps;  // kOutGegluDown: a 
 constexpr int kDownUnitBytes = kChunkBytes / 2;        // one unit's 4 columns of W_down (1024 x 4 bf16): 8 KiB
 #ifndef SGC_CLUSTER
 #define SGC_CLUSTER 1
+#endif
+#if defined(SGC_LEAVE_OUT_A_COPY) && !defined(SGC_A_WINDOW)
+#error "SGC_LEAVE_OUT_A_COPY leaves out the A window's copy: it needs SGC_A_WINDOW"
 #endif
 #if SGC_CLUSTER > 1 && !defined(SGC_A_WINDOW)
 #error "SGC_CLUSTER shares the A window's copies: it needs SGC_A_WINDOW"
@@ -624,9 +629,11 @@ __global__ void SGC_BOUNDS
       const int lo = in_kind == kInRmsNorm ? 0 : c - c % 2;
       if (lo == a_lo) return;
       if (a_lo >= 0) consumer_sync();
+#ifndef SGC_LEAVE_OUT_A_COPY
       if (threadIdx.x == 0) copy_a_window(a_s, d, in_kind, rows, lo, chunks, a_full);
       mbar_wait(a_full, a_phase);
       a_phase ^= 1u;
+#endif
       a_lo = lo;
     };
 #ifndef SGC_LEAVE_OUT_COMPUTE
