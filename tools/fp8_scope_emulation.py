@@ -4,12 +4,18 @@ operands the engine's GEMM sees (a norm's affine folded into the next GEMM's wei
 Gemma's (1 + w) and SigLIP's LayerNorm (g, b)), against the same reference unquantized, on the accuracy gate's
 observations (engine/gate.py: the cosine of the action chunk, GATE_FP8).
 
-Scopes (GEMMs of the backbone and the vision tower), joined by "+", each per-tensor (static scales: a weight's amax,
-an input's amax on one calibration observation times fp8.CALIB_MARGIN; the GEMMs the engine merges share one
-weight scale) or, with "@row", per row (each input row's own amax, each weight row's own amax):
+Scopes (GEMMs of the backbone, the action expert and the vision tower), joined by "+", each per-tensor (static
+scales: a weight's amax, an input's amax on one calibration observation times fp8.CALIB_MARGIN; the GEMMs the
+engine merges share one weight scale), with "@row" per row (each input row's own amax, each weight row's own amax),
+or with "@weight" the weight alone, per row (the input stays exact: a kernel that streams FP8 weights and converts
+them to bf16 before its products, as a weight-bound denoiser would):
 
     backbone_mlp   gate / up (merged) and down of every backbone layer: the engine's FP8 scope (engine/fp8.py)
     backbone_attn  q / k / v (merged) and o of every backbone layer
+    expert_mlp     gate / up (merged) and down of every action expert layer (the denoise's GEMMs; pi0.5's
+                   adaRMSNorm modulates the input with the step's time, so nothing is folded: the input as the
+                   norm gives it; pi0's RMSNorm affine folded as the backbone's)
+    expert_attn    q / k / v (merged) and o of every action expert layer
     vision_mlp     fc1 and fc2 of every SigLIP layer
     vision_attn    q / k / v (merged) and the output projection of every SigLIP layer
 
@@ -41,7 +47,8 @@ from flashrt_core.executor import ReferenceExecutor  # noqa: E402
 from flashrt_core.model.gemma import RMSNorm  # noqa: E402
 
 FMAX = FP8_MAX[torch.float8_e4m3fn]
-SCOPES = ("backbone_mlp", "backbone_attn", "vision_mlp", "vision_attn")
+SCOPES = ("backbone_mlp", "backbone_attn", "expert_mlp", "expert_attn", "vision_mlp", "vision_attn")
+MODES = ("", "row", "weight")     # per tensor, per row, the weight alone per row
 GATE_OBSERVATIONS = 3      # as test/gpu/test_engine_gpu.py's gate
 
 
@@ -58,7 +65,7 @@ class EmulatedGemm:
 
     def __init__(self, lin: nn.Linear, norm: nn.Module | None):
         self.lin, self.norm, self.group = lin, norm, [self]
-        self.input_amax, self.quantized, self.rows, self.calibrating = 0.0, False, False, False
+        self.input_amax, self.quantized, self.mode, self.calibrating = 0.0, False, "", False
         self._folded: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self.reference_forward = lin.forward
         lin.forward = self.forward
@@ -92,12 +99,16 @@ class EmulatedGemm:
             return self.reference_forward(y)
         x = self.engine_input(y)
         weight, bias = self.folded()
-        if self.rows:
-            x_scale = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / FMAX
+        if self.mode in ("row", "weight"):
             w_scale = weight.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / FMAX
         else:
-            x_scale = self.input_amax * CALIB_MARGIN / FMAX
             w_scale = max(float(g.folded()[0].abs().max()) for g in self.group) / FMAX
+        if self.mode == "weight":
+            return F.linear(x, quantize_dequantize(weight, w_scale), bias).to(y.dtype)
+        if self.mode == "row":
+            x_scale = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / FMAX
+        else:
+            x_scale = self.input_amax * CALIB_MARGIN / FMAX
         return F.linear(quantize_dequantize(x, x_scale), quantize_dequantize(weight, w_scale), bias).to(y.dtype)
 
 
@@ -125,6 +136,16 @@ def attach(model) -> dict[str, list[EmulatedGemm]]:
         scopes["backbone_attn"] += _merged([EmulatedGemm(m, layer.input_layernorm)
                                             for m in (layer.q_proj, layer.k_proj, layer.v_proj)])
         scopes["backbone_attn"].append(EmulatedGemm(layer.o_proj, None))
+    for layer in model.expert.layers:
+        folds = [n if isinstance(n, RMSNorm) else None for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+        for norm in filter(None, folds):
+            _keep_norm_input(norm)
+        scopes["expert_mlp"] += _merged([EmulatedGemm(layer.gate_proj, folds[1]),
+                                         EmulatedGemm(layer.up_proj, folds[1])])
+        scopes["expert_mlp"].append(EmulatedGemm(layer.down_proj, None))
+        scopes["expert_attn"] += _merged([EmulatedGemm(m, folds[0]) for m in (layer.q_proj, layer.k_proj,
+                                                                              layer.v_proj)])
+        scopes["expert_attn"].append(EmulatedGemm(layer.o_proj, None))
     for layer in model.vision.layers:
         for norm in (layer.layer_norm1, layer.layer_norm2):
             _keep_norm_input(norm)
@@ -138,17 +159,18 @@ def attach(model) -> dict[str, list[EmulatedGemm]]:
 
 def switch(scopes: dict[str, list[EmulatedGemm]], scope: str) -> None:
     """Quantize exactly the GEMMs of `scope` ("" for none): names of SCOPES joined by "+", each "@row" for per-row
-    scales."""
+    scales or "@weight" for the weight alone."""
     for gemms in scopes.values():
         for g in gemms:
-            g.quantized = g.rows = False
+            g.quantized, g.mode = False, ""
             g._folded = None
     for part in filter(None, scope.split("+")):
         name, _, how = part.partition("@")
-        if name not in scopes or how not in ("", "row"):
-            raise ValueError(f"a scope is names of {SCOPES} joined by '+', each optionally '@row'; got {part!r}")
+        if name not in scopes or how not in MODES:
+            raise ValueError(f"a scope is names of {SCOPES} joined by '+', each optionally '@row' or '@weight'; "
+                             f"got {part!r}")
         for g in scopes[name]:
-            g.quantized, g.rows = True, how == "row"
+            g.quantized, g.mode = True, how
 
 
 def emulate(model, cfg, scope_list: list[str], report=print) -> dict[str, list[float]]:
