@@ -7,7 +7,7 @@
 //     barrier, after which every thread reads the outputs of step s - 1 from L2 (ld.global.cg: another SM wrote
 //     them during this launch, so a line in this SM's L1 could be stale).
 // The launch is cooperative (every CTA resident), so the spin cannot deadlock; the counter is zeroed before it
-// (resident_ctas and launch_chain below, on the host).
+// (resident_ctas and launch_chain below, on the host). The header also holds what both kernels use in clusters.
 
 #pragma once
 
@@ -24,11 +24,35 @@ __device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// The spin of step `step` (called by one thread; the caller's CTA barrier follows): every CTA has ended step - 1.
-__device__ __forceinline__ void wait_for_step(const unsigned* counter, int step, int ctas) {
-  const unsigned target = static_cast<unsigned>(step) * static_cast<unsigned>(ctas);
+// One thread spins with an acquire until the counter holds at least `target`.
+__device__ __forceinline__ void wait_until(const unsigned* counter, unsigned target) {
   while (load_acquire(counter) < target) {
   }
+}
+
+// The spin of step `step` (called by one thread; the caller's CTA barrier follows): every CTA has ended step - 1.
+__device__ __forceinline__ void wait_for_step(const unsigned* counter, int step, int ctas) {
+  wait_until(counter, static_cast<unsigned>(step) * static_cast<unsigned>(ctas));
+}
+
+// This CTA's rank in its cluster (0 without clusters).
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// Every thread of every CTA of the cluster: the shared-memory writes before it are visible to the loads after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The address in the shared memory of cluster CTA `rank` of what `local` (this CTA's shared memory) is in this one.
+__device__ __forceinline__ uint32_t cluster_addr(const void* local, unsigned rank) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(local));
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  return remote;
 }
 
 // Host: the largest cooperative grid of `kernel` with `threads` per CTA and `smem_bytes` of dynamic shared memory

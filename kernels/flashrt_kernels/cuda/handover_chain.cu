@@ -60,21 +60,9 @@ __device__ __forceinline__ unsigned cluster_size() {
   return n;
 }
 
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-
-// Every thread of every CTA of the cluster: the shared-memory writes before it are visible to the loads after it.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
 // 16 bytes of CTA `rank`'s shared memory at the offset of `local` in this CTA's.
 __device__ __forceinline__ float4 load_cluster(const float4* local, unsigned rank) {
-  uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(local)), remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  const uint32_t remote = cluster_addr(local, rank);
   float4 v;
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
@@ -88,22 +76,23 @@ __device__ __forceinline__ unsigned mismatched(const float4& v, unsigned step, u
          (v.w != value(step, i + 3));
 }
 
-// Step `step`'s whole output, `quads` 16-byte values each fetched by load(q), checked by this CTA (up to kBatch
-// loads per thread in flight before any is used): the values that are wrong.
-template <typename Load>
-__device__ __forceinline__ unsigned check_all(Load load, int quads, unsigned step, int tid) {
+// Step `step`'s output from 16-byte value `first` on, `quads` values each fetched by load(q) (q counted from
+// `first`), checked by the `kReaders` threads that call it (this one is `tid` among them; up to kBatch loads per
+// thread in flight before any is used): the values that are wrong.
+template <int kReaders = kThreads, typename Load>
+__device__ __forceinline__ unsigned check_all(Load load, int quads, unsigned step, int tid, int first = 0) {
   unsigned bad = 0;
-  for (int base = tid; base < quads; base += kThreads * kBatch) {
+  for (int base = tid; base < quads; base += kReaders * kBatch) {
     float4 v[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const int q = base + b * kThreads;
+      const int q = base + b * kReaders;
       if (q < quads) v[b] = load(q);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const int q = base + b * kThreads;
-      if (q < quads) bad += mismatched(v[b], step, 4u * static_cast<unsigned>(q));
+      const int q = base + b * kReaders;
+      if (q < quads) bad += mismatched(v[b], step, 4u * static_cast<unsigned>(first + q));
     }
   }
   return bad;
@@ -118,27 +107,10 @@ __device__ __forceinline__ unsigned read_direct(const float4* src, int quads, un
 // has seen the slice's counter reach `target` (the warp reconverges before its loads).
 __device__ __forceinline__ unsigned read_slice(const float4* src, int quads, const unsigned* counter,
                                                unsigned target, unsigned step, int warp, int lane) {
-  if (lane == 0) {
-    while (load_acquire(counter) < target) {
-    }
-  }
+  if (lane == 0) wait_until(counter, target);
   __syncwarp();
-  const int per = quads / kSlices;
-  unsigned bad = 0;
-  for (int base = lane; base < per; base += 32 * kBatch) {
-    float4 v[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int q = base + b * 32;
-      if (q < per) v[b] = __ldcg(src + warp * per + q);
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int q = base + b * 32;
-      if (q < per) bad += mismatched(v[b], step, 4u * static_cast<unsigned>(warp * per + q));
-    }
-  }
-  return bad;
+  const int first = warp * (quads / kSlices);
+  return check_all<32>([src, first](int q) { return __ldcg(src + first + q); }, quads / kSlices, step, lane, first);
 }
 
 // The CTAs whose share of `elems` touches elements [lo, hi) (shares as handover_chain_kernel splits them).

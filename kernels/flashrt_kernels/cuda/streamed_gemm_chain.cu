@@ -186,17 +186,21 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
                : "memory");
 }
 
+// Spin until the mbarrier's phase of `parity` completes; kClusterAcquire: with an acquire at cluster scope, so
+// what the arrivals of other CTAs released (mbar_arrive_cluster) is visible after it.
+template <bool kClusterAcquire = false>
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#define SGC_TRY_WAIT(SEM)                                                                                   \
+  "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity" SEM ".shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
   uint32_t done = 0;
   while (!done) {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
+    if constexpr (kClusterAcquire) {
+      asm volatile(SGC_TRY_WAIT(".acquire.cluster") : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+    } else {
+      asm volatile(SGC_TRY_WAIT("") : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+    }
   }
+#undef SGC_TRY_WAIT
 }
 
 // `bytes` (a multiple of 16) from global memory into a ring slot on the bulk copy engine; completion counted on
@@ -209,41 +213,15 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, int bytes,
       : "memory");
 }
 
-// Every thread of every CTA of the cluster.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
 // The consumer warps' own barrier (the producer never joins it).
 __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
 }
 
 #ifdef SGC_DOWN_CLUSTER_SUM
-// The address in the shared memory of cluster CTA `rank` of what `p` is in this CTA's.
-__device__ __forceinline__ uint32_t cluster_addr(const void* p, unsigned rank) {
-  uint32_t addr;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"(smem_addr(p)), "r"(rank));
-  return addr;
-}
-
 // Arrive on an mbarrier of a cluster CTA (cluster_addr), releasing this thread's writes before it at cluster scope.
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
-// mbar_wait with an acquire at cluster scope: what the arrivals of other CTAs released is visible after it.
-__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  }
 }
 
 // 16 bytes into the shared memory of a cluster CTA (cluster_addr).
@@ -386,8 +364,7 @@ __device__ __forceinline__ void copy_a_window(uint8_t* a_s, const GemmDesc& d, i
     }
     return;
   }
-  unsigned rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  const unsigned rank = cluster_rank();
   const uint16_t mask = static_cast<uint16_t>((1u << kCluster) - 1u);
   for (int r = static_cast<int>(rank); r < rows; r += kCluster) {
     asm volatile(
@@ -562,8 +539,7 @@ __global__ void SGC_BOUNDS
   uint32_t a_phase = 0;
 #endif
 #ifdef SGC_DOWN_CLUSTER_SUM
-  unsigned rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  const unsigned rank = cluster_rank();
   uint32_t sum_phase = 0;
 #endif
 #ifdef SGC_LEAVE_OUT_CONSUMERS
@@ -821,7 +797,7 @@ __global__ void SGC_BOUNDS
             const unsigned owner = static_cast<unsigned>(warp) % kCluster;
             float4* recv = reinterpret_cast<float4*>(a_s);
             if (owner != rank) {
-              mbar_wait_cluster(sum_free, sum_phase);
+              mbar_wait<true>(sum_free, sum_phase);
               const int from = static_cast<int>((rank - owner - 1 + kCluster) % kCluster);
               const int slot = from * (kConsumerWarps / kCluster) + warp / kCluster;
               const uint32_t dst = cluster_addr(recv + slot * kDownTiles * 32 + lane, owner);
@@ -832,7 +808,7 @@ __global__ void SGC_BOUNDS
               mbar_arrive_cluster(cluster_addr(sum_full, owner));
               adds = false;
             } else {
-              mbar_wait_cluster(sum_full, sum_phase);
+              mbar_wait<true>(sum_full, sum_phase);
               for (int p = 0; p < kCluster - 1; ++p) {
                 const int slot = p * (kConsumerWarps / kCluster) + warp / kCluster;
                 const float4* src = recv + slot * kDownTiles * 32 + lane;
