@@ -176,14 +176,14 @@ enum OutKind { kOutBf16 = 0, kOutAddF32 = 1, kOutGeglu = 2, kOutGegluDown = 3 };
 
 // One GEMM of the chain: twelve int64 fields, in the order streamed_gemm_chain.py writes them.
 struct GemmDesc {
-  long long w;            // packed weight: (N / 8) units x (K / 1024) chunks x 16 KiB
+  long long w;            // packed weight: (N / 8) units x (K / 1024) chunks x 16 KiB (FP8: 8 KiB)
   long long in;           // A's source matrix (bf16 or fp32, by in_kind)
   long long out;          // the output matrix (bf16 or fp32, by out_kind)
   long long n, k;         // N (a multiple of 8), K (a multiple of 1024)
   long long kinds;        // in_kind | out_kind << 8
   long long in_stride;    // elements between two rows of the source
   long long out_stride;   // elements between two rows of the output (kOutGegluDown: of out, N2 = 1024 columns)
-  long long w2;           // kOutGegluDown: W_down (1024 rows) packed by pack_down_pairs(), 8 KiB per gate/up unit
+  long long w2;           // kOutGegluDown: W_down (1024 rows) by pack_down_pairs(), 8 KiB (FP8: 4) per gate/up unit
   long long out2;         // kOutAddF32: a second fp32 matrix that receives the same sums (0: none)
   long long w_scale;      // SGC_FP8_WEIGHTS: fp32 scale of each packed weight row (N; gate/up interleaved as w)
   long long w2_scale;     // SGC_FP8_WEIGHTS, kOutGegluDown: fp32 scale of each W_down row (1024)
@@ -791,7 +791,7 @@ __global__ void SGC_BOUNDS
         // gelu_tanh(bf16(gate)) * bf16(up), rounded to bf16; C[r][c] is in lane 4 (r % 8) + c / 2 and C[r][c + 4]
         // two lanes further, in register (c % 2) + 2 (r >= 8). kOutGegluDown keeps the group's outputs in act_s
         // (row r, column 4 j + c), zeros where the group has no unit j, for the products with W_down below.
-        // kOutGegluDown keeps the activation as the down products' A type: bf16, or f16 beside FP8 weights
+        // (act_s holds the down products' A type: bf16, or f16 beside FP8 weights)
         uint16_t* act_h = reinterpret_cast<uint16_t*>(act_s);
 #pragma unroll
         for (int m = 0; m < kSumsPerThread / 2; ++m) {
