@@ -235,7 +235,7 @@ def measure(layers: int, distinct: int, rows: int, reps: int, report=print) -> d
 
 def traces(layers: int, distinct: int, rows: int, first: int) -> dict:
     """The paired chain's trace build, with and without its waits, and with the A window alone, in clusters of 2 and
-    in clusters of 2 with the cluster sum of the down products:
+    in clusters of 2 with the cluster sum of the down products, the last two also with FP8 weights:
     trace_phases of steps first .. first + 63 of one launch after a warm one, each table printed."""
     k = load_kernels()
     shapes = GEMMA_300M.layer_gemm_shapes()
@@ -250,7 +250,10 @@ def traces(layers: int, distinct: int, rows: int, first: int) -> dict:
                        ("streamed_a_window", {"a_window": True}),
                        ("streamed_a_window_cluster2", {"a_window": True, "cluster": 2}),
                        ("streamed_a_window_cluster2_down_sum", {"a_window": True, "cluster": 2,
-                                                                "down_cluster_sum": True})):
+                                                                "down_cluster_sum": True}),
+                       ("streamed_a_window_fp8", {"a_window": True, "fp8_weights": True}),
+                       ("streamed_a_window_cluster2_down_sum_fp8", {"a_window": True, "cluster": 2,
+                                                                    "down_cluster_sum": True, "fp8_weights": True})):
         chain = k.StreamedGemmChain(weights, layers, rows, trace=True, **form)
         chain.h.copy_(h0)
         chain.run()
@@ -272,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="folder for the JSON result")
     parser.add_argument("--trace", type=int, metavar="FIRST",
                         help="then trace steps FIRST .. FIRST + 63 of the paired chain with and without its waits, "
-                             "and with the A window alone, in clusters of 2, and with their down cluster sum")
+                             "and with the A window alone, in clusters of 2, and with their down cluster sum, the "
+                             "last two also with FP8 weights")
     args = parser.parse_args(argv)
     require_cuda_build("benchmark_streamed_gemm_chain.py")
     shapes = GEMMA_300M.layer_gemm_shapes()
