@@ -33,9 +33,6 @@ weights, 623 MB in bf16, re-read every step as the denoise does), 10 rows. Varia
     streamed_a_window_cluster2_down_sum, streamed_a_window_cluster4_down_sum  clusters of 2 and 4 whose CTAs add up
                         their partial products over distributed shared memory first, each doing the atomics of a
                         share of the columns (down_cluster_sum)
-    streamed_a_window_fp8, streamed_a_window_four_gemms_fp8, streamed_a_window_cluster2_down_sum_fp8  the same
-                        forms with the weights streamed as FP8 E4M3 with row scales (fp8_weights: half the bytes)
-    streamed_stream_only_fp8  the FP8 weight stream alone (the A window's build)
     streamed_resident   the persistent kernel with one layer's weights for every layer (34.6 MB, mostly held in L2):
                         the chain's dependencies and compute with little weight stream
     library_per_op      the chain as PyTorch ops (RMS norms, cuBLAS GEMMs, casts, GeGLU, adds), one launch each
@@ -47,10 +44,10 @@ the down products, and records steps FIRST .. FIRST + 63 in every CTA: the table
 CTAs, how far apart the CTAs release a step and how long after the last release the next step starts.
 
 Each variant is captured as one CUDA graph and replayed; GPU time by CUDA events, the median of `--reps` replays.
-The weight stream's rate is the weight bytes a replay reads over its time (half the bf16 bytes with FP8 weights).
-streamed, streamed_four_gemms, the A window's nine forms with their waits, streamed_resident and library_per_op
-are checked against streamed_gemm_chain_reference on the same weights (the FP8 forms: the weights they stand for)
-and input (relative L2 error of the residual). The leave-out variants run the paired form.
+The weight stream's rate is the weight bytes a replay reads over its time. streamed, streamed_four_gemms, the A
+window's six forms with their waits, streamed_resident and library_per_op are checked against
+streamed_gemm_chain_reference on the same weights and input (relative L2 error of the residual). The leave-out
+variants run the paired form.
 
     python tools/benchmark_streamed_gemm_chain.py [--layers 180] [--distinct 18] [--rows 10] [--reps 30] [--out DIR]
                                                    [--trace FIRST]
@@ -94,18 +91,11 @@ VARIANTS = {"streamed": {}, "streamed_four_gemms": {"pair_mlp": False}, "streame
             "streamed_a_window_cluster2_no_atomics": {"a_window": True, "cluster": 2, "leave_out": ("atomics",)},
             "streamed_a_window_cluster2_down_sum": {"a_window": True, "cluster": 2, "down_cluster_sum": True},
             "streamed_a_window_cluster4_down_sum": {"a_window": True, "cluster": 4, "down_cluster_sum": True},
-            "streamed_a_window_fp8": {"a_window": True, "fp8_weights": True},
-            "streamed_a_window_four_gemms_fp8": {"a_window": True, "pair_mlp": False, "fp8_weights": True},
-            "streamed_a_window_cluster2_down_sum_fp8": {"a_window": True, "cluster": 2, "down_cluster_sum": True,
-                                                        "fp8_weights": True},
-            "streamed_stream_only_fp8": {"a_window": True, "fp8_weights": True, "leave_out": ("consumers",),
-                                         "wait_inputs": False},
             "streamed_resident": {}, "library_per_op": None}
 # the variants whose result is meant to be right
 CHECKED = ("streamed", "streamed_four_gemms", "streamed_a_window", "streamed_a_window_cluster2",
            "streamed_a_window_cluster4", "streamed_a_window_four_gemms", "streamed_a_window_cluster2_down_sum",
-           "streamed_a_window_cluster4_down_sum", "streamed_a_window_fp8", "streamed_a_window_four_gemms_fp8",
-           "streamed_a_window_cluster2_down_sum_fp8", "streamed_resident", "library_per_op")
+           "streamed_a_window_cluster4_down_sum", "streamed_resident", "library_per_op")
 
 
 def library_chain(h: torch.Tensor, layer_weights, layers: int):
@@ -213,18 +203,15 @@ def measure(layers: int, distinct: int, rows: int, reps: int, report=print) -> d
         else:
             chain = k.StreamedGemmChain(layer_weights, layers, rows, **VARIANTS[variant])
             h, ctas = chain.h, chain.ctas
-            if chain.dequantized is not None and variant in CHECKED:   # FP8: the weights they stand for
-                wants[variant] = k.streamed_gemm_chain_reference(h0, chain.dequantized, layers)
 
             def run(chain=chain):
                 chain.h.copy_(h0)
                 chain.run()
         times = captured_replay_ms(run, reps)
         median = statistics.median(times)
-        want = wants.get(variant, wants[len(layer_weights)])
-        weight_bytes = layer_bytes // 2 if (VARIANTS[variant] or {}).get("fp8_weights") else layer_bytes
+        want = wants[len(layer_weights)]
         results[variant] = {"ms": median, "us_per_layer": median * 1e3 / layers,
-                            "weight_tb_per_s": weight_bytes * layers / (median * 1e-3) / 1e12,
+                            "weight_tb_per_s": layer_bytes * layers / (median * 1e-3) / 1e12,
                             "rel_l2_vs_reference": float((h - want).norm() / want.norm()) if variant in CHECKED
                             else None, "ctas": None if variant == "library_per_op" else ctas}
         r = results[variant]
@@ -235,7 +222,7 @@ def measure(layers: int, distinct: int, rows: int, reps: int, report=print) -> d
 
 def traces(layers: int, distinct: int, rows: int, first: int) -> dict:
     """The paired chain's trace build, with and without its waits, and with the A window alone, in clusters of 2 and
-    in clusters of 2 with the cluster sum of the down products, the last two also with FP8 weights:
+    in clusters of 2 with the cluster sum of the down products:
     trace_phases of steps first .. first + 63 of one launch after a warm one, each table printed."""
     k = load_kernels()
     shapes = GEMMA_300M.layer_gemm_shapes()
@@ -250,10 +237,7 @@ def traces(layers: int, distinct: int, rows: int, first: int) -> dict:
                        ("streamed_a_window", {"a_window": True}),
                        ("streamed_a_window_cluster2", {"a_window": True, "cluster": 2}),
                        ("streamed_a_window_cluster2_down_sum", {"a_window": True, "cluster": 2,
-                                                                "down_cluster_sum": True}),
-                       ("streamed_a_window_fp8", {"a_window": True, "fp8_weights": True}),
-                       ("streamed_a_window_cluster2_down_sum_fp8", {"a_window": True, "cluster": 2,
-                                                                    "down_cluster_sum": True, "fp8_weights": True})):
+                                                                "down_cluster_sum": True})):
         chain = k.StreamedGemmChain(weights, layers, rows, trace=True, **form)
         chain.h.copy_(h0)
         chain.run()
@@ -275,8 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="folder for the JSON result")
     parser.add_argument("--trace", type=int, metavar="FIRST",
                         help="then trace steps FIRST .. FIRST + 63 of the paired chain with and without its waits, "
-                             "and with the A window alone, in clusters of 2, and with their down cluster sum, the "
-                             "last two also with FP8 weights")
+                             "and with the A window alone, in clusters of 2, and with their down cluster sum")
     args = parser.parse_args(argv)
     require_cuda_build("benchmark_streamed_gemm_chain.py")
     shapes = GEMMA_300M.layer_gemm_shapes()

@@ -336,8 +336,6 @@ forms = {SGC.build_macros(leave_out, trace, a_window, cluster, down_sum)
          if (cluster == 1 or a_window) and not (trace and leave_out) and (a_window or "a_copy" not in leave_out)
          and (cluster == 1 or leave_out in ((), ("atomics",))) and (not down_sum or (cluster > 1 and not leave_out))
          and not (trace and cluster == 4)}
-forms |= {SGC.build_macros(leave_out, a_window=True, cluster=cluster, down_cluster_sum=cluster > 1, fp8_weights=True)
-          for leave_out, cluster in (((), 1), ((), 2), (("consumers",), 1))}  # the FP8 weight forms
 builds = [(SGC.LIBRARY, m) for m in sorted(forms)] + [(HC.LIBRARY, ())]
 start = time.time()
 with ThreadPoolExecutor(16) as pool:

@@ -41,7 +41,6 @@ MAX_ROWS = 16          # one m16 tile
 IN_BF16, IN_RMS_NORM = 0, 1
 RMS_EPS = 1e-6
 OUT_BF16, OUT_ADD_F32, OUT_GEGLU, OUT_GEGLU_DOWN = 0, 1, 2, 3
-FP8_E4M3_MAX = 448.0
 LIBRARY = "streamed_gemm_chain"
 # measurement switches of the kernel (its results are then wrong): what each leaves out -> the macro that does it
 LEAVE_OUT = {"copy": "SGC_LEAVE_OUT_COPY", "compute": "SGC_LEAVE_OUT_COMPUTE", "products": "SGC_LEAVE_OUT_PRODUCTS",
@@ -51,7 +50,6 @@ LEAVE_OUT = {"copy": "SGC_LEAVE_OUT_COPY", "compute": "SGC_LEAVE_OUT_COMPUTE", "
 # the paired MLP's partial products added up within each cluster before the atomics (SGC_DOWN_CLUSTER_SUM)
 A_WINDOW_MACRO, CLUSTER_MACRO, CLUSTERS = "SGC_A_WINDOW", "SGC_CLUSTER", (1, 2, 4)
 DOWN_CLUSTER_SUM_MACRO = "SGC_DOWN_CLUSTER_SUM"
-FP8_WEIGHTS_MACRO = "SGC_FP8_WEIGHTS"     # the weights streamed as FP8 E4M3 with row scales (with the A window)
 # the trace build (SGC_TRACE): per CTA (the first TRACE_CTAS) and per step of a window of TRACE_GEMMS steps, the SM
 # clock and the GPU's global timer at each of TRACE_EVENTS points of the step (TRACE_EVENT_NAMES; the last only in a
 # paired MLP step: its first group's down products done, before their cluster sum and atomics)
@@ -80,44 +78,15 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     return v.permute(0, 2, 3, 1, 6, 4, 5, 7).contiguous().reshape(-1)
 
 
-def quantize_rows_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, K) weight -> (the same as FP8 E4M3, (N,) fp32 scales): each row divided by its amax / FP8_E4M3_MAX,
-    rounded to E4M3; the row is the E4M3 values times its scale."""
-    w32 = w.float()
-    scale = w32.abs().amax(dim=1).clamp_min(1e-12) / FP8_E4M3_MAX
-    return (w32 / scale[:, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn), scale
-
-
-def dequantize_rows_fp8(w8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """quantize_rows_fp8's pair back to the fp32 weight it stands for."""
-    return w8.float() * scale[:, None]
-
-
-def pack_weight_fp8(w8: torch.Tensor) -> torch.Tensor:
-    """(N, K) FP8 E4M3 -> the kernel's FP8 order (SGC_FP8_WEIGHTS), flat uint8 of N * K: units of 8 rows in chunks
-    of 1024 of K (8 KiB), a chunk in 64-wide blocks of K, each 32 lanes x 16 bytes, lane 4 r + q holding row r's K
-    offsets {2q, 2q+1, 2q+8, 2q+9} of each of the block's four 16-wide steps (4 bytes per step, in step order)."""
-    n, k = w8.shape
-    if w8.dtype != torch.float8_e4m3fn or n % TILE_N or k % CHUNK_K:
-        raise ValueError(f"pack_weight_fp8 takes an FP8 E4M3 (N, K) weight with N a multiple of {TILE_N} and K a "
-                         f"multiple of {CHUNK_K}; got {tuple(w8.shape)} {w8.dtype}")
-    # (unit, row r, chunk, block b, step i, half h, quad q, pair p) -> (unit, chunk, block, r, q, i, h, p)
-    v = w8.view(torch.uint8).reshape(n // TILE_N, TILE_N, k // CHUNK_K, CHUNK_K // 64, 4, 2, 4, 2)
-    return v.permute(0, 2, 3, 1, 6, 4, 5, 7).contiguous().reshape(-1)
-
-
 def pack_down_pairs(w: torch.Tensor) -> torch.Tensor:
     """W_down (1024, mlp) bf16 -> per gate/up unit u (GeGLU columns 4u .. 4u + 3), its columns of W_down as a
     row-major (1024, 4) block of 8 KiB, flat: the kernel copies two units' blocks into one ring slot and a lane of
     warp w reads, for n-tile t, the 32-bit word of row 128 w + 8 t + lane // 4 at K pair lane % 2 of the unit in
-    slot half (lane % 4) // 2 (the m16n8k8 B fragment). An FP8 E4M3 W_down gives 4 KiB per unit, flat uint8 (a lane
-    then reads the 16-bit pair of its K pair)."""
+    slot half (lane % 4) // 2 (the m16n8k8 B fragment)."""
     n, mlp = w.shape
-    if w.dtype not in (torch.bfloat16, torch.float8_e4m3fn) or n != CHUNK_K or mlp % 4:
-        raise ValueError(f"pack_down_pairs takes a bf16 or FP8 E4M3 ({CHUNK_K}, mlp) W_down with mlp a multiple of "
-                         f"4; got {tuple(w.shape)} {w.dtype}")
-    if w.dtype == torch.float8_e4m3fn:
-        w = w.view(torch.uint8)
+    if w.dtype != torch.bfloat16 or n != CHUNK_K or mlp % 4:
+        raise ValueError(f"pack_down_pairs takes a bf16 ({CHUNK_K}, mlp) W_down with mlp a multiple of 4; got "
+                         f"{tuple(w.shape)} {w.dtype}")
     return w.reshape(n, mlp // 4, 4).permute(1, 0, 2).contiguous().reshape(-1)
 
 
@@ -127,8 +96,6 @@ def interleave_gate_up(w: torch.Tensor) -> torch.Tensor:
     mlp = w.shape[0] // 2
     if w.shape[0] % 8:
         raise ValueError(f"interleave_gate_up takes 2 mlp rows with mlp a multiple of 4; got {w.shape[0]} rows")
-    if w.dtype == torch.float8_e4m3fn:                # the same rows moved as bytes
-        return interleave_gate_up(w.view(torch.uint8)).view(torch.float8_e4m3fn)
     gate, up = w[:mlp].reshape(mlp // 4, 4, -1), w[mlp:].reshape(mlp // 4, 4, -1)
     return torch.stack([gate, up], dim=1).reshape(w.shape)
 
@@ -162,48 +129,40 @@ def streamed_gemm_chain_reference(h: torch.Tensor, layer_weights: list[LayerWeig
     return h
 
 
-def _desc(packed, w, src, in_kind, in_stride, dst, out_kind, out_stride, w2=None, out2=None, w_scale=None,
-          w2_scale=None) -> list[int]:
-    """One GEMM's descriptor: the kernel's GemmDesc, twelve int64 fields in its order."""
+def _desc(packed, w, src, in_kind, in_stride, dst, out_kind, out_stride, w2=None, out2=None) -> list[int]:
+    """One GEMM's descriptor: the kernel's GemmDesc, ten int64 fields in its order."""
     n, k = w.shape
-
-    def ptr(t):
-        return 0 if t is None else t.data_ptr()
     return [packed.data_ptr(), src.data_ptr(), dst.data_ptr(), n, k, in_kind | out_kind << 8, in_stride,
-            out_stride, ptr(w2), ptr(out2), ptr(w_scale), ptr(w2_scale)]
+            out_stride, 0 if w2 is None else w2.data_ptr(), 0 if out2 is None else out2.data_ptr()]
 
 
 def chain_descs(layer_weights: list[LayerWeights], packed: list[LayerWeights], layers: int, h: torch.Tensor,
-                h_pair: torch.Tensor | None, q: torch.Tensor, act: torch.Tensor,
-                scales: list[LayerWeights] | None = None) -> tuple[list[list[int]], torch.Tensor]:
+                h_pair: torch.Tensor | None, q: torch.Tensor,
+                act: torch.Tensor) -> tuple[list[list[int]], torch.Tensor]:
     """The kernel's descriptors of `layers` layers (packed: pack_weight of each weight, gate/up interleaved, W_down
-    by pack_down_pairs when h_pair is given, which pairs the MLP; FP8 weights with `scales`, each weight's row
-    scales in its packed row order) over the buffers h (the input), h_pair, q and act; and the buffer that holds
-    the result after the last layer (h, or h_pair after an odd number of paired layers). Per layer with the pair:
-    QKV reads h, O adds into h and copies into h_pair, the MLP step reads h and adds into h_pair; the next layer
-    runs with the two swapped."""
+    by pack_down_pairs when h_pair is given, which pairs the MLP) over the buffers h (the input), h_pair, q and
+    act; and the buffer that holds the result after the last layer (h, or h_pair after an odd number of paired
+    layers). Per layer with the pair: QKV reads h, O adds into h and copies into h_pair, the MLP step reads h and
+    adds into h_pair; the next layer runs with the two swapped."""
     width, q_width, mlp = h.shape[1], q.shape[1], act.shape[1]
     descs, cur, nxt = [], h, h_pair
     for layer in range(layers):
-        i = layer % len(layer_weights)
-        w, p = layer_weights[i], packed[i]
-        sc = scales[i] if scales is not None else LayerWeights(None, None, None, None)
-        descs += [_desc(p.qkv, w.qkv, cur, IN_RMS_NORM, width, q, OUT_BF16, q_width, w_scale=sc.qkv),
-                  _desc(p.o, w.o, q, IN_BF16, q_width, cur, OUT_ADD_F32, width, out2=nxt, w_scale=sc.o)]
+        w, p = layer_weights[layer % len(layer_weights)], packed[layer % len(layer_weights)]
+        descs += [_desc(p.qkv, w.qkv, cur, IN_RMS_NORM, width, q, OUT_BF16, q_width),
+                  _desc(p.o, w.o, q, IN_BF16, q_width, cur, OUT_ADD_F32, width, out2=nxt)]
         if h_pair is not None:
-            descs.append(_desc(p.gate_up, w.gate_up, cur, IN_RMS_NORM, width, nxt, OUT_GEGLU_DOWN, width, w2=p.down,
-                               w_scale=sc.gate_up, w2_scale=sc.down))
+            descs.append(_desc(p.gate_up, w.gate_up, cur, IN_RMS_NORM, width, nxt, OUT_GEGLU_DOWN, width, w2=p.down))
             cur, nxt = nxt, cur
         else:
-            descs += [_desc(p.gate_up, w.gate_up, cur, IN_RMS_NORM, width, act, OUT_GEGLU, mlp, w_scale=sc.gate_up),
-                      _desc(p.down, w.down, act, IN_BF16, mlp, cur, OUT_ADD_F32, width, w_scale=sc.down)]
+            descs += [_desc(p.gate_up, w.gate_up, cur, IN_RMS_NORM, width, act, OUT_GEGLU, mlp),
+                      _desc(p.down, w.down, act, IN_BF16, mlp, cur, OUT_ADD_F32, width)]
     return descs, cur
 
 
 def build_macros(leave_out: tuple[str, ...] = (), trace: bool = False, a_window: bool = False,
-                 cluster: int = 1, down_cluster_sum: bool = False, fp8_weights: bool = False) -> tuple[str, ...]:
-    """The macros of the kernel's build with the LEAVE_OUT switches named, the trace, the A window, clusters, the
-    cluster sum of the paired MLP's partial products and FP8 weights."""
+                 cluster: int = 1, down_cluster_sum: bool = False) -> tuple[str, ...]:
+    """The macros of the kernel's build with the LEAVE_OUT switches named, the trace, the A window, clusters and
+    the cluster sum of the paired MLP's partial products."""
     unknown = set(leave_out) - set(LEAVE_OUT)
     if unknown:
         raise ValueError(f"leave_out takes {sorted(LEAVE_OUT)}; got {sorted(unknown)}")
@@ -213,21 +172,19 @@ def build_macros(leave_out: tuple[str, ...] = (), trace: bool = False, a_window:
         raise ValueError("clusters share the A window's copies: cluster > 1 needs a_window=True")
     if "a_copy" in leave_out and not a_window:
         raise ValueError("leave_out a_copy leaves out the A window's copy: it needs a_window=True")
-    if fp8_weights and not a_window:
-        raise ValueError("fp8_weights converts its A fragments from the A window: it needs a_window=True")
     if down_cluster_sum and cluster == 1:
         raise ValueError("down_cluster_sum adds up the partial products of a cluster's CTAs: it needs cluster > 1")
     return (tuple(LEAVE_OUT[name] for name in sorted(leave_out)) + ((TRACE_MACRO,) if trace else ())
             + ((A_WINDOW_MACRO,) if a_window else ()) + ((f"{CLUSTER_MACRO}={cluster}",) if cluster > 1 else ())
-            + ((DOWN_CLUSTER_SUM_MACRO,) if down_cluster_sum else ()) + ((FP8_WEIGHTS_MACRO,) if fp8_weights else ()))
+            + ((DOWN_CLUSTER_SUM_MACRO,) if down_cluster_sum else ()))
 
 
 def library(leave_out: tuple[str, ...] = (), trace: bool = False, a_window: bool = False,
-            cluster: int = 1, down_cluster_sum: bool = False, fp8_weights: bool = False) -> ctypes.CDLL:
+            cluster: int = 1, down_cluster_sum: bool = False) -> ctypes.CDLL:
     """The kernel's library (built by nvcc on first use: cuda_build.py) of build_macros(...), its C functions
     typed."""
     from .cuda_build import load_library
-    lib = load_library(LIBRARY, build_macros(leave_out, trace, a_window, cluster, down_cluster_sum, fp8_weights))
+    lib = load_library(LIBRARY, build_macros(leave_out, trace, a_window, cluster, down_cluster_sum))
     if trace:
         lib.streamed_gemm_chain_trace_setup.argtypes = [ctypes.c_int]
         lib.streamed_gemm_chain_trace_setup.restype = ctypes.c_int
@@ -259,14 +216,11 @@ class StreamedGemmChain:
     so L2 serves each row once per cluster (the waits are then required, and the MLP must be paired: the
     unpaired down GEMM's A needs two windows). `down_cluster_sum` (with clusters): the CTAs of a cluster add up
     their paired MLP partial products over distributed shared memory, each CTA adding a 1 / cluster share of the
-    columns into the residual, so each element takes CTAs / cluster atomic adds instead of CTAs. `fp8_weights`
-    (with a_window): every weight quantized to FP8 E4M3 per row (quantize_rows_fp8) and streamed as such, half the
-    bytes; `dequantized` then holds the weights it stands for (fp32), the reference's."""
+    columns into the residual, so each element takes CTAs / cluster atomic adds instead of CTAs."""
 
     def __init__(self, layer_weights: list[LayerWeights], layers: int, rows: int, wait_inputs: bool = True,
                  ctas: int | None = None, leave_out: tuple[str, ...] = (), pair_mlp: bool = True,
-                 trace: bool = False, a_window: bool = False, cluster: int = 1, down_cluster_sum: bool = False,
-                 fp8_weights: bool = False):
+                 trace: bool = False, a_window: bool = False, cluster: int = 1, down_cluster_sum: bool = False):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"StreamedGemmChain covers 1 to {MAX_ROWS} rows; got {rows}")
         if layers < 1 or not layer_weights:
@@ -274,7 +228,7 @@ class StreamedGemmChain:
         if cluster > 1 and not (wait_inputs and pair_mlp):
             raise ValueError("a clustered chain needs its waits (they keep a partner's next A out of a window still "
                              "being read) and the paired MLP (the unpaired down GEMM's A needs two windows)")
-        self.lib = library(tuple(leave_out), trace, a_window, cluster, down_cluster_sum, fp8_weights)
+        self.lib = library(tuple(leave_out), trace, a_window, cluster, down_cluster_sum)
         self.cluster = cluster
         self.trace = trace
         most = self.lib.streamed_gemm_chain_max_ctas()
@@ -294,29 +248,16 @@ class StreamedGemmChain:
         if attn > w0.qkv.shape[0]:
             raise ValueError(f"the o projection reads {attn} columns of q, which has {w0.qkv.shape[0]}")
         self.rows, self.layers, self.wait_inputs, self.pair_mlp = rows, layers, wait_inputs, pair_mlp
-        self.scales, self.dequantized = None, None
-        if fp8_weights:
-            quantized = [LayerWeights(*(quantize_rows_fp8(t) for t in w)) for w in layer_weights]  # (w8, scale)
-            self.dequantized = [LayerWeights(*(dequantize_rows_fp8(*q) for q in w)) for w in quantized]
-            down = pack_down_pairs if pair_mlp else pack_weight_fp8
-            self.packed = [LayerWeights(pack_weight_fp8(w.qkv[0]), pack_weight_fp8(w.o[0]),
-                                        pack_weight_fp8(interleave_gate_up(w.gate_up[0])), down(w.down[0]))
-                           for w in quantized]
-            self.scales = [LayerWeights(w.qkv[1], w.o[1], interleave_gate_up(w.gate_up[1][:, None]).flatten(),
-                                        w.down[1]) for w in quantized]
-        else:
-            down = pack_down_pairs if pair_mlp else pack_weight
-            self.packed = [LayerWeights(pack_weight(w.qkv), pack_weight(w.o),
-                                        pack_weight(interleave_gate_up(w.gate_up)), down(w.down))
-                           for w in layer_weights]
+        down = pack_down_pairs if pair_mlp else pack_weight
+        self.packed = [LayerWeights(pack_weight(w.qkv), pack_weight(w.o), pack_weight(interleave_gate_up(w.gate_up)),
+                                    down(w.down)) for w in layer_weights]
         self.h = torch.zeros(rows, width, device=device, dtype=torch.float32)
         # pair_mlp: the residual copy the MLP step adds into; the two swap every layer
         self.h_pair = torch.zeros(rows, width, device=device, dtype=torch.float32) if pair_mlp else None
         self.q = torch.zeros(rows, w0.qkv.shape[0], device=device, dtype=torch.bfloat16)
         self.act = torch.zeros(rows, mlp, device=device, dtype=torch.bfloat16)      # gelu_tanh(gate) * up
         self.counter = torch.zeros(1, device=device, dtype=torch.int32)
-        descs, self.result = chain_descs(layer_weights, self.packed, layers, self.h, self.h_pair, self.q, self.act,
-                                         self.scales)
+        descs, self.result = chain_descs(layer_weights, self.packed, layers, self.h, self.h_pair, self.q, self.act)
         self.gemms = len(descs)            # the steps of the chain, each one hand-over: the counter's last value
         self.descs = torch.tensor(descs, dtype=torch.int64).to(device)
 

@@ -35,6 +35,8 @@ STREAMED_H100 = BENCH / "2026-12-05" / "streamed_gemm_chain_h100.json"
 STREAMED_WINDOW_H100 = BENCH / "2026-12-05" / "streamed_gemm_chain_a_window_h100.json"
 STREAMED_SUMS_H100 = BENCH / "2026-12-05" / "streamed_gemm_chain_down_sums_h100.json"
 HANDOVER_SLICED_H100 = BENCH / "2026-12-05" / "handover_chain_sliced_h100.json"
+STREAMED_H200 = BENCH / "2026-12-05" / "streamed_gemm_chain_h200.json"
+ABLATION = BENCH / "2026-12-05" / "denoise_ablation_pi05_bf16_h200.json"
 HANDOVER_H100 = BENCH / "2026-12-05" / "handover_chain_h100.json"
 GROOT_SPLIT_H100 = BENCH / "2026-12-05" / "groot_warm_up_h100.json"
 NODE = BENCH / "2026-12-01" / "node_overhead_h200_raw.json"
@@ -426,3 +428,48 @@ def test_the_sliced_hand_over_rows_quote_their_result_file():
         extra.append(sliced - whole)
     flat = " ".join(PAGE.split())
     assert f"costs {min(extra):.2f} to {max(extra):.2f} us more per step" in flat
+
+
+def test_the_streamed_chain_h200_rows_quote_their_result_file():
+    """The streamed chain on the H200, FP8 weights among its forms: the quoted rows, the fastest form's steps, and
+    its comparison with the engine's four GEMM kernels under PDL (the denoise ablation's file)."""
+    result = json.loads(STREAMED_H200.read_text())
+    assert result["device"] == "NVIDIA H200" and result["layers"] == 180 and result["rows"] == 10
+    chain = result["variants"]
+    labels = {"streamed": "A in registers (no window)", "streamed_a_window": "the A window alone",
+              "streamed_a_window_four_gemms": "the A window, four GEMMs per layer",
+              "streamed_a_window_cluster2": "in clusters of 2",
+              "streamed_a_window_cluster2_down_sum": "in clusters of 2, with the cluster sum",
+              "streamed_a_window_cluster2_no_atomics": "in clusters of 2, without the atomics",
+              "streamed_a_window_fp8": "the A window alone, FP8 weights",
+              "streamed_a_window_four_gemms_fp8": "the A window, four GEMMs per layer, FP8 weights",
+              "streamed_a_window_cluster2_down_sum_fp8": "in clusters of 2, with the cluster sum, FP8 weights",
+              "streamed_stream_only": "the weight stream alone, bf16",
+              "streamed_stream_only_fp8": "the weight stream alone, FP8",
+              "library_per_op": "the chain as PyTorch ops"}
+    for name, label in labels.items():
+        r, err = chain[name], chain[name]["rel_l2_vs_reference"]
+        assert _row(PAGE, f"{label}, H200")[1:] == [f"{r['us_per_layer']:.2f}", f"{r['weight_tb_per_s']:.2f}",
+                                                     "" if err is None else f"{err:.1e}"], name
+    steps = result["traces"]["streamed_a_window_cluster2_down_sum"]["steps"]
+    for kind, label in (("qkv", "QKV with its norm"), ("o", "O"), ("mlp", "the paired MLP with its norm")):
+        p = steps[kind]
+        assert _row(PAGE, f"{label}, H200")[1:] == [
+            f"{p['wait']:.0f}", f"{p['A']:.0f}", f"{p['to the first product'] + p['products'] + p['sums']:.0f}",
+            f"{p['barrier']:.0f}", f"{p['step']:.0f}"], kind
+    us = {name: r["us_per_layer"] for name, r in chain.items()}
+    fastest = min(us[name] for name in labels if chain[name]["rel_l2_vs_reference"] is not None)   # right forms
+    assert fastest == us["streamed_a_window_cluster2_down_sum"]
+    ablation = json.loads(ABLATION.read_text())
+    gemms_us = ablation["ablations"]["norms_attention"]["ms"] * 1e3 / ablation["layers"]
+    whole_us = ablation["whole_ms"] * 1e3 / ablation["layers"]
+    flat = " ".join(PAGE.split())
+    assert f"its fastest form takes {fastest:.2f} us per layer for the four GEMMs alone, against {gemms_us:.1f} us" \
+        in flat
+    assert f"{fastest:.2f} us per layer for the four GEMMs, is slower than the engine's four GEMM kernels under PDL, " \
+           f"{gemms_us:.1f} us per layer" in flat
+    assert f"the engine's whole layer with its norms and attention ({whole_us:.1f} us there)" in flat
+    before = [steps[k]["wait"] + steps[k]["A"] for k in ("qkv", "mlp")]
+    assert f"{min(before) / 1e3:.1f}-{max(before) / 1e3:.1f} us of each normalized step" in flat
+    assert (f"{us['streamed_a_window_fp8']:.2f} against {us['streamed_a_window']:.2f} us with the window alone, "
+            f"{us['streamed_a_window_cluster2_down_sum_fp8']:.2f} against {fastest:.2f} in clusters") in flat

@@ -35,38 +35,6 @@ def kernel_element_index(n: int, k: int, K_total: int) -> int:
     return chunk_start + uint4_index * 8 + s * 4 + h * 2 + p
 
 
-def kernel_element_index_fp8(n: int, k: int, K_total: int) -> int:
-    """Where the FP8 build (SGC_FP8_WEIGHTS) reads W[n, k] in a pack_weight_fp8 buffer, as its code addresses it:
-    unit n // 8, chunk k // 1024 (8 KiB each); in a chunk, consumer warp w = (k % 1024) // 128 reads 16-byte load q'
-    (its 64-wide block b = 2 w + q') at byte w * 1024 + q' * 512 + lane * 16 (lane = 4 * (n % 8) + (k % 8) // 2);
-    in it, word i is the block's 16-wide step i, its bytes K offsets 2q, 2q+1 (b0) then 2q+8, 2q+9 (b1)."""
-    unit, chunk, kc = n // 8, k // 1024, k % 1024
-    block, i, h, q, p = kc // 64, (kc % 64) // 16, (kc % 16) // 8, (kc % 8) // 2, kc % 2
-    lane = 4 * (n % 8) + q
-    chunk_start = (unit * (K_total // 1024) + chunk) * 8 * 1024
-    return chunk_start + (block * 32 + lane) * 16 + i * 4 + h * 2 + p
-
-
-@pytest.mark.parametrize("n, k", [(16, 1024), (24, 3072)])
-def test_pack_weight_fp8_puts_every_element_where_the_kernel_reads_it(n, k):
-    w8 = (torch.arange(n * k) % 251).to(torch.uint8).reshape(n, k).view(torch.float8_e4m3fn)  # every byte a value
-    packed = SGC.pack_weight_fp8(w8)
-    assert packed.shape == (n * k,) and packed.dtype == torch.uint8
-    index = torch.tensor([[kernel_element_index_fp8(i, j, k) for j in range(k)] for i in range(n)])
-    assert sorted(index.flatten().tolist()) == list(range(n * k))       # a permutation
-    assert torch.equal(packed[index], w8.view(torch.uint8))
-
-
-def test_quantize_rows_fp8_scales_each_row_to_the_e4m3_range():
-    g = torch.Generator().manual_seed(5)
-    w = (torch.randn(16, 1024, generator=g) * torch.logspace(-3, 1, 16)[:, None]).bfloat16()
-    w8, scale = SGC.quantize_rows_fp8(w)
-    assert w8.dtype == torch.float8_e4m3fn and scale.shape == (16,)
-    assert torch.allclose(w8.float().abs().amax(dim=1), torch.full((16,), SGC.FP8_E4M3_MAX))  # each row's amax
-    err = (SGC.dequantize_rows_fp8(w8, scale) - w.float()).norm(dim=1) / w.float().norm(dim=1)
-    assert bool((err < 0.04).all()) and bool((err > 0.005).all())     # 3 mantissa bits, every row alike
-
-
 @pytest.mark.parametrize("n, k", [(16, 1024), (24, 3072)])
 def test_pack_weight_puts_every_element_where_the_kernel_reads_it(n, k):
     w = torch.arange(n * k, dtype=torch.float32).reshape(n, k)          # every value distinct
@@ -133,28 +101,8 @@ def test_the_paired_mlp_a_fragments_are_the_pairs_geglu_columns(group_units):
 
 
 def test_pack_down_pairs_names_what_it_cannot_take():
-    for w in (torch.zeros(512, 64, dtype=torch.bfloat16), torch.zeros(1024, 64)):
-        with pytest.raises(ValueError, match="bf16 or FP8 E4M3 \\(1024, mlp\\) W_down"):
-            SGC.pack_down_pairs(w)
-
-
-def test_pack_down_pairs_fp8_gives_each_lane_its_b_pair():
-    """The FP8 build's down products: a lane of `warp` reads, for n-tile t, the 16-bit pair at index
-    (lane % 4) // 2 * 2048 + warp * 256 + t * 16 + (lane // 4) * 2 + lane % 2 of a slot of two units' blocks (the
-    bf16 build's word index, in 16-bit units): W_down's row 128 warp + 8 t + lane // 4 at GeGLU columns
-    4 u + 2 (lane % 2) and + 1 of the slot half's unit u."""
-    mlp = 16
-    w8 = (torch.arange(1024 * mlp) % 251).to(torch.uint8).reshape(1024, mlp).view(torch.float8_e4m3fn)
-    packed = SGC.pack_down_pairs(w8)
-    assert packed.dtype == torch.uint8 and packed.shape == (1024 * mlp,)
-    ua, ub = 1, 3
-    slot = torch.cat([packed[ua * 4096:(ua + 1) * 4096], packed[ub * 4096:(ub + 1) * 4096]])
-    for warp, t, lane in ((0, 0, 0), (3, 7, 13), (7, 15, 31), (5, 2, 6)):
-        group, quad = lane // 4, lane % 4
-        index = (quad >> 1) * 2048 + warp * 256 + t * 16 + group * 2 + (quad & 1)
-        unit = ua if quad < 2 else ub
-        row, col = 128 * warp + 8 * t + group, 4 * unit + 2 * (quad & 1)
-        assert slot[2 * index: 2 * index + 2].tolist() == w8.view(torch.uint8)[row, col: col + 2].tolist()
+    with pytest.raises(ValueError, match="bf16 \\(1024, mlp\\) W_down"):
+        SGC.pack_down_pairs(torch.zeros(512, 64, dtype=torch.bfloat16))
 
 
 def test_interleave_gate_up_puts_four_gate_rows_before_their_up_rows():
@@ -210,9 +158,6 @@ def test_the_cuda_source_builds_and_exports_its_launcher(tmp_path, monkeypatch):
     summed = ctypes.CDLL(str(BUILD.build_library(SGC.LIBRARY, SGC.build_macros(a_window=True, cluster=2,
                                                                                down_cluster_sum=True))))
     assert summed.streamed_gemm_chain_smem_bytes() == window.streamed_gemm_chain_smem_bytes() + 16  # two mbarriers
-    fp8 = ctypes.CDLL(str(BUILD.build_library(SGC.LIBRARY, SGC.build_macros(a_window=True, fp8_weights=True))))
-    # FP8: 16 slots of 8 KiB in the same 128 KiB, 8 more mbarriers
-    assert fp8.streamed_gemm_chain_smem_bytes() == window.streamed_gemm_chain_smem_bytes() + 8 * 2 * 8
     traced = ctypes.CDLL(str(BUILD.build_library(SGC.LIBRARY, (SGC.TRACE_MACRO,))))
     for name in ("streamed_gemm_chain_trace_setup", "streamed_gemm_chain_trace_read"):
         assert hasattr(traced, name) and not hasattr(lib, name)          # the product build has no trace
@@ -226,16 +171,14 @@ def test_the_kernel_library_refuses_an_unknown_switch():
         SGC.library(a_window=True, cluster=3)
     with pytest.raises(ValueError, match="cluster > 1 needs a_window=True"):
         SGC.library(cluster=2)
-    with pytest.raises(ValueError, match="fp8_weights .* needs a_window=True"):
-        SGC.library(fp8_weights=True)
     with pytest.raises(ValueError, match="leave_out a_copy .* needs a_window=True"):
         SGC.library(("a_copy",))
     with pytest.raises(ValueError, match="down_cluster_sum .* needs cluster > 1"):
         SGC.library(a_window=True, down_cluster_sum=True)
     assert SGC.build_macros(("products",), True, True, 2) == ("SGC_LEAVE_OUT_PRODUCTS", "SGC_TRACE", "SGC_A_WINDOW",
                                                               "SGC_CLUSTER=2")
-    assert SGC.build_macros(("atomics",), a_window=True, cluster=4, down_cluster_sum=True, fp8_weights=True) == (
-        "SGC_LEAVE_OUT_ATOMICS", "SGC_A_WINDOW", "SGC_CLUSTER=4", "SGC_DOWN_CLUSTER_SUM", "SGC_FP8_WEIGHTS")
+    assert SGC.build_macros(("atomics",), a_window=True, cluster=4, down_cluster_sum=True) == (
+        "SGC_LEAVE_OUT_ATOMICS", "SGC_A_WINDOW", "SGC_CLUSTER=4", "SGC_DOWN_CLUSTER_SUM")
 
 
 @pytest.mark.parametrize("form", [{"pair_mlp": False}, {"wait_inputs": False}], ids=["four-gemms", "no-waits"])
@@ -254,13 +197,10 @@ def test_without_nvcc_the_build_names_what_is_missing(monkeypatch, tmp_path):
         BUILD.build_library(SGC.LIBRARY)
 
 
-def _as_the_kernel_reads(packed: torch.Tensor, n: int, k: int, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """The (n, k) weight the kernel multiplies by (fp32), gathered from a pack_weight buffer through its addressing,
-    or from a pack_weight_fp8 buffer with each row times its scale."""
-    if scale is None:
-        return packed[kernel_element_index(torch.arange(n)[:, None], torch.arange(k)[None, :], k)].float()
-    index = kernel_element_index_fp8(torch.arange(n)[:, None], torch.arange(k)[None, :], k)
-    return packed[index].view(torch.float8_e4m3fn).float() * scale[:, None]
+def _as_the_kernel_reads(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The (n, k) weight the kernel multiplies by, gathered from a pack_weight buffer through its addressing."""
+    index = kernel_element_index(torch.arange(n)[:, None], torch.arange(k)[None, :], k)
+    return packed[index]
 
 
 def _emulate_chain(descs, buffers: dict, rows: int, ctas: int) -> None:
@@ -269,9 +209,9 @@ def _emulate_chain(descs, buffers: dict, rows: int, ctas: int) -> None:
     belongs to CTA (u + rot) % ctas, a CTA's units go in groups of 8, kOutGegluDown multiplies each group's GeGLU
     columns by their W_down blocks and adds the product into its output (the atomics)."""
     rot = 0
-    for w_ptr, in_ptr, out_ptr, n, k, kinds, _, _, w2_ptr, out2_ptr, scale_ptr, scale2_ptr in descs:
+    for w_ptr, in_ptr, out_ptr, n, k, kinds, _, _, w2_ptr, out2_ptr in descs:
         in_kind, out_kind = kinds & 0xFF, kinds >> 8 & 0xFF
-        w = _as_the_kernel_reads(buffers[w_ptr], n, k, buffers[scale_ptr] if scale_ptr else None)
+        w = _as_the_kernel_reads(buffers[w_ptr], n, k).float()
         x = buffers[in_ptr][:rows, :k]
         a = (SGC.rms_norm(x) if in_kind == SGC.IN_RMS_NORM else x.float()).bfloat16().float()
         out = buffers[out_ptr]
@@ -299,57 +239,39 @@ def _emulate_chain(descs, buffers: dict, rows: int, ctas: int) -> None:
                         acts.append(act)
                 if out_kind == SGC.OUT_GEGLU_DOWN:
                     blocks = buffers[w2_ptr].view(-1, 1024, 4)                   # pack_down_pairs' unit blocks
-                    w_down = torch.cat([blocks[u] for u in group], dim=1)       # (1024, 4 * units)
-                    if scale2_ptr:                                              # FP8 with each row's scale
-                        w_down = w_down.view(torch.float8_e4m3fn).float() * buffers[scale2_ptr][:, None]
-                    w_down = w_down.float()
+                    w_down = torch.cat([blocks[u] for u in group], dim=1).float()   # (1024, 4 * units)
                     out[:rows] += torch.cat(acts, dim=1).float() @ w_down.T
         rot = (rot + units) % ctas
 
 
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("pair_mlp", [True, False], ids=["paired-mlp", "four-gemms"])
 @pytest.mark.parametrize("layers, ctas", [(1, 132), (2, 37), (3, 132)])
-def test_the_chain_descriptors_compute_the_reference(pair_mlp, layers, ctas, fp8):
+def test_the_chain_descriptors_compute_the_reference(pair_mlp, layers, ctas):
     """chain_descs' descriptors, run by an emulation of the kernel's work (_emulate_chain), compute
     streamed_gemm_chain_reference at the expert's shapes: the buffers each step reads and writes (the paired
     MLP's residual copy, swapped every layer), the packed weights through the kernel's addressing, the units'
     owners and groups (37 CTAs: several groups, an odd last one), and the buffer chain_descs names as the result.
-    The activations and the residual copy start as NaN, so a step that reads what no earlier step wrote fails.
-    With FP8 weights (packed and scaled as StreamedGemmChain(fp8_weights=True) does), against the reference on the
-    weights they stand for."""
+    The activations and the residual copy start as NaN, so a step that reads what no earlier step wrote fails."""
     g = torch.Generator().manual_seed(layers)
     shapes = GEMMA_300M.layer_gemm_shapes()
     width, attn, mlp = GEMMA_300M.width, shapes["o"][1], shapes["down"][1]
     weights = K.random_streamed_layer_weights(2, width, shapes["qkv"][0], attn, mlp, "cpu", g)
-    scales = None
-    if fp8:
-        quantized = [SGC.LayerWeights(*(SGC.quantize_rows_fp8(t) for t in w)) for w in weights]
-        down = SGC.pack_down_pairs if pair_mlp else SGC.pack_weight_fp8
-        packed = [SGC.LayerWeights(SGC.pack_weight_fp8(w.qkv[0]), SGC.pack_weight_fp8(w.o[0]),
-                                   SGC.pack_weight_fp8(SGC.interleave_gate_up(w.gate_up[0])), down(w.down[0]))
-                  for w in quantized]
-        scales = [SGC.LayerWeights(w.qkv[1], w.o[1], SGC.interleave_gate_up(w.gate_up[1][:, None]).flatten(),
-                                   w.down[1]) for w in quantized]
-        reference_weights = [SGC.LayerWeights(*(SGC.dequantize_rows_fp8(*q) for q in w)) for w in quantized]
-    else:
-        down = SGC.pack_down_pairs if pair_mlp else SGC.pack_weight
-        packed = [SGC.LayerWeights(SGC.pack_weight(w.qkv), SGC.pack_weight(w.o),
-                                   SGC.pack_weight(SGC.interleave_gate_up(w.gate_up)), down(w.down)) for w in weights]
-        reference_weights = weights
+    down = SGC.pack_down_pairs if pair_mlp else SGC.pack_weight
+    packed = [SGC.LayerWeights(SGC.pack_weight(w.qkv), SGC.pack_weight(w.o),
+                               SGC.pack_weight(SGC.interleave_gate_up(w.gate_up)), down(w.down)) for w in weights]
     rows = 10
     h0 = torch.randn(rows, width, generator=g)
     h = h0.clone()
     h_pair = torch.full((rows, width), float("nan")) if pair_mlp else None
     q = torch.full((rows, shapes["qkv"][0]), float("nan"), dtype=torch.bfloat16)
     act = torch.full((rows, mlp), float("nan"), dtype=torch.bfloat16)
-    descs, result = SGC.chain_descs(weights, packed, layers, h, h_pair, q, act, scales)
+    descs, result = SGC.chain_descs(weights, packed, layers, h, h_pair, q, act)
     assert len(descs) == (3 if pair_mlp else 4) * layers
     assert result is (h_pair if pair_mlp and layers % 2 else h)
     buffers = {t.data_ptr(): t for t in [h, q, act] + ([h_pair] if pair_mlp else [])
-               + [w for p in packed for w in p] + ([t for sc in scales for t in sc] if fp8 else [])}
+               + [w for p in packed for w in p]}
     _emulate_chain(descs, buffers, rows, ctas)
-    want = K.streamed_gemm_chain_reference(h0, reference_weights, layers)
+    want = K.streamed_gemm_chain_reference(h0, weights, layers)
     assert not torch.isnan(result).any()
     assert float((result - want).norm() / want.norm()) < 1e-3
 

@@ -48,12 +48,6 @@
 // distributed shared memory, and the owner adds them to its own and does the atomics alone, so the residual copy
 // takes CTAs / size adds per element instead of CTAs. Two mbarriers per CTA order the exchange: `sum_free` (in the
 // sender: every partner has read its window) and `sum_full` (in the owner: every partner's tiles stored).
-// With -DSGC_FP8_WEIGHTS (with the A window) the weights stream as FP8 E4M3 with one fp32 scale per weight row
-// (desc.w_scale, desc.w2_scale for W_down): a chunk is 8 KiB (pack_weight_fp8: the bf16 order with 4 bytes per
-// lane per 16-wide step), the ring has 16 slots of 8 KiB, each lane converts its B values to f16 pairs
-// (cvt e4m3x2 -> f16x2) before the products, which run on mma.sync with f16 A (the window's values rounded to f16
-// instead of bf16) and fp32 accumulators, and the sums are multiplied by their rows' scales. Half the bytes of
-// the bf16 stream.
 // The launch is cooperative (every CTA resident, one per SM), so the spin cannot deadlock. The counter is zeroed by
 // a memset before each launch (inside a captured graph too).
 // Measurement switches (the result is then wrong; never a product path): `wait_inputs = 0` skips the wait on the
@@ -73,8 +67,6 @@
 // a paired MLP step its last down product before the atomics (streamed_gemm_chain.py reads it back).
 
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -84,22 +76,12 @@ namespace {
 
 constexpr int kChunkK = 1024;                          // reduction length of one weight chunk
 constexpr int kTileN = 8;                              // output columns of one unit (one mma n-tile)
-#ifdef SGC_FP8_WEIGHTS
-#ifndef SGC_A_WINDOW
-#error "SGC_FP8_WEIGHTS converts its A fragments from the A window: it needs SGC_A_WINDOW"
-#endif
-constexpr int kWeightBytes = 1;                        // FP8 E4M3
-#else
-constexpr int kWeightBytes = 2;                        // bf16
-#endif
-constexpr int kChunkBytes = kTileN * kChunkK * kWeightBytes;  // 16 KiB of bf16, 8 KiB of FP8
+constexpr int kChunkBytes = kTileN * kChunkK * 2;      // 16 KiB of bf16
 constexpr int kConsumerWarps = 8;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kThreads = kConsumerThreads + 32;        // + the producer warp
 #ifndef SGC_STAGES
-#if defined(SGC_A_WINDOW) && defined(SGC_FP8_WEIGHTS)
-#define SGC_STAGES 16                                  // 128 KiB beside the A window
-#elif defined(SGC_A_WINDOW)
+#ifdef SGC_A_WINDOW
 #define SGC_STAGES 8                                   // 128 KiB beside the A window
 #else
 #define SGC_STAGES 12                                  // 192 KiB
@@ -116,7 +98,7 @@ constexpr float kRmsEps = 1e-6f;
 constexpr int kActCols = kGroupUnits * kTileN / 2;    // a group's GeGLU columns (kOutGegluDown): 32
 constexpr int kActWords = 16 * kActCols / 2;           // ... as bf16 pairs for 16 rows
 constexpr int kDownTiles = 1024 / kTileN / kConsumerWarps;  // kOutGegluDown: a warp's n-tiles of N2 = 1024: 16
-constexpr int kDownUnitBytes = kChunkBytes / 2;        // one unit's 4 columns of W_down (1024 x 4): 8 / 4 KiB
+constexpr int kDownUnitBytes = kChunkBytes / 2;        // one unit's 4 columns of W_down (1024 x 4 bf16): 8 KiB
 #ifndef SGC_CLUSTER
 #define SGC_CLUSTER 1
 #endif
@@ -174,19 +156,17 @@ __device__ __forceinline__ void trace_mark(int g, int e) {
 enum InKind { kInBf16 = 0, kInRmsNorm = 1 };
 enum OutKind { kOutBf16 = 0, kOutAddF32 = 1, kOutGeglu = 2, kOutGegluDown = 3 };
 
-// One GEMM of the chain: twelve int64 fields, in the order streamed_gemm_chain.py writes them.
+// One GEMM of the chain: ten int64 fields, in the order streamed_gemm_chain.py writes them.
 struct GemmDesc {
-  long long w;            // packed weight: (N / 8) units x (K / 1024) chunks x 16 KiB (FP8: 8 KiB)
+  long long w;            // packed weight: (N / 8) units x (K / 1024) chunks x 16 KiB
   long long in;           // A's source matrix (bf16 or fp32, by in_kind)
   long long out;          // the output matrix (bf16 or fp32, by out_kind)
   long long n, k;         // N (a multiple of 8), K (a multiple of 1024)
   long long kinds;        // in_kind | out_kind << 8
   long long in_stride;    // elements between two rows of the source
   long long out_stride;   // elements between two rows of the output (kOutGegluDown: of out, N2 = 1024 columns)
-  long long w2;           // kOutGegluDown: W_down (1024 rows) by pack_down_pairs(), 8 KiB (FP8: 4) per gate/up unit
+  long long w2;           // kOutGegluDown: W_down (1024 rows) packed by pack_down_pairs(), 8 KiB per gate/up unit
   long long out2;         // kOutAddF32: a second fp32 matrix that receives the same sums (0: none)
-  long long w_scale;      // SGC_FP8_WEIGHTS: fp32 scale of each packed weight row (N; gate/up interleaved as w)
-  long long w2_scale;     // SGC_FP8_WEIGHTS, kOutGegluDown: fp32 scale of each W_down row (1024)
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -271,43 +251,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
-
-#ifdef SGC_FP8_WEIGHTS
-__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void mma_f16_k8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(b0));
-}
-
-// Two E4M3 values (the low byte first) as an f16 pair (the low half first).
-__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint16_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-
-__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// A bf16 pair as an f16 pair.
-__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v) {
-  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-  return pack_f16(f.x, f.y);
-}
-#define SGC_PACK_A pack_f16       // the A fragments' type: f16 beside FP8 weights, else bf16
-#else
-#define SGC_PACK_A pack_bf16
-#endif
 
 __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
@@ -447,10 +390,6 @@ __device__ __forceinline__ void a_fragments_bf16(uint32_t (&a)[kSteps][4], const
     a[s][1] = p1[8 * s];
     a[s][2] = p0[8 * s + 4];
     a[s][3] = p1[8 * s + 4];
-#ifdef SGC_FP8_WEIGHTS
-#pragma unroll
-    for (int i = 0; i < 4; ++i) a[s][i] = bf16x2_to_f16x2(a[s][i]);
-#endif
   }
 }
 
@@ -481,8 +420,8 @@ __device__ __forceinline__ void a_fragments_rms(uint32_t (&a)[kSteps][4], const 
     for (int h = 0; h < 2; ++h) {
       const float2 x0 = *reinterpret_cast<const float2*>(p0 + 16 * s + 8 * h);
       const float2 x1 = *reinterpret_cast<const float2*>(p1 + 16 * s + 8 * h);
-      a[s][2 * h] = SGC_PACK_A(x0.x * s0, x0.y * s0);
-      a[s][2 * h + 1] = SGC_PACK_A(x1.x * s1, x1.y * s1);
+      a[s][2 * h] = pack_bf16(x0.x * s0, x0.y * s0);
+      a[s][2 * h + 1] = pack_bf16(x1.x * s1, x1.y * s1);
     }
   }
 }
@@ -729,29 +668,16 @@ __global__ void SGC_BOUNDS
             mbar_wait(&full[stage], phase);
             const uint4* src =
                 reinterpret_cast<const uint4*>(ring + stage * kChunkBytes + warp * (kChunkBytes / 8)) + lane;
-            constexpr int kBLoads = kSteps * 4 * kWeightBytes / 16;  // 16-byte loads per lane per chunk: 4 / 2
-            uint4 b[kBLoads];
+            uint4 b[kSteps / 2];
 #pragma unroll
-            for (int q = 0; q < kBLoads; ++q) b[q] = src[q * 32];
+            for (int q = 0; q < kSteps / 2; ++q) b[q] = src[q * 32];
 #if defined(SGC_LEAVE_OUT_COMPUTE)
             acc[j][0] += __uint_as_float(b[0].x & 1u);
 #elif defined(SGC_LEAVE_OUT_PRODUCTS)
-            acc[j][0] +=
-                __uint_as_float((b[0].x ^ b[kBLoads / 4].y ^ b[kBLoads / 2].z ^ b[kBLoads - 1].w ^ a_bits) & 1u);
-#elif defined(SGC_FP8_WEIGHTS)
-            // a 16-byte load holds 4 steps: word i of load q is step 4 q + i, its low 2 bytes b0's K pair
-#pragma unroll
-            for (int q = 0; q < kBLoads; ++q) {
-              const uint32_t words[4] = {b[q].x, b[q].y, b[q].z, b[q].w};
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                mma_f16(acc[j], a[4 * q + i], fp8x2_to_f16x2(static_cast<uint16_t>(words[i] & 0xffffu)),
-                        fp8x2_to_f16x2(static_cast<uint16_t>(words[i] >> 16)));
-              }
-            }
+            acc[j][0] += __uint_as_float((b[0].x ^ b[1].y ^ b[2].z ^ b[3].w ^ a_bits) & 1u);
 #else
 #pragma unroll
-            for (int q = 0; q < kBLoads; ++q) {
+            for (int q = 0; q < kSteps / 2; ++q) {
               mma_bf16(acc[j], a[2 * q], b[q].x, b[q].y);
               mma_bf16(acc[j], a[2 * q + 1], b[q].z, b[q].w);
             }
@@ -791,14 +717,13 @@ __global__ void SGC_BOUNDS
         // gelu_tanh(bf16(gate)) * bf16(up), rounded to bf16; C[r][c] is in lane 4 (r % 8) + c / 2 and C[r][c + 4]
         // two lanes further, in register (c % 2) + 2 (r >= 8). kOutGegluDown keeps the group's outputs in act_s
         // (row r, column 4 j + c), zeros where the group has no unit j, for the products with W_down below.
-        // (act_s holds the down products' A type: bf16, or f16 beside FP8 weights)
-        uint16_t* act_h = reinterpret_cast<uint16_t*>(act_s);
+        __nv_bfloat16* act_h = reinterpret_cast<__nv_bfloat16*>(act_s);
 #pragma unroll
         for (int m = 0; m < kSumsPerThread / 2; ++m) {
           const int v = threadIdx.x + m * kConsumerThreads;
           const int j = v >> 6, row = (v >> 2) & 15, c = v & 3;
           if (j >= group_units || row >= rows) {
-            if (out_kind == kOutGegluDown) act_h[row * kActCols + 4 * j + c] = 0;  // +0 in either type
+            if (out_kind == kOutGegluDown) act_h[row * kActCols + 4 * j + c] = __float2bfloat16(0.f);
             continue;
           }
           const int l = (row & 7) * 4 + (c >> 1), i = (c & 1) + (row >= 8 ? 2 : 0);
@@ -808,24 +733,14 @@ __global__ void SGC_BOUNDS
             gate += red[((j * kConsumerWarps + w) * 32 + l) * 4 + i];
             up += red[((j * kConsumerWarps + w) * 32 + l + 2) * 4 + i];
           }
-#ifdef SGC_FP8_WEIGHTS
-          // the unit's packed rows: its 4 gate rows, then their 4 up rows, each with its scale
-          const float* w_scale = reinterpret_cast<const float*>(d.w_scale) + (first + (g0 + j) * ctas) * kTileN;
-          gate *= w_scale[c];
-          up *= w_scale[4 + c];
-#endif
           gate = __bfloat162float(__float2bfloat16(gate));
           up = __bfloat162float(__float2bfloat16(up));
-          const float act = gelu_tanh(gate) * up;
+          const __nv_bfloat16 act = __float2bfloat16(gelu_tanh(gate) * up);
           if (out_kind == kOutGegluDown) {
-#ifdef SGC_FP8_WEIGHTS
-            act_h[row * kActCols + 4 * j + c] = __half_as_ushort(__float2half_rn(act));
-#else
-            act_h[row * kActCols + 4 * j + c] = __bfloat16_as_ushort(__float2bfloat16(act));
-#endif
+            act_h[row * kActCols + 4 * j + c] = act;
           } else {
             const int col = (first + (g0 + j) * ctas) * (kTileN / 2) + c;
-            reinterpret_cast<__nv_bfloat16*>(d.out)[row * d.out_stride + col] = __float2bfloat16(act);
+            reinterpret_cast<__nv_bfloat16*>(d.out)[row * d.out_stride + col] = act;
           }
         }
         if (out_kind == kOutGegluDown) {
@@ -852,28 +767,16 @@ __global__ void SGC_BOUNDS
           }
           for (int jp = 0; jp < group_units; jp += 2) {
             mbar_wait(&full[stage], phase);
-            uint32_t b[kDownTiles];
-#ifdef SGC_FP8_WEIGHTS
-            // a unit's block is (1024, 4) FP8: the lane's K pair is 2 bytes, converted to an f16 pair
-            const uint16_t* slot = reinterpret_cast<const uint16_t*>(ring + stage * kChunkBytes) +
-                                   (quad >> 1) * (kDownUnitBytes / 2) + warp * kDownTiles * 16 + group * 2 +
-                                   (quad & 1);
-#pragma unroll
-            for (int t = 0; t < kDownTiles; ++t) b[t] = fp8x2_to_f16x2(slot[t * 16]);
-#else
             const uint32_t* slot = reinterpret_cast<const uint32_t*>(ring + stage * kChunkBytes) +
                                    (quad >> 1) * (kDownUnitBytes / 4) + warp * kDownTiles * 16 + group * 2 +
                                    (quad & 1);
+            uint32_t b[kDownTiles];
 #pragma unroll
             for (int t = 0; t < kDownTiles; ++t) b[t] = slot[t * 16];
-#endif
             const uint32_t a0 = act_s[group * (kActCols / 2) + 2 * jp + quad];
             const uint32_t a1 = act_s[(group + 8) * (kActCols / 2) + 2 * jp + quad];
 #if defined(SGC_LEAVE_OUT_COMPUTE) || defined(SGC_LEAVE_OUT_PRODUCTS)
             dacc[kDownTiles - 1][0] += __uint_as_float((b[0] ^ b[kDownTiles - 1] ^ a0 ^ a1) & 1u);
-#elif defined(SGC_FP8_WEIGHTS)
-#pragma unroll
-            for (int t = 0; t < kDownTiles; ++t) mma_f16_k8(dacc[t], a0, a1, b[t]);
 #else
 #pragma unroll
             for (int t = 0; t < kDownTiles; ++t) mma_bf16_k8(dacc[t], a0, a1, b[t]);
@@ -884,20 +787,6 @@ __global__ void SGC_BOUNDS
             if (++stage == kStages) { stage = 0; phase ^= 1u; }
           }
           if (g0 == 0) SGC_MARK(g, 7);
-#ifdef SGC_FP8_WEIGHTS
-          {  // each column's W_down row scale
-            const float* w2_scale = reinterpret_cast<const float*>(d.w2_scale);
-#pragma unroll
-            for (int t = 0; t < kDownTiles; ++t) {
-              const int col = (warp * kDownTiles + t) * kTileN + 2 * quad;
-              const float s0 = w2_scale[col], s1 = w2_scale[col + 1];
-              dacc[t][0] *= s0;
-              dacc[t][1] *= s1;
-              dacc[t][2] *= s0;
-              dacc[t][3] *= s1;
-            }
-          }
-#endif
           bool adds = true;  // this warp adds its (summed) partial product into the residual copy
 #ifdef SGC_DOWN_CLUSTER_SUM
           // the cluster's sum: warp w's columns belong to rank w % kCluster; a warp of another rank stores its 16
@@ -971,9 +860,6 @@ __global__ void SGC_BOUNDS
 #pragma unroll
           for (int w = 0; w < kConsumerWarps; ++w) sum += red[((j * kConsumerWarps + w) * 32 + l) * 4 + i];
           const int col = (first + (g0 + j) * ctas) * kTileN + 2 * (l & 3) + (i & 1);
-#ifdef SGC_FP8_WEIGHTS
-          sum *= reinterpret_cast<const float*>(d.w_scale)[col];  // the weight row's scale
-#endif
           if (out_kind == kOutBf16) {
             reinterpret_cast<__nv_bfloat16*>(d.out)[row * d.out_stride + col] = __float2bfloat16(sum);
           } else {  // the unit's owner is the only writer of these elements
