@@ -7,19 +7,14 @@ Compares, at the real pi0.5 expert shapes (10 suffix rows, 8 heads, head dim 256
     qkv_rope + attention   the QKV GEMM, the qkv_rope kernel (RoPE, q scale, suffix K/V into the cache), attention
     decoder_attention      the QKV GEMM, then one attention kernel that applies RoPE itself (rope_in_attention)
 
-for each key block of the decoder's early-K/V path (the launchers' key_block), and with `--cluster`
+for each key block of the decoder's early-K/V path (the launchers' key_block). `--o-gemm` appends the O projection
+to every block (the split-K GEMM the engine's tuning picks on the H200: the shared-memory TMA GEMM in 2 K slices,
+else the few-row Triton GEMM), so that what the attention releases to the kernel after it is timed too. Every
+variant runs the block over 18 layers (their own weights and caches, as the denoiser does), launched with
+programmatic dependent launch, captured in a CUDA graph and replayed; the time is GPU time per layer (CUDA events
+around the replays).
 
-    cluster_step_attention the QKV GEMM, then kernels/flashrt_kernels/cuda/step_attention.cu: decoder_attention's
-                           contract in one CUDA C++ launch whose key splits merge across a cluster of 8 CTAs over
-                           distributed shared memory (no merge launch; built by nvcc)
-
-`--o-gemm` appends the O projection to every block (the split-K GEMM the engine's tuning picks on the H200: the
-shared-memory TMA GEMM in 2 K slices, else the few-row Triton GEMM), so that what the attention releases to the
-kernel after it is timed too. Every variant runs
-the block over 18 layers (their own weights and caches, as the denoiser does), launched with programmatic dependent
-launch, captured in a CUDA graph and replayed; the time is GPU time per layer (CUDA events around the replays).
-
-    python tools/benchmark_attention.py [--cluster] [--o-gemm] --out docs/benchmarks/<date>/attention_<gpu>.json
+    python tools/benchmark_attention.py [--o-gemm] --out docs/benchmarks/<date>/attention_<gpu>.json
 
 Prints a markdown table; the JSON holds the same numbers with the GPU, driver, torch and Triton versions.
 """
@@ -67,7 +62,7 @@ def build(prefix: int, rows: int, device: torch.device) -> dict:
     }
 
 
-PATHS = ("qkv_rope + attention", "decoder_attention", "cluster_step_attention")
+PATHS = ("qkv_rope + attention", "decoder_attention")
 
 
 def block(st: dict, i: int, path: str, key_block: int, o_gemm: bool) -> None:
@@ -78,9 +73,6 @@ def block(st: dict, i: int, path: str, key_block: int, o_gemm: bool) -> None:
     if path == "decoder_attention":
         kern.decoder_attention(qkv, st["k"][i][0], st["v"][i][0], st["pos"], st["cos"], st["sin"], st["bias"], P,
                                st["visible"], HEADS, DH ** -0.5, st["out"], pdl=True, key_block=key_block)
-    elif path == "cluster_step_attention":
-        kern.cluster_step_attention(qkv, st["k"][i][0], st["v"][i][0], st["pos"], st["cos"], st["sin"], st["bias"],
-                                    P, st["visible"], HEADS, DH ** -0.5, st["out"], pdl=True)
     else:
         kern.qkv_rope(qkv, st["pos"], st["cos"], st["sin"], st["q"], st["k"][i], st["v"][i], P, HEADS, 1,
                       DH ** -0.5, pdl=True)
@@ -109,7 +101,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--key-blocks", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--reps", type=int, default=10, help="passes over the 18 layers per graph")
     ap.add_argument("--replays", type=int, default=50)
-    ap.add_argument("--cluster", action="store_true", help="also the CUDA C++ cluster step attention (nvcc)")
     ap.add_argument("--o-gemm", action="store_true", help="append the O projection to every block")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -122,17 +113,12 @@ def main(argv: list[str] | None = None) -> None:
     for rows in args.rows:
         st = build(args.prefix, rows, dev)
         for kb in args.key_blocks:
-            for path in PATHS[:2]:
+            for path in PATHS:
                 fused = path == "decoder_attention"
                 us = time_us(st, path, kb, args.reps, args.replays, args.o_gemm)
                 plan = attn_module.plan(rows * HEADS, args.prefix if fused else args.prefix + rows, key_block=kb)
                 rows_out.append({"rows": rows, "key_block": kb, "path": path, "us_per_layer": us, "plan": plan})
                 print(f"rows {rows} key block {kb} {path}: {us:.2f} us per layer", flush=True)
-        if args.cluster:
-            us = time_us(st, PATHS[2], 0, args.reps, args.replays, args.o_gemm)
-            rows_out.append({"rows": rows, "key_block": "-", "path": PATHS[2], "us_per_layer": us,
-                             "plan": "8 CTAs per 16 query rows"})
-            print(f"rows {rows} {PATHS[2]}: {us:.2f} us per layer", flush=True)
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
            "triton": triton.__version__, "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat()}
     print(f"\n{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['time_utc']}; prefix {args.prefix} keys"

@@ -7,8 +7,7 @@ the kernels (TRITON_INTERPRET=1), on CPU tensors. `HAVE_GLUON`: Triton's Gluon i
 (kernels/flashrt_kernels/smem_gemm.py; kernels/flashrt_kernels/prefix_attention.py, the prefix attention on wgmma, whose reference is attention_reference).
 kernels/flashrt_kernels/cuda/ holds CUDA C++ kernels, built by nvcc on first use (cuda_build.py;
 `cuda_build_available()` says whether nvcc is here): StreamedGemmChain (streamed_gemm_chain.py) and its dependency
-mechanism alone, HandoverChain (handover_chain.py); cluster_step_attention (step_attention.py), decoder_attention's
-contract in one launch whose key splits merge over distributed shared memory.
+mechanism alone, HandoverChain (handover_chain.py).
 Every launcher's `pdl` takes False, True or `EARLY_TRIGGER` (kernels/flashrt_kernels/_triton.py says what each means).
 """
 
@@ -42,7 +41,6 @@ from .smem_gemm import X_ROWS as SMEM_GEMM_X_ROWS
 from .cuda_build import cuda_build_available
 from .handover_chain import HandoverChain
 from .handover_chain import value as handover_chain_value
-from .step_attention import cluster_step_attention, step_attention_supported
 from .streamed_gemm_chain import LayerWeights as StreamedLayerWeights
 from .streamed_gemm_chain import StreamedGemmChain, streamed_gemm_chain_reference
 from .streamed_gemm_chain import pack_weight as pack_streamed_weight
@@ -71,5 +69,4 @@ __all__ = [
     "HAVE_GLUON", "SMEM_GEMM_MAX_ROWS", "SMEM_GEMM_X_ROWS", "smem_gemm", "smem_gemm_supported",
     "cuda_build_available", "StreamedLayerWeights", "StreamedGemmChain", "streamed_gemm_chain_reference",
     "pack_streamed_weight", "random_streamed_layer_weights", "HandoverChain", "handover_chain_value",
-    "cluster_step_attention", "step_attention_supported",
 ]

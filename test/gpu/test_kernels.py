@@ -530,51 +530,6 @@ def test_decoder_attention(tokens, prefix, suffix_visible, splits):
     assert torch.isnan(k_cache[prefix:]).all(), "decoder_attention wrote the cache's suffix rows"
 
 
-@pytest.mark.parametrize("tokens,prefix,suffix_visible", [
-    (10, 560, "pi05"),     # 2 views + a 48-token bucket: the last CTA of each cluster holds the suffix keys alone
-    (10, 695, "pi0"),      # a block of prefix and suffix keys; pi0's state token sees itself alone
-    (16, 1003, "pi05"),    # the most keys one launch serves (128 per CTA)
-    (51, 561, "pi0"),      # 408 query rows: the last row block half full
-    (3, 17, "pi05"),       # 20 keys: two CTAs of each cluster hold keys, six none
-])
-def test_cluster_step_attention(tokens, prefix, suffix_visible):
-    """kernels/flashrt_kernels/cuda/step_attention.cu (CUDA C++, built by nvcc): decoder_attention's contract with
-    the key splits merged across a cluster, against decoder_attention_reference at the expert's shapes (8 heads,
-    head dim 256, a prefix with holes anywhere), every launch mode; every output row written, the caches' suffix
-    rows left alone, and the same result as the Triton decoder_attention within the bf16 tolerance."""
-    _skip_without_cuda_build()
-    heads, dh = 8, 256
-    if not K.step_attention_supported(tokens, prefix, dh, torch.device(DEVICE)):
-        pytest.skip("the cluster step attention needs a Hopper-or-newer GPU")
-    g = torch.Generator(device=DEVICE).manual_seed(11 * tokens + prefix)
-    qkv = torch.randn(tokens, (heads + 2) * dh, device=DEVICE, generator=g).to(torch.bfloat16)
-    k_cache = _poison(torch.empty(prefix + tokens, dh, device=DEVICE, dtype=torch.bfloat16))
-    v_cache = _poison(torch.empty_like(k_cache))
-    k_cache[:prefix] = torch.randn(prefix, dh, device=DEVICE, generator=g).to(torch.bfloat16)
-    v_cache[:prefix] = torch.randn(prefix, dh, device=DEVICE, generator=g).to(torch.bfloat16)
-    valid, bias = _prefix_key_bias(prefix, g)
-    pos = int(valid.sum()) + torch.arange(tokens, device=DEVICE)
-    cos, sin = K.rope_tables(prefix + tokens, dh, 10000.0, torch.device(DEVICE))
-    visible = _suffix_visible(tokens, suffix_visible == "pi0")
-    want = K.decoder_attention_reference(qkv, k_cache, v_cache, pos, cos, sin, bias, prefix, visible, heads,
-                                         dh ** -0.5)
-    assert not torch.isnan(want).any()
-    outs = []
-    for pdl in (False, True, K.EARLY_TRIGGER):
-        out = _poison(torch.empty(tokens * heads, dh, device=DEVICE, dtype=torch.bfloat16))
-        assert K.cluster_step_attention(qkv, k_cache, v_cache, pos, cos, sin, bias, prefix, visible, heads,
-                                        dh ** -0.5, out, pdl=pdl) is out
-        _close(out, want, ATTN_BF16_ATOL, BF16_RTOL)
-        outs.append(out)
-    assert all(torch.equal(outs[0], o) for o in outs[1:]), "the launch modes differ"
-    assert torch.isnan(k_cache[prefix:]).all() and torch.isnan(v_cache[prefix:]).all(), "the kernel wrote the cache"
-    if tokens <= 16:
-        triton_out = torch.empty_like(outs[0])
-        K.decoder_attention(qkv, k_cache, v_cache, pos, cos, sin, bias, prefix, visible, heads, dh ** -0.5,
-                            triton_out)
-        _close(outs[0], triton_out.float(), ATTN_BF16_ATOL, BF16_RTOL)
-
-
 @pytest.mark.parametrize("tokens,from_qkv", [(DECODER_ROWS[0], True), (DECODER_ROWS[-1], False)])
 def test_step_attention_in_every_row_and_key_block(tokens, from_qkv):
     """Every launch form the split attention kernels take for a denoising step (rows per program in ROW_BLOCKS x
