@@ -56,6 +56,21 @@ def _ms(stats: dict) -> str:
     return f"{stats['median']:.2f} ms ({stats['p99']:.2f})"
 
 
+# The streamed chain's forms with the A window, as the performance page's tables name them.
+WINDOW_FORM_LABELS = {"streamed_a_window": "the A window alone", "streamed_a_window_cluster2": "in clusters of 2",
+                      "streamed_a_window_cluster2_no_atomics": "in clusters of 2, without the atomics",
+                      "streamed_a_window_cluster2_down_sum": "in clusters of 2, with the cluster sum",
+                      "streamed_a_window_cluster4_down_sum": "in clusters of 4, with the cluster sum",
+                      "streamed_a_window_four_gemms": "the A window alone, four GEMMs per layer"}
+
+
+def _chain_cells(r: dict) -> list[str]:
+    """A streamed-chain variant's cells as the performance page's tables quote them: us per layer, the weight
+    stream's TB/s, the relative L2 error (empty where the form's result is wrong by design)."""
+    err = r["rel_l2_vs_reference"]
+    return [f"{r['us_per_layer']:.2f}", f"{r['weight_tb_per_s']:.2f}", "" if err is None else f"{err:.1e}"]
+
+
 @pytest.mark.parametrize("model,horizon", [("pi0.5", 10), ("pi0.5", 50), ("pi0", 10), ("pi0", 50)])
 def test_the_engine_rows_quote_the_latest_engine_calls(model, horizon):
     bf16, fp8 = (_engine(model, f"engine_{p}", horizon)["predict_ms"] for p in ("bf16", "fp8"))
@@ -327,10 +342,7 @@ def test_the_streamed_chain_h100_rows_quote_their_result_files():
     labels = {"streamed": "`streamed` (the paired MLP)",
               "library_per_op": "`library_per_op` (the chain as PyTorch ops)"}
     for name, r in chain.items():
-        cells = _row(PAGE, labels.get(name, f"`{name}`"))[1:]
-        err = r["rel_l2_vs_reference"]
-        assert cells == [f"{r['us_per_layer']:.2f}", f"{r['weight_tb_per_s']:.2f}",
-                         "" if err is None else f"{err:.1e}"], name
+        assert _row(PAGE, labels.get(name, f"`{name}`"))[1:] == _chain_cells(r), name
     us = {name: r["us_per_layer"] for name, r in chain.items()}
     flat = " ".join(PAGE.split())
     assert f"{us['streamed']:.2f} against {us['streamed_four_gemms']:.2f} us per layer, " \
@@ -367,9 +379,7 @@ def test_the_a_window_rows_quote_their_result_file():
               "streamed_stream_only": "`streamed_stream_only` (the weight stream alone)"}
     for name in ("streamed", "streamed_a_window", "streamed_a_window_cluster2", "streamed_a_window_cluster4",
                  "streamed_a_window_no_wait", "streamed_a_window_no_products", "streamed_stream_only"):
-        r, err = chain[name], chain[name]["rel_l2_vs_reference"]
-        assert _row(PAGE, labels.get(name, f"`{name}`"))[1:] == [
-            f"{r['us_per_layer']:.2f}", f"{r['weight_tb_per_s']:.2f}", "" if err is None else f"{err:.1e}"], name
+        assert _row(PAGE, labels.get(name, f"`{name}`"))[1:] == _chain_cells(chain[name]), name
     phases = ("wait", "A", "to the first product", "products", "sums", "barrier", "step", "to the next step")
     for trace, form in (("streamed", "registers"), ("streamed_a_window", "window")):
         for kind, row in result["traces"][trace]["steps"].items():
@@ -392,16 +402,9 @@ def test_the_paired_mlp_sums_rows_quote_their_result_file():
     differences drawn."""
     result = json.loads(STREAMED_SUMS_H100.read_text())
     chain = result["variants"]
-    labels = {"streamed_a_window": "the A window alone", "streamed_a_window_cluster2": "in clusters of 2",
-              "streamed_a_window_cluster2_no_atomics": "in clusters of 2, without the atomics",
-              "streamed_a_window_cluster2_down_sum": "in clusters of 2, with the cluster sum",
-              "streamed_a_window_cluster4_down_sum": "in clusters of 4, with the cluster sum",
-              "streamed_a_window_four_gemms": "the A window alone, four GEMMs per layer",
-              "streamed_stream_only": "the weight stream alone"}
+    labels = {**WINDOW_FORM_LABELS, "streamed_stream_only": "the weight stream alone"}
     for name, label in labels.items():
-        r, err = chain[name], chain[name]["rel_l2_vs_reference"]
-        assert _row(PAGE, label)[1:] == [f"{r['us_per_layer']:.2f}", f"{r['weight_tb_per_s']:.2f}",
-                                         "" if err is None else f"{err:.1e}"], name
+        assert _row(PAGE, label)[1:] == _chain_cells(chain[name]), name
     for trace, label in (("streamed_a_window_cluster2", "atomics of every CTA"),
                          ("streamed_a_window_cluster2_down_sum", "the cluster sum")):
         mlp, qkv = result["traces"][trace]["steps"]["mlp"], result["traces"][trace]["steps"]["qkv"]
@@ -436,21 +439,13 @@ def test_the_streamed_chain_h200_rows_quote_their_result_file():
     result = json.loads(STREAMED_H200.read_text())
     assert result["device"] == "NVIDIA H200" and result["layers"] == 180 and result["rows"] == 10
     chain = result["variants"]
-    labels = {"streamed": "A in registers (no window)", "streamed_a_window": "the A window alone",
-              "streamed_a_window_four_gemms": "the A window, four GEMMs per layer",
-              "streamed_a_window_cluster2": "in clusters of 2",
-              "streamed_a_window_cluster2_down_sum": "in clusters of 2, with the cluster sum",
-              "streamed_a_window_cluster2_no_atomics": "in clusters of 2, without the atomics",
-              "streamed_a_window_fp8": "the A window alone, FP8 weights",
-              "streamed_a_window_four_gemms_fp8": "the A window, four GEMMs per layer, FP8 weights",
-              "streamed_a_window_cluster2_down_sum_fp8": "in clusters of 2, with the cluster sum, FP8 weights",
-              "streamed_stream_only": "the weight stream alone, bf16",
-              "streamed_stream_only_fp8": "the weight stream alone, FP8",
-              "library_per_op": "the chain as PyTorch ops"}
+    labels = {**WINDOW_FORM_LABELS, "streamed": "A in registers (no window)",
+              "streamed_stream_only": "the weight stream alone, bf16", "library_per_op": "the chain as PyTorch ops"}
+    labels |= {f"{name}_fp8": f"{labels[name]}, FP8 weights" for name in (
+        "streamed_a_window", "streamed_a_window_four_gemms", "streamed_a_window_cluster2_down_sum")}
+    labels["streamed_stream_only_fp8"] = "the weight stream alone, FP8"
     for name, label in labels.items():
-        r, err = chain[name], chain[name]["rel_l2_vs_reference"]
-        assert _row(PAGE, f"{label}, H200")[1:] == [f"{r['us_per_layer']:.2f}", f"{r['weight_tb_per_s']:.2f}",
-                                                     "" if err is None else f"{err:.1e}"], name
+        assert _row(PAGE, f"{label}, H200")[1:] == _chain_cells(chain[name]), name
     steps = result["traces"]["streamed_a_window_cluster2_down_sum"]["steps"]
     for kind, label in (("qkv", "QKV with its norm"), ("o", "O"), ("mlp", "the paired MLP with its norm")):
         p = steps[kind]
