@@ -396,7 +396,6 @@ def test_the_a_window_rows_quote_their_result_file():
     assert f"{chain['streamed_stream_only']['weight_tb_per_s']:.2f} TB/s ({us['streamed_stream_only']:.2f} us" in flat
 
 
-
 def test_the_paired_mlp_sums_rows_quote_their_result_file():
     """The streamed chain's paired MLP sums on the H100: the quoted rows, the MLP step's traced phases and the
     differences drawn."""
