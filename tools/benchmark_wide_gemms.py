@@ -16,6 +16,10 @@ in a CUDA graph and replayed (GPU time per call, no launch overhead):
                     timed: the engine's FP8 path quantizes in the kernel ahead where it can)
     fp8_fast        the same with use_fast_accum: the tensor cores accumulate the whole K loop (no fp32 promotion
                     every few K steps; faster alone, no gain in the engine: docs/engine.md, "Tried and rejected")
+    fp8_row         torch._scaled_mm with a scale per row of x and per row of W ((M, 1) and (1, N) fp32: the
+                    FP8 backbone attention projections, engine/fp8.py), x quantized ahead (not timed)
+    fp8_row_quant   the same with x's row quantization timed (kernels/flashrt_kernels/fp8_quant.py
+                    fp8_quant_rows): what the FP8 o projection runs on the prefix attention's output
     inductor        torch.compile(mode="max-autotune-no-cudagraphs") of the same function (linear, + GELU for fc1,
                     + GeGLU for gate/up): Inductor's Triton GEMM templates with fused epilogues, autotuned against
                     cuBLAS; whether a Triton GEMM beats the library at these shapes (--no-inductor skips it)
@@ -90,6 +94,12 @@ def _geglu_torch(y: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
+def _quantize_rows_torch(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """t (R, C) -> (E4M3 rows, (R, 1) fp32 scales), each row by its own amax."""
+    scale = t.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / torch.finfo(dtype).max
+    return (t.float() / scale).to(dtype), scale
+
+
 def forms(shape: Shape, device: torch.device, inductor: bool) -> dict[str, Callable[[], torch.Tensor]]:
     """name -> a call computing the shape's GEMM (and its epilogue where it has one) on fixed random inputs."""
     g = torch.Generator(device=device).manual_seed(0)
@@ -127,6 +137,18 @@ def forms(shape: Shape, device: torch.device, inductor: bool) -> dict[str, Calla
                                                     out_dtype=torch.bfloat16))
         out["fp8_fast"] = lambda: after(torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw, bias=b,
                                                          out_dtype=torch.bfloat16, use_fast_accum=True))
+        wq_rows, sw_rows = _quantize_rows_torch(w, fp8)
+        xq_rows, sx_rows = _quantize_rows_torch(x, fp8)
+        out["fp8_row"] = lambda: after(torch._scaled_mm(xq_rows, wq_rows.t(), scale_a=sx_rows, scale_b=sw_rows.t(),
+                                                        bias=b, out_dtype=torch.bfloat16))
+        if triton_available():
+            kern = load_kernels()
+
+            def row_quant() -> torch.Tensor:
+                xq, sx = kern.fp8_quant_rows(x, fp8)
+                return after(torch._scaled_mm(xq, wq_rows.t(), scale_a=sx, scale_b=sw_rows.t(), bias=b,
+                                              out_dtype=torch.bfloat16))
+            out["fp8_row_quant"] = row_quant
     if inductor and device.type == "cuda":
         compiled = torch.compile(plain, mode="max-autotune-no-cudagraphs", dynamic=False)
         out["inductor"] = compiled
