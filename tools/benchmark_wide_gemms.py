@@ -16,10 +16,9 @@ in a CUDA graph and replayed (GPU time per call, no launch overhead):
                     timed: the engine's FP8 path quantizes in the kernel ahead where it can)
     fp8_fast        the same with use_fast_accum: the tensor cores accumulate the whole K loop (no fp32 promotion
                     every few K steps; faster alone, no gain in the engine: docs/engine.md, "Tried and rejected")
-    fp8_row         torch._scaled_mm with a scale per row of x and per row of W ((M, 1) and (1, N) fp32: the
-                    FP8 backbone attention projections, engine/fp8.py), x quantized ahead (not timed)
-    fp8_row_quant   the same with x's row quantization timed (kernels/flashrt_kernels/fp8_quant.py
-                    fp8_quant_rows): what the FP8 o projection runs on the prefix attention's output
+    fp8_row         torch._scaled_mm with a scale per row of x and per row of W ((M, 1) and (1, N) fp32), x
+                    quantized ahead (not timed): the form per-row FP8 on the prefix's attention projections would
+                    run; they stay bf16 (docs/engine.md, "Tried and rejected")
     inductor        torch.compile(mode="max-autotune-no-cudagraphs") of the same function (linear, + GELU for fc1,
                     + GeGLU for gate/up): Inductor's Triton GEMM templates with fused epilogues, autotuned against
                     cuBLAS; whether a Triton GEMM beats the library at these shapes (--no-inductor skips it)
@@ -141,14 +140,6 @@ def forms(shape: Shape, device: torch.device, inductor: bool) -> dict[str, Calla
         xq_rows, sx_rows = _quantize_rows_torch(x, fp8)
         out["fp8_row"] = lambda: after(torch._scaled_mm(xq_rows, wq_rows.t(), scale_a=sx_rows, scale_b=sw_rows.t(),
                                                         bias=b, out_dtype=torch.bfloat16))
-        if triton_available():
-            kern = load_kernels()
-
-            def row_quant() -> torch.Tensor:
-                xq, sx = kern.fp8_quant_rows(x, fp8)
-                return after(torch._scaled_mm(xq, wq_rows.t(), scale_a=sx, scale_b=sw_rows.t(), bias=b,
-                                              out_dtype=torch.bfloat16))
-            out["fp8_row_quant"] = row_quant
     if inductor and device.type == "cuda":
         compiled = torch.compile(plain, mode="max-autotune-no-cudagraphs", dynamic=False)
         out["inductor"] = compiled

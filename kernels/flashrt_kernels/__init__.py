@@ -21,7 +21,7 @@ from .attention import split_launch as attention_split_launch
 from .denoise_step import (denoise_step_in, denoise_step_in_reference, denoise_step_out,
                            denoise_step_out_reference, time_mlp_in, time_mlp_in_reference)
 from .euler import euler, euler_reference
-from .fp8_quant import fp8_quant, fp8_quant_reference, fp8_quant_rows, fp8_quant_rows_reference
+from .fp8_quant import fp8_quant, fp8_quant_reference
 from .geglu import geglu, geglu_reference, swiglu, swiglu_reference
 from .head_attention import head_attention, head_attention_reference
 from .layer_chain import PERSISTENT_WAITS as LAYER_CHAIN_PERSISTENT_WAITS
@@ -55,7 +55,7 @@ __all__ = [
     "time_mlp_in", "time_mlp_in_reference",
     "head_attention", "head_attention_reference",
     "euler", "euler_reference",
-    "fp8_quant", "fp8_quant_reference", "fp8_quant_rows", "fp8_quant_rows_reference",
+    "fp8_quant", "fp8_quant_reference",
     "geglu", "geglu_reference", "swiglu", "swiglu_reference",
     "LAYER_CHAIN_PERSISTENT_WAITS", "LAYER_CHAIN_WAITS",
     "LayerChain", "layer_chain", "layer_chain_reference", "resident_weights",

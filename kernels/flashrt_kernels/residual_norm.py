@@ -5,9 +5,7 @@
     residual <- h                   (the fp32 residual stream is updated in place)
     RMSNorm:   y = h * rsqrt(mean(h^2) + eps)                  [* w]
     LayerNorm: y = (h - mean(h)) * rsqrt(var(h) + eps)         [* w + b]
-    out <- y                        (bf16, or FP8 E4M3 when out is an FP8 tensor: y * inv_scale with a static
-                                     scale, or y / s[m] with row_scale, s[m] = amax(y[m, :]) / fmax written
-                                     beside it: the FP8 backbone q / k / v's input, engine/fp8.py)
+    out <- y                        (bf16, or FP8 E4M3 as y * inv_scale when out is an FP8 tensor)
 
 Statistics in fp32. The engine folds Gemma's (1 + w) and SigLIP's LayerNorm affine into the next GEMM, so the
 weightless form is the hot one. Provenance: FlashRT's fused residual+RMSNorm(+FP8 quant) boundary kernel; this is an
@@ -25,10 +23,9 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 def residual_norm_reference(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor | None = None,
                             bias: torch.Tensor | None = None, eps: float = 1e-6, layer_norm: bool = False,
-                            inv_scale: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
-                            row_scale: bool = False) -> tuple[torch.Tensor, ...]:
-    """Plain PyTorch. x, residual: (M, D). Returns (out (M, D) out_dtype, new residual (M, D) residual.dtype), and
-    with row_scale (an FP8 out_dtype) the rows' scales (M, 1) fp32 third."""
+                            inv_scale: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain PyTorch. x, residual: (M, D). Returns (out (M, D) out_dtype, new residual (M, D) residual.dtype)."""
     if x is not None and x.dim() == 3:                                                # split-K partials
         x = x.float().sum(0)
     h = residual.float() if x is None else residual.float() + x.float()              # (M, D) fp32
@@ -44,21 +41,14 @@ def residual_norm_reference(x: torch.Tensor | None, residual: torch.Tensor, weig
     if inv_scale is not None:  # FP8 quantization scale (an fp32 out_dtype gives the unrounded values)
         fmax = torch.finfo(torch.float8_e4m3fn if out_dtype not in FP8_DTYPES else out_dtype).max
         y = (y * inv_scale.float()).clamp(-fmax, fmax)
-    if row_scale:
-        if out_dtype not in FP8_DTYPES:
-            raise ValueError("residual_norm_reference: row_scale needs an FP8 out_dtype")
-        scale = y.abs().amax(-1, keepdim=True).clamp(min=1e-12) / torch.finfo(out_dtype).max
-        return y.div(scale).clamp(-torch.finfo(out_dtype).max, torch.finfo(out_dtype).max).to(out_dtype), \
-            h.to(residual.dtype), scale
     return y.to(out_dtype), h.to(residual.dtype)
 
 
 @triton.jit
-def _residual_norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, inv_scale_ptr, row_scale_ptr, D, eps,
+def _residual_norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, inv_scale_ptr, D, eps,
                           stride_x, stride_res, stride_out, split_stride,
                           HAS_X: tl.constexpr, X_SPLITS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                          LAYER_NORM: tl.constexpr, OUT_FP8: tl.constexpr, ROW_SCALE: tl.constexpr,
-                          FP8_MAX: tl.constexpr,
+                          LAYER_NORM: tl.constexpr, OUT_FP8: tl.constexpr, FP8_MAX: tl.constexpr,
                           BLOCK: tl.constexpr, PDL: tl.constexpr):
     release_dependents(PDL)
     row = tl.program_id(0)
@@ -80,21 +70,15 @@ def _residual_norm_kernel(x_ptr, res_ptr, w_ptr, b_ptr, out_ptr, inv_scale_ptr, 
         y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_B:
         y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    if ROW_SCALE:
-        s = tl.maximum(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=0), 1e-12) / FP8_MAX
-        tl.store(row_scale_ptr + row, s)
-        y = tl.clamp(y / s, -FP8_MAX, FP8_MAX)
-    elif OUT_FP8:
+    if OUT_FP8:
         y = tl.clamp(y * tl.load(inv_scale_ptr), -FP8_MAX, FP8_MAX)
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def residual_norm(x: torch.Tensor | None, residual: torch.Tensor, out: torch.Tensor,
                   weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, eps: float = 1e-6,
-                  layer_norm: bool = False, inv_scale: torch.Tensor | None = None, pdl: bool = False,
-                  row_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton launcher. x (M, D), (S, M, D) partials or None; residual (M, D) updated in place; out (M, D).
-    An FP8 out takes a static inv_scale, or row_scale: a contiguous (M, 1) fp32 tensor receiving each row's scale."""
+                  layer_norm: bool = False, inv_scale: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+    """Triton launcher. x (M, D), (S, M, D) partials or None; residual (M, D) updated in place; out (M, D)."""
     M, D = residual.shape
     splits, split_stride = (x.shape[0], x.stride(0)) if x is not None and x.dim() == 3 else (1, 0)
     x2 = x[0] if splits > 1 else x
@@ -103,19 +87,14 @@ def residual_norm(x: torch.Tensor | None, residual: torch.Tensor, out: torch.Ten
             raise ValueError(f"residual_norm: {name} must be ({M}, {D}) with unit column stride, got "
                              f"{tuple(t.shape)} stride {t.stride()}")
     out_fp8 = out.dtype in FP8_DTYPES
-    if out_fp8 and (inv_scale is None) == (row_scale is None):
-        raise ValueError("residual_norm: an FP8 output needs one of inv_scale (static) and row_scale (per row)")
-    if row_scale is not None and (not out_fp8 or row_scale.shape != (M, 1) or row_scale.dtype != torch.float32
-                                  or not row_scale.is_contiguous()):
-        raise ValueError(f"residual_norm: row_scale needs an FP8 out and a contiguous ({M}, 1) fp32 tensor, got "
-                         f"{tuple(row_scale.shape)} {row_scale.dtype} with out {out.dtype}")
+    if out_fp8 and inv_scale is None:
+        raise ValueError("residual_norm: an FP8 output needs inv_scale")
     block = triton.next_power_of_2(D)
     _residual_norm_kernel[(M,)](
         x if x is not None else residual, residual, weight if weight is not None else residual,
         bias if bias is not None else residual, out, inv_scale if inv_scale is not None else residual,
-        row_scale if row_scale is not None else residual,
         D, eps, x2.stride(0) if x is not None else 0, residual.stride(0), out.stride(0), split_stride,
         HAS_X=x is not None, X_SPLITS=splits, HAS_W=weight is not None, HAS_B=bias is not None, LAYER_NORM=layer_norm,
-        OUT_FP8=out_fp8, ROW_SCALE=row_scale is not None, FP8_MAX=float(torch.finfo(out.dtype).max) if out_fp8 else 0.0,
+        OUT_FP8=out_fp8, FP8_MAX=float(torch.finfo(out.dtype).max) if out_fp8 else 0.0,
         BLOCK=block, PDL=pdl, num_warps=4 if block <= 1024 else 8, **launch_options(pdl))
     return out

@@ -81,55 +81,6 @@ def test_residual_norm_fp8_out():
     assert err < FP8_REL_L2, f"fp8 output rel L2 error {err:.3e}"
 
 
-def _assert_row_quantized(q: torch.Tensor, scale: torch.Tensor, want_q: torch.Tensor, want_scale: torch.Tensor,
-                          exact: torch.Tensor) -> None:
-    """FP8 rows and their scales against the reference: the scales to fp32 rounding, the FP8 values equal but for
-    rare ties of the rounding (at most one E4M3 step, in under 0.1 % of the values), and q * scale within FP8's error
-    of the exact values."""
-    assert q.dtype == want_q.dtype and not torch.isnan(q.float()).any()
-    torch.testing.assert_close(scale, want_scale, rtol=1e-6, atol=0)
-    differ = q.float() != want_q.float()
-    assert differ.float().mean() < 1e-3, f"{int(differ.sum())} FP8 values differ from the reference"
-    step = (want_q.float().abs() * 2 ** -3).clamp(min=2 ** -9)         # one E4M3 step (3 mantissa bits)
-    assert ((q.float() - want_q.float()).abs() <= step * 1.001).all()
-    assert (q.float().abs().amax(dim=1) > 0.9 * torch.finfo(q.dtype).max).all()     # every row spans the range
-    err = (q.float() * scale - exact).norm() / exact.norm()
-    assert err < FP8_REL_L2, f"row-scaled FP8 rel L2 error {err:.3e}"
-
-
-@pytest.mark.skipif(INTERPRET, reason="Triton's interpreter casts to FP8 without round-to-nearest")
-def test_residual_norm_fp8_row_scaled_out():
-    """The norm before the FP8 backbone q / k / v: each row quantized by its own amax, its scale written beside."""
-    g = torch.Generator(device=DEVICE).manual_seed(8)
-    x = torch.randn(PREFIX_ROWS, 2048, device=DEVICE, generator=g).to(torch.bfloat16)
-    residual = torch.randn(PREFIX_ROWS, 2048, device=DEVICE, generator=g) * 4
-    residual[3, 7] = 300.0                                          # an outlier costs only its own row's precision
-    want, want_res, want_scale = K.residual_norm_reference(x, residual, out_dtype=torch.float8_e4m3fn,
-                                                           row_scale=True)
-    exact, _ = K.residual_norm_reference(x, residual, out_dtype=torch.float32)
-    out = torch.empty(PREFIX_ROWS, 2048, device=DEVICE, dtype=torch.float8_e4m3fn)
-    scale = torch.full((PREFIX_ROWS, 1), float("nan"), device=DEVICE)
-    res = residual.clone()
-    K.residual_norm(x, res, out, row_scale=scale)
-    _close(res, want_res, FP32_ATOL, FP32_RTOL)
-    _assert_row_quantized(out, scale, want, want_scale, exact)
-
-
-@pytest.mark.skipif(INTERPRET, reason="Triton's interpreter casts to FP8 without round-to-nearest")
-@pytest.mark.parametrize("pdl", [False, True])
-def test_fp8_quant_rows(pdl):
-    """The FP8 backbone o projection's input: the prefix attention's output (P, 2048) quantized per row."""
-    g = torch.Generator(device=DEVICE).manual_seed(12)
-    x = (torch.randn(PREFIX_ROWS, 2048, device=DEVICE, generator=g) * 0.7).to(torch.bfloat16)
-    x[5, :3] = torch.tensor([40.0, -0.01, 0.0])
-    want, want_scale = K.fp8_quant_rows_reference(x, torch.float8_e4m3fn)
-    q = torch.empty(PREFIX_ROWS, 2048, device=DEVICE, dtype=torch.float8_e4m3fn)
-    scale = torch.full((PREFIX_ROWS, 1), float("nan"), device=DEVICE)
-    got, got_scale = K.fp8_quant_rows(x, torch.float8_e4m3fn, q, scale, pdl=pdl)
-    assert got.data_ptr() == q.data_ptr() and got_scale.data_ptr() == scale.data_ptr()
-    _assert_row_quantized(got, got_scale, want, want_scale, x.float())
-
-
 @pytest.mark.parametrize("rows", DECODER_ROWS)
 @pytest.mark.parametrize("has_x", [True, False])
 def test_ada_rms_norm(rows, has_x):
