@@ -51,7 +51,9 @@
 #   gate engine's picks (engine_grid_<config>_<date>.json/.md, grid_<config>.log).
 # gemms: tools/benchmark_wide_gemms.py at 2 views: the vision and prefix GEMMs as F.linear, with the bias apart,
 #   addmm, the engine's epilogues, FP8 per-tensor and Inductor's autotuned Triton templates, and the vision MLP
-#   with its width 4304 padded to 4352 and 4608 (wide_gemms.json/.log).
+#   with its width 4304 padded to 4352 and 4608 (wide_gemms.json/.log); then every algorithm cuBLASLt's heuristic
+#   offers for the engine's wide GEMM shapes, timed against torch's call (tools/benchmark_cublaslt_algorithms.py:
+#   cublaslt_algorithms.json/.log).
 # load: tools/benchmark_policy_predict.py --tuning-cache: pi0.5 loaded with the tuning cache off, then on twice (the
 #   first measures and stores the picks, the second reads them), the load seconds and Policy.predict after each
 #   (policy_predict_*_tuning_cache.json/.md, load.log; the entry itself under tuning_cache/).
@@ -199,6 +201,9 @@ if [ "$PART" = gemms ]; then          # not in "all": its Inductor autotuning al
   timeout 480 "$PY" tools/benchmark_wide_gemms.py --views 2 --pad-vision-mlp 128 512 --out "$OUT/wide_gemms.json" \
     > "$OUT/wide_gemms.log" 2>&1
   echo "benchmark_wide_gemms rc=$?" >> "$OUT/wide_gemms.log"
+  timeout 150 "$PY" tools/benchmark_cublaslt_algorithms.py --out "$OUT/cublaslt_algorithms.json" \
+    > "$OUT/cublaslt_algorithms.log" 2>&1
+  echo "benchmark_cublaslt_algorithms rc=$?" >> "$OUT/cublaslt_algorithms.log"
 fi
 
 if [ "$PART" = load ]; then           # not in "all": three full loads of pi0.5 and 200 calls after each
@@ -379,6 +384,8 @@ fi
     echo "== one denoising layer"; grep -A12 "one denoising layer" "$OUT/timeline.log" || tail -n 5 "$OUT/timeline.log"
   fi
   [ -f "$OUT/wide_gemms.log" ] && { echo "== wide GEMMs"; grep -E "^\| (vision|prefix)|rc=" "$OUT/wide_gemms.log"; }
+  [ -f "$OUT/cublaslt_algorithms.log" ] && { echo "== cuBLASLt algorithms";
+    grep -E "^\| (vision|prefix)|together|rc=" "$OUT/cublaslt_algorithms.log"; }
   [ -f "$OUT/load.log" ] && { echo "== load with the tuning cache"; grep -E "^\| pi05|rc=" "$OUT/load.log"; }
   [ -f "$OUT/host.log" ] && { echo "== Policy.predict and its host trace"
     grep -E "^\| (pi05|[0-9]|validate|spin)|rc=" "$OUT/host.log"; }

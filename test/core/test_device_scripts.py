@@ -45,8 +45,9 @@ def test_script_is_valid_bash(script):
 def test_engine_checks_call_existing_tools_with_their_flags():
     script = REPO / "tools" / "device_engine_checks.sh"
     calls = [line for line in _logical_lines(script) if '"$PY" tools/' in line]
-    assert len(calls) == 25     # benchmark_engine (bench, grid-*, h50 twice, overlap twice, compile-cells),
-                                # profile_engine_timeline (224 and 480x640 frames), benchmark_wide_gemms,
+    assert len(calls) == 26     # benchmark_engine (bench, grid-*, h50 twice, overlap twice, compile-cells),
+                                # profile_engine_timeline (224 and 480x640 frames), benchmark_wide_gemms and
+                                # benchmark_cublaslt_algorithms (gemms),
                                 # benchmark_policy_predict (load, host), benchmark_text_buckets (buckets),
                                 # tune_engine (tune), benchmark_pi0_fast (fast), benchmark_groot and
                                 # benchmark_groot_language_ops (groot), profile_groot (groot-profile),
