@@ -108,12 +108,40 @@ def library_candidates() -> list[str]:
     return loaded + [p for p in wheels if p not in loaded]
 
 
+_P, _I32, _U32, _U64, _I64, _SIZE = (ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint32, ctypes.c_uint64,
+                                     ctypes.c_int64, ctypes.c_size_t)
+SIGNATURES = {     # cublasLt.h: every function the tool calls, its arguments and result (cublasStatus_t: int32)
+    "cublasLtGetVersion": ([], _SIZE),
+    "cublasLtCreate": ([_P], _I32),
+    "cublasLtMatmulDescCreate": ([_P, _I32, _I32], _I32),
+    "cublasLtMatmulDescSetAttribute": ([_P, _I32, _P, _SIZE], _I32),
+    "cublasLtMatmulDescDestroy": ([_P], _I32),
+    "cublasLtMatrixLayoutCreate": ([_P, _I32, _U64, _U64, _I64], _I32),
+    "cublasLtMatrixLayoutDestroy": ([_P], _I32),
+    "cublasLtMatmulPreferenceCreate": ([_P], _I32),
+    "cublasLtMatmulPreferenceSetAttribute": ([_P, _I32, _P, _SIZE], _I32),
+    "cublasLtMatmulPreferenceDestroy": ([_P], _I32),
+    "cublasLtMatmulAlgoGetHeuristic": ([_P, _P, _P, _P, _P, _P, _P, _I32, _P, _P], _I32),
+    "cublasLtMatmul": ([_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _SIZE, _P], _I32),
+}
+
+
+def bind(lib):
+    """Give every function of SIGNATURES its argument and result types: without them ctypes passes Python ints
+    as 32-bit C ints, which a size_t or pointer argument does not take whole. Returns lib."""
+    for name, (args, result) in SIGNATURES.items():
+        function = getattr(lib, name)
+        function.argtypes, function.restype = args, result
+    return lib
+
+
 def load_cublaslt(candidates: list[str]) -> ctypes.CDLL:
-    """The first loadable cuBLASLt of `candidates`; an error naming every place tried when none loads."""
+    """The first loadable cuBLASLt of `candidates` with its functions typed (bind); an error naming every place
+    tried when none loads."""
     errors = []
     for path in candidates:
         try:
-            return ctypes.CDLL(path)
+            return bind(ctypes.CDLL(path))
         except OSError as error:
             errors.append(f"{path}: {error}")
     raise RuntimeError("no loadable cuBLASLt: not in this process's libraries (/proc/self/maps) nor among the "

@@ -91,3 +91,16 @@ def test_summary_counts_each_gemm_per_predict():
 def test_refuses_without_cuda(capsys):
     assert bench.main([]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_every_cublaslt_function_called_is_typed():
+    """ctypes passes untyped Python ints as 32-bit ints: each cuBLASLt function the tool calls has its signature."""
+    import re
+    import types
+    called = set(re.findall(r"lib\.(cublasLt\w+)", Path(bench.__file__).read_text()))
+    assert called and called <= set(bench.SIGNATURES), sorted(called - set(bench.SIGNATURES))
+    fake = types.SimpleNamespace(**{name: types.SimpleNamespace() for name in bench.SIGNATURES})
+    bench.bind(fake)
+    assert fake.cublasLtMatmul.argtypes[14] is ctypes.c_size_t and len(fake.cublasLtMatmul.argtypes) == 16
+    assert fake.cublasLtMatrixLayoutCreate.argtypes[2:] == [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64]
+    assert fake.cublasLtGetVersion.restype is ctypes.c_size_t
