@@ -42,7 +42,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmark_wide_gemms import Shape, time_us, wide_shapes  # noqa: E402
+from benchmark_wide_gemms import Shape, cosine, time_us, wide_shapes  # noqa: E402
 
 from flashrt_core.config import get_config  # noqa: E402
 
@@ -206,11 +206,6 @@ class LtGemm:
                                     ctypes.byref(self.algorithms[i].algo), ctypes.c_void_p(self.workspace.data_ptr()),
                                     ctypes.c_size_t(self.workspace.numel()), stream), f"cublasLtMatmul(algorithm {i})")
         return y
-
-
-def cosine(got: torch.Tensor, want: torch.Tensor) -> float:
-    got, want = got.float().flatten(), want.float().flatten()
-    return float(torch.dot(got, want) / (got.norm() * want.norm()).clamp_min(1e-30))
 
 
 def measure_shape(lib, handle, shape: Shape, workspace: torch.Tensor, requested: int, reps: int,

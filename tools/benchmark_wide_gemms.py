@@ -177,11 +177,15 @@ def time_us(fn: Callable[[], torch.Tensor], device: torch.device, reps: int, rep
     return float(sorted(samples)[len(samples) // 2]) * 1e3 / reps
 
 
+def cosine(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Cosine of two outputs, flattened, in fp32 on their device."""
+    got, want = got.float().flatten(), want.float().flatten()
+    return float(torch.dot(got, want) / (got.norm() * want.norm()).clamp_min(1e-30))
+
+
 def check(fn: Callable[[], torch.Tensor], reference: torch.Tensor, name: str) -> float:
     """Cosine of a form's output against the plain form's: every form computes the same thing."""
-    got = fn().float().flatten()
-    want = reference.float().flatten()
-    cos = float(torch.dot(got, want) / (got.norm() * want.norm()).clamp_min(1e-30))
+    cos = cosine(fn(), reference)
     if not cos > 0.99:
         raise RuntimeError(f"{name}: output differs from F.linear (cosine {cos:.5f})")
     return cos
