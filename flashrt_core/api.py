@@ -44,6 +44,11 @@ from flashrt_core.stopping import raise_if_stopped
 from flashrt_core.tokenizer import PromptTokenizer, build_prompt
 
 log = logging.getLogger(__name__)
+# GR00T N1.6's model is built on transformers' SigLIP2 and Qwen3 modules and its image processing on Pillow (the
+# reference's bicubic resize); neither is needed by the pi family. setup.py's "groot" extra installs them.
+GROOT_MODULES = ("transformers", "PIL")
+INSTALL_GROOT = ("transformers and Pillow: `pip install 'flashrt-ros[groot]'` (or `pip install transformers "
+                 "pillow`)")
 
 SUPPLY_TOKENIZER = ("Released checkpoints do not ship it: download the PaliGemma sentencepiece model "
                     "(tokenizer.model of the Hugging Face repository google/paligemma-3b-pt-224, or openpi's "
@@ -423,7 +428,7 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     host_threads.warn_if_oversubscribed(log)
     family = _model_family(checkpoint, config)
     if family == "groot":
-        from flashrt_core.groot_policy import load_groot_policy
+        load_groot_policy = _groot_loader()
         if checkpoint is None:
             raise CheckpointError("GR00T has no embedded demo checkpoint: pass a checkpoint folder (`python -m "
                                   "flashrt_core.groot_fixtures DIR` writes a random one)")
@@ -497,6 +502,19 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     return policy
 
 
+def _groot_loader():
+    """groot_policy.load_groot_policy, or a CheckpointError naming the install extra where GR00T's optional
+    dependencies (GROOT_MODULES) are missing."""
+    try:
+        from flashrt_core.groot_policy import load_groot_policy
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in GROOT_MODULES:
+            raise
+        raise CheckpointError(f"loading a GR00T N1.6 checkpoint needs {INSTALL_GROOT} (cannot import "
+                              f"{exc.name!r})") from exc
+    return load_groot_policy
+
+
 def _model_family(checkpoint, config) -> str:
     """"groot" for a GR00T config (preset name or GrootConfig) or, with config=None, a GR00T checkpoint (a folder
     or a hub id whose config.json has model_type Gr00tN1d6); else "pi"."""
@@ -504,7 +522,7 @@ def _model_family(checkpoint, config) -> str:
     if is_groot_config(config):
         return "groot"
     if config is None and checkpoint is not None:
-        from flashrt_core.groot_policy import is_groot_checkpoint
+        from flashrt_core.groot_checkpoint import is_groot_checkpoint
         path = hub.checkpoint_path(checkpoint)               # a hub id: its cached snapshot
         if path.is_dir() and is_groot_checkpoint(path):
             return "groot"

@@ -27,11 +27,12 @@ import torch
 from safetensors import safe_open
 
 from flashrt_core.errors import CheckpointError
-from flashrt_core.model.groot.config import GrootConfig
+from flashrt_core.model.groot.config import MODEL_TYPE, GrootConfig
 from flashrt_core.stopping import raise_if_stopped
 
 log = logging.getLogger(__name__)
 
+CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 VISION = "backbone.model.vision_model.vision_model."
@@ -42,6 +43,18 @@ KNOWN_UNUSED = (re.compile(re.escape(VISION) + r"head\..+"),
                 re.compile(re.escape("backbone.model.language_model.lm_head.weight")),
                 re.compile(re.escape(HEAD) + r"mask_token"))
 _LLM_LAYER = re.compile(re.escape(LLM) + r"layers\.(\d+)\..+")
+
+
+def is_groot_checkpoint(checkpoint_dir: Path) -> bool:
+    """Whether the folder's config.json names GR00T N1.6 (model_type Gr00tN1d6). It reads that one file and needs
+    none of GR00T's optional dependencies, so load_model tells the model families apart without them."""
+    path = checkpoint_dir / CONFIG_FILE
+    if not path.is_file():
+        return False
+    try:
+        return json.loads(path.read_text()).get("model_type") == MODEL_TYPE
+    except (json.JSONDecodeError, AttributeError):
+        return False
 
 
 def _linear(table: dict, name: str, out_dim: int, in_dim: int, bias: bool = True) -> None:

@@ -26,7 +26,7 @@ from flashrt_core import groot_inputs, preprocess
 from flashrt_core.engine import EngineOptions, Op, detect_hardware, resolve_dispatch
 from flashrt_core.engine.groot_graph import GrootGraphExecutor
 from flashrt_core.errors import CheckpointError, InputError
-from flashrt_core.groot_checkpoint import load_state_dict
+from flashrt_core.groot_checkpoint import CONFIG_FILE, load_state_dict
 from flashrt_core.groot_statistics import Embodiment, load_embodiment
 from flashrt_core.model.groot.config import MODEL_TYPE, GrootConfig, from_checkpoint_json, get_groot_config
 from flashrt_core.model.groot.model import GrootModel
@@ -35,23 +35,12 @@ from flashrt_core.stopping import raise_if_stopped
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.json"
 DEFAULT_CONFIG = "groot_n1.6"
 # The longest instruction, in tokens, whose prompt's graph warm_up_text_buckets makes: a longer one costs a capture
 # on its first call (a pause of seconds on a running robot). Instructions to robots are a few words to a sentence
 # or two.
 WARMUP_INSTRUCTION_TOKENS = 64
 PRESET_KEY = "flashrt_preset"         # config.json key naming the preset (fixtures write it)
-
-
-def is_groot_checkpoint(checkpoint_dir: Path) -> bool:
-    path = checkpoint_dir / CONFIG_FILE
-    if not path.is_file():
-        return False
-    try:
-        return json.loads(path.read_text()).get("model_type") == MODEL_TYPE
-    except (json.JSONDecodeError, AttributeError):
-        return False
 
 
 class GrootReferenceExecutor:
