@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from flashrt_core import preprocess
+from flashrt_core import preprocess, view_workers
 from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.model.groot.config import GrootConfig
 from flashrt_core.engine.options import read_path
@@ -170,8 +170,8 @@ def prepare_views(images, view_names: Sequence[str], cfg: GrootConfig, edge: int
         raise InputError(f"GR00T needs every view of the embodiment {list(view_names)}; missing {absent}")
     edge = cfg.shortest_image_edge if edge is None else edge
     frac = cfg.crop_fraction if crop_fraction is None else crop_fraction
-    out = []
-    for img in views:
+
+    def pixels(img: np.ndarray) -> torch.Tensor:
         x = torch.from_numpy(process_image(img, cfg, edge, frac)).permute(2, 0, 1).float()
-        out.append((x / 255.0 - 0.5) / 0.5)
-    return out
+        return (x / 255.0 - 0.5) / 0.5
+    return view_workers.map_views(pixels, views)      # the views at once, on worker threads
