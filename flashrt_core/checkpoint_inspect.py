@@ -1,8 +1,8 @@
 """flashrt-inspect DIR: what a checkpoint folder is, the model it holds, its dimensions and statistics, and what
 is missing to load it (each with how to supply it). Reads the config, the statistics and the tensor names and
-shapes; no tensor data.
+shapes; no tensor data. pi0 / pi0.5 / pi0-FAST folders here, GR00T N1.6 folders in groot_inspect.py.
 
-CLI:  flashrt-inspect DIR|HUB_ID [--config PRESET] [--asset-id ID] [--tokenizer PATH] [--json]
+CLI:  flashrt-inspect DIR|HUB_ID [--config PRESET] [--asset-id ID] [--tokenizer PATH] [--embodiment TAG] [--json]
 Exit status 0 when load_model can load the folder as it is, 1 when something is missing or wrong.
 """
 
@@ -22,6 +22,8 @@ from flashrt_core.checkpoint_config import FLASHRT_CONFIG_FILE, declares_no_stat
 from flashrt_core.checkpoint_layout import DESCRIPTIONS, Layout, detect_layout
 from flashrt_core.config import ModelType
 from flashrt_core.errors import CheckpointError
+from flashrt_core.groot_checkpoint import is_groot_checkpoint
+from flashrt_core.model.groot.config import is_groot_config
 
 
 # What a layout does not record of the config (checkpoint_config's resolution order).
@@ -46,6 +48,8 @@ class Inspection:
     tokenizer: str | None = None
     missing: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    family: str = "pi"                     # "pi" (pi0, pi0.5, pi0-FAST) or "groot" (GR00T N1.6)
+    embodiments: list[dict] | None = None  # GR00T: the embodiments the folder can serve
 
     @property
     def ready(self) -> bool:
@@ -53,11 +57,15 @@ class Inspection:
 
 
 def inspect_checkpoint(checkpoint: str | Path, config: str | None = None, asset_id: str | None = None,
-                       tokenizer: str | Path | None = None) -> Inspection:
+                       tokenizer: str | Path | None = None, embodiment: str | None = None) -> Inspection:
     """Inspect a folder or hub id; problems land in Inspection.missing instead of raising (except a folder that
-    cannot be found at all)."""
+    cannot be found at all). A GR00T N1.6 folder (or config naming a GR00T preset) goes to groot_inspect, where
+    `embodiment` is the tag to check (None: every one the folder describes); asset_id is the pi family's."""
     folder = hub.checkpoint_path(checkpoint)
     report = Inspection(str(checkpoint), str(folder))
+    if is_groot_config(config) or (config is None and folder.is_dir() and is_groot_checkpoint(folder)):
+        from flashrt_core.groot_inspect import inspect_groot
+        return inspect_groot(report, folder, config, tokenizer, embodiment)
     layout = detect_layout(folder)
     report.layout, report.layout_description = layout.value, DESCRIPTIONS[layout]
     if config is None and layout in UNRECORDED:
@@ -129,7 +137,10 @@ def format_inspection(report: Inspection) -> str:
     if report.folder != report.checkpoint:
         lines.append(f"folder:     {report.folder}")
     lines.append(f"layout:     {report.layout} ({report.layout_description})")
-    if report.model:
+    if report.family == "groot":
+        from flashrt_core.groot_inspect import format_groot
+        lines += format_groot(report)
+    elif report.model:
         m = report.model
         lines += [f"model:      {m['config']} ({m['model_type']}), horizon {m['action_horizon']}, "
                   f"{m['num_steps']} steps, widths {m['widths']}",
@@ -143,7 +154,9 @@ def format_inspection(report: Inspection) -> str:
     lines.append(f"statistics: {report.statistics}" + (f" ({', '.join(dims)})" if dims else ""))
     lines.append(f"tokenizer:  {report.tokenizer or 'missing'}")
     lines += [f"note:       {note}" for note in report.notes]
-    if report.ready:
+    if report.ready and report.family == "groot":
+        lines.append("ready:      yes (load_model(DIR, embodiment=TAG) with a tag above)")
+    elif report.ready:
         lines.append("ready:      yes (flashrt-convert SRC DST makes it one self-contained folder)")
     else:
         lines.append(f"missing ({len(report.missing)}):")
@@ -153,12 +166,16 @@ def format_inspection(report: Inspection) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flashrt-inspect", description=(
-        "Say what a pi0 / pi0.5 checkpoint folder (or hub id) is: layout, model, dimensions, statistics, and what "
-        "is missing to load it. Exit status 0 when it loads as it is."))
+        "Say what a pi0 / pi0.5 / pi0-FAST or GR00T N1.6 checkpoint folder (or hub id) is: layout, model, "
+        "dimensions, statistics (GR00T: embodiments), and what is missing to load it. Exit status 0 when it loads "
+        "as it is."))
     parser.add_argument("checkpoint", help="checkpoint folder or hub id (org/name[@revision])")
     parser.add_argument("--config", help="preset name to check the weights against instead of the folder's")
     parser.add_argument("--asset-id", help="which assets/<asset_id>/norm_stats.json of an openpi checkpoint")
-    parser.add_argument("--tokenizer", help="the PaliGemma tokenizer.model you would pass to load_model")
+    parser.add_argument("--tokenizer", help="the tokenizer you would pass to load_model (pi: PaliGemma's "
+                        "tokenizer.model; GR00T: Eagle's tokenizer folder or tokenizer.json)")
+    parser.add_argument("--embodiment", help="GR00T: the embodiment tag to check (default: every one the folder "
+                        "describes)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
@@ -167,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        report = inspect_checkpoint(args.checkpoint, args.config, args.asset_id, args.tokenizer)
+        report = inspect_checkpoint(args.checkpoint, args.config, args.asset_id, args.tokenizer,
+                                    args.embodiment)
     except CheckpointError as exc:
         print(f"flashrt-inspect: {exc}", file=sys.stderr)
         return 1

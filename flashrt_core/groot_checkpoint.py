@@ -14,6 +14,9 @@ Tensor names (weight_table lists every one with its shape):
 Known and unused (accepted, not loaded): the SigLIP2 pooling head, the tied lm_head, LLM layers at or past
 select_layer, the training-time state mask_token. Anything else missing, unexpected or mis-shaped is a
 CheckpointError listing the names. Reading is memory-mapped through safetensors' safe_open (no pickle).
+Also here, because they read only files (no transformers, no Pillow): whether a folder is a GR00T checkpoint
+(is_groot_checkpoint), the GrootConfig its config.json gives (resolve_groot_config), and where Eagle's tokenizer
+is (find_tokenizer).
 """
 
 from __future__ import annotations
@@ -27,12 +30,20 @@ import torch
 from safetensors import safe_open
 
 from flashrt_core.errors import CheckpointError
-from flashrt_core.model.groot.config import MODEL_TYPE, GrootConfig
+from flashrt_core.engine.options import read_path
+from flashrt_core.model.groot.config import MODEL_TYPE, GrootConfig, from_checkpoint_json, get_groot_config
 from flashrt_core.stopping import raise_if_stopped
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
+DEFAULT_CONFIG = "groot_n1.6"
+PRESET_KEY = "flashrt_preset"         # config.json key naming the preset (fixtures write it)
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_ENV = "FLASHRT_GROOT_TOKENIZER"
+SUPPLY_TOKENIZER = ("GR00T N1.6 checkpoints do not ship Eagle's Qwen3 tokenizer: it is in the Isaac-GR00T source, "
+                    "gr00t/model/modules/nvidia/Eagle-Block2A-2B-v2; pass tokenizer=THAT_FOLDER, set "
+                    f"{TOKENIZER_ENV}, or copy the folder's tokenizer files into the checkpoint folder")
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 VISION = "backbone.model.vision_model.vision_model."
@@ -55,6 +66,38 @@ def is_groot_checkpoint(checkpoint_dir: Path) -> bool:
         return json.loads(path.read_text()).get("model_type") == MODEL_TYPE
     except (json.JSONDecodeError, AttributeError):
         return False
+
+
+def resolve_groot_config(config, checkpoint_dir: Path) -> GrootConfig:
+    """The preset (by name or object; else config.json's "flashrt_preset", which fixtures write; else
+    groot_n1.6) with the checkpoint's config.json applied."""
+    path = checkpoint_dir / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: a GR00T N1.6 checkpoint has config.json (model_type "
+                              f"{MODEL_TYPE!r})")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+    base = get_groot_config(config if config is not None else raw.get(PRESET_KEY, DEFAULT_CONFIG))
+    try:
+        return from_checkpoint_json(base, raw)
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+
+
+def find_tokenizer(checkpoint_dir: Path, tokenizer: str | Path | None) -> Path:
+    candidates = [Path(tokenizer)] if tokenizer is not None else []
+    candidates += [checkpoint_dir / TOKENIZER_FILE]
+    if (checkpoint_dir / "tokenizer_config.json").is_file():
+        candidates.append(checkpoint_dir)
+    if read_path(TOKENIZER_ENV):
+        candidates.append(Path(read_path(TOKENIZER_ENV)))
+    for path in candidates:
+        if path.exists():
+            return path
+    raise CheckpointError("GR00T tokenizer not found; tried " + ", ".join(map(str, candidates))
+                          + f". {SUPPLY_TOKENIZER}")
 
 
 def _linear(table: dict, name: str, out_dim: int, in_dim: int, bias: bool = True) -> None:

@@ -27,7 +27,8 @@ import torch
 from safetensors.torch import save_file
 
 from flashrt_core.groot_checkpoint import INDEX_FILE, weight_table
-from flashrt_core.groot_inputs import IMAGE_CLOSE, IMAGE_CONTEXT, IMAGE_OPEN, TOKENIZER_FILE
+from flashrt_core.groot_checkpoint import TOKENIZER_FILE
+from flashrt_core.groot_inputs import IMAGE_CLOSE, IMAGE_CONTEXT, IMAGE_OPEN
 from flashrt_core.groot_statistics import EMBODIMENT_ID_FILE, EMBODIMENT_IDS, PROCESSOR_FILE, STATISTICS_FILE
 from flashrt_core.model.groot.config import GrootConfig, get_groot_config, to_checkpoint_json
 from flashrt_core.model.groot.model import GrootModel

@@ -32,19 +32,15 @@ from PIL import Image
 
 from flashrt_core import preprocess, view_workers
 from flashrt_core.errors import CheckpointError, InputError
+from flashrt_core.groot_checkpoint import SUPPLY_TOKENIZER
 from flashrt_core.model.groot.config import GrootConfig
-from flashrt_core.engine.options import read_path
 from flashrt_core.tokenizer import PROMPT_CACHE_SIZE
 
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_ENV = "FLASHRT_GROOT_TOKENIZER"
 SYSTEM_TURN = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
 USER_PREFIX = "<|im_start|>user\n"
 IMAGE_OPEN, IMAGE_CONTEXT, IMAGE_CLOSE, TURN_END = "<img>", "<IMG_CONTEXT>", "</img>", "<|im_end|>\n"
 MIN_PIXELS, MAX_PIXELS, MAX_SIDE = 4 * 28 * 28, 4096 * 28 * 28, 500 * 14      # Eagle's smart_resize limits
-SUPPLY_TOKENIZER = ("GR00T N1.6 checkpoints do not ship Eagle's Qwen3 tokenizer: it is in the Isaac-GR00T source, "
-                    "gr00t/model/modules/nvidia/Eagle-Block2A-2B-v2; pass tokenizer=THAT_FOLDER, set "
-                    f"{TOKENIZER_ENV}, or copy the folder's tokenizer files into the checkpoint folder")
+
 
 
 class GrootTokenizer:
@@ -70,20 +66,6 @@ class GrootTokenizer:
         """The ids of `text` (a new list each call; the same text is tokenized once while it stays among the last
         PROMPT_CACHE_SIZE distinct ones)."""
         return list(self._encoded(text))
-
-
-def find_tokenizer(checkpoint_dir: Path, tokenizer: str | Path | None) -> Path:
-    candidates = [Path(tokenizer)] if tokenizer is not None else []
-    candidates += [checkpoint_dir / TOKENIZER_FILE]
-    if (checkpoint_dir / "tokenizer_config.json").is_file():
-        candidates.append(checkpoint_dir)
-    if read_path(TOKENIZER_ENV):
-        candidates.append(Path(read_path(TOKENIZER_ENV)))
-    for path in candidates:
-        if path.exists():
-            return path
-    raise CheckpointError("GR00T tokenizer not found; tried " + ", ".join(map(str, candidates))
-                          + f". {SUPPLY_TOKENIZER}")
 
 
 def formalize(instruction: str) -> str:

@@ -15,7 +15,6 @@ on the fused DiT's GEMMs (engine/groot_dit_gemms.py); the CPU and the reference 
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -26,21 +25,19 @@ from flashrt_core import groot_inputs, preprocess
 from flashrt_core.engine import EngineOptions, Op, detect_hardware, resolve_dispatch
 from flashrt_core.engine.groot_graph import GrootGraphExecutor
 from flashrt_core.errors import CheckpointError, InputError
-from flashrt_core.groot_checkpoint import CONFIG_FILE, load_state_dict
+from flashrt_core.groot_checkpoint import find_tokenizer, load_state_dict, resolve_groot_config
 from flashrt_core.groot_statistics import Embodiment, load_embodiment
-from flashrt_core.model.groot.config import MODEL_TYPE, GrootConfig, from_checkpoint_json, get_groot_config
+from flashrt_core.model.groot.config import GrootConfig
 from flashrt_core.model.groot.model import GrootModel
 from flashrt_core.policy_lifetime import PolicyLifetime
 from flashrt_core.stopping import raise_if_stopped
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONFIG = "groot_n1.6"
 # The longest instruction, in tokens, whose prompt's graph warm_up_text_buckets makes: a longer one costs a capture
 # on its first call (a pause of seconds on a running robot). Instructions to robots are a few words to a sentence
 # or two.
 WARMUP_INSTRUCTION_TOKENS = 64
-PRESET_KEY = "flashrt_preset"         # config.json key naming the preset (fixtures write it)
 
 
 class GrootReferenceExecutor:
@@ -146,22 +143,6 @@ class GrootPolicy(PolicyLifetime):
 
 
 
-def resolve_groot_config(config, checkpoint_dir: Path) -> GrootConfig:
-    """The preset (by name or object; else config.json's "flashrt_preset", which fixtures write; else
-    groot_n1.6) with the checkpoint's config.json applied."""
-    path = checkpoint_dir / CONFIG_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing: a GR00T N1.6 checkpoint has config.json (model_type "
-                              f"{MODEL_TYPE!r})")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
-    base = get_groot_config(config if config is not None else raw.get(PRESET_KEY, DEFAULT_CONFIG))
-    try:
-        return from_checkpoint_json(base, raw)
-    except ValueError as exc:
-        raise CheckpointError(f"{path}: {exc}") from exc
 
 
 def check_hardware(hardware: str, device: torch.device) -> None:
@@ -218,7 +199,7 @@ def load_groot_policy(checkpoint_dir: Path, config=None, embodiment: str | None 
     if emb.id >= cfg.max_num_embodiments:
         raise CheckpointError(f"embodiment {emb.tag!r} has id {emb.id}, beyond the model's "
                               f"max_num_embodiments={cfg.max_num_embodiments}")
-    tok = groot_inputs.GrootTokenizer(groot_inputs.find_tokenizer(checkpoint_dir, tokenizer))
+    tok = groot_inputs.GrootTokenizer(find_tokenizer(checkpoint_dir, tokenizer))
     weights = load_state_dict(checkpoint_dir, cfg, dtype, device)
     with torch.device("meta"):
         model = GrootModel(cfg)

@@ -1,0 +1,98 @@
+"""flashrt-inspect on GR00T N1.6 folders: what a random-weight fixture in the released layout reports (preset,
+sizes, weights, every embodiment it serves, tokenizer), and how each missing or wrong part is named, GR00T's
+libraries included: the inspection itself needs neither transformers nor Pillow."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from checked_run import failure_report
+
+from flashrt_core.checkpoint_inspect import inspect_checkpoint
+from flashrt_core.checkpoint_inspect import main as inspect_main
+from flashrt_core.groot_fixtures import write_random_groot_checkpoint
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def groot_folder(tmp_path_factory) -> Path:
+    return write_random_groot_checkpoint(tmp_path_factory.mktemp("groot") / "tiny")
+
+
+def copy_without(folder: Path, tmp_path: Path, *names: str) -> Path:
+    out = tmp_path / "copy"
+    shutil.copytree(folder, out)
+    for name in names:
+        (out / name).unlink()
+    return out
+
+
+def test_a_released_layout_folder_is_ready_and_described(groot_folder, capsys):
+    assert inspect_main([str(groot_folder)]) == 0
+    out = capsys.readouterr().out
+    assert "layout:     groot_n1.6" in out
+    assert "model:      groot_n1.6_tiny (Gr00tN1d6, preset from config.json's flashrt_preset), horizon 16" in out
+    assert ("embodiment: new_embodiment (id 10): views ['front', 'wrist'], state [single_arm 5, gripper 1], "
+            "action [single_arm 5, gripper 1]") in out
+    assert f"tokenizer:  {groot_folder / 'tokenizer.json'}" in out
+    assert "ready:      yes" in out
+    report = inspect_checkpoint(groot_folder)
+    assert report.family == "groot" and report.ready and report.tensors > 100
+    assert [e["tag"] for e in report.embodiments] == ["new_embodiment"]
+
+
+def test_missing_statistics_and_tokenizer_are_named(groot_folder, tmp_path, capsys):
+    folder = copy_without(groot_folder, tmp_path, "statistics.json", "tokenizer.json")
+    assert inspect_main([str(folder), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["family"] == "groot" and not report["ready"] and report["embodiments"] == []
+    assert any("statistics.json is missing" in line for line in report["missing"])
+    assert any(line.startswith("tokenizer: GR00T tokenizer not found") and "Eagle-Block2A-2B-v2" in line
+               for line in report["missing"])
+
+
+def test_an_embodiment_the_folder_cannot_serve_is_named(groot_folder):
+    report = inspect_checkpoint(groot_folder, embodiment="gr1")
+    assert not report.ready and report.embodiments == []
+    assert any("'gr1'" in line and "fine-tuned for ['new_embodiment']" in line for line in report.missing)
+
+
+def test_a_config_json_that_does_not_fit_the_preset_is_named(groot_folder):
+    report = inspect_checkpoint(groot_folder, config="groot_n1.6")
+    assert report.model is None and not report.ready
+    (config,) = [line for line in report.missing if line.startswith("config:")]
+    assert "must equal llm.width=2048" in config
+
+
+def test_a_mis_shaped_tensor_is_named(groot_folder, tmp_path):
+    from safetensors.torch import load_file, save_file
+    folder = copy_without(groot_folder, tmp_path)
+    shard = sorted(folder.glob("model-*.safetensors"))[0]
+    tensors = load_file(shard)
+    name = next(n for n, t in tensors.items() if t.ndim == 2 and t.shape[0] != t.shape[1])
+    tensors[name] = tensors[name].t().contiguous()
+    save_file(tensors, shard, metadata={"format": "pt"})
+    report = inspect_checkpoint(folder)
+    (weights,) = [line for line in report.missing if line.startswith("weights:")]
+    assert "shape mismatches" in weights and name in weights
+    assert report.embodiments and report.tensors == inspect_checkpoint(groot_folder).tensors
+
+
+@pytest.mark.parametrize("missing", ["transformers", "PIL"])
+def test_inspection_runs_without_gr00t_libraries_and_names_them(groot_folder, missing):
+    code = (f"import sys\nsys.modules[{missing!r}] = None\n"
+            "from flashrt_core.checkpoint_inspect import main\n"
+            f"sys.exit(main([{str(groot_folder)!r}]))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+    assert done.returncode == 1, failure_report(done)
+    name = {"transformers": "transformers", "PIL": "Pillow"}[missing]
+    assert f"libraries: GR00T N1.6 needs {name}, not installed: pip install 'flashrt-ros[groot]'" in done.stdout
+    assert "embodiment: new_embodiment (id 10)" in done.stdout and "Traceback" not in done.stderr
