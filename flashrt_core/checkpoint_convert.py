@@ -42,6 +42,7 @@ from flashrt_core.checkpoint_layout import detect_layout
 from flashrt_core.config import PRESETS, ModelConfig, ModelType
 from flashrt_core.errors import CheckpointError
 from flashrt_core.fixtures import NORM_STATS_FILE, TOKENIZER_FILE, write_safetensors_streaming
+from flashrt_core.groot_checkpoint import is_groot_checkpoint
 from flashrt_core.tokenizer import PromptTokenizer
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,9 @@ def convert(src: str | Path, dst: str | Path, *, tokenizer: str | Path | None = 
             force: bool = False, fast_tokenizer: str | Path | None = None) -> Path:
     """Write the flashrt folder of `src` at `dst` (see the module docstring); returns dst."""
     src_dir = hub.checkpoint_path(src)
+    if src_dir.is_dir() and is_groot_checkpoint(src_dir):
+        raise CheckpointError(f"{src_dir} is a GR00T N1.6 checkpoint: load_model reads its released layout as it "
+                              "is (no conversion); `flashrt-inspect DIR` says what it holds and what it lacks")
     dst = Path(dst)
     if dst.exists() and any(dst.iterdir()) and not force:
         raise CheckpointError(f"{dst} exists and is not empty; choose a new folder or pass --force to replace it")

@@ -1,6 +1,7 @@
 """flashrt-inspect on GR00T N1.6 folders: what a random-weight fixture in the released layout reports (preset,
 sizes, weights, every embodiment it serves, tokenizer), and how each missing or wrong part is named, GR00T's
-libraries included: the inspection itself needs neither transformers nor Pillow."""
+libraries included: the inspection itself needs neither transformers nor Pillow. flashrt-convert says that such
+a folder loads as it is."""
 
 from __future__ import annotations
 
@@ -96,3 +97,11 @@ def test_inspection_runs_without_gr00t_libraries_and_names_them(groot_folder, mi
     name = {"transformers": "transformers", "PIL": "Pillow"}[missing]
     assert f"libraries: GR00T N1.6 needs {name}, not installed: pip install 'flashrt-ros[groot]'" in done.stdout
     assert "embodiment: new_embodiment (id 10)" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_convert_says_a_gr00t_folder_loads_as_it_is(groot_folder, tmp_path, capsys):
+    from flashrt_core.checkpoint_convert import main as convert_main
+    assert convert_main([str(groot_folder), str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "is a GR00T N1.6 checkpoint: load_model reads its released layout as it is" in err
+    assert "flashrt-inspect DIR" in err and not (tmp_path / "out").exists()
