@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from flashrt_core import preprocess, view_workers
+from flashrt_core import preprocess
 from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.groot_checkpoint import SUPPLY_TOKENIZER
 from flashrt_core.model.groot.config import GrootConfig
@@ -40,7 +40,6 @@ SYSTEM_TURN = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
 USER_PREFIX = "<|im_start|>user\n"
 IMAGE_OPEN, IMAGE_CONTEXT, IMAGE_CLOSE, TURN_END = "<img>", "<IMG_CONTEXT>", "</img>", "<|im_end|>\n"
 MIN_PIXELS, MAX_PIXELS, MAX_SIDE = 4 * 28 * 28, 4096 * 28 * 28, 500 * 14      # Eagle's smart_resize limits
-
 
 
 class GrootTokenizer:
@@ -152,8 +151,8 @@ def prepare_views(images, view_names: Sequence[str], cfg: GrootConfig, edge: int
         raise InputError(f"GR00T needs every view of the embodiment {list(view_names)}; missing {absent}")
     edge = cfg.shortest_image_edge if edge is None else edge
     frac = cfg.crop_fraction if crop_fraction is None else crop_fraction
-
-    def pixels(img: np.ndarray) -> torch.Tensor:
+    out = []
+    for img in views:
         x = torch.from_numpy(process_image(img, cfg, edge, frac)).permute(2, 0, 1).float()
-        return (x / 255.0 - 0.5) / 0.5
-    return view_workers.map_views(pixels, views)      # the views at once, on worker threads
+        out.append((x / 255.0 - 0.5) / 0.5)
+    return out

@@ -33,7 +33,6 @@ import torch
 import torch.nn.functional as F
 
 from flashrt_core.errors import InputError
-from flashrt_core import view_workers
 
 logger = logging.getLogger(__name__)
 
@@ -181,14 +180,16 @@ def prepare_images(
     A view with no image (list shorter than ``view_names``, a name absent from the dict, or ``None``) becomes a
     -1 image with mask False. Raises InputError for extra or unknown views and malformed images.
     """
-    views = validate_images(images, view_names)
+    by_view = dict(zip(view_names, validate_images(images, view_names), strict=True))
     pixels = np.full((len(view_names), 3, size, size), -1.0, dtype=np.float32)  # [V, 3, size, size]
-    masks = np.array([img is not None for img in views], dtype=np.bool_)  # [V]
-
-    def fill(v: int) -> None:
-        square = resize_with_pad(views[v], size)  # [size, size, 3] uint8
+    masks = np.zeros(len(view_names), dtype=np.bool_)  # [V]
+    for v, name in enumerate(view_names):
+        img = by_view[name]
+        if img is None:
+            continue
+        square = resize_with_pad(img, size)  # [size, size, 3] uint8
         pixels[v] = square.transpose(2, 0, 1).astype(np.float32) / 255.0 * 2.0 - 1.0  # openpi's uint8 -> [-1, 1]
-    view_workers.map_views(fill, np.flatnonzero(masks).tolist())  # the views at once, on worker threads
+        masks[v] = True
     return pixels, masks
 
 

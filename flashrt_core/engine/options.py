@@ -258,9 +258,6 @@ PRODUCT_ENVIRONMENT = (
                 "uint8 images go into its graph, which resizes them; 0 resizes them on the host."),
     EnvVariable("FLASHRT_GPU_UNNORMALIZE", "1", "load_model(gpu_unnormalize=None): with the GPU preprocessing, the "
                 "graph unnormalizes the actions too; 0 unnormalizes them on the host."),
-    EnvVariable("FLASHRT_PARALLEL_VIEWS", "1", "The host's per-view image preprocessing (GR00T's resizes, the pi "
-                "family's host resize) runs the views of an observation on worker threads at once "
-                "(flashrt_core.view_workers); 0 runs them one after another in the calling thread."),
     EnvVariable("FLASHRT_TOKENIZER", "", "The PaliGemma tokenizer model, looked for after the checkpoint's own "
                 "tokenizer.model (flashrt_core.api.tokenizer_candidates)."),
     EnvVariable("FLASHRT_FAST_TOKENIZER", "", "pi0-FAST's FAST action tokenizer folder, looked for after the "
