@@ -517,16 +517,25 @@ def _groot_loader():
 
 def _model_family(checkpoint, config) -> str:
     """"groot" for a GR00T config (preset name or GrootConfig) or, with config=None, a GR00T checkpoint (a folder
-    or a hub id whose config.json has model_type Gr00tN1d6); else "pi"."""
+    or a hub id whose config.json has model_type Gr00tN1d6); else "pi". A GR00T checkpoint with a pi-family config
+    is a CheckpointError that says so (the pi loader would only report what a pi folder lacks)."""
     from flashrt_core.model.groot.config import is_groot_config
     if is_groot_config(config):
         return "groot"
-    if config is None and checkpoint is not None:
+    if checkpoint is not None:
         from flashrt_core.groot_checkpoint import is_groot_checkpoint
         path = hub.checkpoint_path(checkpoint)               # a hub id: its cached snapshot
         if path.is_dir() and is_groot_checkpoint(path):
+            if config is not None:
+                raise CheckpointError(f"{path} is a GR00T N1.6 checkpoint (config.json model_type Gr00tN1d6), but "
+                                      f"config={_config_name(config)!r} is a pi-family model: pass config=None or a "
+                                      "GR00T preset ('groot_n1.6'), and embodiment=TAG")
             return "groot"
     return "pi"
+
+
+def _config_name(config) -> str:
+    return config if isinstance(config, str) else getattr(config, "name", type(config).__name__)
 
 
 def _same_affine(held, wanted) -> bool:

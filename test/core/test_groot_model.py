@@ -221,6 +221,13 @@ def test_checkpoint_detected_without_config(ckpt):
     assert isinstance(pol, GrootPolicy)
 
 
+@pytest.mark.parametrize("config", ["pi05", "pi0_tiny"])
+def test_a_pi_config_on_a_groot_checkpoint_names_both(ckpt, config):
+    with pytest.raises(CheckpointError, match=f"is a GR00T N1.6 checkpoint .* but config='{config}' is a "
+                                              "pi-family model: pass config=None"):
+        load_model(ckpt, config=config, device="cpu")
+
+
 def test_embodiment_on_a_pi_config_is_refused():
     with pytest.raises(ValueError, match="GR00T checkpoints only"):
         load_model(None, config="pi05_tiny", embodiment="gr1")
