@@ -79,6 +79,10 @@ def resolve_groot_config(config, checkpoint_dir: Path) -> GrootConfig:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict) or raw.get("model_type") != MODEL_TYPE:
+        found = raw.get("model_type", raw.get("type")) if isinstance(raw, dict) else type(raw).__name__
+        raise CheckpointError(f"{path} names model_type {found!r}, not GR00T N1.6's {MODEL_TYPE!r}: this is no "
+                              "GR00T checkpoint (a pi0 / pi0.5 folder loads with config=None or its own preset)")
     base = get_groot_config(config if config is not None else raw.get(PRESET_KEY, DEFAULT_CONFIG))
     try:
         return from_checkpoint_json(base, raw)

@@ -228,6 +228,12 @@ def test_a_pi_config_on_a_groot_checkpoint_names_both(ckpt, config):
         load_model(ckpt, config=config, device="cpu")
 
 
+def test_a_groot_config_on_another_models_folder_names_it(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"type": "pi05", "chunk_size": 50}))
+    with pytest.raises(CheckpointError, match="names model_type 'pi05', not GR00T N1.6's 'Gr00tN1d6'"):
+        load_model(tmp_path, config=TINY, embodiment="new_embodiment", device="cpu")
+
+
 def test_embodiment_on_a_pi_config_is_refused():
     with pytest.raises(ValueError, match="GR00T checkpoints only"):
         load_model(None, config="pi05_tiny", embodiment="gr1")
