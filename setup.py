@@ -39,14 +39,15 @@ setup(
         "pyyaml>=6,<7",
         "opencv-python-headless>=4.9,<6",
         "tokenizers>=0.20,<1",        # pi0-FAST's FAST action tokenizer, GR00T's tokenizer.json
+        "pillow>=10,<14",             # openpi's host resize (preprocess.py; 13 on: its numpy twin), GR00T's bicubic
     ],
     extras_require={
         "bags": ["rosbags>=0.10,<0.12"],
         "plots": ["rosbags>=0.10,<0.12", "matplotlib>=3.7,<4"],
         "hub": ["huggingface_hub>=0.34,<3"],
         "orbax": ["tensorstore>=0.1.70,<0.2"],
-        "groot": ["transformers>=4.51,<6", "pillow>=10,<13"],    # GR00T N1.6: SigLIP2 / Qwen3 modules, its resize
-        "test": ["pytest>=8,<10", "transformers>=4.51,<6", "pillow>=10,<13"],
+        "groot": ["transformers>=4.51,<6"],    # GR00T N1.6's SigLIP2 / Qwen3 modules
+        "test": ["pytest>=8,<10", "transformers>=4.51,<6"],
     },
     # each through flashrt_ros.console_scripts, which names a missing optional part (ROS 2, the messages, the
     # bag library) and how to get it instead of ending in a traceback

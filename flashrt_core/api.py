@@ -44,11 +44,12 @@ from flashrt_core.stopping import raise_if_stopped
 from flashrt_core.tokenizer import PromptTokenizer, build_prompt
 
 log = logging.getLogger(__name__)
-# GR00T N1.6's model is built on transformers' SigLIP2 and Qwen3 modules and its image processing on Pillow (the
-# reference's bicubic resize); neither is needed by the pi family. setup.py's "groot" extra installs them.
+# GR00T N1.6's model is built on transformers' SigLIP2 and Qwen3 modules, which the pi family does not need:
+# setup.py's "groot" extra installs them. Its bicubic resize is Pillow's, a core requirement that a ROS install may
+# still lack (package.xml's python3-pil).
 GROOT_MODULES = ("transformers", "PIL")
-INSTALL_GROOT = ("transformers and Pillow: `pip install 'flashrt-ros[groot]'` (or `pip install transformers "
-                 "pillow`)")
+INSTALL_GROOT = ("transformers (`pip install 'flashrt-ros[groot]'`) and Pillow (`pip install pillow`, in the core "
+                 "requirements)")
 
 SUPPLY_TOKENIZER = ("Released checkpoints do not ship it: download the PaliGemma sentencepiece model "
                     "(tokenizer.model of the Hugging Face repository google/paligemma-3b-pt-224, or openpi's "

@@ -20,9 +20,9 @@ from flashrt_core.groot_statistics import PROCESSOR_FILE, STATISTICS_FILE, load_
 LAYOUT = "groot_n1.6"
 LAYOUT_DESCRIPTION = (f"GR00T N1.6 (Isaac-GR00T's Gr00tN1d6): {CONFIG_FILE}, {INDEX_FILE} with its shards (or "
                       f"{SINGLE_FILE}), {PROCESSOR_FILE}, {STATISTICS_FILE}")
-# GR00T's libraries beyond the core requirements (api.GROOT_MODULES): their import names and the extra
-GROOT_LIBRARIES = {"transformers": "transformers", "PIL": "Pillow"}
-INSTALL_GROOT = "pip install 'flashrt-ros[groot]'"
+# the libraries GR00T needs that an install may lack (api.GROOT_MODULES): import name -> what installs it
+GROOT_LIBRARIES = {"transformers": "transformers (pip install 'flashrt-ros[groot]')",
+                   "PIL": "Pillow (pip install pillow)"}
 SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
                       "F8_E4M3": "float8_e4m3fn"}
 
@@ -95,7 +95,7 @@ def inspect_groot(report, folder: Path, config: str | None = None, tokenizer: st
         report.missing.append(f"tokenizer: {exc}")
     absent = [name for module, name in GROOT_LIBRARIES.items() if not _installed(module)]
     if absent:
-        report.missing.append(f"libraries: GR00T N1.6 needs {' and '.join(absent)}, not installed: {INSTALL_GROOT}")
+        report.missing.append(f"libraries: GR00T N1.6 needs {' and '.join(absent)}, not installed")
     return report
 
 

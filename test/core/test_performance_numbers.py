@@ -29,6 +29,7 @@ ABLATION = BENCH / "2026-12-05" / "denoise_ablation_pi05_bf16_h200.json"
 GROOT_WARM_UP = BENCH / "2026-12-05" / "groot_warm_up_h200.json"
 GROOT_INPUTS = {when: BENCH / "2026-12-05" / f"groot_inputs{when}_devmachine.json" for when in ("_before", "")}
 RTC = BENCH / "2026-12-04" / "rtc_cost_pi05_h200.json"
+HOST_RESIZE = BENCH / "2026-12-05" / "host_resize_devmachine.json"
 STREAMED = {form: BENCH / "2026-12-05" / f"streamed_gemm_chain_{form}_form_h200.log" for form in ("first", "second")}
 STREAMED_JSON = BENCH / "2026-12-05" / "streamed_gemm_chain_second_form_h200.json"
 STREAMED_H100 = BENCH / "2026-12-05" / "streamed_gemm_chain_h100.json"
@@ -467,3 +468,11 @@ def test_the_streamed_chain_h200_rows_quote_their_result_file():
     assert f"{min(before) / 1e3:.1f}-{max(before) / 1e3:.1f} us of each normalized step" in flat
     assert (f"{us['streamed_a_window_fp8']:.2f} against {us['streamed_a_window']:.2f} us with the window alone, "
             f"{us['streamed_a_window_cluster2_down_sum_fp8']:.2f} against {fastest:.2f} in clusters") in flat
+
+
+def test_the_host_resize_rows_quote_their_result_file():
+    ms = {(r["height"], r["width"], r["path"]): r["median_ms"] for r in json.loads(HOST_RESIZE.read_text())["rows"]}
+    labels = {(224, 224): "224 x 224 (no resize)", (480, 640): "480 x 640", (720, 1280): "720 x 1280"}
+    for (h, w), label in labels.items():
+        assert _row(PAGE, label)[1:] == [f"{ms[h, w, 'pillow']:.2f} ms", f"{ms[h, w, 'numpy']:.2f} ms"]
+    assert ms[480, 640, "pillow"] < ms[480, 640, "numpy"] and ms[720, 1280, "pillow"] < ms[720, 1280, "numpy"]

@@ -1,4 +1,5 @@
-"""Image resize-with-pad (numpy vs PIL, torch vs numpy), view handling, state validation and discretization."""
+"""Image resize-with-pad (Pillow and the numpy path without it vs openpi's PIL reference, torch vs numpy), view
+handling, state validation and discretization."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from flashrt_core import preprocess
 from flashrt_core.errors import InputError
 from flashrt_core.preprocess import (
     TORCH_RESIZE_TOLERANCE_LEVELS,
@@ -54,6 +56,28 @@ def test_resize_with_pad_equals_pil_bit_for_bit(shape):
         out = resize_with_pad(img, 224)
         assert out.dtype == np.uint8 and out.shape == (224, 224, 3)
         np.testing.assert_array_equal(out, openpi_client_resize_with_pad(img, 224))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_numpy_resize_equals_pil_bit_for_bit(shape):
+    """The path without Pillow (or with a Pillow that resamples otherwise) gives Pillow 11's bits."""
+    rng = np.random.default_rng(sum(shape) + 1)
+    img = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+    rh, rw, _, _ = resized_shape(*shape, 224)
+    want = np.asarray(Image.fromarray(img).resize((rw, rh), resample=Image.BILINEAR))
+    np.testing.assert_array_equal(preprocess._numpy_resize_bilinear(img, rh, rw), want)
+
+
+def test_pillow_is_used_only_where_it_resizes_as_openpis(monkeypatch):
+    preprocess._openpi_pillow.cache_clear()
+    assert preprocess._openpi_pillow() is Image                      # the installed 11.2.1
+    monkeypatch.setattr(PIL, "__version__", "13.0.0")
+    preprocess._openpi_pillow.cache_clear()
+    assert preprocess._openpi_pillow() is None
+    img = np.random.default_rng(3).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(resize_with_pad(img, 224), openpi_client_resize_with_pad(img, 224))
+    monkeypatch.undo()
+    preprocess._openpi_pillow.cache_clear()
 
 
 def test_non_square_image_keeps_aspect_and_is_centred():
