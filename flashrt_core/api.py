@@ -47,9 +47,8 @@ log = logging.getLogger(__name__)
 # GR00T N1.6's model is built on transformers' SigLIP2 and Qwen3 modules, which the pi family does not need:
 # setup.py's "groot" extra installs them. Its bicubic resize is Pillow's, a core requirement that a ROS install may
 # still lack (package.xml's python3-pil).
-GROOT_MODULES = ("transformers", "PIL")
-INSTALL_GROOT = ("transformers (`pip install 'flashrt-ros[groot]'`) and Pillow (`pip install pillow`, in the core "
-                 "requirements)")
+GROOT_MODULES = {"transformers": "transformers (`pip install 'flashrt-ros[groot]'`)",
+                 "PIL": "Pillow (`pip install pillow`, a core requirement)"}
 
 SUPPLY_TOKENIZER = ("Released checkpoints do not ship it: download the PaliGemma sentencepiece model "
                     "(tokenizer.model of the Hugging Face repository google/paligemma-3b-pt-224, or openpi's "
@@ -509,10 +508,11 @@ def _groot_loader():
     try:
         from flashrt_core.groot_policy import load_groot_policy
     except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] not in GROOT_MODULES:
+        missing = (exc.name or "").split(".")[0]
+        if missing not in GROOT_MODULES:
             raise
-        raise CheckpointError(f"loading a GR00T N1.6 checkpoint needs {INSTALL_GROOT} (cannot import "
-                              f"{exc.name!r})") from exc
+        raise CheckpointError(f"loading a GR00T N1.6 checkpoint needs {GROOT_MODULES[missing]}: cannot import "
+                              f"{exc.name!r}") from exc
     return load_groot_policy
 
 

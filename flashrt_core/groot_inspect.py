@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from flashrt_core.api import GROOT_MODULES
 from flashrt_core.errors import CheckpointError
 from flashrt_core.groot_checkpoint import (CONFIG_FILE, INDEX_FILE, PRESET_KEY, SINGLE_FILE, check_names,
                                            find_tokenizer, read_shapes, resolve_groot_config)
@@ -20,9 +21,6 @@ from flashrt_core.groot_statistics import PROCESSOR_FILE, STATISTICS_FILE, load_
 LAYOUT = "groot_n1.6"
 LAYOUT_DESCRIPTION = (f"GR00T N1.6 (Isaac-GR00T's Gr00tN1d6): {CONFIG_FILE}, {INDEX_FILE} with its shards (or "
                       f"{SINGLE_FILE}), {PROCESSOR_FILE}, {STATISTICS_FILE}")
-# the libraries GR00T needs that an install may lack (api.GROOT_MODULES): import name -> what installs it
-GROOT_LIBRARIES = {"transformers": "transformers (pip install 'flashrt-ros[groot]')",
-                   "PIL": "Pillow (pip install pillow)"}
 SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
                       "F8_E4M3": "float8_e4m3fn"}
 
@@ -93,7 +91,7 @@ def inspect_groot(report, folder: Path, config: str | None = None, tokenizer: st
         report.tokenizer = str(find_tokenizer(folder, tokenizer))
     except CheckpointError as exc:
         report.missing.append(f"tokenizer: {exc}")
-    absent = [name for module, name in GROOT_LIBRARIES.items() if not _installed(module)]
+    absent = [what for module, what in GROOT_MODULES.items() if not _installed(module)]
     if absent:
         report.missing.append(f"libraries: GR00T N1.6 needs {' and '.join(absent)}, not installed")
     return report

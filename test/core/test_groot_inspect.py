@@ -94,8 +94,8 @@ def test_inspection_runs_without_gr00t_libraries_and_names_them(groot_folder, mi
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
     assert done.returncode == 1, failure_report(done)
-    name = {"transformers": "transformers (pip install 'flashrt-ros[groot]')", "PIL": "Pillow (pip install pillow)"}
-    assert f"libraries: GR00T N1.6 needs {name[missing]}, not installed" in done.stdout
+    from flashrt_core.api import GROOT_MODULES
+    assert f"libraries: GR00T N1.6 needs {GROOT_MODULES[missing]}, not installed" in done.stdout
     assert "embodiment: new_embodiment (id 10)" in done.stdout and "Traceback" not in done.stderr
 
 
