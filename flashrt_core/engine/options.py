@@ -263,7 +263,7 @@ PRODUCT_ENVIRONMENT = (
     EnvVariable("FLASHRT_FAST_TOKENIZER", "", "pi0-FAST's FAST action tokenizer folder, looked for after the "
                 "checkpoint's own (flashrt_core.pi0_fast_policy.find_fast_tokenizer)."),
     EnvVariable("FLASHRT_GROOT_TOKENIZER", "", "GR00T's Eagle (Qwen3) tokenizer folder, looked for after the "
-                "checkpoint's own (flashrt_core.groot_inputs)."),
+                "checkpoint's own (flashrt_core.groot_checkpoint.find_tokenizer)."),
     EnvVariable("FLASHRT_CACHE_DIR", "~/.cache/flashrt", "Where the embedded demo checkpoint is generated and kept "
                 "(load_model(None))."),
 )
