@@ -21,6 +21,7 @@ is (find_tokenizer).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -209,10 +210,22 @@ def shard_map(checkpoint_dir: Path) -> dict[str, Path]:
         return {name: files[f] for name, f in weight_map.items()}
     single = checkpoint_dir / SINGLE_FILE
     if single.is_file():
-        with safe_open(single, framework="pt") as f:
+        with _opened(single) as f:
             return {name: single for name in f.keys()}
     raise CheckpointError(f"{checkpoint_dir} has no GR00T weights: expected {INDEX_FILE} with its "
                           f"model-*-of-*.safetensors shards, or {SINGLE_FILE}")
+
+
+@contextlib.contextmanager
+def _opened(path: Path):
+    """safe_open(path) with a corrupt or unreadable file as a CheckpointError naming it (safetensors raises its
+    own error types for a bad header)."""
+    try:
+        handle = safe_open(path, framework="pt")
+    except Exception as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+    with handle as f:
+        yield f
 
 
 def _short(names: list[str], n: int = 8) -> str:
@@ -244,7 +257,7 @@ def read_shapes(checkpoint_dir: Path) -> tuple[dict[str, Path], dict[str, tuple[
     files = shard_map(checkpoint_dir)
     shapes: dict[str, tuple[int, ...]] = {}
     for path in sorted(set(files.values())):
-        with safe_open(path, framework="pt") as f:
+        with _opened(path) as f:
             held = set(f.keys())
             for name in held:
                 shapes[name] = tuple(f.get_slice(name).get_shape())
@@ -273,7 +286,7 @@ def load_state_dict(checkpoint_dir: str | Path, cfg: GrootConfig, dtype: torch.d
     for name in table:
         by_file.setdefault(files[name], []).append(name)
     for path, names in by_file.items():
-        with safe_open(path, framework="pt") as f:
+        with _opened(path) as f:
             for name in names:
                 raise_if_stopped(f"reading tensor {len(out) + 1} of {len(table)} of {checkpoint_dir}")
                 out[name] = f.get_tensor(name).to(device=device, dtype=dtype)

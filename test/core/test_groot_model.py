@@ -71,6 +71,23 @@ def test_sharded_layout(ckpt):
     assert torch.equal(state[name], random_tensor(name, state[name].shape, 3))
 
 
+@pytest.mark.parametrize("damage", ["header", "data"])
+def test_a_corrupt_shard_is_named(ckpt, tmp_path, damage):
+    """A shard with a broken header, or cut short of its tensors' bytes, is a CheckpointError naming the file, from
+    load_model and from flashrt-inspect (safetensors' own error types otherwise escape as they are)."""
+    import shutil
+    from flashrt_core.checkpoint_inspect import inspect_checkpoint
+    folder = tmp_path / "c"
+    shutil.copytree(ckpt, folder)
+    shard = sorted(folder.glob("model-*.safetensors"))[-1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[:100] if damage == "header" else data[:-1000])
+    with pytest.raises(CheckpointError, match=f"cannot read {shard}"):
+        load_model(folder, config=TINY, embodiment="new_embodiment", device="cpu")
+    report = inspect_checkpoint(folder)
+    assert any(line.startswith(f"weights: cannot read {shard}") for line in report.missing)
+
+
 def test_strict_names(tmp_path):
     cfg = get_groot_config(TINY)
     table = weight_table(cfg)
