@@ -203,6 +203,8 @@ def shard_map(checkpoint_dir: Path) -> dict[str, Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{index} is not a safetensors index (needs a 'weight_map' object): {exc}") from exc
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard file names")
         files = {f: checkpoint_dir / f for f in set(weight_map.values())}
         missing = sorted(f for f, p in files.items() if not p.is_file())
         if missing:

@@ -49,10 +49,10 @@ def _installed(module: str) -> bool:
 def _candidate_tags(folder: Path, statistics: dict | None) -> list[str]:
     """The embodiments the processor config describes, in its order (load_embodiment says what each lacks)."""
     try:
-        kwargs = json.loads((folder / PROCESSOR_FILE).read_text()).get("processor_kwargs", {})
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return sorted(statistics or {})
-    return list(kwargs.get("modality_configs") or {}) or sorted(statistics or {})
+        tags = list(json.loads((folder / PROCESSOR_FILE).read_text())["processor_kwargs"]["modality_configs"])
+    except (OSError, ValueError, KeyError, TypeError):     # unreadable or malformed: load_embodiment says how
+        tags = []
+    return tags or sorted(statistics or {})
 
 
 def inspect_groot(report, folder: Path, config: str | None = None, tokenizer: str | Path | None = None,

@@ -169,11 +169,19 @@ def _finite(values, what: str) -> np.ndarray:
     return arr
 
 
-def _read_json(path: Path, what: str):
+def _read_json(path: Path, what: str) -> dict:
+    """The JSON object of `path`; invalid JSON or another JSON type is a CheckpointError naming the file."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path} ({what}) is not valid JSON: {exc}") from exc
+    return _object(data, f"{path} ({what})")
+
+
+def _object(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{where} must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def known_embodiments(checkpoint_dir: Path) -> dict[str, int]:
@@ -181,7 +189,10 @@ def known_embodiments(checkpoint_dir: Path) -> dict[str, int]:
     ids = dict(EMBODIMENT_IDS)
     path = checkpoint_dir / EMBODIMENT_ID_FILE
     if path.is_file():
-        ids.update({str(k): int(v) for k, v in _read_json(path, "embodiment ids").items()})
+        for tag, value in _read_json(path, "embodiment ids").items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise CheckpointError(f"{path}: embodiment {tag!r} has id {value!r}; ids are non-negative integers")
+            ids[str(tag)] = value
     return ids
 
 
@@ -208,8 +219,9 @@ def load_embodiment(checkpoint_dir: str | Path, tag: str, max_state_dim: int, ma
     if not proc_path.is_file():
         raise CheckpointError(f"{proc_path} is missing: GR00T's processor config names each embodiment's views "
                               "and joint groups (it is saved with the checkpoint by the fine-tuning script)")
-    kwargs = _read_json(proc_path, "processor config").get("processor_kwargs", {})
-    modalities = kwargs.get("modality_configs") or {}
+    kwargs = _object(_read_json(proc_path, "processor config").get("processor_kwargs", {}),
+                     f"{proc_path}: processor_kwargs")
+    modalities = _object(kwargs.get("modality_configs") or {}, f"{proc_path}: processor_kwargs.modality_configs")
     stats = load_statistics(checkpoint_dir, statistics)
     usable = sorted(t for t in modalities if t in stats)
     if tag not in ids and tag not in modalities:
@@ -225,26 +237,37 @@ def load_embodiment(checkpoint_dir: str | Path, tag: str, max_state_dim: int, ma
     if tag not in ids:
         raise CheckpointError(f"embodiment {tag!r} has no projector id: add it to {EMBODIMENT_ID_FILE} "
                               f"(known: {sorted(ids)})")
-    modality = modalities[tag]
+    try:
+        return _embodiment(tag, ids[tag], _object(modalities[tag], f"{proc_path}: modality_configs.{tag}"),
+                           _object(stats[tag], f"statistics of embodiment {tag!r}"), kwargs, max_state_dim,
+                           max_action_dim, proc_path.name)
+    except (AttributeError, TypeError, ValueError) as exc:      # a list or string where an object belongs
+        raise CheckpointError(f"{proc_path.name} / {STATISTICS_FILE}: embodiment {tag!r} has an entry of an "
+                              f"unexpected type ({exc})") from exc
+
+
+def _embodiment(tag: str, embodiment_id: int, modality: dict, stats: dict, kwargs: dict, max_state_dim: int,
+                max_action_dim: int, proc_name: str) -> Embodiment:
+    """load_embodiment's Embodiment from the tag's modality config and statistics."""
     percentiles = bool(kwargs.get("use_percentiles", False))
     sincos = bool(kwargs.get("apply_sincos_state_encoding", False))
-    state = _groups(tag, "state", modality, stats[tag], percentiles, sincos)
-    action = _groups(tag, "action", modality, stats[tag], percentiles, False)
+    state = _groups(tag, "state", modality, stats, percentiles, sincos)
+    action = _groups(tag, "action", modality, stats, percentiles, False)
     if kwargs.get("use_relative_action"):
-        action = _relative_groups(tag, modality, stats[tag], action, state)
+        action = _relative_groups(tag, modality, stats, action, state)
     horizon = len(modality["action"].get("delta_indices") or []) or None
     short = [g.name for g in action if g.lo.ndim == 2 and horizon is not None and g.lo.shape[0] < horizon]
     if short:
         raise CheckpointError(f"relative action statistics of embodiment {tag!r}, groups {short}, have fewer "
                               f"steps than its action horizon {horizon}")
-    emb = Embodiment(tag=tag, id=ids[tag], views=tuple(modality.get("video", {}).get("modality_keys", [])),
+    emb = Embodiment(tag=tag, id=embodiment_id, views=tuple(modality.get("video", {}).get("modality_keys", [])),
                      state=state, action=action,
                      action_horizon=len(modality["action"].get("delta_indices") or []) or None,
                      clip_outliers=bool(kwargs.get("clip_outliers", True)),
                      shortest_image_edge=kwargs.get("shortest_image_edge"), crop_fraction=kwargs.get("crop_fraction"),
                      formalize_language=kwargs.get("formalize_language"))
     if not emb.views:
-        raise CheckpointError(f"{proc_path.name}: embodiment {tag!r} lists no video modality keys (camera views)")
+        raise CheckpointError(f"{proc_name}: embodiment {tag!r} lists no video modality keys (camera views)")
     encoded = sum(g.encoded_dim for g in state)
     if encoded > max_state_dim or emb.action_dim > max_action_dim:
         raise CheckpointError(f"embodiment {tag!r}: state {encoded} / action {emb.action_dim} values exceed the "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -105,3 +106,42 @@ def test_convert_says_a_gr00t_folder_loads_as_it_is(groot_folder, tmp_path, caps
     err = capsys.readouterr().err
     assert "is a GR00T N1.6 checkpoint: load_model reads its released layout as it is" in err
     assert "flashrt-inspect DIR" in err and not (tmp_path / "out").exists()
+
+
+def _set(path: list[str], value):
+    def mutate(data):
+        node = data
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        return data
+    return mutate
+
+
+MALFORMED = {   # file, how its JSON is changed, what the error says
+    "ids not an object": ("embodiment_id.json", lambda d: [1, 2], "(embodiment ids) must be a JSON object, got list"),
+    "an id not an integer": ("embodiment_id.json", lambda d: {"new_embodiment": "10"},
+                             "embodiment 'new_embodiment' has id '10'; ids are non-negative integers"),
+    "processor_kwargs a list": ("processor_config.json", lambda d: {"processor_kwargs": []},
+                                "processor_kwargs must be a JSON object, got list"),
+    "a modality a list": ("processor_config.json",
+                          _set(["processor_kwargs", "modality_configs", "new_embodiment", "video"], ["front"]),
+                          "embodiment 'new_embodiment' has an entry of an unexpected type"),
+    "an embodiment's statistics a list": ("statistics.json", lambda d: {"new_embodiment": [1]},
+                                          "statistics of embodiment 'new_embodiment' must be a JSON object"),
+    "weight_map a list": ("model.safetensors.index.json", lambda d: {"weight_map": [1]},
+                          "'weight_map' must map tensor names to shard file names"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_malformed_processor_or_index_file_is_named(groot_folder, tmp_path, case):
+    from flashrt_core import load_model
+    from flashrt_core.errors import CheckpointError
+    name, mutate, says = MALFORMED[case]
+    folder = copy_without(groot_folder, tmp_path)
+    (folder / name).write_text(json.dumps(mutate(json.loads((folder / name).read_text()))))
+    with pytest.raises(CheckpointError, match=re.escape(says)):
+        load_model(folder, embodiment="new_embodiment", device="cpu")
+    report = inspect_checkpoint(folder)
+    assert not report.ready and any(says in line for line in report.missing), report.missing
