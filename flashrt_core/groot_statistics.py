@@ -303,8 +303,15 @@ def _groups(tag: str, kind: str, modality: dict, stats: dict, percentiles: bool,
         if lo.ndim != 1 or lo.shape != hi.shape:
             raise CheckpointError(f"statistics of embodiment {tag!r}, {kind} group {key!r}: bounds of shapes "
                                   f"{lo.shape} / {hi.shape}, expected two equal 1-D lists")
+        _require_finite(lo, hi, f"statistics of embodiment {tag!r}, {kind} group {key!r}")
         groups.append(Group(key, int(lo.shape[0]), mode, lo, hi))
     return tuple(groups)
+
+
+def _require_finite(lo: np.ndarray, hi: np.ndarray, where: str) -> None:
+    """Statistics with NaN or inf would normalize every state and unnormalize every action to NaN: refused."""
+    if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+        raise CheckpointError(f"{where} has non-finite values (NaN/inf): the statistics file is damaged")
 
 
 def _relative_groups(tag: str, modality: dict, stats: dict, action: tuple[Group, ...],
@@ -346,5 +353,6 @@ def _relative_groups(tag: str, modality: dict, stats: dict, action: tuple[Group,
         if lo.shape != hi.shape or lo.ndim not in (1, 2) or lo.shape[-1] != group.dim:
             raise CheckpointError(f"relative_action statistics of embodiment {tag!r}, group {group.name!r}: shapes "
                                   f"{lo.shape} / {hi.shape}, expected [{group.dim}] or [steps, {group.dim}]")
+        _require_finite(lo, hi, f"relative_action statistics of embodiment {tag!r}, group {group.name!r}")
         out.append(Group(group.name, group.dim, mode, lo, hi, relative_to=ref, pose_format=pose_format))
     return tuple(out)

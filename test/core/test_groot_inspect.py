@@ -145,3 +145,19 @@ def test_a_malformed_processor_or_index_file_is_named(groot_folder, tmp_path, ca
         load_model(folder, embodiment="new_embodiment", device="cpu")
     report = inspect_checkpoint(folder)
     assert not report.ready and any(says in line for line in report.missing), report.missing
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("kind", ["state", "action"])
+def test_non_finite_statistics_are_refused(groot_folder, tmp_path, kind, bad):
+    """NaN or inf bounds would turn every action into NaN; the load refuses them, naming the group."""
+    from flashrt_core import load_model
+    from flashrt_core.errors import CheckpointError
+    folder = copy_without(groot_folder, tmp_path)
+    stats = json.loads((folder / "statistics.json").read_text())
+    stats["new_embodiment"][kind]["single_arm"]["max"][1] = bad
+    (folder / "statistics.json").write_text(json.dumps(stats))
+    says = f"statistics of embodiment 'new_embodiment', {kind} group 'single_arm' has non-finite values"
+    with pytest.raises(CheckpointError, match=re.escape(says)):
+        load_model(folder, embodiment="new_embodiment", device="cpu")
+    assert any(says in line for line in inspect_checkpoint(folder).missing)
