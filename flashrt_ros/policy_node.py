@@ -100,6 +100,18 @@ class InferenceJob:
     taken_ns: int                       # node clock when the inference thread took the observation
 
 
+def finite_chunk(actions) -> np.ndarray:
+    """The chunk, or a ValueError where it holds NaN or inf (damaged weights or statistics): a robot must never
+    receive it. The inference worker reports the error, and the node counts it (inference_errors) and publishes
+    nothing for that observation."""
+    actions = np.asarray(actions)
+    finite = np.isfinite(actions)
+    if not finite.all():
+        raise ValueError(f"the policy returned {actions.size - int(finite.sum())} non-finite values (NaN/inf) in its "
+                         f"{'x'.join(map(str, actions.shape))} chunk: not published")
+    return actions
+
+
 class PolicyNode(LifecycleNode):
     """Lifecycle policy node; ``policy_factory(settings)`` returns an object with the flashrt_core policy API."""
 
@@ -652,12 +664,15 @@ class PolicyNode(LifecycleNode):
         if self._settings.noise_seed != NO_SEED:       # (horizon, 32) pinned to the observation stamp
             noise = observation_noise(self._settings.noise_seed, job.observation.stamp_ns, self._policy.horizon)
         rtc = self._rtc
+        request = None
         if rtc is not None:      # conditioned on what the executor will still execute (flashrt_ros/rtc_sharing.py)
             request = rtc.request(job.observation.stamp_ns * 1e-9, job.taken_ns * 1e-9, self._settings.action_dt,
                                   self._policy.horizon, self._policy.action_dim)
-            if request is not None:
-                return self._policy.predict(job.images, job.prompt, state=state, noise=noise, rtc=request)
-        return self._policy.predict(job.images, job.prompt, state=state, noise=noise)   # (horizon, action_dim)
+        if request is not None:
+            actions = self._policy.predict(job.images, job.prompt, state=state, noise=noise, rtc=request)
+        else:
+            actions = self._policy.predict(job.images, job.prompt, state=state, noise=noise)   # (horizon, action_dim)
+        return finite_chunk(actions)
 
     def _publish_result(self, result: InferenceResult[InferenceJob]) -> None:
         """Runs on the inference thread under the worker's delivery lock (see InferenceWorker.disable)."""

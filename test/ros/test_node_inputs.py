@@ -97,6 +97,28 @@ def test_an_input_the_model_refuses_counts_as_inference_error_and_is_skipped(act
     assert h.chunks[0].sequence == 0 and h.lifecycle.state() == "active"
 
 
+def test_a_chunk_with_nan_is_counted_and_never_published(active_harness, tmp_path):
+    """Damaged weights (here the action projection's, all NaN) make every chunk NaN: the node counts each as an
+    inference error with the reason, publishes nothing, and stays active."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    import flashrt_core
+    from flashrt_core.fixtures import write_random_checkpoint
+    folder = write_random_checkpoint(tmp_path / "nan", "pi05_tiny")
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.action_out_proj.weight"] = torch.full_like(tensors["model.action_out_proj.weight"], math.nan)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    policy = flashrt_core.load_model(folder, device="cpu")
+    h = active_harness(policy=policy, instruction=True)
+    h.send_observation(h.now_ns())
+    assert wait_until(lambda: h.statuses and h.statuses[-1].inference_errors == 1, timeout_s=CHUNK_TIMEOUT_S)
+    assert "non-finite values (NaN/inf)" in h.statuses[-1].last_error and "not published" in h.statuses[-1].last_error
+    h.send_observation(h.now_ns())
+    assert wait_until(lambda: h.statuses[-1].inference_errors == 2, timeout_s=CHUNK_TIMEOUT_S)
+    assert not h.chunks and h.lifecycle.state() == "active"
+
+
 def test_a_camera_that_never_sends_shows_in_diagnostics(active_harness):
     h = active_harness({"diagnostics_window": 1.0})
     h.send_instruction()
