@@ -426,13 +426,12 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
     A warning says when torch's host threads outnumber the CPUs the process may use (host_threads.py).
     """
     host_threads.warn_if_oversubscribed(log)
-    family = _model_family(checkpoint, config)
-    if family == "groot":
+    ckpt_dir = None if checkpoint is None else hub.checkpoint_path(checkpoint)   # a hub id: its cached snapshot
+    if _model_family(ckpt_dir, config) == "groot":
         load_groot_policy = _groot_loader()
-        if checkpoint is None:
+        if ckpt_dir is None:
             raise CheckpointError("GR00T has no embedded demo checkpoint: pass a checkpoint folder (`python -m "
                                   "flashrt_core.groot_fixtures DIR` writes a random one)")
-        ckpt_dir = hub.checkpoint_path(checkpoint)
         if not ckpt_dir.is_dir():
             raise CheckpointError(f"checkpoint directory not found: {ckpt_dir}")
         dev = resolve_device(device)
@@ -448,7 +447,7 @@ def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig |
         raise ValueError("embodiment= and statistics= apply to GR00T checkpoints only (config 'groot_n1.6')")
     gpu_preprocess = read_switch("FLASHRT_GPU_PREPROCESS") if gpu_preprocess is None else gpu_preprocess
     gpu_unnormalize = read_switch("FLASHRT_GPU_UNNORMALIZE") if gpu_unnormalize is None else gpu_unnormalize
-    ckpt_dir = ensure_demo_checkpoint() if checkpoint is None else hub.checkpoint_path(checkpoint)
+    ckpt_dir = ensure_demo_checkpoint() if ckpt_dir is None else ckpt_dir
     if not ckpt_dir.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {ckpt_dir}")
     cfg, explicit_dims = resolve_config(config, ckpt_dir)
@@ -516,16 +515,15 @@ def _groot_loader():
     return load_groot_policy
 
 
-def _model_family(checkpoint, config) -> str:
-    """"groot" for a GR00T config (preset name or GrootConfig) or, with config=None, a GR00T checkpoint (a folder
-    or a hub id whose config.json has model_type Gr00tN1d6); else "pi". A GR00T checkpoint with a pi-family config
-    is a CheckpointError that says so (the pi loader would only report what a pi folder lacks)."""
+def _model_family(path: Path | None, config) -> str:
+    """"groot" for a GR00T config (preset name or GrootConfig) or, with config=None, a GR00T checkpoint folder
+    `path` (config.json with model_type Gr00tN1d6); else "pi". A GR00T checkpoint with a pi-family config is a
+    CheckpointError that says so (the pi loader would only report what a pi folder lacks)."""
     from flashrt_core.model.groot.config import is_groot_config
     if is_groot_config(config):
         return "groot"
-    if checkpoint is not None:
+    if path is not None:
         from flashrt_core.groot_checkpoint import is_groot_checkpoint
-        path = hub.checkpoint_path(checkpoint)               # a hub id: its cached snapshot
         if path.is_dir() and is_groot_checkpoint(path):
             if config is not None:
                 raise CheckpointError(f"{path} is a GR00T N1.6 checkpoint (config.json model_type Gr00tN1d6), but "
