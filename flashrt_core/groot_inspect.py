@@ -110,13 +110,10 @@ def _inspect_embodiments(report, folder: Path, cfg, embodiment: str | None) -> N
     failures = []
     for tag in tags:
         try:
-            emb = load_embodiment(folder, tag, cfg.max_state_dim, cfg.max_action_dim)
+            emb = load_embodiment(folder, tag, cfg.max_state_dim, cfg.max_action_dim,
+                                  max_num_embodiments=cfg.max_num_embodiments)
         except CheckpointError as exc:
             failures.append(str(exc))
-            continue
-        if emb.id >= cfg.max_num_embodiments:
-            failures.append(f"embodiment {tag!r}: id {emb.id} is beyond the model's max_num_embodiments="
-                            f"{cfg.max_num_embodiments}")
             continue
         report.embodiments.append({
             "tag": emb.tag, "id": emb.id, "views": list(emb.views), "action_horizon": emb.action_horizon,

@@ -24,7 +24,7 @@ import torch
 from flashrt_core import groot_inputs, preprocess
 from flashrt_core.engine import EngineOptions, Op, detect_hardware, resolve_dispatch
 from flashrt_core.engine.groot_graph import GrootGraphExecutor
-from flashrt_core.errors import CheckpointError, InputError
+from flashrt_core.errors import InputError
 from flashrt_core.groot_checkpoint import find_tokenizer, load_state_dict, resolve_groot_config
 from flashrt_core.groot_statistics import Embodiment, load_embodiment
 from flashrt_core.model.groot.config import GrootConfig
@@ -195,10 +195,8 @@ def load_groot_policy(checkpoint_dir: Path, config=None, embodiment: str | None 
     if not embodiment:
         raise InputError("GR00T needs embodiment=TAG (the robot whose projectors, joint groups and statistics to "
                          "use), e.g. embodiment='new_embodiment'")
-    emb = load_embodiment(checkpoint_dir, embodiment, cfg.max_state_dim, cfg.max_action_dim, statistics)
-    if emb.id >= cfg.max_num_embodiments:
-        raise CheckpointError(f"embodiment {emb.tag!r} has id {emb.id}, beyond the model's "
-                              f"max_num_embodiments={cfg.max_num_embodiments}")
+    emb = load_embodiment(checkpoint_dir, embodiment, cfg.max_state_dim, cfg.max_action_dim, statistics,
+                          cfg.max_num_embodiments)
     tok = groot_inputs.GrootTokenizer(find_tokenizer(checkpoint_dir, tokenizer))
     weights = load_state_dict(checkpoint_dir, cfg, dtype, device)
     with torch.device("meta"):

@@ -211,8 +211,9 @@ def load_statistics(checkpoint_dir: str | Path, statistics: str | Path | None = 
 
 
 def load_embodiment(checkpoint_dir: str | Path, tag: str, max_state_dim: int, max_action_dim: int,
-                    statistics: str | Path | None = None) -> Embodiment:
-    """The embodiment `tag` of a GR00T checkpoint: id, views, joint groups with their normalization."""
+                    statistics: str | Path | None = None, max_num_embodiments: int | None = None) -> Embodiment:
+    """The embodiment `tag` of a GR00T checkpoint: id, views, joint groups with their normalization. With
+    max_num_embodiments (the model's projector slots), an id beyond them is refused too."""
     checkpoint_dir = Path(checkpoint_dir)
     ids = known_embodiments(checkpoint_dir)
     proc_path = checkpoint_dir / PROCESSOR_FILE
@@ -237,6 +238,9 @@ def load_embodiment(checkpoint_dir: str | Path, tag: str, max_state_dim: int, ma
     if tag not in ids:
         raise CheckpointError(f"embodiment {tag!r} has no projector id: add it to {EMBODIMENT_ID_FILE} "
                               f"(known: {sorted(ids)})")
+    if max_num_embodiments is not None and ids[tag] >= max_num_embodiments:
+        raise CheckpointError(f"embodiment {tag!r} has id {ids[tag]}, beyond the model's "
+                              f"max_num_embodiments={max_num_embodiments}")
     try:
         return _embodiment(tag, ids[tag], _object(modalities[tag], f"{proc_path}: modality_configs.{tag}"),
                            _object(stats[tag], f"statistics of embodiment {tag!r}"), kwargs, max_state_dim,

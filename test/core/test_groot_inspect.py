@@ -122,6 +122,9 @@ MALFORMED = {   # file, how its JSON is changed, what the error says
     "ids not an object": ("embodiment_id.json", lambda d: [1, 2], "(embodiment ids) must be a JSON object, got list"),
     "an id not an integer": ("embodiment_id.json", lambda d: {"new_embodiment": "10"},
                              "embodiment 'new_embodiment' has id '10'; ids are non-negative integers"),
+    "an id beyond the model's slots": ("embodiment_id.json", lambda d: {"new_embodiment": 40},
+                                       "embodiment 'new_embodiment' has id 40, beyond the model's "
+                                       "max_num_embodiments=32"),
     "processor_kwargs a list": ("processor_config.json", lambda d: {"processor_kwargs": []},
                                 "processor_kwargs must be a JSON object, got list"),
     "a modality a list": ("processor_config.json",
