@@ -159,13 +159,15 @@ class Embodiment:
         return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _finite(values, what: str) -> np.ndarray:
+def _finite(values, what: str, error: type[Exception] = InputError) -> np.ndarray:
+    """`values` as float64, or `error` where they are not numeric or hold NaN / inf (InputError for a predict's
+    state; CheckpointError for statistics, which would normalize every state and action to NaN)."""
     try:
         arr = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise InputError(f"{what} must be numeric: {exc}") from exc
+        raise error(f"{what} must be numeric: {exc}") from exc
     if not np.isfinite(arr).all():
-        raise InputError(f"{what} has non-finite values (NaN/inf)")
+        raise error(f"{what} has non-finite values (NaN/inf)")
     return arr
 
 
@@ -307,15 +309,9 @@ def _groups(tag: str, kind: str, modality: dict, stats: dict, percentiles: bool,
         if lo.ndim != 1 or lo.shape != hi.shape:
             raise CheckpointError(f"statistics of embodiment {tag!r}, {kind} group {key!r}: bounds of shapes "
                                   f"{lo.shape} / {hi.shape}, expected two equal 1-D lists")
-        _require_finite(lo, hi, f"statistics of embodiment {tag!r}, {kind} group {key!r}")
+        _finite((lo, hi), f"statistics of embodiment {tag!r}, {kind} group {key!r}", CheckpointError)
         groups.append(Group(key, int(lo.shape[0]), mode, lo, hi))
     return tuple(groups)
-
-
-def _require_finite(lo: np.ndarray, hi: np.ndarray, where: str) -> None:
-    """Statistics with NaN or inf would normalize every state and unnormalize every action to NaN: refused."""
-    if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
-        raise CheckpointError(f"{where} has non-finite values (NaN/inf): the statistics file is damaged")
 
 
 def _relative_groups(tag: str, modality: dict, stats: dict, action: tuple[Group, ...],
@@ -357,6 +353,7 @@ def _relative_groups(tag: str, modality: dict, stats: dict, action: tuple[Group,
         if lo.shape != hi.shape or lo.ndim not in (1, 2) or lo.shape[-1] != group.dim:
             raise CheckpointError(f"relative_action statistics of embodiment {tag!r}, group {group.name!r}: shapes "
                                   f"{lo.shape} / {hi.shape}, expected [{group.dim}] or [steps, {group.dim}]")
-        _require_finite(lo, hi, f"relative_action statistics of embodiment {tag!r}, group {group.name!r}")
+        _finite((lo, hi), f"relative_action statistics of embodiment {tag!r}, group {group.name!r}",
+                CheckpointError)
         out.append(Group(group.name, group.dim, mode, lo, hi, relative_to=ref, pose_format=pose_format))
     return tuple(out)
