@@ -255,14 +255,19 @@ def check_names(found: dict[str, tuple[int, ...]], cfg: GrootConfig, where: str)
     return ignored
 
 
-def read_shapes(checkpoint_dir: Path) -> tuple[dict[str, Path], dict[str, tuple[int, ...]]]:
+def read_shapes(checkpoint_dir: Path) -> tuple[dict[str, Path], dict[str, tuple[int, ...]], set[str]]:
+    """From the shards' headers: tensor name -> file, tensor name -> shape, and the dtypes they hold (safetensors'
+    names: "BF16", "F32", ...), each shard checked against the index."""
     files = shard_map(checkpoint_dir)
     shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: set[str] = set()
     for path in sorted(set(files.values())):
         with _opened(path) as f:
             held = set(f.keys())
             for name in held:
-                shapes[name] = tuple(f.get_slice(name).get_shape())
+                tensor = f.get_slice(name)
+                shapes[name] = tuple(tensor.get_shape())
+                dtypes.add(tensor.get_dtype())
         listed = {n for n, p in files.items() if p == path}
         absent = sorted(listed - held)
         if absent:
@@ -271,14 +276,14 @@ def read_shapes(checkpoint_dir: Path) -> tuple[dict[str, Path], dict[str, tuple[
         extra = sorted(held - listed)
         if extra:
             raise CheckpointError(f"{path} holds tensors that {INDEX_FILE} does not list: {_short(extra)}")
-    return files, shapes
+    return files, shapes, dtypes
 
 
 def load_state_dict(checkpoint_dir: str | Path, cfg: GrootConfig, dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """The checked tensors of weight_table(cfg), cast to `dtype` on `device` (known-unused ones left out)."""
     checkpoint_dir = Path(checkpoint_dir)
-    files, shapes = read_shapes(checkpoint_dir)
+    files, shapes, _ = read_shapes(checkpoint_dir)
     ignored = check_names(shapes, cfg, str(checkpoint_dir))
     if ignored:
         log.info("%s: %d known, unused tensors not loaded (%s)", checkpoint_dir, len(ignored), _short(ignored, 3))

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from flashrt_core.api import GROOT_MODULES
+from flashrt_core.checkpoint import SAFETENSORS_DTYPES
 from flashrt_core.errors import CheckpointError
 from flashrt_core.groot_checkpoint import (CONFIG_FILE, INDEX_FILE, PRESET_KEY, SINGLE_FILE, check_names,
                                            find_tokenizer, read_shapes, resolve_groot_config)
@@ -21,19 +22,6 @@ from flashrt_core.groot_statistics import PROCESSOR_FILE, STATISTICS_FILE, load_
 LAYOUT = "groot_n1.6"
 LAYOUT_DESCRIPTION = (f"GR00T N1.6 (Isaac-GR00T's Gr00tN1d6): {CONFIG_FILE}, {INDEX_FILE} with its shards (or "
                       f"{SINGLE_FILE}), {PROCESSOR_FILE}, {STATISTICS_FILE}")
-SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
-                      "F8_E4M3": "float8_e4m3fn"}
-
-
-def _header_dtypes(files: dict[str, Path]) -> list[str]:
-    """The tensors' dtypes as the safetensors headers name them (the JSON header alone is read)."""
-    dtypes = set()
-    for path in sorted(set(files.values())):
-        with open(path, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(size))
-        dtypes |= {v["dtype"] for k, v in header.items() if k != "__metadata__"}
-    return sorted(SAFETENSORS_DTYPES.get(d, d.lower()) for d in dtypes)
 
 
 def _installed(module: str) -> bool:
@@ -76,9 +64,10 @@ def inspect_groot(report, folder: Path, config: str | None = None, tokenizer: st
     except CheckpointError as exc:
         report.missing.append(f"config: {exc}")
     try:
-        files, shapes = read_shapes(folder)
+        _, shapes, dtypes = read_shapes(folder)
         report.tensors = len(shapes)
-        report.weight_dtypes = _header_dtypes(files)
+        report.weight_dtypes = sorted(str(SAFETENSORS_DTYPES[d]).removeprefix("torch.") if d in SAFETENSORS_DTYPES
+                                      else d.lower() for d in dtypes)     # as the pi family's report names them
         if cfg is not None:
             ignored = check_names(shapes, cfg, str(folder))
             if ignored:
