@@ -8,6 +8,12 @@ from setuptools import find_packages, setup
 
 ROOT = Path(__file__).parent
 
+
+def files_in(folder: str, pattern: str) -> list[str]:
+    """The files of a folder of the source tree matching a pattern, as data_files wants them (relative, sorted)."""
+    return sorted(str(path.relative_to(ROOT)) for path in (ROOT / folder).glob(pattern))
+
+
 core_packages = find_packages(include=["flashrt_core", "flashrt_core.*"])
 ros_packages = find_packages(include=["flashrt_ros", "flashrt_ros.*"])
 kernel_packages = ["flashrt_kernels"] + [
@@ -26,10 +32,10 @@ setup(
     package_dir={"flashrt_kernels": "kernels/flashrt_kernels"},
     package_data={"flashrt_core": ["data/*"], "flashrt_kernels": ["cuda/*.cu", "cuda/*.cuh"]},  # CUDA C++ sources, built by nvcc on first use
     # the .msg files travel with the Python package so the bag tools can register the types without a ROS build;
-    # the parameter files and the launch file sit where a ROS install keeps them (share/flashrt_ros)
-    data_files=[("share/flashrt_ros/msg", ["msg/ActionChunk.msg", "msg/PolicyStatus.msg"]),
-                ("share/flashrt_ros/config", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "config").glob("*.yaml"))),
-                ("share/flashrt_ros/launch", ["launch/policy_node.launch.py"])],
+    # the parameter files and the launch files sit where a ROS install keeps them (share/flashrt_ros)
+    data_files=[("share/flashrt_ros/msg", files_in("msg", "*.msg")),
+                ("share/flashrt_ros/config", files_in("config", "*.yaml")),
+                ("share/flashrt_ros/launch", files_in("launch", "*.launch.py"))],
     # upper bounds: the next major versions are untested (tools/constraints.txt has the versions CI runs)
     install_requires=[
         "numpy>=1.26,<3",

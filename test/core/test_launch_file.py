@@ -101,6 +101,25 @@ def test_launch_file_default_params_file_exists_and_is_installed(launch_tree):
     assert joins and any(isinstance(a, ast.Constant) and a.value == "config" for a in joins[0].args)
 
 
+def test_pip_route_installs_every_launch_file_parameter_file_and_message(monkeypatch):
+    """`pip install .` puts into share/flashrt_ros what the ament build installs there (CMakeLists.txt installs
+    the launch/, config/ and msg/ folders whole): each launch file, parameter file and message of the tree."""
+    import runpy
+
+    import setuptools
+    captured = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kwargs: captured.update(kwargs))
+    monkeypatch.chdir(REPO_ROOT)
+    runpy.run_path(str(REPO_ROOT / "setup.py"))
+    installed = {destination: set(files) for destination, files in captured["data_files"]}
+    for folder, pattern in (("launch", "*.launch.py"), ("config", "*.yaml"), ("msg", "*.msg")):
+        in_tree = {str(path.relative_to(REPO_ROOT)) for path in (REPO_ROOT / folder).glob(pattern)}
+        assert in_tree, f"no {pattern} in {folder}/"
+        assert installed.get(f"share/flashrt_ros/{folder}") == in_tree, f"setup.py does not install {folder}/ whole"
+    cmake = (REPO_ROOT / "CMakeLists.txt").read_text()
+    assert re.search(r"install\(DIRECTORY launch config DESTINATION share/\$\{PROJECT_NAME\}\)", cmake)
+
+
 def test_launch_arguments_are_declared_before_use(launch_tree):
     declared = {resolve(c.args[0], {}) for c in calls_named(launch_tree, "DeclareLaunchArgument")}
     used = {resolve(c.args[0], {}) for c in calls_named(launch_tree, "LaunchConfiguration")}
