@@ -71,9 +71,11 @@ def test_fused_denoise_step_is_the_default_with_triton_and_has_its_switches(monk
     sm90 = detect_hardware("sm90")
     assert resolve(sm90)[Op.FUSED_DENOISE_STEP] == "fused"
     assert resolve(sm90, EngineOptions(fused_denoise_step=False))[Op.FUSED_DENOISE_STEP] == "separate"
-    for env in ({"FLASHRT_FUSED_DENOISE_STEP": "0"}, {"FLASHRT_FUSED_DENOISE_STEP": "0"},
-                {"FLASHRT_FUSED_DENOISE_STEP": "1", "FLASHRT_FUSED_DENOISE_STEP": "0"}):
-        assert resolve(sm90, EngineOptions.from_env(env=env))[Op.FUSED_DENOISE_STEP] == "separate", env
-    assert resolve(sm90, EngineOptions.from_env(env={"FLASHRT_FUSED_DENOISE_STEP": "1"}))[Op.FUSED_DENOISE_STEP] == "fused"
+    # the variable overrides the options it is applied to, both ways; empty counts as unset
+    for base, value, expected in ((None, "0", "separate"), (EngineOptions(fused_denoise_step=True), "0", "separate"),
+                                  (EngineOptions(fused_denoise_step=False), "1", "fused"), (None, "1", "fused"),
+                                  (None, "", "fused"), (EngineOptions(fused_denoise_step=False), "", "separate")):
+        options = EngineOptions.from_env(base, env={"FLASHRT_FUSED_DENOISE_STEP": value})
+        assert resolve(sm90, options)[Op.FUSED_DENOISE_STEP] == expected, (base, value)
     assert resolve(sm90, EngineOptions(fast_paths=False))[Op.FUSED_DENOISE_STEP] == "separate"
     assert resolve(detect_hardware("cpu"), EngineOptions(fused_denoise_step=True))[Op.FUSED_DENOISE_STEP] == "separate"

@@ -241,7 +241,7 @@ def test_fused_patch_embedding_is_on_with_triton_and_has_its_switch(monkeypatch)
     assert resolve(detect_hardware("gfx942"), EngineOptions())[Op.FUSED_PATCH_EMBED] == "fused"
     assert resolve(detect_hardware("sm90"), EngineOptions(fused_patch_embed=False))[Op.FUSED_PATCH_EMBED] == "reference"
     assert resolve(detect_hardware("sm90"), _env(FLASHRT_FUSED_PATCH_EMBED=0))[Op.FUSED_PATCH_EMBED] == "reference"
-    assert resolve(detect_hardware("sm90"), _env(FLASHRT_FUSED_PATCH_EMBED=0))[Op.FUSED_PATCH_EMBED] == "reference"
+    assert resolve(detect_hardware("sm90"), _env(FLASHRT_FUSED_PATCH_EMBED=1))[Op.FUSED_PATCH_EMBED] == "fused"
     assert resolve(detect_hardware("sm90"), _env(FLASHRT_FAST_PATHS=0))[Op.FUSED_PATCH_EMBED] == "reference"
     assert resolve(detect_hardware("sm90"), EngineOptions(triton=False))[Op.FUSED_PATCH_EMBED] == "reference"
     assert resolve(CPU, EngineOptions())[Op.FUSED_PATCH_EMBED] == "reference"

@@ -158,15 +158,28 @@ def test_cross_blocks_take_their_kv_from_one_merged_gemm(model):
             assert attn.to_v.weight.untyped_storage().data_ptr() == w.untyped_storage().data_ptr()
 
 
-def test_the_gemm_tuning_switch(model):
+def test_the_gemm_tuning_switch(model, monkeypatch):
     """groot_tune_with_norm (the DiT's split-K GEMMs timed with their norm, engine/groot_dit_gemms.py) is on by
-    default, has its variable, and the executor takes it; on the CPU the few-row GEMMs take the first candidate
-    either way (nothing is timed), so both give one chunk."""
+    default, has its variable, and the executor hands it to every pick of a launch configuration; on the CPU the
+    few-row GEMMs take the first candidate either way (nothing is timed), so both give one chunk."""
+    import flashrt_core.engine.groot_dit_gemms as dit_gemms_module
+
     assert EngineOptions().groot_tune_with_norm
     assert not EngineOptions.from_env(env={"FLASHRT_GROOT_TUNE_WITH_NORM": "0"}).enabled("groot_tune_with_norm")
     assert not EngineOptions(fast_paths=False).enabled("groot_tune_with_norm")
+    picks_with_norm = []
+    pick_config = dit_gemms_module.pick_config
+
+    def recording_pick_config(ops, lins, kind, rows, dtype, with_norm):
+        picks_with_norm.append(with_norm)
+        return pick_config(ops, lins, kind, rows, dtype, with_norm)
+
+    monkeypatch.setattr(dit_gemms_module, "pick_config", recording_pick_config)
     args = inputs(model, [(56, 56)], 5, seed=2)
     on = GrootGraphExecutor(model, "cpu", capture=False)
+    assert picks_with_norm and all(picks_with_norm)
+    picks_with_norm.clear()
     off = GrootGraphExecutor(model, "cpu", capture=False, tune_with_norm=False)
+    assert picks_with_norm and not any(picks_with_norm)
     assert set(map(str, on._fused.few_row.values())) == set(map(str, off._fused.few_row.values()))
     torch.testing.assert_close(on.sample_actions(*args), off.sample_actions(*args), rtol=0, atol=0)

@@ -60,6 +60,8 @@ def test_pinned_implementations_come_from_their_own_variables():
 @pytest.mark.parametrize("field,default,env_value,bad_values", [
     ("chain_tuning_passes", 2, 1, (0, 9, 1.5)),
     ("vision_mlp_pad", 128, 0, (-8, 12, 1.5)),
+    ("decode_graph_tokens", 8, 16, (0, 65, 1.5)),
+    ("groot_prompt_multiple", 16, 0, (-1, 257, 1.5)),
 ])
 def test_integer_options_and_their_env(field, default, env_value, bad_values):
     """Each integer option: its default, its FLASHRT_<FIELD> variable, values out of range refused naming the

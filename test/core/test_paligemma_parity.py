@@ -48,11 +48,6 @@ def inputs(cfg):
     return pixels, image_masks, tokens, token_masks
 
 
-def test_transformers_version_is_known():
-    major = int(transformers.__version__.split(".")[0])
-    assert major >= 4, transformers.__version__
-
-
 def test_vision_tower_and_projector_match(models):
     cfg, ours, hf = models
     pixels = inputs(cfg)[0].flatten(0, 1)

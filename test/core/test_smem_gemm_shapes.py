@@ -155,7 +155,7 @@ def test_qkv_and_gate_up_have_no_split_k_candidate(monkeypatch):
 
 def test_the_ring_kernel_is_the_default_with_switches_off_and_follows_the_smem_gemm_switch():
     """17-64-row shared-memory GEMM candidates (horizon 50) by default (-0.25 ms pi0.5, -0.49 ms pi0 at horizon 50
-    on the H200), off with FLASHRT_SMEM_GEMM_ROWS=0 or FLASHRT_SMEM_GEMM_ROWS=0, and
+    on the H200), off with FLASHRT_SMEM_GEMM_ROWS=0 (over the options it is applied to), and
     never with the shared-memory GEMMs off."""
     from flashrt_core.engine.options import EngineOptions
     from flashrt_core.engine.dispatch import Op, resolve
@@ -167,10 +167,12 @@ def test_the_ring_kernel_is_the_default_with_switches_off_and_follows_the_smem_g
     assert asked.smem_gemm_rows
     ops = Ops(resolve(sm90, asked))
     assert ops.smem_gemm_rows == (ops.dispatch[Op.SMEM_GEMM] == "tma")
-    for env in ({"FLASHRT_SMEM_GEMM_ROWS": "0"}, {"FLASHRT_SMEM_GEMM_ROWS": "0"}):
-        rows_off = EngineOptions.from_env(env=env)
-        assert not rows_off.smem_gemm_rows and rows_off.smem_gemm, env
+    for base in (None, EngineOptions(smem_gemm_rows=True)):        # the variable overrides the options
+        rows_off = EngineOptions.from_env(base, env={"FLASHRT_SMEM_GEMM_ROWS": "0"})
+        assert not rows_off.smem_gemm_rows and rows_off.smem_gemm, base
         assert not Ops(resolve(sm90, rows_off)).smem_gemm_rows
+    rows_on = EngineOptions.from_env(EngineOptions(smem_gemm_rows=False), env={"FLASHRT_SMEM_GEMM_ROWS": "1"})
+    assert Ops(resolve(sm90, rows_on)).smem_gemm_rows == ops.smem_gemm_rows
     off = EngineOptions.from_env(asked, env={"FLASHRT_SMEM_GEMM": "0"})
     assert off.smem_gemm_rows and not Ops(resolve(sm90, off)).smem_gemm_rows
 
