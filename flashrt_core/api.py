@@ -37,7 +37,6 @@ from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.engine import EngineOptions, build_executor
 from flashrt_core.engine.options import read_path, read_switch
 from flashrt_core.fixtures import CONFIG_FILE, TOKENIZER_FILE, write_random_checkpoint
-from flashrt_core.host_rehearsal import HostRehearsal
 from flashrt_core.policy_lifetime import PolicyLifetime
 from flashrt_core.rtc_request import RtcRequest
 from flashrt_core.stopping import raise_if_stopped
@@ -182,11 +181,6 @@ class Policy(PolicyLifetime):
                                                  normalizer.action_affine(config.max_action_dim)))
         self.model = model
         self.config = config
-        # with the engine's "warm" host wait, the last call's host steps are rehearsed during the next wait
-        self.host_rehearsal = None
-        if self.gpu_preprocess and getattr(executor, "host_wait_mode", "sync") == "warm":
-            self.host_rehearsal = HostRehearsal(self)
-            executor.set_host_rehearsal(self.host_rehearsal)
         self.executor = executor
         self.tokenizer = tokenizer
         self.normalizer = normalizer
@@ -312,8 +306,6 @@ class Policy(PolicyLifetime):
         if self.gpu_preprocess:
             views = preprocess.validate_images(images, self.config.view_names)
             tokens, token_masks, state_padded = self._encode_prompt_and_state(prompt, state, text_slots)
-            if self.host_rehearsal is not None:       # inputs that passed validation: the wait rehearses them
-                self.host_rehearsal.remember(images, prompt, state)
             actions = self.executor.predict_observation(  # [horizon, 32] numpy, in robot units with gpu_unnormalize
                 views, tokens, token_masks, None if state_padded is None else state_padded.numpy(),
                 self._host_noise(noise),  # stays on the host: the executor stages it into its pinned blob
@@ -342,10 +334,9 @@ class Policy(PolicyLifetime):
                 torch.from_numpy(tokens)[None].to(dev), torch.from_numpy(token_masks)[None].to(dev),
                 None if state_padded is None else state_padded[None].to(dev), noise_t)
 
-    def _encode_prompt_and_state(self, prompt: str, state, text_slots: int | None = None, cache: bool = True):
+    def _encode_prompt_and_state(self, prompt: str, state, text_slots: int | None = None):
         """-> (tokens int64 [L], token mask bool [L], normalized state zero-padded to 32 (pi0) or None).
-        text_slots: the mask marks exactly the first text_slots positions valid (warm-up of a text bucket).
-        cache=False: the tokenizer's LRU of encodings is neither read nor filled (the host rehearsal)."""
+        text_slots: the mask marks exactly the first text_slots positions valid (warm-up of a text bucket)."""
         cfg = self.config
         if not isinstance(prompt, str) or not prompt.strip():
             raise InputError(f"prompt must be a non-empty str, got {prompt!r}")
@@ -359,7 +350,7 @@ class Policy(PolicyLifetime):
         if cfg.model_type == ModelType.PI05 and cfg.prompt_mode == PromptMode.DISCRETE_STATE and state_norm is not None:
             bins = preprocess.discretize_state(state_norm)
         tokens, token_masks = self.tokenizer.tokenize_prompt(prompt, cfg.max_token_len, bins,
-                                                             cfg.prompt_mode.value, cfg.model_type.value, cache)
+                                                             cfg.prompt_mode.value, cfg.model_type.value)
         if text_slots is not None:
             token_masks = np.arange(token_masks.shape[0]) < text_slots
         state_padded = None
@@ -376,12 +367,6 @@ class Policy(PolicyLifetime):
         """Normalized [horizon, 32] -> robot units float32 (horizon, action_dim)."""
         out = self.normalizer.unnormalize_actions(actions.float().cpu().numpy(), self.config.action_dim)
         return np.ascontiguousarray(out, dtype=np.float32)
-
-    def _before_close(self) -> None:
-        """The executor stops running the host rehearsal before it is closed (PolicyLifetime.close)."""
-        if self.host_rehearsal is not None and self.executor is not None:
-            self.executor.set_host_rehearsal(None)
-            self.host_rehearsal = None
 
 
 def load_model(checkpoint: str | Path | None = None, config: str | ModelConfig | None = None,

@@ -195,7 +195,7 @@ class FastPolicy(Policy):
         self.codec = FastActionCodec(self.tokenizer, fast_tokenizer, self.config)
         self.last_tokens: np.ndarray | None = None
 
-    def _encode_prompt_and_state(self, prompt: str, state, text_slots: int | None = None, cache: bool = True):
+    def _encode_prompt_and_state(self, prompt: str, state, text_slots: int | None = None):
         cfg = self.config
         if not isinstance(prompt, str) or not prompt.strip():
             raise InputError(f"prompt must be a non-empty str, got {prompt!r}")

@@ -16,12 +16,8 @@ class PolicyLifetime:
     model: object
     device: torch.device
 
-    def _before_close(self) -> None:
-        """What a policy releases before its executor (none by default)."""
-
     def close(self) -> None:
         """Release the weights (and GPU memory). predict raises afterwards."""
-        self._before_close()
         if self.executor is not None and hasattr(self.executor, "close"):
             self.executor.close()
         self.executor = None

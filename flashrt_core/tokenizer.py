@@ -109,14 +109,11 @@ class PromptTokenizer:
         state_bins: Sequence[int] | None,
         mode: PromptMode | str,
         model_type: ModelType | str,
-        cache: bool = True,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Tokens int64 [max_len] right-padded with 0, and mask bool [max_len] (True on real tokens).
 
         ``state_bins`` (from ``preprocess.discretize_state``) is used only by pi0.5 with mode
         ``discrete_state``; other layouts ignore it (pi0 feeds its state to the action expert instead).
-        ``cache=False`` encodes with sentencepiece and leaves the LRU of encodings as it is (the host
-        rehearsal, flashrt_core/host_rehearsal.py).
         """
         if not isinstance(text, str):
             raise InputError(f"prompt must be a str, got {type(text).__name__}")
@@ -127,11 +124,10 @@ class PromptTokenizer:
         mode = _parse_enum(PromptMode, mode, "prompt mode")
         model_type = _parse_enum(ModelType, model_type, "model type")
         cleaned = clean_text(text)
-        encode = self._cached_tokens if cache else self._tokens_uncached
         if model_type is ModelType.PI0 or mode is PromptMode.NO_STATE:
-            tokens = encode(cleaned, True, max_len)
+            tokens = self._cached_tokens(cleaned, True, max_len)
         else:
-            tokens = encode(build_prompt(cleaned, state_bins, mode), False, max_len)
+            tokens = self._cached_tokens(build_prompt(cleaned, state_bins, mode), False, max_len)
         ids = np.zeros(max_len, dtype=np.int64)  # [max_len], PAD_ID = 0
         ids[: len(tokens)] = tokens
         mask = np.zeros(max_len, dtype=np.bool_)  # [max_len]

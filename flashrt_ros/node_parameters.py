@@ -60,7 +60,6 @@ PRECISIONS = ("auto", "float32", "bfloat16", "float16", "fp8")   # flashrt_core.
 DEFAULT_TUNING_CACHE = "~/.cache/flashrt/tuning"
 DEFAULT_FP8_SCALE_CACHE = "~/.cache/flashrt/fp8_scales"
 RTC_MODES = ("off", "guided", "guided_identity", "hard_prefix", "training_time")    # "off" and flashrt_core.rtc.MODES
-HOST_WAITS = ("sync", "poll", "warm")     # flashrt_core.engine.options.HOST_WAITS (no torch import here)
 HARDWARE_PATTERN = re.compile(r"^(auto|reference|cpu|sm\d{2,3}|gfx[0-9a-f]{3,4})$")
 
 
@@ -167,12 +166,6 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "(EngineOptions.text_buckets; max_token_len is always added): a prompt runs in the smallest that holds "
               "it and pays for its padding (on an H200 ~0.3 ms per 64 tokens, pi0.5 bf16). Empty = the engine's "
               "default, every 16 tokens to 176; FLASHRT_TEXT_BUCKETS in the environment wins.", type=INTEGER_ARRAY),
-    ParamSpec("engine_host_wait", "sync", "How the GPU engine waits for each inference (EngineOptions.host_wait, "
-              "flashrt_core/engine/host_wait.py): sync = the stream's synchronize; poll = an event polled, the GIL "
-              "given up between queries; warm = polled while the inference thread rehearses its last call's host "
-              "steps every 0.5 ms (flashrt_core/host_rehearsal.py), which keeps them fast after the wait (on the CPU "
-              "machine 690 -> 268 us of host steps after a 10.6 ms pause) but holds the GIL during each rehearsal. "
-              "FLASHRT_HOST_WAIT in the environment wins.", choices=HOST_WAITS),
     ParamSpec("executor", DEFAULT_EXECUTOR, "rclpy executor that spins the node in its executables "
               "(flashrt_ros.node_executor): single_threaded; multi_threaded (4 threads: its spin loop "
               "busy-waits while a camera callback runs, which starved the process on the GPU benchmark "
@@ -404,7 +397,6 @@ class NodeSettings:
     warmup_all_text_buckets: bool
     engine_tuning_cache: str
     engine_text_buckets: tuple[int, ...]
-    engine_host_wait: str
     executor: str
     autostart: bool
     yield_to_inference_thread: bool
@@ -453,12 +445,12 @@ class NodeSettings:
 
     def engine_options(self):
         """The ``engine_options`` argument of flashrt_core.load_model: None (defaults and the environment) unless
-        engine_tuning_cache, engine_text_buckets or a host wait other than sync is set; the environment wins over
-        all. A leading ~ in the cache directory is the user's home (the engine's TuningCache expands it)."""
-        if not (self.engine_tuning_cache or self.engine_text_buckets or self.engine_host_wait != "sync"):
+        engine_tuning_cache or engine_text_buckets is set; the environment wins over both. A leading ~ in the cache
+        directory is the user's home (the engine's TuningCache expands it)."""
+        if not (self.engine_tuning_cache or self.engine_text_buckets):
             return None
         from flashrt_core.engine import EngineOptions      # here: the module stays importable without torch
-        fields = {"tuning_cache": self.engine_tuning_cache, "host_wait": self.engine_host_wait}
+        fields = {"tuning_cache": self.engine_tuning_cache}
         if self.engine_text_buckets:
             fields["text_buckets"] = self.engine_text_buckets
         return EngineOptions.from_env(EngineOptions(**fields))

@@ -14,17 +14,11 @@ numbers in text (142 tokens with the fixtures' tokenizer), far longer than the e
 the GPU resize, the cache off, then on twice (the first measures and stores the picks, the second reads them; the
 "tuning" column says which), so the load seconds show what the cache saves.
 
---host-waits sync poll loads the engine once per way it waits for the GPU at the end of predict (the stream's
-synchronize, or an event polled: flashrt_core/engine/host_wait.py), to compare them in one run.
-
 --host-unnormalize adds a load with the GPU resize whose actions are unnormalized on the host after the copy out
 (gpu_unnormalize=False), beside the default that unnormalizes inside the graph: the A/B of that switch.
 
 --spin-sweep 0 1 3 10 (any machine) times predict's host steps right after the thread spun that many ms: whether
 they run slower the longer they have not run, whatever the thread did meanwhile.
-
---rehearse makes the spin sweep's pauses the "warm" host wait's loop: the host steps rehearsed every 0.5 ms
-(flashrt_core/host_rehearsal.py) instead of a bare spin, to measure whether that keeps them fast.
 
 --cpu-engine (a machine without a GPU) runs the graph engine's executor eagerly on the CPU (its plain-PyTorch ops)
 instead of the reference path, so the host steps of the GPU path (the frames staged for predict_observation, the
@@ -51,7 +45,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import flashrt_core  # noqa: E402
-from flashrt_core.engine import EngineOptions, HOST_WAITS  # noqa: E402
+from flashrt_core.engine import EngineOptions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from host_trace import SEGMENTS, host_steps_us, spin_sweep_us, summarize, trace_calls  # noqa: E402
@@ -94,6 +88,12 @@ def replay_median_ms(executor, bucket: int | None, calls: int) -> float | None:
     return float(np.median(graph_replay_ms(graphs[0], calls)))
 
 
+def _load_name(row: dict) -> str:
+    """Where a load resizes the frames and unnormalizes the actions, for the tables' labels."""
+    return (f"{'GPU' if row['gpu_preprocess'] else 'host'} resize, "
+            f"actions unnormalized {'in the graph' if row['gpu_unnormalize'] else 'on the host'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="checkpoint directory (e.g. from flashrt_core.fixtures)")
@@ -103,16 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="", help="folder for JSON + markdown results; empty = print only")
     parser.add_argument("--tuning-cache", default="",
                         help="a directory: load with the tuning cache off, then on twice, instead of the two resizes")
-    parser.add_argument("--host-waits", nargs="+", default=["sync"], choices=HOST_WAITS,
-                        help="one GPU-resize load per way to wait for the GPU (engine/host_wait.py), in turn")
     parser.add_argument("--host-unnormalize", action="store_true",
                         help="one more GPU-resize load that unnormalizes the actions on the host (A/B)")
     parser.add_argument("--spin-sweep", type=float, nargs="+", default=[], metavar="MS",
                         help="per load: predict's host steps timed right after the thread spun MS ms (0: back to "
                              "back), no GPU involved: do they slow down with the time since they last ran?")
-    parser.add_argument("--rehearse", action="store_true",
-                        help="--spin-sweep pauses as the 'warm' host wait does: the host steps rehearsed every "
-                             "0.5 ms (flashrt_core/host_rehearsal.py), not a bare spin")
     parser.add_argument("--cpu-engine", action="store_true",
                         help="no GPU: the graph engine's executor run eagerly on the CPU, for the GPU path's "
                              "host steps")
@@ -120,14 +115,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="on a GPU: profile N more calls per load and split them into host and GPU segments")
     args = parser.parse_args(argv)
 
-    # (GPU resize, tuning cache directory or "", host wait, unnormalize in the graph)
-    loads = ([(True, "", "sync", True), (True, args.tuning_cache, "sync", True),
-              (True, args.tuning_cache, "sync", True)] if args.tuning_cache else
-             [(True, "", wait, True) for wait in args.host_waits]
-             + ([(True, "", "sync", False)] if args.host_unnormalize else []) + [(False, "", "sync", True)])
+    # (GPU resize, tuning cache directory or "", unnormalize in the graph)
+    loads = ([(True, "", True), (True, args.tuning_cache, True), (True, args.tuning_cache, True)]
+             if args.tuning_cache else
+             [(True, "", True)] + ([(True, "", False)] if args.host_unnormalize else []) + [(False, "", True)])
     rows = []
-    for gpu_preprocess, cache, wait, gpu_unnormalize in loads:
-        options = EngineOptions.from_env(EngineOptions(tuning_cache=cache, host_wait=wait))
+    for gpu_preprocess, cache, gpu_unnormalize in loads:
+        options = EngineOptions.from_env(EngineOptions(tuning_cache=cache))
         t0 = time.perf_counter()
         policy = flashrt_core.load_model(args.checkpoint, device=args.device, gpu_preprocess=gpu_preprocess,
                                          gpu_unnormalize=gpu_unnormalize, engine_options=options)
@@ -157,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             trace = summarize(trace_calls(lambda: policy.predict(images, prompt, state), args.host_trace))
             if gpu_preprocess:
                 steps = host_steps_us(policy, images, prompt, state, args.calls)
-        sweep = (spin_sweep_us(policy, images, prompt, state, args.spin_sweep, args.calls, args.rehearse)
+        sweep = (spin_sweep_us(policy, images, prompt, state, args.spin_sweep, args.calls)
                  if args.spin_sweep else None)
         rows.append({"config": policy.config.name, "executor": getattr(policy.executor, "name", "?"),
                      "prompt_tokens": prompt_tokens, "text_bucket": bucket, "replay_median_ms": replay,
@@ -165,26 +159,24 @@ def main(argv: list[str] | None = None) -> int:
                      "gpu_preprocess": policy.gpu_preprocess, "gpu_unnormalize": policy.gpu_unnormalize,
                      "views": args.views, "horizon": policy.horizon,
                      "tuning": getattr(policy.executor, "tuning_source", "none"),
-                     "host_wait": options.host_wait,
                      "calls": args.calls, "load_s": load_s, "first_call_s": first_s, **percentiles(samples)})
         policy.close()
 
     meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
             "python": platform.python_version(),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none (CPU)",
-            "cpu": platform.processor() or platform.machine(), "spin_sweep_rehearse": args.rehearse}
+            "cpu": platform.processor() or platform.machine()}
     if torch.cuda.is_available():
         meta["cuda"] = torch.version.cuda
     lines = [f"# Policy.predict benchmark ({meta['gpu']})", "",
              f"{meta['date']}, torch {meta['torch']}, Python {meta['python']}. Public API, 480x640 uint8 frames "
              "in host memory -> actions in host memory, prompt tokenization cached after the first call.", "",
-             "| config | executor | GPU resize | unnormalize | tuning | host wait | views | horizon | "
+             "| config | executor | GPU resize | unnormalize | tuning | views | horizon | "
              "prompt tokens (bucket) | load s | first call s | median ms | p90 ms | p99 ms | max ms | "
-             "graph replay ms |", "|---" * 16 + "|"]
+             "graph replay ms |", "|---" * 15 + "|"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['executor']} | {r['gpu_preprocess']} | "
-                     f"{'graph' if r['gpu_unnormalize'] else 'host'} | {r['tuning']} | "
-                     f"{r['host_wait']} | {r['views']} | "
+                     f"{'graph' if r['gpu_unnormalize'] else 'host'} | {r['tuning']} | {r['views']} | "
                      f"{r['horizon']} | {r['prompt_tokens']} ({r['text_bucket'] or '-'}) | "
                      f"{r['load_s']:.1f} | {r['first_call_s']:.2f} | {r['median_ms']:.2f} | {r['p90_ms']:.2f} | "
                      f"{r['p99_ms']:.2f} | {r['max_ms']:.2f} | "
@@ -197,21 +189,20 @@ def main(argv: list[str] | None = None) -> int:
         for i, r in enumerate(rows):
             if r["host_trace_ms"]:
                 t = r["host_trace_ms"]
-                lines.append(f"| {i + 1} ({r['tuning']}, {r['host_wait']}) | "
+                lines.append(f"| {i + 1} ({r['tuning']}, {_load_name(r)}) | "
                              + " | ".join(f"{t[n]:.3f}" for n in SEGMENTS)
                              + f" | {t['total']:.2f} |")
     for i, r in enumerate(rows):
         if r["host_steps_us"]:
-            lines += ["", f"Load {i + 1} (host wait {r['host_wait']}): the host steps of predict, each timed alone "
+            lines += ["", f"Load {i + 1} ({_load_name(r)}): the host steps of predict, each timed alone "
                       f"(median us of {args.calls}; tools/host_trace.py host_steps_us):", "",
                       "| " + " | ".join(r["host_steps_us"]) + " |", "|---" * len(r["host_steps_us"]) + "|",
                       "| " + " | ".join(f"{v:.1f}" for v in r["host_steps_us"].values()) + " |"]
     for i, r in enumerate(rows):
         if r["spin_sweep_us"]:
             names = list(next(iter(r["spin_sweep_us"].values())))
-            paused = "rehearsed them every 0.5 ms" if args.rehearse else "spun"
             lines += ["", f"Load {i + 1} ({'GPU' if r['gpu_preprocess'] else 'host'} resize): predict's host steps "
-                      f"right after the thread {paused} (median us of {args.calls}; tools/host_trace.py "
+                      f"right after the thread spun (median us of {args.calls}; tools/host_trace.py "
                       "spin_sweep_us):",
                       "", "| spin ms | " + " | ".join(names) + " | sum |", "|---" * (len(names) + 2) + "|"]
             for wait, us in r["spin_sweep_us"].items():

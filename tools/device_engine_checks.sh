@@ -57,10 +57,9 @@
 # load: tools/benchmark_policy_predict.py --tuning-cache: pi0.5 loaded with the tuning cache off, then on twice (the
 #   first measures and stores the picks, the second reads them), the load seconds and Policy.predict after each
 #   (policy_predict_*_tuning_cache.json/.md, load.log; the entry itself under tuning_cache/).
-# host: tools/benchmark_policy_predict.py --host-waits sync warm --host-unnormalize --host-trace 30: pi0.5 with the
-#   GPU resize and the actions unnormalized inside the graph (the default), waiting by the stream's synchronize and
-#   then by the "warm" wait (the host steps rehearsed during it: flashrt_core/host_rehearsal.py), then unnormalized
-#   on the host after the copy out (gpu_unnormalize=False), then with the host resize (~5 min on a fresh machine);
+# host: tools/benchmark_policy_predict.py --host-unnormalize --host-trace 30: pi0.5 with the GPU resize and the
+#   actions unnormalized inside the graph (the default), then unnormalized on the host after the copy out
+#   (gpu_unnormalize=False), then with the host resize (under 5 min on a fresh machine);
 #   200 timed calls each, then 30 traced calls split into
 #   the host's work before the GPU, the copy in, the wait for the graph launch, the replay, the copy out and the
 #   host after it, and the host steps timed alone and in line (policy_predict_*.json/.md, host.log).
@@ -214,11 +213,11 @@ if [ "$PART" = load ]; then           # not in "all": three full loads of pi0.5 
   echo "benchmark_policy_predict rc=$?" >> "$OUT/load.log"
 fi
 
-if [ "$PART" = host ]; then           # not in "all": two full loads of pi0.5 (the second reads the tuning cache)
+if [ "$PART" = host ]; then   # not in "all": three full loads of pi0.5 (the later ones read the tuning cache)
   CKPT="$FLASHRT_FULL_CKPT_ROOT/pi05"
   [ -f "$CKPT/flashrt_config.json" ] || "$PY" -m flashrt_core.fixtures "$CKPT" --config pi05 > "$OUT/host.log" 2>&1
   FLASHRT_TUNING_CACHE=/tmp/flashrt_tuning_cache timeout 420 "$PY" tools/benchmark_policy_predict.py \
-    --checkpoint "$CKPT" --host-waits sync warm --host-unnormalize --host-trace 30 --out "$OUT" \
+    --checkpoint "$CKPT" --host-unnormalize --host-trace 30 --out "$OUT" \
     >> "$OUT/host.log" 2>&1
   echo "benchmark_policy_predict rc=$?" >> "$OUT/host.log"
 fi

@@ -144,34 +144,18 @@ def _engine_entry(policy, prompt: str, state):
     return entries[0] if len(entries) == 1 and entries[0].graph is not None else None
 
 
-def spin_sweep_us(policy, images, prompt: str, state, waits_ms: Sequence[float], calls: int,
-                  rehearse: bool = False) -> dict:
+def spin_sweep_us(policy, images, prompt: str, state, waits_ms: Sequence[float], calls: int) -> dict:
     """Each host step of predict (host_steps) timed right after the thread spun for each of `waits_ms` (0: in a
     tight loop), median us of `calls`; no GPU involved. Whether the host's steps slow down with the time since
-    they last ran, whatever the thread did meanwhile, and by how much: {wait_ms: {step: us}}. rehearse: the pause
-    is the "warm" host wait's loop instead (engine/host_wait.py poll_until with flashrt_core/host_rehearsal.py's
-    rehearsal of these inputs every WARM_INTERVAL_S): whether that keeps the steps fast."""
-    from flashrt_core.engine.host_wait import poll_until
-    from flashrt_core.host_rehearsal import HostRehearsal
+    they last ran, whatever the thread did meanwhile, and by how much: {wait_ms: {step: us}}."""
     steps = host_steps(policy, images, prompt, state)
     for _, fn in steps:
         fn()
-    rehearsal = HostRehearsal(policy) if rehearse else None
-    if rehearsal is not None:
-        rehearsal.remember(images, prompt, state)
-
-    def pause(seconds: float) -> None:
-        if rehearsal is None:
-            spin(seconds)
-            return
-        end = time.perf_counter() + seconds
-        poll_until(lambda: time.perf_counter() >= end, rehearsal)
-
     out = {}
     for wait in waits_ms:
         samples = []
         for _ in range(calls):
-            pause(wait / 1e3)
+            spin(wait / 1e3)
             samples.append(_stamped_us(steps))
         out[float(wait)] = dict(zip((name for name, _ in steps), np.median(np.array(samples), axis=0).tolist()))
     return out
@@ -179,9 +163,11 @@ def spin_sweep_us(policy, images, prompt: str, state, waits_ms: Sequence[float],
 
 def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, float]:
     """On the graph engine (after one predict): each host step (host_steps) and the GPU round trip (copy in,
-    replay, copy out, the engine's wait: `host_wait`) timed alone (median us of `calls`, no profiler) and stamped
-    in line, in predict's order (the `inline_` keys); beside them the whole predict and the replay alone, back to
-    back and after 0.5 ms of host work (does an idle GPU replay slower?)."""
+    replay, copy out, the engine's wait: the stream's synchronize) timed alone (median us of `calls`, no
+    profiler) and stamped in line, in predict's order (the `inline_` keys); beside them the whole predict and the
+    replay alone, back to back and after 0.5 ms of host work (does an idle GPU replay slower?)."""
+    import torch
+
     from flashrt_core.engine.timing import graph_replay_ms
     ex = policy.executor
     policy.predict(images, prompt, state)
@@ -193,7 +179,7 @@ def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, f
         entry.graph.replay()
         entry.out_host.copy_(entry.ws.robot_actions if policy.gpu_unnormalize else entry.ws.actions,
                              non_blocking=True)                           # as predict_observation copies out
-        ex._host_wait()                                                   # the engine's own wait (host_wait)
+        torch.cuda.current_stream(ex.device).synchronize()               # as predict_observation waits
 
     def replay_after_gap():
         spin(5e-4)

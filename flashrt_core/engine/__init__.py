@@ -16,10 +16,10 @@ from flashrt_core.executor import ReferenceExecutor
 from .dispatch import Dispatch, Op, eager_cpu_dispatch, resolve
 from .graph_executor import EngineExecutor
 from .hardware import Hardware, detect_hardware
-from .options import DEFAULT_TEXT_BUCKETS, HOST_WAITS, EngineOptions
+from .options import DEFAULT_TEXT_BUCKETS, EngineOptions
 
-__all__ = ["DEFAULT_TEXT_BUCKETS", "Dispatch", "EngineExecutor", "EngineOptions", "HOST_WAITS", "Hardware", "Op",
-           "build_executor", "detect_hardware", "eager_cpu_dispatch", "resolve", "resolve_dispatch"]
+__all__ = ["DEFAULT_TEXT_BUCKETS", "Dispatch", "EngineExecutor", "EngineOptions", "Hardware", "Op", "build_executor",
+           "detect_hardware", "eager_cpu_dispatch", "resolve", "resolve_dispatch"]
 
 
 def resolve_dispatch(device: torch.device | str, hardware: str | Hardware = "auto",

@@ -32,7 +32,6 @@ from . import load_tuning, rtc_blend
 from .dispatch import Dispatch, Op
 from .forward import Workspace, denoise, forward, pi0_fused_step_ends, prefix, vision
 from .fp8_calibration import Fp8Calibration
-from .host_wait import HostWait
 from .kernel_import import load_kernels
 from .ops import Ops
 from .timing import capture, graph_replay_ms, warm_up, warm_up_and_capture
@@ -141,7 +140,6 @@ class EngineExecutor:
         self._entries: dict[tuple, _Entry] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graph else None
         self.capture_seconds: dict[tuple, float] = {}
-        self._host_wait = HostWait(dispatch.options.host_wait, self.device)
         self.fp8_calibration = (Fp8Calibration(dispatch[Op.FP8_FORMAT])
                                 if dispatch[Op.GEMM_PREFIX] == "fp8" else None)   # engine/fp8_calibration.py
         log.info("engine ready: %s, text buckets %s, dispatch %s", self.name, self.text_buckets, dispatch.summary())
@@ -277,15 +275,6 @@ class EngineExecutor:
                 forward(entry.ws, self.weights, self.ops)
 
     @property
-    def host_wait_mode(self) -> str:
-        """How predict waits for the GPU (EngineOptions.host_wait: "sync", "poll" or "warm")."""
-        return self._host_wait.mode
-
-    def set_host_rehearsal(self, rehearsal) -> None:
-        """What the "warm" wait runs during the wait for the GPU (None: nothing); other modes ignore it."""
-        self._host_wait.rehearsal = rehearsal
-
-    @property
     def action_affine(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(scale, offset) float32 (A,) that predict_observation(unnormalize=True) applies inside the graph, or
         None when none was given at construction."""
@@ -326,7 +315,8 @@ class EngineExecutor:
         entry.staging.upload()
         self._run(key, entry)
         entry.out_host.copy_(entry.ws.robot_actions if unnormalize else entry.ws.actions, non_blocking=True)
-        self._host_wait()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
         return entry.out_host.numpy().copy()
 
     # ---------------------------------------------------------------------------------------------- executor contract

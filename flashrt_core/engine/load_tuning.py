@@ -104,7 +104,7 @@ def tuning_key(ex: EngineExecutor, dtype: torch.dtype) -> dict:
     except ImportError:
         triton_version = None
     options = {k: v for k, v in dataclasses.asdict(ex.dispatch.options).items()
-               if k not in ("tuning_cache", "host_wait")}           # neither changes what the tuning picks
+               if k != "tuning_cache"}                              # it does not change what the tuning picks
     return {"format": TUNING_CACHE_FORMAT, "code": code_fingerprint(), "gpu": gpu, "torch": torch.__version__,
             "cuda": torch.version.cuda, "hip": torch.version.hip, "triton": triton_version,
             "model": dataclasses.asdict(ex.config), "dtype": str(dtype),

@@ -18,10 +18,7 @@ from typing import Mapping, NamedTuple
 
 ENV_PREFIX = "FLASHRT_"
 IMPL_PREFIX = ENV_PREFIX + "IMPL_"          # FLASHRT_IMPL_<OP>=<impl>: EngineOptions.impl
-
-# how predict waits for the GPU (engine/host_wait.py): the stream's synchronize, an event polled, or an event polled
-# while the host rehearses its own steps
-HOST_WAITS = ("sync", "poll", "warm")
+HOST_WAIT_ENV = ENV_PREFIX + "HOST_WAIT"    # not read: from_env refuses it (docs/engine.md, Tried and rejected)
 
 # The token-buffer lengths the engine captures a graph for (max_token_len is always added): every 16 tokens up to
 # 176. A prompt pays for the padding of its bucket: on the H200 (pi0.5, 2 views,
@@ -160,9 +157,6 @@ class EngineOptions:
     tuning_cache: str = _option("", "A directory where the load-time tuning's picks are kept and reused at the next "
                                 "load of the same model, GPU, software and options (engine/tuning_cache.py).",
                                 "\"\": measure at every load.")
-    host_wait: str = _option("sync", "How predict waits for the GPU: sync (the stream's synchronize), poll (an "
-                             "event polled, the GIL given up) or warm (polled while the host rehearses its steps; "
-                             "engine/host_wait.py).")
     impl: Mapping[str, str] = _option(None, "Pins ops: {op: implementation} (FLASHRT_IMPL_<OP>=<impl>, e.g. "
                                       "FLASHRT_IMPL_MQA=sdpa); one that cannot run raises ValueError.")
 
@@ -175,8 +169,6 @@ class EngineOptions:
                 raise ValueError(f"{f.name} must be a bool, got {value!r}")
         if not isinstance(self.tuning_cache, str):
             raise ValueError(f"tuning_cache must be a directory path as a str ('' = off), got {self.tuning_cache!r}")
-        if self.host_wait not in HOST_WAITS:
-            raise ValueError(f"host_wait must be one of {HOST_WAITS}, got {self.host_wait!r}")
         if not (isinstance(self.vision_mlp_pad, int) and self.vision_mlp_pad >= 0 and self.vision_mlp_pad % 8 == 0):
             raise ValueError(f"vision_mlp_pad must be 0 (off) or a positive multiple of 8, got {self.vision_mlp_pad!r}")
         if not (isinstance(self.chain_tuning_passes, int) and 1 <= self.chain_tuning_passes <= 8):
@@ -206,6 +198,9 @@ class EngineOptions:
             raise ValueError(f"{retired[0]} is not read: each switch has one variable, "
                              f"{ENV_PREFIX}{retired[0][len(ENV_PREFIX + 'DISABLE_'):]}=0 turns it off "
                              "(docs/engine_options.md)")
+        if HOST_WAIT_ENV in env:
+            raise ValueError(f"{HOST_WAIT_ENV} is not read: predict waits by the stream's synchronize "
+                             "(docs/engine.md, Tried and rejected)")
         changes: dict = {}
         for f in dataclasses.fields(cls):
             if f.name == "impl":

@@ -200,7 +200,7 @@ def test_load_options_are_validated_and_close_releases(ckpt_dir):
         policy.predict(IMAGES, "pick", state=np.zeros(32))
 
 
-def _cpu_engine(policy, text_buckets=(64, 128), action_affine=None, host_wait="sync"):
+def _cpu_engine(policy, text_buckets=(64, 128), action_affine=None):
     """The graph engine's executor over the policy's model, eager on the CPU with the plain-PyTorch ops;
     action_affine: the unnormalization it can apply itself (None: none)."""
     from flashrt_core.engine.options import EngineOptions
@@ -208,7 +208,7 @@ def _cpu_engine(policy, text_buckets=(64, 128), action_affine=None, host_wait="s
     from flashrt_core.engine.graph_executor import EngineExecutor
 
     return EngineExecutor(policy.model, policy.config, torch.device("cpu"),
-                          eager_cpu_dispatch(EngineOptions(text_buckets=text_buckets, host_wait=host_wait)),
+                          eager_cpu_dispatch(EngineOptions(text_buckets=text_buckets)),
                           dtype=torch.float32,
                           action_affine=action_affine)
 
@@ -368,43 +368,3 @@ def test_warm_up_text_buckets_prepares_every_bucket_once(demo, ckpt_dir, monkeyp
     monkeypatch.setattr(demo.executor, "sample_actions", lambda *a: passes.append(1) or real_sample_actions(*a))
     assert demo.text_buckets == () and demo.warm_up_text_buckets(IMAGES, "pick", state=np.zeros(32)) == []
     assert passes == []
-
-
-def test_the_host_rehearsal_repeats_the_last_call_and_changes_nothing_visible(demo):
-    """With the engine's "warm" host wait, the Policy registers a rehearsal of its last call's host steps, which the
-    wait runs while the GPU works (engine/host_wait.py; on the CPU there is no wait, so it is called here
-    directly). It must leave everything as it was: torch's global RNG (noise=None draws the same afterwards),
-    the tokenizer's LRU, the engine's staging blob; it copies the frames into its own scratch arrays."""
-    engine = _cpu_engine(demo, host_wait="warm")
-    policy = _with_executor(demo, engine)
-    rehearsal = policy.host_rehearsal
-    assert rehearsal is not None and engine._host_wait.rehearsal is rehearsal
-    assert _with_executor(demo, _cpu_engine(demo)).host_rehearsal is None            # the other waits: none
-    rehearsal()                                                                       # before any call: nothing
-    assert rehearsal.runs == 0
-    images = _model_sized_images(demo)
-    state = np.linspace(-0.5, 0.5, 32)
-    torch.manual_seed(3)
-    first = policy.predict(images, "pick up the red block", state=state)
-    staging = {k: v.clone() for e in engine.entries.values() for k, v in e.staging.host_views.items()}
-    cache = policy.tokenizer._cached_tokens.cache_info()
-    rng = torch.get_rng_state()
-    for _ in range(3):
-        rehearsal()
-    assert rehearsal.runs == 3
-    assert torch.equal(torch.get_rng_state(), rng)
-    assert policy.tokenizer._cached_tokens.cache_info() == cache
-    after = {k: v for e in engine.entries.values() for k, v in e.staging.host_views.items()}
-    assert all(torch.equal(after[k], v) for k, v in staging.items())
-    views = [v for v in images[:len(demo.config.view_names)] if v is not None]
-    assert len(rehearsal._scratch) == len(views)
-    assert all(np.array_equal(a, b) and not np.shares_memory(a, b) for a, b in zip(rehearsal._scratch, views))
-    torch.manual_seed(3)
-    np.testing.assert_array_equal(policy.predict(images, "pick up the red block", state=state), first)
-    remembered = rehearsal._inputs
-    with pytest.raises(InputError):                  # refused input: not remembered, the rehearsal keeps the last good
-        policy.predict(images, "pick up the red block", state=np.full(32, np.nan))
-    assert rehearsal._inputs is remembered
-    rehearsal()
-    policy.close()
-    assert engine._host_wait.rehearsal is None

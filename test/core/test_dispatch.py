@@ -276,8 +276,8 @@ def test_the_eager_cpu_dispatch_runs_every_op_in_plain_pytorch():
     """eager_cpu_dispatch: the table resolved for the CPU (each op's plain-PyTorch candidate), launched one by one,
     with the options given; what the CPU tests of the engine's forward and host path run."""
     from flashrt_core.engine.dispatch import eager_cpu_dispatch
-    d = eager_cpu_dispatch(EngineOptions(host_wait="warm"))
-    assert d.hardware == detect_hardware("cpu") and d.options.host_wait == "warm"
+    d = eager_cpu_dispatch(EngineOptions(decode_graph_tokens=4))
+    assert d.hardware == detect_hardware("cpu") and d.options.decode_graph_tokens == 4
     assert (d[Op.EXECUTOR], d[Op.GEMM_DECODER], d[Op.ATTENTION]) == ("eager_engine", "bf16", "math")
     cpu = resolve(CPU, d.options)
     assert all(d[op] == cpu[op] for op in TABLE if op is not Op.EXECUTOR)

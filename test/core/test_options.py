@@ -41,10 +41,18 @@ def test_retired_disable_variables_are_refused_with_their_replacement():
         _env(FLASHRT_DISABLE_TRITON=1)
 
 
+@pytest.mark.parametrize("value", ["sync", "poll", "warm", ""])
+def test_the_retired_host_wait_variable_is_refused(value):
+    """predict waits by the stream's synchronize: FLASHRT_HOST_WAIT, set to anything, is an error naming it."""
+    with pytest.raises(ValueError, match="FLASHRT_HOST_WAIT is not read: predict waits by the stream's synchronize"):
+        _env(FLASHRT_HOST_WAIT=value)
+    assert "host_wait" not in {f.name for f in dataclasses.fields(EngineOptions)}
+
+
 def test_the_environment_goes_on_top_of_the_given_options_and_empty_is_unset():
-    base = EngineOptions(fp8=True, host_wait="poll", tuning_cache="/a")
+    base = EngineOptions(fp8=True, decode_graph_tokens=4, tuning_cache="/a")
     assert EngineOptions.from_env(base, env={}) == base
-    assert EngineOptions.from_env(base, env={"FLASHRT_FP8": "", "FLASHRT_HOST_WAIT": ""}) == base
+    assert EngineOptions.from_env(base, env={"FLASHRT_FP8": "", "FLASHRT_DECODE_GRAPH_TOKENS": ""}) == base
     assert EngineOptions.from_env(base, env={"FLASHRT_TUNING_CACHE": ""}).tuning_cache == ""      # "" = off
     assert EngineOptions.from_env(base, env={"FLASHRT_FP8": "0"}).fp8 is False
 

@@ -130,7 +130,7 @@ def test_the_denoise_ablation_rows_quote_their_result_file():
 
 def test_the_policy_predict_rows_quote_their_result_file():
     rows = json.loads(POLICY.read_text())["rows"]
-    graph = next(r for r in rows if r["host_wait"] == "sync" and r["gpu_unnormalize"] and r["gpu_preprocess"])
+    graph = next(r for r in rows if r["tuning"] == "measured" and r["gpu_unnormalize"] and r["gpu_preprocess"])
     host = next(r for r in rows if not r["gpu_preprocess"])
     for starts, r in (("`Policy.predict`, frames resized in the graph (the default)", graph),
                       ("the same, frames resized on the host", host)):

@@ -60,32 +60,6 @@ def test_gpu_preprocess_switch_gives_the_same_actions(checkpoint):
         on.predict([images[0].astype(np.float32)], "open the drawer", state, noise)
 
 
-def test_host_wait_modes_give_the_same_actions(checkpoint, tmp_path):
-    """The engine's three ways to wait for the GPU (engine/host_wait.py) return the same actions, call after call:
-    the polled event completes only after the copy out has landed, and the "warm" wait's rehearsals of the host
-    steps (which run during it) change nothing. The later engines read the first one's tuning from the cache (the
-    wait is not part of the tuning's key), so all run the same kernels."""
-    from flashrt_core.engine import EngineOptions
-
-    cache = str(tmp_path / "tuning")
-    policies = [flashrt_core.load_model(checkpoint, device="cuda",
-                                        engine_options=EngineOptions(host_wait=mode, tuning_cache=cache))
-                for mode in ("sync", "poll", "warm")]
-    assert [p.executor.host_wait_mode for p in policies] == ["sync", "poll", "warm"]
-    assert all(p.executor.tuning_source == "cache" for p in policies[1:])
-    warm = policies[2]
-    assert warm.host_rehearsal is not None and policies[0].host_rehearsal is None
-    warm.executor._host_wait.interval_s = 0.0       # the tiny model's wait is short: rehearse at every query
-    rng = np.random.default_rng(7)
-    for _ in range(OBSERVATIONS):
-        images, state, noise = _observation(rng, policies[0])
-        a, b, c = (p.predict(images, "stack the blocks", state, noise) for p in policies)
-        assert np.isfinite(a).all() and np.array_equal(a, b) and np.array_equal(a, c)
-    assert warm.host_rehearsal.runs > 0          # rehearsed while the GPU worked
-    for p in policies:
-        p.close()
-
-
 def test_unnormalizing_in_the_graph_gives_the_host_unnormalization(checkpoint):
     """load_model hands the engine the normalizer's action affine: Policy.predict gets robot units straight from
     the graph (gpu_unnormalize, the default), equal to the host unnormalization of the normalized actions

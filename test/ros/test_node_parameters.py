@@ -130,9 +130,11 @@ def test_engine_tuning_cache_reaches_the_engine_options(tmp_path, monkeypatch):
 
 def test_engine_text_buckets_reach_the_engine_options(monkeypatch):
     """engine_text_buckets becomes EngineOptions.text_buckets (empty: the engine's default), FLASHRT_TEXT_BUCKETS
-    winning; a bucket outside 1..4096 is rejected with its reason."""
+    winning; a bucket outside 1..4096 is rejected with its reason. Neither it nor a tuning cache set: no
+    engine_options (the engine's defaults and the environment)."""
     from flashrt_core.engine.options import DEFAULT_TEXT_BUCKETS
     monkeypatch.delenv("FLASHRT_TEXT_BUCKETS", raising=False)
+    assert settings_from_values(dict(DEFAULTS, engine_tuning_cache="")).engine_options() is None
     assert settings_from_values(DEFAULTS).engine_options().text_buckets == DEFAULT_TEXT_BUCKETS
     settings = settings_from_values(dict(DEFAULTS, engine_tuning_cache="", engine_text_buckets=[64, 128]))
     assert settings.engine_text_buckets == (64, 128)
@@ -141,19 +143,3 @@ def test_engine_text_buckets_reach_the_engine_options(monkeypatch):
     assert settings.engine_options().text_buckets == (32, 96)
     assert "1..4096" in validate("engine_text_buckets", [64, 0])
     assert validate("engine_text_buckets", [16, 144]) is None
-
-
-def test_engine_host_wait_reaches_the_engine_options(monkeypatch):
-    """engine_host_wait becomes EngineOptions.host_wait (sync: the engine's default, no engine_options needed),
-    FLASHRT_HOST_WAIT winning; its choices are the engine's."""
-    from flashrt_core.engine.options import HOST_WAITS
-    from flashrt_ros.node_parameters import HOST_WAITS as NODE_HOST_WAITS
-    assert NODE_HOST_WAITS == HOST_WAITS
-    monkeypatch.delenv("FLASHRT_HOST_WAIT", raising=False)
-    assert settings_from_values(dict(DEFAULTS, engine_tuning_cache="")).engine_options() is None
-    warm = settings_from_values(dict(DEFAULTS, engine_tuning_cache="", engine_host_wait="warm"))
-    assert warm.engine_options().host_wait == "warm"
-    assert settings_from_values(DEFAULTS).engine_options().host_wait == "sync"
-    monkeypatch.setenv("FLASHRT_HOST_WAIT", "poll")
-    assert warm.engine_options().host_wait == "poll"
-    assert "warm" in validate("engine_host_wait", "spin")
