@@ -166,8 +166,6 @@ def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, f
     replay, copy out, the engine's wait: the stream's synchronize) timed alone (median us of `calls`, no
     profiler) and stamped in line, in predict's order (the `inline_` keys); beside them the whole predict and the
     replay alone, back to back and after 0.5 ms of host work (does an idle GPU replay slower?)."""
-    import torch
-
     from flashrt_core.engine.timing import graph_replay_ms
     ex = policy.executor
     policy.predict(images, prompt, state)
@@ -179,7 +177,7 @@ def host_steps_us(policy, images, prompt: str, state, calls: int) -> dict[str, f
         entry.graph.replay()
         entry.out_host.copy_(entry.ws.robot_actions if policy.gpu_unnormalize else entry.ws.actions,
                              non_blocking=True)                           # as predict_observation copies out
-        torch.cuda.current_stream(ex.device).synchronize()               # as predict_observation waits
+        ex.wait_for_gpu()                                                 # the engine's own wait
 
     def replay_after_gap():
         spin(5e-4)

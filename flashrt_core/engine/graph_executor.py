@@ -315,9 +315,13 @@ class EngineExecutor:
         entry.staging.upload()
         self._run(key, entry)
         entry.out_host.copy_(entry.ws.robot_actions if unnormalize else entry.ws.actions, non_blocking=True)
+        self.wait_for_gpu()
+        return entry.out_host.numpy().copy()
+
+    def wait_for_gpu(self) -> None:
+        """predict's wait for the GPU after the copy out: the stream's synchronize (no wait on the CPU)."""
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
-        return entry.out_host.numpy().copy()
 
     # ---------------------------------------------------------------------------------------------- executor contract
     def sample_actions(self, pixels: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor,
